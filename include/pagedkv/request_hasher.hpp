@@ -1,0 +1,80 @@
+// pagedkv/request_hasher.hpp: the block hashes of a growing token sequence, each computed once.
+//
+// A RequestBlockHasher owns a request's token ids and the chained hashes of its full blocks. As
+// tokens are appended (the prompt, then decoded tokens) every block is hashed exactly once, at the
+// moment it becomes full; the partial tail block is never hashed. Appending a prompt in one call or
+// one token at a time gives identical hashes.
+//
+// Extra keys per block follow vLLM: the LoRA name on every block; each multimodal item that
+// overlaps the block, as (identifier, item offset - block start); the cache salt on block 0 only.
+//
+// Complexity: append() is O(tokens appended + blocks completed x block size); amortized O(1)
+// memory growth. Thread-compatible. Errors: the constructor and append() throw pagedkv::Error
+// before changing anything (block size 0, a malformed or unsorted multimodal item, an empty salt or
+// LoRA name, a negative token id).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagedkv/block_hash.hpp"
+#include "pagedkv/block_hasher.hpp"
+
+namespace pagedkv {
+
+// A multimodal item's placeholder tokens in the request: [offset, offset + length).
+struct MultiModalItem {
+  std::string identifier;  // e.g. the content hash of an image; must not be empty
+  std::int64_t offset = 0;  // first placeholder token, >= 0
+  std::int64_t length = 0;  // number of placeholder tokens, > 0
+};
+
+// Everything besides the tokens that a request's block hashes depend on.
+struct RequestHashKeys {
+  std::optional<std::string> lora_name;   // absent: no LoRA adapter
+  std::optional<std::string> cache_salt;  // absent: the shared namespace
+  std::vector<MultiModalItem> mm_items;   // sorted by offset, non-overlapping
+};
+
+class RequestBlockHasher {
+ public:
+  // Validates block_size (>= 1) and keys; see the file comment.
+  RequestBlockHasher(BlockHasher hasher, std::uint32_t block_size, RequestHashKeys keys = {});
+
+  // Appends tokens and hashes every block they complete. Strong guarantee: on an exception
+  // (invalid token id, or bad_alloc) nothing was appended.
+  void append(std::span<const TokenId> tokens);
+  void append(TokenId token) { append(std::span<const TokenId>(&token, 1)); }
+
+  std::span<const TokenId> tokens() const noexcept { return tokens_; }
+  std::size_t num_tokens() const noexcept { return tokens_.size(); }
+  // One hash per full block, block i covering tokens [i * block_size, (i + 1) * block_size).
+  std::span<const BlockHash> block_hashes() const noexcept { return block_hashes_; }
+  std::uint32_t block_size() const noexcept { return block_size_; }
+  const BlockHasher& hasher() const noexcept { return hasher_; }
+  const RequestHashKeys& keys() const noexcept { return keys_; }
+
+  // The extra keys of block `block_index`, as hash_block() receives them. The returned views point
+  // into this object's keys and `scratch`, and live as long as both.
+  BlockExtraKeys block_extra_keys(std::size_t block_index,
+                                  std::vector<MultiModalKey>& scratch) const;
+
+ private:
+  BlockHasher hasher_;
+  std::uint32_t block_size_;
+  RequestHashKeys keys_;
+  std::vector<TokenId> tokens_;
+  std::vector<BlockHash> block_hashes_;
+  std::vector<MultiModalKey> mm_scratch_;  // reused per block: no allocation in steady state
+};
+
+// One-shot form: the hashes of every full block of `tokens`.
+std::vector<BlockHash> hash_request_blocks(const BlockHasher& hasher, std::uint32_t block_size,
+                                           std::span<const TokenId> tokens,
+                                           const RequestHashKeys& keys = {});
+
+}  // namespace pagedkv

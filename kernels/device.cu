@@ -1,0 +1,16 @@
+#include <cuda_runtime_api.h>
+
+#include "pagedkv/cuda_device.hpp"
+
+namespace pagedkv {
+
+int cuda_device_count() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return count;
+}
+
+}  // namespace pagedkv

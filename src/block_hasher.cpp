@@ -1,0 +1,300 @@
+#include "pagedkv/block_hasher.hpp"
+
+#include <array>
+#include <bit>
+#include <cstring>
+#include <random>
+#include <string>
+
+#include "pagedkv/error.hpp"
+
+// The low-level SHA-256 interface is deprecated in OpenSSL 3 in favour of EVP, but EVP's
+// per-call init costs more than hashing a 100-byte block with SHA-NI; the low-level calls run the
+// same assembly. Suppress the deprecation in this file only.
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/sha.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace pagedkv {
+
+std::string_view to_string(HashScheme scheme) noexcept {
+  switch (scheme) {
+    case HashScheme::kSha256: return "sha256";
+    case HashScheme::kSha256CborVllm: return "sha256_cbor_vllm";
+    case HashScheme::kXxh3_128: return "xxh3_128";
+  }
+  return "unknown";
+}
+
+HashScheme parse_hash_scheme(std::string_view name) {
+  if (name == "sha256") return HashScheme::kSha256;
+  if (name == "sha256_cbor_vllm") return HashScheme::kSha256CborVllm;
+  if (name == "xxh3_128") return HashScheme::kXxh3_128;
+  throw Error(ErrorCode::kParseError, "unknown hash scheme '" + std::string(name) +
+                                          "' (expected sha256, sha256_cbor_vllm or xxh3_128)");
+}
+
+std::size_t digest_size(HashScheme scheme) noexcept {
+  return scheme == HashScheme::kXxh3_128 ? 16 : 32;
+}
+
+namespace {
+
+// Serialized blocks up to this size are built on the stack; larger ones (block sizes in the
+// hundreds with long extra keys) fall back to one heap buffer.
+constexpr std::size_t kStackBytes = 4096;
+
+// Tags of pagedkv's own encoding. Every extra key is typed and length-prefixed, so no two
+// different key sets serialize to the same bytes.
+enum : std::uint8_t { kTagLora = 1, kTagMultiModal = 2, kTagSalt = 3 };
+constexpr std::string_view kNoneHashDomain = "pagedkv-none-hash-v1";
+
+class Writer {
+ public:
+  explicit Writer(std::uint8_t* out) noexcept : begin_(out), p_(out) {}
+  void byte(std::uint8_t b) noexcept { *p_++ = b; }
+  void bytes(const void* data, std::size_t n) noexcept {
+    if (n != 0) std::memcpy(p_, data, n);
+    p_ += n;
+  }
+  void le32(std::uint32_t v) noexcept {
+    for (int i = 0; i < 4; ++i) byte(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  void le64(std::uint64_t v) noexcept {
+    for (int i = 0; i < 8; ++i) byte(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  void be(std::uint64_t v, int n) noexcept {
+    for (int i = n - 1; i >= 0; --i) byte(static_cast<std::uint8_t>(v >> (8 * i)));
+  }
+  // CBOR head: major type in the top 3 bits, argument in shortest form (RFC 8949 3.1).
+  void cbor_head(std::uint8_t major, std::uint64_t arg) noexcept {
+    const auto m = static_cast<std::uint8_t>(major << 5);
+    if (arg < 24) {
+      byte(static_cast<std::uint8_t>(m | arg));
+    } else if (arg <= 0xff) {
+      byte(m | 24);
+      be(arg, 1);
+    } else if (arg <= 0xffff) {
+      byte(m | 25);
+      be(arg, 2);
+    } else if (arg <= 0xffffffffu) {
+      byte(m | 26);
+      be(arg, 4);
+    } else {
+      byte(m | 27);
+      be(arg, 8);
+    }
+  }
+  void cbor_int(std::int64_t v) noexcept {
+    if (v >= 0) {
+      cbor_head(0, static_cast<std::uint64_t>(v));
+    } else {
+      cbor_head(1, static_cast<std::uint64_t>(-(v + 1)));
+    }
+  }
+  void cbor_text(std::string_view s) noexcept {
+    cbor_head(3, s.size());
+    bytes(s.data(), s.size());
+  }
+  std::size_t size() const noexcept { return static_cast<std::size_t>(p_ - begin_); }
+
+ private:
+  std::uint8_t* begin_;
+  std::uint8_t* p_;
+};
+
+void validate(const BlockHasher& hasher, const BlockHash& parent, std::span<const TokenId> tokens,
+              const BlockExtraKeys& extra) {
+  if (parent.size() != hasher.digest_size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "hash_block: parent hash has " + std::to_string(parent.size()) +
+                    " bytes, but scheme " + std::string(to_string(hasher.scheme())) + " makes " +
+                    std::to_string(hasher.digest_size()) + "-byte digests");
+  }
+  if (tokens.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "hash_block: a block has at least one token");
+  }
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "hash_block: token id " + std::to_string(tokens[i]) + " at position " +
+                      std::to_string(i) + " is negative; token ids are non-negative 32-bit");
+    }
+  }
+  if (extra.lora_name && extra.lora_name->empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "hash_block: LoRA name is present but empty");
+  }
+  if (extra.cache_salt && extra.cache_salt->empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "hash_block: cache_salt is present but empty");
+  }
+  for (std::size_t i = 0; i < extra.mm_items.size(); ++i) {
+    if (extra.mm_items[i].identifier.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "hash_block: multimodal item " + std::to_string(i) + " has an empty identifier");
+    }
+  }
+}
+
+std::size_t encoded_bound(HashScheme scheme, std::span<const TokenId> tokens,
+                          const BlockExtraKeys& extra) noexcept {
+  // Generous for both encodings: 9-byte heads/prefixes everywhere, 5 bytes per token.
+  std::size_t n = 16 + BlockHash::kMaxSize + 9 + 5 * tokens.size() + 9;
+  if (extra.lora_name) n += 9 + extra.lora_name->size();
+  if (extra.cache_salt) n += 9 + extra.cache_salt->size();
+  for (const MultiModalKey& mm : extra.mm_items) n += 1 + 9 + mm.identifier.size() + 9;
+  (void)scheme;
+  return n;
+}
+
+// vLLM's sha256_cbor input: cbor2.dumps((parent, tuple(tokens), extra_keys or None), canonical=True).
+std::size_t encode_cbor_vllm(Writer& w, const BlockHash& parent, std::span<const TokenId> tokens,
+                             const BlockExtraKeys& extra) noexcept {
+  w.byte(0x83);
+  w.cbor_head(2, parent.size());
+  w.bytes(parent.bytes().data(), parent.size());
+  w.cbor_head(4, tokens.size());
+  for (const TokenId t : tokens) w.cbor_head(0, static_cast<std::uint32_t>(t));
+  if (extra.empty()) {
+    w.byte(0xf6);
+  } else {
+    const std::size_t count = (extra.lora_name ? 1 : 0) + extra.mm_items.size() +
+                              (extra.cache_salt ? 1 : 0);
+    w.cbor_head(4, count);
+    if (extra.lora_name) w.cbor_text(*extra.lora_name);
+    for (const MultiModalKey& mm : extra.mm_items) {
+      w.byte(0x82);
+      w.cbor_text(mm.identifier);
+      w.cbor_int(mm.offset);
+    }
+    if (extra.cache_salt) w.cbor_text(*extra.cache_salt);
+  }
+  return w.size();
+}
+
+// pagedkv's canonical encoding (schemes sha256 and xxh3_128):
+//   parent digest | u32le token count | u32le tokens | u32le key count | keys
+//   key = u8 tag | u32le byte length | bytes [| i64le offset, multimodal only]
+std::size_t encode_canonical(Writer& w, const BlockHash& parent, std::span<const TokenId> tokens,
+                             const BlockExtraKeys& extra) noexcept {
+  w.bytes(parent.bytes().data(), parent.size());
+  w.le32(static_cast<std::uint32_t>(tokens.size()));
+  if constexpr (std::endian::native == std::endian::little) {
+    w.bytes(tokens.data(), tokens.size_bytes());
+  } else {
+    for (const TokenId t : tokens) w.le32(static_cast<std::uint32_t>(t));
+  }
+  const std::size_t count =
+      (extra.lora_name ? 1 : 0) + extra.mm_items.size() + (extra.cache_salt ? 1 : 0);
+  w.le32(static_cast<std::uint32_t>(count));
+  auto key = [&w](std::uint8_t tag, std::string_view value) {
+    w.byte(tag);
+    w.le32(static_cast<std::uint32_t>(value.size()));
+    w.bytes(value.data(), value.size());
+  };
+  if (extra.lora_name) key(kTagLora, *extra.lora_name);
+  for (const MultiModalKey& mm : extra.mm_items) {
+    key(kTagMultiModal, mm.identifier);
+    w.le64(static_cast<std::uint64_t>(mm.offset));
+  }
+  if (extra.cache_salt) key(kTagSalt, *extra.cache_salt);
+  return w.size();
+}
+
+std::size_t encode(HashScheme scheme, std::uint8_t* out, const BlockHash& parent,
+                   std::span<const TokenId> tokens, const BlockExtraKeys& extra) noexcept {
+  Writer w(out);
+  return scheme == HashScheme::kSha256CborVllm ? encode_cbor_vllm(w, parent, tokens, extra)
+                                               : encode_canonical(w, parent, tokens, extra);
+}
+
+BlockHash digest(HashScheme scheme, const std::uint8_t* data, std::size_t size) {
+  if (scheme == HashScheme::kXxh3_128) {
+    XXH128_canonical_t canonical;
+    XXH128_canonicalFromHash(&canonical, XXH3_128bits(data, size));
+    return BlockHash(std::span<const std::uint8_t>(canonical.digest, 16));
+  }
+  std::array<std::uint8_t, SHA256_DIGEST_LENGTH> md;
+  SHA256_CTX ctx;
+  SHA256_Init(&ctx);
+  SHA256_Update(&ctx, data, size);
+  SHA256_Final(md.data(), &ctx);
+  return BlockHash(md);
+}
+
+std::string random_seed() {
+  std::random_device device;
+  std::string seed;
+  for (int i = 0; i < 8; ++i) {
+    const std::uint32_t word = device();
+    static constexpr char kDigits[] = "0123456789abcdef";
+    for (int nibble = 7; nibble >= 0; --nibble) seed.push_back(kDigits[(word >> (4 * nibble)) & 0xf]);
+  }
+  return seed;
+}
+
+}  // namespace
+
+BlockHasher::BlockHasher(HashScheme scheme, std::optional<std::string_view> seed)
+    : scheme_(scheme) {
+  if (seed && seed->empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "BlockHasher: the seed is present but empty");
+  }
+  if (scheme != HashScheme::kSha256 && scheme != HashScheme::kSha256CborVllm &&
+      scheme != HashScheme::kXxh3_128) {
+    throw Error(ErrorCode::kInvalidArgument, "BlockHasher: unknown hash scheme value " +
+                                                 std::to_string(static_cast<int>(scheme)));
+  }
+  std::vector<std::uint8_t> buf;
+  if (scheme == HashScheme::kSha256CborVllm) {
+    // vLLM: NONE_HASH = sha256_cbor(seed string) when PYTHONHASHSEED is set to the seed.
+    const std::string_view s = seed ? *seed : kVllmDefaultSeed;
+    buf.resize(9 + s.size());
+    Writer w(buf.data());
+    w.cbor_text(s);
+    buf.resize(w.size());
+  } else {
+    const std::string owned = seed ? std::string(*seed) : random_seed();
+    buf.resize(kNoneHashDomain.size() + 4 + owned.size());
+    Writer w(buf.data());
+    w.bytes(kNoneHashDomain.data(), kNoneHashDomain.size());
+    w.le32(static_cast<std::uint32_t>(owned.size()));
+    w.bytes(owned.data(), owned.size());
+  }
+  none_hash_ = digest(scheme, buf.data(), buf.size());
+}
+
+BlockHash BlockHasher::hash_block(const BlockHash& parent, std::span<const TokenId> tokens,
+                                  const BlockExtraKeys& extra) const {
+  validate(*this, parent, tokens, extra);
+  const std::size_t bound = encoded_bound(scheme_, tokens, extra);
+  if (bound <= kStackBytes) {
+    std::array<std::uint8_t, kStackBytes> buf;  // uninitialized on purpose: fully overwritten
+    const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
+    return digest(scheme_, buf.data(), n);
+  }
+  std::vector<std::uint8_t> buf(bound);
+  const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
+  return digest(scheme_, buf.data(), n);
+}
+
+std::vector<std::uint8_t> BlockHasher::encode_block(const BlockHash& parent,
+                                                    std::span<const TokenId> tokens,
+                                                    const BlockExtraKeys& extra) const {
+  validate(*this, parent, tokens, extra);
+  std::vector<std::uint8_t> buf(encoded_bound(scheme_, tokens, extra));
+  buf.resize(encode(scheme_, buf.data(), parent, tokens, extra));
+  return buf;
+}
+
+BlockHash hash_block_tokens(const BlockHasher& hasher, const BlockHash* parent,
+                            std::span<const TokenId> tokens, const BlockExtraKeys& extra) {
+  return hasher.hash_block(parent != nullptr ? *parent : hasher.none_hash(), tokens, extra);
+}
+
+BlockHash raw_digest(HashScheme scheme, std::span<const std::uint8_t> bytes) {
+  return digest(scheme, bytes.data(), bytes.size());
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,115 @@
+#include "pagedkv/request_hasher.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "pagedkv/error.hpp"
+
+namespace pagedkv {
+
+namespace {
+
+void validate_keys(const RequestHashKeys& keys) {
+  if (keys.lora_name && keys.lora_name->empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "request hash keys: LoRA name is present but empty");
+  }
+  if (keys.cache_salt && keys.cache_salt->empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "request hash keys: cache_salt is present but empty");
+  }
+  for (std::size_t i = 0; i < keys.mm_items.size(); ++i) {
+    const MultiModalItem& item = keys.mm_items[i];
+    const std::string where = "multimodal item " + std::to_string(i) + ": ";
+    if (item.identifier.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, where + "empty identifier");
+    }
+    if (item.offset < 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where + "negative offset " + std::to_string(item.offset));
+    }
+    if (item.length <= 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where + "length " + std::to_string(item.length) + " (must be positive)");
+    }
+    if (i > 0) {
+      const MultiModalItem& prev = keys.mm_items[i - 1];
+      if (item.offset < prev.offset + prev.length) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    where + "starts at " + std::to_string(item.offset) +
+                        ", before the previous item ends at " +
+                        std::to_string(prev.offset + prev.length) +
+                        " (items must be sorted by offset and must not overlap)");
+      }
+    }
+  }
+}
+
+}  // namespace
+
+RequestBlockHasher::RequestBlockHasher(BlockHasher hasher, std::uint32_t block_size,
+                                       RequestHashKeys keys)
+    : hasher_(std::move(hasher)), block_size_(block_size), keys_(std::move(keys)) {
+  if (block_size_ == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "RequestBlockHasher: block size must be at least 1");
+  }
+  validate_keys(keys_);
+}
+
+BlockExtraKeys RequestBlockHasher::block_extra_keys(std::size_t block_index,
+                                                    std::vector<MultiModalKey>& scratch) const {
+  BlockExtraKeys extra;
+  if (keys_.lora_name) extra.lora_name = *keys_.lora_name;
+  if (block_index == 0 && keys_.cache_salt) extra.cache_salt = *keys_.cache_salt;
+  scratch.clear();
+  if (!keys_.mm_items.empty()) {
+    const auto start = static_cast<std::int64_t>(block_index) * block_size_;
+    const std::int64_t end = start + block_size_;
+    // Items are sorted and disjoint, so their ends are sorted too: skip those ending by `start`.
+    auto it = std::partition_point(
+        keys_.mm_items.begin(), keys_.mm_items.end(),
+        [start](const MultiModalItem& item) { return item.offset + item.length <= start; });
+    for (; it != keys_.mm_items.end() && it->offset < end; ++it) {
+      scratch.push_back(MultiModalKey{it->identifier, it->offset - start});
+    }
+    extra.mm_items = scratch;
+  }
+  return extra;
+}
+
+void RequestBlockHasher::append(std::span<const TokenId> tokens) {
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "RequestBlockHasher::append: token id " + std::to_string(tokens[i]) +
+                      " at position " + std::to_string(i) +
+                      " is negative; token ids are non-negative 32-bit");
+    }
+  }
+  const std::size_t old_tokens = tokens_.size();
+  const std::size_t old_blocks = block_hashes_.size();
+  try {
+    tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+    const std::size_t full_blocks = tokens_.size() / block_size_;
+    block_hashes_.reserve(full_blocks);
+    for (std::size_t b = old_blocks; b < full_blocks; ++b) {
+      const BlockHash& parent = b == 0 ? hasher_.none_hash() : block_hashes_[b - 1];
+      const std::span<const TokenId> block(tokens_.data() + b * block_size_, block_size_);
+      block_hashes_.push_back(hasher_.hash_block(parent, block, block_extra_keys(b, mm_scratch_)));
+    }
+  } catch (...) {
+    tokens_.resize(old_tokens);
+    block_hashes_.resize(old_blocks);
+    throw;
+  }
+}
+
+std::vector<BlockHash> hash_request_blocks(const BlockHasher& hasher, std::uint32_t block_size,
+                                           std::span<const TokenId> tokens,
+                                           const RequestHashKeys& keys) {
+  RequestBlockHasher request(hasher, block_size, keys);
+  request.append(tokens);
+  const auto hashes = request.block_hashes();
+  return {hashes.begin(), hashes.end()};
+}
+
+}  // namespace pagedkv
