@@ -20,13 +20,9 @@ std::string_view to_string(ErrorCode code) noexcept {
   return "unknown error";
 }
 
-BlockHash::BlockHash(std::span<const std::uint8_t> digest) {
-  if (digest.size() != 16 && digest.size() != 32) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "BlockHash: a digest has 16 or 32 bytes, got " + std::to_string(digest.size()));
-  }
-  std::memcpy(bytes_.data(), digest.data(), digest.size());
-  size_ = static_cast<std::uint8_t>(digest.size());
+void BlockHash::throw_bad_size(std::size_t size) {
+  throw Error(ErrorCode::kInvalidArgument,
+              "BlockHash: a digest has 16 or 32 bytes, got " + std::to_string(size));
 }
 
 namespace {

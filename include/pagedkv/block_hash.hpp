@@ -28,7 +28,11 @@ class BlockHash {
   constexpr BlockHash() noexcept = default;
 
   // Copies a 16- or 32-byte digest. Throws pagedkv::Error (kInvalidArgument) on any other size.
-  explicit BlockHash(std::span<const std::uint8_t> digest);
+  explicit BlockHash(std::span<const std::uint8_t> digest) {
+    if (digest.size() != 16 && digest.size() != 32) throw_bad_size(digest.size());
+    std::memcpy(bytes_.data(), digest.data(), digest.size());
+    size_ = static_cast<std::uint8_t>(digest.size());
+  }
 
   // Parses 32 or 64 lowercase or uppercase hex characters. Throws pagedkv::Error (kParseError).
   static BlockHash from_hex(std::string_view hex);
@@ -61,6 +65,8 @@ class BlockHash {
   }
 
  private:
+  [[noreturn]] static void throw_bad_size(std::size_t size);
+
   // Unused trailing bytes stay zero, so hash_code() is well defined for 16-byte digests too.
   std::array<std::uint8_t, kMaxSize> bytes_{};
   std::uint8_t size_ = 0;  // 0, 16 or 32

@@ -1,0 +1,25 @@
+// Links against pagedkv and checks a known vLLM block hash, so a broken export fails loudly.
+#include <pagedkv/block_hasher.hpp>
+#include <pagedkv/version.hpp>
+
+#include <cstdio>
+#include <numeric>
+#include <vector>
+
+#if CONSUMER_HAS_CUDA
+#include <pagedkv/cuda_device.hpp>
+#endif
+
+int main() {
+  std::vector<pagedkv::TokenId> tokens(16);
+  std::iota(tokens.begin(), tokens.end(), 0);
+  const pagedkv::BlockHasher hasher(pagedkv::HashScheme::kSha256CborVllm);
+  const auto hash = pagedkv::hash_block_tokens(hasher, nullptr, tokens);
+  std::printf("pagedkv %s block 0 %s\n", std::string(pagedkv::version()).c_str(),
+              hash.to_hex().c_str());
+#if CONSUMER_HAS_CUDA
+  std::printf("cuda devices: %d\n", pagedkv::cuda_device_count());
+#endif
+  return hash.to_hex() == "dc918a88b139e5afe60b88eda27508d4aee16c10fdc354791efea06206ac0749" ? 0
+                                                                                               : 1;
+}

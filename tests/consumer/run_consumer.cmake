@@ -1,0 +1,29 @@
+# ctest driver: install pagedkv from the build tree into a private prefix (MODE=package) or point
+# at the source tree (MODE=subdirectory), then configure, build and run tests/consumer.
+cmake_minimum_required(VERSION 3.25)
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(args -S "${PAGEDKV_SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build"
+         -DPAGEDKV_CONSUMER_MODE=${MODE}
+         "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
+         "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}"
+         "-DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}")
+if(BUILD_TYPE)
+  list(APPEND args -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+endif()
+
+function(run)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "consumer (${MODE}): command failed (${rc}): ${ARGN}")
+  endif()
+endfunction()
+
+if(MODE STREQUAL "package")
+  run(${CMAKE_COMMAND} --install "${PAGEDKV_BINARY_DIR}" --prefix "${WORK_DIR}/prefix")
+  list(APPEND args "-DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix")
+else()
+  list(APPEND args "-DPAGEDKV_SOURCE_DIR=${PAGEDKV_SOURCE_DIR}" "-DPAGEDKV_ENABLE_CUDA=${ENABLE_CUDA}")
+endif()
+run(${CMAKE_COMMAND} ${args})
+run(${CMAKE_COMMAND} --build "${WORK_DIR}/build" --parallel 2)
+run("${WORK_DIR}/build/consumer")
