@@ -1,0 +1,46 @@
+# Shared set-up for scripts/demo, scripts/test and .ci/run (sourced, not executed).
+# Installs the Debian packages the build needs when they are missing: with apt-get as root, else
+# through sudo, else prints the exact command and fails.
+set -euo pipefail
+
+PAGEDKV_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PAGEDKV_JOBS="$(nproc 2>/dev/null || echo 2)"
+
+# Debian packages: compiler and CMake, OpenSSL, xxHash (headers and the xxhsum tool used by the
+# hash-vector test), GoogleTest, Google Benchmark, gnuplot for the replay plots, clang for the
+# fuzzer.
+PAGEDKV_PACKAGES=(cmake g++ make libssl-dev libxxhash-dev xxhash libgtest-dev libgmock-dev
+                  libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev)
+
+pagedkv_ensure_packages() {
+  local missing=()
+  local pkg
+  for pkg in "${PAGEDKV_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" ||
+      missing+=("$pkg")
+  done
+  command -v python3 >/dev/null 2>&1 || missing+=(python3)
+  [ "${#missing[@]}" -eq 0 ] && return 0
+
+  echo "pagedkv: installing missing Debian packages: ${missing[*]}"
+  local sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+      sudo=(sudo)
+    else
+      echo "pagedkv: not root and no usable sudo; run this, then try again:" >&2
+      echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
+}
+
+# pagedkv_configure BUILD_DIR [cmake args...]
+pagedkv_configure() {
+  local dir="$1"
+  shift
+  cmake -S "$PAGEDKV_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=Release "$@"
+}
