@@ -21,9 +21,12 @@ namespace pagedkv {
 
 std::string_view to_string(HashScheme scheme) noexcept {
   switch (scheme) {
-    case HashScheme::kSha256: return "sha256";
-    case HashScheme::kSha256CborVllm: return "sha256_cbor_vllm";
-    case HashScheme::kXxh3_128: return "xxh3_128";
+    case HashScheme::kSha256:
+      return "sha256";
+    case HashScheme::kSha256CborVllm:
+      return "sha256_cbor_vllm";
+    case HashScheme::kXxh3_128:
+      return "xxh3_128";
   }
   return "unknown";
 }
@@ -164,7 +167,8 @@ std::size_t encoded_bound(HashScheme scheme, std::span<const TokenId> tokens,
   return n;
 }
 
-// vLLM's sha256_cbor input: cbor2.dumps((parent, tuple(tokens), extra_keys or None), canonical=True).
+// vLLM's sha256_cbor input: cbor2.dumps((parent, tuple(tokens), extra_keys or None),
+// canonical=True).
 std::size_t encode_cbor_vllm(Writer& w, const BlockHash& parent, std::span<const TokenId> tokens,
                              const BlockExtraKeys& extra) noexcept {
   w.byte(0x83);
@@ -175,8 +179,8 @@ std::size_t encode_cbor_vllm(Writer& w, const BlockHash& parent, std::span<const
   if (extra.empty()) {
     w.byte(0xf6);
   } else {
-    const std::size_t count = (extra.lora_name ? 1 : 0) + extra.mm_items.size() +
-                              (extra.cache_salt ? 1 : 0);
+    const std::size_t count =
+        (extra.lora_name ? 1 : 0) + extra.mm_items.size() + (extra.cache_salt ? 1 : 0);
     w.cbor_head(4, count);
     if (extra.lora_name) w.cbor_text(*extra.lora_name);
     for (const MultiModalKey& mm : extra.mm_items) {
@@ -188,6 +192,8 @@ std::size_t encode_cbor_vllm(Writer& w, const BlockHash& parent, std::span<const
   }
   return w.size();
 }
+
+void encode_canonical_keys(Writer& w, const BlockExtraKeys& extra) noexcept;
 
 // pagedkv's canonical encoding (schemes sha256 and xxh3_128):
 //   parent digest | u32le token count | u32le tokens | u32le key count | keys
@@ -201,6 +207,11 @@ std::size_t encode_canonical(Writer& w, const BlockHash& parent, std::span<const
   } else {
     for (const TokenId t : tokens) w.le32(static_cast<std::uint32_t>(t));
   }
+  encode_canonical_keys(w, extra);
+  return w.size();
+}
+
+void encode_canonical_keys(Writer& w, const BlockExtraKeys& extra) noexcept {
   const std::size_t count =
       (extra.lora_name ? 1 : 0) + extra.mm_items.size() + (extra.cache_salt ? 1 : 0);
   w.le32(static_cast<std::uint32_t>(count));
@@ -215,7 +226,6 @@ std::size_t encode_canonical(Writer& w, const BlockHash& parent, std::span<const
     w.le64(static_cast<std::uint64_t>(mm.offset));
   }
   if (extra.cache_salt) key(kTagSalt, *extra.cache_salt);
-  return w.size();
 }
 
 std::size_t encode(HashScheme scheme, std::uint8_t* out, const BlockHash& parent,
@@ -239,13 +249,22 @@ BlockHash digest(HashScheme scheme, const std::uint8_t* data, std::size_t size) 
   return BlockHash(md);
 }
 
+// Test-only digest weakening (BlockHasher::weak_for_testing); a no-op when bits == 0.
+BlockHash weaken(const BlockHash& h, std::uint8_t bits) {
+  if (bits == 0) return h;
+  std::array<std::uint8_t, BlockHash::kMaxSize> bytes{};
+  bytes[0] = static_cast<std::uint8_t>(h.bytes()[0] & ((1u << bits) - 1));
+  return BlockHash(std::span<const std::uint8_t>(bytes.data(), h.size()));
+}
+
 std::string random_seed() {
   std::random_device device;
   std::string seed;
   for (int i = 0; i < 8; ++i) {
     const std::uint32_t word = device();
     static constexpr char kDigits[] = "0123456789abcdef";
-    for (int nibble = 7; nibble >= 0; --nibble) seed.push_back(kDigits[(word >> (4 * nibble)) & 0xf]);
+    for (int nibble = 7; nibble >= 0; --nibble)
+      seed.push_back(kDigits[(word >> (4 * nibble)) & 0xf]);
   }
   return seed;
 }
@@ -292,7 +311,7 @@ BlockHash BlockHasher::hash_block(const BlockHash& parent, std::span<const Token
     if ((sign_bits >> 31) == 0) {
       std::array<std::uint8_t, kStackBytes> buf;  // uninitialized on purpose: fully overwritten
       const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
-      return digest(scheme_, buf.data(), n);
+      return weaken(digest(scheme_, buf.data(), n), weak_bits_);
     }
   }
   validate(*this, parent, tokens, extra);
@@ -300,11 +319,11 @@ BlockHash BlockHasher::hash_block(const BlockHash& parent, std::span<const Token
   if (bound <= kStackBytes) {
     std::array<std::uint8_t, kStackBytes> buf;  // uninitialized on purpose: fully overwritten
     const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
-    return digest(scheme_, buf.data(), n);
+    return weaken(digest(scheme_, buf.data(), n), weak_bits_);
   }
   std::vector<std::uint8_t> buf(bound);
   const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
-  return digest(scheme_, buf.data(), n);
+  return weaken(digest(scheme_, buf.data(), n), weak_bits_);
 }
 
 std::vector<std::uint8_t> BlockHasher::encode_block(const BlockHash& parent,
@@ -314,6 +333,29 @@ std::vector<std::uint8_t> BlockHasher::encode_block(const BlockHash& parent,
   std::vector<std::uint8_t> buf(encoded_bound(scheme_, tokens, extra));
   buf.resize(encode(scheme_, buf.data(), parent, tokens, extra));
   return buf;
+}
+
+BlockHasher BlockHasher::weak_for_testing(HashScheme scheme, std::string_view seed, int bits) {
+  if (bits < 1 || bits > 8) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockHasher::weak_for_testing: bits must be 1..8, got " + std::to_string(bits));
+  }
+  BlockHasher hasher(scheme, seed);
+  hasher.weak_bits_ = static_cast<std::uint8_t>(bits);
+  return hasher;
+}
+
+void encode_extra_keys(const BlockExtraKeys& extra, std::string& out) {
+  out.clear();
+  if (extra.empty()) return;
+  validate_extra(extra);
+  std::size_t bound = 4 + (extra.lora_name ? 5 + extra.lora_name->size() : 0) +
+                      (extra.cache_salt ? 5 + extra.cache_salt->size() : 0);
+  for (const MultiModalKey& mm : extra.mm_items) bound += 13 + mm.identifier.size();
+  out.resize(bound);
+  Writer w(reinterpret_cast<std::uint8_t*>(out.data()));
+  encode_canonical_keys(w, extra);
+  out.resize(w.size());
 }
 
 BlockHash hash_block_tokens(const BlockHasher& hasher, const BlockHash* parent,

@@ -5,12 +5,15 @@
 // of threads may call it on the same hasher at once.
 //
 // Schemes (see DESIGN.md section 5):
-//   sha256_cbor_vllm  canonical CBOR of [parent, [tokens], extra keys or null], SHA-256; byte-identical
+//   sha256_cbor_vllm  canonical CBOR of [parent, [tokens], extra keys or null], SHA-256;
+//   byte-identical
 //                     to vLLM's `sha256_cbor`. NONE_HASH = SHA-256(CBOR text string of the seed),
 //                     which is what vLLM computes with PYTHONHASHSEED set to that string.
 //                     Default seed: "vllm-none-hash".
-//   sha256 (default)  pagedkv's canonical encoding with typed, length-prefixed extra keys, so a LoRA
-//                     name, a multimodal identifier and a cache salt can never be confused; SHA-256.
+//   sha256 (default)  pagedkv's canonical encoding with typed, length-prefixed extra keys, so a
+//   LoRA
+//                     name, a multimodal identifier and a cache salt can never be confused;
+//                     SHA-256.
 //   xxh3_128          the same encoding hashed with XXH3-128 (fast; not collision resistant).
 //   For sha256 and xxh3_128 the engine should set a seed when several processes must agree on
 //   hashes (routing, shared stores); without one, each hasher draws a random seed.
@@ -89,10 +92,26 @@ class BlockHasher {
   std::vector<std::uint8_t> encode_block(const BlockHash& parent, std::span<const TokenId> tokens,
                                          const BlockExtraKeys& extra = {}) const;
 
+  // FOR TESTS ONLY: a hasher whose block digests keep just `bits` (1..8) bits of the real digest
+  // (the rest zero), so distinct blocks collide constantly. It exists to prove that cache lookups
+  // verify stored key material and never return a wrong hit. Never use it to serve requests.
+  static BlockHasher weak_for_testing(HashScheme scheme, std::string_view seed, int bits);
+
+  bool operator==(const BlockHasher& other) const noexcept {
+    return scheme_ == other.scheme_ && none_hash_ == other.none_hash_ &&
+           weak_bits_ == other.weak_bits_;
+  }
+
  private:
   HashScheme scheme_;
   BlockHash none_hash_;
+  std::uint8_t weak_bits_ = 0;  // 0: full digests (always, outside tests)
 };
+
+// The canonical typed encoding of one block's extra keys (the tail of the `sha256` scheme's block
+// encoding): key count, then each key as tag, length and bytes. Empty keys encode to "" (no
+// bytes), so two key sets are equal iff their encodings are. Replaces the contents of `out`.
+void encode_extra_keys(const BlockExtraKeys& extra, std::string& out);
 
 // Free-function form of BlockHasher::hash_block; `parent == nullptr` means block 0.
 BlockHash hash_block_tokens(const BlockHasher& hasher, const BlockHash* parent,

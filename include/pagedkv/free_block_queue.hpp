@@ -1,0 +1,123 @@
+// pagedkv/free_block_queue.hpp: the LRU queue of free blocks, intrusive and allocation free.
+//
+// A doubly linked list threaded through KVCacheBlock::prev_free/next_free of the pool's block
+// array. The head is allocated (and so evicted) next; the tail is kept longest. Every operation is
+// O(1) per block moved; membership is O(1) through the links (kNotQueued when absent).
+//
+// The queue does not own the blocks; the array it was built on must outlive it and must not be
+// resized. Thread-compatible. Preconditions (a block being absent for append/prepend, present for
+// remove) are the caller's (BlockPool validates before calling); they are checked with assert in
+// debug builds only, since this is the pool's innermost loop.
+#pragma once
+
+#include <cassert>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "pagedkv/kv_cache_block.hpp"
+
+namespace pagedkv {
+
+class FreeBlockQueue {
+ public:
+  // Queues blocks[first..blocks.size()-1] in id order (first = 1 skips the null block).
+  FreeBlockQueue(std::span<KVCacheBlock> blocks, BlockId first) : blocks_(blocks) {
+    for (BlockId id = first; id < static_cast<BlockId>(blocks_.size()); ++id) append(id);
+  }
+
+  std::int32_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+  BlockId front() const noexcept { return head_; }  // kQueueEnd when empty
+  BlockId back() const noexcept { return tail_; }
+  BlockId next(BlockId id) const noexcept { return blocks_[id].next_free; }
+  bool contains(BlockId id) const noexcept { return blocks_[id].in_free_queue(); }
+
+  // Removes and returns the head. Precondition: !empty().
+  BlockId popleft() noexcept {
+    assert(size_ > 0);
+    const BlockId id = head_;
+    remove(id);
+    return id;
+  }
+
+  // Removes the first n blocks and appends their ids to `out`. Precondition: n <= size().
+  void popleft_n(std::int32_t n, std::vector<BlockId>& out) {
+    assert(n <= size_);
+    for (std::int32_t i = 0; i < n; ++i) out.push_back(popleft());
+  }
+
+  // Unlinks a block from anywhere in the queue. Precondition: contains(id).
+  void remove(BlockId id) noexcept {
+    KVCacheBlock& b = blocks_[id];
+    assert(b.in_free_queue());
+    if (b.prev_free == kQueueEnd) {
+      head_ = b.next_free;
+    } else {
+      blocks_[b.prev_free].next_free = b.next_free;
+    }
+    if (b.next_free == kQueueEnd) {
+      tail_ = b.prev_free;
+    } else {
+      blocks_[b.next_free].prev_free = b.prev_free;
+    }
+    b.prev_free = kNotQueued;
+    b.next_free = kNotQueued;
+    --size_;
+  }
+
+  // Adds a block at the tail. Precondition: !contains(id).
+  void append(BlockId id) noexcept {
+    KVCacheBlock& b = blocks_[id];
+    assert(!b.in_free_queue());
+    b.prev_free = tail_;
+    b.next_free = kQueueEnd;
+    if (tail_ == kQueueEnd) {
+      head_ = id;
+    } else {
+      blocks_[tail_].next_free = id;
+    }
+    tail_ = id;
+    ++size_;
+  }
+
+  // Adds blocks at the tail in the given order.
+  void append_n(std::span<const BlockId> ids) noexcept {
+    for (const BlockId id : ids) append(id);
+  }
+
+  // Adds blocks at the head as a group, in the given order: ids[0] becomes the new head.
+  void prepend_n(std::span<const BlockId> ids) noexcept {
+    for (auto it = ids.rbegin(); it != ids.rend(); ++it) prepend(*it);
+  }
+
+  // All queued ids, head first. O(size); for tests and debugging.
+  std::vector<BlockId> ids() const {
+    std::vector<BlockId> out;
+    out.reserve(static_cast<std::size_t>(size_));
+    for (BlockId id = head_; id != kQueueEnd; id = blocks_[id].next_free) out.push_back(id);
+    return out;
+  }
+
+ private:
+  void prepend(BlockId id) noexcept {
+    KVCacheBlock& b = blocks_[id];
+    assert(!b.in_free_queue());
+    b.prev_free = kQueueEnd;
+    b.next_free = head_;
+    if (head_ == kQueueEnd) {
+      tail_ = id;
+    } else {
+      blocks_[head_].prev_free = id;
+    }
+    head_ = id;
+    ++size_;
+  }
+
+  std::span<KVCacheBlock> blocks_;  // the pool's array; not owned
+  BlockId head_ = kQueueEnd;        // allocated next
+  BlockId tail_ = kQueueEnd;        // allocated last
+  std::int32_t size_ = 0;           // number of queued blocks
+};
+
+}  // namespace pagedkv

@@ -1,0 +1,137 @@
+// pagedkv/kv_cache_manager.hpp: the scheduler's view of the KV cache (full-attention models).
+//
+// Names and semantics follow vLLM's v1 KVCacheManager. Per scheduling step, for each request:
+//   1. hit = get_computed_blocks(request)         longest cached prefix (at most num_tokens - 1
+//                                                 tokens: the last token is always recomputed)
+//   2. allocate_slots(request, n, hit, lookahead) touch the hits, allocate blocks for n new tokens
+//                                                 (+ lookahead/draft slots), cache full blocks;
+//                                                 std::nullopt = "does not fit", nothing changed
+//   3. the engine runs the model, then request.set_num_computed_tokens(...), appends output tokens
+//   4. free(request) when it finishes (or preempt(request) to release and requeue it)
+//
+// Errors (pagedkv::Error, thrown before any state changes): zero new tokens, allocating or freeing
+// a freed request, freeing an unknown request, a hit that is stale or passed with blocks already
+// allocated, tokens beyond the request's known tokens, a request hashed differently from the
+// manager. Running out of blocks is the std::nullopt result, never an error.
+//
+// Complexity: get_computed_blocks is O(hit blocks) (plus O(block_size) per verified hit);
+// allocate_slots and free are O(blocks touched). Thread-compatible: one manager per scheduler
+// thread; hashing (building and extending Requests) may happen on any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedkv/block_hasher.hpp"
+#include "pagedkv/block_pool.hpp"
+#include "pagedkv/kv_events.hpp"
+#include "pagedkv/prefix_cache_stats.hpp"
+#include "pagedkv/request.hpp"
+
+namespace pagedkv {
+
+struct KVCacheManagerConfig {
+  std::int32_t num_blocks = 0;  // total pool blocks, including the null block
+  std::uint32_t block_size = 16;
+  bool enable_caching = true;
+  HashScheme hash_scheme = HashScheme::kSha256;
+  std::optional<std::string> hash_seed;  // see BlockHasher; set it to agree across processes
+  // Overrides hash_scheme/hash_seed when set (e.g. BlockHasher::weak_for_testing in tests).
+  std::optional<BlockHasher> hasher;
+  bool verify_cache_hits = true;  // must stay true for xxh3_128 (not collision resistant)
+  bool enable_kv_events = false;
+  std::size_t stats_window = 1000;           // queries in PrefixCacheStats::recent_hit_rate
+  std::optional<std::size_t> max_model_len;  // caps slots allocated for lookahead tokens
+};
+
+// The result of get_computed_blocks(): the cached blocks of the request's longest cached prefix.
+struct CacheHit {
+  std::vector<BlockId> blocks;
+  std::size_t num_tokens = 0;  // blocks.size() * block_size
+};
+
+// Everything observable about a manager's state, for tests.
+struct KVCacheManagerSnapshot {
+  BlockPoolSnapshot pool;
+  std::vector<std::pair<RequestId, std::vector<BlockId>>> request_blocks;  // sorted by id
+  std::vector<std::pair<RequestId, std::size_t>> num_cached_blocks;        // sorted by id
+  std::uint64_t stats_requests = 0;
+  std::uint64_t stats_queries = 0;
+  std::uint64_t stats_hits = 0;
+
+  bool operator==(const KVCacheManagerSnapshot&) const = default;
+};
+
+class KVCacheManager {
+ public:
+  explicit KVCacheManager(const KVCacheManagerConfig& config);
+
+  const BlockHasher& hasher() const noexcept { return hasher_; }
+  std::uint32_t block_size() const noexcept { return pool_.block_size(); }
+  const BlockPool& block_pool() const noexcept { return pool_; }
+
+  // A request hashed the way this manager's cache is keyed.
+  Request make_request(RequestId id, std::span<const TokenId> prompt,
+                       RequestHashKeys keys = {}) const;
+
+  // Longest cached prefix, capped at num_tokens - 1 tokens; records prefix-cache stats. Changes
+  // no reference counts: pass the result to allocate_slots() before any other allocation.
+  CacheHit get_computed_blocks(const Request& request);
+
+  // Allocates slots for num_new_tokens tokens after the request's computed tokens and the hit,
+  // plus num_lookahead_tokens draft slots (never cached). Returns the newly allocated blocks
+  // (valid until the next call on this manager), or std::nullopt when they do not fit.
+  std::optional<std::span<const BlockId>> allocate_slots(Request& request,
+                                                         std::size_t num_new_tokens,
+                                                         const CacheHit& hit = {},
+                                                         std::size_t num_lookahead_tokens = 0);
+
+  // Releases a finished request's blocks (tail first, so its chain's tail is evicted first).
+  void free(Request& request);
+  // Releases a running request's blocks so it can be rescheduled from scratch (its cached blocks
+  // stay hit-able); sets its num_computed_tokens to 0.
+  void preempt(Request& request);
+
+  std::span<const BlockId> block_ids(RequestId id) const;  // throws for an unknown id
+  // Leading blocks of this request held by every request the manager tracks (the shared prefix
+  // for cascade attention).
+  std::size_t num_common_prefix_blocks(RequestId id) const;
+  std::size_t num_requests() const noexcept { return requests_.size(); }
+
+  double usage() const noexcept { return pool_.usage(); }
+  PrefixCacheStats stats() const noexcept { return stats_.stats(pool_.num_evictions()); }
+  // Drops the cache entries of these blocks (e.g. a KV connector found their contents invalid);
+  // they stay allocated or queued. Returns how many were cached. See BlockPool::evict_blocks.
+  std::size_t evict_blocks(std::span<const BlockId> ids) { return pool_.evict_blocks(ids); }
+  // Forgets all cached blocks if no request holds any; false (nothing done) otherwise.
+  bool reset_prefix_cache();
+  std::vector<KVEvent> take_events() { return pool_.take_events(); }
+  void set_event_sink(KVEventSink sink) { pool_.set_event_sink(std::move(sink)); }
+
+  // Pool invariants plus: every block's ref count equals the number of requests holding it.
+  void check_invariants() const;
+  KVCacheManagerSnapshot snapshot() const;
+
+ private:
+  struct RequestBlocks {
+    std::vector<BlockId> blocks;        // the block table row, in token order
+    std::size_t num_cached_blocks = 0;  // leading blocks already in the hash map
+  };
+
+  void check_hashing(const Request& request) const;
+  void release(Request& request, const char* what);
+
+  BlockHasher hasher_;
+  BlockPool pool_;
+  PrefixCacheStatsRecorder stats_;
+  std::optional<std::size_t> max_model_len_;
+  std::unordered_map<RequestId, RequestBlocks> requests_;
+  std::vector<BlockId> free_scratch_;
+};
+
+}  // namespace pagedkv

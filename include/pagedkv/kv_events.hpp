@@ -1,0 +1,71 @@
+// pagedkv/kv_events.hpp: what the cache tells the outside world (routers, KV stores).
+//
+// The pool emits one event per change to the set of cached blocks, each with a sequence number
+// that starts at 0 and increases by exactly 1 per event (gap-free), in the order of the changes:
+//   BlockStored       one per cache_full_blocks() call that caches at least one block;
+//   BlockRemoved      one per cached block evicted (reallocated, evict_blocks());
+//   AllBlocksCleared  one per successful reset_prefix_cache().
+// Events carry full digests; BlockHash::event_id() gives vLLM's 64-bit form.
+// Events are produced only when enabled in the pool's configuration. They are either delivered
+// to a sink callback as they happen, or buffered until take_events().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "pagedkv/block_hash.hpp"
+#include "pagedkv/block_hasher.hpp"
+#include "pagedkv/kv_cache_block.hpp"
+
+namespace pagedkv {
+
+// One block's extra keys, owned (BlockExtraKeys holds views).
+struct OwnedExtraKeys {
+  std::optional<std::string> lora_name;
+  std::vector<std::pair<std::string, std::int64_t>> mm_items;  // (identifier, offset in block)
+  std::optional<std::string> cache_salt;
+
+  bool operator==(const OwnedExtraKeys&) const = default;
+};
+
+struct BlockStored {
+  std::vector<BlockHash> block_hashes;         // the newly cached blocks, in chain order
+  std::optional<BlockHash> parent_block_hash;  // hash of the block before the first; none at 0
+  std::vector<TokenId> token_ids;              // block_size tokens per cached block
+  std::uint32_t block_size = 0;
+  std::optional<std::string> lora_name;
+  std::vector<OwnedExtraKeys> extra_keys;  // one per cached block
+  GroupId group_id = 0;
+
+  bool operator==(const BlockStored&) const = default;
+};
+
+struct BlockRemoved {
+  std::vector<BlockHash> block_hashes;
+  GroupId group_id = 0;
+
+  bool operator==(const BlockRemoved&) const = default;
+};
+
+struct AllBlocksCleared {
+  bool operator==(const AllBlocksCleared&) const = default;
+};
+
+struct KVEvent {
+  using Data = std::variant<BlockStored, BlockRemoved, AllBlocksCleared>;
+  std::uint64_t seq = 0;  // 0, 1, 2, ... with no gaps
+  Data data;
+
+  bool operator==(const KVEvent&) const = default;
+};
+
+// Called synchronously, on the thread mutating the pool, once per event. It must not call back
+// into the pool or its manager.
+using KVEventSink = std::function<void(const KVEvent&)>;
+
+}  // namespace pagedkv

@@ -1,0 +1,398 @@
+#include "pagedkv/block_pool.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "pagedkv/error.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr std::uint32_t kBlockSize = 4;
+
+RequestBlockHasher sequence(std::vector<TokenId> tokens, RequestHashKeys keys = {},
+                            BlockHasher hasher = BlockHasher(HashScheme::kSha256, "test")) {
+  RequestBlockHasher seq(std::move(hasher), kBlockSize, std::move(keys));
+  seq.append(tokens);
+  return seq;
+}
+
+std::vector<TokenId> iota_tokens(TokenId first, std::size_t n) {
+  std::vector<TokenId> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+BlockPoolConfig config(std::int32_t n, bool events = true) {
+  BlockPoolConfig c;
+  c.num_blocks = n;
+  c.block_size = kBlockSize;
+  c.enable_kv_events = events;
+  return c;
+}
+
+std::vector<BlockId> take(BlockPool& pool, std::int32_t n) {
+  std::vector<BlockId> out;
+  EXPECT_TRUE(pool.get_new_blocks(n, out));
+  return out;
+}
+
+// Expects `call` to throw pagedkv::Error whose message contains `fragment`, with the pool's
+// observable state exactly as before.
+template <typename Call>
+void expect_rejected(BlockPool& pool, Call call, const std::string& fragment) {
+  const BlockPoolSnapshot before = pool.snapshot();
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pool.snapshot(), before) << "state changed by a rejected call";
+  pool.check_invariants();
+}
+
+TEST(BlockPool, InitialState) {
+  BlockPool pool(config(10));
+  EXPECT_EQ(pool.num_free_blocks(), 9);
+  EXPECT_DOUBLE_EQ(pool.usage(), 0.0);
+  EXPECT_TRUE(pool.null_block().is_null);
+  EXPECT_FALSE(pool.null_block().in_free_queue());
+  EXPECT_EQ(pool.free_queue().ids(), (std::vector<BlockId>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  pool.check_invariants();
+  EXPECT_THROW(BlockPool(config(1)), Error);
+  BlockPoolConfig zero = config(4);
+  zero.block_size = 0;
+  EXPECT_THROW(BlockPool{zero}, Error);
+}
+
+TEST(BlockPool, OutOfBlocksIsAResultNotAnError) {
+  BlockPool pool(config(4));
+  const auto before = pool.snapshot();
+  std::vector<BlockId> out;
+  EXPECT_FALSE(pool.get_new_blocks(4, out));
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(pool.snapshot(), before);
+  EXPECT_TRUE(pool.get_new_blocks(3, out));
+  EXPECT_EQ(out, (std::vector<BlockId>{1, 2, 3}));
+  EXPECT_DOUBLE_EQ(pool.usage(), 1.0);
+  EXPECT_FALSE(pool.get_new_blocks(1, out));
+  pool.check_invariants();
+}
+
+// Two requests share a 2-block prefix. A: blocks 1 2 3 (cached) + 4 (partial). B: hits 1 2, then
+// 5 (cached) + 6 (partial). Freeing A, then B, must give the documented queue order.
+TEST(BlockPool, FreeQueueOrderAfterFreeingTwoRequestsSharingAPrefix) {
+  BlockPool pool(config(10));
+  const auto a_seq = sequence(iota_tokens(0, 14));  // 3 full + 2
+  auto b_tokens = iota_tokens(0, 8);
+  for (TokenId t : {100, 101, 102, 103, 104}) b_tokens.push_back(t);  // 3 full + 1
+  const auto b_seq = sequence(b_tokens);
+
+  const auto a = take(pool, 4);
+  ASSERT_EQ(a, (std::vector<BlockId>{1, 2, 3, 4}));
+  pool.cache_full_blocks(a_seq, a, 0, 3);
+  ASSERT_EQ(pool.match_cached_block(b_seq, 0, BlockPool::kNoBlock), 1);
+  ASSERT_EQ(pool.match_cached_block(b_seq, 1, 1), 2);
+  ASSERT_EQ(pool.match_cached_block(b_seq, 2, 2), BlockPool::kNoBlock);
+  std::vector<BlockId> b = {1, 2};
+  pool.touch(b);
+  ASSERT_TRUE(pool.get_new_blocks(2, b));
+  ASSERT_EQ(b, (std::vector<BlockId>{1, 2, 5, 6}));
+  pool.cache_full_blocks(b_seq, b, 2, 3);
+  pool.check_invariants();
+
+  pool.free_blocks(std::vector<BlockId>{4, 3, 2, 1});  // A, tail first
+  EXPECT_EQ(pool.free_queue().ids(), (std::vector<BlockId>{4, 7, 8, 9, 3}));
+  pool.free_blocks(std::vector<BlockId>{6, 5, 2, 1});  // B, tail first
+  EXPECT_EQ(pool.free_queue().ids(), (std::vector<BlockId>{6, 4, 7, 8, 9, 3, 5, 2, 1}));
+  pool.check_invariants();
+
+  // Eviction order: unhashed blocks are reused first; then each chain's tail before its head.
+  pool.take_events();
+  std::vector<BlockId> got;
+  ASSERT_TRUE(pool.get_new_blocks(6, got));
+  EXPECT_EQ(got, (std::vector<BlockId>{6, 4, 7, 8, 9, 3}));
+  EXPECT_EQ(pool.num_evictions(), 1u);
+  EXPECT_FALSE(pool.block(3).is_cached());
+  const auto events = pool.take_events();
+  ASSERT_EQ(events.size(), 1u);
+  ASSERT_TRUE(std::holds_alternative<BlockRemoved>(events[0].data));
+  EXPECT_EQ(std::get<BlockRemoved>(events[0].data).block_hashes,
+            std::vector<BlockHash>{a_seq.block_hashes()[2]});
+  // Block 2 (the shared prefix) is still cached and hit-able: lazy eviction.
+  EXPECT_EQ(pool.match_cached_block(a_seq, 1, 1), 2);
+  EXPECT_EQ(pool.match_cached_block(a_seq, 2, 2), BlockPool::kNoBlock);
+  pool.check_invariants();
+}
+
+TEST(BlockPool, LazyEvictionAndTouchingAFreeCachedBlock) {
+  BlockPool pool(config(6));
+  const auto seq = sequence(iota_tokens(0, 8));
+  const auto blocks = take(pool, 2);
+  pool.cache_full_blocks(seq, blocks, 0, 2);
+  pool.free_blocks(std::vector<BlockId>{blocks[1], blocks[0]});
+  // Freed but still cached: still a hit.
+  EXPECT_EQ(pool.get_cached_block(seq.block_hashes()[0]), blocks[0]);
+  EXPECT_EQ(pool.match_cached_block(seq, 0, BlockPool::kNoBlock), blocks[0]);
+  EXPECT_TRUE(pool.free_queue().contains(blocks[0]));
+  const auto free_before = pool.num_free_blocks();
+  pool.touch(std::vector<BlockId>{blocks[0]});
+  EXPECT_FALSE(pool.free_queue().contains(blocks[0]));
+  EXPECT_EQ(pool.block(blocks[0]).ref_cnt, 1);
+  EXPECT_EQ(pool.num_free_blocks(), free_before - 1);
+  pool.touch(std::vector<BlockId>{blocks[0]});  // a second holder
+  EXPECT_EQ(pool.block(blocks[0]).ref_cnt, 2);
+  pool.check_invariants();
+}
+
+TEST(BlockPool, BadInputIsRejectedWithStateUnchanged) {
+  BlockPool pool(config(6));
+  const auto seq = sequence(iota_tokens(0, 8));
+  const auto blocks = take(pool, 3);
+  pool.cache_full_blocks(seq, blocks, 0, 1);
+
+  expect_rejected(
+      pool,
+      [&] {
+        pool.free_blocks(std::vector<BlockId>{blocks[2], 6});
+      },
+      "block 6 is out of range");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.free_blocks(std::vector<BlockId>{blocks[1], -1});
+      },
+      "out of range");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.free_blocks(std::vector<BlockId>{blocks[1], blocks[1]});
+      },
+      "appears twice");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.free_blocks(std::vector<BlockId>{blocks[0], 5});
+      },
+      "double free");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.touch(std::vector<BlockId>{blocks[0], 99});
+      },
+      "out of range");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.evict_blocks(std::vector<BlockId>{blocks[0], 99});
+      },
+      "out of range");
+  expect_rejected(
+      pool, [&] { pool.cache_full_blocks(seq, blocks, 0, 2); }, "already cached");
+  expect_rejected(
+      pool, [&] { pool.cache_full_blocks(seq, blocks, 1, 3); }, "full blocks");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.cache_full_blocks(seq, std::vector<BlockId>{blocks[0], 5}, 1, 2);
+      },
+      "not allocated");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.cache_full_blocks(seq, std::vector<BlockId>{1, 0}, 1, 2);
+      },
+      "null block");
+  expect_rejected(
+      pool,
+      [&] {
+        std::vector<BlockId> out;
+        pool.get_new_blocks(-1, out);
+      },
+      "negative");
+  expect_rejected(
+      pool, [&] { (void)pool.block(6); }, "out of range");
+  RequestBlockHasher other(BlockHasher(HashScheme::kSha256, "test"), 8);
+  other.append(iota_tokens(0, 8));
+  expect_rejected(
+      pool, [&] { pool.cache_full_blocks(other, blocks, 1, 1); }, "block size 8");
+
+  // A real double free, after the legitimate one.
+  pool.free_blocks(blocks);
+  expect_rejected(
+      pool, [&] { pool.free_blocks(std::vector<BlockId>{blocks[0]}); }, "double free");
+}
+
+TEST(BlockPool, ResetOnlyWhenIdle) {
+  BlockPool pool(config(6));
+  const auto seq = sequence(iota_tokens(0, 8));
+  const auto blocks = take(pool, 2);
+  pool.cache_full_blocks(seq, blocks, 0, 2);
+  const auto before = pool.snapshot();
+  EXPECT_FALSE(pool.reset_prefix_cache());
+  EXPECT_EQ(pool.snapshot(), before);
+  pool.free_blocks(std::vector<BlockId>{blocks[1], blocks[0]});
+  pool.take_events();
+  EXPECT_TRUE(pool.reset_prefix_cache());
+  EXPECT_EQ(pool.get_cached_block(seq.block_hashes()[0]), BlockPool::kNoBlock);
+  EXPECT_FALSE(pool.block(blocks[0]).is_cached());
+  const auto events = pool.take_events();
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_TRUE(std::holds_alternative<AllBlocksCleared>(events[0].data));
+  pool.check_invariants();
+}
+
+TEST(BlockPool, EventsCarryTheCachedBlocksInOrderWithGapFreeSequenceNumbers) {
+  BlockPool pool(config(8));
+  RequestHashKeys keys;
+  keys.lora_name = "adapter";
+  keys.cache_salt = "tenant";
+  keys.mm_items = {{"img", 2, 3}};
+  const auto seq = sequence(iota_tokens(10, 12), keys);
+  const auto blocks = take(pool, 3);
+  pool.cache_full_blocks(seq, blocks, 0, 2);
+  pool.cache_full_blocks(seq, blocks, 2, 3);
+  pool.cache_full_blocks(seq, blocks, 3, 3);  // nothing new: no event
+  pool.evict_blocks(std::vector<BlockId>{blocks[2]});
+  const auto events = pool.take_events();
+  ASSERT_EQ(events.size(), 3u);
+  for (std::size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].seq, i);
+
+  const auto& first = std::get<BlockStored>(events[0].data);
+  EXPECT_EQ(first.block_hashes,
+            (std::vector<BlockHash>{seq.block_hashes()[0], seq.block_hashes()[1]}));
+  EXPECT_FALSE(first.parent_block_hash.has_value());
+  EXPECT_EQ(first.token_ids, iota_tokens(10, 8));
+  EXPECT_EQ(first.block_size, kBlockSize);
+  EXPECT_EQ(first.lora_name, std::optional<std::string>("adapter"));
+  ASSERT_EQ(first.extra_keys.size(), 2u);
+  EXPECT_EQ(first.extra_keys[0].cache_salt, std::optional<std::string>("tenant"));
+  EXPECT_EQ(first.extra_keys[0].mm_items,
+            (std::vector<std::pair<std::string, std::int64_t>>{{"img", 2}}));
+  EXPECT_FALSE(first.extra_keys[1].cache_salt.has_value());
+  EXPECT_EQ(first.extra_keys[1].mm_items,
+            (std::vector<std::pair<std::string, std::int64_t>>{{"img", -2}}));
+  const auto& second = std::get<BlockStored>(events[1].data);
+  EXPECT_EQ(second.parent_block_hash, std::optional<BlockHash>(seq.block_hashes()[1]));
+  EXPECT_EQ(std::get<BlockRemoved>(events[2].data).block_hashes,
+            std::vector<BlockHash>{seq.block_hashes()[2]});
+  EXPECT_TRUE(pool.take_events().empty());
+
+  // With a sink, events go to it as they happen, continuing the sequence.
+  std::vector<KVEvent> sunk;
+  pool.set_event_sink([&](const KVEvent& e) { sunk.push_back(e); });
+  pool.evict_blocks(std::vector<BlockId>{blocks[1]});
+  ASSERT_EQ(sunk.size(), 1u);
+  EXPECT_EQ(sunk[0].seq, 3u);
+  EXPECT_TRUE(pool.take_events().empty());
+}
+
+TEST(BlockPool, NoEventsUnlessEnabled) {
+  BlockPool pool(config(8, /*events=*/false));
+  const auto seq = sequence(iota_tokens(0, 8));
+  const auto blocks = take(pool, 2);
+  pool.cache_full_blocks(seq, blocks, 0, 2);
+  EXPECT_TRUE(pool.take_events().empty());
+}
+
+// A 1-bit hash makes unrelated blocks collide. The raw map lookup returns the colliding block;
+// the verified lookup never does.
+TEST(BlockPool, VerifiedLookupTurnsCollisionsIntoMisses) {
+  const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "s", 1);
+  BlockPool pool(config(16));
+  // Find two different single blocks whose weak hashes collide.
+  std::vector<RequestBlockHasher> seqs;
+  for (TokenId t = 0; t < 8; ++t) seqs.push_back(sequence(iota_tokens(t * 100, 4), {}, weak));
+  std::size_t x = 0, y = 0;
+  for (std::size_t i = 0; i < seqs.size() && x == y; ++i) {
+    for (std::size_t j = i + 1; j < seqs.size(); ++j) {
+      if (seqs[i].block_hashes()[0] == seqs[j].block_hashes()[0]) {
+        x = i;
+        y = j;
+        break;
+      }
+    }
+  }
+  ASSERT_NE(x, y) << "no collision among 8 blocks with a 1-bit hash";
+  const auto bx = take(pool, 1);
+  pool.cache_full_blocks(seqs[x], bx, 0, 1);
+  EXPECT_EQ(pool.get_cached_block(seqs[y].block_hashes()[0]), bx[0]);  // raw map: fooled
+  EXPECT_EQ(pool.match_cached_block(seqs[y], 0, BlockPool::kNoBlock), BlockPool::kNoBlock);
+  EXPECT_EQ(pool.match_cached_block(seqs[x], 0, BlockPool::kNoBlock), bx[0]);
+  // Cache y too: now both are found, each by its own content.
+  const auto by = take(pool, 1);
+  pool.cache_full_blocks(seqs[y], by, 0, 1);
+  EXPECT_EQ(pool.match_cached_block(seqs[y], 0, BlockPool::kNoBlock), by[0]);
+  EXPECT_EQ(pool.match_cached_block(seqs[x], 0, BlockPool::kNoBlock), bx[0]);
+  pool.check_invariants();
+}
+
+// Parents are compared by content identity, not by (possibly colliding) parent hash: a child
+// cached after prefix P must not be a hit after a different prefix P' with the same weak hash.
+TEST(BlockPool, ChildOfACollidingParentIsAMiss) {
+  const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "s", 1);
+  BlockPool pool(config(16));
+  std::vector<TokenId> suffix = {7, 7, 7, 7};
+  // Find two first blocks p, q with equal weak hashes.
+  std::vector<TokenId> p, q;
+  for (TokenId a = 1; a < 20 && q.empty(); ++a) {
+    for (TokenId b = a + 1; b < 20; ++b) {
+      const auto sp = sequence({a, a, a, a}, {}, weak);
+      const auto sq = sequence({b, b, b, b}, {}, weak);
+      if (sp.block_hashes()[0] == sq.block_hashes()[0]) {
+        p = {a, a, a, a};
+        q = {b, b, b, b};
+        break;
+      }
+    }
+  }
+  ASSERT_FALSE(q.empty());
+  auto with_suffix = [&](std::vector<TokenId> v) {
+    v.insert(v.end(), suffix.begin(), suffix.end());
+    return sequence(v, {}, weak);
+  };
+  const auto sp = with_suffix(p);
+  const auto sq = with_suffix(q);
+  ASSERT_EQ(sp.block_hashes()[1], sq.block_hashes()[1]);  // children collide too
+  const auto bp = take(pool, 2);
+  pool.cache_full_blocks(sp, bp, 0, 2);
+  const auto bq0 = take(pool, 1);
+  pool.cache_full_blocks(sq, bq0, 0, 1);
+  const BlockId q0 = pool.match_cached_block(sq, 0, BlockPool::kNoBlock);
+  ASSERT_EQ(q0, bq0[0]);
+  EXPECT_EQ(pool.match_cached_block(sq, 1, q0), BlockPool::kNoBlock);
+  EXPECT_EQ(pool.match_cached_block(sp, 1, bp[0]), bp[1]);
+}
+
+TEST(BlockPool, DuplicatesShareContentIdentity) {
+  BlockPool pool(config(16));
+  const auto seq = sequence(iota_tokens(0, 8));
+  const auto first = take(pool, 2);
+  pool.cache_full_blocks(seq, first, 0, 2);
+  // The same content computed again in other blocks (e.g. the last block of a fully cached
+  // prompt is always recomputed): both copies are cached, the first inserted is returned, and a
+  // child of either copy is reachable.
+  const auto second = take(pool, 2);
+  pool.cache_full_blocks(seq, second, 0, 2);
+  EXPECT_EQ(pool.match_cached_block(seq, 0, BlockPool::kNoBlock), first[0]);
+  EXPECT_EQ(pool.match_cached_block(seq, 1, second[0]), first[1]);
+  pool.evict_blocks(std::vector<BlockId>{first[0], first[1]});
+  EXPECT_EQ(pool.match_cached_block(seq, 0, BlockPool::kNoBlock), second[0]);
+  EXPECT_EQ(pool.match_cached_block(seq, 1, second[0]), second[1]);
+  pool.check_invariants();
+}
+
+TEST(BlockPool, MetadataBytesPerBlockAtBlockSize16) {
+  BlockPoolConfig c;
+  c.num_blocks = 1 << 16;
+  c.block_size = 16;
+  BlockPool pool(c);
+  EXPECT_LE(pool.metadata_bytes_per_block(), 160.0);
+}
+
+}  // namespace
+}  // namespace pagedkv

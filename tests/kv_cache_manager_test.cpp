@@ -1,0 +1,276 @@
+#include "pagedkv/kv_cache_manager.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "pagedkv/error.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr std::uint32_t kB = 4;
+
+KVCacheManagerConfig config(std::int32_t num_blocks) {
+  KVCacheManagerConfig c;
+  c.num_blocks = num_blocks;
+  c.block_size = kB;
+  c.hash_seed = "test";
+  c.enable_kv_events = true;
+  return c;
+}
+
+std::vector<TokenId> iota_tokens(TokenId first, std::size_t n) {
+  std::vector<TokenId> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+// Schedules a whole prompt: hit lookup, then one allocation for the rest.
+std::optional<CacheHit> admit(KVCacheManager& m, Request& r) {
+  CacheHit hit = m.get_computed_blocks(r);
+  const auto blocks = m.allocate_slots(r, r.num_tokens() - hit.num_tokens, hit);
+  if (!blocks) return std::nullopt;
+  r.set_num_computed_tokens(r.num_tokens());
+  return hit;
+}
+
+template <typename Call>
+void expect_rejected(KVCacheManager& m, Call call, const std::string& fragment) {
+  const KVCacheManagerSnapshot before = m.snapshot();
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(m.snapshot(), before) << "state changed by a rejected call";
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, HitIsCappedAtNumTokensMinusOne) {
+  KVCacheManager m(config(32));
+  auto a = m.make_request(1, iota_tokens(0, 12));  // exactly 3 full blocks
+  ASSERT_TRUE(admit(m, a));
+  m.free(a);
+  auto b = m.make_request(2, iota_tokens(0, 12));
+  const CacheHit hit = m.get_computed_blocks(b);
+  EXPECT_EQ(hit.blocks.size(), 2u);  // the last block is recomputed for the last token's logits
+  EXPECT_EQ(hit.num_tokens, 8u);
+  auto c = m.make_request(3, iota_tokens(0, 13));
+  EXPECT_EQ(m.get_computed_blocks(c).blocks.size(), 3u);
+  auto d = m.make_request(4, iota_tokens(0, 1));
+  EXPECT_TRUE(m.get_computed_blocks(d).blocks.empty());
+}
+
+TEST(KVCacheManager, AllocateHitFreeCycle) {
+  KVCacheManager m(config(16));
+  auto a = m.make_request(1, iota_tokens(0, 10));
+  const auto blocks = m.allocate_slots(a, 10);
+  ASSERT_TRUE(blocks);
+  EXPECT_EQ(std::vector<BlockId>(blocks->begin(), blocks->end()), (std::vector<BlockId>{1, 2, 3}));
+  EXPECT_EQ(std::vector<BlockId>(m.block_ids(1).begin(), m.block_ids(1).end()),
+            (std::vector<BlockId>{1, 2, 3}));
+  a.set_num_computed_tokens(10);
+  m.check_invariants();
+
+  auto b = m.make_request(2, iota_tokens(0, 11));
+  const CacheHit hit = m.get_computed_blocks(b);
+  EXPECT_EQ(hit.blocks, (std::vector<BlockId>{1, 2}));
+  const auto nb = m.allocate_slots(b, 3, hit);
+  ASSERT_TRUE(nb);
+  EXPECT_EQ(std::vector<BlockId>(nb->begin(), nb->end()), (std::vector<BlockId>{4}));
+  EXPECT_EQ(m.block_pool().block(1).ref_cnt, 2);
+  EXPECT_EQ(m.num_common_prefix_blocks(1), 2u);
+  EXPECT_EQ(m.num_requests(), 2u);
+  m.check_invariants();
+
+  m.free(a);
+  m.free(b);
+  EXPECT_EQ(m.num_requests(), 0u);
+  EXPECT_DOUBLE_EQ(m.usage(), 0.0);
+  m.check_invariants();
+  const PrefixCacheStats s = m.stats();
+  EXPECT_EQ(s.requests, 1u);  // only b looked up the cache
+  EXPECT_EQ(s.queries, 11u);
+  EXPECT_EQ(s.hits, 8u);
+}
+
+TEST(KVCacheManager, FailedAllocationChangesNothing) {
+  KVCacheManager m(config(6));  // 5 usable blocks
+  auto a = m.make_request(1, iota_tokens(0, 12));
+  ASSERT_TRUE(admit(m, a));
+  m.free(a);                                         // blocks 1..3 cached and free
+  auto big = m.make_request(2, iota_tokens(0, 29));  // hits 3 blocks, needs 5 more
+  const CacheHit hit = m.get_computed_blocks(big);
+  ASSERT_EQ(hit.blocks.size(), 3u);
+  // 3 free hits (touching consumes free capacity) + 5 new > 5 free.
+  const auto before = m.snapshot();
+  EXPECT_FALSE(m.allocate_slots(big, 29 - 12, hit).has_value());
+  EXPECT_EQ(m.snapshot(), before);
+  m.check_invariants();
+  // It fits without the tail: 3 hits + 2 new = 5.
+  EXPECT_TRUE(m.allocate_slots(big, 8, hit).has_value());
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, SameSaltHitsOtherSaltNever) {
+  KVCacheManager m(config(32));
+  RequestHashKeys alice, bob;
+  alice.cache_salt = "alice";
+  bob.cache_salt = "bob";
+  auto a = m.make_request(1, iota_tokens(0, 20), alice);
+  ASSERT_TRUE(admit(m, a));
+  auto a2 = m.make_request(2, iota_tokens(0, 20), alice);
+  EXPECT_EQ(m.get_computed_blocks(a2).blocks.size(), 4u);
+  auto b = m.make_request(3, iota_tokens(0, 20), bob);
+  EXPECT_TRUE(m.get_computed_blocks(b).blocks.empty());
+  auto plain = m.make_request(4, iota_tokens(0, 20));
+  EXPECT_TRUE(m.get_computed_blocks(plain).blocks.empty());
+}
+
+TEST(KVCacheManager, DecodedTokensAreHashedAndCachedWhenTheirBlockFills) {
+  KVCacheManager m(config(32));
+  auto a = m.make_request(1, iota_tokens(0, 6));
+  ASSERT_TRUE(m.allocate_slots(a, 6));
+  a.set_num_computed_tokens(6);
+  EXPECT_EQ(a.block_hashes().size(), 1u);
+  for (TokenId t : {6, 7, 8}) {  // decode: one token per step
+    a.append_token(t);
+    ASSERT_TRUE(m.allocate_slots(a, 1));
+    a.set_num_computed_tokens(a.num_tokens());
+  }
+  EXPECT_EQ(a.block_hashes().size(), 2u);
+  m.free(a);
+  auto b = m.make_request(2, iota_tokens(0, 9));
+  EXPECT_EQ(m.get_computed_blocks(b).num_tokens, 8u);  // both blocks, including the decoded one
+}
+
+TEST(KVCacheManager, LookaheadSlotsAreAllocatedButNeverCached) {
+  KVCacheManager m(config(32));
+  auto a = m.make_request(1, iota_tokens(0, 8));
+  const auto blocks = m.allocate_slots(a, 8, {}, /*num_lookahead_tokens=*/5);
+  ASSERT_TRUE(blocks);
+  EXPECT_EQ(blocks->size(), 4u);  // ceil(13 / 4)
+  EXPECT_TRUE(m.block_pool().block((*blocks)[1]).is_cached());
+  EXPECT_FALSE(m.block_pool().block((*blocks)[2]).is_cached());
+  EXPECT_FALSE(m.block_pool().block((*blocks)[3]).is_cached());
+}
+
+TEST(KVCacheManager, ResetOnlyWhenIdle) {
+  KVCacheManager m(config(16));
+  auto a = m.make_request(1, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(m, a));
+  EXPECT_FALSE(m.reset_prefix_cache());
+  m.free(a);
+  EXPECT_TRUE(m.reset_prefix_cache());
+  auto b = m.make_request(2, iota_tokens(0, 9));
+  EXPECT_TRUE(m.get_computed_blocks(b).blocks.empty());
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, PreemptReleasesAndAllowsRescheduling) {
+  KVCacheManager m(config(16));
+  auto a = m.make_request(1, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(m, a));
+  m.preempt(a);
+  EXPECT_EQ(a.num_computed_tokens(), 0u);
+  EXPECT_EQ(m.num_requests(), 0u);
+  const auto hit = admit(m, a);  // rescheduled: its own cached blocks are hits now
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(hit->blocks.size(), 2u);
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, BadInputIsRejectedWithStateUnchanged) {
+  KVCacheManager m(config(16));
+  auto a = m.make_request(1, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(m, a));
+  auto b = m.make_request(2, iota_tokens(0, 9));
+  const CacheHit hit = m.get_computed_blocks(b);
+  ASSERT_EQ(hit.blocks.size(), 2u);
+
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(b, 0, hit); }, "greater than 0");
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(b, 9, hit); }, "exceed");
+  CacheHit bad = hit;
+  bad.num_tokens = 5;
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(b, 1, bad); }, "num_tokens");
+  bad = hit;
+  bad.blocks[1] = 99;
+  bad.num_tokens = 8;
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(b, 1, bad); }, "out of range");
+  bad.blocks[1] = 3;  // a real block, but not the one caching b's block 1
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(b, 1, bad); }, "stale cache hit");
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(a, 1, hit); }, "first allocation");
+  expect_rejected(
+      m, [&] { m.free(b); }, "unknown");
+  expect_rejected(
+      m, [&] { (void)m.block_ids(2); }, "unknown");
+  auto foreign = Request(3, BlockHasher(HashScheme::kSha256, "other seed"), kB, iota_tokens(0, 9));
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(foreign, 9); }, "hashed with a different");
+  expect_rejected(
+      m, [&] { (void)m.get_computed_blocks(foreign); }, "hashed with a different");
+
+  m.free(a);
+  expect_rejected(
+      m, [&] { m.free(a); }, "already freed");
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(a, 1); }, "already freed");
+  expect_rejected(
+      m, [&] { (void)m.get_computed_blocks(a); }, "already freed");
+  EXPECT_THROW(a.set_num_computed_tokens(10), Error);
+
+  KVCacheManagerConfig xxh = config(8);
+  xxh.hash_scheme = HashScheme::kXxh3_128;
+  xxh.verify_cache_hits = false;
+  EXPECT_THROW(KVCacheManager{xxh}, Error);
+}
+
+TEST(KVCacheManager, EventsAndStatsThroughAWholeWorkload) {
+  KVCacheManager m(config(5));  // 4 usable blocks
+  auto a = m.make_request(1, iota_tokens(0, 8));
+  ASSERT_TRUE(admit(m, a));
+  m.free(a);
+  auto b = m.make_request(2, iota_tokens(100, 16));  // needs all 4 blocks: evicts a's 2
+  ASSERT_TRUE(admit(m, b));
+  m.free(b);
+  const auto events = m.take_events();
+  ASSERT_EQ(events.size(), 4u);  // stored(a), removed, removed, stored(b)
+  for (std::size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].seq, i);
+  EXPECT_TRUE(std::holds_alternative<BlockStored>(events[0].data));
+  // a's chain tail (block 2) is evicted before its head (block 1).
+  EXPECT_EQ(std::get<BlockRemoved>(events[1].data).block_hashes[0], a.block_hashes()[1]);
+  EXPECT_EQ(std::get<BlockRemoved>(events[2].data).block_hashes[0], a.block_hashes()[0]);
+  EXPECT_EQ(std::get<BlockStored>(events[3].data).block_hashes.size(), 4u);
+  const PrefixCacheStats s = m.stats();
+  EXPECT_EQ(s.requests, 2u);
+  EXPECT_EQ(s.queries, 24u);
+  EXPECT_EQ(s.hits, 0u);
+  EXPECT_EQ(s.evictions, 2u);
+}
+
+TEST(KVCacheManager, CachingDisabled) {
+  KVCacheManagerConfig c = config(16);
+  c.enable_caching = false;
+  KVCacheManager m(c);
+  auto a = m.make_request(1, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(m, a));
+  m.free(a);
+  auto b = m.make_request(2, iota_tokens(0, 9));
+  EXPECT_TRUE(m.get_computed_blocks(b).blocks.empty());
+  EXPECT_TRUE(m.take_events().empty());
+  EXPECT_FALSE(m.block_pool().block(1).is_cached());
+  m.check_invariants();
+}
+
+}  // namespace
+}  // namespace pagedkv
