@@ -1,0 +1,135 @@
+// Pool and manager costs per block (Google Benchmark). items_per_second counts blocks, so
+// 1e9 / items_per_second is ns per block. Hashing is excluded unless the name says otherwise.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "pagedkv/block_pool.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
+
+namespace {
+
+using namespace pagedkv;
+
+constexpr std::uint32_t kBlockSize = 16;
+
+std::vector<TokenId> random_tokens(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<TokenId> dist(0, 128255);
+  std::vector<TokenId> v(n);
+  for (auto& t : v) t = dist(rng);
+  return v;
+}
+
+// get_new_blocks(n) then free_blocks(n), unhashed blocks: the allocator's raw cost.
+void BM_GetNewBlocksAndFree(benchmark::State& state) {
+  BlockPoolConfig c;
+  c.num_blocks = 1 << 16;
+  c.block_size = kBlockSize;
+  BlockPool pool(c);
+  const auto n = static_cast<std::int32_t>(state.range(0));
+  std::vector<BlockId> blocks;
+  blocks.reserve(static_cast<std::size_t>(n));
+  for (auto _ : state) {
+    blocks.clear();
+    pool.get_new_blocks(n, blocks);
+    std::reverse(blocks.begin(), blocks.end());
+    pool.free_blocks(blocks);
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK(BM_GetNewBlocksAndFree)->Arg(1)->Arg(16)->Arg(256);
+
+// touch() of free cached blocks (a prefix hit taking its blocks) then free_blocks() again.
+void BM_TouchAndFree(benchmark::State& state) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 1 << 14;
+  c.block_size = kBlockSize;
+  c.hash_seed = "bench";
+  KVCacheManager m(c);
+  const auto tokens = random_tokens(256 * kBlockSize + 1, 1);
+  Request r = m.make_request(1, tokens);
+  m.allocate_slots(r, tokens.size());
+  m.free(r);
+  const BlockPool& pool = m.block_pool();
+  std::vector<BlockId> hit;
+  for (BlockId b = 1; b <= 256; ++b) hit.push_back(b);
+  std::vector<BlockId> reversed(hit.rbegin(), hit.rend());
+  auto& mutable_pool = const_cast<BlockPool&>(pool);  // direct pool calls for the micro-cost
+  for (auto _ : state) {
+    mutable_pool.touch(hit);
+    mutable_pool.free_blocks(reversed);
+  }
+  state.SetItemsProcessed(state.iterations() * 256);
+}
+BENCHMARK(BM_TouchAndFree);
+
+// get_computed_blocks() on a fully cached 32k-token prompt: 2,048 verified hits (or not).
+void BM_GetComputedBlocks32k(benchmark::State& state) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 4096;
+  c.block_size = kBlockSize;
+  c.hash_seed = "bench";
+  c.verify_cache_hits = state.range(0) != 0;
+  KVCacheManager m(c);
+  const auto tokens = random_tokens(2048 * kBlockSize + 1, 2);
+  Request warm = m.make_request(1, tokens);
+  m.allocate_slots(warm, tokens.size());
+  m.free(warm);
+  const Request r = m.make_request(2, tokens);
+  std::size_t hit_blocks = 0;
+  for (auto _ : state) {
+    const CacheHit hit = m.get_computed_blocks(r);
+    hit_blocks = hit.blocks.size();
+    benchmark::DoNotOptimize(hit.blocks.data());
+  }
+  if (hit_blocks != 2048) state.SkipWithError("expected 2048 hit blocks");
+  state.SetItemsProcessed(state.iterations() * 2048);
+  state.counters["verify"] = static_cast<double>(state.range(0));
+}
+BENCHMARK(BM_GetComputedBlocks32k)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
+
+// The whole request cycle: get_computed_blocks, allocate_slots (hit 64 shared blocks, allocate
+// and cache 64 new ones, evicting old cached blocks), free. 64 pre-hashed requests share a
+// 64-block prefix and differ in a 64-block suffix; the pool holds 4,096 blocks, so suffixes
+// evict each other. Items = 128 prompt blocks per request.
+void BM_RequestCycle(benchmark::State& state) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 4096;
+  c.block_size = kBlockSize;
+  c.hash_seed = "bench";
+  KVCacheManager m(c);
+  const auto prefix = random_tokens(64 * kBlockSize, 3);
+  std::vector<std::vector<TokenId>> prompts;
+  std::vector<Request> requests;
+  for (std::uint32_t i = 0; i < 64; ++i) {
+    auto p = prefix;
+    const auto suffix = random_tokens(64 * kBlockSize + 1, 100 + i);
+    p.insert(p.end(), suffix.begin(), suffix.end());
+    prompts.push_back(p);
+    requests.push_back(m.make_request(i + 1, p));
+  }
+  const bool hash_each_time = state.range(0) != 0;
+  std::size_t i = 0;
+  RequestId next_id = 1000;
+  for (auto _ : state) {
+    const std::size_t k = i++ % requests.size();
+    if (hash_each_time) requests[k] = m.make_request(next_id++, prompts[k]);
+    Request& r = requests[k];
+    const CacheHit hit = m.get_computed_blocks(r);
+    const auto blocks = m.allocate_slots(r, r.num_tokens() - hit.num_tokens, hit);
+    benchmark::DoNotOptimize(blocks);
+    m.preempt(r);  // releases like free() but lets the pre-hashed request be reused
+  }
+  state.SetItemsProcessed(state.iterations() * 128);
+  state.counters["hashing"] = hash_each_time ? 1 : 0;
+  state.counters["metadata_bytes_per_block"] = m.block_pool().metadata_bytes_per_block();
+}
+BENCHMARK(BM_RequestCycle)->Arg(0)->Arg(1);
+
+}  // namespace
+
+BENCHMARK_MAIN();
