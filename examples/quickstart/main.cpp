@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "pagedkv/block_hasher.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
 #include "pagedkv/request_hasher.hpp"
 
 namespace {
@@ -37,8 +38,10 @@ int main() {
       "are unsure whether a function exists you say so and suggest how to check. You prefer the "
       "standard library, you keep functions small, and you name things after what they mean in "
       "the problem domain. When a question is ambiguous you state your assumption first. ";
-  const auto a = tokenize(system_prompt + "How do I reverse a linked list in C++ without recursion?");
-  const auto b = tokenize(system_prompt + "Why does my CMake build fail to find OpenSSL on Debian?");
+  const auto a =
+      tokenize(system_prompt + "How do I reverse a linked list in C++ without recursion?");
+  const auto b =
+      tokenize(system_prompt + "Why does my CMake build fail to find OpenSSL on Debian?");
 
   constexpr std::uint32_t kBlockSize = 16;
   // A fixed seed makes the hashes reproducible across runs and processes.
@@ -64,12 +67,62 @@ int main() {
     const bool same = i < ha.size() && i < hb.size() && ha[i] == hb[i];
     if (same && !diverged) ++shared;
     if (!same) diverged = true;
-    std::printf("%5zu  %4zu-%-4zu  %-16s  %-16s  %s\n", i, i * kBlockSize,
-                (i + 1) * kBlockSize - 1, sa.c_str(), sb.c_str(),
-                same ? "shared" : "differs");
+    std::printf("%5zu  %4zu-%-4zu  %-16s  %-16s  %s\n", i, i * kBlockSize, (i + 1) * kBlockSize - 1,
+                sa.c_str(), sb.c_str(), same ? "shared" : "differs");
   }
-  std::printf("\nB can reuse %zu blocks (%zu tokens) of A's KV cache; block %zu is the first to "
-              "differ,\nand the chain makes every later block differ too.\n",
-              shared, shared * kBlockSize, shared);
+  std::printf(
+      "\nB can reuse %zu blocks (%zu tokens) of A's KV cache; block %zu is the first to "
+      "differ,\nand the chain makes every later block differ too.\n",
+      shared, shared * kBlockSize, shared);
+
+  // ---- Part 2: the same two prompts through a KVCacheManager with a tiny pool ----
+  std::printf(
+      "\n== serving A, then B, then an unrelated prompt, then B again (pool of 12 blocks) ==\n");
+  pagedkv::KVCacheManagerConfig config;
+  config.num_blocks = 12;  // 11 usable blocks of 16 tokens, plus the null block
+  config.block_size = kBlockSize;
+  config.hash_seed = "quickstart";
+  config.enable_kv_events = true;
+  pagedkv::KVCacheManager manager(config);
+  pagedkv::RequestId next_id = 1;
+
+  auto serve = [&](const char* name, const std::vector<pagedkv::TokenId>& prompt) {
+    pagedkv::Request request = manager.make_request(next_id++, prompt);
+    const pagedkv::CacheHit hit = manager.get_computed_blocks(request);
+    const auto blocks = manager.allocate_slots(request, request.num_tokens() - hit.num_tokens, hit);
+    if (!blocks) {
+      std::printf("%-9s does not fit\n", name);
+      return;
+    }
+    request.set_num_computed_tokens(request.num_tokens());  // the model ran the new tokens
+    std::printf(
+        "%-9s %3zu tokens: %zu cached blocks hit (%3zu tokens not recomputed), %zu new "
+        "blocks, usage %.0f%%\n",
+        name, request.num_tokens(), hit.blocks.size(), hit.num_tokens, blocks->size(),
+        100.0 * manager.usage());
+    manager.free(request);  // its blocks stay cached until their memory is reused
+  };
+  serve("A", a);
+  serve("B", b);
+  std::vector<pagedkv::TokenId> unrelated(130);
+  for (std::size_t i = 0; i < unrelated.size(); ++i) {
+    unrelated[i] = static_cast<pagedkv::TokenId>(20000 + i);
+  }
+  serve("unrelated", unrelated);
+  serve("B again", b);
+
+  const pagedkv::PrefixCacheStats stats = manager.stats();
+  std::printf("\nprefix cache: %llu lookups, hit rate %.1f%%, %llu cached blocks evicted\n",
+              static_cast<unsigned long long>(stats.requests), 100.0 * stats.hit_rate(),
+              static_cast<unsigned long long>(stats.evictions));
+  std::size_t stored = 0, removed = 0;
+  for (const pagedkv::KVEvent& e : manager.take_events()) {
+    stored += std::holds_alternative<pagedkv::BlockStored>(e.data) ? 1 : 0;
+    removed += std::holds_alternative<pagedkv::BlockRemoved>(e.data) ? 1 : 0;
+  }
+  std::printf("KV events for routers: %zu BlockStored, %zu BlockRemoved\n", stored, removed);
+  std::printf(
+      "The unrelated prompt needed the memory, so LRU evicted the tails of A's and B's\n"
+      "chains first; B's second visit still hits the shared system-prompt blocks.\n");
   return 0;
 }
