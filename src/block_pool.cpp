@@ -86,13 +86,10 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
       free_queue_(blocks_, 1),
       hash_map_(std::span<const KVCacheBlock>(blocks_.data(),
                                               config.enable_caching ? blocks_.size() : 0)),
-      extra_keys_(std::make_unique<ExtraKeyTable>()),
-      mark_(blocks_.size(), 0) {
+      extra_keys_(std::make_unique<ExtraKeyTable>()) {
   if (config_.enable_caching && config_.verify_cache_hits) {
     block_tokens_.resize(blocks_.size() * config_.block_size);
-    content_id_.assign(blocks_.size(), 0);
-    parent_content_id_.assign(blocks_.size(), 0);
-    extra_id_.assign(blocks_.size(), 0);
+    material_.assign(blocks_.size(), Material{});
   }
 }
 
@@ -123,11 +120,10 @@ void BlockPool::evict_cached(BlockId id) {
   KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
   hash_map_.erase(id);
   if (config_.enable_kv_events) emit(BlockRemoved{{b.block_hash}, b.group_id});
-  if (!content_id_.empty()) {
-    extra_keys_->release(extra_id_[id]);
-    extra_id_[id] = 0;
-    content_id_[id] = 0;
-    parent_content_id_[id] = 0;
+  if (verifying()) {
+    Material& mat = material_[static_cast<std::size_t>(id)];
+    extra_keys_->release(mat.extra_id);
+    mat = Material{};
   }
   b.block_hash = BlockHash();
   b.group_id = 0;
@@ -162,23 +158,35 @@ void BlockPool::touch(std::span<const BlockId> ids) {
 }
 
 void BlockPool::free_blocks(std::span<const BlockId> ordered) {
-  if (++mark_epoch_ == 0) {  // wrapped: old marks could alias the new epoch
-    std::fill(mark_.begin(), mark_.end(), 0);
-    mark_epoch_ = 1;
-  }
-  for (const BlockId id : ordered) {
-    const KVCacheBlock& b = block(id);
-    if (b.is_null) continue;
-    if (mark_[static_cast<std::size_t>(id)] == mark_epoch_) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "BlockPool::free_blocks: " + id_text(id) + " appears twice in one call");
+  // Validate without side effects: a block being freed has ref > 0, so flipping its sign marks
+  // it as seen in this call (a second sighting is a duplicate); the marks are undone below.
+  auto unmark = [&](std::size_t count) {
+    for (std::size_t k = 0; k < count; ++k) {
+      KVCacheBlock& b = blocks_[static_cast<std::size_t>(ordered[k])];
+      if (b.ref_cnt < 0) b.ref_cnt = -b.ref_cnt;
     }
-    mark_[static_cast<std::size_t>(id)] = mark_epoch_;
-    if (b.ref_cnt == 0) {
+  };
+  for (std::size_t k = 0; k < ordered.size(); ++k) {
+    const BlockId id = ordered[k];
+    if (id < 0 || id >= config_.num_blocks) {
+      unmark(k);
+      (void)block(id);  // throws kOutOfRange with the standard message
+    }
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_null) continue;
+    if (b.ref_cnt <= 0) {
+      const bool duplicate = b.ref_cnt < 0;
+      unmark(k);
+      if (duplicate) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "BlockPool::free_blocks: " + id_text(id) + " appears twice in one call");
+      }
       throw Error(ErrorCode::kInvalidState, "BlockPool::free_blocks: " + id_text(id) +
                                                 " is already free (ref count 0): double free");
     }
+    b.ref_cnt = -b.ref_cnt;
   }
+  unmark(ordered.size());
   unhashed_scratch_.clear();
   hashed_scratch_.clear();
   unhashed_scratch_.reserve(ordered.size());
@@ -235,11 +243,13 @@ void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     b.block_hash = hashes[i];
     b.group_id = group;
-    if (!content_id_.empty()) {
+    if (verifying()) {
       std::uint64_t parent_cid = 0;
       if (i > 0) {
         const KVCacheBlock& p = blocks_[static_cast<std::size_t>(blocks[i - 1])];
-        parent_cid = p.is_cached() && !p.is_null ? content_id_[p.block_id] : kOrphan;
+        parent_cid = p.is_cached() && !p.is_null
+                         ? material_[static_cast<std::size_t>(p.block_id)].content_id
+                         : kOrphan;
       }
       const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
       encode_extra_keys(extra, extra_scratch_);
@@ -247,17 +257,17 @@ void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const
       const std::uint32_t eid = extra.empty() ? 0 : extra_keys_->find(extra_scratch_);
       // Hash-consing: a block whose material equals a cached block's shares its content id.
       // (Extra keys that are not interned yet belong to no cached block: no twin.)
-      const BlockId twin =
-          !extra.empty() && eid == 0
-              ? BlockHashMap::kEmpty
-              : hash_map_.find_first(b.block_hash, group, [&](BlockId c) {
-                  return parent_content_id_[c] == parent_cid && extra_id_[c] == eid &&
-                         std::memcmp(&block_tokens_[static_cast<std::size_t>(c) * bs],
-                                     tokens.data(), tokens.size_bytes()) == 0;
-                });
-      content_id_[id] = twin != BlockHashMap::kEmpty ? content_id_[twin] : next_content_id_++;
-      parent_content_id_[id] = parent_cid;
-      extra_id_[id] = extra.empty() ? 0 : extra_keys_->acquire(extra_scratch_);
+      const BlockId twin = !extra.empty() && eid == 0
+                               ? BlockHashMap::kEmpty
+                               : hash_map_.find_first(b.block_hash, group, [&](BlockId c) {
+                                   return material_matches(c, parent_cid, eid, tokens.data());
+                                 });
+      Material& mat = material_[static_cast<std::size_t>(id)];
+      mat.content_id = twin != BlockHashMap::kEmpty
+                           ? material_[static_cast<std::size_t>(twin)].content_id
+                           : next_content_id_++;
+      mat.parent_content_id = parent_cid;
+      mat.extra_id = extra.empty() ? 0 : extra_keys_->acquire(extra_scratch_);
       std::memcpy(&block_tokens_[static_cast<std::size_t>(id) * bs], tokens.data(),
                   tokens.size_bytes());
     }
@@ -304,25 +314,29 @@ BlockId BlockPool::match_cached_block(const RequestBlockHasher& seq, std::size_t
   }
   if (!config_.enable_caching) return kNoBlock;
   const BlockHash& hash = seq.block_hashes()[index];
-  if (content_id_.empty()) return hash_map_.find_first(hash, group);
+  if (!verifying()) return hash_map_.find_first(hash, group);
 
   std::uint64_t parent_cid = 0;
   if (index > 0) {
     const KVCacheBlock& p = block(parent);
     if (!p.is_cached() || p.is_null) return kNoBlock;
-    parent_cid = content_id_[static_cast<std::size_t>(parent)];
+    parent_cid = material_[static_cast<std::size_t>(parent)].content_id;
   }
   const BlockExtraKeys extra = seq.block_extra_keys(index, mm_scratch_);
   const std::uint32_t eid = lookup_extra_id(extra);
   if (!extra.empty() && eid == 0) return kNoBlock;  // no cached block has these extra keys
-  const std::uint32_t bs = config_.block_size;
-  const TokenId* tokens = seq.tokens().data() + index * bs;
-  return hash_map_.find_first(hash, group, [&](BlockId c) {
-    return parent_content_id_[static_cast<std::size_t>(c)] == parent_cid &&
-           extra_id_[static_cast<std::size_t>(c)] == eid &&
-           std::memcmp(&block_tokens_[static_cast<std::size_t>(c) * bs], tokens,
-                       bs * sizeof(TokenId)) == 0;
-  });
+  const TokenId* tokens = seq.tokens().data() + index * config_.block_size;
+  return hash_map_.find_first(
+      hash, group, [&](BlockId c) { return material_matches(c, parent_cid, eid, tokens); });
+}
+
+bool BlockPool::material_matches(BlockId candidate, std::uint64_t parent_content_id,
+                                 std::uint32_t extra_id, const TokenId* tokens) const noexcept {
+  const Material& mat = material_[static_cast<std::size_t>(candidate)];
+  const std::size_t bs = config_.block_size;
+  return mat.parent_content_id == parent_content_id && mat.extra_id == extra_id &&
+         std::memcmp(&block_tokens_[static_cast<std::size_t>(candidate) * bs], tokens,
+                     bs * sizeof(TokenId)) == 0;
 }
 
 std::size_t BlockPool::evict_blocks(std::span<const BlockId> ids) {
@@ -344,10 +358,8 @@ bool BlockPool::reset_prefix_cache() {
     b.group_id = 0;
   }
   hash_map_.clear();
-  if (!content_id_.empty()) {
-    std::fill(content_id_.begin(), content_id_.end(), 0);
-    std::fill(parent_content_id_.begin(), parent_content_id_.end(), 0);
-    std::fill(extra_id_.begin(), extra_id_.end(), 0);
+  if (verifying()) {
+    std::fill(material_.begin(), material_.end(), Material{});
     extra_keys_->clear();
   }
   if (config_.enable_kv_events) emit(AllBlocksCleared{});
@@ -403,23 +415,25 @@ void BlockPool::check_invariants() const {
                                [&](BlockId c) { return c == b.block_id; }) != b.block_id) {
         fail(id_text(b.block_id) + " is hashed but not reachable in the hash map");
       }
-      if (!content_id_.empty() && content_id_[b.block_id] == 0) {
+      if (verifying() && material_[static_cast<std::size_t>(b.block_id)].content_id == 0) {
         fail(id_text(b.block_id) + " is cached without a content id");
       }
-    } else if (!content_id_.empty() && (content_id_[b.block_id] != 0 || extra_id_[b.block_id])) {
+    } else if (verifying() && (material_[static_cast<std::size_t>(b.block_id)].content_id != 0 ||
+                               material_[static_cast<std::size_t>(b.block_id)].extra_id != 0)) {
       fail(id_text(b.block_id) + " is not cached but keeps key material");
     }
   }
   if (count + in_use + 1 != config_.num_blocks) fail("free + in use + null != total blocks");
   if (hash_map_.size() != cached) fail("hash map size differs from the number of hashed blocks");
-  for (const BlockId id : hash_map_.slots()) {
+  for (const BlockId id : hash_map_.slot_ids()) {
     if (id != BlockHashMap::kEmpty && !blocks_[id].is_cached()) {
       fail("hash map entry " + id_text(id) + " points to a block without a hash");
     }
   }
-  if (!content_id_.empty()) {
+  if (verifying()) {
     std::vector<std::uint32_t> refs(extra_keys_->refs.size(), 0);
-    for (const std::uint32_t eid : extra_id_) {
+    for (const Material& mat : material_) {
+      const std::uint32_t eid = mat.extra_id;
       if (eid >= refs.size()) fail("extra-key id out of range");
       if (eid != 0) ++refs[eid];
     }
@@ -437,8 +451,8 @@ BlockPoolSnapshot BlockPool::snapshot() const {
     s.group_ids.push_back(b.group_id);
   }
   s.free_queue = free_queue_.ids();
-  s.hash_map_slots.assign(hash_map_.slots().begin(), hash_map_.slots().end());
-  s.content_ids = content_id_;
+  s.hash_map_slots = hash_map_.slot_ids();
+  for (const Material& mat : material_) s.content_ids.push_back(mat.content_id);
   s.next_event_seq = next_event_seq_;
   s.pending_events = events_.size();
   s.num_evictions = num_evictions_;
@@ -447,10 +461,8 @@ BlockPoolSnapshot BlockPool::snapshot() const {
 
 double BlockPool::metadata_bytes_per_block() const noexcept {
   const double bytes = static_cast<double>(
-      blocks_.size() * sizeof(KVCacheBlock) + hash_map_.capacity() * sizeof(BlockId) +
-      block_tokens_.size() * sizeof(TokenId) +
-      (content_id_.size() + parent_content_id_.size()) * sizeof(std::uint64_t) +
-      extra_id_.size() * sizeof(std::uint32_t) + mark_.size() * sizeof(std::uint32_t));
+      blocks_.size() * sizeof(KVCacheBlock) + 2 * hash_map_.capacity() * sizeof(BlockId) +
+      block_tokens_.size() * sizeof(TokenId) + material_.size() * sizeof(Material));
   return bytes / static_cast<double>(blocks_.size());
 }
 

@@ -1,8 +1,10 @@
 // pagedkv/block_hash_map.hpp: (block hash, group) -> cached blocks, first inserted first.
 //
 // An open-addressing table of block ids (linear probing, backward-shift deletion) whose keys are
-// read from the pool's block array: a block's own `block_hash` and `group_id` are its key, so an
-// entry costs 4 bytes of table and no allocation. Capacity is fixed at construction to a power of
+// read from the pool's block array: a block's own `block_hash` and `group_id` are its key. Each
+// slot also keeps a 32-bit tag of the key, from which its home slot is derived, so probing and
+// deletion compare tags and only touch a block on a tag match. An entry costs 8 bytes of table
+// and no allocation. Capacity is fixed at construction to a power of
 // two >= 2x the number of blocks (a block is in the map at most once, so load stays <= 0.5 and the
 // table never grows).
 //
@@ -34,7 +36,7 @@ class BlockHashMap {
   explicit BlockHashMap(std::span<const KVCacheBlock> blocks) : blocks_(blocks) {
     std::size_t capacity = 8;
     while (capacity < 2 * blocks.size()) capacity *= 2;
-    slots_.assign(capacity, kEmpty);
+    slots_.assign(capacity, Slot{kEmpty, 0});
     mask_ = capacity - 1;
   }
 
@@ -42,30 +44,31 @@ class BlockHashMap {
   std::size_t capacity() const noexcept { return slots_.size(); }
 
   void insert(BlockId id) noexcept {
-    const KVCacheBlock& b = blocks_[id];
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     assert(b.is_cached());
-    std::size_t i = home(b.block_hash, b.group_id);
-    while (slots_[i] != kEmpty) i = (i + 1) & mask_;
-    slots_[i] = id;
+    const std::uint32_t tag = tag_of(b.block_hash, b.group_id);
+    std::size_t i = tag & mask_;
+    while (slots_[i].id != kEmpty) i = (i + 1) & mask_;
+    slots_[i] = Slot{id, tag};
     ++size_;
   }
 
   // Removes block `id`'s entry; its block_hash and group_id must still be the ones it was
   // inserted with. Returns false (and changes nothing) when it is not in the map.
   bool erase(BlockId id) noexcept {
-    const KVCacheBlock& b = blocks_[id];
-    std::size_t i = home(b.block_hash, b.group_id);
-    while (slots_[i] != id) {
-      if (slots_[i] == kEmpty) return false;
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    std::size_t i = tag_of(b.block_hash, b.group_id) & mask_;
+    while (slots_[i].id != id) {
+      if (slots_[i].id == kEmpty) return false;
       i = (i + 1) & mask_;
     }
     // Backward shift: pull later entries of the run into the hole when their home allows it.
+    // Homes come from the stored tags, so this never touches the block array.
     std::size_t j = i;
     for (;;) {
       j = (j + 1) & mask_;
-      if (slots_[j] == kEmpty) break;
-      const KVCacheBlock& m = blocks_[slots_[j]];
-      const std::size_t k = home(m.block_hash, m.group_id);
+      if (slots_[j].id == kEmpty) break;
+      const std::size_t k = slots_[j].tag & mask_;
       // Movable iff its home k is not cyclically within (i, j].
       const bool movable = i <= j ? (k <= i || k > j) : (k <= i && k > j);
       if (movable) {
@@ -73,7 +76,7 @@ class BlockHashMap {
         i = j;
       }
     }
-    slots_[i] = kEmpty;
+    slots_[i] = Slot{kEmpty, 0};
     --size_;
     return true;
   }
@@ -81,9 +84,11 @@ class BlockHashMap {
   // The first inserted block with this key for which accept(id) is true; kEmpty if none.
   template <typename Accept>
   BlockId find_first(const BlockHash& hash, GroupId group, Accept&& accept) const {
-    for (std::size_t i = home(hash, group); slots_[i] != kEmpty; i = (i + 1) & mask_) {
-      const BlockId id = slots_[i];
-      const KVCacheBlock& b = blocks_[id];
+    const std::uint32_t tag = tag_of(hash, group);
+    for (std::size_t i = tag & mask_; slots_[i].id != kEmpty; i = (i + 1) & mask_) {
+      if (slots_[i].tag != tag) continue;  // most mismatches end here, without a block access
+      const BlockId id = slots_[i].id;
+      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
       if (b.group_id == group && b.block_hash == hash && accept(id)) return id;
     }
     return kEmpty;
@@ -94,26 +99,36 @@ class BlockHashMap {
   }
 
   void clear() noexcept {
-    std::fill(slots_.begin(), slots_.end(), kEmpty);
+    std::fill(slots_.begin(), slots_.end(), Slot{kEmpty, 0});
     size_ = 0;
   }
 
-  // Raw table, for invariant checks and snapshots.
-  std::span<const BlockId> slots() const noexcept { return slots_; }
+  // The table's block ids in slot order (kEmpty for free slots), for invariant checks and
+  // snapshots. O(capacity).
+  std::vector<BlockId> slot_ids() const {
+    std::vector<BlockId> ids(slots_.size());
+    for (std::size_t i = 0; i < slots_.size(); ++i) ids[i] = slots_[i].id;
+    return ids;
+  }
 
  private:
-  std::size_t home(const BlockHash& hash, GroupId group) const noexcept {
+  struct Slot {
+    BlockId id;         // kEmpty or a cached block
+    std::uint32_t tag;  // tag_of(its hash, group): home slot = tag & mask_
+  };
+
+  static std::uint32_t tag_of(const BlockHash& hash, GroupId group) noexcept {
     // Fibonacci mix: the leading hash bytes are uniform for real schemes; the multiply also
     // spreads weak test hashes and separates groups.
     const std::uint64_t x =
         (static_cast<std::uint64_t>(hash.hash_code()) ^ group) * 0x9E3779B97F4A7C15ull;
-    return static_cast<std::size_t>(x >> 17) & mask_;
+    return static_cast<std::uint32_t>(x >> 32);
   }
 
   std::span<const KVCacheBlock> blocks_;  // the pool's array; keys are read from it
-  std::vector<BlockId> slots_;            // kEmpty or a block id
-  std::size_t mask_ = 0;                  // capacity - 1
-  std::size_t size_ = 0;                  // number of entries
+  std::vector<Slot> slots_;
+  std::size_t mask_ = 0;  // capacity - 1; capacity <= 2^32, so tags address every slot
+  std::size_t size_ = 0;  // number of entries
 };
 
 }  // namespace pagedkv

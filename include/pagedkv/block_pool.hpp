@@ -138,6 +138,15 @@ class BlockPool {
  private:
   struct ExtraKeyTable;  // interned extra-key encodings with reference counts (block_pool.cpp)
 
+  struct Material {
+    std::uint64_t content_id = 0;         // 0 when not cached; shared by equal-content blocks
+    std::uint64_t parent_content_id = 0;  // 0 for block 0 of a chain; kOrphan if unknown
+    std::uint32_t extra_id = 0;           // interned extra keys; 0 when none
+  };
+
+  bool verifying() const noexcept { return !material_.empty(); }
+  bool material_matches(BlockId candidate, std::uint64_t parent_content_id, std::uint32_t extra_id,
+                        const TokenId* tokens) const noexcept;
   void evict_cached(BlockId id);
   void emit(KVEvent::Data data);
   std::uint32_t lookup_extra_id(const BlockExtraKeys& extra) const;
@@ -149,10 +158,8 @@ class BlockPool {
   std::uint64_t num_evictions_ = 0;
 
   // Stored key material, per block (only with verify_cache_hits).
-  std::vector<TokenId> block_tokens_;             // block_size tokens per block
-  std::vector<std::uint64_t> content_id_;         // 0 when not cached
-  std::vector<std::uint64_t> parent_content_id_;  // 0 for block 0 of a chain; kOrphan if unknown
-  std::vector<std::uint32_t> extra_id_;           // 0 when the block has no extra keys
+  std::vector<TokenId> block_tokens_;  // block_size tokens per block
+  std::vector<Material> material_;     // per block
   std::unique_ptr<ExtraKeyTable> extra_keys_;
   std::uint64_t next_content_id_ = 1;
 
@@ -162,8 +169,6 @@ class BlockPool {
   KVEventSink sink_;
 
   // Reused scratch (no allocation in steady state).
-  std::vector<std::uint32_t> mark_;  // per block: == mark_epoch_ when seen in the current call
-  std::uint32_t mark_epoch_ = 0;
   std::vector<BlockId> unhashed_scratch_;
   std::vector<BlockId> hashed_scratch_;
   mutable std::string extra_scratch_;

@@ -1,0 +1,257 @@
+// pagedkv-replay: replays a request trace through the real library (hashing included) and
+// reports, per cache size, the prefix-cache hit rate, the prefill saved and the throughput.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pagedkv/error.hpp"
+#include "pagedkv/version.hpp"
+#include "replay.hpp"
+#include "trace.hpp"
+
+namespace {
+
+using namespace pagedkv::replay;
+
+constexpr const char* kUsage =
+    "usage: pagedkv-replay (--trace FILE | --generate agents|chat|tenants) --num-blocks N [N ...]\n"
+    "                      [options]\n"
+    "\n"
+    "Prints one JSON object per cache size on stdout (or a table with --table).\n"
+    "\n"
+    "input:\n"
+    "  --trace FILE              a hash-id JSONL trace or an Azure CSV (by extension, or "
+    "--format)\n"
+    "  --format hashids|azure    the trace's format\n"
+    "  --source-block-size S     tokens per hash id (Mooncake: 512, the default; others: 64)\n"
+    "  --generate W              a built-in workload: agents, chat or tenants\n"
+    "  --requests N, --seed S, --tenants T   generator size, seed and tenant count\n"
+    "  --limit K                 only the first K requests\n"
+    "  --skip-bad                skip (and count) malformed lines instead of stopping\n"
+    "replay:\n"
+    "  --num-blocks N [N ...]    total pool blocks including the null block; several sweep\n"
+    "  --block-size B            tokens per block (default 16)\n"
+    "  --hash S                  sha256 (default), sha256_cbor_vllm or xxh3_128\n"
+    "  --no-caching              prefix caching off\n"
+    "  --mode sequential|engine  sequential (default): file order, one request at a time, prompt\n"
+    "                            only; engine: timestamps, decoding, batching, preemption\n"
+    "  --max-running R, --max-batched-tokens T, --step-ms MS   engine mode (256, 8192, 20)\n"
+    "  --threads 1|2             sequential mode: 2 (default) hashes requests on a second thread\n"
+    "                            ahead of the replay; 1 does everything on one thread\n"
+    "output:\n"
+    "  --table                   a readable table instead of JSON lines\n"
+    "  --csv FILE                also write the results as CSV\n"
+    "  --plot FILE.png           plot hit rate against cache size with the unbounded ideal\n"
+    "                            (needs gnuplot)\n"
+    "  --memory-table            print the PagedAttention memory-utilization comparison\n"
+    "  --version, --help\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+  std::cerr << "pagedkv-replay: " << message << "\n\n" << kUsage;
+  std::exit(2);
+}
+
+long long parse_number(const std::string& text, const std::string& flag, long long min,
+                       long long max) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0 || v < min || v > max) {
+    usage_error(flag + ": '" + text + "' is not a whole number in [" + std::to_string(min) + ", " +
+                std::to_string(max) + "]");
+  }
+  return v;
+}
+
+bool is_number(const char* s) {
+  if (*s == '\0') return false;
+  for (; *s; ++s) {
+    if (*s < '0' || *s > '9') return false;
+  }
+  return true;
+}
+
+void write_table(const std::vector<ReplayResult>& results, const ReplayOptions& o) {
+  std::printf("%12s %12s %9s %9s %12s %10s %12s %12s\n", "num_blocks", "cache_tokens", "hit_rate",
+              "saved", "evicted", "rejected", "requests/s", "blocks/s");
+  for (const ReplayResult& r : results) {
+    const double secs = r.wall_seconds;
+    std::printf("%12d %12lld %8.2f%% %8.2f%% %12llu %10llu %12.0f %12.0f\n", r.num_blocks,
+                static_cast<long long>(r.num_blocks - 1) * o.block_size, 100 * r.hit_rate(),
+                100 * r.prefill_saved_ratio(), (unsigned long long)r.evicted_blocks,
+                (unsigned long long)r.rejected, secs > 0 ? double(r.requests) / secs : 0.0,
+                r.blocks_per_second());
+  }
+}
+
+void write_csv(const std::string& path, const std::vector<ReplayResult>& results,
+               const ReplayOptions& o, std::optional<double> ideal) {
+  std::ofstream out(path);
+  if (!out) usage_error("--csv/--plot: cannot write '" + path + "'");
+  out << "num_blocks,cache_tokens,hit_rate,prefill_saved_ratio,evicted_blocks,ideal_hit_rate\n";
+  for (const ReplayResult& r : results) {
+    out << r.num_blocks << "," << static_cast<long long>(r.num_blocks - 1) * o.block_size << ","
+        << r.hit_rate() << "," << r.prefill_saved_ratio() << "," << r.evicted_blocks << ","
+        << (ideal ? *ideal : r.hit_rate()) << "\n";
+  }
+}
+
+int plot(const std::string& png, const std::string& csv, const std::string& title) {
+  const std::string script = png + ".gp";
+  std::ofstream gp(script);
+  gp << "set terminal pngcairo size 900,560 noenhanced\n"
+     << "set output '" << png << "'\n"
+     << "set datafile separator ','\n"
+     << "set title '" << title << "'\n"
+     << "set xlabel 'cache size (tokens)'\nset ylabel 'prefix-cache hit rate (%)'\n"
+     << "set logscale x\nset key bottom right\nset grid\n"
+     << "plot '" << csv << "' using 2:($3*100) with linespoints lw 2 pt 7 title 'LRU (pagedkv)', "
+     << "'' using 2:($6*100) with lines dt 2 lw 2 title 'unbounded cache (ideal)'\n";
+  gp.close();
+  const std::string cmd = "gnuplot '" + script + "'";
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) std::cerr << "pagedkv-replay: gnuplot failed (" << rc << "); is it installed?\n";
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::optional<std::string> trace_path, format, generate, csv, png;
+  LoadOptions load;
+  GeneratorOptions gen;
+  ReplayOptions opt;
+  bool table = false, memory_table = false;
+
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage_error(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      return 0;
+    } else if (arg == "--version") {
+      std::cout << "pagedkv-replay " << pagedkv::version() << "\n";
+      return 0;
+    } else if (arg == "--trace") {
+      trace_path = value();
+    } else if (arg == "--format") {
+      format = value();
+      if (*format != "hashids" && *format != "azure") usage_error("--format: hashids or azure");
+    } else if (arg == "--source-block-size") {
+      load.source_block_size = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
+    } else if (arg == "--generate") {
+      generate = value();
+    } else if (arg == "--requests") {
+      gen.requests = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 10000000));
+    } else if (arg == "--seed") {
+      gen.seed = static_cast<std::uint32_t>(parse_number(value(), arg, 0, 0xffffffffll));
+    } else if (arg == "--tenants") {
+      gen.tenants = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1000));
+    } else if (arg == "--limit") {
+      load.limit = static_cast<std::uint64_t>(parse_number(value(), arg, 1, 1ll << 40));
+    } else if (arg == "--skip-bad") {
+      load.skip_bad = true;
+    } else if (arg == "--num-blocks") {
+      if (i + 1 >= argc || !is_number(argv[i + 1]))
+        usage_error("--num-blocks needs at least one N");
+      while (i + 1 < argc && is_number(argv[i + 1])) {
+        opt.num_blocks.push_back(
+            static_cast<std::int32_t>(parse_number(argv[++i], arg, 2, 2000000000)));
+      }
+    } else if (arg == "--block-size") {
+      opt.block_size = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 4096));
+    } else if (arg == "--hash") {
+      try {
+        opt.hash = pagedkv::parse_hash_scheme(value());
+      } catch (const pagedkv::Error& e) {
+        usage_error(std::string("--hash: ") + e.what());
+      }
+    } else if (arg == "--no-caching") {
+      opt.caching = false;
+    } else if (arg == "--mode") {
+      const std::string m = value();
+      if (m == "sequential") {
+        opt.mode = Mode::kSequential;
+      } else if (m == "engine") {
+        opt.mode = Mode::kEngine;
+      } else {
+        usage_error("--mode: sequential or engine, not '" + m + "'");
+      }
+    } else if (arg == "--max-running") {
+      opt.max_running = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
+    } else if (arg == "--max-batched-tokens") {
+      opt.max_batched_tokens = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 24));
+    } else if (arg == "--step-ms") {
+      opt.step_ms = static_cast<double>(parse_number(value(), arg, 1, 1000000));
+    } else if (arg == "--threads") {
+      opt.threads = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 2));
+    } else if (arg == "--table") {
+      table = true;
+    } else if (arg == "--csv") {
+      csv = value();
+    } else if (arg == "--plot") {
+      png = value();
+    } else if (arg == "--memory-table") {
+      memory_table = true;
+    } else {
+      usage_error("unknown argument '" + arg + "'");
+    }
+  }
+  if (trace_path.has_value() == generate.has_value())
+    usage_error("give exactly one of --trace and --generate");
+  if (opt.num_blocks.empty() && !memory_table) usage_error("--num-blocks is required");
+
+  try {
+    Trace trace;
+    if (generate) {
+      gen.workload = parse_workload(*generate);
+      trace = pagedkv::replay::generate(gen);
+      if (load.limit != 0 && trace.requests.size() > load.limit) trace.requests.resize(load.limit);
+    } else {
+      const bool azure =
+          format ? *format == "azure"
+                 : trace_path->size() >= 4 && trace_path->substr(trace_path->size() - 4) == ".csv";
+      trace = azure ? load_azure_csv(*trace_path, load) : load_hashid_jsonl(*trace_path, load);
+    }
+    if (trace.skipped_lines != 0) {
+      std::cerr << "pagedkv-replay: skipped " << trace.skipped_lines << " malformed lines\n";
+    }
+    if (memory_table) std::cout << memory_utilization_table(trace, opt.block_size);
+    if (opt.num_blocks.empty()) return 0;
+
+    const auto results = run_replay(trace, opt);
+    if (table) {
+      write_table(results, opt);
+    } else {
+      for (const ReplayResult& r : results) std::cout << to_json(r, opt, trace) << "\n";
+    }
+    std::optional<double> ideal;
+    if (png) {  // the unbounded cache: every prompt block fits, nothing is ever evicted
+      std::uint64_t blocks = 1;
+      for (const auto& r : trace.requests)
+        blocks += (r.input_length + opt.block_size - 1) / opt.block_size;
+      ReplayOptions unbounded = opt;
+      unbounded.mode = Mode::kSequential;
+      unbounded.num_blocks = {
+          static_cast<std::int32_t>(std::min<std::uint64_t>(blocks, 2000000000))};
+      ideal = run_replay(trace, unbounded).front().hit_rate();
+    }
+    if (csv) write_csv(*csv, results, opt, ideal);
+    if (png) {
+      const std::string data = csv ? *csv : *png + ".csv";
+      if (!csv) write_csv(data, results, opt, ideal);
+      if (plot(*png, data, trace.name + ": hit rate vs cache size") != 0) return 1;
+    }
+    return 0;
+  } catch (const pagedkv::Error& e) {
+    std::cerr << "pagedkv-replay: " << e.what() << "\n";
+    return 1;
+  }
+}

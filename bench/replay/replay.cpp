@@ -1,0 +1,416 @@
+#include "replay.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "pagedkv/error.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
+
+namespace pagedkv::replay {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::uint64_t cdiv(std::uint64_t a, std::uint64_t b) {
+  return (a + b - 1) / b;
+}
+
+KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blocks) {
+  if (num_blocks < 2) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--num-blocks " + std::to_string(num_blocks) + ": at least 2 (null block + 1)");
+  }
+  KVCacheManagerConfig c;
+  c.num_blocks = num_blocks;
+  c.block_size = o.block_size;
+  c.enable_caching = o.caching;
+  c.hash_scheme = o.hash;
+  c.hash_seed = "pagedkv-replay";  // the same for every manager of a sweep
+  return c;
+}
+
+RequestHashKeys keys_of(const TraceRequest& r) {
+  RequestHashKeys k;
+  k.cache_salt = r.cache_salt;
+  return k;
+}
+
+// Hashes requests ahead of the replay on a second thread (hashing is a pure function of a
+// request's tokens and may run anywhere), handing them over in order through a bounded queue.
+class HashingPipeline {
+ public:
+  HashingPipeline(const Trace& trace, BlockHasher hasher, std::uint32_t block_size, bool threaded)
+      : trace_(trace), hasher_(std::move(hasher)), block_size_(block_size), threaded_(threaded) {
+    if (threaded_) worker_ = std::thread([this] { produce(); });
+  }
+  ~HashingPipeline() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  // The next request in trace order.
+  Request next() {
+    if (!threaded_) return make(next_inline_++);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !queue_.empty() || error_; });
+    if (queue_.empty()) std::rethrow_exception(error_);
+    Request r = std::move(queue_.front());
+    queue_.pop_front();
+    cv_.notify_all();
+    return r;
+  }
+  // Seconds spent building and hashing requests (on whichever thread did it).
+  double hash_seconds() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hash_seconds_;
+  }
+
+ private:
+  static constexpr std::size_t kDepth = 64;
+
+  Request make(std::size_t i) {
+    synthesize_prompt(trace_, i, tokens_);
+    const auto t0 = Clock::now();
+    Request r(i, hasher_, block_size_, tokens_, keys_of(trace_.requests[i]));
+    const double dt = seconds_since(t0);
+    std::lock_guard<std::mutex> lock(mu_);
+    hash_seconds_ += dt;
+    return r;
+  }
+  void produce() {
+    try {
+      for (std::size_t i = 0; i < trace_.requests.size(); ++i) {
+        Request r = make(i);
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return queue_.size() < kDepth || stop_; });
+        if (stop_) return;
+        queue_.push_back(std::move(r));
+        cv_.notify_all();
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+    }
+  }
+
+  const Trace& trace_;
+  BlockHasher hasher_;
+  std::uint32_t block_size_;
+  bool threaded_;
+  std::vector<TokenId> tokens_;  // used by one thread only
+  std::size_t next_inline_ = 0;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Request> queue_;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  double hash_seconds_ = 0;
+  std::thread worker_;
+};
+
+std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions& o) {
+  std::vector<std::unique_ptr<KVCacheManager>> managers;
+  std::vector<ReplayResult> results(o.num_blocks.size());
+  for (std::size_t k = 0; k < o.num_blocks.size(); ++k) {
+    managers.push_back(std::make_unique<KVCacheManager>(manager_config(o, o.num_blocks[k])));
+    results[k].num_blocks = o.num_blocks[k];
+  }
+  const auto wall = Clock::now();
+  HashingPipeline pipeline(trace, managers.front()->hasher(), o.block_size, o.threads > 1);
+  for (std::size_t i = 0; i < trace.requests.size(); ++i) {
+    Request request = pipeline.next();
+    const std::uint64_t num_tokens = request.num_tokens();
+    const std::uint64_t blocks_needed = cdiv(num_tokens, o.block_size);
+    for (std::size_t k = 0; k < managers.size(); ++k) {
+      KVCacheManager& m = *managers[k];
+      ReplayResult& res = results[k];
+      ++res.requests;
+      res.prompt_tokens += num_tokens;
+      res.prompt_blocks += blocks_needed;
+      if (blocks_needed > static_cast<std::uint64_t>(o.num_blocks[k] - 1)) {
+        ++res.rejected;
+        continue;
+      }
+      // Every manager but the last works on a copy (free() finishes a request).
+      std::optional<Request> copy;
+      if (k + 1 < managers.size()) copy.emplace(request);
+      Request& r = copy ? *copy : request;
+      const auto t1 = Clock::now();
+      const CacheHit hit = m.get_computed_blocks(r);
+      const auto blocks = m.allocate_slots(r, r.num_tokens() - hit.num_tokens, hit);
+      if (!blocks) {
+        throw Error(ErrorCode::kInvalidState,
+                    "replay: request " + std::to_string(i) + " did not fit an idle pool");
+      }
+      res.peak_usage = std::max(res.peak_usage, m.usage());
+      m.free(r);
+      res.pool_seconds += seconds_since(t1);
+      res.queried_tokens += num_tokens;
+      res.hit_tokens += hit.num_tokens;
+      res.prefill_tokens_computed += num_tokens - hit.num_tokens;
+    }
+  }
+  const double wall_seconds = seconds_since(wall);
+  for (std::size_t k = 0; k < managers.size(); ++k) {
+    results[k].hash_seconds = pipeline.hash_seconds();
+    results[k].wall_seconds = wall_seconds;
+    results[k].evicted_blocks = managers[k]->stats().evictions;
+  }
+  return results;
+}
+
+// Continuous batching in the style of vLLM's scheduler: running requests first (prefill chunks,
+// then one decode token each), then waiting requests FCFS within the step's token budget; when a
+// running request's allocation does not fit, the most recently admitted running request is
+// preempted (its blocks released, to be recomputed later).
+ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t num_blocks) {
+  KVCacheManager m(manager_config(o, num_blocks));
+  ReplayResult res;
+  res.num_blocks = num_blocks;
+  struct Active {
+    std::size_t index;
+    Request request;
+    std::uint32_t decoded = 0;
+    double arrival_ms = 0;
+    bool first_token = false;
+    std::size_t scheduled = 0;  // tokens scheduled in the current step
+  };
+  std::deque<std::unique_ptr<Active>> waiting;
+  std::vector<std::unique_ptr<Active>> running;
+  std::vector<double> ttft;
+  std::vector<TokenId> tokens;
+  std::size_t next_arrival = 0;
+  double now = 0;
+  const std::size_t n = trace.requests.size();
+
+  for (std::size_t i = 0; i < n; ++i) {
+    res.prompt_tokens += trace.requests[i].input_length;
+    res.prompt_blocks += cdiv(trace.requests[i].input_length, o.block_size);
+  }
+  res.requests = n;
+  std::size_t finished = 0;
+  const auto wall = Clock::now();
+  while (finished + res.rejected < n) {
+    if (running.empty() && waiting.empty() && next_arrival < n) {
+      now = std::max(now, trace.requests[next_arrival].timestamp_ms);
+    }
+    while (next_arrival < n && trace.requests[next_arrival].timestamp_ms <= now) {
+      const TraceRequest& tr = trace.requests[next_arrival];
+      if (cdiv(std::uint64_t{tr.input_length} + tr.output_length, o.block_size) >
+          static_cast<std::uint64_t>(num_blocks - 1)) {
+        ++res.rejected;
+      } else {
+        synthesize_prompt(trace, next_arrival, tokens);
+        const auto t0 = Clock::now();
+        auto a = std::make_unique<Active>(
+            Active{next_arrival, m.make_request(next_arrival, tokens, keys_of(tr))});
+        res.hash_seconds += seconds_since(t0);
+        a->arrival_ms = tr.timestamp_ms;
+        waiting.push_back(std::move(a));
+      }
+      ++next_arrival;
+    }
+
+    const auto t1 = Clock::now();
+    std::size_t budget = o.max_batched_tokens;
+    bool preempted = false;
+    for (std::size_t i = 0; i < running.size() && budget > 0; ++i) {
+      Active& a = *running[i];
+      const std::size_t want =
+          std::min(a.request.num_tokens() - a.request.num_computed_tokens(), budget);
+      while (true) {
+        if (m.allocate_slots(a.request, want)) {
+          a.scheduled = want;
+          budget -= want;
+          break;
+        }
+        // Preempt the lowest-priority (last admitted) request; possibly `a` itself.
+        std::unique_ptr<Active> victim = std::move(running.back());
+        running.pop_back();
+        m.preempt(victim->request);
+        victim->scheduled = 0;
+        ++res.preemptions;
+        preempted = true;
+        const bool self = victim.get() == &a;
+        waiting.push_front(std::move(victim));
+        if (self) break;
+      }
+    }
+    while (!preempted && budget > 0 && !waiting.empty() && running.size() < o.max_running) {
+      Active& a = *waiting.front();
+      const CacheHit hit = m.get_computed_blocks(a.request);
+      const std::size_t want = std::min(a.request.num_tokens() - hit.num_tokens, budget);
+      if (!m.allocate_slots(a.request, want, hit)) break;
+      a.request.set_num_computed_tokens(hit.num_tokens);
+      res.queried_tokens += a.request.num_tokens();
+      res.hit_tokens += hit.num_tokens;
+      a.scheduled = want;
+      budget -= want;
+      running.push_back(std::move(waiting.front()));
+      waiting.pop_front();
+    }
+    res.peak_usage = std::max(res.peak_usage, m.usage());
+    res.pool_seconds += seconds_since(t1);
+
+    // The step runs: scheduled tokens are computed; a request whose known tokens are all
+    // computed samples its next token.
+    now += o.step_ms;
+    ++res.steps;
+    const auto t2 = Clock::now();
+    for (std::size_t i = 0; i < running.size();) {
+      Active& a = *running[i];
+      if (a.scheduled == 0) {
+        ++i;
+        continue;
+      }
+      // A decode step computes exactly the one token sampled last; anything else is prefill
+      // (including recomputation after a preemption).
+      const bool decode = a.decoded > 0 && a.scheduled == 1 &&
+                          a.request.num_computed_tokens() + 1 == a.request.num_tokens();
+      const bool prefill = !decode;
+      (prefill ? res.prefill_tokens_computed : res.decode_tokens) += a.scheduled;
+      a.request.set_num_computed_tokens(a.request.num_computed_tokens() + a.scheduled);
+      a.scheduled = 0;
+      if (a.request.num_computed_tokens() < a.request.num_tokens()) {
+        ++i;
+        continue;
+      }
+      if (!a.first_token) {
+        a.first_token = true;
+        ttft.push_back(now - a.arrival_ms);
+      }
+      ++a.decoded;
+      if (a.decoded >= trace.requests[a.index].output_length) {
+        m.free(a.request);
+        running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+        ++finished;
+        continue;
+      }
+      // Tokens appended here are hashed as their blocks fill: hashing time.
+      const auto th = Clock::now();
+      a.request.append_token(output_token(a.index, a.decoded));
+      res.hash_seconds += seconds_since(th);
+      ++i;
+    }
+    res.pool_seconds += seconds_since(t2);
+  }
+  res.makespan_ms = now;
+  res.wall_seconds = seconds_since(wall);
+  res.evicted_blocks = m.stats().evictions;
+  if (!ttft.empty()) {
+    std::nth_element(ttft.begin(), ttft.begin() + static_cast<std::ptrdiff_t>(ttft.size() / 2),
+                     ttft.end());
+    res.ttft_p50_ms = ttft[ttft.size() / 2];
+  }
+  return res;
+}
+
+}  // namespace
+
+std::vector<ReplayResult> run_replay(const Trace& trace, const ReplayOptions& options) {
+  if (options.num_blocks.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, "replay: no --num-blocks given");
+  }
+  if (options.block_size == 0)
+    throw Error(ErrorCode::kInvalidArgument, "--block-size must be >= 1");
+  if (options.mode == Mode::kSequential) return run_sequential(trace, options);
+  std::vector<ReplayResult> out;
+  for (const std::int32_t n : options.num_blocks) out.push_back(run_engine(trace, options, n));
+  return out;
+}
+
+std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& trace) {
+  char buf[2048];
+  std::snprintf(
+      buf, sizeof buf,
+      "{\"trace\":\"%s\",\"mode\":\"%s\",\"hash\":\"%s\",\"block_size\":%u,\"caching\":%s,"
+      "\"num_blocks\":%d,\"requests\":%llu,\"rejected\":%llu,\"prompt_tokens\":%llu,"
+      "\"queried_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,"
+      "\"prefill_tokens_computed\":%llu,\"prefill_saved_ratio\":%.6f,\"evicted_blocks\":%llu,"
+      "\"peak_usage\":%.6f,\"prompt_blocks\":%llu,\"hash_seconds\":%.6f,\"pool_seconds\":%.6f,"
+      "\"blocks_per_second\":%.0f,\"requests_per_second\":%.0f,\"wall_seconds\":%.6f,"
+      "\"threads\":%u,\"preemptions\":%llu,"
+      "\"steps\":%llu,\"decode_tokens\":%llu,\"makespan_ms\":%.1f,\"ttft_p50_ms\":%.1f,"
+      "\"skipped_lines\":%llu}",
+      trace.name.c_str(), o.mode == Mode::kSequential ? "sequential" : "engine",
+      std::string(to_string(o.hash)).c_str(), o.block_size, o.caching ? "true" : "false",
+      r.num_blocks, (unsigned long long)r.requests, (unsigned long long)r.rejected,
+      (unsigned long long)r.prompt_tokens, (unsigned long long)r.queried_tokens,
+      (unsigned long long)r.hit_tokens, r.hit_rate(), (unsigned long long)r.prefill_tokens_computed,
+      r.prefill_saved_ratio(), (unsigned long long)r.evicted_blocks, r.peak_usage,
+      (unsigned long long)r.prompt_blocks, r.hash_seconds, r.pool_seconds, r.blocks_per_second(),
+      r.wall_seconds > 0 ? double(r.requests) / r.wall_seconds : 0.0, r.wall_seconds,
+      o.mode == Mode::kSequential ? o.threads : 1u, (unsigned long long)r.preemptions,
+      (unsigned long long)r.steps, (unsigned long long)r.decode_tokens, r.makespan_ms,
+      r.ttft_p50_ms, (unsigned long long)trace.skipped_lines);
+  return buf;
+}
+
+std::string memory_utilization_table(const Trace& trace, std::uint32_t block_size) {
+  struct Policy {
+    const char* name;
+    std::uint64_t reserved = 0, used = 0, too_long = 0;
+  };
+  Policy paged{"paged, block 16 (pagedkv)"}, max2k{"contiguous, max 2048"},
+      max4k{"contiguous, max 4096"}, pow2{"contiguous, power of two"}, oracle{"contiguous, oracle"};
+  paged.name = block_size == 16 ? "paged, block 16 (pagedkv)" : "paged (pagedkv)";
+  for (const TraceRequest& r : trace.requests) {
+    const std::uint64_t len = std::uint64_t{r.input_length} + r.output_length;
+    paged.used += len;
+    paged.reserved += cdiv(len, block_size) * block_size;
+    for (Policy* p : {&max2k, &max4k}) {
+      const std::uint64_t cap = p == &max2k ? 2048 : 4096;
+      if (len > cap) {
+        ++p->too_long;  // would not fit the reservation: excluded
+        continue;
+      }
+      p->used += len;
+      p->reserved += cap;
+    }
+    std::uint64_t p2 = 1;
+    while (p2 < len) p2 <<= 1;
+    pow2.used += len;
+    pow2.reserved += p2;
+    oracle.used += len;
+    oracle.reserved += len;
+  }
+  std::ostringstream out;
+  out << "KV memory holding real token states (" << trace.requests.size()
+      << " requests, prompt + output lengths)\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-28s %10s %14s\n", "policy", "utilized",
+                "excluded (too long)");
+  out << line;
+  for (const Policy* p : {&paged, &max2k, &max4k, &pow2, &oracle}) {
+    std::snprintf(line, sizeof line, "%-28s %9.1f%% %14llu\n", p->name,
+                  p->reserved ? 100.0 * double(p->used) / double(p->reserved) : 0.0,
+                  (unsigned long long)p->too_long);
+    out << line;
+  }
+  out << "PagedAttention (SOSP'23): prior systems 20.4%-38.2%; paged allocation >= 96%.\n"
+         "Internal fragmentation and over-reservation only: external fragmentation of contiguous\n"
+         "allocators is not modelled, so the contiguous figures are upper bounds.\n";
+  return out.str();
+}
+
+}  // namespace pagedkv::replay

@@ -1,0 +1,79 @@
+// The replay engine behind pagedkv-replay: runs a trace through the real KVCacheManager, hashing
+// included, and reports hit rate, prefill saved, evictions and throughput.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "pagedkv/block_hasher.hpp"
+#include "trace.hpp"
+
+namespace pagedkv::replay {
+
+enum class Mode {
+  kSequential,  // DESIGN.md 7: file order, one request at a time, prompt only
+  kEngine,      // timestamps, output lengths, continuous batching with preemption
+};
+
+struct ReplayOptions {
+  std::uint32_t block_size = 16;
+  HashScheme hash = HashScheme::kSha256;
+  std::vector<std::int32_t> num_blocks;  // total pool blocks including the null block; a sweep
+  bool caching = true;
+  Mode mode = Mode::kSequential;
+  // Sequential mode: 2 hashes requests on a second thread ahead of the replay (pipelined).
+  std::uint32_t threads = 2;
+  // Engine mode.
+  std::uint32_t max_running = 256;          // concurrent requests
+  std::uint32_t max_batched_tokens = 8192;  // tokens per step
+  double step_ms = 20;                      // simulated duration of one step
+};
+
+struct ReplayResult {
+  std::int32_t num_blocks = 0;
+  std::uint64_t requests = 0;
+  std::uint64_t rejected = 0;        // needed more than num_blocks - 1 blocks
+  std::uint64_t prompt_tokens = 0;   // all requests' prompt tokens
+  std::uint64_t queried_tokens = 0;  // tokens looked up (admissions, incl. after preemption)
+  std::uint64_t hit_tokens = 0;
+  std::uint64_t prefill_tokens_computed = 0;
+  std::uint64_t prompt_blocks = 0;  // ceil(prompt / block size), summed
+  std::uint64_t evicted_blocks = 0;
+  double peak_usage = 0;
+  double hash_seconds = 0;
+  double pool_seconds = 0;
+  double wall_seconds = 0;  // the whole replay, hashing and pool together (and overlapped)
+  // Engine mode.
+  std::uint64_t preemptions = 0;
+  std::uint64_t steps = 0;
+  std::uint64_t decode_tokens = 0;
+  double makespan_ms = 0;
+  double ttft_p50_ms = 0;
+
+  double hit_rate() const {
+    return prompt_tokens ? double(hit_tokens) / double(queried_tokens) : 0;
+  }
+  double prefill_saved_ratio() const {
+    const double total = double(hit_tokens + prefill_tokens_computed);
+    return total > 0 ? double(hit_tokens) / total : 0;
+  }
+  // Prompt blocks over hashing plus pool seconds (CPU time of both, even when overlapped).
+  double blocks_per_second() const {
+    const double s = hash_seconds + pool_seconds;
+    return s > 0 ? double(prompt_blocks) / s : 0;
+  }
+};
+
+// One result per options.num_blocks entry, in that order. Sequential mode hashes each request
+// once for the whole sweep (hashing does not depend on the cache size).
+std::vector<ReplayResult> run_replay(const Trace& trace, const ReplayOptions& options);
+
+// One line of JSON with every field (and the derived rates).
+std::string to_json(const ReplayResult& r, const ReplayOptions& options, const Trace& trace);
+
+// The PagedAttention paper's comparison from lengths (prompt + output): the share of reserved KV
+// memory that holds real token states under several reservation policies, as a text table.
+std::string memory_utilization_table(const Trace& trace, std::uint32_t block_size);
+
+}  // namespace pagedkv::replay

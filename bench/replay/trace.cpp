@@ -1,0 +1,345 @@
+#include "trace.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <random>
+#include <string_view>
+
+#include "pagedkv/error.hpp"
+
+namespace pagedkv::replay {
+
+namespace {
+
+[[noreturn]] void parse_error(const std::string& path, std::uint64_t line,
+                              const std::string& what) {
+  throw Error(ErrorCode::kParseError, path + ":" + std::to_string(line) + ": " + what);
+}
+
+// A strict reader for one flat JSON object per line.
+class JsonLine {
+ public:
+  JsonLine(std::string_view text, const std::string& path, std::uint64_t line)
+      : s_(text), path_(path), line_(line) {}
+
+  [[noreturn]] void fail(const std::string& what) const { parse_error(path_, line_, what); }
+
+  void ws() {
+    while (p_ < s_.size() && (s_[p_] == ' ' || s_[p_] == '\t' || s_[p_] == '\r')) ++p_;
+  }
+  bool eat(char c) {
+    ws();
+    if (p_ < s_.size() && s_[p_] == c) {
+      ++p_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c, const std::string& where) {
+    if (!eat(c)) fail(std::string("expected '") + c + "' " + where);
+  }
+  std::string_view string() {
+    ws();
+    if (p_ >= s_.size() || s_[p_] != '"') fail("expected a string");
+    const std::size_t start = ++p_;
+    while (p_ < s_.size() && s_[p_] != '"') {
+      if (s_[p_] == '\\') ++p_;
+      ++p_;
+    }
+    if (p_ >= s_.size()) fail("unterminated string");
+    return s_.substr(start, p_++ - start);
+  }
+  double number(const std::string& field) {
+    ws();
+    double v = 0;
+    const auto* begin = s_.data() + p_;
+    const auto [end, ec] = std::from_chars(begin, s_.data() + s_.size(), v);
+    if (ec != std::errc() || !std::isfinite(v)) fail("field '" + field + "': expected a number");
+    p_ += static_cast<std::size_t>(end - begin);
+    return v;
+  }
+  std::uint64_t integer(const std::string& field, std::uint64_t max) {
+    const double v = number(field);
+    if (v < 0 || v != std::floor(v) || v > static_cast<double>(max)) {
+      fail("field '" + field + "': expected an integer in [0, " + std::to_string(max) + "]");
+    }
+    return static_cast<std::uint64_t>(v);
+  }
+  // Skips any JSON value (for fields the replay does not use).
+  void skip_value() {
+    ws();
+    if (p_ >= s_.size()) fail("missing value");
+    const char c = s_[p_];
+    if (c == '"') {
+      string();
+    } else if (c == '[' || c == '{') {
+      const char close = c == '[' ? ']' : '}';
+      ++p_;
+      if (eat(close)) return;
+      do {
+        if (close == '}') {
+          string();
+          expect(':', "after an object key");
+        }
+        skip_value();
+      } while (eat(','));
+      expect(close, "to close a nested value");
+    } else if (s_.substr(p_, 4) == "true" || s_.substr(p_, 4) == "null") {
+      p_ += 4;
+    } else if (s_.substr(p_, 5) == "false") {
+      p_ += 5;
+    } else {
+      number("(ignored)");
+    }
+  }
+  bool at_end() {
+    ws();
+    return p_ == s_.size();
+  }
+
+ private:
+  std::string_view s_;
+  std::size_t p_ = 0;
+  const std::string& path_;
+  std::uint64_t line_;
+};
+
+TraceRequest parse_hashid_line(std::string_view text, const std::string& path, std::uint64_t line,
+                               std::uint32_t source_block_size) {
+  JsonLine j(text, path, line);
+  TraceRequest r;
+  bool has_ts = false, has_in = false, has_out = false, has_ids = false;
+  j.expect('{', "at the start of the line");
+  if (!j.eat('}')) {
+    do {
+      const std::string key(j.string());
+      j.expect(':', "after key '" + key + "'");
+      if (key == "timestamp") {
+        r.timestamp_ms = j.number(key);
+        has_ts = true;
+      } else if (key == "input_length") {
+        r.input_length = static_cast<std::uint32_t>(j.integer(key, 1u << 30));
+        has_in = true;
+      } else if (key == "output_length") {
+        r.output_length = static_cast<std::uint32_t>(j.integer(key, 1u << 30));
+        has_out = true;
+      } else if (key == "hash_ids") {
+        j.expect('[', "field 'hash_ids': expected an array");
+        if (!j.eat(']')) {
+          do {
+            r.hash_ids.push_back(static_cast<std::uint32_t>(j.integer("hash_ids", 0xffffffffu)));
+          } while (j.eat(','));
+          j.expect(']', "field 'hash_ids': expected ',' or ']'");
+        }
+        has_ids = true;
+      } else {
+        j.skip_value();
+      }
+    } while (j.eat(','));
+    j.expect('}', "at the end of the object");
+  }
+  if (!j.at_end()) j.fail("trailing characters after the object");
+  if (!has_ts) j.fail("field 'timestamp' is missing");
+  if (!has_in) j.fail("field 'input_length' is missing");
+  if (!has_out) j.fail("field 'output_length' is missing");
+  if (!has_ids) j.fail("field 'hash_ids' is missing");
+  if (r.input_length == 0) j.fail("field 'input_length': a prompt has at least one token");
+  // The ids cover min(input_length, ids * S) tokens; more ids than the prompt needs is malformed.
+  const std::uint64_t needed =
+      (std::uint64_t{r.input_length} + source_block_size - 1) / source_block_size;
+  if (r.hash_ids.size() > needed) {
+    j.fail("field 'hash_ids': " + std::to_string(r.hash_ids.size()) + " ids for " +
+           std::to_string(r.input_length) + " tokens at source block size " +
+           std::to_string(source_block_size));
+  }
+  return r;
+}
+
+template <typename ParseLine>
+Trace read_lines(const std::string& path, const LoadOptions& options, bool has_header,
+                 ParseLine parse_line) {
+  std::ifstream in(path);
+  if (!in) throw Error(ErrorCode::kNotFound, "cannot open trace file '" + path + "'");
+  Trace trace;
+  trace.name = path.substr(path.find_last_of('/') + 1);
+  std::string line;
+  std::uint64_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (has_header && number == 1) continue;
+    if (line.empty() || line == "\r") continue;
+    try {
+      trace.requests.push_back(parse_line(line, number));
+    } catch (const Error& e) {
+      if (!options.skip_bad) throw;
+      ++trace.skipped_lines;
+      continue;
+    }
+    if (options.limit != 0 && trace.requests.size() >= options.limit) break;
+  }
+  return trace;
+}
+
+// A 31-bit token from a 64-bit key: SplitMix64 finalizer.
+TokenId mix_token(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return static_cast<TokenId>(x & 0x7fffffff);
+}
+
+}  // namespace
+
+Trace load_hashid_jsonl(const std::string& path, const LoadOptions& options) {
+  if (options.source_block_size == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "source block size must be at least 1");
+  }
+  Trace t = read_lines(path, options, false, [&](const std::string& line, std::uint64_t number) {
+    return parse_hashid_line(line, path, number, options.source_block_size);
+  });
+  t.source_block_size = options.source_block_size;
+  return t;
+}
+
+Trace load_azure_csv(const std::string& path, const LoadOptions& options) {
+  return read_lines(path, options, true, [&](const std::string& line, std::uint64_t number) {
+    // TIMESTAMP,ContextTokens,GeneratedTokens
+    const std::size_t a = line.find(',');
+    const std::size_t b = a == std::string::npos ? a : line.find(',', a + 1);
+    if (b == std::string::npos || line.find(',', b + 1) != std::string::npos) {
+      parse_error(path, number, "expected 3 comma-separated fields");
+    }
+    auto field = [&](std::size_t from, std::size_t to, const char* name) {
+      std::string_view v(line.data() + from, to - from);
+      while (!v.empty() && (v.back() == '\r' || v.back() == ' ')) v.remove_suffix(1);
+      std::uint32_t x = 0;
+      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+      if (ec != std::errc() || end != v.data() + v.size()) {
+        parse_error(path, number, std::string("field '") + name + "': expected a count");
+      }
+      return x;
+    };
+    TraceRequest r;
+    r.input_length = field(a + 1, b, "ContextTokens");
+    r.output_length = field(b + 1, line.size(), "GeneratedTokens");
+    if (r.input_length == 0) parse_error(path, number, "field 'ContextTokens': must be positive");
+    r.timestamp_ms = static_cast<double>(number);  // arrival order; the replay uses file order
+    return r;
+  });
+}
+
+void synthesize_prompt(const Trace& trace, std::size_t index, std::vector<TokenId>& out) {
+  const TraceRequest& r = trace.requests[index];
+  if (!r.tokens.empty()) {
+    out = r.tokens;
+    return;
+  }
+  out.resize(r.input_length);
+  std::size_t pos = 0;
+  const std::uint64_t s = trace.source_block_size;
+  for (std::size_t j = 0; j < r.hash_ids.size() && pos < out.size(); ++j) {
+    const std::uint64_t base = std::uint64_t{r.hash_ids[j]} * s;
+    const std::size_t end = std::min<std::size_t>(out.size(), pos + s);
+    for (std::size_t i = 0; pos < end; ++i, ++pos) {
+      const std::uint64_t v = base + i;
+      // Injective while ids * S < 2^30 (Mooncake: 182,789 x 512 < 2^27); beyond that, mixed.
+      out[pos] = v < (1u << 30) ? static_cast<TokenId>(v) : mix_token(v) | (1 << 30);
+    }
+  }
+  for (std::size_t i = 0; pos < out.size(); ++pos, ++i) {  // unique to this request
+    out[pos] = mix_token((std::uint64_t{index} << 32) | i) | (1 << 30);
+  }
+}
+
+TokenId output_token(std::size_t index, std::uint32_t i) {
+  return mix_token((std::uint64_t{index} << 32) | (0x80000000u | i)) | (1 << 30);
+}
+
+Workload parse_workload(const std::string& name) {
+  if (name == "agents") return Workload::kAgents;
+  if (name == "chat") return Workload::kChat;
+  if (name == "tenants") return Workload::kTenants;
+  throw Error(ErrorCode::kParseError,
+              "unknown workload '" + name + "' (expected agents, chat or tenants)");
+}
+
+Trace generate(const GeneratorOptions& options) {
+  std::mt19937_64 rng(options.seed);
+  auto uniform = [&](std::uint32_t lo, std::uint32_t hi) {
+    return static_cast<std::uint32_t>(lo + rng() % (hi - lo + 1));
+  };
+  TokenId next_token = 1;  // fresh content: every generated token id is new
+  auto fresh = [&](std::uint32_t n) {
+    std::vector<TokenId> v(n);
+    for (auto& t : v) t = next_token++;
+    return v;
+  };
+  Trace trace;
+  trace.name = options.workload == Workload::kAgents ? "agents"
+               : options.workload == Workload::kChat ? "chat"
+                                                     : "tenants";
+  if (options.workload == Workload::kAgents) {
+    const auto system = fresh(2000);  // system prompt
+    const auto tools = fresh(3000);   // tool definitions
+    struct Session {
+      std::vector<TokenId> context;
+      double time_ms = 0;
+    };
+    std::vector<Session> sessions(std::max<std::uint32_t>(1, options.requests / 12));
+    for (std::size_t i = 0; i < sessions.size(); ++i) {
+      sessions[i].context = system;
+      sessions[i].context.insert(sessions[i].context.end(), tools.begin(), tools.end());
+      sessions[i].time_ms = static_cast<double>(i) * 2000.0;
+    }
+    while (trace.requests.size() < options.requests) {
+      // The session whose next turn comes first: turns interleave across sessions in time.
+      auto it = std::min_element(
+          sessions.begin(), sessions.end(),
+          [](const Session& a, const Session& b) { return a.time_ms < b.time_ms; });
+      const auto message = fresh(uniform(50, 800));  // the user's message or tool results
+      it->context.insert(it->context.end(), message.begin(), message.end());
+      TraceRequest r;
+      r.timestamp_ms = it->time_ms;
+      r.tokens = it->context;
+      r.input_length = static_cast<std::uint32_t>(r.tokens.size());
+      r.output_length = uniform(20, 600);
+      const auto answer = fresh(r.output_length);  // the next turn's context includes it
+      it->context.insert(it->context.end(), answer.begin(), answer.end());
+      it->time_ms += uniform(3000, 30000);
+      if (it->context.size() > 60000) {  // the session ends; a new one starts
+        it->context.assign(system.begin(), system.end());
+        it->context.insert(it->context.end(), tools.begin(), tools.end());
+      }
+      trace.requests.push_back(std::move(r));
+    }
+  } else {
+    const auto system = fresh(600);
+    const std::uint32_t tenants =
+        options.workload == Workload::kTenants ? std::max(1u, options.tenants) : 1;
+    const std::uint32_t per_tenant = std::max<std::uint32_t>(1, options.requests / tenants);
+    std::vector<TraceRequest> base;
+    for (std::uint32_t i = 0; i < per_tenant; ++i) {
+      TraceRequest r;
+      r.tokens = system;
+      const auto message = fresh(uniform(20, 1200));
+      r.tokens.insert(r.tokens.end(), message.begin(), message.end());
+      r.input_length = static_cast<std::uint32_t>(r.tokens.size());
+      r.output_length = uniform(20, 500);
+      r.timestamp_ms = static_cast<double>(i) * 250.0;
+      base.push_back(std::move(r));
+    }
+    for (std::uint32_t i = 0; i < per_tenant && trace.requests.size() < options.requests; ++i) {
+      for (std::uint32_t t = 0; t < tenants && trace.requests.size() < options.requests; ++t) {
+        TraceRequest r = base[i];
+        if (options.workload == Workload::kTenants) r.cache_salt = "tenant-" + std::to_string(t);
+        trace.requests.push_back(std::move(r));
+      }
+    }
+  }
+  return trace;
+}
+
+}  // namespace pagedkv::replay

@@ -1,0 +1,72 @@
+// Request traces for pagedkv-replay: loading (hash-id JSONL, Azure CSV), token synthesis, and
+// seeded workload generators. Part of the tools layer: uses only the public pagedkv API.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "pagedkv/block_hasher.hpp"
+
+namespace pagedkv::replay {
+
+struct TraceRequest {
+  double timestamp_ms = 0;
+  std::uint32_t input_length = 0;   // prompt tokens
+  std::uint32_t output_length = 0;  // tokens to decode (engine mode)
+  // Hash-id traces: one id per source block of `source_block_size` tokens (DESIGN.md 7).
+  std::vector<std::uint32_t> hash_ids;
+  // Generated workloads carry their prompt tokens directly (hash_ids empty).
+  std::vector<TokenId> tokens;
+  std::optional<std::string> cache_salt;
+};
+
+struct Trace {
+  std::string name;
+  std::uint32_t source_block_size = 0;  // 0 when the trace carries tokens or lengths only
+  std::vector<TraceRequest> requests;
+  std::uint64_t skipped_lines = 0;  // malformed lines skipped with --skip-bad
+};
+
+// Loading options shared by the readers.
+struct LoadOptions {
+  std::uint32_t source_block_size = 512;  // hash-id traces
+  std::uint64_t limit = 0;                // 0: every request
+  bool skip_bad = false;                  // count and skip malformed lines instead of failing
+};
+
+// Hash-id JSONL: one object per line with timestamp, input_length, output_length, hash_ids
+// (other fields are ignored). A malformed line throws pagedkv::Error naming file, line and field,
+// unless skip_bad.
+Trace load_hashid_jsonl(const std::string& path, const LoadOptions& options);
+// Azure LLM inference CSV: TIMESTAMP, ContextTokens, GeneratedTokens (lengths only).
+Trace load_azure_csv(const std::string& path, const LoadOptions& options);
+
+// Writes the prompt tokens of request `index` into `out` (replacing its contents). Hash-id
+// requests: source block j with id h contributes tokens f(h, i) for its i-th token, so equal ids
+// give equal tokens and different ids different tokens; tokens past the ids are unique to the
+// request. Length-only requests get tokens unique to the request.
+void synthesize_prompt(const Trace& trace, std::size_t index, std::vector<TokenId>& out);
+// Output token `i` of request `index`: unique to the request.
+TokenId output_token(std::size_t index, std::uint32_t i);
+
+enum class Workload { kAgents, kChat, kTenants };
+Workload parse_workload(const std::string& name);
+
+struct GeneratorOptions {
+  Workload workload = Workload::kAgents;
+  std::uint32_t requests = 1000;
+  std::uint32_t seed = 1;
+  std::uint32_t tenants = 4;  // kTenants
+};
+
+// Deterministic for equal options:
+//  agents  a long shared system prompt and tool definitions, then multi-turn sessions where each
+//          turn's prompt is the previous turn's whole context (prompt + output) plus a new message;
+//  chat    a shared system prompt, then one independent user message per request;
+//  tenants the chat workload replayed by every tenant under its own cache_salt (the same prompts,
+//          which must share nothing across tenants).
+Trace generate(const GeneratorOptions& options);
+
+}  // namespace pagedkv::replay

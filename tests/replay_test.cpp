@@ -1,0 +1,215 @@
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+
+#include "pagedkv/error.hpp"
+#include "replay.hpp"
+#include "trace.hpp"
+
+namespace pagedkv::replay {
+namespace {
+
+const std::string kTraces = PAGEDKV_TRACES_DIR;
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / ("pagedkv_replay_test_" + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// ../shared/traces/README.md, "Reference figures for the default replay": first 1,000 requests.
+TEST(Replay, ReproducesTheReferenceFiguresOnTheFirstThousandMooncakeRequests) {
+  const std::string path = kTraces + "/mooncake/conversation_trace.jsonl";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "trace not found: " << path;
+  LoadOptions load;
+  load.limit = 1000;
+  const Trace trace = load_hashid_jsonl(path, load);
+  ASSERT_EQ(trace.requests.size(), 1000u);
+  for (const HashScheme scheme : {HashScheme::kXxh3_128, HashScheme::kSha256CborVllm}) {
+    ReplayOptions o;
+    o.hash = scheme;
+    o.num_blocks = {1000001, 8193, 32769};
+    const auto results = run_replay(trace, o);
+    ASSERT_EQ(results.size(), 3u);
+    const std::uint64_t hits[] = {2962688, 511488, 534400};
+    const std::uint64_t evicted[] = {0, 817691, 791683};
+    for (std::size_t k = 0; k < 3; ++k) {
+      SCOPED_TRACE("num_blocks " + std::to_string(o.num_blocks[k]));
+      EXPECT_EQ(results[k].prompt_tokens, 13732944u);
+      EXPECT_EQ(results[k].hit_tokens, hits[k]);
+      EXPECT_EQ(results[k].evicted_blocks, evicted[k]);
+      EXPECT_EQ(results[k].rejected, 0u);
+      EXPECT_EQ(results[k].prefill_tokens_computed + results[k].hit_tokens, 13732944u);
+    }
+  }
+}
+
+TEST(Replay, SingleThreadedAndPipelinedHashingAgree) {
+  GeneratorOptions g;
+  g.requests = 200;
+  const Trace trace = generate(g);
+  ReplayOptions o;
+  o.num_blocks = {4001, 40001};
+  o.threads = 1;
+  const auto one = run_replay(trace, o);
+  o.threads = 2;
+  const auto two = run_replay(trace, o);
+  for (std::size_t k = 0; k < one.size(); ++k) {
+    EXPECT_EQ(one[k].hit_tokens, two[k].hit_tokens);
+    EXPECT_EQ(one[k].evicted_blocks, two[k].evicted_blocks);
+  }
+  EXPECT_GT(one[1].hit_tokens, 0u);
+}
+
+TEST(Replay, MalformedLinesNameFileLineAndField) {
+  const std::string good =
+      R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})";
+  struct Case {
+    std::string line, fragment;
+  };
+  const Case cases[] = {
+      {R"({"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]})",
+       "'output_length' is missing"},
+      {R"({"timestamp": 0, "input_length": -3, "output_length": 5, "hash_ids": [1]})",
+       "'input_length'"},
+      {R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2, 3]})",
+       "'hash_ids': 3 ids for 600 tokens"},
+      {R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, "x"]})",
+       "'hash_ids'"},
+      {R"({"timestamp": zero, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
+       "'timestamp'"},
+      {R"({"timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": [1]} x)", "trailing"},
+      {R"(not json)", "expected '{'"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = write_temp("bad.jsonl", good + "\n" + c.line + "\n" + good + "\n");
+    try {
+      load_hashid_jsonl(path, LoadOptions{});
+      ADD_FAILURE() << "accepted: " << c.line;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(path + ":2:"), std::string::npos) << what;
+      EXPECT_NE(what.find(c.fragment), std::string::npos) << what;
+    }
+    LoadOptions skip;
+    skip.skip_bad = true;
+    const Trace t = load_hashid_jsonl(path, skip);
+    EXPECT_EQ(t.requests.size(), 2u);
+    EXPECT_EQ(t.skipped_lines, 1u);
+  }
+  EXPECT_THROW(load_hashid_jsonl("/nonexistent/trace.jsonl", LoadOptions{}), Error);
+  // Unknown fields of any JSON type are ignored.
+  const std::string extra = write_temp(
+      "extra.jsonl", R"({"session": {"id": "a", "t": [1, {"x": null}]}, "timestamp": 1.5, )"
+                     R"("input_length": 10, "output_length": 1, "hash_ids": [7], "ok": true})");
+  EXPECT_EQ(load_hashid_jsonl(extra, LoadOptions{}).requests.size(), 1u);
+}
+
+TEST(Replay, TokenSynthesisFollowsHashIds) {
+  Trace t;
+  t.source_block_size = 4;
+  TraceRequest a, b;
+  a.input_length = 10;
+  a.hash_ids = {5, 6, 7};
+  b.input_length = 9;
+  b.hash_ids = {5, 6, 8};
+  t.requests = {a, b};
+  std::vector<TokenId> ta, tb;
+  synthesize_prompt(t, 0, ta);
+  synthesize_prompt(t, 1, tb);
+  ASSERT_EQ(ta.size(), 10u);
+  ASSERT_EQ(tb.size(), 9u);
+  EXPECT_TRUE(std::equal(ta.begin(), ta.begin() + 8, tb.begin()));  // ids 5, 6 shared
+  EXPECT_NE(ta[8], tb[8]);                                          // ids 7 vs 8
+  TraceRequest c;  // ids cover 4 of 7 tokens; the rest is unique to the request
+  c.input_length = 7;
+  c.hash_ids = {5};
+  t.requests.push_back(c);
+  t.requests.push_back(c);
+  std::vector<TokenId> tc, td;
+  synthesize_prompt(t, 2, tc);
+  synthesize_prompt(t, 3, td);
+  EXPECT_TRUE(std::equal(tc.begin(), tc.begin() + 4, ta.begin()));
+  EXPECT_NE(tc[4], td[4]);
+  for (TokenId x : tc) EXPECT_GE(x, 0);
+}
+
+TEST(Replay, GeneratorsAreDeterministicAndTenantsShareNothing) {
+  GeneratorOptions g;
+  g.workload = Workload::kAgents;
+  g.requests = 60;
+  const Trace a1 = generate(g), a2 = generate(g);
+  ASSERT_EQ(a1.requests.size(), 60u);
+  for (std::size_t i = 0; i < 60; ++i) EXPECT_EQ(a1.requests[i].tokens, a2.requests[i].tokens);
+  // Agents: a session's later turn extends an earlier turn's whole context, so hits are high.
+  ReplayOptions o;
+  o.num_blocks = {200001};
+  EXPECT_GT(run_replay(a1, o)[0].hit_rate(), 0.5);
+
+  // Tenants: each tenant replays the same prompts under its own salt. With no eviction, the
+  // total hit count must be exactly tenants x one tenant's own hits: nothing crosses tenants.
+  g.workload = Workload::kTenants;
+  g.requests = 200;
+  g.tenants = 4;
+  const Trace all = generate(g);
+  Trace one = all;
+  one.requests.clear();
+  for (const auto& r : all.requests) {
+    if (r.cache_salt == std::optional<std::string>("tenant-0")) one.requests.push_back(r);
+  }
+  ASSERT_EQ(one.requests.size(), 50u);
+  const auto hits_all = run_replay(all, o)[0].hit_tokens;
+  const auto hits_one = run_replay(one, o)[0].hit_tokens;
+  EXPECT_GT(hits_one, 0u);
+  EXPECT_EQ(hits_all, 4 * hits_one);
+  // Without salts the same prompts would be shared across tenants.
+  Trace unsalted = all;
+  for (auto& r : unsalted.requests) r.cache_salt.reset();
+  EXPECT_GT(run_replay(unsalted, o)[0].hit_tokens, hits_all);
+}
+
+TEST(Replay, EngineModeDecodesAndPreempts) {
+  GeneratorOptions g;
+  g.workload = Workload::kChat;
+  g.requests = 120;
+  const Trace trace = generate(g);
+  ReplayOptions o;
+  o.mode = Mode::kEngine;
+  o.num_blocks = {100001, 400};
+  const auto r = run_replay(trace, o);
+  std::uint64_t expected_decode = 0;
+  for (const auto& q : trace.requests) expected_decode += q.output_length - 1;
+  // A large pool: no preemption, every output token after the first is one decode step.
+  EXPECT_EQ(r[0].preemptions, 0u);
+  EXPECT_EQ(r[0].decode_tokens, expected_decode);
+  EXPECT_EQ(r[0].prefill_tokens_computed + r[0].hit_tokens, r[0].prompt_tokens);
+  EXPECT_GT(r[0].hit_tokens, 0u);
+  // A small pool forces preemptions; every request still finishes.
+  EXPECT_GT(r[1].preemptions, 0u);
+  EXPECT_EQ(r[1].rejected, 0u);
+  EXPECT_GE(r[1].prefill_tokens_computed + r[1].hit_tokens, r[1].prompt_tokens);
+  EXPECT_GT(r[1].makespan_ms, r[0].makespan_ms);
+}
+
+TEST(Replay, PagedAttentionMemoryTable) {
+  const std::string path = kTraces + "/azure2023/AzureLLMInferenceTrace_conv.csv";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "trace not found: " << path;
+  const Trace t = load_azure_csv(path, LoadOptions{});
+  EXPECT_EQ(t.requests.size(), 19366u);
+  const std::string table = memory_utilization_table(t, 16);
+  EXPECT_NE(table.find("paged, block 16"), std::string::npos) << table;
+  const std::string bad = write_temp("bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nx,1\n");
+  try {
+    load_azure_csv(bad, LoadOptions{});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad + ":2:"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv::replay
