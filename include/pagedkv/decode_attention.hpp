@@ -1,0 +1,97 @@
+// pagedkv/decode_attention.hpp: paged decode attention, its parameters and its CPU reference.
+//
+// Each sequence contributes one query token (the one being decoded): q[seq] of shape
+// [num_q_heads, head_dim] attends over the sequence's seq_len cached tokens (the current token's
+// K/V included: append it first), which it finds through its block-table row. Query head h reads
+// KV head h / (num_q_heads / num_kv_heads) (grouped-query attention; MQA and MHA are the extreme
+// group sizes). For each query head:
+//   logit_t = sm_scale x (q . k_t)                  (or cap x tanh(sm_scale x (q . k_t) / cap)
+//                                                   with a logit soft-cap, as in Gemma 2)
+//   out     = sum_t softmax(logit)_t x v_t          over t in [max(0, seq_len - window), seq_len)
+// A sequence with seq_len 0 gets a zero output. Cache slots past seq_len (the unused tail of the
+// last block) may hold anything, NaN included: they are never read.
+//
+// PagedDecodeParams is a plain description of raw buffers: host buffers for the CPU reference
+// here, device buffers for the CUDA kernel (pagedkv/cuda_decode_attention.hpp), with one meaning.
+//
+// The CPU reference walks each sequence's blocks in order with an online softmax in double and
+// checks everything it reads (lengths, block ids). Complexity O(seq_len x num_q_heads x head_dim)
+// per sequence. Thread-compatible: concurrent calls are fine on distinct outputs. Errors:
+// pagedkv::Error before any output is written.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "pagedkv/kv_dtype.hpp"
+#include "pagedkv/kv_layout.hpp"
+
+namespace pagedkv {
+
+struct PagedDecodeParams {
+  KVDtype dtype = KVDtype::kBFloat16;  // of q, the cache and out
+  std::int32_t num_seqs = 0;
+  std::int32_t num_q_heads = 0;  // a multiple of layout.num_kv_heads
+
+  // [num_seqs, num_q_heads, head_dim] queries; strides in elements, 0 = dense.
+  const void* q = nullptr;
+  std::int64_t q_stride_seq = 0;
+  std::int64_t q_stride_head = 0;
+
+  // One layer's key and value planes, both described by `layout`.
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  KVLayout layout;
+
+  // [num_seqs, max_blocks_per_seq] physical block ids; row i holds sequence i's blocks.
+  const std::int32_t* block_table = nullptr;
+  std::int32_t max_blocks_per_seq = 0;
+  // [num_seqs] cached tokens per sequence, the current one included.
+  const std::int32_t* seq_lens = nullptr;
+
+  // [num_seqs, num_q_heads, head_dim] attention output; strides in elements, 0 = dense.
+  void* out = nullptr;
+  std::int64_t out_stride_seq = 0;
+  std::int64_t out_stride_head = 0;
+
+  float sm_scale = 0.0f;         // scale of q . k, usually 1 / sqrt(head_dim); finite
+  float logits_soft_cap = 0.0f;  // > 0: cap logits with cap x tanh(logit / cap); 0 = off
+  std::int32_t window_size = 0;  // > 0: attend only the last window_size tokens; 0 = all
+                                 // (vLLM's sliding_window W is window_size W)
+
+  constexpr std::int32_t group_size() const noexcept {
+    return layout.num_kv_heads > 0 ? num_q_heads / layout.num_kv_heads : 0;
+  }
+  constexpr std::int32_t head_dim() const noexcept { return layout.head_dim; }
+  // Strides with the dense defaults applied.
+  constexpr std::int64_t q_head_stride() const noexcept {
+    return q_stride_head != 0 ? q_stride_head : layout.head_dim;
+  }
+  constexpr std::int64_t q_seq_stride() const noexcept {
+    return q_stride_seq != 0 ? q_stride_seq
+                             : static_cast<std::int64_t>(num_q_heads) * layout.head_dim;
+  }
+  constexpr std::int64_t out_head_stride() const noexcept {
+    return out_stride_head != 0 ? out_stride_head : layout.head_dim;
+  }
+  constexpr std::int64_t out_seq_stride() const noexcept {
+    return out_stride_seq != 0 ? out_stride_seq
+                               : static_cast<std::int64_t>(num_q_heads) * layout.head_dim;
+  }
+};
+
+// Checks everything that does not need to read the buffers: shapes, the layout, strides (not
+// negative; a head's row fits before the next), pointers present, scale and cap finite, window
+// not negative. Throws pagedkv::Error naming the field.
+void validate(const PagedDecodeParams& params);
+
+// CPU reference (host buffers). Also checks the data: seq_lens in [0, max_blocks_per_seq x
+// block_size] and every block id it needs inside the pool. Returns the exact (double) outputs,
+// dense [num_seqs, num_q_heads, head_dim]; params.out is not touched and may be null.
+std::vector<double> reference_paged_decode_attention_f64(const PagedDecodeParams& params);
+
+// CPU reference writing params.out: the double result rounded to float, then to params.dtype
+// (nearest even both times).
+void reference_paged_decode_attention(const PagedDecodeParams& params);
+
+}  // namespace pagedkv

@@ -1,0 +1,155 @@
+#include "pagedkv/decode_attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <string>
+
+#include "pagedkv/block_table.hpp"
+#include "pagedkv/error.hpp"
+
+namespace pagedkv {
+
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  throw Error(ErrorCode::kInvalidArgument, "paged decode attention: " + message);
+}
+
+}  // namespace
+
+void validate(const PagedDecodeParams& p) {
+  if (p.num_seqs < 0) fail("num_seqs must not be negative, got " + std::to_string(p.num_seqs));
+  if (p.num_q_heads <= 0)
+    fail("num_q_heads must be positive, got " + std::to_string(p.num_q_heads));
+  p.layout.validate();
+  if (p.num_q_heads % p.layout.num_kv_heads != 0) {
+    fail("num_q_heads (" + std::to_string(p.num_q_heads) +
+         ") must be a multiple of layout.num_kv_heads (" + std::to_string(p.layout.num_kv_heads) +
+         ")");
+  }
+  if (p.max_blocks_per_seq < 0) {
+    fail("max_blocks_per_seq must not be negative, got " + std::to_string(p.max_blocks_per_seq));
+  }
+  const std::int64_t head_dim = p.layout.head_dim;
+  const auto check_strides = [&](const char* name, std::int64_t seq_stride,
+                                 std::int64_t head_stride) {
+    if (seq_stride < 0 || head_stride < 0) {
+      fail(std::string(name) + " strides must not be negative");
+    }
+    // Rows of one sequence must not overlap, nor run into the next sequence's rows.
+    const std::int64_t hs = head_stride != 0 ? head_stride : head_dim;
+    const std::int64_t ss = seq_stride != 0 ? seq_stride : p.num_q_heads * head_dim;
+    if (hs < head_dim || (p.num_seqs > 1 && ss < hs * (p.num_q_heads - 1) + head_dim)) {
+      fail(std::string(name) + " strides (seq " + std::to_string(ss) + ", head " +
+           std::to_string(hs) + ") make rows overlap");
+    }
+  };
+  check_strides("q", p.q_stride_seq, p.q_stride_head);
+  check_strides("out", p.out_stride_seq, p.out_stride_head);
+  if (!std::isfinite(p.sm_scale)) fail("sm_scale must be finite");
+  if (!std::isfinite(p.logits_soft_cap) || p.logits_soft_cap < 0) {
+    fail("logits_soft_cap must be finite and not negative (0 = off)");
+  }
+  if (p.window_size < 0) fail("window_size must not be negative (0 = off)");
+  if (p.num_seqs > 0) {
+    if (p.q == nullptr) fail("q is null");
+    if (p.k_cache == nullptr || p.v_cache == nullptr) fail("k_cache or v_cache is null");
+    if (p.seq_lens == nullptr) fail("seq_lens is null");
+    if (p.block_table == nullptr && p.max_blocks_per_seq > 0) fail("block_table is null");
+  }
+}
+
+std::vector<double> reference_paged_decode_attention_f64(const PagedDecodeParams& p) {
+  validate(p);
+  const std::int32_t num_seqs = p.num_seqs;
+  const std::int32_t head_dim = p.layout.head_dim;
+  const std::int32_t block_size = p.layout.block_size;
+  const std::size_t cells =
+      static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(p.max_blocks_per_seq);
+  if (num_seqs > 0) {
+    validate_block_table(
+        std::span<const std::int32_t>(p.block_table, cells), num_seqs, p.max_blocks_per_seq,
+        std::span<const std::int32_t>(p.seq_lens, static_cast<std::size_t>(num_seqs)), block_size,
+        p.layout.num_blocks);
+  }
+
+  const auto* q = static_cast<const std::uint16_t*>(p.q);
+  const auto* k_cache = static_cast<const std::uint16_t*>(p.k_cache);
+  const auto* v_cache = static_cast<const std::uint16_t*>(p.v_cache);
+  const auto value = [&](const std::uint16_t* base, std::int64_t index) {
+    return static_cast<double>(dtype_bits_to_float(p.dtype, base[index]));
+  };
+  const std::int32_t group = p.group_size();
+  const double cap = p.logits_soft_cap;
+
+  std::vector<double> out(static_cast<std::size_t>(num_seqs) *
+                          static_cast<std::size_t>(p.num_q_heads) *
+                          static_cast<std::size_t>(head_dim));
+  std::vector<double> qh(static_cast<std::size_t>(head_dim));
+  std::vector<double> acc(static_cast<std::size_t>(head_dim));
+  for (std::int32_t s = 0; s < num_seqs; ++s) {
+    const std::int32_t len = p.seq_lens[s];
+    const std::int32_t first = p.window_size > 0 ? std::max(0, len - p.window_size) : 0;
+    const std::int32_t* row = p.block_table + static_cast<std::int64_t>(s) * p.max_blocks_per_seq;
+    for (std::int32_t h = 0; h < p.num_q_heads; ++h) {
+      const std::int32_t kv_head = h / group;
+      for (std::int32_t d = 0; d < head_dim; ++d) {
+        qh[static_cast<std::size_t>(d)] =
+            value(q, s * p.q_seq_stride() + h * p.q_head_stride() + d);
+      }
+      std::fill(acc.begin(), acc.end(), 0.0);
+      double m = -std::numeric_limits<double>::infinity();
+      double l = 0.0;
+      for (std::int32_t t = first; t < len; ++t) {
+        const std::int64_t base = p.layout.offset(row[t / block_size], t % block_size, kv_head);
+        double dot = 0.0;
+        for (std::int32_t d = 0; d < head_dim; ++d) {
+          dot += qh[static_cast<std::size_t>(d)] * value(k_cache, base + d);
+        }
+        double logit = static_cast<double>(p.sm_scale) * dot;
+        if (cap > 0) logit = cap * std::tanh(logit / cap);
+        // Online softmax: rescale what was accumulated under the old maximum.
+        const double m_new = std::max(m, logit);
+        const double alpha = std::exp(m - m_new);  // exp(-inf) = 0 on the first token
+        const double weight = std::exp(logit - m_new);
+        l = l * alpha + weight;
+        for (std::int32_t d = 0; d < head_dim; ++d) {
+          auto& a = acc[static_cast<std::size_t>(d)];
+          a = a * alpha + weight * value(v_cache, base + d);
+        }
+        m = m_new;
+      }
+      double* o =
+          out.data() + (static_cast<std::size_t>(s) * static_cast<std::size_t>(p.num_q_heads) +
+                        static_cast<std::size_t>(h)) *
+                           static_cast<std::size_t>(head_dim);
+      for (std::int32_t d = 0; d < head_dim; ++d) {
+        o[d] = l > 0 ? acc[static_cast<std::size_t>(d)] / l : 0.0;
+      }
+    }
+  }
+  return out;
+}
+
+void reference_paged_decode_attention(const PagedDecodeParams& p) {
+  const std::vector<double> exact = reference_paged_decode_attention_f64(p);
+  if (p.num_seqs > 0 && p.out == nullptr) fail("out is null");
+  auto* out = static_cast<std::uint16_t*>(p.out);
+  const std::int32_t head_dim = p.layout.head_dim;
+  for (std::int32_t s = 0; s < p.num_seqs; ++s) {
+    for (std::int32_t h = 0; h < p.num_q_heads; ++h) {
+      const double* o =
+          exact.data() + (static_cast<std::size_t>(s) * static_cast<std::size_t>(p.num_q_heads) +
+                          static_cast<std::size_t>(h)) *
+                             static_cast<std::size_t>(head_dim);
+      for (std::int32_t d = 0; d < head_dim; ++d) {
+        out[s * p.out_seq_stride() + h * p.out_head_stride() + d] =
+            float_to_dtype_bits(p.dtype, static_cast<float>(o[d]));
+      }
+    }
+  }
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,122 @@
+#include "pagedkv/kv_layout.hpp"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "pagedkv/error.hpp"
+
+namespace pagedkv {
+namespace {
+
+template <typename Fn>
+void expect_error(Fn&& fn, const std::string& fragment) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(KVSizing, PublishedModels) {
+  // Llama-2-7B: 32 layers, 32 KV heads (MHA), head_dim 128, fp16 -> 512 KiB per token.
+  const KVCacheSpec llama2_7b{32, 32, 128, KVDtype::kFloat16};
+  EXPECT_EQ(kv_bytes_per_token(llama2_7b), 512 * 1024);
+  // Llama-3-8B: 32 layers, 8 KV heads for 32 query heads (GQA), bf16 -> 128 KiB per token.
+  const KVCacheSpec llama3_8b{32, 8, 128, KVDtype::kBFloat16};
+  EXPECT_EQ(kv_bytes_per_token(llama3_8b), 128 * 1024);
+  EXPECT_EQ(kv_bytes_per_block(llama3_8b, 16), 2 * 1024 * 1024);
+  // 40 GiB of HBM holds 20480 blocks of 16 tokens of Llama-3-8B.
+  EXPECT_EQ(num_blocks_for_budget(llama3_8b, 16, std::int64_t{40} << 30), 20480);
+  EXPECT_EQ(num_blocks_for_budget(llama3_8b, 16, (std::int64_t{2} << 20) - 1), 0);
+}
+
+TEST(KVSizing, RejectsBadSpecs) {
+  expect_error([] { (void)kv_bytes_per_token(KVCacheSpec{0, 8, 128}); }, "num_layers");
+  expect_error([] { (void)kv_bytes_per_token(KVCacheSpec{32, -1, 128}); }, "num_kv_heads");
+  expect_error([] { (void)kv_bytes_per_block(KVCacheSpec{32, 8, 128}, 0); }, "block_size");
+  expect_error([] { (void)num_blocks_for_budget(KVCacheSpec{32, 8, 128}, 16, -1); }, "budget");
+  expect_error(
+      [] {
+        (void)kv_bytes_per_block(KVCacheSpec{1 << 30, 1 << 30, 1 << 20}, 16);
+      },
+      "overflows");
+}
+
+TEST(KVLayout, NhdAndHndStrides) {
+  const KVLayout nhd = KVLayout::nhd(10, 16, 8, 128);
+  EXPECT_EQ(nhd.stride_head, 128);
+  EXPECT_EQ(nhd.stride_token, 8 * 128);
+  EXPECT_EQ(nhd.stride_block, 16 * 8 * 128);
+  EXPECT_EQ(nhd.offset(2, 3, 5), 2 * 16384 + 3 * 1024 + 5 * 128);
+  EXPECT_EQ(nhd.plane_elements(), 10 * 16384);
+  EXPECT_EQ(nhd.num_slots(), 160);
+  EXPECT_EQ(nhd.block_elements(), 16384);
+  EXPECT_TRUE(nhd.block_is_contiguous());
+
+  const KVLayout hnd = KVLayout::hnd(10, 16, 8, 128);
+  EXPECT_EQ(hnd.stride_token, 128);
+  EXPECT_EQ(hnd.stride_head, 16 * 128);
+  EXPECT_EQ(hnd.stride_block, 16 * 8 * 128);
+  EXPECT_EQ(hnd.offset(2, 3, 5), 2 * 16384 + 5 * 2048 + 3 * 128);
+  EXPECT_EQ(hnd.plane_elements(), 10 * 16384);
+  EXPECT_TRUE(hnd.block_is_contiguous());
+}
+
+// Every (block, token, head) row of a valid layout is distinct and inside plane_elements().
+TEST(KVLayout, RowsAreDisjointAndInsideThePlane) {
+  for (const KVLayout& layout :
+       {KVLayout::nhd(5, 3, 2, 8), KVLayout::hnd(5, 3, 2, 8), KVLayout::nhd(4, 1, 3, 16),
+        KVLayout{4, 3, 2, 8, 2 * 48, 16, 8} /* interleaved K/V blocks */,
+        KVLayout{4, 3, 2, 8, 96, 32, 16} /* padded rows */}) {
+    layout.validate();
+    std::set<std::int64_t> elements;
+    for (std::int64_t b = 0; b < layout.num_blocks; ++b) {
+      for (std::int32_t t = 0; t < layout.block_size; ++t) {
+        for (std::int32_t h = 0; h < layout.num_kv_heads; ++h) {
+          for (std::int32_t d = 0; d < layout.head_dim; ++d) {
+            const std::int64_t e = layout.offset(b, t, h) + d;
+            EXPECT_LT(e, layout.plane_elements());
+            EXPECT_TRUE(elements.insert(e).second) << "overlap at " << e;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_FALSE((KVLayout{4, 3, 2, 8, 96, 32, 16}.block_is_contiguous()));
+  EXPECT_TRUE((KVLayout{4, 3, 2, 8, 96, 16, 8}.block_is_contiguous()));  // interleaved K/V
+}
+
+TEST(KVLayout, LargePoolsUse64BitOffsets) {
+  // 2^31 elements and beyond: 140000 blocks of 16 x 8 x 128.
+  const KVLayout layout = KVLayout::nhd(140000, 16, 8, 128);
+  EXPECT_GT(layout.plane_elements(), std::int64_t{1} << 31);
+  EXPECT_EQ(layout.offset(139999, 15, 7), 139999LL * 16384 + 15 * 1024 + 7 * 128);
+}
+
+TEST(KVLayout, RejectsBadLayouts) {
+  expect_error([] { (void)KVLayout::nhd(0, 16, 8, 128); }, "num_blocks");
+  expect_error([] { (void)KVLayout::nhd(1, 0, 8, 128); }, "block_size");
+  expect_error([] { (void)KVLayout::nhd(1, 257, 8, 128); }, "at most 256");
+  expect_error([] { (void)KVLayout::nhd(1, 16, 8, 100); }, "multiple of 8");
+  expect_error([] { (void)KVLayout::nhd(1, 16, 0, 128); }, "num_kv_heads");
+  KVLayout layout = KVLayout::nhd(4, 16, 8, 128);
+  layout.stride_head = 64;  // heads overlap
+  expect_error([&] { layout.validate(); }, "overlap");
+  layout = KVLayout::nhd(4, 16, 8, 128);
+  layout.stride_block = 1024;  // blocks overlap
+  expect_error([&] { layout.validate(); }, "overlap");
+  layout = KVLayout::nhd(4, 16, 8, 128);
+  layout.stride_token = 1028;
+  expect_error([&] { layout.validate(); }, "multiple of 8 elements");
+  layout = KVLayout::nhd(4, 16, 8, 128);
+  layout.stride_token = 0;
+  expect_error([&] { layout.validate(); }, "stride_token must be positive");
+  EXPECT_NO_THROW(KVLayout::nhd(1, 256, 1, 8));
+}
+
+}  // namespace
+}  // namespace pagedkv

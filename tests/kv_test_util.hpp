@@ -1,0 +1,332 @@
+// Test helpers for the KV-cache data and kernel tests: random problems on the host, NaN-poisoned
+// pools, an independent naive decode attention (gather, then dense attention), error norms.
+// Header-only; shared by the CPU tests and the GPU tests.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagedkv/block_table.hpp"
+#include "pagedkv/decode_attention.hpp"
+#include "pagedkv/kv_dtype.hpp"
+#include "pagedkv/kv_layout.hpp"
+
+namespace pagedkv::testing {
+
+inline std::uint16_t nan_bits(KVDtype dtype) {
+  return dtype == KVDtype::kFloat16 ? std::uint16_t{0x7e00} : std::uint16_t{0x7fc0};
+}
+
+inline std::vector<std::uint16_t> random_values(KVDtype dtype, std::size_t n, std::mt19937_64& rng,
+                                                float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<std::uint16_t> v(n);
+  for (auto& x : v) x = float_to_dtype_bits(dtype, dist(rng));
+  return v;
+}
+
+// How the K and V planes of the test pool are laid out. The element offset of (block, token,
+// head) is written out per kind below, independently of KVLayout::offset.
+enum class LayoutKind {
+  kNhd,          // [blocks, block_size, heads, dim] per plane, K and V in separate planes
+  kHnd,          // [blocks, heads, block_size, dim] per plane
+  kInterleaved,  // one buffer [blocks, 2, block_size, heads, dim]: K then V of each block
+  kPadded,       // NHD with each head row padded by 8 elements
+};
+
+inline std::string to_string(LayoutKind kind) {
+  switch (kind) {
+    case LayoutKind::kNhd:
+      return "nhd";
+    case LayoutKind::kHnd:
+      return "hnd";
+    case LayoutKind::kInterleaved:
+      return "interleaved";
+    case LayoutKind::kPadded:
+      return "padded";
+  }
+  return "?";
+}
+
+inline KVLayout make_layout(LayoutKind kind, std::int64_t num_blocks, std::int32_t block_size,
+                            std::int32_t heads, std::int32_t dim) {
+  const std::int64_t block_elems = static_cast<std::int64_t>(block_size) * heads * dim;
+  switch (kind) {
+    case LayoutKind::kNhd:
+      return KVLayout::nhd(num_blocks, block_size, heads, dim);
+    case LayoutKind::kHnd:
+      return KVLayout::hnd(num_blocks, block_size, heads, dim);
+    case LayoutKind::kInterleaved: {
+      KVLayout layout = KVLayout::nhd(num_blocks, block_size, heads, dim);
+      layout.stride_block = 2 * block_elems;
+      layout.validate();
+      return layout;
+    }
+    case LayoutKind::kPadded: {
+      KVLayout layout{num_blocks, block_size, heads, dim, 0, 0, 0};
+      layout.stride_head = dim + 8;
+      layout.stride_token = static_cast<std::int64_t>(heads) * (dim + 8);
+      layout.stride_block = layout.stride_token * block_size;
+      layout.validate();
+      return layout;
+    }
+  }
+  return {};
+}
+
+// Offsets written out per layout kind: the naive computation never uses KVLayout.
+struct NaiveAddressing {
+  LayoutKind kind;
+  std::int64_t block_size;
+  std::int64_t heads;
+  std::int64_t dim;
+
+  // Offset of element d of (block, token, head) of the K (v = false) or V plane, within the
+  // buffer that holds that plane (for kInterleaved both planes share one buffer).
+  std::int64_t offset(bool v, std::int64_t block, std::int64_t token, std::int64_t head,
+                      std::int64_t d) const {
+    switch (kind) {
+      case LayoutKind::kNhd:
+        return ((block * block_size + token) * heads + head) * dim + d;
+      case LayoutKind::kHnd:
+        return ((block * heads + head) * block_size + token) * dim + d;
+      case LayoutKind::kInterleaved:
+        return (((block * 2 + (v ? 1 : 0)) * block_size + token) * heads + head) * dim + d;
+      case LayoutKind::kPadded:
+        return ((block * block_size + token) * heads + head) * (dim + 8) + d;
+    }
+    return 0;
+  }
+};
+
+struct DecodeShape {
+  KVDtype dtype = KVDtype::kBFloat16;
+  std::int32_t num_seqs = 1;
+  std::int32_t num_q_heads = 1;
+  std::int32_t num_kv_heads = 1;
+  std::int32_t head_dim = 64;
+  std::int32_t block_size = 16;
+  LayoutKind kind = LayoutKind::kNhd;
+  std::int32_t window_size = 0;
+  float soft_cap = 0.0f;
+  std::vector<std::int32_t> seq_lens;
+  bool shuffle_blocks = true;
+  std::int32_t extra_table_columns = 0;  // padding columns past the longest sequence
+  float value_range = 1.0f;              // q, K, V values uniform in [-range, range]
+};
+
+inline std::string describe(const DecodeShape& s) {
+  std::string lens;
+  for (std::size_t i = 0; i < s.seq_lens.size() && i < 8; ++i) {
+    lens += (i ? "," : "") + std::to_string(s.seq_lens[i]);
+  }
+  if (s.seq_lens.size() > 8) lens += ",...";
+  return std::string(to_string(s.dtype)) + " seqs=" + std::to_string(s.num_seqs) +
+         " q_heads=" + std::to_string(s.num_q_heads) +
+         " kv_heads=" + std::to_string(s.num_kv_heads) + " dim=" + std::to_string(s.head_dim) +
+         " block=" + std::to_string(s.block_size) + " layout=" + to_string(s.kind) +
+         " window=" + std::to_string(s.window_size) + " cap=" + std::to_string(s.soft_cap) +
+         " lens=[" + lens + "]";
+}
+
+// A decode problem in host memory. Every cache slot that no sequence uses holds NaN (the tail of
+// each last block, the blocks nobody owns, and the poison block the table's padding points to),
+// so reading past seq_len shows up as NaN in the output.
+struct HostDecodeProblem {
+  DecodeShape shape;
+  KVLayout layout;
+  NaiveAddressing addressing;
+  std::vector<std::uint16_t> k_buffer;  // holds the K plane (and V too for kInterleaved)
+  std::vector<std::uint16_t> v_buffer;  // holds the V plane (empty for kInterleaved)
+  std::size_t v_plane_offset = 0;       // offset of the V plane in its buffer
+  std::vector<std::vector<std::int32_t>> seq_blocks;
+  BlockTable table;
+  std::int32_t poison_block = 0;
+  std::vector<std::uint16_t> q;  // dense [num_seqs, num_q_heads, head_dim]
+  float sm_scale = 0.0f;
+
+  const std::uint16_t* k_plane() const { return k_buffer.data(); }
+  const std::uint16_t* v_plane() const {
+    return (shape.kind == LayoutKind::kInterleaved ? k_buffer.data() : v_buffer.data()) +
+           v_plane_offset;
+  }
+  std::uint16_t value(bool v, std::int64_t block, std::int64_t token, std::int64_t head,
+                      std::int64_t d) const {
+    const auto& buffer = (v && shape.kind != LayoutKind::kInterleaved) ? v_buffer : k_buffer;
+    return buffer[static_cast<std::size_t>(addressing.offset(v, block, token, head, d))];
+  }
+
+  // Parameters over the host buffers; `out` is dense [num_seqs, num_q_heads, head_dim].
+  PagedDecodeParams params(void* out) const {
+    PagedDecodeParams p;
+    p.dtype = shape.dtype;
+    p.num_seqs = shape.num_seqs;
+    p.num_q_heads = shape.num_q_heads;
+    p.q = q.data();
+    p.k_cache = k_plane();
+    p.v_cache = v_plane();
+    p.layout = layout;
+    p.block_table = table.block_ids.data();
+    p.max_blocks_per_seq = table.max_blocks_per_seq;
+    p.seq_lens = shape.seq_lens.data();
+    p.out = out;
+    p.sm_scale = sm_scale;
+    p.logits_soft_cap = shape.soft_cap;
+    p.window_size = shape.window_size;
+    return p;
+  }
+};
+
+inline HostDecodeProblem make_decode_problem(const DecodeShape& shape, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  HostDecodeProblem pb;
+  pb.shape = shape;
+  const std::int32_t bs = shape.block_size;
+  std::int64_t needed = 0;
+  for (const std::int32_t len : shape.seq_lens) needed += (len + bs - 1) / bs;
+  // Some spare blocks nobody owns, plus the poison block for the table's padding.
+  const std::int64_t num_blocks = needed + 3;
+  pb.layout = make_layout(shape.kind, num_blocks, bs, shape.num_kv_heads, shape.head_dim);
+  pb.addressing = NaiveAddressing{shape.kind, bs, shape.num_kv_heads, shape.head_dim};
+  const std::uint16_t nan = nan_bits(shape.dtype);
+  if (shape.kind == LayoutKind::kInterleaved) {
+    pb.k_buffer.assign(static_cast<std::size_t>(num_blocks * 2 * pb.layout.block_elements()), nan);
+    pb.v_plane_offset = static_cast<std::size_t>(pb.layout.block_elements());
+  } else {
+    pb.k_buffer.assign(static_cast<std::size_t>(pb.layout.plane_elements()), nan);
+    pb.v_buffer.assign(static_cast<std::size_t>(pb.layout.plane_elements()), nan);
+  }
+
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(num_blocks));
+  std::iota(ids.begin(), ids.end(), 0);
+  if (shape.shuffle_blocks) std::shuffle(ids.begin(), ids.end(), rng);
+  pb.poison_block = ids.back();
+  std::size_t next = 0;
+  std::uniform_real_distribution<float> dist(-shape.value_range, shape.value_range);
+  for (const std::int32_t len : shape.seq_lens) {
+    std::vector<std::int32_t> blocks;
+    for (std::int32_t b = 0; b < (len + bs - 1) / bs; ++b) blocks.push_back(ids[next++]);
+    for (std::int32_t t = 0; t < len; ++t) {
+      for (std::int32_t h = 0; h < shape.num_kv_heads; ++h) {
+        for (std::int32_t d = 0; d < shape.head_dim; ++d) {
+          const std::int64_t block = blocks[static_cast<std::size_t>(t / bs)];
+          const auto k_at =
+              static_cast<std::size_t>(pb.addressing.offset(false, block, t % bs, h, d));
+          const auto v_at =
+              static_cast<std::size_t>(pb.addressing.offset(true, block, t % bs, h, d));
+          pb.k_buffer[k_at] = float_to_dtype_bits(shape.dtype, dist(rng));
+          auto& v_buffer = shape.kind == LayoutKind::kInterleaved ? pb.k_buffer : pb.v_buffer;
+          v_buffer[v_at] = float_to_dtype_bits(shape.dtype, dist(rng));
+        }
+      }
+    }
+    pb.seq_blocks.push_back(std::move(blocks));
+  }
+  std::size_t longest = 0;
+  for (const auto& b : pb.seq_blocks) longest = std::max(longest, b.size());
+  pb.table = make_block_table(pb.seq_blocks,
+                              static_cast<std::int32_t>(longest) + shape.extra_table_columns,
+                              pb.poison_block);
+  if (pb.table.max_blocks_per_seq == 0) {
+    // make_block_table treats 0 as "longest": keep one padding column so pointers are non-null.
+    pb.table = make_block_table(pb.seq_blocks, 1, pb.poison_block);
+  }
+  pb.q.resize(static_cast<std::size_t>(shape.num_seqs) *
+              static_cast<std::size_t>(shape.num_q_heads) *
+              static_cast<std::size_t>(shape.head_dim));
+  for (auto& x : pb.q) x = float_to_dtype_bits(shape.dtype, dist(rng));
+  pb.sm_scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  return pb;
+}
+
+// The independent computation: gather each sequence's K and V into dense [len, heads, dim]
+// arrays, then plain two-pass softmax attention per query head. Double throughout.
+inline std::vector<double> naive_decode(const HostDecodeProblem& pb) {
+  const DecodeShape& s = pb.shape;
+  const std::size_t dim = static_cast<std::size_t>(s.head_dim);
+  const std::size_t kv_heads = static_cast<std::size_t>(s.num_kv_heads);
+  std::vector<double> out(
+      static_cast<std::size_t>(s.num_seqs) * static_cast<std::size_t>(s.num_q_heads) * dim, 0.0);
+  const auto f = [&](std::uint16_t bits) {
+    return static_cast<double>(dtype_bits_to_float(s.dtype, bits));
+  };
+  for (std::int32_t seq = 0; seq < s.num_seqs; ++seq) {
+    const std::int32_t len = s.seq_lens[static_cast<std::size_t>(seq)];
+    const auto n = static_cast<std::size_t>(len);
+    std::vector<double> k(n * kv_heads * dim);
+    std::vector<double> v(n * kv_heads * dim);
+    for (std::size_t t = 0; t < n; ++t) {
+      const std::int64_t block =
+          pb.seq_blocks[static_cast<std::size_t>(seq)][t / static_cast<std::size_t>(s.block_size)];
+      const auto offset = static_cast<std::int64_t>(t % static_cast<std::size_t>(s.block_size));
+      for (std::size_t h = 0; h < kv_heads; ++h) {
+        for (std::size_t d = 0; d < dim; ++d) {
+          k[(t * kv_heads + h) * dim + d] = f(pb.value(
+              false, block, offset, static_cast<std::int64_t>(h), static_cast<std::int64_t>(d)));
+          v[(t * kv_heads + h) * dim + d] = f(pb.value(
+              true, block, offset, static_cast<std::int64_t>(h), static_cast<std::int64_t>(d)));
+        }
+      }
+    }
+    const std::size_t first = s.window_size > 0 && len > s.window_size
+                                  ? static_cast<std::size_t>(len - s.window_size)
+                                  : 0;
+    const std::int32_t group = s.num_q_heads / s.num_kv_heads;
+    for (std::int32_t qh = 0; qh < s.num_q_heads; ++qh) {
+      const std::size_t h = static_cast<std::size_t>(qh / group);
+      const std::uint16_t* qv =
+          pb.q.data() + (static_cast<std::size_t>(seq) * static_cast<std::size_t>(s.num_q_heads) +
+                         static_cast<std::size_t>(qh)) *
+                            dim;
+      std::vector<double> logits;
+      for (std::size_t t = first; t < n; ++t) {
+        double dot = 0.0;
+        for (std::size_t d = 0; d < dim; ++d) dot += f(qv[d]) * k[(t * kv_heads + h) * dim + d];
+        double logit = static_cast<double>(pb.sm_scale) * dot;
+        if (s.soft_cap > 0) logit = s.soft_cap * std::tanh(logit / s.soft_cap);
+        logits.push_back(logit);
+      }
+      if (logits.empty()) continue;  // zero output
+      const double mx = *std::max_element(logits.begin(), logits.end());
+      double sum = 0.0;
+      for (double& x : logits) sum += (x = std::exp(x - mx));
+      double* o =
+          out.data() + (static_cast<std::size_t>(seq) * static_cast<std::size_t>(s.num_q_heads) +
+                        static_cast<std::size_t>(qh)) *
+                           dim;
+      for (std::size_t i = 0; i < logits.size(); ++i) {
+        const std::size_t t = first + i;
+        for (std::size_t d = 0; d < dim; ++d)
+          o[d] += logits[i] / sum * v[(t * kv_heads + h) * dim + d];
+      }
+    }
+  }
+  return out;
+}
+
+// ||a - ref|| / ||ref|| (Frobenius); NaN if any element of a is NaN.
+inline double relative_error(std::span<const double> a, std::span<const double> ref) {
+  double diff = 0.0;
+  double norm = 0.0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    diff += (a[i] - ref[i]) * (a[i] - ref[i]);
+    norm += ref[i] * ref[i];
+  }
+  if (norm == 0.0) return std::sqrt(diff);
+  return std::sqrt(diff / norm);
+}
+
+inline std::vector<double> to_doubles(KVDtype dtype, std::span<const std::uint16_t> bits) {
+  std::vector<double> out(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) out[i] = dtype_bits_to_float(dtype, bits[i]);
+  return out;
+}
+
+}  // namespace pagedkv::testing
