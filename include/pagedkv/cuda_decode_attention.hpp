@@ -1,0 +1,54 @@
+// pagedkv/cuda_decode_attention.hpp: paged decode attention on the GPU (target pagedkv::cuda).
+//
+// Same contract as the CPU reference in pagedkv/decode_attention.hpp, on device buffers. fp16 and
+// bf16 values, fp32 accumulation and softmax; head_dim 64, 128 or 256; GQA group sizes 1..16;
+// block sizes 1..256 with any strides KVLayout accepts; 64-bit address arithmetic throughout.
+//
+// Launch geometry: one CTA (4 warps) per (sequence, KV head, split) serves every query head of
+// the KV head's group, so each K/V byte is read from memory once per group. K/V tiles stream
+// through a 3-stage cp.async pipeline in shared memory with 16-byte accesses. With a split-KV plan
+// (pagedkv/decode_plan.hpp) each CTA writes its chunk's output and log-sum-exp to the workspace
+// and a second kernel merges them; sequences that need one chunk are written directly.
+//
+// Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
+// host reads of device data, so launches can be captured in a CUDA graph. The caller owns the
+// workspace (size from decode_workspace_bytes) and must not reuse it until the launch completes.
+//
+// Errors: argument problems detectable on the host throw pagedkv::Error before anything is
+// enqueued; CUDA errors are returned. Device data is trusted: seq_lens are clamped to the table
+// row, and a block id outside the pool yields an unspecified (finite, in-bounds-read) result
+// instead of a fault; validate_block_table() checks the host copy when in doubt.
+// Thread-safety: any number of host threads may launch concurrently.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "pagedkv/decode_attention.hpp"
+#include "pagedkv/decode_plan.hpp"
+
+namespace pagedkv {
+
+inline constexpr int kCudaDecodeMaxGroupSize = 16;
+
+// The host-side checks paged_decode_attention performs: validate(params) and validate(plan),
+// plus head_dim in {64, 128, 256}, group size <= 16, 16-byte aligned q / k_cache / v_cache / out,
+// q and out strides multiples of 8 elements, a large enough 16-byte aligned workspace when
+// splitting, and a grid of at most 2^31 - 1 CTAs. Throws pagedkv::Error.
+void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& plan,
+                          const void* workspace, std::size_t workspace_bytes);
+
+// Enqueues decode attention for one layer. `params` points to device memory (block_table and
+// seq_lens included); `workspace` may be null when !plan.split_kv().
+cudaError_t paged_decode_attention(const PagedDecodeParams& params, const DecodePlan& plan,
+                                   void* workspace, std::size_t workspace_bytes,
+                                   cudaStream_t stream);
+
+// Planner options for the current device: num_sms from the device and ctas_per_sm from the
+// kernel's occupancy for this dtype and head_dim (other options keep their defaults). Throws
+// pagedkv::Error for an unsupported head_dim; returns CUDA errors.
+cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
+                                                   DecodePlanOptions* options);
+
+}  // namespace pagedkv

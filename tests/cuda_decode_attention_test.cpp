@@ -1,0 +1,446 @@
+// CUDA paged decode attention against the CPU reference on fresh random inputs: both dtypes,
+// head_dim 64/128/256, GQA groups 1..16, block sizes 1/3/16/64, shuffled block tables, lengths
+// that are not block multiples, NaN-poisoned unused slots, every layout kind, split-KV on and off,
+// sliding window, soft-cap, a pool of more than 2^31 elements, and CUDA-graph capture.
+// Relative error ||out - ref|| / ||ref|| must stay within 1e-2 (bf16) or 2e-3 (fp16).
+//
+// Without a GPU every device test skips; the host-side argument checks still run.
+#include "pagedkv/cuda_decode_attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.hpp"
+#include "kv_test_util.hpp"
+#include "pagedkv/cuda_cache_ops.hpp"
+#include "pagedkv/error.hpp"
+
+namespace pagedkv {
+namespace {
+
+using testing::DecodeShape;
+using testing::DeviceBuffer;
+using testing::LayoutKind;
+
+double tolerance(KVDtype dtype) {
+  return dtype == KVDtype::kBFloat16 ? 1e-2 : 2e-3;
+}
+
+// The problem's buffers on the device.
+struct DeviceDecodeProblem {
+  DeviceBuffer k;
+  DeviceBuffer v;  // empty for kInterleaved (V lives in k)
+  DeviceBuffer q;
+  DeviceBuffer table;
+  DeviceBuffer lens;
+  DeviceBuffer out;
+
+  explicit DeviceDecodeProblem(const testing::HostDecodeProblem& pb)
+      : k(testing::upload(pb.k_buffer)),
+        v(testing::upload(pb.v_buffer)),
+        q(testing::upload(pb.q)),
+        table(testing::upload(pb.table.block_ids)),
+        lens(testing::upload(pb.shape.seq_lens)),
+        out(pb.q.size() * sizeof(std::uint16_t)) {}
+
+  PagedDecodeParams params(const testing::HostDecodeProblem& pb) const {
+    PagedDecodeParams p = pb.params(out.get());
+    p.q = q.get();
+    p.k_cache = k.get<std::uint16_t>();
+    p.v_cache = (pb.shape.kind == LayoutKind::kInterleaved ? k.get<std::uint16_t>()
+                                                           : v.get<std::uint16_t>()) +
+                pb.v_plane_offset;
+    p.block_table = table.get<std::int32_t>();
+    p.seq_lens = lens.get<std::int32_t>();
+    return p;
+  }
+};
+
+enum class Split { kOff, kPlanner, kForced };
+
+DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split) {
+  switch (split) {
+    case Split::kOff:
+      return DecodePlan{};
+    case Split::kForced:
+      // Chunks of 37 tokens (not a tile or block multiple), at most 5 per sequence: the last
+      // chunk of a long sequence takes the rest.
+      return DecodePlan{5, 37};
+    case Split::kPlanner: {
+      DecodePlanOptions options;
+      testing::cuda_check(
+          decode_plan_options_for_current_device(pb.shape.dtype, pb.shape.head_dim, &options),
+          "decode_plan_options_for_current_device");
+      options.window_size = pb.shape.window_size;
+      options.min_chunk_tokens = 64;  // split even the test's short sequences
+      return plan_paged_decode(pb.shape.seq_lens, pb.shape.num_kv_heads, options);
+    }
+  }
+  return {};
+}
+
+// Runs one case and returns the relative error against the CPU reference.
+double run_case(const DecodeShape& shape, Split split, std::uint64_t seed) {
+  const auto pb = testing::make_decode_problem(shape, seed);
+  const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
+  DeviceDecodeProblem dev(pb);
+  const DecodePlan plan = plan_for(pb, split);
+  const std::size_t ws_bytes =
+      decode_workspace_bytes(plan, shape.num_seqs, shape.num_q_heads, shape.head_dim);
+  DeviceBuffer workspace(ws_bytes);
+  testing::cuda_check(
+      paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, nullptr),
+      "paged_decode_attention");
+  testing::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  const auto out = testing::to_doubles(
+      shape.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (!std::isfinite(out[i])) {
+      ADD_FAILURE() << "non-finite output at " << i << " (read past seq_len?) "
+                    << testing::describe(shape);
+      return INFINITY;
+    }
+  }
+  return testing::relative_error(out, ref);
+}
+
+class CudaDecodeAttention : public testing::GpuTest {};
+
+TEST_F(CudaDecodeAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
+  std::uint64_t seed = 1;
+  for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
+    for (const std::int32_t head_dim : {64, 128, 256}) {
+      for (const std::int32_t group : {1, 2, 3, 4, 5, 8, 16}) {
+        for (const std::int32_t block_size : {1, 3, 16, 64}) {
+          for (const Split split : {Split::kOff, Split::kForced}) {
+            DecodeShape s;
+            s.dtype = dtype;
+            s.num_seqs = 3;
+            s.num_kv_heads = 2;
+            s.num_q_heads = 2 * group;
+            s.head_dim = head_dim;
+            s.block_size = block_size;
+            s.seq_lens = {1, 190, 3 * block_size + 2};
+            s.extra_table_columns = 2;
+            const double err = run_case(s, split, seed++);
+            EXPECT_LT(err, tolerance(dtype))
+                << testing::describe(s) << " split=" << static_cast<int>(split);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaDecodeAttention, MatchesReferenceOnRandomShapesAndLayouts) {
+  std::mt19937_64 rng(99);
+  const auto pick = [&](std::initializer_list<std::int32_t> values) {
+    std::uniform_int_distribution<std::size_t> d(0, values.size() - 1);
+    return *(values.begin() + static_cast<std::ptrdiff_t>(d(rng)));
+  };
+  for (int i = 0; i < 120; ++i) {
+    DecodeShape s;
+    s.dtype = pick({0, 1}) == 0 ? KVDtype::kFloat16 : KVDtype::kBFloat16;
+    s.num_seqs = pick({1, 2, 7, 33});
+    s.num_kv_heads = pick({1, 2, 4, 8});
+    s.num_q_heads = s.num_kv_heads * pick({1, 2, 4, 6, 7, 8, 12, 16});
+    s.head_dim = pick({64, 128, 256});
+    s.block_size = pick({1, 3, 8, 16, 32, 64, 100, 256});
+    s.kind = static_cast<LayoutKind>(pick({0, 1, 2, 3}));
+    s.window_size = pick({0, 0, 0, 1, 33, 500});
+    s.soft_cap = pick({0, 0, 1}) == 1 ? 5.0f : 0.0f;
+    s.value_range = pick({1, 2}) == 2 ? 3.0f : 1.0f;
+    s.shuffle_blocks = pick({0, 1, 1}) == 1;
+    std::uniform_int_distribution<std::int32_t> len(0, 1500);
+    for (std::int32_t j = 0; j < s.num_seqs; ++j) s.seq_lens.push_back(len(rng));
+    const Split split = static_cast<Split>(pick({0, 1, 2}));
+    const double err = run_case(s, split, 5000 + static_cast<std::uint64_t>(i));
+    EXPECT_LT(err, tolerance(s.dtype))
+        << testing::describe(s) << " split=" << static_cast<int>(split);
+  }
+}
+
+TEST_F(CudaDecodeAttention, LongContextWithPlannedSplits) {
+  for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
+    DecodeShape s;
+    s.dtype = dtype;
+    s.num_seqs = 2;
+    s.num_kv_heads = 8;
+    s.num_q_heads = 32;
+    s.head_dim = 128;
+    s.block_size = 16;
+    s.seq_lens = {20000, 3001};
+    const auto pb = testing::make_decode_problem(s, 77);
+    ASSERT_TRUE(plan_for(pb, Split::kPlanner).split_kv());
+    EXPECT_LT(run_case(s, Split::kPlanner, 77), tolerance(dtype));
+    EXPECT_LT(run_case(s, Split::kOff, 77), tolerance(dtype));
+  }
+}
+
+TEST_F(CudaDecodeAttention, EmptySequencesGiveZeros) {
+  DecodeShape s;
+  s.num_seqs = 3;
+  s.num_kv_heads = 2;
+  s.num_q_heads = 8;
+  s.head_dim = 128;
+  s.seq_lens = {0, 500, 0};
+  for (const Split split : {Split::kOff, Split::kForced, Split::kPlanner}) {
+    const auto pb = testing::make_decode_problem(s, 4);
+    DeviceDecodeProblem dev(pb);
+    const DecodePlan plan = plan_for(pb, split);
+    const std::size_t ws_bytes = decode_workspace_bytes(plan, 3, 8, 128);
+    DeviceBuffer workspace(ws_bytes);
+    PAGEDKV_CUDA_CHECK(
+        paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, nullptr));
+    const auto out = testing::download<std::uint16_t>(dev.out.get(), pb.q.size());
+    for (std::size_t i = 0; i < 8 * 128; ++i) ASSERT_EQ(out[i], 0) << i;
+    for (std::size_t i = 2 * 8 * 128; i < 3 * 8 * 128; ++i) ASSERT_EQ(out[i], 0) << i;
+  }
+}
+
+TEST_F(CudaDecodeAttention, StridedQueryAndOutput) {
+  DecodeShape s;
+  s.dtype = KVDtype::kFloat16;
+  s.num_seqs = 4;
+  s.num_kv_heads = 2;
+  s.num_q_heads = 8;
+  s.head_dim = 64;
+  s.seq_lens = {100, 17, 300, 64};
+  const auto pb = testing::make_decode_problem(s, 8);
+  const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
+  // q lives inside a fused qkv-like buffer: heads 72 apart, sequences 1024 apart.
+  std::vector<std::uint16_t> q_strided(4 * 1024, testing::nan_bits(s.dtype));
+  for (int seq = 0; seq < 4; ++seq) {
+    for (int h = 0; h < 8; ++h) {
+      for (int d = 0; d < 64; ++d) {
+        q_strided[static_cast<std::size_t>(seq * 1024 + h * 72 + d)] =
+            pb.q[static_cast<std::size_t>((seq * 8 + h) * 64 + d)];
+      }
+    }
+  }
+  DeviceDecodeProblem dev(pb);
+  const DeviceBuffer q = testing::upload(q_strided);
+  const DeviceBuffer out(4 * 800 * sizeof(std::uint16_t));
+  PAGEDKV_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
+  PagedDecodeParams p = dev.params(pb);
+  p.q = q.get();
+  p.q_stride_seq = 1024;
+  p.q_stride_head = 72;
+  p.out = out.get();
+  p.out_stride_seq = 800;
+  p.out_stride_head = 96;
+  PAGEDKV_CUDA_CHECK(paged_decode_attention(p, DecodePlan{}, nullptr, 0, nullptr));
+  const auto got = testing::download<std::uint16_t>(out.get(), 4 * 800);
+  std::vector<double> dense(ref.size());
+  for (int seq = 0; seq < 4; ++seq) {
+    for (int h = 0; h < 8; ++h) {
+      for (int d = 0; d < 64; ++d) {
+        dense[static_cast<std::size_t>((seq * 8 + h) * 64 + d)] =
+            fp16_bits_to_float(got[static_cast<std::size_t>(seq * 800 + h * 96 + d)]);
+      }
+    }
+  }
+  EXPECT_LT(testing::relative_error(dense, ref), tolerance(s.dtype));
+  EXPECT_EQ(got[64], 0);  // the gap after head 0 is untouched
+}
+
+// More than 2^31 elements per plane: the sequences' blocks sit at the top of a 4.3 GB pool, so
+// every offset needs 64 bits. Also kv_append into those blocks.
+TEST_F(CudaDecodeAttention, PoolLargerThan2To31Elements) {
+  DecodeShape s;
+  s.dtype = KVDtype::kBFloat16;
+  s.num_seqs = 2;
+  s.num_kv_heads = 8;
+  s.num_q_heads = 32;
+  s.head_dim = 128;
+  s.block_size = 16;
+  s.seq_lens = {1000, 333};
+  const auto pb = testing::make_decode_problem(s, 21);
+  const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
+
+  const std::int64_t big_blocks = (std::int64_t{1} << 31) / pb.layout.block_elements() + 64;
+  const KVLayout big = KVLayout::nhd(big_blocks, 16, 8, 128);
+  ASSERT_GT(big.plane_elements(), std::int64_t{1} << 31);
+  const std::int64_t shift = big_blocks - pb.layout.num_blocks;  // host block b -> b + shift
+  const std::size_t plane_bytes = static_cast<std::size_t>(big.plane_elements()) * 2;
+  size_t free_bytes = 0, total_bytes = 0;
+  PAGEDKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < 2 * plane_bytes + (std::size_t{1} << 30)) {
+    GTEST_SKIP() << "needs " << 2 * plane_bytes / (1 << 20) << " MiB of free device memory";
+  }
+  DeviceBuffer k(plane_bytes);
+  DeviceBuffer v(plane_bytes);
+  PAGEDKV_CUDA_CHECK(cudaMemset(k.get(), 0xff, plane_bytes));  // NaN everywhere else
+  PAGEDKV_CUDA_CHECK(cudaMemset(v.get(), 0xff, plane_bytes));
+  const std::size_t block_bytes = static_cast<std::size_t>(pb.layout.block_elements()) * 2;
+  for (std::int64_t b = 0; b < pb.layout.num_blocks; ++b) {
+    const std::size_t at = static_cast<std::size_t>(b + shift) * block_bytes;
+    PAGEDKV_CUDA_CHECK(cudaMemcpy(k.get<unsigned char>() + at,
+                                  pb.k_buffer.data() + b * pb.layout.block_elements(), block_bytes,
+                                  cudaMemcpyHostToDevice));
+    PAGEDKV_CUDA_CHECK(cudaMemcpy(v.get<unsigned char>() + at,
+                                  pb.v_buffer.data() + b * pb.layout.block_elements(), block_bytes,
+                                  cudaMemcpyHostToDevice));
+  }
+  std::vector<std::int32_t> table = pb.table.block_ids;
+  for (auto& id : table) id = static_cast<std::int32_t>(id + shift);
+  DeviceDecodeProblem dev(pb);
+  const DeviceBuffer table_dev = testing::upload(table);
+  PagedDecodeParams p = dev.params(pb);
+  p.k_cache = k.get();
+  p.v_cache = v.get();
+  p.layout = big;
+  p.block_table = table_dev.get<std::int32_t>();
+  for (const Split split : {Split::kOff, Split::kForced}) {
+    const DecodePlan plan = plan_for(pb, split);
+    const std::size_t ws_bytes = decode_workspace_bytes(plan, 2, 32, 128);
+    DeviceBuffer workspace(ws_bytes);
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr));
+    const auto out =
+        testing::to_doubles(s.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
+    EXPECT_LT(testing::relative_error(out, ref), tolerance(s.dtype));
+  }
+
+  // kv_append one token per sequence into the high blocks, then read the slots back.
+  std::mt19937_64 rng(5);
+  const auto new_k = testing::random_values(s.dtype, 2 * 8 * 128, rng);
+  const auto new_v = testing::random_values(s.dtype, 2 * 8 * 128, rng);
+  std::vector<std::int64_t> slots;
+  for (int seq = 0; seq < 2; ++seq) {
+    // Overwrite the last token of each sequence: its slot is in one of the high blocks.
+    const std::int32_t pos = s.seq_lens[static_cast<std::size_t>(seq)] - 1;
+    slots.push_back(slot_of(pb.table.row(seq), 16, pos) + shift * 16);
+  }
+  const DeviceBuffer k_rows = testing::upload(new_k);
+  const DeviceBuffer v_rows = testing::upload(new_v);
+  const DeviceBuffer slot_dev = testing::upload(slots);
+  KVAppendParams a;
+  a.dtype = s.dtype;
+  a.num_tokens = 2;
+  a.key = k_rows.get();
+  a.value = v_rows.get();
+  a.slot_mapping = slot_dev.get<std::int64_t>();
+  a.k_cache = k.get();
+  a.v_cache = v.get();
+  a.layout = big;
+  PAGEDKV_CUDA_CHECK(kv_append(a, nullptr));
+  for (int seq = 0; seq < 2; ++seq) {
+    const std::int64_t slot = slots[static_cast<std::size_t>(seq)];
+    const std::int64_t offset = big.offset(slot / 16, slot % 16, 0);
+    ASSERT_GT(offset, std::int64_t{1} << 31);
+    const auto k_back = testing::download<std::uint16_t>(k.get<std::uint16_t>() + offset, 8 * 128);
+    const auto v_back = testing::download<std::uint16_t>(v.get<std::uint16_t>() + offset, 8 * 128);
+    for (int i = 0; i < 8 * 128; ++i) {
+      ASSERT_EQ(k_back[static_cast<std::size_t>(i)],
+                new_k[static_cast<std::size_t>(seq * 1024 + i)]);
+      ASSERT_EQ(v_back[static_cast<std::size_t>(i)],
+                new_v[static_cast<std::size_t>(seq * 1024 + i)]);
+    }
+  }
+}
+
+// A captured graph replays the split-KV launch (attention + merge) correctly, and replays again
+// after seq_lens grew on the device without re-capturing.
+TEST_F(CudaDecodeAttention, GraphCaptureAndReplay) {
+  DecodeShape s;
+  s.num_seqs = 2;
+  s.num_kv_heads = 2;
+  s.num_q_heads = 8;
+  s.head_dim = 128;
+  s.seq_lens = {2000, 2000};  // tokens filled; the replays attend to fewer
+  auto pb = testing::make_decode_problem(s, 31);
+  DeviceDecodeProblem dev(pb);
+  const DecodePlan plan{8, 256};
+  const std::size_t ws_bytes = decode_workspace_bytes(plan, 2, 8, 128);
+  DeviceBuffer workspace(ws_bytes);
+  cudaStream_t stream = nullptr;
+  PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::vector<std::int32_t> capture_lens = {2000, 900};
+  PAGEDKV_CUDA_CHECK(cudaMemcpy(dev.lens.get(), capture_lens.data(), 8, cudaMemcpyHostToDevice));
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cudaError_t launched =
+      paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, stream);
+  PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  PAGEDKV_CUDA_CHECK(launched);
+  PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (const std::vector<std::int32_t>& lens :
+       {std::vector<std::int32_t>{2000, 900}, std::vector<std::int32_t>{1500, 2000}}) {
+    // Only seq_lens change between replays (decode steps); blocks and data stay.
+    pb.shape.seq_lens = lens;
+    PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(dev.lens.get(), lens.data(), lens.size() * 4,
+                                       cudaMemcpyHostToDevice, stream));
+    PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
+    const auto out =
+        testing::to_doubles(s.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
+    EXPECT_LT(testing::relative_error(out, ref), tolerance(s.dtype));
+  }
+  PAGEDKV_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  PAGEDKV_CUDA_CHECK(cudaGraphDestroy(graph));
+  PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// ---- host-side argument checks: no device needed ----
+
+template <typename Fn>
+void expect_error(Fn&& fn, const std::string& fragment) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
+  DecodeShape s;
+  s.num_seqs = 2;
+  s.num_kv_heads = 2;
+  s.num_q_heads = 8;
+  s.head_dim = 128;
+  s.seq_lens = {40, 50};
+  const auto pb = testing::make_decode_problem(s, 1);
+  alignas(16) static std::uint16_t out[2 * 8 * 128];
+  const PagedDecodeParams good = pb.params(out);
+  EXPECT_NO_THROW(validate_cuda_decode(good, DecodePlan{}, nullptr, 0));
+
+  PagedDecodeParams p = good;
+  p.q = static_cast<const std::uint16_t*>(good.q) + 1;
+  expect_error([&] { validate_cuda_decode(p, DecodePlan{}, nullptr, 0); }, "16-byte aligned");
+  p = good;
+  p.q_stride_head = 132;
+  p.q_stride_seq = 2048;
+  expect_error([&] { validate_cuda_decode(p, DecodePlan{}, nullptr, 0); }, "multiples of 8");
+  p = good;
+  p.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, 96);
+  expect_error([&] { validate_cuda_decode(p, DecodePlan{}, nullptr, 0); }, "64, 128 or 256");
+  p = good;
+  p.num_q_heads = 2 * 17;
+  expect_error([&] { validate_cuda_decode(p, DecodePlan{}, nullptr, 0); }, "at most 16");
+  const DecodePlan split{4, 64};
+  const std::size_t need = decode_workspace_bytes(split, 2, 8, 128);
+  alignas(16) static unsigned char workspace[1 << 16];
+  ASSERT_LE(need, sizeof(workspace));
+  EXPECT_NO_THROW(validate_cuda_decode(good, split, workspace, need));
+  expect_error([&] { validate_cuda_decode(good, split, workspace, need - 1); }, "workspace of");
+  expect_error([&] { validate_cuda_decode(good, split, nullptr, need); }, "workspace of");
+  expect_error([&] { validate_cuda_decode(good, split, workspace + 4, need); }, "16-byte aligned");
+  expect_error([&] { validate_cuda_decode(good, DecodePlan{0, 0}, nullptr, 0); }, "num_splits");
+  // paged_decode_attention itself checks first and throws before touching the device.
+  p = good;
+  p.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, 96);
+  expect_error([&] { (void)paged_decode_attention(p, DecodePlan{}, nullptr, 0, nullptr); },
+               "64, 128 or 256");
+}
+
+}  // namespace
+}  // namespace pagedkv
