@@ -137,12 +137,17 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   }
   if (n > free_queue_.size()) return false;
   out.reserve(out.size() + static_cast<std::size_t>(n));
+  const std::size_t first = out.size();
   for (std::int32_t i = 0; i < n; ++i) {
     const BlockId id = free_queue_.popleft();
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    if (b.is_cached()) evict_cached(id);
-    b.ref_cnt = 1;
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_cached()) hash_map_.prefetch(b.block_hash, b.group_id);  // evicted below
     out.push_back(id);
+  }
+  for (std::size_t i = first; i < out.size(); ++i) {
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(out[i])];
+    if (b.is_cached()) evict_cached(out[i]);
+    b.ref_cnt = 1;
   }
   return true;
 }
@@ -239,6 +244,9 @@ void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const
   const auto hashes = seq.block_hashes();
   const std::uint32_t bs = config_.block_size;
   for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
+    hash_map_.prefetch(hashes[i], group);  // overlap the table misses of the whole batch
+  }
+  for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
     const BlockId id = blocks[i];
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     b.block_hash = hashes[i];
@@ -297,6 +305,10 @@ void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const
     }
     emit(std::move(stored));
   }
+}
+
+void BlockPool::prefetch_cached_block(const BlockHash& hash, GroupId group) const noexcept {
+  if (config_.enable_caching) hash_map_.prefetch(hash, group);
 }
 
 BlockId BlockPool::get_cached_block(const BlockHash& hash, GroupId group) const noexcept {

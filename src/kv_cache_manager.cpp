@@ -76,7 +76,14 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
   const std::size_t max_blocks =
       std::min(max_hit_tokens / pool_.block_size(), request.block_hashes().size());
   BlockId parent = BlockPool::kNoBlock;
+  constexpr std::size_t kPrefetchDistance = 8;
+  const auto hashes = request.block_hashes();
+  for (std::size_t i = 0; i < std::min(kPrefetchDistance, max_blocks); ++i) {
+    pool_.prefetch_cached_block(hashes[i]);
+  }
   for (std::size_t i = 0; i < max_blocks; ++i) {
+    if (i + kPrefetchDistance < max_blocks)
+      pool_.prefetch_cached_block(hashes[i + kPrefetchDistance]);
     const BlockId b = pool_.match_cached_block(request.hashed_tokens(), i, parent);
     if (b == BlockPool::kNoBlock) break;
     hit.blocks.push_back(b);

@@ -37,6 +37,8 @@ constexpr const char* kUsage =
     "  --block-size B            tokens per block (default 16)\n"
     "  --hash S                  sha256 (default), sha256_cbor_vllm or xxh3_128\n"
     "  --no-caching              prefix caching off\n"
+    "  --no-verify               trust hashes without comparing stored key material (SHA-256\n"
+    "                            schemes only)\n"
     "  --mode sequential|engine  sequential (default): file order, one request at a time, prompt\n"
     "                            only; engine: timestamps, decoding, batching, preemption\n"
     "  --max-running R, --max-batched-tokens T, --step-ms MS   engine mode (256, 8192, 20)\n"
@@ -175,6 +177,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--no-caching") {
       opt.caching = false;
+    } else if (arg == "--no-verify") {
+      opt.verify_cache_hits = false;
     } else if (arg == "--mode") {
       const std::string m = value();
       if (m == "sequential") {

@@ -39,6 +39,7 @@ KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blo
   c.num_blocks = num_blocks;
   c.block_size = o.block_size;
   c.enable_caching = o.caching;
+  c.verify_cache_hits = o.verify_cache_hits;
   c.hash_scheme = o.hash;
   c.hash_seed = "pagedkv-replay";  // the same for every manager of a sweep
   return c;

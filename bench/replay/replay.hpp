@@ -21,6 +21,7 @@ struct ReplayOptions {
   HashScheme hash = HashScheme::kSha256;
   std::vector<std::int32_t> num_blocks;  // total pool blocks including the null block; a sweep
   bool caching = true;
+  bool verify_cache_hits = true;  // store and compare key material (always on for xxh3_128)
   Mode mode = Mode::kSequential;
   // Sequential mode: 2 hashes requests on a second thread ahead of the replay (pipelined).
   std::uint32_t threads = 2;

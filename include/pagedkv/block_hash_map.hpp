@@ -94,6 +94,11 @@ class BlockHashMap {
     return kEmpty;
   }
 
+  // Starts loading the home slot of a key, so a later operation on it does not stall on memory.
+  void prefetch(const BlockHash& hash, GroupId group) const noexcept {
+    __builtin_prefetch(&slots_[tag_of(hash, group) & mask_]);
+  }
+
   BlockId find_first(const BlockHash& hash, GroupId group) const {
     return find_first(hash, group, [](BlockId) { return true; });
   }

@@ -108,6 +108,10 @@ class BlockPool {
   // not verify key material; KV-cache managers use match_cached_block().
   BlockId get_cached_block(const BlockHash& hash, GroupId group = 0) const noexcept;
 
+  // A hint: starts loading what a lookup of (hash, group) will read. Managers issue it a few
+  // blocks ahead of match_cached_block() so that the table's cache misses overlap.
+  void prefetch_cached_block(const BlockHash& hash, GroupId group = 0) const noexcept;
+
   // Verified lookup of seq's block `index`: the first inserted cached block with its hash whose
   // stored material equals seq's (tokens, extra keys, and - for index > 0 - a parent with the
   // same content as `parent`, the block that matched index - 1). kNoBlock on a miss. Without
