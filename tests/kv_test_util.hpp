@@ -1,5 +1,6 @@
 // Test helpers for the KV-cache data and kernel tests: random problems on the host, NaN-poisoned
-// pools, an independent naive decode attention (gather, then dense attention), error norms.
+// pools, independent naive decode and extend attention (gather, then dense attention), error
+// norms.
 // Header-only; shared by the CPU tests and the GPU tests.
 #pragma once
 
@@ -14,7 +15,9 @@
 #include <vector>
 
 #include "pagedkv/block_table.hpp"
+#include "pagedkv/cache_ops.hpp"
 #include "pagedkv/decode_attention.hpp"
+#include "pagedkv/extend_attention.hpp"
 #include "pagedkv/kv_dtype.hpp"
 #include "pagedkv/kv_layout.hpp"
 
@@ -309,6 +312,216 @@ inline std::vector<double> naive_decode(const HostDecodeProblem& pb) {
     }
   }
   return out;
+}
+
+// ---- extend (prefix-hit prefill) problems ----
+
+struct ExtendShape {
+  DecodeShape cache;                 // cache.seq_lens: total KV lengths (prefix + new tokens)
+  std::vector<std::int32_t> q_lens;  // new tokens per sequence, each <= its total length
+  std::int32_t extra_max_q_len = 0;  // slack in max_q_len past the longest q_len
+};
+
+inline std::string describe(const ExtendShape& s) {
+  std::string lens;
+  for (std::size_t i = 0; i < s.q_lens.size() && i < 8; ++i) {
+    lens += (i ? "," : "") + std::to_string(s.q_lens[i]);
+  }
+  if (s.q_lens.size() > 8) lens += ",...";
+  return describe(s.cache) + " q_lens=[" + lens + "]";
+}
+
+// An extend problem in host memory. The pool comes from make_decode_problem over the total
+// lengths (unused slots NaN); the new tokens' slots are then poisoned with NaN too and refilled by
+// reference_kv_append from new_k / new_v, the way an engine appends before attending.
+struct HostExtendProblem {
+  ExtendShape shape;
+  HostDecodeProblem cache;
+  std::vector<std::int32_t> q_indptr;  // [num_seqs + 1]
+  std::int32_t max_q_len = 0;
+  std::vector<std::uint16_t> q;            // dense [num_q_tokens, num_q_heads, head_dim]
+  std::vector<std::uint16_t> new_k;        // dense [num_q_tokens, num_kv_heads, head_dim]
+  std::vector<std::uint16_t> new_v;        // likewise
+  std::vector<std::int64_t> slot_mapping;  // [num_q_tokens]
+
+  std::int32_t num_q_tokens() const { return q_indptr.back(); }
+  std::int32_t prefix_len(std::int32_t seq) const {
+    const auto s = static_cast<std::size_t>(seq);
+    return shape.cache.seq_lens[s] - shape.q_lens[s];
+  }
+
+  // kv_append of the new tokens over the host pool; `k_cache` / `v_cache` default to it.
+  KVAppendParams append_params(void* k_cache = nullptr, void* v_cache = nullptr) {
+    KVAppendParams a;
+    a.dtype = shape.cache.dtype;
+    a.num_tokens = num_q_tokens();
+    a.key = new_k.data();
+    a.value = new_v.data();
+    a.slot_mapping = slot_mapping.data();
+    auto& v_buffer = shape.cache.kind == LayoutKind::kInterleaved ? cache.k_buffer : cache.v_buffer;
+    a.k_cache = k_cache != nullptr ? k_cache : cache.k_buffer.data();
+    a.v_cache = v_cache != nullptr ? v_cache : v_buffer.data() + cache.v_plane_offset;
+    a.layout = cache.layout;
+    return a;
+  }
+
+  // Parameters over the host buffers; `out` dense [num_q_tokens, num_q_heads, head_dim], `lse`
+  // dense [num_q_tokens, num_q_heads] or null.
+  PagedExtendParams params(void* out, float* lse = nullptr) const {
+    const PagedDecodeParams d = cache.params(nullptr);
+    PagedExtendParams p;
+    p.dtype = d.dtype;
+    p.num_seqs = d.num_seqs;
+    p.num_q_heads = d.num_q_heads;
+    p.q_indptr = q_indptr.data();
+    p.max_q_len = max_q_len;
+    p.q = q.data();
+    p.k_cache = d.k_cache;
+    p.v_cache = d.v_cache;
+    p.layout = d.layout;
+    p.block_table = d.block_table;
+    p.max_blocks_per_seq = d.max_blocks_per_seq;
+    p.seq_lens = d.seq_lens;
+    p.out = out;
+    p.lse = lse;
+    p.sm_scale = d.sm_scale;
+    p.logits_soft_cap = d.logits_soft_cap;
+    p.window_size = d.window_size;
+    return p;
+  }
+};
+
+// `append` = false leaves the new tokens' slots NaN (for a device-side kv_append).
+inline HostExtendProblem make_extend_problem(const ExtendShape& shape, std::uint64_t seed,
+                                             bool append = true) {
+  HostExtendProblem pb;
+  pb.shape = shape;
+  pb.cache = make_decode_problem(shape.cache, seed);
+  std::mt19937_64 rng(seed ^ 0x9e3779b97f4a7c15ull);
+  const DecodeShape& c = shape.cache;
+  pb.q_indptr.push_back(0);
+  for (std::int32_t s = 0; s < c.num_seqs; ++s) {
+    const std::int32_t q_len = shape.q_lens[static_cast<std::size_t>(s)];
+    pb.q_indptr.push_back(pb.q_indptr.back() + q_len);
+    pb.max_q_len = std::max(pb.max_q_len, q_len);
+    append_slot_mapping(pb.slot_mapping, pb.cache.seq_blocks[static_cast<std::size_t>(s)],
+                        c.block_size, pb.prefix_len(s), q_len);
+  }
+  pb.max_q_len += shape.extra_max_q_len;
+  const auto tokens = static_cast<std::size_t>(pb.num_q_tokens());
+  const auto kv_row =
+      static_cast<std::size_t>(c.num_kv_heads) * static_cast<std::size_t>(c.head_dim);
+  const float r = c.value_range;
+  pb.q = random_values(
+      c.dtype,
+      tokens * static_cast<std::size_t>(c.num_q_heads) * static_cast<std::size_t>(c.head_dim), rng,
+      -r, r);
+  pb.new_k = random_values(c.dtype, tokens * kv_row, rng, -r, r);
+  pb.new_v = random_values(c.dtype, tokens * kv_row, rng, -r, r);
+  // Poison the new tokens' slots: whatever reads them before the append sees NaN.
+  const std::uint16_t nan = nan_bits(c.dtype);
+  for (const std::int64_t slot : pb.slot_mapping) {
+    for (std::int32_t h = 0; h < c.num_kv_heads; ++h) {
+      for (std::int32_t d = 0; d < c.head_dim; ++d) {
+        for (const bool v : {false, true}) {
+          auto& buffer =
+              (v && c.kind != LayoutKind::kInterleaved) ? pb.cache.v_buffer : pb.cache.k_buffer;
+          buffer[static_cast<std::size_t>(
+              pb.cache.addressing.offset(v, slot / c.block_size, slot % c.block_size, h, d))] = nan;
+        }
+      }
+    }
+  }
+  if (append) reference_kv_append(pb.append_params());
+  return pb;
+}
+
+struct NaiveExtend {
+  std::vector<double> out;  // [num_q_tokens, num_q_heads, head_dim]
+  std::vector<double> lse;  // [num_q_tokens, num_q_heads]
+};
+
+// The independent computation: for each sequence, dense K/V rows by position (the cached prefix
+// read from the pool with NaiveAddressing, the new tokens taken from new_k / new_v directly, so
+// a misplaced append shows), then per (new token, query head) the explicit list of visible
+// positions and a two-pass softmax. Double throughout.
+inline NaiveExtend naive_extend(const HostExtendProblem& pb) {
+  const DecodeShape& s = pb.shape.cache;
+  const auto dim = static_cast<std::size_t>(s.head_dim);
+  const auto kv_heads = static_cast<std::size_t>(s.num_kv_heads);
+  const auto q_heads = static_cast<std::size_t>(s.num_q_heads);
+  const auto tokens = static_cast<std::size_t>(pb.num_q_tokens());
+  NaiveExtend result;
+  result.out.assign(tokens * q_heads * dim, 0.0);
+  result.lse.assign(tokens * q_heads, -std::numeric_limits<double>::infinity());
+  const auto f = [&](std::uint16_t bits) {
+    return static_cast<double>(dtype_bits_to_float(s.dtype, bits));
+  };
+  const std::int32_t group = s.num_q_heads / s.num_kv_heads;
+  for (std::int32_t seq = 0; seq < s.num_seqs; ++seq) {
+    const auto total = static_cast<std::size_t>(s.seq_lens[static_cast<std::size_t>(seq)]);
+    const auto prefix = static_cast<std::size_t>(pb.prefix_len(seq));
+    const auto first_row = static_cast<std::size_t>(pb.q_indptr[static_cast<std::size_t>(seq)]);
+    // kv[pos][head][dim] for K (index 0) and V (index 1).
+    std::vector<double> kv[2];
+    for (int which = 0; which < 2; ++which) {
+      kv[which].resize(total * kv_heads * dim);
+      for (std::size_t pos = 0; pos < total; ++pos) {
+        for (std::size_t h = 0; h < kv_heads; ++h) {
+          for (std::size_t d = 0; d < dim; ++d) {
+            double x = 0.0;
+            if (pos < prefix) {
+              const std::int64_t block =
+                  pb.cache.seq_blocks[static_cast<std::size_t>(seq)]
+                                     [pos / static_cast<std::size_t>(s.block_size)];
+              x = f(pb.cache.value(
+                  which == 1, block,
+                  static_cast<std::int64_t>(pos % static_cast<std::size_t>(s.block_size)),
+                  static_cast<std::int64_t>(h), static_cast<std::int64_t>(d)));
+            } else {
+              const auto& rows = which == 0 ? pb.new_k : pb.new_v;
+              x = f(rows[((first_row + pos - prefix) * kv_heads + h) * dim + d]);
+            }
+            kv[which][(pos * kv_heads + h) * dim + d] = x;
+          }
+        }
+      }
+    }
+    for (std::size_t j = 0; j < total - prefix; ++j) {
+      const std::size_t pos = prefix + j;
+      std::vector<std::size_t> visible;
+      for (std::size_t t = 0; t <= pos; ++t) {
+        if (s.window_size == 0 || t + static_cast<std::size_t>(s.window_size) > pos) {
+          visible.push_back(t);
+        }
+      }
+      for (std::size_t qh = 0; qh < q_heads; ++qh) {
+        const std::size_t h = qh / static_cast<std::size_t>(group);
+        const std::size_t row = (first_row + j) * q_heads + qh;
+        std::vector<double> logits;
+        for (const std::size_t t : visible) {
+          double dot = 0.0;
+          for (std::size_t d = 0; d < dim; ++d) {
+            dot += f(pb.q[row * dim + d]) * kv[0][(t * kv_heads + h) * dim + d];
+          }
+          double logit = static_cast<double>(pb.cache.sm_scale) * dot;
+          if (s.soft_cap > 0) logit = s.soft_cap * std::tanh(logit / s.soft_cap);
+          logits.push_back(logit);
+        }
+        const double mx = *std::max_element(logits.begin(), logits.end());
+        double sum = 0.0;
+        for (const double x : logits) sum += std::exp(x - mx);
+        for (std::size_t i = 0; i < visible.size(); ++i) {
+          const double weight = std::exp(logits[i] - mx) / sum;
+          for (std::size_t d = 0; d < dim; ++d) {
+            result.out[row * dim + d] += weight * kv[1][(visible[i] * kv_heads + h) * dim + d];
+          }
+        }
+        result.lse[row] = mx + std::log(sum);
+      }
+    }
+  }
+  return result;
 }
 
 // ||a - ref|| / ||ref|| (Frobenius); NaN if any element of a is NaN.
