@@ -1,0 +1,428 @@
+#include "engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+
+#include "pagedkv/block_table.hpp"
+#include "pagedkv/cache_ops.hpp"
+#include "pagedkv/decode_attention.hpp"
+
+namespace tiny_engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::uint16_t quiet_nan_bits(pagedkv::KVDtype dtype) {
+  return dtype == pagedkv::KVDtype::kFloat16 ? std::uint16_t{0x7E00} : std::uint16_t{0x7FC0};
+}
+
+void to_bits(pagedkv::KVDtype dtype, const std::vector<float>& in, std::vector<std::uint16_t>& out,
+             std::size_t n) {
+  out.resize(n);
+  for (std::size_t i = 0; i < n; ++i) out[i] = pagedkv::float_to_dtype_bits(dtype, in[i]);
+}
+
+void add_into(std::vector<float>& x, const std::vector<float>& y, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+}  // namespace
+
+void EngineConfig::validate() const {
+  auto require = [](bool ok, const char* what) {
+    if (!ok) throw std::invalid_argument(std::string("engine config: ") + what);
+  };
+  require(num_blocks >= 2, "num_blocks must be at least 2 (block 0 is the null block)");
+  require(block_size > 0 && block_size <= pagedkv::KVLayout::kMaxBlockSize,
+          "block_size must be in 1..256");
+  require(max_num_batched_tokens > 0, "the token budget must be positive");
+  require(max_num_seqs > 0, "max_num_seqs must be positive");
+}
+
+// A request in flight: pagedkv's view (tokens, hashes, computed tokens) plus the engine's.
+struct Engine::Active {
+  Active(pagedkv::Request r, std::uint32_t session_index, std::uint32_t turn_index,
+         std::uint32_t max_new, double arrival)
+      : request(std::move(r)), max_new_tokens(max_new), arrival_seconds(arrival) {
+    result.id = request.id();
+    result.session = session_index;
+    result.turn = turn_index;
+    result.prompt_tokens = request.num_prompt_tokens();
+  }
+
+  pagedkv::Request request;
+  std::uint32_t max_new_tokens;
+  double arrival_seconds;
+  bool in_prefill = true;  // until the prompt (or, after preemption, the context) is computed
+  RequestResult result;
+};
+
+Engine::Engine(const Model& model, const EngineConfig& config) : model_(model), config_(config) {
+  config_.validate();
+  const ModelConfig& m = model_.config();
+  cache_.dtype = config_.kv_dtype;
+  cache_.layout =
+      pagedkv::KVLayout::nhd(config_.num_blocks, static_cast<std::int32_t>(config_.block_size),
+                             m.num_kv_heads, m.head_dim);
+  cache_.layout.validate();
+  const auto plane = static_cast<std::size_t>(cache_.layout.plane_elements());
+  cache_.k.assign(static_cast<std::size_t>(m.num_layers), std::vector<std::uint16_t>(plane));
+  cache_.v.assign(static_cast<std::size_t>(m.num_layers), std::vector<std::uint16_t>(plane));
+}
+
+void Engine::forward(std::span<const Segment> segments) {
+  const ModelConfig& m = model_.config();
+  const auto d = static_cast<std::size_t>(m.d_model);
+  const auto qd = static_cast<std::size_t>(m.q_dim());
+  const auto kvd = static_cast<std::size_t>(m.kv_dim());
+  const auto ffn = static_cast<std::size_t>(m.ffn_dim);
+  const auto block_size = static_cast<std::int32_t>(config_.block_size);
+
+  std::size_t rows = 0;
+  for (const Segment& s : segments) rows += static_cast<std::size_t>(s.count);
+  if (rows == 0) return;
+  x_.resize(rows * d);
+  h_.resize(rows * d);
+  tmp_.resize(rows * d);
+  q_.resize(rows * qd);
+  attn_.resize(rows * qd);
+  k_.resize(rows * kvd);
+  v_.resize(rows * kvd);
+  gate_.resize(rows * ffn);
+  up_.resize(rows * ffn);
+
+  // Token rows: embeddings, positions, slots, and one attention row per token whose block-table
+  // row is its sequence's and whose length ends at its own position (the causal mask).
+  std::vector<std::int64_t> positions;
+  std::vector<std::vector<std::int32_t>> table_rows;
+  positions.reserve(rows);
+  table_rows.reserve(rows);
+  slots_.clear();
+  seq_lens_.clear();
+  std::size_t row = 0;
+  for (const Segment& s : segments) {
+    const std::span<const pagedkv::BlockId> ids = manager_->block_ids(s.request->request.id());
+    pagedkv::append_slot_mapping(slots_, ids, block_size, s.first, s.count);
+    const auto tokens = s.request->request.tokens();
+    for (std::int64_t i = 0; i < s.count; ++i, ++row) {
+      const std::int64_t pos = s.first + i;
+      positions.push_back(pos);
+      seq_lens_.push_back(static_cast<std::int32_t>(pos + 1));
+      table_rows.emplace_back(ids.begin(), ids.end());
+      const auto e = model_.embedding(tokens[static_cast<std::size_t>(pos)]);
+      std::copy(e.begin(), e.end(), x_.begin() + static_cast<std::ptrdiff_t>(row * d));
+    }
+  }
+  const pagedkv::BlockTable table = pagedkv::make_block_table(table_rows);
+
+  const auto n_rows = static_cast<std::int64_t>(rows);
+  for (std::int32_t l = 0; l < m.num_layers; ++l) {
+    const LayerWeights& w = model_.layer(l);
+    auto& k_plane = cache_.k[static_cast<std::size_t>(l)];
+    auto& v_plane = cache_.v[static_cast<std::size_t>(l)];
+
+    // Attention block.
+    rms_norm(x_.data(), n_rows, m.d_model, w.attn_norm.data(), m.rms_eps, h_.data());
+    matmul(h_.data(), n_rows, m.d_model, w.wq.data(), m.q_dim(), q_.data());
+    matmul(h_.data(), n_rows, m.d_model, w.wk.data(), m.kv_dim(), k_.data());
+    matmul(h_.data(), n_rows, m.d_model, w.wv.data(), m.kv_dim(), v_.data());
+    for (std::size_t r = 0; r < rows; ++r) {
+      apply_rope(q_.data() + r * qd, m.num_q_heads, m.head_dim, positions[r], m.rope_theta);
+      apply_rope(k_.data() + r * kvd, m.num_kv_heads, m.head_dim, positions[r], m.rope_theta);
+    }
+    to_bits(cache_.dtype, k_, k_bits_, rows * kvd);
+    to_bits(cache_.dtype, v_, v_bits_, rows * kvd);
+    to_bits(cache_.dtype, q_, q_bits_, rows * qd);
+
+    pagedkv::KVAppendParams append;
+    append.dtype = cache_.dtype;
+    append.num_tokens = n_rows;
+    append.key = k_bits_.data();
+    append.value = v_bits_.data();
+    append.slot_mapping = slots_.data();
+    append.k_cache = k_plane.data();
+    append.v_cache = v_plane.data();
+    append.layout = cache_.layout;
+    pagedkv::reference_kv_append(append);
+
+    pagedkv::PagedDecodeParams attention;
+    attention.dtype = cache_.dtype;
+    attention.num_seqs = static_cast<std::int32_t>(rows);
+    attention.num_q_heads = m.num_q_heads;
+    attention.q = q_bits_.data();
+    attention.k_cache = k_plane.data();
+    attention.v_cache = v_plane.data();
+    attention.layout = cache_.layout;
+    attention.block_table = table.block_ids.data();
+    attention.max_blocks_per_seq = table.max_blocks_per_seq;
+    attention.seq_lens = seq_lens_.data();
+    attention.sm_scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+    const std::vector<double> out = pagedkv::reference_paged_decode_attention_f64(attention);
+    for (std::size_t i = 0; i < rows * qd; ++i) attn_[i] = static_cast<float>(out[i]);
+
+    matmul(attn_.data(), n_rows, m.q_dim(), w.wo.data(), m.d_model, tmp_.data());
+    add_into(x_, tmp_, rows * d);
+
+    // MLP block.
+    rms_norm(x_.data(), n_rows, m.d_model, w.mlp_norm.data(), m.rms_eps, h_.data());
+    matmul(h_.data(), n_rows, m.d_model, w.w_gate.data(), m.ffn_dim, gate_.data());
+    matmul(h_.data(), n_rows, m.d_model, w.w_up.data(), m.ffn_dim, up_.data());
+    swiglu(gate_.data(), up_.data(), n_rows * m.ffn_dim, gate_.data());
+    matmul(gate_.data(), n_rows, m.ffn_dim, w.w_down.data(), m.d_model, tmp_.data());
+    add_into(x_, tmp_, rows * d);
+  }
+
+  // Logits of each sampling segment's last token; greedy (first maximum on ties).
+  const auto vocab = static_cast<std::size_t>(m.vocab_size);
+  logits_.resize(vocab);
+  row = 0;
+  for (const Segment& s : segments) {
+    row += static_cast<std::size_t>(s.count);
+    if (!s.sample) continue;
+    rms_norm(x_.data() + (row - 1) * d, 1, m.d_model, model_.final_norm().data(), m.rms_eps,
+             h_.data());
+    matmul(h_.data(), 1, m.d_model, model_.lm_head().data(), m.vocab_size, logits_.data());
+    const auto best = std::max_element(logits_.begin(), logits_.end()) - logits_.begin();
+    RequestResult& result = s.request->result;
+    result.logits.insert(result.logits.end(), logits_.begin(), logits_.end());
+    result.output.push_back(static_cast<pagedkv::TokenId>(best));
+  }
+}
+
+RunResult Engine::run(const Workload& workload) {
+  pagedkv::KVCacheManagerConfig mc;
+  mc.num_blocks = config_.num_blocks;
+  mc.block_size = config_.block_size;
+  mc.enable_caching = config_.enable_caching;
+  mc.hash_seed = "pagedkv-tiny-engine";
+  pagedkv::KVCacheManager manager(mc);
+  manager_ = &manager;
+  const std::uint16_t nan = quiet_nan_bits(cache_.dtype);
+  for (auto& plane : cache_.k) std::fill(plane.begin(), plane.end(), nan);
+  for (auto& plane : cache_.v) std::fill(plane.begin(), plane.end(), nan);
+  for (const Session& s : workload.sessions) {
+    for (const Turn& t : s.turns) {
+      for (const pagedkv::TokenId tok : t.message) {
+        if (tok < 0 || tok >= model_.config().vocab_size)
+          throw std::invalid_argument("workload token outside the model's vocabulary");
+      }
+    }
+  }
+
+  // Request ids number the sessions' turns in workload order.
+  std::vector<pagedkv::RequestId> first_id;
+  pagedkv::RequestId next = 0;
+  for (const Session& s : workload.sessions) {
+    first_id.push_back(next);
+    next += s.turns.size();
+  }
+  // Sessions join in arrival order (stable for equal steps).
+  std::vector<std::uint32_t> arrival_order(workload.sessions.size());
+  for (std::uint32_t i = 0; i < arrival_order.size(); ++i) arrival_order[i] = i;
+  std::stable_sort(arrival_order.begin(), arrival_order.end(), [&](auto a, auto b) {
+    return workload.sessions[a].arrival_step < workload.sessions[b].arrival_step;
+  });
+
+  RunResult out;
+  RunStats& stats = out.stats;
+  std::vector<std::unique_ptr<Active>> live;
+  std::deque<Active*> waiting;
+  std::vector<Active*> running;
+  const Clock::time_point start = Clock::now();
+
+  auto arrive = [&](std::uint32_t session, std::uint32_t turn,
+                    std::vector<pagedkv::TokenId> context) {
+    const Turn& t = workload.sessions[session].turns[turn];
+    context.insert(context.end(), t.message.begin(), t.message.end());
+    live.push_back(std::make_unique<Active>(manager.make_request(first_id[session] + turn, context),
+                                            session, turn, t.max_new_tokens, seconds_since(start)));
+    waiting.push_back(live.back().get());
+  };
+
+  const std::size_t total = workload.num_requests();
+  std::size_t next_session = 0;
+  std::uint64_t step = 0;
+  std::vector<Segment> decode, prefill;
+  while (out.requests.size() < total) {
+    while (next_session < arrival_order.size() &&
+           workload.sessions[arrival_order[next_session]].arrival_step <= step) {
+      arrive(arrival_order[next_session++], 0, workload.shared_prefix);
+    }
+    if (waiting.empty() && running.empty()) {  // idle: jump to the next arrival
+      step = workload.sessions[arrival_order[next_session]].arrival_step;
+      continue;
+    }
+    decode.clear();
+    prefill.clear();
+    std::uint32_t budget = config_.max_num_batched_tokens;
+    bool preempted = false;
+
+    // 1. Running requests, oldest first; preempt from the newest end when the pool is full.
+    for (std::size_t i = 0; i < running.size() && budget > 0; ++i) {
+      Active* a = running[i];
+      const std::size_t remaining = a->request.num_tokens() - a->request.num_computed_tokens();
+      const std::size_t n = std::min<std::size_t>(remaining, budget);
+      bool scheduled = false;
+      while (true) {
+        if (manager.allocate_slots(a->request, n)) {
+          scheduled = true;
+          break;
+        }
+        Active* victim = running.back();
+        running.pop_back();
+        manager.preempt(victim->request);
+        victim->in_prefill = true;
+        ++victim->result.preemptions;
+        ++stats.preemptions;
+        waiting.push_front(victim);
+        preempted = true;
+        if (victim == a) break;
+      }
+      if (!scheduled) break;
+      const Segment seg{a, static_cast<std::int64_t>(a->request.num_computed_tokens()),
+                        static_cast<std::int64_t>(n),
+                        a->request.num_computed_tokens() + n == a->request.num_tokens()};
+      (a->in_prefill ? prefill : decode).push_back(seg);
+      budget -= static_cast<std::uint32_t>(n);
+    }
+
+    // 2. Waiting requests, first come first served, unless this step had to preempt.
+    while (!preempted && !waiting.empty() && budget > 0 && running.size() < config_.max_num_seqs) {
+      Active* a = waiting.front();
+      const pagedkv::CacheHit hit = manager.get_computed_blocks(a->request);
+      const std::size_t n = std::min<std::size_t>(a->request.num_tokens() - hit.num_tokens, budget);
+      if (!manager.allocate_slots(a->request, n, hit)) {
+        if (running.empty()) {
+          throw std::runtime_error("request " + std::to_string(a->request.id()) + " (" +
+                                   std::to_string(a->request.num_tokens()) +
+                                   " tokens) does not fit in a pool of " +
+                                   std::to_string(config_.num_blocks) + " blocks of " +
+                                   std::to_string(config_.block_size) + " tokens even alone");
+        }
+        break;
+      }
+      a->request.set_num_computed_tokens(hit.num_tokens);
+      a->result.hit_tokens += hit.num_tokens;
+      stats.hit_tokens += hit.num_tokens;
+      if (!hit.blocks.empty() && hit_hook_) hit_hook_(hit, cache_);
+      waiting.pop_front();
+      running.push_back(a);
+      prefill.push_back(Segment{a, static_cast<std::int64_t>(hit.num_tokens),
+                                static_cast<std::int64_t>(n),
+                                hit.num_tokens + n == a->request.num_tokens()});
+      budget -= static_cast<std::uint32_t>(n);
+    }
+    stats.max_running = std::max<std::uint64_t>(stats.max_running, running.size());
+    if (decode.empty() && prefill.empty()) {
+      if (!preempted) throw std::logic_error("scheduler made no progress");
+      ++step;
+      continue;
+    }
+
+    // 3. The model: decodes first (a prefill of this step may hit a block a decode completes).
+    Clock::time_point t0 = Clock::now();
+    forward(decode);
+    stats.decode_seconds += seconds_since(t0);
+    t0 = Clock::now();
+    forward(prefill);
+    stats.prefill_seconds += seconds_since(t0);
+    const double now = seconds_since(start);
+
+    // 4. Book-keeping: computed tokens, sampled tokens, finished requests, next turns.
+    for (const auto* segs : {&decode, &prefill}) {
+      for (const Segment& s : *segs) {
+        Active* a = s.request;
+        (segs == &decode ? stats.decode_tokens : stats.prefill_tokens) +=
+            static_cast<std::uint64_t>(s.count);
+        a->request.set_num_computed_tokens(static_cast<std::size_t>(s.first + s.count));
+        if (!s.sample) continue;
+        a->in_prefill = false;
+        RequestResult& r = a->result;
+        if (r.output.size() == 1) r.ttft_seconds = now - a->arrival_seconds;
+        a->request.append_token(r.output.back());
+        if (r.output.size() < a->max_new_tokens) continue;
+        r.latency_seconds = now - a->arrival_seconds;
+        manager.free(a->request);
+        running.erase(std::find(running.begin(), running.end(), a));
+        const std::uint32_t session = r.session;
+        const std::uint32_t turn = r.turn + 1;
+        const auto context = a->request.tokens();
+        out.requests.push_back(std::move(r));
+        if (turn < workload.sessions[session].turns.size()) {
+          arrive(session, turn, std::vector<pagedkv::TokenId>(context.begin(), context.end()));
+        }
+      }
+    }
+    ++stats.steps;
+    ++step;
+  }
+  stats.total_seconds = seconds_since(start);
+  stats.cache = manager.stats();
+  manager.check_invariants();
+  manager_ = nullptr;
+  std::sort(out.requests.begin(), out.requests.end(),
+            [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
+  return out;
+}
+
+Comparison compare(const RunResult& on, const RunResult& off) {
+  Comparison c;
+  c.identical_tokens = on.requests.size() == off.requests.size();
+  c.bitwise_identical_logits = c.identical_tokens;
+  if (!c.identical_tokens) c.first_difference = "different numbers of finished requests";
+  for (std::size_t i = 0; i < std::min(on.requests.size(), off.requests.size()); ++i) {
+    const RequestResult& a = on.requests[i];
+    const RequestResult& b = off.requests[i];
+    if (a.id != b.id || a.output != b.output) {
+      if (c.first_difference.empty())
+        c.first_difference = "request " + std::to_string(a.id) + ": token streams differ";
+      c.identical_tokens = false;
+    }
+    if (a.logits.size() != b.logits.size()) {
+      c.bitwise_identical_logits = false;
+      c.max_rel_logit_diff = std::numeric_limits<double>::infinity();
+      continue;
+    }
+    const std::size_t vocab = a.output.empty() ? 0 : a.logits.size() / a.output.size();
+    for (std::size_t t = 0; t < a.output.size(); ++t) {
+      double scale = 0, diff = 0;
+      for (std::size_t j = t * vocab; j < (t + 1) * vocab; ++j) {
+        scale = std::max(scale, std::fabs(static_cast<double>(b.logits[j])));
+        diff = std::max(diff, std::fabs(static_cast<double>(a.logits[j]) - b.logits[j]));
+        if (a.logits[j] != b.logits[j] || std::isnan(a.logits[j])) {
+          c.bitwise_identical_logits = false;
+          if (std::isnan(a.logits[j]) || std::isnan(b.logits[j]))
+            diff = std::numeric_limits<double>::infinity();
+        }
+      }
+      const double rel = scale > 0 ? diff / scale : diff;
+      if (rel > c.max_rel_logit_diff) c.max_rel_logit_diff = rel;
+      if (rel > 0 && c.first_difference.empty()) {
+        c.first_difference = "request " + std::to_string(a.id) + " token " + std::to_string(t) +
+                             ": logits differ (relative " + std::to_string(rel) + ")";
+      }
+    }
+  }
+  return c;
+}
+
+double percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double rank = std::ceil(p / 100.0 * static_cast<double>(values.size()));
+  const auto index = static_cast<std::size_t>(std::max(1.0, rank)) - 1;
+  return values[std::min(index, values.size() - 1)];
+}
+
+}  // namespace tiny_engine

@@ -1,0 +1,145 @@
+// tiny_engine/engine.hpp: a continuous-batching inference engine on pagedkv, the way an engine
+// author uses the library.
+//
+// Per scheduler step (vLLM v1's shape):
+//   1. running requests first, in admission order: each asks allocate_slots() for its next tokens
+//      (one for a decode, a chunk for an unfinished prefill), within the step's token budget;
+//      when the pool cannot hold them, the most recently admitted running request is preempted
+//      (KVCacheManager::preempt, requeued at the front of the waiting queue, recomputed later);
+//   2. then, if nothing was preempted, waiting requests are admitted while the budget lasts:
+//      get_computed_blocks() finds the cached prefix, allocate_slots() takes the hit and slots for
+//      the rest; only the tokens after the hit run (the hit is never recomputed);
+//   3. the model runs: decode tokens, then prefill tokens (a prefill admitted in this step may hit
+//      a block that a decode token of this step completes, so decodes write first). Each layer
+//      writes the new K/V through the slot mapping (kv_append), then attends over the paged KV
+//      through the block table; a prefill finishing its prompt, and every decode, samples the
+//      next token greedily;
+//   4. finished requests are freed; an agent session's next turn arrives with the context so far.
+// The K/V planes (one K and one V plane per layer, NHD, sized from the manager's num_blocks and
+// block_size) are owned by the engine. Unwritten slots hold NaN, so reading a slot nobody wrote
+// (a wrong hit, a wrong table) poisons the logits instead of passing silently.
+//
+// Attention: pagedkv's CPU references. Decode tokens use reference paged decode attention;
+// prefill tokens use it too, one query row per new token (after kv_append of the whole chunk):
+// row t attends to the positions <= its own through its sequence's block table, which is
+// causal extend attention over the cached prefix and the chunk itself.
+//
+// Not thread-safe; one run at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model.hpp"
+#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/kv_dtype.hpp"
+#include "pagedkv/kv_layout.hpp"
+#include "workload.hpp"
+
+namespace tiny_engine {
+
+struct EngineConfig {
+  std::int32_t num_blocks = 1024;  // KV pool blocks, including pagedkv's null block 0
+  std::uint32_t block_size = 16;
+  bool enable_caching = true;
+  pagedkv::KVDtype kv_dtype = pagedkv::KVDtype::kBFloat16;
+  std::uint32_t max_num_batched_tokens = 128;  // token budget per step (prefill is chunked)
+  std::uint32_t max_num_seqs = 16;             // running requests at most
+
+  // Throws std::invalid_argument naming the first bad field.
+  void validate() const;
+};
+
+// The engine-owned paged KV cache: per layer one K and one V plane laid out by `layout`.
+struct KVCache {
+  pagedkv::KVLayout layout;
+  pagedkv::KVDtype dtype = pagedkv::KVDtype::kBFloat16;
+  std::vector<std::vector<std::uint16_t>> k;  // [num_layers][layout.plane_elements()]
+  std::vector<std::vector<std::uint16_t>> v;
+};
+
+struct RequestResult {
+  pagedkv::RequestId id = 0;  // sessions' turns numbered in workload order
+  std::uint32_t session = 0;
+  std::uint32_t turn = 0;
+  std::size_t prompt_tokens = 0;
+  std::vector<pagedkv::TokenId> output;  // greedy tokens
+  std::vector<float> logits;             // [output.size(), vocab]: the logits each was argmax of
+  double ttft_seconds = 0;               // arrival to first token
+  double latency_seconds = 0;            // arrival to last token
+  std::uint32_t preemptions = 0;
+  std::size_t hit_tokens = 0;  // prefix-cache hit tokens over its admissions
+};
+
+struct RunStats {
+  std::uint64_t steps = 0;
+  std::uint64_t preemptions = 0;
+  std::uint64_t prefill_tokens = 0;  // tokens run through prefill (recomputation included)
+  std::uint64_t decode_tokens = 0;
+  std::uint64_t hit_tokens = 0;  // tokens taken from the prefix cache instead of computed
+  std::uint64_t max_running = 0;
+  double prefill_seconds = 0;  // wall time of the prefill forward passes
+  double decode_seconds = 0;   // wall time of the decode forward passes
+  double total_seconds = 0;
+  pagedkv::PrefixCacheStats cache;
+};
+
+struct RunResult {
+  std::vector<RequestResult> requests;  // sorted by id
+  RunStats stats;
+};
+
+// Called right after a request is admitted with a non-empty prefix-cache hit, before the model
+// runs: tests use it to tamper with cached K/V and check that the proof notices.
+using PrefixHitHook = std::function<void(const pagedkv::CacheHit& hit, KVCache& cache)>;
+
+class Engine {
+ public:
+  Engine(const Model& model, const EngineConfig& config);
+
+  // Serves the whole workload from a cold cache (fresh manager, all slots NaN).
+  RunResult run(const Workload& workload);
+
+  void set_prefix_hit_hook(PrefixHitHook hook) { hit_hook_ = std::move(hook); }
+  const EngineConfig& config() const noexcept { return config_; }
+
+ private:
+  struct Active;
+  struct Segment {
+    Active* request = nullptr;
+    std::int64_t first = 0;  // position of its first new token
+    std::int64_t count = 0;  // new tokens
+    bool sample = false;     // the last new token is the last known token: produce logits
+  };
+
+  void forward(std::span<const Segment> segments);
+
+  const Model& model_;
+  EngineConfig config_;
+  KVCache cache_;
+  PrefixHitHook hit_hook_;
+  pagedkv::KVCacheManager* manager_ = nullptr;  // the current run's manager
+
+  // Scratch, reused across steps (rows = tokens of one forward pass).
+  std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;
+  std::vector<std::uint16_t> q_bits_, k_bits_, v_bits_;
+  std::vector<std::int64_t> slots_;
+  std::vector<std::int32_t> seq_lens_;
+};
+
+// Caching on against caching off on the same workload.
+struct Comparison {
+  bool identical_tokens = false;
+  bool bitwise_identical_logits = false;
+  // Max over generated tokens of max_i |on_i - off_i| / max_i |off_i| (vocabulary-wide scale).
+  double max_rel_logit_diff = 0;
+  std::string first_difference;  // empty when identical
+};
+Comparison compare(const RunResult& on, const RunResult& off);
+
+double percentile(std::vector<double> values, double p);  // nearest rank; 0 for none
+
+}  // namespace tiny_engine
