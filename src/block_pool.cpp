@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -211,23 +212,22 @@ std::uint32_t BlockPool::lookup_extra_id(const BlockExtraKeys& extra) const {
   return extra_keys_->find(extra_scratch_);
 }
 
-void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const BlockId> blocks,
+void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const BlockId> blocks,
                                   std::size_t num_cached_blocks, std::size_t num_full_blocks,
                                   GroupId group) {
   const std::string where = "BlockPool::cache_full_blocks: ";
-  if (seq.block_size() != config_.block_size) {
-    throw Error(ErrorCode::kInvalidArgument, where + "the request is hashed with block size " +
-                                                 std::to_string(seq.block_size()) +
-                                                 ", the pool's is " +
-                                                 std::to_string(config_.block_size));
+  if (seq.block_size == 0 || seq.block_size > config_.block_size) {
+    throw Error(ErrorCode::kInvalidArgument,
+                where + "the request is hashed with block size " + std::to_string(seq.block_size) +
+                    ", not within the pool's 1.." + std::to_string(config_.block_size));
   }
   if (num_cached_blocks > num_full_blocks || num_full_blocks > blocks.size() ||
-      num_full_blocks > seq.block_hashes().size()) {
+      num_full_blocks > seq.block_hashes.size()) {
     throw Error(ErrorCode::kOutOfRange,
                 where + "blocks [" + std::to_string(num_cached_blocks) + ", " +
                     std::to_string(num_full_blocks) + ") are not within the request's " +
                     std::to_string(blocks.size()) + " blocks and " +
-                    std::to_string(seq.block_hashes().size()) + " full blocks");
+                    std::to_string(seq.block_hashes.size()) + " full blocks");
   }
   for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
     const KVCacheBlock& b = block(blocks[i]);
@@ -241,8 +241,8 @@ void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const
   }
   if (!config_.enable_caching || num_cached_blocks == num_full_blocks) return;
 
-  const auto hashes = seq.block_hashes();
-  const std::uint32_t bs = config_.block_size;
+  const auto hashes = seq.block_hashes;
+  const std::uint32_t bs = seq.block_size;
   for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
     hash_map_.prefetch(hashes[i], group);  // overlap the table misses of the whole batch
   }
@@ -261,14 +261,14 @@ void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const
       }
       const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
       encode_extra_keys(extra, extra_scratch_);
-      const std::span<const TokenId> tokens = seq.tokens().subspan(i * bs, bs);
+      const std::span<const TokenId> tokens = seq.tokens.subspan(i * bs, bs);
       const std::uint32_t eid = extra.empty() ? 0 : extra_keys_->find(extra_scratch_);
       // Hash-consing: a block whose material equals a cached block's shares its content id.
       // (Extra keys that are not interned yet belong to no cached block: no twin.)
       const BlockId twin = !extra.empty() && eid == 0
                                ? BlockHashMap::kEmpty
                                : hash_map_.find_first(b.block_hash, group, [&](BlockId c) {
-                                   return material_matches(c, parent_cid, eid, tokens.data());
+                                   return material_matches(c, parent_cid, eid, tokens.data(), bs);
                                  });
       Material& mat = material_[static_cast<std::size_t>(id)];
       mat.content_id = twin != BlockHashMap::kEmpty
@@ -276,7 +276,7 @@ void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const
                            : next_content_id_++;
       mat.parent_content_id = parent_cid;
       mat.extra_id = extra.empty() ? 0 : extra_keys_->acquire(extra_scratch_);
-      std::memcpy(&block_tokens_[static_cast<std::size_t>(id) * bs], tokens.data(),
+      std::memcpy(&block_tokens_[static_cast<std::size_t>(id) * config_.block_size], tokens.data(),
                   tokens.size_bytes());
     }
     hash_map_.insert(id);
@@ -288,10 +288,10 @@ void BlockPool::cache_full_blocks(const RequestBlockHasher& seq, std::span<const
                                hashes.begin() + static_cast<std::ptrdiff_t>(num_full_blocks));
     if (num_cached_blocks > 0) stored.parent_block_hash = hashes[num_cached_blocks - 1];
     const auto tokens =
-        seq.tokens().subspan(num_cached_blocks * bs, (num_full_blocks - num_cached_blocks) * bs);
+        seq.tokens.subspan(num_cached_blocks * bs, (num_full_blocks - num_cached_blocks) * bs);
     stored.token_ids.assign(tokens.begin(), tokens.end());
     stored.block_size = bs;
-    stored.lora_name = seq.keys().lora_name;
+    if (seq.keys != nullptr) stored.lora_name = seq.keys->lora_name;
     stored.group_id = group;
     for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
       const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
@@ -316,39 +316,69 @@ BlockId BlockPool::get_cached_block(const BlockHash& hash, GroupId group) const 
   return hash_map_.find_first(hash, group);
 }
 
-BlockId BlockPool::match_cached_block(const RequestBlockHasher& seq, std::size_t index,
-                                      BlockId parent, GroupId group) const {
-  if (index >= seq.block_hashes().size()) {
-    throw Error(ErrorCode::kOutOfRange, "BlockPool::match_cached_block: block index " +
-                                            std::to_string(index) + " but the request has " +
-                                            std::to_string(seq.block_hashes().size()) +
-                                            " full blocks");
-  }
-  if (!config_.enable_caching) return kNoBlock;
-  const BlockHash& hash = seq.block_hashes()[index];
-  if (!verifying()) return hash_map_.find_first(hash, group);
-
-  std::uint64_t parent_cid = 0;
-  if (index > 0) {
+BlockId BlockPool::match_cached_block(const BlockSequence& seq, std::size_t index, BlockId parent,
+                                      GroupId group) const {
+  if (index > 0 && verifying()) {
+    if (parent == kNoBlock) return kNoBlock;
     const KVCacheBlock& p = block(parent);
     if (!p.is_cached() || p.is_null) return kNoBlock;
-    parent_cid = material_[static_cast<std::size_t>(parent)].content_id;
   }
+  return match(seq, index, group,
+               index == 0    ? std::optional<std::uint64_t>(0)
+               : verifying() ? std::optional<std::uint64_t>(
+                                   material_[static_cast<std::size_t>(parent)].content_id)
+                             : std::nullopt);
+}
+
+BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
+                                                 GroupId group) const {
+  return match(seq, index, group,
+               index == 0 ? std::optional<std::uint64_t>(0) : std::optional<std::uint64_t>());
+}
+
+bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept {
+  if (!verifying()) return true;
+  return material_[static_cast<std::size_t>(child)].parent_content_id ==
+         material_[static_cast<std::size_t>(parent)].content_id;
+}
+
+BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId group,
+                         std::optional<std::uint64_t> parent_cid) const {
+  if (index >= seq.block_hashes.size()) {
+    throw Error(ErrorCode::kOutOfRange, "BlockPool::match_cached_block: block index " +
+                                            std::to_string(index) + " but the request has " +
+                                            std::to_string(seq.block_hashes.size()) +
+                                            " full blocks");
+  }
+  if (seq.block_size == 0 || seq.block_size > config_.block_size) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockPool::match_cached_block: block size " + std::to_string(seq.block_size) +
+                    " not within the pool's 1.." + std::to_string(config_.block_size));
+  }
+  if (!config_.enable_caching) return kNoBlock;
+  const BlockHash& hash = seq.block_hashes[index];
+  if (!verifying()) return hash_map_.find_first(hash, group);
+
   const BlockExtraKeys extra = seq.block_extra_keys(index, mm_scratch_);
   const std::uint32_t eid = lookup_extra_id(extra);
   if (!extra.empty() && eid == 0) return kNoBlock;  // no cached block has these extra keys
-  const TokenId* tokens = seq.tokens().data() + index * config_.block_size;
-  return hash_map_.find_first(
-      hash, group, [&](BlockId c) { return material_matches(c, parent_cid, eid, tokens); });
+  const TokenId* tokens = seq.tokens.data() + index * seq.block_size;
+  return hash_map_.find_first(hash, group, [&](BlockId c) {
+    if (parent_cid && material_[static_cast<std::size_t>(c)].parent_content_id != *parent_cid) {
+      return false;
+    }
+    return material_matches(c, std::nullopt, eid, tokens, seq.block_size);
+  });
 }
 
-bool BlockPool::material_matches(BlockId candidate, std::uint64_t parent_content_id,
-                                 std::uint32_t extra_id, const TokenId* tokens) const noexcept {
+bool BlockPool::material_matches(BlockId candidate, std::optional<std::uint64_t> parent_content_id,
+                                 std::uint32_t extra_id, const TokenId* tokens,
+                                 std::uint32_t block_size) const noexcept {
   const Material& mat = material_[static_cast<std::size_t>(candidate)];
-  const std::size_t bs = config_.block_size;
-  return mat.parent_content_id == parent_content_id && mat.extra_id == extra_id &&
-         std::memcmp(&block_tokens_[static_cast<std::size_t>(candidate) * bs], tokens,
-                     bs * sizeof(TokenId)) == 0;
+  return (!parent_content_id || mat.parent_content_id == *parent_content_id) &&
+         mat.extra_id == extra_id &&
+         std::memcmp(&block_tokens_[static_cast<std::size_t>(candidate) * config_.block_size],
+                     tokens, block_size * sizeof(TokenId)) == 0;
 }
 
 std::size_t BlockPool::evict_blocks(std::span<const BlockId> ids) {

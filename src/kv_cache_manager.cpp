@@ -1,6 +1,7 @@
 #include "pagedkv/kv_cache_manager.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -21,10 +22,37 @@ BlockHasher make_hasher(const KVCacheManagerConfig& config) {
                           : BlockHasher(config.hash_scheme);
 }
 
-BlockPoolConfig pool_config(const KVCacheManagerConfig& config) {
+std::vector<AttentionSpec> group_specs(const KVCacheManagerConfig& config) {
+  std::vector<AttentionSpec> specs = config.groups;
+  if (specs.empty()) specs.push_back(AttentionSpec::full(config.block_size));
+  if (specs.size() > 255) {
+    throw Error(ErrorCode::kInvalidArgument, "KVCacheManager: at most 255 KV-cache groups");
+  }
+  std::uint32_t smallest = specs.front().block_size;
+  for (const AttentionSpec& s : specs) smallest = std::min(smallest, s.block_size);
+  for (std::size_t g = 0; g < specs.size(); ++g) {
+    const AttentionSpec& s = specs[g];
+    const std::string where = "KVCacheManager: group " + std::to_string(g) + ": ";
+    if (s.block_size == 0) throw Error(ErrorCode::kInvalidArgument, where + "block size 0");
+    if (s.block_size % smallest != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where + "block size " + std::to_string(s.block_size) +
+                      " is not a multiple of the smallest group block size " +
+                      std::to_string(smallest));
+    }
+    if (s.kind == AttentionKind::kSlidingWindow && s.sliding_window == 0) {
+      throw Error(ErrorCode::kInvalidArgument, where + "a sliding window of 0 tokens");
+    }
+  }
+  return specs;
+}
+
+BlockPoolConfig pool_config(const KVCacheManagerConfig& config,
+                            const std::vector<AttentionSpec>& specs) {
   BlockPoolConfig p;
   p.num_blocks = config.num_blocks;
-  p.block_size = config.block_size;
+  p.block_size = 0;
+  for (const AttentionSpec& s : specs) p.block_size = std::max(p.block_size, s.block_size);
   p.enable_caching = config.enable_caching;
   p.verify_cache_hits = config.verify_cache_hits;
   p.enable_kv_events = config.enable_kv_events;
@@ -39,27 +67,121 @@ std::size_t cdiv(std::size_t a, std::size_t b) {
   return (a + b - 1) / b;
 }
 
+HashScheme digest_scheme(HashScheme scheme) {
+  return scheme == HashScheme::kXxh3_128 ? HashScheme::kXxh3_128 : HashScheme::kSha256;
+}
+
+// Extends `coarse` to the coarse blocks that `fine` completes: coarse block j is keyed by the
+// digest of fine hashes [j * factor, (j + 1) * factor) concatenated.
+void extend_coarse(std::span<const BlockHash> fine, std::uint32_t factor, HashScheme scheme,
+                   std::vector<BlockHash>& coarse) {
+  std::vector<std::uint8_t> bytes;
+  for (std::size_t j = coarse.size(); j < fine.size() / factor; ++j) {
+    bytes.clear();
+    for (std::size_t k = j * factor; k < (j + 1) * factor; ++k) {
+      bytes.insert(bytes.end(), fine[k].bytes().begin(), fine[k].bytes().end());
+    }
+    coarse.push_back(raw_digest(digest_scheme(scheme), bytes));
+  }
+}
+
 }  // namespace
 
 KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
     : hasher_(make_hasher(config)),
-      pool_(pool_config(config)),
+      hash_block_size_(0),
+      alignment_(1),
+      pool_(pool_config(config, group_specs(config))),
       stats_(config.stats_window),
-      max_model_len_(config.max_model_len) {}
+      max_model_len_(config.max_model_len) {
+  const std::vector<AttentionSpec> specs = group_specs(config);
+  hash_block_size_ = specs.front().block_size;
+  for (const AttentionSpec& s : specs) hash_block_size_ = std::min(hash_block_size_, s.block_size);
+  for (std::size_t g = 0; g < specs.size(); ++g) {
+    groups_.push_back(
+        Group{specs[g], static_cast<GroupId>(g), specs[g].block_size / hash_block_size_});
+    alignment_ = std::lcm(alignment_, static_cast<std::size_t>(specs[g].block_size));
+  }
+}
 
 Request KVCacheManager::make_request(RequestId id, std::span<const TokenId> prompt,
                                      RequestHashKeys keys) const {
-  return Request(id, hasher_, pool_.block_size(), prompt, std::move(keys));
+  return Request(id, hasher_, hash_block_size_, prompt, std::move(keys));
 }
 
 void KVCacheManager::check_hashing(const Request& request) const {
   const RequestBlockHasher& seq = request.hashed_tokens();
-  if (seq.block_size() != pool_.block_size() || !(seq.hasher() == hasher_)) {
+  if (seq.block_size() != hash_block_size_ || !(seq.hasher() == hasher_)) {
     throw Error(ErrorCode::kInvalidArgument,
                 request_text(request) +
                     " is hashed with a different block size, scheme or seed than this manager "
                     "(create requests with KVCacheManager::make_request)");
   }
+}
+
+BlockSequence KVCacheManager::group_sequence(const Request& request, std::size_t g,
+                                             std::vector<BlockHash>& coarse) const {
+  BlockSequence seq = request.hashed_tokens().sequence();
+  const Group& group = groups_[g];
+  if (group.factor == 1) return seq;
+  extend_coarse(seq.block_hashes, group.factor, hasher_.scheme(), coarse);
+  seq.block_size = group.spec.block_size;
+  seq.block_hashes = coarse;
+  return seq;
+}
+
+std::vector<BlockId> KVCacheManager::find_hit(const Group& group, const BlockSequence& seq,
+                                              std::size_t max_tokens, std::size_t alignment) const {
+  const std::size_t bs = group.spec.block_size;
+  const std::size_t max_blocks = std::min(max_tokens / bs, seq.block_hashes.size());
+  std::vector<BlockId> hit;
+  if (group.spec.kind == AttentionKind::kFull) {
+    // Left to right; each hit's parent is the previous hit. The table's misses overlap through
+    // prefetches a few blocks ahead.
+    constexpr std::size_t kPrefetchDistance = 8;
+    for (std::size_t i = 0; i < std::min(kPrefetchDistance, max_blocks); ++i) {
+      pool_.prefetch_cached_block(seq.block_hashes[i], group.id);
+    }
+    BlockId parent = BlockPool::kNoBlock;
+    for (std::size_t i = 0; i < max_blocks; ++i) {
+      if (i + kPrefetchDistance < max_blocks) {
+        pool_.prefetch_cached_block(seq.block_hashes[i + kPrefetchDistance], group.id);
+      }
+      const BlockId b = pool_.match_cached_block(seq, i, parent, group.id);
+      if (b == BlockPool::kNoBlock) break;
+      hit.push_back(b);
+      parent = b;
+    }
+    while (!hit.empty() && (hit.size() * bs) % alignment != 0) hit.pop_back();
+    return hit;
+  }
+  // Sliding window: right to left, for window_blocks() contiguous hits whose chain is consistent;
+  // a shorter run counts only when it reaches block 0.
+  const std::size_t needed = group.spec.window_blocks();
+  hit.assign(max_blocks, kNullBlockId);
+  std::size_t run = 0;
+  for (std::size_t i = max_blocks; i-- > 0;) {
+    const BlockId b = pool_.match_cached_block_unanchored(seq, i, group.id);
+    const bool extends =
+        b != BlockPool::kNoBlock && run > 0 && pool_.same_content_chain(b, hit[i + 1]);
+    if (b == BlockPool::kNoBlock) {
+      run = 0;
+      continue;
+    }
+    if (!extends) {
+      // A run starts here: its end must be aligned for the hybrid hit length.
+      run = 0;
+      if (bs != alignment && ((i + 1) * bs) % alignment != 0) continue;
+    }
+    hit[i] = b;
+    ++run;
+    if (run >= needed) {
+      hit.resize(i + run);
+      return hit;
+    }
+  }
+  hit.resize(run);  // the run that reaches block 0, possibly empty
+  return hit;
 }
 
 CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
@@ -69,29 +191,57 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
   }
   check_hashing(request);
   CacheHit hit;
+  hit.other_groups.resize(groups_.size() - 1);
   if (!pool_.config().enable_caching || request.skip_reading_prefix_cache) return hit;
 
   // The last token is always recomputed: the model needs it to produce logits.
-  const std::size_t max_hit_tokens = request.num_tokens() == 0 ? 0 : request.num_tokens() - 1;
-  const std::size_t max_blocks =
-      std::min(max_hit_tokens / pool_.block_size(), request.block_hashes().size());
-  BlockId parent = BlockPool::kNoBlock;
-  constexpr std::size_t kPrefetchDistance = 8;
-  const auto hashes = request.block_hashes();
-  for (std::size_t i = 0; i < std::min(kPrefetchDistance, max_blocks); ++i) {
-    pool_.prefetch_cached_block(hashes[i]);
+  std::size_t hit_tokens = request.num_tokens() == 0 ? 0 : request.num_tokens() - 1;
+  std::vector<std::vector<BlockId>> per_group(groups_.size());
+  std::vector<bool> looked_up(groups_.size(), false);
+  // Fixed point: each group shortens the length to what it accepts, until no group shortens it.
+  // Full attention's hit is monotonic in the length, so it is looked up once and then trimmed.
+  for (;;) {
+    std::size_t length = hit_tokens;
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const Group& group = groups_[g];
+      const std::size_t bs = group.spec.block_size;
+      if (group.spec.kind == AttentionKind::kFull && looked_up[g]) {
+        per_group[g].resize(std::min(per_group[g].size(), length / bs));
+      } else {
+        coarse_scratch_.clear();
+        const BlockSequence seq = group_sequence(request, g, coarse_scratch_);
+        per_group[g] = find_hit(group, seq, length, groups_.size() == 1 ? bs : alignment_);
+        looked_up[g] = true;
+      }
+      length = per_group[g].size() * bs;
+    }
+    if (length >= hit_tokens) break;
+    hit_tokens = length;
   }
-  for (std::size_t i = 0; i < max_blocks; ++i) {
-    if (i + kPrefetchDistance < max_blocks)
-      pool_.prefetch_cached_block(hashes[i + kPrefetchDistance]);
-    const BlockId b = pool_.match_cached_block(request.hashed_tokens(), i, parent);
-    if (b == BlockPool::kNoBlock) break;
-    hit.blocks.push_back(b);
-    parent = b;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    per_group[g].resize(hit_tokens / groups_[g].spec.block_size);
   }
-  hit.num_tokens = hit.blocks.size() * pool_.block_size();
+  hit.num_tokens = hit_tokens;
+  hit.blocks = std::move(per_group[0]);
+  for (std::size_t g = 1; g < groups_.size(); ++g)
+    hit.other_groups[g - 1] = std::move(per_group[g]);
   stats_.record(request.num_tokens(), hit.num_tokens);
   return hit;
+}
+
+std::size_t KVCacheManager::num_skipped_blocks(const Group& group, const GroupBlocks& state,
+                                               std::size_t num_computed_tokens,
+                                               bool count_freeable) const {
+  const std::size_t skipped = std::min<std::size_t>(
+      group.spec.num_skipped_tokens(num_computed_tokens) / group.spec.block_size,
+      state.blocks.size());
+  std::size_t n = 0;
+  for (std::size_t i = skipped; i-- > 0;) {
+    const BlockId b = state.blocks[i];
+    if (b == kNullBlockId) break;  // everything before it was removed earlier
+    if (!count_freeable || pool_.block(b).ref_cnt == 1) ++n;
+  }
+  return n;
 }
 
 std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
@@ -105,29 +255,55 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     throw Error(ErrorCode::kInvalidArgument, where + "num_new_tokens must be greater than 0");
   }
   check_hashing(request);
-  const std::size_t bs = pool_.block_size();
   const auto it = requests_.find(request.id());
-  const std::size_t held = it == requests_.end() ? 0 : it->second.blocks.size();
-  if (!hit.blocks.empty() && held != 0) {
+  const bool known = it != requests_.end();
+  // The hit's blocks per group; a default CacheHit{} means no hit in any group.
+  static const std::vector<BlockId> kNoBlocks;
+  std::vector<const std::vector<BlockId>*> hits(groups_.size(), &kNoBlocks);
+  hits[0] = &hit.blocks;
+  if (hit.other_groups.size() + 1 == groups_.size()) {
+    for (std::size_t g = 1; g < groups_.size(); ++g) hits[g] = &hit.other_groups[g - 1];
+  } else if (!hit.other_groups.empty() || (groups_.size() > 1 && !hit.blocks.empty())) {
+    throw Error(ErrorCode::kInvalidArgument,
+                where + "the hit has " + std::to_string(hit.other_groups.size() + 1) +
+                    " groups, the manager " + std::to_string(groups_.size()));
+  }
+  const bool has_hit =
+      std::any_of(hits.begin(), hits.end(), [](const auto* v) { return !v->empty(); });
+  if (has_hit && known) {
     throw Error(ErrorCode::kInvalidArgument,
                 where + "a cache hit can only be passed to the first allocation");
   }
-  if (hit.num_tokens != hit.blocks.size() * bs) {
-    throw Error(ErrorCode::kInvalidArgument,
-                where + "the hit's num_tokens " + std::to_string(hit.num_tokens) +
-                    " != " + std::to_string(hit.blocks.size()) + " blocks x block size");
-  }
-  if (!hit.blocks.empty() && request.num_computed_tokens() != 0) {
+  if (has_hit && request.num_computed_tokens() != 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 where + "a cache hit needs a request with no computed tokens");
   }
-  for (std::size_t i = 0; i < hit.blocks.size(); ++i) {
-    const KVCacheBlock& b = pool_.block(hit.blocks[i]);  // throws when out of range
-    if (i >= request.block_hashes().size() || b.block_hash != request.block_hashes()[i]) {
+  std::vector<std::vector<BlockHash>> coarse(groups_.size());
+  if (known) {
+    for (std::size_t g = 0; g < groups_.size(); ++g) coarse[g] = it->second.groups[g].coarse_hashes;
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::vector<BlockId>& blocks = *hits[g];
+    const std::size_t bs = groups_[g].spec.block_size;
+    if (hit.num_tokens != blocks.size() * bs) {
       throw Error(ErrorCode::kInvalidArgument,
-                  where + "stale cache hit: block " + std::to_string(b.block_id) +
-                      " no longer caches the request's block " + std::to_string(i) +
-                      " (call allocate_slots right after get_computed_blocks)");
+                  where + "the hit's num_tokens " + std::to_string(hit.num_tokens) + " != group " +
+                      std::to_string(g) + "'s " + std::to_string(blocks.size()) +
+                      " blocks x block size " + std::to_string(bs));
+    }
+    if (blocks.empty()) continue;
+    const BlockSequence seq = group_sequence(request, g, coarse[g]);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const KVCacheBlock& b = pool_.block(blocks[i]);  // throws when out of range
+      if (b.is_null && groups_[g].spec.kind == AttentionKind::kSlidingWindow) continue;
+      if (i >= seq.block_hashes.size() || b.block_hash != seq.block_hashes[i] ||
+          b.group_id != groups_[g].id) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    where + "stale cache hit: block " + std::to_string(b.block_id) +
+                        " no longer caches the request's block " + std::to_string(i) +
+                        " of group " + std::to_string(g) +
+                        " (call allocate_slots right after get_computed_blocks)");
+      }
     }
   }
   const std::size_t num_computed = request.num_computed_tokens() + hit.num_tokens;
@@ -139,36 +315,89 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
 
   std::size_t need_slots = num_computed + num_new_tokens + num_lookahead_tokens;
-  if (max_model_len_)
+  if (max_model_len_) {
     need_slots = std::min(need_slots, std::max(*max_model_len_, num_computed + num_new_tokens));
-  const std::size_t have = held + hit.blocks.size();
-  const std::size_t required = cdiv(need_slots, bs);
-  const std::size_t to_allocate = required > have ? required - have : 0;
-  // Touching a hit that sits in the free queue consumes free capacity too.
-  std::size_t evictable_hits = 0;
-  for (const BlockId b : hit.blocks) evictable_hits += pool_.block(b).ref_cnt == 0 ? 1 : 0;
-  if (to_allocate + evictable_hits > static_cast<std::size_t>(pool_.num_free_blocks())) {
-    return std::nullopt;
   }
-
-  RequestBlocks& state = requests_[request.id()];  // may allocate: before any pool change
-  state.blocks.reserve(have + to_allocate);
-  pool_.touch(hit.blocks);
-  state.blocks.insert(state.blocks.end(), hit.blocks.begin(), hit.blocks.end());
-  if (held == 0) state.num_cached_blocks = hit.blocks.size();
-  const std::size_t first_new = state.blocks.size();
-  pool_.get_new_blocks(static_cast<std::int32_t>(to_allocate), state.blocks);
-
-  if (pool_.config().enable_caching) {
-    // Cache every full block of known tokens; lookahead (draft) slots are never cached.
-    const std::size_t num_full = std::min(num_computed + num_new_tokens, request.num_tokens()) / bs;
-    if (num_full > state.num_cached_blocks) {
-      pool_.cache_full_blocks(request.hashed_tokens(), state.blocks, state.num_cached_blocks,
-                              num_full);
-      state.num_cached_blocks = num_full;
+  // Capacity: new blocks plus hits sitting in the free queue, against the free blocks plus those
+  // that leaving the window releases.
+  std::vector<std::size_t> to_allocate(groups_.size(), 0);
+  std::size_t needed = 0, releasable = 0;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::vector<BlockId>& hb = *hits[g];
+    const std::size_t held = known ? it->second.groups[g].blocks.size() : 0;
+    const std::size_t required = cdiv(need_slots, groups_[g].spec.block_size);
+    to_allocate[g] = required > held + hb.size() ? required - held - hb.size() : 0;
+    needed += to_allocate[g];
+    for (const BlockId b : hb) needed += (b != kNullBlockId && pool_.block(b).ref_cnt == 0) ? 1 : 0;
+    if (known) {
+      releasable += num_skipped_blocks(groups_[g], it->second.groups[g],
+                                       request.num_computed_tokens(), /*count_freeable=*/true);
     }
   }
-  return std::span<const BlockId>(state.blocks).subspan(first_new);
+  if (needed > static_cast<std::size_t>(pool_.num_free_blocks()) + releasable) return std::nullopt;
+
+  RequestBlocks& state = requests_[request.id()];  // may allocate: before any pool change
+  state.groups.resize(groups_.size());
+  // Blocks that left a window go first (the later block first), in every group before any
+  // allocation: the capacity check counted them, and they may be reused right away.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    GroupBlocks& gs = state.groups[g];
+    const std::size_t skip = num_skipped_blocks(group, gs, request.num_computed_tokens(), false);
+    if (skip == 0) continue;
+    const std::size_t end = std::min<std::size_t>(
+        group.spec.num_skipped_tokens(request.num_computed_tokens()) / group.spec.block_size,
+        gs.blocks.size());
+    free_scratch_.clear();
+    for (std::size_t i = end; i-- > end - skip;) {
+      free_scratch_.push_back(gs.blocks[i]);
+      gs.blocks[i] = kNullBlockId;
+    }
+    pool_.free_blocks(free_scratch_);
+    out_of_window_freed_ += skip;
+  }
+  std::span<const BlockId> result;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const Group& group = groups_[g];
+    GroupBlocks& gs = state.groups[g];
+    gs.coarse_hashes = std::move(coarse[g]);
+    if (has_hit) {
+      const std::vector<BlockId>& hb = *hits[g];
+      pool_.touch(hb);
+      gs.blocks.insert(gs.blocks.end(), hb.begin(), hb.end());
+      gs.num_cached_blocks = hb.size();
+    }
+    const std::size_t first_new = gs.blocks.size();
+    gs.blocks.reserve(first_new + to_allocate[g]);
+    if (!pool_.get_new_blocks(static_cast<std::int32_t>(to_allocate[g]), gs.blocks)) {
+      throw Error(ErrorCode::kInvalidState,
+                  "allocate_slots: internal error: the capacity check passed but group " +
+                      std::to_string(g) + " could not get its blocks (a bug in pagedkv)");
+    }
+    if (g == 0) result = std::span<const BlockId>(gs.blocks).subspan(first_new);
+
+    if (pool_.config().enable_caching) {
+      // Cache every full block of known tokens (lookahead slots never), skipping null blocks.
+      const std::size_t full =
+          std::min(num_computed + num_new_tokens, request.num_tokens()) / group.spec.block_size;
+      if (full > gs.num_cached_blocks) {
+        const BlockSequence seq = group_sequence(request, g, gs.coarse_hashes);
+        std::size_t i = gs.num_cached_blocks;
+        while (i < full) {
+          if (gs.blocks[i] == kNullBlockId) {
+            ++i;
+            continue;
+          }
+          std::size_t j = i;
+          while (j < full && gs.blocks[j] != kNullBlockId) ++j;
+          pool_.cache_full_blocks(seq, gs.blocks, i, j, group.id);
+          i = j;
+        }
+        gs.num_cached_blocks = full;
+      }
+    }
+  }
+  return result;
 }
 
 void KVCacheManager::release(Request& request, const char* what) {
@@ -181,8 +410,10 @@ void KVCacheManager::release(Request& request, const char* what) {
     throw Error(ErrorCode::kNotFound, std::string(what) + ": " + request_text(request) +
                                           " holds no blocks (unknown to this manager)");
   }
-  free_scratch_.assign(it->second.blocks.rbegin(), it->second.blocks.rend());  // tail first
-  pool_.free_blocks(free_scratch_);
+  for (const GroupBlocks& gs : it->second.groups) {
+    free_scratch_.assign(gs.blocks.rbegin(), gs.blocks.rend());  // tail first
+    pool_.free_blocks(free_scratch_);
+  }
   requests_.erase(it);
 }
 
@@ -196,12 +427,17 @@ void KVCacheManager::preempt(Request& request) {
   request.num_computed_tokens_ = 0;
 }
 
-std::span<const BlockId> KVCacheManager::block_ids(RequestId id) const {
+std::span<const BlockId> KVCacheManager::block_ids(RequestId id, std::size_t group) const {
   const auto it = requests_.find(id);
   if (it == requests_.end()) {
     throw Error(ErrorCode::kNotFound, "block_ids: request " + std::to_string(id) + " is unknown");
   }
-  return it->second.blocks;
+  if (group >= groups_.size()) {
+    throw Error(ErrorCode::kOutOfRange, "block_ids: group " + std::to_string(group) +
+                                            " but the manager has " +
+                                            std::to_string(groups_.size()));
+  }
+  return it->second.groups[group].blocks;
 }
 
 std::size_t KVCacheManager::num_common_prefix_blocks(RequestId id) const {
@@ -223,13 +459,31 @@ void KVCacheManager::check_invariants() const {
   pool_.check_invariants();
   std::vector<std::int32_t> holders(static_cast<std::size_t>(pool_.num_blocks()), 0);
   for (const auto& [id, state] : requests_) {
-    if (state.num_cached_blocks > state.blocks.size()) {
+    if (state.groups.size() != groups_.size()) {
       throw Error(ErrorCode::kInvalidState, "KVCacheManager invariant broken: request " +
-                                                std::to_string(id) +
-                                                " has more cached than held blocks");
+                                                std::to_string(id) + " has the wrong group count");
     }
-    for (const BlockId b : state.blocks) {
-      if (b != kNullBlockId) ++holders[static_cast<std::size_t>(b)];
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const GroupBlocks& gs = state.groups[g];
+      if (gs.num_cached_blocks > gs.blocks.size()) {
+        throw Error(ErrorCode::kInvalidState,
+                    "KVCacheManager invariant broken: request " + std::to_string(id) + " has " +
+                        std::to_string(gs.num_cached_blocks) + " cached but " +
+                        std::to_string(gs.blocks.size()) + " held blocks in group " +
+                        std::to_string(g));
+      }
+      for (const BlockId b : gs.blocks) {
+        if (b == kNullBlockId) {
+          if (groups_[g].spec.kind != AttentionKind::kSlidingWindow) {
+            throw Error(ErrorCode::kInvalidState,
+                        "KVCacheManager invariant broken: a full-attention table holds the null "
+                        "block (request " +
+                            std::to_string(id) + ")");
+          }
+          continue;
+        }
+        ++holders[static_cast<std::size_t>(b)];
+      }
     }
   }
   for (BlockId b = 1; b < pool_.num_blocks(); ++b) {
@@ -246,8 +500,14 @@ KVCacheManagerSnapshot KVCacheManager::snapshot() const {
   KVCacheManagerSnapshot s;
   s.pool = pool_.snapshot();
   for (const auto& [id, state] : requests_) {
-    s.request_blocks.emplace_back(id, state.blocks);
-    s.num_cached_blocks.emplace_back(id, state.num_cached_blocks);
+    std::vector<std::vector<BlockId>> blocks;
+    std::vector<std::size_t> cached;
+    for (const GroupBlocks& gs : state.groups) {
+      blocks.push_back(gs.blocks);
+      cached.push_back(gs.num_cached_blocks);
+    }
+    s.request_blocks.emplace_back(id, std::move(blocks));
+    s.num_cached_blocks.emplace_back(id, std::move(cached));
   }
   std::sort(s.request_blocks.begin(), s.request_blocks.end());
   std::sort(s.num_cached_blocks.begin(), s.num_cached_blocks.end());

@@ -55,20 +55,20 @@ RequestBlockHasher::RequestBlockHasher(BlockHasher hasher, std::uint32_t block_s
   validate_keys(keys_);
 }
 
-BlockExtraKeys RequestBlockHasher::block_extra_keys(std::size_t block_index,
-                                                    std::vector<MultiModalKey>& scratch) const {
+BlockExtraKeys block_extra_keys(const RequestHashKeys& keys, std::size_t block_index,
+                                std::uint32_t block_size, std::vector<MultiModalKey>& scratch) {
   BlockExtraKeys extra;
-  if (keys_.lora_name) extra.lora_name = *keys_.lora_name;
-  if (block_index == 0 && keys_.cache_salt) extra.cache_salt = *keys_.cache_salt;
+  if (keys.lora_name) extra.lora_name = *keys.lora_name;
+  if (block_index == 0 && keys.cache_salt) extra.cache_salt = *keys.cache_salt;
   scratch.clear();
-  if (!keys_.mm_items.empty()) {
-    const auto start = static_cast<std::int64_t>(block_index) * block_size_;
-    const std::int64_t end = start + block_size_;
+  if (!keys.mm_items.empty()) {
+    const auto start = static_cast<std::int64_t>(block_index) * block_size;
+    const std::int64_t end = start + block_size;
     // Items are sorted and disjoint, so their ends are sorted too: skip those ending by `start`.
     auto it = std::partition_point(
-        keys_.mm_items.begin(), keys_.mm_items.end(),
+        keys.mm_items.begin(), keys.mm_items.end(),
         [start](const MultiModalItem& item) { return item.offset + item.length <= start; });
-    for (; it != keys_.mm_items.end() && it->offset < end; ++it) {
+    for (; it != keys.mm_items.end() && it->offset < end; ++it) {
       scratch.push_back(MultiModalKey{it->identifier, it->offset - start});
     }
     extra.mm_items = scratch;

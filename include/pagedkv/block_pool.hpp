@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
@@ -100,9 +101,14 @@ class BlockPool {
   // Caches blocks[num_cached_blocks .. num_full_blocks) of `seq` (its block i lives in physical
   // block blocks[i]); emits one BlockStored. Errors: counts beyond blocks or seq's full blocks,
   // a block already cached, the null block in that range.
-  void cache_full_blocks(const RequestBlockHasher& seq, std::span<const BlockId> blocks,
+  void cache_full_blocks(const BlockSequence& seq, std::span<const BlockId> blocks,
                          std::size_t num_cached_blocks, std::size_t num_full_blocks,
                          GroupId group = 0);
+  void cache_full_blocks(const RequestBlockHasher& seq, std::span<const BlockId> blocks,
+                         std::size_t num_cached_blocks, std::size_t num_full_blocks,
+                         GroupId group = 0) {
+    cache_full_blocks(seq.sequence(), blocks, num_cached_blocks, num_full_blocks, group);
+  }
 
   // vLLM's lookup: the first inserted block cached under (hash, group), or kNoBlock. It does
   // not verify key material; KV-cache managers use match_cached_block().
@@ -116,8 +122,21 @@ class BlockPool {
   // stored material equals seq's (tokens, extra keys, and - for index > 0 - a parent with the
   // same content as `parent`, the block that matched index - 1). kNoBlock on a miss. Without
   // verify_cache_hits, the same as get_cached_block().
-  BlockId match_cached_block(const RequestBlockHasher& seq, std::size_t index, BlockId parent,
+  BlockId match_cached_block(const BlockSequence& seq, std::size_t index, BlockId parent,
                              GroupId group = 0) const;
+  BlockId match_cached_block(const RequestBlockHasher& seq, std::size_t index, BlockId parent,
+                             GroupId group = 0) const {
+    return match_cached_block(seq.sequence(), index, parent, group);
+  }
+
+  // Sliding-window lookups search right to left, before the block's left neighbour is known:
+  // the same as match_cached_block() without the parent check. Callers verify the chain inside a
+  // run of hits with same_content_chain().
+  BlockId match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
+                                        GroupId group = 0) const;
+  // Whether `child` was cached as the successor of content equal to `parent`'s (true without
+  // verify_cache_hits). Both must be cached.
+  bool same_content_chain(BlockId parent, BlockId child) const noexcept;
 
   // Drops the cache entries of these blocks (they stay allocated or queued where they are).
   // Returns how many were cached. Errors: an id out of range (nothing evicted).
@@ -149,8 +168,12 @@ class BlockPool {
   };
 
   bool verifying() const noexcept { return !material_.empty(); }
-  bool material_matches(BlockId candidate, std::uint64_t parent_content_id, std::uint32_t extra_id,
-                        const TokenId* tokens) const noexcept;
+  // parent_content_id: the required parent content, or std::nullopt to skip that check.
+  bool material_matches(BlockId candidate, std::optional<std::uint64_t> parent_content_id,
+                        std::uint32_t extra_id, const TokenId* tokens,
+                        std::uint32_t block_size) const noexcept;
+  BlockId match(const BlockSequence& seq, std::size_t index, GroupId group,
+                std::optional<std::uint64_t> parent_cid) const;
   void evict_cached(BlockId id);
   void emit(KVEvent::Data data);
   std::uint32_t lookup_extra_id(const BlockExtraKeys& extra) const;

@@ -1,4 +1,12 @@
-// pagedkv/kv_cache_manager.hpp: the scheduler's view of the KV cache (full-attention models).
+// pagedkv/kv_cache_manager.hpp: the scheduler's view of the KV cache.
+//
+// Full-attention models use one KV-cache group (the default). Hybrid models (full-attention plus
+// sliding-window layers, possibly with different block sizes) list their groups in
+// KVCacheManagerConfig::groups; one pool serves all of them, and a request's hit is the longest
+// length every group accepts (a fixed point over the groups, aligned to the least common multiple
+// of their block sizes; full attention is looked up once). Sliding-window groups free the blocks
+// that leave the window as the request advances (the later block first) and hold the null block
+// in their places. See attention_spec.hpp.
 //
 // Names and semantics follow vLLM's v1 KVCacheManager. Per scheduling step, for each request:
 //   1. hit = get_computed_blocks(request)         longest cached prefix (at most num_tokens - 1
@@ -27,6 +35,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pagedkv/attention_spec.hpp"
 #include "pagedkv/block_hasher.hpp"
 #include "pagedkv/block_pool.hpp"
 #include "pagedkv/kv_events.hpp"
@@ -36,8 +45,12 @@
 namespace pagedkv {
 
 struct KVCacheManagerConfig {
-  std::int32_t num_blocks = 0;  // total pool blocks, including the null block
-  std::uint32_t block_size = 16;
+  std::int32_t num_blocks = 0;    // total pool blocks, including the null block
+  std::uint32_t block_size = 16;  // the single full-attention group's; ignored when `groups` is set
+  // KV-cache groups, in the order the engine's layers use them; empty: one full-attention group
+  // of `block_size`. Requests are hashed at the smallest group block size, which must divide all
+  // of them.
+  std::vector<AttentionSpec> groups;
   bool enable_caching = true;
   HashScheme hash_scheme = HashScheme::kSha256;
   std::optional<std::string> hash_seed;  // see BlockHasher; set it to agree across processes
@@ -51,15 +64,23 @@ struct KVCacheManagerConfig {
 
 // The result of get_computed_blocks(): the cached blocks of the request's longest cached prefix.
 struct CacheHit {
-  std::vector<BlockId> blocks;
-  std::size_t num_tokens = 0;  // blocks.size() * block_size
+  std::vector<BlockId> blocks;  // group 0 (the only group of a full-attention model)
+  std::size_t num_tokens = 0;   // blocks.size() * group 0's block size
+  // Groups 1.. of a hybrid model, each covering the same num_tokens; sliding-window groups hold
+  // the null block before their window.
+  std::vector<std::vector<BlockId>> other_groups;
+
+  const std::vector<BlockId>& group(std::size_t g) const {
+    return g == 0 ? blocks : other_groups[g - 1];
+  }
 };
 
 // Everything observable about a manager's state, for tests.
 struct KVCacheManagerSnapshot {
   BlockPoolSnapshot pool;
-  std::vector<std::pair<RequestId, std::vector<BlockId>>> request_blocks;  // sorted by id
-  std::vector<std::pair<RequestId, std::size_t>> num_cached_blocks;        // sorted by id
+  // Per request (sorted by id), per group: the block table row and its cached-block count.
+  std::vector<std::pair<RequestId, std::vector<std::vector<BlockId>>>> request_blocks;
+  std::vector<std::pair<RequestId, std::vector<std::size_t>>> num_cached_blocks;
   std::uint64_t stats_requests = 0;
   std::uint64_t stats_queries = 0;
   std::uint64_t stats_hits = 0;
@@ -72,7 +93,10 @@ class KVCacheManager {
   explicit KVCacheManager(const KVCacheManagerConfig& config);
 
   const BlockHasher& hasher() const noexcept { return hasher_; }
-  std::uint32_t block_size() const noexcept { return pool_.block_size(); }
+  // The block size requests are hashed at (the smallest group block size).
+  std::uint32_t block_size() const noexcept { return hash_block_size_; }
+  std::size_t num_groups() const noexcept { return groups_.size(); }
+  const AttentionSpec& group_spec(std::size_t g) const { return groups_.at(g).spec; }
   const BlockPool& block_pool() const noexcept { return pool_; }
 
   // A request hashed the way this manager's cache is keyed.
@@ -84,8 +108,10 @@ class KVCacheManager {
   CacheHit get_computed_blocks(const Request& request);
 
   // Allocates slots for num_new_tokens tokens after the request's computed tokens and the hit,
-  // plus num_lookahead_tokens draft slots (never cached). Returns the newly allocated blocks
-  // (valid until the next call on this manager), or std::nullopt when they do not fit.
+  // plus num_lookahead_tokens draft slots (never cached). Sliding-window groups first release the
+  // blocks that left the window. Returns group 0's newly allocated blocks (valid until the next
+  // call on this manager; other groups: block_ids(id, g)), or std::nullopt when the blocks do not
+  // fit, with nothing changed.
   std::optional<std::span<const BlockId>> allocate_slots(Request& request,
                                                          std::size_t num_new_tokens,
                                                          const CacheHit& hit = {},
@@ -97,7 +123,11 @@ class KVCacheManager {
   // stay hit-able); sets its num_computed_tokens to 0.
   void preempt(Request& request);
 
-  std::span<const BlockId> block_ids(RequestId id) const;  // throws for an unknown id
+  // A request's block table row in group g (null blocks where a window skipped them). Throws for
+  // an unknown id or group.
+  std::span<const BlockId> block_ids(RequestId id, std::size_t group = 0) const;
+  // Blocks released early because they left a sliding window, since construction.
+  std::uint64_t num_out_of_window_blocks_freed() const noexcept { return out_of_window_freed_; }
   // Leading blocks of this request held by every request the manager tracks (the shared prefix
   // for cascade attention).
   std::size_t num_common_prefix_blocks(RequestId id) const;
@@ -118,20 +148,40 @@ class KVCacheManager {
   KVCacheManagerSnapshot snapshot() const;
 
  private:
+  struct Group {
+    AttentionSpec spec;
+    GroupId id = 0;
+    std::uint32_t factor = 1;  // block size / hash block size
+  };
+  struct GroupBlocks {
+    std::vector<BlockId> blocks;           // the block table row, in token order
+    std::size_t num_cached_blocks = 0;     // leading blocks already cached (or null)
+    std::vector<BlockHash> coarse_hashes;  // factor > 1: this group's block keys
+  };
   struct RequestBlocks {
-    std::vector<BlockId> blocks;        // the block table row, in token order
-    std::size_t num_cached_blocks = 0;  // leading blocks already in the hash map
+    std::vector<GroupBlocks> groups;
   };
 
   void check_hashing(const Request& request) const;
   void release(Request& request, const char* what);
+  BlockSequence group_sequence(const Request& request, std::size_t g,
+                               std::vector<BlockHash>& coarse) const;
+  std::vector<BlockId> find_hit(const Group& group, const BlockSequence& seq,
+                                std::size_t max_tokens, std::size_t alignment) const;
+  std::size_t num_skipped_blocks(const Group& group, const GroupBlocks& state,
+                                 std::size_t num_computed_tokens, bool count_freeable) const;
 
   BlockHasher hasher_;
+  std::vector<Group> groups_;
+  std::uint32_t hash_block_size_;
+  std::size_t alignment_;  // least common multiple of the group block sizes
   BlockPool pool_;
   PrefixCacheStatsRecorder stats_;
   std::optional<std::size_t> max_model_len_;
   std::unordered_map<RequestId, RequestBlocks> requests_;
   std::vector<BlockId> free_scratch_;
+  mutable std::vector<BlockHash> coarse_scratch_;
+  std::uint64_t out_of_window_freed_ = 0;
 };
 
 }  // namespace pagedkv

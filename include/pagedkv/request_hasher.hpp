@@ -28,7 +28,7 @@ namespace pagedkv {
 
 // A multimodal item's placeholder tokens in the request: [offset, offset + length).
 struct MultiModalItem {
-  std::string identifier;  // e.g. the content hash of an image; must not be empty
+  std::string identifier;   // e.g. the content hash of an image; must not be empty
   std::int64_t offset = 0;  // first placeholder token, >= 0
   std::int64_t length = 0;  // number of placeholder tokens, > 0
 };
@@ -38,6 +38,26 @@ struct RequestHashKeys {
   std::optional<std::string> lora_name;   // absent: no LoRA adapter
   std::optional<std::string> cache_salt;  // absent: the shared namespace
   std::vector<MultiModalItem> mm_items;   // sorted by offset, non-overlapping
+};
+
+// The extra keys of block `block_index` of a request hashed at `block_size` (vLLM's rule, see
+// the file comment). The returned views point into `keys` and `scratch`.
+BlockExtraKeys block_extra_keys(const RequestHashKeys& keys, std::size_t block_index,
+                                std::uint32_t block_size, std::vector<MultiModalKey>& scratch);
+
+// A request's tokens and full-block hashes at one block size: what the block pool needs to cache
+// or look up its blocks. A view: valid while the objects it points into live and do not grow.
+struct BlockSequence {
+  std::uint32_t block_size = 0;
+  std::span<const TokenId> tokens;
+  std::span<const BlockHash> block_hashes;  // block i covers tokens [i * block_size, ...)
+  const RequestHashKeys* keys = nullptr;    // extra keys; nullptr: none
+
+  BlockExtraKeys block_extra_keys(std::size_t block_index,
+                                  std::vector<MultiModalKey>& scratch) const {
+    return keys ? pagedkv::block_extra_keys(*keys, block_index, block_size, scratch)
+                : BlockExtraKeys{};
+  }
 };
 
 class RequestBlockHasher {
@@ -61,7 +81,12 @@ class RequestBlockHasher {
   // The extra keys of block `block_index`, as hash_block() receives them. The returned views point
   // into this object's keys and `scratch`, and live as long as both.
   BlockExtraKeys block_extra_keys(std::size_t block_index,
-                                  std::vector<MultiModalKey>& scratch) const;
+                                  std::vector<MultiModalKey>& scratch) const {
+    return pagedkv::block_extra_keys(keys_, block_index, block_size_, scratch);
+  }
+  BlockSequence sequence() const noexcept {
+    return BlockSequence{block_size_, tokens_, block_hashes_, &keys_};
+  }
 
  private:
   BlockHasher hasher_;
