@@ -229,6 +229,16 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
   return hit;
 }
 
+bool KVCacheManager::hit_usable(const Group& group, std::size_t block_index) const noexcept {
+  // A hybrid hit ends on a multiple of the alignment; a window group's block is only ever part of
+  // a hit when it lies within window_blocks() before such an end. When the alignment spans
+  // several of its blocks, the others are never cached (they would only take map entries).
+  if (group.spec.kind != AttentionKind::kSlidingWindow || groups_.size() == 1) return true;
+  const std::size_t per_unit = alignment_ / group.spec.block_size;
+  const std::size_t next_end = (block_index / per_unit + 1) * per_unit;
+  return next_end <= block_index + group.spec.window_blocks();
+}
+
 std::size_t KVCacheManager::num_skipped_blocks(const Group& group, const GroupBlocks& state,
                                                std::size_t num_computed_tokens,
                                                bool count_freeable) const {
@@ -356,17 +366,21 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     pool_.free_blocks(free_scratch_);
     out_of_window_freed_ += skip;
   }
+  // Every group takes its hits before any group allocates: a hit sitting in the free queue must
+  // not be popped (and evicted) by another group's allocation.
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    GroupBlocks& gs = state.groups[g];
+    gs.coarse_hashes = std::move(coarse[g]);
+    if (!has_hit) continue;
+    const std::vector<BlockId>& hb = *hits[g];
+    pool_.touch(hb);
+    gs.blocks.insert(gs.blocks.end(), hb.begin(), hb.end());
+    gs.num_cached_blocks = hb.size();
+  }
   std::span<const BlockId> result;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const Group& group = groups_[g];
     GroupBlocks& gs = state.groups[g];
-    gs.coarse_hashes = std::move(coarse[g]);
-    if (has_hit) {
-      const std::vector<BlockId>& hb = *hits[g];
-      pool_.touch(hb);
-      gs.blocks.insert(gs.blocks.end(), hb.begin(), hb.end());
-      gs.num_cached_blocks = hb.size();
-    }
     const std::size_t first_new = gs.blocks.size();
     gs.blocks.reserve(first_new + to_allocate[g]);
     if (!pool_.get_new_blocks(static_cast<std::int32_t>(to_allocate[g]), gs.blocks)) {
@@ -384,12 +398,12 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
         const BlockSequence seq = group_sequence(request, g, gs.coarse_hashes);
         std::size_t i = gs.num_cached_blocks;
         while (i < full) {
-          if (gs.blocks[i] == kNullBlockId) {
+          if (gs.blocks[i] == kNullBlockId || !hit_usable(group, i)) {
             ++i;
             continue;
           }
           std::size_t j = i;
-          while (j < full && gs.blocks[j] != kNullBlockId) ++j;
+          while (j < full && gs.blocks[j] != kNullBlockId && hit_usable(group, j)) ++j;
           pool_.cache_full_blocks(seq, gs.blocks, i, j, group.id);
           i = j;
         }
@@ -458,6 +472,7 @@ bool KVCacheManager::reset_prefix_cache() {
 void KVCacheManager::check_invariants() const {
   pool_.check_invariants();
   std::vector<std::int32_t> holders(static_cast<std::size_t>(pool_.num_blocks()), 0);
+  std::vector<int> holder_group(static_cast<std::size_t>(pool_.num_blocks()), -1);
   for (const auto& [id, state] : requests_) {
     if (state.groups.size() != groups_.size()) {
       throw Error(ErrorCode::kInvalidState, "KVCacheManager invariant broken: request " +
@@ -483,6 +498,18 @@ void KVCacheManager::check_invariants() const {
           continue;
         }
         ++holders[static_cast<std::size_t>(b)];
+        // A physical block serves one group at a time, and a cached one is keyed by that group.
+        int& owner = holder_group[static_cast<std::size_t>(b)];
+        const KVCacheBlock& blk = pool_.block(b);
+        if ((owner != -1 && owner != static_cast<int>(g)) ||
+            (blk.is_cached() && blk.group_id != groups_[g].id)) {
+          throw Error(ErrorCode::kInvalidState,
+                      "KVCacheManager invariant broken: block " + std::to_string(b) +
+                          " is held in group " + std::to_string(g) + " but also in group " +
+                          std::to_string(owner) + " or cached for group " +
+                          std::to_string(blk.group_id));
+        }
+        owner = static_cast<int>(g);
       }
     }
   }

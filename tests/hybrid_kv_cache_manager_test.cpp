@@ -188,6 +188,29 @@ TEST(Hybrid, MixedBlockSizes) {
                Error);
 }
 
+// Full attention at block size 32 with a 17-token window at block size 16: hits end on multiples of
+// 32 tokens and need ceil(16 / 16) = 1 window block, so only the window's odd blocks (the one just
+// before each 32-token boundary) can ever be part of a hit, and only they are cached.
+TEST(Hybrid, CachesOnlyWindowBlocksAFutureHitCanUse) {
+  KVCacheManager m(config({AttentionSpec::full(32), AttentionSpec::sliding(16, 17)}));
+  Request a = m.make_request(1, iota_tokens(0, 130));
+  const auto rows = admit(m, a);
+  ASSERT_EQ(rows[1].size(), 9u);
+  for (std::size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(m.block_pool().block(rows[1][i]).is_cached(), i % 2 == 1) << "window block " << i;
+  }
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(m.block_pool().block(rows[0][i]).is_cached());
+  m.free(a);
+  Request b = m.make_request(2, iota_tokens(0, 130));
+  const CacheHit hit = m.get_computed_blocks(b);
+  EXPECT_EQ(hit.num_tokens, 128u);
+  ASSERT_EQ(hit.other_groups.at(0).size(), 8u);
+  EXPECT_EQ(hit.other_groups[0][7], rows[1][7]);
+  EXPECT_EQ(hit.other_groups[0][6], kNullBlockId);
+  ASSERT_TRUE(m.allocate_slots(b, 2, hit).has_value());
+  m.check_invariants();
+}
+
 TEST(Hybrid, RejectsHitsOfTheWrongShape) {
   KVCacheManager m(config({AttentionSpec::full(2), AttentionSpec::sliding(2, 4)}));
   Request a = m.make_request(1, iota_tokens(0, 9));
@@ -206,10 +229,12 @@ TEST(Hybrid, RejectsHitsOfTheWrongShape) {
   EXPECT_THROW((void)m.block_ids(1, 2), Error);
 }
 
-// Random workload on a hybrid model (full B=4, window 12 at B=8): invariants after every
-// operation, and every hit block, in every group, holds exactly the request's prefix.
-TEST(Hybrid, RandomizedInvariantsAndHitSafety) {
-  KVCacheManager m(config({AttentionSpec::full(4), AttentionSpec::sliding(8, 12)}, 40));
+// Random workload on a hybrid model: invariants after every operation, and every hit block, in
+// every group, holds exactly the request's prefix.
+class HybridRandomized : public ::testing::TestWithParam<std::vector<AttentionSpec>> {};
+
+TEST_P(HybridRandomized, InvariantsAndHitSafety) {
+  KVCacheManager m(config(GetParam(), 40));
   std::mt19937 rng(5);
   auto uniform = [&](std::size_t lo, std::size_t hi) { return lo + rng() % (hi - lo + 1); };
   std::vector<std::vector<TokenId>> prefixes(3);
@@ -285,6 +310,17 @@ TEST(Hybrid, RandomizedInvariantsAndHitSafety) {
   EXPECT_GT(hit_blocks, 1000u);
   EXPECT_GT(m.num_out_of_window_blocks_freed(), 0u);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Groups, HybridRandomized,
+    ::testing::Values(
+        // window block coarser than the full group's
+        std::vector<AttentionSpec>{AttentionSpec::full(4), AttentionSpec::sliding(8, 12)},
+        // window block finer than the alignment: only blocks before 8-token ends are cached
+        std::vector<AttentionSpec>{AttentionSpec::full(8), AttentionSpec::sliding(4, 5)},
+        // two windows and full attention, all at one block size
+        std::vector<AttentionSpec>{AttentionSpec::sliding(4, 9), AttentionSpec::full(4),
+                                   AttentionSpec::sliding(4, 17)}));
 
 }  // namespace
 }  // namespace pagedkv

@@ -168,6 +168,7 @@ class KVCacheManager {
                                std::vector<BlockHash>& coarse) const;
   std::vector<BlockId> find_hit(const Group& group, const BlockSequence& seq,
                                 std::size_t max_tokens, std::size_t alignment) const;
+  bool hit_usable(const Group& group, std::size_t block_index) const noexcept;
   std::size_t num_skipped_blocks(const Group& group, const GroupBlocks& state,
                                  std::size_t num_computed_tokens, bool count_freeable) const;
 

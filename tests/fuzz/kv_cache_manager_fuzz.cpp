@@ -73,6 +73,14 @@ void run_one(const std::uint8_t* data, std::size_t size) {
     cfg.hasher = BlockHasher::weak_for_testing(HashScheme::kXxh3_128, "fuzz", 1 + (flags >> 5));
   }
   if (flags & 16) cfg.max_model_len = in.u8();
+  const std::uint8_t layout = in.u8();  // single group, full + sliding window, or window only
+  if (layout % 3 == 1) {
+    cfg.groups = {
+        AttentionSpec::full(cfg.block_size),
+        AttentionSpec::sliding(cfg.block_size * (1 + layout / 3 % 2), 1 + layout / 8 % 24)};
+  } else if (layout % 3 == 2) {
+    cfg.groups = {AttentionSpec::sliding(cfg.block_size, 1 + layout / 8 % 24)};
+  }
   KVCacheManager m(cfg);
   std::vector<Request> reqs;
   std::optional<CacheHit> last_hit;
