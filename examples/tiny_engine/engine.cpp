@@ -12,6 +12,7 @@
 #include "pagedkv/block_table.hpp"
 #include "pagedkv/cache_ops.hpp"
 #include "pagedkv/decode_attention.hpp"
+#include "pagedkv/extend_attention.hpp"
 
 namespace tiny_engine {
 
@@ -81,7 +82,7 @@ Engine::Engine(const Model& model, const EngineConfig& config) : model_(model), 
   cache_.v.assign(static_cast<std::size_t>(m.num_layers), std::vector<std::uint16_t>(plane));
 }
 
-void Engine::forward(std::span<const Segment> segments) {
+void Engine::forward(std::span<const Segment> segments, Kind kind) {
   const ModelConfig& m = model_.config();
   const auto d = static_cast<std::size_t>(m.d_model);
   const auto qd = static_cast<std::size_t>(m.q_dim());
@@ -102,29 +103,32 @@ void Engine::forward(std::span<const Segment> segments) {
   gate_.resize(rows * ffn);
   up_.resize(rows * ffn);
 
-  // Token rows: embeddings, positions, slots, and one attention row per token whose block-table
-  // row is its sequence's and whose length ends at its own position (the causal mask).
+  // Token rows (embeddings, positions, slots) and one block-table row per sequence.
   std::vector<std::int64_t> positions;
   std::vector<std::vector<std::int32_t>> table_rows;
   positions.reserve(rows);
-  table_rows.reserve(rows);
   slots_.clear();
   seq_lens_.clear();
+  q_indptr_.assign(1, 0);
+  std::int32_t max_q_len = 0;
   std::size_t row = 0;
   for (const Segment& s : segments) {
     const std::span<const pagedkv::BlockId> ids = manager_->block_ids(s.request->request.id());
     pagedkv::append_slot_mapping(slots_, ids, block_size, s.first, s.count);
+    table_rows.emplace_back(ids.begin(), ids.end());
+    seq_lens_.push_back(static_cast<std::int32_t>(s.first + s.count));  // the new tokens included
+    q_indptr_.push_back(q_indptr_.back() + static_cast<std::int32_t>(s.count));
+    max_q_len = std::max(max_q_len, static_cast<std::int32_t>(s.count));
     const auto tokens = s.request->request.tokens();
     for (std::int64_t i = 0; i < s.count; ++i, ++row) {
       const std::int64_t pos = s.first + i;
       positions.push_back(pos);
-      seq_lens_.push_back(static_cast<std::int32_t>(pos + 1));
-      table_rows.emplace_back(ids.begin(), ids.end());
       const auto e = model_.embedding(tokens[static_cast<std::size_t>(pos)]);
       std::copy(e.begin(), e.end(), x_.begin() + static_cast<std::ptrdiff_t>(row * d));
     }
   }
   const pagedkv::BlockTable table = pagedkv::make_block_table(table_rows);
+  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
 
   const auto n_rows = static_cast<std::int64_t>(rows);
   for (std::int32_t l = 0; l < m.num_layers; ++l) {
@@ -156,19 +160,40 @@ void Engine::forward(std::span<const Segment> segments) {
     append.layout = cache_.layout;
     pagedkv::reference_kv_append(append);
 
-    pagedkv::PagedDecodeParams attention;
-    attention.dtype = cache_.dtype;
-    attention.num_seqs = static_cast<std::int32_t>(rows);
-    attention.num_q_heads = m.num_q_heads;
-    attention.q = q_bits_.data();
-    attention.k_cache = k_plane.data();
-    attention.v_cache = v_plane.data();
-    attention.layout = cache_.layout;
-    attention.block_table = table.block_ids.data();
-    attention.max_blocks_per_seq = table.max_blocks_per_seq;
-    attention.seq_lens = seq_lens_.data();
-    attention.sm_scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
-    const std::vector<double> out = pagedkv::reference_paged_decode_attention_f64(attention);
+    std::vector<double> out;
+    if (kind == Kind::kDecode) {
+      // One query token per sequence over its whole paged context.
+      pagedkv::PagedDecodeParams attention;
+      attention.dtype = cache_.dtype;
+      attention.num_seqs = static_cast<std::int32_t>(segments.size());
+      attention.num_q_heads = m.num_q_heads;
+      attention.q = q_bits_.data();
+      attention.k_cache = k_plane.data();
+      attention.v_cache = v_plane.data();
+      attention.layout = cache_.layout;
+      attention.block_table = table.block_ids.data();
+      attention.max_blocks_per_seq = table.max_blocks_per_seq;
+      attention.seq_lens = seq_lens_.data();
+      attention.sm_scale = sm_scale;
+      out = pagedkv::reference_paged_decode_attention_f64(attention);
+    } else {
+      // The new tokens attend causally to the cached prefix (the hit) and to each other.
+      pagedkv::PagedExtendParams attention;
+      attention.dtype = cache_.dtype;
+      attention.num_seqs = static_cast<std::int32_t>(segments.size());
+      attention.num_q_heads = m.num_q_heads;
+      attention.q_indptr = q_indptr_.data();
+      attention.max_q_len = max_q_len;
+      attention.q = q_bits_.data();
+      attention.k_cache = k_plane.data();
+      attention.v_cache = v_plane.data();
+      attention.layout = cache_.layout;
+      attention.block_table = table.block_ids.data();
+      attention.max_blocks_per_seq = table.max_blocks_per_seq;
+      attention.seq_lens = seq_lens_.data();
+      attention.sm_scale = sm_scale;
+      out = pagedkv::reference_paged_extend_attention_f64(attention).out;
+    }
     for (std::size_t i = 0; i < rows * qd; ++i) attn_[i] = static_cast<float>(out[i]);
 
     matmul(attn_.data(), n_rows, m.q_dim(), w.wo.data(), m.d_model, tmp_.data());
@@ -332,10 +357,10 @@ RunResult Engine::run(const Workload& workload) {
 
     // 3. The model: decodes first (a prefill of this step may hit a block a decode completes).
     Clock::time_point t0 = Clock::now();
-    forward(decode);
+    forward(decode, Kind::kDecode);
     stats.decode_seconds += seconds_since(t0);
     t0 = Clock::now();
-    forward(prefill);
+    forward(prefill, Kind::kPrefill);
     stats.prefill_seconds += seconds_since(t0);
     const double now = seconds_since(start);
 

@@ -19,10 +19,10 @@
 // block_size) are owned by the engine. Unwritten slots hold NaN, so reading a slot nobody wrote
 // (a wrong hit, a wrong table) poisons the logits instead of passing silently.
 //
-// Attention: pagedkv's CPU references. Decode tokens use reference paged decode attention;
-// prefill tokens use it too, one query row per new token (after kv_append of the whole chunk):
-// row t attends to the positions <= its own through its sequence's block table, which is
-// causal extend attention over the cached prefix and the chunk itself.
+// Attention: pagedkv's CPU references, reference_paged_decode_attention for decode tokens and
+// reference_paged_extend_attention for prefill chunks (the new tokens attend causally to the
+// cached prefix, i.e. the hit, and to themselves). Both walk one query's keys in position order
+// in double, so a token's output does not depend on how its prefill was chunked or what hit.
 //
 // Not thread-safe; one run at a time.
 #pragma once
@@ -115,7 +115,9 @@ class Engine {
     bool sample = false;     // the last new token is the last known token: produce logits
   };
 
-  void forward(std::span<const Segment> segments);
+  enum class Kind { kDecode, kPrefill };
+  // Runs the model over the segments' new tokens (decode segments have exactly one).
+  void forward(std::span<const Segment> segments, Kind kind);
 
   const Model& model_;
   EngineConfig config_;
@@ -128,6 +130,7 @@ class Engine {
   std::vector<std::uint16_t> q_bits_, k_bits_, v_bits_;
   std::vector<std::int64_t> slots_;
   std::vector<std::int32_t> seq_lens_;
+  std::vector<std::int32_t> q_indptr_;
 };
 
 // Caching on against caching off on the same workload.

@@ -186,7 +186,8 @@ int main(int argc, char** argv) {
       << pagedkv::to_string(config.kv_dtype) << "\",\"num_blocks\":" << config.num_blocks
       << ",\"block_size\":" << config.block_size
       << ",\"token_budget\":" << config.max_num_batched_tokens
-      << ",\"attention\":\"pagedkv CPU reference decode attention (one query row per token)\"";
+      << ",\"attention\":\"pagedkv CPU references: extend attention (prefill), decode attention "
+         "(decode)\"";
 
     if (!o.compare) {
       config.enable_caching = o.caching;
