@@ -195,6 +195,30 @@ TEST(Replay, EngineModeDecodesAndPreempts) {
   EXPECT_GT(r[1].makespan_ms, r[0].makespan_ms);
 }
 
+// Hybrid model: half the layers with a sliding window. Without eviction the window group hits
+// wherever the full group does; in engine mode blocks that leave the window are released.
+TEST(Replay, HybridSlidingWindow) {
+  GeneratorOptions g;
+  g.requests = 120;
+  const Trace trace = generate(g);
+  ReplayOptions full;
+  full.num_blocks = {400001};
+  ReplayOptions hybrid = full;
+  hybrid.sliding_window = 1024;
+  const auto f = run_replay(trace, full)[0];
+  const auto h = run_replay(trace, hybrid)[0];
+  EXPECT_GT(f.hit_tokens, 0u);
+  EXPECT_EQ(h.hit_tokens, f.hit_tokens);
+  EXPECT_EQ(h.out_of_window_blocks_freed, 0u);  // prompt only: nothing advances past a window
+
+  hybrid.mode = Mode::kEngine;
+  const auto e = run_replay(trace, hybrid)[0];
+  EXPECT_GT(e.out_of_window_blocks_freed, 0u);
+  EXPECT_GT(e.window_memory_saved_ratio, 0.05);
+  EXPECT_LT(e.window_memory_saved_ratio, 0.5);  // at most the window group's half
+  EXPECT_EQ(e.rejected, 0u);
+}
+
 TEST(Replay, PagedAttentionMemoryTable) {
   const std::string path = kTraces + "/azure2023/AzureLLMInferenceTrace_conv.csv";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "trace not found: " << path;

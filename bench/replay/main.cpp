@@ -37,6 +37,9 @@ constexpr const char* kUsage =
     "  --block-size B            tokens per block (default 16)\n"
     "  --hash S                  sha256 (default), sha256_cbor_vllm or xxh3_128\n"
     "  --no-caching              prefix caching off\n"
+    "  --sliding-window W        hybrid model: a second KV-cache group of sliding-window layers\n"
+    "                            (W tokens) beside full attention; engine mode reports the KV\n"
+    "                            memory freeing out-of-window blocks saves\n"
     "  --no-verify               trust hashes without comparing stored key material (SHA-256\n"
     "                            schemes only)\n"
     "  --mode sequential|engine  sequential (default): file order, one request at a time, prompt\n"
@@ -177,6 +180,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--no-caching") {
       opt.caching = false;
+    } else if (arg == "--sliding-window") {
+      opt.sliding_window = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 30));
     } else if (arg == "--no-verify") {
       opt.verify_cache_hits = false;
     } else if (arg == "--mode") {

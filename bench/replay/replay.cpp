@@ -42,6 +42,10 @@ KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blo
   c.verify_cache_hits = o.verify_cache_hits;
   c.hash_scheme = o.hash;
   c.hash_seed = "pagedkv-replay";  // the same for every manager of a sweep
+  if (o.sliding_window > 0) {
+    c.groups = {AttentionSpec::full(o.block_size),
+                AttentionSpec::sliding(o.block_size, o.sliding_window)};
+  }
   return c;
 }
 
@@ -142,13 +146,14 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
     Request request = pipeline.next();
     const std::uint64_t num_tokens = request.num_tokens();
     const std::uint64_t blocks_needed = cdiv(num_tokens, o.block_size);
+    const std::uint64_t groups = o.sliding_window > 0 ? 2 : 1;  // each group holds its own blocks
     for (std::size_t k = 0; k < managers.size(); ++k) {
       KVCacheManager& m = *managers[k];
       ReplayResult& res = results[k];
       ++res.requests;
       res.prompt_tokens += num_tokens;
       res.prompt_blocks += blocks_needed;
-      if (blocks_needed > static_cast<std::uint64_t>(o.num_blocks[k] - 1)) {
+      if (groups * blocks_needed > static_cast<std::uint64_t>(o.num_blocks[k] - 1)) {
         ++res.rejected;
         continue;
       }
@@ -210,6 +215,7 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
   }
   res.requests = n;
   std::size_t finished = 0;
+  double window_held = 0, window_without = 0;
   const auto wall = Clock::now();
   while (finished + res.rejected < n) {
     if (running.empty() && waiting.empty() && next_arrival < n) {
@@ -217,7 +223,8 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
     }
     while (next_arrival < n && trace.requests[next_arrival].timestamp_ms <= now) {
       const TraceRequest& tr = trace.requests[next_arrival];
-      if (cdiv(std::uint64_t{tr.input_length} + tr.output_length, o.block_size) >
+      const std::uint64_t groups = o.sliding_window > 0 ? 2 : 1;
+      if (groups * cdiv(std::uint64_t{tr.input_length} + tr.output_length, o.block_size) >
           static_cast<std::uint64_t>(num_blocks - 1)) {
         ++res.rejected;
       } else {
@@ -272,6 +279,17 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
     }
     res.peak_usage = std::max(res.peak_usage, m.usage());
     res.pool_seconds += seconds_since(t1);
+    if (o.sliding_window > 0) {
+      // Group 1 is the window group: its rows hold the null block where blocks were released.
+      const AttentionSpec& window = m.group_spec(1);
+      for (const auto& a : running) {
+        const std::size_t row = m.block_ids(a->request.id(), 1).size();
+        const std::size_t released = std::min<std::size_t>(
+            window.num_skipped_tokens(a->request.num_computed_tokens()) / window.block_size, row);
+        window_held += 2 * row - released;  // both groups' rows are equally long
+        window_without += 2 * row;
+      }
+    }
 
     // The step runs: scheduled tokens are computed; a request whose known tokens are all
     // computed samples its next token.
@@ -318,6 +336,8 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
   res.makespan_ms = now;
   res.wall_seconds = seconds_since(wall);
   res.evicted_blocks = m.stats().evictions;
+  res.out_of_window_blocks_freed = m.num_out_of_window_blocks_freed();
+  res.window_memory_saved_ratio = window_without > 0 ? 1.0 - window_held / window_without : 0.0;
   if (!ttft.empty()) {
     std::nth_element(ttft.begin(), ttft.begin() + static_cast<std::ptrdiff_t>(ttft.size() / 2),
                      ttft.end());
@@ -352,7 +372,8 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       "\"blocks_per_second\":%.0f,\"requests_per_second\":%.0f,\"wall_seconds\":%.6f,"
       "\"threads\":%u,\"preemptions\":%llu,"
       "\"steps\":%llu,\"decode_tokens\":%llu,\"makespan_ms\":%.1f,\"ttft_p50_ms\":%.1f,"
-      "\"skipped_lines\":%llu}",
+      "\"sliding_window\":%u,\"out_of_window_blocks_freed\":%llu,"
+      "\"window_memory_saved_ratio\":%.6f,\"skipped_lines\":%llu}",
       trace.name.c_str(), o.mode == Mode::kSequential ? "sequential" : "engine",
       std::string(to_string(o.hash)).c_str(), o.block_size, o.caching ? "true" : "false",
       r.num_blocks, (unsigned long long)r.requests, (unsigned long long)r.rejected,
@@ -363,7 +384,8 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       r.wall_seconds > 0 ? double(r.requests) / r.wall_seconds : 0.0, r.wall_seconds,
       o.mode == Mode::kSequential ? o.threads : 1u, (unsigned long long)r.preemptions,
       (unsigned long long)r.steps, (unsigned long long)r.decode_tokens, r.makespan_ms,
-      r.ttft_p50_ms, (unsigned long long)trace.skipped_lines);
+      r.ttft_p50_ms, o.sliding_window, (unsigned long long)r.out_of_window_blocks_freed,
+      r.window_memory_saved_ratio, (unsigned long long)trace.skipped_lines);
   return buf;
 }
 

@@ -22,6 +22,9 @@ struct ReplayOptions {
   std::vector<std::int32_t> num_blocks;  // total pool blocks including the null block; a sweep
   bool caching = true;
   bool verify_cache_hits = true;  // store and compare key material (always on for xxh3_128)
+  // Hybrid model: > 0 adds a second KV-cache group of sliding-window layers (this many tokens)
+  // beside the full-attention group, e.g. half the layers with a 4096-token window.
+  std::uint32_t sliding_window = 0;
   Mode mode = Mode::kSequential;
   // Sequential mode: 2 hashes requests on a second thread ahead of the replay (pipelined).
   std::uint32_t threads = 2;
@@ -51,6 +54,11 @@ struct ReplayResult {
   std::uint64_t decode_tokens = 0;
   double makespan_ms = 0;
   double ttft_p50_ms = 0;
+  // Hybrid (sliding_window > 0), engine mode: blocks released as they left the window, and the
+  // share of block-steps that freeing them saved (held blocks over what the requests' tables
+  // would hold without freeing, summed over steps and running requests).
+  std::uint64_t out_of_window_blocks_freed = 0;
+  double window_memory_saved_ratio = 0;
 
   double hit_rate() const {
     return prompt_tokens ? double(hit_tokens) / double(queried_tokens) : 0;
