@@ -9,7 +9,13 @@
 //    the positions before them hold the null block. A shorter run counts only when it reaches the
 //    start of the sequence. As a request advances, blocks that leave the window are freed.
 // Every group's block size must be a multiple of the smallest one: requests are hashed at the
-// smallest size, and a coarser group keys its blocks by the digest of the concatenated fine hashes.
+// smallest size, and a coarser group keys its blocks by the digest of the concatenated fine hashes
+// (a fixed-size digest, not the concatenation itself as vLLM's keys are).
+//
+// Verification (collision safety): full-attention hits compare each block's tokens, extra keys and
+// parent content, so a hit is exactly a true prefix. A sliding-window run is searched right to
+// left, so its blocks are checked for their own tokens and extra keys and for the chain inside
+// the run; the content before the run's first block is identified by the chained hash alone.
 #pragma once
 
 #include <cstdint>
