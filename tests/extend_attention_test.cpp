@@ -15,6 +15,7 @@
 #include "kv_test_util.hpp"
 #include "pagedkv/decode_attention.hpp"
 #include "pagedkv/error.hpp"
+#include "pagedkv/extend_attention_tiles.hpp"
 
 namespace pagedkv {
 namespace {
@@ -25,23 +26,6 @@ using testing::LayoutKind;
 
 // Both sides compute in double from the same 16-bit inputs: only summation order differs.
 constexpr double kExactTolerance = 1e-12;
-
-ExtendShape make_shape(KVDtype dtype, std::int32_t head_dim, std::int32_t kv_heads,
-                       std::int32_t group, std::int32_t block_size,
-                       std::vector<std::int32_t> prefix_lens, std::vector<std::int32_t> q_lens) {
-  ExtendShape s;
-  s.cache.dtype = dtype;
-  s.cache.num_seqs = static_cast<std::int32_t>(q_lens.size());
-  s.cache.num_kv_heads = kv_heads;
-  s.cache.num_q_heads = kv_heads * group;
-  s.cache.head_dim = head_dim;
-  s.cache.block_size = block_size;
-  for (std::size_t i = 0; i < q_lens.size(); ++i) {
-    s.cache.seq_lens.push_back(prefix_lens[i] + q_lens[i]);
-  }
-  s.q_lens = std::move(q_lens);
-  return s;
-}
 
 void expect_matches_naive(const ExtendShape& shape, std::uint64_t seed) {
   const auto pb = testing::make_extend_problem(shape, seed);
@@ -65,8 +49,8 @@ TEST(ExtendAttentionReference, MatchesNaiveOverShapeGrid) {
     for (const std::int32_t head_dim : {64, 128, 256}) {
       for (const std::int32_t group : {1, 4}) {
         for (const std::int32_t bs : {1, 16, 64}) {
-          const ExtendShape s = make_shape(dtype, head_dim, 2, group, bs, {0, 37, 2 * bs, 90},
-                                           {21, 19, 2 * bs + 5, 1});
+          const ExtendShape s = testing::make_extend_shape(
+              dtype, head_dim, 2, group, bs, {0, 37, 2 * bs, 90}, {21, 19, 2 * bs + 5, 1});
           expect_matches_naive(s, seed++);
         }
       }
@@ -110,7 +94,8 @@ TEST(ExtendAttentionReference, MatchesNaiveOnRandomShapes) {
 TEST(ExtendAttentionReference, SlidingWindowAndSoftCapMatchNaive) {
   for (const std::int32_t window : {1, 5, 16, 17, 1000}) {
     for (const float cap : {0.0f, 0.5f, 30.0f}) {
-      ExtendShape s = make_shape(KVDtype::kBFloat16, 64, 2, 4, 16, {45, 0, 16}, {30, 40, 1});
+      ExtendShape s =
+          testing::make_extend_shape(KVDtype::kBFloat16, 64, 2, 4, 16, {45, 0, 16}, {30, 40, 1});
       s.cache.window_size = window;
       s.cache.soft_cap = cap;
       s.cache.value_range = 3.0f;
@@ -125,8 +110,8 @@ TEST(ExtendAttentionReference, OneNewTokenAgreesWithDecode) {
   for (const std::int32_t window : {0, 1, 33}) {
     for (const std::int32_t bs : {1, 16, 64}) {
       for (const std::int32_t head_dim : {64, 128, 256}) {
-        ExtendShape s =
-            make_shape(KVDtype::kFloat16, head_dim, 2, 4, bs, {0, 17, 64, 130}, {1, 1, 1, 1});
+        ExtendShape s = testing::make_extend_shape(KVDtype::kFloat16, head_dim, 2, 4, bs,
+                                                   {0, 17, 64, 130}, {1, 1, 1, 1});
         s.cache.window_size = window;
         s.cache.soft_cap = window == 1 ? 0.0f : 5.0f;
         const auto pb = testing::make_extend_problem(s, seed++);
@@ -146,7 +131,7 @@ TEST(ExtendAttentionReference, OneNewTokenAgreesWithDecode) {
 // its log-sum-exp is its own logit. With window 1 every token is in that situation.
 TEST(ExtendAttentionReference, FirstTokenOfAPrefillSeesOnlyItself) {
   for (const std::int32_t window : {0, 1}) {
-    ExtendShape s = make_shape(KVDtype::kBFloat16, 64, 1, 2, 16, {0}, {20});
+    ExtendShape s = testing::make_extend_shape(KVDtype::kBFloat16, 64, 1, 2, 16, {0}, {20});
     s.cache.window_size = window;
     const auto pb = testing::make_extend_problem(s, 9);
     const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
@@ -174,7 +159,7 @@ TEST(ExtendAttentionReference, FirstTokenOfAPrefillSeesOnlyItself) {
 TEST(ExtendAttentionReference, LogSumExpMergesPartialResults) {
   const std::int32_t n = 50;
   const std::int32_t w = 20;
-  ExtendShape s = make_shape(KVDtype::kFloat16, 64, 1, 1, 16, {0}, {n});
+  ExtendShape s = testing::make_extend_shape(KVDtype::kFloat16, 64, 1, 1, 16, {0}, {n});
   auto pb = testing::make_extend_problem(s, 13);
   // Give every new token the same query, so rows differ only by what they see.
   for (std::size_t j = 1; j < static_cast<std::size_t>(n); ++j) {
@@ -201,7 +186,8 @@ TEST(ExtendAttentionReference, LogSumExpMergesPartialResults) {
 // new tokens' slots hold NaN until the append. So a finite output shows that nothing past
 // seq_len is read, and a NaN output before the append shows the new slots are read.
 TEST(ExtendAttentionReference, ReadsAppendedSlotsAndNothingPastTheEnd) {
-  ExtendShape s = make_shape(KVDtype::kBFloat16, 64, 2, 2, 16, {21, 0, 5}, {7, 16, 40});
+  ExtendShape s =
+      testing::make_extend_shape(KVDtype::kBFloat16, 64, 2, 2, 16, {21, 0, 5}, {7, 16, 40});
   s.cache.extra_table_columns = 3;
   const auto appended = testing::make_extend_problem(s, 17);
   const auto ref = reference_paged_extend_attention_f64(appended.params(nullptr));
@@ -214,7 +200,8 @@ TEST(ExtendAttentionReference, ReadsAppendedSlotsAndNothingPastTheEnd) {
 }
 
 TEST(ExtendAttentionReference, EmptySequencesAndBatch) {
-  ExtendShape s = make_shape(KVDtype::kFloat16, 64, 1, 2, 16, {10, 0, 33}, {0, 0, 4});
+  ExtendShape s =
+      testing::make_extend_shape(KVDtype::kFloat16, 64, 1, 2, 16, {10, 0, 33}, {0, 0, 4});
   const auto pb = testing::make_extend_problem(s, 19);
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
   EXPECT_EQ(ref.out.size(), 4u * 2 * 64);
@@ -228,7 +215,7 @@ TEST(ExtendAttentionReference, EmptySequencesAndBatch) {
 
 TEST(ExtendAttentionReference, WritesStridedOutputAndLseRoundedToDtype) {
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
-    ExtendShape s = make_shape(dtype, 64, 2, 2, 16, {9, 30}, {3, 2});
+    ExtendShape s = testing::make_extend_shape(dtype, 64, 2, 2, 16, {9, 30}, {3, 2});
     const auto pb = testing::make_extend_problem(s, 11);
     // Output rows 72 elements apart, tokens 400 apart; the gaps must stay untouched.
     std::vector<std::uint16_t> out(5 * 400, 0xabcd);
@@ -255,6 +242,69 @@ TEST(ExtendAttentionReference, WritesStridedOutputAndLseRoundedToDtype) {
   }
 }
 
+// ---- the CUDA kernel's work decomposition (pagedkv/extend_attention_tiles.hpp) ----
+
+// Every valid row of every query tile finds all the keys it may see inside the tile's key range,
+// the range is tight, and a key tile declared mask-free is entirely visible to every row and holds
+// no key past the range (those are zero-filled on the GPU).
+TEST(ExtendAttentionTiles, CoverExactlyTheVisibleKeys) {
+  constexpr int kRows = 64;
+  for (const int group : {1, 2, 3, 5, 8, 16}) {
+    for (const int q_len : {0, 1, 2, 7, 63, 64, 65, 130, 300}) {
+      for (const int prefix : {0, 1, 15, 100}) {
+        for (const int window : {0, 1, 7, 64, 65, 200}) {
+          const std::string where = "group " + std::to_string(group) + " q_len " +
+                                    std::to_string(q_len) + " prefix " + std::to_string(prefix) +
+                                    " window " + std::to_string(window);
+          const int tiles = detail::extend_num_tiles(q_len, group, kRows);
+          ASSERT_EQ(tiles * kRows >= q_len * group, true) << where;
+          ASSERT_LT((tiles - 1) * kRows, std::max(1, q_len * group)) << where;
+          for (int t = 0; t < tiles; ++t) {
+            const auto g = detail::extend_tile_geometry(q_len, prefix, group, window, t, kRows);
+            ASSERT_LE(g.kv_begin, g.kv_end) << where;
+            ASSERT_LE(g.kv_end, prefix + q_len) << where;
+            int first_pos = -1;
+            int last_pos = -1;
+            for (int r = g.row0; r < g.row0 + kRows; ++r) {
+              const int token = r / group;
+              if (token >= q_len) continue;
+              const int pos = prefix + token;
+              if (first_pos < 0) first_pos = pos;
+              last_pos = pos;
+              ASSERT_GE(pos, g.pos_lo) << where;
+              ASSERT_LE(pos, g.pos_hi) << where;
+              for (int key = 0; key <= pos + 3; ++key) {  // key positions are >= 0
+                const bool visible = key <= pos && (window == 0 || pos - key < window);
+                ASSERT_EQ(detail::extend_key_visible(pos, key, window), visible) << where;
+                if (visible) {
+                  ASSERT_GE(key, g.kv_begin) << where << " tile " << t;
+                  ASSERT_LT(key, g.kv_end) << where << " tile " << t;
+                }
+              }
+            }
+            ASSERT_EQ(first_pos, g.pos_lo) << where;
+            ASSERT_EQ(last_pos, g.pos_hi) << where;
+            // Tight: the first key is seen by the first token, the last by the last token.
+            EXPECT_TRUE(detail::extend_key_visible(g.pos_lo, g.kv_begin, window)) << where;
+            EXPECT_TRUE(detail::extend_key_visible(g.pos_hi, g.kv_end - 1, window)) << where;
+            for (const int keys : {32, 64}) {
+              for (int key0 = g.kv_begin; key0 < g.kv_end; key0 += keys) {
+                if (detail::extend_tile_needs_mask(g, key0, keys, window)) continue;
+                ASSERT_LE(key0 + keys, g.kv_end) << where;
+                for (int pos = g.pos_lo; pos <= g.pos_hi; ++pos) {
+                  for (int key = key0; key < key0 + keys; ++key) {
+                    ASSERT_TRUE(detail::extend_key_visible(pos, key, window)) << where;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- bad input ----
 
 struct BadInputFixture {
@@ -262,7 +312,7 @@ struct BadInputFixture {
   std::vector<std::uint16_t> out;
   BadInputFixture() {
     pb = testing::make_extend_problem(
-        make_shape(KVDtype::kBFloat16, 64, 2, 2, 16, {20, 0}, {5, 24}), 5);
+        testing::make_extend_shape(KVDtype::kBFloat16, 64, 2, 2, 16, {20, 0}, {5, 24}), 5);
     out.assign(29 * 4 * 64, 0x1234);
   }
 };

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <random>
 #include <span>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -322,13 +323,40 @@ struct ExtendShape {
   std::int32_t extra_max_q_len = 0;  // slack in max_q_len past the longest q_len
 };
 
-inline std::string describe(const ExtendShape& s) {
-  std::string lens;
-  for (std::size_t i = 0; i < s.q_lens.size() && i < 8; ++i) {
-    lens += (i ? "," : "") + std::to_string(s.q_lens[i]);
+// A varlen batch: sequence i has prefix_lens[i] cached tokens and q_lens[i] new ones. Two
+// padding columns in the block table name the all-NaN poison block.
+inline ExtendShape make_extend_shape(KVDtype dtype, std::int32_t head_dim, std::int32_t kv_heads,
+                                     std::int32_t group, std::int32_t block_size,
+                                     const std::vector<std::int32_t>& prefix_lens,
+                                     const std::vector<std::int32_t>& q_lens) {
+  ExtendShape s;
+  s.cache.dtype = dtype;
+  s.cache.num_seqs = static_cast<std::int32_t>(q_lens.size());
+  s.cache.num_kv_heads = kv_heads;
+  s.cache.num_q_heads = kv_heads * group;
+  s.cache.head_dim = head_dim;
+  s.cache.block_size = block_size;
+  s.cache.extra_table_columns = 2;
+  for (std::size_t i = 0; i < q_lens.size(); ++i) {
+    s.cache.seq_lens.push_back(prefix_lens[i] + q_lens[i]);
   }
-  if (s.q_lens.size() > 8) lens += ",...";
-  return describe(s.cache) + " q_lens=[" + lens + "]";
+  s.q_lens = q_lens;
+  return s;
+}
+
+// Per sequence "prefix+new" (cached prefix and new-token counts), e.g. "37+19".
+inline std::string describe(const ExtendShape& s) {
+  const DecodeShape& c = s.cache;
+  std::ostringstream text;
+  text << to_string(c.dtype) << " q_heads=" << c.num_q_heads << " kv_heads=" << c.num_kv_heads
+       << " dim=" << c.head_dim << " block=" << c.block_size << " layout=" << to_string(c.kind)
+       << " window=" << c.window_size << " cap=" << c.soft_cap
+       << " max_q_len+=" << s.extra_max_q_len << " seqs=[";
+  for (std::size_t i = 0; i < s.q_lens.size() && i < 8; ++i) {
+    text << (i > 0 ? " " : "") << c.seq_lens[i] - s.q_lens[i] << '+' << s.q_lens[i];
+  }
+  text << (s.q_lens.size() > 8 ? " ...]" : "]");
+  return text.str();
 }
 
 // An extend problem in host memory. The pool comes from make_decode_problem over the total
