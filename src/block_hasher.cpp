@@ -207,7 +207,11 @@ std::size_t encode_canonical(Writer& w, const BlockHash& parent, std::span<const
   } else {
     for (const TokenId t : tokens) w.le32(static_cast<std::uint32_t>(t));
   }
-  encode_canonical_keys(w, extra);
+  if (extra.empty()) {
+    w.le32(0);  // the common case: no extra keys
+  } else {
+    encode_canonical_keys(w, extra);
+  }
   return w.size();
 }
 
@@ -302,6 +306,11 @@ BlockHasher::BlockHasher(HashScheme scheme, std::optional<std::string_view> seed
 
 BlockHash BlockHasher::hash_block(const BlockHash& parent, std::span<const TokenId> tokens,
                                   const BlockExtraKeys& extra) const {
+  if (weak_bits_ != 0) [[unlikely]] {  // tests only: the full digest, then weakened
+    BlockHasher full = *this;
+    full.weak_bits_ = 0;
+    return weaken(full.hash_block(parent, tokens, extra), weak_bits_);
+  }
   // Fast path for the common block (no extra keys, fits the stack buffer): the token sign check
   // is one vectorizable OR over the tokens instead of a separate validation pass.
   if (extra.empty() && !tokens.empty() && tokens.size() <= kFastPathTokens &&
@@ -311,7 +320,7 @@ BlockHash BlockHasher::hash_block(const BlockHash& parent, std::span<const Token
     if ((sign_bits >> 31) == 0) {
       std::array<std::uint8_t, kStackBytes> buf;  // uninitialized on purpose: fully overwritten
       const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
-      return weaken(digest(scheme_, buf.data(), n), weak_bits_);
+      return digest(scheme_, buf.data(), n);
     }
   }
   validate(*this, parent, tokens, extra);
@@ -319,11 +328,11 @@ BlockHash BlockHasher::hash_block(const BlockHash& parent, std::span<const Token
   if (bound <= kStackBytes) {
     std::array<std::uint8_t, kStackBytes> buf;  // uninitialized on purpose: fully overwritten
     const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
-    return weaken(digest(scheme_, buf.data(), n), weak_bits_);
+    return digest(scheme_, buf.data(), n);
   }
   std::vector<std::uint8_t> buf(bound);
   const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
-  return weaken(digest(scheme_, buf.data(), n), weak_bits_);
+  return digest(scheme_, buf.data(), n);
 }
 
 std::vector<std::uint8_t> BlockHasher::encode_block(const BlockHash& parent,

@@ -342,6 +342,17 @@ bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept
          material_[static_cast<std::size_t>(parent)].content_id;
 }
 
+inline bool BlockPool::material_matches(BlockId candidate,
+                                        std::optional<std::uint64_t> parent_content_id,
+                                        std::uint32_t extra_id, const TokenId* tokens,
+                                        std::uint32_t block_size) const noexcept {
+  const Material& mat = material_[static_cast<std::size_t>(candidate)];
+  return (!parent_content_id || mat.parent_content_id == *parent_content_id) &&
+         mat.extra_id == extra_id &&
+         std::memcmp(&block_tokens_[static_cast<std::size_t>(candidate) * config_.block_size],
+                     tokens, block_size * sizeof(TokenId)) == 0;
+}
+
 BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId group,
                          std::optional<std::uint64_t> parent_cid) const {
   if (index >= seq.block_hashes.size()) {
@@ -359,9 +370,14 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
   const BlockHash& hash = seq.block_hashes[index];
   if (!verifying()) return hash_map_.find_first(hash, group);
 
-  const BlockExtraKeys extra = seq.block_extra_keys(index, mm_scratch_);
-  const std::uint32_t eid = lookup_extra_id(extra);
-  if (!extra.empty() && eid == 0) return kNoBlock;  // no cached block has these extra keys
+  std::uint32_t eid = 0;  // most blocks have no extra keys: skip building and interning them
+  const RequestHashKeys* keys = seq.keys;
+  if (keys != nullptr &&
+      (keys->lora_name || !keys->mm_items.empty() || (index == 0 && keys->cache_salt))) {
+    const BlockExtraKeys extra = seq.block_extra_keys(index, mm_scratch_);
+    eid = lookup_extra_id(extra);
+    if (!extra.empty() && eid == 0) return kNoBlock;  // no cached block has these extra keys
+  }
   const TokenId* tokens = seq.tokens.data() + index * seq.block_size;
   return hash_map_.find_first(hash, group, [&](BlockId c) {
     if (parent_cid && material_[static_cast<std::size_t>(c)].parent_content_id != *parent_cid) {
@@ -369,16 +385,6 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
     }
     return material_matches(c, std::nullopt, eid, tokens, seq.block_size);
   });
-}
-
-bool BlockPool::material_matches(BlockId candidate, std::optional<std::uint64_t> parent_content_id,
-                                 std::uint32_t extra_id, const TokenId* tokens,
-                                 std::uint32_t block_size) const noexcept {
-  const Material& mat = material_[static_cast<std::size_t>(candidate)];
-  return (!parent_content_id || mat.parent_content_id == *parent_content_id) &&
-         mat.extra_id == extra_id &&
-         std::memcmp(&block_tokens_[static_cast<std::size_t>(candidate) * config_.block_size],
-                     tokens, block_size * sizeof(TokenId)) == 0;
 }
 
 std::size_t BlockPool::evict_blocks(std::span<const BlockId> ids) {
