@@ -25,12 +25,17 @@
 #include <limits>
 #include <string>
 
+#include "cp_async.cuh"
 #include "pagedkv/cuda_decode_attention.hpp"
 #include "pagedkv/error.hpp"
 
 namespace pagedkv {
 
 namespace {
+
+using kernels::cp_async_16;
+using kernels::cp_async_commit;
+using kernels::cp_async_wait;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -72,23 +77,6 @@ struct Fp16Ops {
     return *reinterpret_cast<const unsigned*>(&h);
   }
 };
-
-// ---- cp.async (sm_80+) ----
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool fill) {
-  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = fill ? 16 : 0;  // 0: write 16 zero bytes, read nothing
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
 
 // ---- kernel parameters ----
 

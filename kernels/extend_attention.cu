@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cp_async.cuh"
 #include "pagedkv/cuda_extend_attention.hpp"
 #include "pagedkv/error.hpp"
 #include "pagedkv/extend_attention_tiles.hpp"
@@ -30,6 +31,10 @@
 namespace pagedkv {
 
 namespace {
+
+using kernels::cp_async_16;
+using kernels::cp_async_commit;
+using kernels::cp_async_wait;
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -84,21 +89,6 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const uint4* row) 
                  : "r"(addr)
                  : "memory");
   }
-}
-
-// 16-byte global -> shared copy; with `fill` false nothing is read and 16 zero bytes are written.
-__device__ __forceinline__ void copy16_async(uint4* dst, const std::uint16_t* src, bool fill) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(fill ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void copies_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kGroupsInFlight>
-__device__ __forceinline__ void copies_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kGroupsInFlight) : "memory");
 }
 
 // ---- kernel ----
@@ -217,9 +207,9 @@ __global__ void __launch_bounds__(kThreads) paged_extend_kernel(const ExtendKern
         (static_cast<std::int64_t>(q_begin) + token) * p.q_stride_token +
         static_cast<std::int64_t>(kv_head * p.group + packed % p.group) * p.q_stride_head +
         load_chunk * 8;
-    copy16_async(q_tile + swizzled<kC>(r, load_chunk), fill ? p.q + at : p.q, fill);
+    cp_async_16(q_tile + swizzled<kC>(r, load_chunk), fill ? p.q + at : p.q, fill);
   }
-  copies_commit();
+  cp_async_commit();
 
   const std::int32_t* table_row =
       p.block_table + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
@@ -234,12 +224,12 @@ __global__ void __launch_bounds__(kThreads) paged_extend_kernel(const ExtendKern
       const bool fill = key0 + r < kv_end && key_offset(p, table_row, key0 + r, &offset);
       offset += head_offset;
       const int at = stage * T::kKVChunks + swizzled<kC>(r, load_chunk);
-      copy16_async(k_tiles + at, fill ? p.k_cache + offset : p.k_cache, fill);
-      copy16_async(v_tiles + at, fill ? p.v_cache + offset : p.v_cache, fill);
+      cp_async_16(k_tiles + at, fill ? p.k_cache + offset : p.k_cache, fill);
+      cp_async_16(v_tiles + at, fill ? p.v_cache + offset : p.v_cache, fill);
     }
   };
   if (num_kv_tiles > 0) load_kv(0, 0);
-  copies_commit();
+  cp_async_commit();
 
   // ---- per-lane row state: rows quad_row and quad_row + 8 of the warp's 16 ----
   int row_pos[2];  // key positions <= row_pos are visible; -1 for padding rows (past q_len)
@@ -256,7 +246,7 @@ __global__ void __launch_bounds__(kThreads) paged_extend_kernel(const ExtendKern
   unsigned q_frag[T::kQInRegisters ? kHeadDim / 16 : 1][4];
   const int q_row = warp * 16 + lane % 16;  // the row this lane addresses for ldmatrix
   if constexpr (T::kQInRegisters) {
-    copies_wait<1>();  // the Q group is complete (the K/V group may still be in flight)
+    cp_async_wait<1>();  // the Q group is complete (the K/V group may still be in flight)
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kHeadDim / 16; ++kk) {
@@ -265,10 +255,10 @@ __global__ void __launch_bounds__(kThreads) paged_extend_kernel(const ExtendKern
   }
 
   for (int j = 0; j < num_kv_tiles; ++j) {
-    copies_wait<0>();
+    cp_async_wait<0>();
     __syncthreads();  // tile j visible to all; every warp is done with tile j - 1's stage
     if (j + 1 < num_kv_tiles) load_kv(j + 1, (j + 1) & 1);
-    copies_commit();
+    cp_async_commit();
     const uint4* kt = k_tiles + (j & 1) * T::kKVChunks;
     const uint4* vt = v_tiles + (j & 1) * T::kKVChunks;
     const int key0 = kv_begin + j * kKeys;
@@ -356,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) paged_extend_kernel(const ExtendKern
       }
     }
   }
-  copies_wait<0>();  // nothing may be in flight when the CTA exits
+  cp_async_wait<0>();  // nothing may be in flight when the CTA exits
 
   // ---- epilogue: normalize and store this lane's two rows ----
 #pragma unroll
