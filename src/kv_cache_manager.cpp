@@ -47,12 +47,12 @@ std::vector<AttentionSpec> group_specs(const KVCacheManagerConfig& config) {
   return specs;
 }
 
-BlockPoolConfig pool_config(const KVCacheManagerConfig& config,
-                            const std::vector<AttentionSpec>& specs) {
+template <typename Groups>
+BlockPoolConfig pool_config(const KVCacheManagerConfig& config, const Groups& groups) {
   BlockPoolConfig p;
   p.num_blocks = config.num_blocks;
-  p.block_size = 0;
-  for (const AttentionSpec& s : specs) p.block_size = std::max(p.block_size, s.block_size);
+  p.block_size = 0;  // the pool stores tokens for the largest group block size
+  for (const auto& g : groups) p.block_size = std::max(p.block_size, g.spec.block_size);
   p.enable_caching = config.enable_caching;
   p.verify_cache_hits = config.verify_cache_hits;
   p.enable_kv_events = config.enable_kv_events;
@@ -89,19 +89,25 @@ void extend_coarse(std::span<const BlockHash> fine, std::uint32_t factor, HashSc
 
 KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
     : hasher_(make_hasher(config)),
-      hash_block_size_(0),
-      alignment_(1),
-      pool_(pool_config(config, group_specs(config))),
+      groups_(make_groups(config)),
+      hash_block_size_(groups_.front().spec.block_size / groups_.front().factor),
+      alignment_(std::accumulate(groups_.begin(), groups_.end(), std::size_t{1},
+                                 [](std::size_t lcm, const Group& g) {
+                                   return std::lcm(lcm, std::size_t{g.spec.block_size});
+                                 })),
+      pool_(pool_config(config, groups_)),
       stats_(config.stats_window),
-      max_model_len_(config.max_model_len) {
+      max_model_len_(config.max_model_len) {}
+
+std::vector<KVCacheManager::Group> KVCacheManager::make_groups(const KVCacheManagerConfig& config) {
   const std::vector<AttentionSpec> specs = group_specs(config);
-  hash_block_size_ = specs.front().block_size;
-  for (const AttentionSpec& s : specs) hash_block_size_ = std::min(hash_block_size_, s.block_size);
+  std::uint32_t smallest = specs.front().block_size;
+  for (const AttentionSpec& s : specs) smallest = std::min(smallest, s.block_size);
+  std::vector<Group> groups;
   for (std::size_t g = 0; g < specs.size(); ++g) {
-    groups_.push_back(
-        Group{specs[g], static_cast<GroupId>(g), specs[g].block_size / hash_block_size_});
-    alignment_ = std::lcm(alignment_, static_cast<std::size_t>(specs[g].block_size));
+    groups.push_back(Group{specs[g], static_cast<GroupId>(g), specs[g].block_size / smallest});
   }
+  return groups;
 }
 
 Request KVCacheManager::make_request(RequestId id, std::span<const TokenId> prompt,
@@ -288,10 +294,12 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     throw Error(ErrorCode::kInvalidArgument,
                 where + "a cache hit needs a request with no computed tokens");
   }
-  std::vector<std::vector<BlockHash>> coarse(groups_.size());
-  if (known) {
-    for (std::size_t g = 0; g < groups_.size(); ++g) coarse[g] = it->second.groups[g].coarse_hashes;
-  }
+  // Coarse-group keys: a known request extends its own (derived data, safe to grow before the
+  // capacity check); a new one fills these and hands them over below.
+  std::vector<std::vector<BlockHash>> fresh_coarse(known ? 0 : groups_.size());
+  auto coarse = [&](std::size_t g) -> std::vector<BlockHash>& {
+    return known ? it->second.groups[g].coarse_hashes : fresh_coarse[g];
+  };
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const std::vector<BlockId>& blocks = *hits[g];
     const std::size_t bs = groups_[g].spec.block_size;
@@ -302,7 +310,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
                       " blocks x block size " + std::to_string(bs));
     }
     if (blocks.empty()) continue;
-    const BlockSequence seq = group_sequence(request, g, coarse[g]);
+    const BlockSequence seq = group_sequence(request, g, coarse(g));
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       const KVCacheBlock& b = pool_.block(blocks[i]);  // throws when out of range
       if (b.is_null && groups_[g].spec.kind == AttentionKind::kSlidingWindow) continue;
@@ -370,7 +378,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   // not be popped (and evicted) by another group's allocation.
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     GroupBlocks& gs = state.groups[g];
-    gs.coarse_hashes = std::move(coarse[g]);
+    if (!known) gs.coarse_hashes = std::move(fresh_coarse[g]);
     if (!has_hit) continue;
     const std::vector<BlockId>& hb = *hits[g];
     pool_.touch(hb);

@@ -162,6 +162,7 @@ class KVCacheManager {
     std::vector<GroupBlocks> groups;
   };
 
+  static std::vector<Group> make_groups(const KVCacheManagerConfig& config);
   void check_hashing(const Request& request) const;
   void release(Request& request, const char* what);
   BlockSequence group_sequence(const Request& request, std::size_t g,
