@@ -45,23 +45,20 @@ BENCHMARK(BM_GetNewBlocksAndFree)->Arg(1)->Arg(16)->Arg(256);
 
 // touch() of free cached blocks (a prefix hit taking its blocks) then free_blocks() again.
 void BM_TouchAndFree(benchmark::State& state) {
-  KVCacheManagerConfig c;
+  BlockPoolConfig c;
   c.num_blocks = 1 << 14;
   c.block_size = kBlockSize;
-  c.hash_seed = "bench";
-  KVCacheManager m(c);
-  const auto tokens = random_tokens(256 * kBlockSize + 1, 1);
-  Request r = m.make_request(1, tokens);
-  m.allocate_slots(r, tokens.size());
-  m.free(r);
-  const BlockPool& pool = m.block_pool();
+  BlockPool pool(c);
+  RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "bench"), kBlockSize);
+  seq.append(random_tokens(256 * kBlockSize, 1));
   std::vector<BlockId> hit;
-  for (BlockId b = 1; b <= 256; ++b) hit.push_back(b);
-  std::vector<BlockId> reversed(hit.rbegin(), hit.rend());
-  auto& mutable_pool = const_cast<BlockPool&>(pool);  // direct pool calls for the micro-cost
+  pool.get_new_blocks(256, hit);
+  pool.cache_full_blocks(seq, hit, 0, 256);
+  const std::vector<BlockId> reversed(hit.rbegin(), hit.rend());
+  pool.free_blocks(reversed);  // cached and free: what a prefix hit finds
   for (auto _ : state) {
-    mutable_pool.touch(hit);
-    mutable_pool.free_blocks(reversed);
+    pool.touch(hit);
+    pool.free_blocks(reversed);
   }
   state.SetItemsProcessed(state.iterations() * 256);
 }
