@@ -127,6 +127,25 @@ void BM_RequestCycle(benchmark::State& state) {
 }
 BENCHMARK(BM_RequestCycle)->Arg(0)->Arg(1);
 
+// The fixed cost of one decode step's allocate_slots() when the request's blocks already hold
+// the slot (15 of every 16 steps at block size 16): validation and bookkeeping only.
+void BM_DecodeStepNoNewBlock(benchmark::State& state) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 1024;
+  c.block_size = kBlockSize;
+  c.hash_seed = "bench";
+  KVCacheManager m(c);
+  const auto tokens = random_tokens(100 * kBlockSize + 8, 4);  // the last block has room
+  Request r = m.make_request(1, tokens);
+  m.allocate_slots(r, tokens.size());
+  for (auto _ : state) {
+    r.set_num_computed_tokens(tokens.size() - 1);
+    benchmark::DoNotOptimize(m.allocate_slots(r, 1));
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_DecodeStepNoNewBlock);
+
 }  // namespace
 
 BENCHMARK_MAIN();

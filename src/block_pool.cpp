@@ -4,6 +4,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include "pagedkv/error.hpp"
@@ -215,28 +216,31 @@ std::uint32_t BlockPool::lookup_extra_id(const BlockExtraKeys& extra) const {
 void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const BlockId> blocks,
                                   std::size_t num_cached_blocks, std::size_t num_full_blocks,
                                   GroupId group) {
-  const std::string where = "BlockPool::cache_full_blocks: ";
+  // Built only when an error is thrown: this runs at every allocation that fills a block.
+  const auto where = [] { return std::string("BlockPool::cache_full_blocks: "); };
   if (seq.block_size == 0 || seq.block_size > config_.block_size) {
-    throw Error(ErrorCode::kInvalidArgument,
-                where + "the request is hashed with block size " + std::to_string(seq.block_size) +
-                    ", not within the pool's 1.." + std::to_string(config_.block_size));
+    throw Error(ErrorCode::kInvalidArgument, where() + "the request is hashed with block size " +
+                                                 std::to_string(seq.block_size) +
+                                                 ", not within the pool's 1.." +
+                                                 std::to_string(config_.block_size));
   }
   if (num_cached_blocks > num_full_blocks || num_full_blocks > blocks.size() ||
       num_full_blocks > seq.block_hashes.size()) {
     throw Error(ErrorCode::kOutOfRange,
-                where + "blocks [" + std::to_string(num_cached_blocks) + ", " +
+                where() + "blocks [" + std::to_string(num_cached_blocks) + ", " +
                     std::to_string(num_full_blocks) + ") are not within the request's " +
                     std::to_string(blocks.size()) + " blocks and " +
                     std::to_string(seq.block_hashes.size()) + " full blocks");
   }
   for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
     const KVCacheBlock& b = block(blocks[i]);
-    if (b.is_null) throw Error(ErrorCode::kInvalidArgument, where + "cannot cache the null block");
+    if (b.is_null)
+      throw Error(ErrorCode::kInvalidArgument, where() + "cannot cache the null block");
     if (b.is_cached()) {
-      throw Error(ErrorCode::kInvalidState, where + id_text(b.block_id) + " is already cached");
+      throw Error(ErrorCode::kInvalidState, where() + id_text(b.block_id) + " is already cached");
     }
     if (b.ref_cnt == 0) {
-      throw Error(ErrorCode::kInvalidState, where + id_text(b.block_id) + " is not allocated");
+      throw Error(ErrorCode::kInvalidState, where() + id_text(b.block_id) + " is not allocated");
     }
   }
   if (!config_.enable_caching || num_cached_blocks == num_full_blocks) return;

@@ -263,36 +263,38 @@ std::size_t KVCacheManager::num_skipped_blocks(const Group& group, const GroupBl
 std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     Request& request, std::size_t num_new_tokens, const CacheHit& hit,
     std::size_t num_lookahead_tokens) {
-  const std::string where = "allocate_slots: " + request_text(request) + ": ";
+  // Error messages are built only when thrown: this runs for every request at every step.
+  const auto where = [&request] { return "allocate_slots: " + request_text(request) + ": "; };
   if (request.is_finished()) {
-    throw Error(ErrorCode::kInvalidState, where + "it was already freed");
+    throw Error(ErrorCode::kInvalidState, where() + "it was already freed");
   }
   if (num_new_tokens == 0) {
-    throw Error(ErrorCode::kInvalidArgument, where + "num_new_tokens must be greater than 0");
+    throw Error(ErrorCode::kInvalidArgument, where() + "num_new_tokens must be greater than 0");
   }
   check_hashing(request);
   const auto it = requests_.find(request.id());
   const bool known = it != requests_.end();
   // The hit's blocks per group; a default CacheHit{} means no hit in any group.
   static const std::vector<BlockId> kNoBlocks;
-  std::vector<const std::vector<BlockId>*> hits(groups_.size(), &kNoBlocks);
+  std::vector<const std::vector<BlockId>*>& hits = hit_scratch_;  // reused: no allocation
+  hits.assign(groups_.size(), &kNoBlocks);
   hits[0] = &hit.blocks;
   if (hit.other_groups.size() + 1 == groups_.size()) {
     for (std::size_t g = 1; g < groups_.size(); ++g) hits[g] = &hit.other_groups[g - 1];
   } else if (!hit.other_groups.empty() || (groups_.size() > 1 && !hit.blocks.empty())) {
     throw Error(ErrorCode::kInvalidArgument,
-                where + "the hit has " + std::to_string(hit.other_groups.size() + 1) +
+                where() + "the hit has " + std::to_string(hit.other_groups.size() + 1) +
                     " groups, the manager " + std::to_string(groups_.size()));
   }
   const bool has_hit =
       std::any_of(hits.begin(), hits.end(), [](const auto* v) { return !v->empty(); });
   if (has_hit && known) {
     throw Error(ErrorCode::kInvalidArgument,
-                where + "a cache hit can only be passed to the first allocation");
+                where() + "a cache hit can only be passed to the first allocation");
   }
   if (has_hit && request.num_computed_tokens() != 0) {
     throw Error(ErrorCode::kInvalidArgument,
-                where + "a cache hit needs a request with no computed tokens");
+                where() + "a cache hit needs a request with no computed tokens");
   }
   // Coarse-group keys: a known request extends its own (derived data, safe to grow before the
   // capacity check); a new one fills these and hands them over below.
@@ -305,8 +307,8 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     const std::size_t bs = groups_[g].spec.block_size;
     if (hit.num_tokens != blocks.size() * bs) {
       throw Error(ErrorCode::kInvalidArgument,
-                  where + "the hit's num_tokens " + std::to_string(hit.num_tokens) + " != group " +
-                      std::to_string(g) + "'s " + std::to_string(blocks.size()) +
+                  where() + "the hit's num_tokens " + std::to_string(hit.num_tokens) +
+                      " != group " + std::to_string(g) + "'s " + std::to_string(blocks.size()) +
                       " blocks x block size " + std::to_string(bs));
     }
     if (blocks.empty()) continue;
@@ -317,7 +319,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
       if (i >= seq.block_hashes.size() || b.block_hash != seq.block_hashes[i] ||
           b.group_id != groups_[g].id) {
         throw Error(ErrorCode::kInvalidArgument,
-                    where + "stale cache hit: block " + std::to_string(b.block_id) +
+                    where() + "stale cache hit: block " + std::to_string(b.block_id) +
                         " no longer caches the request's block " + std::to_string(i) +
                         " of group " + std::to_string(g) +
                         " (call allocate_slots right after get_computed_blocks)");
@@ -326,7 +328,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
   const std::size_t num_computed = request.num_computed_tokens() + hit.num_tokens;
   if (num_computed + num_new_tokens > request.num_tokens()) {
-    throw Error(ErrorCode::kOutOfRange, where + std::to_string(num_computed) + " computed + " +
+    throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_computed) + " computed + " +
                                             std::to_string(num_new_tokens) +
                                             " new tokens exceed its " +
                                             std::to_string(request.num_tokens()) + " known tokens");
@@ -338,7 +340,8 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
   // Capacity: new blocks plus hits sitting in the free queue, against the free blocks plus those
   // that leaving the window releases.
-  std::vector<std::size_t> to_allocate(groups_.size(), 0);
+  std::vector<std::size_t>& to_allocate = alloc_scratch_;
+  to_allocate.assign(groups_.size(), 0);
   std::size_t needed = 0, releasable = 0;
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     const std::vector<BlockId>& hb = *hits[g];

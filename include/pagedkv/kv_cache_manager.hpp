@@ -183,6 +183,8 @@ class KVCacheManager {
   std::unordered_map<RequestId, RequestBlocks> requests_;
   std::vector<BlockId> free_scratch_;
   mutable std::vector<BlockHash> coarse_scratch_;
+  std::vector<const std::vector<BlockId>*> hit_scratch_;  // allocate_slots: each group's hit
+  std::vector<std::size_t> alloc_scratch_;                // allocate_slots: blocks per group
   std::uint64_t out_of_window_freed_ = 0;
 };
 
