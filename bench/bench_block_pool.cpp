@@ -7,8 +7,9 @@
 #include <random>
 #include <vector>
 
-#include "pagedkv/block_pool.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 
 namespace {
 
@@ -53,7 +54,7 @@ void BM_TouchAndFree(benchmark::State& state) {
   seq.append(random_tokens(256 * kBlockSize, 1));
   std::vector<BlockId> hit;
   pool.get_new_blocks(256, hit);
-  pool.cache_full_blocks(seq, hit, 0, 256);
+  pool.cache_full_blocks(seq.sequence(), hit, 0, 256);
   const std::vector<BlockId> reversed(hit.rbegin(), hit.rend());
   pool.free_blocks(reversed);  // cached and free: what a prefix hit finds
   for (auto _ : state) {

@@ -21,11 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/cuda_cache_ops.hpp"
-#include "pagedkv/cuda_decode_attention.hpp"
-#include "pagedkv/cuda_device.hpp"
-#include "pagedkv/decode_plan.hpp"
-#include "pagedkv/kv_layout.hpp"
+#include "pagedkv/cuda/cache_ops.hpp"
+#include "pagedkv/cuda/decode_attention.hpp"
+#include "pagedkv/cuda/device.hpp"
+#include "pagedkv/device/decode_plan.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 
 namespace {
 

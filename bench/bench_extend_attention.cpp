@@ -23,9 +23,9 @@
 #include <random>
 #include <vector>
 
-#include "pagedkv/cuda_device.hpp"
-#include "pagedkv/cuda_extend_attention.hpp"
-#include "pagedkv/kv_layout.hpp"
+#include "pagedkv/cuda/device.hpp"
+#include "pagedkv/cuda/extend_attention.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include <random>
 #include <vector>
 
-#include "pagedkv/block_hasher.hpp"
-#include "pagedkv/request_hasher.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 
 namespace {
 

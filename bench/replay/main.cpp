@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/error.hpp"
-#include "pagedkv/version.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/base/version.hpp"
 #include "replay.hpp"
 #include "trace.hpp"
 

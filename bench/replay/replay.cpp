@@ -13,8 +13,8 @@
 #include <sstream>
 #include <thread>
 
-#include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 
 namespace pagedkv::replay {
 

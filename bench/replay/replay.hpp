@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/block_hasher.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
 #include "trace.hpp"
 
 namespace pagedkv::replay {

@@ -7,7 +7,7 @@
 #include <random>
 #include <string_view>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv::replay {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/block_hasher.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
 
 namespace pagedkv::replay {
 

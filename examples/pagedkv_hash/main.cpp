@@ -11,10 +11,10 @@
 #include <string_view>
 #include <vector>
 
-#include "pagedkv/block_hasher.hpp"
-#include "pagedkv/error.hpp"
-#include "pagedkv/request_hasher.hpp"
-#include "pagedkv/version.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
+#include "pagedkv/base/version.hpp"
 
 namespace {
 

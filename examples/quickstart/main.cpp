@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/block_hasher.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
-#include "pagedkv/request_hasher.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 
 namespace {
 

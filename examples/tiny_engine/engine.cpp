@@ -9,10 +9,10 @@
 #include <optional>
 #include <stdexcept>
 
-#include "pagedkv/block_table.hpp"
-#include "pagedkv/cache_ops.hpp"
-#include "pagedkv/decode_attention.hpp"
-#include "pagedkv/extend_attention.hpp"
+#include "pagedkv/device/block_table.hpp"
+#include "pagedkv/reference/cache_ops.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
 
 namespace tiny_engine {
 

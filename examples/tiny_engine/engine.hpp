@@ -34,9 +34,9 @@
 #include <vector>
 
 #include "model.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
-#include "pagedkv/kv_dtype.hpp"
-#include "pagedkv/kv_layout.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 #include "workload.hpp"
 
 namespace tiny_engine {

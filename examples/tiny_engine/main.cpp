@@ -11,7 +11,7 @@
 
 #include "engine.hpp"
 #include "model.hpp"
-#include "pagedkv/kv_dtype.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
 #include "workload.hpp"
 
 namespace {

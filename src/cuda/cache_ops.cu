@@ -1,4 +1,4 @@
-// kv_append, copy_blocks and swap_blocks (see include/pagedkv/cuda_cache_ops.hpp).
+// kv_append, copy_blocks and swap_blocks (see include/pagedkv/cuda/cache_ops.hpp).
 // Both kernels move 16-bit values as raw 16-byte vectors, so one instantiation serves fp16 and
 // bf16.
 #include <cuda_runtime.h>
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/cuda_cache_ops.hpp"
-#include "pagedkv/error.hpp"
+#include "pagedkv/cuda/cache_ops.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

@@ -1,5 +1,5 @@
 // Paged decode attention: one query token per sequence over its paged K/V (see
-// include/pagedkv/cuda_decode_attention.hpp for the contract).
+// include/pagedkv/cuda/decode_attention.hpp for the contract).
 //
 // CTA = 4 warps = one (sequence, KV head, split). K/V tiles of kTile tokens (8 KiB of K and 8 KiB
 // of V) stream through a kStages-deep cp.async pipeline; every thread issues 16-byte copies and
@@ -25,9 +25,9 @@
 #include <limits>
 #include <string>
 
-#include "cp_async.cuh"
-#include "pagedkv/cuda_decode_attention.hpp"
-#include "pagedkv/error.hpp"
+#include "internal/cp_async.cuh"
+#include "pagedkv/cuda/decode_attention.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

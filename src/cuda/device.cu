@@ -1,6 +1,6 @@
 #include <cuda_runtime_api.h>
 
-#include "pagedkv/cuda_device.hpp"
+#include "pagedkv/cuda/device.hpp"
 
 namespace pagedkv {
 

@@ -1,5 +1,5 @@
 // Paged extend attention: the new tokens of each sequence attend to its cached prefix and,
-// causally, to themselves (see include/pagedkv/cuda_extend_attention.hpp for the contract).
+// causally, to themselves (see include/pagedkv/cuda/extend_attention.hpp for the contract).
 //
 // FlashAttention-2 structure on mma.sync.m16n8k16 (fp16/bf16 inputs, fp32 accumulators):
 //   CTA   = 4 warps = one (query tile, sequence, KV head). The tile is 64 consecutive rows of the
@@ -23,10 +23,10 @@
 #include <cstdint>
 #include <string>
 
-#include "cp_async.cuh"
-#include "pagedkv/cuda_extend_attention.hpp"
-#include "pagedkv/error.hpp"
-#include "pagedkv/extend_attention_tiles.hpp"
+#include "internal/cp_async.cuh"
+#include "pagedkv/cuda/extend_attention.hpp"
+#include "pagedkv/base/error.hpp"
+#include "internal/extend_attention_tiles.hpp"
 
 namespace pagedkv {
 

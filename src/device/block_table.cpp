@@ -1,10 +1,10 @@
-#include "pagedkv/block_table.hpp"
+#include "pagedkv/device/block_table.hpp"
 
 #include <algorithm>
 #include <limits>
 #include <string>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

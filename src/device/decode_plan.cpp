@@ -1,10 +1,10 @@
-#include "pagedkv/decode_plan.hpp"
+#include "pagedkv/device/decode_plan.hpp"
 
 #include <algorithm>
 #include <limits>
 #include <string>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

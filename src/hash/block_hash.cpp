@@ -1,24 +1,10 @@
-#include "pagedkv/block_hash.hpp"
+#include "pagedkv/hash/block_hash.hpp"
 
 #include <string>
 
-#include "pagedkv/error.hpp"
-#include "pagedkv/version.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
-
-std::string_view version() noexcept { return PAGEDKV_VERSION_STRING; }
-
-std::string_view to_string(ErrorCode code) noexcept {
-  switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid argument";
-    case ErrorCode::kOutOfRange: return "out of range";
-    case ErrorCode::kNotFound: return "not found";
-    case ErrorCode::kInvalidState: return "invalid state";
-    case ErrorCode::kParseError: return "parse error";
-  }
-  return "unknown error";
-}
 
 void BlockHash::throw_bad_size(std::size_t size) {
   throw Error(ErrorCode::kInvalidArgument,

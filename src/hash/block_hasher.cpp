@@ -1,4 +1,4 @@
-#include "pagedkv/block_hasher.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
 
 #include <array>
 #include <bit>
@@ -6,7 +6,7 @@
 #include <random>
 #include <string>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 // The low-level SHA-256 interface is deprecated in OpenSSL 3 in favour of EVP, but EVP's
 // per-call init costs more than hashing a 100-byte block with SHA-NI; the low-level calls run the

@@ -1,10 +1,10 @@
-#include "pagedkv/request_hasher.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 
 #include <algorithm>
 #include <string>
 #include <utility>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

@@ -1,4 +1,4 @@
-#include "pagedkv/attention_spec.hpp"
+#include "pagedkv/manager/attention_spec.hpp"
 
 namespace pagedkv {
 

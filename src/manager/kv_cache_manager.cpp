@@ -1,11 +1,11 @@
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 
 #include <algorithm>
-#include <numeric>
 #include <string>
 #include <utility>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/manager/sliding_window.hpp"
 
 namespace pagedkv {
 
@@ -25,34 +25,14 @@ BlockHasher make_hasher(const KVCacheManagerConfig& config) {
 std::vector<AttentionSpec> group_specs(const KVCacheManagerConfig& config) {
   std::vector<AttentionSpec> specs = config.groups;
   if (specs.empty()) specs.push_back(AttentionSpec::full(config.block_size));
-  if (specs.size() > 255) {
-    throw Error(ErrorCode::kInvalidArgument, "KVCacheManager: at most 255 KV-cache groups");
-  }
-  std::uint32_t smallest = specs.front().block_size;
-  for (const AttentionSpec& s : specs) smallest = std::min(smallest, s.block_size);
-  for (std::size_t g = 0; g < specs.size(); ++g) {
-    const AttentionSpec& s = specs[g];
-    const std::string where = "KVCacheManager: group " + std::to_string(g) + ": ";
-    if (s.block_size == 0) throw Error(ErrorCode::kInvalidArgument, where + "block size 0");
-    if (s.block_size % smallest != 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  where + "block size " + std::to_string(s.block_size) +
-                      " is not a multiple of the smallest group block size " +
-                      std::to_string(smallest));
-    }
-    if (s.kind == AttentionKind::kSlidingWindow && s.sliding_window == 0) {
-      throw Error(ErrorCode::kInvalidArgument, where + "a sliding window of 0 tokens");
-    }
-  }
   return specs;
 }
 
-template <typename Groups>
-BlockPoolConfig pool_config(const KVCacheManagerConfig& config, const Groups& groups) {
+BlockPoolConfig pool_config(const KVCacheManagerConfig& config,
+                            const KVCacheCoordinator& coordinator) {
   BlockPoolConfig p;
   p.num_blocks = config.num_blocks;
-  p.block_size = 0;  // the pool stores tokens for the largest group block size
-  for (const auto& g : groups) p.block_size = std::max(p.block_size, g.spec.block_size);
+  p.block_size = coordinator.max_block_size();  // the pool stores tokens for the largest group
   p.enable_caching = config.enable_caching;
   p.verify_cache_hits = config.verify_cache_hits;
   p.enable_kv_events = config.enable_kv_events;
@@ -67,127 +47,37 @@ std::size_t cdiv(std::size_t a, std::size_t b) {
   return (a + b - 1) / b;
 }
 
-HashScheme digest_scheme(HashScheme scheme) {
-  return scheme == HashScheme::kXxh3_128 ? HashScheme::kXxh3_128 : HashScheme::kSha256;
-}
-
-// Extends `coarse` to the coarse blocks that `fine` completes: coarse block j is keyed by the
-// digest of fine hashes [j * factor, (j + 1) * factor) concatenated.
-void extend_coarse(std::span<const BlockHash> fine, std::uint32_t factor, HashScheme scheme,
-                   std::vector<BlockHash>& coarse) {
-  std::vector<std::uint8_t> bytes;
-  for (std::size_t j = coarse.size(); j < fine.size() / factor; ++j) {
-    bytes.clear();
-    for (std::size_t k = j * factor; k < (j + 1) * factor; ++k) {
-      bytes.insert(bytes.end(), fine[k].bytes().begin(), fine[k].bytes().end());
-    }
-    coarse.push_back(raw_digest(digest_scheme(scheme), bytes));
-  }
-}
-
 }  // namespace
 
 KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
     : hasher_(make_hasher(config)),
-      groups_(make_groups(config)),
-      hash_block_size_(groups_.front().spec.block_size / groups_.front().factor),
-      alignment_(std::accumulate(groups_.begin(), groups_.end(), std::size_t{1},
-                                 [](std::size_t lcm, const Group& g) {
-                                   return std::lcm(lcm, std::size_t{g.spec.block_size});
-                                 })),
-      pool_(pool_config(config, groups_)),
+      coordinator_(group_specs(config), hasher_.scheme()),
+      pool_(pool_config(config, coordinator_)),
       stats_(config.stats_window),
       max_model_len_(config.max_model_len) {}
 
-std::vector<KVCacheManager::Group> KVCacheManager::make_groups(const KVCacheManagerConfig& config) {
-  const std::vector<AttentionSpec> specs = group_specs(config);
-  std::uint32_t smallest = specs.front().block_size;
-  for (const AttentionSpec& s : specs) smallest = std::min(smallest, s.block_size);
-  std::vector<Group> groups;
-  for (std::size_t g = 0; g < specs.size(); ++g) {
-    groups.push_back(Group{specs[g], static_cast<GroupId>(g), specs[g].block_size / smallest});
+const AttentionSpec& KVCacheManager::group_spec(std::size_t g) const {
+  if (g >= num_groups()) {
+    throw Error(ErrorCode::kOutOfRange, "group_spec: group " + std::to_string(g) +
+                                            " but the manager has " +
+                                            std::to_string(num_groups()));
   }
-  return groups;
+  return groups()[g].spec;
 }
 
 Request KVCacheManager::make_request(RequestId id, std::span<const TokenId> prompt,
                                      RequestHashKeys keys) const {
-  return Request(id, hasher_, hash_block_size_, prompt, std::move(keys));
+  return Request(id, hasher_, block_size(), prompt, std::move(keys));
 }
 
 void KVCacheManager::check_hashing(const Request& request) const {
   const RequestBlockHasher& seq = request.hashed_tokens();
-  if (seq.block_size() != hash_block_size_ || !(seq.hasher() == hasher_)) {
+  if (seq.block_size() != block_size() || !(seq.hasher() == hasher_)) {
     throw Error(ErrorCode::kInvalidArgument,
                 request_text(request) +
                     " is hashed with a different block size, scheme or seed than this manager "
                     "(create requests with KVCacheManager::make_request)");
   }
-}
-
-BlockSequence KVCacheManager::group_sequence(const Request& request, std::size_t g,
-                                             std::vector<BlockHash>& coarse) const {
-  BlockSequence seq = request.hashed_tokens().sequence();
-  const Group& group = groups_[g];
-  if (group.factor == 1) return seq;
-  extend_coarse(seq.block_hashes, group.factor, hasher_.scheme(), coarse);
-  seq.block_size = group.spec.block_size;
-  seq.block_hashes = coarse;
-  return seq;
-}
-
-std::vector<BlockId> KVCacheManager::find_hit(const Group& group, const BlockSequence& seq,
-                                              std::size_t max_tokens, std::size_t alignment) const {
-  const std::size_t bs = group.spec.block_size;
-  const std::size_t max_blocks = std::min(max_tokens / bs, seq.block_hashes.size());
-  std::vector<BlockId> hit;
-  if (group.spec.kind == AttentionKind::kFull) {
-    // Left to right; each hit's parent is the previous hit. The table's misses overlap through
-    // prefetches a few blocks ahead.
-    constexpr std::size_t kPrefetchDistance = 8;
-    for (std::size_t i = 0; i < std::min(kPrefetchDistance, max_blocks); ++i) {
-      pool_.prefetch_cached_block(seq.block_hashes[i], group.id);
-    }
-    BlockId parent = BlockPool::kNoBlock;
-    for (std::size_t i = 0; i < max_blocks; ++i) {
-      if (i + kPrefetchDistance < max_blocks) {
-        pool_.prefetch_cached_block(seq.block_hashes[i + kPrefetchDistance], group.id);
-      }
-      const BlockId b = pool_.match_cached_block(seq, i, parent, group.id);
-      if (b == BlockPool::kNoBlock) break;
-      hit.push_back(b);
-      parent = b;
-    }
-    while (!hit.empty() && (hit.size() * bs) % alignment != 0) hit.pop_back();
-    return hit;
-  }
-  // Sliding window: right to left, for window_blocks() contiguous hits whose chain is consistent;
-  // a shorter run counts only when it reaches block 0.
-  const std::size_t needed = group.spec.window_blocks();
-  hit.assign(max_blocks, kNullBlockId);
-  std::size_t run = 0;
-  for (std::size_t i = max_blocks; i-- > 0;) {
-    const BlockId b = pool_.match_cached_block_unanchored(seq, i, group.id);
-    const bool extends =
-        b != BlockPool::kNoBlock && run > 0 && pool_.same_content_chain(b, hit[i + 1]);
-    if (b == BlockPool::kNoBlock) {
-      run = 0;
-      continue;
-    }
-    if (!extends) {
-      // A run starts here: its end must be aligned for the hybrid hit length.
-      run = 0;
-      if (bs != alignment && ((i + 1) * bs) % alignment != 0) continue;
-    }
-    hit[i] = b;
-    ++run;
-    if (run >= needed) {
-      hit.resize(i + run);
-      return hit;
-    }
-  }
-  hit.resize(run);  // the run that reaches block 0, possibly empty
-  return hit;
 }
 
 CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
@@ -197,67 +87,20 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
   }
   check_hashing(request);
   CacheHit hit;
-  hit.other_groups.resize(groups_.size() - 1);
+  hit.other_groups.resize(num_groups() - 1);
   if (!pool_.config().enable_caching || request.skip_reading_prefix_cache) return hit;
 
   // The last token is always recomputed: the model needs it to produce logits.
   std::size_t hit_tokens = request.num_tokens() == 0 ? 0 : request.num_tokens() - 1;
-  std::vector<std::vector<BlockId>> per_group(groups_.size());
-  std::vector<bool> looked_up(groups_.size(), false);
-  // Fixed point: each group shortens the length to what it accepts, until no group shortens it.
-  // Full attention's hit is monotonic in the length, so it is looked up once and then trimmed.
-  for (;;) {
-    std::size_t length = hit_tokens;
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
-      const Group& group = groups_[g];
-      const std::size_t bs = group.spec.block_size;
-      if (group.spec.kind == AttentionKind::kFull && looked_up[g]) {
-        per_group[g].resize(std::min(per_group[g].size(), length / bs));
-      } else {
-        coarse_scratch_.clear();
-        const BlockSequence seq = group_sequence(request, g, coarse_scratch_);
-        per_group[g] = find_hit(group, seq, length, groups_.size() == 1 ? bs : alignment_);
-        looked_up[g] = true;
-      }
-      length = per_group[g].size() * bs;
-    }
-    if (length >= hit_tokens) break;
-    hit_tokens = length;
-  }
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    per_group[g].resize(hit_tokens / groups_[g].spec.block_size);
-  }
+  std::vector<std::vector<BlockId>> per_group;
+  hit_tokens = coordinator_.find_longest_cache_hit(pool_, request.hashed_tokens().sequence(),
+                                                   hit_tokens, per_group);
   hit.num_tokens = hit_tokens;
   hit.blocks = std::move(per_group[0]);
-  for (std::size_t g = 1; g < groups_.size(); ++g)
+  for (std::size_t g = 1; g < num_groups(); ++g)
     hit.other_groups[g - 1] = std::move(per_group[g]);
   stats_.record(request.num_tokens(), hit.num_tokens);
   return hit;
-}
-
-bool KVCacheManager::hit_usable(const Group& group, std::size_t block_index) const noexcept {
-  // A hybrid hit ends on a multiple of the alignment; a window group's block is only ever part of
-  // a hit when it lies within window_blocks() before such an end. When the alignment spans
-  // several of its blocks, the others are never cached (they would only take map entries).
-  if (group.spec.kind != AttentionKind::kSlidingWindow || groups_.size() == 1) return true;
-  const std::size_t per_unit = alignment_ / group.spec.block_size;
-  const std::size_t next_end = (block_index / per_unit + 1) * per_unit;
-  return next_end <= block_index + group.spec.window_blocks();
-}
-
-std::size_t KVCacheManager::num_skipped_blocks(const Group& group, const GroupBlocks& state,
-                                               std::size_t num_computed_tokens,
-                                               bool count_freeable) const {
-  const std::size_t skipped = std::min<std::size_t>(
-      group.spec.num_skipped_tokens(num_computed_tokens) / group.spec.block_size,
-      state.blocks.size());
-  std::size_t n = 0;
-  for (std::size_t i = skipped; i-- > 0;) {
-    const BlockId b = state.blocks[i];
-    if (b == kNullBlockId) break;  // everything before it was removed earlier
-    if (!count_freeable || pool_.block(b).ref_cnt == 1) ++n;
-  }
-  return n;
 }
 
 std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
@@ -277,14 +120,14 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   // The hit's blocks per group; a default CacheHit{} means no hit in any group.
   static const std::vector<BlockId> kNoBlocks;
   std::vector<const std::vector<BlockId>*>& hits = hit_scratch_;  // reused: no allocation
-  hits.assign(groups_.size(), &kNoBlocks);
+  hits.assign(num_groups(), &kNoBlocks);
   hits[0] = &hit.blocks;
-  if (hit.other_groups.size() + 1 == groups_.size()) {
-    for (std::size_t g = 1; g < groups_.size(); ++g) hits[g] = &hit.other_groups[g - 1];
-  } else if (!hit.other_groups.empty() || (groups_.size() > 1 && !hit.blocks.empty())) {
+  if (hit.other_groups.size() + 1 == num_groups()) {
+    for (std::size_t g = 1; g < num_groups(); ++g) hits[g] = &hit.other_groups[g - 1];
+  } else if (!hit.other_groups.empty() || (num_groups() > 1 && !hit.blocks.empty())) {
     throw Error(ErrorCode::kInvalidArgument,
                 where() + "the hit has " + std::to_string(hit.other_groups.size() + 1) +
-                    " groups, the manager " + std::to_string(groups_.size()));
+                    " groups, the manager " + std::to_string(num_groups()));
   }
   const bool has_hit =
       std::any_of(hits.begin(), hits.end(), [](const auto* v) { return !v->empty(); });
@@ -298,13 +141,13 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
   // Coarse-group keys: a known request extends its own (derived data, safe to grow before the
   // capacity check); a new one fills these and hands them over below.
-  std::vector<std::vector<BlockHash>> fresh_coarse(known ? 0 : groups_.size());
+  std::vector<std::vector<BlockHash>> fresh_coarse(known ? 0 : num_groups());
   auto coarse = [&](std::size_t g) -> std::vector<BlockHash>& {
     return known ? it->second.groups[g].coarse_hashes : fresh_coarse[g];
   };
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
+  for (std::size_t g = 0; g < num_groups(); ++g) {
     const std::vector<BlockId>& blocks = *hits[g];
-    const std::size_t bs = groups_[g].spec.block_size;
+    const std::size_t bs = groups()[g].spec.block_size;
     if (hit.num_tokens != blocks.size() * bs) {
       throw Error(ErrorCode::kInvalidArgument,
                   where() + "the hit's num_tokens " + std::to_string(hit.num_tokens) +
@@ -315,9 +158,9 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     const BlockSequence seq = group_sequence(request, g, coarse(g));
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       const KVCacheBlock& b = pool_.block(blocks[i]);  // throws when out of range
-      if (b.is_null && groups_[g].spec.kind == AttentionKind::kSlidingWindow) continue;
+      if (b.is_null && groups()[g].spec.kind == AttentionKind::kSlidingWindow) continue;
       if (i >= seq.block_hashes.size() || b.block_hash != seq.block_hashes[i] ||
-          b.group_id != groups_[g].id) {
+          b.group_id != groups()[g].id) {
         throw Error(ErrorCode::kInvalidArgument,
                     where() + "stale cache hit: block " + std::to_string(b.block_id) +
                         " no longer caches the request's block " + std::to_string(i) +
@@ -341,30 +184,32 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   // Capacity: new blocks plus hits sitting in the free queue, against the free blocks plus those
   // that leaving the window releases.
   std::vector<std::size_t>& to_allocate = alloc_scratch_;
-  to_allocate.assign(groups_.size(), 0);
+  to_allocate.assign(num_groups(), 0);
   std::size_t needed = 0, releasable = 0;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
+  for (std::size_t g = 0; g < num_groups(); ++g) {
     const std::vector<BlockId>& hb = *hits[g];
     const std::size_t held = known ? it->second.groups[g].blocks.size() : 0;
-    const std::size_t required = cdiv(need_slots, groups_[g].spec.block_size);
+    const std::size_t required = cdiv(need_slots, groups()[g].spec.block_size);
     to_allocate[g] = required > held + hb.size() ? required - held - hb.size() : 0;
     needed += to_allocate[g];
     for (const BlockId b : hb) needed += (b != kNullBlockId && pool_.block(b).ref_cnt == 0) ? 1 : 0;
     if (known) {
-      releasable += num_skipped_blocks(groups_[g], it->second.groups[g],
-                                       request.num_computed_tokens(), /*count_freeable=*/true);
+      releasable += num_out_of_window_blocks(pool_, groups()[g].spec, it->second.groups[g].blocks,
+                                             request.num_computed_tokens(),
+                                             /*count_freeable=*/true);
     }
   }
   if (needed > static_cast<std::size_t>(pool_.num_free_blocks()) + releasable) return std::nullopt;
 
   RequestBlocks& state = requests_[request.id()];  // may allocate: before any pool change
-  state.groups.resize(groups_.size());
+  state.groups.resize(num_groups());
   // Blocks that left a window go first (the later block first), in every group before any
   // allocation: the capacity check counted them, and they may be reused right away.
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const Group& group = groups_[g];
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    const KVCacheGroup& group = groups()[g];
     GroupBlocks& gs = state.groups[g];
-    const std::size_t skip = num_skipped_blocks(group, gs, request.num_computed_tokens(), false);
+    const std::size_t skip = num_out_of_window_blocks(pool_, group.spec, gs.blocks,
+                                                      request.num_computed_tokens(), false);
     if (skip == 0) continue;
     const std::size_t end = std::min<std::size_t>(
         group.spec.num_skipped_tokens(request.num_computed_tokens()) / group.spec.block_size,
@@ -379,7 +224,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
   // Every group takes its hits before any group allocates: a hit sitting in the free queue must
   // not be popped (and evicted) by another group's allocation.
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
+  for (std::size_t g = 0; g < num_groups(); ++g) {
     GroupBlocks& gs = state.groups[g];
     if (!known) gs.coarse_hashes = std::move(fresh_coarse[g]);
     if (!has_hit) continue;
@@ -389,8 +234,8 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     gs.num_cached_blocks = hb.size();
   }
   std::span<const BlockId> result;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    const Group& group = groups_[g];
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    const KVCacheGroup& group = groups()[g];
     GroupBlocks& gs = state.groups[g];
     const std::size_t first_new = gs.blocks.size();
     gs.blocks.reserve(first_new + to_allocate[g]);
@@ -409,12 +254,12 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
         const BlockSequence seq = group_sequence(request, g, gs.coarse_hashes);
         std::size_t i = gs.num_cached_blocks;
         while (i < full) {
-          if (gs.blocks[i] == kNullBlockId || !hit_usable(group, i)) {
+          if (gs.blocks[i] == kNullBlockId || !coordinator_.block_can_hit(g, i)) {
             ++i;
             continue;
           }
           std::size_t j = i;
-          while (j < full && gs.blocks[j] != kNullBlockId && hit_usable(group, j)) ++j;
+          while (j < full && gs.blocks[j] != kNullBlockId && coordinator_.block_can_hit(g, j)) ++j;
           pool_.cache_full_blocks(seq, gs.blocks, i, j, group.id);
           i = j;
         }
@@ -457,10 +302,10 @@ std::span<const BlockId> KVCacheManager::block_ids(RequestId id, std::size_t gro
   if (it == requests_.end()) {
     throw Error(ErrorCode::kNotFound, "block_ids: request " + std::to_string(id) + " is unknown");
   }
-  if (group >= groups_.size()) {
+  if (group >= num_groups()) {
     throw Error(ErrorCode::kOutOfRange, "block_ids: group " + std::to_string(group) +
                                             " but the manager has " +
-                                            std::to_string(groups_.size()));
+                                            std::to_string(num_groups()));
   }
   return it->second.groups[group].blocks;
 }
@@ -485,11 +330,11 @@ void KVCacheManager::check_invariants() const {
   std::vector<std::int32_t> holders(static_cast<std::size_t>(pool_.num_blocks()), 0);
   std::vector<int> holder_group(static_cast<std::size_t>(pool_.num_blocks()), -1);
   for (const auto& [id, state] : requests_) {
-    if (state.groups.size() != groups_.size()) {
+    if (state.groups.size() != num_groups()) {
       throw Error(ErrorCode::kInvalidState, "KVCacheManager invariant broken: request " +
                                                 std::to_string(id) + " has the wrong group count");
     }
-    for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (std::size_t g = 0; g < num_groups(); ++g) {
       const GroupBlocks& gs = state.groups[g];
       if (gs.num_cached_blocks > gs.blocks.size()) {
         throw Error(ErrorCode::kInvalidState,
@@ -500,7 +345,7 @@ void KVCacheManager::check_invariants() const {
       }
       for (const BlockId b : gs.blocks) {
         if (b == kNullBlockId) {
-          if (groups_[g].spec.kind != AttentionKind::kSlidingWindow) {
+          if (groups()[g].spec.kind != AttentionKind::kSlidingWindow) {
             throw Error(ErrorCode::kInvalidState,
                         "KVCacheManager invariant broken: a full-attention table holds the null "
                         "block (request " +
@@ -513,7 +358,7 @@ void KVCacheManager::check_invariants() const {
         int& owner = holder_group[static_cast<std::size_t>(b)];
         const KVCacheBlock& blk = pool_.block(b);
         if ((owner != -1 && owner != static_cast<int>(g)) ||
-            (blk.is_cached() && blk.group_id != groups_[g].id)) {
+            (blk.is_cached() && blk.group_id != groups()[g].id)) {
           throw Error(ErrorCode::kInvalidState,
                       "KVCacheManager invariant broken: block " + std::to_string(b) +
                           " is held in group " + std::to_string(g) + " but also in group " +

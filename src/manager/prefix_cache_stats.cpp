@@ -1,6 +1,6 @@
-#include "pagedkv/prefix_cache_stats.hpp"
+#include "pagedkv/manager/prefix_cache_stats.hpp"
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

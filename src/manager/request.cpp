@@ -1,9 +1,9 @@
-#include "pagedkv/request.hpp"
+#include "pagedkv/manager/request.hpp"
 
 #include <string>
 #include <utility>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

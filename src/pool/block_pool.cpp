@@ -1,4 +1,4 @@
-#include "pagedkv/block_pool.hpp"
+#include "pagedkv/pool/block_pool.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include <string_view>
 #include <utility>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 
@@ -295,7 +295,7 @@ void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const Bloc
         seq.tokens.subspan(num_cached_blocks * bs, (num_full_blocks - num_cached_blocks) * bs);
     stored.token_ids.assign(tokens.begin(), tokens.end());
     stored.block_size = bs;
-    if (seq.keys != nullptr) stored.lora_name = seq.keys->lora_name;
+    if (const auto lora = seq.lora_name()) stored.lora_name = std::string(*lora);
     stored.group_id = group;
     for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
       const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
@@ -375,9 +375,7 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
   if (!verifying()) return hash_map_.find_first(hash, group);
 
   std::uint32_t eid = 0;  // most blocks have no extra keys: skip building and interning them
-  const RequestHashKeys* keys = seq.keys;
-  if (keys != nullptr &&
-      (keys->lora_name || !keys->mm_items.empty() || (index == 0 && keys->cache_salt))) {
+  if (seq.has_extra_keys(index)) {
     const BlockExtraKeys extra = seq.block_extra_keys(index, mm_scratch_);
     eid = lookup_extra_id(extra);
     if (!extra.empty() && eid == 0) return kNoBlock;  // no cached block has these extra keys

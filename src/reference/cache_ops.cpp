@@ -1,11 +1,11 @@
-#include "pagedkv/cache_ops.hpp"
+#include "pagedkv/reference/cache_ops.hpp"
 
 #include <algorithm>
 #include <cstring>
 #include <string>
 #include <unordered_set>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

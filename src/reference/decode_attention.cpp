@@ -1,4 +1,4 @@
-#include "pagedkv/decode_attention.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -6,8 +6,8 @@
 #include <span>
 #include <string>
 
-#include "pagedkv/block_table.hpp"
-#include "pagedkv/error.hpp"
+#include "pagedkv/device/block_table.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

@@ -1,4 +1,4 @@
-#include "pagedkv/extend_attention.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <span>
 #include <string>
 
-#include "pagedkv/block_table.hpp"
-#include "pagedkv/error.hpp"
+#include "pagedkv/device/block_table.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 

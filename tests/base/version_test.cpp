@@ -1,10 +1,10 @@
-#include "pagedkv/version.hpp"
+#include "pagedkv/base/version.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 TEST(Version, RuntimeMatchesHeaders) {
   EXPECT_EQ(pagedkv::version(), PAGEDKV_VERSION_STRING);

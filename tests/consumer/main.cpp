@@ -1,13 +1,13 @@
 // Links against pagedkv and checks a known vLLM block hash, so a broken export fails loudly.
-#include <pagedkv/block_hasher.hpp>
-#include <pagedkv/version.hpp>
+#include <pagedkv/hash/block_hasher.hpp>
+#include <pagedkv/base/version.hpp>
 
 #include <cstdio>
 #include <numeric>
 #include <vector>
 
 #if CONSUMER_HAS_CUDA
-#include <pagedkv/cuda_device.hpp>
+#include <pagedkv/cuda/device.hpp>
 #endif
 
 int main() {

@@ -1,6 +1,6 @@
 // CUDA kv_append, copy_blocks and swap_blocks against their CPU references, bit for bit.
 // Without a GPU the device tests skip; the host-side argument checks still run.
-#include "pagedkv/cuda_cache_ops.hpp"
+#include "pagedkv/cuda/cache_ops.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 
 #include "cuda_test_util.hpp"
 #include "kv_test_util.hpp"
-#include "pagedkv/block_table.hpp"
-#include "pagedkv/error.hpp"
+#include "pagedkv/device/block_table.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

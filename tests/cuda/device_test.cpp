@@ -1,4 +1,4 @@
-#include "pagedkv/cuda_device.hpp"
+#include "pagedkv/cuda/device.hpp"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 // Relative error ||out - ref|| / ||ref|| must stay within 1e-2 (bf16) or 2e-3 (fp16).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
-#include "pagedkv/cuda_extend_attention.hpp"
+#include "pagedkv/cuda/extend_attention.hpp"
 
 #include <gtest/gtest.h>
 
@@ -19,9 +19,9 @@
 
 #include "cuda_test_util.hpp"
 #include "kv_test_util.hpp"
-#include "pagedkv/cuda_cache_ops.hpp"
-#include "pagedkv/cuda_decode_attention.hpp"
-#include "pagedkv/error.hpp"
+#include "pagedkv/cuda/cache_ops.hpp"
+#include "pagedkv/cuda/decode_attention.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

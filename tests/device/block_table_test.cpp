@@ -1,11 +1,11 @@
-#include "pagedkv/block_table.hpp"
+#include "pagedkv/device/block_table.hpp"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "pagedkv/decode_plan.hpp"
+#include "pagedkv/device/decode_plan.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "pagedkv/kv_dtype.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
 
 #include <gtest/gtest.h>
 

@@ -1,11 +1,11 @@
-#include "pagedkv/kv_layout.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 
 #include <gtest/gtest.h>
 
 #include <set>
 #include <string>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

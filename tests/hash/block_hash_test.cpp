@@ -1,4 +1,4 @@
-#include "pagedkv/block_hash.hpp"
+#include "pagedkv/hash/block_hash.hpp"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <unordered_set>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

@@ -1,4 +1,4 @@
-#include "pagedkv/block_hasher.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
 
 #include <gtest/gtest.h>
 
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/error.hpp"
-#include "pagedkv/request_hasher.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 
 namespace pagedkv {
 namespace {

@@ -1,11 +1,11 @@
-#include "pagedkv/request_hasher.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <vector>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

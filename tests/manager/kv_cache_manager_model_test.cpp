@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/error.hpp"
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {

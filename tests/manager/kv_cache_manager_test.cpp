@@ -1,4 +1,4 @@
-#include "pagedkv/kv_cache_manager.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

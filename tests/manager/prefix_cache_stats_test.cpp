@@ -1,8 +1,8 @@
-#include "pagedkv/prefix_cache_stats.hpp"
+#include "pagedkv/manager/prefix_cache_stats.hpp"
 
 #include <gtest/gtest.h>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

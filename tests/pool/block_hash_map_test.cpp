@@ -1,4 +1,4 @@
-#include "pagedkv/block_hash_map.hpp"
+#include "pagedkv/pool/block_hash_map.hpp"
 
 #include <gtest/gtest.h>
 

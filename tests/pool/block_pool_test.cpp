@@ -1,4 +1,5 @@
-#include "pagedkv/block_pool.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {
@@ -94,15 +95,15 @@ TEST(BlockPool, FreeQueueOrderAfterFreeingTwoRequestsSharingAPrefix) {
 
   const auto a = take(pool, 4);
   ASSERT_EQ(a, (std::vector<BlockId>{1, 2, 3, 4}));
-  pool.cache_full_blocks(a_seq, a, 0, 3);
-  ASSERT_EQ(pool.match_cached_block(b_seq, 0, BlockPool::kNoBlock), 1);
-  ASSERT_EQ(pool.match_cached_block(b_seq, 1, 1), 2);
-  ASSERT_EQ(pool.match_cached_block(b_seq, 2, 2), BlockPool::kNoBlock);
+  pool.cache_full_blocks(a_seq.sequence(), a, 0, 3);
+  ASSERT_EQ(pool.match_cached_block(b_seq.sequence(), 0, BlockPool::kNoBlock), 1);
+  ASSERT_EQ(pool.match_cached_block(b_seq.sequence(), 1, 1), 2);
+  ASSERT_EQ(pool.match_cached_block(b_seq.sequence(), 2, 2), BlockPool::kNoBlock);
   std::vector<BlockId> b = {1, 2};
   pool.touch(b);
   ASSERT_TRUE(pool.get_new_blocks(2, b));
   ASSERT_EQ(b, (std::vector<BlockId>{1, 2, 5, 6}));
-  pool.cache_full_blocks(b_seq, b, 2, 3);
+  pool.cache_full_blocks(b_seq.sequence(), b, 2, 3);
   pool.check_invariants();
 
   pool.free_blocks(std::vector<BlockId>{4, 3, 2, 1});  // A, tail first
@@ -124,8 +125,8 @@ TEST(BlockPool, FreeQueueOrderAfterFreeingTwoRequestsSharingAPrefix) {
   EXPECT_EQ(std::get<BlockRemoved>(events[0].data).block_hashes,
             std::vector<BlockHash>{a_seq.block_hashes()[2]});
   // Block 2 (the shared prefix) is still cached and hit-able: lazy eviction.
-  EXPECT_EQ(pool.match_cached_block(a_seq, 1, 1), 2);
-  EXPECT_EQ(pool.match_cached_block(a_seq, 2, 2), BlockPool::kNoBlock);
+  EXPECT_EQ(pool.match_cached_block(a_seq.sequence(), 1, 1), 2);
+  EXPECT_EQ(pool.match_cached_block(a_seq.sequence(), 2, 2), BlockPool::kNoBlock);
   pool.check_invariants();
 }
 
@@ -133,11 +134,11 @@ TEST(BlockPool, LazyEvictionAndTouchingAFreeCachedBlock) {
   BlockPool pool(config(6));
   const auto seq = sequence(iota_tokens(0, 8));
   const auto blocks = take(pool, 2);
-  pool.cache_full_blocks(seq, blocks, 0, 2);
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
   pool.free_blocks(std::vector<BlockId>{blocks[1], blocks[0]});
   // Freed but still cached: still a hit.
   EXPECT_EQ(pool.get_cached_block(seq.block_hashes()[0]), blocks[0]);
-  EXPECT_EQ(pool.match_cached_block(seq, 0, BlockPool::kNoBlock), blocks[0]);
+  EXPECT_EQ(pool.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock), blocks[0]);
   EXPECT_TRUE(pool.free_queue().contains(blocks[0]));
   const auto free_before = pool.num_free_blocks();
   pool.touch(std::vector<BlockId>{blocks[0]});
@@ -153,7 +154,7 @@ TEST(BlockPool, BadInputIsRejectedWithStateUnchanged) {
   BlockPool pool(config(6));
   const auto seq = sequence(iota_tokens(0, 8));
   const auto blocks = take(pool, 3);
-  pool.cache_full_blocks(seq, blocks, 0, 1);
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 1);
 
   expect_rejected(
       pool,
@@ -192,19 +193,19 @@ TEST(BlockPool, BadInputIsRejectedWithStateUnchanged) {
       },
       "out of range");
   expect_rejected(
-      pool, [&] { pool.cache_full_blocks(seq, blocks, 0, 2); }, "already cached");
+      pool, [&] { pool.cache_full_blocks(seq.sequence(), blocks, 0, 2); }, "already cached");
   expect_rejected(
-      pool, [&] { pool.cache_full_blocks(seq, blocks, 1, 3); }, "full blocks");
+      pool, [&] { pool.cache_full_blocks(seq.sequence(), blocks, 1, 3); }, "full blocks");
   expect_rejected(
       pool,
       [&] {
-        pool.cache_full_blocks(seq, std::vector<BlockId>{blocks[0], 5}, 1, 2);
+        pool.cache_full_blocks(seq.sequence(), std::vector<BlockId>{blocks[0], 5}, 1, 2);
       },
       "not allocated");
   expect_rejected(
       pool,
       [&] {
-        pool.cache_full_blocks(seq, std::vector<BlockId>{1, 0}, 1, 2);
+        pool.cache_full_blocks(seq.sequence(), std::vector<BlockId>{1, 0}, 1, 2);
       },
       "null block");
   expect_rejected(
@@ -219,7 +220,7 @@ TEST(BlockPool, BadInputIsRejectedWithStateUnchanged) {
   RequestBlockHasher other(BlockHasher(HashScheme::kSha256, "test"), 8);
   other.append(iota_tokens(0, 8));
   expect_rejected(
-      pool, [&] { pool.cache_full_blocks(other, blocks, 1, 1); }, "block size 8");
+      pool, [&] { pool.cache_full_blocks(other.sequence(), blocks, 1, 1); }, "block size 8");
 
   // A real double free, after the legitimate one.
   pool.free_blocks(blocks);
@@ -231,7 +232,7 @@ TEST(BlockPool, ResetOnlyWhenIdle) {
   BlockPool pool(config(6));
   const auto seq = sequence(iota_tokens(0, 8));
   const auto blocks = take(pool, 2);
-  pool.cache_full_blocks(seq, blocks, 0, 2);
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
   const auto before = pool.snapshot();
   EXPECT_FALSE(pool.reset_prefix_cache());
   EXPECT_EQ(pool.snapshot(), before);
@@ -254,9 +255,9 @@ TEST(BlockPool, EventsCarryTheCachedBlocksInOrderWithGapFreeSequenceNumbers) {
   keys.mm_items = {{"img", 2, 3}};
   const auto seq = sequence(iota_tokens(10, 12), keys);
   const auto blocks = take(pool, 3);
-  pool.cache_full_blocks(seq, blocks, 0, 2);
-  pool.cache_full_blocks(seq, blocks, 2, 3);
-  pool.cache_full_blocks(seq, blocks, 3, 3);  // nothing new: no event
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
+  pool.cache_full_blocks(seq.sequence(), blocks, 2, 3);
+  pool.cache_full_blocks(seq.sequence(), blocks, 3, 3);  // nothing new: no event
   pool.evict_blocks(std::vector<BlockId>{blocks[2]});
   const auto events = pool.take_events();
   ASSERT_EQ(events.size(), 3u);
@@ -295,7 +296,7 @@ TEST(BlockPool, NoEventsUnlessEnabled) {
   BlockPool pool(config(8, /*events=*/false));
   const auto seq = sequence(iota_tokens(0, 8));
   const auto blocks = take(pool, 2);
-  pool.cache_full_blocks(seq, blocks, 0, 2);
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
   EXPECT_TRUE(pool.take_events().empty());
 }
 
@@ -319,15 +320,15 @@ TEST(BlockPool, VerifiedLookupTurnsCollisionsIntoMisses) {
   }
   ASSERT_NE(x, y) << "no collision among 8 blocks with a 1-bit hash";
   const auto bx = take(pool, 1);
-  pool.cache_full_blocks(seqs[x], bx, 0, 1);
+  pool.cache_full_blocks(seqs[x].sequence(), bx, 0, 1);
   EXPECT_EQ(pool.get_cached_block(seqs[y].block_hashes()[0]), bx[0]);  // raw map: fooled
-  EXPECT_EQ(pool.match_cached_block(seqs[y], 0, BlockPool::kNoBlock), BlockPool::kNoBlock);
-  EXPECT_EQ(pool.match_cached_block(seqs[x], 0, BlockPool::kNoBlock), bx[0]);
+  EXPECT_EQ(pool.match_cached_block(seqs[y].sequence(), 0, BlockPool::kNoBlock), BlockPool::kNoBlock);
+  EXPECT_EQ(pool.match_cached_block(seqs[x].sequence(), 0, BlockPool::kNoBlock), bx[0]);
   // Cache y too: now both are found, each by its own content.
   const auto by = take(pool, 1);
-  pool.cache_full_blocks(seqs[y], by, 0, 1);
-  EXPECT_EQ(pool.match_cached_block(seqs[y], 0, BlockPool::kNoBlock), by[0]);
-  EXPECT_EQ(pool.match_cached_block(seqs[x], 0, BlockPool::kNoBlock), bx[0]);
+  pool.cache_full_blocks(seqs[y].sequence(), by, 0, 1);
+  EXPECT_EQ(pool.match_cached_block(seqs[y].sequence(), 0, BlockPool::kNoBlock), by[0]);
+  EXPECT_EQ(pool.match_cached_block(seqs[x].sequence(), 0, BlockPool::kNoBlock), bx[0]);
   pool.check_invariants();
 }
 
@@ -359,30 +360,30 @@ TEST(BlockPool, ChildOfACollidingParentIsAMiss) {
   const auto sq = with_suffix(q);
   ASSERT_EQ(sp.block_hashes()[1], sq.block_hashes()[1]);  // children collide too
   const auto bp = take(pool, 2);
-  pool.cache_full_blocks(sp, bp, 0, 2);
+  pool.cache_full_blocks(sp.sequence(), bp, 0, 2);
   const auto bq0 = take(pool, 1);
-  pool.cache_full_blocks(sq, bq0, 0, 1);
-  const BlockId q0 = pool.match_cached_block(sq, 0, BlockPool::kNoBlock);
+  pool.cache_full_blocks(sq.sequence(), bq0, 0, 1);
+  const BlockId q0 = pool.match_cached_block(sq.sequence(), 0, BlockPool::kNoBlock);
   ASSERT_EQ(q0, bq0[0]);
-  EXPECT_EQ(pool.match_cached_block(sq, 1, q0), BlockPool::kNoBlock);
-  EXPECT_EQ(pool.match_cached_block(sp, 1, bp[0]), bp[1]);
+  EXPECT_EQ(pool.match_cached_block(sq.sequence(), 1, q0), BlockPool::kNoBlock);
+  EXPECT_EQ(pool.match_cached_block(sp.sequence(), 1, bp[0]), bp[1]);
 }
 
 TEST(BlockPool, DuplicatesShareContentIdentity) {
   BlockPool pool(config(16));
   const auto seq = sequence(iota_tokens(0, 8));
   const auto first = take(pool, 2);
-  pool.cache_full_blocks(seq, first, 0, 2);
+  pool.cache_full_blocks(seq.sequence(), first, 0, 2);
   // The same content computed again in other blocks (e.g. the last block of a fully cached
   // prompt is always recomputed): both copies are cached, the first inserted is returned, and a
   // child of either copy is reachable.
   const auto second = take(pool, 2);
-  pool.cache_full_blocks(seq, second, 0, 2);
-  EXPECT_EQ(pool.match_cached_block(seq, 0, BlockPool::kNoBlock), first[0]);
-  EXPECT_EQ(pool.match_cached_block(seq, 1, second[0]), first[1]);
+  pool.cache_full_blocks(seq.sequence(), second, 0, 2);
+  EXPECT_EQ(pool.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock), first[0]);
+  EXPECT_EQ(pool.match_cached_block(seq.sequence(), 1, second[0]), first[1]);
   pool.evict_blocks(std::vector<BlockId>{first[0], first[1]});
-  EXPECT_EQ(pool.match_cached_block(seq, 0, BlockPool::kNoBlock), second[0]);
-  EXPECT_EQ(pool.match_cached_block(seq, 1, second[0]), second[1]);
+  EXPECT_EQ(pool.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock), second[0]);
+  EXPECT_EQ(pool.match_cached_block(seq.sequence(), 1, second[0]), second[1]);
   pool.check_invariants();
 }
 

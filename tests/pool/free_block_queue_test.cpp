@@ -1,4 +1,4 @@
-#include "pagedkv/free_block_queue.hpp"
+#include "pagedkv/pool/free_block_queue.hpp"
 
 #include <gtest/gtest.h>
 

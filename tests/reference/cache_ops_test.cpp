@@ -1,6 +1,6 @@
 // CPU references of kv_append, copy_blocks and swap_blocks, checked element by element against
 // addresses written out per layout (kv_test_util.hpp), plus run coalescing and bad input.
-#include "pagedkv/cache_ops.hpp"
+#include "pagedkv/reference/cache_ops.hpp"
 
 #include <gtest/gtest.h>
 
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "kv_test_util.hpp"
-#include "pagedkv/block_table.hpp"
-#include "pagedkv/error.hpp"
+#include "pagedkv/device/block_table.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

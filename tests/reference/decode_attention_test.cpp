@@ -1,6 +1,6 @@
 // The CPU reference of paged decode attention against an independent naive computation
 // (gather into dense arrays, two-pass softmax) over many shapes, hand-checked cases, and bad input.
-#include "pagedkv/decode_attention.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kv_test_util.hpp"
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {

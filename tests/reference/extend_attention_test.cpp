@@ -2,7 +2,7 @@
 // K/V by position with the new tokens taken from their rows, explicit visible lists, two-pass
 // softmax) over many shapes; agreement with the decode reference for one new token;
 // hand-computed cases; bad input.
-#include "pagedkv/extend_attention.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
 
 #include <gtest/gtest.h>
 
@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "kv_test_util.hpp"
-#include "pagedkv/decode_attention.hpp"
-#include "pagedkv/error.hpp"
-#include "pagedkv/extend_attention_tiles.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
+#include "pagedkv/base/error.hpp"
+#include "internal/extend_attention_tiles.hpp"
 
 namespace pagedkv {
 namespace {
@@ -242,7 +242,7 @@ TEST(ExtendAttentionReference, WritesStridedOutputAndLseRoundedToDtype) {
   }
 }
 
-// ---- the CUDA kernel's work decomposition (pagedkv/extend_attention_tiles.hpp) ----
+// ---- the CUDA kernel's work decomposition (src/cuda/internal/extend_attention_tiles.hpp) ----
 
 // Every valid row of every query tile finds all the keys it may see inside the tile's key range,
 // the range is tight, and a key tile declared mask-free is entirely visible to every row and holds

@@ -6,7 +6,7 @@
 #include <numeric>
 #include <string>
 
-#include "pagedkv/error.hpp"
+#include "pagedkv/base/error.hpp"
 #include "replay.hpp"
 #include "trace.hpp"
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/cuda_device.hpp"
+#include "pagedkv/cuda/device.hpp"
 
 namespace pagedkv::testing {
 

@@ -15,12 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/block_table.hpp"
-#include "pagedkv/cache_ops.hpp"
-#include "pagedkv/decode_attention.hpp"
-#include "pagedkv/extend_attention.hpp"
-#include "pagedkv/kv_dtype.hpp"
-#include "pagedkv/kv_layout.hpp"
+#include "pagedkv/device/block_table.hpp"
+#include "pagedkv/reference/cache_ops.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 
 namespace pagedkv::testing {
 

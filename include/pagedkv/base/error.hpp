@@ -1,4 +1,4 @@
-// pagedkv/error.hpp: the one exception type the library throws.
+// pagedkv/base/error.hpp: the one exception type the library throws.
 //
 // Contract: every public call that detects misuse (bad arguments, unknown ids, double frees,
 // malformed input) throws pagedkv::Error *before* changing any state, so catching it leaves the

@@ -1,4 +1,4 @@
-// pagedkv/version.hpp: the library's version, at compile time and at run time.
+// pagedkv/base/version.hpp: the library's version, at compile time and at run time.
 //
 // PAGEDKV_VERSION_{MAJOR,MINOR,PATCH} describe the headers being compiled against; version()
 // reports the library actually linked. A mismatch means headers and library come from different

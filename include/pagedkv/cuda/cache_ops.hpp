@@ -1,5 +1,5 @@
-// pagedkv/cuda_cache_ops.hpp: kv_append, copy_blocks and swap_blocks on the GPU (target
-// pagedkv::cuda). Same meaning as the CPU references in pagedkv/cache_ops.hpp.
+// pagedkv/cuda/cache_ops.hpp: kv_append, copy_blocks and swap_blocks on the GPU (target
+// pagedkv::cuda). Same meaning as the CPU references in pagedkv/reference/cache_ops.hpp.
 //
 //   kv_append    one CTA per new token; 16-byte loads and stores; head_dim any multiple of 8.
 //   copy_blocks  one launch for every plane (K and V of every layer, up to kCudaCopyMaxPlanes per
@@ -25,7 +25,7 @@
 #include <cstdint>
 #include <span>
 
-#include "pagedkv/cache_ops.hpp"
+#include "pagedkv/reference/cache_ops.hpp"
 
 namespace pagedkv {
 

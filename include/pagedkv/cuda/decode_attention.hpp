@@ -1,13 +1,13 @@
-// pagedkv/cuda_decode_attention.hpp: paged decode attention on the GPU (target pagedkv::cuda).
+// pagedkv/cuda/decode_attention.hpp: paged decode attention on the GPU (target pagedkv::cuda).
 //
-// Same contract as the CPU reference in pagedkv/decode_attention.hpp, on device buffers. fp16 and
+// Same contract as the CPU reference in pagedkv/reference/decode_attention.hpp, on device buffers. fp16 and
 // bf16 values, fp32 accumulation and softmax; head_dim 64, 128 or 256; GQA group sizes 1..16;
 // block sizes 1..256 with any strides KVLayout accepts; 64-bit address arithmetic throughout.
 //
 // Launch geometry: one CTA (4 warps) per (sequence, KV head, split) serves every query head of
 // the KV head's group, so each K/V byte is read from memory once per group. K/V tiles stream
 // through a 3-stage cp.async pipeline in shared memory with 16-byte accesses. With a split-KV plan
-// (pagedkv/decode_plan.hpp) each CTA writes its chunk's output and log-sum-exp to the workspace
+// (pagedkv/device/decode_plan.hpp) each CTA writes its chunk's output and log-sum-exp to the workspace
 // and a second kernel merges them; sequences that need one chunk are written directly.
 //
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
@@ -25,8 +25,8 @@
 
 #include <cstddef>
 
-#include "pagedkv/decode_attention.hpp"
-#include "pagedkv/decode_plan.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
+#include "pagedkv/device/decode_plan.hpp"
 
 namespace pagedkv {
 

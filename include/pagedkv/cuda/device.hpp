@@ -1,4 +1,4 @@
-// pagedkv/cuda_device.hpp: does this process see a CUDA device? (target pagedkv::cuda)
+// pagedkv/cuda/device.hpp: does this process see a CUDA device? (target pagedkv::cuda)
 //
 // GPU tests and tools call this to skip cleanly on machines without a GPU or driver. It never
 // throws and never initializes more than the CUDA runtime needs to count devices.

@@ -1,7 +1,7 @@
-// pagedkv/cuda_extend_attention.hpp: paged extend (prefix-hit prefill) attention on the GPU
+// pagedkv/cuda/extend_attention.hpp: paged extend (prefix-hit prefill) attention on the GPU
 // (target pagedkv::cuda).
 //
-// Same contract as the CPU reference in pagedkv/extend_attention.hpp, on device buffers: fp16
+// Same contract as the CPU reference in pagedkv/reference/extend_attention.hpp, on device buffers: fp16
 // and bf16 values with fp32 accumulation and softmax; head_dim 64, 128 or 256; any GQA group;
 // block sizes 1..256 with any strides KVLayout accepts; 64-bit address arithmetic.
 //
@@ -31,7 +31,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "pagedkv/extend_attention.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
 
 namespace pagedkv {
 

@@ -1,4 +1,4 @@
-// pagedkv/block_table.hpp: the device-side view of requests' blocks, built on the host.
+// pagedkv/device/block_table.hpp: the device-side view of requests' blocks, built on the host.
 //
 // Block table: a dense row-major int32 matrix [num_seqs, max_blocks_per_seq]; row i lists the
 // physical block ids of sequence i in logical order (token t of the sequence lives in block

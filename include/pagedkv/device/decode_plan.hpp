@@ -1,4 +1,4 @@
-// pagedkv/decode_plan.hpp: the host-side planner of paged decode attention (split-KV or not).
+// pagedkv/device/decode_plan.hpp: the host-side planner of paged decode attention (split-KV or not).
 //
 // Decode attention gives each (sequence, KV head) one CTA. With few sequences that is too few
 // CTAs to keep every SM streaming K/V, so the planner splits each sequence's keys into chunks of

@@ -1,4 +1,4 @@
-// pagedkv/kv_dtype.hpp: the element types of the KV cache (fp16, bf16) and their host-side
+// pagedkv/device/kv_dtype.hpp: the element types of the KV cache (fp16, bf16) and their host-side
 // conversions to and from float.
 //
 // Both types are 16-bit; on the host they are carried as their raw bits (std::uint16_t), so the

@@ -1,4 +1,4 @@
-// pagedkv/kv_layout.hpp: how much memory the KV cache needs, and where a cached value lives.
+// pagedkv/device/kv_layout.hpp: how much memory the KV cache needs, and where a cached value lives.
 //
 // Sizing (DESIGN.md section 6): each token stores one key and one value vector per layer and per
 // KV head, so bytes per token = 2 x layers x kv_heads x head_dim x bytes per value. GQA/MQA models
@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "pagedkv/kv_dtype.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
 
 namespace pagedkv {
 

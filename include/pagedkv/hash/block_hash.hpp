@@ -1,4 +1,4 @@
-// pagedkv/block_hash.hpp: the digest that names a full block of tokens and its whole prefix.
+// pagedkv/hash/block_hash.hpp: the digest that names a full block of tokens and its whole prefix.
 //
 // A BlockHash is a fixed-size value type: 32 bytes for the SHA-256 schemes, 16 for XXH3-128, or
 // empty (size 0, "no hash"). It is trivially copyable, compares bytewise (size first), and hashes

@@ -1,4 +1,4 @@
-// pagedkv/block_hasher.hpp: chained block hashing, H(parent hash, block tokens, extra keys).
+// pagedkv/hash/block_hasher.hpp: chained block hashing, H(parent hash, block tokens, extra keys).
 //
 // A BlockHasher is a scheme plus its NONE_HASH (the parent of block 0, derived from a seed). It is
 // a small value type: copy it freely. hash_block() is a pure function of its arguments; any number
@@ -31,7 +31,7 @@
 #include <string_view>
 #include <vector>
 
-#include "pagedkv/block_hash.hpp"
+#include "pagedkv/hash/block_hash.hpp"
 
 namespace pagedkv {
 

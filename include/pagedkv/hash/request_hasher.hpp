@@ -1,4 +1,4 @@
-// pagedkv/request_hasher.hpp: the block hashes of a growing token sequence, each computed once.
+// pagedkv/hash/request_hasher.hpp: the block hashes of a growing token sequence, each computed once.
 //
 // A RequestBlockHasher owns a request's token ids and the chained hashes of its full blocks. As
 // tokens are appended (the prompt, then decoded tokens) every block is hashed exactly once, at the
@@ -18,11 +18,13 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <string>
 #include <vector>
 
-#include "pagedkv/block_hash.hpp"
-#include "pagedkv/block_hasher.hpp"
+#include "pagedkv/hash/block_hash.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/hash/block_sequence.hpp"
 
 namespace pagedkv {
 
@@ -45,22 +47,8 @@ struct RequestHashKeys {
 BlockExtraKeys block_extra_keys(const RequestHashKeys& keys, std::size_t block_index,
                                 std::uint32_t block_size, std::vector<MultiModalKey>& scratch);
 
-// A request's tokens and full-block hashes at one block size: what the block pool needs to cache
-// or look up its blocks. A view: valid while the objects it points into live and do not grow.
-struct BlockSequence {
-  std::uint32_t block_size = 0;
-  std::span<const TokenId> tokens;
-  std::span<const BlockHash> block_hashes;  // block i covers tokens [i * block_size, ...)
-  const RequestHashKeys* keys = nullptr;    // extra keys; nullptr: none
-
-  BlockExtraKeys block_extra_keys(std::size_t block_index,
-                                  std::vector<MultiModalKey>& scratch) const {
-    return keys ? pagedkv::block_extra_keys(*keys, block_index, block_size, scratch)
-                : BlockExtraKeys{};
-  }
-};
-
-class RequestBlockHasher {
+// A request's tokens and full-block hashes, and the source of its blocks' extra keys.
+class RequestBlockHasher final : public BlockExtraKeySource {
  public:
   // Validates block_size (>= 1) and keys; see the file comment.
   RequestBlockHasher(BlockHasher hasher, std::uint32_t block_size, RequestHashKeys keys = {});
@@ -84,8 +72,23 @@ class RequestBlockHasher {
                                   std::vector<MultiModalKey>& scratch) const {
     return pagedkv::block_extra_keys(keys_, block_index, block_size_, scratch);
   }
+  // The key material of the full blocks, as the block pool takes it (a view of this object).
   BlockSequence sequence() const noexcept {
-    return BlockSequence{block_size_, tokens_, block_hashes_, &keys_};
+    const bool any_keys = keys_.lora_name || keys_.cache_salt || !keys_.mm_items.empty();
+    return BlockSequence{block_size_, tokens_, block_hashes_, any_keys ? this : nullptr};
+  }
+
+  // BlockExtraKeySource: vLLM's rule (see the file comment) at any block size.
+  bool has_extra_keys(std::size_t block_index) const noexcept override {
+    return keys_.lora_name || !keys_.mm_items.empty() || (block_index == 0 && keys_.cache_salt);
+  }
+  BlockExtraKeys block_extra_keys(std::size_t block_index, std::uint32_t block_size,
+                                  std::vector<MultiModalKey>& scratch) const override {
+    return pagedkv::block_extra_keys(keys_, block_index, block_size, scratch);
+  }
+  std::optional<std::string_view> lora_name() const noexcept override {
+    if (!keys_.lora_name) return std::nullopt;
+    return std::string_view(*keys_.lora_name);
   }
 
  private:

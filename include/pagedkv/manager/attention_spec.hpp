@@ -1,4 +1,4 @@
-// pagedkv/attention_spec.hpp: what kind of attention a KV-cache group serves, and so which cached
+// pagedkv/manager/attention_spec.hpp: what kind of attention a KV-cache group serves, and so which cached
 // blocks a request can reuse in it.
 //
 // A model's layers are split into KV-cache groups of one attention kind each (e.g. the full-

@@ -1,4 +1,4 @@
-// pagedkv/kv_cache_manager.hpp: the scheduler's view of the KV cache.
+// pagedkv/manager/kv_cache_manager.hpp: the scheduler's view of the KV cache.
 //
 // Full-attention models use one KV-cache group (the default). Hybrid models (full-attention plus
 // sliding-window layers, possibly with different block sizes) list their groups in
@@ -35,12 +35,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "pagedkv/attention_spec.hpp"
-#include "pagedkv/block_hasher.hpp"
-#include "pagedkv/block_pool.hpp"
-#include "pagedkv/kv_events.hpp"
-#include "pagedkv/prefix_cache_stats.hpp"
-#include "pagedkv/request.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/manager/attention_spec.hpp"
+#include "pagedkv/manager/coordinator.hpp"
+#include "pagedkv/manager/prefix_cache_stats.hpp"
+#include "pagedkv/manager/request.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+#include "pagedkv/pool/kv_events.hpp"
 
 namespace pagedkv {
 
@@ -94,9 +95,10 @@ class KVCacheManager {
 
   const BlockHasher& hasher() const noexcept { return hasher_; }
   // The block size requests are hashed at (the smallest group block size).
-  std::uint32_t block_size() const noexcept { return hash_block_size_; }
-  std::size_t num_groups() const noexcept { return groups_.size(); }
-  const AttentionSpec& group_spec(std::size_t g) const { return groups_.at(g).spec; }
+  std::uint32_t block_size() const noexcept { return coordinator_.hash_block_size(); }
+  std::size_t num_groups() const noexcept { return coordinator_.num_groups(); }
+  // Throws pagedkv::Error (kOutOfRange) for a group the manager does not have.
+  const AttentionSpec& group_spec(std::size_t g) const;
   const BlockPool& block_pool() const noexcept { return pool_; }
 
   // A request hashed the way this manager's cache is keyed.
@@ -148,11 +150,6 @@ class KVCacheManager {
   KVCacheManagerSnapshot snapshot() const;
 
  private:
-  struct Group {
-    AttentionSpec spec;
-    GroupId id = 0;
-    std::uint32_t factor = 1;  // block size / hash block size
-  };
   struct GroupBlocks {
     std::vector<BlockId> blocks;           // the block table row, in token order
     std::size_t num_cached_blocks = 0;     // leading blocks already cached (or null)
@@ -162,27 +159,21 @@ class KVCacheManager {
     std::vector<GroupBlocks> groups;
   };
 
-  static std::vector<Group> make_groups(const KVCacheManagerConfig& config);
+  std::span<const KVCacheGroup> groups() const noexcept { return coordinator_.groups(); }
   void check_hashing(const Request& request) const;
   void release(Request& request, const char* what);
   BlockSequence group_sequence(const Request& request, std::size_t g,
-                               std::vector<BlockHash>& coarse) const;
-  std::vector<BlockId> find_hit(const Group& group, const BlockSequence& seq,
-                                std::size_t max_tokens, std::size_t alignment) const;
-  bool hit_usable(const Group& group, std::size_t block_index) const noexcept;
-  std::size_t num_skipped_blocks(const Group& group, const GroupBlocks& state,
-                                 std::size_t num_computed_tokens, bool count_freeable) const;
+                               std::vector<BlockHash>& coarse) const {
+    return coordinator_.group_sequence(request.hashed_tokens().sequence(), g, coarse);
+  }
 
   BlockHasher hasher_;
-  std::vector<Group> groups_;
-  std::uint32_t hash_block_size_;
-  std::size_t alignment_;  // least common multiple of the group block sizes
+  KVCacheCoordinator coordinator_;
   BlockPool pool_;
   PrefixCacheStatsRecorder stats_;
   std::optional<std::size_t> max_model_len_;
   std::unordered_map<RequestId, RequestBlocks> requests_;
   std::vector<BlockId> free_scratch_;
-  mutable std::vector<BlockHash> coarse_scratch_;
   std::vector<const std::vector<BlockId>*> hit_scratch_;  // allocate_slots: each group's hit
   std::vector<std::size_t> alloc_scratch_;                // allocate_slots: blocks per group
   std::uint64_t out_of_window_freed_ = 0;

@@ -1,4 +1,4 @@
-// pagedkv/prefix_cache_stats.hpp: how much prefill the prefix cache saves.
+// pagedkv/manager/prefix_cache_stats.hpp: how much prefill the prefix cache saves.
 //
 // Records one entry per get_computed_blocks() query: the request's tokens (queries) and the tokens
 // found cached (hits). Totals are cumulative; the recent hit rate covers the last `window`

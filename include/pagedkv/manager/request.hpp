@@ -1,4 +1,4 @@
-// pagedkv/request.hpp: what the KV-cache manager needs to know about one request.
+// pagedkv/manager/request.hpp: what the KV-cache manager needs to know about one request.
 //
 // A Request holds its token ids (prompt, then decoded tokens), its hash keys (cache_salt, LoRA
 // name, multimodal items) and the chained hashes of its full blocks, computed incrementally as
@@ -14,8 +14,8 @@
 #include <cstdint>
 #include <span>
 
-#include "pagedkv/block_hasher.hpp"
-#include "pagedkv/request_hasher.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 
 namespace pagedkv {
 

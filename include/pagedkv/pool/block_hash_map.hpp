@@ -1,4 +1,4 @@
-// pagedkv/block_hash_map.hpp: (block hash, group) -> cached blocks, first inserted first.
+// pagedkv/pool/block_hash_map.hpp: (block hash, group) -> cached blocks, first inserted first.
 //
 // An open-addressing table of block ids (linear probing, backward-shift deletion) whose keys are
 // read from the pool's block array: a block's own `block_hash` and `group_id` are its key. Each
@@ -25,7 +25,7 @@
 #include <span>
 #include <vector>
 
-#include "pagedkv/kv_cache_block.hpp"
+#include "pagedkv/pool/kv_cache_block.hpp"
 
 namespace pagedkv {
 

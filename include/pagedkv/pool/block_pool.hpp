@@ -1,4 +1,4 @@
-// pagedkv/block_pool.hpp: the physical blocks, their reference counts, the LRU free queue and the
+// pagedkv/pool/block_pool.hpp: the physical blocks, their reference counts, the LRU free queue and the
 // hash -> block map. The pool knows blocks and hashes, never requests (DESIGN.md section 3).
 //
 // Semantics follow vLLM's v1 BlockPool (newest upstream):
@@ -33,11 +33,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "pagedkv/block_hash_map.hpp"
-#include "pagedkv/free_block_queue.hpp"
-#include "pagedkv/kv_cache_block.hpp"
-#include "pagedkv/kv_events.hpp"
-#include "pagedkv/request_hasher.hpp"
+#include "pagedkv/hash/block_sequence.hpp"
+#include "pagedkv/pool/block_hash_map.hpp"
+#include "pagedkv/pool/free_block_queue.hpp"
+#include "pagedkv/pool/kv_cache_block.hpp"
+#include "pagedkv/pool/kv_events.hpp"
 
 namespace pagedkv {
 
@@ -104,11 +104,6 @@ class BlockPool {
   void cache_full_blocks(const BlockSequence& seq, std::span<const BlockId> blocks,
                          std::size_t num_cached_blocks, std::size_t num_full_blocks,
                          GroupId group = 0);
-  void cache_full_blocks(const RequestBlockHasher& seq, std::span<const BlockId> blocks,
-                         std::size_t num_cached_blocks, std::size_t num_full_blocks,
-                         GroupId group = 0) {
-    cache_full_blocks(seq.sequence(), blocks, num_cached_blocks, num_full_blocks, group);
-  }
 
   // vLLM's lookup: the first inserted block cached under (hash, group), or kNoBlock. It does
   // not verify key material; KV-cache managers use match_cached_block().
@@ -124,10 +119,6 @@ class BlockPool {
   // verify_cache_hits, the same as get_cached_block().
   BlockId match_cached_block(const BlockSequence& seq, std::size_t index, BlockId parent,
                              GroupId group = 0) const;
-  BlockId match_cached_block(const RequestBlockHasher& seq, std::size_t index, BlockId parent,
-                             GroupId group = 0) const {
-    return match_cached_block(seq.sequence(), index, parent, group);
-  }
 
   // Sliding-window lookups search right to left, before the block's left neighbour is known:
   // the same as match_cached_block() without the parent check. Callers verify the chain inside a

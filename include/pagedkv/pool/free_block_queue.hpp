@@ -1,4 +1,4 @@
-// pagedkv/free_block_queue.hpp: the LRU queue of free blocks, intrusive and allocation free.
+// pagedkv/pool/free_block_queue.hpp: the LRU queue of free blocks, intrusive and allocation free.
 //
 // A doubly linked list threaded through KVCacheBlock::prev_free/next_free of the pool's block
 // array. The head is allocated (and so evicted) next; the tail is kept longest. Every operation is
@@ -15,7 +15,7 @@
 #include <span>
 #include <vector>
 
-#include "pagedkv/kv_cache_block.hpp"
+#include "pagedkv/pool/kv_cache_block.hpp"
 
 namespace pagedkv {
 

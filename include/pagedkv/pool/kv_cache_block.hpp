@@ -1,4 +1,4 @@
-// pagedkv/kv_cache_block.hpp: the metadata of one physical KV-cache block.
+// pagedkv/pool/kv_cache_block.hpp: the metadata of one physical KV-cache block.
 //
 // Blocks live in one flat array owned by a BlockPool and are named by their index (BlockId).
 // Block 0 is the permanent null block: a placeholder for skipped positions (sliding window); it is
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "pagedkv/block_hash.hpp"
+#include "pagedkv/hash/block_hash.hpp"
 
 namespace pagedkv {
 

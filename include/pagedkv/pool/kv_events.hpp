@@ -1,4 +1,4 @@
-// pagedkv/kv_events.hpp: what the cache tells the outside world (routers, KV stores).
+// pagedkv/pool/kv_events.hpp: what the cache tells the outside world (routers, KV stores).
 //
 // The pool emits one event per change to the set of cached blocks, each with a sequence number
 // that starts at 0 and increases by exactly 1 per event (gap-free), in the order of the changes:
@@ -18,9 +18,9 @@
 #include <variant>
 #include <vector>
 
-#include "pagedkv/block_hash.hpp"
-#include "pagedkv/block_hasher.hpp"
-#include "pagedkv/kv_cache_block.hpp"
+#include "pagedkv/hash/block_hash.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/pool/kv_cache_block.hpp"
 
 namespace pagedkv {
 

@@ -1,8 +1,8 @@
-// pagedkv/cache_ops.hpp: writing and moving KV-cache blocks (kv_append, copy_blocks,
+// pagedkv/reference/cache_ops.hpp: writing and moving KV-cache blocks (kv_append, copy_blocks,
 // swap_blocks): their parameters, the run coalescing swaps use, and CPU references.
 //
 //   kv_append    scatter the new tokens' K and V rows [num_tokens, num_kv_heads, head_dim] of one
-//                layer into their slots (pagedkv/block_table.hpp); a negative slot is skipped.
+//                layer into their slots (pagedkv/device/block_table.hpp); a negative slot is skipped.
 //                (vLLM: reshape_and_cache.)
 //   copy_blocks  copy block src to block dst in every plane (K and V of every layer) of one pool:
 //                copy-on-write when a forked sequence writes into a shared last block.
@@ -22,8 +22,8 @@
 #include <span>
 #include <vector>
 
-#include "pagedkv/kv_dtype.hpp"
-#include "pagedkv/kv_layout.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 
 namespace pagedkv {
 

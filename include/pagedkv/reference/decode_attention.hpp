@@ -1,4 +1,4 @@
-// pagedkv/decode_attention.hpp: paged decode attention, its parameters and its CPU reference.
+// pagedkv/reference/decode_attention.hpp: paged decode attention, its parameters and its CPU reference.
 //
 // Each sequence contributes one query token (the one being decoded): q[seq] of shape
 // [num_q_heads, head_dim] attends over the sequence's seq_len cached tokens (the current token's
@@ -12,7 +12,7 @@
 // last block) may hold anything, NaN included: they are never read.
 //
 // PagedDecodeParams is a plain description of raw buffers: host buffers for the CPU reference
-// here, device buffers for the CUDA kernel (pagedkv/cuda_decode_attention.hpp), with one meaning.
+// here, device buffers for the CUDA kernel (pagedkv/cuda/decode_attention.hpp), with one meaning.
 //
 // The CPU reference walks each sequence's blocks in order with an online softmax in double and
 // checks everything it reads (lengths, block ids). Complexity O(seq_len x num_q_heads x head_dim)
@@ -23,8 +23,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "pagedkv/kv_dtype.hpp"
-#include "pagedkv/kv_layout.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 
 namespace pagedkv {
 

@@ -1,9 +1,9 @@
-// pagedkv/extend_attention.hpp: paged extend (prefix-hit prefill) attention, its parameters and
+// pagedkv/reference/extend_attention.hpp: paged extend (prefix-hit prefill) attention, its parameters and
 // its CPU reference.
 //
 // A varlen batch: sequence i has q_len_i = q_indptr[i + 1] - q_indptr[i] new tokens (rows
 // q_indptr[i] .. q_indptr[i + 1] - 1 of q and out) and seq_lens[i] tokens in the cache, the new
-// ones included: their K/V must already be appended (kv_append, pagedkv/cache_ops.hpp). The
+// ones included: their K/V must already be appended (kv_append, pagedkv/reference/cache_ops.hpp). The
 // cached prefix is the rest, prefix_i = seq_lens[i] - q_len_i tokens (0 = a plain prefill; the
 // prefix-cache hit otherwise); as in vLLM, the prefix length is derived rather than passed, so the
 // two lengths can never disagree. The causal mask is aligned bottom-right: new token j (0-based)
@@ -20,7 +20,7 @@
 // anything, NaN included: they are never read.
 //
 // PagedExtendParams is a plain description of raw buffers: host buffers for the CPU reference
-// here, device buffers for the CUDA kernel (pagedkv/cuda_extend_attention.hpp), with one meaning.
+// here, device buffers for the CUDA kernel (pagedkv/cuda/extend_attention.hpp), with one meaning.
 //
 // The CPU reference gathers each sequence's keys and values once, then runs an online softmax in
 // double per (new token, query head), and checks everything it reads (offsets, lengths, block
@@ -32,8 +32,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "pagedkv/kv_dtype.hpp"
-#include "pagedkv/kv_layout.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 
 namespace pagedkv {
 

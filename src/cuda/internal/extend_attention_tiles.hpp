@@ -1,11 +1,11 @@
-// pagedkv/extend_attention_tiles.hpp: the work decomposition of the CUDA extend attention kernel
+// src/cuda/internal/extend_attention_tiles.hpp: the work decomposition of the CUDA extend attention kernel
 // (which query rows a CTA owns, which keys it must visit, which key tiles need a mask), as plain
 // host/device functions so the host tests can check it exhaustively without a GPU.
 //
 // Query rows of one (sequence, KV head) are packed token-major over the GQA group:
 // row r = token x group + head_in_group. Tile t covers rows [t x rows, (t + 1) x rows). New token
 // j sits at position prefix + j and sees key positions (pos - window, pos] (window > 0) or
-// [0, pos] (window 0): the bottom-right causal mask of pagedkv/extend_attention.hpp.
+// [0, pos] (window 0): the bottom-right causal mask of pagedkv/reference/extend_attention.hpp.
 //
 // Pure O(1) functions, no errors (callers pass consistent values; negative positions simply see
 // nothing); usable from any thread. Internal to pagedkv::cuda, not a stable API.

@@ -1,0 +1,38 @@
+// pagedkv/manager/sliding_window.hpp: the cache-hit search and the out-of-window release of a
+// sliding-window KV-cache group (vLLM's SlidingWindowManager).
+//
+// A hit needs only the last window_blocks() blocks before its end: the search runs right to left
+// for that many contiguous cached blocks whose chain is consistent (each block cached after the
+// content of its left neighbour); the positions before the run hold the null block. A shorter
+// run counts only when it reaches block 0. As a request advances, blocks wholly before its window
+// are released and the null block takes their place.
+//
+// Complexity: O(blocks searched) per hit, O(blocks released) per release. Reads the pool only.
+#pragma once
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "pagedkv/hash/block_sequence.hpp"
+#include "pagedkv/manager/attention_spec.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+
+namespace pagedkv {
+
+// The hit of a window group over the first `max_blocks` blocks of `seq`: a block table row (null
+// blocks before the run) of the longest length the window accepts. A run starting anywhere but
+// block 0 must end on a multiple of `alignment` tokens.
+std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockSequence& seq,
+                                             GroupId group, const AttentionSpec& spec,
+                                             std::size_t max_blocks, std::size_t alignment);
+
+// Blocks of the table row `row` that lie wholly before the window of a request with
+// `num_computed_tokens` computed tokens and are still held, counted back from the last such block
+// to the first null block. With `count_freeable`, only those that releasing returns to the free
+// queue (ref count 1). Always 0 for full attention.
+std::size_t num_out_of_window_blocks(const BlockPool& pool, const AttentionSpec& spec,
+                                     std::span<const BlockId> row,
+                                     std::size_t num_computed_tokens, bool count_freeable);
+
+}  // namespace pagedkv

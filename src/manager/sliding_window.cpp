@@ -1,0 +1,52 @@
+#include "pagedkv/manager/sliding_window.hpp"
+
+#include <algorithm>
+
+namespace pagedkv {
+
+std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockSequence& seq,
+                                             GroupId group, const AttentionSpec& spec,
+                                             std::size_t max_blocks, std::size_t alignment) {
+  max_blocks = std::min(max_blocks, seq.block_hashes.size());
+  const std::size_t bs = spec.block_size;
+  const std::size_t needed = spec.window_blocks();
+  std::vector<BlockId> hit(max_blocks, kNullBlockId);
+  std::size_t run = 0;
+  for (std::size_t i = max_blocks; i-- > 0;) {
+    const BlockId b = pool.match_cached_block_unanchored(seq, i, group);
+    if (b == BlockPool::kNoBlock) {
+      run = 0;
+      continue;
+    }
+    const bool extends = run > 0 && pool.same_content_chain(b, hit[i + 1]);
+    if (!extends) {
+      // A run starts here: its end must be aligned for the hybrid hit length.
+      run = 0;
+      if (bs != alignment && ((i + 1) * bs) % alignment != 0) continue;
+    }
+    hit[i] = b;
+    ++run;
+    if (run >= needed) {
+      hit.resize(i + run);
+      return hit;
+    }
+  }
+  hit.resize(run);  // the run that reaches block 0, possibly empty
+  return hit;
+}
+
+std::size_t num_out_of_window_blocks(const BlockPool& pool, const AttentionSpec& spec,
+                                     std::span<const BlockId> row,
+                                     std::size_t num_computed_tokens, bool count_freeable) {
+  const std::size_t skipped = std::min<std::size_t>(
+      spec.num_skipped_tokens(num_computed_tokens) / spec.block_size, row.size());
+  std::size_t n = 0;
+  for (std::size_t i = skipped; i-- > 0;) {
+    const BlockId b = row[i];
+    if (b == kNullBlockId) break;  // everything before it was released earlier
+    if (!count_freeable || pool.block(b).ref_cnt == 1) ++n;
+  }
+  return n;
+}
+
+}  // namespace pagedkv
