@@ -1,6 +1,6 @@
-// Links against pagedkv and checks a known vLLM block hash, so a broken export fails loudly.
-#include <pagedkv/hash/block_hasher.hpp>
-#include <pagedkv/base/version.hpp>
+// Links against pagedkv through the umbrella header, checks a known vLLM block hash and runs one
+// manager step, so a broken export fails loudly.
+#include <pagedkv/pagedkv.hpp>
 
 #include <cstdio>
 #include <numeric>
@@ -20,6 +20,13 @@ int main() {
 #if CONSUMER_HAS_CUDA
   std::printf("cuda devices: %d\n", pagedkv::cuda_device_count());
 #endif
+  pagedkv::KVCacheManagerConfig config;
+  config.num_blocks = 8;
+  config.block_size = 4;
+  pagedkv::KVCacheManager kv(config);
+  pagedkv::Request req = kv.make_request(1, tokens);
+  if (!kv.allocate_slots(req, req.num_tokens(), kv.get_computed_blocks(req))) return 1;
+  kv.free(req);
   return hash.to_hex() == "dc918a88b139e5afe60b88eda27508d4aee16c10fdc354791efea06206ac0749" ? 0
                                                                                                : 1;
 }
