@@ -176,12 +176,19 @@ void bind_manager(py::module_& m) {
           })
       .def_property(
           "skip_reading_prefix_cache",
-          [](PyRequest& r) { return r.req.skip_reading_prefix_cache; },
+          [](PyRequest& r) {
+            BusyGuard g(r.busy, "Request");
+            return r.req.skip_reading_prefix_cache;
+          },
           [](PyRequest& r, bool v) {
             BusyGuard g(r.busy, "Request");
             r.req.skip_reading_prefix_cache = v;
           })
-      .def_property_readonly("is_finished", [](const PyRequest& r) { return r.req.is_finished(); })
+      .def_property_readonly("is_finished",
+                             [](PyRequest& r) {
+                               BusyGuard g(r.busy, "Request");
+                               return r.req.is_finished();
+                             })
       .def_property_readonly("block_size",
                              [](const PyRequest& r) { return r.req.hashed_tokens().block_size(); })
       .def_property_readonly("cache_salt",
@@ -227,6 +234,7 @@ void bind_manager(py::module_& m) {
           },
           py::arg("tokens"), "Appends tokens; hashes every block they complete. Releases the GIL.")
       .def("__repr__", [](PyRequest& r) {
+        BusyGuard g(r.busy, "Request");
         return "Request(request_id=" + std::to_string(r.req.id()) +
                ", num_tokens=" + std::to_string(r.req.num_tokens()) +
                ", num_computed_tokens=" + std::to_string(r.req.num_computed_tokens()) + ")";

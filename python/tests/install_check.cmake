@@ -10,6 +10,7 @@ endif()
 execute_process(
   COMMAND "${CMAKE_COMMAND}" -E env "PYTHONPATH=${PREFIX}/${SITE}" "${PYTHON}" -c
           "import pagedkv, os; assert os.path.dirname(pagedkv.__file__).startswith('${PREFIX}'), pagedkv.__file__; kv = pagedkv.KVCacheManager(8); print('installed pagedkv', pagedkv.__version__, kv.num_free_blocks)"
+  WORKING_DIRECTORY "${PREFIX}"  # python -c puts the working directory first on sys.path
   RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "importing the installed pagedkv failed")
