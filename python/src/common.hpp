@@ -37,9 +37,9 @@ class BusyGuard {
  public:
   BusyGuard(std::atomic<bool>& flag, const char* what) : flag_(flag) {
     if (flag_.exchange(true, std::memory_order_acquire)) {
-      throw Error(ErrorCode::kInvalidState,
-                  std::string(what) +
-                      " is in use by another thread (it belongs to one scheduler thread)");
+      throw Error(
+          ErrorCode::kInvalidState,
+          std::string(what) + " is in use by another thread (it belongs to one scheduler thread)");
     }
   }
   ~BusyGuard() { flag_.store(false, std::memory_order_release); }

@@ -13,7 +13,8 @@ namespace {
 std::vector<std::int32_t> int32_vector(py::handle obj, const char* what) {
   std::vector<std::int32_t> out;
   for (const std::int64_t v : to_int64_vector(obj, what)) {
-    if (v < std::numeric_limits<std::int32_t>::min() || v > std::numeric_limits<std::int32_t>::max()) {
+    if (v < std::numeric_limits<std::int32_t>::min() ||
+        v > std::numeric_limits<std::int32_t>::max()) {
       throw Error(ErrorCode::kOutOfRange,
                   std::string(what) + ": " + std::to_string(v) + " does not fit in 32 bits");
     }
@@ -53,8 +54,8 @@ void bind_device(py::module_& m) {
         const auto n = static_cast<py::ssize_t>(slots.size());
         return array_owning(std::move(slots), {n});
       },
-      py::arg("block_ids"), py::arg("block_size"), py::arg("first_position"),
-      py::arg("num_tokens"), "int64 slots of tokens [first_position, first_position + num_tokens).");
+      py::arg("block_ids"), py::arg("block_size"), py::arg("first_position"), py::arg("num_tokens"),
+      "int64 slots of tokens [first_position, first_position + num_tokens).");
   m.def(
       "validate_block_table",
       [](py::array_t<std::int32_t, py::array::c_style> table, py::object seq_lens,

@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "common.hpp"
-#include "pagedkv/hash/request_hasher.hpp"
 #include "hashing.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 
 namespace pagedkv::python {
 
@@ -92,14 +92,13 @@ void bind_hashing(py::module_& m) {
       .value("SHA256", HashScheme::kSha256)
       .value("SHA256_CBOR_VLLM", HashScheme::kSha256CborVllm)
       .value("XXH3_128", HashScheme::kXxh3_128)
-      .def_property_readonly("scheme_name",
-                             [](HashScheme s) { return std::string(to_string(s)); });
+      .def_property_readonly("scheme_name", [](HashScheme s) { return std::string(to_string(s)); });
 
-  m.def("digest_size", [](py::object scheme) { return digest_size(scheme_from(scheme)); },
-        py::arg("scheme"), "Bytes per block digest: 32 for the SHA-256 schemes, 16 for XXH3-128.");
   m.def(
-      "event_id",
-      [](py::object digest) { return hash_from_bytes(digest, "event_id").event_id(); },
+      "digest_size", [](py::object scheme) { return digest_size(scheme_from(scheme)); },
+      py::arg("scheme"), "Bytes per block digest: 32 for the SHA-256 schemes, 16 for XXH3-128.");
+  m.def(
+      "event_id", [](py::object digest) { return hash_from_bytes(digest, "event_id").event_id(); },
       py::arg("digest"),
       "vLLM's 64-bit form of a block hash as used in KV events: the last 8 bytes, big-endian.");
   m.def(
@@ -107,9 +106,8 @@ void bind_hashing(py::module_& m) {
       [](py::object scheme, py::bytes data) {
         const std::string s = data;
         return hash_to_bytes(raw_digest(
-            scheme_from(scheme),
-            std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data()),
-                                          s.size())));
+            scheme_from(scheme), std::span<const std::uint8_t>(
+                                     reinterpret_cast<const std::uint8_t*>(s.data()), s.size())));
       },
       py::arg("scheme"), py::arg("data"), "The plain SHA-256 or XXH3-128 digest of bytes.");
 

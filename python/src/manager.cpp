@@ -69,8 +69,7 @@ py::object to_python(KVEvent&& e) {
 
 // A read-only array viewing `v`, which lives as long as `owner`.
 py::array_t<BlockId> view_of(const std::vector<BlockId>& v, py::handle owner) {
-  py::array_t<BlockId> a({static_cast<py::ssize_t>(v.size())}, {sizeof(BlockId)}, v.data(),
-                         owner);
+  py::array_t<BlockId> a({static_cast<py::ssize_t>(v.size())}, {sizeof(BlockId)}, v.data(), owner);
   py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return a;
 }
@@ -137,7 +136,8 @@ void bind_manager(py::module_& m) {
              return a.kind == b.kind && a.block_size == b.block_size &&
                     a.sliding_window == b.sliding_window;
            })
-      .def("__repr__", [](const AttentionSpec& s) { return "AttentionSpec(" + s.describe() + ")"; });
+      .def("__repr__",
+           [](const AttentionSpec& s) { return "AttentionSpec(" + s.describe() + ")"; });
   // vLLM's spec names (only the fields the cache manager uses).
   m.def("FullAttentionSpec", &AttentionSpec::full, py::arg("block_size"));
   m.def("SlidingWindowSpec", &AttentionSpec::sliding, py::arg("block_size"),
@@ -150,8 +150,7 @@ void bind_manager(py::module_& m) {
       .def(py::init([](RequestId id, py::object prompt, const BlockHasher& hasher,
                        std::uint32_t block_size, std::optional<std::string> cache_salt,
                        std::optional<std::string> lora_name, py::object mm_items) {
-             return build_request(id, hasher, block_size, prompt, cache_salt, lora_name,
-                                  mm_items);
+             return build_request(id, hasher, block_size, prompt, cache_salt, lora_name, mm_items);
            }),
            py::arg("request_id"), py::arg("prompt_token_ids"), py::arg("hasher"),
            py::arg("block_size") = 16, py::kw_only(), py::arg("cache_salt") = py::none(),
@@ -191,10 +190,10 @@ void bind_manager(py::module_& m) {
                              })
       .def_property_readonly("block_size",
                              [](const PyRequest& r) { return r.req.hashed_tokens().block_size(); })
-      .def_property_readonly("cache_salt",
-                             [](const PyRequest& r) { return r.req.hashed_tokens().keys().cache_salt; })
-      .def_property_readonly("lora_name",
-                             [](const PyRequest& r) { return r.req.hashed_tokens().keys().lora_name; })
+      .def_property_readonly(
+          "cache_salt", [](const PyRequest& r) { return r.req.hashed_tokens().keys().cache_salt; })
+      .def_property_readonly(
+          "lora_name", [](const PyRequest& r) { return r.req.hashed_tokens().keys().lora_name; })
       .def_property_readonly(
           "all_token_ids",
           [](PyRequest& r) {
@@ -217,9 +216,9 @@ void bind_manager(py::module_& m) {
           [](PyRequest& r, std::int64_t token) {
             BusyGuard g(r.busy, "Request");
             if (token > std::numeric_limits<TokenId>::max()) {
-              throw Error(ErrorCode::kInvalidArgument, "append_token: token id " +
-                                                           std::to_string(token) +
-                                                           " does not fit in 32 bits");
+              throw Error(
+                  ErrorCode::kInvalidArgument,
+                  "append_token: token id " + std::to_string(token) + " does not fit in 32 bits");
             }
             r.req.append_token(static_cast<TokenId>(token));
           },
@@ -246,7 +245,8 @@ void bind_manager(py::module_& m) {
                        "vLLM's; pass the object itself to allocate_slots().")
       .def(py::init<>(), "No hit.")
       .def_property_readonly(
-          "blocks", [](py::object self) { return view_of(self.cast<const CacheHit&>().blocks, self); },
+          "blocks",
+          [](py::object self) { return view_of(self.cast<const CacheHit&>().blocks, self); },
           "Group 0's hit block ids: a read-only int32 view that keeps this CacheHit alive.")
       .def_readonly("num_tokens", &CacheHit::num_tokens)
       .def_readonly("num_hit_tokens", &CacheHit::num_tokens)
@@ -328,10 +328,8 @@ void bind_manager(py::module_& m) {
                                if (!e.data.parent_block_hash) return py::none();
                                return hash_to_bytes(*e.data.parent_block_hash);
                              })
-      .def("__eq__",
-           [](const PyBlockStored& a, const PyBlockStored& b) {
-             return a.seq == b.seq && a.data == b.data;
-           })
+      .def("__eq__", [](const PyBlockStored& a,
+                        const PyBlockStored& b) { return a.seq == b.seq && a.data == b.data; })
       .def("__repr__", [](const PyBlockStored& e) {
         return "BlockStored(seq=" + std::to_string(e.seq) +
                ", blocks=" + std::to_string(e.data.block_hashes.size()) +
@@ -345,43 +343,42 @@ void bind_manager(py::module_& m) {
                              [](const PyBlockRemoved& e) { return digests(e.data.block_hashes); })
       .def_property_readonly("medium", [](const PyBlockRemoved&) { return kMedium; })
       .def_property_readonly("group_idx", [](const PyBlockRemoved& e) { return e.data.group_id; })
-      .def("__eq__",
-           [](const PyBlockRemoved& a, const PyBlockRemoved& b) {
-             return a.seq == b.seq && a.data == b.data;
-           })
+      .def("__eq__", [](const PyBlockRemoved& a,
+                        const PyBlockRemoved& b) { return a.seq == b.seq && a.data == b.data; })
       .def("__repr__", [](const PyBlockRemoved& e) {
         return "BlockRemoved(seq=" + std::to_string(e.seq) +
                ", blocks=" + std::to_string(e.data.block_hashes.size()) + ")";
       });
   py::class_<PyAllBlocksCleared>(m, "AllBlocksCleared")
       .def_readonly("seq", &PyAllBlocksCleared::seq)
-      .def("__eq__", [](const PyAllBlocksCleared& a,
-                        const PyAllBlocksCleared& b) { return a.seq == b.seq; })
+      .def("__eq__",
+           [](const PyAllBlocksCleared& a, const PyAllBlocksCleared& b) { return a.seq == b.seq; })
       .def("__repr__", [](const PyAllBlocksCleared& e) {
         return "AllBlocksCleared(seq=" + std::to_string(e.seq) + ")";
       });
 
   // ---- snapshots (tests: equal snapshots mean equal managers) ----
   py::class_<KVCacheManagerSnapshot>(m, "KVCacheManagerSnapshot")
-      .def("__eq__", [](const KVCacheManagerSnapshot& a,
-                        const KVCacheManagerSnapshot& b) { return a == b; })
-      .def_property_readonly("free_queue",
-                             [](const KVCacheManagerSnapshot& s) {
-                               return array_copy(std::span<const BlockId>(s.pool.free_queue));
-                             },
-                             "Free block ids, head (allocated and evicted next) first.")
+      .def("__eq__",
+           [](const KVCacheManagerSnapshot& a, const KVCacheManagerSnapshot& b) { return a == b; })
+      .def_property_readonly(
+          "free_queue",
+          [](const KVCacheManagerSnapshot& s) {
+            return array_copy(std::span<const BlockId>(s.pool.free_queue));
+          },
+          "Free block ids, head (allocated and evicted next) first.")
       .def_property_readonly("ref_cnts",
                              [](const KVCacheManagerSnapshot& s) {
                                return array_copy(std::span<const std::int32_t>(s.pool.ref_cnts));
                              })
-      .def_property_readonly("block_hashes",
-                             [](const KVCacheManagerSnapshot& s) {
-                               py::list out;
-                               for (const BlockHash& h : s.pool.block_hashes)
-                                 out.append(h.empty() ? py::object(py::none())
-                                                      : py::object(hash_to_bytes(h)));
-                               return out;
-                             })
+      .def_property_readonly(
+          "block_hashes",
+          [](const KVCacheManagerSnapshot& s) {
+            py::list out;
+            for (const BlockHash& h : s.pool.block_hashes)
+              out.append(h.empty() ? py::object(py::none()) : py::object(hash_to_bytes(h)));
+            return out;
+          })
       .def_property_readonly("request_blocks",
                              [](const KVCacheManagerSnapshot& s) {
                                py::dict out;
@@ -395,8 +392,8 @@ void bind_manager(py::module_& m) {
                              })
       .def_property_readonly("num_evictions",
                              [](const KVCacheManagerSnapshot& s) { return s.pool.num_evictions; })
-      .def_property_readonly(
-          "next_event_seq", [](const KVCacheManagerSnapshot& s) { return s.pool.next_event_seq; });
+      .def_property_readonly("next_event_seq",
+                             [](const KVCacheManagerSnapshot& s) { return s.pool.next_event_seq; });
 
   // ---- the manager ----
   py::class_<PyKVCacheManager>(
@@ -431,8 +428,8 @@ void bind_manager(py::module_& m) {
                              [](const PyKVCacheManager& s) { return s.kv.block_size(); })
       .def_property_readonly("num_groups",
                              [](const PyKVCacheManager& s) { return s.kv.num_groups(); })
-      .def_property_readonly("num_blocks",
-                             [](const PyKVCacheManager& s) { return s.kv.block_pool().num_blocks(); })
+      .def_property_readonly(
+          "num_blocks", [](const PyKVCacheManager& s) { return s.kv.block_pool().num_blocks(); })
       .def_property_readonly("num_free_blocks",
                              [](PyKVCacheManager& s) {
                                BusyGuard g(s.busy, "KVCacheManager");
@@ -485,8 +482,8 @@ void bind_manager(py::module_& m) {
           "reference counts. Returns a CacheHit (unpacks as (blocks, num_hit_tokens)).")
       .def(
           "allocate_slots",
-          [](PyKVCacheManager& s, PyRequest& r, std::int64_t num_new_tokens,
-             py::object hit, std::int64_t num_lookahead_tokens) -> py::object {
+          [](PyKVCacheManager& s, PyRequest& r, std::int64_t num_new_tokens, py::object hit,
+             std::int64_t num_lookahead_tokens) -> py::object {
             BusyGuard gm(s.busy, "KVCacheManager");
             BusyGuard gr(r.busy, "Request");
             const std::size_t n = non_negative(num_new_tokens, "allocate_slots: num_new_tokens");
@@ -572,8 +569,8 @@ void bind_manager(py::module_& m) {
             }
             py::array_t<std::int32_t> table =
                 out ? *out
-                    : py::array_t<std::int32_t>({static_cast<py::ssize_t>(rows.size()),
-                                                 static_cast<py::ssize_t>(width)});
+                    : py::array_t<std::int32_t>(
+                          {static_cast<py::ssize_t>(rows.size()), static_cast<py::ssize_t>(width)});
             std::int32_t* p = table.mutable_data();
             for (std::size_t i = 0; i < rows.size(); ++i, p += width) {
               std::copy(rows[i].begin(), rows[i].end(), p);

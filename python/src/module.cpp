@@ -89,8 +89,8 @@ BlockHash hash_from_bytes(py::handle obj, const char* what) {
     bad_argument(std::string(what) + ": expected bytes (a 16- or 32-byte digest)");
   }
   const std::string s = py::reinterpret_borrow<py::bytes>(obj);
-  return BlockHash(std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data()),
-                                                 s.size()));
+  return BlockHash(
+      std::span<const std::uint8_t>(reinterpret_cast<const std::uint8_t*>(s.data()), s.size()));
 }
 
 py::bytes hash_to_bytes(const BlockHash& h) {
@@ -103,8 +103,9 @@ HashScheme scheme_from(py::handle obj) {
   try {
     return obj.cast<HashScheme>();
   } catch (const py::cast_error&) {
-    bad_argument("hash scheme: expected pagedkv.HashScheme or one of 'sha256', "
-                 "'sha256_cbor_vllm', 'xxh3_128'");
+    bad_argument(
+        "hash scheme: expected pagedkv.HashScheme or one of 'sha256', "
+        "'sha256_cbor_vllm', 'xxh3_128'");
   }
 }
 
