@@ -8,9 +8,10 @@ PAGEDKV_JOBS="$(nproc 2>/dev/null || echo 2)"
 
 # Debian packages: compiler and CMake, OpenSSL, xxHash (headers and the xxhsum tool used by the
 # hash-vector test), GoogleTest, Google Benchmark, gnuplot for the replay plots, clang for the
-# fuzzer.
+# fuzzer; Python headers, pybind11, numpy and pytest for the Python module (python/).
 PAGEDKV_PACKAGES=(cmake g++ make libssl-dev libxxhash-dev xxhash libgtest-dev libgmock-dev
-                  libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev)
+                  libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev
+                  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest)
 
 pagedkv_ensure_packages() {
   local missing=()

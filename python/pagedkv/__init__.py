@@ -1,0 +1,99 @@
+"""pagedkv: paged KV cache with automatic prefix caching, in vLLM v1's semantics.
+
+A Python engine's scheduler step::
+
+    import numpy as np, pagedkv
+
+    kv = pagedkv.KVCacheManager(num_blocks=1 + kv_bytes // block_bytes, block_size=16,
+                                hash_seed="my-cluster")
+    req = kv.make_request(0, np.asarray(prompt, dtype=np.int32), cache_salt="tenant-42")
+    hit = kv.get_computed_blocks(req)            # blocks, num_hit_tokens = hit
+    new = kv.allocate_slots(req, req.num_tokens - hit.num_tokens, hit)
+    if new is None: ...                          # does not fit: nothing changed
+    table = kv.block_table([req])                # int32 [1, n] for the attention kernel
+    req.num_computed_tokens = req.num_tokens
+    req.append_token(sampled)
+    kv.allocate_slots(req, 1)
+    kv.free(req)
+
+Errors: misuse raises pagedkv.Error (a RuntimeError; .code is a pagedkv.ErrorCode) with the C++
+library's message, before any state changes. Running out of blocks is a return value (None).
+
+Arrays and lifetimes:
+  - token inputs: any 1-D integer sequence; a C-contiguous int32 numpy array is read in place,
+    anything else is converted once (out-of-range values raise, never wrap).
+  - CacheHit.blocks / CacheHit.group(g): zero-copy, read-only views of the hit, which nothing
+    mutates; a view keeps its CacheHit alive.
+  - KVCacheManager.block_ids / allocate_slots / block_table / slot_mapping, Request.all_token_ids:
+    new arrays (copies). A request's row grows and is freed by later calls, so a view of it
+    could dangle; block_table(out=...) fills a preallocated array instead (e.g. for a CUDA graph).
+  - make_block_table / slot_mapping (module level): arrays that own the library's output
+    vectors (no copy).
+
+Threads: calls whose work grows with tokens or blocks (make_request, get_computed_blocks,
+allocate_slots, free, preempt, append_tokens, hash_blocks, check_invariants) release the GIL. A
+manager and its requests belong to one scheduler thread; touching one from a second thread while
+a call is in flight raises pagedkv.Error (INVALID_STATE) instead of racing. BlockHasher is
+immutable and may be shared.
+
+Events (KVCacheManager(enable_kv_events=True).take_events()): BlockStored, BlockRemoved and
+AllBlocksCleared with vLLM's field names; block_hashes / parent_block_hash are vLLM's 64-bit int
+form (event_id of the digest), block_digests / parent_block_digest the full digests, seq the
+gap-free sequence number.
+"""
+
+from ._pagedkv import (
+    SKIP_SLOT,
+    AllBlocksCleared,
+    AttentionKind,
+    AttentionSpec,
+    BlockHasher,
+    BlockRemoved,
+    BlockStored,
+    CacheHit,
+    Error,
+    ErrorCode,
+    FullAttentionSpec,
+    HashScheme,
+    KVCacheManager,
+    KVCacheManagerSnapshot,
+    PrefixCacheStats,
+    Request,
+    SlidingWindowSpec,
+    __version__,
+    digest_size,
+    event_id,
+    make_block_table,
+    raw_digest,
+    slot_mapping,
+    slot_of,
+    validate_block_table,
+)
+
+__all__ = [
+    "SKIP_SLOT",
+    "AllBlocksCleared",
+    "AttentionKind",
+    "AttentionSpec",
+    "BlockHasher",
+    "BlockRemoved",
+    "BlockStored",
+    "CacheHit",
+    "Error",
+    "ErrorCode",
+    "FullAttentionSpec",
+    "HashScheme",
+    "KVCacheManager",
+    "KVCacheManagerSnapshot",
+    "PrefixCacheStats",
+    "Request",
+    "SlidingWindowSpec",
+    "__version__",
+    "digest_size",
+    "event_id",
+    "make_block_table",
+    "raw_digest",
+    "slot_mapping",
+    "slot_of",
+    "validate_block_table",
+]

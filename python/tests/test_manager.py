@@ -1,0 +1,271 @@
+"""KVCacheManager from Python: the behaviours of the C++ unit tests at the Python level."""
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import pagedkv
+from conftest import tokens
+
+
+def run_prompt(kv, rid, toks, **keys):
+    r = kv.make_request(rid, np.asarray(toks, dtype=np.int32), **keys)
+    hit = kv.get_computed_blocks(r)
+    new = kv.allocate_slots(r, r.num_tokens - hit.num_tokens, hit)
+    assert new is not None
+    r.num_computed_tokens = r.num_tokens
+    return r, hit, new
+
+
+def test_prefix_hit_after_free(kv):
+    a, hit, new = run_prompt(kv, 1, range(10))
+    assert hit.num_tokens == 0 and list(new) == [1, 2, 3]
+    kv.free(a)
+    b, hit, new = run_prompt(kv, 2, list(range(8)) + [99, 98])
+    blocks, num_hit_tokens = hit  # vLLM's (blocks, num_computed_tokens) shape
+    assert list(blocks) == [1, 2] and num_hit_tokens == 8 == hit.num_hit_tokens
+    assert list(kv.block_ids(b)) == [1, 2] + list(new)
+    s = kv.stats()
+    assert (s.requests, s.queries, s.hits) == (2, 20, 8)
+    assert s.hit_rate == pytest.approx(8 / 20)
+    kv.check_invariants()
+
+
+def test_hit_is_capped_at_num_tokens_minus_one(kv):
+    a, _, _ = run_prompt(kv, 1, range(12))
+    kv.free(a)
+    # The same 12 tokens (3 full blocks) hit only 2 blocks: the last token is recomputed.
+    b = kv.make_request(2, tokens(*range(12)))
+    hit = kv.get_computed_blocks(b)
+    assert hit.num_tokens == 8 and len(hit.blocks) == 2
+    # One more token: all 3 blocks hit.
+    c = kv.make_request(3, tokens(*range(13)))
+    assert kv.get_computed_blocks(c).num_tokens == 12
+
+
+def test_salt_isolates_tenants(kv):
+    a, _, _ = run_prompt(kv, 1, range(9), cache_salt="tenant-a")
+    kv.free(a)
+    assert kv.get_computed_blocks(kv.make_request(2, tokens(*range(9)))).num_tokens == 0
+    assert kv.get_computed_blocks(
+        kv.make_request(3, tokens(*range(9)), cache_salt="tenant-b")).num_tokens == 0
+    assert kv.get_computed_blocks(
+        kv.make_request(4, tokens(*range(9)), cache_salt="tenant-a")).num_tokens == 8
+
+
+def test_eviction_order_tail_of_chain_first(kv):
+    a, _, new_a = run_prompt(kv, 1, range(10))       # blocks 1, 2 cached; 3 partial
+    assert list(new_a) == [1, 2, 3]
+    kv.free(a)
+    # Freed tail first: the unhashed partial block 3 goes to the head, the hashed chain to the
+    # tail in reverse order (2 before 1), so the chain's tail is evicted before its head.
+    fq = list(kv.snapshot().free_queue)
+    assert fq[0] == 3 and fq[-2:] == [2, 1]
+    # Take all 9 usable blocks but the last two: 2 is evicted before 1 once they are needed.
+    b, _, _ = run_prompt(kv, 2, range(100, 128))     # 7 blocks: 3, 4..9
+    assert kv.block_hash(1) is not None and kv.block_hash(2) is not None
+    c = kv.make_request(3, tokens(*range(200, 203)))
+    assert list(kv.allocate_slots(c, 3)) == [2]
+    assert kv.block_hash(2) is None and kv.block_hash(1) is not None
+    assert kv.stats().evictions == 1
+    kv.check_invariants()
+
+
+def test_out_of_blocks_is_none_and_changes_nothing(kv):
+    big = kv.make_request(1, tokens(*range(40)))      # 10 blocks > 9 usable
+    before = kv.snapshot()
+    assert kv.allocate_slots(big, 40) is None
+    assert kv.snapshot() == before
+    assert kv.num_free_blocks == 9
+
+
+def expect_error(kv, code, fn, *args):
+    before = kv.snapshot()
+    with pytest.raises(pagedkv.Error) as e:
+        fn(*args)
+    assert e.value.code == code
+    assert kv.snapshot() == before, "a failed call changed the manager"
+    kv.check_invariants()
+    return str(e.value)
+
+
+def test_misuse_raises_and_changes_nothing(kv):
+    a, _, _ = run_prompt(kv, 1, range(10))
+    kv.take_events()
+    E = pagedkv.ErrorCode
+    msg = expect_error(kv, E.INVALID_ARGUMENT, kv.allocate_slots, a, 0)
+    assert "num_new_tokens must be greater than 0" in msg
+    expect_error(kv, E.OUT_OF_RANGE, kv.allocate_slots, a, 5)        # beyond known tokens
+    expect_error(kv, E.INVALID_ARGUMENT, kv.allocate_slots, a, -1)
+    expect_error(kv, E.NOT_FOUND, kv.block_ids, 77)
+    expect_error(kv, E.OUT_OF_RANGE, kv.block_ids, a, 1)
+    expect_error(kv, E.NOT_FOUND, kv.free, kv.make_request(9, tokens(1, 2)))
+    expect_error(kv, E.OUT_OF_RANGE, kv.evict_blocks, [1, 50])
+    expect_error(kv, E.OUT_OF_RANGE, kv.ref_cnt, 10)
+    other = pagedkv.KVCacheManager(10, block_size=4, hash_seed="other")
+    foreign = other.make_request(5, tokens(*range(8)))
+    expect_error(kv, E.INVALID_ARGUMENT, kv.get_computed_blocks, foreign)
+    # A stale hit: taken, then its block is evicted before allocate_slots.
+    kv.free(a)
+    b = kv.make_request(2, tokens(*range(10)))
+    hit = kv.get_computed_blocks(b)
+    assert hit.num_tokens == 8
+    kv.evict_blocks(hit.blocks)
+    expect_error(kv, E.INVALID_ARGUMENT, kv.allocate_slots, b, 2, hit)
+    expect_error(kv, E.INVALID_STATE, kv.free, a)                     # freed twice
+    expect_error(kv, E.INVALID_STATE, kv.allocate_slots, a, 1)
+    expect_error(kv, E.INVALID_STATE, kv.get_computed_blocks, a)
+    with pytest.raises(pagedkv.Error):
+        b.num_computed_tokens = 11
+
+
+def test_preempt_keeps_cached_blocks_hitable(kv):
+    a, _, _ = run_prompt(kv, 1, range(10))
+    kv.preempt(a)
+    assert a.num_computed_tokens == 0 and not a.is_finished and kv.num_requests == 0
+    hit = kv.get_computed_blocks(a)
+    assert hit.num_tokens == 8
+    assert kv.allocate_slots(a, 2, hit) is not None
+    kv.free(a)
+    assert a.is_finished
+
+
+def test_decode_appends_and_caches_full_blocks(kv):
+    a, _, _ = run_prompt(kv, 1, range(7))
+    for t in range(5):
+        a.append_token(1000 + t)
+        assert kv.allocate_slots(a, 1) is not None
+        a.num_computed_tokens = a.num_tokens
+    assert a.num_tokens == 12 and len(a.block_hashes) == 3
+    assert all(kv.block_hash(b) is not None for b in kv.block_ids(a))
+    kv.check_invariants()
+
+
+def test_lookahead_slots_are_never_cached(kv):
+    a = kv.make_request(1, tokens(*range(4)))
+    new = kv.allocate_slots(a, 4, None, num_lookahead_tokens=5)
+    assert len(new) == 3                                  # 9 slots
+    assert kv.block_hash(new[0]) is not None and kv.block_hash(new[2]) is None
+
+
+def test_hybrid_groups_sliding_window():
+    kv = pagedkv.KVCacheManager(64, groups=[pagedkv.FullAttentionSpec(4),
+                                            pagedkv.SlidingWindowSpec(4, 8)], hash_seed="h")
+    assert kv.num_groups == 2 and kv.group_spec(1).kind == pagedkv.AttentionKind.SLIDING_WINDOW
+    a, _, _ = run_prompt(kv, 1, range(32))
+    kv.free(a)
+    b = kv.make_request(2, tokens(*range(33)))
+    hit = kv.get_computed_blocks(b)
+    assert hit.num_tokens == 32 and hit.num_groups == 2
+    win = list(hit.group(1))
+    assert len(win) == 8 and win[:6] == [0] * 6 and 0 not in win[6:]  # null block before the window
+    assert kv.allocate_slots(b, 1, hit) is not None
+    b.num_computed_tokens = 33
+    for t in range(8):                                    # decoding frees out-of-window blocks
+        b.append_token(500 + t)
+        assert kv.allocate_slots(b, 1) is not None
+        b.num_computed_tokens = b.num_tokens
+    assert kv.num_out_of_window_blocks_freed > 0
+    kv.check_invariants()
+    with pytest.raises(pagedkv.Error):
+        hit.group(2)
+
+
+def test_cache_hit_view_lifetime_and_read_only(kv):
+    a, _, _ = run_prompt(kv, 1, range(10))
+    kv.free(a)
+    b = kv.make_request(2, tokens(*range(10)))
+    blocks = kv.get_computed_blocks(b).blocks          # the CacheHit itself is dropped here
+    gc.collect()
+    assert list(blocks) == [1, 2] and blocks.dtype == np.int32
+    assert not blocks.flags.writeable and not blocks.flags.owndata
+    with pytest.raises(ValueError):
+        blocks[0] = 5
+    row = kv.block_ids(a.request_id) if kv.num_requests else None
+    assert row is None
+    # block_ids is a copy: later calls do not change an array already returned.
+    hit = kv.get_computed_blocks(b)
+    kv.allocate_slots(b, 2, hit)
+    row = kv.block_ids(b)
+    b.num_computed_tokens = 10
+    b.append_tokens(tokens(*range(20, 27)))
+    kv.allocate_slots(b, 7)
+    assert len(row) == 3 and len(kv.block_ids(b)) == 5
+    assert pagedkv.CacheHit().num_tokens == 0 and len(pagedkv.CacheHit().blocks) == 0
+
+
+def test_block_table_and_slot_mapping(kv):
+    a, _, _ = run_prompt(kv, 1, range(10))
+    b, _, _ = run_prompt(kv, 2, range(50, 55))
+    t = kv.block_table([a, b])
+    assert t.dtype == np.int32 and t.shape == (2, 3)
+    assert list(t[0]) == list(kv.block_ids(a)) and list(t[1]) == list(kv.block_ids(b)) + [0]
+    assert (kv.block_table(np.array([1, 2]), max_blocks_per_seq=4)[:, 3] == 0).all()
+    out = np.full((4, 5), -7, dtype=np.int32)
+    assert kv.block_table([b, a], out=out, pad_block_id=0) is not None
+    assert list(out[1, :3]) == list(kv.block_ids(a)) and (out[2:] == -7).all()
+    with pytest.raises(pagedkv.Error):
+        kv.block_table([a], out=np.zeros((1, 5), dtype=np.int64))   # never a silent copy
+    with pytest.raises(pagedkv.Error):
+        kv.block_table([a], max_blocks_per_seq=2)
+    slots = kv.slot_mapping([a, b], [8, 4], [2, 1])
+    ra, rb = kv.block_ids(a), kv.block_ids(b)
+    assert slots.dtype == np.int64
+    assert list(slots) == [ra[2] * 4, ra[2] * 4 + 1, rb[1] * 4]
+    with pytest.raises(pagedkv.Error):
+        kv.slot_mapping([a], [8], [5])                    # past its blocks
+
+
+def test_reset_prefix_cache(kv):
+    a, _, _ = run_prompt(kv, 1, range(10))
+    assert kv.reset_prefix_cache() is False               # a request holds blocks
+    kv.free(a)
+    assert kv.reset_prefix_cache() is True
+    assert kv.get_computed_blocks(kv.make_request(2, tokens(*range(10)))).num_tokens == 0
+
+
+def test_caching_disabled():
+    kv = pagedkv.KVCacheManager(10, block_size=4, enable_caching=False)
+    a, _, _ = run_prompt(kv, 1, range(10))
+    kv.free(a)
+    assert kv.get_computed_blocks(kv.make_request(2, tokens(*range(10)))).num_tokens == 0
+
+
+def test_config_errors():
+    with pytest.raises(pagedkv.Error):
+        pagedkv.KVCacheManager(1)
+    with pytest.raises(pagedkv.Error):
+        pagedkv.KVCacheManager(10, hash_scheme="xxh3_128", verify_cache_hits=False)
+
+
+def test_gil_released_and_concurrent_use_is_refused():
+    """A long call releases the GIL; a second thread touching the same manager meanwhile gets
+    pagedkv.Error(INVALID_STATE) rather than racing."""
+    kv = pagedkv.KVCacheManager(5000, block_size=16, hash_seed="g")
+    prompt = np.arange(64 * 1024, dtype=np.int32)
+    r, _, _ = run_prompt(kv, 1, prompt)
+    kv.free(r)
+    req = kv.make_request(2, prompt)
+    done = threading.Event()
+
+    def worker():
+        for _ in range(100):
+            kv.get_computed_blocks(req)
+        done.set()
+
+    t = threading.Thread(target=worker)
+    busy = ok = 0
+    t.start()
+    while not done.is_set():
+        try:
+            kv.num_requests
+            ok += 1
+        except pagedkv.Error as e:
+            assert e.code == pagedkv.ErrorCode.INVALID_STATE and "another thread" in str(e)
+            busy += 1
+    t.join()
+    assert busy > 0, "the main thread never ran while get_computed_blocks was in flight"
+    assert kv.stats().requests == 101
+    kv.check_invariants()
