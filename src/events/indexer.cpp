@@ -51,6 +51,7 @@ struct KVIndexer::Impl {
   void open_dealer(Engine& en) {
     en.dealer.emplace(ctx, zmq::socket_type::dealer);
     en.dealer->set(zmq::sockopt::linger, 0);
+    en.dealer->set(zmq::sockopt::sndtimeo, static_cast<int>(config.replay_timeout.count()));
     en.dealer->connect(*en.endpoints->replay_endpoint);
   }
 

@@ -204,7 +204,7 @@ KVEventPublisher::KVEventPublisher(KVEventPublisherConfig config) : impl_(std::m
   try {
     s.pub.set(zmq::sockopt::sndhwm, s.config.hwm);
     s.pub.set(zmq::sockopt::linger, s.config.linger_ms);
-    if (vllm_binds(s.config.endpoint)) {
+    if (s.config.bind.value_or(vllm_binds(s.config.endpoint))) {
       s.pub.bind(s.config.endpoint);
       s.pub_endpoint = s.pub.get(zmq::sockopt::last_endpoint);
     } else {

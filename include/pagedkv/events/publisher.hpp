@@ -16,7 +16,7 @@
 // reads as a sequence reset.
 //
 // Endpoints follow vLLM's heuristic: bind when the endpoint contains '*' or "::" or is ipc:// or
-// inproc://, else connect. endpoint() and replay_endpoint() give the bound addresses (e.g. the
+// inproc://, else connect (KVEventPublisherConfig::bind overrides it). endpoint() and replay_endpoint() give the bound addresses (e.g. the
 // port chosen for tcp://127.0.0.1:*).
 //
 // Thread safety: publish(), stats() and flush() may be called from any thread. Errors: the
@@ -40,6 +40,8 @@ namespace pagedkv::events {
 
 struct KVEventPublisherConfig {
   std::string endpoint = "tcp://*:5557";
+  // Bind (true) or connect (false) the PUB socket; unset: vLLM's heuristic (file comment).
+  std::optional<bool> bind;
   std::optional<std::string> replay_endpoint;  // e.g. "tcp://*:5558"; none: no replay service
   std::size_t buffer_steps = 10'000;           // batches kept for replay (>= 1)
   int hwm = 100'000;                           // PUB send high-water mark (messages, >= 0)
