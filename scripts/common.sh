@@ -8,9 +8,11 @@ PAGEDKV_JOBS="$(nproc 2>/dev/null || echo 2)"
 
 # Debian packages: compiler and CMake, OpenSSL, xxHash (headers and the xxhsum tool used by the
 # hash-vector test), GoogleTest, Google Benchmark, gnuplot for the replay plots, clang for the
-# fuzzer.
+# fuzzer; ZeroMQ (libzmq + cppzmq) and msgpack-cxx for pagedkv::events, and pyzmq + msgpack for
+# the test that decodes its stream independently.
 PAGEDKV_PACKAGES=(cmake g++ make libssl-dev libxxhash-dev xxhash libgtest-dev libgmock-dev
-                  libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev)
+                  libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev
+                  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack)
 
 pagedkv_ensure_packages() {
   local missing=()

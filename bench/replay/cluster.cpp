@@ -36,7 +36,7 @@ namespace {
 
 // tcp://host:port -> tcp://host:(port + k); other endpoints get a suffix (vLLM's DP offset).
 std::string offset_endpoint(const std::string& endpoint, std::uint32_t k) {
-  if (k == 0) return endpoint;
+  if (k == 0 || endpoint.ends_with(":*")) return endpoint;  // ephemeral ports: each its own
   const auto colon = endpoint.rfind(':');
   if (endpoint.starts_with("tcp://") && colon != std::string::npos) {
     const std::string port = endpoint.substr(colon + 1);
