@@ -8,10 +8,13 @@ PAGEDKV_JOBS="$(nproc 2>/dev/null || echo 2)"
 
 # Debian packages: compiler and CMake, OpenSSL, xxHash (headers and the xxhsum tool used by the
 # hash-vector test), GoogleTest, Google Benchmark, gnuplot for the replay plots, clang for the
-# fuzzer; Python headers, pybind11, numpy and pytest for the Python module (python/).
+# fuzzer; Python headers, pybind11, numpy and pytest for the Python module (python/); ZeroMQ
+# (libzmq + cppzmq) and msgpack-cxx for pagedkv::events, and pyzmq + msgpack for the test that
+# decodes its stream independently.
 PAGEDKV_PACKAGES=(cmake g++ make libssl-dev libxxhash-dev xxhash libgtest-dev libgmock-dev
                   libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev
-                  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest)
+                  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
+                  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack)
 
 pagedkv_ensure_packages() {
   local missing=()

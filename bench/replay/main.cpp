@@ -12,6 +12,9 @@
 #include "pagedkv/base/version.hpp"
 #include "replay.hpp"
 #include "trace.hpp"
+#if PAGEDKV_REPLAY_CLUSTER
+#include "cluster.hpp"
+#endif
 
 namespace {
 
@@ -47,6 +50,13 @@ constexpr const char* kUsage =
     "  --max-running R, --max-batched-tokens T, --step-ms MS   engine mode (256, 8192, 20)\n"
     "  --threads 1|2             sequential mode: 2 (default) hashes requests on a second thread\n"
     "                            ahead of the replay; 1 does everything on one thread\n"
+    "cluster (built with pagedkv::events):\n"
+    "  --engines K               K engines of --num-blocks blocks each behind a router; their KV\n"
+    "                            events flow through a real KVIndexer (sequential semantics)\n"
+    "  --router kv|round_robin|least_loaded   how requests are routed (default kv)\n"
+    "  --load-window N           an engine's load: its share of the last N requests (64)\n"
+    "  --kv-events ENDPOINT      publish each engine's KV events on vLLM's wire (engine k on\n"
+    "                            ENDPOINT's port + k), e.g. tcp://127.0.0.1:5557\n"
     "output:\n"
     "  --table                   a readable table instead of JSON lines\n"
     "  --csv FILE                also write the results as CSV\n"
@@ -131,6 +141,13 @@ int main(int argc, char** argv) {
   GeneratorOptions gen;
   ReplayOptions opt;
   bool table = false, memory_table = false;
+#if PAGEDKV_REPLAY_CLUSTER
+  std::optional<ClusterOptions> cluster;
+  auto cluster_opt = [&]() -> ClusterOptions& {
+    if (!cluster) cluster.emplace();
+    return *cluster;
+  };
+#endif
 
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -144,6 +161,20 @@ int main(int argc, char** argv) {
     } else if (arg == "--version") {
       std::cout << "pagedkv-replay " << pagedkv::version() << "\n";
       return 0;
+#if PAGEDKV_REPLAY_CLUSTER
+    } else if (arg == "--engines") {
+      cluster_opt().engines = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 32));
+    } else if (arg == "--router") {
+      try {
+        cluster_opt().router = parse_router(value());
+      } catch (const pagedkv::Error& e) {
+        usage_error(e.what());
+      }
+    } else if (arg == "--load-window") {
+      cluster_opt().load_window = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
+    } else if (arg == "--kv-events") {
+      cluster_opt().kv_events = value();
+#endif
     } else if (arg == "--trace") {
       trace_path = value();
     } else if (arg == "--format") {
@@ -234,6 +265,14 @@ int main(int argc, char** argv) {
     }
     if (memory_table) std::cout << memory_utilization_table(trace, opt.block_size);
     if (opt.num_blocks.empty()) return 0;
+#if PAGEDKV_REPLAY_CLUSTER
+    if (cluster) {
+      for (const std::int32_t nb : opt.num_blocks) {
+        std::cout << to_json(run_cluster(trace, opt, nb, *cluster), opt, *cluster, trace) << "\n";
+      }
+      return 0;
+    }
+#endif
 
     const auto results = run_replay(trace, opt);
     if (table) {

@@ -2,12 +2,16 @@
 // manager step, so a broken export fails loudly.
 #include <pagedkv/pagedkv.hpp>
 
+#include <chrono>
 #include <cstdio>
 #include <numeric>
 #include <vector>
 
 #if CONSUMER_HAS_CUDA
 #include <pagedkv/cuda/device.hpp>
+#endif
+#if CONSUMER_HAS_EVENTS
+#include <pagedkv/events/publisher.hpp>
 #endif
 
 int main() {
@@ -17,6 +21,16 @@ int main() {
   const auto hash = pagedkv::hash_block_tokens(hasher, nullptr, tokens);
   std::printf("pagedkv %s block 0 %s\n", std::string(pagedkv::version()).c_str(),
               hash.to_hex().c_str());
+#if CONSUMER_HAS_EVENTS
+  // Links libzmq through the package: a publisher on an in-process endpoint sends one batch.
+  pagedkv::events::KVEventPublisherConfig config;
+  config.endpoint = "inproc://consumer";
+  pagedkv::events::KVEventPublisher publisher(config);
+  pagedkv::KVEvent event;
+  event.data = pagedkv::BlockRemoved{{hash}, 0};
+  if (publisher.publish({event}) != 0u || !publisher.flush(std::chrono::seconds(5))) return 1;
+  std::printf("events: published 1 batch\n");
+#endif
 #if CONSUMER_HAS_CUDA
   std::printf("cuda devices: %d\n", pagedkv::cuda_device_count());
 #endif

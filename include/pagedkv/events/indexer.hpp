@@ -1,0 +1,125 @@
+// pagedkv/events/indexer.hpp: KVIndexer, the cluster's view of which engine caches which block.
+//
+// It follows N engines' KV event streams (vLLM's wire: ZeroMQ SUB per engine, optional replay
+// ROUTER) and keeps block id -> engines, per medium (block_index.hpp). Only group 0's events (the
+// full-attention group, or group_idx None) are indexed: routing looks up group 0's hashes.
+//
+// Per engine, batches apply in sequence order:
+//   seq == expected          applied;
+//   seq >  expected (a gap)  the missing batches are asked from the engine's replay socket and
+//                            applied; if the replay cannot fill the gap (no replay socket, no
+//                            answer within replay_timeout, or batches no longer buffered or never
+//                            sent) the engine's entries are dropped and rebuilt from the events
+//                            that follow (EngineStatus::gaps_lost): its entries are then a subset
+//                            of its cache, never a block it does not hold;
+//   seq <  expected          a new publisher (engine restart): the engine's entries are dropped
+//                            and its buffered history asked from 0 (EngineStatus::restarts);
+//   first batch seq > 0      a late join: history asked from 0 the same way.
+// AllBlocksCleared drops the engine's entries.
+//
+// Hash agreement: with `hasher` set, connect_engine() asks the engine (replay socket, wire.hpp
+// kProbeTag) for the hash of a fixed probe block and throws pagedkv::Error (kInvalidArgument)
+// naming both hashes and schemes when it differs from this indexer's: such an engine's blocks
+// would never match a request. An engine that does not answer (a stock vLLM) is indexed but
+// reported as unverified (EngineStatus::probe).
+//
+// Threads: start() runs one receiver thread for the connected engines; apply() feeds a batch
+// in-process (same rules, no replay) for engines added with add_engine(). Lookups (match(),
+// status(), engine_ids()) may run on any thread concurrently with updates (a shared lock; one
+// lookup takes it once). Errors: pagedkv::Error for bad arguments; a dead or misbehaving engine is
+// a status, never an exception (a malformed batch is counted in EngineStatus::bad_batches).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "pagedkv/events/block_index.hpp"
+#include "pagedkv/events/wire.hpp"
+#include "pagedkv/hash/block_hasher.hpp"
+
+namespace pagedkv::events {
+
+using EngineId = std::size_t;
+
+struct EngineEndpoints {
+  std::string name;
+  std::string endpoint;                        // the engine's PUB socket, e.g. tcp://10.0.0.2:5557
+  std::optional<std::string> replay_endpoint;  // its ROUTER socket, e.g. tcp://10.0.0.2:5558
+};
+
+struct KVIndexerConfig {
+  std::string topic;  // subscription prefix ("" = everything)
+  // The cluster's hasher (scheme and seed). When set, engines are probed on connect.
+  std::optional<BlockHasher> hasher;
+  std::uint32_t probe_block_size = 16;  // tokens in the probe block (0, 1, 2, ...)
+  std::chrono::milliseconds probe_timeout{500};
+  std::chrono::milliseconds replay_timeout{1000};
+  int rcvhwm = 100'000;  // SUB receive high-water mark (messages)
+};
+
+enum class ProbeResult : std::uint8_t {
+  kNotAsked,    // no hasher configured, or no replay endpoint
+  kAgreed,      // the engine hashes exactly as this indexer
+  kUnanswered,  // no answer within probe_timeout (e.g. a stock vLLM publisher)
+};
+
+struct EngineStatus {
+  std::string name;
+  ProbeResult probe = ProbeResult::kNotAsked;
+  std::optional<std::uint64_t> next_seq;  // the sequence number expected next
+  std::uint64_t batches_applied = 0;
+  std::uint64_t batches_replayed = 0;  // of which came through the replay socket
+  std::uint64_t gaps = 0;              // gaps seen
+  std::uint64_t gaps_lost = 0;         // gaps the replay could not fill (entries rebuilt)
+  std::uint64_t restarts = 0;          // sequence resets
+  std::uint64_t clears = 0;            // AllBlocksCleared received
+  std::uint64_t bad_batches = 0;       // undecodable payloads (skipped)
+  std::uint64_t gpu_blocks = 0;        // ids indexed for this engine on GPU / CPU
+  std::uint64_t cpu_blocks = 0;
+};
+
+class KVIndexer {
+ public:
+  explicit KVIndexer(KVIndexerConfig config = {});
+  ~KVIndexer();  // stop()
+  KVIndexer(const KVIndexer&) = delete;
+  KVIndexer& operator=(const KVIndexer&) = delete;
+
+  // An engine fed in-process through apply(). Throws kOutOfRange past BlockIndex::kMaxEngines.
+  EngineId add_engine(std::string name);
+  // An engine followed over ZeroMQ (before start()). Probes it when a hasher is configured;
+  // throws pagedkv::Error (kInvalidArgument) when its probe hash differs, kInvalidState after
+  // start(), kOutOfRange past kMaxEngines.
+  EngineId connect_engine(const EngineEndpoints& engine);
+
+  void start();  // the receiver thread (no-op without connected engines)
+  void stop();   // idempotent
+
+  // One batch of engine `e` (in-process feed). Never throws for a bad payload (counted).
+  void apply(EngineId e, std::uint64_t seq, std::span<const std::uint8_t> payload);
+
+  // Per engine (index = EngineId): the longest prefix of `block_ids` it caches.
+  std::vector<PrefixMatch> match(std::span<const std::uint64_t> block_ids) const;
+  void match(std::span<const std::uint64_t> block_ids, std::span<PrefixMatch> out) const;
+
+  std::size_t num_engines() const;
+  EngineStatus status(EngineId e) const;
+  std::vector<std::uint64_t> engine_ids(EngineId e, Tier tier) const;  // sorted
+  std::size_t memory_bytes() const;
+  std::size_t num_entries() const;
+
+  // Waits until every connected engine's next_seq >= the given value (tests). True if reached.
+  bool wait_for(EngineId e, std::uint64_t next_seq, std::chrono::milliseconds timeout) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedkv::events

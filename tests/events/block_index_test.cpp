@@ -1,0 +1,124 @@
+// BlockIndex against a brute-force model under random operations, and the router's score.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/events/block_index.hpp"
+#include "pagedkv/events/router.hpp"
+
+namespace pagedkv::events {
+namespace {
+
+TEST(BlockIndex, MatchesAModelUnderRandomOperations) {
+  BlockIndex index;
+  // (id, engine, tier) -> copies
+  std::map<std::tuple<std::uint64_t, std::size_t, Tier>, int> model;
+  std::mt19937_64 rng(7);
+  constexpr std::size_t kEngines = 5;
+  auto rand_id = [&] { return rng() % 3000 * 0x100000001ull; };  // clustered, collides often
+  for (int step = 0; step < 200000; ++step) {
+    const std::uint64_t id = rand_id();
+    const std::size_t e = rng() % kEngines;
+    const Tier t = rng() % 4 == 0 ? Tier::kCpu : Tier::kGpu;
+    const int op = static_cast<int>(rng() % 100);
+    if (op < 55) {
+      index.add(id, e, t);
+      ++model[{id, e, t}];
+    } else if (op < 99) {
+      index.remove(id, e, t);
+      auto it = model.find({id, e, t});
+      if (it != model.end() && --it->second == 0) model.erase(it);
+    } else {
+      index.clear_engine(e);
+      std::erase_if(model, [&](const auto& kv) { return std::get<1>(kv.first) == e; });
+    }
+  }
+  std::size_t entries = 0;
+  for (std::size_t e = 0; e < kEngines; ++e) {
+    for (Tier t : {Tier::kGpu, Tier::kCpu}) {
+      std::vector<std::uint64_t> want;
+      for (const auto& [k, n] : model) {
+        if (std::get<1>(k) == e && std::get<2>(k) == t) want.push_back(std::get<0>(k));
+      }
+      std::sort(want.begin(), want.end());
+      EXPECT_EQ(index.engine_ids(e, t), want);
+      entries += want.size();
+    }
+  }
+  EXPECT_EQ(index.num_entries(), entries);
+  // Every id's masks agree with the model.
+  for (std::uint64_t k = 0; k < 3000; ++k) {
+    const std::uint64_t id = k * 0x100000001ull;
+    std::uint32_t gpu = 0, cpu = 0;
+    for (std::size_t e = 0; e < kEngines; ++e) {
+      if (model.count({id, e, Tier::kGpu})) gpu |= 1u << e;
+      if (model.count({id, e, Tier::kCpu})) cpu |= 1u << e;
+    }
+    const auto m = index.find(id);
+    ASSERT_EQ(m.gpu, gpu) << id;
+    ASSERT_EQ(m.cpu, cpu) << id;
+  }
+}
+
+TEST(BlockIndex, LongestPrefixesPerEngineAndMedium) {
+  BlockIndex index;
+  const std::vector<std::uint64_t> ids{11, 12, 13, 14};
+  index.add(11, 0, Tier::kGpu);
+  index.add(12, 0, Tier::kGpu);
+  index.add(13, 0, Tier::kCpu);  // engine 0: 2 on GPU, then a third block on CPU
+  index.add(11, 1, Tier::kGpu);
+  index.add(13, 1, Tier::kGpu);  // engine 1: hole at 12 -> prefix 1
+  for (std::uint64_t id : ids) index.add(id, 2, Tier::kGpu);  // engine 2: everything
+  index.add(12, 3, Tier::kGpu);                               // engine 3: not block 0 -> 0
+  std::vector<PrefixMatch> out(5);
+  index.longest_prefixes(ids, out);
+  EXPECT_EQ(out[0].prefix_blocks, 3u);
+  EXPECT_EQ(out[0].gpu_prefix_blocks, 2u);
+  EXPECT_EQ(out[1].prefix_blocks, 1u);
+  EXPECT_EQ(out[1].gpu_prefix_blocks, 1u);
+  EXPECT_EQ(out[2].prefix_blocks, 4u);
+  EXPECT_EQ(out[2].gpu_prefix_blocks, 4u);
+  EXPECT_EQ(out[3].prefix_blocks, 0u);
+  EXPECT_EQ(out[4].prefix_blocks, 0u);
+  EXPECT_THROW(index.add(1, BlockIndex::kMaxEngines, Tier::kGpu), Error);
+}
+
+TEST(BlockIndex, DuplicateCopiesLeaveWithTheLastOne) {
+  BlockIndex index;
+  index.add(5, 0, Tier::kGpu);
+  index.add(5, 0, Tier::kGpu);
+  index.remove(5, 0, Tier::kGpu);
+  EXPECT_EQ(index.find(5).gpu, 1u);
+  index.remove(5, 0, Tier::kGpu);
+  EXPECT_EQ(index.find(5).gpu, 0u);
+  index.remove(5, 0, Tier::kGpu);  // absent: no-op
+  EXPECT_EQ(index.num_ids(), 0u);
+}
+
+TEST(KVRouter, ScorePrefersLongerGpuPrefixThenLoadThenRotates) {
+  KVIndexer indexer;
+  KVRouter router(indexer, {.prefix_weight = 1.0, .cpu_weight = 0.5, .load_weight = 0.5});
+  // 10 blocks: engine 0 holds 8 on CPU (score 0.4), engine 1 holds 5 on GPU (0.5).
+  std::vector<PrefixMatch> m{{8, 0}, {5, 5}, {0, 0}};
+  const std::vector<double> idle{0, 0, 0};
+  std::vector<double> scores;
+  EXPECT_EQ(router.pick(m, 10, idle, &scores), 1u);
+  EXPECT_DOUBLE_EQ(scores[0], 0.4);
+  EXPECT_DOUBLE_EQ(scores[1], 0.5);
+  // Load: engine 1 at the maximum load loses 0.5 and falls behind engine 0.
+  EXPECT_EQ(router.pick(m, 10, std::vector<double>{0, 4, 0}), 0u);
+  // No cache anywhere, equal loads: round-robin over the engines.
+  const std::vector<PrefixMatch> none(3);
+  std::set<EngineId> seen;
+  for (int i = 0; i < 3; ++i) seen.insert(router.pick(none, 10, idle));
+  EXPECT_EQ(seen.size(), 3u);
+  // No cache, unequal loads: the least loaded.
+  EXPECT_EQ(router.pick(none, 10, std::vector<double>{3, 1, 2}), 1u);
+  EXPECT_THROW(router.pick(m, 10, std::vector<double>{0}), Error);
+}
+
+}  // namespace
+}  // namespace pagedkv::events

@@ -1,0 +1,289 @@
+// KVIndexer over real loopback sockets: several engines (each a KVCacheManager publishing
+// through its own KVEventPublisher on tcp://127.0.0.1:*) and one indexer. After each scenario
+// the index must equal every engine's own pool contents.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/events/indexer.hpp"
+#include "pagedkv/events/publisher.hpp"
+#include "pagedkv/events/router.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
+
+namespace pagedkv::events {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::uint32_t kBlockSize = 4;
+
+struct Engine {
+  KVCacheManager manager;
+  std::unique_ptr<KVEventPublisher> publisher;
+  std::mt19937 rng;
+
+  Engine(std::uint32_t seed, KVEventPublisherConfig pc, std::int32_t num_blocks = 64)
+      : manager(config(num_blocks)), rng(seed) {
+    pc.probe_hasher = manager.hasher();
+    publisher = std::make_unique<KVEventPublisher>(std::move(pc));
+  }
+  static KVCacheManagerConfig config(std::int32_t num_blocks) {
+    KVCacheManagerConfig c;
+    c.num_blocks = num_blocks;
+    c.block_size = kBlockSize;
+    c.hash_scheme = HashScheme::kSha256CborVllm;
+    c.enable_kv_events = true;
+    return c;
+  }
+
+  // One request with one of a few shared prefixes (hits, and evictions once the pool fills),
+  // published as one batch per request like a scheduler step.
+  void step(RequestId id) {
+    std::vector<TokenId> tokens(static_cast<std::size_t>(rng() % 40 + 5));
+    const TokenId prefix = static_cast<TokenId>(rng() % 6) * 1000;
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      tokens[i] = i < 12 ? prefix + static_cast<TokenId>(i) : static_cast<TokenId>(rng() % 50000);
+    }
+    Request r = manager.make_request(id, tokens);
+    const CacheHit hit = manager.get_computed_blocks(r);
+    if (manager.allocate_slots(r, r.num_tokens() - hit.num_tokens, hit)) manager.free(r);
+    publisher->publish(manager.take_events());
+  }
+  void steps(int n, RequestId first) {
+    for (int i = 0; i < n; ++i) step(first + static_cast<RequestId>(i));
+  }
+
+  // The truth: ids of the blocks the pool has cached (group 0).
+  std::vector<std::uint64_t> cached_ids() const {
+    std::vector<std::uint64_t> ids;
+    const BlockPool& pool = manager.block_pool();
+    for (BlockId b = 1; b < pool.num_blocks(); ++b) {
+      const KVCacheBlock& blk = pool.block(b);
+      if (blk.is_cached() && blk.group_id == 0) ids.push_back(blk.block_hash.event_id());
+    }
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    return ids;
+  }
+  std::uint64_t published() const { return publisher->stats().published_batches; }
+};
+
+KVEventPublisherConfig loopback(int hwm = 100000) {
+  KVEventPublisherConfig c;
+  c.endpoint = "tcp://127.0.0.1:*";
+  c.replay_endpoint = "tcp://127.0.0.1:*";
+  c.hwm = hwm;
+  return c;
+}
+
+KVIndexerConfig indexer_config(int rcvhwm = 100000) {
+  KVIndexerConfig c;
+  c.hasher = BlockHasher(HashScheme::kSha256CborVllm);
+  c.probe_block_size = kBlockSize;
+  c.rcvhwm = rcvhwm;
+  c.replay_timeout = 2000ms;
+  return c;
+}
+
+EngineEndpoints endpoints_of(const std::string& name, const Engine& e) {
+  return {name, e.publisher->endpoint(), e.publisher->replay_endpoint()};
+}
+
+void expect_converged(const KVIndexer& indexer, EngineId id, Engine& e) {
+  ASSERT_TRUE(e.publisher->flush(10s));
+  ASSERT_TRUE(indexer.wait_for(id, e.published(), 20s))
+      << "engine " << id << " stuck at " << indexer.status(id).next_seq.value_or(0) << " of "
+      << e.published();
+  EXPECT_EQ(indexer.engine_ids(id, Tier::kGpu), e.cached_ids()) << "engine " << id;
+  EXPECT_TRUE(indexer.engine_ids(id, Tier::kCpu).empty());
+}
+
+TEST(KVIndexer, SeveralEnginesConvergeAndRoute) {
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (std::uint32_t i = 0; i < 3; ++i) engines.push_back(std::make_unique<Engine>(i + 1, loopback()));
+  // Engine 0 publishes before the indexer exists: those batches can only come by replay.
+  engines[0]->steps(20, 1000);
+  ASSERT_TRUE(engines[0]->publisher->flush(10s));
+  KVIndexer indexer(indexer_config());
+  for (std::size_t i = 0; i < engines.size(); ++i) {
+    EXPECT_EQ(indexer.connect_engine(endpoints_of("e" + std::to_string(i), *engines[i])), i);
+    EXPECT_EQ(indexer.status(i).probe, ProbeResult::kAgreed);
+  }
+  indexer.start();
+  std::this_thread::sleep_for(300ms);
+  for (int round = 0; round < 5; ++round) {
+    for (std::size_t i = 0; i < engines.size(); ++i) engines[i]->steps(30, 10000 * (round + 1) + 100 * i);
+  }
+  for (std::size_t i = 0; i < engines.size(); ++i) expect_converged(indexer, i, *engines[i]);
+  EXPECT_GT(indexer.status(0).batches_replayed, 0u);  // the history before the indexer came
+  EXPECT_EQ(indexer.status(0).gaps_lost, 0u);
+
+  // A prompt cached on engine 1 only: the router sends it there.
+  std::vector<TokenId> prompt(40);
+  for (std::size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<TokenId>(900000 + i);
+  Request r = engines[1]->manager.make_request(1, prompt);
+  const CacheHit hit = engines[1]->manager.get_computed_blocks(r);
+  ASSERT_TRUE(engines[1]->manager.allocate_slots(r, r.num_tokens() - hit.num_tokens, hit));
+  engines[1]->publisher->publish(engines[1]->manager.take_events());
+  expect_converged(indexer, 1, *engines[1]);
+  std::vector<std::uint64_t> ids;
+  for (const BlockHash& h : r.block_hashes()) ids.push_back(h.event_id());
+  KVRouter router(indexer);
+  const RouteDecision d = router.route(ids, std::vector<double>{0, 0, 0});
+  EXPECT_EQ(d.engine, 1u);
+  EXPECT_EQ(d.matches[1].gpu_prefix_blocks, ids.size());
+  engines[1]->manager.free(r);
+}
+
+TEST(KVIndexer, EngineRestartIsDetectedAndReindexed) {
+  auto a = std::make_unique<Engine>(11, loopback());
+  KVIndexer indexer(indexer_config());
+  const EngineId id = indexer.connect_engine(endpoints_of("a", *a));
+  indexer.start();
+  std::this_thread::sleep_for(300ms);
+  a->steps(60, 1);
+  expect_converged(indexer, id, *a);
+  const std::string pub = a->publisher->endpoint();
+  const std::string replay = *a->publisher->replay_endpoint();
+  a.reset();  // the engine dies
+  // It comes back on the same ports with an empty cache and a new stream (seq from 0).
+  KVEventPublisherConfig pc = loopback();
+  pc.endpoint = pub;
+  pc.bind = true;  // vLLM's heuristic would connect to an address without '*'
+  pc.replay_endpoint = replay;
+  auto b = std::make_unique<Engine>(12, pc);
+  std::this_thread::sleep_for(500ms);  // the SUB reconnects
+  // The new stream's sequence numbers are below the expected one: a restart. Its first batches
+  // may be missed while the SUB reconnects; they come back through the replay from 0.
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  RequestId next = 5000;
+  while (indexer.status(id).restarts == 0 && std::chrono::steady_clock::now() < deadline) {
+    b->steps(1, next++);
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(indexer.status(id).restarts, 1u);
+  ASSERT_TRUE(b->publisher->flush(10s));
+  ASSERT_LT(b->published(), 60u);  // still below the old stream's next_seq
+  while (indexer.status(id).next_seq != b->published() &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(indexer.status(id).next_seq, b->published());
+  EXPECT_EQ(indexer.engine_ids(id, Tier::kGpu), b->cached_ids());
+}
+
+TEST(KVIndexer, TinyHighWaterMarksLoseMessagesButReplayRecoversThem) {
+  std::vector<std::unique_ptr<Engine>> engines;
+  KVIndexer indexer(indexer_config(/*rcvhwm=*/1));
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    engines.push_back(std::make_unique<Engine>(21 + i, loopback(/*hwm=*/1)));
+    indexer.connect_engine(endpoints_of("e" + std::to_string(i), *engines[i]));
+  }
+  indexer.start();
+  std::this_thread::sleep_for(300ms);
+  std::thread t0([&] { engines[0]->steps(400, 1); });
+  engines[1]->steps(400, 100000);
+  t0.join();
+  // A loss is seen when the next batch arrives: a few more, slowly, let the indexer notice.
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(50ms);
+    for (std::size_t e = 0; e < engines.size(); ++e) engines[e]->step(900000 + 10 * i + e);
+  }
+  for (std::size_t i = 0; i < engines.size(); ++i) {
+    expect_converged(indexer, i, *engines[i]);
+    const EngineStatus st = indexer.status(i);
+    EXPECT_EQ(st.gaps_lost, 0u);
+    std::printf("engine %zu: %llu batches, %llu gaps, %llu replayed\n", i,
+                (unsigned long long)st.batches_applied, (unsigned long long)st.gaps,
+                (unsigned long long)st.batches_replayed);
+  }
+}
+
+TEST(KVIndexer, UnrecoverableLossLeavesOnlyBlocksTheEngineHolds) {
+  // No replay socket: a batch that never arrives cannot be recovered. The engine's entries are
+  // dropped and rebuilt from what follows, so the index never claims a block the engine lacks.
+  KVIndexer indexer;
+  const EngineId e = indexer.add_engine("in-process");
+  Engine eng(31, [] {
+    KVEventPublisherConfig c;
+    c.endpoint = "inproc://unused";
+    return c;
+  }());
+  WireOptions wire;
+  std::uint64_t seq = 0;
+  for (RequestId r = 0; r < 200; ++r) {
+    Request req = eng.manager.make_request(r, std::vector<TokenId>(8, static_cast<TokenId>(r % 7)));
+    const CacheHit hit = eng.manager.get_computed_blocks(req);
+    if (eng.manager.allocate_slots(req, req.num_tokens() - hit.num_tokens, hit)) eng.manager.free(req);
+    const auto events = eng.manager.take_events();
+    if (events.empty()) continue;
+    std::string payload;
+    encode_event_batch(events, 0, wire, payload);
+    const std::uint64_t s = seq++;
+    if (s % 10 == 3) continue;  // lost on the way
+    indexer.apply(e, s, {reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()});
+  }
+  const auto indexed = indexer.engine_ids(e, Tier::kGpu);
+  const auto truth = eng.cached_ids();
+  EXPECT_TRUE(std::includes(truth.begin(), truth.end(), indexed.begin(), indexed.end()));
+  EXPECT_GT(indexer.status(e).gaps_lost, 0u);
+}
+
+TEST(KVIndexer, RefusesAnEngineThatHashesDifferently) {
+  KVEventPublisherConfig pc = loopback();
+  pc.probe_hasher = BlockHasher(HashScheme::kSha256, "other-seed");
+  KVEventPublisher publisher(pc);
+  KVIndexer indexer(indexer_config());
+  try {
+    indexer.connect_engine({"mismatch", publisher.endpoint(), publisher.replay_endpoint()});
+    ADD_FAILURE() << "an engine hashing with another scheme was accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(err.what()).find("hashes blocks differently"), std::string::npos)
+        << err.what();
+  }
+  EXPECT_EQ(indexer.num_engines(), 0u);
+  // Same scheme, different seed: refused too.
+  pc.probe_hasher = BlockHasher(HashScheme::kSha256CborVllm, "another seed");
+  pc.endpoint = "tcp://127.0.0.1:*";
+  pc.replay_endpoint = "tcp://127.0.0.1:*";
+  KVEventPublisher seeded(pc);
+  EXPECT_THROW(indexer.connect_engine({"seed", seeded.endpoint(), seeded.replay_endpoint()}), Error);
+}
+
+TEST(KVIndexer, SilentReplaySocketReadsAsUnverified) {
+  // A peer that never answers (a stock vLLM ignores the probe frame): indexed, marked unanswered.
+  KVEventPublisherConfig pc = loopback();
+  pc.replay_endpoint.reset();
+  KVEventPublisher publisher(pc);
+  KVIndexerConfig ic = indexer_config();
+  ic.probe_timeout = 200ms;
+  KVIndexer indexer(ic);
+  EXPECT_EQ(indexer.connect_engine({"no-replay", publisher.endpoint(), std::nullopt}), 0u);
+  EXPECT_EQ(indexer.status(0).probe, ProbeResult::kNotAsked);
+  // A replay endpoint nobody serves: no answer within the timeout, indexed as unverified.
+  EXPECT_EQ(indexer.connect_engine({"silent", publisher.endpoint(), "tcp://127.0.0.1:1"}), 1u);
+  EXPECT_EQ(indexer.status(1).probe, ProbeResult::kUnanswered);
+}
+
+TEST(KVEventPublisher, FullQueueDropsOldestAndCountsIt) {
+  KVEventPublisherConfig pc = loopback();
+  pc.max_queue_size = 1;
+  Engine e(41, pc);
+  e.steps(2000, 1);
+  ASSERT_TRUE(e.publisher->flush(10s));
+  const KVEventPublisherStats st = e.publisher->stats();
+  EXPECT_EQ(st.sent_batches + st.dropped_batches + st.send_failures, st.published_batches);
+  std::printf("published %llu, sent %llu, dropped %llu\n", (unsigned long long)st.published_batches,
+              (unsigned long long)st.sent_batches, (unsigned long long)st.dropped_batches);
+  KVEventPublisherConfig bad = loopback();
+  bad.buffer_steps = 0;
+  EXPECT_THROW(KVEventPublisher{bad}, Error);
+}
+
+}  // namespace
+}  // namespace pagedkv::events
