@@ -23,9 +23,9 @@ int main() {
               hash.to_hex().c_str());
 #if CONSUMER_HAS_EVENTS
   // Links libzmq through the package: a publisher on an in-process endpoint sends one batch.
-  pagedkv::events::KVEventPublisherConfig config;
-  config.endpoint = "inproc://consumer";
-  pagedkv::events::KVEventPublisher publisher(config);
+  pagedkv::events::KVEventPublisherConfig publisher_config;
+  publisher_config.endpoint = "inproc://consumer";
+  pagedkv::events::KVEventPublisher publisher(publisher_config);
   pagedkv::KVEvent event;
   event.data = pagedkv::BlockRemoved{{hash}, 0};
   if (publisher.publish({event}) != 0u || !publisher.flush(std::chrono::seconds(5))) return 1;
