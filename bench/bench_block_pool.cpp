@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "pagedkv/pool/block_pool.hpp"
 #include "pagedkv/hash/request_hasher.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/pool/block_pool.hpp"
 
 // Counting allocator for BM_MetadataBytesPerBlock: while g_counting is set, every operator new
 // and delete of this program adds or subtracts the bytes malloc really handed out
@@ -38,8 +38,12 @@ void counted_delete(void* p) noexcept {
 }
 }  // namespace
 
-void* operator new(std::size_t n) { return counted_new(n); }
-void* operator new[](std::size_t n) { return counted_new(n); }
+void* operator new(std::size_t n) {
+  return counted_new(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_new(n);
+}
 void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
   try {
     return counted_new(n);
@@ -54,12 +58,24 @@ void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
     return nullptr;
   }
 }
-void operator delete(void* p) noexcept { counted_delete(p); }
-void operator delete[](void* p) noexcept { counted_delete(p); }
-void operator delete(void* p, std::size_t) noexcept { counted_delete(p); }
-void operator delete[](void* p, std::size_t) noexcept { counted_delete(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { counted_delete(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { counted_delete(p); }
+void operator delete(void* p) noexcept {
+  counted_delete(p);
+}
+void operator delete[](void* p) noexcept {
+  counted_delete(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  counted_delete(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  counted_delete(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  counted_delete(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  counted_delete(p);
+}
 
 namespace {
 

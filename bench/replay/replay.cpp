@@ -386,7 +386,8 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       r.wall_seconds > 0 ? double(r.requests) / r.wall_seconds : 0.0, r.wall_seconds,
       o.mode == Mode::kSequential ? o.threads : 1u, (unsigned long long)r.preemptions,
       (unsigned long long)r.steps, (unsigned long long)r.decode_tokens,
-      o.mode == Mode::kEngine ? o.step_ms : 0.0, r.sim_makespan_ms, r.sim_ttft_p50_ms, o.sliding_window, (unsigned long long)r.out_of_window_blocks_freed,
+      o.mode == Mode::kEngine ? o.step_ms : 0.0, r.sim_makespan_ms, r.sim_ttft_p50_ms,
+      o.sliding_window, (unsigned long long)r.out_of_window_blocks_freed,
       r.window_memory_saved_ratio, (unsigned long long)trace.skipped_lines);
   return buf;
 }
@@ -422,8 +423,8 @@ PagedReservation measure_paged_reservation(const Trace& trace, std::uint32_t blo
       }
       if (to_compute == 0) continue;  // an empty prompt: nothing to allocate yet
       if (!m.allocate_slots(r, to_compute)) {
-        throw Error(ErrorCode::kInvalidState, "memory table: request " + std::to_string(i) +
-                                                  " did not fit an idle pool");
+        throw Error(ErrorCode::kInvalidState,
+                    "memory table: request " + std::to_string(i) + " did not fit an idle pool");
       }
       r.set_num_computed_tokens(r.num_tokens());
     }

@@ -63,8 +63,8 @@ class Reader {
 std::string g_config;
 
 [[noreturn]] void fail(const char* what, const std::string& detail = "") {
-  std::fprintf(stderr, "kv_cache_manager_fuzz: %s %s\n  configuration: %s\n", what,
-               detail.c_str(), g_config.c_str());
+  std::fprintf(stderr, "kv_cache_manager_fuzz: %s %s\n  configuration: %s\n", what, detail.c_str(),
+               g_config.c_str());
   std::abort();
 }
 
@@ -165,10 +165,10 @@ class Harness {
     // The requests an operation can reach (dropped ones are never passed to a call again).
     for (const Tracked* t : active_) {
       const Request& r = *t->req;
-      w.requests_state.push_back(RequestState{
-          r.id(), std::vector<TokenId>(r.tokens().begin(), r.tokens().end()),
-          std::vector<BlockHash>(r.block_hashes().begin(), r.block_hashes().end()),
-          r.num_computed_tokens(), r.is_finished()});
+      w.requests_state.push_back(
+          RequestState{r.id(), std::vector<TokenId>(r.tokens().begin(), r.tokens().end()),
+                       std::vector<BlockHash>(r.block_hashes().begin(), r.block_hashes().end()),
+                       r.num_computed_tokens(), r.is_finished()});
     }
     return w;
   }
@@ -183,8 +183,10 @@ class Harness {
       op();
       completed = true;
     } catch (const Error& e) {
-      if (expect == Expect::kValid) fail("a valid call threw:", std::string(name) + ": " + e.what());
-      if (!(world() == before)) fail("state changed by a rejected call:", name + (": " + std::string(e.what())));
+      if (expect == Expect::kValid)
+        fail("a valid call threw:", std::string(name) + ": " + e.what());
+      if (!(world() == before))
+        fail("state changed by a rejected call:", name + (": " + std::string(e.what())));
     } catch (const std::exception& e) {
       fail("threw something other than pagedkv::Error:", std::string(name) + ": " + e.what());
     }
@@ -202,8 +204,8 @@ class Harness {
     const Request& r = *t.req;
     if (hit.other_groups.size() + 1 != m_.num_groups()) fail("hit: wrong group count");
     if (hit.num_tokens > 0 && hit.num_tokens >= r.num_tokens()) {
-      fail("hit: covers the last token:", std::to_string(hit.num_tokens) + " of " +
-                                              std::to_string(r.num_tokens()));
+      fail("hit: covers the last token:",
+           std::to_string(hit.num_tokens) + " of " + std::to_string(r.num_tokens()));
     }
     for (std::size_t g = 0; g < m_.num_groups(); ++g) {
       const AttentionSpec& spec = m_.group_spec(g);
@@ -256,13 +258,12 @@ class Harness {
     const auto theirs = o.t->req->tokens();
     const std::size_t end = (i + 1) * bs;
     if (theirs.size() < (o.index + 1) * bs) return false;
-    const bool same_block =
-        std::equal(mine.begin() + static_cast<std::ptrdiff_t>(i * bs),
-                   mine.begin() + static_cast<std::ptrdiff_t>(end),
-                   theirs.begin() + static_cast<std::ptrdiff_t>(o.index * bs));
-    const bool same_prefix = o.index == i && o.t->salt == t.salt &&
-                             std::equal(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(end),
-                                        theirs.begin());
+    const bool same_block = std::equal(mine.begin() + static_cast<std::ptrdiff_t>(i * bs),
+                                       mine.begin() + static_cast<std::ptrdiff_t>(end),
+                                       theirs.begin() + static_cast<std::ptrdiff_t>(o.index * bs));
+    const bool same_prefix =
+        o.index == i && o.t->salt == t.salt &&
+        std::equal(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(end), theirs.begin());
     if (!same_block || same_prefix) return false;
     ++g_gaps.window_position_seen;
     return true;
@@ -387,7 +388,7 @@ void Harness::allocate(Reader& in) {
     expect = computed + n <= r.num_tokens() ? Expect::kValid : Expect::kInvalid;
   } else if (fresh && !corrupted) {
     expect = !t->held && computed == 0 && hit.num_tokens + n <= r.num_tokens() ? Expect::kValid
-                                                                                : Expect::kInvalid;
+                                                                               : Expect::kInvalid;
   } else {
     expect = Expect::kEither;  // a stale, foreign or corrupted hit
   }
@@ -418,8 +419,9 @@ void Harness::allocate(Reader& in) {
   for (std::size_t g = 0; g < m_.num_groups(); ++g) {
     const auto row = m_.block_ids(r.id(), g);
     // A default CacheHit{} has no other_groups: no hit in any group.
-    const std::size_t hit_blocks =
-        g == 0 ? hit.blocks.size() : g <= hit.other_groups.size() ? hit.group(g).size() : 0;
+    const std::size_t hit_blocks = g == 0                         ? hit.blocks.size()
+                                   : g <= hit.other_groups.size() ? hit.group(g).size()
+                                                                  : 0;
     for (std::size_t i = before[g] + hit_blocks; i < row.size(); ++i) {
       if (row[i] != kNullBlockId) owners_[static_cast<std::size_t>(row[i])] = Owner{t, g, i};
     }
@@ -459,7 +461,9 @@ void Harness::run(Reader& in) {
         if (Tracked* t = pick(in)) {
           const TokenId tok = static_cast<TokenId>(in.u8() % 6) - 1;  // -1 is invalid
           step("append_token",
-               tok < 0 ? Expect::kInvalid : t->finished ? Expect::kEither : Expect::kValid,
+               tok < 0       ? Expect::kInvalid
+               : t->finished ? Expect::kEither
+                             : Expect::kValid,
                [&] { t->req->append_token(tok); });
         }
         break;
@@ -622,10 +626,11 @@ int main(int argc, char** argv) {
   }
   std::printf("kv_cache_manager_fuzz: %zu inputs ran clean\n", inputs);
   if (g_gaps.window_position_seen + g_gaps.duplicate_block_seen > 0) {
-    std::printf("kv_cache_manager_fuzz: KNOWN GAPS TOLERATED (issue 11): %llu window-position "
-                "wrong hits, %llu releases of a request holding a block twice\n",
-                static_cast<unsigned long long>(g_gaps.window_position_seen),
-                static_cast<unsigned long long>(g_gaps.duplicate_block_seen));
+    std::printf(
+        "kv_cache_manager_fuzz: KNOWN GAPS TOLERATED (issue 11): %llu window-position "
+        "wrong hits, %llu releases of a request holding a block twice\n",
+        static_cast<unsigned long long>(g_gaps.window_position_seen),
+        static_cast<unsigned long long>(g_gaps.duplicate_block_seen));
   }
   return 0;
 }
