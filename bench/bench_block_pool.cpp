@@ -1,21 +1,97 @@
 // Pool and manager costs per block (Google Benchmark). items_per_second counts blocks, so
 // 1e9 / items_per_second is ns per block. Hashing is excluded unless the name says otherwise.
 #include <benchmark/benchmark.h>
+#include <malloc.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <new>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
-#include "pagedkv/pool/block_pool.hpp"
 #include "pagedkv/hash/request_hasher.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+
+// Counting allocator for BM_MetadataBytesPerBlock: while g_counting is set, every operator new
+// and delete of this program adds or subtracts the bytes malloc really handed out
+// (malloc_usable_size), so a live-bytes delta covers every container the library allocates.
+// Outside the measurement it costs one branch per allocation.
+namespace {
+bool g_counting = false;
+long long g_live_bytes = 0;
+
+void* counted_new(std::size_t n) {
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  if (g_counting) g_live_bytes += static_cast<long long>(malloc_usable_size(p));
+  return p;
+}
+void counted_delete(void* p) noexcept {
+  if (p != nullptr && g_counting) g_live_bytes -= static_cast<long long>(malloc_usable_size(p));
+  std::free(p);
+}
+}  // namespace
+
+void* operator new(std::size_t n) {
+  return counted_new(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_new(n);
+}
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted_new(n);
+  } catch (...) {
+    return nullptr;
+  }
+}
+void operator delete(void* p) noexcept {
+  counted_delete(p);
+}
+void operator delete[](void* p) noexcept {
+  counted_delete(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  counted_delete(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  counted_delete(p);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  counted_delete(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  counted_delete(p);
+}
 
 namespace {
 
 using namespace pagedkv;
 
 constexpr std::uint32_t kBlockSize = 16;
+
+// Resident set size in bytes (/proc/self/statm), a cross-check of the counted bytes.
+long long rss_bytes() {
+  long long pages_total = 0, pages_resident = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%lld %lld", &pages_total, &pages_resident) != 2) pages_resident = 0;
+    std::fclose(f);
+  }
+  return pages_resident * sysconf(_SC_PAGESIZE);
+}
 
 std::vector<TokenId> random_tokens(std::size_t n, std::uint32_t seed) {
   std::mt19937 rng(seed);
@@ -146,6 +222,66 @@ void BM_DecodeStepNoNewBlock(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_DecodeStepNoNewBlock);
+
+// Metadata bytes per block, measured by the counting allocator (not the pool's own formula,
+// BlockPool::metadata_bytes_per_block(), reported beside it). A manager of range(0) blocks at
+// block size 16, verification on, sha256; requests of 64 blocks each fill the whole pool, each
+// with its own cache_salt (so the extra-key table holds one entry per request: its worst case).
+// Counters, in bytes per pool block:
+//   pool_empty      what constructing the manager allocates (block array, hash table, material)
+//   held            everything the manager holds while requests hold every block, all cached:
+//                   the pool, the extra-key table and the per-request block tables
+//   cached_idle     the same after every request is freed (blocks stay cached)
+//   formula         the pool's own figure
+//   request_side    the engine's Request objects (tokens and block hashes): not the manager's
+//   rss_pool_empty  the resident-set growth of constructing the manager (a cross-check)
+void BM_MetadataBytesPerBlock(benchmark::State& state) {
+  const auto num_blocks = static_cast<std::int32_t>(state.range(0));
+  constexpr std::size_t kRequestBlocks = 64;
+  for (auto _ : state) {
+    g_counting = true;
+    g_live_bytes = 0;
+    const long long rss0 = rss_bytes();
+    KVCacheManagerConfig c;
+    c.num_blocks = num_blocks;
+    c.block_size = kBlockSize;
+    c.hash_seed = "bench";
+    auto m = std::make_unique<KVCacheManager>(c);
+    const long long constructed = g_live_bytes;
+    const long long rss_constructed = rss_bytes() - rss0;
+
+    std::vector<Request> requests;
+    const std::size_t n = static_cast<std::size_t>(num_blocks - 1) / kRequestBlocks;
+    requests.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto tokens =
+          random_tokens(kRequestBlocks * kBlockSize, static_cast<std::uint32_t>(1000 + i));
+      RequestHashKeys keys;
+      keys.cache_salt = "tenant-" + std::to_string(i);
+      requests.push_back(m->make_request(i + 1, tokens, std::move(keys)));
+    }
+    const long long with_requests = g_live_bytes;
+    for (Request& r : requests) {
+      if (!m->allocate_slots(r, r.num_tokens())) state.SkipWithError("a request did not fit");
+    }
+    const long long held = g_live_bytes;
+    for (Request& r : requests) m->free(r);
+    const long long idle = g_live_bytes;
+    const double formula = m->block_pool().metadata_bytes_per_block();
+    m.reset();
+    requests.clear();
+    g_counting = false;
+
+    const double per = 1.0 / num_blocks;
+    state.counters["pool_empty"] = static_cast<double>(constructed) * per;
+    state.counters["held"] = static_cast<double>(constructed + held - with_requests) * per;
+    state.counters["cached_idle"] = static_cast<double>(constructed + idle - with_requests) * per;
+    state.counters["formula"] = formula;
+    state.counters["request_side"] = static_cast<double>(with_requests - constructed) * per;
+    state.counters["rss_pool_empty"] = static_cast<double>(rss_constructed) * per;
+  }
+}
+BENCHMARK(BM_MetadataBytesPerBlock)->Arg(1 << 20)->Iterations(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

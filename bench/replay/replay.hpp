@@ -52,8 +52,10 @@ struct ReplayResult {
   std::uint64_t preemptions = 0;
   std::uint64_t steps = 0;
   std::uint64_t decode_tokens = 0;
-  double makespan_ms = 0;
-  double ttft_p50_ms = 0;
+  // Simulated, not measured: steps x --step-ms (every step is taken to last step_ms), from the
+  // first arrival to the last finish, and the median time to first token on that clock.
+  double sim_makespan_ms = 0;
+  double sim_ttft_p50_ms = 0;
   // Hybrid (sliding_window > 0), engine mode: blocks released as they left the window, and the
   // share of block-steps that freeing them saved (held blocks over what the requests' tables
   // would hold without freeing, summed over steps and running requests).
@@ -81,8 +83,18 @@ std::vector<ReplayResult> run_replay(const Trace& trace, const ReplayOptions& op
 // One line of JSON with every field (and the derived rates).
 std::string to_json(const ReplayResult& r, const ReplayOptions& options, const Trace& trace);
 
+// Paged allocation measured by running the library: each request (caching off, one at a time)
+// allocates its prompt, then appends and allocates its output tokens one by one as an engine
+// decodes; `reserved` sums the slots of the blocks it holds when it finishes, `used` its tokens.
+struct PagedReservation {
+  std::uint64_t used = 0;
+  std::uint64_t reserved = 0;
+};
+PagedReservation measure_paged_reservation(const Trace& trace, std::uint32_t block_size);
+
 // The PagedAttention paper's comparison from lengths (prompt + output): the share of reserved KV
-// memory that holds real token states under several reservation policies, as a text table.
+// memory that holds real token states under several reservation policies, as a text table. The
+// paged row is measured (measure_paged_reservation); the contiguous rows are arithmetic.
 std::string memory_utilization_table(const Trace& trace, std::uint32_t block_size);
 
 }  // namespace pagedkv::replay

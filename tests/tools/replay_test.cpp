@@ -13,7 +13,17 @@
 namespace pagedkv::replay {
 namespace {
 
+// The recorded traces (CMake cache variable PAGEDKV_TRACES_DIR). Tests that read them are in the
+// suite ReplayTraces, registered as their own ctest test (replay_traces), which is reported as
+// skipped when the traces are missing.
 const std::string kTraces = PAGEDKV_TRACES_DIR;
+
+// The message of a test skipped for a missing trace: loud, and says how to run it.
+std::string missing_trace(const std::string& path) {
+  return "\n*** TRACE NOT FOUND: " + path +
+         "\n*** this test did NOT run; reconfigure with -DPAGEDKV_TRACES_DIR=<dir holding "
+         "mooncake/ and azure2023/>";
+}
 
 std::string write_temp(const std::string& name, const std::string& text) {
   const auto path = std::filesystem::temp_directory_path() / ("pagedkv_replay_test_" + name);
@@ -22,9 +32,9 @@ std::string write_temp(const std::string& name, const std::string& text) {
 }
 
 // ../shared/traces/README.md, "Reference figures for the default replay": first 1,000 requests.
-TEST(Replay, ReproducesTheReferenceFiguresOnTheFirstThousandMooncakeRequests) {
+TEST(ReplayTraces, ReproducesTheReferenceFiguresOnTheFirstThousandMooncakeRequests) {
   const std::string path = kTraces + "/mooncake/conversation_trace.jsonl";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "trace not found: " << path;
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << missing_trace(path);
   LoadOptions load;
   load.limit = 1000;
   const Trace trace = load_hashid_jsonl(path, load);
@@ -192,7 +202,14 @@ TEST(Replay, EngineModeDecodesAndPreempts) {
   EXPECT_GT(r[1].preemptions, 0u);
   EXPECT_EQ(r[1].rejected, 0u);
   EXPECT_GE(r[1].prefill_tokens_computed + r[1].hit_tokens, r[1].prompt_tokens);
-  EXPECT_GT(r[1].makespan_ms, r[0].makespan_ms);
+  EXPECT_GT(r[1].sim_makespan_ms, r[0].sim_makespan_ms);
+  // Times derived from --step-ms are labelled simulated in the JSON; the step length is printed.
+  const std::string json = to_json(r[0], o, trace);
+  EXPECT_NE(json.find("\"sim_makespan_ms\":"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"sim_ttft_p50_ms\":"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"step_ms\":20.000"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"makespan_ms\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"ttft_p50_ms\""), std::string::npos) << json;
 }
 
 // Hybrid model: half the layers with a sliding window. Without eviction the window group hits
@@ -219,13 +236,41 @@ TEST(Replay, HybridSlidingWindow) {
   EXPECT_EQ(e.rejected, 0u);
 }
 
-TEST(Replay, PagedAttentionMemoryTable) {
+TEST(ReplayTraces, PagedAttentionMemoryTable) {
   const std::string path = kTraces + "/azure2023/AzureLLMInferenceTrace_conv.csv";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << "trace not found: " << path;
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << missing_trace(path);
   const Trace t = load_azure_csv(path, LoadOptions{});
   EXPECT_EQ(t.requests.size(), 19366u);
   const std::string table = memory_utilization_table(t, 16);
   EXPECT_NE(table.find("paged, block 16"), std::string::npos) << table;
+}
+
+// The paged row of the memory table comes from running the library: on a generated trace it
+// equals the block arithmetic (prompt + output rounded up to whole blocks), for two block sizes.
+TEST(Replay, PagedReservationIsMeasuredByTheLibrary) {
+  GeneratorOptions g;
+  g.workload = Workload::kChat;
+  g.requests = 80;
+  Trace trace = generate(g);
+  trace.requests[3].output_length = 0;  // prompt only
+  for (const std::uint32_t bs : {16u, 7u}) {
+    std::uint64_t used = 0, reserved = 0;
+    for (const auto& r : trace.requests) {
+      const std::uint64_t len = std::uint64_t{r.input_length} + r.output_length;
+      used += len;
+      reserved += (len + bs - 1) / bs * bs;
+    }
+    const PagedReservation m = measure_paged_reservation(trace, bs);
+    EXPECT_EQ(m.used, used);
+    EXPECT_EQ(m.reserved, reserved);
+    EXPECT_GT(m.reserved, m.used);
+  }
+  const std::string table = memory_utilization_table(trace, 16);
+  EXPECT_NE(table.find("paged, block 16 (measured)"), std::string::npos) << table;
+  EXPECT_NE(table.find("contiguous, max 2048 (arith.)"), std::string::npos) << table;
+}
+
+TEST(Replay, AzureCsvErrorsNameFileAndLine) {
   const std::string bad = write_temp("bad.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\nx,1\n");
   try {
     load_azure_csv(bad, LoadOptions{});
