@@ -8,9 +8,11 @@ PAGEDKV_JOBS="$(nproc 2>/dev/null || echo 2)"
 
 # Debian packages: compiler and CMake, OpenSSL, xxHash (headers and the xxhsum tool used by the
 # hash-vector test), GoogleTest, Google Benchmark, gnuplot for the replay plots, clang for the
-# fuzzer.
+# fuzzer; hiredis for pagedkv::remote, and the servers its tests start on 127.0.0.1 (redis-server,
+# nutcracker = twemproxy) plus redis-tools for redis-benchmark (bench_remote's baseline).
 PAGEDKV_PACKAGES=(cmake g++ make libssl-dev libxxhash-dev xxhash libgtest-dev libgmock-dev
-                  libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev)
+                  libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev libhiredis-dev
+                  redis-server redis-tools nutcracker)
 
 pagedkv_ensure_packages() {
   local missing=()
