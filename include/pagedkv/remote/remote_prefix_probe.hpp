@@ -12,6 +12,8 @@
 //                  timeout, so this is bounded too);
 //   kTimeout       ready when every exists has completed or the deadline has passed, whichever
 //                  comes first, with whatever is known then.
+// Under every policy a probe is also ready as soon as its answer can no longer change (the run
+// has been ended by a key that came back absent or failed).
 // A batch the store refuses (queue full) makes the probe ready at once with 0 blocks (counted by
 // the store). Presence is not validity: a present value may still fail its checks on get, and the
 // caller then treats that block and those after it as misses.
