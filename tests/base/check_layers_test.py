@@ -28,6 +28,8 @@ def main():
         "include/pagedkv/hash/block_hash.hpp": '#include "pagedkv/base/error.hpp"\n',
         "include/pagedkv/pool/block_pool.hpp": '#include "pagedkv/hash/block_hash.hpp"\n',
         "src/pool/block_pool.cpp": '#include "pagedkv/pool/block_pool.hpp"\n',
+        "include/pagedkv/remote/redis_store.hpp": '#include "pagedkv/hash/block_hash.hpp"\n',
+        "include/pagedkv/tier/host_tier.hpp": '#include "pagedkv/remote/redis_store.hpp"\n',
     }
     failures = []
     rc, out = run(checker, base)
@@ -42,6 +44,9 @@ def main():
                                  '#include "pagedkv/pool/block_pool.hpp"\n'},
         "missing header": {"src/pool/x.cpp": '#include "pagedkv/pool/nope.hpp"\n'},
         "unknown layer": {"include/pagedkv/misc/x.hpp": "#pragma once\n"},
+        "remote includes tier": {"include/pagedkv/tier/host_tier.hpp": "#pragma once\n",
+                                 "src/remote/redis_store.cpp":
+                                 '#include "pagedkv/tier/host_tier.hpp"\n'},
     }
     for name, extra in cases.items():
         rc, out = run(checker, {**base, **extra})

@@ -13,6 +13,10 @@
 #if CONSUMER_HAS_EVENTS
 #include <pagedkv/events/publisher.hpp>
 #endif
+#if CONSUMER_HAS_REMOTE
+#include <pagedkv/remote/redis_store.hpp>
+#include <pagedkv/remote/remote_value.hpp>
+#endif
 
 int main() {
   std::vector<pagedkv::TokenId> tokens(16);
@@ -33,6 +37,16 @@ int main() {
 #endif
 #if CONSUMER_HAS_CUDA
   std::printf("cuda devices: %d\n", pagedkv::cuda_device_count());
+#endif
+#if CONSUMER_HAS_REMOTE
+  {
+    // Links hiredis through the export; connects lazily, so no server is needed here.
+    pagedkv::RedisStore store(pagedkv::RedisStoreConfig::from_url("redis://127.0.0.1:1/consumer"));
+    const std::byte payload[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
+    const auto header = pagedkv::encode_remote_value_header(7, payload);
+    std::printf("remote store namespace %s, header %zu bytes\n",
+                std::string(store.name_space()).c_str(), header.size());
+  }
 #endif
   pagedkv::KVCacheManagerConfig config;
   config.num_blocks = 8;

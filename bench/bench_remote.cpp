@@ -1,0 +1,280 @@
+// bench_remote: RedisStore get and put throughput (blocks/s, MB/s) and p50/p99 latency per value
+// size, against redis-benchmark's own GET/SET of the same value size on the same server in the
+// same run (ratio = ours / redis-benchmark, target >= 0.8). Same connections (-c) and pipeline
+// depth (-P) for both. Without --port it starts its own redis-server on 127.0.0.1.
+//
+//   bench_remote [--port P] [--sizes 65536,262144,1048576,2097152] [--bytes-per-size MiB]
+//                [--connections C] [--pipeline D] [--repetitions R] [--quick]
+// Reports medians over R repetitions. Exit 0 with a message when no server can be started.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "pagedkv/remote/redis_store.hpp"
+#include "pagedkv/remote/remote_value.hpp"
+#include "redis_servers.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using pagedkv::RemoteCompletion;
+using pagedkv::RemoteResult;
+
+struct Options {
+  std::uint16_t port = 0;
+  std::vector<std::size_t> sizes = {65536, 262144, 1048576, 2097152};
+  std::size_t bytes_per_size = 256u << 20;
+  unsigned connections = 4;
+  std::size_t pipeline = 8;
+  int repetitions = 3;
+  bool quick = false;
+};
+
+struct PhaseResult {
+  double blocks_per_s = 0;
+  std::uint64_t p50_us = 0;
+  std::uint64_t p99_us = 0;
+  std::size_t ok = 0;
+};
+
+pagedkv::BlockHash key_of(std::size_t i) {
+  std::array<std::uint8_t, 32> b{};
+  for (int k = 0; k < 8; ++k) b[k] = static_cast<std::uint8_t>(i >> (8 * k));
+  b[31] = 0x5b;
+  return pagedkv::BlockHash(b);
+}
+
+// Runs n puts (or gets) of `size` bytes with at most `window` batches of `pipeline` ops in flight.
+PhaseResult run_phase(const Options& o, bool put, std::size_t size, std::size_t n) {
+  pagedkv::RedisStoreConfig c;
+  c.port = o.port;
+  c.name_space = "bench/remote/" + std::to_string(size);
+  c.num_connections = o.connections;
+  c.pipeline_depth = o.pipeline;
+  c.op_timeout = std::chrono::milliseconds(20000);
+  c.connect_timeout = std::chrono::milliseconds(2000);
+  const std::size_t batches_in_flight = 2 * o.connections;
+  c.queue_depth = batches_in_flight * o.pipeline;
+  pagedkv::RedisStore store(c);
+
+  std::vector<std::byte> src(size);
+  for (std::size_t i = 0; i < size; ++i) src[i] = std::byte(static_cast<std::uint8_t>(i * 7 + 3));
+  // One set of destination buffers per batch slot; a slot is reused once its batch completed.
+  std::vector<std::vector<std::byte>> dest(put ? 0 : batches_in_flight * o.pipeline,
+                                           std::vector<std::byte>(size));
+  std::vector<pagedkv::RemoteTicket> slot_ticket(batches_in_flight, 0);
+  std::vector<std::size_t> slot_left(batches_in_flight, 0);
+  std::vector<pagedkv::RemotePut> puts;
+  std::vector<pagedkv::RemoteGet> gets;
+  std::vector<RemoteCompletion> buf;
+
+  // Warm the connections (not timed).
+  {
+    const auto k = key_of(0);
+    store.exists(std::span(&k, 1));
+    while (store.in_flight() > 0) {
+      buf.clear();
+      store.wait(buf, std::chrono::milliseconds(100));
+    }
+  }
+  PhaseResult r;
+  std::size_t submitted = 0;
+  std::size_t completed = 0;
+  const auto t0 = Clock::now();
+  while (completed < n) {
+    for (std::size_t s = 0; s < batches_in_flight && submitted < n; ++s) {
+      if (slot_left[s] != 0) continue;
+      const std::size_t m = std::min(o.pipeline, n - submitted);
+      std::optional<pagedkv::RemoteTicket> t;
+      if (put) {
+        puts.clear();
+        for (std::size_t k = 0; k < m; ++k) puts.push_back({key_of(submitted + k), src});
+        t = store.put(puts);
+      } else {
+        gets.clear();
+        for (std::size_t k = 0; k < m; ++k) {
+          gets.push_back({key_of(submitted + k), dest[s * o.pipeline + k]});
+        }
+        t = store.get(gets);
+      }
+      if (!t) break;
+      slot_ticket[s] = *t;
+      slot_left[s] = m;
+      submitted += m;
+    }
+    buf.clear();
+    store.wait(buf, std::chrono::milliseconds(50));
+    for (const auto& done : buf) {
+      ++completed;
+      r.ok += done.result == (put ? RemoteResult::kStored : RemoteResult::kHit);
+      for (std::size_t s = 0; s < batches_in_flight; ++s) {
+        if (slot_left[s] != 0 && slot_ticket[s] == done.ticket) {
+          --slot_left[s];
+          break;
+        }
+      }
+    }
+  }
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.blocks_per_s = static_cast<double>(n) / secs;
+  const auto s = store.stats();
+  r.p50_us = put ? s.put_latency.p50_us : s.get_latency.p50_us;
+  r.p99_us = put ? s.put_latency.p99_us : s.get_latency.p99_us;
+  return r;
+}
+
+// redis-benchmark's requests per second for SET and GET of `size`-byte values.
+std::optional<std::pair<double, double>> redis_benchmark(const Options& o, std::size_t size,
+                                                         std::size_t n) {
+  const std::string bin = pagedkv::test::find_program("redis-benchmark");
+  if (bin.empty()) return std::nullopt;
+  std::ostringstream cmd;
+  cmd << bin << " -h 127.0.0.1 -p " << o.port << " -t set,get -d " << size << " -n " << n << " -c "
+      << o.connections << " -P " << o.pipeline << " --csv 2>/dev/null";
+  FILE* p = ::popen(cmd.str().c_str(), "r");
+  if (p == nullptr) return std::nullopt;
+  double set_rps = 0, get_rps = 0;
+  char line[512];
+  while (std::fgets(line, sizeof(line), p) != nullptr) {
+    std::string s(line);
+    const auto field = [&](std::size_t i) {
+      std::size_t pos = 0;
+      for (std::size_t k = 0; k < i; ++k) pos = s.find(',', pos) + 1;
+      std::string f = s.substr(pos, s.find(',', pos) - pos);
+      f.erase(std::remove(f.begin(), f.end(), '"'), f.end());
+      return f;
+    };
+    if (s.rfind("\"SET\"", 0) == 0) set_rps = std::atof(field(1).c_str());
+    if (s.rfind("\"GET\"", 0) == 0) get_rps = std::atof(field(1).c_str());
+  }
+  ::pclose(p);
+  if (set_rps <= 0 || get_rps <= 0) return std::nullopt;
+  return std::make_pair(set_rps, get_rps);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::uint64_t median_u(std::vector<std::uint64_t> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+[[noreturn]] void usage(const char* why) {
+  std::fprintf(stderr, "bench_remote: %s\n", why);
+  std::exit(2);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value for " + a).c_str());
+      return argv[++i];
+    };
+    if (a == "--port") {
+      o.port = static_cast<std::uint16_t>(std::stoul(next()));
+    } else if (a == "--sizes") {
+      o.sizes.clear();
+      std::stringstream ss(next());
+      std::string item;
+      while (std::getline(ss, item, ',')) o.sizes.push_back(std::stoul(item));
+    } else if (a == "--bytes-per-size") {
+      o.bytes_per_size = std::stoul(next()) << 20;
+    } else if (a == "--connections") {
+      o.connections = static_cast<unsigned>(std::stoul(next()));
+    } else if (a == "--pipeline") {
+      o.pipeline = std::stoul(next());
+    } else if (a == "--repetitions") {
+      o.repetitions = std::stoi(next());
+    } else if (a == "--quick") {
+      o.quick = true;
+    } else {
+      usage(("unknown argument " + a).c_str());
+    }
+  }
+  if (o.quick) {
+    o.sizes = {65536};
+    o.bytes_per_size = 4u << 20;
+    o.repetitions = 1;
+  }
+  if (o.sizes.empty() || o.connections == 0 || o.pipeline == 0 || o.repetitions < 1) {
+    usage("bad options");
+  }
+
+  std::optional<pagedkv::test::RedisServer> own;
+  if (o.port == 0) {
+    if (pagedkv::test::RedisServer::binary().empty()) {
+      std::printf("bench_remote: redis-server not installed; nothing measured\n");
+      return 0;
+    }
+    own.emplace();
+    if (!own->start()) {
+      std::printf("bench_remote: could not start redis-server; nothing measured\n");
+      return 0;
+    }
+    o.port = own->port();
+  }
+  std::printf(
+      "bench_remote: 127.0.0.1:%u, %u connections, pipeline %zu, %d repetitions (medians)\n\n",
+      o.port, o.connections, o.pipeline, o.repetitions);
+  std::printf(
+      "| value | blocks | op | pagedkv blocks/s | pagedkv MB/s | p50 us | p99 us | "
+      "redis-benchmark req/s | ratio |\n|---|---|---|---|---|---|---|---|---|\n");
+  bool all_ok = true;
+  for (std::size_t size : o.sizes) {
+    const std::size_t n = std::max<std::size_t>(o.bytes_per_size / size, 4 * o.pipeline);
+    std::vector<double> put_rate, get_rate, rb_set, rb_get;
+    std::vector<std::uint64_t> put50, put99, get50, get99;
+    for (int rep = 0; rep < o.repetitions; ++rep) {
+      const PhaseResult p = run_phase(o, true, size, n);
+      const PhaseResult g = run_phase(o, false, size, n);
+      all_ok = all_ok && p.ok == n && g.ok == n;
+      put_rate.push_back(p.blocks_per_s);
+      get_rate.push_back(g.blocks_per_s);
+      put50.push_back(p.p50_us);
+      put99.push_back(p.p99_us);
+      get50.push_back(g.p50_us);
+      get99.push_back(g.p99_us);
+      if (const auto rb = redis_benchmark(o, size, n)) {
+        rb_set.push_back(rb->first);
+        rb_get.push_back(rb->second);
+      }
+    }
+    {
+      pagedkv::test::Client c(o.port);
+      c.command({"FLUSHALL"});
+    }
+    const auto row = [&](const char* op, double rate, std::uint64_t p50, std::uint64_t p99,
+                         const std::vector<double>& rb) {
+      const double mbps = rate * static_cast<double>(size) / 1e6;
+      if (rb.empty()) {
+        std::printf("| %zu KiB | %zu | %s | %.0f | %.0f | %llu | %llu | n/a | n/a |\n", size / 1024,
+                    n, op, rate, mbps, (unsigned long long)p50, (unsigned long long)p99);
+      } else {
+        const double theirs = median(rb);
+        std::printf("| %zu KiB | %zu | %s | %.0f | %.0f | %llu | %llu | %.0f | %.2f |\n",
+                    size / 1024, n, op, rate, mbps, (unsigned long long)p50,
+                    (unsigned long long)p99, theirs, rate / theirs);
+      }
+    };
+    row("put (SET)", median(put_rate), median_u(put50), median_u(put99), rb_set);
+    row("get (GET)", median(get_rate), median_u(get50), median_u(get99), rb_get);
+    std::fflush(stdout);
+  }
+  if (!all_ok) {
+    std::printf("\nbench_remote: some operations did not succeed (see stats)\n");
+    return 1;
+  }
+  return 0;
+}

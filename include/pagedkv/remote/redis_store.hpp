@@ -1,0 +1,96 @@
+// pagedkv/remote/redis_store.hpp: RemoteStore on Redis (one server, or several behind a
+// Redis-protocol proxy such as twemproxy), through hiredis' blocking API on I/O threads.
+//
+// Keys are "<namespace>/<hex of the block hash>"; values are remote_value.hpp's header + payload.
+// Only single-key GET, SET, EXISTS (and AUTH at connect) are sent, pipelined per connection, so any
+// proxy that shards single-key commands works (twemproxy has no MULTI and no multi-key EXISTS).
+//
+// Threads: `num_connections` I/O threads, each with its own connection. They take batches of up to
+// `pipeline_depth` ops from one bounded FIFO, write them as one pipeline, and read the replies.
+// The queue holds at most `queue_depth` ops submitted and not yet polled: a batch that does not fit
+// is refused whole (nullopt) and counted, never waited for.
+//
+// Timeouts and faults. Each op has a deadline: its submission time + op_timeout. An op still queued
+// at its deadline completes as kTimeout (poll() and the I/O threads both expire them); a pipeline
+// in flight is bounded by the earliest deadline among its ops, and on expiry its unanswered ops
+// complete as kTimeout and the connection is dropped (its reply stream is no longer in step).
+// A connection error fails the ops in flight as kError and drops the connection. A thread without
+// a connection reconnects (connect_timeout, then AUTH); after a failed attempt it waits
+// reconnect_backoff_min, doubling up to reconnect_backoff_max, and meanwhile fails the ops it takes
+// as kError at once, so callers see prompt misses while a server is down. Redis' OOM reply to SET
+// (maxmemory with noeviction) is kSkippedFull.
+//
+// Destruction stops the I/O threads (waiting for at most one connect or one op timeout) and drops
+// ops not yet completed; after the destructor returns no buffer is touched.
+//
+// Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty host or
+// namespace, port 0, zero connections, queue depth or pipeline depth, non-positive timeouts,
+// backoff min > max) and never connects on the caller's thread (an unreachable server is not an
+// error). Submissions throw as RemoteStore says. std::system_error if a thread cannot be started.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagedkv/remote/remote_store.hpp"
+
+namespace pagedkv {
+
+struct RedisStoreConfig {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 6379;
+  std::string username;    // ACL user for AUTH; empty: "AUTH password" (the default user)
+  std::string password;    // empty: no AUTH
+  std::string name_space;  // required: model, KV dtype, layout, block size, TP rank...
+  std::uint64_t layout_fingerprint = 0;  // written into and checked against every value
+  std::chrono::milliseconds connect_timeout{200};
+  std::chrono::milliseconds op_timeout{200};
+  unsigned num_connections = 2;     // I/O threads, one connection each
+  std::size_t queue_depth = 4096;   // ops submitted and not yet polled
+  std::size_t pipeline_depth = 32;  // ops written per round trip per connection
+  std::chrono::milliseconds reconnect_backoff_min{10};
+  std::chrono::milliseconds reconnect_backoff_max{1000};
+  std::size_t max_value_bytes = 64u << 20;  // largest payload accepted (Redis allows 512 MiB)
+
+  // Parses "redis://[[user]:password@]host[:port]/namespace" (port default 6379); other fields
+  // keep their defaults. Throws pagedkv::Error (kParseError) naming what is wrong.
+  static RedisStoreConfig from_url(std::string_view url);
+};
+
+class RedisStore final : public RemoteStore {
+ public:
+  explicit RedisStore(RedisStoreConfig config);
+  ~RedisStore() override;
+  RedisStore(const RedisStore&) = delete;
+  RedisStore& operator=(const RedisStore&) = delete;
+
+  std::optional<RemoteTicket> exists(std::span<const BlockHash> keys) override;
+  std::optional<RemoteTicket> get(std::span<const RemoteGet> ops) override;
+  std::optional<RemoteTicket> put(std::span<const RemotePut> ops) override;
+  std::size_t poll(std::vector<RemoteCompletion>& out) override;
+  std::size_t in_flight() const override;
+  RemoteStoreStats stats() const override;
+  std::string_view name_space() const noexcept override;
+
+  // Like poll(), but blocks up to max_wait until at least one completion is available. For
+  // background threads, tools and tests; a scheduler thread should call poll().
+  std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait);
+
+  // The Redis key of a block under this store's namespace.
+  std::string key_of(const BlockHash& hash) const;
+
+  const RedisStoreConfig& config() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedkv

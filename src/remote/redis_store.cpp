@@ -1,0 +1,700 @@
+#include "pagedkv/remote/redis_store.hpp"
+
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/remote/latency_histogram.hpp"
+#include "pagedkv/remote/remote_value.hpp"
+
+namespace pagedkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void bad_config(const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "RedisStore: " + what);
+}
+
+timeval to_timeval(std::chrono::microseconds us) {
+  if (us.count() < 1) us = std::chrono::microseconds(1);
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(us.count() / 1000000);
+  tv.tv_usec = static_cast<suseconds_t>(us.count() % 1000000);
+  return tv;
+}
+
+// A fixed-capacity FIFO of slot indices; never allocates after construction.
+class IndexRing {
+ public:
+  explicit IndexRing(std::size_t capacity) : buf_(capacity) {}
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return size_; }
+  std::uint32_t front() const noexcept { return buf_[head_]; }
+  void push(std::uint32_t v) noexcept {  // callers never exceed the capacity (one per slot)
+    buf_[(head_ + size_) % buf_.size()] = v;
+    ++size_;
+  }
+  std::uint32_t pop() noexcept {
+    const std::uint32_t v = buf_[head_];
+    head_ = (head_ + 1) % buf_.size();
+    --size_;
+    return v;
+  }
+
+ private:
+  std::vector<std::uint32_t> buf_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
+struct Slot {
+  RemoteOpKind kind = RemoteOpKind::kExists;
+  RemoteResult result = RemoteResult::kError;
+  std::uint32_t index = 0;
+  RemoteTicket ticket = 0;
+  BlockHash key;
+  std::byte* buf = nullptr;  // get: destination; put: source (never written)
+  std::size_t len = 0;
+  Clock::time_point submitted{};
+  Clock::time_point deadline{};
+};
+
+struct Counters {
+  std::atomic<std::uint64_t> probes{0}, probe_hits{0}, gets{0}, hits{0}, misses{0}, puts{0},
+      stored{0}, skipped_full{0}, bytes_in{0}, bytes_out{0}, timeouts{0}, errors{0},
+      checksum_failures{0}, header_mismatches{0}, queue_full_drops{0}, connects{0},
+      connect_failures{0};
+};
+
+void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
+  c.fetch_add(n, std::memory_order_relaxed);
+}
+
+RemoteLatency latency_of(const LatencyHistogram& h) {
+  const auto s = h.snapshot();
+  return {s.total, s.percentile_us(0.50), s.percentile_us(0.99)};
+}
+
+void append_decimal(std::string& out, std::size_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
+  out.append(buf, r.ptr);
+}
+
+void append_bulk(std::string& out, std::string_view s) {
+  out.push_back('$');
+  append_decimal(out, s.size());
+  out.append("\r\n");
+  out.append(s);
+  out.append("\r\n");
+}
+
+}  // namespace
+
+struct RedisStore::Impl {
+  explicit Impl(RedisStoreConfig c)
+      : config(std::move(c)),
+        slots(config.queue_depth),
+        free_slots(config.queue_depth),
+        pending(config.queue_depth),
+        completed(config.queue_depth) {
+    for (std::size_t i = 0; i < config.queue_depth; ++i) free_slots.push(std::uint32_t(i));
+  }
+
+  RedisStoreConfig config;
+  std::vector<Slot> slots;  // sized at construction: one per op in flight
+  IndexRing free_slots;     // slots not in use
+  IndexRing pending;        // submitted, not yet taken by an I/O thread (FIFO: deadlines ascend)
+  IndexRing completed;      // done, not yet polled
+  mutable std::mutex mu;    // guards the rings, slot ownership transfer, next_ticket, stop
+  std::condition_variable work_cv;  // I/O threads: pending non-empty or stop
+  std::condition_variable done_cv;  // wait(): completed non-empty
+  RemoteTicket next_ticket = 1;
+  bool stop = false;
+  std::vector<std::thread> threads;
+
+  Counters counters;
+  LatencyHistogram exists_latency, get_latency, put_latency;
+
+  // Counts a finished op (any thread; atomics only). Caller then moves the slot to `completed`.
+  void account(Slot& s, RemoteResult r, Clock::time_point now) noexcept {
+    s.result = r;
+    if (r == RemoteResult::kTimeout) bump(counters.timeouts);
+    if (r == RemoteResult::kError) bump(counters.errors);
+    switch (s.kind) {
+      case RemoteOpKind::kExists:
+        bump(counters.probes);
+        if (r == RemoteResult::kHit) bump(counters.probe_hits);
+        exists_latency.record(now - s.submitted);
+        break;
+      case RemoteOpKind::kGet:
+        bump(counters.gets);
+        if (r == RemoteResult::kHit) {
+          bump(counters.hits);
+          bump(counters.bytes_in, s.len);
+        }
+        if (r == RemoteResult::kMiss || r == RemoteResult::kInvalidValue) bump(counters.misses);
+        get_latency.record(now - s.submitted);
+        break;
+      case RemoteOpKind::kPut:
+        bump(counters.puts);
+        if (r == RemoteResult::kStored) {
+          bump(counters.stored);
+          bump(counters.bytes_out, s.len);
+        }
+        if (r == RemoteResult::kSkippedFull) bump(counters.skipped_full);
+        put_latency.record(now - s.submitted);
+        break;
+    }
+  }
+
+  // Completes queued ops whose deadline has passed. Requires mu.
+  bool expire_locked(Clock::time_point now) noexcept {
+    bool any = false;
+    while (!pending.empty() && slots[pending.front()].deadline <= now) {
+      const std::uint32_t i = pending.pop();
+      account(slots[i], RemoteResult::kTimeout, now);
+      completed.push(i);
+      any = true;
+    }
+    return any;
+  }
+
+  std::size_t drain_locked(std::vector<RemoteCompletion>& out) {
+    out.reserve(out.size() + completed.size());  // may throw: nothing taken yet
+    const std::size_t n = completed.size();
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint32_t i = completed.pop();
+      const Slot& s = slots[i];
+      out.push_back(RemoteCompletion{s.ticket, s.index, s.kind, s.result});
+      free_slots.push(i);
+    }
+    return n;
+  }
+
+  template <class Fill>
+  std::optional<RemoteTicket> submit(RemoteOpKind kind, std::size_t n, Fill&& fill) {
+    const auto now = Clock::now();
+    RemoteTicket ticket = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      expire_locked(now);
+      if (free_slots.size() < n) {
+        bump(counters.queue_full_drops, n);
+        return std::nullopt;
+      }
+      ticket = next_ticket++;
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::uint32_t i = free_slots.pop();
+        Slot& s = slots[i];
+        s.kind = kind;
+        s.index = static_cast<std::uint32_t>(k);
+        s.ticket = ticket;
+        s.submitted = now;
+        s.deadline = now + config.op_timeout;
+        fill(s, k);
+        pending.push(i);
+      }
+    }
+    if (n > config.pipeline_depth) {
+      work_cv.notify_all();
+    } else if (n > 0) {
+      work_cv.notify_one();
+    }
+    return ticket;
+  }
+
+  void io_thread();
+};
+
+namespace {
+
+// One I/O thread's connection and scratch buffers.
+class Connection {
+ public:
+  Connection(const RedisStoreConfig& config, Counters& counters)
+      : config_(config), counters_(counters) {}
+  ~Connection() { drop(); }
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  bool connected() const noexcept { return ctx_ != nullptr; }
+  void drop() noexcept {
+    if (ctx_ != nullptr) redisFree(ctx_);
+    ctx_ = nullptr;
+  }
+
+  // Connects and authenticates within connect_timeout (+ one AUTH round trip bounded by it).
+  bool connect() {
+    drop();
+    ctx_ = redisConnectWithTimeout(config_.host.c_str(), config_.port,
+                                   to_timeval(config_.connect_timeout));
+    if (ctx_ == nullptr) return false;
+    if (ctx_->err != 0 || redisSetTimeout(ctx_, to_timeval(config_.connect_timeout)) != REDIS_OK) {
+      drop();
+      return false;
+    }
+    if (!config_.password.empty()) {
+      const char* argv[3] = {"AUTH", nullptr, nullptr};
+      std::size_t lens[3] = {4, 0, 0};
+      int argc = 1;
+      if (!config_.username.empty()) {
+        argv[argc] = config_.username.data();
+        lens[argc++] = config_.username.size();
+      }
+      argv[argc] = config_.password.data();
+      lens[argc++] = config_.password.size();
+      auto* reply = static_cast<redisReply*>(redisCommandArgv(ctx_, argc, argv, lens));
+      const bool ok = reply != nullptr && reply->type == REDIS_REPLY_STATUS;
+      if (reply != nullptr) freeReplyObject(reply);
+      if (!ok) {
+        drop();
+        return false;
+      }
+    }
+    // From here on the socket is non-blocking: every read and write follows a poll() bounded by
+    // the ops' deadline, so no syscall waits past it (hiredis' own timeout stays as a backstop).
+    const int flags = fcntl(ctx_->fd, F_GETFL);
+    if (redisSetTimeout(ctx_, to_timeval(config_.op_timeout)) != REDIS_OK || flags < 0 ||
+        fcntl(ctx_->fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+      drop();
+      return false;
+    }
+    return true;
+  }
+
+  // Runs one pipeline; sets every op's result (accounting is the caller's). Drops the connection
+  // on a timeout or an I/O error.
+  void run(std::span<const std::uint32_t> batch, std::vector<Slot>& slots,
+           std::vector<RemoteResult>& results) {
+    Clock::time_point deadline = Clock::time_point::max();
+    for (std::uint32_t i : batch) deadline = std::min(deadline, slots[i].deadline);
+    results.assign(batch.size(), RemoteResult::kError);
+
+    for (std::uint32_t i : batch) {
+      const Slot& s = slots[i];
+      format(s);
+      if (redisAppendFormattedCommand(ctx_, cmd_.data(), cmd_.size()) != REDIS_OK) {
+        drop();
+        return;  // every op kError
+      }
+    }
+    // Write the whole pipeline, each wait bounded by the deadline.
+    int done = 0;
+    while (!done) {
+      const int ready = wait_fd(POLLOUT, deadline);
+      if (ready <= 0) {
+        fail_from(0, batch.size(), ready == 0, results);
+        return;
+      }
+      if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
+        fail_from(0, batch.size(), Clock::now() >= deadline, results);
+        return;
+      }
+    }
+    // Read one reply per op, in order.
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      void* raw = nullptr;
+      while (true) {
+        if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK) {
+          fail_from(k, batch.size(), false, results);
+          return;
+        }
+        if (raw != nullptr) break;
+        const int ready = wait_fd(POLLIN, deadline);
+        if (ready <= 0) {
+          fail_from(k, batch.size(), ready == 0, results);
+          return;
+        }
+        if (redisBufferRead(ctx_) != REDIS_OK) {
+          fail_from(k, batch.size(), Clock::now() >= deadline, results);
+          return;
+        }
+      }
+      auto* reply = static_cast<redisReply*>(raw);
+      results[k] = classify(slots[batch[k]], *reply);
+      freeReplyObject(reply);
+    }
+  }
+
+ private:
+  // > 0 ready, 0 deadline passed, < 0 error.
+  int wait_fd(short events, Clock::time_point deadline) {
+    while (true) {
+      const auto now = Clock::now();
+      if (now >= deadline) return 0;
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now).count();
+      pollfd p{ctx_->fd, events, 0};
+      const int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
+      if (r > 0) return (p.revents & (events | POLLHUP | POLLERR)) ? 1 : -1;
+      if (r == 0) continue;  // re-check the clock (poll rounds to milliseconds)
+      if (errno != EINTR) return -1;
+    }
+  }
+
+  void fail_from(std::size_t k, std::size_t n, bool timed_out, std::vector<RemoteResult>& results) {
+    for (; k < n; ++k) results[k] = timed_out ? RemoteResult::kTimeout : RemoteResult::kError;
+    drop();
+  }
+
+  void format_key(const BlockHash& hash) {
+    key_.assign(config_.name_space);
+    key_.push_back('/');
+    static constexpr char kHex[] = "0123456789abcdef";
+    for (std::uint8_t b : hash.bytes()) {
+      key_.push_back(kHex[b >> 4]);
+      key_.push_back(kHex[b & 15]);
+    }
+  }
+
+  void format(const Slot& s) {
+    format_key(s.key);
+    cmd_.clear();
+    switch (s.kind) {
+      case RemoteOpKind::kExists:
+        cmd_.append("*2\r\n$6\r\nEXISTS\r\n");
+        append_bulk(cmd_, key_);
+        break;
+      case RemoteOpKind::kGet:
+        cmd_.append("*2\r\n$3\r\nGET\r\n");
+        append_bulk(cmd_, key_);
+        break;
+      case RemoteOpKind::kPut: {
+        const std::span<const std::byte> payload(s.buf, s.len);
+        const RemoteValueHeader header =
+            encode_remote_value_header(config_.layout_fingerprint, payload);
+        cmd_.append("*3\r\n$3\r\nSET\r\n");
+        append_bulk(cmd_, key_);
+        cmd_.push_back('$');
+        append_decimal(cmd_, header.size() + payload.size());
+        cmd_.append("\r\n");
+        cmd_.append(reinterpret_cast<const char*>(header.data()), header.size());
+        cmd_.append(reinterpret_cast<const char*>(payload.data()), payload.size());
+        cmd_.append("\r\n");
+        break;
+      }
+    }
+  }
+
+  RemoteResult classify(const Slot& s, const redisReply& r) {
+    if (r.type == REDIS_REPLY_ERROR) {
+      if (s.kind == RemoteOpKind::kPut && r.len >= 3 && std::memcmp(r.str, "OOM", 3) == 0) {
+        return RemoteResult::kSkippedFull;
+      }
+      return RemoteResult::kError;
+    }
+    switch (s.kind) {
+      case RemoteOpKind::kExists:
+        if (r.type != REDIS_REPLY_INTEGER) return RemoteResult::kError;
+        return r.integer > 0 ? RemoteResult::kHit : RemoteResult::kMiss;
+      case RemoteOpKind::kGet: {
+        if (r.type == REDIS_REPLY_NIL) return RemoteResult::kMiss;
+        if (r.type != REDIS_REPLY_STRING) return RemoteResult::kError;
+        const std::span<const std::byte> value(reinterpret_cast<const std::byte*>(r.str), r.len);
+        const RemoteValueCheck check = check_remote_value(value, config_.layout_fingerprint, s.len);
+        if (check == RemoteValueCheck::kChecksumMismatch) {
+          bump(counters_.checksum_failures);
+          return RemoteResult::kInvalidValue;
+        }
+        if (check != RemoteValueCheck::kOk) {
+          bump(counters_.header_mismatches);
+          return RemoteResult::kInvalidValue;
+        }
+        std::memcpy(s.buf, value.data() + kRemoteValueHeaderSize, s.len);
+        return RemoteResult::kHit;
+      }
+      case RemoteOpKind::kPut:
+        return r.type == REDIS_REPLY_STATUS ? RemoteResult::kStored : RemoteResult::kError;
+    }
+    return RemoteResult::kError;
+  }
+
+  const RedisStoreConfig& config_;
+  Counters& counters_;
+  redisContext* ctx_ = nullptr;
+  std::string key_;  // scratch: the current op's key
+  std::string cmd_;  // scratch: the current op's RESP command
+};
+
+}  // namespace
+
+void RedisStore::Impl::io_thread() {
+  Connection conn(config, counters);
+  std::vector<std::uint32_t> batch;
+  batch.reserve(config.pipeline_depth);
+  std::vector<RemoteResult> results;
+  results.reserve(config.pipeline_depth);
+  std::chrono::milliseconds backoff{0};
+  Clock::time_point next_attempt{};
+
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      work_cv.wait(lock, [&] { return stop || !pending.empty(); });
+      if (stop) return;
+    }
+    if (!conn.connected()) {
+      if (Clock::now() >= next_attempt) {
+        if (conn.connect()) {
+          bump(counters.connects);
+          backoff = std::chrono::milliseconds(0);
+        } else {
+          bump(counters.connect_failures);
+          backoff = backoff.count() == 0 ? config.reconnect_backoff_min
+                                         : std::min(2 * backoff, config.reconnect_backoff_max);
+          next_attempt = Clock::now() + backoff;
+        }
+      }
+    }
+    batch.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const auto now = Clock::now();
+      if (expire_locked(now)) done_cv.notify_all();
+      while (!pending.empty() && batch.size() < config.pipeline_depth)
+        batch.push_back(pending.pop());
+    }
+    if (batch.empty()) continue;
+    if (conn.connected()) {
+      conn.run(batch, slots, results);
+      if (!conn.connected()) next_attempt = Clock::now();  // dropped: retry at once next time
+    } else {
+      results.assign(batch.size(), RemoteResult::kError);  // in backoff: fail at once
+    }
+    const auto now = Clock::now();
+    for (std::size_t k = 0; k < batch.size(); ++k) account(slots[batch[k]], results[k], now);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (std::uint32_t i : batch) completed.push(i);
+    }
+    done_cv.notify_all();
+  }
+}
+
+RedisStoreConfig RedisStoreConfig::from_url(std::string_view url) {
+  const auto fail = [&](const std::string& why) -> RedisStoreConfig {
+    throw Error(ErrorCode::kParseError,
+                "bad Redis URL '" + std::string(url) + "': " + why +
+                    " (expected redis://[[user]:password@]host[:port]/namespace)");
+  };
+  constexpr std::string_view kScheme = "redis://";
+  if (url.substr(0, kScheme.size()) != kScheme) return fail("scheme is not redis://");
+  std::string_view rest = url.substr(kScheme.size());
+  const auto slash = rest.find('/');
+  if (slash == std::string_view::npos) return fail("no /namespace");
+  std::string_view authority = rest.substr(0, slash);
+  const std::string_view ns = rest.substr(slash + 1);
+  if (ns.empty()) return fail("empty namespace");
+  RedisStoreConfig config;
+  config.name_space = std::string(ns);
+  const auto at = authority.rfind('@');
+  if (at != std::string_view::npos) {
+    const std::string_view userinfo = authority.substr(0, at);
+    authority = authority.substr(at + 1);
+    const auto colon = userinfo.find(':');
+    if (colon == std::string_view::npos) return fail("credentials without ':'");
+    config.username = std::string(userinfo.substr(0, colon));
+    config.password = std::string(userinfo.substr(colon + 1));
+    if (config.password.empty()) return fail("empty password");
+  }
+  const auto colon = authority.rfind(':');
+  std::string_view host = authority;
+  if (colon != std::string_view::npos) {
+    host = authority.substr(0, colon);
+    const std::string_view port = authority.substr(colon + 1);
+    unsigned value = 0;
+    const auto r = std::from_chars(port.data(), port.data() + port.size(), value);
+    if (port.empty() || r.ec != std::errc() || r.ptr != port.data() + port.size() || value == 0 ||
+        value > 65535) {
+      return fail("bad port '" + std::string(port) + "'");
+    }
+    config.port = static_cast<std::uint16_t>(value);
+  }
+  if (host.empty()) return fail("empty host");
+  config.host = std::string(host);
+  return config;
+}
+
+RedisStore::RedisStore(RedisStoreConfig config) {
+  if (config.host.empty()) bad_config("empty host");
+  if (config.port == 0) bad_config("port 0");
+  if (config.name_space.empty()) bad_config("empty namespace (set model, dtype, layout, ...)");
+  if (config.num_connections == 0) bad_config("num_connections is 0");
+  if (config.queue_depth == 0 || config.queue_depth > (std::size_t{1} << 31)) {
+    bad_config("queue_depth must be in [1, 2^31]");
+  }
+  if (config.pipeline_depth == 0) bad_config("pipeline_depth is 0");
+  if (config.connect_timeout.count() <= 0 || config.op_timeout.count() <= 0) {
+    bad_config("timeouts must be positive");
+  }
+  if (config.reconnect_backoff_min.count() <= 0 ||
+      config.reconnect_backoff_min > config.reconnect_backoff_max) {
+    bad_config("reconnect backoff must satisfy 0 < min <= max");
+  }
+  if (config.max_value_bytes == 0) bad_config("max_value_bytes is 0");
+  impl_ = std::make_unique<Impl>(std::move(config));
+  try {
+    for (unsigned t = 0; t < impl_->config.num_connections; ++t) {
+      impl_->threads.emplace_back([impl = impl_.get()] { impl->io_thread(); });
+    }
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(impl_->mu);
+      impl_->stop = true;
+    }
+    impl_->work_cv.notify_all();
+    for (auto& t : impl_->threads) t.join();
+    throw;
+  }
+}
+
+RedisStore::~RedisStore() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->work_cv.notify_all();
+  for (auto& t : impl_->threads) t.join();
+}
+
+namespace {
+void check_key(const BlockHash& key, const char* op) {
+  if (key.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("RedisStore::") + op + ": empty key");
+  }
+}
+}  // namespace
+
+std::optional<RemoteTicket> RedisStore::exists(std::span<const BlockHash> keys) {
+  for (const auto& k : keys) check_key(k, "exists");
+  return impl_->submit(RemoteOpKind::kExists, keys.size(), [&](Slot& s, std::size_t k) {
+    s.key = keys[k];
+    s.buf = nullptr;
+    s.len = 0;
+  });
+}
+
+std::optional<RemoteTicket> RedisStore::get(std::span<const RemoteGet> ops) {
+  for (const auto& op : ops) {
+    check_key(op.key, "get");
+    if (op.dest.empty()) throw Error(ErrorCode::kInvalidArgument, "RedisStore::get: empty dest");
+    if (op.dest.size() > impl_->config.max_value_bytes) {
+      throw Error(ErrorCode::kInvalidArgument, "RedisStore::get: dest of " +
+                                                   std::to_string(op.dest.size()) +
+                                                   " bytes exceeds max_value_bytes " +
+                                                   std::to_string(impl_->config.max_value_bytes));
+    }
+  }
+  return impl_->submit(RemoteOpKind::kGet, ops.size(), [&](Slot& s, std::size_t k) {
+    s.key = ops[k].key;
+    s.buf = ops[k].dest.data();
+    s.len = ops[k].dest.size();
+  });
+}
+
+std::optional<RemoteTicket> RedisStore::put(std::span<const RemotePut> ops) {
+  for (const auto& op : ops) {
+    check_key(op.key, "put");
+    if (op.src.size() > impl_->config.max_value_bytes) {
+      throw Error(ErrorCode::kInvalidArgument, "RedisStore::put: value of " +
+                                                   std::to_string(op.src.size()) +
+                                                   " bytes exceeds max_value_bytes " +
+                                                   std::to_string(impl_->config.max_value_bytes));
+    }
+  }
+  return impl_->submit(RemoteOpKind::kPut, ops.size(), [&](Slot& s, std::size_t k) {
+    s.key = ops[k].key;
+    // The source is only read (format()); the slot's pointer is shared with gets.
+    s.buf = const_cast<std::byte*>(ops[k].src.data());
+    s.len = ops[k].src.size();
+  });
+}
+
+std::size_t RedisStore::poll(std::vector<RemoteCompletion>& out) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->expire_locked(Clock::now());
+  return impl_->drain_locked(out);
+}
+
+std::size_t RedisStore::wait(std::vector<RemoteCompletion>& out,
+                             std::chrono::microseconds max_wait) {
+  const auto end = Clock::now() + max_wait;
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  while (true) {
+    const auto now = Clock::now();
+    impl_->expire_locked(now);
+    if (!impl_->completed.empty() || now >= end) return impl_->drain_locked(out);
+    auto until = end;
+    if (!impl_->pending.empty()) {
+      until = std::min(until, impl_->slots[impl_->pending.front()].deadline);
+    }
+    impl_->done_cv.wait_until(lock, until);
+  }
+}
+
+std::size_t RedisStore::in_flight() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->config.queue_depth - impl_->free_slots.size();
+}
+
+RemoteStoreStats RedisStore::stats() const {
+  const Counters& c = impl_->counters;
+  const auto ld = [](const std::atomic<std::uint64_t>& a) {
+    return a.load(std::memory_order_relaxed);
+  };
+  RemoteStoreStats s;
+  s.probes = ld(c.probes);
+  s.probe_hits = ld(c.probe_hits);
+  s.gets = ld(c.gets);
+  s.hits = ld(c.hits);
+  s.misses = ld(c.misses);
+  s.puts = ld(c.puts);
+  s.stored = ld(c.stored);
+  s.skipped_full = ld(c.skipped_full);
+  s.bytes_in = ld(c.bytes_in);
+  s.bytes_out = ld(c.bytes_out);
+  s.timeouts = ld(c.timeouts);
+  s.errors = ld(c.errors);
+  s.checksum_failures = ld(c.checksum_failures);
+  s.header_mismatches = ld(c.header_mismatches);
+  s.queue_full_drops = ld(c.queue_full_drops);
+  s.connects = ld(c.connects);
+  s.connect_failures = ld(c.connect_failures);
+  s.exists_latency = latency_of(impl_->exists_latency);
+  s.get_latency = latency_of(impl_->get_latency);
+  s.put_latency = latency_of(impl_->put_latency);
+  return s;
+}
+
+std::string_view RedisStore::name_space() const noexcept {
+  return impl_->config.name_space;
+}
+
+const RedisStoreConfig& RedisStore::config() const noexcept {
+  return impl_->config;
+}
+
+std::string RedisStore::key_of(const BlockHash& hash) const {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string key = impl_->config.name_space;
+  key.push_back('/');
+  for (std::uint8_t b : hash.bytes()) {
+    key.push_back(kHex[b >> 4]);
+    key.push_back(kHex[b & 15]);
+  }
+  return key;
+}
+
+}  // namespace pagedkv

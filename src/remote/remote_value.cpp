@@ -1,0 +1,83 @@
+#include "pagedkv/remote/remote_value.hpp"
+
+#include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+namespace pagedkv {
+namespace {
+
+void put_le(std::byte* at, std::uint64_t value, int bytes) noexcept {
+  for (int i = 0; i < bytes; ++i) at[i] = static_cast<std::byte>((value >> (8 * i)) & 0xff);
+}
+
+std::uint64_t get_le(const std::byte* at, int bytes) noexcept {
+  std::uint64_t value = 0;
+  for (int i = 0; i < bytes; ++i)
+    value |= std::uint64_t(std::to_integer<std::uint8_t>(at[i])) << (8 * i);
+  return value;
+}
+
+}  // namespace
+
+std::uint64_t remote_checksum(std::span<const std::byte> bytes) noexcept {
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+std::uint64_t layout_fingerprint(std::string_view description) noexcept {
+  return XXH3_64bits(description.data(), description.size());
+}
+
+RemoteValueHeader encode_remote_value_header(std::uint64_t fingerprint,
+                                             std::span<const std::byte> payload) noexcept {
+  RemoteValueHeader h{};
+  put_le(h.data() + 0, kRemoteValueMagic, 4);
+  put_le(h.data() + 4, kRemoteValueVersion, 2);
+  put_le(h.data() + 6, kRemoteValueHeaderSize, 2);
+  put_le(h.data() + 8, fingerprint, 8);
+  put_le(h.data() + 16, payload.size(), 8);
+  put_le(h.data() + 24, remote_checksum(payload), 8);
+  return h;
+}
+
+std::string_view to_string(RemoteValueCheck check) noexcept {
+  switch (check) {
+    case RemoteValueCheck::kOk:
+      return "ok";
+    case RemoteValueCheck::kTooShort:
+      return "too_short";
+    case RemoteValueCheck::kBadMagic:
+      return "bad_magic";
+    case RemoteValueCheck::kBadVersion:
+      return "bad_version";
+    case RemoteValueCheck::kFingerprintMismatch:
+      return "fingerprint_mismatch";
+    case RemoteValueCheck::kLengthMismatch:
+      return "length_mismatch";
+    case RemoteValueCheck::kChecksumMismatch:
+      return "checksum_mismatch";
+  }
+  return "unknown";
+}
+
+RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint64_t fingerprint,
+                                    std::size_t expected_payload) noexcept {
+  if (value.size() < kRemoteValueHeaderSize) return RemoteValueCheck::kTooShort;
+  const std::byte* h = value.data();
+  if (get_le(h, 4) != kRemoteValueMagic) return RemoteValueCheck::kBadMagic;
+  if (get_le(h + 4, 2) != kRemoteValueVersion || get_le(h + 6, 2) != kRemoteValueHeaderSize) {
+    return RemoteValueCheck::kBadVersion;
+  }
+  if (get_le(h + 8, 8) != fingerprint) return RemoteValueCheck::kFingerprintMismatch;
+  const std::uint64_t length = get_le(h + 16, 8);
+  if (length != value.size() - kRemoteValueHeaderSize || length != expected_payload) {
+    return RemoteValueCheck::kLengthMismatch;
+  }
+  if (get_le(h + 24, 8) != remote_checksum(value.subspan(kRemoteValueHeaderSize))) {
+    return RemoteValueCheck::kChecksumMismatch;
+  }
+  return RemoteValueCheck::kOk;
+}
+
+}  // namespace pagedkv
