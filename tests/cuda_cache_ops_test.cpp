@@ -39,7 +39,9 @@ TEST_F(CudaCacheOps, KVAppendMatchesReference) {
       for (const std::int32_t head_dim : {8, 64, 128, 256}) {
         for (const std::int32_t block_size : {1, 3, 16, 64}) {
           const std::int32_t heads = kind == LayoutKind::kHnd ? 4 : 8;
-          const KVLayout layout = testing::make_layout(kind, 40, block_size, heads, head_dim);
+          // At least 64 slots: the 50 tokens below take distinct slots (block size 1 included).
+          const KVLayout layout =
+              testing::make_layout(kind, 64 / block_size + 40, block_size, heads, head_dim);
           const std::size_t elements = buffer_elements(kind, layout);
           auto k_cache = testing::random_values(dtype, elements, rng);
           auto v_cache = kind == LayoutKind::kInterleaved

@@ -302,7 +302,9 @@ TEST_F(CudaDecodeAttention, PoolLargerThan2To31Elements) {
   const auto pb = testing::make_decode_problem(s, 21);
   const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
 
-  const std::int64_t big_blocks = (std::int64_t{1} << 31) / pb.layout.block_elements() + 64;
+  // Every host block lands at or above element 2^31 (the lowest one too).
+  const std::int64_t big_blocks =
+      (std::int64_t{1} << 31) / pb.layout.block_elements() + 1 + pb.layout.num_blocks;
   const KVLayout big = KVLayout::nhd(big_blocks, 16, 8, 128);
   ASSERT_GT(big.plane_elements(), std::int64_t{1} << 31);
   const std::int64_t shift = big_blocks - pb.layout.num_blocks;  // host block b -> b + shift

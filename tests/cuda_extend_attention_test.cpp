@@ -347,7 +347,9 @@ TEST_F(CudaExtendAttention, PoolLargerThan2To31Elements) {
   const auto pb = testing::make_extend_problem(s, 22);
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
   const KVLayout& small = pb.cache.layout;
-  const std::int64_t big_blocks = (std::int64_t{1} << 31) / small.block_elements() + 64;
+  // Every host block lands at or above element 2^31 (the lowest one too).
+  const std::int64_t big_blocks =
+      (std::int64_t{1} << 31) / small.block_elements() + 1 + small.num_blocks;
   const KVLayout big = KVLayout::nhd(big_blocks, 16, 8, 128);
   ASSERT_GT(big.plane_elements(), std::int64_t{1} << 31);
   const std::int64_t shift = big_blocks - small.num_blocks;  // host block b -> b + shift
@@ -370,7 +372,10 @@ TEST_F(CudaExtendAttention, PoolLargerThan2To31Elements) {
                                   block_bytes, cudaMemcpyHostToDevice));
   }
   std::vector<std::int32_t> table = pb.cache.table.block_ids;
-  for (auto& id : table) id = static_cast<std::int32_t>(id + shift);
+  for (auto& id : table) {
+    id = static_cast<std::int32_t>(id + shift);
+    ASSERT_GE(big.offset(id, 0, 0), std::int64_t{1} << 31);
+  }
   DeviceExtendProblem dev(pb);
   const DeviceBuffer table_dev = testing::upload(table);
   PagedExtendParams p = dev.params(pb);

@@ -1,7 +1,11 @@
 // The tiny engine on the GPU (examples/tiny_engine, --device cuda): weights and KV on the
 // device, kv_append / extend / decode attention through pagedkv::cuda and the manager's block
-// tables. Caching on and off must give identical greedy tokens and logits within 1e-5 relative
-// (the CUDA path is row-independent, so bit-identical logits are expected, and reported), and on
+// tables. Caching on and off must give identical greedy tokens and logits within 1e-2 relative:
+// not bit for bit, because a generated token's K/V come from the decode kernel (fp32
+// probabilities) with caching on and from the extend kernel (bf16/fp16 probabilities on tensor
+// cores) when caching off recomputes the context (measured on an H200: 8.8e-4 bf16, 1.1e-4
+// fp16); with a single-turn chat workload (hits only on prefilled blocks) both runs use the extend
+// kernel for the same rows, and whether the logits are bit-identical there is printed. On
 // the GPU's token streams the CPU path (teacher-forced) must agree step by step: logits within
 // 1e-2 relative, each GPU greedy token the CPU's argmax or a near-tie (compare_forced), with
 // preemption and chunked prefill too; whether the free-running streams are identical is
@@ -60,7 +64,7 @@ void expect_cuda_matches(const Workload& w, const EngineConfig& config) {
               caching.identical_tokens, caching.bitwise_identical_logits,
               caching.max_rel_logit_diff);
   EXPECT_TRUE(caching.identical_tokens) << caching.first_difference;
-  EXPECT_LE(caching.max_rel_logit_diff, 1e-5) << caching.first_difference;
+  EXPECT_LE(caching.max_rel_logit_diff, 1e-2) << caching.first_difference;
 
   // The CPU path on the GPU's token streams (teacher forcing), and free-running for the record.
   EngineConfig cpu = config;
@@ -81,6 +85,19 @@ void expect_cuda_matches(const Workload& w, const EngineConfig& config) {
 
 TEST_F(TinyEngineCuda, CachingOnOffAndCpuAgree) {
   expect_cuda_matches(small_agents(), EngineConfig{});
+}
+
+// Chat: every hit is on blocks a prefill wrote, so caching on and off run the same rows through
+// the same extend kernel, which visits a row's keys in the same tiles from position 0 whatever
+// the chunk or the hit; the "bitwise logits" it prints says whether that makes them identical.
+TEST_F(TinyEngineCuda, ChatWorkload) {
+  WorkloadOptions o;
+  o.kind = WorkloadKind::kChat;
+  o.sessions = 4;
+  o.system_tokens = 64;
+  o.min_new_tokens = 3;
+  o.max_new_tokens = 5;
+  expect_cuda_matches(make_workload(o), EngineConfig{});
 }
 
 TEST_F(TinyEngineCuda, Fp16CacheWithChunkedPrefillAndPreemption) {

@@ -24,7 +24,10 @@ managed by pagedkv) on the CPU or, with --device cuda, on the GPU through pagedk
 kernels, and reports what prefix caching saved.
 
   --compare              run with prefix caching on and off; exit 1 unless the greedy token
-                         streams are identical and logits agree within 1e-5 relative
+                         streams are identical and logits agree within 1e-5 relative on the CPU
+                         (bit-identical in practice), 1e-2 on CUDA (a token's K/V comes from the
+                         decode kernel when it was generated, from the extend kernel when a later
+                         prompt is recomputed without caching; the two round differently)
   --device NAME          cpu (default: pagedkv's CPU reference kernels) or cuda (weights and KV
                          on the GPU; kv_append, extend and decode attention through pagedkv::cuda;
                          exits 1 with a message when no CUDA device is visible)
@@ -55,8 +58,9 @@ kernels, and reports what prefix caching saved.
 )";
 
 // Relative logit tolerances (max |a - b| over the vocabulary / max |b|, per generated token).
-constexpr double kCachingTolerance = 1e-5;  // caching on vs off, same device
-constexpr double kCpuTolerance = 1e-2;      // --check-against-cpu: GPU kernels vs CPU references
+constexpr double kCachingTolerance = 1e-5;      // caching on vs off, CPU
+constexpr double kCudaCachingTolerance = 1e-2;  // caching on vs off, CUDA (see --help)
+constexpr double kCpuTolerance = 1e-2;  // --check-against-cpu: GPU kernels vs CPU references
 
 struct Options {
   bool compare = false;
@@ -273,7 +277,8 @@ int main(int argc, char** argv) {
       config.enable_caching = false;
       const tiny_engine::RunResult off = tiny_engine::Engine(model, config).run(workload);
       const tiny_engine::Comparison c = tiny_engine::compare(primary, off);
-      const bool ok = passes(c, kCachingTolerance);
+      const double tolerance = cuda ? kCudaCachingTolerance : kCachingTolerance;
+      const bool ok = passes(c, tolerance);
       pass = pass && ok;
       const auto saved = static_cast<std::int64_t>(off.stats.prefill_tokens) -
                          static_cast<std::int64_t>(primary.stats.prefill_tokens);
@@ -281,8 +286,7 @@ int main(int argc, char** argv) {
         j << ",\"identical_tokens\":" << (c.identical_tokens ? "true" : "false")
           << ",\"bitwise_identical_logits\":" << (c.bitwise_identical_logits ? "true" : "false")
           << ",\"max_rel_logit_diff\":" << num(c.max_rel_logit_diff)
-          << ",\"logit_tolerance\":" << num(kCachingTolerance)
-          << ",\"prefill_tokens_saved\":" << saved;
+          << ",\"logit_tolerance\":" << num(tolerance) << ",\"prefill_tokens_saved\":" << saved;
         run_fields(j, primary, "_on");
         run_fields(j, off, "_off");
         j << ",\"prefill_speedup\":"
@@ -292,7 +296,7 @@ int main(int argc, char** argv) {
       } else {
         print_run_text("prefix caching on ", primary);
         print_run_text("prefix caching off", off);
-        print_comparison("caching on vs off", c, kCachingTolerance);
+        print_comparison("caching on vs off", c, tolerance);
         std::cout << "prefill tokens saved: " << saved << "; prefill "
                   << num(off.stats.prefill_seconds) << " s -> "
                   << num(primary.stats.prefill_seconds) << " s; TTFT p50 " << num(ttft_p50(off))
