@@ -9,10 +9,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "backend.hpp"
 #include "pagedkv/device/block_table.hpp"
-#include "pagedkv/reference/cache_ops.hpp"
-#include "pagedkv/reference/decode_attention.hpp"
-#include "pagedkv/reference/extend_attention.hpp"
 
 namespace tiny_engine {
 
@@ -22,20 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::uint16_t quiet_nan_bits(pagedkv::KVDtype dtype) {
-  return dtype == pagedkv::KVDtype::kFloat16 ? std::uint16_t{0x7E00} : std::uint16_t{0x7FC0};
-}
-
-void to_bits(pagedkv::KVDtype dtype, const std::vector<float>& in, std::vector<std::uint16_t>& out,
-             std::size_t n) {
-  out.resize(n);
-  for (std::size_t i = 0; i < n; ++i) out[i] = pagedkv::float_to_dtype_bits(dtype, in[i]);
-}
-
-void add_into(std::vector<float>& x, const std::vector<float>& y, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
 }  // namespace
@@ -69,7 +53,12 @@ struct Engine::Active {
   RequestResult result;
 };
 
-Engine::Engine(const Model& model, const EngineConfig& config) : model_(model), config_(config) {
+std::string to_string(Device device) {
+  return device == Device::kCuda ? "cuda" : "cpu";
+}
+
+Engine::Engine(const Model& model, const EngineConfig& config)
+    : model_(model), config_(config), batch_(std::make_unique<ForwardBatch>()) {
   config_.validate();
   const ModelConfig& m = model_.config();
   cache_.dtype = config_.kv_dtype;
@@ -77,151 +66,71 @@ Engine::Engine(const Model& model, const EngineConfig& config) : model_(model), 
       pagedkv::KVLayout::nhd(config_.num_blocks, static_cast<std::int32_t>(config_.block_size),
                              m.num_kv_heads, m.head_dim);
   cache_.layout.validate();
+  if (config_.device == Device::kCuda) {
+    backend_ = make_cuda_backend(model_, config_);
+    return;
+  }
   const auto plane = static_cast<std::size_t>(cache_.layout.plane_elements());
   cache_.k.assign(static_cast<std::size_t>(m.num_layers), std::vector<std::uint16_t>(plane));
   cache_.v.assign(static_cast<std::size_t>(m.num_layers), std::vector<std::uint16_t>(plane));
+  backend_ = make_cpu_backend(model_, config_, cache_);
+}
+
+Engine::~Engine() = default;
+
+void Engine::force_tokens(const RunResult& reference) {
+  forced_.clear();
+  for (const RequestResult& r : reference.requests) forced_[r.id] = r.output;
 }
 
 void Engine::forward(std::span<const Segment> segments, Kind kind) {
-  const ModelConfig& m = model_.config();
-  const auto d = static_cast<std::size_t>(m.d_model);
-  const auto qd = static_cast<std::size_t>(m.q_dim());
-  const auto kvd = static_cast<std::size_t>(m.kv_dim());
-  const auto ffn = static_cast<std::size_t>(m.ffn_dim);
   const auto block_size = static_cast<std::int32_t>(config_.block_size);
-
-  std::size_t rows = 0;
-  for (const Segment& s : segments) rows += static_cast<std::size_t>(s.count);
-  if (rows == 0) return;
-  x_.resize(rows * d);
-  h_.resize(rows * d);
-  tmp_.resize(rows * d);
-  q_.resize(rows * qd);
-  attn_.resize(rows * qd);
-  k_.resize(rows * kvd);
-  v_.resize(rows * kvd);
-  gate_.resize(rows * ffn);
-  up_.resize(rows * ffn);
-
-  // Token rows (embeddings, positions, slots) and one block-table row per sequence.
-  std::vector<std::int64_t> positions;
+  ForwardBatch& b = *batch_;
+  b.decode = kind == Kind::kDecode;
+  b.tokens.clear();
+  b.positions.clear();
+  b.slots.clear();
+  b.seq_lens.clear();
+  b.q_indptr.assign(1, 0);
+  b.max_q_len = 0;
+  b.sample_rows.clear();
   std::vector<std::vector<std::int32_t>> table_rows;
-  positions.reserve(rows);
-  slots_.clear();
-  seq_lens_.clear();
-  q_indptr_.assign(1, 0);
-  std::int32_t max_q_len = 0;
-  std::size_t row = 0;
   for (const Segment& s : segments) {
     const std::span<const pagedkv::BlockId> ids = manager_->block_ids(s.request->request.id());
-    pagedkv::append_slot_mapping(slots_, ids, block_size, s.first, s.count);
+    pagedkv::append_slot_mapping(b.slots, ids, block_size, s.first, s.count);
     table_rows.emplace_back(ids.begin(), ids.end());
-    seq_lens_.push_back(static_cast<std::int32_t>(s.first + s.count));  // the new tokens included
-    q_indptr_.push_back(q_indptr_.back() + static_cast<std::int32_t>(s.count));
-    max_q_len = std::max(max_q_len, static_cast<std::int32_t>(s.count));
+    b.seq_lens.push_back(static_cast<std::int32_t>(s.first + s.count));  // new tokens included
+    b.q_indptr.push_back(b.q_indptr.back() + static_cast<std::int32_t>(s.count));
+    b.max_q_len = std::max(b.max_q_len, static_cast<std::int32_t>(s.count));
     const auto tokens = s.request->request.tokens();
-    for (std::int64_t i = 0; i < s.count; ++i, ++row) {
+    for (std::int64_t i = 0; i < s.count; ++i) {
       const std::int64_t pos = s.first + i;
-      positions.push_back(pos);
-      const auto e = model_.embedding(tokens[static_cast<std::size_t>(pos)]);
-      std::copy(e.begin(), e.end(), x_.begin() + static_cast<std::ptrdiff_t>(row * d));
+      b.positions.push_back(pos);
+      b.tokens.push_back(tokens[static_cast<std::size_t>(pos)]);
     }
+    if (s.sample) b.sample_rows.push_back(b.tokens.size() - 1);
   }
-  const pagedkv::BlockTable table = pagedkv::make_block_table(table_rows);
-  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim));
+  if (b.tokens.empty()) return;
+  b.table = pagedkv::make_block_table(table_rows);
+  backend_->forward(b, logits_);
 
-  const auto n_rows = static_cast<std::int64_t>(rows);
-  for (std::int32_t l = 0; l < m.num_layers; ++l) {
-    const LayerWeights& w = model_.layer(l);
-    auto& k_plane = cache_.k[static_cast<std::size_t>(l)];
-    auto& v_plane = cache_.v[static_cast<std::size_t>(l)];
-
-    // Attention block.
-    rms_norm(x_.data(), n_rows, m.d_model, w.attn_norm.data(), m.rms_eps, h_.data());
-    matmul(h_.data(), n_rows, m.d_model, w.wq.data(), m.q_dim(), q_.data());
-    matmul(h_.data(), n_rows, m.d_model, w.wk.data(), m.kv_dim(), k_.data());
-    matmul(h_.data(), n_rows, m.d_model, w.wv.data(), m.kv_dim(), v_.data());
-    for (std::size_t r = 0; r < rows; ++r) {
-      apply_rope(q_.data() + r * qd, m.num_q_heads, m.head_dim, positions[r], m.rope_theta);
-      apply_rope(k_.data() + r * kvd, m.num_kv_heads, m.head_dim, positions[r], m.rope_theta);
-    }
-    to_bits(cache_.dtype, k_, k_bits_, rows * kvd);
-    to_bits(cache_.dtype, v_, v_bits_, rows * kvd);
-    to_bits(cache_.dtype, q_, q_bits_, rows * qd);
-
-    pagedkv::KVAppendParams append;
-    append.dtype = cache_.dtype;
-    append.num_tokens = n_rows;
-    append.key = k_bits_.data();
-    append.value = v_bits_.data();
-    append.slot_mapping = slots_.data();
-    append.k_cache = k_plane.data();
-    append.v_cache = v_plane.data();
-    append.layout = cache_.layout;
-    pagedkv::reference_kv_append(append);
-
-    std::vector<double> out;
-    if (kind == Kind::kDecode) {
-      // One query token per sequence over its whole paged context.
-      pagedkv::PagedDecodeParams attention;
-      attention.dtype = cache_.dtype;
-      attention.num_seqs = static_cast<std::int32_t>(segments.size());
-      attention.num_q_heads = m.num_q_heads;
-      attention.q = q_bits_.data();
-      attention.k_cache = k_plane.data();
-      attention.v_cache = v_plane.data();
-      attention.layout = cache_.layout;
-      attention.block_table = table.block_ids.data();
-      attention.max_blocks_per_seq = table.max_blocks_per_seq;
-      attention.seq_lens = seq_lens_.data();
-      attention.sm_scale = sm_scale;
-      out = pagedkv::reference_paged_decode_attention_f64(attention);
-    } else {
-      // The new tokens attend causally to the cached prefix (the hit) and to each other.
-      pagedkv::PagedExtendParams attention;
-      attention.dtype = cache_.dtype;
-      attention.num_seqs = static_cast<std::int32_t>(segments.size());
-      attention.num_q_heads = m.num_q_heads;
-      attention.q_indptr = q_indptr_.data();
-      attention.max_q_len = max_q_len;
-      attention.q = q_bits_.data();
-      attention.k_cache = k_plane.data();
-      attention.v_cache = v_plane.data();
-      attention.layout = cache_.layout;
-      attention.block_table = table.block_ids.data();
-      attention.max_blocks_per_seq = table.max_blocks_per_seq;
-      attention.seq_lens = seq_lens_.data();
-      attention.sm_scale = sm_scale;
-      out = pagedkv::reference_paged_extend_attention_f64(attention).out;
-    }
-    for (std::size_t i = 0; i < rows * qd; ++i) attn_[i] = static_cast<float>(out[i]);
-
-    matmul(attn_.data(), n_rows, m.q_dim(), w.wo.data(), m.d_model, tmp_.data());
-    add_into(x_, tmp_, rows * d);
-
-    // MLP block.
-    rms_norm(x_.data(), n_rows, m.d_model, w.mlp_norm.data(), m.rms_eps, h_.data());
-    matmul(h_.data(), n_rows, m.d_model, w.w_gate.data(), m.ffn_dim, gate_.data());
-    matmul(h_.data(), n_rows, m.d_model, w.w_up.data(), m.ffn_dim, up_.data());
-    swiglu(gate_.data(), up_.data(), n_rows * m.ffn_dim, gate_.data());
-    matmul(gate_.data(), n_rows, m.ffn_dim, w.w_down.data(), m.d_model, tmp_.data());
-    add_into(x_, tmp_, rows * d);
-  }
-
-  // Logits of each sampling segment's last token; greedy (first maximum on ties).
-  const auto vocab = static_cast<std::size_t>(m.vocab_size);
-  logits_.resize(vocab);
-  row = 0;
+  // Greedy sampling (first maximum on ties) of each sampling segment's last token.
+  const auto vocab = static_cast<std::size_t>(model_.config().vocab_size);
+  std::size_t sampled = 0;
   for (const Segment& s : segments) {
-    row += static_cast<std::size_t>(s.count);
     if (!s.sample) continue;
-    rms_norm(x_.data() + (row - 1) * d, 1, m.d_model, model_.final_norm().data(), m.rms_eps,
-             h_.data());
-    matmul(h_.data(), 1, m.d_model, model_.lm_head().data(), m.vocab_size, logits_.data());
-    const auto best = std::max_element(logits_.begin(), logits_.end()) - logits_.begin();
+    const auto first = logits_.begin() + static_cast<std::ptrdiff_t>(sampled * vocab);
+    const auto last = first + static_cast<std::ptrdiff_t>(vocab);
+    const auto best = std::max_element(first, last) - first;
     RequestResult& result = s.request->result;
-    result.logits.insert(result.logits.end(), logits_.begin(), logits_.end());
-    result.output.push_back(static_cast<pagedkv::TokenId>(best));
+    result.logits.insert(result.logits.end(), first, last);
+    auto token = static_cast<pagedkv::TokenId>(best);
+    if (const auto it = forced_.find(result.id);
+        it != forced_.end() && result.output.size() < it->second.size()) {
+      token = it->second[result.output.size()];
+    }
+    result.output.push_back(token);
+    ++sampled;
   }
 }
 
@@ -231,11 +140,12 @@ RunResult Engine::run(const Workload& workload) {
   mc.block_size = config_.block_size;
   mc.enable_caching = config_.enable_caching;
   mc.hash_seed = "pagedkv-tiny-engine";
+  if (hit_hook_ && config_.device != Device::kCpu) {
+    throw std::logic_error("the prefix-hit hook works on the CPU path only");
+  }
   pagedkv::KVCacheManager manager(mc);
   manager_ = &manager;
-  const std::uint16_t nan = quiet_nan_bits(cache_.dtype);
-  for (auto& plane : cache_.k) std::fill(plane.begin(), plane.end(), nan);
-  for (auto& plane : cache_.v) std::fill(plane.begin(), plane.end(), nan);
+  backend_->reset_cache();
   for (const Session& s : workload.sessions) {
     for (const Turn& t : s.turns) {
       for (const pagedkv::TokenId tok : t.message) {
@@ -439,6 +349,60 @@ Comparison compare(const RunResult& on, const RunResult& off) {
       }
     }
   }
+  return c;
+}
+
+ForcedComparison compare_forced(const RunResult& run, const RunResult& forced, double tolerance) {
+  ForcedComparison c;
+  c.same_streams = run.requests.size() == forced.requests.size();
+  const auto problem = [&](const std::string& what) {
+    if (c.first_problem.empty()) c.first_problem = what;
+  };
+  if (!c.same_streams) problem("different numbers of finished requests");
+  for (std::size_t i = 0; i < std::min(run.requests.size(), forced.requests.size()); ++i) {
+    const RequestResult& a = run.requests[i];
+    const RequestResult& b = forced.requests[i];
+    const std::string which = "request " + std::to_string(a.id);
+    if (a.id != b.id || a.output != b.output || a.logits.size() != b.logits.size()) {
+      c.same_streams = false;
+      problem(which + ": the forced run did not follow the token stream");
+      continue;
+    }
+    const std::size_t vocab = a.output.empty() ? 0 : a.logits.size() / a.output.size();
+    for (std::size_t t = 0; t < a.output.size(); ++t) {
+      ++c.steps;
+      const float* x = a.logits.data() + t * vocab;
+      const float* y = b.logits.data() + t * vocab;
+      double scale = 0;
+      double diff = 0;
+      std::size_t y_best = 0;
+      for (std::size_t j = 0; j < vocab; ++j) {
+        scale = std::max(scale, std::fabs(static_cast<double>(y[j])));
+        const double d = std::fabs(static_cast<double>(x[j]) - y[j]);
+        diff = std::isnan(d) ? std::numeric_limits<double>::infinity() : std::max(diff, d);
+        if (y[j] > y[y_best]) y_best = j;
+      }
+      const double rel = scale > 0 ? diff / scale : diff;
+      c.max_rel_logit_diff = std::max(c.max_rel_logit_diff, rel);
+      if (rel > tolerance) {
+        problem(which + " token " + std::to_string(t) + ": logits differ by " +
+                std::to_string(rel) + " relative");
+      }
+      const auto chosen = static_cast<std::size_t>(a.output[t]);
+      if (chosen != y_best) {
+        ++c.argmax_differences;
+        const double margin = scale > 0 ? (static_cast<double>(y[y_best]) - y[chosen]) / scale
+                                        : std::numeric_limits<double>::infinity();
+        c.max_tie_margin = std::max(c.max_tie_margin, margin);
+        if (margin > tolerance) {
+          problem(which + " token " + std::to_string(t) + ": greedy choice " +
+                  std::to_string(chosen) + " is not the other side's argmax " +
+                  std::to_string(y_best) + " (margin " + std::to_string(margin) + " relative)");
+        }
+      }
+    }
+  }
+  if (c.steps == 0) problem("no generated tokens to compare");
   return c;
 }
 

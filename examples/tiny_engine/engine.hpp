@@ -19,18 +19,29 @@
 // block_size) are owned by the engine. Unwritten slots hold NaN, so reading a slot nobody wrote
 // (a wrong hit, a wrong table) poisons the logits instead of passing silently.
 //
-// Attention: pagedkv's CPU references, reference_paged_decode_attention for decode tokens and
-// reference_paged_extend_attention for prefill chunks (the new tokens attend causally to the
-// cached prefix, i.e. the hit, and to themselves). Both walk one query's keys in position order
-// in double, so a token's output does not depend on how its prefill was chunked or what hit.
+// Where the model runs (EngineConfig::device, backend.hpp):
+//   kCpu   pagedkv's CPU references, reference_paged_decode_attention for decode tokens and
+//          reference_paged_extend_attention for prefill chunks (the new tokens attend causally to
+//          the cached prefix, i.e. the hit, and to themselves). Both walk one query's keys in
+//          position order in double, so a token's output does not depend on how its prefill was
+//          chunked or what hit.
+//   kCuda  weights and the KV planes on the GPU; pagedkv::cuda's kv_append, paged decode
+//          attention (no split-KV, so a sequence's result never depends on the batch) and paged
+//          extend attention, fed the slot mapping and block tables the manager produced. The
+//          extend kernel visits every query row's keys in the same fixed tiles from position 0,
+//          whatever the chunk or hit, and the dense layers are row-independent: caching on and
+//          off are expected to agree bit for bit here too (compare() measures it).
+// Attention output is rounded to the KV dtype on both paths, as the kernels write it.
 //
 // Not thread-safe; one run at a time.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "model.hpp"
@@ -41,7 +52,11 @@
 
 namespace tiny_engine {
 
+enum class Device { kCpu, kCuda };
+std::string to_string(Device device);
+
 struct EngineConfig {
+  Device device = Device::kCpu;
   std::int32_t num_blocks = 1024;  // KV pool blocks, including pagedkv's null block 0
   std::uint32_t block_size = 16;
   bool enable_caching = true;
@@ -93,17 +108,31 @@ struct RunResult {
 };
 
 // Called right after a request is admitted with a non-empty prefix-cache hit, before the model
-// runs: tests use it to tamper with cached K/V and check that the proof notices.
+// runs: tests use it to tamper with cached K/V and check that the proof notices. CPU only (the
+// CUDA path keeps its KV on the device; run() throws std::logic_error if a hook is set there).
 using PrefixHitHook = std::function<void(const pagedkv::CacheHit& hit, KVCache& cache)>;
+
+class ForwardBackend;
+struct ForwardBatch;
 
 class Engine {
  public:
+  // Device::kCuda: throws NoCudaDevice (backend.hpp) when the build has no CUDA or no device is
+  // visible, std::invalid_argument for a head_dim the kernels do not take.
   Engine(const Model& model, const EngineConfig& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
 
   // Serves the whole workload from a cold cache (fresh manager, all slots NaN).
   RunResult run(const Workload& workload);
 
   void set_prefix_hit_hook(PrefixHitHook hook) { hit_hook_ = std::move(hook); }
+  // Teacher forcing: in later runs, request r's k-th generated token is `reference`'s (its logits
+  // are still computed and recorded) instead of the argmax. Used to compare two implementations
+  // of the model step by step on the same token streams (compare_forced); an empty reference
+  // turns it off.
+  void force_tokens(const RunResult& reference);
   const EngineConfig& config() const noexcept { return config_; }
 
  private:
@@ -121,16 +150,13 @@ class Engine {
 
   const Model& model_;
   EngineConfig config_;
-  KVCache cache_;
+  KVCache cache_;  // host KV planes of the CPU path (empty on CUDA)
+  std::unique_ptr<ForwardBackend> backend_;
+  std::unique_ptr<ForwardBatch> batch_;  // reused across steps
+  std::vector<float> logits_;
   PrefixHitHook hit_hook_;
+  std::unordered_map<pagedkv::RequestId, std::vector<pagedkv::TokenId>> forced_;
   pagedkv::KVCacheManager* manager_ = nullptr;  // the current run's manager
-
-  // Scratch, reused across steps (rows = tokens of one forward pass).
-  std::vector<float> x_, h_, q_, k_, v_, attn_, tmp_, gate_, up_, logits_;
-  std::vector<std::uint16_t> q_bits_, k_bits_, v_bits_;
-  std::vector<std::int64_t> slots_;
-  std::vector<std::int32_t> seq_lens_;
-  std::vector<std::int32_t> q_indptr_;
 };
 
 // Caching on against caching off on the same workload.
@@ -142,6 +168,28 @@ struct Comparison {
   std::string first_difference;  // empty when identical
 };
 Comparison compare(const RunResult& on, const RunResult& off);
+
+// Two implementations of the model on the same token streams: `forced` served the workload with
+// Engine::force_tokens(run). Greedy decoding amplifies any rounding difference at a near-tie of
+// the top two logits into a different continuation, so two correct implementations of different
+// precision (bf16 attention on tensor cores against double references) need not produce the same
+// free-running streams; on the same streams, step by step, they must agree:
+//   - per generated token, max_i |run_i - forced_i| / max_i |forced_i| <= tolerance, and
+//   - every token `run` chose greedily is `forced`'s argmax too, or within tolerance of it
+//     (forced[argmax] - forced[token] <= tolerance x max_i |forced_i|: a near-tie).
+struct ForcedComparison {
+  bool same_streams = false;           // `forced` did follow `run` (a precondition)
+  std::size_t steps = 0;               // generated tokens compared
+  double max_rel_logit_diff = 0;       // worst step
+  std::size_t argmax_differences = 0;  // steps where the greedy choices differ (near-ties)
+  double max_tie_margin = 0;           // largest relative margin among those steps
+  std::string first_problem;           // empty when pass(tolerance)
+  bool pass(double tolerance) const {
+    return same_streams && steps > 0 && max_rel_logit_diff <= tolerance &&
+           max_tie_margin <= tolerance;
+  }
+};
+ForcedComparison compare_forced(const RunResult& run, const RunResult& forced, double tolerance);
 
 double percentile(std::vector<double> values, double p);  // nearest rank; 0 for none
 

@@ -1,5 +1,6 @@
 // pagedkv-tiny-engine: a small real transformer served with pagedkv's paged KV cache and
 // automatic prefix caching; --compare proves that caching changes nothing but the work done.
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "backend.hpp"
 #include "engine.hpp"
 #include "model.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
@@ -18,11 +20,25 @@ namespace {
 
 constexpr const char* kUsage = R"(usage: pagedkv-tiny-engine [options]
 
-Serves a seeded workload with a small decoder-only transformer (CPU, fp32 math, paged KV cache
-managed by pagedkv) and reports what prefix caching saved.
+Serves a seeded workload with a small decoder-only transformer (fp32 math, paged KV cache
+managed by pagedkv) on the CPU or, with --device cuda, on the GPU through pagedkv's CUDA
+kernels, and reports what prefix caching saved.
 
   --compare              run with prefix caching on and off; exit 1 unless the greedy token
-                         streams are identical and logits agree within 1e-5 relative
+                         streams are identical and logits agree within 1e-5 relative on the CPU
+                         (bit-identical in practice), 1e-2 on CUDA (a token's K/V comes from the
+                         decode kernel when it was generated, from the extend kernel when a later
+                         prompt is recomputed without caching; the two round differently)
+  --device NAME          cpu (default: pagedkv's CPU reference kernels) or cuda (weights and KV
+                         on the GPU; kv_append, extend and decode attention through pagedkv::cuda;
+                         exits 1 with a message when no CUDA device is visible)
+  --check-against-cpu    with --device cuda: also serve the workload on the CPU path (same model,
+                         same caching), free-running and forced onto the GPU's token streams;
+                         exit 1 unless, step by step on the same streams, logits agree within
+                         1e-2 relative and each GPU greedy token is the CPU's argmax or a
+                         near-tie within 1e-2 (bf16 attention on tensor cores against double
+                         references cannot promise identical free-running streams: a rounding
+                         difference at a near-tie changes the continuation; both are reported)
   --json                 print one JSON object instead of text
   --no-caching           (without --compare) run with prefix caching off
   --workload NAME        agents (default: multi-turn sessions) or chat (one message each)
@@ -34,15 +50,25 @@ managed by pagedkv) and reports what prefix caching saved.
   --token-budget N       tokens per scheduler step (default 128)
   --max-seqs N           running requests at most (default 16)
   --kv-dtype NAME        bf16 (default) or fp16
+  --head-dim N           attention head size, a multiple of 8 up to 256 (default 32 on the CPU,
+                         64 with --device cuda, whose kernels take 64, 128 or 256); the rest of
+                         the model (4 layers, d_model 256, 8 query / 2 KV heads) stays
   --model-seed N         weight seed (default 1)
   --workload-seed N      workload seed (default 7)
   --help                 this text
 )";
 
+// Relative logit tolerances (max |a - b| over the vocabulary / max |b|, per generated token).
+constexpr double kCachingTolerance = 1e-5;      // caching on vs off, CPU
+constexpr double kCudaCachingTolerance = 1e-2;  // caching on vs off, CUDA (see --help)
+constexpr double kCpuTolerance = 1e-2;  // --check-against-cpu: GPU kernels vs CPU references
+
 struct Options {
   bool compare = false;
   bool json = false;
   bool caching = true;
+  bool check_against_cpu = false;
+  bool head_dim_given = false;
   tiny_engine::WorkloadOptions workload;
   tiny_engine::EngineConfig engine;
   tiny_engine::ModelConfig model;
@@ -83,6 +109,21 @@ Options parse(int argc, char** argv) {
       o.compare = true;
     } else if (a == "--json") {
       o.json = true;
+    } else if (a == "--check-against-cpu") {
+      o.check_against_cpu = true;
+    } else if (a == "--device") {
+      const std::string v(value());
+      if (v == "cpu") {
+        o.engine.device = tiny_engine::Device::kCpu;
+      } else if (v == "cuda") {
+        o.engine.device = tiny_engine::Device::kCuda;
+      } else {
+        usage_error("--device: expected cpu or cuda, got '" + v + "'");
+      }
+    } else if (a == "--head-dim") {
+      o.model.head_dim = static_cast<std::int32_t>(count(8, 256));
+      if (o.model.head_dim % 8 != 0) usage_error("--head-dim: expected a multiple of 8");
+      o.head_dim_given = true;
     } else if (a == "--no-caching") {
       o.caching = false;
     } else if (a == "--workload") {
@@ -126,6 +167,10 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.compare && !o.caching) usage_error("--no-caching and --compare exclude each other");
+  if (o.check_against_cpu && o.engine.device != tiny_engine::Device::kCuda) {
+    usage_error("--check-against-cpu needs --device cuda");
+  }
+  if (!o.head_dim_given && o.engine.device == tiny_engine::Device::kCuda) o.model.head_dim = 64;
   o.workload.vocab_size = o.model.vocab_size;
   return o;
 }
@@ -171,6 +216,36 @@ void print_run_text(const char* title, const tiny_engine::RunResult& r) {
             << num(s.total_seconds) << " s, TTFT p50 " << num(ttft_p50(r)) << " s\n";
 }
 
+// Where two runs' greedy token streams first differ, or "" when they do not.
+std::string first_token_divergence(const tiny_engine::RunResult& a,
+                                   const tiny_engine::RunResult& b) {
+  for (std::size_t i = 0; i < std::min(a.requests.size(), b.requests.size()); ++i) {
+    const auto& x = a.requests[i].output;
+    const auto& y = b.requests[i].output;
+    for (std::size_t t = 0; t < std::min(x.size(), y.size()); ++t) {
+      if (x[t] != y[t]) {
+        return "request " + std::to_string(a.requests[i].id) + " token " + std::to_string(t) +
+               ": " + std::to_string(x[t]) + " vs " + std::to_string(y[t]);
+      }
+    }
+    if (x.size() != y.size()) return "request " + std::to_string(a.requests[i].id) + ": lengths";
+  }
+  return a.requests.size() == b.requests.size() ? "" : "different numbers of requests";
+}
+
+// Caching on vs off (same device), or GPU vs CPU: a pass needs identical token streams and
+// logits within `tolerance`.
+bool passes(const tiny_engine::Comparison& c, double tolerance) {
+  return c.identical_tokens && c.max_rel_logit_diff <= tolerance;
+}
+
+void print_comparison(const char* what, const tiny_engine::Comparison& c, double tolerance) {
+  std::cout << what << ": identical greedy tokens: " << (c.identical_tokens ? "yes" : "NO")
+            << "; max relative logit difference " << num(c.max_rel_logit_diff)
+            << (c.bitwise_identical_logits ? " (bitwise identical)" : "") << " (tolerance "
+            << num(tolerance) << ")\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,69 +254,122 @@ int main(int argc, char** argv) {
     const tiny_engine::Model model(o.model);
     const tiny_engine::Workload workload = tiny_engine::make_workload(o.workload);
     tiny_engine::EngineConfig config = o.engine;
+    const bool cuda = config.device == tiny_engine::Device::kCuda;
+    // The primary run: caching as asked (on for --compare). Built first, so that a missing GPU
+    // fails before anything is printed.
+    config.enable_caching = o.compare || o.caching;
+    tiny_engine::Engine primary_engine(model, config);
 
     std::ostringstream j;
     j << "{\"workload\":\"" << workload.name << "\",\"requests\":" << workload.num_requests()
-      << ",\"model\":\"" << model.describe() << "\",\"kv_dtype\":\""
-      << pagedkv::to_string(config.kv_dtype) << "\",\"num_blocks\":" << config.num_blocks
-      << ",\"block_size\":" << config.block_size
-      << ",\"token_budget\":" << config.max_num_batched_tokens
-      << ",\"attention\":\"pagedkv CPU references: extend attention (prefill), decode attention "
-         "(decode)\"";
+      << ",\"model\":\"" << model.describe() << "\",\"device\":\"" << to_string(config.device)
+      << "\",\"kv_dtype\":\"" << pagedkv::to_string(config.kv_dtype)
+      << "\",\"num_blocks\":" << config.num_blocks << ",\"block_size\":" << config.block_size
+      << ",\"token_budget\":" << config.max_num_batched_tokens << ",\"attention\":\""
+      << (cuda ? "pagedkv::cuda kernels: kv_append, paged extend attention (prefill), paged decode "
+                 "attention (decode)"
+               : "pagedkv CPU references: extend attention (prefill), decode attention (decode)")
+      << "\"";
+    if (!o.json) {
+      std::cout << "model: " << model.describe() << "\ndevice: " << to_string(config.device)
+                << ", KV " << pagedkv::to_string(config.kv_dtype) << "\n";
+    }
+
+    const tiny_engine::RunResult primary = primary_engine.run(workload);
+    bool pass = true;
+    if (o.json) {
+      j << ",\"generated_tokens\":" << generated(primary);
+    } else {
+      std::cout << "workload: " << workload.name << ", " << workload.num_requests() << " requests, "
+                << generated(primary) << " tokens generated\n";
+    }
 
     if (!o.compare) {
-      config.enable_caching = o.caching;
-      tiny_engine::Engine engine(model, config);
-      const tiny_engine::RunResult r = engine.run(workload);
       if (o.json) {
-        j << ",\"caching\":" << (o.caching ? "true" : "false")
-          << ",\"generated_tokens\":" << generated(r);
-        run_fields(j, r, "");
-        std::cout << j.str() << "}\n";
+        j << ",\"caching\":" << (config.enable_caching ? "true" : "false");
+        run_fields(j, primary, "");
       } else {
-        std::cout << "model: " << model.describe() << "\nworkload: " << workload.name << ", "
-                  << workload.num_requests() << " requests, " << generated(r)
-                  << " tokens generated\n";
-        print_run_text(o.caching ? "prefix caching on" : "prefix caching off", r);
+        print_run_text(config.enable_caching ? "prefix caching on" : "prefix caching off", primary);
       }
-      return 0;
+    } else {
+      config.enable_caching = false;
+      const tiny_engine::RunResult off = tiny_engine::Engine(model, config).run(workload);
+      const tiny_engine::Comparison c = tiny_engine::compare(primary, off);
+      const double tolerance = cuda ? kCudaCachingTolerance : kCachingTolerance;
+      const bool ok = passes(c, tolerance);
+      pass = pass && ok;
+      const auto saved = static_cast<std::int64_t>(off.stats.prefill_tokens) -
+                         static_cast<std::int64_t>(primary.stats.prefill_tokens);
+      if (o.json) {
+        j << ",\"identical_tokens\":" << (c.identical_tokens ? "true" : "false")
+          << ",\"bitwise_identical_logits\":" << (c.bitwise_identical_logits ? "true" : "false")
+          << ",\"max_rel_logit_diff\":" << num(c.max_rel_logit_diff)
+          << ",\"logit_tolerance\":" << num(tolerance) << ",\"prefill_tokens_saved\":" << saved;
+        run_fields(j, primary, "_on");
+        run_fields(j, off, "_off");
+        j << ",\"prefill_speedup\":"
+          << num(primary.stats.prefill_seconds > 0
+                     ? off.stats.prefill_seconds / primary.stats.prefill_seconds
+                     : 0);
+      } else {
+        print_run_text("prefix caching on ", primary);
+        print_run_text("prefix caching off", off);
+        print_comparison("caching on vs off", c, tolerance);
+        std::cout << "prefill tokens saved: " << saved << "; prefill "
+                  << num(off.stats.prefill_seconds) << " s -> "
+                  << num(primary.stats.prefill_seconds) << " s; TTFT p50 " << num(ttft_p50(off))
+                  << " s -> " << num(ttft_p50(primary)) << " s\n";
+        if (!ok) std::cout << "caching on vs off: FAIL: " << c.first_difference << "\n";
+      }
     }
 
-    config.enable_caching = true;
-    const tiny_engine::RunResult on = tiny_engine::Engine(model, config).run(workload);
-    config.enable_caching = false;
-    const tiny_engine::RunResult off = tiny_engine::Engine(model, config).run(workload);
-    const tiny_engine::Comparison c = tiny_engine::compare(on, off);
-    const bool pass = c.identical_tokens && c.max_rel_logit_diff <= 1e-5;
-    const auto saved = static_cast<std::int64_t>(off.stats.prefill_tokens) -
-                       static_cast<std::int64_t>(on.stats.prefill_tokens);
+    if (o.check_against_cpu) {
+      tiny_engine::EngineConfig cpu = config;
+      cpu.device = tiny_engine::Device::kCpu;
+      cpu.enable_caching = o.compare || o.caching;
+      const tiny_engine::RunResult free_run = tiny_engine::Engine(model, cpu).run(workload);
+      tiny_engine::Engine forced_engine(model, cpu);
+      forced_engine.force_tokens(primary);
+      const tiny_engine::RunResult forced = forced_engine.run(workload);
+      const tiny_engine::Comparison c = tiny_engine::compare(primary, free_run);
+      const tiny_engine::ForcedComparison f =
+          tiny_engine::compare_forced(primary, forced, kCpuTolerance);
+      const bool ok = f.pass(kCpuTolerance);
+      pass = pass && ok;
+      if (o.json) {
+        j << ",\"cpu_free_running_identical_tokens\":" << (c.identical_tokens ? "true" : "false")
+          << ",\"cpu_forced_steps\":" << f.steps
+          << ",\"cpu_forced_max_rel_logit_diff\":" << num(f.max_rel_logit_diff)
+          << ",\"cpu_forced_argmax_differences\":" << f.argmax_differences
+          << ",\"cpu_forced_max_tie_margin\":" << num(f.max_tie_margin)
+          << ",\"cpu_logit_tolerance\":" << num(kCpuTolerance)
+          << ",\"cpu_total_seconds\":" << num(free_run.stats.total_seconds);
+      } else {
+        std::cout << "GPU vs CPU path, free-running: identical greedy tokens: "
+                  << (c.identical_tokens
+                          ? "yes"
+                          : "no (first at " + first_token_divergence(primary, free_run) + ")")
+                  << "\n"
+                  << "GPU vs CPU path, CPU forced onto the GPU's tokens: " << f.steps
+                  << " steps, max relative logit difference " << num(f.max_rel_logit_diff)
+                  << ", greedy choices differ at " << f.argmax_differences
+                  << " near-ties (largest margin " << num(f.max_tie_margin) << ") (tolerance "
+                  << num(kCpuTolerance) << ")\n"
+                  << "  CPU path: total " << num(free_run.stats.total_seconds) << " s\n";
+        if (!ok) std::cout << "GPU vs CPU path: FAIL: " << f.first_problem << "\n";
+      }
+    }
+
     if (o.json) {
-      j << ",\"identical_tokens\":" << (c.identical_tokens ? "true" : "false")
-        << ",\"bitwise_identical_logits\":" << (c.bitwise_identical_logits ? "true" : "false")
-        << ",\"max_rel_logit_diff\":" << num(c.max_rel_logit_diff)
-        << ",\"generated_tokens\":" << generated(on) << ",\"prefill_tokens_saved\":" << saved;
-      run_fields(j, on, "_on");
-      run_fields(j, off, "_off");
-      j << ",\"prefill_speedup\":"
-        << num(on.stats.prefill_seconds > 0 ? off.stats.prefill_seconds / on.stats.prefill_seconds
-                                            : 0)
-        << ",\"pass\":" << (pass ? "true" : "false") << "}";
-      std::cout << j.str() << "\n";
-    } else {
-      std::cout << "model: " << model.describe() << "\nworkload: " << workload.name << ", "
-                << workload.num_requests() << " requests, " << generated(on)
-                << " tokens generated\n";
-      print_run_text("prefix caching on ", on);
-      print_run_text("prefix caching off", off);
-      std::cout << "identical greedy tokens: " << (c.identical_tokens ? "yes" : "NO")
-                << "; max relative logit difference " << num(c.max_rel_logit_diff)
-                << (c.bitwise_identical_logits ? " (bitwise identical)" : "") << "\n"
-                << "prefill tokens saved: " << saved << "; prefill "
-                << num(off.stats.prefill_seconds) << " s -> " << num(on.stats.prefill_seconds)
-                << " s; TTFT p50 " << num(ttft_p50(off)) << " s -> " << num(ttft_p50(on)) << " s\n"
-                << (pass ? "PASS" : "FAIL: " + c.first_difference) << "\n";
+      if (o.compare || o.check_against_cpu) j << ",\"pass\":" << (pass ? "true" : "false");
+      std::cout << j.str() << "}\n";
+    } else if (o.compare || o.check_against_cpu) {
+      std::cout << (pass ? "PASS" : "FAIL") << "\n";
     }
     return pass ? 0 : 1;
+  } catch (const tiny_engine::NoCudaDevice& e) {
+    std::cerr << "pagedkv-tiny-engine: " << e.what() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "pagedkv-tiny-engine: " << e.what() << "\n";
     return 1;

@@ -48,7 +48,8 @@ void ModelConfig::validate() const {
   require(d_model > 0, "d_model must be positive");
   require(num_q_heads > 0 && num_kv_heads > 0, "head counts must be positive");
   require(num_q_heads % num_kv_heads == 0, "num_q_heads must be a multiple of num_kv_heads");
-  require(head_dim > 0 && head_dim % 8 == 0, "head_dim must be a positive multiple of 8");
+  require(head_dim > 0 && head_dim % 8 == 0 && head_dim <= kMaxHeadDim,
+          "head_dim must be a positive multiple of 8, at most 256");
   require(ffn_dim > 0, "ffn_dim must be positive");
   require(vocab_size > 1, "vocab_size must be at least 2");
   require(rope_theta > 0 && rms_eps > 0, "rope_theta and rms_eps must be positive");
@@ -131,14 +132,30 @@ void rms_norm(const float* x, std::int64_t rows, std::int32_t dim, const float* 
   }
 }
 
-void apply_rope(float* row, std::int32_t num_heads, std::int32_t head_dim, std::int64_t position,
-                float theta) {
+void rope_cos_sin(std::int32_t head_dim, std::int64_t position, float theta, float* cos_out,
+                  float* sin_out) {
   const std::int32_t half = head_dim / 2;
   for (std::int32_t i = 0; i < half; ++i) {
     const double inv_freq = std::pow(static_cast<double>(theta), -2.0 * i / head_dim);
     const double angle = static_cast<double>(position) * inv_freq;
-    const auto c = static_cast<float>(std::cos(angle));
-    const auto s = static_cast<float>(std::sin(angle));
+    cos_out[i] = static_cast<float>(std::cos(angle));
+    sin_out[i] = static_cast<float>(std::sin(angle));
+  }
+}
+
+void apply_rope(float* row, std::int32_t num_heads, std::int32_t head_dim, std::int64_t position,
+                float theta) {
+  const std::int32_t half = head_dim / 2;
+  float cos_table[kMaxHeadDim / 2];
+  float sin_table[kMaxHeadDim / 2];
+  if (head_dim > kMaxHeadDim) {
+    throw std::invalid_argument("apply_rope: head_dim " + std::to_string(head_dim) + " above " +
+                                std::to_string(kMaxHeadDim));
+  }
+  rope_cos_sin(head_dim, position, theta, cos_table, sin_table);
+  for (std::int32_t i = 0; i < half; ++i) {
+    const float c = cos_table[i];
+    const float s = sin_table[i];
     for (std::int32_t h = 0; h < num_heads; ++h) {
       float* v = row + static_cast<std::size_t>(h) * static_cast<std::size_t>(head_dim);
       const float a = v[i];
@@ -152,7 +169,8 @@ void apply_rope(float* row, std::int32_t num_heads, std::int32_t head_dim, std::
 void swiglu(const float* gate, const float* up, std::int64_t n, float* out) {
   for (std::int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
-    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+    const auto e = static_cast<float>(std::exp(-static_cast<double>(g)));
+    out[i] = g / (1.0f + e) * up[i];
   }
 }
 

@@ -19,12 +19,15 @@
 
 namespace tiny_engine {
 
+inline constexpr std::int32_t kMaxHeadDim = 256;
+
 struct ModelConfig {
   std::int32_t num_layers = 4;
   std::int32_t d_model = 256;
   std::int32_t num_q_heads = 8;
   std::int32_t num_kv_heads = 2;  // GQA: 4 query heads share one KV head
-  std::int32_t head_dim = 32;     // the CPU references take any multiple of 8
+  std::int32_t head_dim = 32;     // the CPU references take any multiple of 8; the CUDA kernels
+                                  // 64, 128 or 256 (--head-dim; --device cuda defaults to 64)
   std::int32_t ffn_dim = 512;     // SwiGLU hidden size
   std::int32_t vocab_size = 4096;
   float rope_theta = 10000.0f;
@@ -81,10 +84,16 @@ void matmul(const float* x, std::int64_t rows, std::int32_t in, const float* w, 
 // y = x / rms(x) * weight, per row of `dim` values.
 void rms_norm(const float* x, std::int64_t rows, std::int32_t dim, const float* weight, float eps,
               float* y);
-// Rotates each head of one token's row in place (rotate-half pairing: d and d + head_dim / 2).
+// The rotation of one position: cos_out[i], sin_out[i] for the head_dim / 2 frequency pairs
+// (computed in double, rounded to float; the CUDA path uploads these exact values).
+void rope_cos_sin(std::int32_t head_dim, std::int64_t position, float theta, float* cos_out,
+                  float* sin_out);
+// Rotates each head of one token's row in place (rotate-half pairing: d and d + head_dim / 2):
+// v[i] = a c - b s, v[i + half] = b c + a s with (c, s) from rope_cos_sin.
 void apply_rope(float* row, std::int32_t num_heads, std::int32_t head_dim, std::int64_t position,
                 float theta);
-// out[i] = silu(gate[i]) * up[i].
+// out[i] = silu(gate[i]) * up[i] = gate / (1 + e) * up with e = exp(-gate) computed in double and
+// rounded to float (a correctly rounded float, so the CUDA path's exp gives the same bits).
 void swiglu(const float* gate, const float* up, std::int64_t n, float* out);
 
 }  // namespace tiny_engine

@@ -15,6 +15,7 @@ std::string_view to_string(ErrorCode code) noexcept {
     case ErrorCode::kNotFound: return "not found";
     case ErrorCode::kInvalidState: return "invalid state";
     case ErrorCode::kParseError: return "parse error";
+    case ErrorCode::kDeviceError: return "device error";
   }
   return "unknown error";
 }

@@ -286,7 +286,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm)
           }
           if (vec == 0) {
             const float s = p.cap_log2 > 0.0f ? p.cap_log2 * tanhf(dot) : dot;
-            scores[(head0 + j) * kTile + r] = r < valid_rows ? s : -INFINITY;
+#ifdef PAGEDKV_TEST_DROP_KEY
+            // Test-only build (tests/cuda_broken_kernel_test.cpp): one key position left out.
+            const bool dropped = range.begin + tile * kTile + r == PAGEDKV_TEST_DROP_KEY;
+#else
+            constexpr bool dropped = false;
+#endif
+            scores[(head0 + j) * kTile + r] = r < valid_rows && !dropped ? s : -INFINITY;
           }
         }
       }

@@ -296,6 +296,10 @@ __global__ void __launch_bounds__(kThreads) paged_extend_kernel(const ExtendKern
           const int key = key0 + n * 8 + quad_col * 2 + (c & 1);
           if (!detail::extend_key_visible(row_pos[c / 2], key, p.window_size)) x = -INFINITY;
         }
+#ifdef PAGEDKV_TEST_DROP_KEY
+        // Test-only build (tests/cuda_broken_kernel_test.cpp): one key position left out.
+        if (key0 + n * 8 + quad_col * 2 + (c & 1) == PAGEDKV_TEST_DROP_KEY) x = -INFINITY;
+#endif
         s[n][c] = x;
       }
     }

@@ -69,6 +69,42 @@ void validate(const PagedExtendParams& p) {
   if (p.block_table == nullptr && p.max_blocks_per_seq > 0) fail("block_table is null");
 }
 
+void validate_extend_metadata(std::span<const std::int32_t> q_indptr, std::int32_t max_q_len,
+                              std::span<const std::int32_t> seq_lens,
+                              std::span<const std::int32_t> block_table,
+                              std::int32_t max_blocks_per_seq, std::int32_t block_size,
+                              std::int64_t num_blocks) {
+  if (q_indptr.empty()) fail("q_indptr needs num_seqs + 1 entries, got none");
+  const auto num_seqs = static_cast<std::int64_t>(q_indptr.size()) - 1;
+  if (num_seqs > std::numeric_limits<std::int32_t>::max()) fail("too many sequences");
+  if (static_cast<std::int64_t>(seq_lens.size()) != num_seqs) {
+    fail("seq_lens has " + std::to_string(seq_lens.size()) + " entries for " +
+         std::to_string(num_seqs) + " sequences (q_indptr has " + std::to_string(q_indptr.size()) +
+         ")");
+  }
+  if (max_q_len < 0) fail("max_q_len must not be negative, got " + std::to_string(max_q_len));
+  if (q_indptr[0] != 0) fail("q_indptr[0] must be 0, got " + std::to_string(q_indptr[0]));
+  for (std::size_t s = 0; s < seq_lens.size(); ++s) {
+    const std::int64_t q_len = static_cast<std::int64_t>(q_indptr[s + 1]) - q_indptr[s];
+    const std::string which = "sequence " + std::to_string(s);
+    if (q_len < 0) fail(which + ": q_indptr decreases (" + std::to_string(q_len) + " new tokens)");
+    if (q_len > max_q_len) {
+      fail(ErrorCode::kOutOfRange,
+           which + " has " + std::to_string(q_len) +
+               " new tokens, more than max_q_len = " + std::to_string(max_q_len) +
+               " (the CUDA kernel would leave the rows past max_q_len unwritten)");
+    }
+    if (q_len > seq_lens[s]) {
+      fail(ErrorCode::kOutOfRange,
+           which + " has " + std::to_string(q_len) + " new tokens but a KV length of only " +
+               std::to_string(seq_lens[s]) +
+               " (seq_lens counts the new tokens too: append the new K/V first)");
+    }
+  }
+  validate_block_table(block_table, static_cast<std::int32_t>(num_seqs), max_blocks_per_seq,
+                       seq_lens, block_size, num_blocks);
+}
+
 ExtendReference reference_paged_extend_attention_f64(const PagedExtendParams& p) {
   validate(p);
   ExtendReference result;
@@ -77,27 +113,12 @@ ExtendReference reference_paged_extend_attention_f64(const PagedExtendParams& p)
   const auto seqs = static_cast<std::size_t>(num_seqs);
 
   // The data the launch geometry relies on: offsets, then lengths, then block ids.
-  if (p.q_indptr[0] != 0) fail("q_indptr[0] must be 0, got " + std::to_string(p.q_indptr[0]));
-  for (std::int32_t s = 0; s < num_seqs; ++s) {
-    const std::int64_t q_len = static_cast<std::int64_t>(p.q_indptr[s + 1]) - p.q_indptr[s];
-    const std::string which = "sequence " + std::to_string(s);
-    if (q_len < 0) fail(which + ": q_indptr decreases (" + std::to_string(q_len) + " new tokens)");
-    if (q_len > p.max_q_len) {
-      fail(ErrorCode::kOutOfRange,
-           which + " has " + std::to_string(q_len) +
-               " new tokens, more than max_q_len = " + std::to_string(p.max_q_len));
-    }
-    if (q_len > p.seq_lens[s]) {
-      fail(ErrorCode::kOutOfRange,
-           which + " has " + std::to_string(q_len) + " new tokens but a KV length of only " +
-               std::to_string(p.seq_lens[s]) + " (append the new K/V first)");
-    }
-  }
-  validate_block_table(std::span<const std::int32_t>(
-                           p.block_table, seqs * static_cast<std::size_t>(p.max_blocks_per_seq)),
-                       num_seqs, p.max_blocks_per_seq,
-                       std::span<const std::int32_t>(p.seq_lens, seqs), p.layout.block_size,
-                       p.layout.num_blocks);
+  validate_extend_metadata(
+      std::span<const std::int32_t>(p.q_indptr, seqs + 1), p.max_q_len,
+      std::span<const std::int32_t>(p.seq_lens, seqs),
+      std::span<const std::int32_t>(p.block_table,
+                                    seqs * static_cast<std::size_t>(p.max_blocks_per_seq)),
+      p.max_blocks_per_seq, p.layout.block_size, p.layout.num_blocks);
 
   const auto num_tokens = static_cast<std::size_t>(p.q_indptr[num_seqs]);
   const auto heads = static_cast<std::size_t>(p.num_q_heads);

@@ -21,4 +21,5 @@ TEST(Error, CarriesCodeAndMessage) {
   EXPECT_EQ(e.code(), pagedkv::ErrorCode::kNotFound);
   EXPECT_STREQ(e.what(), "request 7 is unknown");
   EXPECT_EQ(pagedkv::to_string(pagedkv::ErrorCode::kInvalidState), "invalid state");
+  EXPECT_EQ(pagedkv::to_string(pagedkv::ErrorCode::kDeviceError), "device error");
 }

@@ -39,7 +39,9 @@ TEST_F(CudaCacheOps, KVAppendMatchesReference) {
       for (const std::int32_t head_dim : {8, 64, 128, 256}) {
         for (const std::int32_t block_size : {1, 3, 16, 64}) {
           const std::int32_t heads = kind == LayoutKind::kHnd ? 4 : 8;
-          const KVLayout layout = testing::make_layout(kind, 40, block_size, heads, head_dim);
+          // At least 64 slots: the 50 tokens below take distinct slots (block size 1 included).
+          const KVLayout layout =
+              testing::make_layout(kind, 64 / block_size + 40, block_size, heads, head_dim);
           const std::size_t elements = buffer_elements(kind, layout);
           auto k_cache = testing::random_values(dtype, elements, rng);
           auto v_cache = kind == LayoutKind::kInterleaved
@@ -153,6 +155,53 @@ TEST_F(CudaCacheOps, CopyBlocksMatchesReference) {
               << testing::to_string(kind) << " block " << block_size << " plane " << i;
         }
       }
+    }
+  }
+}
+
+// The interleaved layout (one buffer per layer, [blocks, 2, block_size, heads, dim]: the V plane
+// starts one block's elements after the K plane and both have a block stride of two blocks),
+// with pairs naming blocks outside the pool: those pairs are skipped (device data is trusted,
+// never followed out of bounds), every valid pair is copied, and nothing else changes, bit for
+// bit. Run under compute-sanitizer memcheck by scripts/gpu-check.
+TEST_F(CudaCacheOps, CopyBlocksInterleavedLayoutAndOutOfRangePairs) {
+  std::mt19937_64 rng(4);
+  for (const std::int32_t block_size : {1, 16}) {
+    const std::int64_t num_blocks = 12;
+    const KVLayout layout =
+        testing::make_layout(LayoutKind::kInterleaved, num_blocks, block_size, 2, 128);
+    const std::size_t elements = buffer_elements(LayoutKind::kInterleaved, layout);
+    const auto v_offset = static_cast<std::size_t>(layout.block_elements());
+    // Three layers, one interleaved buffer each: planes K0, V0, K1, V1, K2, V2.
+    std::vector<std::vector<std::uint16_t>> host;
+    std::vector<DeviceBuffer> dev;
+    std::vector<void*> host_planes;
+    std::vector<void*> dev_planes;
+    for (int layer = 0; layer < 3; ++layer) {
+      host.push_back(testing::random_values(KVDtype::kFloat16, elements, rng));
+      dev.push_back(testing::upload(host.back()));
+    }
+    for (int layer = 0; layer < 3; ++layer) {
+      for (const std::size_t offset : {std::size_t{0}, v_offset}) {
+        host_planes.push_back(host[static_cast<std::size_t>(layer)].data() + offset);
+        dev_planes.push_back(dev[static_cast<std::size_t>(layer)].get<std::uint16_t>() + offset);
+      }
+    }
+    const std::vector<BlockPair> valid = {{1, 5}, {1, 6}, {2, 7}, {11, 0}, {3, 10}};
+    std::vector<BlockPair> pairs = {{1, 5},  {num_blocks, 8},
+                                    {1, 6},  {2, -1},
+                                    {2, 7},  {-4, 9},
+                                    {11, 0}, {3, num_blocks + 100},
+                                    {3, 10}, {std::int64_t{1} << 40, 4}};
+    const DeviceBuffer pairs_dev = testing::upload(pairs);
+    reference_copy_blocks(host_planes, layout, KVDtype::kFloat16, valid);
+    PAGEDKV_CUDA_CHECK(copy_blocks(dev_planes, layout, KVDtype::kFloat16,
+                                   pairs_dev.get<BlockPair>(),
+                                   static_cast<std::int64_t>(pairs.size()), nullptr));
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    for (std::size_t layer = 0; layer < 3; ++layer) {
+      ASSERT_EQ(testing::download<std::uint16_t>(dev[layer].get(), elements), host[layer])
+          << "block " << block_size << " layer " << layer;
     }
   }
 }

@@ -3,20 +3,27 @@
 // tables, NaN-poisoned unused slots, every layout kind; plain causal prefill, a cached prefix
 // ending mid-block, new tokens spanning several blocks, one new token (also against CUDA decode
 // attention), sliding window, soft-cap, the log-sum-exp output, a device-side kv_append first,
-// long prompts with many query tiles, strided q/out, CUDA-graph capture.
-// Relative error ||out - ref|| / ||ref|| must stay within 1e-2 (bf16) or 2e-3 (fp16).
+// long prompts with many query tiles, strided q/out, CUDA-graph capture, a pool of more than 2^31
+// elements, block ids outside the pool, GQA groups above 16, and device data that breaks the
+// host-side rules (q_len > max_q_len, q_len > seq_len: clamped as documented, never a fault).
+// Every output row (one query head of one new token) must be within a relative error
+// ||out_row - ref_row|| / ||ref_row|| of 1e-2 (bf16) or 2e-3 (fp16) (testing::check_rows);
+// outputs start NaN-poisoned, so an unwritten row fails.
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "cuda_attention_test_util.hpp"
 #include "cuda_test_util.hpp"
 #include "kv_test_util.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
@@ -36,88 +43,48 @@ double tolerance(KVDtype dtype) {
 // Absolute, on natural-log values of order 1..10: fp32 softmax sums of exactly the same inputs.
 constexpr double kLseTolerance = 1e-3;
 
-// The problem's buffers on the device.
-struct DeviceExtendProblem {
-  DeviceBuffer k;
-  DeviceBuffer v;  // empty for kInterleaved (V lives in k)
-  DeviceBuffer q;
-  DeviceBuffer q_indptr;
-  DeviceBuffer table;
-  DeviceBuffer lens;
-  DeviceBuffer out;
-  DeviceBuffer lse;
+using testing::DeviceExtendProblem;
 
-  explicit DeviceExtendProblem(const testing::HostExtendProblem& pb)
-      : k(testing::upload(pb.cache.k_buffer)),
-        v(testing::upload(pb.cache.v_buffer)),
-        q(testing::upload(pb.q)),
-        q_indptr(testing::upload(pb.q_indptr)),
-        table(testing::upload(pb.cache.table.block_ids)),
-        lens(testing::upload(pb.shape.cache.seq_lens)),
-        out(pb.q.size() * sizeof(std::uint16_t)),
-        lse(static_cast<std::size_t>(pb.num_q_tokens()) *
-            static_cast<std::size_t>(pb.shape.cache.num_q_heads) * sizeof(float)) {}
-
-  void* v_plane(const testing::HostExtendProblem& pb) const {
-    return (pb.shape.cache.kind == LayoutKind::kInterleaved ? k.get<std::uint16_t>()
-                                                            : v.get<std::uint16_t>()) +
-           pb.cache.v_plane_offset;
-  }
-
-  PagedExtendParams params(const testing::HostExtendProblem& pb, bool with_lse = true) const {
-    PagedExtendParams p = pb.params(out.get(), with_lse ? lse.get<float>() : nullptr);
-    p.q = q.get();
-    p.q_indptr = q_indptr.get<std::int32_t>();
-    p.k_cache = k.get();
-    p.v_cache = v_plane(pb);
-    p.block_table = table.get<std::int32_t>();
-    p.seq_lens = lens.get<std::int32_t>();
-    return p;
-  }
-};
-
-struct CaseError {
-  double out = INFINITY;
-  double lse = INFINITY;  // max absolute error
-};
-
-CaseError compare(const testing::HostExtendProblem& pb, const DeviceExtendProblem& dev,
-                  const ExtendReference& ref) {
+// Every output row within the tolerance, and every log-sum-exp within kLseTolerance (both -inf
+// for a row that sees no key).
+::testing::AssertionResult check_outputs(const testing::HostExtendProblem& pb,
+                                         const DeviceExtendProblem& dev, const ExtendReference& ref,
+                                         bool check_lse = true) {
   const KVDtype dtype = pb.shape.cache.dtype;
   const auto out =
       testing::to_doubles(dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
-  for (std::size_t i = 0; i < out.size(); ++i) {
-    if (!std::isfinite(out[i])) {
-      ADD_FAILURE() << "non-finite output at " << i << " (read past seq_len?) "
-                    << testing::describe(pb.shape);
-      return {};
+  auto rows = testing::rows_match(out, ref.out, static_cast<std::size_t>(pb.shape.cache.head_dim),
+                                  tolerance(dtype));
+  if (!rows) {
+    return rows << " [" << testing::describe(pb.shape) << "; rows are token x "
+                << pb.shape.cache.num_q_heads << " + query head]";
+  }
+  if (!check_lse) return ::testing::AssertionSuccess();
+  const auto lse = testing::download<float>(dev.lse.get(), ref.lse.size());
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    const double got = lse[i];
+    const bool both_empty = std::isinf(ref.lse[i]) && ref.lse[i] < 0 && got == ref.lse[i];
+    if (!both_empty && !(std::abs(got - ref.lse[i]) <= kLseTolerance)) {
+      return ::testing::AssertionFailure()
+             << "lse[" << i << "] = " << got << ", reference " << ref.lse[i] << " ["
+             << testing::describe(pb.shape) << "]";
     }
   }
-  const auto lse = testing::download<float>(dev.lse.get(), ref.lse.size());
-  CaseError err;
-  err.out = testing::relative_error(out, ref.out);
-  err.lse = 0.0;
-  for (std::size_t i = 0; i < lse.size(); ++i) {
-    err.lse = std::max(err.lse, std::abs(static_cast<double>(lse[i]) - ref.lse[i]));
-  }
-  if (std::isnan(err.lse)) err.lse = INFINITY;
-  return err;
+  return ::testing::AssertionSuccess();
 }
 
-// Runs one case and returns its errors against the CPU reference.
-CaseError run_case(const ExtendShape& shape, std::uint64_t seed) {
+// Runs one case and checks it against the CPU reference.
+::testing::AssertionResult run_case(const ExtendShape& shape, std::uint64_t seed) {
   const auto pb = testing::make_extend_problem(shape, seed);
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
   DeviceExtendProblem dev(pb);
   testing::cuda_check(paged_extend_attention(dev.params(pb), nullptr), "paged_extend_attention");
   testing::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  return compare(pb, dev, ref);
+  return check_outputs(pb, dev, ref);
 }
 
 void expect_case(const ExtendShape& shape, std::uint64_t seed) {
-  const CaseError err = run_case(shape, seed);
-  EXPECT_LT(err.out, tolerance(shape.cache.dtype)) << testing::describe(shape);
-  EXPECT_LT(err.lse, kLseTolerance) << testing::describe(shape);
+  EXPECT_TRUE(run_case(shape, seed));
 }
 
 class CudaExtendAttention : public testing::GpuTest {};
@@ -221,10 +188,13 @@ TEST_F(CudaExtendAttention, OneNewTokenAgreesWithCudaDecode) {
           testing::to_doubles(dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
       const auto decode = testing::to_doubles(
           dtype, testing::download<std::uint16_t>(decode_out.get(), pb.q.size()));
-      EXPECT_LT(testing::relative_error(extend_out, decode), tolerance(dtype))
-          << testing::describe(s);
+      EXPECT_TRUE(testing::rows_match(extend_out, decode, static_cast<std::size_t>(head_dim),
+                                      tolerance(dtype)))
+          << "extend vs decode: " << testing::describe(s);
       const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
-      EXPECT_LT(testing::relative_error(extend_out, ref.out), tolerance(dtype));
+      EXPECT_TRUE(testing::rows_match(extend_out, ref.out, static_cast<std::size_t>(head_dim),
+                                      tolerance(dtype)))
+          << testing::describe(s);
     }
   }
 }
@@ -247,9 +217,7 @@ TEST_F(CudaExtendAttention, AfterDeviceKvAppend) {
   PAGEDKV_CUDA_CHECK(paged_extend_attention(dev.params(pb), nullptr));
   reference_kv_append(pb.append_params());  // the host copy catches up
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
-  const CaseError err = compare(pb, dev, ref);
-  EXPECT_LT(err.out, tolerance(s.cache.dtype));
-  EXPECT_LT(err.lse, kLseTolerance);
+  EXPECT_TRUE(check_outputs(pb, dev, ref));
 }
 
 TEST_F(CudaExtendAttention, EmptySequencesAndNoLse) {
@@ -262,7 +230,7 @@ TEST_F(CudaExtendAttention, EmptySequencesAndNoLse) {
   PAGEDKV_CUDA_CHECK(paged_extend_attention(dev.params(pb, /*with_lse=*/false), nullptr));
   const auto out = testing::to_doubles(
       s.cache.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
-  EXPECT_LT(testing::relative_error(out, ref.out), tolerance(s.cache.dtype));
+  EXPECT_TRUE(testing::rows_match(out, ref.out, 64, tolerance(s.cache.dtype)));
   for (const std::uint32_t bits :
        testing::download<std::uint32_t>(dev.lse.get(), dev.lse.bytes() / 4)) {
     ASSERT_EQ(bits, 0x7f7f7f7fu);  // untouched
@@ -296,7 +264,7 @@ TEST_F(CudaExtendAttention, StridedQueryAndOutput) {
   DeviceExtendProblem dev(pb);
   const DeviceBuffer q = testing::upload(q_strided);
   const DeviceBuffer out(static_cast<std::size_t>(tokens) * 800 * sizeof(std::uint16_t));
-  PAGEDKV_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
+  PAGEDKV_CUDA_CHECK(cudaMemset(out.get(), 0x5a, out.bytes()));  // a pattern, not zeros
   PagedExtendParams p = dev.params(pb);
   p.q = q.get();
   p.q_stride_token = 1024;
@@ -316,8 +284,8 @@ TEST_F(CudaExtendAttention, StridedQueryAndOutput) {
       }
     }
   }
-  EXPECT_LT(testing::relative_error(dense, ref.out), tolerance(s.cache.dtype));
-  EXPECT_EQ(got[64], 0);  // the gap after head 0 is untouched
+  EXPECT_TRUE(testing::rows_match(dense, ref.out, 64, tolerance(s.cache.dtype)));
+  EXPECT_EQ(got[64], 0x5a5a);  // the gap after head 0 is untouched
 }
 
 // A captured graph replays correctly when the batch's data (lengths, offsets) change on the
@@ -348,13 +316,186 @@ TEST_F(CudaExtendAttention, GraphCaptureAndReplay) {
     PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
-    const CaseError err = compare(pb, dev, ref);
-    EXPECT_LT(err.out, tolerance(s.cache.dtype)) << "replay " << replay;
-    EXPECT_LT(err.lse, kLseTolerance) << "replay " << replay;
+    EXPECT_TRUE(check_outputs(pb, dev, ref)) << "replay " << replay;
   }
   PAGEDKV_CUDA_CHECK(cudaGraphExecDestroy(exec));
   PAGEDKV_CUDA_CHECK(cudaGraphDestroy(graph));
   PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// GQA groups above 16 (the decode kernel's limit): a query tile of 64 packed rows then holds
+// fewer than 4 tokens, or part of one token's heads.
+TEST_F(CudaExtendAttention, GqaGroupsAbove16) {
+  std::uint64_t seed = 600;
+  for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
+    for (const std::int32_t head_dim : {64, 128, 256}) {
+      for (const std::int32_t group : {17, 24, 32, 64}) {
+        const std::int32_t kv_heads = group == 64 ? 1 : 2;
+        ExtendShape s = testing::make_extend_shape(dtype, head_dim, kv_heads, group, 16,
+                                                   {0, 37, 100}, {70, 20, 1});
+        expect_case(s, seed++);
+      }
+    }
+  }
+}
+
+// More than 2^31 elements per plane: the sequences' blocks sit at the top of a 4.3 GB pool, so
+// every K/V offset needs 64 bits.
+TEST_F(CudaExtendAttention, PoolLargerThan2To31Elements) {
+  ExtendShape s =
+      testing::make_extend_shape(KVDtype::kBFloat16, 128, 8, 4, 16, {700, 0, 33}, {200, 333, 64});
+  const auto pb = testing::make_extend_problem(s, 22);
+  const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
+  const KVLayout& small = pb.cache.layout;
+  // Every host block lands at or above element 2^31 (the lowest one too).
+  const std::int64_t big_blocks =
+      (std::int64_t{1} << 31) / small.block_elements() + 1 + small.num_blocks;
+  const KVLayout big = KVLayout::nhd(big_blocks, 16, 8, 128);
+  ASSERT_GT(big.plane_elements(), std::int64_t{1} << 31);
+  const std::int64_t shift = big_blocks - small.num_blocks;  // host block b -> b + shift
+  const std::size_t plane_bytes = static_cast<std::size_t>(big.plane_elements()) * 2;
+  size_t free_bytes = 0, total_bytes = 0;
+  PAGEDKV_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (free_bytes < 2 * plane_bytes + (std::size_t{1} << 30)) {
+    PAGEDKV_GPU_SKIP("needs " << 2 * plane_bytes / (1 << 20) << " MiB of free device memory");
+  }
+  DeviceBuffer k(plane_bytes);  // NaN (0xFFFF) everywhere the blocks below do not land
+  DeviceBuffer v(plane_bytes);
+  const std::size_t block_bytes = static_cast<std::size_t>(small.block_elements()) * 2;
+  for (std::int64_t b = 0; b < small.num_blocks; ++b) {
+    const std::size_t at = static_cast<std::size_t>(b + shift) * block_bytes;
+    PAGEDKV_CUDA_CHECK(cudaMemcpy(k.get<unsigned char>() + at,
+                                  pb.cache.k_buffer.data() + b * small.block_elements(),
+                                  block_bytes, cudaMemcpyHostToDevice));
+    PAGEDKV_CUDA_CHECK(cudaMemcpy(v.get<unsigned char>() + at,
+                                  pb.cache.v_buffer.data() + b * small.block_elements(),
+                                  block_bytes, cudaMemcpyHostToDevice));
+  }
+  std::vector<std::int32_t> table = pb.cache.table.block_ids;
+  for (auto& id : table) {
+    id = static_cast<std::int32_t>(id + shift);
+    ASSERT_GE(big.offset(id, 0, 0), std::int64_t{1} << 31);
+  }
+  DeviceExtendProblem dev(pb);
+  const DeviceBuffer table_dev = testing::upload(table);
+  PagedExtendParams p = dev.params(pb);
+  p.k_cache = k.get();
+  p.v_cache = v.get();
+  p.layout = big;
+  p.block_table = table_dev.get<std::int32_t>();
+  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_TRUE(check_outputs(pb, dev, ref));
+}
+
+// A block id outside the pool (past its end, or negative) is never followed: its keys and values
+// read as zeros, exactly as if the table named an all-zero block. The other sequences are exact.
+// Run under compute-sanitizer memcheck by scripts/gpu-check.
+TEST_F(CudaExtendAttention, BlockIdsOutsideThePoolReadZeros) {
+  for (const std::int32_t bad_id : {1 << 20, -5}) {
+    ExtendShape s =
+        testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 100, 0}, {9, 30, 50});
+    s.cache.shuffle_blocks = false;
+    auto pb = testing::make_extend_problem(s, 23);
+    DeviceExtendProblem dev(pb);
+    // Device: sequence 1's third block (inside its cached prefix) is out of the pool.
+    const std::size_t cell = static_cast<std::size_t>(pb.cache.table.max_blocks_per_seq) + 2;
+    std::vector<std::int32_t> table = pb.cache.table.block_ids;
+    table[cell] = bad_id;
+    const DeviceBuffer table_dev = testing::upload(table);
+    PagedExtendParams p = dev.params(pb);
+    p.block_table = table_dev.get<std::int32_t>();
+    PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    // Host reference: the same cell names a spare block filled with zeros.
+    std::vector<bool> used(static_cast<std::size_t>(pb.cache.layout.num_blocks), false);
+    for (const auto& blocks : pb.cache.seq_blocks) {
+      for (const std::int32_t b : blocks) used[static_cast<std::size_t>(b)] = true;
+    }
+    used[static_cast<std::size_t>(pb.cache.poison_block)] = true;
+    const auto spare = std::find(used.begin(), used.end(), false);
+    ASSERT_NE(spare, used.end());
+    const auto zero_block = static_cast<std::int32_t>(spare - used.begin());
+    for (std::int64_t t = 0; t < s.cache.block_size; ++t) {
+      for (std::int64_t h = 0; h < s.cache.num_kv_heads; ++h) {
+        for (std::int64_t d = 0; d < s.cache.head_dim; ++d) {
+          pb.cache.k_buffer[static_cast<std::size_t>(
+              pb.cache.addressing.offset(false, zero_block, t, h, d))] = 0;
+          pb.cache.v_buffer[static_cast<std::size_t>(
+              pb.cache.addressing.offset(true, zero_block, t, h, d))] = 0;
+        }
+      }
+    }
+    pb.cache.table.block_ids[cell] = zero_block;
+    const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
+    EXPECT_TRUE(check_outputs(pb, dev, ref)) << "bad id " << bad_id;
+  }
+}
+
+// q_len > max_q_len in device data (validate_extend_metadata rejects it on the host): the kernel
+// clamps q_len to max_q_len, so the rows past it stay untouched and nothing faults; the other
+// sequences are exact.
+TEST_F(CudaExtendAttention, DeviceQLenAboveMaxQLenLeavesTheRestUntouched) {
+  ExtendShape s = testing::make_extend_shape(KVDtype::kFloat16, 64, 2, 4, 16, {30, 0}, {12, 40});
+  const auto pb = testing::make_extend_problem(s, 24);
+  const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
+  EXPECT_THROW(
+      validate_extend_metadata(pb.q_indptr, 20, pb.shape.cache.seq_lens, pb.cache.table.block_ids,
+                               pb.cache.table.max_blocks_per_seq, 16, pb.cache.layout.num_blocks),
+      Error);
+  DeviceExtendProblem dev(pb);
+  PagedExtendParams p = dev.params(pb);
+  p.max_q_len = 20;  // sequence 1 has 40 new tokens
+  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::size_t row = 8 * 64;  // one token's heads
+  const auto out = testing::download<std::uint16_t>(dev.out.get(), pb.q.size());
+  const auto got = testing::to_doubles(s.cache.dtype, out);
+  // Sequence 0 (12 tokens, within max_q_len) is exact.
+  EXPECT_TRUE(testing::rows_match(std::span<const double>(got).subspan(0, 12 * row),
+                                  std::span<const double>(ref.out).subspan(0, 12 * row), 64,
+                                  tolerance(s.cache.dtype)));
+  // Sequence 1: tokens 0..19 written (finite), tokens 20..39 untouched (still the NaN pattern).
+  for (std::size_t i = 12 * row; i < 32 * row; ++i) ASSERT_TRUE(std::isfinite(got[i])) << i;
+  for (std::size_t i = 32 * row; i < 52 * row; ++i) ASSERT_EQ(out[i], 0xffff) << i;
+}
+
+// q_len > seq_len in device data (validate_extend_metadata rejects it on the host): the tokens
+// that would sit before position 0 get zero rows and lse -inf; token j >= q_len - seq_len sits
+// at position j - (q_len - seq_len) and attends like a prefill of seq_len tokens.
+TEST_F(CudaExtendAttention, DeviceQLenAboveSeqLenGivesZeroRows) {
+  ExtendShape s = testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {0}, {8});
+  const auto pb = testing::make_extend_problem(s, 25);
+  const std::vector<std::int32_t> short_lens = {5};
+  EXPECT_THROW(
+      validate_extend_metadata(pb.q_indptr, pb.max_q_len, short_lens, pb.cache.table.block_ids,
+                               pb.cache.table.max_blocks_per_seq, 16, pb.cache.layout.num_blocks),
+      Error);
+  DeviceExtendProblem dev(pb);
+  const DeviceBuffer lens = testing::upload(short_lens);
+  PagedExtendParams p = dev.params(pb);
+  p.seq_lens = lens.get<std::int32_t>();
+  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  // Expected: tokens 3..7 as the 5 new tokens of a 5-token prefill (their q rows, same pool).
+  PagedExtendParams e = pb.params(nullptr);
+  const std::vector<std::int32_t> indptr = {0, 5};
+  e.q = pb.q.data() + 3 * 8 * 128;
+  e.q_indptr = indptr.data();
+  e.max_q_len = 5;
+  e.seq_lens = short_lens.data();
+  const auto expected = reference_paged_extend_attention_f64(e);
+  const std::size_t row = 8 * 128;
+  const auto got = testing::to_doubles(
+      s.cache.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
+  const auto lse = testing::download<float>(dev.lse.get(), 8 * 8);
+  for (std::size_t i = 0; i < 3 * row; ++i) ASSERT_EQ(got[i], 0.0) << i;
+  for (std::size_t i = 0; i < 3 * 8; ++i) ASSERT_TRUE(std::isinf(lse[i]) && lse[i] < 0) << i;
+  EXPECT_TRUE(testing::rows_match(std::span<const double>(got).subspan(3 * row), expected.out, 128,
+                                  tolerance(s.cache.dtype)));
+  for (std::size_t i = 0; i < 5 * 8; ++i) {
+    EXPECT_NEAR(lse[3 * 8 + i], expected.lse[i], kLseTolerance) << i;
+  }
 }
 
 // ---- host-side argument checks: no device needed ----

@@ -409,5 +409,66 @@ TEST(ExtendAttentionReference, RejectsBadDeviceData) {
   for (const auto x : f.out) EXPECT_EQ(x, 0x1234);
 }
 
+// The host-side check an engine runs on its metadata before uploading it for the CUDA kernel
+// (which cannot read it on the host): q_len > max_q_len and q_len > seq_len are clear errors.
+TEST(ExtendAttentionMetadata, RejectsWhatTheKernelWouldClampOnTheHost) {
+  const KVLayout layout = KVLayout::nhd(10, 16, 2, 64);
+  const std::vector<std::int32_t> table = {1, 2, 3, 0, 4, 5, 6, 7};  // 2 sequences x 4 blocks
+  const auto check = [&](const std::vector<std::int32_t>& indptr, std::int32_t max_q_len,
+                         const std::vector<std::int32_t>& lens,
+                         const std::vector<std::int32_t>& ids = {}) {
+    validate_extend_metadata(indptr, max_q_len, lens, ids.empty() ? table : ids, 4, 16,
+                             layout.num_blocks);
+  };
+  EXPECT_NO_THROW(check({0, 5, 29}, 24, {40, 64}));
+  EXPECT_NO_THROW(check({0, 0, 0}, 0, {0, 0}));
+  const auto expect = [](auto&& fn, ErrorCode code, const std::string& fragment) {
+    try {
+      fn();
+      ADD_FAILURE() << "expected an error containing '" << fragment << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  // q_len > max_q_len: sequence 1 has 24 new tokens.
+  expect(
+      [&] {
+        check({0, 5, 29}, 23, {40, 64});
+      },
+      ErrorCode::kOutOfRange, "sequence 1 has 24 new tokens, more than max_q_len = 23");
+  // q_len > seq_len: sequence 0 has 5 new tokens but only 4 in the cache.
+  expect(
+      [&] {
+        check({0, 5, 29}, 24, {4, 64});
+      },
+      ErrorCode::kOutOfRange, "sequence 0 has 5 new tokens but a KV length of only 4");
+  expect(
+      [&] {
+        check({2, 5, 29}, 24, {40, 64});
+      },
+      ErrorCode::kInvalidArgument, "q_indptr[0] must be 0");
+  expect([&] { check({0, 6, 5}, 24, {40, 64}); }, ErrorCode::kInvalidArgument, "decreases");
+  expect(
+      [&] {
+        check({0, 5, 29}, 24, {40});
+      },
+      ErrorCode::kInvalidArgument, "seq_lens has 1 entries for 2 sequences");
+  expect([&] { check({}, 24, {}); }, ErrorCode::kInvalidArgument, "q_indptr needs");
+  expect([&] { check({0, 5, 29}, -1, {40, 64}); }, ErrorCode::kInvalidArgument, "max_q_len");
+  // Block ids: past the pool, negative, or a sequence longer than its row.
+  expect(
+      [&] {
+        check({0, 5, 29}, 24, {40, 64}, {1, 2, 10, 0, 4, 5, 6, 7});
+      },
+      ErrorCode::kOutOfRange, "outside the pool");
+  expect(
+      [&] {
+        check({0, 5, 29}, 24, {40, 64}, {1, 2, 3, 0, 4, -1, 6, 7});
+      },
+      ErrorCode::kOutOfRange, "");
+  expect([&] { check({0, 5, 29}, 24, {40, 65}); }, ErrorCode::kOutOfRange, "needs");
+}
+
 }  // namespace
 }  // namespace pagedkv

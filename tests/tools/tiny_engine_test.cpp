@@ -12,6 +12,9 @@
 
 #include "engine.hpp"
 #include "model.hpp"
+#ifdef TINY_ENGINE_HAS_CUDA
+#include "pagedkv/cuda/device.hpp"
+#endif
 #include "pagedkv/device/kv_dtype.hpp"
 #include "workload.hpp"
 
@@ -46,6 +49,12 @@ RunResult serve(const Workload& w, EngineConfig config, bool caching,
 const RunResult& baseline() {
   static const RunResult r = serve(small_agents(), EngineConfig{}, false);
   return r;
+}
+
+std::size_t generated_tokens(const RunResult& r) {
+  std::size_t n = 0;
+  for (const RequestResult& q : r.requests) n += q.output.size();
+  return n;
 }
 
 void expect_exact(const RunResult& a, const RunResult& b) {
@@ -161,6 +170,40 @@ TEST(TinyEngine, CorruptingOneCachedValueIsCaught) {
   corrupt_first_hit(false, 0.5f);
 }
 
+// compare_forced (how the CUDA path is checked against this one): a run forced onto its own
+// streams agrees exactly; a run whose model step differs (one corrupted cached value) is caught
+// step by step although it follows the same tokens.
+TEST(TinyEngine, ForcedComparisonAgreesWithItselfAndCatchesADifferentStep) {
+  const Workload w = small_agents();
+  Engine forced_engine(model(), EngineConfig{});
+  forced_engine.force_tokens(baseline());
+  const RunResult forced = forced_engine.run(w);
+  const ForcedComparison same = compare_forced(baseline(), forced, 1e-5);
+  EXPECT_TRUE(same.pass(1e-5)) << same.first_problem;
+  EXPECT_EQ(same.steps, generated_tokens(baseline()));
+  EXPECT_EQ(same.max_rel_logit_diff, 0.0);
+  EXPECT_EQ(same.argmax_differences, 0u);
+
+  bool done = false;
+  Engine corrupted(model(), EngineConfig{});
+  corrupted.force_tokens(baseline());
+  corrupted.set_prefix_hit_hook([&](const pagedkv::CacheHit& hit, KVCache& cache) {
+    if (done) return;
+    done = true;
+    auto& plane = cache.v[0];
+    const auto at = static_cast<std::size_t>(cache.layout.offset(hit.blocks.front(), 3, 1) + 5);
+    plane[at] = pagedkv::float_to_dtype_bits(
+        cache.dtype, pagedkv::dtype_bits_to_float(cache.dtype, plane[at]) + 0.5f);
+  });
+  const RunResult bad = corrupted.run(w);
+  ASSERT_TRUE(done);
+  const ForcedComparison differs = compare_forced(baseline(), bad, 1e-5);
+  EXPECT_TRUE(differs.same_streams);  // forced: the same tokens...
+  EXPECT_FALSE(differs.pass(1e-5));   // ...but not the same model step
+  EXPECT_GT(differs.max_rel_logit_diff, 1e-5);
+  EXPECT_FALSE(differs.first_problem.empty());
+}
+
 int exit_code(const std::string& args) {
   const std::string command = std::string(PAGEDKV_TINY_ENGINE) + " " + args + " >/dev/null 2>&1";
   const int status = std::system(command.c_str());
@@ -176,6 +219,54 @@ TEST(TinyEngineCli, RejectsBadFlagsWithExitCode2) {
   EXPECT_EQ(exit_code("--kv-dtype fp8"), 2);
   EXPECT_EQ(exit_code("--sessions"), 2);
   EXPECT_EQ(exit_code("--compare --no-caching"), 2);
+  EXPECT_EQ(exit_code("--device gpu"), 2);
+  EXPECT_EQ(exit_code("--check-against-cpu"), 2);  // needs --device cuda
+  EXPECT_EQ(exit_code("--head-dim 12"), 2);
+  EXPECT_EQ(exit_code("--head-dim 264"), 2);
+}
+
+// Runs the CLI, returns its exit status and its stdout + stderr.
+int run_cli(const std::string& args, std::string& output) {
+  const std::string command = std::string(PAGEDKV_TINY_ENGINE) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
+  const int status = pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Without a GPU (or in a build without CUDA) --device cuda fails at once with a message that
+// says why, and a non-zero exit. On a GPU machine the CUDA path itself is tested by
+// tiny_engine_cuda_test (label gpu) and scripts/gpu-check.
+TEST(TinyEngineCli, DeviceCudaWithoutAGpuFailsClearly) {
+#ifdef TINY_ENGINE_HAS_CUDA
+  if (pagedkv::cuda_device_count() > 0) {
+    GTEST_SKIP() << "a CUDA device is visible: --device cuda runs here (see tiny_engine_cuda_test)";
+  }
+  const char* expected = "no CUDA device is visible";
+#else
+  const char* expected = "no CUDA support";
+#endif
+  for (const char* args : {"--device cuda", "--device cuda --compare --check-against-cpu --json"}) {
+    std::string output;
+    EXPECT_EQ(run_cli(args, output), 1) << output;
+    EXPECT_NE(output.find("pagedkv-tiny-engine: --device cuda: "), std::string::npos) << output;
+    EXPECT_NE(output.find(expected), std::string::npos) << output;
+  }
+}
+
+// The CPU path runs the model shape the CUDA kernels take (--head-dim 64): same proof.
+TEST(TinyEngineCli, HeadDim64OnTheCpu) {
+  std::string output;
+  EXPECT_EQ(run_cli("--compare --json --head-dim 64 --workload chat --sessions 2 "
+                    "--system-tokens 32",
+                    output),
+            0)
+      << output;
+  EXPECT_NE(output.find("KV heads of 64"), std::string::npos) << output;
+  EXPECT_NE(output.find("\"device\":\"cpu\""), std::string::npos) << output;
+  EXPECT_NE(output.find("\"pass\":true"), std::string::npos) << output;
 }
 
 TEST(TinyEngineCli, CompareJsonReportsTheProof) {

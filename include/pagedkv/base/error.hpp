@@ -18,6 +18,7 @@ enum class ErrorCode {
   kNotFound,         // an unknown id (request, block) where a known one is required
   kInvalidState,     // a call not allowed in the object's current state (double free, reset in use)
   kParseError,       // malformed external input (trace lines, hex digests, command-line values)
+  kDeviceError,      // the CUDA driver or runtime failed (pagedkv::cuda only; not a usage error)
 };
 
 std::string_view to_string(ErrorCode code) noexcept;

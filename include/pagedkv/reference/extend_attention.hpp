@@ -30,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "pagedkv/device/kv_dtype.hpp"
@@ -103,6 +104,20 @@ struct PagedExtendParams {
 // negative; a head's row fits before the next token's), pointers present, max_q_len not
 // negative, scale and cap finite, window not negative. Throws pagedkv::Error naming the field.
 void validate(const PagedExtendParams& params);
+
+// Checks the host copies of a batch's per-sequence data, as an engine builds them before
+// uploading (the CUDA kernel cannot read them on the host and trusts them, clamping what it
+// must): q_indptr has num_seqs + 1 entries, starts at 0 and never decreases; every sequence's
+// new-token count q_len_i = q_indptr[i + 1] - q_indptr[i] is at most max_q_len and at most
+// seq_lens[i] (its K/V must be appended first); and every block id the first seq_lens[i]
+// tokens use lies in its table row and in [0, num_blocks) (validate_block_table). Throws
+// pagedkv::Error naming the sequence: kInvalidArgument for a bad q_indptr or shape, kOutOfRange
+// for a length or block id out of range. The CPU reference runs the same checks.
+void validate_extend_metadata(std::span<const std::int32_t> q_indptr, std::int32_t max_q_len,
+                              std::span<const std::int32_t> seq_lens,
+                              std::span<const std::int32_t> block_table,
+                              std::int32_t max_blocks_per_seq, std::int32_t block_size,
+                              std::int64_t num_blocks);
 
 // The exact (double) results of the CPU reference, dense:
 struct ExtendReference {
