@@ -288,14 +288,18 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
       }
       std::size_t j = i;
       while (j < full && cacheable(j)) ++j;
-      BlockId parent = BlockPool::kNoBlock;
-      if (i > 0 && i - 1 < old_size + hb.size()) parent = block_at(i - 1);
-      if (parent != BlockPool::kNoBlock &&
-          (parent == kNullBlockId || !pool_.block(parent).is_cached())) {
-        parent = BlockPool::kNoBlock;
+      // The blocks before the run, as they will be: usually just the cached parent; the whole
+      // prefix when the parent is not cached (evicted or skipped), so the pool finds the
+      // nearest cached ancestor.
+      prefix_scratch_.clear();
+      const BlockId parent = i > 0 ? block_at(i - 1) : BlockPool::kNoBlock;
+      if (i > 0 && parent > 0 && pool_.block(parent).is_cached()) {
+        prefix_scratch_.push_back(parent);
+      } else {
+        for (std::size_t k = 0; k < i; ++k) prefix_scratch_.push_back(block_at(k));
       }
       runs.push_back(PendingRun{g, i, j, {}});
-      runs.back().store = pool_.prepare_store(seq, i, j, parent, group.id);
+      runs.back().store = pool_.prepare_store(seq, i, j, prefix_scratch_, group.id);
       i = j;
     }
   }

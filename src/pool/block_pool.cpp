@@ -58,17 +58,6 @@ BlockHash prefix_identity(const BlockHash& parent, std::span<const TokenId> toke
   return raw_digest(HashScheme::kSha256, buf);
 }
 
-// The identity of an unknown parent prefix (its block was not cached, e.g. skipped by a sliding
-// window), derived from the parent's chained hash under its own domain: it never equals a real
-// prefix identity, so a child of an unknown parent is only ever matched unanchored.
-BlockHash orphan_identity(const BlockHash& parent_hash, std::vector<std::uint8_t>& buf) {
-  static constexpr std::string_view kDomain = "pagedkv-unknown-parent";
-  buf.clear();
-  append_bytes(buf, kDomain.data(), kDomain.size());
-  append_bytes(buf, parent_hash.bytes().data(), parent_hash.size());
-  return raw_digest(HashScheme::kSha256, buf);
-}
-
 }  // namespace
 
 // Interned extra-key encodings: cached blocks store a small id instead of the bytes; equal key
@@ -352,17 +341,15 @@ void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const Bloc
                     std::to_string(blocks.size()) + " blocks");
   }
   validate_sequence(seq, num_full_blocks, "BlockPool::cache_full_blocks");
-  BlockId parent = kNoBlock;
-  if (num_cached_blocks > 0) {
-    const KVCacheBlock& p = block(blocks[num_cached_blocks - 1]);  // throws when out of range
-    if (p.is_cached() && !p.is_null) parent = p.block_id;
-  }
   const auto range = blocks.subspan(num_cached_blocks, num_full_blocks - num_cached_blocks);
-  commit_store(prepare_store(seq, num_cached_blocks, num_full_blocks, parent, group), range);
+  commit_store(prepare_store(seq, num_cached_blocks, num_full_blocks,
+                             blocks.subspan(0, num_cached_blocks), group),
+               range);
 }
 
 BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::size_t first,
-                                                 std::size_t last, BlockId parent,
+                                                 std::size_t last,
+                                                 std::span<const BlockId> prefix_row,
                                                  GroupId group) {
   if (first > last) {
     throw Error(ErrorCode::kOutOfRange, "BlockPool::prepare_store: first block " +
@@ -370,7 +357,12 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
                                             std::to_string(last));
   }
   validate_sequence(seq, last, "BlockPool::prepare_store");
-  if (parent != kNoBlock) (void)block(parent);
+  if (prefix_row.size() > first) {
+    throw Error(ErrorCode::kOutOfRange, "BlockPool::prepare_store: " +
+                                            std::to_string(prefix_row.size()) +
+                                            " prefix blocks before block " +
+                                            std::to_string(first));
+  }
   PendingStore st;
   st.seq_ = seq;
   st.first_ = first;
@@ -387,14 +379,25 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
     if (own) st.idents_.reserve(n);
     st.pool_ = this;  // from here on, st releases the extra keys it acquired if we throw
     BlockHash parent_ident;  // empty: block 0 has no parent
-    if (first > 0) {
-      if (!own) {
-        parent_ident = hashes[first - 1];
-      } else if (parent != kNoBlock && blocks_[static_cast<std::size_t>(parent)].is_cached() &&
-                 !blocks_[static_cast<std::size_t>(parent)].is_null) {
-        parent_ident = ident_[static_cast<std::size_t>(parent)];
-      } else {
-        parent_ident = orphan_identity(hashes[first - 1], ident_scratch_);
+    if (first > 0 && !own) parent_ident = hashes[first - 1];
+    if (first > 0 && own) {
+      // The nearest cached block of the prefix knows its prefix's identity; the blocks after it
+      // (evicted, or skipped by a window) are chained from seq's own material. Usually that is
+      // the parent itself; otherwise a few SHA-256 computations, once per cached run.
+      std::size_t start = 0;  // root: chain from seq's block 0
+      for (std::size_t j = prefix_row.size(); j-- > 0;) {
+        const BlockId b = prefix_row[j];
+        if (b > 0 && b < config_.num_blocks && blocks_[static_cast<std::size_t>(b)].is_cached()) {
+          parent_ident = ident_[static_cast<std::size_t>(b)];
+          start = first - prefix_row.size() + j + 1;
+          break;
+        }
+      }
+      for (std::size_t p = start; p < first; ++p) {
+        const BlockExtraKeys extra = seq.block_extra_keys(p, store_scratch_.mm);
+        encode_extra_keys(extra, store_scratch_.extra);
+        parent_ident = prefix_identity(parent_ident, seq.tokens.subspan(p * bs, bs),
+                                       store_scratch_.extra, ident_scratch_);
       }
     }
     for (std::size_t i = first; i < last; ++i) {

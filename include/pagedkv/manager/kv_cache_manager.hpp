@@ -203,6 +203,7 @@ class KVCacheManager {
   std::vector<std::size_t> alloc_scratch_;                // allocate_slots: blocks per group
   std::vector<std::size_t> skip_scratch_;                 // allocate_slots: leaving the window
   std::vector<PendingRun> run_scratch_;                   // allocate_slots: blocks to cache
+  std::vector<BlockId> prefix_scratch_;                   // allocate_slots: blocks before a run
   std::uint64_t out_of_window_freed_ = 0;
 };
 

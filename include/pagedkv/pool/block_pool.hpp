@@ -129,8 +129,10 @@ class BlockPool {
   // cache_full_blocks() in two halves, for managers that compose several pool calls into one
   // step with the strong guarantee. prepare_store() does everything that may throw (validation
   // of `seq` and the range, identities, interned extra keys, the BlockStored event) and changes
-  // nothing observable; `parent` is the physical block holding seq's block `first - 1`
-  // (kNoBlock when first == 0 or when that block is not cached). commit_store() then caches
+  // nothing observable. `prefix_row` holds the physical blocks of seq's blocks
+  // [first - prefix_row.size(), first) as far as known (any id that is not a cached block, e.g.
+  // kNoBlock or the null block, means unknown); the parent prefix's identity comes from the
+  // nearest cached one, or is computed from seq's material. commit_store() then caches
   // `blocks` (one per block of the range; validated first, before any change) and cannot fail
   // for valid blocks. A PendingStore that is never committed releases what it holds.
   class PendingStore {
@@ -154,7 +156,7 @@ class BlockPool {
     std::optional<KVEvent> event_;          // BlockStored, when events are on
   };
   PendingStore prepare_store(const BlockSequence& seq, std::size_t first, std::size_t last,
-                             BlockId parent, GroupId group = 0);
+                             std::span<const BlockId> prefix_row, GroupId group = 0);
   void commit_store(PendingStore&& store, std::span<const BlockId> blocks);
 
   // Ensures the next `removals` evictions and `others` other events can be recorded without
@@ -261,7 +263,6 @@ class BlockPool {
   std::vector<BlockHash> ident_;          // own prefix identity (only without
                                           // chain_hashes_identify_prefix)
   std::unique_ptr<ExtraKeyTable> extra_keys_;
-  std::uint64_t next_orphan_ = 0;  // makes identities of prefixes whose parent is unknown unique
 
   // Events: recorded in events_ (capacity reserved before any change), delivered when no
   // EventDeliveryHold is alive.
