@@ -34,9 +34,9 @@ void validate_keys(const RequestHashKeys& keys) {
                   where + "length " + std::to_string(item.length) + " (must be positive)");
     }
     if (item.length > std::numeric_limits<std::int64_t>::max() - item.offset) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  where + "offset " + std::to_string(item.offset) + " + length " +
-                      std::to_string(item.length) + " overflows a 64-bit token position");
+      throw Error(ErrorCode::kInvalidArgument, where + "offset " + std::to_string(item.offset) +
+                                                   " + length " + std::to_string(item.length) +
+                                                   " overflows a 64-bit token position");
     }
     if (i > 0) {
       const MultiModalItem& prev = keys.mm_items[i - 1];
@@ -115,7 +115,8 @@ void RequestBlockHasher::append(std::span<const TokenId> tokens) {
     for (std::size_t b = old_blocks; b < full_blocks; ++b) {
       const BlockHash& parent = b == 0 ? hasher_.none_hash() : block_hashes_[b - 1];
       const std::span<const TokenId> block(tokens_.data() + b * block_size_, block_size_);
-      block_hashes_.push_back(hasher_.hash_block_impl(parent, block, block_extra_keys(b, mm_scratch_),
+      block_hashes_.push_back(hasher_.hash_block_impl(parent, block,
+                                                      block_extra_keys(b, mm_scratch_),
                                                       /*tokens_checked=*/true));
     }
   } catch (...) {

@@ -132,9 +132,9 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     throw Error(ErrorCode::kInvalidArgument, where() + "num_new_tokens must be greater than 0");
   }
   check_hashing(request);
-  check_identity(request, "allocate_slots");
   const auto it = requests_.find(request.id());
   const bool known = it != requests_.end();
+  if (known && it->second.identity != request.identity_) check_identity(request, "allocate_slots");
   // The hit's blocks per group; a default CacheHit{} means no hit in any group.
   static const std::vector<BlockId> kNoBlocks;
   std::vector<const std::vector<BlockId>*>& hits = hit_scratch_;  // reused: no allocation
@@ -190,8 +190,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
   // Checked arithmetic on the caller's counts: a sum that would wrap is an error.
   const std::size_t num_computed = request.num_computed_tokens() + hit.num_tokens;
-  if (num_computed > request.num_tokens() ||
-      num_new_tokens > request.num_tokens() - num_computed) {
+  if (num_computed > request.num_tokens() || num_new_tokens > request.num_tokens() - num_computed) {
     throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_computed) + " computed + " +
                                             std::to_string(num_new_tokens) +
                                             " new tokens exceed its " +
@@ -200,8 +199,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   const std::size_t known_end = num_computed + num_new_tokens;  // <= num_tokens()
   if (num_lookahead_tokens > SIZE_MAX - known_end) {
     throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_lookahead_tokens) +
-                                            " lookahead tokens after " +
-                                            std::to_string(known_end) +
+                                            " lookahead tokens after " + std::to_string(known_end) +
                                             " tokens overflow the slot count");
   }
   std::size_t need_slots = known_end + num_lookahead_tokens;
@@ -220,7 +218,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     to_allocate[g] = required > held + hb.size() ? required - held - hb.size() : 0;
     needed = saturating_add(needed, to_allocate[g]);
     for (const BlockId b : hb) needed += (b != kNullBlockId && pool_.block(b).ref_cnt == 0) ? 1 : 0;
-    if (known) {
+    if (known && groups()[g].spec.kind == AttentionKind::kSlidingWindow) {
       releasable += num_out_of_window_blocks(pool_, groups()[g].spec, it->second.groups[g].blocks,
                                              request.num_computed_tokens(),
                                              /*count_freeable=*/true);
@@ -233,8 +231,9 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   // ---- Prepare: everything that may throw (allocation included), before any change ----
   // Events recorded below reach the sink only when this call has completed.
   BlockPool::EventDeliveryHold hold(pool_);
-  const auto [slot, inserted] = requests_.try_emplace(request.id());
-  RequestBlocks& state = slot->second;
+  bool inserted = false;
+  if (!known) inserted = requests_.try_emplace(request.id()).second;
+  RequestBlocks& state = known ? it->second : requests_.find(request.id())->second;
   struct Undo {  // if anything below throws: a new entry goes, prepared stores are released
     std::unordered_map<RequestId, RequestBlocks>& map;
     std::vector<PendingRun>& runs;
@@ -262,14 +261,15 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     max_skip = std::max(max_skip, skips[g]);
     if (!pool_.config().enable_caching) continue;
     const std::size_t skip_end =
-        skips[g] == 0 ? 0
-                      : std::min<std::size_t>(group.spec.num_skipped_tokens(
-                                                  request.num_computed_tokens()) /
-                                                  group.spec.block_size,
-                                              old_size);
+        skips[g] == 0
+            ? 0
+            : std::min<std::size_t>(group.spec.num_skipped_tokens(request.num_computed_tokens()) /
+                                        group.spec.block_size,
+                                    old_size);
     // The block at position i once this call's changes are made (kNoBlock: a new block).
     const auto block_at = [&](std::size_t i) -> BlockId {
-      if (i < old_size) return i + skips[g] >= skip_end && i < skip_end ? kNullBlockId : gs.blocks[i];
+      if (i < old_size)
+        return i + skips[g] >= skip_end && i < skip_end ? kNullBlockId : gs.blocks[i];
       if (i < old_size + hb.size()) return hb[i - old_size];
       return BlockPool::kNoBlock;
     };
@@ -303,10 +303,12 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
       i = j;
     }
   }
-  free_scratch_.reserve(max_skip);
-  std::size_t total_allocations = 0;
-  for (const std::size_t n : to_allocate) total_allocations += n;
-  pool_.reserve_events(total_allocations, runs.size());
+  if (max_skip > 0) free_scratch_.reserve(max_skip);
+  if (pool_.config().enable_kv_events) {
+    std::size_t total_allocations = 0;
+    for (const std::size_t n : to_allocate) total_allocations += n;
+    pool_.reserve_events(total_allocations, runs.size());
+  }
 
   // ---- Commit: nothing below allocates or throws ----
   // Blocks that left a window go first (the later block first), in every group before any
@@ -349,8 +351,8 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
   for (PendingRun& run : runs) {
     GroupBlocks& gs = state.groups[run.group];
-    pool_.commit_store(std::move(run.store), std::span<const BlockId>(gs.blocks)
-                                                  .subspan(run.first, run.last - run.first));
+    pool_.commit_store(std::move(run.store), std::span<const BlockId>(gs.blocks).subspan(
+                                                 run.first, run.last - run.first));
   }
   runs.clear();
   if (pool_.config().enable_caching) {
@@ -392,8 +394,8 @@ void KVCacheManager::free(Request& request) {
 
 void KVCacheManager::preempt(Request& request) {
   if (!release(request, "preempt")) {
-    throw Error(ErrorCode::kNotFound, "preempt: " + request_text(request) +
-                                          " holds no blocks (unknown to this manager)");
+    throw Error(ErrorCode::kNotFound,
+                "preempt: " + request_text(request) + " holds no blocks (unknown to this manager)");
   }
   request.num_computed_tokens_ = 0;
 }
@@ -405,8 +407,7 @@ std::span<const BlockId> KVCacheManager::block_ids(RequestId id, std::size_t gro
   }
   if (group >= num_groups()) {
     throw Error(ErrorCode::kOutOfRange, "block_ids: group " + std::to_string(group) +
-                                            " but the manager has " +
-                                            std::to_string(num_groups()));
+                                            " but the manager has " + std::to_string(num_groups()));
   }
   return it->second.groups[group].blocks;
 }

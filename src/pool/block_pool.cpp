@@ -161,8 +161,7 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
   const std::size_t n = blocks_.size();
   if (config_.enable_caching && config_.verify_cache_hits) {
     block_tokens_.resize(n * config_.block_size);
-    extra_id_.assign(n, 0);
-    parent_ident_.assign(n, BlockHash());
+    stored_.assign(n, Stored{});
     if (!config_.chain_hashes_identify_prefix) ident_.assign(n, BlockHash());
   }
   // free_blocks() never allocates: a call queues each block at most once.
@@ -226,9 +225,8 @@ void BlockPool::evict_cached(BlockId id) noexcept {
   if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
   if (verifying()) {
     const auto i = static_cast<std::size_t>(id);
-    extra_keys_->release(extra_id_[i]);
-    extra_id_[i] = 0;
-    parent_ident_[i] = BlockHash();
+    extra_keys_->release(stored_[i].extra_id);
+    stored_[i] = Stored{};
     if (!ident_.empty()) ident_[i] = BlockHash();
   }
   b.block_hash = BlockHash();
@@ -242,6 +240,7 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
                 "BlockPool::get_new_blocks: negative block count " + std::to_string(n));
   }
   if (n > free_queue_.size()) return false;
+  if (n == 0) return true;  // a decode step that needs no new block
   // Everything that may allocate, before any change.
   out.reserve(out.size() + static_cast<std::size_t>(n));
   reserve_events(static_cast<std::size_t>(n), 0);
@@ -335,10 +334,10 @@ void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const Bloc
   // Built only when an error is thrown: this runs at every allocation that fills a block.
   const auto where = [] { return std::string("BlockPool::cache_full_blocks: "); };
   if (num_cached_blocks > num_full_blocks || num_full_blocks > blocks.size()) {
-    throw Error(ErrorCode::kOutOfRange,
-                where() + "blocks [" + std::to_string(num_cached_blocks) + ", " +
-                    std::to_string(num_full_blocks) + ") are not within the request's " +
-                    std::to_string(blocks.size()) + " blocks");
+    throw Error(ErrorCode::kOutOfRange, where() + "blocks [" + std::to_string(num_cached_blocks) +
+                                            ", " + std::to_string(num_full_blocks) +
+                                            ") are not within the request's " +
+                                            std::to_string(blocks.size()) + " blocks");
   }
   validate_sequence(seq, num_full_blocks, "BlockPool::cache_full_blocks");
   const auto range = blocks.subspan(num_cached_blocks, num_full_blocks - num_cached_blocks);
@@ -358,10 +357,9 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
   }
   validate_sequence(seq, last, "BlockPool::prepare_store");
   if (prefix_row.size() > first) {
-    throw Error(ErrorCode::kOutOfRange, "BlockPool::prepare_store: " +
-                                            std::to_string(prefix_row.size()) +
-                                            " prefix blocks before block " +
-                                            std::to_string(first));
+    throw Error(ErrorCode::kOutOfRange,
+                "BlockPool::prepare_store: " + std::to_string(prefix_row.size()) +
+                    " prefix blocks before block " + std::to_string(first));
   }
   PendingStore st;
   st.seq_ = seq;
@@ -377,7 +375,7 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
     st.extra_ids_.reserve(n);
     st.parent_idents_.reserve(n);
     if (own) st.idents_.reserve(n);
-    st.pool_ = this;  // from here on, st releases the extra keys it acquired if we throw
+    st.pool_ = this;         // from here on, st releases the extra keys it acquired if we throw
     BlockHash parent_ident;  // empty: block 0 has no parent
     if (first > 0 && !own) parent_ident = hashes[first - 1];
     if (first > 0 && own) {
@@ -407,9 +405,8 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
       st.extra_ids_.push_back(eid);  // reserved: cannot throw, so the reference is never lost
       st.parent_idents_.push_back(parent_ident);
       if (own) {
-        parent_ident =
-            prefix_identity(parent_ident, seq.tokens.subspan(i * bs, bs), store_scratch_.extra,
-                            ident_scratch_);
+        parent_ident = prefix_identity(parent_ident, seq.tokens.subspan(i * bs, bs),
+                                       store_scratch_.extra, ident_scratch_);
         st.idents_.push_back(parent_ident);
       } else {
         parent_ident = hashes[i];
@@ -448,9 +445,9 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   PendingStore st = std::move(store);  // released on any exit
   const auto where = [] { return std::string("BlockPool::cache_full_blocks: "); };
   if (blocks.size() != st.size()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                where() + std::to_string(blocks.size()) + " blocks for a store of " +
-                    std::to_string(st.size()));
+    throw Error(ErrorCode::kInvalidArgument, where() + std::to_string(blocks.size()) +
+                                                 " blocks for a store of " +
+                                                 std::to_string(st.size()));
   }
   // Validate without side effects; a repeated id is found by flipping the sign of its (positive)
   // ref count, undone before returning or throwing.
@@ -505,8 +502,8 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     b.block_hash = hashes[st.first_ + k];
     b.group_id = st.group_;
     if (verifying()) {
-      extra_id_[i] = st.extra_ids_[k];
-      parent_ident_[i] = st.parent_idents_[k];
+      stored_[i].extra_id = st.extra_ids_[k];
+      stored_[i].parent_ident = st.parent_idents_[k];
       if (!ident_.empty()) ident_[i] = st.idents_[k];
       std::memcpy(&block_tokens_[i * config_.block_size],
                   st.seq_.tokens.data() + (st.first_ + k) * bs, bs * sizeof(TokenId));
@@ -547,7 +544,7 @@ BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::
 
 bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept {
   if (!verifying()) return true;
-  return parent_ident_[static_cast<std::size_t>(child)] == identity(parent);
+  return stored_[static_cast<std::size_t>(child)].parent_ident == identity(parent);
 }
 
 BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId group,
@@ -558,7 +555,12 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
                                             std::to_string(seq.block_hashes.size()) +
                                             " full blocks");
   }
-  validate_sequence(seq, index + 1, "BlockPool::match_cached_block");
+  std::size_t end_token = 0;  // a multiply, not validate_sequence's division: once per block
+  if (seq.block_size == 0 || seq.block_size > config_.block_size ||
+      __builtin_mul_overflow(index + 1, std::size_t{seq.block_size}, &end_token) ||
+      end_token > seq.tokens.size()) {
+    validate_sequence(seq, index + 1, "BlockPool::match_cached_block");  // throws
+  }
   if (!config_.enable_caching) return kNoBlock;
   const BlockHash& hash = seq.block_hashes[index];
   if (!verifying()) return hash_map_.find_first(hash, group);
@@ -578,8 +580,12 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
   const std::size_t bytes = seq.block_size * sizeof(TokenId);
   return hash_map_.find_first(hash, group, [&](BlockId c) {
     const auto i = static_cast<std::size_t>(c);
-    return (parent_ident == nullptr || parent_ident_[i] == *parent_ident) &&
-           extra_id_[i] == eid &&
+    const Stored& m = stored_[i];
+    // Whole-object compare (a fixed 33 bytes, inlined): unused digest bytes are always zero.
+    static_assert(sizeof(BlockHash) == BlockHash::kMaxSize + 1);
+    return (parent_ident == nullptr ||
+            std::memcmp(&m.parent_ident, parent_ident, sizeof(BlockHash)) == 0) &&
+           m.extra_id == eid &&
            std::memcmp(&block_tokens_[i * config_.block_size], tokens, bytes) == 0;
   });
 }
@@ -608,8 +614,7 @@ bool BlockPool::reset_prefix_cache() {
   }
   hash_map_.clear();
   if (verifying()) {
-    std::fill(extra_id_.begin(), extra_id_.end(), 0u);
-    std::fill(parent_ident_.begin(), parent_ident_.end(), BlockHash());
+    std::fill(stored_.begin(), stored_.end(), Stored{});
     std::fill(ident_.begin(), ident_.end(), BlockHash());
     extra_keys_->clear();
   }
@@ -671,7 +676,7 @@ void BlockPool::check_invariants() const {
       if (!ident_.empty() && ident_[i].empty()) {
         fail(id_text(b.block_id) + " is cached without a prefix identity");
       }
-    } else if (verifying() && (extra_id_[i] != 0 || !parent_ident_[i].empty() ||
+    } else if (verifying() && (stored_[i].extra_id != 0 || !stored_[i].parent_ident.empty() ||
                                (!ident_.empty() && !ident_[i].empty()))) {
       fail(id_text(b.block_id) + " is not cached but keeps key material");
     }
@@ -685,7 +690,8 @@ void BlockPool::check_invariants() const {
   }
   if (verifying()) {
     std::vector<std::uint32_t> refs(extra_keys_->refs.size(), 0);
-    for (const std::uint32_t eid : extra_id_) {
+    for (const Stored& m : stored_) {
+      const std::uint32_t eid = m.extra_id;
       if (eid >= refs.size()) fail("extra-key id out of range");
       if (eid != 0) ++refs[eid];
     }
@@ -715,9 +721,9 @@ BlockPoolSnapshot BlockPool::snapshot() const {
       for (std::size_t t = 0; t < bs; ++t) {
         s.block_tokens.push_back(cached ? block_tokens_[i * bs + t] : 0);
       }
-      const std::uint32_t eid = extra_id_[i];
+      const std::uint32_t eid = stored_[i].extra_id;
       s.extra_keys.push_back(eid == 0 ? std::string() : *extra_keys_->keys[eid]);
-      s.parent_identities.push_back(parent_ident_[i]);
+      s.parent_identities.push_back(stored_[i].parent_ident);
       if (!ident_.empty()) s.identities.push_back(ident_[i]);
     }
   }
@@ -730,8 +736,8 @@ BlockPoolSnapshot BlockPool::snapshot() const {
 double BlockPool::metadata_bytes_per_block() const noexcept {
   const double bytes = static_cast<double>(
       blocks_.size() * sizeof(KVCacheBlock) + 2 * hash_map_.capacity() * sizeof(BlockId) +
-      block_tokens_.size() * sizeof(TokenId) + extra_id_.size() * sizeof(std::uint32_t) +
-      (parent_ident_.size() + ident_.size()) * sizeof(BlockHash) +
+      block_tokens_.size() * sizeof(TokenId) + stored_.size() * sizeof(Stored) +
+      ident_.size() * sizeof(BlockHash) +
       (unhashed_scratch_.capacity() + hashed_scratch_.capacity()) * sizeof(BlockId));
   return bytes / static_cast<double>(blocks_.size());
 }

@@ -360,7 +360,8 @@ TEST(Hybrid, CachingIsClampedToTheCommonBlockSize) {
   const auto events = m.take_events();
   std::map<GroupId, std::size_t> stored;
   for (const KVEvent& e : events) {
-    if (const auto* s = std::get_if<BlockStored>(&e.data)) stored[s->group_id] += s->block_hashes.size();
+    if (const auto* s = std::get_if<BlockStored>(&e.data))
+      stored[s->group_id] += s->block_hashes.size();
   }
   EXPECT_EQ(stored[0], 3u);
   EXPECT_EQ(stored[1], 6u);

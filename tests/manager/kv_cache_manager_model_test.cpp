@@ -150,8 +150,8 @@ struct RefModel {
     if (spec.kind != AttentionKind::kSlidingWindow || computed + 1 <= spec.sliding_window) {
       return pos;
     }
-    const std::size_t end = std::min<std::size_t>((computed + 1 - spec.sliding_window) / bs,
-                                                  row.size());
+    const std::size_t end =
+        std::min<std::size_t>((computed + 1 - spec.sliding_window) / bs, row.size());
     for (std::size_t i = end; i-- > 0 && row[i] != kNullBlockId;) pos.push_back(i);
     return pos;
   }
@@ -170,8 +170,8 @@ struct RefModel {
                                                std::size_t lookahead) {
     const std::size_t ng = groups.size();
     const bool known = reqs.count(r.id()) != 0;
-    Req cur = known ? reqs.at(r.id()) : Req{std::vector<std::vector<BlockId>>(ng),
-                                            std::vector<std::size_t>(ng, 0)};
+    Req cur = known ? reqs.at(r.id())
+                    : Req{std::vector<std::vector<BlockId>>(ng), std::vector<std::size_t>(ng, 0)};
     const std::size_t hit_tokens = hits.empty() ? 0 : hits[0].size() * bs;
     const std::size_t computed = r.num_computed_tokens() + hit_tokens;
     std::size_t slots = computed + n + lookahead;

@@ -28,7 +28,7 @@
 
 namespace {
 
-long g_fail_at = -1;    // allocations until the injected failure; -1: none
+long g_fail_at = -1;  // allocations until the injected failure; -1: none
 bool g_suspended = false;
 
 void* counted_alloc(std::size_t n) {
@@ -120,8 +120,7 @@ void with_failures(Subject& s, Counts& counts, Call call) {
     if (!fired) return;
     Suspend sus;
     ++counts.injected;
-    ASSERT_EQ(s.m.snapshot(), *before) << "state changed by a call that failed at allocation "
-                                       << n;
+    ASSERT_EQ(s.m.snapshot(), *before) << "state changed by a call that failed at allocation " << n;
     ASSERT_EQ(s.delivered.size(), delivered_before) << "a failed call delivered events";
     s.m.check_invariants();
   }
@@ -173,9 +172,8 @@ Counts run_stream(int layout, std::uint32_t seed, int num_ops) {
       n = std::min(n, clean.running[i].num_tokens() - hit_clean.num_tokens);
     }
     got_clean = clean.m.allocate_slots(clean.running[i], n, hit_clean, lookahead);
-    with_failures(inj, counts, [&] {
-      got_inj = inj.m.allocate_slots(inj.running[i], n, hit_inj, lookahead);
-    });
+    with_failures(inj, counts,
+                  [&] { got_inj = inj.m.allocate_slots(inj.running[i], n, hit_inj, lookahead); });
     EXPECT_EQ(got_clean.has_value(), got_inj.has_value());
     if (got_clean) {
       const std::size_t done = clean.running[i].num_computed_tokens() + hit_clean.num_tokens + n;

@@ -126,10 +126,10 @@ class BlockHashMap {
 
  private:
   [[noreturn]] void throw_full() const {
-    throw Error(ErrorCode::kInvalidState,
-                "BlockHashMap::insert: the table is full (" + std::to_string(size_) +
-                    " entries, capacity " + std::to_string(slots_.size()) +
-                    "); a block was inserted more than once");
+    throw Error(ErrorCode::kInvalidState, "BlockHashMap::insert: the table is full (" +
+                                              std::to_string(size_) + " entries, capacity " +
+                                              std::to_string(slots_.size()) +
+                                              "); a block was inserted more than once");
   }
 
   struct Slot {

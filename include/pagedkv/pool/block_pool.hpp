@@ -170,7 +170,7 @@ class BlockPool {
    public:
     explicit EventDeliveryHold(BlockPool& pool) noexcept : pool_(pool) { ++pool_.delivery_holds_; }
     ~EventDeliveryHold() {
-      if (--pool_.delivery_holds_ == 0) pool_.deliver_events();
+      if (--pool_.delivery_holds_ == 0 && !pool_.events_.empty()) pool_.deliver_events();
     }
     EventDeliveryHold(const EventDeliveryHold&) = delete;
     EventDeliveryHold& operator=(const EventDeliveryHold&) = delete;
@@ -205,8 +205,7 @@ class BlockPool {
   // the same as match_cached_block() without the parent check. Callers verify the chain inside a
   // run of hits with same_content_chain().
   BlockId match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
-                                        GroupId group = 0,
-                                        LookupScratch* scratch = nullptr) const;
+                                        GroupId group = 0, LookupScratch* scratch = nullptr) const;
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
   // verify_cache_hits). Both must be cached.
   bool same_content_chain(BlockId parent, BlockId child) const noexcept;
@@ -235,7 +234,7 @@ class BlockPool {
  private:
   struct ExtraKeyTable;  // interned extra-key encodings with reference counts (block_pool.cpp)
 
-  bool verifying() const noexcept { return !extra_id_.empty(); }
+  bool verifying() const noexcept { return !stored_.empty(); }
   // The identity of the prefix ending with cached block `id`.
   const BlockHash& identity(BlockId id) const noexcept {
     return config_.chain_hashes_identify_prefix ? blocks_[static_cast<std::size_t>(id)].block_hash
@@ -257,25 +256,28 @@ class BlockPool {
   std::uint64_t num_evictions_ = 0;
 
   // Stored key material, per block (only with verify_cache_hits; meaningful while cached).
-  std::vector<TokenId> block_tokens_;     // block_size tokens per block
-  std::vector<std::uint32_t> extra_id_;   // interned extra keys; 0 when none
-  std::vector<BlockHash> parent_ident_;   // identity of the parent prefix; empty for block 0
-  std::vector<BlockHash> ident_;          // own prefix identity (only without
-                                          // chain_hashes_identify_prefix)
+  std::vector<TokenId> block_tokens_;    // block_size tokens per block
+  struct Stored {
+    BlockHash parent_ident;     // identity of the parent prefix; empty for block 0
+    std::uint32_t extra_id = 0;  // interned extra keys; 0 when none
+  };
+  std::vector<Stored> stored_;  // per block; one cache line per verified candidate
+  std::vector<BlockHash> ident_;         // own prefix identity (only without
+                                         // chain_hashes_identify_prefix)
   std::unique_ptr<ExtraKeyTable> extra_keys_;
 
   // Events: recorded in events_ (capacity reserved before any change), delivered when no
   // EventDeliveryHold is alive.
   std::uint64_t next_event_seq_ = 0;
   std::vector<KVEvent> events_;
-  std::vector<KVEvent> removed_shells_;       // prebuilt BlockRemoved events (1 hash each)
+  std::vector<KVEvent> removed_shells_;  // prebuilt BlockRemoved events (1 hash each)
   KVEventSink sink_;
   int delivery_holds_ = 0;
 
   // Reused scratch (no allocation in steady state; sized at construction).
   std::vector<BlockId> unhashed_scratch_;
   std::vector<BlockId> hashed_scratch_;
-  LookupScratch store_scratch_;             // mutating calls only
+  LookupScratch store_scratch_;              // mutating calls only
   std::vector<std::uint8_t> ident_scratch_;  // mutating calls only
 };
 
