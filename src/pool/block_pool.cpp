@@ -243,7 +243,7 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   if (n == 0) return true;  // a decode step that needs no new block
   // Everything that may allocate, before any change.
   out.reserve(out.size() + static_cast<std::size_t>(n));
-  reserve_events(static_cast<std::size_t>(n), 0);
+  if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
   const std::size_t first = out.size();
   for (std::int32_t i = 0; i < n; ++i) {
     const BlockId id = free_queue_.popleft();
@@ -256,7 +256,7 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     if (b.is_cached()) evict_cached(out[i]);
     b.ref_cnt = 1;
   }
-  deliver_events();
+  if (!events_.empty()) deliver_events();
   return true;
 }
 
