@@ -134,7 +134,9 @@ class BlockPool {
   // kNoBlock or the null block, means unknown); the parent prefix's identity comes from the
   // nearest cached one, or is computed from seq's material. commit_store() then caches
   // `blocks` (one per block of the range; validated first, before any change) and cannot fail
-  // for valid blocks. A PendingStore that is never committed releases what it holds.
+  // for valid blocks. A PendingStore that is never committed releases what it holds. Use it
+  // within one step: no PendingStore may outlive its pool or be alive across
+  // reset_prefix_cache().
   class PendingStore {
    public:
     PendingStore() = default;
