@@ -118,7 +118,7 @@ class Writer {
 void validate_extra(const BlockExtraKeys& extra);
 
 void validate(const BlockHasher& hasher, const BlockHash& parent, std::span<const TokenId> tokens,
-              const BlockExtraKeys& extra) {
+              const BlockExtraKeys& extra, bool tokens_checked = false) {
   if (parent.size() != hasher.digest_size()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "hash_block: parent hash has " + std::to_string(parent.size()) +
@@ -128,6 +128,7 @@ void validate(const BlockHasher& hasher, const BlockHash& parent, std::span<cons
   if (tokens.empty()) {
     throw Error(ErrorCode::kInvalidArgument, "hash_block: a block has at least one token");
   }
+  if (tokens_checked) return validate_extra(extra);
   // Branch-free scan first (vectorizes); the per-token search runs only to name the culprit.
   std::uint32_t sign_bits = 0;
   for (const TokenId t : tokens) sign_bits |= static_cast<std::uint32_t>(t);
@@ -306,24 +307,32 @@ BlockHasher::BlockHasher(HashScheme scheme, std::optional<std::string_view> seed
 
 BlockHash BlockHasher::hash_block(const BlockHash& parent, std::span<const TokenId> tokens,
                                   const BlockExtraKeys& extra) const {
+  return hash_block_impl(parent, tokens, extra, /*tokens_checked=*/false);
+}
+
+BlockHash BlockHasher::hash_block_impl(const BlockHash& parent, std::span<const TokenId> tokens,
+                                       const BlockExtraKeys& extra, bool tokens_checked) const {
   if (weak_bits_ != 0) [[unlikely]] {  // tests only: the full digest, then weakened
     BlockHasher full = *this;
     full.weak_bits_ = 0;
-    return weaken(full.hash_block(parent, tokens, extra), weak_bits_);
+    return weaken(full.hash_block_impl(parent, tokens, extra, tokens_checked), weak_bits_);
   }
   // Fast path for the common block (no extra keys, fits the stack buffer): the token sign check
-  // is one vectorizable OR over the tokens instead of a separate validation pass.
+  // is one vectorizable OR over the tokens instead of a separate validation pass, and none at
+  // all when the caller has checked the tokens already.
   if (extra.empty() && !tokens.empty() && tokens.size() <= kFastPathTokens &&
       parent.size() == none_hash_.size()) {
     std::uint32_t sign_bits = 0;
-    for (const TokenId t : tokens) sign_bits |= static_cast<std::uint32_t>(t);
+    if (!tokens_checked) {
+      for (const TokenId t : tokens) sign_bits |= static_cast<std::uint32_t>(t);
+    }
     if ((sign_bits >> 31) == 0) {
       std::array<std::uint8_t, kStackBytes> buf;  // uninitialized on purpose: fully overwritten
       const std::size_t n = encode(scheme_, buf.data(), parent, tokens, extra);
       return digest(scheme_, buf.data(), n);
     }
   }
-  validate(*this, parent, tokens, extra);
+  validate(*this, parent, tokens, extra, tokens_checked);
   const std::size_t bound = encoded_bound(scheme_, tokens, extra);
   if (bound <= kStackBytes) {
     std::array<std::uint8_t, kStackBytes> buf;  // uninitialized on purpose: fully overwritten

@@ -1,6 +1,8 @@
 #include "pagedkv/hash/request_hasher.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -30,6 +32,11 @@ void validate_keys(const RequestHashKeys& keys) {
     if (item.length <= 0) {
       throw Error(ErrorCode::kInvalidArgument,
                   where + "length " + std::to_string(item.length) + " (must be positive)");
+    }
+    if (item.length > std::numeric_limits<std::int64_t>::max() - item.offset) {
+      throw Error(ErrorCode::kInvalidArgument, where + "offset " + std::to_string(item.offset) +
+                                                   " + length " + std::to_string(item.length) +
+                                                   " overflows a 64-bit token position");
     }
     if (i > 0) {
       const MultiModalItem& prev = keys.mm_items[i - 1];
@@ -77,12 +84,26 @@ BlockExtraKeys block_extra_keys(const RequestHashKeys& keys, std::size_t block_i
 }
 
 void RequestBlockHasher::append(std::span<const TokenId> tokens) {
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    if (tokens[i] < 0) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "RequestBlockHasher::append: token id " + std::to_string(tokens[i]) +
-                      " at position " + std::to_string(i) +
-                      " is negative; token ids are non-negative 32-bit");
+  // Appending our own tokens (or part of them): copy first, since the insert below may
+  // reallocate the storage `tokens` points into.
+  const std::less<const TokenId*> before;
+  if (!tokens.empty() && !before(tokens.data(), tokens_.data()) &&
+      before(tokens.data(), tokens_.data() + tokens_.size())) {
+    const std::vector<TokenId> copy(tokens.begin(), tokens.end());
+    append(copy);
+    return;
+  }
+  // Every token is checked once, here (a vectorizable OR); the hasher then skips its own check.
+  std::uint32_t sign_bits = 0;
+  for (const TokenId t : tokens) sign_bits |= static_cast<std::uint32_t>(t);
+  if ((sign_bits >> 31) != 0) {
+    for (std::size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] < 0) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "RequestBlockHasher::append: token id " + std::to_string(tokens[i]) +
+                        " at position " + std::to_string(i) +
+                        " is negative; token ids are non-negative 32-bit");
+      }
     }
   }
   const std::size_t old_tokens = tokens_.size();
@@ -94,7 +115,9 @@ void RequestBlockHasher::append(std::span<const TokenId> tokens) {
     for (std::size_t b = old_blocks; b < full_blocks; ++b) {
       const BlockHash& parent = b == 0 ? hasher_.none_hash() : block_hashes_[b - 1];
       const std::span<const TokenId> block(tokens_.data() + b * block_size_, block_size_);
-      block_hashes_.push_back(hasher_.hash_block(parent, block, block_extra_keys(b, mm_scratch_)));
+      block_hashes_.push_back(hasher_.hash_block_impl(parent, block,
+                                                      block_extra_keys(b, mm_scratch_),
+                                                      /*tokens_checked=*/true));
     }
   } catch (...) {
     tokens_.resize(old_tokens);

@@ -100,9 +100,10 @@ std::size_t KVCacheCoordinator::find_longest_cache_hit(
         const BlockSequence seq = group_sequence(fine, g, coarse_scratch_);
         const std::size_t alignment = groups_.size() == 1 ? bs : alignment_;
         per_group[g] = group.spec.kind == AttentionKind::kFull
-                           ? find_full_attention_hit(pool, seq, group.id, length / bs, alignment)
+                           ? find_full_attention_hit(pool, seq, group.id, length / bs, alignment,
+                                                     &lookup_scratch_)
                            : find_sliding_window_hit(pool, seq, group.id, group.spec, length / bs,
-                                                     alignment);
+                                                     alignment, &lookup_scratch_);
         looked_up_[g] = true;
       }
       length = per_group[g].size() * bs;

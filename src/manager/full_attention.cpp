@@ -6,7 +6,8 @@ namespace pagedkv {
 
 std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockSequence& seq,
                                              GroupId group, std::size_t max_blocks,
-                                             std::size_t alignment) {
+                                             std::size_t alignment,
+                                             BlockPool::LookupScratch* scratch) {
   max_blocks = std::min(max_blocks, seq.block_hashes.size());
   std::vector<BlockId> hit;
   // Each hit's parent is the previous hit. The table's misses overlap through prefetches a few
@@ -20,7 +21,7 @@ std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockS
     if (i + kPrefetchDistance < max_blocks) {
       pool.prefetch_cached_block(seq.block_hashes[i + kPrefetchDistance], group);
     }
-    const BlockId b = pool.match_cached_block(seq, i, parent, group);
+    const BlockId b = pool.match_cached_block(seq, i, parent, group, scratch);
     if (b == BlockPool::kNoBlock) break;
     hit.push_back(b);
     parent = b;

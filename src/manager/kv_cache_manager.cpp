@@ -29,13 +29,14 @@ std::vector<AttentionSpec> group_specs(const KVCacheManagerConfig& config) {
 }
 
 BlockPoolConfig pool_config(const KVCacheManagerConfig& config,
-                            const KVCacheCoordinator& coordinator) {
+                            const KVCacheCoordinator& coordinator, const BlockHasher& hasher) {
   BlockPoolConfig p;
   p.num_blocks = config.num_blocks;
   p.block_size = coordinator.max_block_size();  // the pool stores tokens for the largest group
   p.enable_caching = config.enable_caching;
   p.verify_cache_hits = config.verify_cache_hits;
   p.enable_kv_events = config.enable_kv_events;
+  p.chain_hashes_identify_prefix = hasher.collision_resistant();
   return p;
 }
 
@@ -43,8 +44,13 @@ std::string request_text(const Request& r) {
   return "request " + std::to_string(r.id());
 }
 
+// ceil(a / b) without overflow.
 std::size_t cdiv(std::size_t a, std::size_t b) {
-  return (a + b - 1) / b;
+  return a / b + (a % b != 0 ? 1 : 0);
+}
+
+std::size_t saturating_add(std::size_t a, std::size_t b) {
+  return a > SIZE_MAX - b ? SIZE_MAX : a + b;
 }
 
 }  // namespace
@@ -52,7 +58,7 @@ std::size_t cdiv(std::size_t a, std::size_t b) {
 KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
     : hasher_(make_hasher(config)),
       coordinator_(group_specs(config), hasher_.scheme()),
-      pool_(pool_config(config, coordinator_)),
+      pool_(pool_config(config, coordinator_, hasher_)),
       stats_(config.stats_window),
       max_model_len_(config.max_model_len) {}
 
@@ -68,6 +74,16 @@ const AttentionSpec& KVCacheManager::group_spec(std::size_t g) const {
 Request KVCacheManager::make_request(RequestId id, std::span<const TokenId> prompt,
                                      RequestHashKeys keys) const {
   return Request(id, hasher_, block_size(), prompt, std::move(keys));
+}
+
+void KVCacheManager::check_identity(const Request& request, const char* what) const {
+  const auto it = requests_.find(request.id());
+  if (it != requests_.end() && it->second.identity != request.identity_) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(what) + ": " + request_text(request) +
+                    " is live under another Request object (request ids must be unique among "
+                    "live requests)");
+  }
 }
 
 void KVCacheManager::check_hashing(const Request& request) const {
@@ -86,6 +102,7 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
                 "get_computed_blocks: " + request_text(request) + " was already freed");
   }
   check_hashing(request);
+  check_identity(request, "get_computed_blocks");
   CacheHit hit;
   hit.other_groups.resize(num_groups() - 1);
   if (!pool_.config().enable_caching || request.skip_reading_prefix_cache) return hit;
@@ -117,6 +134,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   check_hashing(request);
   const auto it = requests_.find(request.id());
   const bool known = it != requests_.end();
+  if (known && it->second.identity != request.identity_) check_identity(request, "allocate_slots");
   // The hit's blocks per group; a default CacheHit{} means no hit in any group.
   static const std::vector<BlockId> kNoBlocks;
   std::vector<const std::vector<BlockId>*>& hits = hit_scratch_;  // reused: no allocation
@@ -148,11 +166,12 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   for (std::size_t g = 0; g < num_groups(); ++g) {
     const std::vector<BlockId>& blocks = *hits[g];
     const std::size_t bs = groups()[g].spec.block_size;
-    if (hit.num_tokens != blocks.size() * bs) {
+    if (blocks.size() > request.num_tokens() / bs || hit.num_tokens != blocks.size() * bs) {
       throw Error(ErrorCode::kInvalidArgument,
                   where() + "the hit's num_tokens " + std::to_string(hit.num_tokens) +
                       " != group " + std::to_string(g) + "'s " + std::to_string(blocks.size()) +
-                      " blocks x block size " + std::to_string(bs));
+                      " blocks x block size " + std::to_string(bs) +
+                      " (or more blocks than the request has)");
     }
     if (blocks.empty()) continue;
     const BlockSequence seq = group_sequence(request, g, coarse(g));
@@ -169,58 +188,145 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
       }
     }
   }
+  // Checked arithmetic on the caller's counts: a sum that would wrap is an error.
   const std::size_t num_computed = request.num_computed_tokens() + hit.num_tokens;
-  if (num_computed + num_new_tokens > request.num_tokens()) {
+  if (num_computed > request.num_tokens() || num_new_tokens > request.num_tokens() - num_computed) {
     throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_computed) + " computed + " +
                                             std::to_string(num_new_tokens) +
                                             " new tokens exceed its " +
                                             std::to_string(request.num_tokens()) + " known tokens");
   }
-
-  std::size_t need_slots = num_computed + num_new_tokens + num_lookahead_tokens;
-  if (max_model_len_) {
-    need_slots = std::min(need_slots, std::max(*max_model_len_, num_computed + num_new_tokens));
+  const std::size_t known_end = num_computed + num_new_tokens;  // <= num_tokens()
+  if (num_lookahead_tokens > SIZE_MAX - known_end) {
+    throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_lookahead_tokens) +
+                                            " lookahead tokens after " + std::to_string(known_end) +
+                                            " tokens overflow the slot count");
   }
+  std::size_t need_slots = known_end + num_lookahead_tokens;
+  if (max_model_len_) need_slots = std::min(need_slots, std::max(*max_model_len_, known_end));
   // Capacity: new blocks plus hits sitting in the free queue, against the free blocks plus those
   // that leaving the window releases.
   std::vector<std::size_t>& to_allocate = alloc_scratch_;
   to_allocate.assign(num_groups(), 0);
+  std::vector<std::size_t>& skips = skip_scratch_;
+  skips.assign(num_groups(), 0);
   std::size_t needed = 0, releasable = 0;
   for (std::size_t g = 0; g < num_groups(); ++g) {
     const std::vector<BlockId>& hb = *hits[g];
     const std::size_t held = known ? it->second.groups[g].blocks.size() : 0;
     const std::size_t required = cdiv(need_slots, groups()[g].spec.block_size);
     to_allocate[g] = required > held + hb.size() ? required - held - hb.size() : 0;
-    needed += to_allocate[g];
+    needed = saturating_add(needed, to_allocate[g]);
     for (const BlockId b : hb) needed += (b != kNullBlockId && pool_.block(b).ref_cnt == 0) ? 1 : 0;
-    if (known) {
+    if (known && groups()[g].spec.kind == AttentionKind::kSlidingWindow) {
       releasable += num_out_of_window_blocks(pool_, groups()[g].spec, it->second.groups[g].blocks,
                                              request.num_computed_tokens(),
                                              /*count_freeable=*/true);
+      skips[g] = num_out_of_window_blocks(pool_, groups()[g].spec, it->second.groups[g].blocks,
+                                          request.num_computed_tokens(), false);
     }
   }
   if (needed > static_cast<std::size_t>(pool_.num_free_blocks()) + releasable) return std::nullopt;
 
-  RequestBlocks& state = requests_[request.id()];  // may allocate: before any pool change
-  state.groups.resize(num_groups());
-  // Blocks that left a window go first (the later block first), in every group before any
-  // allocation: the capacity check counted them, and they may be reused right away.
+  // ---- Prepare: everything that may throw (allocation included), before any change ----
+  // Events recorded below reach the sink only when this call has completed.
+  BlockPool::EventDeliveryHold hold(pool_);
+  bool inserted = false;
+  if (!known) inserted = requests_.try_emplace(request.id()).second;
+  RequestBlocks& state = known ? it->second : requests_.find(request.id())->second;
+  struct Undo {  // if anything below throws: a new entry goes, prepared stores are released
+    std::unordered_map<RequestId, RequestBlocks>& map;
+    std::vector<PendingRun>& runs;
+    RequestId id;
+    bool active;
+    ~Undo() {
+      runs.clear();
+      if (active) map.erase(id);
+    }
+  } undo{requests_, run_scratch_, request.id(), inserted};
+  if (inserted) state.groups.resize(num_groups());
+  // The caching plan (vLLM): tokens to cache rounded down to a multiple of the common block size
+  // of all groups; each group caches its full blocks up to there, except null blocks and window
+  // blocks that can never be part of a hit, in runs of consecutive blocks.
+  std::size_t cache_tokens = known_end;
+  if (num_groups() > 1) cache_tokens -= cache_tokens % coordinator_.alignment();
+  std::vector<PendingRun>& runs = run_scratch_;  // empty: Undo clears it on every exit
+  std::size_t max_skip = 0;
   for (std::size_t g = 0; g < num_groups(); ++g) {
     const KVCacheGroup& group = groups()[g];
     GroupBlocks& gs = state.groups[g];
-    const std::size_t skip = num_out_of_window_blocks(pool_, group.spec, gs.blocks,
-                                                      request.num_computed_tokens(), false);
-    if (skip == 0) continue;
+    const std::vector<BlockId>& hb = *hits[g];
+    const std::size_t old_size = gs.blocks.size();
+    gs.blocks.reserve(old_size + hb.size() + to_allocate[g]);
+    max_skip = std::max(max_skip, skips[g]);
+    if (!pool_.config().enable_caching) continue;
+    const std::size_t skip_end =
+        skips[g] == 0
+            ? 0
+            : std::min<std::size_t>(group.spec.num_skipped_tokens(request.num_computed_tokens()) /
+                                        group.spec.block_size,
+                                    old_size);
+    // The block at position i once this call's changes are made (kNoBlock: a new block).
+    const auto block_at = [&](std::size_t i) -> BlockId {
+      if (i < old_size)
+        return i + skips[g] >= skip_end && i < skip_end ? kNullBlockId : gs.blocks[i];
+      if (i < old_size + hb.size()) return hb[i - old_size];
+      return BlockPool::kNoBlock;
+    };
+    const std::size_t cached_before = has_hit ? hb.size() : gs.num_cached_blocks;
+    const std::size_t full = cache_tokens / group.spec.block_size;
+    if (full <= cached_before) continue;
+    const BlockSequence seq = group_sequence(request, g, coarse(g));
+    const auto cacheable = [&](std::size_t i) {
+      return block_at(i) != kNullBlockId && coordinator_.block_can_hit(g, i);
+    };
+    std::size_t i = cached_before;
+    while (i < full) {
+      if (!cacheable(i)) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < full && cacheable(j)) ++j;
+      // The blocks before the run, as they will be: usually just the cached parent; the whole
+      // prefix when the parent is not cached (evicted or skipped), so the pool finds the
+      // nearest cached ancestor.
+      prefix_scratch_.clear();
+      const BlockId parent = i > 0 ? block_at(i - 1) : BlockPool::kNoBlock;
+      if (i > 0 && parent > 0 && pool_.block(parent).is_cached()) {
+        prefix_scratch_.push_back(parent);
+      } else {
+        for (std::size_t k = 0; k < i; ++k) prefix_scratch_.push_back(block_at(k));
+      }
+      runs.push_back(PendingRun{g, i, j, {}});
+      runs.back().store = pool_.prepare_store(seq, i, j, prefix_scratch_, group.id);
+      i = j;
+    }
+  }
+  if (max_skip > 0) free_scratch_.reserve(max_skip);
+  if (pool_.config().enable_kv_events) {
+    std::size_t total_allocations = 0;
+    for (const std::size_t n : to_allocate) total_allocations += n;
+    pool_.reserve_events(total_allocations, runs.size());
+  }
+
+  // ---- Commit: nothing below allocates or throws ----
+  // Blocks that left a window go first (the later block first), in every group before any
+  // allocation: the capacity check counted them, and they may be reused right away.
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    if (skips[g] == 0) continue;
+    const KVCacheGroup& group = groups()[g];
+    GroupBlocks& gs = state.groups[g];
     const std::size_t end = std::min<std::size_t>(
         group.spec.num_skipped_tokens(request.num_computed_tokens()) / group.spec.block_size,
         gs.blocks.size());
     free_scratch_.clear();
-    for (std::size_t i = end; i-- > end - skip;) {
+    for (std::size_t i = end; i-- > end - skips[g];) {
       free_scratch_.push_back(gs.blocks[i]);
       gs.blocks[i] = kNullBlockId;
     }
     pool_.free_blocks(free_scratch_);
-    out_of_window_freed_ += skip;
+    out_of_window_freed_ += skips[g];
   }
   // Every group takes its hits before any group allocates: a hit sitting in the free queue must
   // not be popped (and evicted) by another group's allocation.
@@ -233,67 +339,64 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     gs.blocks.insert(gs.blocks.end(), hb.begin(), hb.end());
     gs.num_cached_blocks = hb.size();
   }
-  std::span<const BlockId> result;
+  std::size_t result_first = 0;
   for (std::size_t g = 0; g < num_groups(); ++g) {
-    const KVCacheGroup& group = groups()[g];
     GroupBlocks& gs = state.groups[g];
-    const std::size_t first_new = gs.blocks.size();
-    gs.blocks.reserve(first_new + to_allocate[g]);
+    if (g == 0) result_first = gs.blocks.size();
     if (!pool_.get_new_blocks(static_cast<std::int32_t>(to_allocate[g]), gs.blocks)) {
       throw Error(ErrorCode::kInvalidState,
                   "allocate_slots: internal error: the capacity check passed but group " +
                       std::to_string(g) + " could not get its blocks (a bug in pagedkv)");
     }
-    if (g == 0) result = std::span<const BlockId>(gs.blocks).subspan(first_new);
-
-    if (pool_.config().enable_caching) {
-      // Cache every full block of known tokens (lookahead slots never), skipping null blocks.
-      const std::size_t full =
-          std::min(num_computed + num_new_tokens, request.num_tokens()) / group.spec.block_size;
-      if (full > gs.num_cached_blocks) {
-        const BlockSequence seq = group_sequence(request, g, gs.coarse_hashes);
-        std::size_t i = gs.num_cached_blocks;
-        while (i < full) {
-          if (gs.blocks[i] == kNullBlockId || !coordinator_.block_can_hit(g, i)) {
-            ++i;
-            continue;
-          }
-          std::size_t j = i;
-          while (j < full && gs.blocks[j] != kNullBlockId && coordinator_.block_can_hit(g, j)) ++j;
-          pool_.cache_full_blocks(seq, gs.blocks, i, j, group.id);
-          i = j;
-        }
-        gs.num_cached_blocks = full;
-      }
+  }
+  for (PendingRun& run : runs) {
+    GroupBlocks& gs = state.groups[run.group];
+    pool_.commit_store(std::move(run.store), std::span<const BlockId>(gs.blocks).subspan(
+                                                 run.first, run.last - run.first));
+  }
+  runs.clear();
+  if (pool_.config().enable_caching) {
+    for (std::size_t g = 0; g < num_groups(); ++g) {
+      const std::size_t full = cache_tokens / groups()[g].spec.block_size;
+      GroupBlocks& gs = state.groups[g];
+      gs.num_cached_blocks = std::max(gs.num_cached_blocks, full);
     }
   }
-  return result;
+  state.identity = request.identity_;  // noexcept (shared_ptr copy)
+  undo.active = false;
+  return std::span<const BlockId>(state.groups[0].blocks).subspan(result_first);
 }
 
-void KVCacheManager::release(Request& request, const char* what) {
+bool KVCacheManager::release(Request& request, const char* what) {
   if (request.is_finished()) {
     throw Error(ErrorCode::kInvalidState,
                 std::string(what) + ": " + request_text(request) + " was already freed");
   }
+  check_identity(request, what);
   const auto it = requests_.find(request.id());
-  if (it == requests_.end()) {
-    throw Error(ErrorCode::kNotFound, std::string(what) + ": " + request_text(request) +
-                                          " holds no blocks (unknown to this manager)");
-  }
+  if (it == requests_.end()) return false;
+  BlockPool::EventDeliveryHold hold(pool_);
+  std::size_t most = 0;
+  for (const GroupBlocks& gs : it->second.groups) most = std::max(most, gs.blocks.size());
+  free_scratch_.reserve(most);  // the only allocation, before any change
   for (const GroupBlocks& gs : it->second.groups) {
     free_scratch_.assign(gs.blocks.rbegin(), gs.blocks.rend());  // tail first
     pool_.free_blocks(free_scratch_);
   }
   requests_.erase(it);
+  return true;
 }
 
 void KVCacheManager::free(Request& request) {
-  release(request, "free");
+  (void)release(request, "free");  // holding no blocks: nothing to release (an abort)
   request.finished_ = true;
 }
 
 void KVCacheManager::preempt(Request& request) {
-  release(request, "preempt");
+  if (!release(request, "preempt")) {
+    throw Error(ErrorCode::kNotFound,
+                "preempt: " + request_text(request) + " holds no blocks (unknown to this manager)");
+  }
   request.num_computed_tokens_ = 0;
 }
 
@@ -304,8 +407,7 @@ std::span<const BlockId> KVCacheManager::block_ids(RequestId id, std::size_t gro
   }
   if (group >= num_groups()) {
     throw Error(ErrorCode::kOutOfRange, "block_ids: group " + std::to_string(group) +
-                                            " but the manager has " +
-                                            std::to_string(num_groups()));
+                                            " but the manager has " + std::to_string(num_groups()));
   }
   return it->second.groups[group].blocks;
 }
@@ -321,7 +423,7 @@ std::size_t KVCacheManager::num_common_prefix_blocks(RequestId id) const {
 
 bool KVCacheManager::reset_prefix_cache() {
   if (!pool_.reset_prefix_cache()) return false;
-  stats_.reset();
+  stats_.reset_window();  // cumulative totals stay monotonic, as in vLLM
   return true;
 }
 

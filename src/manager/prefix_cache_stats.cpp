@@ -43,6 +43,10 @@ PrefixCacheStats PrefixCacheStatsRecorder::stats(std::uint64_t evictions) const 
 
 void PrefixCacheStatsRecorder::reset() noexcept {
   requests_ = queries_ = hits_ = 0;
+  reset_window();
+}
+
+void PrefixCacheStatsRecorder::reset_window() noexcept {
   for (auto& slot : ring_) slot = {0, 0};
   next_ = filled_ = 0;
   window_queries_ = window_hits_ = 0;

@@ -6,14 +6,15 @@ namespace pagedkv {
 
 std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockSequence& seq,
                                              GroupId group, const AttentionSpec& spec,
-                                             std::size_t max_blocks, std::size_t alignment) {
+                                             std::size_t max_blocks, std::size_t alignment,
+                                             BlockPool::LookupScratch* scratch) {
   max_blocks = std::min(max_blocks, seq.block_hashes.size());
   const std::size_t bs = spec.block_size;
   const std::size_t needed = spec.window_blocks();
   std::vector<BlockId> hit(max_blocks, kNullBlockId);
   std::size_t run = 0;
   for (std::size_t i = max_blocks; i-- > 0;) {
-    const BlockId b = pool.match_cached_block_unanchored(seq, i, group);
+    const BlockId b = pool.match_cached_block_unanchored(seq, i, group, scratch);
     if (b == BlockPool::kNoBlock) {
       run = 0;
       continue;

@@ -13,9 +13,6 @@ namespace pagedkv {
 
 namespace {
 
-// Parent content id of a block whose parent was not cached when it was: matches nothing.
-constexpr std::uint64_t kOrphan = ~std::uint64_t{0};
-
 std::vector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
   if (config.num_blocks < 2) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -36,10 +33,37 @@ std::string id_text(BlockId id) {
   return "block " + std::to_string(id);
 }
 
+void append_bytes(std::vector<std::uint8_t>& out, const void* p, std::size_t n) {
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  out.insert(out.end(), b, b + n);
+}
+
+// The pool's own identity of a prefix (when chain hashes are not collision resistant): SHA-256
+// over the parent prefix's identity, the block size, the tokens and the canonical extra keys.
+// Every field is fixed-size or length-prefixed, so different material never encodes equally.
+BlockHash prefix_identity(const BlockHash& parent, std::span<const TokenId> tokens,
+                          const std::string& extra, std::vector<std::uint8_t>& buf) {
+  static constexpr std::string_view kDomain = "pagedkv-prefix-identity";
+  buf.clear();
+  append_bytes(buf, kDomain.data(), kDomain.size());
+  const auto parent_size = static_cast<std::uint8_t>(parent.size());
+  append_bytes(buf, &parent_size, 1);
+  append_bytes(buf, parent.bytes().data(), parent.size());
+  const auto n = static_cast<std::uint32_t>(tokens.size());
+  append_bytes(buf, &n, sizeof(n));
+  append_bytes(buf, tokens.data(), tokens.size_bytes());
+  const auto extra_size = static_cast<std::uint64_t>(extra.size());
+  append_bytes(buf, &extra_size, sizeof(extra_size));
+  append_bytes(buf, extra.data(), extra.size());
+  return raw_digest(HashScheme::kSha256, buf);
+}
+
 }  // namespace
 
 // Interned extra-key encodings: cached blocks store a small id instead of the bytes; equal key
-// sets share one entry. Entries are reference counted by the cached blocks that use them.
+// sets share one entry. Entries are reference counted by the cached blocks (and pending stores)
+// that use them. acquire() may throw and then changes nothing; release() and clear() never
+// allocate (free_ids always has room for every id).
 struct BlockPool::ExtraKeyTable {
   std::unordered_map<std::string, std::uint32_t> ids;  // encoding -> id (ids start at 1)
   std::vector<std::uint32_t> refs{0};                  // by id; refs[0] unused
@@ -51,8 +75,13 @@ struct BlockPool::ExtraKeyTable {
     return it == ids.end() ? 0 : it->second;
   }
   std::uint32_t acquire(const std::string& encoding) {
-    auto [it, inserted] = ids.try_emplace(encoding, 0);
-    if (inserted) {
+    auto it = ids.find(encoding);
+    if (it == ids.end()) {
+      // Everything that may allocate comes first; from the emplace on nothing throws.
+      refs.reserve(refs.size() + 1);
+      keys.reserve(keys.size() + 1);
+      free_ids.reserve(refs.size() + 1);
+      it = ids.emplace(encoding, 0).first;
       if (free_ids.empty()) {
         it->second = static_cast<std::uint32_t>(refs.size());
         refs.push_back(0);
@@ -66,21 +95,61 @@ struct BlockPool::ExtraKeyTable {
     ++refs[it->second];
     return it->second;
   }
-  void release(std::uint32_t id) {
+  void release(std::uint32_t id) noexcept {
     if (id == 0) return;
     if (--refs[id] == 0) {
       ids.erase(ids.find(*keys[id]));
       keys[id] = nullptr;
-      free_ids.push_back(id);
+      free_ids.push_back(id);  // capacity >= refs.size(): never allocates
     }
   }
-  void clear() {
+  void clear() noexcept {
     ids.clear();
-    refs.assign(1, 0);
-    keys.assign(1, nullptr);
+    refs.resize(1);
+    refs[0] = 0;
+    keys.resize(1);
     free_ids.clear();
   }
 };
+
+BlockPool::PendingStore::PendingStore(PendingStore&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)),
+      seq_(other.seq_),
+      first_(other.first_),
+      last_(other.last_),
+      group_(other.group_),
+      extra_ids_(std::move(other.extra_ids_)),
+      parent_idents_(std::move(other.parent_idents_)),
+      idents_(std::move(other.idents_)),
+      event_(std::move(other.event_)) {}
+
+BlockPool::PendingStore& BlockPool::PendingStore::operator=(PendingStore&& other) noexcept {
+  if (this != &other) {
+    release();
+    pool_ = std::exchange(other.pool_, nullptr);
+    seq_ = other.seq_;
+    first_ = other.first_;
+    last_ = other.last_;
+    group_ = other.group_;
+    extra_ids_ = std::move(other.extra_ids_);
+    parent_idents_ = std::move(other.parent_idents_);
+    idents_ = std::move(other.idents_);
+    event_ = std::move(other.event_);
+  }
+  return *this;
+}
+
+BlockPool::PendingStore::~PendingStore() {
+  release();
+}
+
+void BlockPool::PendingStore::release() noexcept {
+  if (pool_ != nullptr) {
+    for (const std::uint32_t eid : extra_ids_) pool_->extra_keys_->release(eid);
+  }
+  extra_ids_.clear();
+  pool_ = nullptr;
+}
 
 BlockPool::BlockPool(const BlockPoolConfig& config)
     : config_(config),
@@ -89,10 +158,15 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
       hash_map_(std::span<const KVCacheBlock>(blocks_.data(),
                                               config.enable_caching ? blocks_.size() : 0)),
       extra_keys_(std::make_unique<ExtraKeyTable>()) {
+  const std::size_t n = blocks_.size();
   if (config_.enable_caching && config_.verify_cache_hits) {
-    block_tokens_.resize(blocks_.size() * config_.block_size);
-    material_.assign(blocks_.size(), Material{});
+    block_tokens_.resize(n * config_.block_size);
+    stored_.assign(n, Stored{});
+    if (!config_.chain_hashes_identify_prefix) ident_.assign(n, BlockHash());
   }
+  // free_blocks() never allocates: a call queues each block at most once.
+  unhashed_scratch_.reserve(n);
+  hashed_scratch_.reserve(n);
 }
 
 BlockPool::~BlockPool() = default;
@@ -109,23 +183,51 @@ const KVCacheBlock& BlockPool::block(BlockId id) const {
   return blocks_[static_cast<std::size_t>(id)];
 }
 
-void BlockPool::emit(KVEvent::Data data) {
-  KVEvent event{next_event_seq_++, std::move(data)};
-  if (sink_) {
-    sink_(event);
-  } else {
-    events_.push_back(std::move(event));
+// ---- events: reserved before a change, recorded during it, delivered after it ----
+
+void BlockPool::reserve_events(std::size_t removals, std::size_t others) {
+  if (!config_.enable_kv_events) return;
+  while (removed_shells_.size() < removals) {
+    KVEvent shell;
+    shell.data = BlockRemoved{std::vector<BlockHash>(1), 0};
+    removed_shells_.push_back(std::move(shell));
   }
+  const std::size_t need = events_.size() + removals + others;
+  if (events_.capacity() < need) events_.reserve(std::max(need, 2 * events_.capacity()));
 }
 
-void BlockPool::evict_cached(BlockId id) {
+void BlockPool::record(KVEvent::Data&& data) noexcept {
+  // Capacity was reserved before the change began (reserve_events), so this never allocates.
+  events_.push_back(KVEvent{next_event_seq_++, std::move(data)});
+}
+
+void BlockPool::record_removed(const BlockHash& hash, GroupId group) noexcept {
+  KVEvent event = std::move(removed_shells_.back());
+  removed_shells_.pop_back();
+  auto& removed = std::get<BlockRemoved>(event.data);
+  removed.block_hashes[0] = hash;
+  removed.group_id = group;
+  event.seq = next_event_seq_++;
+  events_.push_back(std::move(event));
+}
+
+void BlockPool::deliver_events() noexcept {
+  // noexcept enforces the sink's contract: an exception escaping it terminates the program
+  // (with the pool consistent) instead of leaving a half-delivered, half-applied step.
+  if (!sink_ || delivery_holds_ > 0 || events_.empty()) return;
+  for (const KVEvent& event : events_) sink_(event);
+  events_.clear();
+}
+
+void BlockPool::evict_cached(BlockId id) noexcept {
   KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
   hash_map_.erase(id);
-  if (config_.enable_kv_events) emit(BlockRemoved{{b.block_hash}, b.group_id});
+  if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
   if (verifying()) {
-    Material& mat = material_[static_cast<std::size_t>(id)];
-    extra_keys_->release(mat.extra_id);
-    mat = Material{};
+    const auto i = static_cast<std::size_t>(id);
+    extra_keys_->release(stored_[i].extra_id);
+    stored_[i] = Stored{};
+    if (!ident_.empty()) ident_[i] = BlockHash();
   }
   b.block_hash = BlockHash();
   b.group_id = 0;
@@ -138,7 +240,10 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
                 "BlockPool::get_new_blocks: negative block count " + std::to_string(n));
   }
   if (n > free_queue_.size()) return false;
+  if (n == 0) return true;  // a decode step that needs no new block
+  // Everything that may allocate, before any change.
   out.reserve(out.size() + static_cast<std::size_t>(n));
+  if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
   const std::size_t first = out.size();
   for (std::int32_t i = 0; i < n; ++i) {
     const BlockId id = free_queue_.popleft();
@@ -151,6 +256,7 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     if (b.is_cached()) evict_cached(out[i]);
     b.ref_cnt = 1;
   }
+  if (!events_.empty()) deliver_events();
   return true;
 }
 
@@ -194,10 +300,9 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
     b.ref_cnt = -b.ref_cnt;
   }
   unmark(ordered.size());
+  // The scratch vectors hold num_blocks ids (reserved at construction): no allocation here.
   unhashed_scratch_.clear();
   hashed_scratch_.clear();
-  unhashed_scratch_.reserve(ordered.size());
-  hashed_scratch_.reserve(ordered.size());
   for (const BlockId id : ordered) {
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
@@ -207,10 +312,20 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
   free_queue_.append_n(hashed_scratch_);
 }
 
-std::uint32_t BlockPool::lookup_extra_id(const BlockExtraKeys& extra) const {
-  if (extra.empty()) return 0;
-  encode_extra_keys(extra, extra_scratch_);
-  return extra_keys_->find(extra_scratch_);
+void BlockPool::validate_sequence(const BlockSequence& seq, std::size_t last,
+                                  const char* where) const {
+  if (seq.block_size == 0 || seq.block_size > config_.block_size) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(where) + ": the sequence is hashed with block size " +
+                    std::to_string(seq.block_size) + ", not within the pool's 1.." +
+                    std::to_string(config_.block_size));
+  }
+  if (last > seq.block_hashes.size() || last > seq.tokens.size() / seq.block_size) {
+    throw Error(ErrorCode::kOutOfRange,
+                std::string(where) + ": block " + std::to_string(last) + " is beyond the " +
+                    std::to_string(seq.block_hashes.size()) + " hashes and " +
+                    std::to_string(seq.tokens.size()) + " tokens of the sequence");
+  }
 }
 
 void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const BlockId> blocks,
@@ -218,87 +333,100 @@ void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const Bloc
                                   GroupId group) {
   // Built only when an error is thrown: this runs at every allocation that fills a block.
   const auto where = [] { return std::string("BlockPool::cache_full_blocks: "); };
-  if (seq.block_size == 0 || seq.block_size > config_.block_size) {
-    throw Error(ErrorCode::kInvalidArgument, where() + "the request is hashed with block size " +
-                                                 std::to_string(seq.block_size) +
-                                                 ", not within the pool's 1.." +
-                                                 std::to_string(config_.block_size));
+  if (num_cached_blocks > num_full_blocks || num_full_blocks > blocks.size()) {
+    throw Error(ErrorCode::kOutOfRange, where() + "blocks [" + std::to_string(num_cached_blocks) +
+                                            ", " + std::to_string(num_full_blocks) +
+                                            ") are not within the request's " +
+                                            std::to_string(blocks.size()) + " blocks");
   }
-  if (num_cached_blocks > num_full_blocks || num_full_blocks > blocks.size() ||
-      num_full_blocks > seq.block_hashes.size()) {
+  validate_sequence(seq, num_full_blocks, "BlockPool::cache_full_blocks");
+  const auto range = blocks.subspan(num_cached_blocks, num_full_blocks - num_cached_blocks);
+  commit_store(prepare_store(seq, num_cached_blocks, num_full_blocks,
+                             blocks.subspan(0, num_cached_blocks), group),
+               range);
+}
+
+BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::size_t first,
+                                                 std::size_t last,
+                                                 std::span<const BlockId> prefix_row,
+                                                 GroupId group) {
+  if (first > last) {
+    throw Error(ErrorCode::kOutOfRange, "BlockPool::prepare_store: first block " +
+                                            std::to_string(first) + " > last " +
+                                            std::to_string(last));
+  }
+  validate_sequence(seq, last, "BlockPool::prepare_store");
+  if (prefix_row.size() > first) {
     throw Error(ErrorCode::kOutOfRange,
-                where() + "blocks [" + std::to_string(num_cached_blocks) + ", " +
-                    std::to_string(num_full_blocks) + ") are not within the request's " +
-                    std::to_string(blocks.size()) + " blocks and " +
-                    std::to_string(seq.block_hashes.size()) + " full blocks");
+                "BlockPool::prepare_store: " + std::to_string(prefix_row.size()) +
+                    " prefix blocks before block " + std::to_string(first));
   }
-  for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
-    const KVCacheBlock& b = block(blocks[i]);
-    if (b.is_null)
-      throw Error(ErrorCode::kInvalidArgument, where() + "cannot cache the null block");
-    if (b.is_cached()) {
-      throw Error(ErrorCode::kInvalidState, where() + id_text(b.block_id) + " is already cached");
-    }
-    if (b.ref_cnt == 0) {
-      throw Error(ErrorCode::kInvalidState, where() + id_text(b.block_id) + " is not allocated");
-    }
-  }
-  if (!config_.enable_caching || num_cached_blocks == num_full_blocks) return;
-
-  const auto hashes = seq.block_hashes;
+  PendingStore st;
+  st.seq_ = seq;
+  st.first_ = first;
+  st.last_ = last;
+  st.group_ = group;
+  if (!config_.enable_caching || first == last) return st;
+  const std::size_t n = last - first;
   const std::uint32_t bs = seq.block_size;
-  for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
-    hash_map_.prefetch(hashes[i], group);  // overlap the table misses of the whole batch
-  }
-  for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
-    const BlockId id = blocks[i];
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    b.block_hash = hashes[i];
-    b.group_id = group;
-    if (verifying()) {
-      std::uint64_t parent_cid = 0;
-      if (i > 0) {
-        const KVCacheBlock& p = blocks_[static_cast<std::size_t>(blocks[i - 1])];
-        parent_cid = p.is_cached() && !p.is_null
-                         ? material_[static_cast<std::size_t>(p.block_id)].content_id
-                         : kOrphan;
+  const auto hashes = seq.block_hashes;
+  if (verifying()) {
+    const bool own = !config_.chain_hashes_identify_prefix;
+    st.extra_ids_.reserve(n);
+    st.parent_idents_.reserve(n);
+    if (own) st.idents_.reserve(n);
+    st.pool_ = this;         // from here on, st releases the extra keys it acquired if we throw
+    BlockHash parent_ident;  // empty: block 0 has no parent
+    if (first > 0 && !own) parent_ident = hashes[first - 1];
+    if (first > 0 && own) {
+      // The nearest cached block of the prefix knows its prefix's identity; the blocks after it
+      // (evicted, or skipped by a window) are chained from seq's own material. Usually that is
+      // the parent itself; otherwise a few SHA-256 computations, once per cached run.
+      std::size_t start = 0;  // root: chain from seq's block 0
+      for (std::size_t j = prefix_row.size(); j-- > 0;) {
+        const BlockId b = prefix_row[j];
+        if (b > 0 && b < config_.num_blocks && blocks_[static_cast<std::size_t>(b)].is_cached()) {
+          parent_ident = ident_[static_cast<std::size_t>(b)];
+          start = first - prefix_row.size() + j + 1;
+          break;
+        }
       }
-      const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
-      encode_extra_keys(extra, extra_scratch_);
-      const std::span<const TokenId> tokens = seq.tokens.subspan(i * bs, bs);
-      const std::uint32_t eid = extra.empty() ? 0 : extra_keys_->find(extra_scratch_);
-      // Hash-consing: a block whose material equals a cached block's shares its content id.
-      // (Extra keys that are not interned yet belong to no cached block: no twin.)
-      const BlockId twin = !extra.empty() && eid == 0
-                               ? BlockHashMap::kEmpty
-                               : hash_map_.find_first(b.block_hash, group, [&](BlockId c) {
-                                   return material_matches(c, parent_cid, eid, tokens.data(), bs);
-                                 });
-      Material& mat = material_[static_cast<std::size_t>(id)];
-      mat.content_id = twin != BlockHashMap::kEmpty
-                           ? material_[static_cast<std::size_t>(twin)].content_id
-                           : next_content_id_++;
-      mat.parent_content_id = parent_cid;
-      mat.extra_id = extra.empty() ? 0 : extra_keys_->acquire(extra_scratch_);
-      std::memcpy(&block_tokens_[static_cast<std::size_t>(id) * config_.block_size], tokens.data(),
-                  tokens.size_bytes());
+      for (std::size_t p = start; p < first; ++p) {
+        const BlockExtraKeys extra = seq.block_extra_keys(p, store_scratch_.mm);
+        encode_extra_keys(extra, store_scratch_.extra);
+        parent_ident = prefix_identity(parent_ident, seq.tokens.subspan(p * bs, bs),
+                                       store_scratch_.extra, ident_scratch_);
+      }
     }
-    hash_map_.insert(id);
+    for (std::size_t i = first; i < last; ++i) {
+      const BlockExtraKeys extra = seq.block_extra_keys(i, store_scratch_.mm);
+      encode_extra_keys(extra, store_scratch_.extra);
+      const std::uint32_t eid = extra.empty() ? 0 : extra_keys_->acquire(store_scratch_.extra);
+      st.extra_ids_.push_back(eid);  // reserved: cannot throw, so the reference is never lost
+      st.parent_idents_.push_back(parent_ident);
+      if (own) {
+        parent_ident = prefix_identity(parent_ident, seq.tokens.subspan(i * bs, bs),
+                                       store_scratch_.extra, ident_scratch_);
+        st.idents_.push_back(parent_ident);
+      } else {
+        parent_ident = hashes[i];
+      }
+    }
   }
-
+  st.pool_ = this;
   if (config_.enable_kv_events) {
     BlockStored stored;
-    stored.block_hashes.assign(hashes.begin() + static_cast<std::ptrdiff_t>(num_cached_blocks),
-                               hashes.begin() + static_cast<std::ptrdiff_t>(num_full_blocks));
-    if (num_cached_blocks > 0) stored.parent_block_hash = hashes[num_cached_blocks - 1];
-    const auto tokens =
-        seq.tokens.subspan(num_cached_blocks * bs, (num_full_blocks - num_cached_blocks) * bs);
+    stored.block_hashes.assign(hashes.begin() + static_cast<std::ptrdiff_t>(first),
+                               hashes.begin() + static_cast<std::ptrdiff_t>(last));
+    if (first > 0) stored.parent_block_hash = hashes[first - 1];
+    const auto tokens = seq.tokens.subspan(first * bs, n * bs);
     stored.token_ids.assign(tokens.begin(), tokens.end());
     stored.block_size = bs;
     if (const auto lora = seq.lora_name()) stored.lora_name = std::string(*lora);
     stored.group_id = group;
-    for (std::size_t i = num_cached_blocks; i < num_full_blocks; ++i) {
-      const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
+    stored.extra_keys.reserve(n);
+    for (std::size_t i = first; i < last; ++i) {
+      const BlockExtraKeys extra = seq.block_extra_keys(i, store_scratch_.mm);
       OwnedExtraKeys owned;
       if (extra.lora_name) owned.lora_name = std::string(*extra.lora_name);
       for (const MultiModalKey& mm : extra.mm_items) {
@@ -307,8 +435,85 @@ void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const Bloc
       if (extra.cache_salt) owned.cache_salt = std::string(*extra.cache_salt);
       stored.extra_keys.push_back(std::move(owned));
     }
-    emit(std::move(stored));
+    st.event_.emplace(KVEvent{0, std::move(stored)});
+    reserve_events(0, 1);
   }
+  return st;
+}
+
+void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> blocks) {
+  PendingStore st = std::move(store);  // released on any exit
+  const auto where = [] { return std::string("BlockPool::cache_full_blocks: "); };
+  if (blocks.size() != st.size()) {
+    throw Error(ErrorCode::kInvalidArgument, where() + std::to_string(blocks.size()) +
+                                                 " blocks for a store of " +
+                                                 std::to_string(st.size()));
+  }
+  // Validate without side effects; a repeated id is found by flipping the sign of its (positive)
+  // ref count, undone before returning or throwing.
+  auto unmark = [&](std::size_t count) {
+    for (std::size_t k = 0; k < count; ++k) {
+      KVCacheBlock& b = blocks_[static_cast<std::size_t>(blocks[k])];
+      if (b.ref_cnt < 0) b.ref_cnt = -b.ref_cnt;
+    }
+  };
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    const BlockId id = blocks[k];
+    const char* problem = nullptr;
+    if (id < 0 || id >= config_.num_blocks) {
+      unmark(k);
+      (void)block(id);  // throws kOutOfRange
+    }
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    ErrorCode code = ErrorCode::kInvalidState;
+    if (b.is_null) {
+      problem = " is the null block, which is never cached";
+      code = ErrorCode::kInvalidArgument;
+    } else if (b.ref_cnt < 0) {
+      problem = " appears twice in one call";
+      code = ErrorCode::kInvalidArgument;
+    } else if (b.is_cached()) {
+      problem = " is already cached";
+    } else if (b.ref_cnt == 0) {
+      problem = " is not allocated";
+    }
+    if (problem != nullptr) {
+      unmark(k);
+      throw Error(code, where() + id_text(id) + problem);
+    }
+    b.ref_cnt = -b.ref_cnt;
+  }
+  unmark(blocks.size());
+  if (st.pool_ == nullptr) return;  // caching off or an empty range
+  if (st.pool_ != this) {
+    throw Error(ErrorCode::kInvalidArgument, where() + "the store was prepared by another pool");
+  }
+
+  // The change: nothing below allocates or throws (the map has room for every block).
+  const auto hashes = st.seq_.block_hashes;
+  const std::uint32_t bs = st.seq_.block_size;
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    hash_map_.prefetch(hashes[st.first_ + k], st.group_);  // overlap the table's misses
+  }
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    const BlockId id = blocks[k];
+    const auto i = static_cast<std::size_t>(id);
+    KVCacheBlock& b = blocks_[i];
+    b.block_hash = hashes[st.first_ + k];
+    b.group_id = st.group_;
+    if (verifying()) {
+      stored_[i].extra_id = st.extra_ids_[k];
+      stored_[i].parent_ident = st.parent_idents_[k];
+      if (!ident_.empty()) ident_[i] = st.idents_[k];
+      std::memcpy(&block_tokens_[i * config_.block_size],
+                  st.seq_.tokens.data() + (st.first_ + k) * bs, bs * sizeof(TokenId));
+    }
+    hash_map_.insert(id);
+  }
+  st.extra_ids_.clear();  // the blocks own the references now
+  if (st.event_) record(std::move(st.event_->data));
+  st.pool_ = nullptr;
+  deliver_events();
 }
 
 void BlockPool::prefetch_cached_block(const BlockHash& hash, GroupId group) const noexcept {
@@ -321,54 +526,40 @@ BlockId BlockPool::get_cached_block(const BlockHash& hash, GroupId group) const 
 }
 
 BlockId BlockPool::match_cached_block(const BlockSequence& seq, std::size_t index, BlockId parent,
-                                      GroupId group) const {
-  if (index > 0 && verifying()) {
-    if (parent == kNoBlock) return kNoBlock;
-    const KVCacheBlock& p = block(parent);
-    if (!p.is_cached() || p.is_null) return kNoBlock;
-  }
-  return match(seq, index, group,
-               index == 0    ? std::optional<std::uint64_t>(0)
-               : verifying() ? std::optional<std::uint64_t>(
-                                   material_[static_cast<std::size_t>(parent)].content_id)
-                             : std::nullopt);
+                                      GroupId group, LookupScratch* scratch) const {
+  static const BlockHash kRoot;  // the parent identity of block 0
+  if (index == 0) return match(seq, index, group, &kRoot, scratch);
+  if (!verifying()) return match(seq, index, group, nullptr, scratch);
+  if (parent == kNoBlock) return kNoBlock;
+  const KVCacheBlock& p = block(parent);
+  if (!p.is_cached() || p.is_null) return kNoBlock;
+  return match(seq, index, group, &identity(parent), scratch);
 }
 
 BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
-                                                 GroupId group) const {
-  return match(seq, index, group,
-               index == 0 ? std::optional<std::uint64_t>(0) : std::optional<std::uint64_t>());
+                                                 GroupId group, LookupScratch* scratch) const {
+  static const BlockHash kRoot;
+  return match(seq, index, group, index == 0 ? &kRoot : nullptr, scratch);
 }
 
 bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept {
   if (!verifying()) return true;
-  return material_[static_cast<std::size_t>(child)].parent_content_id ==
-         material_[static_cast<std::size_t>(parent)].content_id;
-}
-
-inline bool BlockPool::material_matches(BlockId candidate,
-                                        std::optional<std::uint64_t> parent_content_id,
-                                        std::uint32_t extra_id, const TokenId* tokens,
-                                        std::uint32_t block_size) const noexcept {
-  const Material& mat = material_[static_cast<std::size_t>(candidate)];
-  return (!parent_content_id || mat.parent_content_id == *parent_content_id) &&
-         mat.extra_id == extra_id &&
-         std::memcmp(&block_tokens_[static_cast<std::size_t>(candidate) * config_.block_size],
-                     tokens, block_size * sizeof(TokenId)) == 0;
+  return stored_[static_cast<std::size_t>(child)].parent_ident == identity(parent);
 }
 
 BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId group,
-                         std::optional<std::uint64_t> parent_cid) const {
+                         const BlockHash* parent_ident, LookupScratch* scratch) const {
   if (index >= seq.block_hashes.size()) {
     throw Error(ErrorCode::kOutOfRange, "BlockPool::match_cached_block: block index " +
                                             std::to_string(index) + " but the request has " +
                                             std::to_string(seq.block_hashes.size()) +
                                             " full blocks");
   }
-  if (seq.block_size == 0 || seq.block_size > config_.block_size) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "BlockPool::match_cached_block: block size " + std::to_string(seq.block_size) +
-                    " not within the pool's 1.." + std::to_string(config_.block_size));
+  std::size_t end_token = 0;  // a multiply, not validate_sequence's division: once per block
+  if (seq.block_size == 0 || seq.block_size > config_.block_size ||
+      __builtin_mul_overflow(index + 1, std::size_t{seq.block_size}, &end_token) ||
+      end_token > seq.tokens.size()) {
+    validate_sequence(seq, index + 1, "BlockPool::match_cached_block");  // throws
   }
   if (!config_.enable_caching) return kNoBlock;
   const BlockHash& hash = seq.block_hashes[index];
@@ -376,21 +567,33 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
 
   std::uint32_t eid = 0;  // most blocks have no extra keys: skip building and interning them
   if (seq.has_extra_keys(index)) {
-    const BlockExtraKeys extra = seq.block_extra_keys(index, mm_scratch_);
-    eid = lookup_extra_id(extra);
-    if (!extra.empty() && eid == 0) return kNoBlock;  // no cached block has these extra keys
+    LookupScratch local;  // const calls write nothing shared: the caller's buffers or our own
+    LookupScratch& sc = scratch != nullptr ? *scratch : local;
+    const BlockExtraKeys extra = seq.block_extra_keys(index, sc.mm);
+    if (!extra.empty()) {
+      encode_extra_keys(extra, sc.extra);
+      eid = extra_keys_->find(sc.extra);
+      if (eid == 0) return kNoBlock;  // no cached block has these extra keys
+    }
   }
   const TokenId* tokens = seq.tokens.data() + index * seq.block_size;
+  const std::size_t bytes = seq.block_size * sizeof(TokenId);
   return hash_map_.find_first(hash, group, [&](BlockId c) {
-    if (parent_cid && material_[static_cast<std::size_t>(c)].parent_content_id != *parent_cid) {
-      return false;
-    }
-    return material_matches(c, std::nullopt, eid, tokens, seq.block_size);
+    const auto i = static_cast<std::size_t>(c);
+    const Stored& m = stored_[i];
+    // Whole-object compare (a fixed 33 bytes, inlined): unused digest bytes are always zero.
+    static_assert(sizeof(BlockHash) == BlockHash::kMaxSize + 1);
+    return (parent_ident == nullptr ||
+            std::memcmp(&m.parent_ident, parent_ident, sizeof(BlockHash)) == 0) &&
+           m.extra_id == eid &&
+           std::memcmp(&block_tokens_[i * config_.block_size], tokens, bytes) == 0;
   });
 }
 
 std::size_t BlockPool::evict_blocks(std::span<const BlockId> ids) {
-  for (const BlockId id : ids) (void)block(id);
+  std::size_t cached = 0;
+  for (const BlockId id : ids) cached += block(id).is_cached() ? 1 : 0;
+  reserve_events(cached, 0);
   std::size_t evicted = 0;
   for (const BlockId id : ids) {
     if (blocks_[static_cast<std::size_t>(id)].is_cached()) {
@@ -398,29 +601,33 @@ std::size_t BlockPool::evict_blocks(std::span<const BlockId> ids) {
       ++evicted;
     }
   }
+  deliver_events();
   return evicted;
 }
 
 bool BlockPool::reset_prefix_cache() {
   if (free_queue_.size() != config_.num_blocks - 1) return false;
+  reserve_events(0, 1);
   for (KVCacheBlock& b : blocks_) {
     b.block_hash = BlockHash();
     b.group_id = 0;
   }
   hash_map_.clear();
   if (verifying()) {
-    std::fill(material_.begin(), material_.end(), Material{});
+    std::fill(stored_.begin(), stored_.end(), Stored{});
+    std::fill(ident_.begin(), ident_.end(), BlockHash());
     extra_keys_->clear();
   }
-  if (config_.enable_kv_events) emit(AllBlocksCleared{});
+  if (config_.enable_kv_events) record(AllBlocksCleared{});
+  deliver_events();
   return true;
 }
 
-std::vector<KVEvent> BlockPool::take_events() {
+std::vector<KVEvent> BlockPool::take_events() noexcept {
   return std::exchange(events_, {});
 }
 
-void BlockPool::set_event_sink(KVEventSink sink) {
+void BlockPool::set_event_sink(KVEventSink sink) noexcept {
   sink_ = std::move(sink);
 }
 
@@ -453,6 +660,7 @@ void BlockPool::check_invariants() const {
   std::size_t cached = 0;
   for (const KVCacheBlock& b : blocks_) {
     if (b.is_null) continue;
+    const auto i = static_cast<std::size_t>(b.block_id);
     if (b.ref_cnt < 0) fail(id_text(b.block_id) + " has a negative ref count");
     if ((b.ref_cnt == 0) != static_cast<bool>(seen[b.block_id])) {
       fail(id_text(b.block_id) + ": in the free queue iff ref count 0 does not hold");
@@ -465,11 +673,11 @@ void BlockPool::check_invariants() const {
                                [&](BlockId c) { return c == b.block_id; }) != b.block_id) {
         fail(id_text(b.block_id) + " is hashed but not reachable in the hash map");
       }
-      if (verifying() && material_[static_cast<std::size_t>(b.block_id)].content_id == 0) {
-        fail(id_text(b.block_id) + " is cached without a content id");
+      if (!ident_.empty() && ident_[i].empty()) {
+        fail(id_text(b.block_id) + " is cached without a prefix identity");
       }
-    } else if (verifying() && (material_[static_cast<std::size_t>(b.block_id)].content_id != 0 ||
-                               material_[static_cast<std::size_t>(b.block_id)].extra_id != 0)) {
+    } else if (verifying() && (stored_[i].extra_id != 0 || !stored_[i].parent_ident.empty() ||
+                               (!ident_.empty() && !ident_[i].empty()))) {
       fail(id_text(b.block_id) + " is not cached but keeps key material");
     }
   }
@@ -482,13 +690,16 @@ void BlockPool::check_invariants() const {
   }
   if (verifying()) {
     std::vector<std::uint32_t> refs(extra_keys_->refs.size(), 0);
-    for (const Material& mat : material_) {
-      const std::uint32_t eid = mat.extra_id;
+    for (const Stored& m : stored_) {
+      const std::uint32_t eid = m.extra_id;
       if (eid >= refs.size()) fail("extra-key id out of range");
       if (eid != 0) ++refs[eid];
     }
     for (std::size_t i = 1; i < refs.size(); ++i) {
       if (refs[i] != extra_keys_->refs[i]) fail("extra-key reference count mismatch");
+    }
+    if (extra_keys_->free_ids.capacity() + 1 < extra_keys_->refs.size()) {
+      fail("the extra-key table's free list could allocate on release");
     }
   }
 }
@@ -502,7 +713,20 @@ BlockPoolSnapshot BlockPool::snapshot() const {
   }
   s.free_queue = free_queue_.ids();
   s.hash_map_slots = hash_map_.slot_ids();
-  for (const Material& mat : material_) s.content_ids.push_back(mat.content_id);
+  if (verifying()) {
+    const std::size_t bs = config_.block_size;
+    for (const KVCacheBlock& b : blocks_) {
+      const auto i = static_cast<std::size_t>(b.block_id);
+      const bool cached = b.is_cached();
+      for (std::size_t t = 0; t < bs; ++t) {
+        s.block_tokens.push_back(cached ? block_tokens_[i * bs + t] : 0);
+      }
+      const std::uint32_t eid = stored_[i].extra_id;
+      s.extra_keys.push_back(eid == 0 ? std::string() : *extra_keys_->keys[eid]);
+      s.parent_identities.push_back(stored_[i].parent_ident);
+      if (!ident_.empty()) s.identities.push_back(ident_[i]);
+    }
+  }
   s.next_event_seq = next_event_seq_;
   s.pending_events = events_.size();
   s.num_evictions = num_evictions_;
@@ -512,7 +736,9 @@ BlockPoolSnapshot BlockPool::snapshot() const {
 double BlockPool::metadata_bytes_per_block() const noexcept {
   const double bytes = static_cast<double>(
       blocks_.size() * sizeof(KVCacheBlock) + 2 * hash_map_.capacity() * sizeof(BlockId) +
-      block_tokens_.size() * sizeof(TokenId) + material_.size() * sizeof(Material));
+      block_tokens_.size() * sizeof(TokenId) + stored_.size() * sizeof(Stored) +
+      ident_.size() * sizeof(BlockHash) +
+      (unhashed_scratch_.capacity() + hashed_scratch_.capacity()) * sizeof(BlockId));
   return bytes / static_cast<double>(blocks_.size());
 }
 

@@ -322,5 +322,54 @@ INSTANTIATE_TEST_SUITE_P(
         std::vector<AttentionSpec>{AttentionSpec::sliding(4, 9), AttentionSpec::full(4),
                                    AttentionSpec::sliding(4, 17)}));
 
+// vLLM's case: window 4, block size 2. A block that left the first request's window is evicted
+// while the request still holds the next one; another request caches the same content again;
+// a later request's hit runs through the re-cached block and the old next one: 12 tokens.
+TEST(SlidingWindow, RunThroughARecachedBlockIsAHit) {
+  for (const HashScheme scheme : {HashScheme::kSha256, HashScheme::kXxh3_128}) {
+    KVCacheManagerConfig c = config({AttentionSpec::sliding(2, 4)});
+    c.hash_scheme = scheme;
+    KVCacheManager m(c);
+    Request a = m.make_request(1, iota_tokens(0, 14));
+    const auto rows = admit(m, a);
+    ASSERT_EQ(rows[0].size(), 7u);
+    a.append_token(99);
+    ASSERT_TRUE(m.allocate_slots(a, 1));  // blocks 0..4 leave the window
+    ASSERT_EQ(m.block_ids(1)[4], kNullBlockId);
+    ASSERT_EQ(m.evict_blocks(std::vector<BlockId>{rows[0][4]}), 1u);
+    Request b = m.make_request(2, iota_tokens(0, 11));  // hits blocks 2, 3; recomputes 4
+    admit(m, b);
+    Request d = m.make_request(3, iota_tokens(0, 13));
+    EXPECT_EQ(m.get_computed_blocks(d).num_tokens, 12u) << to_string(scheme);
+    m.check_invariants();
+  }
+}
+
+// Mixed block sizes: vLLM rounds the tokens to cache down to a multiple of the LCM of the group
+// block sizes (32 here) before each group caches its full blocks. A 112-token request caches 3
+// full-attention blocks and 6 (not 7) window blocks; the uncached window block is freed to the
+// head of the free queue.
+TEST(Hybrid, CachingIsClampedToTheCommonBlockSize) {
+  KVCacheManagerConfig c = config({AttentionSpec::full(32), AttentionSpec::sliding(16, 32)}, 64);
+  c.enable_kv_events = true;
+  KVCacheManager m(c);
+  Request r = m.make_request(1, iota_tokens(0, 112));
+  const auto rows = admit(m, r);
+  ASSERT_EQ(rows[0].size(), 4u);
+  ASSERT_EQ(rows[1].size(), 7u);
+  const auto events = m.take_events();
+  std::map<GroupId, std::size_t> stored;
+  for (const KVEvent& e : events) {
+    if (const auto* s = std::get_if<BlockStored>(&e.data))
+      stored[s->group_id] += s->block_hashes.size();
+  }
+  EXPECT_EQ(stored[0], 3u);
+  EXPECT_EQ(stored[1], 6u);
+  EXPECT_FALSE(m.block_pool().block(rows[1][6]).is_cached());
+  m.free(r);
+  EXPECT_EQ(m.block_pool().free_queue().front(), rows[1][6]);
+  m.check_invariants();
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -10,8 +10,15 @@
 // A third run uses an 8-bit test hash that collides constantly and checks safety instead: every
 // hit is a true prefix of the request (tracked by a shadow copy of each cached block's content).
 //
+// The reference covers caching off, max_model_len (lookahead capped), the exact KV event stream
+// (every BlockStored / BlockRemoved / AllBlocksCleared, compared field by field), explicit
+// evictions (which make parents leave the cache while children stay, then be cached again), and
+// hybrid layouts (full attention + sliding windows, one block size): hybrid hits are compared
+// for equality, group by group, with the reference's fixed point.
+//
 // Flags (after the gtest ones): --pagedkv_ops=N operations per run (default 100000),
-// --pagedkv_seconds=S stop a run early after S seconds (default: no limit).
+// --pagedkv_seconds=S a time budget for the whole program, split evenly among its runs (default:
+// no limit).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,101 +38,235 @@ namespace pagedkv {
 namespace {
 
 std::uint64_t g_ops = 100000;
-double g_seconds = 0;  // 0: no limit
+double g_seconds = 0;  // 0: no limit; else the whole program's budget, split evenly by the runs
+constexpr int kNumRuns = 7;  // the TESTs below
 
 // ---- the reference model: vLLM v1 semantics, written for clarity, not speed ----
+// One pool shared by KV-cache groups of one block size (full attention and sliding windows):
+// vectors and linear scans, events built as vLLM emits them.
 struct RefModel {
   std::uint32_t bs;
   bool caching;
+  bool events_on;
+  std::optional<std::size_t> max_model_len;
+  std::vector<AttentionSpec> groups;
   std::vector<int> ref;
   std::vector<BlockHash> hash;  // empty: not cached
+  std::vector<GroupId> grp;     // the group a cached block is keyed by
   std::vector<BlockId> queue;   // head first
   std::vector<BlockId> map;     // cached blocks in insertion order
+  std::vector<KVEvent> events;
+  std::uint64_t next_seq = 0;
   struct Req {
-    std::vector<BlockId> blocks;
-    std::size_t cached = 0;
+    std::vector<std::vector<BlockId>> rows;  // per group
+    std::vector<std::size_t> cached;         // per group
   };
   std::map<RequestId, Req> reqs;
 
-  RefModel(int n, std::uint32_t block_size, bool enable_caching)
-      : bs(block_size), caching(enable_caching), ref(n, 0), hash(n) {
+  RefModel(int n, std::uint32_t block_size, bool enable_caching, bool with_events,
+           std::optional<std::size_t> max_len, std::vector<AttentionSpec> specs)
+      : bs(block_size),
+        caching(enable_caching),
+        events_on(with_events),
+        max_model_len(max_len),
+        groups(std::move(specs)),
+        ref(n, 0),
+        hash(n),
+        grp(n, 0) {
     for (int i = 1; i < n; ++i) queue.push_back(i);
   }
 
+  void emit(KVEvent::Data data) {
+    if (events_on) events.push_back(KVEvent{next_seq++, std::move(data)});
+  }
   void uncache(BlockId b) {
     map.erase(std::find(map.begin(), map.end(), b));
+    emit(BlockRemoved{{hash[b]}, grp[b]});
     hash[b] = BlockHash();
+    grp[b] = 0;
   }
-  BlockId lookup(const BlockHash& h) const {
+  BlockId lookup(const BlockHash& h, GroupId g) const {
     for (const BlockId b : map) {
-      if (hash[b] == h) return b;
+      if (hash[b] == h && grp[b] == g) return b;
     }
     return -1;
   }
-  std::vector<BlockId> hit(const Request& r) const {
+  std::vector<BlockId> full_hit(const Request& r, GroupId g, std::size_t max_blocks) const {
     std::vector<BlockId> out;
-    if (!caching) return out;
-    const std::size_t max_blocks = r.num_tokens() == 0 ? 0 : (r.num_tokens() - 1) / bs;
-    for (std::size_t i = 0; i < max_blocks && i < r.block_hashes().size(); ++i) {
-      const BlockId b = lookup(r.block_hashes()[i]);
+    for (std::size_t i = 0; i < max_blocks; ++i) {
+      const BlockId b = lookup(r.block_hashes()[i], g);
       if (b < 0) break;
       out.push_back(b);
     }
     return out;
   }
-  std::optional<std::vector<BlockId>> allocate(const Request& r, std::size_t n,
-                                               const std::vector<BlockId>& hits,
-                                               std::size_t lookahead) {
-    Req empty;
-    const auto it = reqs.find(r.id());
-    const Req& cur = it == reqs.end() ? empty : it->second;
-    const std::size_t computed = r.num_computed_tokens() + hits.size() * bs;
-    const std::size_t need = (computed + n + lookahead + bs - 1) / bs;
-    const std::size_t have = cur.blocks.size() + hits.size();
-    const std::size_t alloc = need > have ? need - have : 0;
-    std::size_t evictable = 0;
-    for (const BlockId b : hits) evictable += ref[b] == 0;
-    if (alloc + evictable > queue.size()) return std::nullopt;
-    Req& st = reqs[r.id()];
-    for (const BlockId b : hits) {
-      if (ref[b] == 0) queue.erase(std::find(queue.begin(), queue.end(), b));
-      ++ref[b];
-      st.blocks.push_back(b);
+  // vLLM's SlidingWindowManager: from the right, the first run of window_blocks() cached blocks;
+  // without one, the run that reaches block 0.
+  std::vector<BlockId> window_hit(const Request& r, GroupId g, std::size_t max_blocks) const {
+    const std::size_t needed = groups[g].window_blocks();
+    std::vector<BlockId> out(max_blocks, kNullBlockId);
+    std::size_t run = 0;
+    for (std::size_t i = max_blocks; i-- > 0;) {
+      const BlockId b = lookup(r.block_hashes()[i], g);
+      if (b < 0) {
+        run = 0;
+        continue;
+      }
+      out[i] = b;
+      if (++run >= needed) {
+        out.resize(i + run);
+        return out;
+      }
     }
-    if (cur.blocks.empty() && st.blocks.size() == hits.size()) st.cached = hits.size();
+    out.resize(run);
+    return out;
+  }
+  // The hybrid hit: each group shortens the length until none does.
+  std::vector<std::vector<BlockId>> hit(const Request& r) const {
+    std::vector<std::vector<BlockId>> rows(groups.size());
+    if (!caching || r.skip_reading_prefix_cache) return rows;
+    std::size_t blocks = r.num_tokens() == 0 ? 0 : (r.num_tokens() - 1) / bs;
+    blocks = std::min(blocks, r.block_hashes().size());
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        rows[g] = groups[g].kind == AttentionKind::kFull
+                      ? full_hit(r, static_cast<GroupId>(g), blocks)
+                      : window_hit(r, static_cast<GroupId>(g), blocks);
+        if (rows[g].size() < blocks) {
+          blocks = rows[g].size();
+          changed = true;
+        }
+      }
+    }
+    for (auto& row : rows) row.resize(blocks);
+    return rows;
+  }
+  // Blocks of a window group's row that left the window, last first, up to the first null.
+  std::vector<std::size_t> out_of_window(std::size_t g, const std::vector<BlockId>& row,
+                                         std::size_t computed) const {
+    std::vector<std::size_t> pos;
+    const AttentionSpec& spec = groups[g];
+    if (spec.kind != AttentionKind::kSlidingWindow || computed + 1 <= spec.sliding_window) {
+      return pos;
+    }
+    const std::size_t end =
+        std::min<std::size_t>((computed + 1 - spec.sliding_window) / bs, row.size());
+    for (std::size_t i = end; i-- > 0 && row[i] != kNullBlockId;) pos.push_back(i);
+    return pos;
+  }
+  void release_list(const std::vector<BlockId>& blocks) {  // given tail first
+    std::vector<BlockId> unhashed, hashed;
+    for (const BlockId b : blocks) {
+      if (b == kNullBlockId) continue;
+      if (--ref[b] == 0) (hash[b].empty() ? unhashed : hashed).push_back(b);
+    }
+    queue.insert(queue.begin(), unhashed.begin(), unhashed.end());
+    queue.insert(queue.end(), hashed.begin(), hashed.end());
+  }
+  // Returns group 0's new blocks, or nullopt when it does not fit (nothing changed).
+  std::optional<std::vector<BlockId>> allocate(const Request& r, std::size_t n,
+                                               const std::vector<std::vector<BlockId>>& hits,
+                                               std::size_t lookahead) {
+    const std::size_t ng = groups.size();
+    const bool known = reqs.count(r.id()) != 0;
+    Req cur = known ? reqs.at(r.id())
+                    : Req{std::vector<std::vector<BlockId>>(ng), std::vector<std::size_t>(ng, 0)};
+    const std::size_t hit_tokens = hits.empty() ? 0 : hits[0].size() * bs;
+    const std::size_t computed = r.num_computed_tokens() + hit_tokens;
+    std::size_t slots = computed + n + lookahead;
+    if (max_model_len) slots = std::min(slots, std::max(*max_model_len, computed + n));
+    const std::size_t need = (slots + bs - 1) / bs;
+    std::size_t needed = 0, releasable = 0;
+    std::vector<std::size_t> alloc(ng, 0);
+    for (std::size_t g = 0; g < ng; ++g) {
+      const std::size_t have = cur.rows[g].size() + (hits.empty() ? 0 : hits[g].size());
+      alloc[g] = need > have ? need - have : 0;
+      needed += alloc[g];
+      if (!hits.empty()) {
+        for (const BlockId b : hits[g]) needed += b != kNullBlockId && ref[b] == 0;
+      }
+      for (const std::size_t i : out_of_window(g, cur.rows[g], r.num_computed_tokens())) {
+        releasable += ref[cur.rows[g][i]] == 1;
+      }
+    }
+    if (needed > queue.size() + releasable) return std::nullopt;
+    Req& st = reqs[r.id()];
+    st = cur;
+    for (std::size_t g = 0; g < ng; ++g) {
+      std::vector<BlockId> freed;
+      for (const std::size_t i : out_of_window(g, st.rows[g], r.num_computed_tokens())) {
+        freed.push_back(st.rows[g][i]);
+        st.rows[g][i] = kNullBlockId;
+      }
+      release_list(freed);
+    }
+    if (!hits.empty()) {
+      for (std::size_t g = 0; g < ng; ++g) {
+        for (const BlockId b : hits[g]) {
+          if (b != kNullBlockId) {
+            if (ref[b] == 0) queue.erase(std::find(queue.begin(), queue.end(), b));
+            ++ref[b];
+          }
+          st.rows[g].push_back(b);
+        }
+        st.cached[g] = hits[g].size();
+      }
+    }
     std::vector<BlockId> fresh;
-    for (std::size_t i = 0; i < alloc; ++i) {
-      const BlockId b = queue.front();
-      queue.erase(queue.begin());
-      if (!hash[b].empty()) uncache(b);
-      ref[b] = 1;
-      st.blocks.push_back(b);
-      fresh.push_back(b);
+    for (std::size_t g = 0; g < ng; ++g) {
+      for (std::size_t i = 0; i < alloc[g]; ++i) {
+        const BlockId b = queue.front();
+        queue.erase(queue.begin());
+        if (!hash[b].empty()) uncache(b);
+        ref[b] = 1;
+        st.rows[g].push_back(b);
+        if (g == 0) fresh.push_back(b);
+      }
     }
     if (caching) {
       const std::size_t full = std::min(computed + n, r.num_tokens()) / bs;
-      for (std::size_t i = st.cached; i < full; ++i) {
-        hash[st.blocks[i]] = r.block_hashes()[i];
-        map.push_back(st.blocks[i]);
+      for (std::size_t g = 0; g < ng; ++g) {
+        std::size_t i = st.cached[g];
+        while (i < full) {  // one BlockStored per run of consecutive non-null blocks
+          if (st.rows[g][i] == kNullBlockId) {
+            ++i;
+            continue;
+          }
+          BlockStored stored;
+          if (i > 0) stored.parent_block_hash = r.block_hashes()[i - 1];
+          stored.block_size = bs;
+          stored.group_id = static_cast<GroupId>(g);
+          for (; i < full && st.rows[g][i] != kNullBlockId; ++i) {
+            const BlockId b = st.rows[g][i];
+            hash[b] = r.block_hashes()[i];
+            grp[b] = static_cast<GroupId>(g);
+            map.push_back(b);
+            stored.block_hashes.push_back(hash[b]);
+            for (std::size_t t = i * bs; t < (i + 1) * bs; ++t) {
+              stored.token_ids.push_back(r.tokens()[t]);
+            }
+            OwnedExtraKeys keys;
+            if (i == 0) keys.cache_salt = r.hashed_tokens().keys().cache_salt;
+            stored.extra_keys.push_back(keys);
+          }
+          emit(std::move(stored));
+        }
+        st.cached[g] = std::max(st.cached[g], full);
       }
-      st.cached = std::max(st.cached, full);
     }
     return fresh;
   }
   void release(RequestId id) {
-    std::vector<BlockId> unhashed, hashed;
-    auto& blocks = reqs.at(id).blocks;
-    for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
-      if (--ref[*b] == 0) (hash[*b].empty() ? unhashed : hashed).push_back(*b);
-    }
-    queue.insert(queue.begin(), unhashed.begin(), unhashed.end());
-    queue.insert(queue.end(), hashed.begin(), hashed.end());
+    for (auto& row : reqs.at(id).rows) release_list({row.rbegin(), row.rend()});
     reqs.erase(id);
   }
   bool reset() {
     if (queue.size() != ref.size() - 1) return false;
     for (auto& h : hash) h = BlockHash();
+    for (auto& g : grp) g = 0;
     map.clear();
+    emit(AllBlocksCleared{});
     return true;
   }
   void evict(const std::vector<BlockId>& ids) {
@@ -140,6 +281,10 @@ struct RunConfig {
   bool verify = true;
   bool weak_hash = false;  // 8-bit collisions: check safety, not equality with the model
   bool explicit_evict = false;
+  bool caching = true;
+  HashScheme scheme = HashScheme::kSha256;
+  std::optional<std::size_t> max_model_len;
+  std::vector<AttentionSpec> groups;  // empty: one full-attention group
   std::uint32_t seed = 1;
 };
 
@@ -148,6 +293,8 @@ struct Outcome {
   std::uint64_t hit_blocks = 0;
   std::uint64_t failed_allocations = 0;
   std::uint64_t collisions_rejected = 0;
+  std::uint64_t events = 0;
+  std::uint64_t window_hit_blocks = 0;  // null blocks skipped by sliding-window hits
 };
 
 Outcome run(const RunConfig& rc) {
@@ -161,10 +308,21 @@ Outcome run(const RunConfig& rc) {
   cfg.num_blocks = rc.num_blocks;
   cfg.block_size = kB;
   cfg.verify_cache_hits = rc.verify;
+  cfg.enable_caching = rc.caching;
+  cfg.enable_kv_events = !rc.weak_hash;
+  cfg.hash_scheme = rc.scheme;
+  cfg.max_model_len = rc.max_model_len;
+  cfg.groups = rc.groups;
   cfg.hash_seed = "model";
   if (rc.weak_hash) cfg.hasher = BlockHasher::weak_for_testing(HashScheme::kSha256, "model", 8);
   KVCacheManager m(cfg);
-  RefModel ref(rc.num_blocks, kB, true);
+  std::vector<AttentionSpec> specs = rc.groups;
+  if (specs.empty()) specs.push_back(AttentionSpec::full(kB));
+  for (const AttentionSpec& spec : specs) {
+    if (spec.block_size != kB) throw std::logic_error("the model has one block size");
+  }
+  RefModel ref(rc.num_blocks, kB, rc.caching, cfg.enable_kv_events, rc.max_model_len, specs);
+  const std::size_t num_groups = specs.size();
 
   // Shared prefixes (a system prompt, tool definitions, ...) and tenants.
   std::vector<std::vector<TokenId>> prefixes = {{}, {}, {}, {}};
@@ -192,12 +350,28 @@ Outcome run(const RunConfig& rc) {
     for (BlockId b = 1; b < rc.num_blocks; ++b) {
       ASSERT_EQ(pool.block(b).ref_cnt, ref.ref[b]) << "block " << b;
       ASSERT_EQ(pool.block(b).block_hash, ref.hash[b]) << "block " << b;
+      if (!ref.hash[b].empty()) {
+        ASSERT_EQ(pool.block(b).group_id, ref.grp[b]) << "block " << b;
+      }
     }
     ASSERT_EQ(pool.free_queue().ids(), ref.queue);
+    for (const auto& [id, st] : ref.reqs) {
+      for (std::size_t g = 0; g < num_groups; ++g) {
+        const auto row = m.block_ids(id, g);
+        ASSERT_EQ(std::vector<BlockId>(row.begin(), row.end()), st.rows[g]) << "request " << id;
+      }
+    }
+    // The exact event stream: every BlockStored (hashes, parent, tokens, extra keys, group),
+    // BlockRemoved and AllBlocksCleared, with its sequence number.
+    const std::vector<KVEvent> got = m.take_events();
+    out.events += got.size();
+    ASSERT_EQ(got, ref.events);
+    ref.events.clear();
   };
   // Runs hit lookup + one allocation in both; returns whether it fit.
   auto schedule = [&](Request& r, bool first) -> bool {
     CacheHit hit;
+    std::vector<std::vector<BlockId>> ref_hit;
     if (first) {
       hit = m.get_computed_blocks(r);
       if (rc.weak_hash) {
@@ -212,9 +386,16 @@ Outcome run(const RunConfig& rc) {
           EXPECT_EQ(shadow_salt[b], r.hashed_tokens().keys().cache_salt) << "WRONG HIT (salt)";
         }
       } else {
-        EXPECT_EQ(hit.blocks, ref.hit(r));
+        ref_hit = ref.hit(r);
+        for (std::size_t g = 0; g < num_groups; ++g) {
+          EXPECT_EQ(hit.group(g), ref_hit[g]) << "group " << g;
+        }
       }
       out.hit_blocks += hit.blocks.size();
+      for (std::size_t g = 1; g < num_groups; ++g) {
+        out.window_hit_blocks +=
+            static_cast<std::uint64_t>(std::count(hit.group(g).begin(), hit.group(g).end(), 0));
+      }
     }
     const std::size_t computed = r.num_computed_tokens() + hit.num_tokens;
     const std::size_t n = uniform(1, r.num_tokens() - computed);
@@ -225,7 +406,7 @@ Outcome run(const RunConfig& rc) {
     }
     const auto got = m.allocate_slots(r, n, hit, lookahead);
     if (!rc.weak_hash) {
-      const auto want = ref.allocate(r, n, hit.blocks, lookahead);
+      const auto want = ref.allocate(r, n, ref_hit, lookahead);
       EXPECT_EQ(got.has_value(), want.has_value());
       if (got && want) {
         EXPECT_EQ(std::vector<BlockId>(got->begin(), got->end()), *want);
@@ -252,10 +433,11 @@ Outcome run(const RunConfig& rc) {
   };
 
   const auto start = std::chrono::steady_clock::now();
+  const double run_seconds = g_seconds / kNumRuns;  // the budget is shared by all runs
   for (std::uint64_t op = 0; op < g_ops; ++op) {
     if (g_seconds > 0 && (op & 1023) == 0 &&
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-            g_seconds) {
+            run_seconds) {
       break;
     }
     const std::size_t kind = uniform(0, 99);
@@ -349,6 +531,57 @@ TEST(KVCacheManagerModel, MatchesReferenceWithVerification) {
   EXPECT_GT(o.hit_blocks, 0u);
   std::printf("verification: %llu ops, %llu hit blocks\n", static_cast<unsigned long long>(o.ops),
               static_cast<unsigned long long>(o.hit_blocks));
+}
+
+TEST(KVCacheManagerModel, MatchesReferenceWithCachingOff) {
+  RunConfig rc;
+  rc.caching = false;
+  rc.max_model_len = 30;
+  rc.seed = 14;
+  const Outcome o = run(rc);
+  EXPECT_EQ(o.hit_blocks, 0u);  // (events: only AllBlocksCleared, compared with the reference)
+  EXPECT_GT(o.failed_allocations, 0u);
+}
+
+TEST(KVCacheManagerModel, MatchesReferenceWithMaxModelLenAndXxh3) {
+  RunConfig rc;
+  rc.scheme = HashScheme::kXxh3_128;
+  rc.max_model_len = 26;
+  rc.explicit_evict = true;
+  rc.seed = 15;
+  const Outcome o = run(rc);
+  EXPECT_GT(o.hit_blocks, 0u);
+  EXPECT_GT(o.events, 0u);
+  std::printf("xxh3 + max_model_len: %llu ops, %llu hit blocks, %llu events\n",
+              static_cast<unsigned long long>(o.ops), static_cast<unsigned long long>(o.hit_blocks),
+              static_cast<unsigned long long>(o.events));
+}
+
+TEST(KVCacheManagerModel, HybridMatchesReference) {
+  RunConfig rc;
+  rc.groups = {AttentionSpec::full(4), AttentionSpec::sliding(4, 7)};
+  rc.num_blocks = 64;
+  rc.explicit_evict = true;
+  rc.seed = 16;
+  const Outcome o = run(rc);
+  EXPECT_GT(o.hit_blocks, 0u);
+  EXPECT_GT(o.window_hit_blocks, 0u) << "no window hit skipped a block: the test is weak";
+  std::printf("hybrid: %llu ops, %llu hit blocks, %llu null window blocks, %llu events\n",
+              static_cast<unsigned long long>(o.ops), static_cast<unsigned long long>(o.hit_blocks),
+              static_cast<unsigned long long>(o.window_hit_blocks),
+              static_cast<unsigned long long>(o.events));
+}
+
+TEST(KVCacheManagerModel, HybridTwoWindowsXxh3MatchesReference) {
+  RunConfig rc;
+  rc.groups = {AttentionSpec::sliding(4, 5), AttentionSpec::full(4), AttentionSpec::sliding(4, 9)};
+  rc.num_blocks = 80;
+  rc.scheme = HashScheme::kXxh3_128;
+  rc.explicit_evict = true;
+  rc.max_model_len = 40;
+  rc.seed = 17;
+  const Outcome o = run(rc);
+  EXPECT_GT(o.hit_blocks, 0u);
 }
 
 TEST(KVCacheManagerModel, WeakHashNeverGivesAWrongHit) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -211,7 +213,7 @@ TEST(KVCacheManager, BadInputIsRejectedWithStateUnchanged) {
   expect_rejected(
       m, [&] { (void)m.allocate_slots(a, 1, hit); }, "first allocation");
   expect_rejected(
-      m, [&] { m.free(b); }, "unknown");
+      m, [&] { m.preempt(b); }, "unknown");
   expect_rejected(
       m, [&] { (void)m.block_ids(2); }, "unknown");
   auto foreign = Request(3, BlockHasher(HashScheme::kSha256, "other seed"), kB, iota_tokens(0, 9));
@@ -270,6 +272,159 @@ TEST(KVCacheManager, CachingDisabled) {
   EXPECT_TRUE(m.take_events().empty());
   EXPECT_FALSE(m.block_pool().block(1).is_cached());
   m.check_invariants();
+}
+
+// vLLM hits A and B when A was evicted (B stayed cached) and a later request recomputed A into
+// another block: B's stored parent identity is content, not the evicted physical block.
+TEST(KVCacheManager, ChildOfARecomputedParentIsStillAHit) {
+  for (const HashScheme scheme : {HashScheme::kSha256, HashScheme::kXxh3_128}) {
+    KVCacheManagerConfig c = config(16);
+    c.hash_scheme = scheme;
+    KVCacheManager m(c);
+    Request a = m.make_request(1, iota_tokens(0, 9));  // blocks A, B + 1 token
+    ASSERT_TRUE(admit(m, a));
+    const BlockId block_a = m.block_ids(1)[0];
+    const BlockId block_b = m.block_ids(1)[1];
+    m.free(a);
+    ASSERT_EQ(m.evict_blocks(std::vector<BlockId>{block_a}), 1u);
+    Request b = m.make_request(2, iota_tokens(0, 5));  // recomputes A
+    ASSERT_TRUE(admit(m, b));
+    EXPECT_EQ(m.get_computed_blocks(m.make_request(9, iota_tokens(0, 5))).num_tokens, 4u);
+    m.free(b);
+    Request c3 = m.make_request(3, iota_tokens(0, 9));
+    const CacheHit hit = m.get_computed_blocks(c3);
+    EXPECT_EQ(hit.num_tokens, 8u) << to_string(scheme);
+    ASSERT_EQ(hit.blocks.size(), 2u);
+    EXPECT_NE(hit.blocks[0], block_a);
+    EXPECT_EQ(hit.blocks[1], block_b);
+    m.check_invariants();
+  }
+}
+
+TEST(KVCacheManager, ResetKeepsCumulativeStatsMonotonic) {
+  KVCacheManager m(config(16));
+  Request a = m.make_request(1, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(m, a));
+  m.free(a);
+  Request b = m.make_request(2, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(m, b));
+  m.free(b);
+  const PrefixCacheStats before = m.stats();
+  ASSERT_EQ(before.requests, 2u);
+  ASSERT_EQ(before.hits, 8u);
+  ASSERT_TRUE(m.reset_prefix_cache());
+  const PrefixCacheStats after = m.stats();
+  EXPECT_EQ(after.requests, before.requests);
+  EXPECT_EQ(after.queries, before.queries);
+  EXPECT_EQ(after.hits, before.hits);
+  EXPECT_EQ(after.evictions, before.evictions);
+  EXPECT_EQ(after.recent_requests, 0u);  // only the hit-rate window restarts
+  EXPECT_EQ(after.recent_hit_rate, 0.0);
+}
+
+TEST(KVCacheManager, ALiveIdUnderAnotherRequestIsRefused) {
+  KVCacheManager m(config(16));
+  Request a = m.make_request(1, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(m, a));
+  Request impostor = m.make_request(1, iota_tokens(100, 9));
+  Request copy = a;  // a copy is another Request too
+  for (Request* r : {&impostor, &copy}) {
+    expect_rejected(
+        m, [&] { (void)m.allocate_slots(*r, 1); }, "another Request");
+    expect_rejected(
+        m, [&] { (void)m.get_computed_blocks(*r); }, "another Request");
+    expect_rejected(
+        m, [&] { m.free(*r); }, "another Request");
+    expect_rejected(
+        m, [&] { m.preempt(*r); }, "another Request");
+  }
+  m.free(a);
+  // Once the id is free, a new Request may use it.
+  EXPECT_TRUE(admit(m, impostor));
+  m.free(impostor);
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, FreeingARequestThatHoldsNoBlocksIsANoOp) {
+  KVCacheManager m(config(16));
+  Request waiting = m.make_request(1, iota_tokens(0, 9));
+  const KVCacheManagerSnapshot before = m.snapshot();
+  m.free(waiting);  // aborted before it was ever scheduled
+  EXPECT_EQ(m.snapshot(), before);
+  EXPECT_TRUE(waiting.is_finished());
+  expect_rejected(
+      m, [&] { m.free(waiting); }, "already freed");
+  // Preempted, then aborted while waiting: the same.
+  Request r = m.make_request(2, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(m, r));
+  m.preempt(r);
+  m.free(r);
+  EXPECT_TRUE(r.is_finished());
+  EXPECT_EQ(m.num_requests(), 0u);
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, CountsThatWouldOverflowAreErrors) {
+  KVCacheManager m(config(16));
+  Request a = m.make_request(1, iota_tokens(0, 9));
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(a, 5, {}, kMax); }, "overflow");
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(a, 5, {}, kMax - 4); }, "overflow");
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(a, kMax); }, "exceed");
+  ASSERT_TRUE(m.allocate_slots(a, 5));
+  a.set_num_computed_tokens(5);
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(a, kMax - 2); }, "exceed");
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(a, 4, {}, kMax - 8); }, "overflow");
+  // A huge but representable lookahead simply does not fit.
+  EXPECT_FALSE(m.allocate_slots(a, 4, {}, kMax / 2).has_value());
+  m.check_invariants();
+}
+
+TEST(KVCacheManager, AppendingARequestsOwnTokensWorks) {
+  KVCacheManager m(config(16));
+  Request a = m.make_request(1, iota_tokens(0, 6));
+  a.append_tokens(a.tokens());  // aliases the request's own storage
+  a.append_tokens(a.tokens().subspan(2, 3));
+  std::vector<TokenId> want = iota_tokens(0, 6);
+  const std::vector<TokenId> first = want;
+  want.insert(want.end(), first.begin(), first.end());
+  want.insert(want.end(), want.begin() + 2, want.begin() + 5);
+  EXPECT_EQ(std::vector<TokenId>(a.tokens().begin(), a.tokens().end()), want);
+  const Request b = m.make_request(2, want);
+  EXPECT_EQ(std::vector<BlockHash>(a.block_hashes().begin(), a.block_hashes().end()),
+            std::vector<BlockHash>(b.block_hashes().begin(), b.block_hashes().end()));
+}
+
+TEST(KVCacheManager, MultimodalItemWhoseEndOverflowsIsRejected) {
+  KVCacheManager m(config(16));
+  RequestHashKeys keys;
+  keys.mm_items = {{"img", std::numeric_limits<std::int64_t>::max() - 2, 5}};
+  EXPECT_THROW((void)m.make_request(1, iota_tokens(0, 8), keys), Error);
+  keys.mm_items = {{"img", 2, std::numeric_limits<std::int64_t>::max()}};
+  EXPECT_THROW((void)m.make_request(1, iota_tokens(0, 8), keys), Error);
+}
+
+// The sink runs once the manager's whole step is done: it may call const queries and finds the
+// manager consistent, with each stored block cached and each removed block gone.
+TEST(KVCacheManager, SinkSeesAConsistentManager) {
+  KVCacheManager m(config(8));
+  std::size_t events = 0;
+  m.set_event_sink([&](const KVEvent&) {
+    m.check_invariants();
+    ++events;
+  });
+  for (RequestId id = 1; id <= 6; ++id) {
+    Request r = m.make_request(id, iota_tokens(static_cast<TokenId>(id * 100), 13));
+    ASSERT_TRUE(admit(m, r));
+    m.free(r);
+  }
+  EXPECT_GT(events, 6u);
+  EXPECT_TRUE(m.take_events().empty());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
@@ -195,7 +196,7 @@ TEST(BlockPool, BadInputIsRejectedWithStateUnchanged) {
   expect_rejected(
       pool, [&] { pool.cache_full_blocks(seq.sequence(), blocks, 0, 2); }, "already cached");
   expect_rejected(
-      pool, [&] { pool.cache_full_blocks(seq.sequence(), blocks, 1, 3); }, "full blocks");
+      pool, [&] { pool.cache_full_blocks(seq.sequence(), blocks, 1, 3); }, "beyond");
   expect_rejected(
       pool,
       [&] {
@@ -322,7 +323,8 @@ TEST(BlockPool, VerifiedLookupTurnsCollisionsIntoMisses) {
   const auto bx = take(pool, 1);
   pool.cache_full_blocks(seqs[x].sequence(), bx, 0, 1);
   EXPECT_EQ(pool.get_cached_block(seqs[y].block_hashes()[0]), bx[0]);  // raw map: fooled
-  EXPECT_EQ(pool.match_cached_block(seqs[y].sequence(), 0, BlockPool::kNoBlock), BlockPool::kNoBlock);
+  EXPECT_EQ(pool.match_cached_block(seqs[y].sequence(), 0, BlockPool::kNoBlock),
+            BlockPool::kNoBlock);
   EXPECT_EQ(pool.match_cached_block(seqs[x].sequence(), 0, BlockPool::kNoBlock), bx[0]);
   // Cache y too: now both are found, each by its own content.
   const auto by = take(pool, 1);
@@ -391,8 +393,149 @@ TEST(BlockPool, MetadataBytesPerBlockAtBlockSize16) {
   BlockPoolConfig c;
   c.num_blocks = 1 << 16;
   c.block_size = 16;
-  BlockPool pool(c);
-  EXPECT_LE(pool.metadata_bytes_per_block(), 160.0);
+  // Stored material: tokens, extra-key id, parent identity and (without collision-resistant
+  // chain hashes) the pool's own prefix identity.
+  EXPECT_LE(BlockPool(c).metadata_bytes_per_block(), 216.0);
+  c.chain_hashes_identify_prefix = true;
+  EXPECT_LE(BlockPool(c).metadata_bytes_per_block(), 184.0);
+}
+
+// A block id repeated in one cache_full_blocks call is misuse, like in free_blocks: rejected
+// with nothing changed (it used to corrupt the map, and with many copies hang it).
+TEST(BlockPool, RepeatedBlockInCacheFullBlocksIsRejected) {
+  BlockPool pool(config(10));
+  const auto seq = sequence(iota_tokens(0, 80));  // 20 full blocks
+  const auto blocks = take(pool, 1);
+  for (const std::size_t copies : {2u, 3u, 20u}) {
+    const std::vector<BlockId> repeated(copies, blocks[0]);
+    expect_rejected(
+        pool, [&] { pool.cache_full_blocks(seq.sequence(), repeated, 0, copies); }, "twice");
+  }
+  const std::vector<BlockId> two = {blocks[0], take(pool, 1)[0]};
+  pool.cache_full_blocks(seq.sequence(), two, 0, 2);
+  pool.check_invariants();
+}
+
+TEST(BlockHashMap, InsertIntoAFullTableIsAnErrorNotAHang) {
+  // A misused map (the same block inserted again and again) fills up: the insert that would
+  // take the last empty slot throws instead of probing forever.
+  std::vector<KVCacheBlock> blocks(2);
+  blocks[1].block_id = 1;
+  blocks[1].block_hash = BlockHash::from_hex("00112233445566778899aabbccddeeff");
+  BlockHashMap map(blocks);
+  std::size_t inserted = 0;
+  EXPECT_THROW(
+      {
+        for (int i = 0; i < 64; ++i) {
+          map.insert(1);
+          ++inserted;
+        }
+      },
+      Error);
+  EXPECT_EQ(inserted, map.capacity() - 1);
+  EXPECT_EQ(map.size(), map.capacity() - 1);
+}
+
+// vLLM hits A and B after A was evicted and recomputed into another block: the child's stored
+// parent identity is a function of content, not of the physical block that held it.
+TEST(BlockPool, ChildStaysAHitAfterItsParentIsEvictedAndCachedAgain) {
+  for (const bool resistant : {false, true}) {
+    BlockPoolConfig c = config(16);
+    c.chain_hashes_identify_prefix = resistant;
+    BlockPool pool(c);
+    const auto seq = sequence(iota_tokens(0, 8));
+    const auto chain = take(pool, 2);
+    pool.cache_full_blocks(seq.sequence(), chain, 0, 2);
+    pool.evict_blocks(std::vector<BlockId>{chain[0]});
+    const auto again = take(pool, 1);
+    pool.cache_full_blocks(seq.sequence(), again, 0, 1);
+    const BlockId a = pool.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock);
+    ASSERT_EQ(a, again[0]);
+    EXPECT_EQ(pool.match_cached_block(seq.sequence(), 1, a), chain[1]) << resistant;
+    pool.check_invariants();
+  }
+}
+
+// Const calls only read: several threads may look up (with and without their own scratch, for
+// blocks with extra keys) at once and get the single-threaded answers. Under a sanitizer build
+// (ThreadSanitizer in particular) a write to shared scratch would be reported.
+TEST(BlockPool, ConcurrentConstLookupsAreSafe) {
+  BlockPool pool(config(64));
+  RequestHashKeys keys;
+  keys.lora_name = "a-rather-long-adapter-name-that-does-not-fit-small-strings";
+  keys.cache_salt = "tenant";
+  keys.mm_items = {{"image-0", 2, 5}};
+  const auto seq = sequence(iota_tokens(0, 40), keys);
+  const auto blocks = take(pool, 10);
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 10);
+  std::vector<BlockId> expected;
+  BlockId parent = BlockPool::kNoBlock;
+  for (std::size_t i = 0; i < 10; ++i) {
+    parent = pool.match_cached_block(seq.sequence(), i, parent);
+    expected.push_back(parent);
+  }
+  ASSERT_EQ(expected, blocks);
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      BlockPool::LookupScratch scratch;
+      for (int round = 0; round < 300; ++round) {
+        BlockId p = BlockPool::kNoBlock;
+        for (std::size_t i = 0; i < 10; ++i) {
+          p = pool.match_cached_block(seq.sequence(), i, p, 0, t % 2 == 0 ? &scratch : nullptr);
+          mismatches[static_cast<std::size_t>(t)] += p != expected[i];
+          mismatches[static_cast<std::size_t>(t)] +=
+              pool.match_cached_block_unanchored(seq.sequence(), i) != expected[i];
+        }
+        (void)pool.snapshot();
+        pool.check_invariants();
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+}
+
+// Events reach the sink only once the call's change is complete: the sink sees a consistent
+// pool with every event's effect applied.
+TEST(BlockPool, SinkSeesAConsistentPoolAfterEachChange) {
+  BlockPool pool(config(6));
+  std::vector<KVEvent> seen;
+  pool.set_event_sink([&](const KVEvent& e) {
+    pool.check_invariants();
+    if (const auto* stored = std::get_if<BlockStored>(&e.data)) {
+      for (const BlockHash& h : stored->block_hashes) EXPECT_NE(pool.get_cached_block(h), -1);
+    }
+    if (const auto* removed = std::get_if<BlockRemoved>(&e.data)) {
+      EXPECT_EQ(pool.get_cached_block(removed->block_hashes[0]), -1);
+    }
+    seen.push_back(e);
+  });
+  const auto seq = sequence(iota_tokens(0, 20));
+  auto blocks = take(pool, 5);
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 5);
+  std::vector<BlockId> reversed(blocks.rbegin(), blocks.rend());
+  pool.free_blocks(reversed);
+  (void)take(pool, 3);  // evicts three cached blocks
+  ASSERT_EQ(seen.size(), 4u);
+  for (std::size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i].seq, i);
+  EXPECT_TRUE(pool.take_events().empty());
+}
+
+// The sink must not throw; the pool enforces it (delivery is noexcept), so a throwing sink ends
+// the program with the pool consistent rather than leaving a half-applied step behind.
+TEST(BlockPoolDeathTest, ThrowingSinkTerminates) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        BlockPool pool(config(6));
+        pool.set_event_sink([](const KVEvent&) { throw std::runtime_error("sink failed"); });
+        const auto seq = sequence(iota_tokens(0, 4));
+        const auto blocks = take(pool, 1);
+        pool.cache_full_blocks(seq.sequence(), blocks, 0, 1);
+      },
+      "");
 }
 
 }  // namespace

@@ -78,6 +78,11 @@ class BlockHasher {
                        std::optional<std::string_view> seed = std::nullopt);
 
   HashScheme scheme() const noexcept { return scheme_; }
+  // Whether equal block hashes prove equal prefixes (up to SHA-256 collisions): true for the
+  // SHA-256 schemes, false for xxh3_128 and for weak_for_testing hashers.
+  bool collision_resistant() const noexcept {
+    return scheme_ != HashScheme::kXxh3_128 && weak_bits_ == 0;
+  }
   std::size_t digest_size() const noexcept { return none_hash_.size(); }
   // The parent hash of block 0.
   const BlockHash& none_hash() const noexcept { return none_hash_; }
@@ -103,6 +108,10 @@ class BlockHasher {
   }
 
  private:
+  friend class RequestBlockHasher;  // validates a whole append once, then hashes its blocks
+  BlockHash hash_block_impl(const BlockHash& parent, std::span<const TokenId> tokens,
+                            const BlockExtraKeys& extra, bool tokens_checked) const;
+
   HashScheme scheme_;
   BlockHash none_hash_;
   std::uint8_t weak_bits_ = 0;  // 0: full digests (always, outside tests)

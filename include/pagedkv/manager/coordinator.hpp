@@ -69,6 +69,7 @@ class KVCacheCoordinator {
   std::size_t alignment_;
   std::vector<BlockHash> coarse_scratch_;
   std::vector<bool> looked_up_;
+  BlockPool::LookupScratch lookup_scratch_;
 };
 
 }  // namespace pagedkv

@@ -18,8 +18,10 @@ namespace pagedkv {
 
 // The longest run of cached blocks of `seq` from block 0, at most `max_blocks`, trimmed so that
 // the hit's token count is a multiple of `alignment` (a hybrid model's common block size).
+// `scratch` (optional) holds the buffers of verified lookups, so the search allocates nothing.
 std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockSequence& seq,
                                              GroupId group, std::size_t max_blocks,
-                                             std::size_t alignment);
+                                             std::size_t alignment,
+                                             BlockPool::LookupScratch* scratch = nullptr);
 
 }  // namespace pagedkv

@@ -18,17 +18,31 @@
 //   4. free(request) when it finishes (or preempt(request) to release and requeue it)
 //
 // Errors (pagedkv::Error, thrown before any state changes): zero new tokens, allocating or freeing
-// a freed request, freeing an unknown request, a hit that is stale or passed with blocks already
-// allocated, tokens beyond the request's known tokens, a request hashed differently from the
-// manager. Running out of blocks is the std::nullopt result, never an error.
+// a freed request, preempting an unknown request, a request id that is live under another
+// Request, a hit that is stale or passed with blocks already allocated, tokens beyond the
+// request's known tokens, token counts whose sum overflows, a request hashed differently from
+// the manager. Running out of blocks is the std::nullopt result, never an error. Freeing a
+// request that holds no blocks (made but never allocated, or preempted and then aborted) is a
+// no-op that marks it finished, as aborting a waiting request is in vLLM; freeing it again is
+// an error.
+//
+// Exception safety: every mutating call has the strong guarantee, std::bad_alloc included: it
+// prepares everything that may throw (validation, capacity, coarse keys, stored material,
+// events) before the first change to the pool or to its tables, so it either completes or
+// leaves the manager exactly as it was. KV events of a call are delivered only after the call
+// has completed, so a sink sees a consistent manager (it may call const queries).
 //
 // Complexity: get_computed_blocks is O(hit blocks) (plus O(block_size) per verified hit);
-// allocate_slots and free are O(blocks touched). Thread-compatible: one manager per scheduler
-// thread; hashing (building and extending Requests) may happen on any thread.
+// allocate_slots and free are O(blocks touched). Thread safety: one manager per scheduler
+// thread for mutating calls. Const calls only read, so several threads may make const calls at
+// once while no mutating call runs; a metrics thread that runs beside the scheduler should read
+// stats() copies the scheduler thread publishes. make_request() may run on any thread at any
+// time (hashing is pure).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -119,7 +133,8 @@ class KVCacheManager {
                                                          const CacheHit& hit = {},
                                                          std::size_t num_lookahead_tokens = 0);
 
-  // Releases a finished request's blocks (tail first, so its chain's tail is evicted first).
+  // Releases a finished request's blocks (tail first, so its chain's tail is evicted first) and
+  // marks it finished. A request holding no blocks: only marked finished (see the file comment).
   void free(Request& request);
   // Releases a running request's blocks so it can be rescheduled from scratch (its cached blocks
   // stay hit-able); sets its num_computed_tokens to 0.
@@ -140,7 +155,8 @@ class KVCacheManager {
   // Drops the cache entries of these blocks (e.g. a KV connector found their contents invalid);
   // they stay allocated or queued. Returns how many were cached. See BlockPool::evict_blocks.
   std::size_t evict_blocks(std::span<const BlockId> ids) { return pool_.evict_blocks(ids); }
-  // Forgets all cached blocks if no request holds any; false (nothing done) otherwise.
+  // Forgets all cached blocks if no request holds any; false (nothing done) otherwise. The
+  // stats' cumulative totals stay; only their recent window restarts.
   bool reset_prefix_cache();
   std::vector<KVEvent> take_events() { return pool_.take_events(); }
   void set_event_sink(KVEventSink sink) { pool_.set_event_sink(std::move(sink)); }
@@ -157,11 +173,20 @@ class KVCacheManager {
   };
   struct RequestBlocks {
     std::vector<GroupBlocks> groups;
+    std::shared_ptr<const char> identity;  // the Request object that holds this id
+  };
+  // One cache_full_blocks() of allocate_slots, prepared before any change.
+  struct PendingRun {
+    std::size_t group = 0;
+    std::size_t first = 0, last = 0;
+    BlockPool::PendingStore store;
   };
 
   std::span<const KVCacheGroup> groups() const noexcept { return coordinator_.groups(); }
   void check_hashing(const Request& request) const;
-  void release(Request& request, const char* what);
+  // False when the request holds no blocks; throws for a freed request or a foreign one.
+  bool release(Request& request, const char* what);
+  void check_identity(const Request& request, const char* what) const;
   BlockSequence group_sequence(const Request& request, std::size_t g,
                                std::vector<BlockHash>& coarse) const {
     return coordinator_.group_sequence(request.hashed_tokens().sequence(), g, coarse);
@@ -176,6 +201,9 @@ class KVCacheManager {
   std::vector<BlockId> free_scratch_;
   std::vector<const std::vector<BlockId>*> hit_scratch_;  // allocate_slots: each group's hit
   std::vector<std::size_t> alloc_scratch_;                // allocate_slots: blocks per group
+  std::vector<std::size_t> skip_scratch_;                 // allocate_slots: leaving the window
+  std::vector<PendingRun> run_scratch_;                   // allocate_slots: blocks to cache
+  std::vector<BlockId> prefix_scratch_;                   // allocate_slots: blocks before a run
   std::uint64_t out_of_window_freed_ = 0;
 };
 

@@ -1,8 +1,10 @@
 // pagedkv/manager/prefix_cache_stats.hpp: how much prefill the prefix cache saves.
 //
 // Records one entry per get_computed_blocks() query: the request's tokens (queries) and the tokens
-// found cached (hits). Totals are cumulative; the recent hit rate covers the last `window`
-// queries (a ring buffer, so it reflects the current workload rather than the whole history).
+// found cached (hits). Totals are cumulative and never decrease (counters for metrics systems);
+// the recent hit rate covers the last `window` queries (a ring buffer, so it reflects the
+// current workload rather than the whole history). reset_window() empties only the window, as
+// vLLM does on a prefix-cache reset.
 // O(1) per record, no allocation after construction. Thread-compatible.
 #pragma once
 
@@ -34,6 +36,9 @@ class PrefixCacheStatsRecorder {
   void record(std::uint64_t num_tokens, std::uint64_t num_hits);
   // `evictions` is the pool's cumulative eviction count, copied into the result.
   PrefixCacheStats stats(std::uint64_t evictions) const noexcept;
+  // Empties the recent window; the cumulative totals stay.
+  void reset_window() noexcept;
+  // Zeroes everything (a new recorder).
   void reset() noexcept;
 
  private:

@@ -6,12 +6,17 @@
 // num_computed_tokens as its model runs; the manager reads it in allocate_slots().
 // Create requests with KVCacheManager::make_request() so their hashing matches the manager's.
 //
+// Identity: every Request object has its own identity (a copy gets a new one; a move carries it),
+// and the manager remembers which identity holds each live id, so a second Request with the id
+// of a live one - a copy included - is refused instead of being taken for the first.
+//
 // Thread-compatible. Errors: pagedkv::Error before any change (negative token ids, bad keys,
 // num_computed_tokens beyond the known tokens).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 
 #include "pagedkv/hash/block_hasher.hpp"
@@ -25,6 +30,12 @@ class Request {
  public:
   Request(RequestId id, BlockHasher hasher, std::uint32_t block_size,
           std::span<const TokenId> prompt, RequestHashKeys keys = {});
+  // A copy has the same tokens, keys and progress but an identity of its own (e.g. one request
+  // replayed through several managers).
+  Request(const Request& other);
+  Request& operator=(const Request& other);
+  Request(Request&&) noexcept = default;
+  Request& operator=(Request&&) noexcept = default;
 
   RequestId id() const noexcept { return id_; }
   std::span<const TokenId> tokens() const noexcept { return seq_.tokens(); }
@@ -33,7 +44,8 @@ class Request {
   std::span<const BlockHash> block_hashes() const noexcept { return seq_.block_hashes(); }
   const RequestBlockHasher& hashed_tokens() const noexcept { return seq_; }
 
-  // Decoded (or otherwise known) tokens; hashes every block they complete.
+  // Decoded (or otherwise known) tokens; hashes every block they complete. `tokens` may alias
+  // this request's own tokens().
   void append_tokens(std::span<const TokenId> tokens) { seq_.append(tokens); }
   void append_token(TokenId token) { seq_.append(token); }
 
@@ -55,6 +67,7 @@ class Request {
   RequestBlockHasher seq_;
   std::size_t num_prompt_tokens_;
   std::size_t num_computed_tokens_ = 0;
+  std::shared_ptr<const char> identity_;  // unique per object; compared by address
   bool finished_ = false;
 };
 

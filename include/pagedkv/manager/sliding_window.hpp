@@ -25,7 +25,8 @@ namespace pagedkv {
 // block 0 must end on a multiple of `alignment` tokens.
 std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockSequence& seq,
                                              GroupId group, const AttentionSpec& spec,
-                                             std::size_t max_blocks, std::size_t alignment);
+                                             std::size_t max_blocks, std::size_t alignment,
+                                             BlockPool::LookupScratch* scratch = nullptr);
 
 // Blocks of the table row `row` that lie wholly before the window of a request with
 // `num_computed_tokens` computed tokens and are still held, counted back from the last such block

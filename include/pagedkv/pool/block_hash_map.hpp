@@ -13,9 +13,11 @@
 // (insertion appends to the probe run; backward-shift deletion preserves relative order), so
 // lookups return the first inserted block, as vLLM's dict-of-dicts does.
 //
-// Complexity: expected O(1) per operation for well-distributed hashes. Thread-compatible.
-// Preconditions (checked by BlockPool, asserted here in debug builds): insert() takes a hashed
-// block not already in the map; erase() a block that is in it.
+// Complexity: expected O(1) per operation for well-distributed hashes; every probe loop is
+// bounded by the capacity. Thread-compatible (const calls may run concurrently).
+// Errors: insert() into a full table throws pagedkv::Error (kInvalidState) and changes nothing;
+// it never loops. Preconditions (checked by BlockPool, asserted here in debug builds): insert()
+// takes a hashed block not already in the map; erase() a block that is in it.
 #pragma once
 
 #include <algorithm>
@@ -23,8 +25,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
+#include "pagedkv/base/error.hpp"
 #include "pagedkv/pool/kv_cache_block.hpp"
 
 namespace pagedkv {
@@ -43,9 +47,13 @@ class BlockHashMap {
   std::size_t size() const noexcept { return size_; }
   std::size_t capacity() const noexcept { return slots_.size(); }
 
-  void insert(BlockId id) noexcept {
+  void insert(BlockId id) {
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     assert(b.is_cached());
+    // A full table has no empty slot to end the probe: refuse instead of looping. (BlockPool
+    // sizes the table to twice its blocks and inserts each block at most once, so this only
+    // fires on misuse of the map itself.)
+    if (size_ + 1 >= slots_.size()) throw_full();
     const std::uint32_t tag = tag_of(b.block_hash, b.group_id);
     std::size_t i = tag & mask_;
     while (slots_[i].id != kEmpty) i = (i + 1) & mask_;
@@ -58,7 +66,7 @@ class BlockHashMap {
   bool erase(BlockId id) noexcept {
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     std::size_t i = tag_of(b.block_hash, b.group_id) & mask_;
-    while (slots_[i].id != id) {
+    while (slots_[i].id != id) {  // ends: the table always keeps an empty slot
       if (slots_[i].id == kEmpty) return false;
       i = (i + 1) & mask_;
     }
@@ -117,6 +125,13 @@ class BlockHashMap {
   }
 
  private:
+  [[noreturn]] void throw_full() const {
+    throw Error(ErrorCode::kInvalidState, "BlockHashMap::insert: the table is full (" +
+                                              std::to_string(size_) + " entries, capacity " +
+                                              std::to_string(slots_.size()) +
+                                              "); a block was inserted more than once");
+  }
+
   struct Slot {
     BlockId id;         // kEmpty or a cached block
     std::uint32_t tag;  // tag_of(its hash, group): home slot = tag & mask_

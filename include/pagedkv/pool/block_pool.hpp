@@ -11,17 +11,29 @@
 //  - The map allows duplicates and returns the first inserted block for a hash.
 //
 // Collision safety (on by default, always on for xxh3_128): a cached block stores its key
-// material (its tokens, its extra keys, and the identity of its parent's content) and a lookup
+// material - its tokens, its extra keys and the identity of its parent's prefix - and a lookup
 // only accepts a block whose material equals the request's, so a hash collision is a miss,
-// never a wrong hit. Content identity is hash-consed: blocks cached with equal material share a
-// content id, so duplicates of a block are interchangeable parents.
+// never a wrong hit. A prefix identity is a function of content only, so it survives eviction
+// and re-caching: a child stays a hit after its parent's content was evicted and cached again in
+// another block (as in vLLM). With collision-resistant chain hashes (config
+// chain_hashes_identify_prefix: the SHA-256 schemes) a prefix's identity is its chained hash;
+// otherwise (xxh3_128, test hashers) the pool keeps its own SHA-256 chain over the stored
+// material, computed once per cached block.
 //
-// Errors: every misuse (ids out of range, a block freed twice or twice in one call, caching an
-// already cached block, bad counts) throws pagedkv::Error before any state changes. Running out of
-// free blocks is a normal result (get_new_blocks returns false), never an error.
+// Errors: every misuse (ids out of range, a block freed twice or twice in one call, a block
+// repeated in cache_full_blocks, caching an already cached block, bad counts, sizes that would
+// overflow) throws pagedkv::Error before any state changes. Running out of free blocks is a
+// normal result (get_new_blocks returns false), never an error.
+// Exception safety: every mutating call has the strong guarantee, std::bad_alloc included: all
+// that may throw (validation, allocation, building events) happens before the first change, so
+// a call either completes or leaves the pool exactly as it was.
+// Events: produced as the state changes, delivered (to the sink, or to the take_events() buffer)
+// only once the call has completed and the pool is consistent; see kv_events.hpp.
 // Complexity: O(1) per block for every operation, O(block_size) per verified hit.
-// Thread-compatible: one pool is used by one scheduler thread. No allocation per block on the hot
-// path (scratch vectors are reused; the hash map and material arrays are sized at construction).
+// Thread safety: mutating calls need exclusive access (one scheduler thread). Const calls only
+// read (no mutable scratch), so any number of threads may call them at once while no mutating
+// call runs. No allocation per block on the hot path (scratch vectors are sized at
+// construction).
 #pragma once
 
 #include <cstddef>
@@ -47,6 +59,10 @@ struct BlockPoolConfig {
   bool enable_caching = true;     // false: no hashing, no map, blocks are never cached
   bool verify_cache_hits = true;  // store key material and compare it on every hit
   bool enable_kv_events = false;  // produce KVEvents (see kv_events.hpp)
+  // True only when block hashes are collision resistant (SHA-256 schemes, never a test
+  // hasher): a parent's chained hash then identifies its whole prefix. False (the safe default)
+  // makes the pool keep its own SHA-256 identity of each cached prefix.
+  bool chain_hashes_identify_prefix = false;
 };
 
 // Everything observable about a pool's state, for tests: equal snapshots mean equal pools.
@@ -56,7 +72,12 @@ struct BlockPoolSnapshot {
   std::vector<GroupId> group_ids;
   std::vector<BlockId> free_queue;      // head first
   std::vector<BlockId> hash_map_slots;  // raw table, so entry order is compared too
-  std::vector<std::uint64_t> content_ids;
+  // Stored key material (verify_cache_hits): per block its tokens, extra keys, parent-prefix
+  // identity and own-prefix identity (uncached blocks show zeros and empty values).
+  std::vector<TokenId> block_tokens;
+  std::vector<std::string> extra_keys;  // canonical encoding (encode_extra_keys)
+  std::vector<BlockHash> parent_identities;
+  std::vector<BlockHash> identities;  // empty unless the pool keeps its own identities
   std::uint64_t next_event_seq = 0;
   std::size_t pending_events = 0;
   std::uint64_t num_evictions = 0;
@@ -100,10 +121,65 @@ class BlockPool {
 
   // Caches blocks[num_cached_blocks .. num_full_blocks) of `seq` (its block i lives in physical
   // block blocks[i]); emits one BlockStored. Errors: counts beyond blocks or seq's full blocks,
-  // a block already cached, the null block in that range.
+  // a block already cached, not allocated or repeated in that range, the null block there.
   void cache_full_blocks(const BlockSequence& seq, std::span<const BlockId> blocks,
                          std::size_t num_cached_blocks, std::size_t num_full_blocks,
                          GroupId group = 0);
+
+  // cache_full_blocks() in two halves, for managers that compose several pool calls into one
+  // step with the strong guarantee. prepare_store() does everything that may throw (validation
+  // of `seq` and the range, identities, interned extra keys, the BlockStored event) and changes
+  // nothing observable. `prefix_row` holds the physical blocks of seq's blocks
+  // [first - prefix_row.size(), first) as far as known (any id that is not a cached block, e.g.
+  // kNoBlock or the null block, means unknown); the parent prefix's identity comes from the
+  // nearest cached one, or is computed from seq's material. commit_store() then caches
+  // `blocks` (one per block of the range; validated first, before any change) and cannot fail
+  // for valid blocks. A PendingStore that is never committed releases what it holds. Use it
+  // within one step: no PendingStore may outlive its pool or be alive across
+  // reset_prefix_cache().
+  class PendingStore {
+   public:
+    PendingStore() = default;
+    PendingStore(PendingStore&& other) noexcept;
+    PendingStore& operator=(PendingStore&& other) noexcept;
+    ~PendingStore();
+    std::size_t size() const noexcept { return last_ - first_; }
+
+   private:
+    friend class BlockPool;
+    void release() noexcept;
+    BlockPool* pool_ = nullptr;  // null: empty or committed
+    BlockSequence seq_;
+    std::size_t first_ = 0, last_ = 0;
+    GroupId group_ = 0;
+    std::vector<std::uint32_t> extra_ids_;  // one per block, each holding a table reference
+    std::vector<BlockHash> parent_idents_;  // one per block
+    std::vector<BlockHash> idents_;         // one per block (own identity)
+    std::optional<KVEvent> event_;          // BlockStored, when events are on
+  };
+  PendingStore prepare_store(const BlockSequence& seq, std::size_t first, std::size_t last,
+                             std::span<const BlockId> prefix_row, GroupId group = 0);
+  void commit_store(PendingStore&& store, std::span<const BlockId> blocks);
+
+  // Ensures the next `removals` evictions and `others` other events can be recorded without
+  // allocating (managers call it before composing several pool calls). May throw bad_alloc;
+  // changes nothing observable.
+  void reserve_events(std::size_t removals, std::size_t others);
+
+  // While a hold is alive, events are buffered and not delivered to the sink; its destruction
+  // delivers them (a manager holds delivery until its own state is consistent).
+  class EventDeliveryHold {
+   public:
+    explicit EventDeliveryHold(BlockPool& pool) noexcept : pool_(pool) { ++pool_.delivery_holds_; }
+    ~EventDeliveryHold() {
+      if (--pool_.delivery_holds_ == 0 && !pool_.events_.empty()) pool_.deliver_events();
+    }
+    EventDeliveryHold(const EventDeliveryHold&) = delete;
+    EventDeliveryHold& operator=(const EventDeliveryHold&) = delete;
+
+   private:
+    BlockPool& pool_;
+  };
 
   // vLLM's lookup: the first inserted block cached under (hash, group), or kNoBlock. It does
   // not verify key material; KV-cache managers use match_cached_block().
@@ -113,19 +189,26 @@ class BlockPool {
   // blocks ahead of match_cached_block() so that the table's cache misses overlap.
   void prefetch_cached_block(const BlockHash& hash, GroupId group = 0) const noexcept;
 
+  // Reusable buffers for verified lookups of blocks with extra keys. Optional: without one a
+  // lookup builds its own (an allocation for long extra keys). One per thread.
+  struct LookupScratch {
+    std::string extra;
+    std::vector<MultiModalKey> mm;
+  };
+
   // Verified lookup of seq's block `index`: the first inserted cached block with its hash whose
-  // stored material equals seq's (tokens, extra keys, and - for index > 0 - a parent with the
-  // same content as `parent`, the block that matched index - 1). kNoBlock on a miss. Without
+  // stored material equals seq's (tokens, extra keys, and - for index > 0 - the identity of the
+  // prefix held by `parent`, the block that matched index - 1). kNoBlock on a miss. Without
   // verify_cache_hits, the same as get_cached_block().
   BlockId match_cached_block(const BlockSequence& seq, std::size_t index, BlockId parent,
-                             GroupId group = 0) const;
+                             GroupId group = 0, LookupScratch* scratch = nullptr) const;
 
   // Sliding-window lookups search right to left, before the block's left neighbour is known:
   // the same as match_cached_block() without the parent check. Callers verify the chain inside a
   // run of hits with same_content_chain().
   BlockId match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
-                                        GroupId group = 0) const;
-  // Whether `child` was cached as the successor of content equal to `parent`'s (true without
+                                        GroupId group = 0, LookupScratch* scratch = nullptr) const;
+  // Whether `child` was cached as the successor of the prefix `parent` holds (true without
   // verify_cache_hits). Both must be cached.
   bool same_content_chain(BlockId parent, BlockId child) const noexcept;
 
@@ -138,8 +221,9 @@ class BlockPool {
   bool reset_prefix_cache();
 
   // KV events (when enabled): buffered until taken, or delivered to the sink if one is set.
-  std::vector<KVEvent> take_events();
-  void set_event_sink(KVEventSink sink);
+  std::vector<KVEvent> take_events() noexcept;
+  // With a sink, every completed call hands it all buffered events (older ones first).
+  void set_event_sink(KVEventSink sink) noexcept;
 
   // Throws pagedkv::Error (kInvalidState) naming the first broken invariant: queue links,
   // queue membership iff ref 0, counts, map entries, content ids, extra-key references.
@@ -152,22 +236,20 @@ class BlockPool {
  private:
   struct ExtraKeyTable;  // interned extra-key encodings with reference counts (block_pool.cpp)
 
-  struct Material {
-    std::uint64_t content_id = 0;         // 0 when not cached; shared by equal-content blocks
-    std::uint64_t parent_content_id = 0;  // 0 for block 0 of a chain; kOrphan if unknown
-    std::uint32_t extra_id = 0;           // interned extra keys; 0 when none
-  };
-
-  bool verifying() const noexcept { return !material_.empty(); }
-  // parent_content_id: the required parent content, or std::nullopt to skip that check.
-  bool material_matches(BlockId candidate, std::optional<std::uint64_t> parent_content_id,
-                        std::uint32_t extra_id, const TokenId* tokens,
-                        std::uint32_t block_size) const noexcept;
+  bool verifying() const noexcept { return !stored_.empty(); }
+  // The identity of the prefix ending with cached block `id`.
+  const BlockHash& identity(BlockId id) const noexcept {
+    return config_.chain_hashes_identify_prefix ? blocks_[static_cast<std::size_t>(id)].block_hash
+                                                : ident_[static_cast<std::size_t>(id)];
+  }
+  // parent_ident: the required parent identity, or nullptr to skip that check.
   BlockId match(const BlockSequence& seq, std::size_t index, GroupId group,
-                std::optional<std::uint64_t> parent_cid) const;
-  void evict_cached(BlockId id);
-  void emit(KVEvent::Data data);
-  std::uint32_t lookup_extra_id(const BlockExtraKeys& extra) const;
+                const BlockHash* parent_ident, LookupScratch* scratch) const;
+  void validate_sequence(const BlockSequence& seq, std::size_t last, const char* where) const;
+  void evict_cached(BlockId id) noexcept;
+  void record(KVEvent::Data&& data) noexcept;
+  void record_removed(const BlockHash& hash, GroupId group) noexcept;
+  void deliver_events() noexcept;
 
   BlockPoolConfig config_;
   std::vector<KVCacheBlock> blocks_;  // blocks_[i].block_id == i; never resized
@@ -175,22 +257,30 @@ class BlockPool {
   BlockHashMap hash_map_;
   std::uint64_t num_evictions_ = 0;
 
-  // Stored key material, per block (only with verify_cache_hits).
-  std::vector<TokenId> block_tokens_;  // block_size tokens per block
-  std::vector<Material> material_;     // per block
+  // Stored key material, per block (only with verify_cache_hits; meaningful while cached).
+  std::vector<TokenId> block_tokens_;    // block_size tokens per block
+  struct Stored {
+    BlockHash parent_ident;     // identity of the parent prefix; empty for block 0
+    std::uint32_t extra_id = 0;  // interned extra keys; 0 when none
+  };
+  std::vector<Stored> stored_;  // per block; one cache line per verified candidate
+  std::vector<BlockHash> ident_;         // own prefix identity (only without
+                                         // chain_hashes_identify_prefix)
   std::unique_ptr<ExtraKeyTable> extra_keys_;
-  std::uint64_t next_content_id_ = 1;
 
-  // Events.
+  // Events: recorded in events_ (capacity reserved before any change), delivered when no
+  // EventDeliveryHold is alive.
   std::uint64_t next_event_seq_ = 0;
   std::vector<KVEvent> events_;
+  std::vector<KVEvent> removed_shells_;  // prebuilt BlockRemoved events (1 hash each)
   KVEventSink sink_;
+  int delivery_holds_ = 0;
 
-  // Reused scratch (no allocation in steady state).
+  // Reused scratch (no allocation in steady state; sized at construction).
   std::vector<BlockId> unhashed_scratch_;
   std::vector<BlockId> hashed_scratch_;
-  mutable std::string extra_scratch_;
-  mutable std::vector<MultiModalKey> mm_scratch_;
+  LookupScratch store_scratch_;              // mutating calls only
+  std::vector<std::uint8_t> ident_scratch_;  // mutating calls only
 };
 
 }  // namespace pagedkv

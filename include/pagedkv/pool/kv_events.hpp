@@ -6,8 +6,11 @@
 //   BlockRemoved      one per cached block evicted (reallocated, evict_blocks());
 //   AllBlocksCleared  one per successful reset_prefix_cache().
 // Events carry full digests; BlockHash::event_id() gives vLLM's 64-bit form.
-// Events are produced only when enabled in the pool's configuration. They are either delivered
-// to a sink callback as they happen, or buffered until take_events().
+// Events are produced only when enabled in the pool's configuration. They are recorded as the
+// state changes and delivered only once the call that made them has completed (a KV-cache
+// manager holds delivery until its own whole call has completed): to a sink callback if one is
+// set, or else buffered until take_events(). A call that fails (pagedkv::Error or bad_alloc)
+// changed nothing and delivers nothing.
 #pragma once
 
 #include <cstdint>
@@ -64,8 +67,11 @@ struct KVEvent {
   bool operator==(const KVEvent&) const = default;
 };
 
-// Called synchronously, on the thread mutating the pool, once per event. It must not call back
-// into the pool or its manager.
+// Called synchronously, on the thread mutating the pool, once per event, in sequence order, after
+// the call that made the events has completed: the pool (and its manager) are consistent, and
+// the sink may call their const queries but never their mutating calls. The sink must not throw
+// (catch inside it, e.g. a full queue is a counted loss): delivery is noexcept, so an exception
+// escaping the sink calls std::terminate.
 using KVEventSink = std::function<void(const KVEvent&)>;
 
 }  // namespace pagedkv

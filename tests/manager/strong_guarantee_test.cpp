@@ -1,0 +1,276 @@
+// The strong guarantee of every mutating KVCacheManager (and so BlockPool) call, under
+// std::bad_alloc at every allocation point.
+//
+// This binary replaces the global operator new with one that can be told to fail its Nth
+// allocation. A random operation stream (new requests with hits, chunked prefill, decode steps
+// with lookahead, frees, preemptions, explicit evictions, resets; salts and LoRA adapters;
+// single-group and hybrid layouts; verified SHA-256 and xxh3_128) runs on two managers in
+// lockstep: a clean one, and one where each call is first made to fail at its 1st, 2nd, 3rd, ...
+// allocation until it completes. After every failed attempt the manager's snapshot must equal
+// the one taken before the call and check_invariants() must pass; after every completed call
+// both managers must have equal snapshots and must have delivered equal events. Each manager's
+// event sink checks the manager's invariants at every event: events are delivered only once a
+// call's state is complete. (The sink itself must not throw: that is enforced with
+// std::terminate, see block_pool_test's death test.)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
+
+namespace {
+
+long g_fail_at = -1;  // allocations until the injected failure; -1: none
+bool g_suspended = false;
+
+void* counted_alloc(std::size_t n) {
+  if (g_fail_at >= 0 && !g_suspended) {
+    if (g_fail_at == 0) {
+      g_fail_at = -1;
+      throw std::bad_alloc();
+    }
+    --g_fail_at;
+  }
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+// No injected failure while alive (the test's own bookkeeping).
+struct Suspend {
+  bool was = g_suspended;
+  Suspend() { g_suspended = true; }
+  ~Suspend() { g_suspended = was; }
+};
+
+}  // namespace
+
+void* operator new(std::size_t n) {
+  return counted_alloc(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_alloc(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+
+namespace pagedkv {
+namespace {
+
+struct Counts {
+  std::uint64_t ops = 0;
+  std::uint64_t injected = 0;
+  std::uint64_t events = 0;
+};
+
+// A manager whose sink checks invariants at every event and records what it got.
+struct Subject {
+  KVCacheManager m;
+  std::vector<KVEvent> delivered;
+  std::vector<Request> running;
+
+  explicit Subject(const KVCacheManagerConfig& c) : m(c) {
+    m.set_event_sink([this](const KVEvent& e) {
+      Suspend s;
+      m.check_invariants();
+      delivered.push_back(e);
+    });
+  }
+};
+
+// Runs `call` on the injected subject, failing its 1st, 2nd, ... allocation until it completes;
+// checks that every failure left the manager exactly as it was.
+template <typename Call>
+void with_failures(Subject& s, Counts& counts, Call call) {
+  for (long n = 0;; ++n) {
+    std::optional<KVCacheManagerSnapshot> before;
+    std::size_t delivered_before = 0;
+    {
+      Suspend sus;
+      before = s.m.snapshot();
+      delivered_before = s.delivered.size();
+    }
+    g_fail_at = n;
+    bool failed = false;
+    try {
+      call();
+    } catch (const std::bad_alloc&) {
+      failed = true;
+    }
+    const bool fired = failed;
+    g_fail_at = -1;
+    if (!fired) return;
+    Suspend sus;
+    ++counts.injected;
+    ASSERT_EQ(s.m.snapshot(), *before) << "state changed by a call that failed at allocation " << n;
+    ASSERT_EQ(s.delivered.size(), delivered_before) << "a failed call delivered events";
+    s.m.check_invariants();
+  }
+}
+
+KVCacheManagerConfig make_config(int layout) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 40;
+  c.hash_seed = "strong";
+  c.enable_kv_events = true;
+  c.stats_window = 8;
+  if (layout == 0) {
+    c.block_size = 4;
+  } else if (layout == 1) {
+    c.block_size = 4;
+    c.hash_scheme = HashScheme::kXxh3_128;
+    c.max_model_len = 40;
+  } else {
+    c.groups = {AttentionSpec::full(4), AttentionSpec::sliding(2, 5)};
+    c.hash_scheme = HashScheme::kXxh3_128;
+  }
+  return c;
+}
+
+Counts run_stream(int layout, std::uint32_t seed, int num_ops) {
+  const KVCacheManagerConfig cfg = make_config(layout);
+  Subject clean(cfg), inj(cfg);
+  std::mt19937 rng(seed);
+  auto uniform = [&](std::size_t lo, std::size_t hi) {
+    return lo + static_cast<std::size_t>(rng() % (hi - lo + 1));
+  };
+  const std::vector<std::vector<TokenId>> prefixes = {{}, {1, 2, 3, 4, 5, 6, 7}, {9, 9, 9, 9, 9}};
+  RequestId next_id = 1;
+  Counts counts;
+
+  auto compare = [&] {
+    Suspend s;
+    ASSERT_EQ(inj.m.snapshot(), clean.m.snapshot());
+    ASSERT_EQ(inj.delivered, clean.delivered);
+    inj.m.check_invariants();
+  };
+  // One allocation step for request i of both subjects (a hit when `first`).
+  auto schedule = [&](std::size_t i, bool first, std::size_t n, std::size_t lookahead) {
+    std::optional<std::span<const BlockId>> got_clean, got_inj;
+    CacheHit hit_clean, hit_inj;
+    if (first) {
+      hit_clean = clean.m.get_computed_blocks(clean.running[i]);
+      with_failures(inj, counts, [&] { hit_inj = inj.m.get_computed_blocks(inj.running[i]); });
+      n = std::min(n, clean.running[i].num_tokens() - hit_clean.num_tokens);
+    }
+    got_clean = clean.m.allocate_slots(clean.running[i], n, hit_clean, lookahead);
+    with_failures(inj, counts,
+                  [&] { got_inj = inj.m.allocate_slots(inj.running[i], n, hit_inj, lookahead); });
+    EXPECT_EQ(got_clean.has_value(), got_inj.has_value());
+    if (got_clean) {
+      const std::size_t done = clean.running[i].num_computed_tokens() + hit_clean.num_tokens + n;
+      clean.running[i].set_num_computed_tokens(done);
+      inj.running[i].set_num_computed_tokens(done);
+    }
+    return got_clean.has_value();
+  };
+  auto drop = [&](std::size_t i) {
+    clean.running.erase(clean.running.begin() + static_cast<std::ptrdiff_t>(i));
+    inj.running.erase(inj.running.begin() + static_cast<std::ptrdiff_t>(i));
+  };
+
+  for (int op = 0; op < num_ops && !::testing::Test::HasFatalFailure(); ++op) {
+    const std::size_t kind = uniform(0, 99);
+    if (kind < 30 || clean.running.empty()) {
+      std::vector<TokenId> tokens = prefixes[uniform(0, prefixes.size() - 1)];
+      for (std::size_t k = uniform(tokens.empty() ? 1 : 0, 14); k > 0; --k) {
+        tokens.push_back(static_cast<TokenId>(uniform(0, 3)));
+      }
+      RequestHashKeys keys;
+      if (uniform(0, 3) == 0) keys.cache_salt = "tenant-" + std::to_string(uniform(0, 1));
+      if (uniform(0, 4) == 0) keys.lora_name = "adapter";
+      const RequestId id = next_id++;
+      clean.running.push_back(clean.m.make_request(id, tokens, keys));
+      inj.running.push_back(inj.m.make_request(id, tokens, keys));
+      const std::size_t i = clean.running.size() - 1;
+      // At most what the hit leaves (schedule() clamps).
+      if (!schedule(i, true, uniform(1, tokens.size()), 0)) {
+        clean.m.free(clean.running[i]);
+        with_failures(inj, counts, [&] { inj.m.free(inj.running[i]); });
+        drop(i);
+      }
+    } else {
+      const std::size_t i = uniform(0, clean.running.size() - 1);
+      Request& rc = clean.running[i];
+      Request& ri = inj.running[i];
+      if (kind < 60) {
+        if (rc.num_computed_tokens() == rc.num_tokens()) {
+          const auto t = static_cast<TokenId>(uniform(0, 3));
+          rc.append_token(t);
+          with_failures(inj, counts, [&] { ri.append_token(t); });
+        }
+        const std::size_t n = uniform(1, rc.num_tokens() - rc.num_computed_tokens());
+        schedule(i, false, n, uniform(0, 3) == 0 ? uniform(1, 6) : 0);
+      } else if (kind < 80) {
+        clean.m.free(rc);
+        with_failures(inj, counts, [&] { inj.m.free(ri); });
+        drop(i);
+      } else if (kind < 88) {
+        clean.m.preempt(rc);
+        with_failures(inj, counts, [&] { inj.m.preempt(ri); });
+        drop(i);
+      } else if (kind < 95) {
+        std::vector<BlockId> ids;
+        for (std::size_t k = uniform(1, 4); k > 0; --k) {
+          ids.push_back(static_cast<BlockId>(uniform(1, 39)));
+        }
+        clean.m.evict_blocks(ids);
+        with_failures(inj, counts, [&] { inj.m.evict_blocks(ids); });
+      } else {
+        if (uniform(0, 1) == 0) {
+          while (!clean.running.empty()) {
+            clean.m.free(clean.running.back());
+            with_failures(inj, counts, [&] { inj.m.free(inj.running.back()); });
+            drop(clean.running.size() - 1);
+          }
+        }
+        const bool a = clean.m.reset_prefix_cache();
+        bool b = false;
+        with_failures(inj, counts, [&] { b = inj.m.reset_prefix_cache(); });
+        EXPECT_EQ(a, b);
+      }
+    }
+    compare();
+    ++counts.ops;
+  }
+  counts.events = clean.delivered.size();
+  return counts;
+}
+
+TEST(StrongGuarantee, EveryAllocationFailureLeavesTheManagerUnchanged) {
+  for (int layout = 0; layout < 3; ++layout) {
+    const Counts c = run_stream(layout, 100 + static_cast<std::uint32_t>(layout), 400);
+    if (::testing::Test::HasFailure()) {
+      ADD_FAILURE() << "layout " << layout;
+      return;
+    }
+    EXPECT_EQ(c.ops, 400u);
+    EXPECT_GT(c.injected, 1000u) << "too few failures injected: the test is vacuous";
+    EXPECT_GT(c.events, 50u);
+    std::printf("layout %d: %llu operations, %llu injected allocation failures, %llu events\n",
+                layout, static_cast<unsigned long long>(c.ops),
+                static_cast<unsigned long long>(c.injected),
+                static_cast<unsigned long long>(c.events));
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
