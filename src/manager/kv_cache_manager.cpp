@@ -105,7 +105,7 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
 
 std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     Request& request, std::size_t num_new_tokens, const CacheHit& hit,
-    std::size_t num_lookahead_tokens) {
+    std::size_t num_lookahead_tokens, bool delay_cache_blocks) {
   // Error messages are built only when thrown: this runs for every request at every step.
   const auto where = [&request] { return "allocate_slots: " + request_text(request) + ": "; };
   if (request.is_finished()) {
@@ -246,7 +246,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     }
     if (g == 0) result = std::span<const BlockId>(gs.blocks).subspan(first_new);
 
-    if (pool_.config().enable_caching) {
+    if (pool_.config().enable_caching && !delay_cache_blocks) {
       // Cache every full block of known tokens (lookahead slots never), skipping null blocks.
       const std::size_t full =
           std::min(num_computed + num_new_tokens, request.num_tokens()) / group.spec.block_size;
@@ -268,6 +268,51 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     }
   }
   return result;
+}
+
+void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
+  const auto where = [&request] { return "cache_blocks: " + request_text(request) + ": "; };
+  if (request.is_finished()) {
+    throw Error(ErrorCode::kInvalidState, where() + "it was already freed");
+  }
+  check_hashing(request);
+  const auto it = requests_.find(request.id());
+  if (it == requests_.end()) {
+    throw Error(ErrorCode::kNotFound, where() + "it holds no blocks (unknown to this manager)");
+  }
+  if (num_tokens > request.num_tokens()) {
+    throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_tokens) +
+                                            " tokens exceed its " +
+                                            std::to_string(request.num_tokens()) + " known tokens");
+  }
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    const std::size_t slots = it->second.groups[g].blocks.size() * groups()[g].spec.block_size;
+    if (num_tokens > slots) {
+      throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_tokens) +
+                                              " tokens exceed group " + std::to_string(g) +
+                                              "'s " + std::to_string(slots) + " allocated slots");
+    }
+  }
+  if (!pool_.config().enable_caching) return;
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    const KVCacheGroup& group = groups()[g];
+    GroupBlocks& gs = it->second.groups[g];
+    const std::size_t full = num_tokens / group.spec.block_size;
+    if (full <= gs.num_cached_blocks) continue;
+    const BlockSequence seq = group_sequence(request, g, gs.coarse_hashes);
+    std::size_t i = gs.num_cached_blocks;
+    while (i < full) {
+      if (gs.blocks[i] == kNullBlockId || !coordinator_.block_can_hit(g, i)) {
+        ++i;
+        continue;
+      }
+      std::size_t j = i;
+      while (j < full && gs.blocks[j] != kNullBlockId && coordinator_.block_can_hit(g, j)) ++j;
+      pool_.cache_full_blocks(seq, gs.blocks, i, j, group.id);
+      i = j;
+    }
+    gs.num_cached_blocks = full;
+  }
 }
 
 void KVCacheManager::release(Request& request, const char* what) {

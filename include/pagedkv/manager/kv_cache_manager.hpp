@@ -117,7 +117,15 @@ class KVCacheManager {
   std::optional<std::span<const BlockId>> allocate_slots(Request& request,
                                                          std::size_t num_new_tokens,
                                                          const CacheHit& hit = {},
-                                                         std::size_t num_lookahead_tokens = 0);
+                                                         std::size_t num_lookahead_tokens = 0,
+                                                         bool delay_cache_blocks = false);
+
+  // delay_cache_blocks (vLLM's flag): allocate_slots caches none of the request's new blocks;
+  // their K/V arrives later (e.g. loaded from a host tier), and a block must not be a hit before
+  // it is written. cache_blocks() then caches the request's full blocks up to num_tokens (the
+  // tokens whose K/V is in place), in every group. Errors: an unknown or freed request,
+  // num_tokens beyond the request's known tokens or its allocated slots.
+  void cache_blocks(Request& request, std::size_t num_tokens);
 
   // Releases a finished request's blocks (tail first, so its chain's tail is evicted first).
   void free(Request& request);

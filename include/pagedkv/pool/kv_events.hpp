@@ -6,6 +6,8 @@
 //   BlockRemoved      one per cached block evicted (reallocated, evict_blocks());
 //   AllBlocksCleared  one per successful reset_prefix_cache().
 // Events carry full digests; BlockHash::event_id() gives vLLM's 64-bit form.
+// BlockStored and BlockRemoved name the medium holding the block ("GPU" for a device pool, "CPU"
+// for a host tier: pagedkv::TieredKVCacheManager sets it), so a router sees every tier.
 // Events are produced only when enabled in the pool's configuration. They are either delivered
 // to a sink callback as they happen, or buffered until take_events().
 #pragma once
@@ -41,6 +43,7 @@ struct BlockStored {
   std::optional<std::string> lora_name;
   std::vector<OwnedExtraKeys> extra_keys;  // one per cached block
   GroupId group_id = 0;
+  std::string medium = "GPU";  // vLLM's field: "GPU", or "CPU" for a host tier's blocks
 
   bool operator==(const BlockStored&) const = default;
 };
@@ -48,6 +51,7 @@ struct BlockStored {
 struct BlockRemoved {
   std::vector<BlockHash> block_hashes;
   GroupId group_id = 0;
+  std::string medium = "GPU";  // as BlockStored::medium
 
   bool operator==(const BlockRemoved&) const = default;
 };
