@@ -57,6 +57,14 @@ constexpr const char* kUsage =
     "  --load-window N           an engine's load: its share of the last N requests (64)\n"
     "  --kv-events ENDPOINT      publish each engine's KV events on vLLM's wire (engine k on\n"
     "                            ENDPOINT's port + k), e.g. tcp://127.0.0.1:5557\n"
+    "host tier (sequential mode):\n"
+    "  --host-blocks M [M ...]   a host-memory tier of M blocks beside the --num-blocks GPU pool\n"
+    "                            (several sweep); adds gpu_hit_tokens, host_hit_tokens,\n"
+    "                            host_loaded_blocks, host_stored_blocks and bytes moved; --plot\n"
+    "                            draws hit rate against host size; needs a sha256 scheme\n"
+    "  --host-policy P           write_through (default), write_through_selective, write_back\n"
+    "  --host-selective-hits K   write_through_selective: hits before a block is stored (2)\n"
+    "  --kv-bytes-per-token B    K/V bytes per token, for loaded_bytes and stored_bytes (0)\n"
     "output:\n"
     "  --table                   a readable table instead of JSON lines\n"
     "  --csv FILE                also write the results as CSV\n"
@@ -133,6 +141,48 @@ int plot(const std::string& png, const std::string& csv, const std::string& titl
   return rc;
 }
 
+// The host-tier sweep: JSON lines, and hit rate against host size.
+int run_with_host_tier(const Trace& trace, const ReplayOptions& opt,
+                       const TierReplayOptions& tier, const std::optional<std::string>& csv,
+                       const std::optional<std::string>& png) {
+  const auto results = run_tier_replay(trace, opt, tier);
+  for (const TierReplayResult& r : results) std::cout << to_json(r, opt, tier, trace) << "\n";
+  const std::string data = csv ? *csv : (png ? *png + ".csv" : std::string());
+  if (!data.empty()) {
+    std::ofstream out(data);
+    if (!out) usage_error("--csv/--plot: cannot write '" + data + "'");
+    out << "gpu_blocks,host_blocks,host_tokens,hit_rate,gpu_hit_rate,host_hit_rate\n";
+    for (const TierReplayResult& r : results) {
+      const double q = r.base.queried_tokens ? double(r.base.queried_tokens) : 1.0;
+      out << r.base.num_blocks << "," << r.host_blocks << ","
+          << static_cast<long long>(r.host_blocks) * opt.block_size << "," << r.base.hit_rate()
+          << "," << double(r.gpu_hit_tokens) / q << "," << double(r.host_hit_tokens) / q << "\n";
+    }
+  }
+  if (png) {
+    const std::string script = *png + ".gp";
+    std::ofstream gp(script);
+    gp << "set terminal pngcairo size 900,560 noenhanced\n"
+       << "set output '" << *png << "'\n"
+       << "set datafile separator ','\n"
+       << "set title '" << trace.name << ": hit rate vs host tier size ("
+       << std::string(pagedkv::to_string(tier.policy)) << ", " << opt.num_blocks.front()
+       << " GPU blocks)'\n"
+       << "set xlabel 'host tier (tokens)'\nset ylabel 'prefix-cache hit rate (%)'\n"
+       << "set logscale x\nset key top left\nset grid\n"
+       << "plot '" << data << "' using 3:($4*100) with linespoints lw 2 pt 7 title 'GPU + host', "
+       << "'' using 3:($6*100) with linespoints lw 2 pt 5 title 'host hits', "
+       << "'' using 3:($5*100) with linespoints lw 2 pt 9 title 'GPU hits'\n";
+    gp.close();
+    const int rc = std::system(("gnuplot '" + script + "'").c_str());
+    if (rc != 0) {
+      std::cerr << "pagedkv-replay: gnuplot failed (" << rc << "); is it installed?\n";
+      return 1;
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -140,6 +190,7 @@ int main(int argc, char** argv) {
   LoadOptions load;
   GeneratorOptions gen;
   ReplayOptions opt;
+  TierReplayOptions tier;
   bool table = false, memory_table = false;
 #if PAGEDKV_REPLAY_CLUSTER
   std::optional<ClusterOptions> cluster;
@@ -232,6 +283,26 @@ int main(int argc, char** argv) {
       opt.step_ms = static_cast<double>(parse_number(value(), arg, 1, 1000000));
     } else if (arg == "--threads") {
       opt.threads = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 2));
+    } else if (arg == "--host-blocks") {
+      if (i + 1 >= argc || !is_number(argv[i + 1]))
+        usage_error("--host-blocks needs at least one M");
+      while (i + 1 < argc && is_number(argv[i + 1])) {
+        tier.host_blocks.push_back(
+            static_cast<std::int32_t>(parse_number(argv[++i], arg, 1, 2000000000)));
+      }
+    } else if (arg == "--host-policy") {
+      const std::string p = value();
+      const auto policy = pagedkv::parse_host_policy(p);
+      if (!policy) {
+        usage_error("--host-policy: write_through, write_through_selective or write_back, not '" +
+                    p + "'");
+      }
+      tier.policy = *policy;
+    } else if (arg == "--host-selective-hits") {
+      tier.selective_hits = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
+    } else if (arg == "--kv-bytes-per-token") {
+      tier.kv_bytes_per_token =
+          static_cast<std::uint64_t>(parse_number(value(), arg, 0, 1ll << 40));
     } else if (arg == "--table") {
       table = true;
     } else if (arg == "--csv") {
@@ -247,6 +318,12 @@ int main(int argc, char** argv) {
   if (trace_path.has_value() == generate.has_value())
     usage_error("give exactly one of --trace and --generate");
   if (opt.num_blocks.empty() && !memory_table) usage_error("--num-blocks is required");
+  if (!tier.host_blocks.empty() && opt.mode != Mode::kSequential) {
+    usage_error("--host-blocks: sequential mode only (engine mode does not model the tier yet)");
+  }
+  if (!tier.host_blocks.empty() && opt.hash == pagedkv::HashScheme::kXxh3_128) {
+    usage_error("--host-blocks: the host tier needs sha256 or sha256_cbor_vllm");
+  }
 
   try {
     Trace trace;
@@ -274,6 +351,7 @@ int main(int argc, char** argv) {
     }
 #endif
 
+    if (!tier.host_blocks.empty()) return run_with_host_tier(trace, opt, tier, csv, png);
     const auto results = run_replay(trace, opt);
     if (table) {
       write_table(results, opt);

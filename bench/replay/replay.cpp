@@ -16,6 +16,7 @@
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
 namespace pagedkv::replay {
 
@@ -486,6 +487,99 @@ std::string memory_utilization_table(const Trace& trace, std::uint32_t block_siz
          "fragmentation and over-reservation only (external fragmentation of contiguous\n"
          "allocators is not modelled), so the contiguous figures are upper bounds.\n";
   return out.str();
+}
+
+std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOptions& o,
+                                              const TierReplayOptions& tier) {
+  if (o.mode != Mode::kSequential || o.sliding_window > 0 || !o.caching) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--host-blocks: sequential mode, one full-attention group, caching on");
+  }
+  if (o.num_blocks.empty()) throw Error(ErrorCode::kInvalidArgument, "replay: no --num-blocks");
+  std::vector<TierReplayResult> out;
+  for (const std::int32_t n : o.num_blocks) {
+    for (const std::int32_t m : tier.host_blocks) {
+      HostTierConfig h;
+      h.num_host_blocks = m;
+      h.policy = tier.policy;
+      h.selective_hits = tier.selective_hits;
+      h.bytes_per_block = tier.kv_bytes_per_token * o.block_size;
+      TieredKVCacheManager t(manager_config(o, n), h);
+      TierReplayResult res;
+      res.base.num_blocks = n;
+      res.host_blocks = m;
+      const auto wall = Clock::now();
+      HashingPipeline pipeline(trace, t.gpu().hasher(), o.block_size, o.threads > 1);
+      for (std::size_t i = 0; i < trace.requests.size(); ++i) {
+        Request r = pipeline.next();
+        const std::uint64_t num_tokens = r.num_tokens();
+        ++res.base.requests;
+        res.base.prompt_tokens += num_tokens;
+        res.base.prompt_blocks += cdiv(num_tokens, o.block_size);
+        if (cdiv(num_tokens, o.block_size) > static_cast<std::uint64_t>(n - 1)) {
+          ++res.base.rejected;
+          continue;
+        }
+        const auto t1 = Clock::now();
+        const TieredCacheHit hit = t.get_computed_blocks(r);
+        auto alloc = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
+        if (!alloc) {
+          throw Error(ErrorCode::kInvalidState,
+                      "replay: request " + std::to_string(i) + " did not fit an idle pool");
+        }
+        // The engine's copies, all done: evictions and loads before the forward pass, then
+        // the stores after it.
+        for (const TransferId id : alloc->transfers.eviction_ids) t.commit(id, true);
+        for (const TransferId id : alloc->transfers.load_ids) t.commit(id, true);
+        if (t.has_unfinished_loads(r.id())) {
+          const LoadResult lr = t.finish_loads(r);
+          for (const TransferId id : lr.transfers.store_ids) t.commit(id, true);
+        }
+        for (const TransferId id : alloc->transfers.store_ids) t.commit(id, true);
+        res.base.peak_usage = std::max(res.base.peak_usage, t.gpu().usage());
+        t.free(r);
+        res.base.pool_seconds += seconds_since(t1);
+        res.base.queried_tokens += num_tokens;
+        res.base.hit_tokens += hit.num_tokens();
+        res.gpu_hit_tokens += hit.gpu.num_tokens;
+        res.host_hit_tokens += hit.num_host_tokens;
+        res.base.prefill_tokens_computed += num_tokens - hit.num_tokens();
+      }
+      res.base.hash_seconds = pipeline.hash_seconds();
+      res.base.wall_seconds = seconds_since(wall);
+      res.base.evicted_blocks = t.gpu().stats().evictions;
+      const TierStats s = t.stats();
+      res.host_loaded_blocks = s.loaded_blocks;
+      res.host_stored_blocks = s.stored_blocks;
+      res.host_stores_skipped_full = s.stores_skipped_full;
+      res.host_evictions = s.host_evictions;
+      res.loaded_bytes = s.loaded_bytes;
+      res.stored_bytes = s.stored_bytes;
+      out.push_back(res);
+    }
+  }
+  return out;
+}
+
+std::string to_json(const TierReplayResult& r, const ReplayOptions& o,
+                    const TierReplayOptions& tier, const Trace& trace) {
+  std::string base = to_json(r.base, o, trace);
+  base.pop_back();  // the closing brace
+  char buf[1024];
+  std::snprintf(buf, sizeof buf,
+                ",\"host_blocks\":%d,\"host_policy\":\"%s\",\"gpu_hit_tokens\":%llu,"
+                "\"host_hit_tokens\":%llu,\"host_loaded_blocks\":%llu,"
+                "\"host_stored_blocks\":%llu,\"host_stores_skipped_full\":%llu,"
+                "\"host_evictions\":%llu,\"kv_bytes_per_token\":%llu,\"loaded_bytes\":%llu,"
+                "\"stored_bytes\":%llu}",
+                r.host_blocks, std::string(to_string(tier.policy)).c_str(),
+                (unsigned long long)r.gpu_hit_tokens, (unsigned long long)r.host_hit_tokens,
+                (unsigned long long)r.host_loaded_blocks, (unsigned long long)r.host_stored_blocks,
+                (unsigned long long)r.host_stores_skipped_full,
+                (unsigned long long)r.host_evictions,
+                (unsigned long long)tier.kv_bytes_per_token, (unsigned long long)r.loaded_bytes,
+                (unsigned long long)r.stored_bytes);
+  return base + buf;
 }
 
 }  // namespace pagedkv::replay

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/tier/host_tier_config.hpp"
 #include "trace.hpp"
 
 namespace pagedkv::replay {
@@ -75,6 +76,34 @@ struct ReplayResult {
     return s > 0 ? double(prompt_blocks) / s : 0;
   }
 };
+
+// Host tier (sequential mode): a TieredKVCacheManager with num_blocks GPU blocks and each of
+// these host sizes; transfers are committed done at once (the data movement is not simulated).
+struct TierReplayOptions {
+  std::vector<std::int32_t> host_blocks;
+  HostPolicy policy = HostPolicy::kWriteThrough;
+  std::uint32_t selective_hits = 2;
+  std::uint64_t kv_bytes_per_token = 0;  // bytes moved = blocks x block size x this
+};
+
+struct TierReplayResult {
+  ReplayResult base;  // hit_tokens = gpu + host hits
+  std::int32_t host_blocks = 0;
+  std::uint64_t gpu_hit_tokens = 0;
+  std::uint64_t host_hit_tokens = 0;
+  std::uint64_t host_loaded_blocks = 0;
+  std::uint64_t host_stored_blocks = 0;
+  std::uint64_t host_stores_skipped_full = 0;
+  std::uint64_t host_evictions = 0;
+  std::uint64_t loaded_bytes = 0;
+  std::uint64_t stored_bytes = 0;
+};
+
+// One result per (options.num_blocks, tier.host_blocks) pair, GPU size outer.
+std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOptions& options,
+                                              const TierReplayOptions& tier);
+std::string to_json(const TierReplayResult& r, const ReplayOptions& options,
+                    const TierReplayOptions& tier, const Trace& trace);
 
 // One result per options.num_blocks entry, in that order. Sequential mode hashes each request
 // once for the whole sweep (hashing does not depend on the cache size).

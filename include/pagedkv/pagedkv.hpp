@@ -5,6 +5,7 @@
 #pragma once
 
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/base/transfer_plan.hpp"
 #include "pagedkv/base/version.hpp"
 #include "pagedkv/hash/block_hash.hpp"
 #include "pagedkv/hash/block_hasher.hpp"
@@ -22,6 +23,8 @@
 #include "pagedkv/manager/prefix_cache_stats.hpp"
 #include "pagedkv/manager/request.hpp"
 #include "pagedkv/manager/sliding_window.hpp"
+#include "pagedkv/tier/host_tier_config.hpp"
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 #include "pagedkv/device/block_table.hpp"
 #include "pagedkv/device/decode_plan.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
@@ -29,3 +32,4 @@
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
+#include "pagedkv/reference/transfer.hpp"

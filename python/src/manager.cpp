@@ -48,8 +48,6 @@ struct PyAllBlocksCleared {
   std::uint64_t seq;
 };
 
-constexpr const char* kMedium = "GPU";
-
 py::list event_ids(const std::vector<BlockHash>& hashes) {
   py::list out(hashes.size());
   for (std::size_t i = 0; i < hashes.size(); ++i) out[i] = py::int_(hashes[i].event_id());
@@ -311,7 +309,7 @@ void bind_manager(py::module_& m) {
                              [](const PyBlockStored& e) { return py::cast(e.data.token_ids); })
       .def_property_readonly("block_size", [](const PyBlockStored& e) { return e.data.block_size; })
       .def_property_readonly("lora_id", [](const PyBlockStored&) { return py::none(); })
-      .def_property_readonly("medium", [](const PyBlockStored&) { return kMedium; })
+      .def_property_readonly("medium", [](const PyBlockStored& e) { return e.data.medium; })
       .def_property_readonly("lora_name", [](const PyBlockStored& e) { return e.data.lora_name; })
       .def_property_readonly("extra_keys",
                              [](const PyBlockStored& e) {
@@ -341,7 +339,7 @@ void bind_manager(py::module_& m) {
                              [](const PyBlockRemoved& e) { return event_ids(e.data.block_hashes); })
       .def_property_readonly("block_digests",
                              [](const PyBlockRemoved& e) { return digests(e.data.block_hashes); })
-      .def_property_readonly("medium", [](const PyBlockRemoved&) { return kMedium; })
+      .def_property_readonly("medium", [](const PyBlockRemoved& e) { return e.data.medium; })
       .def_property_readonly("group_idx", [](const PyBlockRemoved& e) { return e.data.group_id; })
       .def("__eq__", [](const PyBlockRemoved& a,
                         const PyBlockRemoved& b) { return a.seq == b.seq && a.data == b.data; })

@@ -101,7 +101,13 @@ def test_misuse_raises_and_changes_nothing(kv):
     expect_error(kv, E.INVALID_ARGUMENT, kv.allocate_slots, a, -1)
     expect_error(kv, E.NOT_FOUND, kv.block_ids, 77)
     expect_error(kv, E.OUT_OF_RANGE, kv.block_ids, a, 1)
-    expect_error(kv, E.NOT_FOUND, kv.free, kv.make_request(9, tokens(1, 2)))
+    # Freeing a request that never got blocks (aborted while waiting) changes nothing; freeing
+    # it again is an error.
+    waiting = kv.make_request(9, tokens(1, 2))
+    before = kv.snapshot()
+    kv.free(waiting)
+    assert kv.snapshot() == before
+    expect_error(kv, E.INVALID_STATE, kv.free, waiting)
     expect_error(kv, E.OUT_OF_RANGE, kv.evict_blocks, [1, 50])
     expect_error(kv, E.OUT_OF_RANGE, kv.ref_cnt, 10)
     other = pagedkv.KVCacheManager(10, block_size=4, hash_seed="other")

@@ -141,7 +141,7 @@ void encode_event_batch(std::span<const KVEvent> events, double ts, const WireOp
             break;
           case 3: p.pack_uint32(s->block_size); break;
           case 4: p.pack_nil(); break;
-          case 5: pack_str(p, options.medium); break;
+          case 5: pack_str(p, s->medium.empty() ? options.medium : s->medium); break;
           case 6:
             if (s->lora_name) {
               pack_str(p, *s->lora_name);
@@ -177,7 +177,7 @@ void encode_event_batch(std::span<const KVEvent> events, double ts, const WireOp
           p.pack_array(static_cast<std::uint32_t>(r->block_hashes.size()));
           for (const BlockHash& h : r->block_hashes) pack_hash(p, h, options.hash_format);
         } else if (i == 1) {
-          pack_str(p, options.medium);
+          pack_str(p, r->medium.empty() ? options.medium : r->medium);
         } else {
           p.pack_uint32(r->group_id);
         }

@@ -120,9 +120,42 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
   return hit;
 }
 
+template <typename BlockAt>
+void KVCacheManager::prepare_runs(const Request& request, std::size_t g, std::size_t first,
+                                  std::size_t full, std::vector<BlockHash>& coarse,
+                                  const BlockAt& block_at) {
+  const KVCacheGroup& group = groups()[g];
+  const BlockSequence seq = group_sequence(request, g, coarse);
+  const auto cacheable = [&](std::size_t i) {
+    return block_at(i) != kNullBlockId && coordinator_.block_can_hit(g, i);
+  };
+  std::size_t i = first;
+  while (i < full) {
+    if (!cacheable(i)) {
+      ++i;
+      continue;
+    }
+    std::size_t j = i;
+    while (j < full && cacheable(j)) ++j;
+    // The blocks before the run, as they will be: usually just the cached parent; the whole
+    // prefix when the parent is not cached (evicted or skipped), so the pool finds the nearest
+    // cached ancestor.
+    prefix_scratch_.clear();
+    const BlockId parent = i > 0 ? block_at(i - 1) : BlockPool::kNoBlock;
+    if (i > 0 && parent > 0 && pool_.block(parent).is_cached()) {
+      prefix_scratch_.push_back(parent);
+    } else {
+      for (std::size_t k = 0; k < i; ++k) prefix_scratch_.push_back(block_at(k));
+    }
+    run_scratch_.push_back(PendingRun{g, i, j, {}});
+    run_scratch_.back().store = pool_.prepare_store(seq, i, j, prefix_scratch_, group.id);
+    i = j;
+  }
+}
+
 std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     Request& request, std::size_t num_new_tokens, const CacheHit& hit,
-    std::size_t num_lookahead_tokens) {
+    std::size_t num_lookahead_tokens, bool delay_cache_blocks) {
   // Error messages are built only when thrown: this runs for every request at every step.
   const auto where = [&request] { return "allocate_slots: " + request_text(request) + ": "; };
   if (request.is_finished()) {
@@ -259,7 +292,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     const std::size_t old_size = gs.blocks.size();
     gs.blocks.reserve(old_size + hb.size() + to_allocate[g]);
     max_skip = std::max(max_skip, skips[g]);
-    if (!pool_.config().enable_caching) continue;
+    if (!pool_.config().enable_caching || delay_cache_blocks) continue;
     const std::size_t skip_end =
         skips[g] == 0
             ? 0
@@ -276,32 +309,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     const std::size_t cached_before = has_hit ? hb.size() : gs.num_cached_blocks;
     const std::size_t full = cache_tokens / group.spec.block_size;
     if (full <= cached_before) continue;
-    const BlockSequence seq = group_sequence(request, g, coarse(g));
-    const auto cacheable = [&](std::size_t i) {
-      return block_at(i) != kNullBlockId && coordinator_.block_can_hit(g, i);
-    };
-    std::size_t i = cached_before;
-    while (i < full) {
-      if (!cacheable(i)) {
-        ++i;
-        continue;
-      }
-      std::size_t j = i;
-      while (j < full && cacheable(j)) ++j;
-      // The blocks before the run, as they will be: usually just the cached parent; the whole
-      // prefix when the parent is not cached (evicted or skipped), so the pool finds the
-      // nearest cached ancestor.
-      prefix_scratch_.clear();
-      const BlockId parent = i > 0 ? block_at(i - 1) : BlockPool::kNoBlock;
-      if (i > 0 && parent > 0 && pool_.block(parent).is_cached()) {
-        prefix_scratch_.push_back(parent);
-      } else {
-        for (std::size_t k = 0; k < i; ++k) prefix_scratch_.push_back(block_at(k));
-      }
-      runs.push_back(PendingRun{g, i, j, {}});
-      runs.back().store = pool_.prepare_store(seq, i, j, prefix_scratch_, group.id);
-      i = j;
-    }
+    prepare_runs(request, g, cached_before, full, coarse(g), block_at);
   }
   if (max_skip > 0) free_scratch_.reserve(max_skip);
   if (pool_.config().enable_kv_events) {
@@ -355,7 +363,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
                                                  run.first, run.last - run.first));
   }
   runs.clear();
-  if (pool_.config().enable_caching) {
+  if (pool_.config().enable_caching && !delay_cache_blocks) {
     for (std::size_t g = 0; g < num_groups(); ++g) {
       const std::size_t full = cache_tokens / groups()[g].spec.block_size;
       GroupBlocks& gs = state.groups[g];
@@ -365,6 +373,64 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   state.identity = request.identity_;  // noexcept (shared_ptr copy)
   undo.active = false;
   return std::span<const BlockId>(state.groups[0].blocks).subspan(result_first);
+}
+
+void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
+  const auto where = [&request] { return "cache_blocks: " + request_text(request) + ": "; };
+  if (request.is_finished()) {
+    throw Error(ErrorCode::kInvalidState, where() + "it was already freed");
+  }
+  check_hashing(request);
+  const auto it = requests_.find(request.id());
+  if (it == requests_.end()) {
+    throw Error(ErrorCode::kNotFound, where() + "it holds no blocks (unknown to this manager)");
+  }
+  if (it->second.identity != request.identity_) check_identity(request, "cache_blocks");
+  if (num_tokens > request.num_tokens()) {
+    throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_tokens) +
+                                            " tokens exceed its " +
+                                            std::to_string(request.num_tokens()) + " known tokens");
+  }
+  RequestBlocks& state = it->second;
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    const std::size_t slots = state.groups[g].blocks.size() * groups()[g].spec.block_size;
+    if (num_tokens > slots) {
+      throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_tokens) +
+                                              " tokens exceed group " + std::to_string(g) +
+                                              "'s " + std::to_string(slots) + " allocated slots");
+    }
+  }
+  if (!pool_.config().enable_caching) return;
+  // As allocate_slots: rounded down to the common block size of all groups.
+  std::size_t cache_tokens = num_tokens;
+  if (num_groups() > 1) cache_tokens -= cache_tokens % coordinator_.alignment();
+
+  // ---- Prepare (may throw; changes nothing but derived coarse keys) ----
+  BlockPool::EventDeliveryHold hold(pool_);
+  struct ClearRuns {
+    std::vector<PendingRun>& runs;
+    ~ClearRuns() { runs.clear(); }
+  } clear_runs{run_scratch_};
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    GroupBlocks& gs = state.groups[g];
+    const std::size_t full = cache_tokens / groups()[g].spec.block_size;
+    if (full <= gs.num_cached_blocks) continue;
+    prepare_runs(request, g, gs.num_cached_blocks, full, gs.coarse_hashes,
+                 [&gs](std::size_t i) { return gs.blocks[i]; });
+  }
+  if (pool_.config().enable_kv_events) pool_.reserve_events(0, run_scratch_.size());
+
+  // ---- Commit (nothing below throws) ----
+  for (PendingRun& run : run_scratch_) {
+    GroupBlocks& gs = state.groups[run.group];
+    pool_.commit_store(std::move(run.store), std::span<const BlockId>(gs.blocks).subspan(
+                                                 run.first, run.last - run.first));
+  }
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    GroupBlocks& gs = state.groups[g];
+    gs.num_cached_blocks =
+        std::max(gs.num_cached_blocks, cache_tokens / groups()[g].spec.block_size);
+  }
 }
 
 bool KVCacheManager::release(Request& request, const char* what) {

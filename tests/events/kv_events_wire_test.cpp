@@ -28,6 +28,7 @@ std::vector<KVEvent> sample_events() {
   s.extra_keys[0].lora_name = "ad";
   s.extra_keys[0].mm_items = {{"img", -2}};
   s.group_id = 1;
+  s.medium = "CPU";  // a host tier's block; the BlockRemoved below keeps the default "GPU"
   return {KVEvent{0, s}, KVEvent{1, BlockRemoved{{digest(1)}, 0}}, KVEvent{2, AllBlocksCleared{}}};
 }
 
@@ -42,7 +43,6 @@ TEST_P(WireRoundTrip, DecodesWhatItEncodes) {
   o.encoding = std::get<0>(GetParam());
   o.hash_format = std::get<1>(GetParam());
   o.data_parallel_rank = 3;
-  o.medium = "CPU";
   o.groups = {GroupWireSpec::from(AttentionSpec::full(4)),
               GroupWireSpec::from(AttentionSpec::sliding(4, 64))};
   const auto events = sample_events();
@@ -64,6 +64,7 @@ TEST_P(WireRoundTrip, DecodesWhatItEncodes) {
   EXPECT_EQ(b.events[0].group_idx, 1);
   EXPECT_EQ(b.events[1].type, WireEventType::kBlockRemoved);
   EXPECT_EQ(b.events[1].block_ids, std::vector<std::uint64_t>{digest(1).event_id()});
+  EXPECT_EQ(b.events[1].medium, "GPU");
   EXPECT_EQ(b.events[1].group_idx, 0);
   EXPECT_EQ(b.events[2].type, WireEventType::kAllBlocksCleared);
 }
@@ -73,6 +74,19 @@ INSTANTIATE_TEST_SUITE_P(All, WireRoundTrip,
                                                               EventEncoding::kMap),
                                             ::testing::Values(HashFormat::kInt64,
                                                               HashFormat::kBytes)));
+
+// Each event's own medium is sent; WireOptions::medium only fills in an empty one.
+TEST(Wire, EventMediumWinsOverTheDefault) {
+  WireOptions o;
+  o.medium = "DISK";
+  std::vector<KVEvent> events = sample_events();
+  std::get<BlockRemoved>(events[1].data).medium.clear();
+  std::string payload;
+  encode_event_batch(events, 1, o, payload);
+  const WireBatch b = decode_event_batch(bytes(payload));
+  EXPECT_EQ(b.events[0].medium, "CPU");
+  EXPECT_EQ(b.events[1].medium, "DISK");
+}
 
 TEST(Wire, BytesHashesAreWholeDigests) {
   WireOptions o;

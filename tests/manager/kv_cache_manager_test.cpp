@@ -427,5 +427,37 @@ TEST(KVCacheManager, SinkSeesAConsistentManager) {
   EXPECT_TRUE(m.take_events().empty());
 }
 
+// delay_cache_blocks: the allocation caches nothing (its K/V arrives later); cache_blocks() then
+// caches exactly the tokens the engine says are in place.
+TEST(KVCacheManager, DelayCacheBlocksThenCacheBlocks) {
+  KVCacheManager m(config(32));
+  auto a = m.make_request(1, iota_tokens(0, 17));  // 4 full blocks + 1 token
+  ASSERT_TRUE(m.allocate_slots(a, 17, {}, 0, /*delay_cache_blocks=*/true));
+  for (const BlockId b : m.block_ids(1)) EXPECT_FALSE(m.block_pool().block(b).is_cached());
+  auto probe = m.make_request(2, iota_tokens(0, 17));
+  EXPECT_EQ(m.get_computed_blocks(probe).num_tokens, 0u);
+  (void)m.take_events();
+
+  m.cache_blocks(a, 9);  // blocks 0 and 1 hold K/V; block 2 does not
+  EXPECT_EQ(m.get_computed_blocks(probe).num_tokens, 8u);
+  m.check_invariants();
+  m.cache_blocks(a, 9);  // idempotent
+  m.cache_blocks(a, 17);
+  EXPECT_EQ(m.get_computed_blocks(probe).num_tokens, 16u);
+  m.check_invariants();
+  const auto events = m.take_events();
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(std::get<BlockStored>(events[0].data).block_hashes.size(), 2u);
+  EXPECT_EQ(std::get<BlockStored>(events[0].data).medium, "GPU");
+
+  expect_rejected(m, [&] { m.cache_blocks(a, 18); }, "exceed");
+  expect_rejected(m, [&] { m.cache_blocks(probe, 4); }, "unknown");
+  auto c = m.make_request(3, iota_tokens(100, 8));
+  ASSERT_TRUE(m.allocate_slots(c, 4, {}, 0, true));
+  expect_rejected(m, [&] { m.cache_blocks(c, 8); }, "allocated slots");
+  m.free(a);
+  expect_rejected(m, [&] { m.cache_blocks(a, 4); }, "freed");
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -280,5 +280,36 @@ TEST(Replay, AzureCsvErrorsNameFileAndLine) {
   }
 }
 
+// A host tier adds hits beyond a small GPU pool: GPU + host never falls below the GPU alone,
+// write-back comes within 95% of one pool of both sizes, and the per-tier counts add up.
+TEST(Replay, HostTierAddsHitsBeyondTheGpu) {
+  GeneratorOptions g;
+  g.requests = 300;
+  const Trace trace = generate(g);
+  ReplayOptions o;
+  o.num_blocks = {2001};
+  const double gpu_only = run_replay(trace, o)[0].hit_rate();
+  o.num_blocks = {2001 + 20000};
+  const double one_pool = run_replay(trace, o)[0].hit_rate();
+  o.num_blocks = {2001};
+  for (const HostPolicy p : {HostPolicy::kWriteThrough, HostPolicy::kWriteThroughSelective,
+                             HostPolicy::kWriteBack}) {
+    TierReplayOptions t;
+    t.host_blocks = {20000};
+    t.policy = p;
+    t.kv_bytes_per_token = 10;
+    const auto r = run_tier_replay(trace, o, t);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].gpu_hit_tokens + r[0].host_hit_tokens, r[0].base.hit_tokens);
+    EXPECT_GE(r[0].base.hit_rate(), gpu_only);
+    EXPECT_EQ(r[0].loaded_bytes, r[0].host_loaded_blocks * 16 * 10);
+    EXPECT_EQ(r[0].host_loaded_blocks * 16, r[0].host_hit_tokens);
+    if (p == HostPolicy::kWriteBack) {
+      EXPECT_GT(r[0].host_hit_tokens, 0u);
+      EXPECT_GE(r[0].base.hit_rate(), 0.95 * one_pool);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagedkv::replay

@@ -58,8 +58,8 @@ struct GroupWireSpec {
 struct WireOptions {
   HashFormat hash_format = HashFormat::kInt64;
   EventEncoding encoding = EventEncoding::kArrayLike;
-  // The tier these events describe. pagedkv's pool is the engine's device memory: "GPU". A host
-  // tier publishing its own events sets "CPU".
+  // The medium sent for an event whose own `medium` field is empty. Events carry their medium
+  // (the pool's are "GPU"; a host tier's, from TieredKVCacheManager, "CPU"), and that is sent.
   std::string medium = std::string(kMediumGpu);
   std::int64_t data_parallel_rank = 0;  // vLLM's publisher always fills it (0 without DP)
   // Per group id; groups beyond the list are described as full attention.

@@ -131,7 +131,15 @@ class KVCacheManager {
   std::optional<std::span<const BlockId>> allocate_slots(Request& request,
                                                          std::size_t num_new_tokens,
                                                          const CacheHit& hit = {},
-                                                         std::size_t num_lookahead_tokens = 0);
+                                                         std::size_t num_lookahead_tokens = 0,
+                                                         bool delay_cache_blocks = false);
+
+  // delay_cache_blocks (vLLM's flag): allocate_slots caches none of the request's new blocks;
+  // their K/V arrives later (e.g. loaded from a host tier), and a block must not be a hit before
+  // it is written. cache_blocks() then caches the request's full blocks up to num_tokens (the
+  // tokens whose K/V is in place), in every group. Errors: an unknown or freed request,
+  // num_tokens beyond the request's known tokens or its allocated slots.
+  void cache_blocks(Request& request, std::size_t num_tokens);
 
   // Releases a finished request's blocks (tail first, so its chain's tail is evicted first) and
   // marks it finished. A request holding no blocks: only marked finished (see the file comment).
@@ -186,6 +194,12 @@ class KVCacheManager {
   void check_hashing(const Request& request) const;
   // False when the request holds no blocks; throws for a freed request or a foreign one.
   bool release(Request& request, const char* what);
+  // Appends to run_scratch_ the stores that cache group g's blocks [first, full) in runs of
+  // consecutive blocks, skipping null blocks and window blocks that can never be part of a hit;
+  // block_at(i) is the block at position i once the calling operation's changes are made.
+  template <typename BlockAt>
+  void prepare_runs(const Request& request, std::size_t g, std::size_t first, std::size_t full,
+                    std::vector<BlockHash>& coarse, const BlockAt& block_at);
   void check_identity(const Request& request, const char* what) const;
   BlockSequence group_sequence(const Request& request, std::size_t g,
                                std::vector<BlockHash>& coarse) const {

@@ -6,6 +6,8 @@
 //   BlockRemoved      one per cached block evicted (reallocated, evict_blocks());
 //   AllBlocksCleared  one per successful reset_prefix_cache().
 // Events carry full digests; BlockHash::event_id() gives vLLM's 64-bit form.
+// BlockStored and BlockRemoved name the medium holding the block ("GPU" for a device pool, "CPU"
+// for a host tier: pagedkv::TieredKVCacheManager sets it), so a router sees every tier.
 // Events are produced only when enabled in the pool's configuration. They are recorded as the
 // state changes and delivered only once the call that made them has completed (a KV-cache
 // manager holds delivery until its own whole call has completed): to a sink callback if one is
@@ -44,6 +46,7 @@ struct BlockStored {
   std::optional<std::string> lora_name;
   std::vector<OwnedExtraKeys> extra_keys;  // one per cached block
   GroupId group_id = 0;
+  std::string medium = "GPU";  // vLLM's field: "GPU", or "CPU" for a host tier's blocks
 
   bool operator==(const BlockStored&) const = default;
 };
@@ -51,6 +54,7 @@ struct BlockStored {
 struct BlockRemoved {
   std::vector<BlockHash> block_hashes;
   GroupId group_id = 0;
+  std::string medium = "GPU";  // as BlockStored::medium
 
   bool operator==(const BlockRemoved&) const = default;
 };

@@ -1,0 +1,247 @@
+// pagedkv/tier/tiered_kv_cache_manager.hpp: a KVCacheManager with a host-memory tier beside it,
+// so the prefix cache outgrows the GPU (vLLM's offloading connector, TensorRT-LLM's secondary
+// pool, SGLang's HiCache L2).
+//
+// The engine owns the host buffer (pinned memory, num_host_blocks slots of one block each: every
+// layer's K and V, see base/transfer_plan.hpp) and its streams; the tier decides which slot holds
+// which block. The host tier is a second BlockPool: LRU with lazy eviction, verified lookups.
+//
+// Per scheduling step, for each request:
+//   1. hit = get_computed_blocks(request)   the GPU prefix, then the longest run of following
+//                                           blocks in the host tier (capped at num_tokens - 1)
+//   2. a = allocate_slots(request, n, hit)  GPU blocks for the host-hit part and n new tokens, and
+//                                           a TransferPlan: evictions and loads to run before the
+//                                           forward pass, stores to run after it
+//   3. the engine runs a->plan's kBeforeForward stage on its stream, then commit()s every
+//      eviction and load (done or failed); if the request had loads, finish_loads(request) says
+//      how many tokens truly have K/V (a failed load rolls the request back to the block before
+//      it; the engine recomputes from there) and may add stores; the forward pass runs; the
+//      kAfterForward stage runs and its stores are committed
+//   4. free(request) / preempt(request) once none of its transfers is in flight
+// A transfer pins what it touches until committed: a loading or storing host slot cannot be
+// evicted or reused, and loaded GPU blocks are not cached (not hit-able) until finish_loads(). A
+// store's host slot becomes hit-able only when the store is committed done.
+//
+// Verification (pool/block_pool.hpp, DESIGN.md section 5): a host block is a hit when its hash,
+// tokens and extra keys equal the request's block (the host pool's verified lookup) and the
+// parent hash stored with it equals the request's previous block hash. The content before a host
+// run is identified by the chained hash, as for sliding-window runs; the tier therefore refuses
+// xxh3_128, which is not collision resistant.
+//
+// Scope: one full-attention KV-cache group (a hybrid model is rejected at construction).
+// Errors (pagedkv::Error, nothing changed): misuse of the manager calls as in KVCacheManager; a
+// stale host hit; allocating for a request whose loads are not finished; committing an unknown or
+// already committed transfer; finish_loads with loads in flight; freeing or preempting a request
+// with transfers in flight. A full host tier is normal: stores are skipped and counted.
+// Complexity: O(1) per block for lookups, plans and commits (plus O(block_size) per verified
+// host hit). Thread-compatible: one scheduler thread. Not copyable or movable (the pools' event
+// sinks point at it).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <unordered_map>
+#include <vector>
+
+#include "pagedkv/base/transfer_plan.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+#include "pagedkv/pool/kv_events.hpp"
+#include "pagedkv/tier/host_tier_config.hpp"
+
+namespace pagedkv {
+
+// Names one in-flight copy; unique for the tier's lifetime.
+using TransferId = std::uint64_t;
+
+// get_computed_blocks(): the GPU hit and the host slots continuing it.
+struct TieredCacheHit {
+  CacheHit gpu;
+  std::vector<BlockId> host_slots;  // host slot of the request's block gpu.blocks.size() + i
+  std::size_t num_host_tokens = 0;  // host_slots.size() * block size
+
+  std::size_t num_tokens() const noexcept { return gpu.num_tokens + num_host_tokens; }
+};
+
+// A plan and the id of each of its copies, to commit.
+struct TierPlan {
+  TransferPlan plan;
+  std::vector<TransferId> eviction_ids;  // parallel to plan.evictions
+  std::vector<TransferId> load_ids;      // parallel to plan.loads
+  std::vector<TransferId> store_ids;     // parallel to plan.stores
+};
+
+struct TierAllocation {
+  // The request's newly allocated GPU blocks (valid until the next call on the tier); the
+  // host-hit part's blocks come first, in chain order.
+  std::span<const BlockId> new_blocks;
+  TierPlan transfers;
+};
+
+struct LoadResult {
+  // Tokens of the hit whose K/V is in place: the whole hit, or up to the block before the first
+  // failed load. The engine continues (or, when rolled_back, recomputes) from there.
+  std::size_t num_computed_tokens = 0;
+  bool rolled_back = false;
+  TierPlan transfers;  // stores of blocks this finish cached (kAfterForward stage)
+};
+
+// Everything observable about a tier's state, for tests: equal snapshots mean equal tiers.
+struct TieredSnapshot {
+  KVCacheManagerSnapshot gpu;
+  BlockPoolSnapshot host;
+  std::vector<std::uint64_t> live_transfers;  // sorted ids
+  std::uint64_t next_event_seq = 0;
+  std::uint64_t requests = 0, queried_tokens = 0, gpu_hit_tokens = 0, host_hit_tokens = 0;
+
+  bool operator==(const TieredSnapshot&) const = default;
+};
+
+class TieredKVCacheManager {
+ public:
+  // Throws pagedkv::Error (kInvalidArgument) for a hybrid model, caching off, xxh3_128, fewer
+  // than 1 host block or selective_hits 0.
+  TieredKVCacheManager(const KVCacheManagerConfig& gpu, const HostTierConfig& host);
+  ~TieredKVCacheManager();
+  TieredKVCacheManager(const TieredKVCacheManager&) = delete;
+  TieredKVCacheManager& operator=(const TieredKVCacheManager&) = delete;
+
+  const KVCacheManager& gpu() const noexcept { return manager_; }
+  const BlockPool& host_pool() const noexcept { return host_; }
+  const HostTierConfig& host_config() const noexcept { return host_config_; }
+  std::uint32_t block_size() const noexcept { return manager_.block_size(); }
+
+  Request make_request(RequestId id, std::span<const TokenId> prompt,
+                       RequestHashKeys keys = {}) const {
+    return manager_.make_request(id, prompt, std::move(keys));
+  }
+
+  // The GPU prefix, then the longest run in the host tier; records stats. Changes no state but
+  // stats: pass the result to allocate_slots() before any other call.
+  TieredCacheHit get_computed_blocks(const Request& request);
+
+  // Allocates GPU slots for the hit's host part and num_new_tokens tokens after the hit (plus
+  // lookahead slots), pins the hit's host slots and returns the plan; std::nullopt when the GPU
+  // blocks do not fit (nothing changed). Loaded blocks and the new tokens' blocks are cached by
+  // finish_loads(); without a host hit, as KVCacheManager::allocate_slots does.
+  std::optional<TierAllocation> allocate_slots(Request& request, std::size_t num_new_tokens,
+                                               const TieredCacheHit& hit = {},
+                                               std::size_t num_lookahead_tokens = 0);
+
+  // Commits one copy as done (ok) or failed. A done store makes its host slot hit-able; a failed
+  // one frees it. Errors: an unknown or already committed id (kNotFound).
+  void commit(TransferId id, bool ok);
+
+  // Once every load of the request is committed: caches the blocks whose K/V is in place (the
+  // loaded run up to the first failure and, without failure, the new tokens' blocks) and returns
+  // where the request stands. Errors: no loads to finish (kInvalidState), loads in flight
+  // (kInvalidState).
+  LoadResult finish_loads(Request& request);
+  bool has_unfinished_loads(RequestId id) const noexcept;
+  // Transfers not yet committed (all requests).
+  std::size_t num_in_flight() const noexcept { return num_live_; }
+
+  // As KVCacheManager's, refused (kInvalidState) while the request has transfers in flight. A
+  // preempted request's cached blocks survive in the host tier: resuming it is a load.
+  void free(Request& request);
+  void preempt(Request& request);
+
+  std::span<const BlockId> block_ids(RequestId id) const { return manager_.block_ids(id); }
+  // Forgets every cached block in both tiers when no request holds blocks and nothing is in
+  // flight; false (nothing done) otherwise.
+  bool reset_prefix_cache();
+
+  TierStats stats() const noexcept;
+  // KV events of both tiers in one gap-free sequence, BlockStored/BlockRemoved carrying medium
+  // "GPU" or "CPU". Enabled by KVCacheManagerConfig::enable_kv_events.
+  std::vector<KVEvent> take_events();
+  void set_event_sink(KVEventSink sink);
+
+  // Both pools' invariants plus the tier's: every pinned host slot's ref count equals its live
+  // transfers, a storing slot is not cached, every cached host slot has its parent hash, every
+  // cached GPU block has a record of its content (and only those), transfer counts per request.
+  void check_invariants() const;
+  TieredSnapshot snapshot() const;
+
+ private:
+  enum class Kind : std::uint8_t { kLoad, kEviction, kStore };
+  struct Transfer {
+    std::uint32_t generation = 0;
+    bool live = false;
+    Kind kind = Kind::kLoad;
+    RequestId request = 0;
+    BlockId gpu = 0;
+    BlockId host = 0;
+    std::uint32_t chain_index = 0;  // kLoad: index in the request's host run
+  };
+  struct RequestState {
+    std::uint32_t loads_in_flight = 0;
+    std::uint32_t transfers_in_flight = 0;
+    bool loading = false;          // allocated with a host hit; finish_loads() not yet called
+    std::size_t hit_begin = 0;     // first loaded block (the GPU hit's length in blocks)
+    std::size_t num_loads = 0;     // loaded blocks
+    std::size_t first_failed = 0;  // lowest failed load's chain index; num_loads when none
+    std::size_t cache_upto = 0;    // tokens to cache when every load is done
+    std::size_t scanned = 0;       // leading blocks whose caching the tier has recorded
+  };
+  class ContentSource;
+
+  void forward_event(const KVEvent& event, const char* medium);
+  void record_new_blocks(Request& request, RequestState& state, TierPlan& out);
+  void schedule_store(BlockId gpu_block, RequestId request, Kind kind, TierPlan& out);
+  bool host_has(BlockId gpu_block);
+  BlockSequence content_sequence(const std::vector<TokenId>& tokens, const BlockHash* hashes,
+                                 bool first, const ContentSource* extra) const;
+  TransferId open_transfer(Kind kind, RequestId request, BlockId gpu, BlockId host,
+                           std::uint32_t chain_index);
+  void reserve_transfers(std::size_t more);
+  void forget_gpu_block(BlockId b) noexcept;
+
+  HostTierConfig host_config_;
+  KVCacheManager manager_;
+  BlockPool host_;
+  std::uint32_t bs_;
+
+  // What each cached GPU block holds (recorded when the tier sees it cached), so that write-back
+  // can store it after the pool evicted it. gpu_hash_[b] empty: block b is not cached.
+  std::vector<BlockHash> gpu_hash_;
+  std::vector<BlockHash> gpu_parent_;   // previous block's hash; unused for a chain's first block
+  std::vector<std::uint8_t> gpu_first_;  // 1: block 0 of its chain
+  std::vector<TokenId> gpu_tokens_;      // block_size tokens per GPU block
+  std::vector<std::uint32_t> gpu_hits_;  // hits since cached (kWriteThroughSelective)
+  std::unordered_map<BlockId, OwnedExtraKeys> gpu_extra_;  // only blocks with extra keys
+
+  // Per host slot: the parent hash stored with it (checked on every host hit) and first flag.
+  std::vector<BlockHash> host_parent_;
+  std::vector<std::uint8_t> host_first_;
+
+  // In-flight transfers: a slab indexed by the id's low 32 bits, the generation in the high ones.
+  std::vector<Transfer> transfers_;
+  std::vector<std::uint32_t> free_transfers_;
+  // Stores' content (copied when planned: the GPU block may be reused before the commit).
+  std::vector<TokenId> transfer_tokens_;  // block_size per slab entry
+  std::vector<BlockHash> transfer_hash_, transfer_parent_;
+  std::vector<std::uint8_t> transfer_first_;
+  std::unordered_map<std::uint32_t, OwnedExtraKeys> transfer_extra_;
+  std::size_t num_live_ = 0;
+  std::int32_t host_storing_ = 0;
+
+  std::unordered_map<RequestId, RequestState> requests_;
+  TierStats stats_;
+  std::uint64_t host_cached_ever_ = 0;  // stores cached; minus host evictions = cached now
+
+  // Events.
+  std::uint64_t next_event_seq_ = 0;
+  std::vector<KVEvent> events_;
+  KVEventSink sink_;
+
+  // Scratch (no allocation in steady state).
+  std::vector<BlockId> slot_scratch_;
+  std::vector<TokenId> content_tokens_;
+  BlockHash content_hashes_[2];
+  std::vector<MultiModalKey> mm_scratch_;
+};
+
+}  // namespace pagedkv

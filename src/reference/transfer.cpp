@@ -1,0 +1,79 @@
+#include "pagedkv/reference/transfer.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "pagedkv/base/error.hpp"
+
+namespace pagedkv::reference {
+
+namespace {
+
+void check_copies(const std::vector<BlockCopy>& copies, std::size_t num_src, std::size_t num_dst,
+                  const char* what) {
+  for (const BlockCopy& c : copies) {
+    if (c.src < 0 || static_cast<std::size_t>(c.src) >= num_src || c.dst < 0 ||
+        static_cast<std::size_t>(c.dst) >= num_dst) {
+      throw Error(ErrorCode::kOutOfRange, std::string("execute_transfer_plan: ") + what +
+                                              " copy " + std::to_string(c.src) + " -> " +
+                                              std::to_string(c.dst) + " is out of range");
+    }
+  }
+}
+
+}  // namespace
+
+void execute_transfer_plan(TransferPlan& plan, TransferStage stage, const TransferLayout& layout,
+                           std::span<std::byte> device, std::size_t num_device_blocks,
+                           std::span<std::byte> host, std::size_t num_host_slots) {
+  const auto bit = static_cast<std::uint8_t>(stage);
+  if ((plan.executed_stages & bit) != 0) {
+    throw Error(ErrorCode::kInvalidState,
+                "execute_transfer_plan: this stage of the plan was already executed");
+  }
+  if (layout.chunk_bytes == 0 || layout.num_layers == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "execute_transfer_plan: empty layout");
+  }
+  if (num_device_blocks > 0) {
+    const std::size_t last = (num_device_blocks - 1) * layout.device_block_stride +
+                             (layout.num_layers - 1) * layout.device_layer_stride +
+                             layout.chunk_bytes;
+    if (device.size() < last) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "execute_transfer_plan: the device buffer is smaller than its blocks need");
+    }
+  }
+  if (host.size() < num_host_slots * layout.block_bytes()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "execute_transfer_plan: the host buffer is smaller than its slots need");
+  }
+  const auto dev = [&](std::int32_t b, std::size_t l) {
+    return device.data() + static_cast<std::size_t>(b) * layout.device_block_stride +
+           l * layout.device_layer_stride;
+  };
+  const auto hst = [&](std::int32_t s, std::size_t l) {
+    return host.data() + static_cast<std::size_t>(s) * layout.block_bytes() +
+           l * layout.chunk_bytes;
+  };
+  if (stage == TransferStage::kBeforeForward) {
+    check_copies(plan.evictions, num_device_blocks, num_host_slots, "eviction");
+    check_copies(plan.loads, num_host_slots, num_device_blocks, "load");
+    for (const BlockCopy& c : plan.evictions) {
+      for (std::size_t l = 0; l < layout.num_layers; ++l)
+        std::memcpy(hst(c.dst, l), dev(c.src, l), layout.chunk_bytes);
+    }
+    for (const BlockCopy& c : plan.loads) {
+      for (std::size_t l = 0; l < layout.num_layers; ++l)
+        std::memcpy(dev(c.dst, l), hst(c.src, l), layout.chunk_bytes);
+    }
+  } else {
+    check_copies(plan.stores, num_device_blocks, num_host_slots, "store");
+    for (const BlockCopy& c : plan.stores) {
+      for (std::size_t l = 0; l < layout.num_layers; ++l)
+        std::memcpy(hst(c.dst, l), dev(c.src, l), layout.chunk_bytes);
+    }
+  }
+  plan.executed_stages |= bit;
+}
+
+}  // namespace pagedkv::reference

@@ -1,0 +1,656 @@
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "pagedkv/base/error.hpp"
+
+namespace pagedkv {
+
+std::string_view to_string(HostPolicy policy) noexcept {
+  switch (policy) {
+    case HostPolicy::kWriteThrough:
+      return "write_through";
+    case HostPolicy::kWriteThroughSelective:
+      return "write_through_selective";
+    case HostPolicy::kWriteBack:
+      return "write_back";
+  }
+  return "?";
+}
+
+std::optional<HostPolicy> parse_host_policy(std::string_view text) noexcept {
+  for (const HostPolicy p : {HostPolicy::kWriteThrough, HostPolicy::kWriteThroughSelective,
+                             HostPolicy::kWriteBack}) {
+    if (text == to_string(p)) return p;
+  }
+  return std::nullopt;
+}
+
+std::int32_t HostTierConfig::blocks_for_bytes(std::uint64_t bytes, std::uint64_t bytes_per_block) {
+  if (bytes_per_block == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "HostTierConfig::blocks_for_bytes: 0 bytes per block");
+  }
+  const std::uint64_t n = bytes / bytes_per_block;
+  return static_cast<std::int32_t>(std::min<std::uint64_t>(n, 0x7ffffffe));
+}
+
+// The extra keys of one block, answered from an owned copy (the request may be gone).
+class TieredKVCacheManager::ContentSource final : public BlockExtraKeySource {
+ public:
+  ContentSource(const OwnedExtraKeys* keys, std::size_t index) : keys_(keys), index_(index) {}
+  bool has_extra_keys(std::size_t i) const noexcept override {
+    return keys_ != nullptr && i == index_;
+  }
+  BlockExtraKeys block_extra_keys(std::size_t i, std::uint32_t,
+                                  std::vector<MultiModalKey>& scratch) const override {
+    BlockExtraKeys e;
+    if (keys_ == nullptr || i != index_) return e;
+    if (keys_->lora_name) e.lora_name = *keys_->lora_name;
+    scratch.clear();
+    for (const auto& [identifier, offset] : keys_->mm_items) scratch.push_back({identifier, offset});
+    e.mm_items = scratch;
+    if (keys_->cache_salt) e.cache_salt = *keys_->cache_salt;
+    return e;
+  }
+  std::optional<std::string_view> lora_name() const noexcept override {
+    if (keys_ == nullptr || !keys_->lora_name) return std::nullopt;
+    return std::string_view(*keys_->lora_name);
+  }
+
+ private:
+  const OwnedExtraKeys* keys_;
+  std::size_t index_;
+};
+
+namespace {
+
+KVCacheManagerConfig checked_gpu_config(const KVCacheManagerConfig& gpu,
+                                        const HostTierConfig& host) {
+  const auto bad = [](const std::string& what) {
+    throw Error(ErrorCode::kInvalidArgument, "TieredKVCacheManager: " + what);
+  };
+  if (gpu.groups.size() > 1 ||
+      (gpu.groups.size() == 1 && gpu.groups[0].kind != AttentionKind::kFull)) {
+    bad("the host tier supports one full-attention KV-cache group");
+  }
+  if (!gpu.enable_caching) bad("the host tier needs prefix caching on");
+  const HashScheme scheme = gpu.hasher ? gpu.hasher->scheme() : gpu.hash_scheme;
+  if (scheme == HashScheme::kXxh3_128) {
+    bad("xxh3_128 is not collision resistant; host hits identify the content before a host run "
+        "by the chained hash, so use sha256 or sha256_cbor_vllm");
+  }
+  if (host.num_host_blocks < 1 || host.num_host_blocks > 0x7ffffffe) {
+    bad("num_host_blocks must be in [1, 2^31 - 2], got " + std::to_string(host.num_host_blocks));
+  }
+  if (host.policy == HostPolicy::kWriteThroughSelective && host.selective_hits == 0) {
+    bad("selective_hits must be at least 1");
+  }
+  return gpu;
+}
+
+BlockPoolConfig host_pool_config(const KVCacheManagerConfig& gpu, const HostTierConfig& host,
+                                 std::uint32_t block_size) {
+  BlockPoolConfig c;
+  c.num_blocks = host.num_host_blocks + 1;  // slot 0 is the pool's null block, never used
+  c.block_size = block_size;
+  c.enable_caching = true;
+  c.verify_cache_hits = true;
+  c.enable_kv_events = gpu.enable_kv_events;
+  return c;
+}
+
+constexpr std::uint32_t kIndexMask = 0xffffffffu;
+
+}  // namespace
+
+TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
+                                           const HostTierConfig& host)
+    : host_config_(host),
+      manager_(checked_gpu_config(gpu, host)),
+      host_(host_pool_config(gpu, host, manager_.block_size())),
+      bs_(manager_.block_size()) {
+  const auto n = static_cast<std::size_t>(manager_.block_pool().num_blocks());
+  gpu_hash_.resize(n);
+  gpu_parent_.resize(n);
+  gpu_first_.assign(n, 0);
+  gpu_tokens_.assign(n * bs_, 0);
+  gpu_hits_.assign(n, 0);
+  const auto m = static_cast<std::size_t>(host_.num_blocks());
+  host_parent_.resize(m);
+  host_first_.assign(m, 0);
+  content_tokens_.assign(2 * static_cast<std::size_t>(bs_), 0);
+  stats_.host_slots = host.num_host_blocks;
+  if (gpu.enable_kv_events) {
+    manager_.set_event_sink([this](const KVEvent& e) { forward_event(e, "GPU"); });
+    host_.set_event_sink([this](const KVEvent& e) { forward_event(e, "CPU"); });
+  }
+}
+
+TieredKVCacheManager::~TieredKVCacheManager() = default;
+
+void TieredKVCacheManager::forward_event(const KVEvent& event, const char* medium) {
+  KVEvent e{next_event_seq_++, event.data};
+  if (auto* s = std::get_if<BlockStored>(&e.data)) s->medium = medium;
+  if (auto* r = std::get_if<BlockRemoved>(&e.data)) r->medium = medium;
+  if (sink_) {
+    sink_(e);
+  } else {
+    events_.push_back(std::move(e));
+  }
+}
+
+std::vector<KVEvent> TieredKVCacheManager::take_events() {
+  return std::exchange(events_, {});
+}
+
+void TieredKVCacheManager::set_event_sink(KVEventSink sink) {
+  sink_ = std::move(sink);
+}
+
+TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request) {
+  TieredCacheHit hit;
+  hit.gpu = manager_.get_computed_blocks(request);  // validates the request
+  ++stats_.requests;
+  stats_.queried_tokens += request.num_tokens();
+  stats_.gpu_hit_tokens += hit.gpu.num_tokens;
+  if (request.skip_reading_prefix_cache || request.num_tokens() == 0) return hit;
+  const BlockSequence seq = request.hashed_tokens().sequence();
+  const std::size_t max_blocks = std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
+  constexpr std::size_t kAhead = 4;  // overlap the host map's cache misses
+  for (std::size_t i = hit.gpu.blocks.size(); i < max_blocks; ++i) {
+    if (i + kAhead < max_blocks) host_.prefetch_cached_block(seq.block_hashes[i + kAhead]);
+    const BlockId slot = host_.match_cached_block_unanchored(seq, i);
+    if (slot == BlockPool::kNoBlock) break;
+    const auto s = static_cast<std::size_t>(slot);
+    // DESIGN.md 5: the parent hash stored with the block must equal the request's.
+    if (i == 0 ? host_first_[s] == 0
+               : (host_first_[s] != 0 || host_parent_[s] != seq.block_hashes[i - 1])) {
+      break;
+    }
+    hit.host_slots.push_back(slot);
+  }
+  hit.num_host_tokens = hit.host_slots.size() * bs_;
+  stats_.host_hit_tokens += hit.num_host_tokens;
+  return hit;
+}
+
+void TieredKVCacheManager::reserve_transfers(std::size_t more) {
+  const std::size_t want = transfers_.size() + more;
+  transfers_.reserve(want);
+  free_transfers_.reserve(want);
+  transfer_tokens_.reserve(want * bs_);
+  transfer_hash_.reserve(want);
+  transfer_parent_.reserve(want);
+  transfer_first_.reserve(want);
+}
+
+TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestId request, BlockId gpu,
+                                               BlockId host, std::uint32_t chain_index) {
+  std::uint32_t idx;
+  if (!free_transfers_.empty()) {
+    idx = free_transfers_.back();
+    free_transfers_.pop_back();
+  } else {
+    idx = static_cast<std::uint32_t>(transfers_.size());
+    transfers_.emplace_back();
+    transfer_tokens_.resize(transfer_tokens_.size() + bs_);
+    transfer_hash_.emplace_back();
+    transfer_parent_.emplace_back();
+    transfer_first_.push_back(0);
+  }
+  Transfer& t = transfers_[idx];
+  t.live = true;
+  t.kind = kind;
+  t.request = request;
+  t.gpu = gpu;
+  t.host = host;
+  t.chain_index = chain_index;
+  ++num_live_;
+  RequestState& st = requests_[request];  // exists: allocate_slots created it
+  ++st.transfers_in_flight;
+  if (kind == Kind::kLoad) ++st.loads_in_flight;
+  return (static_cast<TransferId>(t.generation) << 32) | idx;
+}
+
+BlockSequence TieredKVCacheManager::content_sequence(const std::vector<TokenId>& tokens,
+                                                     const BlockHash* hashes, bool first,
+                                                     const ContentSource* extra) const {
+  // Block 1 of a two-block view (block 0 stands for the parent: its hash, dummy tokens), or a
+  // one-block view of a chain's first block.
+  BlockSequence seq;
+  seq.block_size = bs_;
+  seq.extra_keys = extra;
+  if (first) {
+    seq.tokens = std::span<const TokenId>(tokens).subspan(bs_, bs_);
+    seq.block_hashes = std::span<const BlockHash>(hashes + 1, 1);
+  } else {
+    seq.tokens = std::span<const TokenId>(tokens).first(2 * static_cast<std::size_t>(bs_));
+    seq.block_hashes = std::span<const BlockHash>(hashes, 2);
+  }
+  return seq;
+}
+
+bool TieredKVCacheManager::host_has(BlockId gpu_block) {
+  const auto b = static_cast<std::size_t>(gpu_block);
+  std::memcpy(content_tokens_.data() + bs_, gpu_tokens_.data() + b * bs_, bs_ * sizeof(TokenId));
+  content_hashes_[0] = gpu_parent_[b];
+  content_hashes_[1] = gpu_hash_[b];
+  const bool first = gpu_first_[b] != 0;
+  const auto ex = gpu_extra_.find(gpu_block);
+  const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+  const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
+  const BlockId slot = host_.match_cached_block_unanchored(seq, first ? 0 : 1);
+  if (slot == BlockPool::kNoBlock) return false;
+  const auto s = static_cast<std::size_t>(slot);
+  if (first ? host_first_[s] == 0 : (host_first_[s] != 0 || host_parent_[s] != gpu_parent_[b])) {
+    return false;
+  }
+  if (host_.block(slot).ref_cnt == 0) {  // refresh its LRU position: it was just in use
+    host_.touch(std::span<const BlockId>(&slot, 1));
+    host_.free_blocks(std::span<const BlockId>(&slot, 1));
+  }
+  return true;
+}
+
+void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestId request, Kind kind,
+                                          TierPlan& out) {
+  if (host_has(gpu_block)) return;
+  slot_scratch_.clear();
+  if (!host_.get_new_blocks(1, slot_scratch_)) {
+    ++stats_.stores_skipped_full;
+    return;
+  }
+  const BlockId slot = slot_scratch_[0];
+  const TransferId id = open_transfer(kind, request, gpu_block, slot, 0);
+  const auto idx = static_cast<std::size_t>(id & kIndexMask);
+  const auto b = static_cast<std::size_t>(gpu_block);
+  std::memcpy(transfer_tokens_.data() + idx * bs_, gpu_tokens_.data() + b * bs_,
+              bs_ * sizeof(TokenId));
+  transfer_hash_[idx] = gpu_hash_[b];
+  transfer_parent_[idx] = gpu_parent_[b];
+  transfer_first_[idx] = gpu_first_[b];
+  if (const auto ex = gpu_extra_.find(gpu_block); ex != gpu_extra_.end()) {
+    transfer_extra_[static_cast<std::uint32_t>(idx)] = ex->second;
+  }
+  ++host_storing_;
+  if (kind == Kind::kEviction) {
+    out.plan.evictions.push_back({gpu_block, slot});
+    out.eviction_ids.push_back(id);
+  } else {
+    out.plan.stores.push_back({gpu_block, slot});
+    out.store_ids.push_back(id);
+  }
+}
+
+void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
+  gpu_hash_[static_cast<std::size_t>(b)] = BlockHash();
+  gpu_hits_[static_cast<std::size_t>(b)] = 0;
+  if (!gpu_extra_.empty()) gpu_extra_.erase(b);
+}
+
+void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& state,
+                                             TierPlan& out) {
+  const std::span<const BlockId> ids = manager_.block_ids(request.id());
+  const BlockSequence seq = request.hashed_tokens().sequence();
+  const BlockPool& pool = manager_.block_pool();
+  std::size_t i = state.scanned;
+  for (; i < ids.size() && i < seq.block_hashes.size(); ++i) {
+    const BlockId b = ids[i];
+    if (!pool.block(b).is_cached()) break;
+    const auto k = static_cast<std::size_t>(b);
+    if (!gpu_hash_[k].empty()) continue;  // a hit: recorded when it was cached
+    gpu_hash_[k] = seq.block_hashes[i];
+    gpu_first_[k] = i == 0 ? 1 : 0;
+    gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
+    std::memcpy(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_ * sizeof(TokenId));
+    gpu_hits_[k] = 0;
+    if (seq.has_extra_keys(i)) {
+      const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
+      if (!extra.empty()) {
+        OwnedExtraKeys owned;
+        if (extra.lora_name) owned.lora_name = std::string(*extra.lora_name);
+        for (const MultiModalKey& mm : extra.mm_items) {
+          owned.mm_items.emplace_back(std::string(mm.identifier), mm.offset);
+        }
+        if (extra.cache_salt) owned.cache_salt = std::string(*extra.cache_salt);
+        gpu_extra_[b] = std::move(owned);
+      }
+    }
+    if (host_config_.policy == HostPolicy::kWriteThrough) {
+      schedule_store(b, request.id(), Kind::kStore, out);
+    }
+  }
+  state.scanned = i;
+}
+
+std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
+    Request& request, std::size_t num_new_tokens, const TieredCacheHit& hit,
+    std::size_t num_lookahead_tokens) {
+  const auto where = [&request] {
+    return "TieredKVCacheManager::allocate_slots: request " + std::to_string(request.id()) + ": ";
+  };
+  const auto found = requests_.find(request.id());
+  if (found != requests_.end() && found->second.loading) {
+    throw Error(ErrorCode::kInvalidState,
+                where() + "its loads are not finished (commit them, then call finish_loads)");
+  }
+  const std::size_t h = hit.host_slots.size();
+  if (hit.num_host_tokens != h * bs_) {
+    throw Error(ErrorCode::kInvalidArgument, where() + "the hit's num_host_tokens " +
+                                                 std::to_string(hit.num_host_tokens) + " != " +
+                                                 std::to_string(h) + " slots x block size");
+  }
+  const std::size_t g = hit.gpu.blocks.size();
+  if (h > 0) {
+    if (found != requests_.end() || request.num_computed_tokens() != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where() + "a cache hit can only be passed to the first allocation");
+    }
+    const std::span<const BlockHash> hashes = request.block_hashes();
+    for (std::size_t i = 0; i < h; ++i) {
+      const BlockId slot = hit.host_slots[i];
+      if (slot < 1 || slot >= host_.num_blocks() || g + i >= hashes.size() ||
+          host_.block(slot).block_hash != hashes[g + i]) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    where() + "stale host hit: slot " + std::to_string(slot) +
+                        " no longer holds the request's block " + std::to_string(g + i) +
+                        " (call allocate_slots right after get_computed_blocks)");
+      }
+    }
+  }
+  // Everything that may allocate happens before the manager changes state.
+  const std::size_t bound =
+      h + 2 * ((request.num_tokens() + num_lookahead_tokens) / bs_ + 2) + g;
+  reserve_transfers(bound);
+  TierAllocation out;
+  out.transfers.plan.loads.reserve(h);
+  out.transfers.load_ids.reserve(h);
+  out.transfers.plan.evictions.reserve(bound);
+  out.transfers.eviction_ids.reserve(bound);
+  out.transfers.plan.stores.reserve(bound);
+  out.transfers.store_ids.reserve(bound);
+  const auto [it, inserted] = requests_.try_emplace(request.id());
+  std::optional<std::span<const BlockId>> blocks;
+  try {
+    blocks = manager_.allocate_slots(request, h * bs_ + num_new_tokens, hit.gpu,
+                                     num_lookahead_tokens, /*delay_cache_blocks=*/h > 0);
+  } catch (...) {
+    if (inserted) requests_.erase(it);
+    throw;
+  }
+  if (!blocks) {
+    if (inserted) requests_.erase(it);
+    return std::nullopt;
+  }
+  RequestState& st = it->second;
+  out.new_blocks = *blocks;
+  // Pin the hit's host slots first: the stores below must not evict them.
+  if (h > 0) host_.touch(hit.host_slots);
+  // Blocks the allocation took from the free queue while cached were evicted just now.
+  for (const BlockId b : *blocks) {
+    if (gpu_hash_[static_cast<std::size_t>(b)].empty()) continue;
+    if (host_config_.policy == HostPolicy::kWriteBack) {
+      schedule_store(b, request.id(), Kind::kEviction, out.transfers);
+    }
+    forget_gpu_block(b);
+  }
+  if (inserted && host_config_.policy == HostPolicy::kWriteThroughSelective) {
+    for (const BlockId b : hit.gpu.blocks) {
+      if (++gpu_hits_[static_cast<std::size_t>(b)] == host_config_.selective_hits) {
+        schedule_store(b, request.id(), Kind::kStore, out.transfers);
+      }
+    }
+  }
+  if (h > 0) {
+    const std::span<const BlockId> ids = manager_.block_ids(request.id());
+    for (std::size_t i = 0; i < h; ++i) {
+      const TransferId id = open_transfer(Kind::kLoad, request.id(), ids[g + i],
+                                          hit.host_slots[i], static_cast<std::uint32_t>(i));
+      out.transfers.plan.loads.push_back({hit.host_slots[i], ids[g + i]});
+      out.transfers.load_ids.push_back(id);
+    }
+    st.loading = true;
+    st.hit_begin = g;
+    st.num_loads = h;
+    st.first_failed = h;
+    st.cache_upto = std::min((g + h) * bs_ + num_new_tokens, request.num_tokens());
+    st.scanned = g;
+  } else {
+    record_new_blocks(request, st, out.transfers);
+  }
+  return out;
+}
+
+void TieredKVCacheManager::commit(TransferId id, bool ok) {
+  const auto idx = static_cast<std::size_t>(id & kIndexMask);
+  const auto generation = static_cast<std::uint32_t>(id >> 32);
+  if (idx >= transfers_.size() || !transfers_[idx].live ||
+      transfers_[idx].generation != generation) {
+    throw Error(ErrorCode::kNotFound, "TieredKVCacheManager::commit: transfer " +
+                                          std::to_string(id) +
+                                          " is unknown or already committed");
+  }
+  Transfer& t = transfers_[idx];
+  RequestState& st = requests_.at(t.request);
+  const std::span<const BlockId> slot(&t.host, 1);
+  if (t.kind == Kind::kLoad) {
+    host_.free_blocks(slot);  // unpinned; back at the LRU tail
+    if (ok) {
+      ++stats_.loaded_blocks;
+      stats_.loaded_bytes += host_config_.bytes_per_block;
+    } else {
+      ++stats_.load_failures;
+      st.first_failed = std::min<std::size_t>(st.first_failed, t.chain_index);
+    }
+    --st.loads_in_flight;
+  } else {
+    if (ok) {
+      const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
+      const bool first = transfer_first_[idx] != 0;
+      const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second,
+                                first ? 0 : 1);
+      std::memcpy(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_,
+                  bs_ * sizeof(TokenId));
+      content_hashes_[0] = transfer_parent_[idx];
+      content_hashes_[1] = transfer_hash_[idx];
+      const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
+      const std::size_t index = first ? 0 : 1;
+      const BlockId twin = host_.match_cached_block_unanchored(seq, index);
+      const auto s = static_cast<std::size_t>(t.host);
+      if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
+        const BlockId blocks[2] = {kNullBlockId, t.host};
+        host_.cache_full_blocks(seq, std::span<const BlockId>(blocks + (first ? 1 : 0),
+                                                              first ? 1 : 2),
+                                index, index + 1);
+        host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
+        host_first_[s] = first ? 1 : 0;
+        ++host_cached_ever_;
+        ++stats_.stored_blocks;
+        stats_.stored_bytes += host_config_.bytes_per_block;
+      }
+    } else {
+      ++stats_.store_failures;
+    }
+    host_.free_blocks(slot);  // cached: LRU tail; not cached: reused first
+    --host_storing_;
+    if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
+  }
+  --st.transfers_in_flight;
+  t.live = false;
+  ++t.generation;
+  free_transfers_.push_back(static_cast<std::uint32_t>(idx));
+  --num_live_;
+}
+
+bool TieredKVCacheManager::has_unfinished_loads(RequestId id) const noexcept {
+  const auto it = requests_.find(id);
+  return it != requests_.end() && it->second.loading;
+}
+
+LoadResult TieredKVCacheManager::finish_loads(Request& request) {
+  const auto it = requests_.find(request.id());
+  const std::string who = "TieredKVCacheManager::finish_loads: request " +
+                          std::to_string(request.id());
+  if (it == requests_.end() || !it->second.loading) {
+    throw Error(ErrorCode::kInvalidState, who + " has no loads to finish");
+  }
+  RequestState& st = it->second;
+  if (st.loads_in_flight > 0) {
+    throw Error(ErrorCode::kInvalidState, who + " has " + std::to_string(st.loads_in_flight) +
+                                              " loads not committed");
+  }
+  LoadResult result;
+  result.rolled_back = st.first_failed < st.num_loads;
+  const std::size_t valid_blocks = st.hit_begin + st.first_failed;
+  result.num_computed_tokens = valid_blocks * bs_;
+  const std::size_t bound = 2 * (request.num_tokens() / bs_ + 2);
+  reserve_transfers(bound);
+  result.transfers.plan.stores.reserve(bound);
+  result.transfers.store_ids.reserve(bound);
+  manager_.cache_blocks(request, result.rolled_back ? result.num_computed_tokens : st.cache_upto);
+  st.loading = false;
+  if (result.rolled_back) ++stats_.rollbacks;
+  record_new_blocks(request, st, result.transfers);
+  return result;
+}
+
+void TieredKVCacheManager::free(Request& request) {
+  const auto it = requests_.find(request.id());
+  if (it != requests_.end() && it->second.transfers_in_flight > 0) {
+    throw Error(ErrorCode::kInvalidState,
+                "TieredKVCacheManager::free: request " + std::to_string(request.id()) + " has " +
+                    std::to_string(it->second.transfers_in_flight) + " transfers in flight");
+  }
+  manager_.free(request);
+  if (it != requests_.end()) requests_.erase(it);
+}
+
+void TieredKVCacheManager::preempt(Request& request) {
+  const auto it = requests_.find(request.id());
+  if (it != requests_.end() && it->second.transfers_in_flight > 0) {
+    throw Error(ErrorCode::kInvalidState,
+                "TieredKVCacheManager::preempt: request " + std::to_string(request.id()) +
+                    " has " + std::to_string(it->second.transfers_in_flight) +
+                    " transfers in flight");
+  }
+  manager_.preempt(request);
+  if (it != requests_.end()) requests_.erase(it);
+}
+
+bool TieredKVCacheManager::reset_prefix_cache() {
+  if (num_live_ > 0 || !manager_.reset_prefix_cache()) return false;
+  if (!host_.reset_prefix_cache()) {
+    throw Error(ErrorCode::kInvalidState,
+                "TieredKVCacheManager: internal error: a host slot is pinned with nothing in "
+                "flight (a bug in pagedkv)");
+  }
+  std::fill(gpu_hash_.begin(), gpu_hash_.end(), BlockHash());
+  std::fill(gpu_hits_.begin(), gpu_hits_.end(), 0u);
+  gpu_extra_.clear();
+  host_cached_ever_ = host_.num_evictions();
+  return true;
+}
+
+TierStats TieredKVCacheManager::stats() const noexcept {
+  TierStats s = stats_;
+  s.host_evictions = host_.num_evictions();
+  s.host_slots_pinned = host_config_.num_host_blocks - host_.num_free_blocks();
+  s.host_slots_storing = host_storing_;
+  s.host_cached_blocks = host_cached_ever_ - host_.num_evictions();
+  return s;
+}
+
+void TieredKVCacheManager::check_invariants() const {
+  const auto fail = [](const std::string& what) {
+    throw Error(ErrorCode::kInvalidState, "TieredKVCacheManager invariant broken: " + what);
+  };
+  manager_.check_invariants();
+  host_.check_invariants();
+  const BlockPool& pool = manager_.block_pool();
+  std::vector<std::int32_t> host_refs(static_cast<std::size_t>(host_.num_blocks()), 0);
+  std::unordered_map<RequestId, std::pair<std::uint32_t, std::uint32_t>> counts;
+  std::size_t live = 0;
+  std::int32_t storing = 0;
+  for (const Transfer& t : transfers_) {
+    if (!t.live) continue;
+    ++live;
+    ++host_refs[static_cast<std::size_t>(t.host)];
+    auto& c = counts[t.request];
+    ++c.second;
+    const std::span<const BlockId> held = manager_.block_ids(t.request);
+    if (std::find(held.begin(), held.end(), t.gpu) == held.end()) {
+      fail("a transfer's GPU block " + std::to_string(t.gpu) + " is not held by its request");
+    }
+    if (t.kind == Kind::kLoad) {
+      ++c.first;
+      if (pool.block(t.gpu).is_cached()) fail("a loading GPU block is already hit-able");
+      if (!host_.block(t.host).is_cached()) fail("a loading host slot is not cached");
+    } else {
+      ++storing;
+      if (host_.block(t.host).is_cached()) fail("a storing host slot is already hit-able");
+    }
+  }
+  if (live != num_live_) fail("live transfer count");
+  if (storing != host_storing_) fail("storing slot count");
+  std::uint64_t cached = 0;
+  for (BlockId s = 1; s < host_.num_blocks(); ++s) {
+    const KVCacheBlock& b = host_.block(s);
+    if (b.ref_cnt != host_refs[static_cast<std::size_t>(s)]) {
+      fail("host slot " + std::to_string(s) + " has ref " + std::to_string(b.ref_cnt) +
+           " but " + std::to_string(host_refs[static_cast<std::size_t>(s)]) +
+           " transfers in flight (a slot in use is free-queued or pinned)");
+    }
+    if (b.is_cached()) {
+      ++cached;
+      if (host_first_[static_cast<std::size_t>(s)] == 0 &&
+          host_parent_[static_cast<std::size_t>(s)].empty()) {
+        fail("cached host slot " + std::to_string(s) + " has no parent hash");
+      }
+    }
+  }
+  if (cached != host_cached_ever_ - host_.num_evictions()) fail("host cached block count");
+  for (const auto& [id, st] : requests_) {
+    const auto c = counts.find(id);
+    const std::uint32_t loads = c == counts.end() ? 0 : c->second.first;
+    const std::uint32_t all = c == counts.end() ? 0 : c->second.second;
+    if (st.loads_in_flight != loads || st.transfers_in_flight != all) {
+      fail("request " + std::to_string(id) + "'s in-flight counts");
+    }
+    if (st.loads_in_flight > 0 && !st.loading) fail("loads in flight of a finished request");
+  }
+  for (const auto& [id, c] : counts) {
+    if (requests_.find(id) == requests_.end()) fail("a transfer of an unknown request");
+  }
+  for (BlockId b = 1; b < pool.num_blocks(); ++b) {
+    const KVCacheBlock& blk = pool.block(b);
+    const BlockHash& rec = gpu_hash_[static_cast<std::size_t>(b)];
+    if (blk.is_cached() != !rec.empty() || (blk.is_cached() && blk.block_hash != rec)) {
+      fail("GPU block " + std::to_string(b) + "'s recorded content differs from the pool's");
+    }
+  }
+  for (const auto& [b, keys] : gpu_extra_) {
+    if (gpu_hash_[static_cast<std::size_t>(b)].empty()) fail("extra keys of an unrecorded block");
+  }
+}
+
+TieredSnapshot TieredKVCacheManager::snapshot() const {
+  TieredSnapshot s;
+  s.gpu = manager_.snapshot();
+  s.host = host_.snapshot();
+  for (std::size_t i = 0; i < transfers_.size(); ++i) {
+    if (transfers_[i].live) {
+      s.live_transfers.push_back((static_cast<std::uint64_t>(transfers_[i].generation) << 32) | i);
+    }
+  }
+  s.next_event_seq = next_event_seq_;
+  s.requests = stats_.requests;
+  s.queried_tokens = stats_.queried_tokens;
+  s.gpu_hit_tokens = stats_.gpu_hit_tokens;
+  s.host_hit_tokens = stats_.host_hit_tokens;
+  return s;
+}
+
+}  // namespace pagedkv

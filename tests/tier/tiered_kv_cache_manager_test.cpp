@@ -1,0 +1,345 @@
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "pagedkv/base/error.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr std::uint32_t kB = 4;
+
+KVCacheManagerConfig gpu_config(std::int32_t num_blocks) {
+  KVCacheManagerConfig c;
+  c.num_blocks = num_blocks;
+  c.block_size = kB;
+  c.hash_seed = "tier-test";
+  c.enable_kv_events = true;
+  return c;
+}
+
+HostTierConfig host_config(std::int32_t slots, HostPolicy policy = HostPolicy::kWriteThrough) {
+  HostTierConfig h;
+  h.num_host_blocks = slots;
+  h.policy = policy;
+  h.bytes_per_block = 100;
+  return h;
+}
+
+std::vector<TokenId> tokens(TokenId first, std::size_t n) {
+  std::vector<TokenId> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+void commit_all(TieredKVCacheManager& t, const std::vector<TransferId>& ids, bool ok = true) {
+  for (const TransferId id : ids) t.commit(id, ok);
+}
+
+// Schedules a whole prompt as an engine would: lookup, allocate, before-forward transfers
+// committed, loads finished, the "forward pass", after-forward stores committed. Returns the hit.
+TieredCacheHit admit(TieredKVCacheManager& t, Request& r) {
+  const TieredCacheHit hit = t.get_computed_blocks(r);
+  auto a = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
+  EXPECT_TRUE(a.has_value());
+  if (!a) return hit;
+  commit_all(t, a->transfers.eviction_ids);
+  commit_all(t, a->transfers.load_ids);
+  if (t.has_unfinished_loads(r.id())) {
+    const LoadResult res = t.finish_loads(r);
+    EXPECT_FALSE(res.rolled_back);
+    EXPECT_EQ(res.num_computed_tokens, hit.num_tokens());
+    commit_all(t, res.transfers.store_ids);
+  }
+  r.set_num_computed_tokens(r.num_tokens());
+  commit_all(t, a->transfers.store_ids);
+  t.check_invariants();
+  return hit;
+}
+
+// Fills the GPU pool with unrelated requests so that every earlier cached block is evicted.
+void flush_gpu(TieredKVCacheManager& t, RequestId first_id, std::int32_t gpu_blocks) {
+  for (std::int32_t i = 0; i < 2; ++i) {
+    auto r = t.make_request(first_id + static_cast<RequestId>(i),
+                            tokens(100000 + i * 10000, static_cast<std::size_t>(gpu_blocks - 1) * kB));
+    admit(t, r);
+    t.free(r);
+  }
+}
+
+template <typename Call>
+void expect_rejected(TieredKVCacheManager& t, Call call, const std::string& fragment) {
+  const TieredSnapshot before = t.snapshot();
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(t.snapshot(), before) << "state changed by a rejected call";
+  t.check_invariants();
+}
+
+TEST(TieredKVCacheManager, HostHitContinuesTheGpuPrefixAndLoads) {
+  TieredKVCacheManager t(gpu_config(8), host_config(64));
+  auto a = t.make_request(1, tokens(0, 17));  // 4 full blocks
+  admit(t, a);
+  EXPECT_EQ(t.stats().stored_blocks, 4u);  // write-through: every cached block
+  t.free(a);
+  flush_gpu(t, 100, 8);
+
+  auto b = t.make_request(2, tokens(0, 17));
+  const TieredCacheHit hit = t.get_computed_blocks(b);
+  EXPECT_EQ(hit.gpu.num_tokens, 0u);
+  EXPECT_EQ(hit.host_slots.size(), 4u);  // capped at 16 of 17 tokens
+  auto alloc = t.allocate_slots(b, 1, hit);
+  ASSERT_TRUE(alloc);
+  ASSERT_EQ(alloc->transfers.plan.loads.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(alloc->transfers.plan.loads[i].src, hit.host_slots[i]);
+    EXPECT_EQ(alloc->transfers.plan.loads[i].dst, t.block_ids(2)[i]);
+  }
+  // In flight: the loaded blocks are not hit-able, the host slots are pinned.
+  auto probe = t.make_request(3, tokens(0, 17));
+  EXPECT_EQ(t.get_computed_blocks(probe).gpu.num_tokens, 0u);
+  EXPECT_EQ(t.stats().host_slots_pinned, 4);
+  t.check_invariants();
+  expect_rejected(t, [&] { t.free(b); }, "in flight");
+  expect_rejected(t, [&] { t.finish_loads(b); }, "not committed");
+  commit_all(t, alloc->transfers.load_ids);
+  expect_rejected(t, [&] { t.allocate_slots(b, 1); }, "not finished");
+  const LoadResult res = t.finish_loads(b);
+  EXPECT_FALSE(res.rolled_back);
+  EXPECT_EQ(res.num_computed_tokens, 16u);
+  EXPECT_TRUE(res.transfers.plan.empty());  // the loaded blocks are in the host already
+  EXPECT_EQ(t.get_computed_blocks(probe).gpu.num_tokens, 16u);
+  EXPECT_EQ(t.stats().loaded_blocks, 4u);
+  EXPECT_EQ(t.stats().loaded_bytes, 400u);
+  t.check_invariants();
+  t.free(b);
+
+  // GPU prefix then host: evict only the tail from the GPU.
+  const TierStats s = t.stats();
+  EXPECT_EQ(s.host_hit_tokens, 32u);
+  EXPECT_GE(s.gpu_hit_tokens, 16u);
+}
+
+TEST(TieredKVCacheManager, FailedLoadRollsBackToTheBlockBeforeIt) {
+  TieredKVCacheManager t(gpu_config(8), host_config(64));
+  auto a = t.make_request(1, tokens(0, 17));
+  admit(t, a);
+  t.free(a);
+  flush_gpu(t, 100, 8);
+  auto b = t.make_request(2, tokens(0, 17));
+  const TieredCacheHit hit = t.get_computed_blocks(b);
+  ASSERT_EQ(hit.host_slots.size(), 4u);
+  auto alloc = t.allocate_slots(b, 1, hit);
+  ASSERT_TRUE(alloc);
+  const auto& ids = alloc->transfers.load_ids;
+  t.commit(ids[0], true);
+  t.commit(ids[3], true);
+  t.commit(ids[2], false);  // block 2 never arrived
+  t.commit(ids[1], true);
+  expect_rejected(t, [&] { t.commit(ids[1], true); }, "already committed");
+  expect_rejected(t, [&] { t.commit(ids[1] + (1ull << 40), true); }, "unknown");
+  const LoadResult res = t.finish_loads(b);
+  EXPECT_TRUE(res.rolled_back);
+  EXPECT_EQ(res.num_computed_tokens, 8u);
+  EXPECT_EQ(t.stats().load_failures, 1u);
+  EXPECT_EQ(t.stats().rollbacks, 1u);
+  t.check_invariants();
+  // Only blocks 0 and 1 are hit-able on the GPU; the engine recomputes from token 8.
+  auto probe = t.make_request(3, tokens(0, 17));
+  EXPECT_EQ(t.get_computed_blocks(probe).gpu.num_tokens, 8u);
+  b.set_num_computed_tokens(res.num_computed_tokens);
+  auto again = t.allocate_slots(b, 9);
+  ASSERT_TRUE(again);
+  EXPECT_TRUE(again->new_blocks.empty());  // the blocks are held already
+  b.set_num_computed_tokens(17);
+  EXPECT_EQ(t.get_computed_blocks(probe).gpu.num_tokens, 16u);
+  t.check_invariants();
+}
+
+TEST(TieredKVCacheManager, WriteBackStoresWhatTheGpuEvictsBeforeItsNewOwnerRuns) {
+  TieredKVCacheManager t(gpu_config(6), host_config(64, HostPolicy::kWriteBack));
+  auto a = t.make_request(1, tokens(0, 16));  // 4 blocks
+  admit(t, a);
+  EXPECT_EQ(t.stats().stored_blocks, 0u);  // nothing stored while the GPU holds it
+  t.free(a);
+  auto b = t.make_request(2, tokens(500, 16));  // takes 4 blocks: the free one and 3 cached
+  const TieredCacheHit hit = t.get_computed_blocks(b);
+  auto alloc = t.allocate_slots(b, 16, hit);
+  ASSERT_TRUE(alloc);
+  ASSERT_EQ(alloc->transfers.plan.evictions.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {  // copied out of the very blocks B now owns
+    EXPECT_EQ(alloc->transfers.plan.evictions[i].src, alloc->new_blocks[i + 1]);
+  }
+  EXPECT_TRUE(alloc->transfers.plan.stores.empty());
+  t.check_invariants();
+  expect_rejected(t, [&] { t.free(b); }, "in flight");
+  commit_all(t, alloc->transfers.eviction_ids);
+  EXPECT_EQ(t.stats().stored_blocks, 3u);
+  t.free(b);
+  t.check_invariants();
+  // A's chain is evicted tail first: blocks 3, 2, 1 went to the host, block 0 stayed on the GPU,
+  // so the hit (capped at 15 tokens) is GPU block 0 + host blocks 1, 2.
+  auto c = t.make_request(3, tokens(0, 16));
+  const TieredCacheHit hc = t.get_computed_blocks(c);
+  EXPECT_EQ(hc.gpu.blocks.size(), 1u);
+  EXPECT_EQ(hc.host_slots.size(), 2u);
+}
+
+TEST(TieredKVCacheManager, SelectiveStoresABlockOnceItWasHitKTimes) {
+  HostTierConfig h = host_config(64, HostPolicy::kWriteThroughSelective);
+  h.selective_hits = 2;
+  TieredKVCacheManager t(gpu_config(32), h);
+  auto a = t.make_request(1, tokens(0, 9));
+  admit(t, a);
+  t.free(a);
+  EXPECT_EQ(t.stats().stored_blocks, 0u);
+  auto b = t.make_request(2, tokens(0, 9));
+  admit(t, b);  // first hit of blocks 0, 1
+  t.free(b);
+  EXPECT_EQ(t.stats().stored_blocks, 0u);
+  auto c = t.make_request(3, tokens(0, 9));
+  admit(t, c);  // second hit: stored
+  t.free(c);
+  EXPECT_EQ(t.stats().stored_blocks, 2u);
+  auto d = t.make_request(4, tokens(0, 9));
+  admit(t, d);  // third hit: already there
+  EXPECT_EQ(t.stats().stored_blocks, 2u);
+}
+
+TEST(TieredKVCacheManager, AFullHostTierSkipsStoresAndCountsThem) {
+  TieredKVCacheManager t(gpu_config(32), host_config(2));
+  auto a = t.make_request(1, tokens(0, 17));
+  const TieredCacheHit hit = t.get_computed_blocks(a);
+  auto alloc = t.allocate_slots(a, 17, hit);
+  ASSERT_TRUE(alloc);
+  EXPECT_EQ(alloc->transfers.plan.stores.size(), 2u);  // two slots, both pinned now
+  EXPECT_EQ(t.stats().stores_skipped_full, 2u);
+  commit_all(t, alloc->transfers.store_ids, false);  // failed stores free their slots
+  EXPECT_EQ(t.stats().store_failures, 2u);
+  EXPECT_EQ(t.stats().host_cached_blocks, 0u);
+  t.check_invariants();
+}
+
+TEST(TieredKVCacheManager, PreemptedRequestResumesByLoading) {
+  TieredKVCacheManager t(gpu_config(8), host_config(64, HostPolicy::kWriteBack));
+  auto a = t.make_request(1, tokens(0, 20));
+  admit(t, a);
+  t.preempt(a);
+  flush_gpu(t, 100, 8);  // its blocks leave the GPU: write-back stores them
+  EXPECT_GE(t.stats().stored_blocks, 4u);
+  const TieredCacheHit hit = t.get_computed_blocks(a);
+  EXPECT_EQ(hit.num_tokens(), 16u);
+  EXPECT_EQ(hit.host_slots.size() + hit.gpu.blocks.size(), 4u);
+  EXPECT_GT(hit.host_slots.size(), 0u);
+}
+
+TEST(TieredKVCacheManager, EventsCarryTheMediumInOneGapFreeSequence) {
+  TieredKVCacheManager t(gpu_config(6), host_config(2, HostPolicy::kWriteBack));
+  auto a = t.make_request(1, tokens(0, 16));
+  admit(t, a);
+  t.free(a);
+  auto b = t.make_request(2, tokens(500, 16));
+  admit(t, b);  // evicts A's 4 blocks on the GPU; 2 go to the host ...
+  t.free(b);
+  auto c = t.make_request(3, tokens(900, 16));
+  admit(t, c);  // ... and B's evictions push them out of the host
+  const std::vector<KVEvent> events = t.take_events();
+  std::size_t gpu_stored = 0, cpu_stored = 0, cpu_removed = 0;
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].seq, i);
+    if (const auto* s = std::get_if<BlockStored>(&events[i].data)) {
+      (s->medium == "CPU" ? cpu_stored : gpu_stored) += s->block_hashes.size();
+      EXPECT_TRUE(s->medium == "CPU" || s->medium == "GPU");
+    }
+    if (const auto* r = std::get_if<BlockRemoved>(&events[i].data)) {
+      if (r->medium == "CPU") ++cpu_removed;
+    }
+  }
+  EXPECT_EQ(gpu_stored, 12u);
+  EXPECT_EQ(cpu_stored, t.stats().stored_blocks);
+  EXPECT_EQ(cpu_removed, t.stats().host_evictions);
+  EXPECT_GT(cpu_removed, 0u);
+}
+
+TEST(TieredKVCacheManager, HostHitVerifiesTokensAndParentHash) {
+  // A 3-bit hasher: blocks collide all the time. A host block whose hash collides but whose
+  // tokens or parent differ must be a miss. Seeds are tried until both cases occur.
+  bool parent_case = false, token_case = false;
+  for (int seed = 0; seed < 64 && !(parent_case && token_case); ++seed) {
+    KVCacheManagerConfig c = gpu_config(16);
+    const std::string seed_text(static_cast<std::size_t>(seed) + 1, 'w');
+    c.hasher = BlockHasher::weak_for_testing(HashScheme::kSha256, seed_text, 3);
+    TieredKVCacheManager t(c, host_config(64));
+    auto x = t.make_request(1, std::vector<TokenId>{1, 2, 3, 4, 5, 6, 7, 8, 0});
+    admit(t, x);
+    t.free(x);
+    flush_gpu(t, 100, 16);
+    const BlockHash x0 = x.block_hashes()[0];
+    const BlockHash x1 = x.block_hashes()[1];
+    for (TokenId v = 10; v < 200; ++v) {
+      auto y = t.make_request(1000 + static_cast<RequestId>(v),
+                              std::vector<TokenId>{v, 2, 3, 4, 5, 6, 7, 8, 0});
+      if (!parent_case && y.block_hashes()[1] == x1 && y.block_hashes()[0] != x0) {
+        // Same block-1 tokens after another block 0: make y's block 0 a GPU hit.
+        auto y0 = t.make_request(5000 + static_cast<RequestId>(v),
+                                 std::vector<TokenId>{v, 2, 3, 4, 0});
+        admit(t, y0);
+        t.free(y0);
+        const TieredCacheHit hit = t.get_computed_blocks(y);
+        EXPECT_EQ(hit.gpu.blocks.size(), 1u);
+        EXPECT_TRUE(hit.host_slots.empty()) << "a block after a different parent was accepted";
+        parent_case = true;
+      }
+      auto z = t.make_request(2000 + static_cast<RequestId>(v),
+                              std::vector<TokenId>{1, 2, 3, 4, v, 6, 7, 8, 0});
+      if (!token_case && z.block_hashes()[1] == x1) {
+        const TieredCacheHit hit = t.get_computed_blocks(z);
+        EXPECT_EQ(hit.host_slots.size() + hit.gpu.blocks.size(), 1u)
+            << "different tokens were accepted";
+        token_case = true;
+      }
+    }
+  }
+  EXPECT_TRUE(parent_case);
+  EXPECT_TRUE(token_case);
+}
+
+TEST(TieredKVCacheManager, RejectsWhatItCannotServe) {
+  KVCacheManagerConfig x = gpu_config(8);
+  x.hash_scheme = HashScheme::kXxh3_128;
+  EXPECT_THROW(TieredKVCacheManager(x, host_config(4)), Error);
+  KVCacheManagerConfig hybrid = gpu_config(8);
+  hybrid.groups = {AttentionSpec::full(4), AttentionSpec::sliding(4, 8)};
+  EXPECT_THROW(TieredKVCacheManager(hybrid, host_config(4)), Error);
+  EXPECT_THROW(TieredKVCacheManager(gpu_config(8), host_config(0)), Error);
+  HostTierConfig sel = host_config(4, HostPolicy::kWriteThroughSelective);
+  sel.selective_hits = 0;
+  EXPECT_THROW(TieredKVCacheManager(gpu_config(8), sel), Error);
+  EXPECT_EQ(HostTierConfig::blocks_for_bytes(1000, 300), 3);
+  EXPECT_EQ(parse_host_policy("write_back"), HostPolicy::kWriteBack);
+  EXPECT_FALSE(parse_host_policy("lru"));
+}
+
+TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
+  TieredKVCacheManager t(gpu_config(8), host_config(64));
+  auto a = t.make_request(1, tokens(0, 17));
+  admit(t, a);
+  t.free(a);
+  flush_gpu(t, 100, 8);
+  auto b = t.make_request(2, tokens(0, 17));
+  TieredCacheHit hit = t.get_computed_blocks(b);
+  ASSERT_FALSE(hit.host_slots.empty());
+  hit.host_slots[0] = hit.host_slots.size() > 1 ? hit.host_slots[1] : 3;
+  expect_rejected(t, [&] { t.allocate_slots(b, 1, hit); }, "stale host hit");
+}
+
+}  // namespace
+}  // namespace pagedkv
