@@ -29,6 +29,7 @@
 #include "pagedkv/device/decode_plan.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/device/paged_kv.hpp"
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
 #include "pagedkv/reference/extend_attention.hpp"

@@ -20,18 +20,7 @@ namespace {
 }  // namespace
 
 void validate(const PagedDecodeParams& p) {
-  if (p.num_seqs < 0) fail("num_seqs must not be negative, got " + std::to_string(p.num_seqs));
-  if (p.num_q_heads <= 0)
-    fail("num_q_heads must be positive, got " + std::to_string(p.num_q_heads));
-  p.layout.validate();
-  if (p.num_q_heads % p.layout.num_kv_heads != 0) {
-    fail("num_q_heads (" + std::to_string(p.num_q_heads) +
-         ") must be a multiple of layout.num_kv_heads (" + std::to_string(p.layout.num_kv_heads) +
-         ")");
-  }
-  if (p.max_blocks_per_seq < 0) {
-    fail("max_blocks_per_seq must not be negative, got " + std::to_string(p.max_blocks_per_seq));
-  }
+  validate_paged_kv(p, "paged decode attention");
   const std::int64_t head_dim = p.layout.head_dim;
   const auto check_strides = [&](const char* name, std::int64_t seq_stride,
                                  std::int64_t head_stride) {
@@ -48,17 +37,7 @@ void validate(const PagedDecodeParams& p) {
   };
   check_strides("q", p.q_stride_seq, p.q_stride_head);
   check_strides("out", p.out_stride_seq, p.out_stride_head);
-  if (!std::isfinite(p.sm_scale)) fail("sm_scale must be finite");
-  if (!std::isfinite(p.logits_soft_cap) || p.logits_soft_cap < 0) {
-    fail("logits_soft_cap must be finite and not negative (0 = off)");
-  }
-  if (p.window_size < 0) fail("window_size must not be negative (0 = off)");
-  if (p.num_seqs > 0) {
-    if (p.q == nullptr) fail("q is null");
-    if (p.k_cache == nullptr || p.v_cache == nullptr) fail("k_cache or v_cache is null");
-    if (p.seq_lens == nullptr) fail("seq_lens is null");
-    if (p.block_table == nullptr && p.max_blocks_per_seq > 0) fail("block_table is null");
-  }
+  if (p.num_seqs > 0 && p.q == nullptr) fail("q is null");
 }
 
 std::vector<double> reference_paged_decode_attention_f64(const PagedDecodeParams& p) {

@@ -36,19 +36,7 @@ void check_row_strides(const char* name, const PagedExtendParams& p, std::int64_
 }  // namespace
 
 void validate(const PagedExtendParams& p) {
-  if (p.num_seqs < 0) fail("num_seqs must not be negative, got " + std::to_string(p.num_seqs));
-  if (p.num_q_heads <= 0) {
-    fail("num_q_heads must be positive, got " + std::to_string(p.num_q_heads));
-  }
-  p.layout.validate();
-  if (p.num_q_heads % p.layout.num_kv_heads != 0) {
-    fail("num_q_heads (" + std::to_string(p.num_q_heads) +
-         ") must be a multiple of layout.num_kv_heads (" + std::to_string(p.layout.num_kv_heads) +
-         ")");
-  }
-  if (p.max_blocks_per_seq < 0) {
-    fail("max_blocks_per_seq must not be negative, got " + std::to_string(p.max_blocks_per_seq));
-  }
+  validate_paged_kv(p, "paged extend attention");
   if (p.max_q_len < 0) fail("max_q_len must not be negative, got " + std::to_string(p.max_q_len));
   if (p.q_stride_token < 0 || p.q_stride_head < 0 || p.out_stride_token < 0 ||
       p.out_stride_head < 0) {
@@ -56,17 +44,9 @@ void validate(const PagedExtendParams& p) {
   }
   check_row_strides("q", p, p.q_token_stride(), p.q_head_stride());
   check_row_strides("out", p, p.out_token_stride(), p.out_head_stride());
-  if (!std::isfinite(p.sm_scale)) fail("sm_scale must be finite");
-  if (!std::isfinite(p.logits_soft_cap) || p.logits_soft_cap < 0) {
-    fail("logits_soft_cap must be finite and not negative (0 = off)");
-  }
-  if (p.window_size < 0) fail("window_size must not be negative (0 = off)");
   if (p.num_seqs == 0) return;
   if (p.q_indptr == nullptr) fail("q_indptr is null");
-  if (p.seq_lens == nullptr) fail("seq_lens is null");
   if (p.q == nullptr && p.max_q_len > 0) fail("q is null");
-  if (p.k_cache == nullptr || p.v_cache == nullptr) fail("k_cache or v_cache is null");
-  if (p.block_table == nullptr && p.max_blocks_per_seq > 0) fail("block_table is null");
 }
 
 void validate_extend_metadata(std::span<const std::int32_t> q_indptr, std::int32_t max_q_len,

@@ -25,44 +25,23 @@
 
 #include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/device/paged_kv.hpp"
 
 namespace pagedkv {
 
-struct PagedDecodeParams {
-  KVDtype dtype = KVDtype::kBFloat16;  // of q, the cache and out
-  std::int32_t num_seqs = 0;
-  std::int32_t num_q_heads = 0;  // a multiple of layout.num_kv_heads
-
+// The shared paged-KV fields (cache planes, block table, lengths, scale, soft-cap, window) come
+// from PagedKVParams; seq_lens counts each sequence's cached tokens, the current one included.
+struct PagedDecodeParams : PagedKVParams {
   // [num_seqs, num_q_heads, head_dim] queries; strides in elements, 0 = dense.
   const void* q = nullptr;
   std::int64_t q_stride_seq = 0;
   std::int64_t q_stride_head = 0;
-
-  // One layer's key and value planes, both described by `layout`.
-  const void* k_cache = nullptr;
-  const void* v_cache = nullptr;
-  KVLayout layout;
-
-  // [num_seqs, max_blocks_per_seq] physical block ids; row i holds sequence i's blocks.
-  const std::int32_t* block_table = nullptr;
-  std::int32_t max_blocks_per_seq = 0;
-  // [num_seqs] cached tokens per sequence, the current one included.
-  const std::int32_t* seq_lens = nullptr;
 
   // [num_seqs, num_q_heads, head_dim] attention output; strides in elements, 0 = dense.
   void* out = nullptr;
   std::int64_t out_stride_seq = 0;
   std::int64_t out_stride_head = 0;
 
-  float sm_scale = 0.0f;         // scale of q . k, usually 1 / sqrt(head_dim); finite
-  float logits_soft_cap = 0.0f;  // > 0: cap logits with cap x tanh(logit / cap); 0 = off
-  std::int32_t window_size = 0;  // > 0: attend only the last window_size tokens; 0 = all
-                                 // (vLLM's sliding_window W is window_size W)
-
-  constexpr std::int32_t group_size() const noexcept {
-    return layout.num_kv_heads > 0 ? num_q_heads / layout.num_kv_heads : 0;
-  }
-  constexpr std::int32_t head_dim() const noexcept { return layout.head_dim; }
   // Strides with the dense defaults applied.
   constexpr std::int64_t q_head_stride() const noexcept {
     return q_stride_head != 0 ? q_stride_head : layout.head_dim;

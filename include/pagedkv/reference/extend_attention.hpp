@@ -35,14 +35,13 @@
 
 #include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/device/paged_kv.hpp"
 
 namespace pagedkv {
 
-struct PagedExtendParams {
-  KVDtype dtype = KVDtype::kBFloat16;  // of q, the cache and out
-  std::int32_t num_seqs = 0;
-  std::int32_t num_q_heads = 0;  // a multiple of layout.num_kv_heads
-
+// The shared paged-KV fields (cache planes, block table, lengths, scale, soft-cap, window) come
+// from PagedKVParams; seq_lens is each sequence's total KV length: cached prefix + new tokens.
+struct PagedExtendParams : PagedKVParams {
   // [num_seqs + 1] query row offsets: first 0, non-decreasing; the last is num_q_tokens.
   const std::int32_t* q_indptr = nullptr;
   // At least every sequence's new-token count q_len_i; sizes the CUDA grid without reading
@@ -55,17 +54,6 @@ struct PagedExtendParams {
   std::int64_t q_stride_token = 0;
   std::int64_t q_stride_head = 0;
 
-  // One layer's key and value planes, both described by `layout`.
-  const void* k_cache = nullptr;
-  const void* v_cache = nullptr;
-  KVLayout layout;
-
-  // [num_seqs, max_blocks_per_seq] physical block ids; row i holds sequence i's blocks.
-  const std::int32_t* block_table = nullptr;
-  std::int32_t max_blocks_per_seq = 0;
-  // [num_seqs] total KV length per sequence: cached prefix + new tokens.
-  const std::int32_t* seq_lens = nullptr;
-
   // [num_q_tokens, num_q_heads, head_dim] attention output; strides in elements, 0 = dense.
   void* out = nullptr;
   std::int64_t out_stride_token = 0;
@@ -74,15 +62,6 @@ struct PagedExtendParams {
   // null = not wanted.
   float* lse = nullptr;
 
-  float sm_scale = 0.0f;         // scale of q . k, usually 1 / sqrt(head_dim); finite
-  float logits_soft_cap = 0.0f;  // > 0: cap logits with cap x tanh(logit / cap); 0 = off
-  std::int32_t window_size = 0;  // > 0: a token sees only the window_size positions ending at
-                                 // its own (itself included); 0 = all
-
-  constexpr std::int32_t group_size() const noexcept {
-    return layout.num_kv_heads > 0 ? num_q_heads / layout.num_kv_heads : 0;
-  }
-  constexpr std::int32_t head_dim() const noexcept { return layout.head_dim; }
   // Strides with the dense defaults applied.
   constexpr std::int64_t q_head_stride() const noexcept {
     return q_stride_head != 0 ? q_stride_head : layout.head_dim;
