@@ -17,6 +17,7 @@
 #include "pagedkv/hash/request_hasher.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/pool/block_pool.hpp"
+#include "test_tokens.hpp"
 
 // Counting allocator for BM_MetadataBytesPerBlock: while g_counting is set, every operator new
 // and delete of this program adds or subtracts the bytes malloc really handed out
@@ -91,14 +92,6 @@ long long rss_bytes() {
     std::fclose(f);
   }
   return pages_resident * sysconf(_SC_PAGESIZE);
-}
-
-std::vector<TokenId> random_tokens(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<TokenId> dist(0, 128255);
-  std::vector<TokenId> v(n);
-  for (auto& t : v) t = dist(rng);
-  return v;
 }
 
 // get_new_blocks(n) then free_blocks(n), unhashed blocks: the allocator's raw cost.

@@ -10,23 +10,17 @@
 
 #include "pagedkv/hash/block_hasher.hpp"
 #include "pagedkv/hash/request_hasher.hpp"
+#include "test_tokens.hpp"
 
 namespace {
 
 using pagedkv::BlockHash;
 using pagedkv::BlockHasher;
 using pagedkv::HashScheme;
+using pagedkv::random_tokens;
 using pagedkv::TokenId;
 
 // Realistic token ids: a 128k vocabulary, so CBOR uses 1-, 3- and 5-byte integers.
-std::vector<TokenId> random_tokens(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<TokenId> dist(0, 128255);
-  std::vector<TokenId> v(n);
-  for (auto& t : v) t = dist(rng);
-  return v;
-}
-
 HashScheme digest_of(HashScheme scheme) {
   return scheme == HashScheme::kXxh3_128 ? HashScheme::kXxh3_128 : HashScheme::kSha256;
 }

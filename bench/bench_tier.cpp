@@ -13,20 +13,13 @@
 #include <vector>
 
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+#include "test_tokens.hpp"
 
 namespace {
 
 using namespace pagedkv;
 
 constexpr std::uint32_t kBlockSize = 16;
-
-std::vector<TokenId> random_tokens(std::size_t n, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<TokenId> dist(0, 128255);
-  std::vector<TokenId> v(n);
-  for (auto& t : v) t = dist(rng);
-  return v;
-}
 
 void admit(TieredKVCacheManager& t, Request& r, std::uint64_t& host_blocks) {
   const TieredCacheHit hit = t.get_computed_blocks(r);

@@ -11,15 +11,10 @@
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/hash/request_hasher.hpp"
+#include "test_tokens.hpp"
 
 namespace pagedkv {
 namespace {
-
-std::vector<TokenId> iota_tokens(TokenId first, std::size_t n) {
-  std::vector<TokenId> v(n);
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
 
 std::vector<std::string> split(const std::string& s, char sep) {
   std::vector<std::string> out;

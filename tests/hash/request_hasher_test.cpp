@@ -6,15 +6,10 @@
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
+#include "test_tokens.hpp"
 
 namespace pagedkv {
 namespace {
-
-std::vector<TokenId> iota_tokens(TokenId first, std::size_t n) {
-  std::vector<TokenId> v(n);
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
 
 TEST(RequestBlockHasher, HashesOnlyFullBlocksEachOnce) {
   const BlockHasher hasher(HashScheme::kSha256, "seed");

@@ -10,15 +10,10 @@
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "test_tokens.hpp"
 
 namespace pagedkv {
 namespace {
-
-std::vector<TokenId> iota_tokens(TokenId first, std::size_t n) {
-  std::vector<TokenId> v(n);
-  std::iota(v.begin(), v.end(), first);
-  return v;
-}
 
 KVCacheManagerConfig config(std::vector<AttentionSpec> groups, std::int32_t num_blocks = 256) {
   KVCacheManagerConfig c;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
+#include "test_tokens.hpp"
 
 namespace pagedkv {
 namespace {
@@ -22,12 +23,6 @@ KVCacheManagerConfig config(std::int32_t num_blocks) {
   c.hash_seed = "test";
   c.enable_kv_events = true;
   return c;
-}
-
-std::vector<TokenId> iota_tokens(TokenId first, std::size_t n) {
-  std::vector<TokenId> v(n);
-  std::iota(v.begin(), v.end(), first);
-  return v;
 }
 
 // Schedules a whole prompt: hit lookup, then one allocation for the rest.

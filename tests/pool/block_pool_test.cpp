@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
+#include "test_tokens.hpp"
 
 namespace pagedkv {
 namespace {
@@ -20,12 +21,6 @@ RequestBlockHasher sequence(std::vector<TokenId> tokens, RequestHashKeys keys = 
   RequestBlockHasher seq(std::move(hasher), kBlockSize, std::move(keys));
   seq.append(tokens);
   return seq;
-}
-
-std::vector<TokenId> iota_tokens(TokenId first, std::size_t n) {
-  std::vector<TokenId> v(n);
-  std::iota(v.begin(), v.end(), first);
-  return v;
 }
 
 BlockPoolConfig config(std::int32_t n, bool events = true) {
