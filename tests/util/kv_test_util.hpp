@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "pagedkv/base/error.hpp"
 #include "pagedkv/device/block_table.hpp"
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
@@ -649,6 +650,58 @@ inline std::vector<double> to_doubles(KVDtype dtype, std::span<const std::uint16
   std::vector<double> out(bits.size());
   for (std::size_t i = 0; i < bits.size(); ++i) out[i] = dtype_bits_to_float(dtype, bits[i]);
   return out;
+}
+
+// The rejections every paged attention kernel shares (PagedKVParams, validated by
+// validate_paged_kv): `run(params)` must throw pagedkv::Error (kInvalidArgument) naming the field
+// for each broken copy of `good`. Used by the decode and extend reference tests alike.
+template <typename Params, typename Run>
+void expect_rejects_bad_paged_kv(const Params& good, const Run& run) {
+  const auto expect = [&](const Params& p, const std::string& fragment) {
+    try {
+      run(p);
+      ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  Params p = good;
+  p.num_q_heads = 3;
+  expect(p, "multiple of layout.num_kv_heads");
+  p = good;
+  p.num_seqs = -1;
+  expect(p, "num_seqs");
+  p = good;
+  p.k_cache = nullptr;
+  expect(p, "k_cache");
+  p = good;
+  p.v_cache = nullptr;
+  expect(p, "v_cache");
+  p = good;
+  p.seq_lens = nullptr;
+  expect(p, "seq_lens is null");
+  p = good;
+  p.block_table = nullptr;
+  expect(p, "block_table is null");
+  p = good;
+  p.max_blocks_per_seq = -1;
+  expect(p, "max_blocks_per_seq");
+  p = good;
+  p.sm_scale = std::nanf("");
+  expect(p, "sm_scale");
+  p = good;
+  p.logits_soft_cap = -1.0f;
+  expect(p, "logits_soft_cap");
+  p = good;
+  p.window_size = -2;
+  expect(p, "window_size");
+  p = good;
+  p.layout.head_dim = 60;
+  expect(p, "multiple of 8");
+  p = good;
+  p.layout.block_size = 0;
+  expect(p, "block_size");
 }
 
 }  // namespace pagedkv::testing
