@@ -121,6 +121,7 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
   const auto m = static_cast<std::size_t>(host_.num_blocks());
   host_parent_.resize(m);
   host_first_.assign(m, 0);
+  host_pins_.assign(m, 0);
   content_tokens_.assign(2 * static_cast<std::size_t>(bs_), 0);
   stats_.host_slots = host.num_host_blocks;
   if (gpu.enable_kv_events) {
@@ -209,9 +210,11 @@ TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestId request, Blo
   t.host = host;
   t.chain_index = chain_index;
   ++num_live_;
-  RequestState& st = requests_[request];  // exists: allocate_slots created it
-  ++st.transfers_in_flight;
-  if (kind == Kind::kLoad) ++st.loads_in_flight;
+  if (kind != Kind::kFill) {  // a fill belongs to no request's allocation
+    RequestState& st = requests_[request];  // exists: allocate_slots created it
+    ++st.transfers_in_flight;
+    if (kind == Kind::kLoad) ++st.loads_in_flight;
+  }
   return (static_cast<TransferId>(t.generation) << 32) | idx;
 }
 
@@ -434,9 +437,12 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
                                           " is unknown or already committed");
   }
   Transfer& t = transfers_[idx];
-  RequestState& st = requests_.at(t.request);
+  RequestState* const req = t.kind == Kind::kFill ? nullptr : &requests_.at(t.request);
   const std::span<const BlockId> slot(&t.host, 1);
+  const BlockId host_slot = t.host;
+  bool became_cached = false;
   if (t.kind == Kind::kLoad) {
+    RequestState& st = *req;
     host_.free_blocks(slot);  // unpinned; back at the LRU tail
     if (ok) {
       ++stats_.loaded_blocks;
@@ -446,7 +452,7 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
       st.first_failed = std::min<std::size_t>(st.first_failed, t.chain_index);
     }
     --st.loads_in_flight;
-  } else {
+  } else {  // a store, eviction or fill: the slot receives a block
     if (ok) {
       const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
       const bool first = transfer_first_[idx] != 0;
@@ -468,8 +474,11 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
         host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
         host_first_[s] = first ? 1 : 0;
         ++host_cached_ever_;
-        ++stats_.stored_blocks;
-        stats_.stored_bytes += host_config_.bytes_per_block;
+        became_cached = true;
+        if (t.kind != Kind::kFill) {
+          ++stats_.stored_blocks;
+          stats_.stored_bytes += host_config_.bytes_per_block;
+        }
       }
     } else {
       ++stats_.store_failures;
@@ -478,11 +487,95 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
     --host_storing_;
     if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
   }
-  --st.transfers_in_flight;
+  if (req != nullptr) --req->transfers_in_flight;
+  const Kind kind = t.kind;
   t.live = false;
   ++t.generation;
   free_transfers_.push_back(static_cast<std::uint32_t>(idx));
   --num_live_;
+  if (kind == Kind::kLoad && ok && hooks_.on_loaded) hooks_.on_loaded(host_slot);
+  if (became_cached && hooks_.on_cached) hooks_.on_cached(host_slot, kind == Kind::kFill);
+}
+
+std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) const {
+  if (request.num_tokens() == 0) return 0;
+  const BlockSequence seq = request.hashed_tokens().sequence();
+  const std::size_t max_blocks = std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
+  std::size_t i = 0;
+  const BlockPool& pool = manager_.block_pool();
+  while (i < max_blocks && pool.get_cached_block(seq.block_hashes[i]) != BlockPool::kNoBlock) ++i;
+  while (i < max_blocks && host_holds(request, i)) ++i;
+  return i;
+}
+
+bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index) const {
+  const BlockSequence seq = request.hashed_tokens().sequence();
+  if (index >= seq.block_hashes.size()) return false;
+  const BlockId slot = host_.match_cached_block_unanchored(seq, index);
+  if (slot == BlockPool::kNoBlock) return false;
+  const auto s = static_cast<std::size_t>(slot);
+  return index == 0 ? host_first_[s] != 0
+                    : (host_first_[s] == 0 && host_parent_[s] == seq.block_hashes[index - 1]);
+}
+
+std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
+                                                         std::size_t index) {
+  const BlockSequence seq = request.hashed_tokens().sequence();
+  if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "TieredKVCacheManager::begin_fill: request " + std::to_string(request.id()) +
+                    " has no full hashed block " + std::to_string(index));
+  }
+  OwnedExtraKeys owned;
+  bool has_extra = false;
+  if (seq.has_extra_keys(index)) {
+    const BlockExtraKeys extra = seq.block_extra_keys(index, mm_scratch_);
+    if (!extra.empty()) {
+      has_extra = true;
+      if (extra.lora_name) owned.lora_name = std::string(*extra.lora_name);
+      for (const MultiModalKey& mm : extra.mm_items) {
+        owned.mm_items.emplace_back(std::string(mm.identifier), mm.offset);
+      }
+      if (extra.cache_salt) owned.cache_salt = std::string(*extra.cache_salt);
+    }
+  }
+  reserve_transfers(1);
+  slot_scratch_.clear();
+  if (!host_.get_new_blocks(1, slot_scratch_)) {
+    ++stats_.stores_skipped_full;
+    return std::nullopt;
+  }
+  const BlockId slot = slot_scratch_[0];
+  const TransferId id = open_transfer(Kind::kFill, request.id(), kNullBlockId, slot, 0);
+  const auto idx = static_cast<std::size_t>(id & kIndexMask);
+  std::memcpy(transfer_tokens_.data() + idx * bs_, seq.tokens.data() + index * bs_,
+              bs_ * sizeof(TokenId));
+  transfer_hash_[idx] = seq.block_hashes[index];
+  transfer_parent_[idx] = index == 0 ? BlockHash() : seq.block_hashes[index - 1];
+  transfer_first_[idx] = index == 0 ? 1 : 0;
+  if (has_extra) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(owned);
+  ++host_storing_;
+  return HostFill{id, slot};
+}
+
+void TieredKVCacheManager::pin_host_slot(BlockId slot) {
+  if (slot < 1 || slot >= host_.num_blocks() || !host_.block(slot).is_cached()) {
+    throw Error(ErrorCode::kInvalidArgument, "TieredKVCacheManager::pin_host_slot: slot " +
+                                                 std::to_string(slot) + " holds no cached block");
+  }
+  host_.touch(std::span<const BlockId>(&slot, 1));
+  ++host_pins_[static_cast<std::size_t>(slot)];
+  ++num_host_pins_;
+}
+
+void TieredKVCacheManager::unpin_host_slot(BlockId slot) {
+  if (slot < 1 || slot >= host_.num_blocks() || host_pins_[static_cast<std::size_t>(slot)] == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "TieredKVCacheManager::unpin_host_slot: slot " +
+                                                 std::to_string(slot) + " is not pinned");
+  }
+  --host_pins_[static_cast<std::size_t>(slot)];
+  --num_host_pins_;
+  host_.free_blocks(std::span<const BlockId>(&slot, 1));
 }
 
 bool TieredKVCacheManager::has_unfinished_loads(RequestId id) const noexcept {
@@ -541,7 +634,7 @@ void TieredKVCacheManager::preempt(Request& request) {
 }
 
 bool TieredKVCacheManager::reset_prefix_cache() {
-  if (num_live_ > 0 || !manager_.reset_prefix_cache()) return false;
+  if (num_live_ > 0 || num_host_pins_ > 0 || !manager_.reset_prefix_cache()) return false;
   if (!host_.reset_prefix_cache()) {
     throw Error(ErrorCode::kInvalidState,
                 "TieredKVCacheManager: internal error: a host slot is pinned with nothing in "
@@ -578,6 +671,11 @@ void TieredKVCacheManager::check_invariants() const {
     if (!t.live) continue;
     ++live;
     ++host_refs[static_cast<std::size_t>(t.host)];
+    if (t.kind == Kind::kFill) {
+      ++storing;
+      if (host_.block(t.host).is_cached()) fail("a filling host slot is already hit-able");
+      continue;
+    }
     auto& c = counts[t.request];
     ++c.second;
     const std::span<const BlockId> held = manager_.block_ids(t.request);
@@ -596,7 +694,12 @@ void TieredKVCacheManager::check_invariants() const {
   if (live != num_live_) fail("live transfer count");
   if (storing != host_storing_) fail("storing slot count");
   std::uint64_t cached = 0;
+  std::int32_t pins = 0;
   for (BlockId s = 1; s < host_.num_blocks(); ++s) {
+    const std::uint32_t p = host_pins_[static_cast<std::size_t>(s)];
+    pins += static_cast<std::int32_t>(p);
+    host_refs[static_cast<std::size_t>(s)] += static_cast<std::int32_t>(p);
+    if (p > 0 && !host_.block(s).is_cached()) fail("a pinned host slot is not cached");
     const KVCacheBlock& b = host_.block(s);
     if (b.ref_cnt != host_refs[static_cast<std::size_t>(s)]) {
       fail("host slot " + std::to_string(s) + " has ref " + std::to_string(b.ref_cnt) +
@@ -612,6 +715,7 @@ void TieredKVCacheManager::check_invariants() const {
     }
   }
   if (cached != host_cached_ever_ - host_.num_evictions()) fail("host cached block count");
+  if (pins != num_host_pins_) fail("host pin count");
   for (const auto& [id, st] : requests_) {
     const auto c = counts.find(id);
     const std::uint32_t loads = c == counts.end() ? 0 : c->second.first;

@@ -40,6 +40,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -86,6 +87,21 @@ struct LoadResult {
   std::size_t num_computed_tokens = 0;
   bool rolled_back = false;
   TierPlan transfers;  // stores of blocks this finish cached (kAfterForward stage)
+};
+
+// A host slot receiving a block from below the host tier (begin_fill()).
+struct HostFill {
+  TransferId id = 0;  // commit(id, ok) once the slot's bytes are in place (or failed)
+  BlockId slot = 0;   // the engine's host slot to write the block's bytes into
+};
+
+// Callbacks into a tier below the host (tier/remote_tier.hpp). Called on the scheduler thread at
+// the end of commit(); they may call pin_host_slot() / unpin_host_slot(), nothing else.
+struct HostTierHooks {
+  // `slot` became hit-able (a store, eviction or fill committed done); from_fill: by a fill.
+  std::function<void(BlockId slot, bool from_fill)> on_cached;
+  // A load from `slot` was committed done (the slot is still cached).
+  std::function<void(BlockId slot)> on_loaded;
 };
 
 // Everything observable about a tier's state, for tests: equal snapshots mean equal tiers.
@@ -153,6 +169,26 @@ class TieredKVCacheManager {
   // flight; false (nothing done) otherwise.
   bool reset_prefix_cache();
 
+  // ---- Below the host tier (tier/remote_tier.hpp drives these) ----
+  // Leading blocks of the request held by the GPU (by hash) and then the host tier (verified as
+  // get_computed_blocks does), capped as a hit is. A hint: changes nothing, records no stats.
+  std::size_t local_prefix_blocks(const Request& request) const;
+  // Whether the host tier holds block `index` of the request (verified, parent hash checked).
+  bool host_holds(const Request& request, std::size_t index) const;
+  // Allocates and pins a free host slot to receive block `index` of the request (a full block)
+  // from below; the block's identity (hash, parent hash, tokens, extra keys) is copied now, so the
+  // request may change or go before the commit. commit(id, true) makes the slot hit-able, as a
+  // store's commit does; commit(id, false) frees it. std::nullopt (counted in
+  // stores_skipped_full) when every host slot is pinned. Errors (kInvalidArgument, nothing
+  // changed): index not a full hashed block of the request.
+  std::optional<HostFill> begin_fill(const Request& request, std::size_t index);
+  // Keeps a cached host slot from eviction and reuse until unpin_host_slot() (a store below the
+  // host reads it meanwhile). Errors (kInvalidArgument): a slot out of range or not cached (pin),
+  // not pinned (unpin).
+  void pin_host_slot(BlockId slot);
+  void unpin_host_slot(BlockId slot);
+  void set_host_hooks(HostTierHooks hooks) { hooks_ = std::move(hooks); }
+
   TierStats stats() const noexcept;
   // KV events of both tiers in one gap-free sequence, BlockStored/BlockRemoved carrying medium
   // "GPU" or "CPU". Enabled by KVCacheManagerConfig::enable_kv_events.
@@ -166,7 +202,7 @@ class TieredKVCacheManager {
   TieredSnapshot snapshot() const;
 
  private:
-  enum class Kind : std::uint8_t { kLoad, kEviction, kStore };
+  enum class Kind : std::uint8_t { kLoad, kEviction, kStore, kFill };
   struct Transfer {
     std::uint32_t generation = 0;
     bool live = false;
@@ -229,6 +265,10 @@ class TieredKVCacheManager {
   std::int32_t host_storing_ = 0;
 
   std::unordered_map<RequestId, RequestState> requests_;
+  // Below the host tier: pins per host slot (pin_host_slot) and the hooks.
+  std::vector<std::uint32_t> host_pins_;
+  std::int32_t num_host_pins_ = 0;
+  HostTierHooks hooks_;
   TierStats stats_;
   std::uint64_t host_cached_ever_ = 0;  // stores cached; minus host evictions = cached now
 

@@ -1,0 +1,171 @@
+// pagedkv/tier/remote_tier.hpp: a shared remote store (remote/remote_store.hpp, e.g. Redis) below
+// a TieredKVCacheManager's host tier, so engines reuse each other's prefixes (LMCache, Mooncake
+// Store, SGLang HiCache L3).
+//
+// Lookup order: GPU prefix, then the host run, then the remote store. The remote part never runs
+// on the scheduler's critical path; per request:
+//   1. add_request(request) when it arrives: starts a RemotePrefixProbe (one pipelined `exists`
+//      batch) for the blocks after its GPU + host hit;
+//   2. poll(now) every scheduler step (never blocks): routes the store's completions; when a
+//      probe's answer is final, allocates and pins a host slot per remote hit
+//      (TieredKVCacheManager::begin_fill) and submits one get batch into those slots; each get
+//      that completes kHit commits its fill done (the slot becomes an ordinary host-tier block),
+//      any other result commits it failed (the slot is freed; never a wrong byte loaded);
+//   3. ready(id, now): the request may be scheduled; then the engine calls the tier's
+//      get_computed_blocks() as usual: the filled blocks are host hits that the tier's plan loads
+//      to the GPU. Readiness follows the policy (RemotePrefixProbe's, over probe + gets):
+//        kBestEffort   ready at once (probes and gets still run, for later requests);
+//        kWaitComplete ready when the probe and the gets are complete (each op completes within
+//                      the store's op timeout, so this is bounded);
+//        kTimeout      as kWaitComplete, or at arrival + config.timeout, whichever is first;
+//   4. remove_request(id) once scheduled or dropped; its gets still in flight complete later.
+// A missing, failed, timed-out or corrupt remote block (and a host tier without a free slot)
+// ends the run there: those blocks are recomputed.
+//
+// Stores: host-slot bytes go to the store in the background. store_min_hits == 0: every block
+// the host tier caches from the GPU (a store or eviction committed) is put; k >= 1: a host block
+// is put once it was loaded from the host k times (write-through of blocks hit k times). Blocks
+// that came from the remote store are not put back. The slot stays pinned (not evictable) until
+// its put completes; puts beyond max_puts_in_flight, or refused by a full store queue, are skipped
+// and counted. Puts are batched and submitted by poll().
+//
+// Buffers: `host_buffer` is the engine's host-tier buffer, slot s at s * bytes_per_block (as the
+// transfer executors address it; slot 0 unused). The remote tier writes a slot only while it pins
+// it for a fill, and reads one only while it pins it for a put.
+//
+// Ownership and order: the remote tier sets the tier's HostTierHooks and is the only caller of
+// store.poll(). The tier, the store and the buffer must outlive it. The destructor waits (at most
+// drain_timeout) for its ops in flight, commits unfinished fills failed and unpins every slot, and
+// clears the hooks; the store's op timeout should be below drain_timeout.
+//
+// Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a buffer smaller than
+// (num_host_blocks + 1) * bytes_per_block or a zero bytes_per_block; add_request for a request
+// already added (kInvalidState). Everything else (a store that is down, slow, full or returns
+// corrupt values) is a normal outcome counted in stats(), never an exception from poll().
+// Complexity: poll is O(completions + requests waiting for a probe); add_request O(blocks).
+// Thread-compatible: the scheduler thread calls everything.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "pagedkv/remote/remote_prefix_probe.hpp"
+#include "pagedkv/remote/remote_store.hpp"
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+
+namespace pagedkv {
+
+struct RemoteTierConfig {
+  PrefetchPolicy policy = PrefetchPolicy::kTimeout;
+  std::chrono::milliseconds timeout{100};  // kTimeout: longest a request waits for the remote
+  std::uint64_t bytes_per_block = 0;       // one host slot's bytes (the value payload size)
+  bool load = true;                        // probe and load remote hits
+  bool store = true;                       // put host blocks
+  std::uint32_t store_min_hits = 0;  // 0: put every block cached from the GPU; k: after k loads
+  std::size_t max_puts_in_flight = 1024;          // pinned slots waiting for a put, at most
+  std::chrono::milliseconds drain_timeout{2000};  // destructor's wait for ops in flight
+};
+
+// Cumulative since construction.
+struct RemoteTierStats {
+  std::uint64_t requests = 0;           // add_request() calls with load on
+  std::uint64_t probed_blocks = 0;      // keys probed
+  std::uint64_t probe_hit_blocks = 0;   // leading keys found present
+  std::uint64_t ready_by_timeout = 0;   // requests made ready by kTimeout's deadline
+  std::uint64_t fills = 0;              // gets submitted into pinned host slots
+  std::uint64_t fills_no_slot = 0;      // remote hits dropped: no free host slot
+  std::uint64_t fills_refused = 0;      // gets refused by the store's full queue
+  std::uint64_t loaded_blocks = 0;      // gets that loaded a checked value (fill done)
+  std::uint64_t load_misses = 0;        // gets that did not (miss, corrupt, timeout, error)
+  std::uint64_t loaded_bytes = 0;       // loaded_blocks x bytes_per_block
+  std::uint64_t puts = 0;               // puts submitted
+  std::uint64_t stored_blocks = 0;      // puts stored
+  std::uint64_t stored_bytes = 0;       // stored_blocks x bytes_per_block
+  std::uint64_t puts_skipped = 0;       // puts not submitted (in-flight cap, queue full)
+  std::uint64_t puts_failed = 0;        // puts completed other than stored (full, timeout, error)
+  std::uint64_t puts_skipped_full = 0;  // of puts_failed: the store was full
+  std::uint64_t remote_hit_tokens = 0;  // tokens of the loaded blocks
+};
+
+class RemoteTier {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  RemoteTier(TieredKVCacheManager& tier, RemoteStore& store, std::span<std::byte> host_buffer,
+             RemoteTierConfig config);
+  ~RemoteTier();
+  RemoteTier(const RemoteTier&) = delete;
+  RemoteTier& operator=(const RemoteTier&) = delete;
+
+  // The request arrived (it must stay alive, its prompt unchanged, until remove_request()).
+  void add_request(const Request& request, Clock::time_point now);
+  void poll(Clock::time_point now);
+  // Unknown ids are ready (nothing to wait for).
+  bool ready(RequestId id, Clock::time_point now) const;
+  void remove_request(RequestId id) noexcept;
+
+  // Ops of this remote tier not yet completed.
+  std::size_t in_flight() const noexcept { return in_flight_; }
+  std::size_t pinned_for_puts() const noexcept { return put_pins_; }
+  RemoteTierStats stats() const noexcept { return stats_; }
+  const RemoteTierConfig& config() const noexcept { return config_; }
+
+ private:
+  enum class Phase : std::uint8_t { kProbing, kLoading, kDone };
+  struct Pending {
+    const Request* request = nullptr;
+    RemotePrefixProbe probe;
+    std::size_t start = 0;  // first probed block
+    Phase phase = Phase::kProbing;
+    Clock::time_point deadline{};
+    RemoteTicket get_ticket = 0;
+    bool timed_out = false;  // counted in ready_by_timeout
+  };
+  struct GetBatch {
+    RequestId request = 0;
+    bool request_gone = false;
+    std::size_t outstanding = 0;
+    std::vector<HostFill> fills;
+  };
+
+  void start_fills(RequestId id, Pending& p);
+  void on_cached(BlockId slot, bool from_fill);
+  void on_loaded(BlockId slot);
+  void queue_put(BlockId slot);
+  void submit_puts();
+  void handle(const RemoteCompletion& c);
+  std::span<std::byte> slot_bytes(BlockId slot) const;
+
+  TieredKVCacheManager& tier_;
+  RemoteStore& store_;
+  std::span<std::byte> host_;
+  RemoteTierConfig config_;
+  RemoteTierStats stats_;
+
+  std::unordered_map<RequestId, Pending> pending_;
+  struct PutBatch {
+    std::vector<BlockId> slots;  // kNullBlockId once completed
+    std::size_t outstanding = 0;
+  };
+  std::unordered_map<RemoteTicket, std::pair<RequestId, std::size_t>> probes_;  // id, outstanding
+  std::unordered_map<RemoteTicket, GetBatch> gets_;
+  std::unordered_map<RemoteTicket, PutBatch> puts_;
+  std::size_t in_flight_ = 0;  // ops submitted, completion not yet handled
+  std::size_t put_pins_ = 0;   // slots pinned for puts (queued or in flight)
+
+  std::vector<std::uint32_t> slot_loads_;  // loads per host slot since it was cached
+  std::vector<std::uint8_t> slot_put_;     // 1: the slot's current block was queued for a put
+  std::vector<BlockId> put_queue_;         // pinned, not yet submitted
+  // Scratch.
+  std::vector<RemoteCompletion> completions_;
+  std::vector<BlockHash> keys_;
+  std::vector<RemoteGet> get_ops_;
+  std::vector<RemotePut> put_ops_;
+};
+
+}  // namespace pagedkv

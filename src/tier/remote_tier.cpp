@@ -1,0 +1,281 @@
+#include "pagedkv/tier/remote_tier.hpp"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "pagedkv/base/error.hpp"
+
+namespace pagedkv {
+
+RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
+                       std::span<std::byte> host_buffer, RemoteTierConfig config)
+    : tier_(tier), store_(store), host_(host_buffer), config_(config) {
+  if (config_.bytes_per_block == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "RemoteTier: bytes_per_block must be > 0");
+  }
+  const auto slots = static_cast<std::size_t>(tier_.host_pool().num_blocks());  // incl. slot 0
+  if (host_.size() / config_.bytes_per_block < slots) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "RemoteTier: the host buffer holds " +
+                    std::to_string(host_.size() / config_.bytes_per_block) + " slots of " +
+                    std::to_string(config_.bytes_per_block) + " bytes, the tier needs " +
+                    std::to_string(slots) + " (num_host_blocks + 1)");
+  }
+  slot_loads_.assign(slots, 0);
+  slot_put_.assign(slots, 0);
+  put_queue_.reserve(config_.max_puts_in_flight);
+  HostTierHooks hooks;
+  hooks.on_cached = [this](BlockId slot, bool from_fill) { on_cached(slot, from_fill); };
+  hooks.on_loaded = [this](BlockId slot) { on_loaded(slot); };
+  tier_.set_host_hooks(std::move(hooks));
+}
+
+RemoteTier::~RemoteTier() {
+  config_.load = false;  // no new fills while draining
+  const auto end = Clock::now() + config_.drain_timeout;
+  for (BlockId slot : put_queue_) tier_.unpin_host_slot(slot);
+  put_pins_ -= put_queue_.size();
+  put_queue_.clear();
+  while (in_flight_ > 0 && Clock::now() < end) {
+    completions_.clear();
+    if (store_.poll(completions_) == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      continue;
+    }
+    for (const RemoteCompletion& c : completions_) handle(c);
+  }
+  // Whatever did not complete in time: fills fail, put slots are released.
+  for (auto& [ticket, batch] : gets_) {
+    for (HostFill& f : batch.fills) {
+      if (f.slot != kNullBlockId) tier_.commit(f.id, false);
+    }
+  }
+  for (auto& [ticket, batch] : puts_) {
+    for (BlockId slot : batch.slots) {
+      if (slot != kNullBlockId) tier_.unpin_host_slot(slot);
+    }
+  }
+  tier_.set_host_hooks({});
+}
+
+std::span<std::byte> RemoteTier::slot_bytes(BlockId slot) const {
+  const auto bpb = static_cast<std::size_t>(config_.bytes_per_block);
+  return host_.subspan(static_cast<std::size_t>(slot) * bpb, bpb);
+}
+
+void RemoteTier::add_request(const Request& request, Clock::time_point now) {
+  if (!config_.load) return;
+  if (pending_.count(request.id()) != 0) {
+    throw Error(ErrorCode::kInvalidState, "RemoteTier::add_request: request " +
+                                              std::to_string(request.id()) + " was already added");
+  }
+  const std::size_t bs = tier_.block_size();
+  const std::span<const BlockHash> hashes = request.block_hashes();
+  const std::size_t max_blocks =
+      request.num_tokens() == 0 ? 0 : std::min((request.num_tokens() - 1) / bs, hashes.size());
+  const std::size_t start = std::min(tier_.local_prefix_blocks(request), max_blocks);
+  Pending p;
+  p.request = &request;
+  p.start = start;
+  p.deadline = now + config_.timeout;
+  ++stats_.requests;
+  if (start < max_blocks) {
+    const auto keys = hashes.subspan(start, max_blocks - start);
+    if (p.probe.start(store_, keys, PrefetchPolicy::kWaitComplete, p.deadline)) {
+      probes_.emplace(p.probe.ticket(), std::make_pair(request.id(), keys.size()));
+      in_flight_ += keys.size();
+      stats_.probed_blocks += keys.size();
+    }
+  } else {
+    p.phase = Phase::kDone;
+  }
+  pending_.emplace(request.id(), std::move(p));
+}
+
+void RemoteTier::start_fills(RequestId id, Pending& p) {
+  const std::size_t run = p.probe.hit_blocks();
+  stats_.probe_hit_blocks += run;
+  p.phase = Phase::kDone;
+  if (run == 0 || !config_.load) return;
+  GetBatch batch;
+  batch.request = id;
+  get_ops_.clear();
+  const std::span<const BlockHash> hashes = p.request->block_hashes();
+  for (std::size_t i = p.start; i < p.start + run; ++i) {
+    if (tier_.host_holds(*p.request, i)) continue;  // e.g. stored meanwhile by another request
+    const std::optional<HostFill> fill = tier_.begin_fill(*p.request, i);
+    if (!fill) {
+      stats_.fills_no_slot += p.start + run - i;
+      break;
+    }
+    batch.fills.push_back(*fill);
+    get_ops_.push_back({hashes[i], slot_bytes(fill->slot)});
+  }
+  if (batch.fills.empty()) return;
+  RemoteTicket ticket = 0;  // tickets start at 1
+  try {
+    ticket = store_.get(get_ops_).value_or(0);
+  } catch (const Error&) {  // a value size the store does not accept: as a refusal
+    ticket = 0;
+  }
+  if (ticket == 0) {
+    stats_.fills_refused += batch.fills.size();
+    for (const HostFill& f : batch.fills) tier_.commit(f.id, false);
+    return;
+  }
+  stats_.fills += batch.fills.size();
+  batch.outstanding = batch.fills.size();
+  in_flight_ += batch.fills.size();
+  p.phase = Phase::kLoading;
+  p.get_ticket = ticket;
+  gets_.emplace(ticket, std::move(batch));
+}
+
+void RemoteTier::handle(const RemoteCompletion& c) {
+  if (const auto it = probes_.find(c.ticket); it != probes_.end()) {
+    --in_flight_;
+    const auto p = pending_.find(it->second.first);
+    if (p != pending_.end() && p->second.probe.ticket() == c.ticket) {
+      p->second.probe.absorb(std::span<const RemoteCompletion>(&c, 1));
+    }
+    if (--it->second.second == 0) probes_.erase(it);
+    return;
+  }
+  if (const auto it = gets_.find(c.ticket); it != gets_.end()) {
+    --in_flight_;
+    GetBatch& batch = it->second;
+    if (c.index < batch.fills.size() && batch.fills[c.index].slot != kNullBlockId) {
+      const bool ok = c.result == RemoteResult::kHit;
+      tier_.commit(batch.fills[c.index].id, ok);
+      batch.fills[c.index].slot = kNullBlockId;  // committed
+      if (ok) {
+        ++stats_.loaded_blocks;
+        stats_.loaded_bytes += config_.bytes_per_block;
+        stats_.remote_hit_tokens += tier_.block_size();
+      } else {
+        ++stats_.load_misses;
+      }
+    }
+    if (--batch.outstanding == 0) {
+      if (!batch.request_gone) {
+        const auto p = pending_.find(batch.request);
+        if (p != pending_.end() && p->second.get_ticket == c.ticket) {
+          p->second.phase = Phase::kDone;
+        }
+      }
+      gets_.erase(it);
+    }
+    return;
+  }
+  if (const auto it = puts_.find(c.ticket); it != puts_.end()) {
+    --in_flight_;
+    std::vector<BlockId>& slots = it->second.slots;
+    if (c.index < slots.size() && slots[c.index] != kNullBlockId) {
+      tier_.unpin_host_slot(slots[c.index]);
+      slots[c.index] = kNullBlockId;
+      --put_pins_;
+      if (c.result == RemoteResult::kStored) {
+        ++stats_.stored_blocks;
+        stats_.stored_bytes += config_.bytes_per_block;
+      } else {
+        ++stats_.puts_failed;
+        if (c.result == RemoteResult::kSkippedFull) ++stats_.puts_skipped_full;
+      }
+    }
+    if (--it->second.outstanding == 0) puts_.erase(it);
+  }
+  // Anything else is not ours (or of a batch already forgotten): ignored.
+}
+
+void RemoteTier::poll(Clock::time_point now) {
+  completions_.clear();
+  store_.poll(completions_);
+  for (const RemoteCompletion& c : completions_) handle(c);
+  for (auto& [id, p] : pending_) {
+    if (p.phase == Phase::kProbing && p.probe.ready(now)) start_fills(id, p);
+    if (p.phase != Phase::kDone && !p.timed_out && now >= p.deadline &&
+        config_.policy == PrefetchPolicy::kTimeout) {
+      p.timed_out = true;
+      ++stats_.ready_by_timeout;
+    }
+  }
+  submit_puts();
+}
+
+bool RemoteTier::ready(RequestId id, Clock::time_point now) const {
+  const auto it = pending_.find(id);
+  if (it == pending_.end() || it->second.phase == Phase::kDone) return true;
+  switch (config_.policy) {
+    case PrefetchPolicy::kBestEffort:
+      return true;
+    case PrefetchPolicy::kWaitComplete:
+      return false;
+    case PrefetchPolicy::kTimeout:
+      return now >= it->second.deadline;
+  }
+  return true;
+}
+
+void RemoteTier::remove_request(RequestId id) noexcept {
+  const auto it = pending_.find(id);
+  if (it == pending_.end()) return;
+  if (it->second.phase == Phase::kLoading) {
+    if (const auto g = gets_.find(it->second.get_ticket); g != gets_.end()) {
+      g->second.request_gone = true;
+    }
+  }
+  pending_.erase(it);
+}
+
+void RemoteTier::on_cached(BlockId slot, bool from_fill) {
+  const auto s = static_cast<std::size_t>(slot);
+  slot_loads_[s] = 0;
+  slot_put_[s] = from_fill ? 1 : 0;  // a block that came from the store is not put back
+  if (!from_fill && config_.store && config_.store_min_hits == 0) queue_put(slot);
+}
+
+void RemoteTier::on_loaded(BlockId slot) {
+  const auto s = static_cast<std::size_t>(slot);
+  if (!config_.store || config_.store_min_hits == 0 || slot_put_[s] != 0) return;
+  if (++slot_loads_[s] >= config_.store_min_hits) queue_put(slot);
+}
+
+void RemoteTier::queue_put(BlockId slot) {
+  if (put_pins_ >= config_.max_puts_in_flight) {
+    ++stats_.puts_skipped;
+    return;
+  }
+  tier_.pin_host_slot(slot);
+  ++put_pins_;
+  slot_put_[static_cast<std::size_t>(slot)] = 1;
+  put_queue_.push_back(slot);
+}
+
+void RemoteTier::submit_puts() {
+  if (put_queue_.empty()) return;
+  put_ops_.clear();
+  for (const BlockId slot : put_queue_) {
+    put_ops_.push_back({tier_.host_pool().block(slot).block_hash, slot_bytes(slot)});
+  }
+  RemoteTicket ticket = 0;  // tickets start at 1
+  try {
+    ticket = store_.put(put_ops_).value_or(0);
+  } catch (const Error&) {  // a value size the store does not accept: as a refusal
+    ticket = 0;
+  }
+  if (ticket == 0) {
+    stats_.puts_skipped += put_queue_.size();
+    for (const BlockId slot : put_queue_) tier_.unpin_host_slot(slot);
+    put_pins_ -= put_queue_.size();
+    put_queue_.clear();
+    return;
+  }
+  stats_.puts += put_queue_.size();
+  in_flight_ += put_queue_.size();
+  puts_.emplace(ticket, PutBatch{put_queue_, put_queue_.size()});
+  put_queue_.clear();
+}
+
+}  // namespace pagedkv

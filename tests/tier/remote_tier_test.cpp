@@ -1,0 +1,327 @@
+// RemoteTier: engines (TieredKVCacheManager + RedisStore + RemoteTier, K/V moved by the CPU
+// reference executor) sharing prefixes through a real redis-server on 127.0.0.1 (started by the
+// test, tests/util/redis_servers.hpp). A token's "K/V" is a digest of the tokens up to it, written
+// by a fake forward pass, so every loaded byte is checked against what the prefix must hold.
+// Faults: wrong namespace, corrupted value, server killed mid-run, full server. Without
+// redis-server every test reports SKIPPED.
+#include "pagedkv/tier/remote_tier.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pagedkv/reference/transfer.hpp"
+#include "pagedkv/remote/redis_store.hpp"
+#include "pagedkv/remote/remote_value.hpp"
+#include "redis_servers.hpp"
+
+namespace pagedkv {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint32_t kBs = 4;
+constexpr std::size_t kLayers = 2;
+constexpr std::int32_t kGpuBlocks = 64;
+constexpr std::int32_t kHostBlocks = 48;
+
+std::vector<std::uint64_t> reference_values(std::span<const TokenId> tokens) {
+  std::vector<std::uint64_t> v(tokens.size());
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    h = (h ^ static_cast<std::uint64_t>(tokens[i])) * 1099511628211ull;
+    v[i] = h;
+  }
+  return v;
+}
+
+std::vector<TokenId> tokens(std::uint32_t seed, std::size_t n) {
+  std::vector<TokenId> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<TokenId>((seed * 7919 + i * 31) % 1000);
+  return t;
+}
+
+struct RunResult {
+  std::size_t gpu_hit_tokens = 0;
+  std::size_t host_hit_tokens = 0;
+  std::size_t computed_tokens = 0;  // prefill the fake forward pass computed
+  std::chrono::microseconds wait{0};
+};
+
+// One engine: the tier, a Redis store, the remote tier, device and host buffers.
+class Engine {
+ public:
+  Engine(std::uint16_t port, const std::string& ns, RemoteTierConfig rc = {},
+         std::chrono::milliseconds op_timeout = 500ms) {
+    KVCacheManagerConfig c;
+    c.num_blocks = kGpuBlocks;
+    c.block_size = kBs;
+    c.hash_seed = "remote-tier-test";
+    HostTierConfig h;
+    h.num_host_blocks = kHostBlocks;
+    h.policy = HostPolicy::kWriteThrough;
+    layout_ = TransferLayout::block_first(kLayers, kBs * sizeof(std::uint64_t));
+    h.bytes_per_block = layout_.block_bytes();
+    tier_ = std::make_unique<TieredKVCacheManager>(c, h);
+    device_.assign(static_cast<std::size_t>(kGpuBlocks) * layout_.block_bytes(), std::byte{0});
+    host_.assign(static_cast<std::size_t>(kHostBlocks + 1) * layout_.block_bytes(), std::byte{0});
+    RedisStoreConfig sc;
+    sc.port = port;
+    sc.name_space = ns;
+    sc.layout_fingerprint = layout_fingerprint("remote-tier-test,block-first,u64,bs4,2 layers");
+    sc.op_timeout = op_timeout;
+    sc.connect_timeout = 200ms;
+    store_ = std::make_unique<RedisStore>(sc);
+    rc.bytes_per_block = layout_.block_bytes();
+    remote_ = std::make_unique<RemoteTier>(*tier_, *store_, host_, rc);
+  }
+
+  std::uint64_t* dev(BlockId b, std::size_t l, std::size_t off) {
+    return reinterpret_cast<std::uint64_t*>(device_.data() + b * layout_.device_block_stride +
+                                            l * layout_.device_layer_stride) +
+           off;
+  }
+
+  // Runs one request's prefill to completion and checks every token's K/V in its blocks.
+  RunResult run(RequestId id, const std::vector<TokenId>& prompt) {
+    RunResult r;
+    auto req = std::make_unique<Request>(tier_->make_request(id, prompt));
+    const auto arrived = Clock::now();
+    remote_->add_request(*req, arrived);
+    for (;;) {
+      const auto now = Clock::now();
+      remote_->poll(now);
+      if (remote_->ready(id, now)) break;
+      if (now - arrived > 20s) {
+        ADD_FAILURE() << "request " << id << " never became ready";
+        break;
+      }
+      std::this_thread::sleep_for(200us);
+    }
+    r.wait = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - arrived);
+    remote_->remove_request(id);
+    const TieredCacheHit hit = tier_->get_computed_blocks(*req);
+    r.gpu_hit_tokens = hit.gpu.num_tokens;
+    r.host_hit_tokens = hit.num_host_tokens;
+    auto a = tier_->allocate_slots(*req, prompt.size() - hit.num_tokens(), hit);
+    if (!a) {
+      ADD_FAILURE() << "no GPU blocks";
+      return r;
+    }
+    TierPlan plan = std::move(a->transfers);
+    execute(plan.plan, TransferStage::kBeforeForward);
+    for (TransferId t : plan.eviction_ids) tier_->commit(t, true);
+    for (TransferId t : plan.load_ids) tier_->commit(t, true);
+    std::size_t computed = hit.num_tokens();
+    std::vector<TierPlan> after;
+    if (!plan.load_ids.empty()) {
+      LoadResult lr = tier_->finish_loads(*req);
+      computed = lr.num_computed_tokens;
+      after.push_back(std::move(lr.transfers));
+    }
+    // Check what is in place, then the fake forward pass writes the rest.
+    const std::vector<std::uint64_t> want = reference_values(prompt);
+    const std::span<const BlockId> blocks = tier_->block_ids(id);
+    for (std::size_t p = 0; p < prompt.size(); ++p) {
+      for (std::size_t l = 0; l < kLayers; ++l) {
+        std::uint64_t* v = dev(blocks[p / kBs], l, p % kBs);
+        if (p < computed) {
+          EXPECT_EQ(*v, want[p] ^ l) << "request " << id << " token " << p << " layer " << l;
+        } else {
+          *v = want[p] ^ l;
+        }
+      }
+    }
+    r.computed_tokens = prompt.size() - computed;
+    execute(plan.plan, TransferStage::kAfterForward);
+    for (TransferId t : plan.store_ids) tier_->commit(t, true);
+    for (TierPlan& p : after) {
+      execute(p.plan, TransferStage::kAfterForward);
+      for (TransferId t : p.store_ids) tier_->commit(t, true);
+    }
+    tier_->free(*req);
+    tier_->check_invariants();
+    return r;
+  }
+
+  // Polls until every op of the remote tier completed (puts included), up to `limit`.
+  bool drain(std::chrono::milliseconds limit = 10000ms) {
+    const auto end = Clock::now() + limit;
+    while (Clock::now() < end) {
+      remote_->poll(Clock::now());
+      if (remote_->in_flight() == 0 && remote_->pinned_for_puts() == 0) return true;
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
+
+  void execute(TransferPlan& plan, TransferStage stage) {
+    reference::execute_transfer_plan(plan, stage, layout_, device_,
+                                     static_cast<std::size_t>(kGpuBlocks), host_,
+                                     static_cast<std::size_t>(kHostBlocks + 1));
+  }
+
+  TieredKVCacheManager& tier() { return *tier_; }
+  RedisStore& store() { return *store_; }
+  RemoteTier& remote() { return *remote_; }
+
+ private:
+  TransferLayout layout_;
+  std::vector<std::byte> device_, host_;
+  std::unique_ptr<TieredKVCacheManager> tier_;
+  std::unique_ptr<RedisStore> store_;
+  std::unique_ptr<RemoteTier> remote_;
+};
+
+class RemoteTierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (test::RedisServer::binary().empty()) {
+      GTEST_SKIP() << "redis-server not installed (Debian: redis-server): remote tests skipped";
+    }
+  }
+};
+
+// 42 tokens: 10 full blocks; a hit is capped at num_tokens - 1 = 41 tokens = 10 blocks.
+const std::vector<TokenId> kPrompt = tokens(1, 42);
+
+TEST_F(RemoteTierTest, SecondEngineLoadsTheFirstOnesPrefixInsteadOfComputing) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  {
+    Engine a(server.port(), "ns-a");
+    const RunResult ra = a.run(1, kPrompt);
+    EXPECT_EQ(ra.computed_tokens, kPrompt.size());
+    ASSERT_TRUE(a.drain());
+    EXPECT_EQ(a.remote().stats().stored_blocks, 10u);
+    EXPECT_EQ(a.remote().stats().puts_failed, 0u);
+    a.tier().check_invariants();
+  }
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kWaitComplete;
+  Engine b(server.port(), "ns-a", rc);
+  // Shares 8 blocks (32 tokens) with the first engine's prompt, then diverges.
+  std::vector<TokenId> prompt(kPrompt.begin(), kPrompt.begin() + 32);
+  const auto tail = tokens(2, 9);
+  prompt.insert(prompt.end(), tail.begin(), tail.end());
+  const RunResult rb = b.run(7, prompt);
+  EXPECT_EQ(rb.host_hit_tokens, 32u);
+  EXPECT_EQ(rb.computed_tokens, prompt.size() - 32);  // bytes checked inside run()
+  const RemoteTierStats s = b.remote().stats();
+  EXPECT_EQ(s.probe_hit_blocks, 8u);
+  EXPECT_EQ(s.loaded_blocks, 8u);
+  EXPECT_EQ(s.load_misses, 0u);
+  EXPECT_EQ(s.remote_hit_tokens, 32u);
+  EXPECT_EQ(b.tier().stats().loaded_blocks, 8u);
+  // The blocks that came from Redis are not put back; the new ones are.
+  ASSERT_TRUE(b.drain());
+  EXPECT_EQ(b.remote().stats().stored_blocks, 2u);
+  // The same prompt again is a GPU hit now: no remote probe beyond the local prefix.
+  const RunResult again = b.run(8, prompt);
+  EXPECT_EQ(again.gpu_hit_tokens, 40u);
+  EXPECT_EQ(again.computed_tokens, 1u);
+}
+
+TEST_F(RemoteTierTest, AnotherNamespaceIsAMiss) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  {
+    Engine a(server.port(), "model-a");
+    a.run(1, kPrompt);
+    ASSERT_TRUE(a.drain());
+  }
+  Engine b(server.port(), "model-b");
+  const RunResult rb = b.run(1, kPrompt);
+  EXPECT_EQ(rb.computed_tokens, kPrompt.size());
+  EXPECT_EQ(b.remote().stats().probe_hit_blocks, 0u);
+  EXPECT_EQ(b.remote().stats().loaded_blocks, 0u);
+}
+
+TEST_F(RemoteTierTest, CorruptedValueIsAMissAndShortensTheHit) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  Engine a(server.port(), "ns");
+  a.run(1, kPrompt);
+  ASSERT_TRUE(a.drain());
+  // Flip one payload byte of block 3's value.
+  const Request r = a.tier().make_request(99, kPrompt);
+  const std::string key = a.store().key_of(r.block_hashes()[3]);
+  test::Client client(server.port());
+  auto value = client.command({"GET", key});
+  ASSERT_TRUE(value.has_value());
+  ASSERT_GT(value->size(), kRemoteValueHeaderSize);
+  (*value)[kRemoteValueHeaderSize + 5] =
+      static_cast<char>((*value)[kRemoteValueHeaderSize + 5] ^ 1);
+  ASSERT_EQ(client.command({"SET", key, *value}), "OK");
+
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kWaitComplete;
+  Engine b(server.port(), "ns", rc);
+  const RunResult rb = b.run(1, kPrompt);
+  EXPECT_EQ(rb.host_hit_tokens, 3u * kBs);  // blocks 0-2; 3 is corrupt, the rest do not chain
+  EXPECT_EQ(rb.computed_tokens, kPrompt.size() - 3 * kBs);
+  EXPECT_EQ(b.store().stats().checksum_failures, 1u);
+  EXPECT_EQ(b.remote().stats().load_misses, 1u);
+  EXPECT_EQ(b.remote().stats().loaded_blocks, 9u);
+}
+
+TEST_F(RemoteTierTest, ServerKilledMidRunGivesMissesNotStalls) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  Engine a(server.port(), "ns");
+  a.run(1, kPrompt);
+  ASSERT_TRUE(a.drain());
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kTimeout;
+  rc.timeout = 300ms;
+  Engine b(server.port(), "ns", rc, 200ms);
+  for (std::uint32_t i = 0; i < 6; ++i) {
+    if (i == 2) server.kill();
+    // Request 0 shares all 10 blocks with the first engine; later ones share 5 and bring 5 new
+    // blocks (probed, then stored: remote traffic before and after the kill).
+    std::vector<TokenId> prompt = kPrompt;
+    if (i > 0) {
+      const auto tail = tokens(100 + i, 22);
+      std::copy(tail.begin(), tail.end(), prompt.begin() + 20);
+    }
+    const RunResult rb = b.run(10 + i, prompt);
+    // Never longer than the timeout (plus scheduling slack on a loaded machine).
+    EXPECT_LT(rb.wait, 3s) << "request " << i;
+    if (i == 0) {
+      EXPECT_EQ(rb.host_hit_tokens, 40u);
+    }
+  }
+  EXPECT_TRUE(b.drain());
+  const RemoteStoreStats st = b.store().stats();
+  EXPECT_GT(st.errors + st.timeouts, 0u);
+  b.tier().check_invariants();
+  EXPECT_EQ(b.remote().pinned_for_puts(), 0u);
+}
+
+TEST_F(RemoteTierTest, FullServerSkipsStores) {
+  test::RedisServer server({"--maxmemory-policy", "noeviction"});
+  ASSERT_TRUE(server.start());
+  // Full from the start: with noeviction, every write is refused with OOM.
+  test::Client client(server.port());
+  ASSERT_EQ(client.command({"CONFIG", "SET", "maxmemory", "1"}), "OK");
+  Engine a(server.port(), "ns");
+  for (std::uint32_t i = 0; i < 4; ++i) a.run(1 + i, tokens(10 + i, 42));
+  ASSERT_TRUE(a.drain());
+  const RemoteTierStats s = a.remote().stats();
+  EXPECT_EQ(s.puts, 40u);
+  EXPECT_EQ(s.puts_skipped_full, 40u);
+  EXPECT_EQ(s.stored_blocks, 0u);
+  EXPECT_EQ(a.store().stats().skipped_full, 40u);
+  EXPECT_EQ(a.remote().pinned_for_puts(), 0u);
+  a.tier().check_invariants();
+}
+
+}  // namespace
+}  // namespace pagedkv
