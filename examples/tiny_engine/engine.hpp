@@ -47,9 +47,9 @@
 
 #include "kv_driver.hpp"
 #include "model.hpp"
-#include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 #include "workload.hpp"
 
 namespace tiny_engine {
@@ -102,8 +102,8 @@ struct RunStats {
   std::uint64_t preemptions = 0;
   std::uint64_t prefill_tokens = 0;  // tokens run through prefill (recomputation included)
   std::uint64_t decode_tokens = 0;
-  std::uint64_t hit_tokens = 0;  // tokens taken from the prefix cache instead of computed
-  std::uint64_t host_hit_tokens = 0;  // of those, loaded from the host tier
+  std::uint64_t hit_tokens = 0;            // tokens taken from the prefix cache instead of computed
+  std::uint64_t host_hit_tokens = 0;       // of those, loaded from the host tier
   std::optional<pagedkv::TierStats> host;  // with a host tier
   std::uint64_t max_running = 0;
   double prefill_seconds = 0;  // wall time of the prefill forward passes

@@ -156,8 +156,10 @@ Options parse(int argc, char** argv) {
       const std::string v(value());
       const auto policy = pagedkv::parse_host_policy(v);
       if (!policy) {
-        usage_error("--host-policy: expected write_back, write_through or "
-                    "write_through_selective, got '" + v + "'");
+        usage_error(
+            "--host-policy: expected write_back, write_through or "
+            "write_through_selective, got '" +
+            v + "'");
       }
       o.engine.host_policy = *policy;
     } else if (a == "--token-budget") {
@@ -226,8 +228,8 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
     << ",\"evictions" << sfx << "\":" << s.cache.evictions << ",\"steps" << sfx << "\":" << s.steps
     << ",\"max_running" << sfx << "\":" << s.max_running;
   if (s.host) {
-    j << ",\"host_hit_tokens" << sfx << "\":" << s.host_hit_tokens << ",\"host_loaded_blocks"
-      << sfx << "\":" << s.host->loaded_blocks << ",\"host_stored_blocks" << sfx
+    j << ",\"host_hit_tokens" << sfx << "\":" << s.host_hit_tokens << ",\"host_loaded_blocks" << sfx
+      << "\":" << s.host->loaded_blocks << ",\"host_stored_blocks" << sfx
       << "\":" << s.host->stored_blocks << ",\"host_loaded_bytes" << sfx
       << "\":" << s.host->loaded_bytes << ",\"host_stored_bytes" << sfx
       << "\":" << s.host->stored_bytes << ",\"host_evictions" << sfx
@@ -245,9 +247,9 @@ void print_run_text(const char* title, const tiny_engine::RunResult& r) {
             << num(s.total_seconds) << " s, TTFT p50 " << num(ttft_p50(r)) << " s\n";
   if (s.host) {
     std::cout << "  host tier: " << s.host_hit_tokens << " hit tokens loaded from it, "
-              << s.host->loaded_blocks << " blocks loaded (" << s.host->loaded_bytes
-              << " bytes), " << s.host->stored_blocks << " stored (" << s.host->stored_bytes
-              << " bytes), " << s.host->host_evictions << " host evictions\n";
+              << s.host->loaded_blocks << " blocks loaded (" << s.host->loaded_bytes << " bytes), "
+              << s.host->stored_blocks << " stored (" << s.host->stored_bytes << " bytes), "
+              << s.host->host_evictions << " host evictions\n";
   }
 }
 
