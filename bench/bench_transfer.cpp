@@ -107,6 +107,8 @@ bool check(bool layer_first, pagedkv::CudaTransferMethod method, cudaStream_t st
   CHECK(cudaMalloc(&d, dev_bytes));
   CHECK(cudaMallocHost(&h, host_bytes));
   CHECK(cudaMemcpy(d, dev.data(), dev_bytes, cudaMemcpyHostToDevice));
+  // A pageable cudaMemcpy may return before its DMA landed; `stream` does not wait for it.
+  CHECK(cudaDeviceSynchronize());
   std::memcpy(h, host.data(), host_bytes);
   pagedkv::CudaTransferExecutor exec(l, d, s.device_blocks, h, s.host_slots, method);
   for (const auto stage :
@@ -202,6 +204,7 @@ int main(int argc, char** argv) {
   void* dev = nullptr;
   CHECK(cudaMalloc(&dev, s.device_blocks * bb));
   CHECK(cudaMemset(dev, 0x33, s.device_blocks * bb));
+  CHECK(cudaDeviceSynchronize());
   void* contiguous = nullptr;  // the baseline's device side
   CHECK(cudaMalloc(&contiguous, bytes));
   const std::vector<pagedkv::BlockCopy> loads =

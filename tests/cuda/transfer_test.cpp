@@ -68,6 +68,10 @@ void run_case(const TransferLayout& layout, CudaTransferMethod method) {
   std::vector<std::byte> ref_dev = dev0, ref_host = host0;
 
   testing::DeviceBuffer dev = testing::upload(dev0);
+  // upload() is a cudaMemcpy from pageable memory: it may return before its DMA landed, and the
+  // non-blocking stream below does not wait for the legacy stream. Without this the first copies
+  // can race the upload (seen on an H200: evicted blocks read before their bytes arrived).
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
   PinnedHost host(host0.size());
   std::memcpy(host.data(), host0.data(), host0.size());
   cudaStream_t stream;
