@@ -5,6 +5,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <ctime>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -26,6 +27,15 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// CPU time of the calling thread: unlike the wall clock, it does not count the time the thread
+// waits for a core, so it stays meaningful on a loaded machine (and is what `openssl speed`
+// divides by).
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 std::uint64_t cdiv(std::uint64_t a, std::uint64_t b) {
@@ -95,6 +105,10 @@ class HashingPipeline {
     std::lock_guard<std::mutex> lock(mu_);
     return synthesis_seconds_;
   }
+  double hash_cpu_seconds() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hash_cpu_seconds_;
+  }
 
  private:
   static constexpr std::size_t kDepth = 64;
@@ -103,9 +117,12 @@ class HashingPipeline {
     const auto ts = Clock::now();
     synthesize_prompt(trace_, i, tokens_);
     const auto t0 = Clock::now();
+    const double c0 = thread_cpu_seconds();
     Request r(i, hasher_, block_size_, tokens_, keys_of(trace_.requests[i]));
+    const double c1 = thread_cpu_seconds();
     const auto t1 = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
+    hash_cpu_seconds_ += c1 - c0;
     synthesis_seconds_ += std::chrono::duration<double>(t0 - ts).count();
     hash_seconds_ += std::chrono::duration<double>(t1 - t0).count();
     return r;
@@ -140,6 +157,7 @@ class HashingPipeline {
   bool stop_ = false;
   double hash_seconds_ = 0;
   double synthesis_seconds_ = 0;
+  double hash_cpu_seconds_ = 0;
   std::thread worker_;
 };
 
@@ -172,6 +190,7 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
       if (k + 1 < managers.size()) copy.emplace(request);
       Request& r = copy ? *copy : request;
       const auto t1 = Clock::now();
+      const double c1 = thread_cpu_seconds();
       const CacheHit hit = m.get_computed_blocks(r);
       const auto blocks = m.allocate_slots(r, r.num_tokens() - hit.num_tokens, hit);
       if (!blocks) {
@@ -180,6 +199,7 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
       }
       res.peak_usage = std::max(res.peak_usage, m.usage());
       m.free(r);
+      res.pool_cpu_seconds += thread_cpu_seconds() - c1;
       res.pool_seconds += seconds_since(t1);
       res.queried_tokens += num_tokens;
       res.hit_tokens += hit.num_tokens;
@@ -190,6 +210,7 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
   for (std::size_t k = 0; k < managers.size(); ++k) {
     results[k].hash_seconds = pipeline.hash_seconds();
     results[k].synthesis_seconds = pipeline.synthesis_seconds();
+    results[k].hash_cpu_seconds = pipeline.hash_cpu_seconds();
     results[k].wall_seconds = wall_seconds;
     results[k].evicted_blocks = managers[k]->stats().evictions;
   }
@@ -382,7 +403,8 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       "\"queried_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,"
       "\"prefill_tokens_computed\":%llu,\"prefill_saved_ratio\":%.6f,\"evicted_blocks\":%llu,"
       "\"peak_usage\":%.6f,\"prompt_blocks\":%llu,\"hash_seconds\":%.6f,\"pool_seconds\":%.6f,"
-      "\"parse_seconds\":%.6f,\"synthesis_seconds\":%.6f,"
+      "\"parse_seconds\":%.6f,\"synthesis_seconds\":%.6f,\"hash_cpu_seconds\":%.6f,"
+      "\"pool_cpu_seconds\":%.6f,"
       "\"blocks_per_second\":%.0f,\"requests_per_second\":%.0f,\"wall_seconds\":%.6f,"
       "\"threads\":%u,\"preemptions\":%llu,"
       "\"steps\":%llu,\"decode_tokens\":%llu,\"step_ms\":%.3f,\"sim_makespan_ms\":%.1f,"
@@ -396,7 +418,7 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       (unsigned long long)r.hit_tokens, r.hit_rate(), (unsigned long long)r.prefill_tokens_computed,
       r.prefill_saved_ratio(), (unsigned long long)r.evicted_blocks, r.peak_usage,
       (unsigned long long)r.prompt_blocks, r.hash_seconds, r.pool_seconds, trace.load_seconds,
-      r.synthesis_seconds, r.blocks_per_second(),
+      r.synthesis_seconds, r.hash_cpu_seconds, r.pool_cpu_seconds, r.blocks_per_second(),
       r.wall_seconds > 0 ? double(r.requests) / r.wall_seconds : 0.0, r.wall_seconds,
       o.mode == Mode::kSequential ? o.threads : 1u, (unsigned long long)r.preemptions,
       (unsigned long long)r.steps, (unsigned long long)r.decode_tokens,

@@ -49,6 +49,10 @@ struct ReplayResult {
   double hash_seconds = 0;  // building and hashing Requests (not the tokens' synthesis)
   double pool_seconds = 0;
   double synthesis_seconds = 0;  // making the prompt tokens from the trace's hash ids
+  // Sequential mode: hashing and pool time as CPU time of the thread that did the work (the
+  // *_seconds above are wall-clock time, which a loaded machine inflates).
+  double hash_cpu_seconds = 0;
+  double pool_cpu_seconds = 0;
   double wall_seconds = 0;  // the whole replay, hashing and pool together (and overlapped)
   // Engine mode.
   std::uint64_t preemptions = 0;
