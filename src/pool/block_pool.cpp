@@ -62,7 +62,12 @@ BlockHash prefix_identity(const BlockHash& parent, std::span<const TokenId> toke
   put(parent.bytes().data(), parent.size());
   const auto n = static_cast<std::uint32_t>(tokens.size());
   put(&n, sizeof(n));
-  if (!tokens.empty()) put(tokens.data(), tokens.size_bytes());
+  if (tokens.size() == 16) {  // the usual block: a constant-size copy (no `rep movs`)
+    std::memcpy(p, tokens.data(), 16 * sizeof(TokenId));
+    p += 16 * sizeof(TokenId);
+  } else if (!tokens.empty()) {
+    put(tokens.data(), tokens.size_bytes());
+  }
   const auto extra_size = static_cast<std::uint64_t>(extra.size());
   put(&extra_size, sizeof(extra_size));
   if (!extra.empty()) put(extra.data(), extra.size());
@@ -528,8 +533,13 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
       stored_[i].extra_id = st.extra_ids_[k];
       stored_[i].parent_ident = st.parent_idents_[k];
       if (!ident_.empty()) ident_[i] = st.idents_[k];
-      std::memcpy(&block_tokens_[i * config_.block_size],
-                  st.seq_.tokens.data() + (st.first_ + k) * bs, bs * sizeof(TokenId));
+      TokenId* to = &block_tokens_[i * config_.block_size];
+      const TokenId* from = st.seq_.tokens.data() + (st.first_ + k) * bs;
+      if (bs == 16) {  // the usual block: a constant-size copy
+        std::memcpy(to, from, 16 * sizeof(TokenId));
+      } else {
+        std::memcpy(to, from, bs * sizeof(TokenId));
+      }
     }
     hash_map_.insert(id);
   }
