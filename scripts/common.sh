@@ -11,12 +11,13 @@ PAGEDKV_JOBS="$(nproc 2>/dev/null || echo 2)"
 # fuzzer; Python headers, pybind11, numpy and pytest for the Python module (python/); ZeroMQ
 # (libzmq + cppzmq) and msgpack-cxx for pagedkv::events, and pyzmq + msgpack for the test that
 # decodes its stream independently; hiredis for pagedkv::remote, and the servers its tests start
-# on 127.0.0.1 (redis-server, nutcracker = twemproxy) plus redis-tools for redis-benchmark.
+# on 127.0.0.1 (redis-server, nutcracker = twemproxy) plus redis-tools for redis-benchmark;
+# zlib for pagedkv-replay's gzip-compressed traces.
 PAGEDKV_PACKAGES=(cmake g++ make libssl-dev libxxhash-dev xxhash libgtest-dev libgmock-dev
                   libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev
                   python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest
                   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev python3-zmq python3-msgpack
-                  libhiredis-dev redis-server redis-tools nutcracker)
+                  libhiredis-dev redis-server redis-tools nutcracker zlib1g-dev)
 
 pagedkv_ensure_packages() {
   local missing=()

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
@@ -28,7 +29,8 @@ constexpr const char* kUsage =
     "\n"
     "input:\n"
     "  --trace FILE              a hash-id JSONL trace or an Azure CSV (by extension, or "
-    "--format)\n"
+    "--format);\n"
+    "                            either may be gzip-compressed (FILE.gz, read as it decompresses)\n"
     "  --format hashids|azure    the trace's format\n"
     "  --source-block-size S     tokens per hash id (Mooncake: 512, the default; others: 64)\n"
     "  --generate W              a built-in workload: agents, chat or tenants\n"
@@ -342,9 +344,10 @@ int main(int argc, char** argv) {
       trace = pagedkv::replay::generate(gen);
       if (load.limit != 0 && trace.requests.size() > load.limit) trace.requests.resize(load.limit);
     } else {
+      std::string_view name = *trace_path;  // FILE.csv.gz is a compressed CSV
+      if (name.size() >= 3 && name.substr(name.size() - 3) == ".gz") name.remove_suffix(3);
       const bool azure =
-          format ? *format == "azure"
-                 : trace_path->size() >= 4 && trace_path->substr(trace_path->size() - 4) == ".csv";
+          format ? *format == "azure" : name.size() >= 4 && name.substr(name.size() - 4) == ".csv";
       trace = azure ? load_azure_csv(*trace_path, load) : load_hashid_jsonl(*trace_path, load);
     }
     if (trace.skipped_lines != 0) {

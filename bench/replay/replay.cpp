@@ -5,6 +5,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <ctime>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -26,6 +27,15 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// CPU time of the calling thread: unlike the wall clock, it does not count the time the thread
+// waits for a core, so it stays meaningful on a loaded machine (and is what `openssl speed`
+// divides by).
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 std::uint64_t cdiv(std::uint64_t a, std::uint64_t b) {
@@ -85,22 +95,36 @@ class HashingPipeline {
     cv_.notify_all();
     return r;
   }
-  // Seconds spent building and hashing requests (on whichever thread did it).
+  // Seconds spent building and hashing requests (on whichever thread did it); the tokens'
+  // synthesis from the trace is counted apart (synthesis_seconds), not as hashing.
   double hash_seconds() const {
     std::lock_guard<std::mutex> lock(mu_);
     return hash_seconds_;
+  }
+  double synthesis_seconds() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return synthesis_seconds_;
+  }
+  double hash_cpu_seconds() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return hash_cpu_seconds_;
   }
 
  private:
   static constexpr std::size_t kDepth = 64;
 
   Request make(std::size_t i) {
+    const auto ts = Clock::now();
     synthesize_prompt(trace_, i, tokens_);
     const auto t0 = Clock::now();
+    const double c0 = thread_cpu_seconds();
     Request r(i, hasher_, block_size_, tokens_, keys_of(trace_.requests[i]));
-    const double dt = seconds_since(t0);
+    const double c1 = thread_cpu_seconds();
+    const auto t1 = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
-    hash_seconds_ += dt;
+    hash_cpu_seconds_ += c1 - c0;
+    synthesis_seconds_ += std::chrono::duration<double>(t0 - ts).count();
+    hash_seconds_ += std::chrono::duration<double>(t1 - t0).count();
     return r;
   }
   void produce() {
@@ -132,6 +156,8 @@ class HashingPipeline {
   std::exception_ptr error_;
   bool stop_ = false;
   double hash_seconds_ = 0;
+  double synthesis_seconds_ = 0;
+  double hash_cpu_seconds_ = 0;
   std::thread worker_;
 };
 
@@ -164,6 +190,7 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
       if (k + 1 < managers.size()) copy.emplace(request);
       Request& r = copy ? *copy : request;
       const auto t1 = Clock::now();
+      const double c1 = thread_cpu_seconds();
       const CacheHit hit = m.get_computed_blocks(r);
       const auto blocks = m.allocate_slots(r, r.num_tokens() - hit.num_tokens, hit);
       if (!blocks) {
@@ -172,6 +199,7 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
       }
       res.peak_usage = std::max(res.peak_usage, m.usage());
       m.free(r);
+      res.pool_cpu_seconds += thread_cpu_seconds() - c1;
       res.pool_seconds += seconds_since(t1);
       res.queried_tokens += num_tokens;
       res.hit_tokens += hit.num_tokens;
@@ -181,6 +209,8 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
   const double wall_seconds = seconds_since(wall);
   for (std::size_t k = 0; k < managers.size(); ++k) {
     results[k].hash_seconds = pipeline.hash_seconds();
+    results[k].synthesis_seconds = pipeline.synthesis_seconds();
+    results[k].hash_cpu_seconds = pipeline.hash_cpu_seconds();
     results[k].wall_seconds = wall_seconds;
     results[k].evicted_blocks = managers[k]->stats().evictions;
   }
@@ -308,8 +338,10 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
           static_cast<std::uint64_t>(num_blocks - 1)) {
         ++res.rejected;
       } else {
+        const auto ts = Clock::now();
         synthesize_prompt(trace, next_arrival, tokens);
         const auto t0 = Clock::now();
+        res.synthesis_seconds += std::chrono::duration<double>(t0 - ts).count();
         auto a = std::make_unique<Active>(
             Active{next_arrival, m.make_request(next_arrival, tokens, keys_of(tr))});
         res.hash_seconds += seconds_since(t0);
@@ -452,6 +484,8 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       "\"queried_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,"
       "\"prefill_tokens_computed\":%llu,\"prefill_saved_ratio\":%.6f,\"evicted_blocks\":%llu,"
       "\"peak_usage\":%.6f,\"prompt_blocks\":%llu,\"hash_seconds\":%.6f,\"pool_seconds\":%.6f,"
+      "\"parse_seconds\":%.6f,\"synthesis_seconds\":%.6f,\"hash_cpu_seconds\":%.6f,"
+      "\"pool_cpu_seconds\":%.6f,"
       "\"blocks_per_second\":%.0f,\"requests_per_second\":%.0f,\"wall_seconds\":%.6f,"
       "\"threads\":%u,\"preemptions\":%llu,"
       "\"steps\":%llu,\"decode_tokens\":%llu,\"step_ms\":%.3f,\"sim_makespan_ms\":%.1f,"
@@ -464,7 +498,8 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       (unsigned long long)r.prompt_tokens, (unsigned long long)r.queried_tokens,
       (unsigned long long)r.hit_tokens, r.hit_rate(), (unsigned long long)r.prefill_tokens_computed,
       r.prefill_saved_ratio(), (unsigned long long)r.evicted_blocks, r.peak_usage,
-      (unsigned long long)r.prompt_blocks, r.hash_seconds, r.pool_seconds, r.blocks_per_second(),
+      (unsigned long long)r.prompt_blocks, r.hash_seconds, r.pool_seconds, trace.load_seconds,
+      r.synthesis_seconds, r.hash_cpu_seconds, r.pool_cpu_seconds, r.blocks_per_second(),
       r.wall_seconds > 0 ? double(r.requests) / r.wall_seconds : 0.0, r.wall_seconds,
       o.mode == Mode::kSequential ? o.threads : 1u, (unsigned long long)r.preemptions,
       (unsigned long long)r.steps, (unsigned long long)r.decode_tokens,
@@ -644,6 +679,7 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
         res.base.prefill_tokens_computed += num_tokens - hit.num_tokens();
       }
       res.base.hash_seconds = pipeline.hash_seconds();
+      res.base.synthesis_seconds = pipeline.synthesis_seconds();
       res.base.wall_seconds = seconds_since(wall);
       res.base.evicted_blocks = t.gpu().stats().evictions;
       const TierStats s = t.stats();

@@ -46,8 +46,13 @@ struct ReplayResult {
   std::uint64_t prompt_blocks = 0;  // ceil(prompt / block size), summed
   std::uint64_t evicted_blocks = 0;
   double peak_usage = 0;
-  double hash_seconds = 0;
+  double hash_seconds = 0;  // building and hashing Requests (not the tokens' synthesis)
   double pool_seconds = 0;
+  double synthesis_seconds = 0;  // making the prompt tokens from the trace's hash ids
+  // Sequential mode: hashing and pool time as CPU time of the thread that did the work (the
+  // *_seconds above are wall-clock time, which a loaded machine inflates).
+  double hash_cpu_seconds = 0;
+  double pool_cpu_seconds = 0;
   double wall_seconds = 0;  // the whole replay, hashing and pool together (and overlapped)
   // Engine mode.
   std::uint64_t preemptions = 0;
@@ -113,7 +118,8 @@ std::string to_json(const TierReplayResult& r, const ReplayOptions& options,
 // once for the whole sweep (hashing does not depend on the cache size).
 std::vector<ReplayResult> run_replay(const Trace& trace, const ReplayOptions& options);
 
-// One line of JSON with every field (and the derived rates).
+// One line of JSON with every field (and the derived rates); parse_seconds is the trace's
+// loading (Trace::load_seconds), synthesis_seconds the tokens' synthesis, neither in hash_seconds.
 std::string to_json(const ReplayResult& r, const ReplayOptions& options, const Trace& trace);
 
 // Paged allocation measured by running the library: each request (caching off, one at a time)

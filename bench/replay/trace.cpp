@@ -1,9 +1,13 @@
 #include "trace.hpp"
 
+#include <zlib.h>
+
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cmath>
-#include <fstream>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <string_view>
 
@@ -157,16 +161,74 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   return r;
 }
 
+// Reads a file line by line through zlib: a gzip stream (.gz, by its magic bytes) is
+// decompressed as it is read, in memory, without a temporary file; any other file is read as is.
+class LineReader {
+ public:
+  explicit LineReader(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
+    if (file_ == nullptr) {
+      throw Error(ErrorCode::kNotFound, "cannot open trace file '" + path + "'");
+    }
+    gzbuffer(file_.get(), 1 << 17);
+  }
+  // The next line without its '\n' (a '\r' is kept); false at the end of the file.
+  bool next(std::string& line) {
+    line.clear();
+    while (true) {
+      if (pos_ == end_) {
+        if (eof_) return !line.empty();
+        refill();
+        continue;
+      }
+      const char* begin = buffer_.get() + pos_;
+      const void* nl = std::memchr(begin, '\n', end_ - pos_);
+      if (nl != nullptr) {
+        const std::size_t n = static_cast<std::size_t>(static_cast<const char*>(nl) - begin);
+        line.append(begin, n);
+        pos_ += n + 1;
+        return true;
+      }
+      line.append(begin, end_ - pos_);
+      pos_ = end_;
+    }
+  }
+
+ private:
+  static constexpr unsigned kChunk = 1u << 17;
+  struct Close {
+    void operator()(gzFile f) const { gzclose(f); }
+  };
+  void refill() {
+    const int n = gzread(file_.get(), buffer_.get(), kChunk);
+    if (n < 0) {
+      int code = 0;
+      const char* what = gzerror(file_.get(), &code);
+      throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot read (" +
+                                              std::string(what ? what : "zlib error") + ")");
+    }
+    pos_ = 0;
+    end_ = static_cast<std::size_t>(n);
+    if (n == 0) eof_ = true;
+  }
+
+  const std::string& path_;
+  std::unique_ptr<gzFile_s, Close> file_;
+  std::unique_ptr<char[]> buffer_{new char[kChunk]};
+  std::size_t pos_ = 0;
+  std::size_t end_ = 0;
+  bool eof_ = false;
+};
+
 template <typename ParseLine>
 Trace read_lines(const std::string& path, const LoadOptions& options, bool has_header,
                  ParseLine parse_line) {
-  std::ifstream in(path);
-  if (!in) throw Error(ErrorCode::kNotFound, "cannot open trace file '" + path + "'");
+  const auto start = std::chrono::steady_clock::now();
+  LineReader in(path);
   Trace trace;
   trace.name = path.substr(path.find_last_of('/') + 1);
   std::string line;
   std::uint64_t number = 0;
-  while (std::getline(in, line)) {
+  while (in.next(line)) {
     ++number;
     if (has_header && number == 1) continue;
     if (line.empty() || line == "\r") continue;
@@ -179,6 +241,8 @@ Trace read_lines(const std::string& path, const LoadOptions& options, bool has_h
     }
     if (options.limit != 0 && trace.requests.size() >= options.limit) break;
   }
+  trace.load_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return trace;
 }
 

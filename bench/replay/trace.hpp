@@ -27,6 +27,7 @@ struct Trace {
   std::uint32_t source_block_size = 0;  // 0 when the trace carries tokens or lengths only
   std::vector<TraceRequest> requests;
   std::uint64_t skipped_lines = 0;  // malformed lines skipped with --skip-bad
+  double load_seconds = 0;          // reading (and decompressing) and parsing the file
 };
 
 // Loading options shared by the readers.
@@ -37,8 +38,9 @@ struct LoadOptions {
 };
 
 // Hash-id JSONL: one object per line with timestamp, input_length, output_length, hash_ids
-// (other fields are ignored). A malformed line throws pagedkv::Error naming file, line and field,
-// unless skip_bad.
+// (other fields are ignored). Either reader takes the file gzip-compressed as well (FILE.gz,
+// recognised by its magic bytes), decompressing it as it reads. A malformed line throws
+// pagedkv::Error naming file, line and field, unless skip_bad.
 Trace load_hashid_jsonl(const std::string& path, const LoadOptions& options);
 // Azure LLM inference CSV: TIMESTAMP, ContextTokens, GeneratedTokens (lengths only).
 Trace load_azure_csv(const std::string& path, const LoadOptions& options);

@@ -111,12 +111,21 @@ void RequestBlockHasher::append(std::span<const TokenId> tokens) {
   try {
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
     const std::size_t full_blocks = tokens_.size() / block_size_;
-    block_hashes_.reserve(full_blocks);
+    if (block_hashes_.capacity() < full_blocks) {
+      // Geometric growth: a decode loop appending one token at a time must not reallocate at
+      // every new block.
+      block_hashes_.reserve(std::max(full_blocks, 2 * block_hashes_.capacity()));
+    }
+    // Without a LoRA name and multimodal items, only block 0 can have extra keys (the salt):
+    // the other blocks skip building them.
+    const bool plain = !keys_.lora_name && keys_.mm_items.empty();
     for (std::size_t b = old_blocks; b < full_blocks; ++b) {
       const BlockHash& parent = b == 0 ? hasher_.none_hash() : block_hashes_[b - 1];
       const std::span<const TokenId> block(tokens_.data() + b * block_size_, block_size_);
       block_hashes_.push_back(hasher_.hash_block_impl(parent, block,
-                                                      block_extra_keys(b, mm_scratch_),
+                                                      plain && (b > 0 || !keys_.cache_salt)
+                                                          ? BlockExtraKeys{}
+                                                          : block_extra_keys(b, mm_scratch_),
                                                       /*tokens_checked=*/true));
     }
   } catch (...) {

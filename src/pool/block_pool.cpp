@@ -33,29 +33,45 @@ std::string id_text(BlockId id) {
   return "block " + std::to_string(id);
 }
 
-void append_bytes(std::vector<std::uint8_t>& out, const void* p, std::size_t n) {
-  const auto* b = static_cast<const std::uint8_t*>(p);
-  out.insert(out.end(), b, b + n);
-}
-
 // The pool's own identity of a prefix (when chain hashes are not collision resistant): SHA-256
 // over the parent prefix's identity, the block size, the tokens and the canonical extra keys.
 // Every field is fixed-size or length-prefixed, so different material never encodes equally.
+// Identities are only ever compared with identities, so a short tag separates them well enough
+// from other SHA-256 uses; it keeps a 16-token block's message (4 + 1 + 32 + 4 + 64 + 8 = 113
+// bytes) within two SHA-256 compressions (a 23-byte tag made it three). The message is laid out
+// on the stack when it fits (always, for blocks without long extra keys), else in `buf`.
 BlockHash prefix_identity(const BlockHash& parent, std::span<const TokenId> tokens,
                           const std::string& extra, std::vector<std::uint8_t>& buf) {
-  static constexpr std::string_view kDomain = "pagedkv-prefix-identity";
-  buf.clear();
-  append_bytes(buf, kDomain.data(), kDomain.size());
+  static constexpr std::string_view kDomain = "pkv1";
+  const std::size_t size =
+      kDomain.size() + 1 + parent.size() + 4 + tokens.size_bytes() + 8 + extra.size();
+  alignas(16) std::uint8_t stack[1024];
+  std::uint8_t* out = stack;
+  if (size > sizeof stack) {
+    buf.resize(size);
+    out = buf.data();
+  }
+  std::uint8_t* p = out;
+  auto put = [&p](const void* data, std::size_t n) {
+    std::memcpy(p, data, n);
+    p += n;
+  };
+  put(kDomain.data(), kDomain.size());
   const auto parent_size = static_cast<std::uint8_t>(parent.size());
-  append_bytes(buf, &parent_size, 1);
-  append_bytes(buf, parent.bytes().data(), parent.size());
+  put(&parent_size, 1);
+  put(parent.bytes().data(), parent.size());
   const auto n = static_cast<std::uint32_t>(tokens.size());
-  append_bytes(buf, &n, sizeof(n));
-  append_bytes(buf, tokens.data(), tokens.size_bytes());
+  put(&n, sizeof(n));
+  if (tokens.size() == 16) {  // the usual block: a constant-size copy (no `rep movs`)
+    std::memcpy(p, tokens.data(), 16 * sizeof(TokenId));
+    p += 16 * sizeof(TokenId);
+  } else if (!tokens.empty()) {
+    put(tokens.data(), tokens.size_bytes());
+  }
   const auto extra_size = static_cast<std::uint64_t>(extra.size());
-  append_bytes(buf, &extra_size, sizeof(extra_size));
-  append_bytes(buf, extra.data(), extra.size());
-  return raw_digest(HashScheme::kSha256, buf);
+  put(&extra_size, sizeof(extra_size));
+  if (!extra.empty()) put(extra.data(), extra.size());
+  return raw_digest(HashScheme::kSha256, std::span<const std::uint8_t>(out, size));
 }
 
 }  // namespace
@@ -248,7 +264,13 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   for (std::int32_t i = 0; i < n; ++i) {
     const BlockId id = free_queue_.popleft();
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    if (b.is_cached()) hash_map_.prefetch(b.block_hash, b.group_id);  // evicted below
+    if (b.is_cached()) {  // evicted below: start loading what evict_cached() touches
+      hash_map_.prefetch(b.block_hash, b.group_id);
+      if (verifying()) {
+        __builtin_prefetch(&stored_[static_cast<std::size_t>(id)], 1);
+        if (!ident_.empty()) __builtin_prefetch(&ident_[static_cast<std::size_t>(id)], 1);
+      }
+    }
     out.push_back(id);
   }
   for (std::size_t i = first; i < out.size(); ++i) {
@@ -494,6 +516,12 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   const std::uint32_t bs = st.seq_.block_size;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     hash_map_.prefetch(hashes[st.first_ + k], st.group_);  // overlap the table's misses
+    if (verifying()) {  // and those of the stored material written below
+      const auto i = static_cast<std::size_t>(blocks[k]);
+      __builtin_prefetch(&stored_[i], 1);
+      __builtin_prefetch(&block_tokens_[i * config_.block_size], 1);
+      if (!ident_.empty()) __builtin_prefetch(&ident_[i], 1);
+    }
   }
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const BlockId id = blocks[k];
@@ -505,8 +533,13 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
       stored_[i].extra_id = st.extra_ids_[k];
       stored_[i].parent_ident = st.parent_idents_[k];
       if (!ident_.empty()) ident_[i] = st.idents_[k];
-      std::memcpy(&block_tokens_[i * config_.block_size],
-                  st.seq_.tokens.data() + (st.first_ + k) * bs, bs * sizeof(TokenId));
+      TokenId* to = &block_tokens_[i * config_.block_size];
+      const TokenId* from = st.seq_.tokens.data() + (st.first_ + k) * bs;
+      if (bs == 16) {  // the usual block: a constant-size copy
+        std::memcpy(to, from, 16 * sizeof(TokenId));
+      } else {
+        std::memcpy(to, from, bs * sizeof(TokenId));
+      }
     }
     hash_map_.insert(id);
   }

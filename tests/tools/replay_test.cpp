@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
+#include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <numeric>
 #include <string>
 
@@ -117,6 +120,75 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
       "extra.jsonl", R"({"session": {"id": "a", "t": [1, {"x": null}]}, "timestamp": 1.5, )"
                      R"("input_length": 10, "output_length": 1, "hash_ids": [7], "ok": true})");
   EXPECT_EQ(load_hashid_jsonl(extra, LoadOptions{}).requests.size(), 1u);
+}
+
+// Writes `text` gzip-compressed (in `members` gzip members, as concatenated .gz files are).
+std::string write_temp_gz(const std::string& name, const std::string& text, int members = 1) {
+  const auto path =
+      (std::filesystem::temp_directory_path() / ("pagedkv_replay_test_" + name)).string();
+  std::remove(path.c_str());
+  const std::size_t part = text.size() / static_cast<std::size_t>(members) + 1;
+  for (std::size_t at = 0; at < text.size(); at += part) {
+    gzFile f = gzopen(path.c_str(), "ab");
+    EXPECT_NE(f, nullptr);
+    const std::size_t n = std::min(part, text.size() - at);
+    EXPECT_EQ(gzwrite(f, text.data() + at, static_cast<unsigned>(n)), static_cast<int>(n));
+    EXPECT_EQ(gzclose(f), Z_OK);
+  }
+  return path;
+}
+
+TEST(Replay, ReadsGzipCompressedTraces) {
+  // Enough lines that the decompressed text spans several of the reader's 128 KiB chunks, with
+  // lines cut across chunk (and gzip member) boundaries.
+  std::string text;
+  for (int i = 0; i < 6000; ++i) {
+    text += R"({"timestamp": )" + std::to_string(i) + R"(, "input_length": )" +
+            std::to_string(100 + i % 900) + R"(, "output_length": 3, "hash_ids": [)" +
+            std::to_string(i % 37) + (i % 3 ? ", 5" : "") + "]}\n";
+  }
+  const std::string plain = write_temp("plain.jsonl", text);
+  LoadOptions options;
+  options.source_block_size = 64;
+  const Trace a = load_hashid_jsonl(plain, options);
+  ASSERT_EQ(a.requests.size(), 6000u);
+  for (const int members : {1, 3}) {
+    const std::string gz = write_temp_gz("trace.jsonl.gz", text, members);
+    ASSERT_LT(std::filesystem::file_size(gz), text.size() / 4);  // really compressed
+    const Trace b = load_hashid_jsonl(gz, options);
+    ASSERT_EQ(b.requests.size(), a.requests.size());
+    for (std::size_t i = 0; i < a.requests.size(); ++i) {
+      EXPECT_EQ(b.requests[i].timestamp_ms, a.requests[i].timestamp_ms);
+      EXPECT_EQ(b.requests[i].input_length, a.requests[i].input_length);
+      EXPECT_EQ(b.requests[i].hash_ids, a.requests[i].hash_ids);
+    }
+    EXPECT_EQ(b.name, "pagedkv_replay_test_trace.jsonl.gz");
+  }
+  // The last line without a newline, and a malformed line named by its decompressed line number.
+  const std::string bad = write_temp_gz(
+      "bad.jsonl.gz", text.substr(0, 200) + "\n{\"timestamp\": 1}\n" + text.substr(0, 90));
+  try {
+    load_hashid_jsonl(bad, options);
+    ADD_FAILURE() << "accepted a malformed compressed line";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(bad + ":"), std::string::npos) << e.what();
+  }
+  // A truncated stream is an error, not a silently shorter trace.
+  const std::string whole = write_temp_gz("whole.jsonl.gz", text);
+  std::string bytes;
+  {
+    std::ifstream in(whole, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string cut = write_temp("cut.jsonl.gz", bytes.substr(0, bytes.size() / 2));
+  EXPECT_THROW(load_hashid_jsonl(cut, options), Error);
+  // Azure CSV, compressed.
+  const std::string csv =
+      write_temp_gz("azure.csv.gz", "TIMESTAMP,ContextTokens,GeneratedTokens\nx,17,4\ny,3,9\n");
+  const Trace c = load_azure_csv(csv, LoadOptions{});
+  ASSERT_EQ(c.requests.size(), 2u);
+  EXPECT_EQ(c.requests[1].input_length, 3u);
+  EXPECT_EQ(c.requests[1].output_length, 9u);
 }
 
 TEST(Replay, TokenSynthesisFollowsHashIds) {
