@@ -43,7 +43,6 @@ gap-free sequence number.
 """
 
 from ._pagedkv import (
-    SKIP_SLOT,
     AllBlocksCleared,
     AttentionKind,
     AttentionSpec,
@@ -54,12 +53,22 @@ from ._pagedkv import (
     Error,
     ErrorCode,
     FullAttentionSpec,
+    HAS_EVENTS,
     HashScheme,
+    HostPolicy,
     KVCacheManager,
     KVCacheManagerSnapshot,
+    LoadResult,
     PrefixCacheStats,
     Request,
+    SKIP_SLOT,
     SlidingWindowSpec,
+    TierAllocation,
+    TierPlan,
+    TierStats,
+    TieredCacheHit,
+    TieredKVCacheManager,
+    TieredSnapshot,
     __version__,
     digest_size,
     event_id,
@@ -71,7 +80,6 @@ from ._pagedkv import (
 )
 
 __all__ = [
-    "SKIP_SLOT",
     "AllBlocksCleared",
     "AttentionKind",
     "AttentionSpec",
@@ -82,12 +90,22 @@ __all__ = [
     "Error",
     "ErrorCode",
     "FullAttentionSpec",
+    "HAS_EVENTS",
     "HashScheme",
+    "HostPolicy",
     "KVCacheManager",
     "KVCacheManagerSnapshot",
+    "LoadResult",
     "PrefixCacheStats",
     "Request",
+    "SKIP_SLOT",
     "SlidingWindowSpec",
+    "TierAllocation",
+    "TierPlan",
+    "TierStats",
+    "TieredCacheHit",
+    "TieredKVCacheManager",
+    "TieredSnapshot",
     "__version__",
     "digest_size",
     "event_id",
@@ -97,3 +115,8 @@ __all__ = [
     "slot_of",
     "validate_block_table",
 ]
+
+if HAS_EVENTS:  # built with the events layer (ZeroMQ, msgpack)
+    from ._pagedkv import KVEventPublisher, KVEventPublisherStats  # noqa: F401
+
+    __all__ += ["KVEventPublisher", "KVEventPublisherStats"]

@@ -94,5 +94,7 @@ void bind_errors(py::module_& m);
 void bind_hashing(py::module_& m);
 void bind_manager(py::module_& m);
 void bind_device(py::module_& m);
+void bind_tier(py::module_& m);
+void bind_publisher(py::module_& m);  // only with PAGEDKV_PYTHON_HAS_EVENTS
 
 }  // namespace pagedkv::python
