@@ -231,7 +231,8 @@ void bind_manager(py::module_& m) {
             MaybeReleaseGil nogil(t.span().size() >= kReleaseGilAbove);
             r.req.append_tokens(t.span());
           },
-          py::arg("tokens"), "Appends tokens; hashes every block they complete. Releases the GIL.")
+          py::arg("tokens"),
+          "Appends tokens; hashes every block they complete. Releases the GIL for 4096+ tokens.")
       .def("__repr__", [](PyRequest& r) {
         BusyGuard g(r.busy, "Request");
         return "Request(request_id=" + std::to_string(r.req.id()) +
@@ -466,7 +467,7 @@ void bind_manager(py::module_& m) {
           py::arg("cache_salt") = py::none(), py::arg("lora_name") = py::none(),
           py::arg("mm_items") = py::none(),
           "A Request hashed the way this manager's cache is keyed (hashes the prompt; releases "
-          "the GIL). mm_items: (identifier, offset, length) tuples.")
+          "the GIL for 4096+ tokens). mm_items: (identifier, offset, length) tuples.")
       .def(
           "get_computed_blocks",
           [](PyKVCacheManager& s, PyRequest& r) {

@@ -37,8 +37,8 @@ py::array_t<std::int32_t> copies_view(const std::vector<BlockCopy>& v, py::handl
   return a;
 }
 py::array_t<std::uint64_t> ids_view(const std::vector<TransferId>& v, py::handle owner) {
-  py::array_t<std::uint64_t> a({static_cast<py::ssize_t>(v.size())}, {sizeof(TransferId)},
-                               v.data(), owner);
+  py::array_t<std::uint64_t> a({static_cast<py::ssize_t>(v.size())}, {sizeof(TransferId)}, v.data(),
+                               owner);
   py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return a;
 }
@@ -49,7 +49,8 @@ HostPolicy policy_from(py::handle obj) {
     if (auto p = parse_host_policy(text)) return *p;
     throw Error(ErrorCode::kInvalidArgument,
                 "host policy: expected 'write_through', 'write_through_selective' or "
-                "'write_back', got '" + text + "'");
+                "'write_back', got '" +
+                    text + "'");
   }
   try {
     return obj.cast<HostPolicy>();
@@ -59,7 +60,9 @@ HostPolicy policy_from(py::handle obj) {
   }
 }
 
-bool long_call(const Request& r) { return r.num_tokens() >= kReleaseGilAbove; }
+bool long_call(const Request& r) {
+  return r.num_tokens() >= kReleaseGilAbove;
+}
 
 }  // namespace
 
@@ -108,9 +111,10 @@ void bind_tier(py::module_& m) {
                                return copies_view(self.cast<const TierPlan&>().plan.evictions,
                                                   self);
                              })
-      .def_property_readonly(
-          "loads",
-          [](py::object self) { return copies_view(self.cast<const TierPlan&>().plan.loads, self); })
+      .def_property_readonly("loads",
+                             [](py::object self) {
+                               return copies_view(self.cast<const TierPlan&>().plan.loads, self);
+                             })
       .def_property_readonly("stores",
                              [](py::object self) {
                                return copies_view(self.cast<const TierPlan&>().plan.stores, self);
@@ -124,8 +128,7 @@ void bind_tier(py::module_& m) {
       .def_property_readonly(
           "store_ids",
           [](py::object self) { return ids_view(self.cast<const TierPlan&>().store_ids, self); })
-      .def_property_readonly("num_copies",
-                             [](const TierPlan& p) { return p.plan.num_copies(); })
+      .def_property_readonly("num_copies", [](const TierPlan& p) { return p.plan.num_copies(); })
       .def_property_readonly("empty", [](const TierPlan& p) { return p.plan.empty(); })
       .def("__repr__", [](const TierPlan& p) {
         return "TierPlan(evictions=" + std::to_string(p.plan.evictions.size()) +
@@ -142,7 +145,9 @@ void bind_tier(py::module_& m) {
           py::return_value_policy::reference_internal, "The GPU part (a CacheHit).")
       .def_property_readonly(
           "blocks",
-          [](py::object self) { return view_of(self.cast<const TieredCacheHit&>().gpu.blocks, self); },
+          [](py::object self) {
+            return view_of(self.cast<const TieredCacheHit&>().gpu.blocks, self);
+          },
           "GPU hit block ids (read-only int32 view).")
       .def_property_readonly(
           "host_slots",
@@ -161,7 +166,10 @@ void bind_tier(py::module_& m) {
 
   py::class_<PyTierAllocation>(m, "TierAllocation", "allocate_slots() of the tier.")
       .def_property_readonly(
-          "new_blocks", [](const PyTierAllocation& a) { return array_copy(std::span<const BlockId>(a.new_blocks)); },
+          "new_blocks",
+          [](const PyTierAllocation& a) {
+            return array_copy(std::span<const BlockId>(a.new_blocks));
+          },
           "The newly allocated GPU blocks (a new int32 array), the host-hit part's first.")
       .def_property_readonly(
           "transfers", [](const PyTierAllocation& a) -> const TierPlan& { return a.transfers; },
@@ -255,8 +263,8 @@ void bind_tier(py::module_& m) {
           "make_request",
           [](const Tier& s, RequestId id, py::object prompt, std::optional<std::string> cache_salt,
              std::optional<std::string> lora_name, py::object mm_items) {
-            return build_request(id, s.tier.gpu().hasher(), s.tier.block_size(), prompt,
-                                 cache_salt, lora_name, mm_items);
+            return build_request(id, s.tier.gpu().hasher(), s.tier.block_size(), prompt, cache_salt,
+                                 lora_name, mm_items);
           },
           py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(),
           py::arg("cache_salt") = py::none(), py::arg("lora_name") = py::none(),
