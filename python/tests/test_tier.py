@@ -164,6 +164,7 @@ def test_misuse_raises_and_changes_nothing():
     refused(pagedkv.ErrorCode.INVALID_STATE, tier.preempt, r)
     refused(pagedkv.ErrorCode.INVALID_STATE, tier.finish_loads, r)           # loads in flight
     refused(pagedkv.ErrorCode.INVALID_ARGUMENT, tier.allocate_slots, r, -1)
+    refused(pagedkv.ErrorCode.INVALID_STATE, tier.allocate_slots, r, 1)      # loads unfinished
     first = int(a.transfers.load_ids[0])
     tier.commit(first, True)
     before = tier.snapshot()
