@@ -3,7 +3,8 @@
 // Lifetimes: TieredCacheHit.blocks / host_slots and every TierPlan array (evictions, loads,
 // stores: int32 [n, 2] as (src, dst); *_ids: uint64 [n]) are zero-copy read-only views of the
 // result object that holds them, which nothing mutates; a view keeps that object alive.
-// TierAllocation.new_blocks is a copy (the library's span is valid only until the next call).
+// TierAllocation.new_blocks views the allocation's own copy of the library's span (which is valid
+// only until the next call).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -167,10 +168,11 @@ void bind_tier(py::module_& m) {
   py::class_<PyTierAllocation>(m, "TierAllocation", "allocate_slots() of the tier.")
       .def_property_readonly(
           "new_blocks",
-          [](const PyTierAllocation& a) {
-            return array_copy(std::span<const BlockId>(a.new_blocks));
+          [](py::object self) {
+            return view_of(self.cast<const PyTierAllocation&>().new_blocks, self);
           },
-          "The newly allocated GPU blocks (a new int32 array), the host-hit part's first.")
+          "The newly allocated GPU blocks, the host-hit part's first (a read-only int32 view of "
+          "this allocation's own copy, which keeps it alive).")
       .def_property_readonly(
           "transfers", [](const PyTierAllocation& a) -> const TierPlan& { return a.transfers; },
           py::return_value_policy::reference_internal)

@@ -43,6 +43,7 @@ def test_write_through_plan_contents():
     assert (hit.num_gpu_tokens, hit.num_host_tokens, hit.num_tokens) == (0, 0, 0)
     a = tier.allocate_slots(r, 9, hit)
     assert a.new_blocks.dtype == np.int32 and list(a.new_blocks) == list(tier.block_ids(r))
+    assert not a.new_blocks.flags.writeable
     plan = a.transfers
     assert plan.evictions.shape == (0, 2) and plan.loads.shape == (0, 2)
     # Write-through: one store per full block, GPU block -> host slot, after the forward pass.
