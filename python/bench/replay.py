@@ -48,13 +48,16 @@ def replay_bindings(trace, num_blocks, block_size=16, hash_scheme="sha256", seed
         req = kv.make_request(i, tokens)
         t1 = clock()
         hit = kv.get_computed_blocks(req)
-        if kv.allocate_slots(req, input_length - hit.num_tokens, hit) is None:
-            raise RuntimeError(f"request {i} did not fit an idle pool")
+        new = kv.allocate_slots(req, input_length - hit.num_tokens, hit)
         kv.free(req)
         t2 = clock()
+        if new is None:
+            raise RuntimeError(f"request {i} did not fit an idle pool")
         res["hash_seconds"] += t1 - t0
         res["pool_seconds"] += t2 - t1
         res["hit_tokens"] += hit.num_tokens
+        # Destroyed outside the timed sections, as the C++ replay destroys its Request.
+        del req, hit, new
     res["evicted_blocks"] = kv.stats().evictions
     kv.check_invariants()
     return res

@@ -31,7 +31,9 @@ Arrays and lifetimes:
     vectors (no copy).
 
 Threads: calls whose work grows with tokens or blocks (make_request, get_computed_blocks,
-allocate_slots, free, preempt, append_tokens, hash_blocks, check_invariants) release the GIL. A
+allocate_slots, free, preempt, append_tokens) release the GIL when their input is 4096 tokens or
+more (releasing and re-taking it costs more than a short call saves); hash_blocks and
+check_invariants always do. A
 manager and its requests belong to one scheduler thread; touching one from a second thread while
 a call is in flight raises pagedkv.Error (INVALID_STATE) instead of racing. BlockHasher is
 immutable and may be shared.
@@ -40,10 +42,18 @@ Events (KVCacheManager(enable_kv_events=True).take_events()): BlockStored, Block
 AllBlocksCleared with vLLM's field names; block_hashes / parent_block_hash are vLLM's 64-bit int
 form (event_id of the digest), block_digests / parent_block_digest the full digests, seq the
 gap-free sequence number.
+
+Host tier (TieredKVCacheManager): get_computed_blocks -> TieredCacheHit (GPU blocks, then host
+slots); allocate_slots -> TierAllocation whose .transfers (a TierPlan) holds each stage as a
+read-only int32 [n, 2] view of (src, dst) rows (evictions and stores: GPU block -> host slot;
+loads: host slot -> GPU block) and uint64 ids to commit(); finish_loads -> LoadResult. Views keep
+their plan alive. Events carry medium "GPU" or "CPU".
+
+KVEventPublisher (when HAS_EVENTS): vLLM's ZmqEventPublisher; publish(events) takes event objects,
+publish_from(manager) takes a manager's pending events without making Python objects.
 """
 
 from ._pagedkv import (
-    SKIP_SLOT,
     AllBlocksCleared,
     AttentionKind,
     AttentionSpec,
@@ -54,12 +64,22 @@ from ._pagedkv import (
     Error,
     ErrorCode,
     FullAttentionSpec,
+    HAS_EVENTS,
     HashScheme,
+    HostPolicy,
     KVCacheManager,
     KVCacheManagerSnapshot,
+    LoadResult,
     PrefixCacheStats,
     Request,
+    SKIP_SLOT,
     SlidingWindowSpec,
+    TierAllocation,
+    TierPlan,
+    TierStats,
+    TieredCacheHit,
+    TieredKVCacheManager,
+    TieredSnapshot,
     __version__,
     digest_size,
     event_id,
@@ -71,7 +91,6 @@ from ._pagedkv import (
 )
 
 __all__ = [
-    "SKIP_SLOT",
     "AllBlocksCleared",
     "AttentionKind",
     "AttentionSpec",
@@ -82,12 +101,22 @@ __all__ = [
     "Error",
     "ErrorCode",
     "FullAttentionSpec",
+    "HAS_EVENTS",
     "HashScheme",
+    "HostPolicy",
     "KVCacheManager",
     "KVCacheManagerSnapshot",
+    "LoadResult",
     "PrefixCacheStats",
     "Request",
+    "SKIP_SLOT",
     "SlidingWindowSpec",
+    "TierAllocation",
+    "TierPlan",
+    "TierStats",
+    "TieredCacheHit",
+    "TieredKVCacheManager",
+    "TieredSnapshot",
     "__version__",
     "digest_size",
     "event_id",
@@ -97,3 +126,8 @@ __all__ = [
     "slot_of",
     "validate_block_table",
 ]
+
+if HAS_EVENTS:  # built with the events layer (ZeroMQ, msgpack)
+    from ._pagedkv import KVEventPublisher, KVEventPublisherStats  # noqa: F401
+
+    __all__ += ["KVEventPublisher", "KVEventPublisherStats"]

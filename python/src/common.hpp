@@ -6,7 +6,8 @@
 //    themselves are reported the same way.
 //  - Token arrays come in as any 1-D integer sequence; a C-contiguous numpy int32 array is read in
 //    place (no copy), anything else is converted once with a range check (never truncated).
-//  - Calls whose work grows with tokens or blocks release the GIL. An object whose call runs
+//  - Calls whose work grows with tokens or blocks release the GIL (most only for large inputs,
+//    objects.hpp kReleaseGilAbove). An object whose call runs
 //    without the GIL is marked busy: a second thread reaching the same manager or request at that
 //    moment gets pagedkv.Error (INVALID_STATE) instead of a data race, since managers and requests
 //    belong to one scheduler thread (as in C++).
@@ -94,5 +95,7 @@ void bind_errors(py::module_& m);
 void bind_hashing(py::module_& m);
 void bind_manager(py::module_& m);
 void bind_device(py::module_& m);
+void bind_tier(py::module_& m);
+void bind_publisher(py::module_& m);  // only with PAGEDKV_PYTHON_HAS_EVENTS
 
 }  // namespace pagedkv::python

@@ -16,37 +16,11 @@
 
 #include "common.hpp"
 #include "hashing.hpp"
+#include "objects.hpp"
 #include "pagedkv/device/block_table.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
 
 namespace pagedkv::python {
-
-namespace {
-
-struct PyRequest {
-  explicit PyRequest(Request r) : req(std::move(r)) {}
-  Request req;
-  std::atomic<bool> busy{false};
-};
-
-struct PyKVCacheManager {
-  explicit PyKVCacheManager(const KVCacheManagerConfig& c) : kv(c) {}
-  KVCacheManager kv;
-  std::atomic<bool> busy{false};
-};
-
-// Events: the library's event with its sequence number, exposed under vLLM's field names.
-struct PyBlockStored {
-  std::uint64_t seq;
-  BlockStored data;
-};
-struct PyBlockRemoved {
-  std::uint64_t seq;
-  BlockRemoved data;
-};
-struct PyAllBlocksCleared {
-  std::uint64_t seq;
-};
 
 py::list event_ids(const std::vector<BlockHash>& hashes) {
   py::list out(hashes.size());
@@ -60,12 +34,38 @@ py::list digests(const std::vector<BlockHash>& hashes) {
 }
 
 py::object to_python(KVEvent&& e) {
-  if (auto* s = std::get_if<BlockStored>(&e.data)) return py::cast(PyBlockStored{e.seq, *s});
-  if (auto* r = std::get_if<BlockRemoved>(&e.data)) return py::cast(PyBlockRemoved{e.seq, *r});
+  if (auto* s = std::get_if<BlockStored>(&e.data)) {
+    return py::cast(PyBlockStored{e.seq, std::move(*s)});
+  }
+  if (auto* r = std::get_if<BlockRemoved>(&e.data)) {
+    return py::cast(PyBlockRemoved{e.seq, std::move(*r)});
+  }
   return py::cast(PyAllBlocksCleared{e.seq});
 }
 
-// A read-only array viewing `v`, which lives as long as `owner`.
+py::list events_to_python(std::vector<KVEvent>&& events) {
+  py::list out(events.size());
+  for (std::size_t i = 0; i < events.size(); ++i) out[i] = to_python(std::move(events[i]));
+  return out;
+}
+
+KVEvent event_from_python(py::handle obj) {
+  if (py::isinstance<PyBlockStored>(obj)) {
+    const auto& e = obj.cast<const PyBlockStored&>();
+    return KVEvent{e.seq, e.data};
+  }
+  if (py::isinstance<PyBlockRemoved>(obj)) {
+    const auto& e = obj.cast<const PyBlockRemoved&>();
+    return KVEvent{e.seq, e.data};
+  }
+  if (py::isinstance<PyAllBlocksCleared>(obj)) {
+    return KVEvent{obj.cast<const PyAllBlocksCleared&>().seq, AllBlocksCleared{}};
+  }
+  throw Error(ErrorCode::kInvalidArgument,
+              "expected pagedkv.BlockStored, BlockRemoved or AllBlocksCleared, got " +
+                  std::string(py::str(py::type::of(obj).attr("__name__"))));
+}
+
 py::array_t<BlockId> view_of(const std::vector<BlockId>& v, py::handle owner) {
   py::array_t<BlockId> a({static_cast<py::ssize_t>(v.size())}, {sizeof(BlockId)}, v.data(), owner);
   py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
@@ -94,11 +94,13 @@ std::unique_ptr<PyRequest> build_request(RequestId id, const BlockHasher& hasher
   RequestHashKeys keys = hash_keys_from(cache_salt, lora_name, mm_items);
   std::optional<Request> r;
   {
-    py::gil_scoped_release nogil;  // hashing the prompt: O(prompt)
+    MaybeReleaseGil nogil(tokens.span().size() >= kReleaseGilAbove);  // hashing: O(prompt)
     r.emplace(id, hasher, block_size, tokens.span(), std::move(keys));
   }
   return std::make_unique<PyRequest>(std::move(*r));
 }
+
+namespace {
 
 // The rows of `ids` in group g, for block tables and slot mappings (manager guard held).
 std::vector<std::span<const BlockId>> rows_of(const KVCacheManager& kv, py::handle requests,
@@ -226,10 +228,11 @@ void bind_manager(py::module_& m) {
           [](PyRequest& r, py::object tokens) {
             BusyGuard g(r.busy, "Request");
             const TokenView t(tokens, "append_tokens");
-            py::gil_scoped_release nogil;
+            MaybeReleaseGil nogil(t.span().size() >= kReleaseGilAbove);
             r.req.append_tokens(t.span());
           },
-          py::arg("tokens"), "Appends tokens; hashes every block they complete. Releases the GIL.")
+          py::arg("tokens"),
+          "Appends tokens; hashes every block they complete. Releases the GIL for 4096+ tokens.")
       .def("__repr__", [](PyRequest& r) {
         BusyGuard g(r.busy, "Request");
         return "Request(request_id=" + std::to_string(r.req.id()) +
@@ -464,14 +467,14 @@ void bind_manager(py::module_& m) {
           py::arg("cache_salt") = py::none(), py::arg("lora_name") = py::none(),
           py::arg("mm_items") = py::none(),
           "A Request hashed the way this manager's cache is keyed (hashes the prompt; releases "
-          "the GIL). mm_items: (identifier, offset, length) tuples.")
+          "the GIL for 4096+ tokens). mm_items: (identifier, offset, length) tuples.")
       .def(
           "get_computed_blocks",
           [](PyKVCacheManager& s, PyRequest& r) {
             BusyGuard gm(s.busy, "KVCacheManager");
             BusyGuard gr(r.busy, "Request");
             auto hit = std::make_unique<CacheHit>();
-            py::gil_scoped_release nogil;
+            MaybeReleaseGil nogil(r.req.num_tokens() >= kReleaseGilAbove);
             *hit = s.kv.get_computed_blocks(r.req);
             return hit;
           },
@@ -491,7 +494,7 @@ void bind_manager(py::module_& m) {
             const CacheHit& h = hit.is_none() ? kNoHit : hit.cast<const CacheHit&>();
             std::optional<std::span<const BlockId>> blocks;
             {
-              py::gil_scoped_release nogil;
+              MaybeReleaseGil nogil(n + look + h.num_tokens >= kReleaseGilAbove);
               blocks = s.kv.allocate_slots(r.req, n, h, look);
             }
             if (!blocks) return py::none();
@@ -507,7 +510,7 @@ void bind_manager(py::module_& m) {
           [](PyKVCacheManager& s, PyRequest& r) {
             BusyGuard gm(s.busy, "KVCacheManager");
             BusyGuard gr(r.busy, "Request");
-            py::gil_scoped_release nogil;
+            MaybeReleaseGil nogil(r.req.num_tokens() >= kReleaseGilAbove);
             s.kv.free(r.req);
           },
           py::arg("request"), "Releases a finished request's blocks (tail first).")
@@ -516,7 +519,7 @@ void bind_manager(py::module_& m) {
           [](PyKVCacheManager& s, PyRequest& r) {
             BusyGuard gm(s.busy, "KVCacheManager");
             BusyGuard gr(r.busy, "Request");
-            py::gil_scoped_release nogil;
+            MaybeReleaseGil nogil(r.req.num_tokens() >= kReleaseGilAbove);
             s.kv.preempt(r.req);
           },
           py::arg("request"),
@@ -644,10 +647,7 @@ void bind_manager(py::module_& m) {
           "take_events",
           [](PyKVCacheManager& s) {
             BusyGuard gm(s.busy, "KVCacheManager");
-            std::vector<KVEvent> events = s.kv.take_events();
-            py::list out;
-            for (KVEvent& e : events) out.append(to_python(std::move(e)));
-            return out;
+            return events_to_python(s.kv.take_events());
           },
           "Buffered KV events (BlockStored, BlockRemoved, AllBlocksCleared), oldest first; "
           "needs enable_kv_events=True.")

@@ -149,4 +149,11 @@ PYBIND11_MODULE(_pagedkv, m) {
   pp::bind_hashing(m);
   pp::bind_manager(m);
   pp::bind_device(m);
+  pp::bind_tier(m);
+#ifdef PAGEDKV_PYTHON_HAS_EVENTS
+  pp::bind_publisher(m);
+  m.attr("HAS_EVENTS") = true;
+#else
+  m.attr("HAS_EVENTS") = false;
+#endif
 }

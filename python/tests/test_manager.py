@@ -2,6 +2,7 @@
 
 import gc
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -254,11 +255,16 @@ def test_gil_released_and_concurrent_use_is_refused():
     r, _, _ = run_prompt(kv, 1, prompt)
     kv.free(r)
     req = kv.make_request(2, prompt)
-    done = threading.Event()
+    done, stop = threading.Event(), threading.Event()
+    calls = [0]
 
     def worker():
-        for _ in range(100):
+        # At least 100 calls, then until the main thread saw one in flight (a loaded machine
+        # may not schedule it during the first ones), at most 20 s.
+        deadline = time.monotonic() + 20
+        while calls[0] < 100 or (not stop.is_set() and time.monotonic() < deadline):
             kv.get_computed_blocks(req)
+            calls[0] += 1
         done.set()
 
     t = threading.Thread(target=worker)
@@ -271,7 +277,8 @@ def test_gil_released_and_concurrent_use_is_refused():
         except pagedkv.Error as e:
             assert e.code == pagedkv.ErrorCode.INVALID_STATE and "another thread" in str(e)
             busy += 1
+            stop.set()
     t.join()
     assert busy > 0, "the main thread never ran while get_computed_blocks was in flight"
-    assert kv.stats().requests == 101
+    assert kv.stats().requests == 1 + calls[0]
     kv.check_invariants()

@@ -1,0 +1,402 @@
+// python/src/tier.cpp: TieredKVCacheManager (the host-memory tier), its config, plans and stats.
+//
+// Lifetimes: TieredCacheHit.blocks / host_slots and every TierPlan array (evictions, loads,
+// stores: int32 [n, 2] as (src, dst); *_ids: uint64 [n]) are zero-copy read-only views of the
+// result object that holds them, which nothing mutates; a view keeps that object alive.
+// TierAllocation.new_blocks views the allocation's own copy of the library's span (which is valid
+// only until the next call).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common.hpp"
+#include "objects.hpp"
+#include "pagedkv/tier/host_tier_config.hpp"
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+
+namespace pagedkv::python {
+
+namespace {
+
+static_assert(sizeof(BlockCopy) == 2 * sizeof(std::int32_t), "BlockCopy is viewed as int32 [n, 2]");
+
+struct PyTierAllocation {
+  std::vector<BlockId> new_blocks;
+  TierPlan transfers;
+};
+
+// Read-only views owned by `owner`.
+py::array_t<std::int32_t> copies_view(const std::vector<BlockCopy>& v, py::handle owner) {
+  py::array_t<std::int32_t> a(
+      {static_cast<py::ssize_t>(v.size()), py::ssize_t{2}},
+      {static_cast<py::ssize_t>(sizeof(BlockCopy)), static_cast<py::ssize_t>(sizeof(std::int32_t))},
+      reinterpret_cast<const std::int32_t*>(v.data()), owner);
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+py::array_t<std::uint64_t> ids_view(const std::vector<TransferId>& v, py::handle owner) {
+  py::array_t<std::uint64_t> a({static_cast<py::ssize_t>(v.size())}, {sizeof(TransferId)}, v.data(),
+                               owner);
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+HostPolicy policy_from(py::handle obj) {
+  if (py::isinstance<py::str>(obj)) {
+    const auto text = obj.cast<std::string>();
+    if (auto p = parse_host_policy(text)) return *p;
+    throw Error(ErrorCode::kInvalidArgument,
+                "host policy: expected 'write_through', 'write_through_selective' or "
+                "'write_back', got '" +
+                    text + "'");
+  }
+  try {
+    return obj.cast<HostPolicy>();
+  } catch (const py::cast_error&) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "host policy: expected pagedkv.HostPolicy or its name");
+  }
+}
+
+bool long_call(const Request& r) {
+  return r.num_tokens() >= kReleaseGilAbove;
+}
+
+}  // namespace
+
+void bind_tier(py::module_& m) {
+  py::enum_<HostPolicy>(m, "HostPolicy", "When blocks are copied into the host tier.")
+      .value("WRITE_THROUGH", HostPolicy::kWriteThrough)
+      .value("WRITE_THROUGH_SELECTIVE", HostPolicy::kWriteThroughSelective)
+      .value("WRITE_BACK", HostPolicy::kWriteBack);
+
+  py::class_<TierStats>(m, "TierStats", "Cumulative host-tier statistics.")
+      .def_readonly("requests", &TierStats::requests)
+      .def_readonly("queried_tokens", &TierStats::queried_tokens)
+      .def_readonly("gpu_hit_tokens", &TierStats::gpu_hit_tokens)
+      .def_readonly("host_hit_tokens", &TierStats::host_hit_tokens)
+      .def_readonly("loaded_blocks", &TierStats::loaded_blocks)
+      .def_readonly("load_failures", &TierStats::load_failures)
+      .def_readonly("rollbacks", &TierStats::rollbacks)
+      .def_readonly("stored_blocks", &TierStats::stored_blocks)
+      .def_readonly("store_failures", &TierStats::store_failures)
+      .def_readonly("stores_skipped_full", &TierStats::stores_skipped_full)
+      .def_readonly("loaded_bytes", &TierStats::loaded_bytes)
+      .def_readonly("stored_bytes", &TierStats::stored_bytes)
+      .def_readonly("host_evictions", &TierStats::host_evictions)
+      .def_readonly("host_slots", &TierStats::host_slots)
+      .def_readonly("host_slots_pinned", &TierStats::host_slots_pinned)
+      .def_readonly("host_slots_storing", &TierStats::host_slots_storing)
+      .def_readonly("host_cached_blocks", &TierStats::host_cached_blocks)
+      .def_property_readonly("hit_rate", &TierStats::hit_rate)
+      .def_property_readonly("host_usage", &TierStats::host_usage)
+      .def("__repr__", [](const TierStats& s) {
+        return "TierStats(requests=" + std::to_string(s.requests) +
+               ", gpu_hit_tokens=" + std::to_string(s.gpu_hit_tokens) +
+               ", host_hit_tokens=" + std::to_string(s.host_hit_tokens) +
+               ", stored_blocks=" + std::to_string(s.stored_blocks) +
+               ", loaded_blocks=" + std::to_string(s.loaded_blocks) + ")";
+      });
+
+  py::class_<TierPlan>(m, "TierPlan",
+                       "The copies of one step as read-only arrays: evictions and loads run "
+                       "before the forward pass (in that order), stores after it. Each stage is "
+                       "int32 [n, 2] with columns (src, dst): evictions and stores copy GPU block "
+                       "-> host slot, loads host slot -> GPU block; *_ids are the uint64 ids to "
+                       "commit(), row for row. Views keep this plan alive.")
+      .def_property_readonly("evictions",
+                             [](py::object self) {
+                               return copies_view(self.cast<const TierPlan&>().plan.evictions,
+                                                  self);
+                             })
+      .def_property_readonly("loads",
+                             [](py::object self) {
+                               return copies_view(self.cast<const TierPlan&>().plan.loads, self);
+                             })
+      .def_property_readonly("stores",
+                             [](py::object self) {
+                               return copies_view(self.cast<const TierPlan&>().plan.stores, self);
+                             })
+      .def_property_readonly(
+          "eviction_ids",
+          [](py::object self) { return ids_view(self.cast<const TierPlan&>().eviction_ids, self); })
+      .def_property_readonly(
+          "load_ids",
+          [](py::object self) { return ids_view(self.cast<const TierPlan&>().load_ids, self); })
+      .def_property_readonly(
+          "store_ids",
+          [](py::object self) { return ids_view(self.cast<const TierPlan&>().store_ids, self); })
+      .def_property_readonly("num_copies", [](const TierPlan& p) { return p.plan.num_copies(); })
+      .def_property_readonly("empty", [](const TierPlan& p) { return p.plan.empty(); })
+      .def("__repr__", [](const TierPlan& p) {
+        return "TierPlan(evictions=" + std::to_string(p.plan.evictions.size()) +
+               ", loads=" + std::to_string(p.plan.loads.size()) +
+               ", stores=" + std::to_string(p.plan.stores.size()) + ")";
+      });
+
+  py::class_<TieredCacheHit>(m, "TieredCacheHit",
+                             "get_computed_blocks() of the tier: the GPU hit, then the host slots "
+                             "continuing it. Pass it to allocate_slots().")
+      .def(py::init<>(), "No hit.")
+      .def_property_readonly(
+          "gpu", [](const TieredCacheHit& h) -> const CacheHit& { return h.gpu; },
+          py::return_value_policy::reference_internal, "The GPU part (a CacheHit).")
+      .def_property_readonly(
+          "blocks",
+          [](py::object self) {
+            return view_of(self.cast<const TieredCacheHit&>().gpu.blocks, self);
+          },
+          "GPU hit block ids (read-only int32 view).")
+      .def_property_readonly(
+          "host_slots",
+          [](py::object self) {
+            return view_of(self.cast<const TieredCacheHit&>().host_slots, self);
+          },
+          "Host slot of the request's block len(blocks) + i (read-only int32 view).")
+      .def_property_readonly("num_gpu_tokens",
+                             [](const TieredCacheHit& h) { return h.gpu.num_tokens; })
+      .def_readonly("num_host_tokens", &TieredCacheHit::num_host_tokens)
+      .def_property_readonly("num_tokens", &TieredCacheHit::num_tokens)
+      .def("__repr__", [](const TieredCacheHit& h) {
+        return "TieredCacheHit(num_gpu_tokens=" + std::to_string(h.gpu.num_tokens) +
+               ", num_host_tokens=" + std::to_string(h.num_host_tokens) + ")";
+      });
+
+  py::class_<PyTierAllocation>(m, "TierAllocation", "allocate_slots() of the tier.")
+      .def_property_readonly(
+          "new_blocks",
+          [](py::object self) {
+            return view_of(self.cast<const PyTierAllocation&>().new_blocks, self);
+          },
+          "The newly allocated GPU blocks, the host-hit part's first (a read-only int32 view of "
+          "this allocation's own copy, which keeps it alive).")
+      .def_property_readonly(
+          "transfers", [](const PyTierAllocation& a) -> const TierPlan& { return a.transfers; },
+          py::return_value_policy::reference_internal)
+      .def("__repr__", [](const PyTierAllocation& a) {
+        return "TierAllocation(new_blocks=" + std::to_string(a.new_blocks.size()) +
+               ", copies=" + std::to_string(a.transfers.plan.num_copies()) + ")";
+      });
+
+  py::class_<LoadResult>(m, "LoadResult", "finish_loads(): where the request stands.")
+      .def_readonly("num_computed_tokens", &LoadResult::num_computed_tokens)
+      .def_readonly("rolled_back", &LoadResult::rolled_back)
+      .def_property_readonly(
+          "transfers", [](const LoadResult& r) -> const TierPlan& { return r.transfers; },
+          py::return_value_policy::reference_internal,
+          "Stores of the blocks this finish cached (after the forward pass).")
+      .def("__repr__", [](const LoadResult& r) {
+        return "LoadResult(num_computed_tokens=" + std::to_string(r.num_computed_tokens) +
+               ", rolled_back=" + (r.rolled_back ? "True" : "False") + ")";
+      });
+
+  py::class_<TieredSnapshot>(m, "TieredSnapshot",
+                             "Everything observable about a tier (equal snapshots: equal tiers).")
+      .def("__eq__", [](const TieredSnapshot& a, const TieredSnapshot& b) { return a == b; })
+      .def_property_readonly("gpu", [](const TieredSnapshot& s) { return s.gpu; })
+      .def_property_readonly("live_transfers",
+                             [](const TieredSnapshot& s) {
+                               return array_copy(std::span<const std::uint64_t>(s.live_transfers));
+                             })
+      .def_readonly("next_event_seq", &TieredSnapshot::next_event_seq);
+
+  using Tier = PyTieredKVCacheManager;
+  py::class_<Tier>(m, "TieredKVCacheManager",
+                   "A KVCacheManager with a host-memory tier (one full-attention group). Per step "
+                   "and request: get_computed_blocks, allocate_slots (a TierPlan to run), commit "
+                   "every eviction and load, finish_loads if it had loads, the forward pass, the "
+                   "stores, commit them; free once nothing is in flight.")
+      .def(py::init([](std::int32_t num_blocks, std::int32_t num_host_blocks,
+                       std::uint32_t block_size, py::object policy, std::uint32_t selective_hits,
+                       std::uint64_t bytes_per_block, py::object hash_scheme,
+                       std::optional<std::string> hash_seed, bool verify_cache_hits,
+                       bool enable_kv_events, std::size_t stats_window,
+                       std::optional<std::size_t> max_model_len) {
+             KVCacheManagerConfig c;
+             c.num_blocks = num_blocks;
+             c.block_size = block_size;
+             c.hash_scheme = scheme_from(hash_scheme);
+             c.hash_seed = hash_seed;
+             c.verify_cache_hits = verify_cache_hits;
+             c.enable_kv_events = enable_kv_events;
+             c.stats_window = stats_window;
+             c.max_model_len = max_model_len;
+             HostTierConfig h;
+             h.num_host_blocks = num_host_blocks;
+             h.policy = policy_from(policy);
+             h.selective_hits = selective_hits;
+             h.bytes_per_block = bytes_per_block;
+             return std::make_unique<Tier>(c, h);
+           }),
+           py::arg("num_blocks"), py::arg("num_host_blocks"), py::kw_only(),
+           py::arg("block_size") = 16, py::arg("policy") = "write_through",
+           py::arg("selective_hits") = 2, py::arg("bytes_per_block") = 0,
+           py::arg("hash_scheme") = "sha256", py::arg("hash_seed") = py::none(),
+           py::arg("verify_cache_hits") = true, py::arg("enable_kv_events") = false,
+           py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
+           "num_blocks: GPU pool blocks including the null block; num_host_blocks: slots of the "
+           "engine's host buffer. Refuses xxh3_128 (not collision resistant).")
+      .def_property_readonly("block_size", [](const Tier& s) { return s.tier.block_size(); })
+      .def_property_readonly("num_blocks",
+                             [](const Tier& s) { return s.tier.gpu().block_pool().num_blocks(); })
+      .def_property_readonly("num_host_blocks",
+                             [](const Tier& s) { return s.tier.host_config().num_host_blocks; })
+      .def_property_readonly("policy", [](const Tier& s) { return s.tier.host_config().policy; })
+      .def_property_readonly("hasher", [](const Tier& s) { return s.tier.gpu().hasher(); })
+      .def_property_readonly("num_free_blocks",
+                             [](Tier& s) {
+                               BusyGuard g(s.busy, "TieredKVCacheManager");
+                               return s.tier.gpu().block_pool().num_free_blocks();
+                             })
+      .def_property_readonly("num_requests",
+                             [](Tier& s) {
+                               BusyGuard g(s.busy, "TieredKVCacheManager");
+                               return s.tier.gpu().num_requests();
+                             })
+      .def_property_readonly("num_in_flight",
+                             [](Tier& s) {
+                               BusyGuard g(s.busy, "TieredKVCacheManager");
+                               return s.tier.num_in_flight();
+                             })
+      .def(
+          "make_request",
+          [](const Tier& s, RequestId id, py::object prompt, std::optional<std::string> cache_salt,
+             std::optional<std::string> lora_name, py::object mm_items) {
+            return build_request(id, s.tier.gpu().hasher(), s.tier.block_size(), prompt, cache_salt,
+                                 lora_name, mm_items);
+          },
+          py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(),
+          py::arg("cache_salt") = py::none(), py::arg("lora_name") = py::none(),
+          py::arg("mm_items") = py::none(), "As KVCacheManager.make_request.")
+      .def(
+          "get_computed_blocks",
+          [](Tier& s, PyRequest& r) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            BusyGuard gr(r.busy, "Request");
+            auto hit = std::make_unique<TieredCacheHit>();
+            MaybeReleaseGil nogil(long_call(r.req));
+            *hit = s.tier.get_computed_blocks(r.req);
+            return hit;
+          },
+          py::arg("request"),
+          "The GPU prefix, then the longest run in the host tier (capped at num_tokens - 1); "
+          "records stats, changes nothing else.")
+      .def(
+          "allocate_slots",
+          [](Tier& s, PyRequest& r, std::int64_t num_new_tokens, py::object hit,
+             std::int64_t num_lookahead_tokens) -> py::object {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            BusyGuard gr(r.busy, "Request");
+            const std::size_t n = non_negative(num_new_tokens, "allocate_slots: num_new_tokens");
+            const std::size_t look =
+                non_negative(num_lookahead_tokens, "allocate_slots: num_lookahead_tokens");
+            static const TieredCacheHit kNoHit;
+            if (!hit.is_none() && !py::isinstance<TieredCacheHit>(hit)) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "allocate_slots: hit must be a TieredCacheHit or None");
+            }
+            const TieredCacheHit& h = hit.is_none() ? kNoHit : hit.cast<const TieredCacheHit&>();
+            std::optional<TierAllocation> a;
+            {
+              MaybeReleaseGil nogil(n + look + h.num_tokens() >= kReleaseGilAbove);
+              a = s.tier.allocate_slots(r.req, n, h, look);
+            }
+            if (!a) return py::none();
+            auto out = std::make_unique<PyTierAllocation>();
+            out->new_blocks.assign(a->new_blocks.begin(), a->new_blocks.end());
+            out->transfers = std::move(a->transfers);
+            return py::cast(std::move(out));
+          },
+          py::arg("request"), py::arg("num_new_tokens"), py::arg("hit") = py::none(),
+          py::arg("num_lookahead_tokens") = 0,
+          "GPU blocks for the hit's host part and the new tokens, and the TierPlan to run; None "
+          "when they do not fit (nothing changed).")
+      .def(
+          "commit",
+          [](Tier& s, std::uint64_t id, bool ok) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            s.tier.commit(id, ok);
+          },
+          py::arg("transfer_id"), py::arg("ok") = true,
+          "Commits one copy as done (ok) or failed. Unknown or committed id: pagedkv.Error "
+          "(NOT_FOUND).")
+      .def(
+          "finish_loads",
+          [](Tier& s, PyRequest& r) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            BusyGuard gr(r.busy, "Request");
+            return s.tier.finish_loads(r.req);
+          },
+          py::arg("request"),
+          "Once every load of the request is committed: caches what is in place and returns a "
+          "LoadResult (rolled back to the first failed load).")
+      .def(
+          "has_unfinished_loads",
+          [](Tier& s, py::object request) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            return s.tier.has_unfinished_loads(request_id_of(request));
+          },
+          py::arg("request"))
+      .def(
+          "free",
+          [](Tier& s, PyRequest& r) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            BusyGuard gr(r.busy, "Request");
+            MaybeReleaseGil nogil(long_call(r.req));
+            s.tier.free(r.req);
+          },
+          py::arg("request"), "As KVCacheManager.free; refused while transfers are in flight.")
+      .def(
+          "preempt",
+          [](Tier& s, PyRequest& r) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            BusyGuard gr(r.busy, "Request");
+            MaybeReleaseGil nogil(long_call(r.req));
+            s.tier.preempt(r.req);
+          },
+          py::arg("request"), "As KVCacheManager.preempt; refused while transfers are in flight.")
+      .def(
+          "block_ids",
+          [](Tier& s, py::object request) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            return array_copy(s.tier.block_ids(request_id_of(request)));
+          },
+          py::arg("request"), "The request's GPU block table row (a new int32 array).")
+      .def("reset_prefix_cache",
+           [](Tier& s) {
+             BusyGuard gm(s.busy, "TieredKVCacheManager");
+             return s.tier.reset_prefix_cache();
+           })
+      .def("stats",
+           [](Tier& s) {
+             BusyGuard gm(s.busy, "TieredKVCacheManager");
+             return s.tier.stats();
+           })
+      .def("gpu_stats",
+           [](Tier& s) {
+             BusyGuard gm(s.busy, "TieredKVCacheManager");
+             return s.tier.gpu().stats();
+           })
+      .def(
+          "take_events",
+          [](Tier& s) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            return events_to_python(s.tier.take_events());
+          },
+          "KV events of both tiers in one gap-free sequence (medium 'GPU' or 'CPU').")
+      .def("check_invariants",
+           [](Tier& s) {
+             BusyGuard gm(s.busy, "TieredKVCacheManager");
+             py::gil_scoped_release nogil;
+             s.tier.check_invariants();
+           })
+      .def("snapshot", [](Tier& s) {
+        BusyGuard gm(s.busy, "TieredKVCacheManager");
+        return s.tier.snapshot();
+      });
+}
+
+}  // namespace pagedkv::python

@@ -1,0 +1,207 @@
+"""The host tier (TieredKVCacheManager): host hits after GPU eviction, plans as arrays, commit
+failures rolling a request back, misuse raising with nothing changed, events with their medium."""
+
+import numpy as np
+import pytest
+
+import pagedkv
+from conftest import tokens
+
+
+def make_tier(**kw):
+    """4 usable GPU blocks of 4 tokens, 8 host slots, write-through."""
+    kw.setdefault("hash_seed", "tier")
+    return pagedkv.TieredKVCacheManager(5, 8, block_size=4, **kw)
+
+
+def commit_all(tier, ids, ok=True):
+    for i in ids:
+        tier.commit(int(i), ok)
+
+
+def run_and_store(tier, rid, prompt):
+    """Schedules a prompt, commits its stores, frees it. Returns the allocation."""
+    r = tier.make_request(rid, prompt)
+    hit = tier.get_computed_blocks(r)
+    a = tier.allocate_slots(r, len(prompt) - hit.num_tokens, hit)
+    assert a is not None
+    commit_all(tier, a.transfers.store_ids)
+    tier.free(r)
+    return a
+
+
+def evicted_from_gpu(tier, prompt):
+    """Stores `prompt`, then fills the GPU with other blocks so only the host tier holds it."""
+    run_and_store(tier, 1, prompt)
+    run_and_store(tier, 2, np.arange(100, 116, dtype=np.int32))
+
+
+def test_write_through_plan_contents():
+    tier = make_tier(bytes_per_block=1024)
+    r = tier.make_request(1, tokens(*range(9)))
+    hit = tier.get_computed_blocks(r)
+    assert (hit.num_gpu_tokens, hit.num_host_tokens, hit.num_tokens) == (0, 0, 0)
+    a = tier.allocate_slots(r, 9, hit)
+    assert a.new_blocks.dtype == np.int32 and list(a.new_blocks) == list(tier.block_ids(r))
+    assert not a.new_blocks.flags.writeable
+    plan = a.transfers
+    assert plan.evictions.shape == (0, 2) and plan.loads.shape == (0, 2)
+    # Write-through: one store per full block, GPU block -> host slot, after the forward pass.
+    assert plan.stores.dtype == np.int32 and plan.stores.shape == (2, 2)
+    assert list(plan.stores[:, 0]) == list(a.new_blocks[:2])
+    assert len(set(plan.stores[:, 1])) == 2
+    assert plan.store_ids.dtype == np.uint64 and len(plan.store_ids) == 2
+    assert plan.num_copies == 2 and not plan.empty
+    assert not plan.stores.flags.writeable
+    stores = plan.stores
+    del plan, a                      # the view keeps its plan alive
+    assert stores.shape == (2, 2)
+    assert tier.num_in_flight == 2 and tier.stats().host_slots_storing == 2
+    for i in range(2):
+        tier.commit(int(tier.snapshot().live_transfers[0]), True)
+    s = tier.stats()
+    assert (s.stored_blocks, s.stored_bytes, s.host_cached_blocks) == (2, 2048, 2)
+    assert tier.num_in_flight == 0
+    tier.free(r)
+    tier.check_invariants()
+
+
+def test_host_hit_after_gpu_eviction():
+    tier = make_tier(enable_kv_events=True)
+    prompt = tokens(*range(9))
+    evicted_from_gpu(tier, prompt)
+    tier.take_events()
+    r = tier.make_request(3, prompt)
+    hit = tier.get_computed_blocks(r)
+    assert hit.num_gpu_tokens == 0 and len(hit.blocks) == 0
+    assert hit.num_host_tokens == 8 and hit.num_tokens == 8 and len(hit.host_slots) == 2
+    a = tier.allocate_slots(r, 1, hit)
+    loads = a.transfers.loads
+    # Loads copy host slot -> GPU block: the hit's slots into the first new blocks, in order.
+    assert list(loads[:, 0]) == list(hit.host_slots)
+    assert list(loads[:, 1]) == list(a.new_blocks[:2])
+    assert len(a.transfers.load_ids) == 2 and tier.has_unfinished_loads(r)
+    with pytest.raises(pagedkv.Error):         # loads still in flight
+        tier.finish_loads(r)
+    commit_all(tier, a.transfers.load_ids)
+    res = tier.finish_loads(r)
+    assert (res.num_computed_tokens, res.rolled_back) == (8, False)
+    assert not tier.has_unfinished_loads(r)
+    s = tier.stats()
+    assert (s.host_hit_tokens, s.loaded_blocks, s.load_failures) == (8, 2, 0)
+    tier.free(r)
+    # The loaded blocks are cached on the GPU again: a GPU hit now.
+    r2 = tier.make_request(4, prompt)
+    assert tier.get_computed_blocks(r2).num_gpu_tokens == 8
+    tier.check_invariants()
+    events = tier.take_events()
+    assert {e.medium for e in events} <= {"GPU", "CPU"}
+    assert any(isinstance(e, pagedkv.BlockStored) and e.medium == "GPU" for e in events)
+    assert [e.seq for e in events] == list(range(events[0].seq, events[0].seq + len(events)))
+
+
+def test_store_events_carry_cpu_medium():
+    tier = make_tier(enable_kv_events=True)
+    run_and_store(tier, 1, tokens(*range(9)))
+    events = tier.take_events()
+    gpu = [e for e in events if isinstance(e, pagedkv.BlockStored) and e.medium == "GPU"]
+    cpu = [e for e in events if isinstance(e, pagedkv.BlockStored) and e.medium == "CPU"]
+    assert sum(len(e.block_hashes) for e in gpu) == 2
+    assert sum(len(e.block_hashes) for e in cpu) == 2
+    assert sorted(h for e in cpu for h in e.block_hashes) == sorted(
+        h for e in gpu for h in e.block_hashes)
+
+
+@pytest.mark.parametrize("failed, computed", [(0, 0), (1, 4)])
+def test_failed_load_rolls_back(failed, computed):
+    tier = make_tier()
+    prompt = tokens(*range(9))
+    evicted_from_gpu(tier, prompt)
+    r = tier.make_request(3, prompt)
+    hit = tier.get_computed_blocks(r)
+    a = tier.allocate_slots(r, 1, hit)
+    for i, tid in enumerate(a.transfers.load_ids):
+        tier.commit(int(tid), i != failed)
+    res = tier.finish_loads(r)
+    assert res.rolled_back and res.num_computed_tokens == computed
+    s = tier.stats()
+    assert (s.load_failures, s.rollbacks) == (1, 1)
+    tier.check_invariants()
+    tier.free(r)
+    tier.check_invariants()
+
+
+def test_failed_store_frees_its_slot():
+    tier = make_tier()
+    r = tier.make_request(1, tokens(*range(9)))
+    a = tier.allocate_slots(r, 9, tier.get_computed_blocks(r))
+    ids = a.transfers.store_ids
+    tier.commit(int(ids[0]), False)
+    tier.commit(int(ids[1]), True)
+    s = tier.stats()
+    assert (s.store_failures, s.stored_blocks, s.host_cached_blocks) == (1, 1, 1)
+    tier.free(r)
+    tier.check_invariants()
+
+
+def test_misuse_raises_and_changes_nothing():
+    tier = make_tier()
+    prompt = tokens(*range(9))
+    evicted_from_gpu(tier, prompt)
+    r = tier.make_request(3, prompt)
+    hit = tier.get_computed_blocks(r)
+    a = tier.allocate_slots(r, 1, hit)
+    before = tier.snapshot()
+
+    def refused(code, call, *args):
+        with pytest.raises(pagedkv.Error) as e:
+            call(*args)
+        assert e.value.code == code, str(e.value)
+        assert tier.snapshot() == before
+        tier.check_invariants()
+
+    refused(pagedkv.ErrorCode.NOT_FOUND, tier.commit, 123456789, True)       # unknown id
+    refused(pagedkv.ErrorCode.INVALID_STATE, tier.free, r)                   # loads in flight
+    refused(pagedkv.ErrorCode.INVALID_STATE, tier.preempt, r)
+    refused(pagedkv.ErrorCode.INVALID_STATE, tier.finish_loads, r)           # loads in flight
+    refused(pagedkv.ErrorCode.INVALID_ARGUMENT, tier.allocate_slots, r, -1)
+    refused(pagedkv.ErrorCode.INVALID_STATE, tier.allocate_slots, r, 1)      # loads unfinished
+    first = int(a.transfers.load_ids[0])
+    tier.commit(first, True)
+    before = tier.snapshot()
+    refused(pagedkv.ErrorCode.NOT_FOUND, tier.commit, first, True)           # committed twice
+    commit_all(tier, a.transfers.load_ids[1:])
+    tier.finish_loads(r)
+    before = tier.snapshot()
+    refused(pagedkv.ErrorCode.INVALID_STATE, tier.finish_loads, r)           # nothing to finish
+    refused(pagedkv.ErrorCode.INVALID_ARGUMENT, tier.allocate_slots, r, 1, "not a hit")
+
+
+def test_config_errors():
+    with pytest.raises(pagedkv.Error) as e:
+        pagedkv.TieredKVCacheManager(5, 8, block_size=4, hash_scheme="xxh3_128")
+    assert e.value.code == pagedkv.ErrorCode.INVALID_ARGUMENT
+    with pytest.raises(pagedkv.Error):
+        pagedkv.TieredKVCacheManager(5, 0, block_size=4)
+    with pytest.raises(pagedkv.Error) as e:
+        pagedkv.TieredKVCacheManager(5, 8, policy="write_sometimes")
+    assert "write_back" in str(e.value)
+    t = pagedkv.TieredKVCacheManager(5, 8, policy=pagedkv.HostPolicy.WRITE_BACK)
+    assert t.policy == pagedkv.HostPolicy.WRITE_BACK and t.num_host_blocks == 8
+
+
+def test_write_back_stores_on_gpu_eviction():
+    tier = make_tier(policy="write_back")
+    a = run_and_store(tier, 1, tokens(*range(9)))
+    assert a.transfers.empty                        # nothing stored while the GPU holds it
+    r = tier.make_request(2, np.arange(100, 116, dtype=np.int32))
+    b = tier.allocate_slots(r, 16, tier.get_computed_blocks(r))
+    ev = b.transfers.evictions
+    assert ev.shape == (2, 2) and len(b.transfers.eviction_ids) == 2
+    assert set(ev[:, 0]) <= set(b.new_blocks)       # evicted GPU blocks -> host slots
+    commit_all(tier, b.transfers.eviction_ids)
+    assert tier.stats().stored_blocks == 2
+    tier.free(r)
+    r3 = tier.make_request(3, tokens(*range(9)))
+    assert tier.get_computed_blocks(r3).num_host_tokens == 8
+    tier.check_invariants()
