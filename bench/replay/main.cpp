@@ -57,13 +57,17 @@ constexpr const char* kUsage =
     "  --load-window N           an engine's load: its share of the last N requests (64)\n"
     "  --kv-events ENDPOINT      publish each engine's KV events on vLLM's wire (engine k on\n"
     "                            ENDPOINT's port + k), e.g. tcp://127.0.0.1:5557\n"
-    "host tier (sequential mode):\n"
+    "host tier (sequential and engine mode):\n"
     "  --host-blocks M [M ...]   a host-memory tier of M blocks beside the --num-blocks GPU pool\n"
     "                            (several sweep); adds gpu_hit_tokens, host_hit_tokens,\n"
     "                            host_loaded_blocks, host_stored_blocks and bytes moved; --plot\n"
     "                            draws hit rate against host size; needs a sha256 scheme\n"
     "  --host-policy P           write_through (default), write_through_selective, write_back\n"
     "  --host-selective-hits K   write_through_selective: hits before a block is stored (2)\n"
+    "  --host-gbps G             engine mode: each step's copies (evictions, loads, stores of\n"
+    "                            --kv-bytes-per-token bytes a token) take bytes / G GB/s on the\n"
+    "                            simulated clock, added to the step (25); reported as\n"
+    "                            sim_transfer_ms, included in sim_makespan_ms and sim_ttft_p50_ms\n"
     "  --kv-bytes-per-token B    K/V bytes per token, for loaded_bytes and stored_bytes (0)\n"
     "output:\n"
     "  --table                   a readable table instead of JSON lines\n"
@@ -142,8 +146,8 @@ int plot(const std::string& png, const std::string& csv, const std::string& titl
 }
 
 // The host-tier sweep: JSON lines, and hit rate against host size.
-int run_with_host_tier(const Trace& trace, const ReplayOptions& opt,
-                       const TierReplayOptions& tier, const std::optional<std::string>& csv,
+int run_with_host_tier(const Trace& trace, const ReplayOptions& opt, const TierReplayOptions& tier,
+                       const std::optional<std::string>& csv,
                        const std::optional<std::string>& png) {
   const auto results = run_tier_replay(trace, opt, tier);
   for (const TierReplayResult& r : results) std::cout << to_json(r, opt, tier, trace) << "\n";
@@ -222,7 +226,8 @@ int main(int argc, char** argv) {
         usage_error(e.what());
       }
     } else if (arg == "--load-window") {
-      cluster_opt().load_window = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
+      cluster_opt().load_window =
+          static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
     } else if (arg == "--kv-events") {
       cluster_opt().kv_events = value();
 #endif
@@ -303,6 +308,14 @@ int main(int argc, char** argv) {
     } else if (arg == "--kv-bytes-per-token") {
       tier.kv_bytes_per_token =
           static_cast<std::uint64_t>(parse_number(value(), arg, 0, 1ll << 40));
+    } else if (arg == "--host-gbps") {
+      const std::string v = value();
+      char* end = nullptr;
+      const double g = std::strtod(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size() || !(g > 0) || g > 1e6) {
+        usage_error("--host-gbps: a positive number of GB/s, not '" + v + "'");
+      }
+      tier.host_gbps = g;
     } else if (arg == "--table") {
       table = true;
     } else if (arg == "--csv") {
@@ -318,9 +331,6 @@ int main(int argc, char** argv) {
   if (trace_path.has_value() == generate.has_value())
     usage_error("give exactly one of --trace and --generate");
   if (opt.num_blocks.empty() && !memory_table) usage_error("--num-blocks is required");
-  if (!tier.host_blocks.empty() && opt.mode != Mode::kSequential) {
-    usage_error("--host-blocks: sequential mode only (engine mode does not model the tier yet)");
-  }
   if (!tier.host_blocks.empty() && opt.hash == pagedkv::HashScheme::kXxh3_128) {
     usage_error("--host-blocks: the host tier needs sha256 or sha256_cbor_vllm");
   }

@@ -191,8 +191,86 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
 // then one decode token each), then waiting requests FCFS within the step's token budget; when a
 // running request's allocation does not fit, the most recently admitted running request is
 // preempted (its blocks released, to be recomputed later).
-ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t num_blocks) {
-  KVCacheManager m(manager_config(o, num_blocks));
+//
+// The cache is driven through `d`: PlainCache (a KVCacheManager) or TierCache (a
+// TieredKVCacheManager whose copies are charged at --host-gbps, simulated).
+struct PlainCache {
+  explicit PlainCache(const KVCacheManagerConfig& c) : m(c) {}
+  KVCacheManager m;
+  const KVCacheManager& gpu() const { return m; }
+  Request make_request(RequestId id, std::span<const TokenId> tokens, RequestHashKeys keys) const {
+    return m.make_request(id, tokens, std::move(keys));
+  }
+  bool allocate(Request& r, std::size_t n) { return m.allocate_slots(r, n).has_value(); }
+  // Admits with at most `budget` new tokens: the hit's tokens, or nullopt (nothing changed).
+  std::optional<std::size_t> admit(Request& r, std::size_t budget, std::size_t& want) {
+    const CacheHit hit = m.get_computed_blocks(r);
+    want = std::min(r.num_tokens() - hit.num_tokens, budget);
+    if (!m.allocate_slots(r, want, hit)) return std::nullopt;
+    return hit.num_tokens;
+  }
+  void preempt(Request& r) { m.preempt(r); }
+  void free(Request& r) { m.free(r); }
+  double end_step() { return 0; }  // simulated transfer time of the step (ms)
+};
+
+// Every copy of a plan is committed done; evictions and loads at once (before the step's
+// forward pass), stores when the step ends. A step's copies take bytes / host_gbps, added to
+// the step (not overlapped with compute: an upper bound on the cost).
+struct TierCache {
+  TierCache(const KVCacheManagerConfig& c, const HostTierConfig& h, double gbps)
+      : t(c, h), host_gbps(gbps), bytes_per_block(h.bytes_per_block) {}
+  TieredKVCacheManager t;
+  double host_gbps;
+  std::uint64_t bytes_per_block;
+  std::uint64_t step_blocks = 0;
+  std::uint64_t gpu_hit_tokens = 0, host_hit_tokens = 0;
+  double transfer_ms = 0;
+  std::vector<TransferId> stores;  // committed at the end of the step
+  const KVCacheManager& gpu() const { return t.gpu(); }
+  Request make_request(RequestId id, std::span<const TokenId> tokens, RequestHashKeys keys) const {
+    return t.make_request(id, tokens, std::move(keys));
+  }
+  void before(const TierPlan& p) {
+    for (const TransferId id : p.eviction_ids) t.commit(id, true);
+    for (const TransferId id : p.load_ids) t.commit(id, true);
+    stores.insert(stores.end(), p.store_ids.begin(), p.store_ids.end());
+    step_blocks += p.plan.num_copies();
+  }
+  bool allocate(Request& r, std::size_t n) {
+    const auto a = t.allocate_slots(r, n);
+    if (!a) return false;
+    before(a->transfers);
+    return true;
+  }
+  std::optional<std::size_t> admit(Request& r, std::size_t budget, std::size_t& want) {
+    const TieredCacheHit hit = t.get_computed_blocks(r);
+    want = std::min(r.num_tokens() - hit.num_tokens(), budget);
+    const auto a = t.allocate_slots(r, want, hit);
+    if (!a) return std::nullopt;
+    before(a->transfers);
+    if (t.has_unfinished_loads(r.id())) before(t.finish_loads(r).transfers);
+    gpu_hit_tokens += hit.gpu.num_tokens;  // admitted requests only, as the replay's hit_tokens
+    host_hit_tokens += hit.num_host_tokens;
+    return hit.num_tokens();
+  }
+  void preempt(Request& r) { t.preempt(r); }
+  void free(Request& r) { t.free(r); }
+  double end_step() {
+    for (const TransferId id : stores) t.commit(id, true);
+    stores.clear();
+    const double ms =
+        host_gbps > 0 ? static_cast<double>(step_blocks * bytes_per_block) / (host_gbps * 1e9) * 1e3
+                      : 0.0;
+    step_blocks = 0;
+    transfer_ms += ms;
+    return ms;
+  }
+};
+
+template <typename Cache>
+ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t num_blocks,
+                        Cache& m) {
   ReplayResult res;
   res.num_blocks = num_blocks;
   struct Active {
@@ -249,7 +327,7 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
       const std::size_t want =
           std::min(a.request.num_tokens() - a.request.num_computed_tokens(), budget);
       while (true) {
-        if (m.allocate_slots(a.request, want)) {
+        if (m.allocate(a.request, want)) {
           a.scheduled = want;
           budget -= want;
           break;
@@ -268,24 +346,24 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
     }
     while (!preempted && budget > 0 && !waiting.empty() && running.size() < o.max_running) {
       Active& a = *waiting.front();
-      const CacheHit hit = m.get_computed_blocks(a.request);
-      const std::size_t want = std::min(a.request.num_tokens() - hit.num_tokens, budget);
-      if (!m.allocate_slots(a.request, want, hit)) break;
-      a.request.set_num_computed_tokens(hit.num_tokens);
+      std::size_t want = 0;
+      const std::optional<std::size_t> hit_tokens = m.admit(a.request, budget, want);
+      if (!hit_tokens) break;
+      a.request.set_num_computed_tokens(*hit_tokens);
       res.queried_tokens += a.request.num_tokens();
-      res.hit_tokens += hit.num_tokens;
+      res.hit_tokens += *hit_tokens;
       a.scheduled = want;
       budget -= want;
       running.push_back(std::move(waiting.front()));
       waiting.pop_front();
     }
-    res.peak_usage = std::max(res.peak_usage, m.usage());
+    res.peak_usage = std::max(res.peak_usage, m.gpu().usage());
     res.pool_seconds += seconds_since(t1);
     if (o.sliding_window > 0) {
       // Group 1 is the window group: its rows hold the null block where blocks were released.
-      const AttentionSpec& window = m.group_spec(1);
+      const AttentionSpec& window = m.gpu().group_spec(1);
       for (const auto& a : running) {
-        const std::size_t row = m.block_ids(a->request.id(), 1).size();
+        const std::size_t row = m.gpu().block_ids(a->request.id(), 1).size();
         const std::size_t released = std::min<std::size_t>(
             window.num_skipped_tokens(a->request.num_computed_tokens()) / window.block_size, row);
         window_held += 2 * row - released;  // both groups' rows are equally long
@@ -295,7 +373,7 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
 
     // The step runs: scheduled tokens are computed; a request whose known tokens are all
     // computed samples its next token.
-    now += o.step_ms;
+    now += o.step_ms + m.end_step();
     ++res.steps;
     const auto t2 = Clock::now();
     for (std::size_t i = 0; i < running.size();) {
@@ -337,8 +415,8 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
   }
   res.sim_makespan_ms = now;
   res.wall_seconds = seconds_since(wall);
-  res.evicted_blocks = m.stats().evictions;
-  res.out_of_window_blocks_freed = m.num_out_of_window_blocks_freed();
+  res.evicted_blocks = m.gpu().stats().evictions;
+  res.out_of_window_blocks_freed = m.gpu().num_out_of_window_blocks_freed();
   res.window_memory_saved_ratio = window_without > 0 ? 1.0 - window_held / window_without : 0.0;
   if (!ttft.empty()) {
     std::nth_element(ttft.begin(), ttft.begin() + static_cast<std::ptrdiff_t>(ttft.size() / 2),
@@ -358,7 +436,10 @@ std::vector<ReplayResult> run_replay(const Trace& trace, const ReplayOptions& op
     throw Error(ErrorCode::kInvalidArgument, "--block-size must be >= 1");
   if (options.mode == Mode::kSequential) return run_sequential(trace, options);
   std::vector<ReplayResult> out;
-  for (const std::int32_t n : options.num_blocks) out.push_back(run_engine(trace, options, n));
+  for (const std::int32_t n : options.num_blocks) {
+    PlainCache cache(manager_config(options, n));
+    out.push_back(run_engine(trace, options, n, cache));
+  }
   return out;
 }
 
@@ -491,9 +572,8 @@ std::string memory_utilization_table(const Trace& trace, std::uint32_t block_siz
 
 std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOptions& o,
                                               const TierReplayOptions& tier) {
-  if (o.mode != Mode::kSequential || o.sliding_window > 0 || !o.caching) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--host-blocks: sequential mode, one full-attention group, caching on");
+  if (o.sliding_window > 0 || !o.caching) {
+    throw Error(ErrorCode::kInvalidArgument, "--host-blocks: one full-attention group, caching on");
   }
   if (o.num_blocks.empty()) throw Error(ErrorCode::kInvalidArgument, "replay: no --num-blocks");
   std::vector<TierReplayResult> out;
@@ -504,6 +584,24 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
       h.policy = tier.policy;
       h.selective_hits = tier.selective_hits;
       h.bytes_per_block = tier.kv_bytes_per_token * o.block_size;
+      if (o.mode == Mode::kEngine) {
+        TierCache cache(manager_config(o, n), h, tier.host_gbps);
+        TierReplayResult res;
+        res.base = run_engine(trace, o, n, cache);
+        res.host_blocks = m;
+        const TierStats s = cache.t.stats();
+        res.gpu_hit_tokens = cache.gpu_hit_tokens;
+        res.host_hit_tokens = cache.host_hit_tokens;
+        res.host_loaded_blocks = s.loaded_blocks;
+        res.host_stored_blocks = s.stored_blocks;
+        res.host_stores_skipped_full = s.stores_skipped_full;
+        res.host_evictions = s.host_evictions;
+        res.loaded_bytes = s.loaded_bytes;
+        res.stored_bytes = s.stored_bytes;
+        res.sim_transfer_ms = cache.transfer_ms;
+        out.push_back(res);
+        continue;
+      }
       TieredKVCacheManager t(manager_config(o, n), h);
       TierReplayResult res;
       res.base.num_blocks = n;
@@ -571,15 +669,22 @@ std::string to_json(const TierReplayResult& r, const ReplayOptions& o,
                 "\"host_hit_tokens\":%llu,\"host_loaded_blocks\":%llu,"
                 "\"host_stored_blocks\":%llu,\"host_stores_skipped_full\":%llu,"
                 "\"host_evictions\":%llu,\"kv_bytes_per_token\":%llu,\"loaded_bytes\":%llu,"
-                "\"stored_bytes\":%llu}",
+                "\"stored_bytes\":%llu",
                 r.host_blocks, std::string(to_string(tier.policy)).c_str(),
                 (unsigned long long)r.gpu_hit_tokens, (unsigned long long)r.host_hit_tokens,
                 (unsigned long long)r.host_loaded_blocks, (unsigned long long)r.host_stored_blocks,
                 (unsigned long long)r.host_stores_skipped_full,
-                (unsigned long long)r.host_evictions,
-                (unsigned long long)tier.kv_bytes_per_token, (unsigned long long)r.loaded_bytes,
-                (unsigned long long)r.stored_bytes);
-  return base + buf;
+                (unsigned long long)r.host_evictions, (unsigned long long)tier.kv_bytes_per_token,
+                (unsigned long long)r.loaded_bytes, (unsigned long long)r.stored_bytes);
+  base += buf;
+  if (o.mode == Mode::kEngine) {
+    // Simulated: the step's copies at --host-gbps, added to its --step-ms (sim_makespan_ms and
+    // sim_ttft_p50_ms include them).
+    std::snprintf(buf, sizeof buf, ",\"sim_host_gbps\":%.3f,\"sim_transfer_ms\":%.1f",
+                  tier.host_gbps, r.sim_transfer_ms);
+    base += buf;
+  }
+  return base + "}";
 }
 
 }  // namespace pagedkv::replay

@@ -77,13 +77,16 @@ struct ReplayResult {
   }
 };
 
-// Host tier (sequential mode): a TieredKVCacheManager with num_blocks GPU blocks and each of
-// these host sizes; transfers are committed done at once (the data movement is not simulated).
+// Host tier: a TieredKVCacheManager with num_blocks GPU blocks and each of these host sizes;
+// transfers are committed done (sequential mode: at once, no time; engine mode: evictions and
+// loads when planned, stores at the end of the step, and each step's copies charged at
+// host_gbps on the simulated clock, reported as sim_transfer_ms).
 struct TierReplayOptions {
   std::vector<std::int32_t> host_blocks;
   HostPolicy policy = HostPolicy::kWriteThrough;
   std::uint32_t selective_hits = 2;
   std::uint64_t kv_bytes_per_token = 0;  // bytes moved = blocks x block size x this
+  double host_gbps = 25;                 // engine mode: simulated host <-> GPU bandwidth (GB/s)
 };
 
 struct TierReplayResult {
@@ -97,6 +100,7 @@ struct TierReplayResult {
   std::uint64_t host_evictions = 0;
   std::uint64_t loaded_bytes = 0;
   std::uint64_t stored_bytes = 0;
+  double sim_transfer_ms = 0;  // engine mode: simulated copy time, included in sim_makespan_ms
 };
 
 // One result per (options.num_blocks, tier.host_blocks) pair, GPU size outer.

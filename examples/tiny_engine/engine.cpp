@@ -33,6 +33,9 @@ void EngineConfig::validate() const {
           "block_size must be in 1..256");
   require(max_num_batched_tokens > 0, "the token budget must be positive");
   require(max_num_seqs > 0, "max_num_seqs must be positive");
+  require(num_host_blocks >= 0, "num_host_blocks must not be negative");
+  require(num_host_blocks == 0 || device == Device::kCpu,
+          "the host tier runs on the CPU path only");
 }
 
 // A request in flight: pagedkv's view (tokens, hashes, computed tokens) plus the engine's.
@@ -71,8 +74,11 @@ Engine::Engine(const Model& model, const EngineConfig& config)
     return;
   }
   const auto plane = static_cast<std::size_t>(cache_.layout.plane_elements());
-  cache_.k.assign(static_cast<std::size_t>(m.num_layers), std::vector<std::uint16_t>(plane));
-  cache_.v.assign(static_cast<std::size_t>(m.num_layers), std::vector<std::uint16_t>(plane));
+  cache_.storage.assign(2 * static_cast<std::size_t>(m.num_layers) * plane, 0);
+  for (std::size_t l = 0; l < static_cast<std::size_t>(m.num_layers); ++l) {
+    cache_.k.emplace_back(cache_.storage.data() + 2 * l * plane, plane);
+    cache_.v.emplace_back(cache_.storage.data() + (2 * l + 1) * plane, plane);
+  }
   backend_ = make_cpu_backend(model_, config_, cache_);
 }
 
@@ -143,8 +149,9 @@ RunResult Engine::run(const Workload& workload) {
   if (hit_hook_ && config_.device != Device::kCpu) {
     throw std::logic_error("the prefix-hit hook works on the CPU path only");
   }
-  pagedkv::KVCacheManager manager(mc);
-  manager_ = &manager;
+  KVDriver manager(mc, config_.enable_caching ? config_.num_host_blocks : 0, config_.host_policy,
+                   cache_, host_load_hook_);
+  manager_ = &manager.gpu();
   backend_->reset_cache();
   for (const Session& s : workload.sessions) {
     for (const Turn& t : s.turns) {
@@ -235,9 +242,8 @@ RunResult Engine::run(const Workload& workload) {
     // 2. Waiting requests, first come first served, unless this step had to preempt.
     while (!preempted && !waiting.empty() && budget > 0 && running.size() < config_.max_num_seqs) {
       Active* a = waiting.front();
-      const pagedkv::CacheHit hit = manager.get_computed_blocks(a->request);
-      const std::size_t n = std::min<std::size_t>(a->request.num_tokens() - hit.num_tokens, budget);
-      if (!manager.allocate_slots(a->request, n, hit)) {
+      const std::optional<Admission> admitted = manager.admit(a->request, budget);
+      if (!admitted) {
         if (running.empty()) {
           throw std::runtime_error("request " + std::to_string(a->request.id()) + " (" +
                                    std::to_string(a->request.num_tokens()) +
@@ -247,15 +253,18 @@ RunResult Engine::run(const Workload& workload) {
         }
         break;
       }
-      a->request.set_num_computed_tokens(hit.num_tokens);
-      a->result.hit_tokens += hit.num_tokens;
-      stats.hit_tokens += hit.num_tokens;
+      const pagedkv::CacheHit& hit = admitted->gpu_hit;
+      const std::size_t hit_tokens = admitted->hit_tokens;
+      const std::size_t n = admitted->new_tokens;
+      a->result.hit_tokens += hit_tokens;
+      stats.hit_tokens += hit_tokens;
+      stats.host_hit_tokens += admitted->host_tokens;
       if (!hit.blocks.empty() && hit_hook_) hit_hook_(hit, cache_);
       waiting.pop_front();
       running.push_back(a);
-      prefill.push_back(Segment{a, static_cast<std::int64_t>(hit.num_tokens),
+      prefill.push_back(Segment{a, static_cast<std::int64_t>(hit_tokens),
                                 static_cast<std::int64_t>(n),
-                                hit.num_tokens + n == a->request.num_tokens()});
+                                hit_tokens + n == a->request.num_tokens()});
       budget -= static_cast<std::uint32_t>(n);
     }
     stats.max_running = std::max<std::uint64_t>(stats.max_running, running.size());
@@ -272,6 +281,7 @@ RunResult Engine::run(const Workload& workload) {
     t0 = Clock::now();
     forward(prefill, Kind::kPrefill);
     stats.prefill_seconds += seconds_since(t0);
+    manager.after_forward();  // the host tier's stores of blocks this step wrote
     const double now = seconds_since(start);
 
     // 4. Book-keeping: computed tokens, sampled tokens, finished requests, next turns.
@@ -303,7 +313,8 @@ RunResult Engine::run(const Workload& workload) {
     ++step;
   }
   stats.total_seconds = seconds_since(start);
-  stats.cache = manager.stats();
+  stats.cache = manager.gpu().stats();
+  stats.host = manager.tier_stats();
   manager.check_invariants();
   manager_ = nullptr;
   std::sort(out.requests.begin(), out.requests.end(),

@@ -39,15 +39,17 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "kv_driver.hpp"
 #include "model.hpp"
-#include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 #include "workload.hpp"
 
 namespace tiny_engine {
@@ -63,17 +65,23 @@ struct EngineConfig {
   pagedkv::KVDtype kv_dtype = pagedkv::KVDtype::kBFloat16;
   std::uint32_t max_num_batched_tokens = 128;  // token budget per step (prefill is chunked)
   std::uint32_t max_num_seqs = 16;             // running requests at most
+  // Host-memory tier (kv_driver.hpp): host slots behind the KV pool, 0 for none. CPU path, with
+  // caching on only (ignored when caching is off).
+  std::int32_t num_host_blocks = 0;
+  pagedkv::HostPolicy host_policy = pagedkv::HostPolicy::kWriteBack;
 
   // Throws std::invalid_argument naming the first bad field.
   void validate() const;
 };
 
-// The engine-owned paged KV cache: per layer one K and one V plane laid out by `layout`.
+// The engine-owned paged KV cache: per layer one K and one V plane laid out by `layout`, all in
+// one buffer (K0, V0, K1, V1, ...: the host tier's copies address it as one layer-first device).
 struct KVCache {
   pagedkv::KVLayout layout;
   pagedkv::KVDtype dtype = pagedkv::KVDtype::kBFloat16;
-  std::vector<std::vector<std::uint16_t>> k;  // [num_layers][layout.plane_elements()]
-  std::vector<std::vector<std::uint16_t>> v;
+  std::vector<std::uint16_t> storage;       // 2 x num_layers x layout.plane_elements()
+  std::vector<std::span<std::uint16_t>> k;  // [num_layers] planes of storage
+  std::vector<std::span<std::uint16_t>> v;
 };
 
 struct RequestResult {
@@ -94,7 +102,9 @@ struct RunStats {
   std::uint64_t preemptions = 0;
   std::uint64_t prefill_tokens = 0;  // tokens run through prefill (recomputation included)
   std::uint64_t decode_tokens = 0;
-  std::uint64_t hit_tokens = 0;  // tokens taken from the prefix cache instead of computed
+  std::uint64_t hit_tokens = 0;            // tokens taken from the prefix cache instead of computed
+  std::uint64_t host_hit_tokens = 0;       // of those, loaded from the host tier
+  std::optional<pagedkv::TierStats> host;  // with a host tier
   std::uint64_t max_running = 0;
   double prefill_seconds = 0;  // wall time of the prefill forward passes
   double decode_seconds = 0;   // wall time of the decode forward passes
@@ -128,6 +138,8 @@ class Engine {
   RunResult run(const Workload& workload);
 
   void set_prefix_hit_hook(PrefixHitHook hook) { hit_hook_ = std::move(hook); }
+  // Called before a host-tier plan with loads runs (kv_driver.hpp).
+  void set_host_load_hook(HostLoadHook hook) { host_load_hook_ = std::move(hook); }
   // Teacher forcing: in later runs, request r's k-th generated token is `reference`'s (its logits
   // are still computed and recorded) instead of the argmax. Used to compare two implementations
   // of the model step by step on the same token streams (compare_forced); an empty reference
@@ -155,8 +167,9 @@ class Engine {
   std::unique_ptr<ForwardBatch> batch_;  // reused across steps
   std::vector<float> logits_;
   PrefixHitHook hit_hook_;
+  HostLoadHook host_load_hook_;
   std::unordered_map<pagedkv::RequestId, std::vector<pagedkv::TokenId>> forced_;
-  pagedkv::KVCacheManager* manager_ = nullptr;  // the current run's manager
+  const pagedkv::KVCacheManager* manager_ = nullptr;  // the current run's (GPU) manager
 };
 
 // Caching on against caching off on the same workload.

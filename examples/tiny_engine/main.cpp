@@ -47,6 +47,11 @@ kernels, and reports what prefix caching saved.
   --system-tokens N      shared system prompt + tools, in tokens (default 160)
   --num-blocks N         KV pool blocks including the null block (default 1024)
   --block-size N         tokens per block (default 16)
+  --host-blocks N        host-memory tier of N blocks behind the KV pool (default 0: none; CPU
+                         path; with --compare only the caching run has it): hits continue in the
+                         host tier and are loaded (K/V copied through the host buffer) instead
+                         of recomputed
+  --host-policy NAME     write_back (default), write_through or write_through_selective
   --token-budget N       tokens per scheduler step (default 128)
   --max-seqs N           running requests at most (default 16)
   --kv-dtype NAME        bf16 (default) or fp16
@@ -145,6 +150,18 @@ Options parse(int argc, char** argv) {
       o.engine.num_blocks = static_cast<std::int32_t>(count(2, 1u << 22));
     } else if (a == "--block-size") {
       o.engine.block_size = static_cast<std::uint32_t>(count(1, 256));
+    } else if (a == "--host-blocks") {
+      o.engine.num_host_blocks = static_cast<std::int32_t>(count(0, 1u << 22));
+    } else if (a == "--host-policy") {
+      const std::string v(value());
+      const auto policy = pagedkv::parse_host_policy(v);
+      if (!policy) {
+        usage_error(
+            "--host-policy: expected write_back, write_through or "
+            "write_through_selective, got '" +
+            v + "'");
+      }
+      o.engine.host_policy = *policy;
     } else if (a == "--token-budget") {
       o.engine.max_num_batched_tokens = static_cast<std::uint32_t>(count(1, 1u << 16));
     } else if (a == "--max-seqs") {
@@ -169,6 +186,12 @@ Options parse(int argc, char** argv) {
   if (o.compare && !o.caching) usage_error("--no-caching and --compare exclude each other");
   if (o.check_against_cpu && o.engine.device != tiny_engine::Device::kCuda) {
     usage_error("--check-against-cpu needs --device cuda");
+  }
+  if (o.engine.num_host_blocks > 0 && o.engine.device != tiny_engine::Device::kCpu) {
+    usage_error("--host-blocks runs on the CPU path only (--device cpu)");
+  }
+  if (o.engine.num_host_blocks > 0 && !o.compare && !o.caching) {
+    usage_error("--host-blocks needs prefix caching (drop --no-caching)");
   }
   if (!o.head_dim_given && o.engine.device == tiny_engine::Device::kCuda) o.model.head_dim = 64;
   o.workload.vocab_size = o.model.vocab_size;
@@ -204,6 +227,14 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
     << "\":" << num(s.cache.hit_rate()) << ",\"preemptions" << sfx << "\":" << s.preemptions
     << ",\"evictions" << sfx << "\":" << s.cache.evictions << ",\"steps" << sfx << "\":" << s.steps
     << ",\"max_running" << sfx << "\":" << s.max_running;
+  if (s.host) {
+    j << ",\"host_hit_tokens" << sfx << "\":" << s.host_hit_tokens << ",\"host_loaded_blocks" << sfx
+      << "\":" << s.host->loaded_blocks << ",\"host_stored_blocks" << sfx
+      << "\":" << s.host->stored_blocks << ",\"host_loaded_bytes" << sfx
+      << "\":" << s.host->loaded_bytes << ",\"host_stored_bytes" << sfx
+      << "\":" << s.host->stored_bytes << ",\"host_evictions" << sfx
+      << "\":" << s.host->host_evictions;
+  }
 }
 
 void print_run_text(const char* title, const tiny_engine::RunResult& r) {
@@ -214,6 +245,12 @@ void print_run_text(const char* title, const tiny_engine::RunResult& r) {
             << s.decode_tokens << " decode tokens, " << s.preemptions << " preemptions\n  prefill "
             << num(s.prefill_seconds) << " s, decode " << num(s.decode_seconds) << " s, total "
             << num(s.total_seconds) << " s, TTFT p50 " << num(ttft_p50(r)) << " s\n";
+  if (s.host) {
+    std::cout << "  host tier: " << s.host_hit_tokens << " hit tokens loaded from it, "
+              << s.host->loaded_blocks << " blocks loaded (" << s.host->loaded_bytes << " bytes), "
+              << s.host->stored_blocks << " stored (" << s.host->stored_bytes << " bytes), "
+              << s.host->host_evictions << " host evictions\n";
+  }
 }
 
 // Where two runs' greedy token streams first differ, or "" when they do not.
@@ -265,7 +302,9 @@ int main(int argc, char** argv) {
       << ",\"model\":\"" << model.describe() << "\",\"device\":\"" << to_string(config.device)
       << "\",\"kv_dtype\":\"" << pagedkv::to_string(config.kv_dtype)
       << "\",\"num_blocks\":" << config.num_blocks << ",\"block_size\":" << config.block_size
-      << ",\"token_budget\":" << config.max_num_batched_tokens << ",\"attention\":\""
+      << ",\"token_budget\":" << config.max_num_batched_tokens
+      << ",\"host_blocks\":" << config.num_host_blocks << ",\"host_policy\":\""
+      << pagedkv::to_string(config.host_policy) << "\",\"attention\":\""
       << (cuda ? "pagedkv::cuda kernels: kv_append, paged extend attention (prefill), paged decode "
                  "attention (decode)"
                : "pagedkv CPU references: extend attention (prefill), decode attention (decode)")

@@ -292,8 +292,8 @@ TEST(Replay, HostTierAddsHitsBeyondTheGpu) {
   o.num_blocks = {2001 + 20000};
   const double one_pool = run_replay(trace, o)[0].hit_rate();
   o.num_blocks = {2001};
-  for (const HostPolicy p : {HostPolicy::kWriteThrough, HostPolicy::kWriteThroughSelective,
-                             HostPolicy::kWriteBack}) {
+  for (const HostPolicy p :
+       {HostPolicy::kWriteThrough, HostPolicy::kWriteThroughSelective, HostPolicy::kWriteBack}) {
     TierReplayOptions t;
     t.host_blocks = {20000};
     t.policy = p;
@@ -309,6 +309,47 @@ TEST(Replay, HostTierAddsHitsBeyondTheGpu) {
       EXPECT_GE(r[0].base.hit_rate(), 0.95 * one_pool);
     }
   }
+}
+
+// Engine mode with a host tier: hits beyond the GPU alone, per-tier counts that add up, and the
+// copies charged on the simulated clock at --host-gbps (half the bandwidth, twice the time),
+// labelled sim_ in the JSON.
+TEST(Replay, HostTierInEngineModeChargesSimulatedTransferTime) {
+  GeneratorOptions g;
+  g.requests = 200;
+  const Trace trace = generate(g);
+  ReplayOptions o;
+  o.mode = Mode::kEngine;
+  o.num_blocks = {1001};
+  const ReplayResult gpu_only = run_replay(trace, o)[0];
+  TierReplayOptions t;
+  t.host_blocks = {20000};
+  t.policy = HostPolicy::kWriteBack;
+  t.kv_bytes_per_token = 131072;
+  t.host_gbps = 50;
+  const TierReplayResult fast = run_tier_replay(trace, o, t).at(0);
+  t.host_gbps = 25;
+  const TierReplayResult slow = run_tier_replay(trace, o, t).at(0);
+  EXPECT_EQ(fast.gpu_hit_tokens + fast.host_hit_tokens, fast.base.hit_tokens);
+  EXPECT_GT(fast.host_hit_tokens, 0u);
+  EXPECT_GT(fast.base.hit_tokens, gpu_only.hit_tokens);
+  EXPECT_LT(fast.base.prefill_tokens_computed, gpu_only.prefill_tokens_computed);
+  EXPECT_EQ(fast.loaded_bytes, fast.host_loaded_blocks * 16 * 131072);
+  // Every copy is charged: bytes / bandwidth (stored_bytes counts the copies that were cached).
+  const double bytes = static_cast<double>(fast.loaded_bytes + fast.stored_bytes);
+  EXPECT_GT(fast.sim_transfer_ms, 0.0);
+  EXPECT_GE(fast.sim_transfer_ms * (1 + 1e-9), bytes / 50e9 * 1e3);
+  EXPECT_LE(fast.sim_transfer_ms, 1.01 * bytes / 50e9 * 1e3);
+  // Half the bandwidth: about twice the copy time (arrivals fall into other steps, so the
+  // schedules differ slightly) and a longer simulated run.
+  EXPECT_NEAR(slow.sim_transfer_ms / fast.sim_transfer_ms, 2.0, 0.05);
+  EXPECT_GT(slow.base.sim_makespan_ms, fast.base.sim_makespan_ms);
+  t.host_gbps = 50;
+  const std::string json = to_json(fast, o, t, trace);
+  EXPECT_NE(json.find("\"sim_host_gbps\":50.000"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"sim_transfer_ms\":"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"transfer_ms\""), std::string::npos) << json;
+  EXPECT_EQ(json.back(), '}');
 }
 
 }  // namespace
