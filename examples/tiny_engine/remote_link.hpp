@@ -61,7 +61,7 @@ class RemoteLink {
  public:
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds kTimeout{1000};        // longest wait of a request
-  static constexpr std::chrono::milliseconds kOpTimeout{200};       // one store op
+  static constexpr std::chrono::milliseconds kOpTimeout{500};       // one store op
   static constexpr std::chrono::milliseconds kDrainTimeout{10000};  // finish()'s wait for puts
 
   // Throws std::invalid_argument for a malformed URL, or when built without pagedkv::remote.
