@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <thread>
 
 #include "backend.hpp"
 #include "pagedkv/device/block_table.hpp"
@@ -36,6 +37,7 @@ void EngineConfig::validate() const {
   require(num_host_blocks >= 0, "num_host_blocks must not be negative");
   require(num_host_blocks == 0 || device == Device::kCpu,
           "the host tier runs on the CPU path only");
+  require(remote_url.empty() || num_host_blocks > 0, "the remote tier needs a host tier");
 }
 
 // A request in flight: pagedkv's view (tokens, hashes, computed tokens) plus the engine's.
@@ -152,6 +154,10 @@ RunResult Engine::run(const Workload& workload) {
   KVDriver manager(mc, config_.enable_caching ? config_.num_host_blocks : 0, config_.host_policy,
                    cache_, host_load_hook_);
   manager_ = &manager.gpu();
+  std::unique_ptr<RemoteLink> remote;  // declared after `manager`: destroyed (drained) first
+  if (!config_.remote_url.empty() && config_.enable_caching) {
+    remote = RemoteLink::open(config_, model_.config(), manager);
+  }
   backend_->reset_cache();
   for (const Session& s : workload.sessions) {
     for (const Turn& t : s.turns) {
@@ -190,6 +196,7 @@ RunResult Engine::run(const Workload& workload) {
     live.push_back(std::make_unique<Active>(manager.make_request(first_id[session] + turn, context),
                                             session, turn, t.max_new_tokens, seconds_since(start)));
     waiting.push_back(live.back().get());
+    if (remote) remote->add_request(live.back()->request);  // its remote prefix is probed
   };
 
   const std::size_t total = workload.num_requests();
@@ -205,8 +212,10 @@ RunResult Engine::run(const Workload& workload) {
       step = workload.sessions[arrival_order[next_session]].arrival_step;
       continue;
     }
+    if (remote) remote->poll();
     decode.clear();
     prefill.clear();
+    bool held = false;  // the head of the queue waits for its remote prefix
     std::uint32_t budget = config_.max_num_batched_tokens;
     bool preempted = false;
 
@@ -242,6 +251,10 @@ RunResult Engine::run(const Workload& workload) {
     // 2. Waiting requests, first come first served, unless this step had to preempt.
     while (!preempted && !waiting.empty() && budget > 0 && running.size() < config_.max_num_seqs) {
       Active* a = waiting.front();
+      if (remote && !remote->ready(a->request.id())) {
+        held = true;
+        break;
+      }
       const std::optional<Admission> admitted = manager.admit(a->request, budget);
       if (!admitted) {
         if (running.empty()) {
@@ -260,6 +273,7 @@ RunResult Engine::run(const Workload& workload) {
       stats.hit_tokens += hit_tokens;
       stats.host_hit_tokens += admitted->host_tokens;
       if (!hit.blocks.empty() && hit_hook_) hit_hook_(hit, cache_);
+      if (remote) remote->remove_request(a->request.id());
       waiting.pop_front();
       running.push_back(a);
       prefill.push_back(Segment{a, static_cast<std::int64_t>(hit_tokens),
@@ -268,6 +282,10 @@ RunResult Engine::run(const Workload& workload) {
       budget -= static_cast<std::uint32_t>(n);
     }
     stats.max_running = std::max<std::uint64_t>(stats.max_running, running.size());
+    if (decode.empty() && prefill.empty() && held) {  // bounded by RemoteLink::kTimeout
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      continue;
+    }
     if (decode.empty() && prefill.empty()) {
       if (!preempted) throw std::logic_error("scheduler made no progress");
       ++step;
@@ -312,6 +330,7 @@ RunResult Engine::run(const Workload& workload) {
     ++stats.steps;
     ++step;
   }
+  if (remote) stats.remote = remote->finish();  // waits for the puts in flight
   stats.total_seconds = seconds_since(start);
   stats.cache = manager.gpu().stats();
   stats.host = manager.tier_stats();

@@ -50,6 +50,7 @@
 #include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/device/kv_layout.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "remote_link.hpp"
 #include "workload.hpp"
 
 namespace tiny_engine {
@@ -69,6 +70,9 @@ struct EngineConfig {
   // caching on only (ignored when caching is off).
   std::int32_t num_host_blocks = 0;
   pagedkv::HostPolicy host_policy = pagedkv::HostPolicy::kWriteBack;
+  // Remote tier below the host tier (remote_link.hpp): "redis://HOST:PORT/NAMESPACE", empty for
+  // none. Needs num_host_blocks > 0; ignored when caching is off.
+  std::string remote_url;
 
   // Throws std::invalid_argument naming the first bad field.
   void validate() const;
@@ -105,6 +109,7 @@ struct RunStats {
   std::uint64_t hit_tokens = 0;            // tokens taken from the prefix cache instead of computed
   std::uint64_t host_hit_tokens = 0;       // of those, loaded from the host tier
   std::optional<pagedkv::TierStats> host;  // with a host tier
+  std::optional<RemoteRunStats> remote;    // with a remote tier
   std::uint64_t max_running = 0;
   double prefill_seconds = 0;  // wall time of the prefill forward passes
   double decode_seconds = 0;   // wall time of the decode forward passes

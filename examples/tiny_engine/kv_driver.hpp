@@ -65,6 +65,11 @@ class KVDriver {
   void free(pagedkv::Request& request);
 
   const pagedkv::KVCacheManager& gpu() const noexcept;
+  // The host tier, its buffer and one slot's bytes, for the remote tier (remote_link.hpp);
+  // nullptr / empty / 0 without a host tier.
+  pagedkv::TieredKVCacheManager* tier() noexcept { return tier_.get(); }
+  std::span<std::byte> host_buffer() noexcept { return host_; }
+  std::uint64_t host_block_bytes() const noexcept { return tier_ ? layout_.block_bytes() : 0; }
   std::optional<pagedkv::TierStats> tier_stats() const;
   void check_invariants() const;
 

@@ -52,6 +52,15 @@ kernels, and reports what prefix caching saved.
                          host tier and are loaded (K/V copied through the host buffer) instead
                          of recomputed
   --host-policy NAME     write_back (default), write_through or write_through_selective
+  --remote URL           redis://[[user]:password@]HOST[:PORT]/NAMESPACE: a shared remote tier
+                         on Redis below the host tier (needs --host-blocks; with --compare only
+                         the caching run has it). Arriving requests probe Redis for their prefix
+                         beyond the GPU and host hits and wait for it at most 1 s; hits are
+                         fetched into host slots and loaded from there; every block the host tier
+                         caches is written to Redis (--host-policy write_through: every computed
+                         block), and the run waits for those puts at exit. A Redis that is down
+                         or slow means misses, never a failure. Values carry a fingerprint of
+                         the model, KV dtype and block size: another model's blocks are misses
   --token-budget N       tokens per scheduler step (default 128)
   --max-seqs N           running requests at most (default 16)
   --kv-dtype NAME        bf16 (default) or fp16
@@ -162,6 +171,10 @@ Options parse(int argc, char** argv) {
             v + "'");
       }
       o.engine.host_policy = *policy;
+    } else if (a == "--remote") {
+      o.engine.remote_url = std::string(value());
+      const std::string problem = tiny_engine::RemoteLink::check_url(o.engine.remote_url);
+      if (!problem.empty()) usage_error("--remote: " + problem);
     } else if (a == "--token-budget") {
       o.engine.max_num_batched_tokens = static_cast<std::uint32_t>(count(1, 1u << 16));
     } else if (a == "--max-seqs") {
@@ -192,6 +205,9 @@ Options parse(int argc, char** argv) {
   }
   if (o.engine.num_host_blocks > 0 && !o.compare && !o.caching) {
     usage_error("--host-blocks needs prefix caching (drop --no-caching)");
+  }
+  if (!o.engine.remote_url.empty() && o.engine.num_host_blocks == 0) {
+    usage_error("--remote needs a host tier (--host-blocks N)");
   }
   if (!o.head_dim_given && o.engine.device == tiny_engine::Device::kCuda) o.model.head_dim = 64;
   o.workload.vocab_size = o.model.vocab_size;
@@ -235,6 +251,21 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
       << "\":" << s.host->stored_bytes << ",\"host_evictions" << sfx
       << "\":" << s.host->host_evictions;
   }
+  if (s.remote) {
+    const tiny_engine::RemoteRunStats& m = *s.remote;
+    j << ",\"remote_namespace" << sfx << "\":\"" << m.name_space << "\",\"remote_probed_blocks"
+      << sfx << "\":" << m.probed_blocks << ",\"remote_hit_blocks" << sfx
+      << "\":" << m.loaded_blocks << ",\"remote_hit_tokens" << sfx << "\":" << m.remote_hit_tokens
+      << ",\"remote_loaded_bytes" << sfx << "\":" << m.loaded_bytes << ",\"remote_load_misses"
+      << sfx << "\":" << m.load_misses << ",\"remote_stored_blocks" << sfx
+      << "\":" << m.stored_blocks << ",\"remote_stored_bytes" << sfx << "\":" << m.stored_bytes
+      << ",\"remote_puts_skipped" << sfx << "\":" << m.puts_skipped << ",\"remote_puts_failed"
+      << sfx << "\":" << m.puts_failed << ",\"remote_store_errors" << sfx << "\":" << m.store_errors
+      << ",\"remote_store_timeouts" << sfx << "\":" << m.store_timeouts
+      << ",\"remote_rejected_values" << sfx << "\":" << m.rejected_values
+      << ",\"remote_ready_by_timeout" << sfx << "\":" << m.ready_by_timeout << ",\"remote_drained"
+      << sfx << "\":" << (m.drained ? "true" : "false");
+  }
 }
 
 void print_run_text(const char* title, const tiny_engine::RunResult& r) {
@@ -250,6 +281,17 @@ void print_run_text(const char* title, const tiny_engine::RunResult& r) {
               << s.host->loaded_blocks << " blocks loaded (" << s.host->loaded_bytes << " bytes), "
               << s.host->stored_blocks << " stored (" << s.host->stored_bytes << " bytes), "
               << s.host->host_evictions << " host evictions\n";
+  }
+  if (s.remote) {
+    const tiny_engine::RemoteRunStats& m = *s.remote;
+    std::cout << "  remote tier (" << m.name_space << "): " << m.loaded_blocks
+              << " remote hit blocks (" << m.remote_hit_tokens << " tokens, " << m.loaded_bytes
+              << " bytes) of " << m.probed_blocks << " probed, " << m.load_misses
+              << " load misses; " << m.stored_blocks << " blocks stored (" << m.stored_bytes
+              << " bytes), " << m.puts_skipped + m.puts_failed << " puts skipped or failed; "
+              << m.store_errors << " store errors, " << m.store_timeouts << " timeouts, "
+              << m.rejected_values << " rejected values"
+              << (m.drained ? "" : "; puts still in flight at exit") << "\n";
   }
 }
 

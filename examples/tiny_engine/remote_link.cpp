@@ -1,0 +1,152 @@
+#include "remote_link.hpp"
+
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "engine.hpp"
+#include "kv_driver.hpp"
+#include "model.hpp"
+
+#if TINY_ENGINE_HAS_REMOTE
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/remote/redis_store.hpp"
+#include "pagedkv/remote/remote_value.hpp"
+#include "pagedkv/tier/remote_tier.hpp"
+#endif
+
+namespace tiny_engine {
+
+#if TINY_ENGINE_HAS_REMOTE
+
+struct RemoteLink::Impl {
+  Impl(pagedkv::RedisStoreConfig sc, KVDriver& driver, pagedkv::RemoteTierConfig rc)
+      : store(std::move(sc)), remote(*driver.tier(), store, driver.host_buffer(), rc) {}
+  pagedkv::RedisStore store;
+  pagedkv::RemoteTier remote;  // destroyed first: drains its ops, clears the tier's hooks
+};
+
+std::string RemoteLink::check_url(const std::string& url) {
+  try {
+    (void)pagedkv::RedisStoreConfig::from_url(url);
+    return "";
+  } catch (const pagedkv::Error& e) {
+    return e.what();
+  }
+}
+
+std::unique_ptr<RemoteLink> RemoteLink::open(const EngineConfig& config, const ModelConfig& model,
+                                             KVDriver& driver) {
+  if (driver.tier() == nullptr) throw std::invalid_argument("the remote tier needs a host tier");
+  pagedkv::RedisStoreConfig sc;
+  try {
+    sc = pagedkv::RedisStoreConfig::from_url(config.remote_url);
+  } catch (const pagedkv::Error& e) {
+    throw std::invalid_argument(std::string("--remote: ") + e.what());
+  }
+  // Everything that makes the bytes of a block differ for the same tokens.
+  const std::string layout =
+      "pagedkv-tiny-engine/v1,layers=" + std::to_string(model.num_layers) +
+      ",d_model=" + std::to_string(model.d_model) +
+      ",q_heads=" + std::to_string(model.num_q_heads) +
+      ",kv_heads=" + std::to_string(model.num_kv_heads) +
+      ",head_dim=" + std::to_string(model.head_dim) + ",ffn=" + std::to_string(model.ffn_dim) +
+      ",vocab=" + std::to_string(model.vocab_size) + ",rope=" + std::to_string(model.rope_theta) +
+      ",eps=" + std::to_string(model.rms_eps) + ",seed=" + std::to_string(model.seed) +
+      ",kv=" + std::string(pagedkv::to_string(config.kv_dtype)) +
+      ",block_size=" + std::to_string(config.block_size) + ",nhd,layer-first K0 V0 K1 V1";
+  sc.layout_fingerprint = pagedkv::layout_fingerprint(layout);
+  sc.op_timeout = kOpTimeout;
+  sc.connect_timeout = kOpTimeout;
+  pagedkv::RemoteTierConfig rc;
+  rc.policy = pagedkv::PrefetchPolicy::kTimeout;
+  rc.timeout = kTimeout;
+  rc.bytes_per_block = driver.host_block_bytes();
+  rc.drain_timeout = kDrainTimeout;
+  return std::unique_ptr<RemoteLink>(
+      new RemoteLink(std::make_unique<Impl>(std::move(sc), driver, rc)));
+}
+
+void RemoteLink::add_request(const pagedkv::Request& request) {
+  impl_->remote.add_request(request, Clock::now());
+}
+
+void RemoteLink::poll() {
+  impl_->remote.poll(Clock::now());
+}
+
+bool RemoteLink::ready(pagedkv::RequestId id) const {
+  return impl_->remote.ready(id, Clock::now());
+}
+
+void RemoteLink::remove_request(pagedkv::RequestId id) noexcept {
+  impl_->remote.remove_request(id);
+}
+
+RemoteRunStats RemoteLink::finish() {
+  pagedkv::RemoteTier& r = impl_->remote;
+  const auto end = Clock::now() + kDrainTimeout;
+  RemoteRunStats s;
+  for (;;) {
+    r.poll(Clock::now());
+    if (r.in_flight() == 0 && r.pinned_for_puts() == 0) break;
+    if (Clock::now() >= end) {
+      s.drained = false;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  const pagedkv::RemoteTierStats t = r.stats();
+  const pagedkv::RemoteStoreStats st = impl_->store.stats();
+  s.name_space = std::string(impl_->store.name_space());
+  s.requests = t.requests;
+  s.probed_blocks = t.probed_blocks;
+  s.probe_hit_blocks = t.probe_hit_blocks;
+  s.loaded_blocks = t.loaded_blocks;
+  s.remote_hit_tokens = t.remote_hit_tokens;
+  s.loaded_bytes = t.loaded_bytes;
+  s.load_misses = t.load_misses;
+  s.fills_no_slot = t.fills_no_slot;
+  s.ready_by_timeout = t.ready_by_timeout;
+  s.puts = t.puts;
+  s.stored_blocks = t.stored_blocks;
+  s.stored_bytes = t.stored_bytes;
+  s.puts_skipped = t.puts_skipped;
+  s.puts_failed = t.puts_failed;
+  s.store_errors = st.errors;
+  s.store_timeouts = st.timeouts;
+  s.rejected_values = st.checksum_failures + st.header_mismatches;
+  s.connect_failures = st.connect_failures;
+  return s;
+}
+
+#else  // without pagedkv::remote
+
+struct RemoteLink::Impl {};
+
+std::string RemoteLink::check_url(const std::string&) {
+  return "this build has no pagedkv::remote (configure with libhiredis-dev installed)";
+}
+
+std::unique_ptr<RemoteLink> RemoteLink::open(const EngineConfig&, const ModelConfig&, KVDriver&) {
+  throw std::invalid_argument(
+      "--remote: this build has no pagedkv::remote (configure with libhiredis-dev installed)");
+}
+
+void RemoteLink::add_request(const pagedkv::Request&) {}
+void RemoteLink::poll() {}
+bool RemoteLink::ready(pagedkv::RequestId) const {
+  return true;
+}
+void RemoteLink::remove_request(pagedkv::RequestId) noexcept {}
+RemoteRunStats RemoteLink::finish() {
+  return {};
+}
+
+#endif
+
+RemoteLink::RemoteLink(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RemoteLink::~RemoteLink() = default;
+
+}  // namespace tiny_engine
