@@ -11,6 +11,9 @@
 #include <thread>
 
 #include "backend.hpp"
+#if TINY_ENGINE_HAS_EVENTS
+#include "pagedkv/events/publisher.hpp"
+#endif
 #include "pagedkv/device/block_table.hpp"
 
 namespace tiny_engine {
@@ -148,6 +151,8 @@ RunResult Engine::run(const Workload& workload) {
   mc.block_size = config_.block_size;
   mc.enable_caching = config_.enable_caching;
   mc.hash_seed = "pagedkv-tiny-engine";
+  mc.hash_scheme = config_.hash_scheme;
+  mc.enable_kv_events = !config_.kv_events_endpoint.empty();
   if (hit_hook_ && config_.device != Device::kCpu) {
     throw std::logic_error("the prefix-hit hook works on the CPU path only");
   }
@@ -158,6 +163,25 @@ RunResult Engine::run(const Workload& workload) {
   if (!config_.remote_url.empty() && config_.enable_caching) {
     remote = RemoteLink::open(config_, model_.config(), manager);
   }
+#if TINY_ENGINE_HAS_EVENTS
+  std::unique_ptr<pagedkv::events::KVEventPublisher> publisher;
+  if (!config_.kv_events_endpoint.empty()) {
+    pagedkv::events::KVEventPublisherConfig pc;
+    pc.endpoint = config_.kv_events_endpoint;
+    pc.probe_hasher = manager.gpu().hasher();
+    publisher = std::make_unique<pagedkv::events::KVEventPublisher>(pc);
+  }
+  const auto publish = [&](RunStats& st) {
+    if (!publisher) return;
+    std::vector<pagedkv::KVEvent> events = manager.take_events();
+    if (!events.empty() && publisher->publish(std::move(events))) ++st.kv_event_batches;
+  };
+#else
+  if (!config_.kv_events_endpoint.empty()) {
+    throw std::invalid_argument("--kv-events: this build has no pagedkv::events layer");
+  }
+  const auto publish = [](RunStats&) {};
+#endif
   backend_->reset_cache();
   for (const Session& s : workload.sessions) {
     for (const Turn& t : s.turns) {
@@ -327,10 +351,15 @@ RunResult Engine::run(const Workload& workload) {
         }
       }
     }
+    publish(stats);  // this step's KV events, one batch
     ++stats.steps;
     ++step;
   }
   if (remote) stats.remote = remote->finish();  // waits for the puts in flight
+  publish(stats);
+#if TINY_ENGINE_HAS_EVENTS
+  if (publisher) publisher->flush(std::chrono::seconds(5));
+#endif
   stats.total_seconds = seconds_since(start);
   stats.cache = manager.gpu().stats();
   stats.host = manager.tier_stats();

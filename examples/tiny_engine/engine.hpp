@@ -73,6 +73,11 @@ struct EngineConfig {
   // Remote tier below the host tier (remote_link.hpp): "redis://HOST:PORT/NAMESPACE", empty for
   // none. Needs num_host_blocks > 0; ignored when caching is off.
   std::string remote_url;
+  // The cache's hash scheme (seed "pagedkv-tiny-engine"); sha256_cbor_vllm hashes as vLLM does.
+  pagedkv::HashScheme hash_scheme = pagedkv::HashScheme::kSha256;
+  // Non-empty: publish the KV events on vLLM's ZeroMQ wire there, once per step (pagedkv::events;
+  // vLLM's rule: an endpoint with '*' binds, any other connects).
+  std::string kv_events_endpoint;
 
   // Throws std::invalid_argument naming the first bad field.
   void validate() const;
@@ -110,6 +115,7 @@ struct RunStats {
   std::uint64_t host_hit_tokens = 0;       // of those, loaded from the host tier
   std::optional<pagedkv::TierStats> host;  // with a host tier
   std::optional<RemoteRunStats> remote;    // with a remote tier
+  std::uint64_t kv_event_batches = 0;      // batches published with --kv-events (one per step)
   std::uint64_t max_running = 0;
   double prefill_seconds = 0;  // wall time of the prefill forward passes
   double decode_seconds = 0;   // wall time of the decode forward passes

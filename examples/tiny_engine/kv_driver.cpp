@@ -46,6 +46,10 @@ std::optional<pagedkv::TierStats> KVDriver::tier_stats() const {
   return tier_->stats();
 }
 
+std::vector<pagedkv::KVEvent> KVDriver::take_events() {
+  return tier_ ? tier_->take_events() : plain_->take_events();
+}
+
 void KVDriver::check_invariants() const {
   if (plain_) {
     plain_->check_invariants();

@@ -71,6 +71,8 @@ class KVDriver {
   std::span<std::byte> host_buffer() noexcept { return host_; }
   std::uint64_t host_block_bytes() const noexcept { return tier_ ? layout_.block_bytes() : 0; }
   std::optional<pagedkv::TierStats> tier_stats() const;
+  // The KV events since the last call (both tiers', with their medium), when events are enabled.
+  std::vector<pagedkv::KVEvent> take_events();
   void check_invariants() const;
 
  private:

@@ -47,6 +47,10 @@ kernels, and reports what prefix caching saved.
   --system-tokens N      shared system prompt + tools, in tokens (default 160)
   --num-blocks N         KV pool blocks including the null block (default 1024)
   --block-size N         tokens per block (default 16)
+  --hash SCHEME          the cache's hash scheme: sha256 (default), sha256_cbor_vllm (vLLM's
+                         hashes, so a vLLM router can index them) or xxh3_128
+  --kv-events ENDPOINT   publish the KV events on vLLM's ZeroMQ wire, one batch per step
+                         (e.g. tcp://*:5557 binds, tcp://127.0.0.1:5557 connects)
   --host-blocks N        host-memory tier of N blocks behind the KV pool (default 0: none; CPU
                          path; with --compare only the caching run has it): hits continue in the
                          host tier and are loaded (K/V copied through the host buffer) instead
@@ -171,6 +175,18 @@ Options parse(int argc, char** argv) {
             v + "'");
       }
       o.engine.host_policy = *policy;
+    } else if (a == "--hash") {
+      const std::string v(value());
+      try {
+        o.engine.hash_scheme = pagedkv::parse_hash_scheme(v);
+      } catch (const pagedkv::Error& e) {
+        usage_error(std::string("--hash: ") + e.what());
+      }
+    } else if (a == "--kv-events") {
+      o.engine.kv_events_endpoint = std::string(value());
+#if !TINY_ENGINE_HAS_EVENTS
+      usage_error("--kv-events: this build has no pagedkv::events layer (ZeroMQ)");
+#endif
     } else if (a == "--remote") {
       o.engine.remote_url = std::string(value());
       const std::string problem = tiny_engine::RemoteLink::check_url(o.engine.remote_url);
@@ -241,7 +257,8 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
     << "\":" << s.prefill_tokens << ",\"decode_tokens" << sfx << "\":" << s.decode_tokens
     << ",\"prefix_hit_tokens" << sfx << "\":" << s.hit_tokens << ",\"hit_rate" << sfx
     << "\":" << num(s.cache.hit_rate()) << ",\"preemptions" << sfx << "\":" << s.preemptions
-    << ",\"evictions" << sfx << "\":" << s.cache.evictions << ",\"steps" << sfx << "\":" << s.steps
+    << ",\"evictions" << sfx << "\":" << s.cache.evictions << ",\"steps" << sfx << "\":" << s.steps << ",\"kv_event_batches" << sfx
+    << "\":" << s.kv_event_batches
     << ",\"max_running" << sfx << "\":" << s.max_running;
   if (s.host) {
     j << ",\"host_hit_tokens" << sfx << "\":" << s.host_hit_tokens << ",\"host_loaded_blocks" << sfx
