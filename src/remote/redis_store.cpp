@@ -124,6 +124,9 @@ struct RedisStore::Impl {
   RemoteTicket next_ticket = 1;
   bool stop = false;
   std::vector<std::thread> threads;
+  // I/O threads holding a connection. A thread in reconnect backoff leaves queued ops to them
+  // rather than failing the ops at once; only when none is connected does it fail them promptly.
+  std::atomic<unsigned> connected{0};
 
   Counters counters;
   LatencyHistogram exists_latency, get_latency, put_latency;
@@ -208,11 +211,9 @@ struct RedisStore::Impl {
         pending.push(i);
       }
     }
-    if (n > config.pipeline_depth) {
-      work_cv.notify_all();
-    } else if (n > 0) {
-      work_cv.notify_one();
-    }
+    // All: a thread waiting out its reconnect backoff must not absorb the wakeup meant for a
+    // connected one.
+    if (n > 0) work_cv.notify_all();
     return ticket;
   }
 
@@ -224,8 +225,8 @@ namespace {
 // One I/O thread's connection and scratch buffers.
 class Connection {
  public:
-  Connection(const RedisStoreConfig& config, Counters& counters)
-      : config_(config), counters_(counters) {}
+  Connection(const RedisStoreConfig& config, Counters& counters, std::atomic<unsigned>& live)
+      : config_(config), counters_(counters), live_(live) {}
   ~Connection() { drop(); }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -234,6 +235,8 @@ class Connection {
   void drop() noexcept {
     if (ctx_ != nullptr) redisFree(ctx_);
     ctx_ = nullptr;
+    if (counted_) live_.fetch_sub(1, std::memory_order_acq_rel);
+    counted_ = false;
   }
 
   // Connects and authenticates within connect_timeout (+ one AUTH round trip bounded by it).
@@ -272,12 +275,17 @@ class Connection {
       drop();
       return false;
     }
+    live_.fetch_add(1, std::memory_order_acq_rel);
+    counted_ = true;
     return true;
   }
 
   // Runs one pipeline; sets every op's result (accounting is the caller's). Drops the connection
-  // on a timeout or an I/O error.
-  void run(std::span<const std::uint32_t> batch, std::vector<Slot>& slots,
+  // on a timeout or an I/O error. Returns true when the connection failed with an I/O error
+  // before any reply arrived (a connection gone stale while idle, e.g. the server restarted):
+  // every op is kError and none is known to have run, so the caller may rerun the batch once on
+  // a fresh connection (GET, EXISTS and SET of the same value are idempotent).
+  bool run(std::span<const std::uint32_t> batch, std::vector<Slot>& slots,
            std::vector<RemoteResult>& results) {
     Clock::time_point deadline = Clock::time_point::max();
     for (std::uint32_t i : batch) deadline = std::min(deadline, slots[i].deadline);
@@ -288,7 +296,7 @@ class Connection {
       format(s);
       if (redisAppendFormattedCommand(ctx_, cmd_.data(), cmd_.size()) != REDIS_OK) {
         drop();
-        return;  // every op kError
+        return false;  // every op kError (a local failure: formatting, out of memory)
       }
     }
     // Write the whole pipeline, each wait bounded by the deadline.
@@ -297,11 +305,12 @@ class Connection {
       const int ready = wait_fd(POLLOUT, deadline);
       if (ready <= 0) {
         fail_from(0, batch.size(), ready == 0, results);
-        return;
+        return ready < 0;
       }
       if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
-        fail_from(0, batch.size(), Clock::now() >= deadline, results);
-        return;
+        const bool timed_out = Clock::now() >= deadline;
+        fail_from(0, batch.size(), timed_out, results);
+        return !timed_out;
       }
     }
     // Read one reply per op, in order.
@@ -309,24 +318,26 @@ class Connection {
       void* raw = nullptr;
       while (true) {
         if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK) {
-          fail_from(k, batch.size(), false, results);
-          return;
+          fail_from(k, batch.size(), false, results);  // a protocol error: never rerun
+          return false;
         }
         if (raw != nullptr) break;
         const int ready = wait_fd(POLLIN, deadline);
         if (ready <= 0) {
           fail_from(k, batch.size(), ready == 0, results);
-          return;
+          return ready < 0 && k == 0;
         }
         if (redisBufferRead(ctx_) != REDIS_OK) {
-          fail_from(k, batch.size(), Clock::now() >= deadline, results);
-          return;
+          const bool timed_out = Clock::now() >= deadline;
+          fail_from(k, batch.size(), timed_out, results);
+          return !timed_out && k == 0;
         }
       }
       auto* reply = static_cast<redisReply*>(raw);
       results[k] = classify(slots[batch[k]], *reply);
       freeReplyObject(reply);
     }
+    return false;
   }
 
  private:
@@ -423,6 +434,8 @@ class Connection {
 
   const RedisStoreConfig& config_;
   Counters& counters_;
+  std::atomic<unsigned>& live_;  // Impl::connected
+  bool counted_ = false;         // this connection is counted in live_
   redisContext* ctx_ = nullptr;
   std::string key_;  // scratch: the current op's key
   std::string cmd_;  // scratch: the current op's RESP command
@@ -431,7 +444,7 @@ class Connection {
 }  // namespace
 
 void RedisStore::Impl::io_thread() {
-  Connection conn(config, counters);
+  Connection conn(config, counters, connected);
   std::vector<std::uint32_t> batch;
   batch.reserve(config.pipeline_depth);
   std::vector<RemoteResult> results;
@@ -439,25 +452,39 @@ void RedisStore::Impl::io_thread() {
   std::chrono::milliseconds backoff{0};
   Clock::time_point next_attempt{};
 
+  const auto try_connect = [&] {
+    if (conn.connect()) {
+      bump(counters.connects);
+      backoff = std::chrono::milliseconds(0);
+      return true;
+    }
+    bump(counters.connect_failures);
+    backoff = backoff.count() == 0 ? config.reconnect_backoff_min
+                                   : std::min(2 * backoff, config.reconnect_backoff_max);
+    next_attempt = Clock::now() + backoff;
+    return false;
+  };
+
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu);
-      work_cv.wait(lock, [&] { return stop || !pending.empty(); });
-      if (stop) return;
-    }
-    if (!conn.connected()) {
-      if (Clock::now() >= next_attempt) {
-        if (conn.connect()) {
-          bump(counters.connects);
-          backoff = std::chrono::milliseconds(0);
-        } else {
-          bump(counters.connect_failures);
-          backoff = backoff.count() == 0 ? config.reconnect_backoff_min
-                                         : std::min(2 * backoff, config.reconnect_backoff_max);
-          next_attempt = Clock::now() + backoff;
+      while (true) {
+        if (stop) return;
+        if (!pending.empty()) {
+          // Take work when connected, when a reconnect is due, or when no connection is up
+          // (then the ops fail at once: prompt misses while the store is down). In backoff
+          // while another connection is up, leave the ops to it until the backoff ends.
+          if (conn.connected() || Clock::now() >= next_attempt ||
+              connected.load(std::memory_order_acquire) == 0) {
+            break;
+          }
+          work_cv.wait_until(lock, next_attempt);
+          continue;
         }
+        work_cv.wait(lock);
       }
     }
+    if (!conn.connected() && Clock::now() >= next_attempt) try_connect();
     batch.clear();
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -468,18 +495,26 @@ void RedisStore::Impl::io_thread() {
     }
     if (batch.empty()) continue;
     if (conn.connected()) {
-      conn.run(batch, slots, results);
-      if (!conn.connected()) next_attempt = Clock::now();  // dropped: retry at once next time
+      // A connection that went stale while idle (the server restarted) fails before any reply:
+      // rerun the batch once on a fresh connection instead of failing ops a live server would
+      // answer.
+      if (conn.run(batch, slots, results) && try_connect()) conn.run(batch, slots, results);
+      if (!conn.connected() && backoff.count() == 0) {
+        next_attempt = Clock::now();  // dropped: retry at once next time
+      }
     } else {
-      results.assign(batch.size(), RemoteResult::kError);  // in backoff: fail at once
+      results.assign(batch.size(), RemoteResult::kError);  // no connection up: fail at once
     }
     const auto now = Clock::now();
     for (std::size_t k = 0; k < batch.size(); ++k) account(slots[batch[k]], results[k], now);
     {
+      // Under mu: a thread waiting out its backoff either saw `connected` before this thread's
+      // drop and is now waiting (woken below), or sees the new count.
       std::lock_guard<std::mutex> lock(mu);
       for (std::uint32_t i : batch) completed.push(i);
     }
     done_cv.notify_all();
+    if (!conn.connected()) work_cv.notify_all();
   }
 }
 

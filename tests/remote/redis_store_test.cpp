@@ -281,6 +281,90 @@ TEST_F(RedisStoreTest, ServerKilledMidRunCompletesWithinTheTimeoutThenReconnects
   EXPECT_GE(store.stats().connects, before.connects + 1);
 }
 
+// Every I/O thread holds a connection when the server restarts: each connection is stale, and
+// the first op on each must still be answered (rerun on a fresh connection), not failed.
+TEST_F(RedisStoreTest, StaleConnectionsAfterARestartAreReplacedWithoutFailingOps) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  auto cfg = config_for(server.port());
+  cfg.num_connections = 4;
+  cfg.pipeline_depth = 1;
+  cfg.reconnect_backoff_min = 3000ms;  // a failed op would not be retried within this test
+  cfg.reconnect_backoff_max = 3000ms;
+  RedisStore store(cfg);
+  std::vector<std::vector<std::byte>> keep;
+  keep.reserve(4096);
+  const auto end = Clock::now() + 10s;
+  while (store.stats().connects < 4 && Clock::now() < end) {
+    ASSERT_EQ(count_result(put_blocks(store, 0, 64, 1024, keep), RemoteResult::kStored), 64u);
+  }
+  ASSERT_EQ(store.stats().connects, 4u) << "every I/O thread connected";
+
+  server.kill();
+  ASSERT_TRUE(server.start());  // same port, empty
+  const auto before = store.stats();
+  // Ops one at a time: each lands on some thread, every one of them stale.
+  for (std::uint64_t i = 0; i < 16; ++i) {
+    const auto done = put_blocks(store, 1000 + i, 1, 512, keep);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].result, RemoteResult::kStored) << "op " << i;
+  }
+  std::vector<BlockHash> keys;
+  for (std::uint64_t i = 0; i < 16; ++i) keys.push_back(block_key(1000 + i));
+  ASSERT_TRUE(store.exists(keys));
+  EXPECT_EQ(count_result(collect(store, keys.size()), RemoteResult::kHit), keys.size());
+  const auto after = store.stats();
+  EXPECT_EQ(after.errors, before.errors);
+  EXPECT_GE(after.connects, before.connects + 1);
+}
+
+// One thread in reconnect backoff while another is connected leaves the ops to the connected one
+// instead of failing them.
+TEST_F(RedisStoreTest, AThreadInBackoffLeavesOpsToAConnectedThread) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  const std::uint16_t port = server.port();
+  server.kill();
+  auto cfg = config_for(port);
+  cfg.num_connections = 2;
+  cfg.pipeline_depth = 1;
+  cfg.reconnect_backoff_min = 2500ms;
+  cfg.reconnect_backoff_max = 2500ms;
+  cfg.op_timeout = 4000ms;
+  RedisStore store(cfg);
+  // Down: both threads fail to connect and enter a long backoff, the second about 1.2 s after the
+  // first, so their backoffs end at different times; meanwhile ops fail at once.
+  const std::vector<BlockHash> key = {block_key(1)};
+  ASSERT_TRUE(store.exists(key));
+  EXPECT_EQ(collect(store, 1, 5000ms).at(0).result, RemoteResult::kError);
+  std::this_thread::sleep_for(1200ms);
+  auto end = Clock::now() + 1s;
+  while (store.stats().connect_failures < 2 && Clock::now() < end) {
+    ASSERT_TRUE(store.exists(key));
+    EXPECT_EQ(collect(store, 1, 5000ms).at(0).result, RemoteResult::kError);
+  }
+  ASSERT_GE(store.stats().connect_failures, 2u);
+  ASSERT_TRUE(server.start());
+  // The first thread whose backoff ends reconnects; from then on every op must succeed even while
+  // the other thread is still in backoff.
+  std::vector<std::vector<std::byte>> keep;
+  keep.reserve(256);
+  end = Clock::now() + 8s;
+  bool up = false;
+  while (!up && Clock::now() < end) {
+    up = count_result(put_blocks(store, 0, 1, 256, keep), RemoteResult::kStored) == 1;
+    if (!up) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(up);
+  const auto before = store.stats();
+  for (std::uint64_t i = 0; i < 32; ++i) {
+    const auto done = put_blocks(store, 100 + i, 1, 256, keep);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].result, RemoteResult::kStored) << "op " << i;
+  }
+  EXPECT_EQ(store.stats().errors, before.errors);
+}
+
 TEST_F(RedisStoreTest, SlowServerGivesTimeoutsWithinTheOpTimeout) {
   test::RedisServer server;
   ASSERT_TRUE(server.start());
