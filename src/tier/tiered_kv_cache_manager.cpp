@@ -243,13 +243,14 @@ BlockSequence TieredKVCacheManager::content_sequence(const std::vector<TokenId>&
   return seq;
 }
 
-std::optional<BlockId> TieredKVCacheManager::take_host_slot() {
+std::optional<BlockId> TieredKVCacheManager::take_host_slot(bool& evicted) {
   slot_scratch_.clear();
   const std::uint64_t evictions = host_.num_evictions();
   if (!host_.get_new_blocks(1, slot_scratch_)) return std::nullopt;
   const BlockId slot = slot_scratch_[0];
   ++host_slot_epoch_[static_cast<std::size_t>(slot)];
-  if (host_.num_evictions() != evictions) ++host_epoch_;  // a cached slot lost its content
+  evicted = host_.num_evictions() != evictions;
+  if (evicted) ++host_epoch_;  // a cached slot lost its content
   return slot;
 }
 
@@ -293,7 +294,8 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
 void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state, RequestId request,
                                           Kind kind, TierPlan& out) {
   if (host_has(gpu_block)) return;
-  const std::optional<BlockId> taken = take_host_slot();
+  bool evicted = false;  // the slot held a cached block, evicted now
+  const std::optional<BlockId> taken = take_host_slot(evicted);
   if (!taken) {
     ++stats_.stores_skipped_full;
     return;
@@ -596,7 +598,8 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
     }
   }
   reserve_transfers(1);
-  const std::optional<BlockId> taken = take_host_slot();
+  bool evicted = false;  // the slot held a cached block, evicted now
+  const std::optional<BlockId> taken = take_host_slot(evicted);
   if (!taken) {
     ++stats_.stores_skipped_full;
     return std::nullopt;

@@ -236,7 +236,8 @@ class TieredKVCacheManager {
                       TierPlan& out);
   bool host_has(BlockId gpu_block);
   void refresh(BlockId slot);
-  std::optional<BlockId> take_host_slot();
+  // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
+  std::optional<BlockId> take_host_slot(bool& evicted);
   bool host_verified(const BlockSequence& seq, std::size_t index, BlockId slot) const;
   bool host_parent_matches(const BlockSequence& seq, std::size_t index,
                            BlockId slot) const noexcept;
