@@ -118,9 +118,12 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
   gpu_first_.assign(n, 0);
   gpu_tokens_.assign(n * bs_, 0);
   gpu_hits_.assign(n, 0);
+  gpu_host_slot_.assign(n, 0);
+  gpu_host_epoch_.assign(n, 0);
   const auto m = static_cast<std::size_t>(host_.num_blocks());
   host_parent_.resize(m);
   host_first_.assign(m, 0);
+  host_slot_epoch_.assign(m, 0);
   host_pins_.assign(m, 0);
   content_tokens_.assign(2 * static_cast<std::size_t>(bs_), 0);
   stats_.host_slots = host.num_host_blocks;
@@ -161,6 +164,9 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
   const BlockSequence seq = request.hashed_tokens().sequence();
   const std::size_t max_blocks = std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
   constexpr std::size_t kAhead = 4;  // overlap the host map's cache misses
+  hit.host_epoch = host_epoch_;
+  if (hit.gpu.blocks.size() < max_blocks)
+    hit.host_slots.reserve(max_blocks - hit.gpu.blocks.size());
   for (std::size_t i = hit.gpu.blocks.size(); i < max_blocks; ++i) {
     if (i + kAhead < max_blocks) host_.prefetch_cached_block(seq.block_hashes[i + kAhead]);
     const BlockId slot = host_.match_cached_block_unanchored(seq, i);
@@ -188,8 +194,9 @@ void TieredKVCacheManager::reserve_transfers(std::size_t more) {
   transfer_first_.reserve(want);
 }
 
-TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestId request, BlockId gpu,
-                                               BlockId host, std::uint32_t chain_index) {
+TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestState* state, RequestId request,
+                                               BlockId gpu, BlockId host,
+                                               std::uint32_t chain_index) {
   std::uint32_t idx;
   if (!free_transfers_.empty()) {
     idx = free_transfers_.back();
@@ -203,6 +210,7 @@ TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestId request, Blo
     transfer_first_.push_back(0);
   }
   Transfer& t = transfers_[idx];
+  t.state = state;
   t.live = true;
   t.kind = kind;
   t.request = request;
@@ -210,10 +218,9 @@ TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestId request, Blo
   t.host = host;
   t.chain_index = chain_index;
   ++num_live_;
-  if (kind != Kind::kFill) {  // a fill belongs to no request's allocation
-    RequestState& st = requests_[request];  // exists: allocate_slots created it
-    ++st.transfers_in_flight;
-    if (kind == Kind::kLoad) ++st.loads_in_flight;
+  if (state != nullptr) {  // a fill belongs to no request's allocation
+    ++state->transfers_in_flight;
+    if (kind == Kind::kLoad) ++state->loads_in_flight;
   }
   return (static_cast<TransferId>(t.generation) << 32) | idx;
 }
@@ -236,8 +243,35 @@ BlockSequence TieredKVCacheManager::content_sequence(const std::vector<TokenId>&
   return seq;
 }
 
+std::optional<BlockId> TieredKVCacheManager::take_host_slot(bool& evicted) {
+  slot_scratch_.clear();
+  const std::uint64_t evictions = host_.num_evictions();
+  if (!host_.get_new_blocks(1, slot_scratch_)) return std::nullopt;
+  const BlockId slot = slot_scratch_[0];
+  ++host_slot_epoch_[static_cast<std::size_t>(slot)];
+  evicted = host_.num_evictions() != evictions;
+  if (evicted) ++host_epoch_;  // a cached slot lost its content
+  return slot;
+}
+
+void TieredKVCacheManager::refresh(BlockId slot) {
+  // An unpinned cached slot that was just in use: back to the LRU tail.
+  host_.touch(std::span<const BlockId>(&slot, 1));
+  host_.free_blocks(std::span<const BlockId>(&slot, 1));
+}
+
 bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   const auto b = static_cast<std::size_t>(gpu_block);
+  if (const BlockId known = gpu_host_slot_[b]; known != 0) {
+    // Verified when the block was loaded from it; the slot has not been reassigned since.
+    const KVCacheBlock& hb = host_.block(known);
+    if (host_slot_epoch_[static_cast<std::size_t>(known)] == gpu_host_epoch_[b] &&
+        hb.is_cached()) {
+      if (hb.ref_cnt == 0) refresh(known);
+      return true;
+    }
+    gpu_host_slot_[b] = 0;
+  }
   std::memcpy(content_tokens_.data() + bs_, gpu_tokens_.data() + b * bs_, bs_ * sizeof(TokenId));
   content_hashes_[0] = gpu_parent_[b];
   content_hashes_[1] = gpu_hash_[b];
@@ -251,23 +285,23 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   if (first ? host_first_[s] == 0 : (host_first_[s] != 0 || host_parent_[s] != gpu_parent_[b])) {
     return false;
   }
-  if (host_.block(slot).ref_cnt == 0) {  // refresh its LRU position: it was just in use
-    host_.touch(std::span<const BlockId>(&slot, 1));
-    host_.free_blocks(std::span<const BlockId>(&slot, 1));
-  }
+  if (host_.block(slot).ref_cnt == 0) refresh(slot);
+  gpu_host_slot_[b] = slot;
+  gpu_host_epoch_[b] = host_slot_epoch_[s];
   return true;
 }
 
-void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestId request, Kind kind,
-                                          TierPlan& out) {
+void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state, RequestId request,
+                                          Kind kind, TierPlan& out) {
   if (host_has(gpu_block)) return;
-  slot_scratch_.clear();
-  if (!host_.get_new_blocks(1, slot_scratch_)) {
+  bool evicted = false;  // the slot held a cached block, evicted now
+  const std::optional<BlockId> taken = take_host_slot(evicted);
+  if (!taken) {
     ++stats_.stores_skipped_full;
     return;
   }
-  const BlockId slot = slot_scratch_[0];
-  const TransferId id = open_transfer(kind, request, gpu_block, slot, 0);
+  const BlockId slot = *taken;
+  const TransferId id = open_transfer(kind, &state, request, gpu_block, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   const auto b = static_cast<std::size_t>(gpu_block);
   std::memcpy(transfer_tokens_.data() + idx * bs_, gpu_tokens_.data() + b * bs_,
@@ -291,6 +325,7 @@ void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestId request, 
 void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
   gpu_hash_[static_cast<std::size_t>(b)] = BlockHash();
   gpu_hits_[static_cast<std::size_t>(b)] = 0;
+  gpu_host_slot_[static_cast<std::size_t>(b)] = 0;
   if (!gpu_extra_.empty()) gpu_extra_.erase(b);
 }
 
@@ -310,6 +345,8 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
     gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
     std::memcpy(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_ * sizeof(TokenId));
     gpu_hits_[k] = 0;
+    // Loaded (and the load succeeded): allocate_slots noted the verified slot it came from.
+    if (i < state.hit_begin || i >= state.hit_begin + state.first_failed) gpu_host_slot_[k] = 0;
     if (seq.has_extra_keys(i)) {
       const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
       if (!extra.empty()) {
@@ -323,7 +360,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
       }
     }
     if (host_config_.policy == HostPolicy::kWriteThrough) {
-      schedule_store(b, request.id(), Kind::kStore, out);
+      schedule_store(b, state, request.id(), Kind::kStore, out);
     }
   }
   state.scanned = i;
@@ -353,10 +390,14 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
                   where() + "a cache hit can only be passed to the first allocation");
     }
     const std::span<const BlockHash> hashes = request.block_hashes();
+    // The lookup verified the slots; no host slot reassigned since: they still hold that.
+    const bool fresh = hit.host_epoch == host_epoch_;
+    const BlockSequence seq = request.hashed_tokens().sequence();
     for (std::size_t i = 0; i < h; ++i) {
       const BlockId slot = hit.host_slots[i];
       if (slot < 1 || slot >= host_.num_blocks() || g + i >= hashes.size() ||
-          host_.block(slot).block_hash != hashes[g + i]) {
+          host_.block(slot).block_hash != hashes[g + i] ||
+          (!fresh && !host_verified(seq, g + i, slot))) {
         throw Error(ErrorCode::kInvalidArgument,
                     where() + "stale host hit: slot " + std::to_string(slot) +
                         " no longer holds the request's block " + std::to_string(g + i) +
@@ -396,24 +437,29 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   for (const BlockId b : *blocks) {
     if (gpu_hash_[static_cast<std::size_t>(b)].empty()) continue;
     if (host_config_.policy == HostPolicy::kWriteBack) {
-      schedule_store(b, request.id(), Kind::kEviction, out.transfers);
+      schedule_store(b, st, request.id(), Kind::kEviction, out.transfers);
     }
     forget_gpu_block(b);
   }
   if (inserted && host_config_.policy == HostPolicy::kWriteThroughSelective) {
     for (const BlockId b : hit.gpu.blocks) {
       if (++gpu_hits_[static_cast<std::size_t>(b)] == host_config_.selective_hits) {
-        schedule_store(b, request.id(), Kind::kStore, out.transfers);
+        schedule_store(b, st, request.id(), Kind::kStore, out.transfers);
       }
     }
   }
   if (h > 0) {
     const std::span<const BlockId> ids = manager_.block_ids(request.id());
     for (std::size_t i = 0; i < h; ++i) {
-      const TransferId id = open_transfer(Kind::kLoad, request.id(), ids[g + i],
-                                          hit.host_slots[i], static_cast<std::uint32_t>(i));
-      out.transfers.plan.loads.push_back({hit.host_slots[i], ids[g + i]});
+      const BlockId slot = hit.host_slots[i];
+      const auto b = static_cast<std::size_t>(ids[g + i]);
+      const TransferId id = open_transfer(Kind::kLoad, &st, request.id(), ids[g + i], slot,
+                                          static_cast<std::uint32_t>(i));
+      out.transfers.plan.loads.push_back({slot, ids[g + i]});
       out.transfers.load_ids.push_back(id);
+      // The block will hold the slot's (verified) content; kept if the load succeeds.
+      gpu_host_slot_[b] = slot;
+      gpu_host_epoch_[b] = host_slot_epoch_[static_cast<std::size_t>(slot)];
     }
     st.loading = true;
     st.hit_begin = g;
@@ -437,7 +483,7 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
                                           " is unknown or already committed");
   }
   Transfer& t = transfers_[idx];
-  RequestState* const req = t.kind == Kind::kFill ? nullptr : &requests_.at(t.request);
+  RequestState* const req = t.state;
   const std::span<const BlockId> slot(&t.host, 1);
   const BlockId host_slot = t.host;
   bool became_cached = false;
@@ -512,7 +558,19 @@ bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index)
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size()) return false;
   const BlockId slot = host_.match_cached_block_unanchored(seq, index);
-  if (slot == BlockPool::kNoBlock) return false;
+  return slot != BlockPool::kNoBlock && host_parent_matches(seq, index, slot);
+}
+
+bool TieredKVCacheManager::host_verified(const BlockSequence& seq, std::size_t index,
+                                         BlockId slot) const {
+  // The verified lookup names this very slot, and the parent hash stored with it matches.
+  return index < seq.block_hashes.size() &&
+         host_.match_cached_block_unanchored(seq, index) == slot &&
+         host_parent_matches(seq, index, slot);
+}
+
+bool TieredKVCacheManager::host_parent_matches(const BlockSequence& seq, std::size_t index,
+                                               BlockId slot) const noexcept {
   const auto s = static_cast<std::size_t>(slot);
   return index == 0 ? host_first_[s] != 0
                     : (host_first_[s] == 0 && host_parent_[s] == seq.block_hashes[index - 1]);
@@ -540,13 +598,14 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
     }
   }
   reserve_transfers(1);
-  slot_scratch_.clear();
-  if (!host_.get_new_blocks(1, slot_scratch_)) {
+  bool evicted = false;  // the slot held a cached block, evicted now
+  const std::optional<BlockId> taken = take_host_slot(evicted);
+  if (!taken) {
     ++stats_.stores_skipped_full;
     return std::nullopt;
   }
-  const BlockId slot = slot_scratch_[0];
-  const TransferId id = open_transfer(Kind::kFill, request.id(), kNullBlockId, slot, 0);
+  const BlockId slot = *taken;
+  const TransferId id = open_transfer(Kind::kFill, nullptr, request.id(), kNullBlockId, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   std::memcpy(transfer_tokens_.data() + idx * bs_, seq.tokens.data() + index * bs_,
               bs_ * sizeof(TokenId));
@@ -642,7 +701,9 @@ bool TieredKVCacheManager::reset_prefix_cache() {
   }
   std::fill(gpu_hash_.begin(), gpu_hash_.end(), BlockHash());
   std::fill(gpu_hits_.begin(), gpu_hits_.end(), 0u);
+  std::fill(gpu_host_slot_.begin(), gpu_host_slot_.end(), 0);
   gpu_extra_.clear();
+  ++host_epoch_;  // every host slot lost its content
   host_cached_ever_ = host_.num_evictions();
   return true;
 }
@@ -737,6 +798,29 @@ void TieredKVCacheManager::check_invariants() const {
   }
   for (const auto& [b, keys] : gpu_extra_) {
     if (gpu_hash_[static_cast<std::size_t>(b)].empty()) fail("extra keys of an unrecorded block");
+  }
+  // A remembered host slot (host_has trusts it without a lookup) must be the one a verified
+  // lookup of the GPU block's recorded content finds.
+  std::vector<TokenId> tokens(2 * static_cast<std::size_t>(bs_), 0);
+  std::vector<MultiModalKey> mm;
+  for (BlockId b = 1; b < pool.num_blocks(); ++b) {
+    const auto k = static_cast<std::size_t>(b);
+    const BlockId slot = gpu_host_slot_[k];
+    if (gpu_hash_[k].empty() || slot == 0 ||
+        host_slot_epoch_[static_cast<std::size_t>(slot)] != gpu_host_epoch_[k] ||
+        !host_.block(slot).is_cached()) {
+      continue;
+    }
+    std::memcpy(tokens.data() + bs_, gpu_tokens_.data() + k * bs_, bs_ * sizeof(TokenId));
+    const BlockHash hashes[2] = {gpu_parent_[k], gpu_hash_[k]};
+    const bool first = gpu_first_[k] != 0;
+    const auto ex = gpu_extra_.find(b);
+    const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+    const BlockSequence seq = content_sequence(tokens, hashes, first, &extra);
+    if (!host_verified(seq, first ? 0 : 1, slot)) {
+      fail("GPU block " + std::to_string(b) + " remembers host slot " + std::to_string(slot) +
+           ", which does not hold its content");
+    }
   }
 }
 

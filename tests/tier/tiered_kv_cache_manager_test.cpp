@@ -328,6 +328,70 @@ TEST(TieredKVCacheManager, RejectsWhatItCannotServe) {
   EXPECT_FALSE(parse_host_policy("lru"));
 }
 
+// A block loaded from a host slot remembers the slot, so that write-back need not look it up
+// again when the GPU evicts it; once the slot was reused for other content, the eviction must
+// store the block again (a trusted stale slot would skip the store and lose the block).
+TEST(TieredKVCacheManager, WriteBackStoresALoadedBlockAgainOnceItsSlotWasReused) {
+  TieredKVCacheManager t(gpu_config(8), host_config(64, HostPolicy::kWriteBack));
+  auto a = t.make_request(1, tokens(0, 17));
+  admit(t, a);
+  t.free(a);
+  flush_gpu(t, 100, 8);  // a's blocks are evicted from the GPU: stored in the host
+  auto b = t.make_request(2, tokens(0, 17));
+  EXPECT_EQ(admit(t, b).host_slots.size(), 4u);  // loaded back into the GPU
+  t.free(b);
+  const std::uint64_t stored = t.stats().stored_blocks;
+  // Reuse every host slot for other content (fills from below), a's slots included.
+  auto other = t.make_request(3, tokens(500000, 64 * kB + 1));
+  for (std::size_t i = 0; i < 64; ++i) {
+    const auto fill = t.begin_fill(other, i);
+    ASSERT_TRUE(fill);
+    t.commit(fill->id, true);
+  }
+  t.check_invariants();
+  auto c = t.make_request(4, tokens(0, 17));
+  EXPECT_EQ(t.get_computed_blocks(c).num_host_tokens, 0u);  // only the GPU holds a's blocks
+  EXPECT_EQ(t.get_computed_blocks(c).gpu.num_tokens, 16u);
+  flush_gpu(t, 200, 8);  // evicts them from the GPU: write-back must store all 4 again
+  EXPECT_GE(t.stats().stored_blocks, stored + 4);
+  const TieredCacheHit hit = t.get_computed_blocks(c);
+  EXPECT_EQ(hit.gpu.num_tokens, 0u);
+  EXPECT_EQ(hit.host_slots.size(), 4u);
+  t.check_invariants();
+}
+
+// A hit whose host slots were reassigned between the lookup and the allocation is verified
+// again: the same content in a reused slot is accepted, a slot now holding other content is not.
+TEST(TieredKVCacheManager, HitAfterAHostReassignmentIsVerifiedAgain) {
+  TieredKVCacheManager t(gpu_config(8), host_config(12, HostPolicy::kWriteBack));
+  auto a = t.make_request(1, tokens(0, 17));
+  admit(t, a);
+  t.free(a);
+  flush_gpu(t, 100, 8);  // the host holds a's 4 blocks and 7 of the flush's, 1 slot is free
+  auto b = t.make_request(2, tokens(0, 17));
+  const TieredCacheHit hit = t.get_computed_blocks(b);
+  ASSERT_EQ(hit.host_slots.size(), 4u);
+  for (const BlockId s : hit.host_slots) {  // to the LRU tail: the fills below evict others
+    t.pin_host_slot(s);
+    t.unpin_host_slot(s);
+  }
+  // Two fills take the free slot and evict one cached slot: the hit's epoch is now old.
+  const std::uint64_t evictions = t.stats().host_evictions;
+  auto other = t.make_request(3, tokens(500000, 8 * kB + 1));
+  for (std::size_t i = 0; i < 2; ++i) {
+    const auto fill = t.begin_fill(other, i);
+    ASSERT_TRUE(fill);
+    t.commit(fill->id, true);
+  }
+  ASSERT_EQ(t.stats().host_evictions, evictions + 1);
+  auto alloc = t.allocate_slots(b, 1, hit);  // the slots still hold b's blocks: verified, loads
+  ASSERT_TRUE(alloc);
+  EXPECT_EQ(alloc->transfers.plan.loads.size(), 4u);
+  commit_all(t, alloc->transfers.load_ids);
+  EXPECT_FALSE(t.finish_loads(b).rolled_back);
+  t.check_invariants();
+}
+
 TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
   TieredKVCacheManager t(gpu_config(8), host_config(64));
   auto a = t.make_request(1, tokens(0, 17));

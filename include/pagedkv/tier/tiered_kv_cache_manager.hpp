@@ -62,6 +62,10 @@ struct TieredCacheHit {
   CacheHit gpu;
   std::vector<BlockId> host_slots;  // host slot of the request's block gpu.blocks.size() + i
   std::size_t num_host_tokens = 0;  // host_slots.size() * block size
+  // The tier's host epoch when the slots were verified: allocate_slots() trusts that
+  // verification only while no host slot has been reassigned since, and verifies every slot
+  // again otherwise (0, as in a hit built by hand: always verified again).
+  std::uint64_t host_epoch = 0;
 
   std::size_t num_tokens() const noexcept { return gpu.num_tokens + num_host_tokens; }
 };
@@ -203,7 +207,9 @@ class TieredKVCacheManager {
 
  private:
   enum class Kind : std::uint8_t { kLoad, kEviction, kStore, kFill };
+  struct RequestState;
   struct Transfer {
+    RequestState* state = nullptr;  // the owning request's (stable map node); null for a fill
     std::uint32_t generation = 0;
     bool live = false;
     Kind kind = Kind::kLoad;
@@ -226,12 +232,19 @@ class TieredKVCacheManager {
 
   void forward_event(const KVEvent& event, const char* medium);
   void record_new_blocks(Request& request, RequestState& state, TierPlan& out);
-  void schedule_store(BlockId gpu_block, RequestId request, Kind kind, TierPlan& out);
+  void schedule_store(BlockId gpu_block, RequestState& state, RequestId request, Kind kind,
+                      TierPlan& out);
   bool host_has(BlockId gpu_block);
+  void refresh(BlockId slot);
+  // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
+  std::optional<BlockId> take_host_slot(bool& evicted);
+  bool host_verified(const BlockSequence& seq, std::size_t index, BlockId slot) const;
+  bool host_parent_matches(const BlockSequence& seq, std::size_t index,
+                           BlockId slot) const noexcept;
   BlockSequence content_sequence(const std::vector<TokenId>& tokens, const BlockHash* hashes,
                                  bool first, const ContentSource* extra) const;
-  TransferId open_transfer(Kind kind, RequestId request, BlockId gpu, BlockId host,
-                           std::uint32_t chain_index);
+  TransferId open_transfer(Kind kind, RequestState* state, RequestId request, BlockId gpu,
+                           BlockId host, std::uint32_t chain_index);
   void reserve_transfers(std::size_t more);
   void forget_gpu_block(BlockId b) noexcept;
 
@@ -248,10 +261,21 @@ class TieredKVCacheManager {
   std::vector<TokenId> gpu_tokens_;      // block_size tokens per GPU block
   std::vector<std::uint32_t> gpu_hits_;  // hits since cached (kWriteThroughSelective)
   std::unordered_map<BlockId, OwnedExtraKeys> gpu_extra_;  // only blocks with extra keys
+  // Per GPU block: a host slot verified to hold the block's content, trusted only while the
+  // slot's epoch is the one noted and the slot is cached; 0 when none is known. Spares the second
+  // verified lookup when the block is later stored or evicted (host_has). Noted when a load is
+  // planned (kept only if the block is cached by that load's success) and by host_has's lookup.
+  std::vector<BlockId> gpu_host_slot_;
+  std::vector<std::uint64_t> gpu_host_epoch_;
 
   // Per host slot: the parent hash stored with it (checked on every host hit) and first flag.
   std::vector<BlockHash> host_parent_;
   std::vector<std::uint8_t> host_first_;
+  // Per host slot: bumped whenever the slot is taken from the free queue (it is evicted and
+  // receives other content). The tier's host epoch (TieredCacheHit::host_epoch): bumped when a
+  // cached slot is evicted and by reset_prefix_cache(); 0 never names a state.
+  std::vector<std::uint64_t> host_slot_epoch_;
+  std::uint64_t host_epoch_ = 1;
 
   // In-flight transfers: a slab indexed by the id's low 32 bits, the generation in the high ones.
   std::vector<Transfer> transfers_;
