@@ -262,11 +262,13 @@ void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestId request, 
                                           TierPlan& out) {
   if (host_has(gpu_block)) return;
   slot_scratch_.clear();
+  const std::uint64_t evictions = host_.num_evictions();
   if (!host_.get_new_blocks(1, slot_scratch_)) {
     ++stats_.stores_skipped_full;
     return;
   }
   const BlockId slot = slot_scratch_[0];
+  const bool evicted = host_.num_evictions() != evictions;
   const TransferId id = open_transfer(kind, request, gpu_block, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   const auto b = static_cast<std::size_t>(gpu_block);
@@ -286,6 +288,7 @@ void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestId request, 
     out.plan.stores.push_back({gpu_block, slot});
     out.store_ids.push_back(id);
   }
+  if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
 }
 
 void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
@@ -541,11 +544,13 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
   }
   reserve_transfers(1);
   slot_scratch_.clear();
+  const std::uint64_t evictions = host_.num_evictions();
   if (!host_.get_new_blocks(1, slot_scratch_)) {
     ++stats_.stores_skipped_full;
     return std::nullopt;
   }
   const BlockId slot = slot_scratch_[0];
+  const bool evicted = host_.num_evictions() != evictions;
   const TransferId id = open_transfer(Kind::kFill, request.id(), kNullBlockId, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   std::memcpy(transfer_tokens_.data() + idx * bs_, seq.tokens.data() + index * bs_,
@@ -555,6 +560,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
   transfer_first_[idx] = index == 0 ? 1 : 0;
   if (has_extra) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(owned);
   ++host_storing_;
+  if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
   return HostFill{id, slot};
 }
 
