@@ -103,10 +103,10 @@ struct HostTierHooks {
   // A load from `slot` was committed done (the slot is still cached).
   std::function<void(BlockId slot)> on_loaded;
   // The host tier evicted the block cached in `slot` to reuse the slot (for a store, an eviction
-  // or a fill), at the end of the allocate_slots(), finish_loads() or begin_fill() call that did.
-  // The slot's bytes still hold the evicted block until the engine runs the returned plan (or
-  // the fill writes it): a hook that needs them copies them now. It must not throw and may call
-  // nothing on the tier.
+  // or a fill). Called inside the allocate_slots(), finish_loads() or begin_fill() call that
+  // evicted it, once the slot's new use is recorded. The slot's bytes still hold the evicted
+  // block until the engine runs the returned plan (or the fill writes it): a hook that needs
+  // them copies them now. It must not throw and may call nothing on the tier.
   std::function<void(BlockId slot)> on_evicted;
 };
 
