@@ -344,7 +344,10 @@ TEST_F(RemoteTierTest, HostEvictionStoresBlocksASecondEngineLoads) {
     EXPECT_EQ(a.remote().stats().puts, 0u);
     EXPECT_EQ(a.tier().stats().host_evictions, 0u);
     // Two other prompts of 10 blocks each: the host tier evicts the first prompt's blocks.
+    // Drained after each: the staging buffers are free again (puts still in flight would hold
+    // them, and evictions beyond them are skipped).
     a.run(2, tokens(20, 42));
+    ASSERT_TRUE(a.drain());
     a.run(3, tokens(30, 42));
     ASSERT_TRUE(a.drain());
     const RemoteTierStats s = a.remote().stats();

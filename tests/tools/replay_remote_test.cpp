@@ -58,8 +58,10 @@ double without(const std::string& json, const std::string& name) {
 }
 
 std::string remote_args(std::uint16_t port, const std::string& ns, int host_blocks = 1000) {
+  // A generous op timeout: a loaded CI machine must not turn a slow reply into a miss.
   return std::string(kCluster) + " --host-blocks " + std::to_string(host_blocks) +
-         " --remote redis://127.0.0.1:" + std::to_string(port) + "/" + ns;
+         " --remote redis://127.0.0.1:" + std::to_string(port) + "/" + ns +
+         " --remote-timeout-ms 5000";
 }
 
 class ReplayRemote : public ::testing::Test {
