@@ -5,12 +5,22 @@
 //
 //   bench_remote [--port P] [--sizes 65536,262144,1048576,2097152] [--bytes-per-size MiB]
 //                [--connections C] [--pipeline D] [--repetitions R] [--quick]
-// Reports medians over R repetitions. Exit 0 with a message when no server can be started.
+//
+// Method (robust on a shared machine): each repetition runs pagedkv's puts and gets and
+// redis-benchmark's SET and GET back to back, alternating which goes first (even repetitions
+// pagedkv first, odd ones redis-benchmark first), and forms the pairwise ratio of that
+// repetition; the table gives medians over R repetitions of the rates and of the pairwise ratios
+// (with their min-max), plus CPU time per op: the client's (pagedkv: this process, I/O threads
+// included; redis-benchmark: the child process) and the server's (INFO cpu, used_cpu_user +
+// used_cpu_sys), which a loaded machine perturbs far less than wall-clock rates.
+// Exit 0 with a message when no server can be started.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <sys/resource.h>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -31,7 +41,7 @@ struct Options {
   std::size_t bytes_per_size = 256u << 20;
   unsigned connections = 4;
   std::size_t pipeline = 8;
-  int repetitions = 3;
+  int repetitions = 5;
   bool quick = false;
 };
 
@@ -40,7 +50,35 @@ struct PhaseResult {
   std::uint64_t p50_us = 0;
   std::uint64_t p99_us = 0;
   std::size_t ok = 0;
+  double client_cpu_us = 0;  // per op
+  double server_cpu_us = 0;  // per op (nan when the server's INFO cpu could not be read)
 };
+
+// CPU seconds (user + system) of this process (who = RUSAGE_SELF) or of its waited-for children
+// (RUSAGE_CHILDREN).
+double cpu_seconds(int who) {
+  rusage u{};
+  ::getrusage(who, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
+}
+
+// The server's CPU seconds so far (INFO cpu: used_cpu_user + used_cpu_sys); negative on failure.
+double server_cpu_seconds(std::uint16_t port) {
+  pagedkv::test::Client c(port);
+  const auto info = c.command({"INFO", "cpu"});
+  if (!info) return -1;
+  const auto read = [&](const std::string& name) {
+    const auto at = info->find(name + ":");
+    return at == std::string::npos ? -1.0 : std::atof(info->c_str() + at + name.size() + 1);
+  };
+  const double user = read("used_cpu_user"), sys = read("used_cpu_sys");
+  return user < 0 || sys < 0 ? -1 : user + sys;
+}
+
+double per_op_us(double before, double after, std::size_t n) {
+  return before < 0 || after < 0 ? std::nan("") : (after - before) * 1e6 / static_cast<double>(n);
+}
 
 pagedkv::BlockHash key_of(std::size_t i) {
   std::array<std::uint8_t, 32> b{};
@@ -85,6 +123,8 @@ PhaseResult run_phase(const Options& o, bool put, std::size_t size, std::size_t 
   PhaseResult r;
   std::size_t submitted = 0;
   std::size_t completed = 0;
+  const double server0 = server_cpu_seconds(o.port);
+  const double cpu0 = cpu_seconds(RUSAGE_SELF);
   const auto t0 = Clock::now();
   while (completed < n) {
     for (std::size_t s = 0; s < batches_in_flight && submitted < n; ++s) {
@@ -121,6 +161,8 @@ PhaseResult run_phase(const Options& o, bool put, std::size_t size, std::size_t 
     }
   }
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  r.client_cpu_us = per_op_us(cpu0, cpu_seconds(RUSAGE_SELF), n);
+  r.server_cpu_us = per_op_us(server0, server_cpu_seconds(o.port), n);
   r.blocks_per_s = static_cast<double>(n) / secs;
   const auto s = store.stats();
   r.p50_us = put ? s.put_latency.p50_us : s.get_latency.p50_us;
@@ -128,17 +170,20 @@ PhaseResult run_phase(const Options& o, bool put, std::size_t size, std::size_t 
   return r;
 }
 
-// redis-benchmark's requests per second for SET and GET of `size`-byte values.
-std::optional<std::pair<double, double>> redis_benchmark(const Options& o, std::size_t size,
-                                                         std::size_t n) {
+// redis-benchmark's requests per second for `op` ("set" or "get") of `size`-byte values, with
+// its own CPU time and the server's per op.
+std::optional<PhaseResult> redis_benchmark(const Options& o, const char* op, std::size_t size,
+                                           std::size_t n) {
   const std::string bin = pagedkv::test::find_program("redis-benchmark");
   if (bin.empty()) return std::nullopt;
   std::ostringstream cmd;
-  cmd << bin << " -h 127.0.0.1 -p " << o.port << " -t set,get -d " << size << " -n " << n << " -c "
-      << o.connections << " -P " << o.pipeline << " --csv 2>/dev/null";
+  cmd << bin << " -h 127.0.0.1 -p " << o.port << " -t " << op << " -d " << size << " -n " << n
+      << " -c " << o.connections << " -P " << o.pipeline << " --csv 2>/dev/null";
+  const double server0 = server_cpu_seconds(o.port);
+  const double cpu0 = cpu_seconds(RUSAGE_CHILDREN);
   FILE* p = ::popen(cmd.str().c_str(), "r");
   if (p == nullptr) return std::nullopt;
-  double set_rps = 0, get_rps = 0;
+  PhaseResult r;
   char line[512];
   while (std::fgets(line, sizeof(line), p) != nullptr) {
     std::string s(line);
@@ -149,17 +194,25 @@ std::optional<std::pair<double, double>> redis_benchmark(const Options& o, std::
       f.erase(std::remove(f.begin(), f.end(), '"'), f.end());
       return f;
     };
-    if (s.rfind("\"SET\"", 0) == 0) set_rps = std::atof(field(1).c_str());
-    if (s.rfind("\"GET\"", 0) == 0) get_rps = std::atof(field(1).c_str());
+    if (s.rfind("\"SET\"", 0) == 0 || s.rfind("\"GET\"", 0) == 0) {
+      r.blocks_per_s = std::atof(field(1).c_str());
+    }
   }
-  ::pclose(p);
-  if (set_rps <= 0 || get_rps <= 0) return std::nullopt;
-  return std::make_pair(set_rps, get_rps);
+  ::pclose(p);  // waits: the child's CPU time is in RUSAGE_CHILDREN now
+  r.client_cpu_us = per_op_us(cpu0, cpu_seconds(RUSAGE_CHILDREN), n);
+  r.server_cpu_us = per_op_us(server0, server_cpu_seconds(o.port), n);
+  if (r.blocks_per_s <= 0) return std::nullopt;
+  r.ok = n;
+  return r;
 }
 
+// The median (the mean of the middle two for an even count); nan for none. NaNs are dropped.
 double median(std::vector<double> v) {
+  std::erase_if(v, [](double x) { return std::isnan(x); });
+  if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 == 1 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 std::uint64_t median_u(std::vector<std::uint64_t> v) {
@@ -230,46 +283,70 @@ int main(int argc, char** argv) {
       o.port, o.connections, o.pipeline, o.repetitions);
   std::printf(
       "| value | blocks | op | pagedkv blocks/s | pagedkv MB/s | p50 us | p99 us | "
-      "redis-benchmark req/s | ratio |\n|---|---|---|---|---|---|---|---|---|\n");
+      "redis-benchmark req/s | ratio (median of pairs) | ratio min-max | client CPU us/op "
+      "pagedkv / redis-benchmark | server CPU us/op pagedkv / redis-benchmark |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   bool all_ok = true;
   for (std::size_t size : o.sizes) {
     const std::size_t n = std::max<std::size_t>(o.bytes_per_size / size, 4 * o.pipeline);
-    std::vector<double> put_rate, get_rate, rb_set, rb_get;
-    std::vector<std::uint64_t> put50, put99, get50, get99;
-    for (int rep = 0; rep < o.repetitions; ++rep) {
-      const PhaseResult p = run_phase(o, true, size, n);
-      const PhaseResult g = run_phase(o, false, size, n);
-      all_ok = all_ok && p.ok == n && g.ok == n;
-      put_rate.push_back(p.blocks_per_s);
-      get_rate.push_back(g.blocks_per_s);
-      put50.push_back(p.p50_us);
-      put99.push_back(p.p99_us);
-      get50.push_back(g.p50_us);
-      get99.push_back(g.p99_us);
-      if (const auto rb = redis_benchmark(o, size, n)) {
-        rb_set.push_back(rb->first);
-        rb_get.push_back(rb->second);
+    struct Series {
+      std::vector<double> rate, theirs, ratio, cpu, their_cpu, server, their_server;
+      std::vector<std::uint64_t> p50, p99;
+    } put_s, get_s;
+    const auto record = [](Series& s, const PhaseResult& ours,
+                           const std::optional<PhaseResult>& theirs) {
+      s.rate.push_back(ours.blocks_per_s);
+      s.p50.push_back(ours.p50_us);
+      s.p99.push_back(ours.p99_us);
+      s.cpu.push_back(ours.client_cpu_us);
+      s.server.push_back(ours.server_cpu_us);
+      if (theirs) {
+        s.theirs.push_back(theirs->blocks_per_s);
+        s.ratio.push_back(ours.blocks_per_s / theirs->blocks_per_s);
+        s.their_cpu.push_back(theirs->client_cpu_us);
+        s.their_server.push_back(theirs->server_cpu_us);
       }
+    };
+    for (int rep = 0; rep < o.repetitions; ++rep) {
+      // Alternate the order so that a drift in the machine's load hits both sides alike.
+      PhaseResult p, g;
+      std::optional<PhaseResult> rs, rg;
+      if (rep % 2 == 0) {
+        p = run_phase(o, true, size, n);
+        g = run_phase(o, false, size, n);
+        rs = redis_benchmark(o, "set", size, n);
+        rg = redis_benchmark(o, "get", size, n);
+      } else {
+        rs = redis_benchmark(o, "set", size, n);
+        rg = redis_benchmark(o, "get", size, n);
+        p = run_phase(o, true, size, n);
+        g = run_phase(o, false, size, n);
+      }
+      all_ok = all_ok && p.ok == n && g.ok == n;
+      record(put_s, p, rs);
+      record(get_s, g, rg);
     }
     {
       pagedkv::test::Client c(o.port);
       c.command({"FLUSHALL"});
     }
-    const auto row = [&](const char* op, double rate, std::uint64_t p50, std::uint64_t p99,
-                         const std::vector<double>& rb) {
+    const auto row = [&](const char* op, const Series& s) {
+      const double rate = median(s.rate);
       const double mbps = rate * static_cast<double>(size) / 1e6;
-      if (rb.empty()) {
-        std::printf("| %zu KiB | %zu | %s | %.0f | %.0f | %llu | %llu | n/a | n/a |\n", size / 1024,
-                    n, op, rate, mbps, (unsigned long long)p50, (unsigned long long)p99);
+      std::printf("| %zu KiB | %zu | %s | %.0f | %.0f | %llu | %llu | ", size / 1024, n, op, rate,
+                  mbps, (unsigned long long)median_u(s.p50), (unsigned long long)median_u(s.p99));
+      if (s.ratio.empty()) {
+        std::printf("n/a | n/a | n/a | %.1f / n/a | %.1f / n/a |\n", median(s.cpu),
+                    median(s.server));
       } else {
-        const double theirs = median(rb);
-        std::printf("| %zu KiB | %zu | %s | %.0f | %.0f | %llu | %llu | %.0f | %.2f |\n",
-                    size / 1024, n, op, rate, mbps, (unsigned long long)p50,
-                    (unsigned long long)p99, theirs, rate / theirs);
+        std::printf("%.0f | %.2f | %.2f-%.2f | %.1f / %.1f | %.1f / %.1f |\n", median(s.theirs),
+                    median(s.ratio), *std::min_element(s.ratio.begin(), s.ratio.end()),
+                    *std::max_element(s.ratio.begin(), s.ratio.end()), median(s.cpu),
+                    median(s.their_cpu), median(s.server), median(s.their_server));
       }
     };
-    row("put (SET)", median(put_rate), median_u(put50), median_u(put99), rb_set);
-    row("get (GET)", median(get_rate), median_u(get50), median_u(get99), rb_get);
+    row("put (SET)", put_s);
+    row("get (GET)", get_s);
     std::fflush(stdout);
   }
   if (!all_ok) {

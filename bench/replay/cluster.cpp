@@ -7,12 +7,19 @@
 #include <deque>
 #include <memory>
 #include <numeric>
+#include <thread>
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/events/indexer.hpp"
 #include "pagedkv/events/publisher.hpp"
 #include "pagedkv/events/wire.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+#if PAGEDKV_REPLAY_REMOTE
+#include "pagedkv/remote/redis_store.hpp"
+#include "pagedkv/remote/remote_value.hpp"
+#include "pagedkv/tier/remote_tier.hpp"
+#endif
 
 namespace pagedkv::replay {
 
@@ -47,16 +54,72 @@ std::string offset_endpoint(const std::string& endpoint, std::uint32_t k) {
   return endpoint + "_dp" + std::to_string(k);
 }
 
+// The placeholder payload of a block: its hash's bytes, mixed with the position.
+void write_payload(std::span<std::byte> dst, const BlockHash& h) {
+  const auto b = h.bytes();
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    dst[i] = static_cast<std::byte>(b[i % b.size()] ^ static_cast<std::uint8_t>(i * 131u));
+  }
+}
+
+bool payload_matches(std::span<const std::byte> src, const BlockHash& h) {
+  const auto b = h.bytes();
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    if (src[i] != static_cast<std::byte>(b[i % b.size()] ^ static_cast<std::uint8_t>(i * 131u))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// One engine: a plain KVCacheManager, or a TieredKVCacheManager (+ a RemoteTier on a RedisStore).
+struct Engine {
+  std::unique_ptr<KVCacheManager> plain;
+  std::unique_ptr<TieredKVCacheManager> tier;
+  std::vector<std::byte> host;  // placeholder payloads, slot s at s * payload bytes
+  std::size_t payload = 0;
+#if PAGEDKV_REPLAY_REMOTE
+  std::unique_ptr<RedisStore> store;
+  std::unique_ptr<RemoteTier> remote;
+#endif
+  const KVCacheManager& gpu() const {
+    return plain ? *plain : tier->gpu();
+  }
+  std::span<std::byte> slot(BlockId s) {
+    return std::span<std::byte>(host).subspan(static_cast<std::size_t>(s) * payload, payload);
+  }
+  // A store or eviction committed: the slot now holds its block's payload (the engine's copy).
+  void commit_store(TransferId id, BlockId s) {
+    tier->commit(id, true);
+    const KVCacheBlock& b = tier->host_pool().block(s);
+    if (b.is_cached()) write_payload(slot(s), b.block_hash);
+  }
+};
+
 }  // namespace
 
 ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32_t num_blocks,
-                          const ClusterOptions& c) {
+                          const ClusterOptions& c, const TierReplayOptions* tier_opts) {
   if (c.engines == 0 || c.engines > events::BlockIndex::kMaxEngines) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--engines: 1.." + std::to_string(events::BlockIndex::kMaxEngines));
   }
   if (num_blocks < 2) {
     throw Error(ErrorCode::kInvalidArgument, "--num-blocks: at least 2 (null block + 1)");
+  }
+  const bool tiered = tier_opts != nullptr && !tier_opts->host_blocks.empty();
+  if (c.remote && !tiered) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--remote needs --host-blocks M (remote loads land in host slots)");
+  }
+#if !PAGEDKV_REPLAY_REMOTE
+  if (c.remote) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--remote: this build has no remote layer (pagedkv::remote needs hiredis)");
+  }
+#endif
+  if (tiered && (o.sliding_window > 0 || !o.caching)) {
+    throw Error(ErrorCode::kInvalidArgument, "--host-blocks: one full-attention group, caching on");
   }
   KVCacheManagerConfig mc;
   mc.num_blocks = num_blocks;
@@ -66,17 +129,54 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
   mc.hash_scheme = o.hash;
   mc.hash_seed = "pagedkv-replay";  // engines and router hash alike
   mc.enable_kv_events = true;
+  HostTierConfig hc;
+  if (tiered) {
+    hc.num_host_blocks = tier_opts->host_blocks.front();
+    hc.policy = tier_opts->policy;
+    hc.selective_hits = tier_opts->selective_hits;
+    hc.bytes_per_block = tier_opts->kv_bytes_per_token * o.block_size;
+  }
 
-  std::vector<std::unique_ptr<KVCacheManager>> engines;
+  std::vector<std::unique_ptr<Engine>> engines;
   std::vector<std::unique_ptr<events::KVEventPublisher>> publishers;
   events::KVIndexer indexer;
   for (std::uint32_t k = 0; k < c.engines; ++k) {
-    engines.push_back(std::make_unique<KVCacheManager>(mc));
+    auto eng = std::make_unique<Engine>();
+    if (tiered) {
+      eng->tier = std::make_unique<TieredKVCacheManager>(mc, hc);
+      eng->payload = c.remote ? c.remote_payload_bytes : 8;
+      eng->host.assign(static_cast<std::size_t>(hc.num_host_blocks + 1) * eng->payload,
+                       std::byte{0});
+#if PAGEDKV_REPLAY_REMOTE
+      if (c.remote) {
+        RedisStoreConfig sc = RedisStoreConfig::from_url(*c.remote);
+        sc.layout_fingerprint = layout_fingerprint("pagedkv-replay placeholder payload, " +
+                                                   std::to_string(eng->payload) + " bytes");
+        sc.op_timeout = c.remote_op_timeout;
+        sc.queue_depth = 1u << 20;  // a whole request's probe or put batch (no refusals)
+        eng->store = std::make_unique<RedisStore>(sc);
+        RemoteTierConfig rc;
+        rc.policy = PrefetchPolicy::kWaitComplete;
+        rc.bytes_per_block = eng->payload;
+        rc.store_min_hits = c.remote_store_min_hits;
+        if (c.remote_store_on_host_eviction) {
+          rc.store_policy = RemoteStorePolicy::kOnHostEviction;
+          rc.eviction_staging_blocks = static_cast<std::size_t>(hc.num_host_blocks);
+        }
+        rc.max_puts_in_flight = static_cast<std::size_t>(hc.num_host_blocks);
+        rc.drain_timeout = c.remote_op_timeout * 4;
+        eng->remote = std::make_unique<RemoteTier>(*eng->tier, *eng->store, eng->host, rc);
+      }
+#endif
+    } else {
+      eng->plain = std::make_unique<KVCacheManager>(mc);
+    }
+    engines.push_back(std::move(eng));
     indexer.add_engine("engine" + std::to_string(k));
     if (c.kv_events) {
       events::KVEventPublisherConfig pc;
       pc.endpoint = offset_endpoint(*c.kv_events, k);
-      pc.probe_hasher = engines.back()->hasher();
+      pc.probe_hasher = engines.back()->gpu().hasher();
       publishers.push_back(std::make_unique<events::KVEventPublisher>(pc));
       std::fprintf(stderr, "pagedkv-replay: engine %u publishes KV events on %s\n", k,
                    publishers.back()->endpoint().c_str());
@@ -88,6 +188,9 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
   ClusterResult res;
   res.per_engine.resize(c.engines);
   res.requests.assign(c.engines, 0);
+  res.host_blocks = tiered ? hc.num_host_blocks : 0;
+  res.host_policy = std::string(pagedkv::to_string(hc.policy));
+  res.remote = c.remote.has_value();
   std::vector<std::uint64_t> seq(c.engines, 0);
   std::vector<double> loads(c.engines, 0);
   std::deque<std::uint32_t> window;
@@ -97,12 +200,13 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
   std::string payload;
   std::uint32_t rr = 0;
   const auto wall = std::chrono::steady_clock::now();
+  using Clock = std::chrono::steady_clock;
 
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
     synthesize_prompt(trace, i, tokens);
     RequestHashKeys keys;
     keys.cache_salt = trace.requests[i].cache_salt;
-    Request request = engines[0]->make_request(static_cast<RequestId>(i), tokens, keys);
+    Request request = engines[0]->gpu().make_request(static_cast<RequestId>(i), tokens, keys);
     std::uint32_t e = 0;
     switch (c.router) {
       case RouterKind::kRoundRobin: e = rr++ % c.engines; break;
@@ -127,7 +231,7 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
       window.pop_front();
     }
 
-    KVCacheManager& m = *engines[e];
+    Engine& eng = *engines[e];
     ReplayResult& r = res.per_engine[e];
     const std::uint64_t n = request.num_tokens();
     ++r.requests;
@@ -137,17 +241,89 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
       ++r.rejected;
       continue;
     }
-    const CacheHit hit = m.get_computed_blocks(request);
-    if (!m.allocate_slots(request, n - hit.num_tokens, hit)) {
-      throw Error(ErrorCode::kInvalidState,
-                  "replay: request " + std::to_string(i) + " did not fit an idle pool");
+    std::size_t hit_tokens = 0;
+    if (eng.plain) {
+      KVCacheManager& m = *eng.plain;
+      const CacheHit hit = m.get_computed_blocks(request);
+      if (!m.allocate_slots(request, n - hit.num_tokens, hit)) {
+        throw Error(ErrorCode::kInvalidState,
+                    "replay: request " + std::to_string(i) + " did not fit an idle pool");
+      }
+      m.free(request);
+      hit_tokens = hit.num_tokens;
+    } else {
+      TieredKVCacheManager& t = *eng.tier;
+#if PAGEDKV_REPLAY_REMOTE
+      // The request's remote prefix: probed and loaded into host slots before it is looked
+      // up (kWaitComplete; every op completes within the store's op timeout).
+      if (eng.remote) {
+        const auto t0 = Clock::now();
+        eng.remote->add_request(request, t0);
+        for (;;) {
+          const auto now = Clock::now();
+          eng.remote->poll(now);
+          if (eng.remote->ready(request.id(), now)) break;
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+        eng.remote->remove_request(request.id());
+        res.remote_stats.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+#endif
+      const TieredCacheHit hit = t.get_computed_blocks(request);
+      const std::size_t g = hit.gpu.blocks.size();
+      for (std::size_t j = 0; j < hit.host_slots.size(); ++j) {
+        if (!payload_matches(eng.slot(hit.host_slots[j]), request.block_hashes()[g + j])) {
+          ++res.payload_mismatches;
+        }
+      }
+      auto alloc = t.allocate_slots(request, n - hit.num_tokens(), hit);
+      if (!alloc) {
+        throw Error(ErrorCode::kInvalidState,
+                    "replay: request " + std::to_string(i) + " did not fit an idle pool");
+      }
+      const TierPlan& p = alloc->transfers;
+      for (std::size_t j = 0; j < p.eviction_ids.size(); ++j) {
+        eng.commit_store(p.eviction_ids[j], p.plan.evictions[j].dst);
+      }
+      for (const TransferId id : p.load_ids) t.commit(id, true);
+      if (t.has_unfinished_loads(request.id())) {
+        const LoadResult lr = t.finish_loads(request);
+        for (std::size_t j = 0; j < lr.transfers.store_ids.size(); ++j) {
+          eng.commit_store(lr.transfers.store_ids[j], lr.transfers.plan.stores[j].dst);
+        }
+      }
+      for (std::size_t j = 0; j < p.store_ids.size(); ++j) {
+        eng.commit_store(p.store_ids[j], p.plan.stores[j].dst);
+      }
+      t.free(request);
+      hit_tokens = hit.num_tokens();
+      res.gpu_hit_tokens += hit.gpu.num_tokens;
+      res.host_hit_tokens += hit.num_host_tokens;
+#if PAGEDKV_REPLAY_REMOTE
+      // Every op of this engine (its puts included) completes before the next request.
+      if (eng.remote) {
+        const auto t0 = Clock::now();
+        for (;;) {
+          eng.remote->poll(Clock::now());
+          if (eng.remote->in_flight() == 0 && eng.remote->pinned_for_puts() == 0) break;
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+        res.remote_stats.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      }
+#endif
     }
-    m.free(request);
     r.queried_tokens += n;
-    r.hit_tokens += hit.num_tokens;
-    r.prefill_tokens_computed += n - hit.num_tokens;
+    r.hit_tokens += hit_tokens;
+    r.prefill_tokens_computed += n - hit_tokens;
 
-    std::vector<KVEvent> evs = m.take_events();
+    std::vector<KVEvent> evs = eng.plain ? eng.plain->take_events() : eng.tier->take_events();
+    if (eng.tier) {  // the router indexes what engines hold in GPU memory
+      std::erase_if(evs, [](const KVEvent& ev) {
+        if (const auto* s = std::get_if<BlockStored>(&ev.data)) return s->medium != "GPU";
+        if (const auto* rm = std::get_if<BlockRemoved>(&ev.data)) return rm->medium != "GPU";
+        return false;
+      });
+    }
     if (evs.empty()) continue;
     payload.clear();
     events::encode_event_batch(evs, 0, wire, payload);
@@ -160,7 +336,7 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
   for (std::uint32_t k = 0; k < c.engines; ++k) {
     ReplayResult& r = res.per_engine[k];
     r.num_blocks = num_blocks;
-    r.evicted_blocks = engines[k]->stats().evictions;
+    r.evicted_blocks = engines[k]->gpu().stats().evictions;
     r.wall_seconds = wall_s;
     ReplayResult& t = res.total;
     t.requests += r.requests;
@@ -171,6 +347,34 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
     t.hit_tokens += r.hit_tokens;
     t.prefill_tokens_computed += r.prefill_tokens_computed;
     t.evicted_blocks += r.evicted_blocks;
+    if (engines[k]->tier) res.host_evictions += engines[k]->tier->stats().host_evictions;
+#if PAGEDKV_REPLAY_REMOTE
+    if (engines[k]->remote) {
+      const RemoteTierStats s = engines[k]->remote->stats();
+      const RemoteStoreStats st = engines[k]->store->stats();
+      RemoteReplayStats& x = res.remote_stats;
+      x.probed_blocks += s.probed_blocks;
+      x.probe_hit_blocks += s.probe_hit_blocks;
+      x.hit_blocks += s.loaded_blocks;
+      x.hit_tokens += s.remote_hit_tokens;
+      x.load_misses += s.load_misses;
+      x.fills_no_slot += s.fills_no_slot;
+      x.fills_refused += s.fills_refused;
+      x.puts += s.puts;
+      x.stored_blocks += s.stored_blocks;
+      x.puts_skipped += s.puts_skipped;
+      x.puts_failed += s.puts_failed;
+      x.puts_skipped_full += s.puts_skipped_full;
+      x.eviction_puts += s.eviction_puts;
+      x.bytes_in += st.bytes_in;
+      x.bytes_out += st.bytes_out;
+      x.errors += st.errors;
+      x.timeouts += st.timeouts;
+      x.checksum_failures += st.checksum_failures;
+      x.header_mismatches += st.header_mismatches;
+      x.queue_full_drops += st.queue_full_drops;
+    }
+#endif
   }
   res.total.num_blocks = num_blocks;
   res.total.wall_seconds = wall_s;
@@ -188,7 +392,7 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
 }
 
 std::string to_json(const ClusterResult& r, const ReplayOptions& o, const ClusterOptions& c,
-                    const Trace& trace) {
+                    const Trace& trace, const ClusterResult* without) {
   std::string per = "[";
   for (std::size_t k = 0; k < r.requests.size(); ++k) {
     if (k) per += ",";
@@ -211,7 +415,67 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
       per.c_str(), r.load_imbalance, (unsigned long long)r.events_batches,
       (unsigned long long)r.index_entries, r.index_bytes_per_entry,
       (unsigned long long)r.published_dropped, r.total.wall_seconds);
-  return buf;
+  std::string out = buf;
+  if (r.host_blocks > 0) {
+    out.pop_back();  // the closing brace
+    std::snprintf(buf, sizeof(buf),
+                  ",\"host_blocks_per_engine\":%d,\"host_policy\":\"%s\",\"gpu_hit_tokens\":%llu,"
+                  "\"host_hit_tokens\":%llu,\"host_evictions\":%llu,\"payload_mismatches\":%llu}",
+                  r.host_blocks, r.host_policy.c_str(), (unsigned long long)r.gpu_hit_tokens,
+                  (unsigned long long)r.host_hit_tokens, (unsigned long long)r.host_evictions,
+                  (unsigned long long)r.payload_mismatches);
+    out += buf;
+  }
+  if (r.remote) {
+    const RemoteReplayStats& x = r.remote_stats;
+    out.pop_back();
+    std::snprintf(
+        buf, sizeof(buf),
+        ",\"remote\":\"%s\",\"remote_payload_bytes\":%u,"
+        "\"remote_note\":\"block payloads are placeholders of remote_payload_bytes bytes (plus "
+        "the value header), not real K/V; probes and gets are waited for per request and every op "
+        "completes before the next request (deterministic)\",\"remote_store\":\"%s\","
+        "\"remote_hit_tokens\":%llu,\"remote_hit_blocks\":%llu,\"remote_probed_blocks\":%llu,"
+        "\"remote_probe_hit_blocks\":%llu,\"remote_load_misses\":%llu,"
+        "\"remote_fills_no_slot\":%llu,\"remote_fills_refused\":%llu,\"remote_puts\":%llu,"
+        "\"remote_stored_blocks\":%llu,\"remote_eviction_puts\":%llu,"
+        "\"remote_puts_skipped\":%llu,\"remote_puts_failed\":%llu,"
+        "\"remote_puts_skipped_full\":%llu,\"remote_bytes_in\":%llu,\"remote_bytes_out\":%llu,"
+        "\"remote_errors\":%llu,\"remote_timeouts\":%llu,\"remote_checksum_failures\":%llu,"
+        "\"remote_header_mismatches\":%llu,\"remote_queue_full_drops\":%llu,"
+        "\"remote_wait_seconds\":%.3f}",
+        c.remote->c_str(), c.remote_payload_bytes,
+        c.remote_store_on_host_eviction
+            ? "host_eviction"
+            : (c.remote_store_min_hits == 0 ? "write_through" : "after_hits"),
+        (unsigned long long)x.hit_tokens, (unsigned long long)x.hit_blocks,
+        (unsigned long long)x.probed_blocks, (unsigned long long)x.probe_hit_blocks,
+        (unsigned long long)x.load_misses, (unsigned long long)x.fills_no_slot,
+        (unsigned long long)x.fills_refused, (unsigned long long)x.puts,
+        (unsigned long long)x.stored_blocks, (unsigned long long)x.eviction_puts,
+        (unsigned long long)x.puts_skipped, (unsigned long long)x.puts_failed,
+        (unsigned long long)x.puts_skipped_full, (unsigned long long)x.bytes_in,
+        (unsigned long long)x.bytes_out, (unsigned long long)x.errors,
+        (unsigned long long)x.timeouts, (unsigned long long)x.checksum_failures,
+        (unsigned long long)x.header_mismatches, (unsigned long long)x.queue_full_drops,
+        x.wait_seconds);
+    out += buf;
+  }
+  if (without != nullptr) {
+    out.pop_back();
+    std::snprintf(buf, sizeof(buf),
+                  ",\"without_remote\":{\"hit_rate\":%.6f,\"hit_tokens\":%llu,"
+                  "\"gpu_hit_tokens\":%llu,\"host_hit_tokens\":%llu,"
+                  "\"prefill_tokens_computed\":%llu,\"payload_mismatches\":%llu,"
+                  "\"wall_seconds\":%.3f}}",
+                  without->total.hit_rate(), (unsigned long long)without->total.hit_tokens,
+                  (unsigned long long)without->gpu_hit_tokens,
+                  (unsigned long long)without->host_hit_tokens,
+                  (unsigned long long)without->total.prefill_tokens_computed,
+                  (unsigned long long)without->payload_mismatches, without->total.wall_seconds);
+    out += buf;
+  }
+  return out;
 }
 
 }  // namespace pagedkv::replay

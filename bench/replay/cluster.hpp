@@ -8,8 +8,22 @@
 // Requests are replayed in file order with sequential-mode semantics (DESIGN.md 7: one request
 // at a time, prompt only). An engine's load is the number of the last --load-window requests the
 // router sent to it (a time-free stand-in for its running requests).
+//
+// With --host-blocks M each engine is a TieredKVCacheManager (M host blocks, --host-policy); its
+// copies are committed done at once, as in the single-engine host-tier replay. The kv router
+// indexes the GPU-medium events only (what an engine holds in GPU memory).
+//
+// With --remote redis://HOST:PORT/NS (needs --host-blocks) every engine also gets a RedisStore
+// and a RemoteTier (tier/remote_tier.hpp) on that one server: a real shared tier. Block payloads
+// are placeholders of --remote-payload-bytes bytes (a function of the block's hash, written into
+// the host slot when a block is cached there and checked on every host hit: payload_mismatches),
+// not real K/V. Determinism: each request's probe and gets are waited for (kWaitComplete) before
+// it is looked up, and every op of its engine (puts included) is completed before the next
+// request starts, so the figures do not depend on timing (unless ops time out or fail: counted).
+// The namespace must be fresh (unused on the server) for the figures to mean "this run only".
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,6 +45,24 @@ struct ClusterOptions {
   std::uint32_t load_window = 64;
   events::KVRouterConfig weights;
   std::optional<std::string> kv_events;  // publish each engine's stream here (port + k)
+  std::optional<std::string> remote;     // redis://HOST:PORT/NS shared by the engines
+  std::uint32_t remote_payload_bytes = 64;            // placeholder payload per block
+  std::chrono::milliseconds remote_op_timeout{1000};  // each store op completes within this
+  std::uint32_t remote_store_min_hits = 0;            // RemoteTierConfig::store_min_hits
+  bool remote_store_on_host_eviction = false;         // RemoteStorePolicy::kOnHostEviction
+};
+
+// The shared tier's figures, summed over engines (RemoteTierStats and RemoteStoreStats).
+struct RemoteReplayStats {
+  std::uint64_t probed_blocks = 0, probe_hit_blocks = 0;
+  std::uint64_t hit_blocks = 0, hit_tokens = 0;  // loaded from the store into host slots
+  std::uint64_t load_misses = 0, fills_no_slot = 0, fills_refused = 0;
+  std::uint64_t puts = 0, stored_blocks = 0, puts_skipped = 0, puts_failed = 0;
+  std::uint64_t puts_skipped_full = 0, eviction_puts = 0;
+  std::uint64_t bytes_in = 0, bytes_out = 0;  // payload bytes (each value adds its header)
+  std::uint64_t errors = 0, timeouts = 0, checksum_failures = 0, header_mismatches = 0;
+  std::uint64_t queue_full_drops = 0;
+  double wait_seconds = 0;  // waiting for probes, gets and puts to complete (wall)
 };
 
 struct ClusterResult {
@@ -42,12 +74,25 @@ struct ClusterResult {
   std::uint64_t index_entries = 0;           // (block, engine) entries at the end
   double index_bytes_per_entry = 0;
   std::uint64_t published_dropped = 0;       // --kv-events: batches the publishers dropped
+  // --host-blocks.
+  std::int32_t host_blocks = 0;
+  std::string host_policy;
+  std::uint64_t gpu_hit_tokens = 0, host_hit_tokens = 0;  // host includes remote-loaded blocks
+  std::uint64_t host_evictions = 0;
+  std::uint64_t payload_mismatches = 0;  // host hits whose placeholder bytes were wrong
+  // --remote.
+  bool remote = false;
+  RemoteReplayStats remote_stats;
 };
 
-ClusterResult run_cluster(const Trace& trace, const ReplayOptions& options,
-                          std::int32_t num_blocks, const ClusterOptions& cluster);
+// `tier`: host tier per engine (host_blocks.front()); nullptr or empty host_blocks: none.
+// Throws pagedkv::Error for --remote without a host tier or a remote layer.
+ClusterResult run_cluster(const Trace& trace, const ReplayOptions& options, std::int32_t num_blocks,
+                          const ClusterOptions& cluster, const TierReplayOptions* tier = nullptr);
 
+// `without_remote`: the same cluster without the shared tier (reported beside it).
 std::string to_json(const ClusterResult& r, const ReplayOptions& options,
-                    const ClusterOptions& cluster, const Trace& trace);
+                    const ClusterOptions& cluster, const Trace& trace,
+                    const ClusterResult* without_remote = nullptr);
 
 }  // namespace pagedkv::replay

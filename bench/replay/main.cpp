@@ -1,5 +1,6 @@
 // pagedkv-replay: replays a request trace through the real library (hashing included) and
 // reports, per cache size, the prefix-cache hit rate, the prefill saved and the throughput.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -59,6 +60,19 @@ constexpr const char* kUsage =
     "  --load-window N           an engine's load: its share of the last N requests (64)\n"
     "  --kv-events ENDPOINT      publish each engine's KV events on vLLM's wire (engine k on\n"
     "                            ENDPOINT's port + k), e.g. tcp://127.0.0.1:5557\n"
+    "  --host-blocks M           (with --engines) each engine gets a host tier of M blocks\n"
+    "  --remote redis://HOST:PORT/NS   a shared remote tier on one Redis (needs --host-blocks M):\n"
+    "                            every engine runs a RemoteTier on its own RedisStore; the "
+    "cluster\n"
+    "                            is replayed twice, without then with the shared tier, and both\n"
+    "                            hit rates are reported (without_remote). Payloads are "
+    "placeholders\n"
+    "                            (see remote_note); use a fresh namespace for each run\n"
+    "  --remote-payload-bytes B  placeholder payload per block (64)\n"
+    "  --remote-store P          write_through (default: every block cached in a host tier),\n"
+    "                            after_hits:K (after K host hits), host_eviction (when the host\n"
+    "                            tier evicts it)\n"
+    "  --remote-timeout-ms T     each store op completes (or fails) within T ms (1000)\n"
     "host tier (sequential and engine mode):\n"
     "  --host-blocks M [M ...]   a host-memory tier of M blocks beside the --num-blocks GPU pool\n"
     "                            (several sweep); adds gpu_hit_tokens, host_hit_tokens,\n"
@@ -232,6 +246,27 @@ int main(int argc, char** argv) {
           static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
     } else if (arg == "--kv-events") {
       cluster_opt().kv_events = value();
+    } else if (arg == "--remote") {
+      cluster_opt().remote = value();
+    } else if (arg == "--remote-payload-bytes") {
+      cluster_opt().remote_payload_bytes =
+          static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 26));
+    } else if (arg == "--remote-timeout-ms") {
+      cluster_opt().remote_op_timeout =
+          std::chrono::milliseconds(parse_number(value(), arg, 1, 600000));
+    } else if (arg == "--remote-store") {
+      const std::string p = value();
+      if (p == "write_through") {
+        cluster_opt().remote_store_min_hits = 0;
+      } else if (p == "host_eviction") {
+        cluster_opt().remote_store_on_host_eviction = true;
+      } else if (p.starts_with("after_hits:")) {
+        cluster_opt().remote_store_min_hits =
+            static_cast<std::uint32_t>(parse_number(p.substr(11), arg, 1, 1 << 20));
+      } else {
+        usage_error("--remote-store: write_through, after_hits:K or host_eviction, not '" + p +
+                    "'");
+      }
 #endif
     } else if (arg == "--trace") {
       trace_path = value();
@@ -357,8 +392,21 @@ int main(int argc, char** argv) {
     if (opt.num_blocks.empty()) return 0;
 #if PAGEDKV_REPLAY_CLUSTER
     if (cluster) {
+      if (tier.host_blocks.size() > 1) usage_error("--engines: one --host-blocks size");
+      if (cluster->remote && tier.host_blocks.empty()) {
+        usage_error("--remote needs --host-blocks M (remote loads land in host slots)");
+      }
       for (const std::int32_t nb : opt.num_blocks) {
-        std::cout << to_json(run_cluster(trace, opt, nb, *cluster), opt, *cluster, trace) << "\n";
+        if (cluster->remote) {  // the same cluster without the shared tier, then with it
+          ClusterOptions local = *cluster;
+          local.remote.reset();
+          const ClusterResult without = run_cluster(trace, opt, nb, local, &tier);
+          const ClusterResult with = run_cluster(trace, opt, nb, *cluster, &tier);
+          std::cout << to_json(with, opt, *cluster, trace, &without) << "\n";
+        } else {
+          std::cout << to_json(run_cluster(trace, opt, nb, *cluster, &tier), opt, *cluster, trace)
+                    << "\n";
+        }
       }
       return 0;
     }

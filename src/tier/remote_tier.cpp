@@ -23,22 +23,40 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
                     std::to_string(config_.bytes_per_block) + " bytes, the tier needs " +
                     std::to_string(slots) + " (num_host_blocks + 1)");
   }
+  const bool on_eviction = config_.store_policy == RemoteStorePolicy::kOnHostEviction;
+  if (on_eviction && config_.store && config_.eviction_staging_blocks == 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "RemoteTier: kOnHostEviction needs eviction_staging_blocks > 0");
+  }
   slot_loads_.assign(slots, 0);
   slot_put_.assign(slots, 0);
-  put_queue_.reserve(config_.max_puts_in_flight);
+  std::size_t staging = 0;
+  if (on_eviction && config_.store) {
+    staging = config_.eviction_staging_blocks;
+    slot_hash_.resize(slots);
+    staging_.assign(staging * static_cast<std::size_t>(config_.bytes_per_block), std::byte{0});
+    staging_key_.resize(staging);
+    staging_free_.reserve(staging);
+    for (std::size_t i = staging; i-- > 0;) staging_free_.push_back(static_cast<std::uint32_t>(i));
+  }
+  put_queue_.reserve(config_.max_puts_in_flight + staging);
   HostTierHooks hooks;
   hooks.on_cached = [this](BlockId slot, bool from_fill) { on_cached(slot, from_fill); };
   hooks.on_loaded = [this](BlockId slot) { on_loaded(slot); };
+  if (on_eviction && config_.store) {
+    hooks.on_evicted = [this](BlockId slot) { on_evicted(slot); };
+  }
   tier_.set_host_hooks(std::move(hooks));
 }
 
 RemoteTier::~RemoteTier() {
   config_.load = false;  // no new fills while draining
   const auto end = Clock::now() + config_.drain_timeout;
-  for (BlockId slot : put_queue_) tier_.unpin_host_slot(slot);
-  put_pins_ -= put_queue_.size();
+  for (PutItem& item : put_queue_) release(item);
   put_queue_.clear();
-  while (in_flight_ > 0 && Clock::now() < end) {
+  // Staged puts read this object's buffers: wait for them whatever drain_timeout says (the
+  // store completes each op within its op timeout).
+  while (in_flight_ > 0 && (Clock::now() < end || staged_in_flight_ > 0)) {
     completions_.clear();
     if (store_.poll(completions_) == 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -53,11 +71,24 @@ RemoteTier::~RemoteTier() {
     }
   }
   for (auto& [ticket, batch] : puts_) {
-    for (BlockId slot : batch.slots) {
-      if (slot != kNullBlockId) tier_.unpin_host_slot(slot);
-    }
+    for (PutItem& item : batch.items) release(item);
   }
   tier_.set_host_hooks({});
+}
+
+std::span<std::byte> RemoteTier::staging_bytes(std::uint32_t index) {
+  const auto bpb = static_cast<std::size_t>(config_.bytes_per_block);
+  return std::span<std::byte>(staging_).subspan(static_cast<std::size_t>(index) * bpb, bpb);
+}
+
+void RemoteTier::release(PutItem& item) noexcept {
+  if (item.done) return;
+  item.done = true;
+  if (item.slot != kNullBlockId) {
+    tier_.unpin_host_slot(item.slot);
+    --put_pins_;
+  }
+  if (item.staging != kNoStaging) staging_free_.push_back(item.staging);
 }
 
 std::span<std::byte> RemoteTier::slot_bytes(BlockId slot) const {
@@ -171,11 +202,10 @@ void RemoteTier::handle(const RemoteCompletion& c) {
   }
   if (const auto it = puts_.find(c.ticket); it != puts_.end()) {
     --in_flight_;
-    std::vector<BlockId>& slots = it->second.slots;
-    if (c.index < slots.size() && slots[c.index] != kNullBlockId) {
-      tier_.unpin_host_slot(slots[c.index]);
-      slots[c.index] = kNullBlockId;
-      --put_pins_;
+    std::vector<PutItem>& items = it->second.items;
+    if (c.index < items.size() && !items[c.index].done) {
+      if (items[c.index].staging != kNoStaging) --staged_in_flight_;
+      release(items[c.index]);
       if (c.result == RemoteResult::kStored) {
         ++stats_.stored_blocks;
         stats_.stored_bytes += config_.bytes_per_block;
@@ -233,13 +263,43 @@ void RemoteTier::on_cached(BlockId slot, bool from_fill) {
   const auto s = static_cast<std::size_t>(slot);
   slot_loads_[s] = 0;
   slot_put_[s] = from_fill ? 1 : 0;  // a block that came from the store is not put back
-  if (!from_fill && config_.store && config_.store_min_hits == 0) queue_put(slot);
+  if (!config_.store) return;
+  if (config_.store_policy == RemoteStorePolicy::kOnHostEviction) {
+    slot_hash_[s] = tier_.host_pool().block(slot).block_hash;  // put when evicted
+    return;
+  }
+  if (!from_fill && config_.store_min_hits == 0) queue_put(slot);
 }
 
 void RemoteTier::on_loaded(BlockId slot) {
   const auto s = static_cast<std::size_t>(slot);
-  if (!config_.store || config_.store_min_hits == 0 || slot_put_[s] != 0) return;
+  if (!config_.store || config_.store_policy != RemoteStorePolicy::kWriteThrough ||
+      config_.store_min_hits == 0 || slot_put_[s] != 0) {
+    return;
+  }
   if (++slot_loads_[s] >= config_.store_min_hits) queue_put(slot);
+}
+
+void RemoteTier::on_evicted(BlockId slot) noexcept {
+  const auto s = static_cast<std::size_t>(slot);
+  if (slot_put_[s] != 0 || slot_hash_[s].empty()) return;  // from the store, or put already
+  const BlockHash key = slot_hash_[s];
+  slot_hash_[s] = BlockHash();
+  slot_put_[s] = 1;
+  if (staging_free_.empty()) {
+    ++stats_.puts_skipped;
+    return;
+  }
+  const std::uint32_t index = staging_free_.back();
+  staging_free_.pop_back();
+  // The slot still holds the evicted block: the tier call that evicted it has not returned, so
+  // neither the engine's plan nor a fill has written it yet.
+  const std::span<const std::byte> src = slot_bytes(slot);
+  std::copy(src.begin(), src.end(), staging_bytes(index).begin());
+  staging_key_[index] = key;
+  PutItem item;
+  item.staging = index;
+  put_queue_.push_back(item);  // capacity reserved: no allocation
 }
 
 void RemoteTier::queue_put(BlockId slot) {
@@ -250,14 +310,22 @@ void RemoteTier::queue_put(BlockId slot) {
   tier_.pin_host_slot(slot);
   ++put_pins_;
   slot_put_[static_cast<std::size_t>(slot)] = 1;
-  put_queue_.push_back(slot);
+  PutItem item;
+  item.slot = slot;
+  put_queue_.push_back(item);
 }
 
 void RemoteTier::submit_puts() {
   if (put_queue_.empty()) return;
   put_ops_.clear();
-  for (const BlockId slot : put_queue_) {
-    put_ops_.push_back({tier_.host_pool().block(slot).block_hash, slot_bytes(slot)});
+  std::size_t staged = 0;
+  for (const PutItem& item : put_queue_) {
+    if (item.staging != kNoStaging) {
+      put_ops_.push_back({staging_key_[item.staging], staging_bytes(item.staging)});
+      ++staged;
+    } else {
+      put_ops_.push_back({tier_.host_pool().block(item.slot).block_hash, slot_bytes(item.slot)});
+    }
   }
   RemoteTicket ticket = 0;  // tickets start at 1
   try {
@@ -267,12 +335,13 @@ void RemoteTier::submit_puts() {
   }
   if (ticket == 0) {
     stats_.puts_skipped += put_queue_.size();
-    for (const BlockId slot : put_queue_) tier_.unpin_host_slot(slot);
-    put_pins_ -= put_queue_.size();
+    for (PutItem& item : put_queue_) release(item);
     put_queue_.clear();
     return;
   }
   stats_.puts += put_queue_.size();
+  stats_.eviction_puts += staged;
+  staged_in_flight_ += staged;
   in_flight_ += put_queue_.size();
   puts_.emplace(ticket, PutBatch{put_queue_, put_queue_.size()});
   put_queue_.clear();

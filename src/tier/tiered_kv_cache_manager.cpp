@@ -320,6 +320,7 @@ void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state
     out.plan.stores.push_back({gpu_block, slot});
     out.store_ids.push_back(id);
   }
+  if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
 }
 
 void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
@@ -614,6 +615,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
   transfer_first_[idx] = index == 0 ? 1 : 0;
   if (has_extra) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(owned);
   ++host_storing_;
+  if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
   return HostFill{id, slot};
 }
 

@@ -1,6 +1,6 @@
 // The tier's hooks for a store below the host (tier/remote_tier.hpp uses them): fills of host slots
-// (begin_fill + commit), pins (pin_host_slot / unpin_host_slot), the on_cached / on_loaded hooks,
-// and their misuse (strong guarantee). No server needed.
+// (begin_fill + commit), pins (pin_host_slot / unpin_host_slot), the on_cached / on_loaded /
+// on_evicted hooks, and their misuse (strong guarantee). No server needed.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -106,6 +106,45 @@ TEST(HostFill, PinsKeepSlotsAndBlockReset) {
   expect_rejected(t, [&] { t.pin_host_slot(0); });
   t.check_invariants();
   EXPECT_TRUE(t.reset_prefix_cache());
+}
+
+// on_evicted: called for a cached slot reused by a fill or a store, with that slot, and not for
+// a free slot or one freed without a block.
+TEST(HostFill, EvictingACachedSlotCallsOnEvicted) {
+  TieredKVCacheManager t = make_tier(2);
+  std::vector<BlockId> evicted;
+  HostTierHooks hooks;
+  hooks.on_evicted = [&](BlockId s) { evicted.push_back(s); };
+  t.set_host_hooks(hooks);
+  Request r = t.make_request(1, tokens(0, 13));  // 3 full blocks
+  const auto f0 = t.begin_fill(r, 0);
+  const auto f1 = t.begin_fill(r, 1);
+  ASSERT_TRUE(f0.has_value() && f1.has_value());
+  EXPECT_TRUE(evicted.empty());  // free slots: nothing evicted
+  t.commit(f0->id, true);
+  t.commit(f1->id, true);
+  const auto f2 = t.begin_fill(r, 2);  // both slots hold blocks: the LRU one is evicted
+  ASSERT_TRUE(f2.has_value());
+  ASSERT_EQ(evicted.size(), 1u);
+  EXPECT_EQ(evicted[0], f2->slot);
+  EXPECT_EQ(t.stats().host_evictions, 1u);
+  t.commit(f2->id, false);  // freed without a block
+  const auto f3 = t.begin_fill(r, 2);
+  ASSERT_TRUE(f3.has_value());
+  EXPECT_EQ(evicted.size(), 1u);  // reusing a slot without a block is no eviction
+  t.commit(f3->id, true);
+  // Write-through stores of a new request's blocks evict both cached host blocks.
+  Request q = t.make_request(2, tokens(100, 9));  // 2 full blocks
+  const TieredCacheHit hit = t.get_computed_blocks(q);
+  auto a = t.allocate_slots(q, q.num_tokens() - hit.num_tokens(), hit);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_EQ(a->transfers.plan.stores.size(), 2u);
+  ASSERT_EQ(evicted.size(), 3u);
+  EXPECT_EQ(evicted[1], a->transfers.plan.stores[0].dst);
+  EXPECT_EQ(evicted[2], a->transfers.plan.stores[1].dst);
+  for (TransferId id : a->transfers.store_ids) t.commit(id, true);
+  t.free(q);
+  t.check_invariants();
 }
 
 TEST(HostFill, RejectsBlocksTheRequestDoesNotHave) {

@@ -59,19 +59,20 @@ struct RunResult {
 class Engine {
  public:
   Engine(std::uint16_t port, const std::string& ns, RemoteTierConfig rc = {},
-         std::chrono::milliseconds op_timeout = 500ms) {
+         std::chrono::milliseconds op_timeout = 500ms, std::int32_t host_blocks = kHostBlocks)
+      : host_blocks_(host_blocks) {
     KVCacheManagerConfig c;
     c.num_blocks = kGpuBlocks;
     c.block_size = kBs;
     c.hash_seed = "remote-tier-test";
     HostTierConfig h;
-    h.num_host_blocks = kHostBlocks;
+    h.num_host_blocks = host_blocks;
     h.policy = HostPolicy::kWriteThrough;
     layout_ = TransferLayout::block_first(kLayers, kBs * sizeof(std::uint64_t));
     h.bytes_per_block = layout_.block_bytes();
     tier_ = std::make_unique<TieredKVCacheManager>(c, h);
     device_.assign(static_cast<std::size_t>(kGpuBlocks) * layout_.block_bytes(), std::byte{0});
-    host_.assign(static_cast<std::size_t>(kHostBlocks + 1) * layout_.block_bytes(), std::byte{0});
+    host_.assign(static_cast<std::size_t>(host_blocks + 1) * layout_.block_bytes(), std::byte{0});
     RedisStoreConfig sc;
     sc.port = port;
     sc.name_space = ns;
@@ -165,7 +166,7 @@ class Engine {
   void execute(TransferPlan& plan, TransferStage stage) {
     reference::execute_transfer_plan(plan, stage, layout_, device_,
                                      static_cast<std::size_t>(kGpuBlocks), host_,
-                                     static_cast<std::size_t>(kHostBlocks + 1));
+                                     static_cast<std::size_t>(host_blocks_ + 1));
   }
 
   TieredKVCacheManager& tier() { return *tier_; }
@@ -173,6 +174,7 @@ class Engine {
   RemoteTier& remote() { return *remote_; }
 
  private:
+  std::int32_t host_blocks_;
   TransferLayout layout_;
   std::vector<std::byte> device_, host_;
   std::unique_ptr<TieredKVCacheManager> tier_;
@@ -321,6 +323,104 @@ TEST_F(RemoteTierTest, FullServerSkipsStores) {
   EXPECT_EQ(a.store().stats().skipped_full, 40u);
   EXPECT_EQ(a.remote().pinned_for_puts(), 0u);
   a.tier().check_invariants();
+}
+
+// kOnHostEviction: nothing is put while blocks sit in the host tier; a block is put when the
+// host tier evicts it, from a copy taken before its slot is reused. A second engine then loads
+// those blocks, and run() checks every loaded byte against the prefix (a copy taken after the
+// slot was overwritten would carry the wrong block's bytes under a valid checksum).
+TEST_F(RemoteTierTest, HostEvictionStoresBlocksASecondEngineLoads) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kWaitComplete;
+  rc.store_policy = RemoteStorePolicy::kOnHostEviction;
+  rc.eviction_staging_blocks = 16;
+  constexpr std::int32_t kSmallHost = 12;
+  {
+    Engine a(server.port(), "ns", rc, 500ms, kSmallHost);
+    a.run(1, kPrompt);  // 10 blocks into the host tier (12 slots): nothing evicted, nothing put
+    ASSERT_TRUE(a.drain());
+    EXPECT_EQ(a.remote().stats().puts, 0u);
+    EXPECT_EQ(a.tier().stats().host_evictions, 0u);
+    // Two other prompts of 10 blocks each: the host tier evicts the first prompt's blocks.
+    // Drained after each: the staging buffers are free again (puts still in flight would hold
+    // them, and evictions beyond them are skipped).
+    a.run(2, tokens(20, 42));
+    ASSERT_TRUE(a.drain());
+    a.run(3, tokens(30, 42));
+    ASSERT_TRUE(a.drain());
+    const RemoteTierStats s = a.remote().stats();
+    const std::uint64_t evictions = a.tier().stats().host_evictions;
+    EXPECT_GE(evictions, 10u);
+    EXPECT_EQ(s.eviction_puts, evictions);  // every evicted block was put, none skipped
+    EXPECT_EQ(s.puts, s.eviction_puts);
+    EXPECT_EQ(s.stored_blocks, s.puts);
+    EXPECT_EQ(s.puts_skipped, 0u);
+    EXPECT_EQ(s.puts_failed, 0u);
+    a.tier().check_invariants();
+  }
+  // The first prompt's blocks are in Redis only because they were evicted from a's host tier.
+  Engine b(server.port(), "ns", rc, 500ms, kSmallHost);
+  const RunResult rb = b.run(1, kPrompt);  // bytes checked inside run()
+  EXPECT_EQ(rb.host_hit_tokens, 40u);
+  EXPECT_EQ(rb.computed_tokens, kPrompt.size() - 40);
+  EXPECT_EQ(b.remote().stats().loaded_blocks, 10u);
+  EXPECT_EQ(b.store().stats().checksum_failures, 0u);
+}
+
+// kOnHostEviction with every staging buffer in use: evictions beyond them are skipped and
+// counted, never blocking; a store that is down fails the puts (counted), nothing stays pinned.
+TEST_F(RemoteTierTest, HostEvictionStagingFullOrStoreDownIsACountedSkip) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  RemoteTierConfig rc;
+  rc.store_policy = RemoteStorePolicy::kOnHostEviction;
+  rc.eviction_staging_blocks = 3;
+  {
+    Engine a(server.port(), "ns", rc, 500ms, 10);
+    a.run(1, kPrompt);
+    ASSERT_TRUE(a.drain());
+    a.run(2, tokens(20, 42));  // evicts 10 blocks in one call: 3 staged, 7 skipped
+    ASSERT_TRUE(a.drain());
+    const RemoteTierStats s = a.remote().stats();
+    EXPECT_EQ(a.tier().stats().host_evictions, 10u);
+    EXPECT_EQ(s.eviction_puts, 3u);
+    EXPECT_EQ(s.stored_blocks, 3u);
+    EXPECT_EQ(s.puts_skipped, 7u);
+  }
+  const std::uint16_t port = server.port();
+  server.kill();
+  Engine d(port, "ns", rc, 200ms, 10);
+  d.run(1, kPrompt);
+  d.run(2, tokens(20, 42));
+  ASSERT_TRUE(d.drain());
+  const RemoteTierStats s = d.remote().stats();
+  EXPECT_EQ(s.eviction_puts, 3u);
+  EXPECT_EQ(s.stored_blocks, 0u);
+  EXPECT_EQ(s.puts_failed, 3u);
+  EXPECT_EQ(d.remote().pinned_for_puts(), 0u);
+  d.tier().check_invariants();
+}
+
+TEST(RemoteTierConfigTest, HostEvictionWithoutStagingIsRejected) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 8;
+  c.block_size = kBs;
+  HostTierConfig h;
+  h.num_host_blocks = 4;
+  TieredKVCacheManager tier(c, h);
+  // A store that is never contacted: the constructor throws first.
+  RedisStoreConfig sc;
+  sc.port = test::free_port();
+  sc.name_space = "ns";
+  RedisStore store(sc);
+  std::vector<std::byte> host(5 * 64);
+  RemoteTierConfig rc;
+  rc.bytes_per_block = 64;
+  rc.store_policy = RemoteStorePolicy::kOnHostEviction;
+  rc.eviction_staging_blocks = 0;
+  EXPECT_THROW(RemoteTier(tier, store, host, rc), Error);
 }
 
 }  // namespace

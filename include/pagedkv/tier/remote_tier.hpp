@@ -22,12 +22,22 @@
 // A missing, failed, timed-out or corrupt remote block (and a host tier without a free slot)
 // ends the run there: those blocks are recomputed.
 //
-// Stores: host-slot bytes go to the store in the background. store_min_hits == 0: every block
-// the host tier caches from the GPU (a store or eviction committed) is put; k >= 1: a host block
-// is put once it was loaded from the host k times (write-through of blocks hit k times). Blocks
-// that came from the remote store are not put back. The slot stays pinned (not evictable) until
-// its put completes; puts beyond max_puts_in_flight, or refused by a full store queue, are skipped
-// and counted. Puts are batched and submitted by poll().
+// Stores: host-slot bytes go to the store in the background, by store_policy:
+//   kWriteThrough    store_min_hits == 0: every block the host tier caches from the GPU (a store
+//                    or eviction committed) is put; k >= 1: a host block is put once it was
+//                    loaded from the host k times (write-through of blocks hit k times). The slot
+//                    stays pinned (not evictable) until its put completes; puts beyond
+//                    max_puts_in_flight are skipped and counted.
+//   kOnHostEviction  a host block is put when the host tier evicts it to reuse its slot
+//                    (HostTierHooks::on_evicted): its bytes are copied, inside the tier call that
+//                    evicted it and so before the engine's plan (or a fill) overwrites the slot,
+//                    into one of eviction_staging_blocks staging buffers the remote tier owns
+//                    (allocated at construction); the put reads the copy. An eviction finding
+//                    every staging buffer in use is skipped and counted (puts_skipped). Blocks
+//                    evicted by reset_prefix_cache() are not put.
+// Blocks that came from the remote store, or were put already, are not put (again). Puts are
+// batched and submitted by poll(); a batch the store's queue refuses is skipped and counted; a
+// put the store completes other than stored (full, down, timeout) is counted in puts_failed.
 //
 // Buffers: `host_buffer` is the engine's host-tier buffer, slot s at s * bytes_per_block (as the
 // transfer executors address it; slot 0 unused). The remote tier writes a slot only while it pins
@@ -36,10 +46,13 @@
 // Ownership and order: the remote tier sets the tier's HostTierHooks and is the only caller of
 // store.poll(). The tier, the store and the buffer must outlive it. The destructor waits (at most
 // drain_timeout) for its ops in flight, commits unfinished fills failed and unpins every slot, and
-// clears the hooks; the store's op timeout should be below drain_timeout.
+// clears the hooks; the store's op timeout should be below drain_timeout. Puts from its own
+// staging buffers are waited for beyond drain_timeout if need be (the store completes every op
+// within its op timeout), so the store never reads a freed buffer.
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a buffer smaller than
-// (num_host_blocks + 1) * bytes_per_block or a zero bytes_per_block; add_request for a request
+// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
+// eviction_staging_blocks; add_request for a request
 // already added (kInvalidState). Everything else (a store that is down, slow, full or returns
 // corrupt values) is a normal outcome counted in stats(), never an exception from poll().
 // Complexity: poll is O(completions + requests waiting for a probe); add_request O(blocks).
@@ -60,34 +73,40 @@
 
 namespace pagedkv {
 
+// When host blocks are put to the remote store (see the file comment).
+enum class RemoteStorePolicy : std::uint8_t { kWriteThrough, kOnHostEviction };
+
 struct RemoteTierConfig {
   PrefetchPolicy policy = PrefetchPolicy::kTimeout;
   std::chrono::milliseconds timeout{100};  // kTimeout: longest a request waits for the remote
   std::uint64_t bytes_per_block = 0;       // one host slot's bytes (the value payload size)
   bool load = true;                        // probe and load remote hits
   bool store = true;                       // put host blocks
-  std::uint32_t store_min_hits = 0;  // 0: put every block cached from the GPU; k: after k loads
-  std::size_t max_puts_in_flight = 1024;          // pinned slots waiting for a put, at most
+  RemoteStorePolicy store_policy = RemoteStorePolicy::kWriteThrough;
+  std::uint32_t store_min_hits = 0;  // kWriteThrough: 0 put every block cached; k: after k loads
+  std::size_t max_puts_in_flight = 1024;     // pinned slots waiting for a put, at most
+  std::size_t eviction_staging_blocks = 64;  // kOnHostEviction: copies awaiting their put, at most
   std::chrono::milliseconds drain_timeout{2000};  // destructor's wait for ops in flight
 };
 
 // Cumulative since construction.
 struct RemoteTierStats {
-  std::uint64_t requests = 0;           // add_request() calls with load on
-  std::uint64_t probed_blocks = 0;      // keys probed
-  std::uint64_t probe_hit_blocks = 0;   // leading keys found present
-  std::uint64_t ready_by_timeout = 0;   // requests made ready by kTimeout's deadline
-  std::uint64_t fills = 0;              // gets submitted into pinned host slots
-  std::uint64_t fills_no_slot = 0;      // remote hits dropped: no free host slot
-  std::uint64_t fills_refused = 0;      // gets refused by the store's full queue
-  std::uint64_t loaded_blocks = 0;      // gets that loaded a checked value (fill done)
-  std::uint64_t load_misses = 0;        // gets that did not (miss, corrupt, timeout, error)
-  std::uint64_t loaded_bytes = 0;       // loaded_blocks x bytes_per_block
-  std::uint64_t puts = 0;               // puts submitted
-  std::uint64_t stored_blocks = 0;      // puts stored
-  std::uint64_t stored_bytes = 0;       // stored_blocks x bytes_per_block
-  std::uint64_t puts_skipped = 0;       // puts not submitted (in-flight cap, queue full)
-  std::uint64_t puts_failed = 0;        // puts completed other than stored (full, timeout, error)
+  std::uint64_t requests = 0;          // add_request() calls with load on
+  std::uint64_t probed_blocks = 0;     // keys probed
+  std::uint64_t probe_hit_blocks = 0;  // leading keys found present
+  std::uint64_t ready_by_timeout = 0;  // requests made ready by kTimeout's deadline
+  std::uint64_t fills = 0;             // gets submitted into pinned host slots
+  std::uint64_t fills_no_slot = 0;     // remote hits dropped: no free host slot
+  std::uint64_t fills_refused = 0;     // gets refused by the store's full queue
+  std::uint64_t loaded_blocks = 0;     // gets that loaded a checked value (fill done)
+  std::uint64_t load_misses = 0;       // gets that did not (miss, corrupt, timeout, error)
+  std::uint64_t loaded_bytes = 0;      // loaded_blocks x bytes_per_block
+  std::uint64_t puts = 0;              // puts submitted
+  std::uint64_t stored_blocks = 0;     // puts stored
+  std::uint64_t stored_bytes = 0;      // stored_blocks x bytes_per_block
+  std::uint64_t puts_skipped = 0;   // puts not submitted (in-flight cap, staging full, queue full)
+  std::uint64_t eviction_puts = 0;  // of puts: blocks evicted from the host (kOnHostEviction)
+  std::uint64_t puts_failed = 0;    // puts completed other than stored (full, timeout, error)
   std::uint64_t puts_skipped_full = 0;  // of puts_failed: the store was full
   std::uint64_t remote_hit_tokens = 0;  // tokens of the loaded blocks
 };
@@ -136,6 +155,7 @@ class RemoteTier {
   void start_fills(RequestId id, Pending& p);
   void on_cached(BlockId slot, bool from_fill);
   void on_loaded(BlockId slot);
+  void on_evicted(BlockId slot) noexcept;
   void queue_put(BlockId slot);
   void submit_puts();
   void handle(const RemoteCompletion& c);
@@ -148,10 +168,19 @@ class RemoteTier {
   RemoteTierStats stats_;
 
   std::unordered_map<RequestId, Pending> pending_;
+  // One put: a pinned host slot, or a staging buffer holding an evicted block's copy.
+  static constexpr std::uint32_t kNoStaging = ~std::uint32_t{0};
+  struct PutItem {
+    BlockId slot = kNullBlockId;         // pinned host slot (kNullBlockId: none)
+    std::uint32_t staging = kNoStaging;  // staging buffer index (kNoStaging: none)
+    bool done = false;                   // completed (released)
+  };
   struct PutBatch {
-    std::vector<BlockId> slots;  // kNullBlockId once completed
+    std::vector<PutItem> items;
     std::size_t outstanding = 0;
   };
+  void release(PutItem& item) noexcept;
+  std::span<std::byte> staging_bytes(std::uint32_t index);
   std::unordered_map<RemoteTicket, std::pair<RequestId, std::size_t>> probes_;  // id, outstanding
   std::unordered_map<RemoteTicket, GetBatch> gets_;
   std::unordered_map<RemoteTicket, PutBatch> puts_;
@@ -160,7 +189,14 @@ class RemoteTier {
 
   std::vector<std::uint32_t> slot_loads_;  // loads per host slot since it was cached
   std::vector<std::uint8_t> slot_put_;     // 1: the slot's current block was queued for a put
-  std::vector<BlockId> put_queue_;         // pinned, not yet submitted
+  std::vector<PutItem> put_queue_;         // pinned slots / staged copies, not yet submitted
+  // kOnHostEviction: the block cached in each host slot (recorded when cached), the staging
+  // buffers, the free ones, and the key each staged copy goes under.
+  std::vector<BlockHash> slot_hash_;
+  std::vector<std::byte> staging_;
+  std::vector<std::uint32_t> staging_free_;
+  std::vector<BlockHash> staging_key_;
+  std::size_t staged_in_flight_ = 0;  // staged puts submitted, not yet completed
   // Scratch.
   std::vector<RemoteCompletion> completions_;
   std::vector<BlockHash> keys_;

@@ -106,6 +106,12 @@ struct HostTierHooks {
   std::function<void(BlockId slot, bool from_fill)> on_cached;
   // A load from `slot` was committed done (the slot is still cached).
   std::function<void(BlockId slot)> on_loaded;
+  // The host tier evicted the block cached in `slot` to reuse the slot (for a store, an eviction
+  // or a fill). Called inside the allocate_slots(), finish_loads() or begin_fill() call that
+  // evicted it, once the slot's new use is recorded. The slot's bytes still hold the evicted
+  // block until the engine runs the returned plan (or the fill writes it): a hook that needs
+  // them copies them now. It must not throw and may call nothing on the tier.
+  std::function<void(BlockId slot)> on_evicted;
 };
 
 // Everything observable about a tier's state, for tests: equal snapshots mean equal tiers.
