@@ -29,9 +29,12 @@ struct KVCacheBlock {
   std::int32_t ref_cnt = 0;        // number of requests holding the block; 0 for the null block
   BlockId prev_free = kNotQueued;  // previous block in the free queue, kQueueEnd at the head
   BlockId next_free = kNotQueued;  // next block in the free queue, kQueueEnd at the tail
-  BlockHash block_hash;            // empty unless the block is full and cached (in the hash map)
-  GroupId group_id = 0;            // the group the hash was cached under; meaningful when hashed
-  bool is_null = false;            // true only for block 0
+  // The pool's content id of the prefix this block holds (verify_cache_hits): an index into its
+  // hash-consed content table, equal for equal prefix content; 0 when not cached.
+  std::uint32_t content_id = 0;
+  BlockHash block_hash;  // empty unless the block is full and cached (in the hash map)
+  GroupId group_id = 0;  // the group the hash was cached under; meaningful when hashed
+  bool is_null = false;  // true only for block 0
 
   bool in_free_queue() const noexcept { return prev_free != kNotQueued; }
   bool is_cached() const noexcept { return !block_hash.empty(); }
