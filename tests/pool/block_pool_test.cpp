@@ -57,7 +57,7 @@ TEST(BlockPool, InitialState) {
   EXPECT_EQ(pool.num_free_blocks(), 9);
   EXPECT_DOUBLE_EQ(pool.usage(), 0.0);
   EXPECT_TRUE(pool.null_block().is_null);
-  EXPECT_FALSE(pool.null_block().in_free_queue());
+  EXPECT_FALSE(pool.free_queue().contains(kNullBlockId));
   EXPECT_EQ(pool.free_queue().ids(), (std::vector<BlockId>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
   pool.check_invariants();
   EXPECT_THROW(BlockPool(config(1)), Error);

@@ -13,13 +13,16 @@
 // Collision safety (on by default, always on for xxh3_128): a cached block stores its key
 // material - its tokens, its extra keys and the identity of its parent's prefix - and a lookup
 // only accepts a block whose material equals the request's, so a hash collision is a miss,
-// never a wrong hit. Material is hash-consed: the pool keeps a table of content ids, one per
-// distinct (parent content id, block size, tokens, extra keys), so two prefixes have equal ids
-// iff their whole content is equal, and a parent check is one integer compare (no per-block
-// SHA-256). A content id lives as long as a cached block holds that prefix or a live id names
-// it as its parent, so it survives eviction and re-caching: a child stays a hit after its
-// parent's content was evicted and cached again in another block (as in vLLM). The table is
-// sized to the blocks at construction and grows (amortised, inside prepare_store, before any
+// never a wrong hit. A prefix identity is a function of content only, so it survives eviction
+// and re-caching. With collision-resistant chain hashes (config chain_hashes_identify_prefix:
+// the SHA-256 schemes) a prefix's identity is its chained hash, stored per block with the
+// tokens. Otherwise (xxh3_128, test hashers) material is hash-consed: the pool keeps a table of
+// content ids, one per distinct (parent content id, block size, tokens, extra keys), so two
+// prefixes have equal ids iff their whole content is equal, and a parent check is one integer
+// compare (no per-block SHA-256). A content id lives as long as a cached block holds that prefix or
+// a live id names it as its parent, so it survives eviction and re-caching: a child stays a hit
+// after its parent's content was evicted and cached again in another block (as in vLLM). The table
+// is sized to the blocks at construction and grows (amortised, inside prepare_store, before any
 // change) only while cached blocks outlive evicted ancestors. Its bucket is the block's chain
 // hash, so one pool must be fed sequences hashed by one hasher (a second hasher would only
 // cause misses, never wrong hits).
@@ -64,8 +67,8 @@ struct BlockPoolConfig {
   bool verify_cache_hits = true;  // store key material and compare it on every hit
   bool enable_kv_events = false;  // produce KVEvents (see kv_events.hpp)
   // True only when block hashes are collision resistant (SHA-256 schemes, never a test
-  // hasher). Informational since content ids: the pool verifies hits the same way either way
-  // (the content-id check costs an integer compare), so no configuration trusts a hash alone.
+  // hasher): a parent's chained hash then identifies its whole prefix. False (the safe default)
+  // makes the pool keep hash-consed content ids of the cached prefixes.
   bool chain_hashes_identify_prefix = false;
 };
 
@@ -157,8 +160,10 @@ class BlockPool {
     BlockSequence seq_;
     std::size_t first_ = 0, last_ = 0;
     GroupId group_ = 0;
-    std::vector<std::uint32_t> content_ids_;  // one per block, each holding a reference
-    std::optional<KVEvent> event_;            // BlockStored, when events are on
+    // One per block, each holding a reference: a content id (own identities) or an extra-key
+    // id (chain_hashes_identify_prefix).
+    std::vector<std::uint32_t> content_ids_;
+    std::optional<KVEvent> event_;  // BlockStored, when events are on
   };
   PendingStore prepare_store(const BlockSequence& seq, std::size_t first, std::size_t last,
                              std::span<const BlockId> prefix_row, GroupId group = 0);
@@ -247,9 +252,13 @@ class BlockPool {
   struct ContentTable;   // hash-consed prefix content ids with reference counts (block_pool.cpp)
 
   bool verifying() const noexcept { return verifying_; }
-  // parent_id: the required parent content id, or nullptr to skip that check.
-  BlockId match(const BlockSequence& seq, std::size_t index, GroupId group,
-                const std::uint32_t* parent_id, LookupScratch* scratch) const;
+  // The parent check of a lookup: none, the root (block 0), or the prefix a cached block holds.
+  struct ParentCheck {
+    bool check = false;
+    const KVCacheBlock* parent = nullptr;  // nullptr with check: the root
+  };
+  BlockId match(const BlockSequence& seq, std::size_t index, GroupId group, ParentCheck parent,
+                LookupScratch* scratch) const;
   // The content id of seq's block p whose parent prefix has content id `parent`, taking one
   // reference (creating the id, with a reference on `parent` and on its extra keys, when new).
   // May throw (extra-key interning) and then changes nothing; the table must have room.
@@ -270,10 +279,19 @@ class BlockPool {
   BlockHashMap hash_map_;
   std::uint64_t num_evictions_ = 0;
 
-  // Stored key material (only with verify_cache_hits): each cached block names its content id
-  // (KVCacheBlock::content_id); the table holds the material.
+  // Stored key material (only with verify_cache_hits). Own identities: each cached block names
+  // its content id (KVCacheBlock::content_id); the table holds the material. Chain-hash
+  // identities (chain_hashes_identify_prefix): per block its tokens, its parent's chained hash
+  // and its interned extra keys.
   bool verifying_ = false;
+  bool chain_identity_ = false;  // verifying with chain_hashes_identify_prefix
   std::unique_ptr<ContentTable> contents_;
+  struct Stored {
+    BlockHash parent_hash;       // the parent's chained hash; empty for block 0
+    std::uint32_t extra_id = 0;  // interned extra keys; 0 when none
+  };
+  std::vector<Stored> stored_;         // per block (chain-hash identities)
+  std::vector<TokenId> block_tokens_;  // block_size per block (chain-hash identities)
   std::unique_ptr<ExtraKeyTable> extra_keys_;
 
   // Events: recorded in events_ (capacity reserved before any change), delivered when no
