@@ -22,10 +22,11 @@
 // compare (no per-block SHA-256). A content id lives as long as a cached block holds that prefix or
 // a live id names it as its parent, so it survives eviction and re-caching: a child stays a hit
 // after its parent's content was evicted and cached again in another block (as in vLLM). The table
-// is sized to the blocks at construction and grows (amortised, inside prepare_store, before any
-// change) only while cached blocks outlive evicted ancestors. Its bucket is the block's chain
-// hash, so one pool must be fed sequences hashed by one hasher (a second hasher would only
-// cause misses, never wrong hits).
+// starts with one id per block and grows geometrically (inside prepare_store; a failed growth
+// changes nothing) when live ids exceed it: ids held by pending stores before the blocks they
+// replace are evicted, and ancestors of cached blocks that were evicted first. Its bucket is the
+// block's chain hash, so one pool must be fed sequences hashed by one hasher (a second hasher
+// would only cause misses, never wrong hits).
 //
 // Errors: every misuse (ids out of range, a block freed twice or twice in one call, a block
 // repeated in cache_full_blocks, caching an already cached block, bad counts, sizes that would
