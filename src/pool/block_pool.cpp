@@ -128,15 +128,156 @@ struct BlockPool::ExtraKeyTable {
   }
 };
 
+// Hash-consed prefix contents: entry id -> (parent id, block size, extra-key id, tokens), at
+// most one entry per distinct content, so equal ids mean equal whole prefixes (by induction over
+// the parent ids). Id 0 is the empty prefix (the root) and never stored. Entries are reference
+// counted by the cached blocks (and pending stores) holding them and by their children; an
+// entry holds one reference on its parent and one on its extra keys. An open-addressing index
+// (linear probing, backward-shift deletion) keyed by the block's chain hash finds an entry by
+// content; freed ids form a list threaded through the entries. reserve() is the only call that
+// allocates; insert() and erase() never do.
+struct BlockPool::ContentTable {
+  static constexpr std::size_t kParent = 0, kSize = 1, kExtra = 2, kRefs = 3, kTag = 4,
+                               kChildren = 5, kHeader = 6;
+  struct Slot {
+    std::uint32_t id;  // 0: empty
+    std::uint32_t tag;
+  };
+  std::size_t stride;                   // words per entry: kHeader + max tokens per block
+  std::vector<std::uint32_t> words;     // entry id * stride; entry 0 unused
+  std::uint32_t next = 1;               // ids [1, next) have been handed out
+  std::vector<std::uint32_t> free_ids;  // a stack; capacity >= capacity(): never allocates
+  std::vector<Slot> slots;
+  std::size_t mask = 0;
+  std::size_t live = 0;
+
+  ContentTable(std::size_t max_tokens, std::size_t entries) : stride(kHeader + max_tokens) {
+    words.assign(std::max<std::size_t>(entries, 2) * stride, 0);
+    free_ids.reserve(capacity());
+    slots.assign(slot_count(capacity()), Slot{0, 0});
+    mask = slots.size() - 1;
+  }
+  std::size_t capacity() const noexcept { return words.size() / stride; }
+  static std::size_t slot_count(std::size_t entries) noexcept {
+    std::size_t n = 8;
+    while (n < 2 * entries) n *= 2;
+    return n;
+  }
+  static std::uint32_t tag_of(const BlockHash& hash) noexcept {
+    const std::uint64_t x = static_cast<std::uint64_t>(hash.hash_code()) * 0x9E3779B97F4A7C15ull;
+    return static_cast<std::uint32_t>(x >> 32);
+  }
+  std::uint32_t* entry(std::uint32_t id) noexcept { return &words[id * stride]; }
+  const std::uint32_t* entry(std::uint32_t id) const noexcept { return &words[id * stride]; }
+  std::size_t room() const noexcept { return free_ids.size() + (capacity() - next); }
+  // Starts loading the entry that the k-th next insert() will write (when no lookup hits in
+  // between): the top of the free stack, then the fresh ids.
+  void prefetch_insert(std::size_t k) const noexcept {
+    if (k < free_ids.size()) {
+      __builtin_prefetch(entry(free_ids[free_ids.size() - 1 - k]), 1);
+    } else if (next + (k - free_ids.size()) < capacity()) {
+      __builtin_prefetch(entry(static_cast<std::uint32_t>(next + (k - free_ids.size()))), 1);
+    }
+  }
+
+  // Makes room for k more entries. May throw bad_alloc and then changes nothing.
+  void reserve(std::size_t k) {
+    if (room() >= k) return;
+    std::size_t cap = capacity();
+    while (free_ids.size() + (cap - next) < k) cap += cap / 2;  // geometric: amortised O(1)
+    std::vector<std::uint32_t> w(cap * stride, 0);
+    std::vector<Slot> s(slot_count(cap), Slot{0, 0});
+    free_ids.reserve(cap);
+    // Nothing below throws.
+    std::copy(words.begin(), words.end(), w.begin());
+    const std::size_t m = s.size() - 1;
+    for (const Slot& slot : slots) {
+      if (slot.id == 0) continue;
+      std::size_t i = slot.tag & m;
+      while (s[i].id != 0) i = (i + 1) & m;
+      s[i] = slot;
+    }
+    words.swap(w);
+    slots.swap(s);
+    mask = m;
+  }
+
+  template <typename Match>
+  std::uint32_t find(std::uint32_t tag, Match&& match) const noexcept {
+    for (std::size_t i = tag & mask; slots[i].id != 0; i = (i + 1) & mask) {
+      if (slots[i].tag == tag && match(entry(slots[i].id))) return slots[i].id;
+    }
+    return 0;
+  }
+  void prefetch(std::uint32_t tag) const noexcept { __builtin_prefetch(&slots[tag & mask]); }
+
+  // A new entry with one reference. Precondition: room() > 0.
+  std::uint32_t insert(std::uint32_t tag, std::uint32_t parent, std::uint32_t size,
+                       std::uint32_t extra, const TokenId* tokens) noexcept {
+    std::uint32_t id = 0;
+    if (free_ids.empty()) {
+      id = next++;
+    } else {
+      id = free_ids.back();
+      free_ids.pop_back();
+    }
+    std::uint32_t* e = entry(id);
+    e[kParent] = parent;
+    e[kSize] = size;
+    e[kExtra] = extra;
+    e[kRefs] = 1;
+    e[kTag] = tag;
+    e[kChildren] = 0;
+    static_assert(sizeof(TokenId) == sizeof(std::uint32_t));
+    if (size == 16) {  // the usual block: a constant-size copy
+      std::memcpy(e + kHeader, tokens, 16 * sizeof(TokenId));
+    } else {
+      std::memcpy(e + kHeader, tokens, size * sizeof(TokenId));
+    }
+    std::size_t i = tag & mask;
+    while (slots[i].id != 0) i = (i + 1) & mask;
+    slots[i] = Slot{id, tag};
+    ++live;
+    return id;
+  }
+
+  // Removes a live entry from the index and frees its id.
+  void erase(std::uint32_t id) noexcept {
+    std::size_t i = entry(id)[kTag] & mask;
+    while (slots[i].id != id) i = (i + 1) & mask;  // present: ends
+    std::size_t j = i;
+    for (;;) {
+      j = (j + 1) & mask;
+      if (slots[j].id == 0) break;
+      const std::size_t k = slots[j].tag & mask;
+      const bool movable = i <= j ? (k <= i || k > j) : (k <= i && k > j);
+      if (movable) {
+        slots[i] = slots[j];
+        i = j;
+      }
+    }
+    slots[i] = Slot{0, 0};
+    entry(id)[kRefs] = 0;
+    free_ids.push_back(id);  // capacity >= capacity(): never allocates
+    --live;
+  }
+
+  void clear() noexcept {
+    std::fill(slots.begin(), slots.end(), Slot{0, 0});
+    std::fill(words.begin(), words.end(), 0);
+    free_ids.clear();
+    next = 1;
+    live = 0;
+  }
+};
+
 BlockPool::PendingStore::PendingStore(PendingStore&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
       seq_(other.seq_),
       first_(other.first_),
       last_(other.last_),
       group_(other.group_),
-      extra_ids_(std::move(other.extra_ids_)),
-      parent_idents_(std::move(other.parent_idents_)),
-      idents_(std::move(other.idents_)),
+      content_ids_(std::move(other.content_ids_)),
       event_(std::move(other.event_)) {}
 
 BlockPool::PendingStore& BlockPool::PendingStore::operator=(PendingStore&& other) noexcept {
@@ -147,9 +288,7 @@ BlockPool::PendingStore& BlockPool::PendingStore::operator=(PendingStore&& other
     first_ = other.first_;
     last_ = other.last_;
     group_ = other.group_;
-    extra_ids_ = std::move(other.extra_ids_);
-    parent_idents_ = std::move(other.parent_idents_);
-    idents_ = std::move(other.idents_);
+    content_ids_ = std::move(other.content_ids_);
     event_ = std::move(other.event_);
   }
   return *this;
@@ -161,24 +300,38 @@ BlockPool::PendingStore::~PendingStore() {
 
 void BlockPool::PendingStore::release() noexcept {
   if (pool_ != nullptr) {
-    for (const std::uint32_t eid : extra_ids_) pool_->extra_keys_->release(eid);
+    // Newest first, so a chain is released child before parent.
+    for (auto it = content_ids_.rbegin(); it != content_ids_.rend(); ++it) {
+      if (pool_->chain_identity_) {
+        pool_->extra_keys_->release(*it);
+      } else {
+        pool_->release_content(*it);
+      }
+    }
   }
-  extra_ids_.clear();
+  content_ids_.clear();
   pool_ = nullptr;
 }
 
 BlockPool::BlockPool(const BlockPoolConfig& config)
     : config_(config),
       blocks_(make_blocks(config)),
-      free_queue_(blocks_, 1),
+      free_queue_(config.num_blocks, 1),
       hash_map_(std::span<const KVCacheBlock>(blocks_.data(),
                                               config.enable_caching ? blocks_.size() : 0)),
       extra_keys_(std::make_unique<ExtraKeyTable>()) {
   const std::size_t n = blocks_.size();
   if (config_.enable_caching && config_.verify_cache_hits) {
-    block_tokens_.resize(n * config_.block_size);
-    stored_.assign(n, Stored{});
-    if (!config_.chain_hashes_identify_prefix) ident_.assign(n, BlockHash());
+    verifying_ = true;
+    if (config_.chain_hashes_identify_prefix) {
+      chain_identity_ = true;
+      stored_.assign(n, Stored{});
+      block_tokens_.resize(n * config_.block_size);
+    } else {
+      // One entry per cacheable block (ids start at 1): enough unless cached blocks outlive
+      // evicted ancestors, or stores are prepared before the blocks they replace are evicted.
+      contents_ = std::make_unique<ContentTable>(config_.block_size, n);
+    }
   }
   // free_blocks() never allocates: a call queues each block at most once.
   unhashed_scratch_.reserve(n);
@@ -239,11 +392,13 @@ void BlockPool::evict_cached(BlockId id) noexcept {
   KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
   hash_map_.erase(id);
   if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
-  if (verifying()) {
+  if (chain_identity_) {
     const auto i = static_cast<std::size_t>(id);
     extra_keys_->release(stored_[i].extra_id);
     stored_[i] = Stored{};
-    if (!ident_.empty()) ident_[i] = BlockHash();
+  } else if (verifying()) {
+    release_content(b.content_id);
+    b.content_id = 0;
   }
   b.block_hash = BlockHash();
   b.group_id = 0;
@@ -266,9 +421,11 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_cached()) {  // evicted below: start loading what evict_cached() touches
       hash_map_.prefetch(b.block_hash, b.group_id);
-      if (verifying()) {
+      if (chain_identity_) {
         __builtin_prefetch(&stored_[static_cast<std::size_t>(id)], 1);
-        if (!ident_.empty()) __builtin_prefetch(&ident_[static_cast<std::size_t>(id)], 1);
+      } else if (verifying()) {  // and the content id it releases, with its index slot
+        __builtin_prefetch(contents_->entry(b.content_id), 1);
+        contents_->prefetch(ContentTable::tag_of(b.block_hash));
       }
     }
     out.push_back(id);
@@ -392,47 +549,63 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
   const std::size_t n = last - first;
   const std::uint32_t bs = seq.block_size;
   const auto hashes = seq.block_hashes;
-  if (verifying()) {
-    const bool own = !config_.chain_hashes_identify_prefix;
-    st.extra_ids_.reserve(n);
-    st.parent_idents_.reserve(n);
-    if (own) st.idents_.reserve(n);
-    st.pool_ = this;         // from here on, st releases the extra keys it acquired if we throw
-    BlockHash parent_ident;  // empty: block 0 has no parent
-    if (first > 0 && !own) parent_ident = hashes[first - 1];
-    if (first > 0 && own) {
-      // The nearest cached block of the prefix knows its prefix's identity; the blocks after it
-      // (evicted, or skipped by a window) are chained from seq's own material. Usually that is
-      // the parent itself; otherwise a few SHA-256 computations, once per cached run.
-      std::size_t start = 0;  // root: chain from seq's block 0
-      for (std::size_t j = prefix_row.size(); j-- > 0;) {
-        const BlockId b = prefix_row[j];
-        if (b > 0 && b < config_.num_blocks && blocks_[static_cast<std::size_t>(b)].is_cached()) {
-          parent_ident = ident_[static_cast<std::size_t>(b)];
-          start = first - prefix_row.size() + j + 1;
-          break;
+  if (chain_identity_) {
+    st.content_ids_.reserve(n);
+    st.pool_ = this;  // from here on, st releases the extra keys it acquired if we throw
+    for (std::size_t i = first; i < last; ++i) {
+      std::uint32_t eid = 0;
+      if (seq.has_extra_keys(i)) {
+        const BlockExtraKeys extra = seq.block_extra_keys(i, store_scratch_.mm);
+        if (!extra.empty()) {
+          encode_extra_keys(extra, store_scratch_.extra);
+          eid = extra_keys_->acquire(store_scratch_.extra);
         }
       }
-      for (std::size_t p = start; p < first; ++p) {
-        const BlockExtraKeys extra = seq.block_extra_keys(p, store_scratch_.mm);
-        encode_extra_keys(extra, store_scratch_.extra);
-        parent_ident = prefix_identity(parent_ident, seq.tokens.subspan(p * bs, bs),
-                                       store_scratch_.extra, ident_scratch_);
+      st.content_ids_.push_back(eid);  // reserved: cannot throw, so the reference is kept
+    }
+  } else if (verifying()) {
+    // The nearest cached block of the prefix names its prefix's content id. Usually that is the
+    // parent itself; otherwise (evicted, or skipped by a window) the blocks after it are chained
+    // from seq's own material through the table.
+    std::uint32_t parent = 0;  // the root: chain from seq's block 0
+    std::size_t start = 0;
+    for (std::size_t j = prefix_row.size(); j-- > 0;) {
+      const BlockId b = prefix_row[j];
+      if (b > 0 && b < config_.num_blocks && blocks_[static_cast<std::size_t>(b)].is_cached()) {
+        parent = blocks_[static_cast<std::size_t>(b)].content_id;
+        start = first - prefix_row.size() + j + 1;
+        break;
       }
     }
+    // Everything that may allocate, except extra-key interning, before the first reference.
+    st.content_ids_.reserve(n);
+    // Overlap the misses: the index slots of the range, and the entries new ids will fill.
     for (std::size_t i = first; i < last; ++i) {
-      const BlockExtraKeys extra = seq.block_extra_keys(i, store_scratch_.mm);
-      encode_extra_keys(extra, store_scratch_.extra);
-      const std::uint32_t eid = extra.empty() ? 0 : extra_keys_->acquire(store_scratch_.extra);
-      st.extra_ids_.push_back(eid);  // reserved: cannot throw, so the reference is never lost
-      st.parent_idents_.push_back(parent_ident);
-      if (own) {
-        parent_ident = prefix_identity(parent_ident, seq.tokens.subspan(i * bs, bs),
-                                       store_scratch_.extra, ident_scratch_);
-        st.idents_.push_back(parent_ident);
-      } else {
-        parent_ident = hashes[i];
+      contents_->prefetch(ContentTable::tag_of(hashes[i]));
+    }
+    constexpr std::size_t kAhead = 8;
+    for (std::size_t k = 0; k < std::min(n, kAhead); ++k) contents_->prefetch_insert(k);
+    st.pool_ = this;          // from here on, st releases the ids it holds if we throw
+    std::uint32_t owned = 0;  // an ancestor id whose reference we hold while chaining
+    try {
+      for (std::size_t p = start; p < first; ++p) {
+        const std::uint32_t id = acquire_content(parent, seq, p);
+        if (owned != 0) release_content(owned);  // the child holds its parent now
+        parent = owned = id;
       }
+      for (std::size_t i = first; i < last; ++i) {
+        contents_->prefetch_insert(kAhead);
+        const std::uint32_t id = acquire_content(parent, seq, i);
+        st.content_ids_.push_back(id);  // reserved: cannot throw, so the reference is kept
+        if (owned != 0) {
+          release_content(owned);
+          owned = 0;
+        }
+        parent = id;
+      }
+    } catch (...) {
+      if (owned != 0) release_content(owned);
+      throw;
     }
   }
   st.pool_ = this;
@@ -513,37 +686,39 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
 
   // The change: nothing below allocates or throws (the map has room for every block).
   const auto hashes = st.seq_.block_hashes;
-  const std::uint32_t bs = st.seq_.block_size;
+  const std::size_t bs = config_.block_size;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     hash_map_.prefetch(hashes[st.first_ + k], st.group_);  // overlap the table's misses
-    if (verifying()) {  // and those of the stored material written below
+    if (chain_identity_) {  // and those of the stored material written below
       const auto i = static_cast<std::size_t>(blocks[k]);
       __builtin_prefetch(&stored_[i], 1);
-      __builtin_prefetch(&block_tokens_[i * config_.block_size], 1);
-      if (!ident_.empty()) __builtin_prefetch(&ident_[i], 1);
+      __builtin_prefetch(&block_tokens_[i * bs], 1);
     }
   }
+  const std::uint32_t seq_bs = st.seq_.block_size;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const BlockId id = blocks[k];
     const auto i = static_cast<std::size_t>(id);
     KVCacheBlock& b = blocks_[i];
     b.block_hash = hashes[st.first_ + k];
     b.group_id = st.group_;
-    if (verifying()) {
-      stored_[i].extra_id = st.extra_ids_[k];
-      stored_[i].parent_ident = st.parent_idents_[k];
-      if (!ident_.empty()) ident_[i] = st.idents_[k];
-      TokenId* to = &block_tokens_[i * config_.block_size];
-      const TokenId* from = st.seq_.tokens.data() + (st.first_ + k) * bs;
-      if (bs == 16) {  // the usual block: a constant-size copy
+    if (chain_identity_) {
+      const std::size_t index = st.first_ + k;
+      stored_[i].extra_id = st.content_ids_[k];
+      stored_[i].parent_hash = index > 0 ? hashes[index - 1] : BlockHash();
+      TokenId* to = &block_tokens_[i * bs];
+      const TokenId* from = st.seq_.tokens.data() + index * seq_bs;
+      if (seq_bs == 16) {  // the usual block: a constant-size copy
         std::memcpy(to, from, 16 * sizeof(TokenId));
       } else {
-        std::memcpy(to, from, bs * sizeof(TokenId));
+        std::memcpy(to, from, seq_bs * sizeof(TokenId));
       }
+    } else if (verifying()) {
+      b.content_id = st.content_ids_[k];
     }
     hash_map_.insert(id);
   }
-  st.extra_ids_.clear();  // the blocks own the references now
+  st.content_ids_.clear();  // the blocks own the references now
   if (st.event_) record(std::move(st.event_->data));
   st.pool_ = nullptr;
   deliver_events();
@@ -560,28 +735,113 @@ BlockId BlockPool::get_cached_block(const BlockHash& hash, GroupId group) const 
 
 BlockId BlockPool::match_cached_block(const BlockSequence& seq, std::size_t index, BlockId parent,
                                       GroupId group, LookupScratch* scratch) const {
-  static const BlockHash kRoot;  // the parent identity of block 0
-  if (index == 0) return match(seq, index, group, &kRoot, scratch);
-  if (!verifying()) return match(seq, index, group, nullptr, scratch);
+  if (index == 0) return match(seq, index, group, ParentCheck{true, nullptr}, scratch);
+  if (!verifying()) return match(seq, index, group, ParentCheck{}, scratch);
   if (parent == kNoBlock) return kNoBlock;
   const KVCacheBlock& p = block(parent);
   if (!p.is_cached() || p.is_null) return kNoBlock;
-  return match(seq, index, group, &identity(parent), scratch);
+  return match(seq, index, group, ParentCheck{true, &p}, scratch);
 }
 
 BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
                                                  GroupId group, LookupScratch* scratch) const {
-  static const BlockHash kRoot;
-  return match(seq, index, group, index == 0 ? &kRoot : nullptr, scratch);
+  return match(seq, index, group, ParentCheck{index == 0, nullptr}, scratch);
 }
 
 bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept {
   if (!verifying()) return true;
-  return stored_[static_cast<std::size_t>(child)].parent_ident == identity(parent);
+  const KVCacheBlock& p = blocks_[static_cast<std::size_t>(parent)];
+  if (chain_identity_) return stored_[static_cast<std::size_t>(child)].parent_hash == p.block_hash;
+  const std::uint32_t c = blocks_[static_cast<std::size_t>(child)].content_id;
+  return contents_->entry(c)[ContentTable::kParent] == p.content_id;
+}
+
+bool BlockPool::parent_matches_prefix(BlockId child, const BlockSequence& seq,
+                                      std::size_t index) const {
+  const KVCacheBlock& c = block(child);
+  if (index > 0) validate_sequence(seq, index, "BlockPool::parent_matches_prefix");
+  if (!verifying()) return true;
+  if (!c.is_cached() || c.is_null) return false;
+  if (chain_identity_) {  // the chained hash of seq's block index - 1 names that prefix
+    const BlockHash& stored = stored_[static_cast<std::size_t>(child)].parent_hash;
+    return index == 0 ? stored.empty() : stored == seq.block_hashes[index - 1];
+  }
+  const std::uint32_t want = contents_->entry(c.content_id)[ContentTable::kParent];
+  // Every ancestor of a live id is live, so if seq's prefix equals the child's parent prefix,
+  // each of its blocks is found in the table.
+  LookupScratch local;
+  std::uint32_t id = 0;
+  for (std::size_t p = 0; p < index; ++p) {
+    id = find_content(id, seq, p, local);
+    if (id == 0) return false;
+  }
+  return id == want;
+}
+
+std::uint32_t BlockPool::find_content(std::uint32_t parent, const BlockSequence& seq, std::size_t p,
+                                      LookupScratch& scratch) const {
+  std::uint32_t eid = 0;
+  if (seq.has_extra_keys(p)) {
+    const BlockExtraKeys extra = seq.block_extra_keys(p, scratch.mm);
+    if (!extra.empty()) {
+      encode_extra_keys(extra, scratch.extra);
+      eid = extra_keys_->find(scratch.extra);
+      if (eid == 0) return 0;  // no id has these extra keys
+    }
+  }
+  const std::uint32_t bs = seq.block_size;
+  const TokenId* tokens = seq.tokens.data() + p * bs;
+  return contents_->find(ContentTable::tag_of(seq.block_hashes[p]), [&](const std::uint32_t* e) {
+    return e[ContentTable::kParent] == parent && e[ContentTable::kSize] == bs &&
+           e[ContentTable::kExtra] == eid &&
+           std::memcmp(e + ContentTable::kHeader, tokens, bs * sizeof(TokenId)) == 0;
+  });
+}
+
+std::uint32_t BlockPool::acquire_content(std::uint32_t parent, const BlockSequence& seq,
+                                         std::size_t p) {
+  // An id without children has no child content to find: a run of new blocks skips the search.
+  const std::uint32_t found = parent != 0 && contents_->entry(parent)[ContentTable::kChildren] == 0
+                                  ? 0
+                                  : find_content(parent, seq, p, store_scratch_);
+  if (found != 0) {
+    ++contents_->entry(found)[ContentTable::kRefs];
+    return found;
+  }
+  contents_->reserve(1);  // may throw: nothing changed yet
+  std::uint32_t eid = 0;
+  if (seq.has_extra_keys(p)) {
+    const BlockExtraKeys extra = seq.block_extra_keys(p, store_scratch_.mm);
+    if (!extra.empty()) {
+      encode_extra_keys(extra, store_scratch_.extra);
+      eid = extra_keys_->acquire(store_scratch_.extra);  // may throw: nothing changed yet
+    }
+  }
+  // Nothing below throws.
+  const std::uint32_t bs = seq.block_size;
+  const std::uint32_t id = contents_->insert(ContentTable::tag_of(seq.block_hashes[p]), parent, bs,
+                                             eid, seq.tokens.data() + p * bs);
+  if (parent != 0) {
+    ++contents_->entry(parent)[ContentTable::kRefs];
+    ++contents_->entry(parent)[ContentTable::kChildren];
+  }
+  return id;
+}
+
+void BlockPool::release_content(std::uint32_t id) noexcept {
+  while (id != 0) {
+    std::uint32_t* e = contents_->entry(id);
+    if (--e[ContentTable::kRefs] != 0) return;
+    const std::uint32_t parent = e[ContentTable::kParent];
+    extra_keys_->release(e[ContentTable::kExtra]);
+    if (parent != 0) --contents_->entry(parent)[ContentTable::kChildren];
+    contents_->erase(id);
+    id = parent;
+  }
 }
 
 BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId group,
-                         const BlockHash* parent_ident, LookupScratch* scratch) const {
+                         ParentCheck parent, LookupScratch* scratch) const {
   if (index >= seq.block_hashes.size()) {
     throw Error(ErrorCode::kOutOfRange, "BlockPool::match_cached_block: block index " +
                                             std::to_string(index) + " but the request has " +
@@ -609,17 +869,34 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
       if (eid == 0) return kNoBlock;  // no cached block has these extra keys
     }
   }
-  const TokenId* tokens = seq.tokens.data() + index * seq.block_size;
-  const std::size_t bytes = seq.block_size * sizeof(TokenId);
+  const std::uint32_t bs = seq.block_size;
+  const TokenId* tokens = seq.tokens.data() + index * bs;
+  const auto same_tokens = [bs, tokens](const TokenId* stored) {
+    if (bs == 16) return std::memcmp(stored, tokens, 16 * sizeof(TokenId)) == 0;  // usual
+    return std::memcmp(stored, tokens, bs * sizeof(TokenId)) == 0;
+  };
+  if (chain_identity_) {
+    static const BlockHash kRoot;
+    const BlockHash* want = !parent.check              ? nullptr
+                            : parent.parent == nullptr ? &kRoot
+                                                       : &parent.parent->block_hash;
+    return hash_map_.find_first(hash, group, [&](BlockId c) {
+      const auto i = static_cast<std::size_t>(c);
+      const Stored& m = stored_[i];
+      // Whole-object compare (a fixed 33 bytes, inlined): unused digest bytes are always zero.
+      static_assert(sizeof(BlockHash) == BlockHash::kMaxSize + 1);
+      return (want == nullptr || std::memcmp(&m.parent_hash, want, sizeof(BlockHash)) == 0) &&
+             m.extra_id == eid && same_tokens(&block_tokens_[i * config_.block_size]);
+    });
+  }
+  const std::uint32_t want =
+      parent.check && parent.parent != nullptr ? parent.parent->content_id : 0;
+  const ContentTable& table = *contents_;
   return hash_map_.find_first(hash, group, [&](BlockId c) {
-    const auto i = static_cast<std::size_t>(c);
-    const Stored& m = stored_[i];
-    // Whole-object compare (a fixed 33 bytes, inlined): unused digest bytes are always zero.
-    static_assert(sizeof(BlockHash) == BlockHash::kMaxSize + 1);
-    return (parent_ident == nullptr ||
-            std::memcmp(&m.parent_ident, parent_ident, sizeof(BlockHash)) == 0) &&
-           m.extra_id == eid &&
-           std::memcmp(&block_tokens_[i * config_.block_size], tokens, bytes) == 0;
+    const std::uint32_t* e = table.entry(blocks_[static_cast<std::size_t>(c)].content_id);
+    if (parent.check && e[ContentTable::kParent] != want) return false;
+    if (e[ContentTable::kSize] != bs || e[ContentTable::kExtra] != eid) return false;
+    return same_tokens(reinterpret_cast<const TokenId*>(e + ContentTable::kHeader));
   });
 }
 
@@ -646,9 +923,12 @@ bool BlockPool::reset_prefix_cache() {
     b.group_id = 0;
   }
   hash_map_.clear();
-  if (verifying()) {
+  if (chain_identity_) {
     std::fill(stored_.begin(), stored_.end(), Stored{});
-    std::fill(ident_.begin(), ident_.end(), BlockHash());
+    extra_keys_->clear();
+  } else if (verifying()) {
+    for (KVCacheBlock& b : blocks_) b.content_id = 0;
+    contents_->clear();
     extra_keys_->clear();
   }
   if (config_.enable_kv_events) record(AllBlocksCleared{});
@@ -671,18 +951,19 @@ void BlockPool::check_invariants() const {
                                               "sanitizer build)");
   };
   const KVCacheBlock& null = blocks_[kNullBlockId];
-  if (!null.is_null || null.in_free_queue() || null.is_cached() || null.ref_cnt != 0) {
+  if (!null.is_null || free_queue_.contains(kNullBlockId) || null.is_cached() ||
+      null.ref_cnt != 0) {
     fail("the null block is queued, hashed or referenced");
   }
   // Walk the queue: links consistent, each block once, only ref 0 blocks.
   std::vector<char> seen(blocks_.size(), 0);
   std::int32_t count = 0;
   BlockId prev = kQueueEnd;
-  for (BlockId id = free_queue_.front(); id != kQueueEnd; id = blocks_[id].next_free) {
+  for (BlockId id = free_queue_.front(); id != kQueueEnd; id = free_queue_.next(id)) {
     if (id < 0 || id >= config_.num_blocks) fail("free queue link out of range");
     if (seen[id]) fail(id_text(id) + " is in the free queue twice (or the queue has a cycle)");
     seen[id] = 1;
-    if (blocks_[id].prev_free != prev) fail(id_text(id) + " has a wrong prev link");
+    if (free_queue_.prev(id) != prev) fail(id_text(id) + " has a wrong prev link");
     if (blocks_[id].ref_cnt != 0) fail(id_text(id) + " is queued with ref count > 0");
     prev = id;
     ++count;
@@ -693,7 +974,6 @@ void BlockPool::check_invariants() const {
   std::size_t cached = 0;
   for (const KVCacheBlock& b : blocks_) {
     if (b.is_null) continue;
-    const auto i = static_cast<std::size_t>(b.block_id);
     if (b.ref_cnt < 0) fail(id_text(b.block_id) + " has a negative ref count");
     if ((b.ref_cnt == 0) != static_cast<bool>(seen[b.block_id])) {
       fail(id_text(b.block_id) + ": in the free queue iff ref count 0 does not hold");
@@ -706,13 +986,24 @@ void BlockPool::check_invariants() const {
                                [&](BlockId c) { return c == b.block_id; }) != b.block_id) {
         fail(id_text(b.block_id) + " is hashed but not reachable in the hash map");
       }
-      if (!ident_.empty() && ident_[i].empty()) {
-        fail(id_text(b.block_id) + " is cached without a prefix identity");
+      if (verifying() && !chain_identity_) {
+        const std::uint32_t c = b.content_id;
+        if (c == 0 || c >= contents_->next || contents_->entry(c)[ContentTable::kRefs] == 0) {
+          fail(id_text(b.block_id) + " is cached without a live content id");
+        }
+        if (contents_->entry(c)[ContentTable::kTag] != ContentTable::tag_of(b.block_hash)) {
+          fail(id_text(b.block_id) + "'s content id was filed under another hash");
+        }
       }
-    } else if (verifying() && (stored_[i].extra_id != 0 || !stored_[i].parent_ident.empty() ||
-                               (!ident_.empty() && !ident_[i].empty()))) {
-      fail(id_text(b.block_id) + " is not cached but keeps key material");
+    } else if (b.content_id != 0) {
+      fail(id_text(b.block_id) + " is not cached but keeps a content id");
+    } else if (chain_identity_) {
+      const Stored& m = stored_[static_cast<std::size_t>(b.block_id)];
+      if (m.extra_id != 0 || !m.parent_hash.empty()) {
+        fail(id_text(b.block_id) + " is not cached but keeps key material");
+      }
     }
+    if (chain_identity_ && b.content_id != 0) fail(id_text(b.block_id) + " has a content id");
   }
   if (count + in_use + 1 != config_.num_blocks) fail("free + in use + null != total blocks");
   if (hash_map_.size() != cached) fail("hash map size differs from the number of hashed blocks");
@@ -723,10 +1014,72 @@ void BlockPool::check_invariants() const {
   }
   if (verifying()) {
     std::vector<std::uint32_t> refs(extra_keys_->refs.size(), 0);
-    for (const Stored& m : stored_) {
-      const std::uint32_t eid = m.extra_id;
-      if (eid >= refs.size()) fail("extra-key id out of range");
-      if (eid != 0) ++refs[eid];
+    if (chain_identity_) {
+      for (const Stored& m : stored_) {
+        if (m.extra_id >= refs.size()) fail("extra-key id out of range");
+        if (m.extra_id != 0) ++refs[m.extra_id];
+      }
+    } else {
+      // Content ids: every live id is indexed once, referenced exactly by the cached blocks
+      // naming it and by its live children, and its parent is live; ids are unique per content.
+      const ContentTable& t = *contents_;
+      std::vector<std::uint32_t> crefs(t.next, 0);
+      std::vector<std::uint32_t> children(t.next, 0);
+      std::vector<char> free_id(t.next, 0);
+      for (const std::uint32_t id : t.free_ids) {
+        if (id == 0 || id >= t.next || free_id[id] || t.entry(id)[ContentTable::kRefs] != 0) {
+          fail("content free list is corrupt");
+        }
+        free_id[id] = 1;
+      }
+      if (t.free_ids.size() + t.live + 1 != t.next) fail("content ids leaked");
+      if (t.free_ids.capacity() < t.capacity()) fail("the content free list could allocate");
+      std::size_t indexed = 0;
+      for (std::size_t k = 0; k < t.slots.size(); ++k) {
+        const std::uint32_t id = t.slots[k].id;
+        if (id == 0) continue;
+        ++indexed;
+        if (id >= t.next || free_id[id]) fail("the content index names a free id");
+        if (t.find(t.slots[k].tag, [&](const std::uint32_t* e) { return e == t.entry(id); }) !=
+            id) {
+          fail("content id " + std::to_string(id) + " is not reachable in its index");
+        }
+      }
+      if (indexed != t.live) fail("the content index size differs from the live ids");
+      for (const KVCacheBlock& b : blocks_) {
+        if (b.content_id != 0) ++crefs[b.content_id];
+      }
+      for (std::uint32_t id = 1; id < t.next; ++id) {
+        if (free_id[id]) continue;
+        const std::uint32_t* e = t.entry(id);
+        const std::uint32_t parent = e[ContentTable::kParent];
+        if (parent >= t.next || (parent != 0 && free_id[parent])) {
+          fail("content id " + std::to_string(id) + " has a dead parent");
+        }
+        if (parent != 0) {
+          ++crefs[parent];
+          ++children[parent];
+        }
+        const std::uint32_t eid = e[ContentTable::kExtra];
+        if (eid >= refs.size()) fail("extra-key id out of range");
+        if (eid != 0) ++refs[eid];
+        const std::uint32_t others = t.find(e[ContentTable::kTag], [&](const std::uint32_t* o) {
+          return o != e && o[ContentTable::kParent] == parent &&
+                 o[ContentTable::kSize] == e[ContentTable::kSize] &&
+                 o[ContentTable::kExtra] == eid &&
+                 std::memcmp(o + ContentTable::kHeader, e + ContentTable::kHeader,
+                             e[ContentTable::kSize] * sizeof(TokenId)) == 0;
+        });
+        if (others != 0) fail("two content ids hold the same content");
+      }
+      for (std::uint32_t id = 1; id < t.next; ++id) {
+        if (!free_id[id] && crefs[id] != t.entry(id)[ContentTable::kRefs]) {
+          fail("content id " + std::to_string(id) + " has a wrong reference count");
+        }
+        if (!free_id[id] && children[id] != t.entry(id)[ContentTable::kChildren]) {
+          fail("content id " + std::to_string(id) + " has a wrong child count");
+        }
+      }
     }
     for (std::size_t i = 1; i < refs.size(); ++i) {
       if (refs[i] != extra_keys_->refs[i]) fail("extra-key reference count mismatch");
@@ -746,7 +1099,7 @@ BlockPoolSnapshot BlockPool::snapshot() const {
   }
   s.free_queue = free_queue_.ids();
   s.hash_map_slots = hash_map_.slot_ids();
-  if (verifying()) {
+  if (chain_identity_) {
     const std::size_t bs = config_.block_size;
     for (const KVCacheBlock& b : blocks_) {
       const auto i = static_cast<std::size_t>(b.block_id);
@@ -756,8 +1109,48 @@ BlockPoolSnapshot BlockPool::snapshot() const {
       }
       const std::uint32_t eid = stored_[i].extra_id;
       s.extra_keys.push_back(eid == 0 ? std::string() : *extra_keys_->keys[eid]);
-      s.parent_identities.push_back(stored_[i].parent_ident);
-      if (!ident_.empty()) s.identities.push_back(ident_[i]);
+      s.parent_identities.push_back(stored_[i].parent_hash);
+      s.identities.push_back(b.block_hash);
+    }
+  } else if (verifying()) {
+    // Identities as SHA-256 chains over the material: equal for equal content whatever the
+    // internal ids (a pool that rolled back a failed call may number them differently).
+    const ContentTable& t = *contents_;
+    std::vector<std::optional<BlockHash>> canon(t.next);
+    std::vector<std::uint8_t> buf;
+    std::vector<std::uint32_t> stack;
+    const auto identity_of = [&](std::uint32_t id) -> BlockHash {
+      for (std::uint32_t c = id; c != 0 && !canon[c]; c = t.entry(c)[ContentTable::kParent]) {
+        stack.push_back(c);
+      }
+      while (!stack.empty()) {
+        const std::uint32_t c = stack.back();
+        stack.pop_back();
+        const std::uint32_t* e = t.entry(c);
+        const std::uint32_t parent = e[ContentTable::kParent];
+        const std::uint32_t eid = e[ContentTable::kExtra];
+        canon[c] = prefix_identity(
+            parent == 0 ? BlockHash() : *canon[parent],
+            std::span<const TokenId>(reinterpret_cast<const TokenId*>(e + ContentTable::kHeader),
+                                     e[ContentTable::kSize]),
+            eid == 0 ? std::string() : *extra_keys_->keys[eid], buf);
+      }
+      return id == 0 ? BlockHash() : *canon[id];
+    };
+    const std::size_t bs = config_.block_size;
+    for (const KVCacheBlock& b : blocks_) {
+      const std::uint32_t c = b.content_id;
+      const std::uint32_t* e = c == 0 ? nullptr : t.entry(c);
+      for (std::size_t k = 0; k < bs; ++k) {
+        s.block_tokens.push_back(e != nullptr && k < e[ContentTable::kSize]
+                                     ? static_cast<TokenId>(e[ContentTable::kHeader + k])
+                                     : 0);
+      }
+      const std::uint32_t eid = e == nullptr ? 0 : e[ContentTable::kExtra];
+      s.extra_keys.push_back(eid == 0 ? std::string() : *extra_keys_->keys[eid]);
+      s.parent_identities.push_back(e == nullptr ? BlockHash()
+                                                 : identity_of(e[ContentTable::kParent]));
+      s.identities.push_back(identity_of(c));
     }
   }
   s.next_event_seq = next_event_seq_;
@@ -768,9 +1161,13 @@ BlockPoolSnapshot BlockPool::snapshot() const {
 
 double BlockPool::metadata_bytes_per_block() const noexcept {
   const double bytes = static_cast<double>(
-      blocks_.size() * sizeof(KVCacheBlock) + 2 * hash_map_.capacity() * sizeof(BlockId) +
-      block_tokens_.size() * sizeof(TokenId) + stored_.size() * sizeof(Stored) +
-      ident_.size() * sizeof(BlockHash) +
+      blocks_.size() * sizeof(KVCacheBlock) + free_queue_.memory_bytes() +
+      2 * hash_map_.capacity() * sizeof(BlockId) + stored_.size() * sizeof(Stored) +
+      block_tokens_.size() * sizeof(TokenId) +
+      (contents_ ? contents_->words.size() * sizeof(std::uint32_t) +
+                       contents_->slots.size() * sizeof(ContentTable::Slot) +
+                       contents_->free_ids.capacity() * sizeof(std::uint32_t)
+                 : 0) +
       (unhashed_scratch_.capacity() + hashed_scratch_.capacity()) * sizeof(BlockId));
   return bytes / static_cast<double>(blocks_.size());
 }

@@ -57,7 +57,7 @@ TEST(BlockPool, InitialState) {
   EXPECT_EQ(pool.num_free_blocks(), 9);
   EXPECT_DOUBLE_EQ(pool.usage(), 0.0);
   EXPECT_TRUE(pool.null_block().is_null);
-  EXPECT_FALSE(pool.null_block().in_free_queue());
+  EXPECT_FALSE(pool.free_queue().contains(kNullBlockId));
   EXPECT_EQ(pool.free_queue().ids(), (std::vector<BlockId>{1, 2, 3, 4, 5, 6, 7, 8, 9}));
   pool.check_invariants();
   EXPECT_THROW(BlockPool(config(1)), Error);
@@ -531,6 +531,69 @@ TEST(BlockPoolDeathTest, ThrowingSinkTerminates) {
         pool.cache_full_blocks(seq.sequence(), blocks, 0, 1);
       },
       "");
+}
+
+}  // namespace
+}  // namespace pagedkv
+
+namespace pagedkv {
+namespace {
+
+// Content ids outlive their blocks while a descendant is cached: with every ancestor evicted,
+// the table grows past its initial size (one id per block) and the chain still hits once its
+// content is cached again, block by block, as in vLLM.
+TEST(BlockPool, ContentIdsOfEvictedAncestorsKeepADeepChainExact) {
+  BlockPool pool(config(4));  // 3 usable blocks, room for 3 ids at first
+  const auto seq = sequence(iota_tokens(0, 8 * kBlockSize));
+  const auto s = seq.sequence();
+  const auto head = take(pool, 3);
+  pool.cache_full_blocks(s, head, 0, 3);
+  pool.evict_blocks(std::vector<BlockId>{head[0], head[1]});  // ids of blocks 0, 1 stay alive
+  pool.free_blocks(std::vector<BlockId>{head[1], head[0]});
+  // Blocks 3 and 4 of seq after cached block 2: 5 live ids in a table made for 3.
+  const auto tail = take(pool, 2);
+  auto store = pool.prepare_store(s, 3, 5, std::vector<BlockId>{head[2]});
+  pool.commit_store(std::move(store), tail);
+  pool.check_invariants();
+  EXPECT_EQ(pool.match_cached_block(s, 0, BlockPool::kNoBlock), BlockPool::kNoBlock);
+  pool.free_blocks(std::vector<BlockId>{tail[1], tail[0], head[2]});
+  // Cache blocks 0 and 1 again (evicting the LRU blocks tail[1] and tail[0], whose ids go).
+  const auto again = take(pool, 2);
+  EXPECT_EQ(again, (std::vector<BlockId>{tail[1], tail[0]}));
+  pool.cache_full_blocks(s, again, 0, 2);
+  pool.check_invariants();
+  BlockId parent = BlockPool::kNoBlock;
+  for (std::size_t i = 0; i < 3; ++i) {
+    parent = pool.match_cached_block(s, i, parent);
+    EXPECT_EQ(parent, i < 2 ? again[i] : head[2]) << i;
+  }
+  EXPECT_EQ(pool.match_cached_block(s, 3, parent), BlockPool::kNoBlock);  // evicted
+  // The same content under another parent is another id: a lookup through it misses.
+  const auto other = sequence(iota_tokens(100, 100 + 3 * kBlockSize));
+  EXPECT_FALSE(pool.parent_matches_prefix(head[2], other.sequence(), 2));
+  EXPECT_TRUE(pool.parent_matches_prefix(head[2], s, 2));
+  EXPECT_FALSE(pool.parent_matches_prefix(head[2], s, 1));
+  EXPECT_TRUE(pool.parent_matches_prefix(again[0], s, 0));
+  EXPECT_FALSE(pool.parent_matches_prefix(again[1], s, 0));
+  pool.check_invariants();
+}
+
+// parent_matches_prefix() compares with the request's own content even where the request's
+// previous blocks are not cached anywhere (a sliding window's run start).
+TEST(BlockPool, ParentMatchesPrefixChecksTheWholePrefixContent) {
+  BlockPool pool(config(8));
+  const auto a = sequence(iota_tokens(0, 3 * kBlockSize));
+  auto tokens = iota_tokens(0, 3 * kBlockSize);
+  tokens[1] = 999;  // differs in block 0 only
+  const auto b = sequence(tokens);
+  const auto blocks = take(pool, 3);
+  pool.cache_full_blocks(a.sequence(), blocks, 0, 3);
+  pool.evict_blocks(std::vector<BlockId>{blocks[0], blocks[1]});
+  EXPECT_TRUE(pool.parent_matches_prefix(blocks[2], a.sequence(), 2));
+  EXPECT_FALSE(pool.parent_matches_prefix(blocks[2], b.sequence(), 2));
+  EXPECT_FALSE(pool.parent_matches_prefix(blocks[0], a.sequence(), 0));  // not cached
+  EXPECT_THROW((void)pool.parent_matches_prefix(blocks[2], a.sequence(), 4), Error);
+  EXPECT_THROW((void)pool.parent_matches_prefix(99, a.sequence(), 1), Error);
 }
 
 }  // namespace

@@ -7,15 +7,8 @@
 namespace pagedkv {
 namespace {
 
-std::vector<KVCacheBlock> make_blocks(int n) {
-  std::vector<KVCacheBlock> blocks(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i) blocks[static_cast<std::size_t>(i)].block_id = i;
-  return blocks;
-}
-
 TEST(FreeBlockQueue, StartsInIdOrderAndPopsFromTheHead) {
-  auto blocks = make_blocks(6);
-  FreeBlockQueue q(blocks, 1);
+  FreeBlockQueue q(6, 1);
   EXPECT_EQ(q.size(), 5);
   EXPECT_EQ(q.ids(), (std::vector<BlockId>{1, 2, 3, 4, 5}));
   EXPECT_FALSE(q.contains(0));
@@ -28,8 +21,7 @@ TEST(FreeBlockQueue, StartsInIdOrderAndPopsFromTheHead) {
 }
 
 TEST(FreeBlockQueue, RemoveFromAnywhere) {
-  auto blocks = make_blocks(6);
-  FreeBlockQueue q(blocks, 1);
+  FreeBlockQueue q(6, 1);
   q.remove(3);  // middle
   q.remove(1);  // head
   q.remove(5);  // tail
@@ -44,8 +36,7 @@ TEST(FreeBlockQueue, RemoveFromAnywhere) {
 }
 
 TEST(FreeBlockQueue, AppendAndPrependGroupsKeepTheirOrder) {
-  auto blocks = make_blocks(8);
-  FreeBlockQueue q(blocks, 1);
+  FreeBlockQueue q(8, 1);
   std::vector<BlockId> all;
   q.popleft_n(7, all);
   q.append_n(std::vector<BlockId>{3, 1});
@@ -57,7 +48,7 @@ TEST(FreeBlockQueue, AppendAndPrependGroupsKeepTheirOrder) {
   // Links stay consistent both ways.
   BlockId prev = kQueueEnd;
   for (BlockId id = q.front(); id != kQueueEnd; id = q.next(id)) {
-    EXPECT_EQ(blocks[static_cast<std::size_t>(id)].prev_free, prev);
+    EXPECT_EQ(q.prev(id), prev);
     prev = id;
   }
   EXPECT_EQ(prev, q.back());

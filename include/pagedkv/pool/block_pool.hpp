@@ -1,5 +1,5 @@
-// pagedkv/pool/block_pool.hpp: the physical blocks, their reference counts, the LRU free queue and the
-// hash -> block map. The pool knows blocks and hashes, never requests (DESIGN.md section 3).
+// pagedkv/pool/block_pool.hpp: the physical blocks, their reference counts, the LRU free queue and
+// the hash -> block map. The pool knows blocks and hashes, never requests (DESIGN.md section 3).
 //
 // Semantics follow vLLM's v1 BlockPool (newest upstream):
 //  - get_new_blocks(n) pops n blocks from the free queue's head; a popped block that still carries
@@ -14,11 +14,19 @@
 // material - its tokens, its extra keys and the identity of its parent's prefix - and a lookup
 // only accepts a block whose material equals the request's, so a hash collision is a miss,
 // never a wrong hit. A prefix identity is a function of content only, so it survives eviction
-// and re-caching: a child stays a hit after its parent's content was evicted and cached again in
-// another block (as in vLLM). With collision-resistant chain hashes (config
-// chain_hashes_identify_prefix: the SHA-256 schemes) a prefix's identity is its chained hash;
-// otherwise (xxh3_128, test hashers) the pool keeps its own SHA-256 chain over the stored
-// material, computed once per cached block.
+// and re-caching. With collision-resistant chain hashes (config chain_hashes_identify_prefix:
+// the SHA-256 schemes) a prefix's identity is its chained hash, stored per block with the
+// tokens. Otherwise (xxh3_128, test hashers) material is hash-consed: the pool keeps a table of
+// content ids, one per distinct (parent content id, block size, tokens, extra keys), so two
+// prefixes have equal ids iff their whole content is equal, and a parent check is one integer
+// compare (no per-block SHA-256). A content id lives as long as a cached block holds that prefix or
+// a live id names it as its parent, so it survives eviction and re-caching: a child stays a hit
+// after its parent's content was evicted and cached again in another block (as in vLLM). The table
+// starts with one id per block and grows geometrically (inside prepare_store; a failed growth
+// changes nothing) when live ids exceed it: ids held by pending stores before the blocks they
+// replace are evicted, and ancestors of cached blocks that were evicted first. Its bucket is the
+// block's chain hash, so one pool must be fed sequences hashed by one hasher (a second hasher
+// would only cause misses, never wrong hits).
 //
 // Errors: every misuse (ids out of range, a block freed twice or twice in one call, a block
 // repeated in cache_full_blocks, caching an already cached block, bad counts, sizes that would
@@ -61,7 +69,7 @@ struct BlockPoolConfig {
   bool enable_kv_events = false;  // produce KVEvents (see kv_events.hpp)
   // True only when block hashes are collision resistant (SHA-256 schemes, never a test
   // hasher): a parent's chained hash then identifies its whole prefix. False (the safe default)
-  // makes the pool keep its own SHA-256 identity of each cached prefix.
+  // makes the pool keep hash-consed content ids of the cached prefixes.
   bool chain_hashes_identify_prefix = false;
 };
 
@@ -73,11 +81,12 @@ struct BlockPoolSnapshot {
   std::vector<BlockId> free_queue;      // head first
   std::vector<BlockId> hash_map_slots;  // raw table, so entry order is compared too
   // Stored key material (verify_cache_hits): per block its tokens, extra keys, parent-prefix
-  // identity and own-prefix identity (uncached blocks show zeros and empty values).
+  // identity and own-prefix identity (uncached blocks show zeros and empty values). Identities
+  // are shown as SHA-256 chains over the material (independent of the internal id numbering).
   std::vector<TokenId> block_tokens;
   std::vector<std::string> extra_keys;  // canonical encoding (encode_extra_keys)
   std::vector<BlockHash> parent_identities;
-  std::vector<BlockHash> identities;  // empty unless the pool keeps its own identities
+  std::vector<BlockHash> identities;
   std::uint64_t next_event_seq = 0;
   std::size_t pending_events = 0;
   std::uint64_t num_evictions = 0;
@@ -152,10 +161,10 @@ class BlockPool {
     BlockSequence seq_;
     std::size_t first_ = 0, last_ = 0;
     GroupId group_ = 0;
-    std::vector<std::uint32_t> extra_ids_;  // one per block, each holding a table reference
-    std::vector<BlockHash> parent_idents_;  // one per block
-    std::vector<BlockHash> idents_;         // one per block (own identity)
-    std::optional<KVEvent> event_;          // BlockStored, when events are on
+    // One per block, each holding a reference: a content id (own identities) or an extra-key
+    // id (chain_hashes_identify_prefix).
+    std::vector<std::uint32_t> content_ids_;
+    std::optional<KVEvent> event_;  // BlockStored, when events are on
   };
   PendingStore prepare_store(const BlockSequence& seq, std::size_t first, std::size_t last,
                              std::span<const BlockId> prefix_row, GroupId group = 0);
@@ -211,6 +220,12 @@ class BlockPool {
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
   // verify_cache_hits). Both must be cached.
   bool same_content_chain(BlockId parent, BlockId child) const noexcept;
+  // Whether cached block `child`'s stored parent identity equals the identity of seq's blocks
+  // [0, index) (index 0: the empty prefix), i.e. `child` may follow seq's own content for the
+  // blocks before `index` (true without verify_cache_hits; false when `child` is not cached).
+  // O(index) table lookups: walks seq's prefix through the content table. Errors: an id out of
+  // range, index beyond seq's full blocks.
+  bool parent_matches_prefix(BlockId child, const BlockSequence& seq, std::size_t index) const;
 
   // Drops the cache entries of these blocks (they stay allocated or queued where they are).
   // Returns how many were cached. Errors: an id out of range (nothing evicted).
@@ -235,16 +250,24 @@ class BlockPool {
 
  private:
   struct ExtraKeyTable;  // interned extra-key encodings with reference counts (block_pool.cpp)
+  struct ContentTable;   // hash-consed prefix content ids with reference counts (block_pool.cpp)
 
-  bool verifying() const noexcept { return !stored_.empty(); }
-  // The identity of the prefix ending with cached block `id`.
-  const BlockHash& identity(BlockId id) const noexcept {
-    return config_.chain_hashes_identify_prefix ? blocks_[static_cast<std::size_t>(id)].block_hash
-                                                : ident_[static_cast<std::size_t>(id)];
-  }
-  // parent_ident: the required parent identity, or nullptr to skip that check.
-  BlockId match(const BlockSequence& seq, std::size_t index, GroupId group,
-                const BlockHash* parent_ident, LookupScratch* scratch) const;
+  bool verifying() const noexcept { return verifying_; }
+  // The parent check of a lookup: none, the root (block 0), or the prefix a cached block holds.
+  struct ParentCheck {
+    bool check = false;
+    const KVCacheBlock* parent = nullptr;  // nullptr with check: the root
+  };
+  BlockId match(const BlockSequence& seq, std::size_t index, GroupId group, ParentCheck parent,
+                LookupScratch* scratch) const;
+  // The content id of seq's block p whose parent prefix has content id `parent`, taking one
+  // reference (creating the id, with a reference on `parent` and on its extra keys, when new).
+  // May throw (extra-key interning) and then changes nothing; the table must have room.
+  std::uint32_t acquire_content(std::uint32_t parent, const BlockSequence& seq, std::size_t p);
+  // The content id of seq's block p under `parent` if it exists, else 0. No change.
+  std::uint32_t find_content(std::uint32_t parent, const BlockSequence& seq, std::size_t p,
+                             LookupScratch& scratch) const;
+  void release_content(std::uint32_t id) noexcept;
   void validate_sequence(const BlockSequence& seq, std::size_t last, const char* where) const;
   void evict_cached(BlockId id) noexcept;
   void record(KVEvent::Data&& data) noexcept;
@@ -257,15 +280,19 @@ class BlockPool {
   BlockHashMap hash_map_;
   std::uint64_t num_evictions_ = 0;
 
-  // Stored key material, per block (only with verify_cache_hits; meaningful while cached).
-  std::vector<TokenId> block_tokens_;    // block_size tokens per block
+  // Stored key material (only with verify_cache_hits). Own identities: each cached block names
+  // its content id (KVCacheBlock::content_id); the table holds the material. Chain-hash
+  // identities (chain_hashes_identify_prefix): per block its tokens, its parent's chained hash
+  // and its interned extra keys.
+  bool verifying_ = false;
+  bool chain_identity_ = false;  // verifying with chain_hashes_identify_prefix
+  std::unique_ptr<ContentTable> contents_;
   struct Stored {
-    BlockHash parent_ident;     // identity of the parent prefix; empty for block 0
+    BlockHash parent_hash;       // the parent's chained hash; empty for block 0
     std::uint32_t extra_id = 0;  // interned extra keys; 0 when none
   };
-  std::vector<Stored> stored_;  // per block; one cache line per verified candidate
-  std::vector<BlockHash> ident_;         // own prefix identity (only without
-                                         // chain_hashes_identify_prefix)
+  std::vector<Stored> stored_;         // per block (chain-hash identities)
+  std::vector<TokenId> block_tokens_;  // block_size per block (chain-hash identities)
   std::unique_ptr<ExtraKeyTable> extra_keys_;
 
   // Events: recorded in events_ (capacity reserved before any change), delivered when no
@@ -279,8 +306,7 @@ class BlockPool {
   // Reused scratch (no allocation in steady state; sized at construction).
   std::vector<BlockId> unhashed_scratch_;
   std::vector<BlockId> hashed_scratch_;
-  LookupScratch store_scratch_;              // mutating calls only
-  std::vector<std::uint8_t> ident_scratch_;  // mutating calls only
+  LookupScratch store_scratch_;  // mutating calls only
 };
 
 }  // namespace pagedkv

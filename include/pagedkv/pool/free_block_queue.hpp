@@ -1,15 +1,16 @@
 // pagedkv/pool/free_block_queue.hpp: the LRU queue of free blocks, intrusive and allocation free.
 //
-// A doubly linked list threaded through KVCacheBlock::prev_free/next_free of the pool's block
-// array. The head is allocated (and so evicted) next; the tail is kept longest. Every operation is
-// O(1) per block moved; membership is O(1) through the links (kNotQueued when absent).
-//
-// The queue does not own the blocks; the array it was built on must outlive it and must not be
-// resized. Thread-compatible. Preconditions (a block being absent for append/prepend, present for
-// remove) are the caller's (BlockPool validates before calling); they are checked with assert in
-// debug builds only, since this is the pool's innermost loop.
+// A doubly linked list over block ids whose links live in a compact array of their own (8 bytes
+// per block, indexed by id, allocated once at construction), so popping a run of blocks chases
+// links through a dense array instead of the blocks' metadata. The head is allocated (and so
+// evicted) next; the tail is kept longest. Every operation is O(1) per block moved; membership
+// is O(1) through the links (kNotQueued when absent). Thread-compatible. Preconditions (a block
+// being absent for append/prepend, present for remove) are the caller's (BlockPool validates before
+// calling); they are checked with assert in debug builds only, since this is the pool's innermost
+// loop.
 #pragma once
 
+#include <algorithm>
 #include <cassert>
 #include <cstdint>
 #include <span>
@@ -21,17 +22,21 @@ namespace pagedkv {
 
 class FreeBlockQueue {
  public:
-  // Queues blocks[first..blocks.size()-1] in id order (first = 1 skips the null block).
-  FreeBlockQueue(std::span<KVCacheBlock> blocks, BlockId first) : blocks_(blocks) {
-    for (BlockId id = first; id < static_cast<BlockId>(blocks_.size()); ++id) append(id);
+  // Queues blocks first..num_blocks-1 in id order (first = 1 skips the null block).
+  FreeBlockQueue(std::int32_t num_blocks, BlockId first)
+      : links_(static_cast<std::size_t>(std::max(num_blocks, 0))) {
+    for (BlockId id = first; id < num_blocks; ++id) append(id);
   }
 
   std::int32_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
   BlockId front() const noexcept { return head_; }  // kQueueEnd when empty
   BlockId back() const noexcept { return tail_; }
-  BlockId next(BlockId id) const noexcept { return blocks_[id].next_free; }
-  bool contains(BlockId id) const noexcept { return blocks_[id].in_free_queue(); }
+  BlockId next(BlockId id) const noexcept { return links_[id].next_free; }
+  BlockId prev(BlockId id) const noexcept { return links_[id].prev_free; }
+  bool contains(BlockId id) const noexcept { return links_[id].prev_free != kNotQueued; }
+  // Starts loading block id's links (a pop or removal of it soon will not stall on memory).
+  void prefetch(BlockId id) const noexcept { __builtin_prefetch(&links_[id]); }
 
   // Removes and returns the head. Precondition: !empty().
   BlockId popleft() noexcept {
@@ -49,17 +54,17 @@ class FreeBlockQueue {
 
   // Unlinks a block from anywhere in the queue. Precondition: contains(id).
   void remove(BlockId id) noexcept {
-    KVCacheBlock& b = blocks_[id];
-    assert(b.in_free_queue());
+    Link& b = links_[id];
+    assert(contains(id));
     if (b.prev_free == kQueueEnd) {
       head_ = b.next_free;
     } else {
-      blocks_[b.prev_free].next_free = b.next_free;
+      links_[b.prev_free].next_free = b.next_free;
     }
     if (b.next_free == kQueueEnd) {
       tail_ = b.prev_free;
     } else {
-      blocks_[b.next_free].prev_free = b.prev_free;
+      links_[b.next_free].prev_free = b.prev_free;
     }
     b.prev_free = kNotQueued;
     b.next_free = kNotQueued;
@@ -68,14 +73,14 @@ class FreeBlockQueue {
 
   // Adds a block at the tail. Precondition: !contains(id).
   void append(BlockId id) noexcept {
-    KVCacheBlock& b = blocks_[id];
-    assert(!b.in_free_queue());
+    Link& b = links_[id];
+    assert(!contains(id));
     b.prev_free = tail_;
     b.next_free = kQueueEnd;
     if (tail_ == kQueueEnd) {
       head_ = id;
     } else {
-      blocks_[tail_].next_free = id;
+      links_[tail_].next_free = id;
     }
     tail_ = id;
     ++size_;
@@ -91,33 +96,40 @@ class FreeBlockQueue {
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) prepend(*it);
   }
 
+  // Bytes of link storage (8 per block).
+  std::size_t memory_bytes() const noexcept { return links_.capacity() * sizeof(Link); }
+
   // All queued ids, head first. O(size); for tests and debugging.
   std::vector<BlockId> ids() const {
     std::vector<BlockId> out;
     out.reserve(static_cast<std::size_t>(size_));
-    for (BlockId id = head_; id != kQueueEnd; id = blocks_[id].next_free) out.push_back(id);
+    for (BlockId id = head_; id != kQueueEnd; id = links_[id].next_free) out.push_back(id);
     return out;
   }
 
  private:
   void prepend(BlockId id) noexcept {
-    KVCacheBlock& b = blocks_[id];
-    assert(!b.in_free_queue());
+    Link& b = links_[id];
+    assert(!contains(id));
     b.prev_free = kQueueEnd;
     b.next_free = head_;
     if (head_ == kQueueEnd) {
       tail_ = id;
     } else {
-      blocks_[head_].prev_free = id;
+      links_[head_].prev_free = id;
     }
     head_ = id;
     ++size_;
   }
 
-  std::span<KVCacheBlock> blocks_;  // the pool's array; not owned
-  BlockId head_ = kQueueEnd;        // allocated next
-  BlockId tail_ = kQueueEnd;        // allocated last
-  std::int32_t size_ = 0;           // number of queued blocks
+  struct Link {
+    BlockId prev_free = kNotQueued;  // previous block, kQueueEnd at the head
+    BlockId next_free = kNotQueued;  // next block, kQueueEnd at the tail
+  };
+  std::vector<Link> links_;   // by block id
+  BlockId head_ = kQueueEnd;  // allocated next
+  BlockId tail_ = kQueueEnd;  // allocated last
+  std::int32_t size_ = 0;     // number of queued blocks
 };
 
 }  // namespace pagedkv

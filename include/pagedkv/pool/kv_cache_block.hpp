@@ -3,8 +3,8 @@
 // Blocks live in one flat array owned by a BlockPool and are named by their index (BlockId).
 // Block 0 is the permanent null block: a placeholder for skipped positions (sliding window); it is
 // never in the free queue, never hashed, never reference counted, and always counted as used.
-// The free-queue links are indices into the same array, so the queue is intrusive and allocation
-// free. Thread-compatible (owned and mutated by its pool only).
+// The free queue keeps its links in an array of its own (see free_block_queue.hpp).
+// Thread-compatible (owned and mutated by its pool only).
 #pragma once
 
 #include <cstdint>
@@ -25,15 +25,15 @@ inline constexpr BlockId kNotQueued = -2;
 inline constexpr BlockId kQueueEnd = -1;
 
 struct KVCacheBlock {
-  BlockId block_id = 0;            // index in the pool's array; never changes
-  std::int32_t ref_cnt = 0;        // number of requests holding the block; 0 for the null block
-  BlockId prev_free = kNotQueued;  // previous block in the free queue, kQueueEnd at the head
-  BlockId next_free = kNotQueued;  // next block in the free queue, kQueueEnd at the tail
-  BlockHash block_hash;            // empty unless the block is full and cached (in the hash map)
-  GroupId group_id = 0;            // the group the hash was cached under; meaningful when hashed
-  bool is_null = false;            // true only for block 0
+  BlockId block_id = 0;      // index in the pool's array; never changes
+  std::int32_t ref_cnt = 0;  // number of requests holding the block; 0 for the null block
+  // The pool's content id of the prefix this block holds (verify_cache_hits): an index into its
+  // hash-consed content table, equal for equal prefix content; 0 when not cached.
+  std::uint32_t content_id = 0;
+  BlockHash block_hash;  // empty unless the block is full and cached (in the hash map)
+  GroupId group_id = 0;  // the group the hash was cached under; meaningful when hashed
+  bool is_null = false;  // true only for block 0
 
-  bool in_free_queue() const noexcept { return prev_free != kNotQueued; }
   bool is_cached() const noexcept { return !block_hash.empty(); }
 };
 
