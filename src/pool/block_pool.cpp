@@ -580,6 +580,41 @@ bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept
   return stored_[static_cast<std::size_t>(child)].parent_ident == identity(parent);
 }
 
+bool BlockPool::cached_after_prefix(BlockId child, const BlockSequence& seq, std::size_t index,
+                                    BlockId anchor, std::size_t anchor_end,
+                                    LookupScratch* scratch) const {
+  const auto where = [] { return std::string("BlockPool::cached_after_prefix: "); };
+  if (!block(child).is_cached()) {  // block() throws when out of range
+    throw Error(ErrorCode::kInvalidArgument, where() + id_text(child) + " is not cached");
+  }
+  if (anchor != kNoBlock && !block(anchor).is_cached()) {
+    throw Error(ErrorCode::kInvalidArgument, where() + "anchor " + id_text(anchor) +
+                                                 " is not cached");
+  }
+  if (anchor_end > index || (anchor == kNoBlock) != (anchor_end == 0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                where() + "anchor end " + std::to_string(anchor_end) + " for block " +
+                    std::to_string(index) + (anchor == kNoBlock ? " without an anchor" : ""));
+  }
+  validate_sequence(seq, index, "BlockPool::cached_after_prefix");
+  if (!verifying()) return true;
+  const BlockHash& stored = stored_[static_cast<std::size_t>(child)].parent_ident;
+  if (index == 0) return stored.empty();
+  if (config_.chain_hashes_identify_prefix) return stored == seq.block_hashes[index - 1];
+  // The pool's own identities: chained from the anchor (or the root) over seq's material, as
+  // prepare_store() does.
+  LookupScratch local;
+  LookupScratch& sc = scratch != nullptr ? *scratch : local;
+  BlockHash ident = anchor == kNoBlock ? BlockHash() : identity(anchor);
+  const std::uint32_t bs = seq.block_size;
+  for (std::size_t p = anchor_end; p < index; ++p) {
+    sc.extra.clear();
+    if (seq.has_extra_keys(p)) encode_extra_keys(seq.block_extra_keys(p, sc.mm), sc.extra);
+    ident = prefix_identity(ident, seq.tokens.subspan(p * bs, bs), sc.extra, sc.bytes);
+  }
+  return stored == ident;
+}
+
 BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId group,
                          const BlockHash* parent_ident, LookupScratch* scratch) const {
   if (index >= seq.block_hashes.size()) {

@@ -3,11 +3,16 @@
 //
 // A hit needs only the last window_blocks() blocks before its end: the search runs right to left
 // for that many contiguous cached blocks whose chain is consistent (each block cached after the
-// content of its left neighbour); the positions before the run hold the null block. A shorter
-// run counts only when it reaches block 0. As a request advances, blocks wholly before its window
-// are released and the null block takes their place.
+// content of its left neighbour) and whose first block was cached after exactly the request's
+// own blocks before it (with verification; a run found by a hash collision is skipped), so a hit
+// is a true prefix; the positions before the run hold the null block. A shorter run counts only
+// when it reaches block 0. As a request advances, blocks wholly before its window are released
+// and the null block takes their place.
 //
-// Complexity: O(blocks searched) per hit, O(blocks released) per release. Reads the pool only.
+// Complexity: O(blocks searched) per hit, plus, to anchor a run starting at block i > 0: O(1)
+// with chain hashes that identify the prefix (SHA-256 schemes); otherwise a verified
+// left-to-right match of the cached prefix (as full attention) and SHA-256 over the blocks of
+// [0, i) it does not reach. O(blocks released) per release. Reads the pool only.
 #pragma once
 
 #include <cstddef>

@@ -194,6 +194,7 @@ class BlockPool {
   struct LookupScratch {
     std::string extra;
     std::vector<MultiModalKey> mm;
+    std::vector<std::uint8_t> bytes;  // cached_after_prefix: identity messages of long extra keys
   };
 
   // Verified lookup of seq's block `index`: the first inserted cached block with its hash whose
@@ -211,6 +212,18 @@ class BlockPool {
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
   // verify_cache_hits). Both must be cached.
   bool same_content_chain(BlockId parent, BlockId child) const noexcept;
+  // Whether cached block `child` was cached right after exactly seq's blocks [0, index): its
+  // stored parent identity equals the identity of that prefix (the root for index 0), so a
+  // window run starting with `child` at `index` is anchored to the request's own prefix. True
+  // without verify_cache_hits. `anchor`, unless kNoBlock, is a cached block the caller verified
+  // to hold exactly seq's blocks [0, anchor_end) (the last block of a verified left-to-right
+  // match); the identity of the blocks after it is computed from seq's material. Cost: O(1)
+  // with chain_hashes_identify_prefix (the identity is seq's hash of block index - 1), else
+  // O(index - anchor_end) SHA-256 computations (no allocation with `scratch`). Errors: `child`
+  // or `anchor` out of range or not cached, anchor_end > index, index beyond seq's blocks.
+  bool cached_after_prefix(BlockId child, const BlockSequence& seq, std::size_t index,
+                           BlockId anchor = kNoBlock, std::size_t anchor_end = 0,
+                           LookupScratch* scratch = nullptr) const;
 
   // Drops the cache entries of these blocks (they stay allocated or queued where they are).
   // Returns how many were cached. Errors: an id out of range (nothing evicted).
