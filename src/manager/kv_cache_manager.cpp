@@ -136,8 +136,9 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
                                                    hit_tokens, per_group);
   // One physical block holds one position's KV, so a hit naming a block twice is wrong. Without
   // verification a hash collision between two of the request's own blocks yields one (verified
-  // searches anchor every block to its own prefix and never do): no hit, then.
-  if (!pool_.config().verify_cache_hits) {
+  // searches anchor every block to its own prefix and never do; SHA-256 chained hashes of two
+  // positions never collide): no hit, then.
+  if (!pool_.config().verify_cache_hits && !hasher_.collision_resistant()) {
     for (const std::vector<BlockId>& row : per_group) {
       if (repeated_block(row) != BlockPool::kNoBlock) {
         hit_tokens = 0;

@@ -79,6 +79,7 @@ TEST_P(WindowCollision, WindowRunAfterAnotherPrefixIsNoHit) {
   const CacheHit bad = m.get_computed_blocks(b);
   EXPECT_EQ(bad.num_tokens, 0u) << "a window hit on a block cached after another prefix";
   EXPECT_TRUE(m.allocate_slots(b, b.num_tokens(), bad).has_value());
+  const std::vector<BlockId> b_row(m.block_ids(b.id(), 0).begin(), m.block_ids(b.id(), 0).end());
   m.free(b);
 
   Request c = m.make_request(3, concat(concat(p, s), {0}));
@@ -86,6 +87,21 @@ TEST_P(WindowCollision, WindowRunAfterAnotherPrefixIsNoHit) {
   ASSERT_EQ(good.num_tokens, 4 * kBs);
   EXPECT_EQ(good.blocks,
             (std::vector<BlockId>{kNullBlockId, kNullBlockId, kNullBlockId, a_rows[0][3]}));
+  // With A's block 0 evicted the cached prefix no longer reaches block 3: the identity of C's
+  // blocks [0, 3) is chained from C's own tokens, and the true hit stays a hit.
+  ASSERT_EQ(m.evict_blocks(std::vector<BlockId>{a_rows[0][0]}), 1u);
+  EXPECT_EQ(m.get_computed_blocks(c).blocks, good.blocks);
+  // B's own blocks are cached now, after A's colliding block 3: a hit of B is a true prefix,
+  // its window on B's own blocks, never on A's (A's block 3, found first by the unanchored
+  // lookup, may shadow B's: the hit then ends earlier).
+  Request b_again = m.make_request(5, concat(concat(p2, s), {0}));
+  const CacheHit again = m.get_computed_blocks(b_again);
+  EXPECT_GT(again.num_tokens, 0u);
+  for (std::size_t i = 0; i < again.blocks.size(); ++i) {
+    if (again.blocks[i] != kNullBlockId) {
+      EXPECT_EQ(again.blocks[i], b_row[i]) << i;
+    }
+  }
   m.check_invariants();
 }
 
