@@ -39,7 +39,7 @@ namespace {
 
 std::uint64_t g_ops = 100000;
 double g_seconds = 0;  // 0: no limit; else the whole program's budget, split evenly by the runs
-constexpr int kNumRuns = 7;  // the TESTs below
+constexpr int kNumRuns = 9;  // run() calls of the TESTs below
 
 // ---- the reference model: vLLM v1 semantics, written for clarity, not speed ----
 // One pool shared by KV-cache groups of one block size (full attention and sliding windows):
