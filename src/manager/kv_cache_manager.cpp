@@ -255,9 +255,12 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
                         " (call allocate_slots right after get_computed_blocks)");
       }
     }
-    // Equal hashes at two positions (only after a hash collision) would let one block serve
-    // both; the request could then never release it (free_blocks refuses a repeated block).
-    if (const BlockId twice = repeated_block(blocks); twice != BlockPool::kNoBlock) {
+    // Equal hashes at two positions (only after a hash collision; never with SHA-256 chained
+    // hashes) would let one block serve both; the request could then never release it
+    // (free_blocks refuses a repeated block).
+    if (const BlockId twice =
+            hasher_.collision_resistant() ? BlockPool::kNoBlock : repeated_block(blocks);
+        twice != BlockPool::kNoBlock) {
       throw Error(ErrorCode::kInvalidArgument, where() + "the hit lists block " +
                                                    std::to_string(twice) + " twice in group " +
                                                    std::to_string(g));
