@@ -161,6 +161,40 @@ void BM_GetComputedBlocks32k(benchmark::State& state) {
 }
 BENCHMARK(BM_GetComputedBlocks32k)->Arg(1)->Arg(0)->Unit(benchmark::kMicrosecond);
 
+// get_computed_blocks() on a fully cached 32k-token prompt in one sliding-window group (window
+// 4,096 tokens: a 256-block run ending at block 2,047, searched right to left), verified. Arg:
+// 0 = sha256 (chain hashes identify the prefix), 1 = xxh3_128 (the pool's own prefix
+// identities), 2 = xxh3_128 in a hybrid model (a full-attention group, then the window group:
+// 2,048 + 256 blocks looked up). Items = the 256 blocks of the run.
+void BM_GetComputedBlocksWindow32k(benchmark::State& state) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 4096;
+  c.groups = {AttentionSpec::sliding(kBlockSize, 4096)};
+  if (state.range(0) == 2) {
+    c.groups = {AttentionSpec::full(kBlockSize), AttentionSpec::sliding(kBlockSize, 4096)};
+    c.num_blocks = 8192;
+  }
+  c.hash_scheme = state.range(0) != 0 ? HashScheme::kXxh3_128 : HashScheme::kSha256;
+  c.hash_seed = "bench";
+  KVCacheManager m(c);
+  const auto tokens = random_tokens(2048 * kBlockSize + 1, 2);
+  Request warm = m.make_request(1, tokens);
+  m.allocate_slots(warm, tokens.size());
+  m.free(warm);
+  const Request r = m.make_request(2, tokens);
+  std::size_t hit_blocks = 0;
+  for (auto _ : state) {
+    const CacheHit hit = m.get_computed_blocks(r);
+    hit_blocks = hit.blocks.size();
+    benchmark::DoNotOptimize(hit.blocks.data());
+  }
+  if (hit_blocks != 2048) state.SkipWithError("expected a 2048-block hit row");
+  state.SetItemsProcessed(state.iterations() * 256);
+  state.counters["xxh3"] = state.range(0) != 0 ? 1 : 0;
+  state.counters["hybrid"] = state.range(0) == 2 ? 1 : 0;
+}
+BENCHMARK(BM_GetComputedBlocksWindow32k)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);
+
 // The whole request cycle: get_computed_blocks, allocate_slots (hit 64 shared blocks, allocate
 // and cache 64 new ones, evicting old cached blocks), free. 64 pre-hashed requests share a
 // 64-block prefix and differ in a 64-block suffix; the pool holds 4,096 blocks, so suffixes

@@ -99,11 +99,22 @@ std::size_t KVCacheCoordinator::find_longest_cache_hit(
         coarse_scratch_.clear();
         const BlockSequence seq = group_sequence(fine, g, coarse_scratch_);
         const std::size_t alignment = groups_.size() == 1 ? bs : alignment_;
-        per_group[g] = group.spec.kind == AttentionKind::kFull
-                           ? find_full_attention_hit(pool, seq, group.id, length / bs, alignment,
-                                                     &lookup_scratch_)
-                           : find_sliding_window_hit(pool, seq, group.id, group.spec, length / bs,
-                                                     alignment, &lookup_scratch_);
+        if (group.spec.kind == AttentionKind::kFull) {
+          per_group[g] = find_full_attention_hit(pool, seq, group.id, length / bs, alignment,
+                                                 &lookup_scratch_);
+        } else {
+          // A full-attention hit at the same block size is a verified prefix: it anchors the
+          // window's run without a walk of its own (content identities are group-independent).
+          std::span<const BlockId> verified;
+          for (std::size_t f = 0; f < groups_.size(); ++f) {
+            if (looked_up_[f] && groups_[f].spec.kind == AttentionKind::kFull &&
+                groups_[f].spec.block_size == bs && per_group[f].size() > verified.size()) {
+              verified = per_group[f];
+            }
+          }
+          per_group[g] = find_sliding_window_hit(pool, seq, group.id, group.spec, length / bs,
+                                                 alignment, &lookup_scratch_, verified);
+        }
         looked_up_[g] = true;
       }
       length = per_group[g].size() * bs;

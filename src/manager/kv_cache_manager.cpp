@@ -60,7 +60,29 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
       coordinator_(group_specs(config), hasher_.scheme()),
       pool_(pool_config(config, coordinator_, hasher_)),
       stats_(config.stats_window),
-      max_model_len_(config.max_model_len) {}
+      max_model_len_(config.max_model_len),
+      seen_bits_((static_cast<std::size_t>(pool_.num_blocks()) + 63) / 64, 0) {}
+
+BlockId KVCacheManager::repeated_block(std::span<const BlockId> row) noexcept {
+  BlockId repeated = BlockPool::kNoBlock;
+  std::size_t marked = 0;
+  for (; marked < row.size(); ++marked) {
+    const BlockId b = row[marked];
+    if (b == kNullBlockId) continue;
+    const auto id = static_cast<std::size_t>(b);
+    const std::uint64_t bit = std::uint64_t{1} << (id % 64);
+    if ((seen_bits_[id / 64] & bit) != 0) {
+      repeated = b;
+      break;
+    }
+    seen_bits_[id / 64] |= bit;
+  }
+  for (std::size_t k = 0; k < marked; ++k) {
+    const auto id = static_cast<std::size_t>(row[k]);
+    seen_bits_[id / 64] &= ~(std::uint64_t{1} << (id % 64));
+  }
+  return repeated;
+}
 
 const AttentionSpec& KVCacheManager::group_spec(std::size_t g) const {
   if (g >= num_groups()) {
@@ -112,6 +134,19 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
   std::vector<std::vector<BlockId>> per_group;
   hit_tokens = coordinator_.find_longest_cache_hit(pool_, request.hashed_tokens().sequence(),
                                                    hit_tokens, per_group);
+  // One physical block holds one position's KV, so a hit naming a block twice is wrong. Without
+  // verification a hash collision between two of the request's own blocks yields one (verified
+  // searches anchor every block to its own prefix and never do; SHA-256 chained hashes of two
+  // positions never collide): no hit, then.
+  if (!pool_.config().verify_cache_hits && !hasher_.collision_resistant()) {
+    for (const std::vector<BlockId>& row : per_group) {
+      if (repeated_block(row) != BlockPool::kNoBlock) {
+        hit_tokens = 0;
+        for (std::vector<BlockId>& r : per_group) r.clear();
+        break;
+      }
+    }
+  }
   hit.num_tokens = hit_tokens;
   hit.blocks = std::move(per_group[0]);
   for (std::size_t g = 1; g < num_groups(); ++g)
@@ -219,6 +254,16 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
                         " of group " + std::to_string(g) +
                         " (call allocate_slots right after get_computed_blocks)");
       }
+    }
+    // Equal hashes at two positions (only after a hash collision; never with SHA-256 chained
+    // hashes) would let one block serve both; the request could then never release it
+    // (free_blocks refuses a repeated block).
+    if (const BlockId twice =
+            hasher_.collision_resistant() ? BlockPool::kNoBlock : repeated_block(blocks);
+        twice != BlockPool::kNoBlock) {
+      throw Error(ErrorCode::kInvalidArgument, where() + "the hit lists block " +
+                                                   std::to_string(twice) + " twice in group " +
+                                                   std::to_string(g));
     }
   }
   // Checked arithmetic on the caller's counts: a sum that would wrap is an error.

@@ -2,12 +2,43 @@
 
 #include <algorithm>
 
+#include "pagedkv/manager/full_attention.hpp"
+
 namespace pagedkv {
+
+namespace {
+
+// Whether a run whose first block `first` sits at block `index` continues the request's own
+// prefix: `first` was matched by its own material only (the search runs right to left), so its
+// stored parent identity must be the identity of seq's blocks [0, index). Block 0's parent (the
+// root) was already checked by the lookup. With the pool's own identities, the verified cached
+// prefix (a left-to-right match, as full attention does) supplies the identity as far as it
+// reaches; the pool chains the rest from seq's material. A caller's verified prefix row that
+// covers [0, index) (another group's hit) anchors in O(1).
+bool anchored_to_prefix(const BlockPool& pool, const BlockSequence& seq, GroupId group,
+                        BlockId first, std::size_t index, std::span<const BlockId> verified_prefix,
+                        BlockPool::LookupScratch* scratch) {
+  if (index == 0 || !pool.config().verify_cache_hits) return true;
+  if (pool.config().chain_hashes_identify_prefix) {
+    return pool.cached_after_prefix(first, seq, index, BlockPool::kNoBlock, 0, scratch);
+  }
+  if (index <= verified_prefix.size()) {
+    return pool.cached_after_prefix(first, seq, index, verified_prefix[index - 1], index, scratch);
+  }
+  const std::vector<BlockId> prefix =
+      find_full_attention_hit(pool, seq, group, index, seq.block_size, scratch);
+  return pool.cached_after_prefix(first, seq, index,
+                                  prefix.empty() ? BlockPool::kNoBlock : prefix.back(),
+                                  prefix.size(), scratch);
+}
+
+}  // namespace
 
 std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockSequence& seq,
                                              GroupId group, const AttentionSpec& spec,
                                              std::size_t max_blocks, std::size_t alignment,
-                                             BlockPool::LookupScratch* scratch) {
+                                             BlockPool::LookupScratch* scratch,
+                                             std::span<const BlockId> verified_prefix) {
   max_blocks = std::min(max_blocks, seq.block_hashes.size());
   const std::size_t bs = spec.block_size;
   const std::size_t needed = spec.window_blocks();
@@ -28,6 +59,13 @@ std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockS
     hit[i] = b;
     ++run;
     if (run >= needed) {
+      // Every block of the run descends from its first block's parent: check that it is the
+      // request's own prefix. If not, no run through block i is the request's (each would hold
+      // this same block there): go on left of it.
+      if (!anchored_to_prefix(pool, seq, group, b, i, verified_prefix, scratch)) {
+        run = 0;
+        continue;
+      }
       hit.resize(i + run);
       return hit;
     }

@@ -756,28 +756,6 @@ bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept
   return contents_->entry(c)[ContentTable::kParent] == p.content_id;
 }
 
-bool BlockPool::parent_matches_prefix(BlockId child, const BlockSequence& seq,
-                                      std::size_t index) const {
-  const KVCacheBlock& c = block(child);
-  if (index > 0) validate_sequence(seq, index, "BlockPool::parent_matches_prefix");
-  if (!verifying()) return true;
-  if (!c.is_cached() || c.is_null) return false;
-  if (chain_identity_) {  // the chained hash of seq's block index - 1 names that prefix
-    const BlockHash& stored = stored_[static_cast<std::size_t>(child)].parent_hash;
-    return index == 0 ? stored.empty() : stored == seq.block_hashes[index - 1];
-  }
-  const std::uint32_t want = contents_->entry(c.content_id)[ContentTable::kParent];
-  // Every ancestor of a live id is live, so if seq's prefix equals the child's parent prefix,
-  // each of its blocks is found in the table.
-  LookupScratch local;
-  std::uint32_t id = 0;
-  for (std::size_t p = 0; p < index; ++p) {
-    id = find_content(id, seq, p, local);
-    if (id == 0) return false;
-  }
-  return id == want;
-}
-
 std::uint32_t BlockPool::find_content(std::uint32_t parent, const BlockSequence& seq, std::size_t p,
                                       LookupScratch& scratch) const {
   std::uint32_t eid = 0;
@@ -838,6 +816,43 @@ void BlockPool::release_content(std::uint32_t id) noexcept {
     contents_->erase(id);
     id = parent;
   }
+}
+
+bool BlockPool::cached_after_prefix(BlockId child, const BlockSequence& seq, std::size_t index,
+                                    BlockId anchor, std::size_t anchor_end,
+                                    LookupScratch* scratch) const {
+  const auto where = [] { return std::string("BlockPool::cached_after_prefix: "); };
+  if (!block(child).is_cached()) {  // block() throws when out of range
+    throw Error(ErrorCode::kInvalidArgument, where() + id_text(child) + " is not cached");
+  }
+  if (anchor != kNoBlock && !block(anchor).is_cached()) {
+    throw Error(ErrorCode::kInvalidArgument, where() + "anchor " + id_text(anchor) +
+                                                 " is not cached");
+  }
+  if (anchor_end > index || (anchor == kNoBlock) != (anchor_end == 0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                where() + "anchor end " + std::to_string(anchor_end) + " for block " +
+                    std::to_string(index) + (anchor == kNoBlock ? " without an anchor" : ""));
+  }
+  validate_sequence(seq, index, "BlockPool::cached_after_prefix");
+  if (!verifying()) return true;
+  if (chain_identity_) {  // the chained hash of seq's block index - 1 names that prefix
+    const BlockHash& stored = stored_[static_cast<std::size_t>(child)].parent_hash;
+    return index == 0 ? stored.empty() : stored == seq.block_hashes[index - 1];
+  }
+  // Content ids: walk seq's blocks after the anchor (or the root) through the content table.
+  // Every ancestor of a live id is live, so if seq's prefix is the child's parent prefix, each
+  // of its blocks is found.
+  const std::uint32_t want =
+      contents_->entry(blocks_[static_cast<std::size_t>(child)].content_id)[ContentTable::kParent];
+  LookupScratch local;
+  LookupScratch& sc = scratch != nullptr ? *scratch : local;
+  std::uint32_t id = anchor == kNoBlock ? 0 : blocks_[static_cast<std::size_t>(anchor)].content_id;
+  for (std::size_t p = anchor_end; p < index; ++p) {
+    id = find_content(id, seq, p, sc);
+    if (id == 0) return false;
+  }
+  return id == want;
 }
 
 BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId group,

@@ -68,39 +68,6 @@ std::string g_config;
   std::abort();
 }
 
-// Known gaps in the library (issue 11), tolerated only when named with --tolerate (replay mode)
-// or -tolerate= (libFuzzer), and then counted and reported. Without them the harness fails on:
-//  window-position: with a weakened hash (verification on), a sliding-window hit whose first
-//    block has the request's tokens at another position or after another prefix: a window's run
-//    of hits is verified block by block and chained inside the run, but its first block is not
-//    anchored to the request's prefix, so a hash collision is accepted as a hit.
-//  duplicate-block: with a weakened hash, a wrong hit can give a request the same physical block
-//    twice; free() and preempt() of that request then throw forever ("appears twice in one
-//    call"), so its blocks can never be released.
-struct KnownGaps {
-  bool window_position = false;
-  bool duplicate_block = false;
-  std::uint64_t window_position_seen = 0;
-  std::uint64_t duplicate_block_seen = 0;
-};
-KnownGaps g_gaps;
-
-void parse_tolerate(const std::string& list) {
-  std::size_t pos = 0;
-  while (pos <= list.size()) {
-    const std::size_t comma = std::min(list.find(',', pos), list.size());
-    const std::string name = list.substr(pos, comma - pos);
-    if (name == "window-position") {
-      g_gaps.window_position = true;
-    } else if (name == "duplicate-block") {
-      g_gaps.duplicate_block = true;
-    } else {
-      fail("unknown --tolerate gap:", name);
-    }
-    pos = comma + 1;
-  }
-}
-
 // What the shadow predicts for a call.
 enum class Expect { kValid, kInvalid, kEither };
 
@@ -146,7 +113,6 @@ class Harness {
   Harness(const KVCacheManagerConfig& cfg, bool weak_hash)
       : m_(cfg),
         owners_(static_cast<std::size_t>(cfg.num_blocks)),
-        weak_(weak_hash),
         check_hit_content_(!weak_hash || cfg.verify_cache_hits),
         check_accepted_hits_(!weak_hash) {}
 
@@ -225,7 +191,6 @@ class Harness {
                                   std::to_string(g) + " block " + std::to_string(i) + " -> " +
                                   std::to_string(b);
         if (o.t == nullptr) fail("hit on a block never allocated:", where);
-        if (window_gap(t, o, spec, g, i)) continue;
         if (o.group != g || o.index != i) {
           fail("hit on a block of another position:",
                where + " (allocated for request " + std::to_string(o.t->req->id()) + " group " +
@@ -245,30 +210,6 @@ class Harness {
 
   void run(Reader& in);
 
-  // A hit block that only the window-position gap explains (see KnownGaps): weak hash, window
-  // group, the block's own tokens equal, its position or prefix not. Counted when tolerated.
-  bool window_gap(const Tracked& t, const Owner& o, const AttentionSpec& spec, std::size_t g,
-                  std::size_t i) const {
-    if (!g_gaps.window_position || !weak_ || spec.kind != AttentionKind::kSlidingWindow ||
-        o.group != g) {
-      return false;
-    }
-    const std::size_t bs = spec.block_size;
-    const auto mine = t.req->tokens();
-    const auto theirs = o.t->req->tokens();
-    const std::size_t end = (i + 1) * bs;
-    if (theirs.size() < (o.index + 1) * bs) return false;
-    const bool same_block = std::equal(mine.begin() + static_cast<std::ptrdiff_t>(i * bs),
-                                       mine.begin() + static_cast<std::ptrdiff_t>(end),
-                                       theirs.begin() + static_cast<std::ptrdiff_t>(o.index * bs));
-    const bool same_prefix =
-        o.index == i && o.t->salt == t.salt &&
-        std::equal(mine.begin(), mine.begin() + static_cast<std::ptrdiff_t>(end), theirs.begin());
-    if (!same_block || same_prefix) return false;
-    ++g_gaps.window_position_seen;
-    return true;
-  }
-
  private:
   Tracked* pick(Reader& in) {
     return active_.empty() ? nullptr : active_[in.u8() % active_.size()];
@@ -276,11 +217,9 @@ class Harness {
   void make(Reader& in);
   void allocate(Reader& in);
   void release(Tracked& t, bool finish);
-  bool holds_a_block_twice(const Request& r) const;
 
   KVCacheManager m_;
   std::vector<Owner> owners_;
-  const bool weak_;
   const bool check_hit_content_;
   const bool check_accepted_hits_;
   std::vector<std::unique_ptr<Tracked>> all_;
@@ -325,24 +264,9 @@ void Harness::make(Reader& in) {
 
 // free() or preempt(): valid when the manager holds the request's blocks; an error once freed;
 // either way (a no-op or an error) for a request holding no blocks.
-bool Harness::holds_a_block_twice(const Request& r) const {
-  std::vector<BlockId> ids;
-  for (std::size_t g = 0; g < m_.num_groups(); ++g) {
-    for (const BlockId b : m_.block_ids(r.id(), g)) {
-      if (b != kNullBlockId) ids.push_back(b);
-    }
-  }
-  std::sort(ids.begin(), ids.end());
-  return std::adjacent_find(ids.begin(), ids.end()) != ids.end();
-}
-
 void Harness::release(Tracked& t, bool finish) {
   Request& r = *t.req;
-  Expect expect = t.finished ? Expect::kInvalid : t.held ? Expect::kValid : Expect::kEither;
-  if (expect == Expect::kValid && g_gaps.duplicate_block && weak_ && holds_a_block_twice(r)) {
-    ++g_gaps.duplicate_block_seen;
-    expect = Expect::kEither;
-  }
+  const Expect expect = t.finished ? Expect::kInvalid : t.held ? Expect::kValid : Expect::kEither;
   const bool done = step(finish ? "free" : "preempt", expect, [&] {
     if (finish) {
       m_.free(r);
@@ -560,17 +484,6 @@ void run_one(const std::uint8_t* data, std::size_t size) {
 
 }  // namespace
 
-#ifdef PAGEDKV_LIBFUZZER
-// libFuzzer: -tolerate=GAP,... among its own flags (it warns that it does not know the flag).
-extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  for (int i = 1; i < *argc; ++i) {
-    const std::string arg = (*argv)[i];
-    if (arg.rfind("-tolerate=", 0) == 0) parse_tolerate(arg.substr(10));
-  }
-  return 0;
-}
-#endif
-
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   run_one(data, size);
   return 0;
@@ -589,9 +502,7 @@ int main(int argc, char** argv) {
   std::string save_dir;  // --save DIR: write each random input there before running it
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg.rfind("--tolerate=", 0) == 0) {
-      parse_tolerate(arg.substr(11));
-    } else if (arg == "--seed" && i + 1 < argc) {
+    if (arg == "--seed" && i + 1 < argc) {
       seed = std::strtoul(argv[++i], nullptr, 10);
     } else if (arg == "--save" && i + 1 < argc) {
       save_dir = argv[++i];
@@ -618,20 +529,13 @@ int main(int argc, char** argv) {
       replay(arg);
     } else {
       std::fprintf(stderr,
-                   "usage: %s [--tolerate=GAP,...] [--seed S] [--save DIR] [--random N] "
+                   "usage: %s [--seed S] [--save DIR] [--random N] "
                    "[FILE|DIR]...\n",
                    argv[0]);
       return 2;
     }
   }
   std::printf("kv_cache_manager_fuzz: %zu inputs ran clean\n", inputs);
-  if (g_gaps.window_position_seen + g_gaps.duplicate_block_seen > 0) {
-    std::printf(
-        "kv_cache_manager_fuzz: KNOWN GAPS TOLERATED (issue 11): %llu window-position "
-        "wrong hits, %llu releases of a request holding a block twice\n",
-        static_cast<unsigned long long>(g_gaps.window_position_seen),
-        static_cast<unsigned long long>(g_gaps.duplicate_block_seen));
-  }
   return 0;
 }
 #endif

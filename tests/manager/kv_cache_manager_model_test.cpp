@@ -39,7 +39,7 @@ namespace {
 
 std::uint64_t g_ops = 100000;
 double g_seconds = 0;  // 0: no limit; else the whole program's budget, split evenly by the runs
-constexpr int kNumRuns = 7;  // the TESTs below
+constexpr int kNumRuns = 9;  // run() calls of the TESTs below
 
 // ---- the reference model: vLLM v1 semantics, written for clarity, not speed ----
 // One pool shared by KV-cache groups of one block size (full attention and sliding windows):
@@ -380,10 +380,13 @@ Outcome run(const RunConfig& rc) {
             m.block_pool().get_cached_block(hashes[hit.blocks.size()]) != BlockPool::kNoBlock) {
           ++out.collisions_rejected;  // the raw map had a candidate; verification refused it
         }
-        for (std::size_t i = 0; i < hit.blocks.size(); ++i) {
-          const auto b = static_cast<std::size_t>(hit.blocks[i]);
-          EXPECT_EQ(shadow[b], prefix_of(r, i + 1)) << "WRONG HIT: block " << b;
-          EXPECT_EQ(shadow_salt[b], r.hashed_tokens().keys().cache_salt) << "WRONG HIT (salt)";
+        for (std::size_t g = 0; g < num_groups; ++g) {  // window groups: null blocks skipped
+          for (std::size_t i = 0; i < hit.group(g).size(); ++i) {
+            if (hit.group(g)[i] == kNullBlockId) continue;
+            const auto b = static_cast<std::size_t>(hit.group(g)[i]);
+            EXPECT_EQ(shadow[b], prefix_of(r, i + 1)) << "WRONG HIT: group " << g << " block " << b;
+            EXPECT_EQ(shadow_salt[b], r.hashed_tokens().keys().cache_salt) << "WRONG HIT (salt)";
+          }
         }
       } else {
         ref_hit = ref.hit(r);
@@ -404,6 +407,12 @@ Outcome run(const RunConfig& rc) {
     for (BlockId b = 0; b < rc.num_blocks; ++b) {
       was_cached[static_cast<std::size_t>(b)] = m.block_pool().block(b).is_cached();
     }
+    // Each group's table length before the call plus its hit: newer positions get new blocks.
+    std::vector<std::size_t> first_new(num_groups, 0);
+    for (std::size_t g = 0; g < num_groups && rc.weak_hash; ++g) {
+      const std::size_t hit_size = g <= hit.other_groups.size() ? hit.group(g).size() : 0;
+      first_new[g] = (first ? 0 : m.block_ids(r.id(), g).size()) + hit_size;
+    }
     const auto got = m.allocate_slots(r, n, hit, lookahead);
     if (!rc.weak_hash) {
       const auto want = ref.allocate(r, n, ref_hit, lookahead);
@@ -416,15 +425,16 @@ Outcome run(const RunConfig& rc) {
       ++out.failed_allocations;
       return false;
     }
-    if (rc.weak_hash) {  // record what newly cached blocks hold
-      const auto blocks = m.block_ids(r.id());
-      const std::vector<BlockId> fresh(got->begin(), got->end());
-      for (std::size_t i = 0; i < blocks.size(); ++i) {
-        const auto b = static_cast<std::size_t>(blocks[i]);
-        if (!m.block_pool().block(blocks[i]).is_cached()) continue;
-        if (!was_cached[b] || std::count(fresh.begin(), fresh.end(), blocks[i])) {
-          shadow[b] = prefix_of(r, i + 1);
-          shadow_salt[b] = r.hashed_tokens().keys().cache_salt;
+    if (rc.weak_hash) {  // record what newly cached blocks hold, in every group
+      for (std::size_t g = 0; g < num_groups; ++g) {
+        const auto blocks = m.block_ids(r.id(), g);
+        for (std::size_t i = 0; i < blocks.size(); ++i) {
+          if (blocks[i] == kNullBlockId || !m.block_pool().block(blocks[i]).is_cached()) continue;
+          const auto b = static_cast<std::size_t>(blocks[i]);
+          if (!was_cached[b] || i >= first_new[g]) {
+            shadow[b] = prefix_of(r, i + 1);
+            shadow_salt[b] = r.hashed_tokens().keys().cache_salt;
+          }
         }
       }
     }
@@ -595,6 +605,27 @@ TEST(KVCacheManagerModel, WeakHashNeverGivesAWrongHit) {
   std::printf("8-bit hash: %llu ops, %llu verified hit blocks, %llu collisions rejected\n",
               static_cast<unsigned long long>(o.ops), static_cast<unsigned long long>(o.hit_blocks),
               static_cast<unsigned long long>(o.collisions_rejected));
+}
+
+// The same with sliding windows (one window group, and a hybrid model): every non-null block of
+// every group's hit holds the request's own prefix, so a window run is anchored to it.
+TEST(KVCacheManagerModel, WeakHashNeverGivesAWrongWindowHit) {
+  for (const auto& groups : std::vector<std::vector<AttentionSpec>>{
+           {AttentionSpec::sliding(4, 7)},
+           {AttentionSpec::full(4), AttentionSpec::sliding(4, 5)}}) {
+    RunConfig rc;
+    rc.weak_hash = true;
+    rc.explicit_evict = true;
+    rc.seed = 17;
+    rc.groups = groups;
+    const Outcome o = run(rc);
+    EXPECT_GT(o.hit_blocks, 0u);
+    EXPECT_GT(o.window_hit_blocks + (groups.size() == 1 ? o.hit_blocks : 0), 0u);
+    std::printf("8-bit hash, %zu group(s): %llu ops, %llu hit blocks, %llu null window blocks\n",
+                groups.size(), static_cast<unsigned long long>(o.ops),
+                static_cast<unsigned long long>(o.hit_blocks),
+                static_cast<unsigned long long>(o.window_hit_blocks));
+  }
 }
 
 }  // namespace

@@ -366,6 +366,56 @@ TEST(BlockPool, ChildOfACollidingParentIsAMiss) {
   EXPECT_EQ(pool.match_cached_block(sp.sequence(), 1, bp[0]), bp[1]);
 }
 
+// cached_after_prefix: a block is anchored only after exactly the prefix it was cached after,
+// whichever way the prefix's identity is obtained (the chained hash, the pool's own chain from
+// the root, or from a verified anchor block).
+TEST(BlockPool, CachedAfterPrefixAnchorsToTheExactPrefix) {
+  for (const bool resistant : {true, false}) {
+    BlockPoolConfig c = config(16);
+    c.chain_hashes_identify_prefix = resistant;
+    BlockPool pool(c);
+    RequestHashKeys keys;
+    keys.cache_salt = "tenant";  // block 0 carries extra keys
+    const auto seq = sequence(iota_tokens(0, 16), keys);
+    const auto blocks = take(pool, 4);
+    pool.cache_full_blocks(seq.sequence(), blocks, 0, 4);
+    const BlockSequence s = seq.sequence();
+    EXPECT_TRUE(pool.cached_after_prefix(blocks[0], s, 0)) << resistant;
+    EXPECT_FALSE(pool.cached_after_prefix(blocks[1], s, 0)) << resistant;
+    EXPECT_TRUE(pool.cached_after_prefix(blocks[3], s, 3)) << resistant;
+    EXPECT_TRUE(pool.cached_after_prefix(blocks[3], s, 3, blocks[0], 1)) << resistant;
+    EXPECT_TRUE(pool.cached_after_prefix(blocks[3], s, 3, blocks[2], 3)) << resistant;
+    EXPECT_FALSE(pool.cached_after_prefix(blocks[3], s, 2)) << resistant;  // another position
+    EXPECT_FALSE(pool.cached_after_prefix(blocks[0], s, 1)) << resistant;
+    // The same tokens after another salt, or after other tokens: not this prefix.
+    const auto unsalted = sequence(iota_tokens(0, 16));
+    EXPECT_FALSE(pool.cached_after_prefix(blocks[2], unsalted.sequence(), 2)) << resistant;
+    std::vector<TokenId> other = iota_tokens(0, 16);
+    other[1] = 99;
+    const auto changed = sequence(other, keys);
+    EXPECT_FALSE(pool.cached_after_prefix(blocks[2], changed.sequence(), 2)) << resistant;
+    // Misuse: an uncached block, a bad anchor range, an index beyond the sequence.
+    const auto loose = take(pool, 1);
+    expect_rejected(
+        pool, [&] { (void)pool.cached_after_prefix(loose[0], s, 1); }, "not cached");
+    expect_rejected(
+        pool, [&] { (void)pool.cached_after_prefix(blocks[1], s, 1, blocks[1], 2); }, "anchor");
+    expect_rejected(
+        pool, [&] { (void)pool.cached_after_prefix(blocks[1], s, 1, BlockPool::kNoBlock, 1); },
+        "anchor");
+    expect_rejected(
+        pool, [&] { (void)pool.cached_after_prefix(blocks[1], s, 5); }, "beyond");
+  }
+  // Without verification there is nothing to compare: always true.
+  BlockPoolConfig c = config(16);
+  c.verify_cache_hits = false;
+  BlockPool pool(c);
+  const auto seq = sequence(iota_tokens(0, 8));
+  const auto blocks = take(pool, 2);
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
+  EXPECT_TRUE(pool.cached_after_prefix(blocks[1], seq.sequence(), 0));
+}
+
 TEST(BlockPool, DuplicatesShareContentIdentity) {
   BlockPool pool(config(16));
   const auto seq = sequence(iota_tokens(0, 8));
@@ -570,15 +620,15 @@ TEST(BlockPool, ContentIdsOfEvictedAncestorsKeepADeepChainExact) {
   EXPECT_EQ(pool.match_cached_block(s, 3, parent), BlockPool::kNoBlock);  // evicted
   // The same content under another parent is another id: a lookup through it misses.
   const auto other = sequence(iota_tokens(100, 100 + 3 * kBlockSize));
-  EXPECT_FALSE(pool.parent_matches_prefix(head[2], other.sequence(), 2));
-  EXPECT_TRUE(pool.parent_matches_prefix(head[2], s, 2));
-  EXPECT_FALSE(pool.parent_matches_prefix(head[2], s, 1));
-  EXPECT_TRUE(pool.parent_matches_prefix(again[0], s, 0));
-  EXPECT_FALSE(pool.parent_matches_prefix(again[1], s, 0));
+  EXPECT_FALSE(pool.cached_after_prefix(head[2], other.sequence(), 2));
+  EXPECT_TRUE(pool.cached_after_prefix(head[2], s, 2));
+  EXPECT_FALSE(pool.cached_after_prefix(head[2], s, 1));
+  EXPECT_TRUE(pool.cached_after_prefix(again[0], s, 0));
+  EXPECT_FALSE(pool.cached_after_prefix(again[1], s, 0));
   pool.check_invariants();
 }
 
-// parent_matches_prefix() compares with the request's own content even where the request's
+// cached_after_prefix() compares with the request's own content even where the request's
 // previous blocks are not cached anywhere (a sliding window's run start).
 TEST(BlockPool, ParentMatchesPrefixChecksTheWholePrefixContent) {
   BlockPool pool(config(8));
@@ -589,11 +639,11 @@ TEST(BlockPool, ParentMatchesPrefixChecksTheWholePrefixContent) {
   const auto blocks = take(pool, 3);
   pool.cache_full_blocks(a.sequence(), blocks, 0, 3);
   pool.evict_blocks(std::vector<BlockId>{blocks[0], blocks[1]});
-  EXPECT_TRUE(pool.parent_matches_prefix(blocks[2], a.sequence(), 2));
-  EXPECT_FALSE(pool.parent_matches_prefix(blocks[2], b.sequence(), 2));
-  EXPECT_FALSE(pool.parent_matches_prefix(blocks[0], a.sequence(), 0));  // not cached
-  EXPECT_THROW((void)pool.parent_matches_prefix(blocks[2], a.sequence(), 4), Error);
-  EXPECT_THROW((void)pool.parent_matches_prefix(99, a.sequence(), 1), Error);
+  EXPECT_TRUE(pool.cached_after_prefix(blocks[2], a.sequence(), 2));
+  EXPECT_FALSE(pool.cached_after_prefix(blocks[2], b.sequence(), 2));
+  EXPECT_THROW((void)pool.cached_after_prefix(blocks[0], a.sequence(), 0), Error);  // not cached
+  EXPECT_THROW((void)pool.cached_after_prefix(blocks[2], a.sequence(), 4), Error);
+  EXPECT_THROW((void)pool.cached_after_prefix(99, a.sequence(), 1), Error);
 }
 
 }  // namespace

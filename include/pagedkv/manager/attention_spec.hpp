@@ -15,7 +15,9 @@
 // Verification (collision safety): full-attention hits compare each block's tokens, extra keys and
 // parent content, so a hit is exactly a true prefix. A sliding-window run is searched right to
 // left, so its blocks are checked for their own tokens and extra keys and for the chain inside
-// the run; the content before the run's first block is identified by the chained hash alone.
+// the run, and the run's first block's stored parent identity is checked against the identity
+// of the request's own blocks before it (BlockPool::cached_after_prefix): a window hit, too, is
+// exactly a true prefix (null blocks before the run).
 #pragma once
 
 #include <cstdint>

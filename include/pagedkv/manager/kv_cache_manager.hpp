@@ -201,6 +201,10 @@ class KVCacheManager {
   void prepare_runs(const Request& request, std::size_t g, std::size_t first, std::size_t full,
                     std::vector<BlockHash>& coarse, const BlockAt& block_at);
   void check_identity(const Request& request, const char* what) const;
+  // A block (other than the null block) that `row` lists twice, or BlockPool::kNoBlock. Ids must
+  // be in range. O(row) with a bitmap over the pool's blocks (sized at construction, cleared
+  // again before returning): no allocation.
+  BlockId repeated_block(std::span<const BlockId> row) noexcept;
   BlockSequence group_sequence(const Request& request, std::size_t g,
                                std::vector<BlockHash>& coarse) const {
     return coordinator_.group_sequence(request.hashed_tokens().sequence(), g, coarse);
@@ -218,6 +222,7 @@ class KVCacheManager {
   std::vector<std::size_t> skip_scratch_;                 // allocate_slots: leaving the window
   std::vector<PendingRun> run_scratch_;                   // allocate_slots: blocks to cache
   std::vector<BlockId> prefix_scratch_;                   // allocate_slots: blocks before a run
+  std::vector<std::uint64_t> seen_bits_;                  // repeated_block: one bit per block
   std::uint64_t out_of_window_freed_ = 0;
 };
 

@@ -220,12 +220,18 @@ class BlockPool {
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
   // verify_cache_hits). Both must be cached.
   bool same_content_chain(BlockId parent, BlockId child) const noexcept;
-  // Whether cached block `child`'s stored parent identity equals the identity of seq's blocks
-  // [0, index) (index 0: the empty prefix), i.e. `child` may follow seq's own content for the
-  // blocks before `index` (true without verify_cache_hits; false when `child` is not cached).
-  // O(index) table lookups: walks seq's prefix through the content table. Errors: an id out of
-  // range, index beyond seq's full blocks.
-  bool parent_matches_prefix(BlockId child, const BlockSequence& seq, std::size_t index) const;
+  // Whether cached block `child` was cached right after exactly seq's blocks [0, index): its
+  // stored parent identity equals the identity of that prefix (the root for index 0), so a
+  // window run starting with `child` at `index` is anchored to the request's own prefix. True
+  // without verify_cache_hits. `anchor`, unless kNoBlock, is a cached block the caller verified
+  // to hold exactly seq's blocks [0, anchor_end) (the last block of a verified left-to-right
+  // match); the blocks after it are looked up from seq's material. Cost: O(1) with
+  // chain_hashes_identify_prefix (the identity is seq's hash of block index - 1), else
+  // O(index - anchor_end) content-table lookups (no allocation with `scratch`). Errors: `child`
+  // or `anchor` out of range or not cached, anchor_end > index, index beyond seq's blocks.
+  bool cached_after_prefix(BlockId child, const BlockSequence& seq, std::size_t index,
+                           BlockId anchor = kNoBlock, std::size_t anchor_end = 0,
+                           LookupScratch* scratch = nullptr) const;
 
   // Drops the cache entries of these blocks (they stay allocated or queued where they are).
   // Returns how many were cached. Errors: an id out of range (nothing evicted).
