@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "pagedkv/manager/full_attention.hpp"
-
 namespace pagedkv {
 
 namespace {
@@ -11,25 +9,21 @@ namespace {
 // Whether a run whose first block `first` sits at block `index` continues the request's own
 // prefix: `first` was matched by its own material only (the search runs right to left), so its
 // stored parent identity must be the identity of seq's blocks [0, index). Block 0's parent (the
-// root) was already checked by the lookup. With the pool's own identities, the verified cached
-// prefix (a left-to-right match, as full attention does) supplies the identity as far as it
-// reaches; the pool chains the rest from seq's material. A caller's verified prefix row that
-// covers [0, index) (another group's hit) anchors in O(1).
-bool anchored_to_prefix(const BlockPool& pool, const BlockSequence& seq, GroupId group,
-                        BlockId first, std::size_t index, std::span<const BlockId> verified_prefix,
+// root) was already checked by the lookup. Chain hashes that identify the prefix answer in O(1);
+// otherwise the pool walks seq's blocks through its content table (one lookup per block, cheaper
+// than a verified left-to-right match), from the end of a caller's verified prefix row (another
+// group's hit; O(1) when it covers [0, index)) or from the root.
+bool anchored_to_prefix(const BlockPool& pool, const BlockSequence& seq, BlockId first,
+                        std::size_t index, std::span<const BlockId> verified_prefix,
                         BlockPool::LookupScratch* scratch) {
   if (index == 0 || !pool.config().verify_cache_hits) return true;
   if (pool.config().chain_hashes_identify_prefix) {
     return pool.cached_after_prefix(first, seq, index, BlockPool::kNoBlock, 0, scratch);
   }
-  if (index <= verified_prefix.size()) {
-    return pool.cached_after_prefix(first, seq, index, verified_prefix[index - 1], index, scratch);
-  }
-  const std::vector<BlockId> prefix =
-      find_full_attention_hit(pool, seq, group, index, seq.block_size, scratch);
-  return pool.cached_after_prefix(first, seq, index,
-                                  prefix.empty() ? BlockPool::kNoBlock : prefix.back(),
-                                  prefix.size(), scratch);
+  const std::size_t anchored = std::min(index, verified_prefix.size());
+  return pool.cached_after_prefix(
+      first, seq, index, anchored == 0 ? BlockPool::kNoBlock : verified_prefix[anchored - 1],
+      anchored, scratch);
 }
 
 }  // namespace
@@ -62,7 +56,7 @@ std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockS
       // Every block of the run descends from its first block's parent: check that it is the
       // request's own prefix. If not, no run through block i is the request's (each would hold
       // this same block there): go on left of it.
-      if (!anchored_to_prefix(pool, seq, group, b, i, verified_prefix, scratch)) {
+      if (!anchored_to_prefix(pool, seq, b, i, verified_prefix, scratch)) {
         run = 0;
         continue;
       }
@@ -75,8 +69,8 @@ std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockS
 }
 
 std::size_t num_out_of_window_blocks(const BlockPool& pool, const AttentionSpec& spec,
-                                     std::span<const BlockId> row,
-                                     std::size_t num_computed_tokens, bool count_freeable) {
+                                     std::span<const BlockId> row, std::size_t num_computed_tokens,
+                                     bool count_freeable) {
   const std::size_t skipped = std::min<std::size_t>(
       spec.num_skipped_tokens(num_computed_tokens) / spec.block_size, row.size());
   std::size_t n = 0;
