@@ -29,6 +29,17 @@ std::vector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
   return blocks;
 }
 
+// Encodes seq's block `p`'s extra keys (canonical form) into sc.extra; false when it has none
+// (most blocks: then nothing is built).
+bool encode_block_extra_keys(const BlockSequence& seq, std::size_t p,
+                             BlockPool::LookupScratch& sc) {
+  if (!seq.has_extra_keys(p)) return false;
+  const BlockExtraKeys extra = seq.block_extra_keys(p, sc.mm);
+  if (extra.empty()) return false;
+  encode_extra_keys(extra, sc.extra);
+  return true;
+}
+
 std::string id_text(BlockId id) {
   return "block " + std::to_string(id);
 }
@@ -553,14 +564,9 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
     st.content_ids_.reserve(n);
     st.pool_ = this;  // from here on, st releases the extra keys it acquired if we throw
     for (std::size_t i = first; i < last; ++i) {
-      std::uint32_t eid = 0;
-      if (seq.has_extra_keys(i)) {
-        const BlockExtraKeys extra = seq.block_extra_keys(i, store_scratch_.mm);
-        if (!extra.empty()) {
-          encode_extra_keys(extra, store_scratch_.extra);
-          eid = extra_keys_->acquire(store_scratch_.extra);
-        }
-      }
+      const std::uint32_t eid = encode_block_extra_keys(seq, i, store_scratch_)
+                                    ? extra_keys_->acquire(store_scratch_.extra)
+                                    : 0;
       st.content_ids_.push_back(eid);  // reserved: cannot throw, so the reference is kept
     }
   } else if (verifying()) {
@@ -759,13 +765,9 @@ bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept
 std::uint32_t BlockPool::find_content(std::uint32_t parent, const BlockSequence& seq, std::size_t p,
                                       LookupScratch& scratch) const {
   std::uint32_t eid = 0;
-  if (seq.has_extra_keys(p)) {
-    const BlockExtraKeys extra = seq.block_extra_keys(p, scratch.mm);
-    if (!extra.empty()) {
-      encode_extra_keys(extra, scratch.extra);
-      eid = extra_keys_->find(scratch.extra);
-      if (eid == 0) return 0;  // no id has these extra keys
-    }
+  if (encode_block_extra_keys(seq, p, scratch)) {
+    eid = extra_keys_->find(scratch.extra);
+    if (eid == 0) return 0;  // no id has these extra keys
   }
   const std::uint32_t bs = seq.block_size;
   const TokenId* tokens = seq.tokens.data() + p * bs;
@@ -787,14 +789,10 @@ std::uint32_t BlockPool::acquire_content(std::uint32_t parent, const BlockSequen
     return found;
   }
   contents_->reserve(1);  // may throw: nothing changed yet
-  std::uint32_t eid = 0;
-  if (seq.has_extra_keys(p)) {
-    const BlockExtraKeys extra = seq.block_extra_keys(p, store_scratch_.mm);
-    if (!extra.empty()) {
-      encode_extra_keys(extra, store_scratch_.extra);
-      eid = extra_keys_->acquire(store_scratch_.extra);  // may throw: nothing changed yet
-    }
-  }
+  // acquire() may throw: nothing changed yet.
+  const std::uint32_t eid = encode_block_extra_keys(seq, p, store_scratch_)
+                                ? extra_keys_->acquire(store_scratch_.extra)
+                                : 0;
   // Nothing below throws.
   const std::uint32_t bs = seq.block_size;
   const std::uint32_t id = contents_->insert(ContentTable::tag_of(seq.block_hashes[p]), parent, bs,
@@ -826,13 +824,13 @@ bool BlockPool::cached_after_prefix(BlockId child, const BlockSequence& seq, std
     throw Error(ErrorCode::kInvalidArgument, where() + id_text(child) + " is not cached");
   }
   if (anchor != kNoBlock && !block(anchor).is_cached()) {
-    throw Error(ErrorCode::kInvalidArgument, where() + "anchor " + id_text(anchor) +
-                                                 " is not cached");
+    throw Error(ErrorCode::kInvalidArgument,
+                where() + "anchor " + id_text(anchor) + " is not cached");
   }
   if (anchor_end > index || (anchor == kNoBlock) != (anchor_end == 0)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                where() + "anchor end " + std::to_string(anchor_end) + " for block " +
-                    std::to_string(index) + (anchor == kNoBlock ? " without an anchor" : ""));
+    throw Error(ErrorCode::kInvalidArgument, where() + "anchor end " + std::to_string(anchor_end) +
+                                                 " for block " + std::to_string(index) +
+                                                 (anchor == kNoBlock ? " without an anchor" : ""));
   }
   validate_sequence(seq, index, "BlockPool::cached_after_prefix");
   if (!verifying()) return true;
@@ -877,9 +875,7 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
   if (seq.has_extra_keys(index)) {
     LookupScratch local;  // const calls write nothing shared: the caller's buffers or our own
     LookupScratch& sc = scratch != nullptr ? *scratch : local;
-    const BlockExtraKeys extra = seq.block_extra_keys(index, sc.mm);
-    if (!extra.empty()) {
-      encode_extra_keys(extra, sc.extra);
+    if (encode_block_extra_keys(seq, index, sc)) {
       eid = extra_keys_->find(sc.extra);
       if (eid == 0) return kNoBlock;  // no cached block has these extra keys
     }
