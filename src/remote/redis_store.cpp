@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <atomic>
@@ -226,7 +228,11 @@ namespace {
 class Connection {
  public:
   Connection(const RedisStoreConfig& config, Counters& counters, std::atomic<unsigned>& live)
-      : config_(config), counters_(counters), live_(live) {}
+      : config_(config), counters_(counters), live_(live), in_(kInitialRead) {
+    segments_.reserve(3 * config.pipeline_depth + 1);
+    iov_.reserve(3 * config.pipeline_depth + 1);
+    headers_.resize(config.pipeline_depth);
+  }
   ~Connection() { drop(); }
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -237,6 +243,7 @@ class Connection {
     ctx_ = nullptr;
     if (counted_) live_.fetch_sub(1, std::memory_order_acq_rel);
     counted_ = false;
+    rpos_ = wpos_ = discard_ = 0;
   }
 
   // Connects and authenticates within connect_timeout (+ one AUTH round trip bounded by it).
@@ -285,57 +292,63 @@ class Connection {
   // before any reply arrived (a connection gone stale while idle, e.g. the server restarted):
   // every op is kError and none is known to have run, so the caller may rerun the batch once on
   // a fresh connection (GET, EXISTS and SET of the same value are idempotent).
+  //
+  // The pipeline is written with sendmsg from an iovec list (a put's payload is sent from the
+  // caller's buffer in place: RemoteStore keeps it valid until the op completes) and the replies
+  // are parsed here from one reusable read buffer: a get's value is checked there and copied
+  // once into its destination, which stays untouched unless the value checks out.
   bool run(std::span<const std::uint32_t> batch, std::vector<Slot>& slots,
            std::vector<RemoteResult>& results) {
     Clock::time_point deadline = Clock::time_point::max();
     for (std::uint32_t i : batch) deadline = std::min(deadline, slots[i].deadline);
     results.assign(batch.size(), RemoteResult::kError);
 
-    for (std::uint32_t i : batch) {
-      const Slot& s = slots[i];
-      format(s);
-      if (redisAppendFormattedCommand(ctx_, cmd_.data(), cmd_.size()) != REDIS_OK) {
-        drop();
-        return false;  // every op kError (a local failure: formatting, out of memory)
-      }
-    }
+    build_iovecs(batch, slots);
     // Write the whole pipeline, each wait bounded by the deadline.
-    int done = 0;
-    while (!done) {
+    std::size_t first = 0;  // first iovec not completely written
+    while (first < iov_.size()) {
       const int ready = wait_fd(POLLOUT, deadline);
       if (ready <= 0) {
         fail_from(0, batch.size(), ready == 0, results);
         return ready < 0;
       }
-      if (redisBufferWrite(ctx_, &done) != REDIS_OK) {
+      msghdr msg{};
+      msg.msg_iov = iov_.data() + first;
+      msg.msg_iovlen = std::min<std::size_t>(iov_.size() - first, kMaxIov);
+      const ssize_t n = ::sendmsg(ctx_->fd, &msg, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
         const bool timed_out = Clock::now() >= deadline;
         fail_from(0, batch.size(), timed_out, results);
         return !timed_out;
       }
+      std::size_t left = static_cast<std::size_t>(n);
+      while (left > 0 && left >= iov_[first].iov_len) left -= iov_[first++].iov_len;
+      if (left > 0) {  // a partial write inside iov_[first]
+        iov_[first].iov_base = static_cast<char*>(iov_[first].iov_base) + left;
+        iov_[first].iov_len -= left;
+      }
     }
     // Read one reply per op, in order.
     for (std::size_t k = 0; k < batch.size(); ++k) {
-      void* raw = nullptr;
       while (true) {
-        if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK) {
+        const int parsed = parse_reply(slots[batch[k]], results[k]);
+        if (parsed < 0) {
           fail_from(k, batch.size(), false, results);  // a protocol error: never rerun
           return false;
         }
-        if (raw != nullptr) break;
+        if (parsed > 0) break;
         const int ready = wait_fd(POLLIN, deadline);
         if (ready <= 0) {
           fail_from(k, batch.size(), ready == 0, results);
           return ready < 0 && k == 0;
         }
-        if (redisBufferRead(ctx_) != REDIS_OK) {
+        if (!read_some()) {
           const bool timed_out = Clock::now() >= deadline;
           fail_from(k, batch.size(), timed_out, results);
           return !timed_out && k == 0;
         }
       }
-      auto* reply = static_cast<redisReply*>(raw);
-      results[k] = classify(slots[batch[k]], *reply);
-      freeReplyObject(reply);
     }
     return false;
   }
@@ -370,75 +383,218 @@ class Connection {
     }
   }
 
-  void format(const Slot& s) {
-    format_key(s.key);
-    cmd_.clear();
-    switch (s.kind) {
-      case RemoteOpKind::kExists:
-        cmd_.append("*2\r\n$6\r\nEXISTS\r\n");
-        append_bulk(cmd_, key_);
-        break;
-      case RemoteOpKind::kGet:
-        cmd_.append("*2\r\n$3\r\nGET\r\n");
-        append_bulk(cmd_, key_);
-        break;
-      case RemoteOpKind::kPut: {
-        const std::span<const std::byte> payload(s.buf, s.len);
-        const RemoteValueHeader header =
-            encode_remote_value_header(config_.layout_fingerprint, payload);
-        cmd_.append("*3\r\n$3\r\nSET\r\n");
-        append_bulk(cmd_, key_);
-        cmd_.push_back('$');
-        append_decimal(cmd_, header.size() + payload.size());
-        cmd_.append("\r\n");
-        cmd_.append(reinterpret_cast<const char*>(header.data()), header.size());
-        cmd_.append(reinterpret_cast<const char*>(payload.data()), payload.size());
-        cmd_.append("\r\n");
-        break;
+  // Appends to the scratch text, extending the last segment when it is scratch too.
+  void add_scratch(std::string_view text) {
+    const std::size_t off = scratch_.size();
+    scratch_.append(text);
+    if (!segments_.empty() && segments_.back().ext == nullptr) {
+      segments_.back().len += text.size();
+    } else {
+      segments_.push_back({nullptr, off, text.size()});
+    }
+  }
+  void add_external(const void* data, std::size_t len) {
+    if (len > 0) segments_.push_back({static_cast<const char*>(data), 0, len});
+  }
+
+  // The pipeline as iovecs: per op its RESP prefix and key (scratch; consecutive scratch runs
+  // merge into one iovec), and for a put the value header, the caller's payload in place and the
+  // closing "\r\n".
+  void build_iovecs(std::span<const std::uint32_t> batch, const std::vector<Slot>& slots) {
+    scratch_.clear();
+    segments_.clear();
+    if (headers_.size() < batch.size()) headers_.resize(batch.size());
+    for (std::size_t k = 0; k < batch.size(); ++k) {
+      const Slot& s = slots[batch[k]];
+      format_key(s.key);
+      line_.clear();
+      switch (s.kind) {
+        case RemoteOpKind::kExists:
+          line_.append("*2\r\n$6\r\nEXISTS\r\n");
+          append_bulk(line_, key_);
+          add_scratch(line_);
+          break;
+        case RemoteOpKind::kGet:
+          line_.append("*2\r\n$3\r\nGET\r\n");
+          append_bulk(line_, key_);
+          add_scratch(line_);
+          break;
+        case RemoteOpKind::kPut: {
+          const std::span<const std::byte> payload(s.buf, s.len);
+          headers_[k] = encode_remote_value_header(config_.layout_fingerprint, payload);
+          line_.append("*3\r\n$3\r\nSET\r\n");
+          append_bulk(line_, key_);
+          line_.push_back('$');
+          append_decimal(line_, headers_[k].size() + payload.size());
+          line_.append("\r\n");
+          add_scratch(line_);
+          add_external(headers_[k].data(), headers_[k].size());
+          add_external(payload.data(), payload.size());
+          add_scratch("\r\n");
+          break;
+        }
       }
+    }
+    iov_.clear();
+    for (const Segment& g : segments_) {
+      const char* base = g.ext != nullptr ? g.ext : scratch_.data() + g.off;
+      iov_.push_back(iovec{const_cast<char*>(base), g.len});  // only read by sendmsg
     }
   }
 
-  RemoteResult classify(const Slot& s, const redisReply& r) {
-    if (r.type == REDIS_REPLY_ERROR) {
-      if (s.kind == RemoteOpKind::kPut && r.len >= 3 && std::memcmp(r.str, "OOM", 3) == 0) {
-        return RemoteResult::kSkippedFull;
-      }
-      return RemoteResult::kError;
+  // Reads what the socket has into the read buffer. False on an I/O error or end of stream.
+  bool read_some() {
+    if (rpos_ == wpos_) rpos_ = wpos_ = 0;
+    if (wpos_ == in_.size()) {
+      compact();
+      if (wpos_ == in_.size()) in_.resize(2 * in_.size());
     }
-    switch (s.kind) {
-      case RemoteOpKind::kExists:
-        if (r.type != REDIS_REPLY_INTEGER) return RemoteResult::kError;
-        return r.integer > 0 ? RemoteResult::kHit : RemoteResult::kMiss;
-      case RemoteOpKind::kGet: {
-        if (r.type == REDIS_REPLY_NIL) return RemoteResult::kMiss;
-        if (r.type != REDIS_REPLY_STRING) return RemoteResult::kError;
-        const std::span<const std::byte> value(reinterpret_cast<const std::byte*>(r.str), r.len);
+    while (true) {
+      const ssize_t n = ::recv(ctx_->fd, in_.data() + wpos_, in_.size() - wpos_, 0);
+      if (n > 0) {
+        wpos_ += static_cast<std::size_t>(n);
+        return true;
+      }
+      if (n == 0) return false;  // the server closed the connection
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK;  // nothing yet: poll again
+    }
+  }
+
+  void compact() noexcept {
+    if (rpos_ == 0) return;
+    std::memmove(in_.data(), in_.data() + rpos_, wpos_ - rpos_);
+    wpos_ -= rpos_;
+    rpos_ = 0;
+  }
+
+  // Room for a reply of `total` bytes starting at rpos_ (a value of the size a get expects:
+  // bounded by max_value_bytes). Twice that, so that a read running into the next reply seldom
+  // needs a move.
+  void ensure_room(std::size_t total) {
+    if (rpos_ + total <= in_.size()) return;
+    compact();
+    if (total > in_.size()) in_.resize(std::max(2 * total, 2 * in_.size()));
+  }
+
+  // Parses the reply to `s` from the read buffer into `out`: 1 done, 0 more bytes needed, -1 a
+  // protocol error. Only what GET, SET and EXISTS answer is expected: +status, -error,
+  // :integer, $bulk and $-1 (nil); anything else is a protocol error. A bulk of another length
+  // than a get expects (or any bulk for EXISTS / SET) is skipped as it streams in, never
+  // buffered whole.
+  int parse_reply(const Slot& s, RemoteResult& out) {
+    if (discard_ > 0) {
+      const std::size_t take = std::min(discard_, wpos_ - rpos_);
+      rpos_ += take;
+      discard_ -= take;
+      if (discard_ > 0) return 0;
+      out = discard_result_;
+      return 1;
+    }
+    const char* begin = in_.data() + rpos_;
+    const std::size_t avail = wpos_ - rpos_;
+    const auto* nl = static_cast<const char*>(std::memchr(begin, '\n', avail));
+    if (nl == nullptr) return avail > kMaxLine ? -1 : 0;
+    if (nl - begin < 2 || nl[-1] != '\r') return -1;
+    const std::string_view body(begin + 1, static_cast<std::size_t>(nl - 1 - (begin + 1)));
+    const std::size_t line = static_cast<std::size_t>(nl + 1 - begin);
+    const auto parse_int = [&](long long& v) {
+      const auto r = std::from_chars(body.data(), body.data() + body.size(), v);
+      return r.ec == std::errc() && r.ptr == body.data() + body.size();
+    };
+    switch (begin[0]) {
+      case '+':
+        out = s.kind == RemoteOpKind::kPut ? RemoteResult::kStored : RemoteResult::kError;
+        rpos_ += line;
+        return 1;
+      case '-':
+        out = s.kind == RemoteOpKind::kPut && body.substr(0, 3) == "OOM"
+                  ? RemoteResult::kSkippedFull
+                  : RemoteResult::kError;
+        rpos_ += line;
+        return 1;
+      case ':': {
+        long long v = 0;
+        if (!parse_int(v)) return -1;
+        out = s.kind != RemoteOpKind::kExists ? RemoteResult::kError
+              : v > 0                         ? RemoteResult::kHit
+                                              : RemoteResult::kMiss;
+        rpos_ += line;
+        return 1;
+      }
+      case '$': {
+        long long v = 0;
+        if (!parse_int(v) || v < -1) return -1;
+        if (v == -1) {
+          out = s.kind == RemoteOpKind::kGet ? RemoteResult::kMiss : RemoteResult::kError;
+          rpos_ += line;
+          return 1;
+        }
+        const auto len = static_cast<std::size_t>(v);
+        if (s.kind != RemoteOpKind::kGet || len != kRemoteValueHeaderSize + s.len) {
+          // Not a value this get can take: a length mismatch (never a checksum failure).
+          if (s.kind == RemoteOpKind::kGet) {
+            bump(counters_.header_mismatches);
+            discard_result_ = RemoteResult::kInvalidValue;
+          } else {
+            discard_result_ = RemoteResult::kError;
+          }
+          rpos_ += line;
+          discard_ = len + 2;
+          return parse_reply(s, out);
+        }
+        if (avail < line + len + 2) {
+          ensure_room(line + len + 2);
+          return 0;
+        }
+        const char* data = begin + line;
+        if (data[len] != '\r' || data[len + 1] != '\n') return -1;
+        const std::span<const std::byte> value(reinterpret_cast<const std::byte*>(data), len);
         const RemoteValueCheck check = check_remote_value(value, config_.layout_fingerprint, s.len);
         if (check == RemoteValueCheck::kChecksumMismatch) {
           bump(counters_.checksum_failures);
-          return RemoteResult::kInvalidValue;
-        }
-        if (check != RemoteValueCheck::kOk) {
+          out = RemoteResult::kInvalidValue;
+        } else if (check != RemoteValueCheck::kOk) {
           bump(counters_.header_mismatches);
-          return RemoteResult::kInvalidValue;
+          out = RemoteResult::kInvalidValue;
+        } else {
+          std::memcpy(s.buf, value.data() + kRemoteValueHeaderSize, s.len);
+          out = RemoteResult::kHit;
         }
-        std::memcpy(s.buf, value.data() + kRemoteValueHeaderSize, s.len);
-        return RemoteResult::kHit;
+        rpos_ += line + len + 2;
+        return 1;
       }
-      case RemoteOpKind::kPut:
-        return r.type == REDIS_REPLY_STATUS ? RemoteResult::kStored : RemoteResult::kError;
+      default:
+        return -1;
     }
-    return RemoteResult::kError;
   }
+
+  struct Segment {
+    const char* ext;  // external bytes (value header, payload), or nullptr: scratch_ + off
+    std::size_t off;
+    std::size_t len;
+  };
+
+  static constexpr std::size_t kInitialRead = 256 << 10;
+  static constexpr std::size_t kMaxIov = 1024;      // Linux UIO_MAXIOV: iovecs per sendmsg
+  static constexpr std::size_t kMaxLine = 1 << 16;  // longest status / error / length line
 
   const RedisStoreConfig& config_;
   Counters& counters_;
   std::atomic<unsigned>& live_;  // Impl::connected
   bool counted_ = false;         // this connection is counted in live_
-  redisContext* ctx_ = nullptr;
-  std::string key_;  // scratch: the current op's key
-  std::string cmd_;  // scratch: the current op's RESP command
+  redisContext* ctx_ = nullptr;  // hiredis connects and authenticates; I/O is done here
+  std::string key_;              // scratch: the current op's key
+  std::string line_;             // scratch: the current op's RESP text
+  std::string scratch_;          // the pipeline's RESP text (prefixes, keys, "\r\n")
+  std::vector<Segment> segments_;
+  std::vector<RemoteValueHeader> headers_;  // the pipeline's put headers, by batch position
+  std::vector<iovec> iov_;
+  std::vector<char> in_;  // read buffer: replies from rpos_ to wpos_
+  std::size_t rpos_ = 0;
+  std::size_t wpos_ = 0;
+  std::size_t discard_ = 0;  // bytes of a skipped bulk still to come
+  RemoteResult discard_result_ = RemoteResult::kError;
 };
 
 }  // namespace

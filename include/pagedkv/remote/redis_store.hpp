@@ -1,5 +1,8 @@
 // pagedkv/remote/redis_store.hpp: RemoteStore on Redis (one server, or several behind a
-// Redis-protocol proxy such as twemproxy), through hiredis' blocking API on I/O threads.
+// Redis-protocol proxy such as twemproxy), on I/O threads. hiredis connects and authenticates;
+// the pipelines are written with sendmsg (a put's payload goes out from the caller's buffer, no
+// copy) and their replies parsed by the store from one reusable buffer per connection (a get's
+// value is checked there and copied once into its destination).
 //
 // Keys are "<namespace>/<hex of the block hash>"; values are remote_value.hpp's header + payload.
 // Only single-key GET, SET, EXISTS (and AUTH at connect) are sent, pipelined per connection, so any
