@@ -28,6 +28,9 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
     throw Error(ErrorCode::kInvalidArgument,
                 "RemoteTier: kOnHostEviction needs eviction_staging_blocks > 0");
   }
+  std::size_t table = 2;
+  while (table < 2 * slots) table *= 2;
+  fetching_.resize(table);
   slot_loads_.assign(slots, 0);
   slot_put_.assign(slots, 0);
   std::size_t staging = 0;
@@ -70,6 +73,7 @@ RemoteTier::~RemoteTier() {
       if (f.slot != kNullBlockId) tier_.commit(f.id, false);
     }
   }
+  for (FetchEntry& e : fetching_) e.ticket = 0;
   for (auto& [ticket, batch] : puts_) {
     for (PutItem& item : batch.items) release(item);
   }
@@ -111,6 +115,7 @@ void RemoteTier::add_request(const Request& request, Clock::time_point now) {
   p.request = &request;
   p.start = start;
   p.deadline = now + config_.timeout;
+  p.serial = next_serial_++;
   ++stats_.requests;
   if (start < max_blocks) {
     const auto keys = hashes.subspan(start, max_blocks - start);
@@ -133,17 +138,30 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
   GetBatch batch;
   batch.request = id;
   get_ops_.clear();
+  shared_.clear();
   const std::span<const BlockHash> hashes = p.request->block_hashes();
   for (std::size_t i = p.start; i < p.start + run; ++i) {
     if (tier_.host_holds(*p.request, i)) continue;  // e.g. stored meanwhile by another request
+    // (An entry always names a batch in gets_: it is erased when its fill commits.)
+    if (const FetchEntry* e = fetch_find(hashes[i]); e != nullptr && gets_.count(e->ticket) != 0) {
+      shared_.emplace_back(e->ticket, e->index);  // another request's get is fetching it
+      continue;
+    }
     const std::optional<HostFill> fill = tier_.begin_fill(*p.request, i);
     if (!fill) {
       stats_.fills_no_slot += p.start + run - i;
       break;
     }
     batch.fills.push_back(*fill);
+    batch.keys.push_back(hashes[i]);
     get_ops_.push_back({hashes[i], slot_bytes(fill->slot)});
   }
+  for (const auto& [ticket, index] : shared_) {
+    gets_.find(ticket)->second.waiters.push_back(Waiter{index, id, p.serial});
+  }
+  stats_.fills_shared += shared_.size();
+  p.shared_waits = shared_.size();
+  if (p.shared_waits > 0) p.phase = Phase::kLoading;
   if (batch.fills.empty()) return;
   RemoteTicket ticket = 0;  // tickets start at 1
   try {
@@ -161,7 +179,49 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
   in_flight_ += batch.fills.size();
   p.phase = Phase::kLoading;
   p.get_ticket = ticket;
+  for (std::size_t k = 0; k < batch.keys.size(); ++k) {
+    fetch_insert(batch.keys[k], ticket, static_cast<std::uint32_t>(k));
+  }
   gets_.emplace(ticket, std::move(batch));
+}
+
+RemoteTier::FetchEntry* RemoteTier::fetch_find(const BlockHash& key) noexcept {
+  const std::size_t mask = fetching_.size() - 1;
+  for (std::size_t i = std::hash<BlockHash>{}(key)&mask;; i = (i + 1) & mask) {
+    if (fetching_[i].ticket == 0) return nullptr;
+    if (fetching_[i].key == key) return &fetching_[i];
+  }
+}
+
+void RemoteTier::fetch_insert(const BlockHash& key, RemoteTicket ticket,
+                              std::uint32_t index) noexcept {
+  const std::size_t mask = fetching_.size() - 1;
+  std::size_t i = std::hash<BlockHash>{}(key)&mask;
+  while (fetching_[i].ticket != 0) i = (i + 1) & mask;
+  fetching_[i] = FetchEntry{key, ticket, index};
+}
+
+void RemoteTier::fetch_erase(const BlockHash& key) noexcept {
+  FetchEntry* e = fetch_find(key);
+  if (e == nullptr) return;
+  const std::size_t mask = fetching_.size() - 1;
+  auto hole = static_cast<std::size_t>(e - fetching_.data());
+  // Backward shift: move each later entry of the run whose home is not between the hole and it.
+  for (std::size_t j = (hole + 1) & mask; fetching_[j].ticket != 0; j = (j + 1) & mask) {
+    const std::size_t home = std::hash<BlockHash>{}(fetching_[j].key) & mask;
+    const bool stays = hole < j ? (home > hole && home <= j) : (home > hole || home <= j);
+    if (stays) continue;
+    fetching_[hole] = fetching_[j];
+    hole = j;
+  }
+  fetching_[hole].ticket = 0;
+}
+
+void RemoteTier::release_waiter(const Waiter& w) noexcept {
+  const auto it = pending_.find(w.request);
+  if (it == pending_.end() || it->second.serial != w.serial) return;  // removed meanwhile
+  Pending& p = it->second;
+  if (p.shared_waits > 0 && --p.shared_waits == 0 && p.get_ticket == 0) p.phase = Phase::kDone;
 }
 
 void RemoteTier::handle(const RemoteCompletion& c) {
@@ -181,6 +241,10 @@ void RemoteTier::handle(const RemoteCompletion& c) {
       const bool ok = c.result == RemoteResult::kHit;
       tier_.commit(batch.fills[c.index].id, ok);
       batch.fills[c.index].slot = kNullBlockId;  // committed
+      fetch_erase(batch.keys[c.index]);
+      for (const Waiter& w : batch.waiters) {
+        if (w.index == c.index) release_waiter(w);
+      }
       if (ok) {
         ++stats_.loaded_blocks;
         stats_.loaded_bytes += config_.bytes_per_block;
@@ -193,7 +257,8 @@ void RemoteTier::handle(const RemoteCompletion& c) {
       if (!batch.request_gone) {
         const auto p = pending_.find(batch.request);
         if (p != pending_.end() && p->second.get_ticket == c.ticket) {
-          p->second.phase = Phase::kDone;
+          p->second.get_ticket = 0;
+          if (p->second.shared_waits == 0) p->second.phase = Phase::kDone;
         }
       }
       gets_.erase(it);

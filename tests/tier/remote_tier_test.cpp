@@ -231,6 +231,60 @@ TEST_F(RemoteTierTest, SecondEngineLoadsTheFirstOnesPrefixInsteadOfComputing) {
   EXPECT_EQ(again.computed_tokens, 1u);
 }
 
+// Two requests arriving together with the same remote prefix: one get per block, not two. The
+// second request waits for the first one's fills: whenever it becomes ready, every block of the
+// run is in the host tier already.
+TEST_F(RemoteTierTest, RequestsArrivingTogetherFetchASharedPrefixOnce) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  {
+    Engine a(server.port(), "ns-shared");
+    a.run(1, kPrompt);
+    ASSERT_TRUE(a.drain());
+    ASSERT_EQ(a.remote().stats().stored_blocks, 10u);
+  }
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kWaitComplete;
+  Engine b(server.port(), "ns-shared", rc);
+  const Request r1 = b.tier().make_request(1, kPrompt);
+  const Request r2 = b.tier().make_request(2, kPrompt);
+  const auto arrived = Clock::now();
+  b.remote().add_request(r1, arrived);
+  b.remote().add_request(r2, arrived);
+  // Let both probes answer before the first poll, so that both requests start their fills in
+  // the same poll (with the first one's gets certainly in flight when the second one starts).
+  std::this_thread::sleep_for(200ms);
+  bool ready1 = false;
+  bool ready2 = false;
+  while (!(ready1 && ready2)) {
+    const auto now = Clock::now();
+    ASSERT_LT(now - arrived, 20s) << "never ready";
+    b.remote().poll(now);
+    for (auto [r, ready] : {std::pair{&r1, &ready1}, std::pair{&r2, &ready2}}) {
+      if (*ready || !b.remote().ready(r->id(), now)) continue;
+      *ready = true;
+      for (std::size_t i = 0; i < 10; ++i) {
+        EXPECT_TRUE(b.tier().host_holds(*r, i))
+            << "request " << r->id() << " ready before block " << i << " was in the host tier";
+      }
+    }
+    std::this_thread::sleep_for(100us);
+  }
+  b.remote().remove_request(1);
+  b.remote().remove_request(2);
+  RemoteTierStats s = b.remote().stats();
+  EXPECT_EQ(s.probe_hit_blocks, 20u);  // both probed the run
+  EXPECT_EQ(s.fills, 10u);             // one get per block
+  EXPECT_EQ(s.fills_shared, 10u);
+  EXPECT_EQ(s.loaded_blocks, 10u);
+  EXPECT_EQ(b.store().stats().gets, 10u);
+  // Both are now host hits over the whole run; run() checks every loaded byte.
+  EXPECT_EQ(b.run(3, kPrompt).host_hit_tokens, 40u);
+  s = b.remote().stats();
+  EXPECT_EQ(s.fills, 10u);  // nothing fetched again
+  b.tier().check_invariants();
+}
+
 TEST_F(RemoteTierTest, AnotherNamespaceIsAMiss) {
   test::RedisServer server;
   ASSERT_TRUE(server.start());

@@ -21,6 +21,9 @@
 //   4. remove_request(id) once scheduled or dropped; its gets still in flight complete later.
 // A missing, failed, timed-out or corrupt remote block (and a host tier without a free slot)
 // ends the run there: those blocks are recomputed.
+// Gets are deduplicated by block hash: a remote hit whose block another request's get is fetching
+// already is not fetched again; the request waits for that fill instead (its readiness counts it
+// as one of its own gets), and finds the block in the host tier once it is committed.
 //
 // Stores: host-slot bytes go to the store in the background, by store_policy:
 //   kWriteThrough    store_min_hits == 0: every block the host tier caches from the GPU (a store
@@ -98,6 +101,8 @@ struct RemoteTierStats {
   std::uint64_t fills = 0;             // gets submitted into pinned host slots
   std::uint64_t fills_no_slot = 0;     // remote hits dropped: no free host slot
   std::uint64_t fills_refused = 0;     // gets refused by the store's full queue
+  std::uint64_t fills_shared = 0;      // remote hits another request's get in flight was fetching
+                                       // already: waited for, not fetched again
   std::uint64_t loaded_blocks = 0;     // gets that loaded a checked value (fill done)
   std::uint64_t load_misses = 0;       // gets that did not (miss, corrupt, timeout, error)
   std::uint64_t loaded_bytes = 0;      // loaded_blocks x bytes_per_block
@@ -142,15 +147,37 @@ class RemoteTier {
     std::size_t start = 0;  // first probed block
     Phase phase = Phase::kProbing;
     Clock::time_point deadline{};
-    RemoteTicket get_ticket = 0;
-    bool timed_out = false;  // counted in ready_by_timeout
+    RemoteTicket get_ticket = 0;   // its own gets in flight (0: none)
+    std::size_t shared_waits = 0;  // fills of other requests' gets it waits for
+    std::uint64_t serial = 0;      // tells this request from a later one with the same id
+    bool timed_out = false;        // counted in ready_by_timeout
+  };
+  // A request waiting for fill `index` of another request's get batch.
+  struct Waiter {
+    std::uint32_t index = 0;
+    RequestId request = 0;
+    std::uint64_t serial = 0;
   };
   struct GetBatch {
     RequestId request = 0;
     bool request_gone = false;
     std::size_t outstanding = 0;
     std::vector<HostFill> fills;
+    std::vector<BlockHash> keys;  // by fill
+    std::vector<Waiter> waiters;
   };
+  // Fills in flight by block hash: an open-addressing table (linear probing, backward-shift
+  // erase) sized at construction to twice the host slots, which bound the fills in flight (each
+  // pins one), so it never fills up and never allocates.
+  struct FetchEntry {
+    BlockHash key;
+    RemoteTicket ticket = 0;  // 0: empty
+    std::uint32_t index = 0;  // fill index in that get batch
+  };
+  FetchEntry* fetch_find(const BlockHash& key) noexcept;
+  void fetch_insert(const BlockHash& key, RemoteTicket ticket, std::uint32_t index) noexcept;
+  void fetch_erase(const BlockHash& key) noexcept;
+  void release_waiter(const Waiter& w) noexcept;
 
   void start_fills(RequestId id, Pending& p);
   void on_cached(BlockId slot, bool from_fill);
@@ -168,6 +195,9 @@ class RemoteTier {
   RemoteTierStats stats_;
 
   std::unordered_map<RequestId, Pending> pending_;
+  std::uint64_t next_serial_ = 1;
+  std::vector<FetchEntry> fetching_;                            // size a power of two
+  std::vector<std::pair<RemoteTicket, std::uint32_t>> shared_;  // scratch: start_fills' waits
   // One put: a pinned host slot, or a staging buffer holding an evicted block's copy.
   static constexpr std::uint32_t kNoStaging = ~std::uint32_t{0};
   struct PutItem {
