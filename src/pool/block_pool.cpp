@@ -29,11 +29,18 @@ std::vector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
   return blocks;
 }
 
+bool encode_present_extra_keys(const BlockSequence& seq, std::size_t p,
+                               BlockPool::LookupScratch& sc);
+
 // Encodes seq's block `p`'s extra keys (canonical form) into sc.extra; false when it has none
-// (most blocks: then nothing is built).
-bool encode_block_extra_keys(const BlockSequence& seq, std::size_t p,
-                             BlockPool::LookupScratch& sc) {
-  if (!seq.has_extra_keys(p)) return false;
+// (most blocks: then nothing is built, and the check is inlined).
+inline bool encode_block_extra_keys(const BlockSequence& seq, std::size_t p,
+                                    BlockPool::LookupScratch& sc) {
+  return seq.has_extra_keys(p) && encode_present_extra_keys(seq, p, sc);
+}
+
+bool encode_present_extra_keys(const BlockSequence& seq, std::size_t p,
+                               BlockPool::LookupScratch& sc) {
   const BlockExtraKeys extra = seq.block_extra_keys(p, sc.mm);
   if (extra.empty()) return false;
   encode_extra_keys(extra, sc.extra);
@@ -161,14 +168,16 @@ struct BlockPool::ContentTable {
   std::vector<Slot> slots;
   std::size_t mask = 0;
   std::size_t live = 0;
+  std::size_t num_entries = 0;  // words.size() / stride, kept (no division per block)
 
   ContentTable(std::size_t max_tokens, std::size_t entries) : stride(kHeader + max_tokens) {
     words.assign(std::max<std::size_t>(entries, 2) * stride, 0);
+    num_entries = words.size() / stride;
     free_ids.reserve(capacity());
     slots.assign(slot_count(capacity()), Slot{0, 0});
     mask = slots.size() - 1;
   }
-  std::size_t capacity() const noexcept { return words.size() / stride; }
+  std::size_t capacity() const noexcept { return num_entries; }
   static std::size_t slot_count(std::size_t entries) noexcept {
     std::size_t n = 8;
     while (n < 2 * entries) n *= 2;
@@ -211,6 +220,7 @@ struct BlockPool::ContentTable {
     words.swap(w);
     slots.swap(s);
     mask = m;
+    num_entries = cap;
   }
 
   template <typename Match>
