@@ -29,11 +29,18 @@ std::vector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
   return blocks;
 }
 
+bool encode_present_extra_keys(const BlockSequence& seq, std::size_t p,
+                               BlockPool::LookupScratch& sc);
+
 // Encodes seq's block `p`'s extra keys (canonical form) into sc.extra; false when it has none
-// (most blocks: then nothing is built).
-bool encode_block_extra_keys(const BlockSequence& seq, std::size_t p,
-                             BlockPool::LookupScratch& sc) {
-  if (!seq.has_extra_keys(p)) return false;
+// (most blocks: then nothing is built, and the check is inlined).
+inline bool encode_block_extra_keys(const BlockSequence& seq, std::size_t p,
+                                    BlockPool::LookupScratch& sc) {
+  return seq.has_extra_keys(p) && encode_present_extra_keys(seq, p, sc);
+}
+
+bool encode_present_extra_keys(const BlockSequence& seq, std::size_t p,
+                               BlockPool::LookupScratch& sc) {
   const BlockExtraKeys extra = seq.block_extra_keys(p, sc.mm);
   if (extra.empty()) return false;
   encode_extra_keys(extra, sc.extra);
@@ -161,14 +168,16 @@ struct BlockPool::ContentTable {
   std::vector<Slot> slots;
   std::size_t mask = 0;
   std::size_t live = 0;
+  std::size_t num_entries = 0;  // words.size() / stride, kept (no division per block)
 
   ContentTable(std::size_t max_tokens, std::size_t entries) : stride(kHeader + max_tokens) {
     words.assign(std::max<std::size_t>(entries, 2) * stride, 0);
+    num_entries = words.size() / stride;
     free_ids.reserve(capacity());
     slots.assign(slot_count(capacity()), Slot{0, 0});
     mask = slots.size() - 1;
   }
-  std::size_t capacity() const noexcept { return words.size() / stride; }
+  std::size_t capacity() const noexcept { return num_entries; }
   static std::size_t slot_count(std::size_t entries) noexcept {
     std::size_t n = 8;
     while (n < 2 * entries) n *= 2;
@@ -211,6 +220,7 @@ struct BlockPool::ContentTable {
     words.swap(w);
     slots.swap(s);
     mask = m;
+    num_entries = cap;
   }
 
   template <typename Match>
@@ -346,7 +356,6 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
   }
   // free_blocks() never allocates: a call queues each block at most once.
   unhashed_scratch_.reserve(n);
-  hashed_scratch_.reserve(n);
 }
 
 BlockPool::~BlockPool() = default;
@@ -355,12 +364,9 @@ double BlockPool::usage() const noexcept {
   return 1.0 - static_cast<double>(free_queue_.size()) / (config_.num_blocks - 1);
 }
 
-const KVCacheBlock& BlockPool::block(BlockId id) const {
-  if (id < 0 || id >= config_.num_blocks) {
-    throw Error(ErrorCode::kOutOfRange, "BlockPool: " + id_text(id) + " is out of range [0, " +
-                                            std::to_string(config_.num_blocks) + ")");
-  }
-  return blocks_[static_cast<std::size_t>(id)];
+void BlockPool::throw_out_of_range(BlockId id) const {
+  throw Error(ErrorCode::kOutOfRange, "BlockPool: " + id_text(id) + " is out of range [0, " +
+                                          std::to_string(config_.num_blocks) + ")");
 }
 
 // ---- events: reserved before a change, recorded during it, delivered after it ----
@@ -460,7 +466,39 @@ void BlockPool::touch(std::span<const BlockId> ids) {
   }
 }
 
+void BlockPool::requeue(BlockId id) {
+  const KVCacheBlock& b = block(id);
+  if (b.is_null || b.ref_cnt != 0) return;  // touch + free leave a held block as it was
+  if (b.is_cached()) {
+    if (free_queue_.back() == id) return;  // already the most recently used
+    free_queue_.remove(id);
+    free_queue_.append(id);
+  } else {
+    if (free_queue_.front() == id) return;
+    free_queue_.remove(id);
+    free_queue_.prepend(id);
+  }
+}
+
 void BlockPool::free_blocks(std::span<const BlockId> ordered) {
+  if (ordered.size() == 1) {  // one block (a tier's slot): no duplicate to look for
+    const BlockId id = ordered[0];
+    (void)block(id);  // throws kOutOfRange
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_null) return;
+    if (b.ref_cnt <= 0) {
+      throw Error(ErrorCode::kInvalidState, "BlockPool::free_blocks: " + id_text(id) +
+                                                " is already free (ref count 0): double free");
+    }
+    if (--b.ref_cnt == 0) {
+      if (b.is_cached()) {
+        free_queue_.append(id);
+      } else {
+        free_queue_.prepend(id);
+      }
+    }
+    return;
+  }
   // Validate without side effects: a block being freed has ref > 0, so flipping its sign marks
   // it as seen in this call (a second sighting is a duplicate); the marks are undone below.
   auto unmark = [&](std::size_t count) {
@@ -471,9 +509,9 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
   };
   for (std::size_t k = 0; k < ordered.size(); ++k) {
     const BlockId id = ordered[k];
-    if (id < 0 || id >= config_.num_blocks) {
+    if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks)) {
       unmark(k);
-      (void)block(id);  // throws kOutOfRange with the standard message
+      throw_out_of_range(id);
     }
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
@@ -489,17 +527,24 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
     }
     b.ref_cnt = -b.ref_cnt;
   }
-  unmark(ordered.size());
-  // The scratch vectors hold num_blocks ids (reserved at construction): no allocation here.
+  // The change, in one pass that also undoes the marks (every id is valid and appears once):
+  // hashed blocks reaching ref 0 go to the tail in order; unhashed ones are collected and then
+  // put at the head as a group. The scratch vector holds num_blocks ids (reserved at
+  // construction): no allocation here.
   unhashed_scratch_.clear();
-  hashed_scratch_.clear();
   for (const BlockId id : ordered) {
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
-    if (--b.ref_cnt == 0) (b.is_cached() ? hashed_scratch_ : unhashed_scratch_).push_back(id);
+    b.ref_cnt = -b.ref_cnt - 1;
+    if (b.ref_cnt == 0) {
+      if (b.is_cached()) {
+        free_queue_.append(id);
+      } else {
+        unhashed_scratch_.push_back(id);
+      }
+    }
   }
   free_queue_.prepend_n(unhashed_scratch_);
-  free_queue_.append_n(hashed_scratch_);
 }
 
 void BlockPool::validate_sequence(const BlockSequence& seq, std::size_t last,
@@ -658,12 +703,15 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
       if (b.ref_cnt < 0) b.ref_cnt = -b.ref_cnt;
     }
   };
+  if (st.pool_ != nullptr && st.pool_ != this) {
+    throw Error(ErrorCode::kInvalidArgument, where() + "the store was prepared by another pool");
+  }
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const BlockId id = blocks[k];
     const char* problem = nullptr;
-    if (id < 0 || id >= config_.num_blocks) {
+    if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks)) {
       unmark(k);
-      (void)block(id);  // throws kOutOfRange
+      throw_out_of_range(id);
     }
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     ErrorCode code = ErrorCode::kInvalidState;
@@ -684,16 +732,18 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     }
     b.ref_cnt = -b.ref_cnt;
   }
-  unmark(blocks.size());
-  if (st.pool_ == nullptr) return;  // caching off or an empty range
-  if (st.pool_ != this) {
-    throw Error(ErrorCode::kInvalidArgument, where() + "the store was prepared by another pool");
+  if (st.pool_ == nullptr) {  // caching off or an empty range
+    unmark(blocks.size());
+    return;
   }
 
-  // The change: nothing below allocates or throws (the map has room for every block).
+  // The change: nothing below allocates or throws (the map has room for every block). The
+  // first pass undoes the marks and starts loading what the second writes.
   const auto hashes = st.seq_.block_hashes;
   const std::size_t bs = config_.block_size;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(blocks[k])];
+    b.ref_cnt = -b.ref_cnt;
     hash_map_.prefetch(hashes[st.first_ + k], st.group_);  // overlap the table's misses
     if (chain_identity_) {  // and those of the stored material written below
       const auto i = static_cast<std::size_t>(blocks[k]);
@@ -1171,15 +1221,15 @@ BlockPoolSnapshot BlockPool::snapshot() const {
 }
 
 double BlockPool::metadata_bytes_per_block() const noexcept {
-  const double bytes = static_cast<double>(
-      blocks_.size() * sizeof(KVCacheBlock) + free_queue_.memory_bytes() +
-      2 * hash_map_.capacity() * sizeof(BlockId) + stored_.size() * sizeof(Stored) +
-      block_tokens_.size() * sizeof(TokenId) +
-      (contents_ ? contents_->words.size() * sizeof(std::uint32_t) +
-                       contents_->slots.size() * sizeof(ContentTable::Slot) +
-                       contents_->free_ids.capacity() * sizeof(std::uint32_t)
-                 : 0) +
-      (unhashed_scratch_.capacity() + hashed_scratch_.capacity()) * sizeof(BlockId));
+  const double bytes =
+      static_cast<double>(blocks_.size() * sizeof(KVCacheBlock) + free_queue_.memory_bytes() +
+                          2 * hash_map_.capacity() * sizeof(BlockId) +
+                          stored_.size() * sizeof(Stored) + block_tokens_.size() * sizeof(TokenId) +
+                          (contents_ ? contents_->words.size() * sizeof(std::uint32_t) +
+                                           contents_->slots.size() * sizeof(ContentTable::Slot) +
+                                           contents_->free_ids.capacity() * sizeof(std::uint32_t)
+                                     : 0) +
+                          unhashed_scratch_.capacity() * sizeof(BlockId));
   return bytes / static_cast<double>(blocks_.size());
 }
 

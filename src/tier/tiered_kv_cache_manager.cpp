@@ -256,8 +256,7 @@ std::optional<BlockId> TieredKVCacheManager::take_host_slot(bool& evicted) {
 
 void TieredKVCacheManager::refresh(BlockId slot) {
   // An unpinned cached slot that was just in use: back to the LRU tail.
-  host_.touch(std::span<const BlockId>(&slot, 1));
-  host_.free_blocks(std::span<const BlockId>(&slot, 1));
+  host_.requeue(slot);
 }
 
 bool TieredKVCacheManager::host_has(BlockId gpu_block) {

@@ -224,6 +224,123 @@ TEST(BlockPool, BadInputIsRejectedWithStateUnchanged) {
       pool, [&] { pool.free_blocks(std::vector<BlockId>{blocks[0]}); }, "double free");
 }
 
+TEST(BlockPool, OneBlockFreeIsRejectedWithStateUnchanged) {
+  BlockPool pool(config(6));
+  const auto blocks = take(pool, 2);
+  expect_rejected(
+      pool, [&] { pool.free_blocks(std::vector<BlockId>{6}); }, "block 6 is out of range");
+  expect_rejected(
+      pool, [&] { pool.free_blocks(std::vector<BlockId>{-3}); }, "out of range");
+  expect_rejected(
+      pool, [&] { pool.free_blocks(std::vector<BlockId>{5}); }, "double free");
+  expect_rejected(
+      pool, [&] { pool.requeue(6); }, "block 6 is out of range");
+  expect_rejected(
+      pool, [&] { pool.requeue(-1); }, "out of range");
+  pool.free_blocks(std::vector<BlockId>{0});  // the null block is skipped
+  pool.free_blocks(std::vector<BlockId>{blocks[1]});
+  EXPECT_EQ(pool.free_queue().front(), blocks[1]);  // unhashed: reused first
+  pool.check_invariants();
+}
+
+// requeue(id) is touch({id}) then free_blocks({id}): same pool, for every block in every state
+// (free cached at any queue position, free uncached, held, the null block).
+TEST(BlockPool, RequeueEqualsTouchThenFree) {
+  auto build = [](BlockPool& pool) {
+    const auto seq = sequence(iota_tokens(0, 16));
+    const auto blocks = take(pool, 6);
+    pool.cache_full_blocks(seq.sequence(), blocks, 0, 4);
+    // Cached blocks 0..3 freed (0, 1, 2 free; 3 keeps a second holder); 4 freed uncached.
+    pool.touch(std::vector<BlockId>{blocks[3]});
+    pool.free_blocks(std::vector<BlockId>{blocks[4], blocks[3], blocks[2], blocks[1], blocks[0]});
+  };
+  for (const bool events : {false, true}) {
+    for (BlockId id = 0; id < 8; ++id) {
+      BlockPool a(config(8, events));
+      BlockPool b(config(8, events));
+      build(a);
+      build(b);
+      a.requeue(id);
+      b.touch(std::vector<BlockId>{id});
+      b.free_blocks(std::vector<BlockId>{id});
+      EXPECT_EQ(a.snapshot(), b.snapshot()) << "block " << id;
+      EXPECT_EQ(a.free_queue().ids(), b.free_queue().ids()) << "block " << id;
+      a.check_invariants();
+    }
+  }
+  // A refreshed cached block is evicted last.
+  BlockPool pool(config(8));
+  build(pool);
+  // Queue: blocks[4] (uncached), the never-used block 7, then cached blocks[2], [1], [0].
+  const BlockId first = pool.free_queue().ids()[2];  // the oldest cached block
+  ASSERT_TRUE(pool.block(first).is_cached());
+  ASSERT_NE(pool.free_queue().back(), first);
+  pool.requeue(first);
+  EXPECT_EQ(pool.free_queue().back(), first);
+}
+
+// commit_store validates every block (one pass, sign marks undone) before any change.
+TEST(BlockPool, CommitStoreIsRejectedWithStateUnchanged) {
+  for (const bool chain : {false, true}) {
+    BlockPoolConfig c = config(8);
+    c.chain_hashes_identify_prefix = chain;
+    BlockPool pool(c);
+    BlockPool other(c);
+    const auto seq = sequence(iota_tokens(0, 12));
+    const auto s = seq.sequence();
+    const auto blocks = take(pool, 4);
+    pool.cache_full_blocks(s, blocks, 0, 1);
+    const std::vector<BlockId> none;
+    auto commit = [&](std::vector<BlockId> ids) {
+      pool.commit_store(pool.prepare_store(s, 1, 3, std::vector<BlockId>{blocks[0]}), ids);
+    };
+    expect_rejected(
+        pool,
+        [&] {
+          commit({blocks[1], blocks[1]});
+        },
+        "appears twice");
+    expect_rejected(
+        pool,
+        [&] {
+          commit({blocks[1], 8});
+        },
+        "block 8 is out of range");
+    expect_rejected(
+        pool,
+        [&] {
+          commit({blocks[1], blocks[0]});
+        },
+        "already cached");
+    expect_rejected(
+        pool,
+        [&] {
+          commit({blocks[1], 6});
+        },
+        "not allocated");
+    expect_rejected(
+        pool,
+        [&] {
+          commit({0, blocks[1]});
+        },
+        "null block");
+    expect_rejected(
+        pool, [&] { commit({blocks[1]}); }, "1 blocks for a store of 2");
+    expect_rejected(
+        pool,
+        [&] {
+          pool.commit_store(other.prepare_store(s, 1, 3, none),
+                            std::vector<BlockId>{blocks[1], blocks[2]});
+        },
+        "another pool");
+    commit({blocks[1], blocks[2]});
+    pool.check_invariants();
+    EXPECT_EQ(pool.block(blocks[1]).ref_cnt, 1);
+    EXPECT_EQ(pool.block(blocks[2]).ref_cnt, 1);
+    EXPECT_EQ(pool.match_cached_block(s, 2, blocks[1]), blocks[2]);
+  }
+}
+
 TEST(BlockPool, ResetOnlyWhenIdle) {
   BlockPool pool(config(6));
   const auto seq = sequence(iota_tokens(0, 8));

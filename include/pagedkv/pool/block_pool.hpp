@@ -112,7 +112,14 @@ class BlockPool {
   // Cached blocks evicted so far (reallocated while hashed, or evict_blocks()).
   std::uint64_t num_evictions() const noexcept { return num_evictions_; }
 
-  const KVCacheBlock& block(BlockId id) const;  // throws on an id out of range
+  // Throws kOutOfRange on an id out of range. Inline: managers call it per block.
+  const KVCacheBlock& block(BlockId id) const {
+    if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks))
+        [[unlikely]] {
+      throw_out_of_range(id);
+    }
+    return blocks_[static_cast<std::size_t>(id)];
+  }
   const KVCacheBlock& null_block() const noexcept { return blocks_[kNullBlockId]; }
   const FreeBlockQueue& free_queue() const noexcept { return free_queue_; }
 
@@ -127,6 +134,11 @@ class BlockPool {
   // Drops one holder from each block, given tail first (see the file comment for queue order).
   // The null block is skipped. Errors: an id out of range, a block with ref 0, an id twice.
   void free_blocks(std::span<const BlockId> ordered);
+
+  // touch({id}) then free_blocks({id}) in one call, for a holder that releases at once: a free
+  // block (ref 0) moves to the queue's tail if cached (its LRU refresh), to the head if not; a
+  // held block and the null block stay as they are. Errors: an id out of range.
+  void requeue(BlockId id);
 
   // Caches blocks[num_cached_blocks .. num_full_blocks) of `seq` (its block i lives in physical
   // block blocks[i]); emits one BlockStored. Errors: counts beyond blocks or seq's full blocks,
@@ -258,6 +270,7 @@ class BlockPool {
   struct ExtraKeyTable;  // interned extra-key encodings with reference counts (block_pool.cpp)
   struct ContentTable;   // hash-consed prefix content ids with reference counts (block_pool.cpp)
 
+  [[noreturn]] void throw_out_of_range(BlockId id) const;
   bool verifying() const noexcept { return verifying_; }
   // The parent check of a lookup: none, the root (block 0), or the prefix a cached block holds.
   struct ParentCheck {
@@ -311,7 +324,6 @@ class BlockPool {
 
   // Reused scratch (no allocation in steady state; sized at construction).
   std::vector<BlockId> unhashed_scratch_;
-  std::vector<BlockId> hashed_scratch_;
   LookupScratch store_scratch_;  // mutating calls only
 };
 

@@ -86,6 +86,21 @@ class FreeBlockQueue {
     ++size_;
   }
 
+  // Adds a block at the head. Precondition: !contains(id).
+  void prepend(BlockId id) noexcept {
+    Link& b = links_[id];
+    assert(!contains(id));
+    b.prev_free = kQueueEnd;
+    b.next_free = head_;
+    if (head_ == kQueueEnd) {
+      tail_ = id;
+    } else {
+      links_[head_].prev_free = id;
+    }
+    head_ = id;
+    ++size_;
+  }
+
   // Adds blocks at the tail in the given order.
   void append_n(std::span<const BlockId> ids) noexcept {
     for (const BlockId id : ids) append(id);
@@ -108,20 +123,6 @@ class FreeBlockQueue {
   }
 
  private:
-  void prepend(BlockId id) noexcept {
-    Link& b = links_[id];
-    assert(!contains(id));
-    b.prev_free = kQueueEnd;
-    b.next_free = head_;
-    if (head_ == kQueueEnd) {
-      tail_ = id;
-    } else {
-      links_[head_].prev_free = id;
-    }
-    head_ = id;
-    ++size_;
-  }
-
   struct Link {
     BlockId prev_free = kNotQueued;  // previous block, kQueueEnd at the head
     BlockId next_free = kNotQueued;  // next block, kQueueEnd at the tail
