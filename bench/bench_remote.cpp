@@ -14,13 +14,13 @@
 // included; redis-benchmark: the child process) and the server's (INFO cpu, used_cpu_user +
 // used_cpu_sys), which a loaded machine perturbs far less than wall-clock rates.
 // Exit 0 with a message when no server can be started.
+#include <sys/resource.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
-#include <sys/resource.h>
 #include <sstream>
 #include <string>
 #include <vector>

@@ -70,8 +70,12 @@ void run(benchmark::State& state, HostPolicy policy) {
   state.SetItemsProcessed(static_cast<std::int64_t>(host_blocks));
 }
 
-void BM_HostHitWriteThrough(benchmark::State& state) { run(state, HostPolicy::kWriteThrough); }
-void BM_HostHitWriteBack(benchmark::State& state) { run(state, HostPolicy::kWriteBack); }
+void BM_HostHitWriteThrough(benchmark::State& state) {
+  run(state, HostPolicy::kWriteThrough);
+}
+void BM_HostHitWriteBack(benchmark::State& state) {
+  run(state, HostPolicy::kWriteBack);
+}
 
 BENCHMARK(BM_HostHitWriteThrough)->Arg(64)->Arg(1024);
 BENCHMARK(BM_HostHitWriteBack)->Arg(64)->Arg(1024);

@@ -33,9 +33,12 @@ RouterKind parse_router(const std::string& name) {
 
 const char* to_string(RouterKind kind) {
   switch (kind) {
-    case RouterKind::kKv: return "kv";
-    case RouterKind::kRoundRobin: return "round_robin";
-    default: return "least_loaded";
+    case RouterKind::kKv:
+      return "kv";
+    case RouterKind::kRoundRobin:
+      return "round_robin";
+    default:
+      return "least_loaded";
   }
 }
 
@@ -209,7 +212,9 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
     Request request = engines[0]->gpu().make_request(static_cast<RequestId>(i), tokens, keys);
     std::uint32_t e = 0;
     switch (c.router) {
-      case RouterKind::kRoundRobin: e = rr++ % c.engines; break;
+      case RouterKind::kRoundRobin:
+        e = rr++ % c.engines;
+        break;
       case RouterKind::kLeastLoaded: {
         const std::vector<events::PrefixMatch> none(c.engines);
         e = static_cast<std::uint32_t>(router.pick(none, 1, loads));
@@ -327,7 +332,8 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
     if (evs.empty()) continue;
     payload.clear();
     events::encode_event_batch(evs, 0, wire, payload);
-    indexer.apply(e, seq[e]++, {reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()});
+    indexer.apply(e, seq[e]++,
+                  {reinterpret_cast<const std::uint8_t*>(payload.data()), payload.size()});
     ++res.events_batches;
     if (!publishers.empty()) publishers[e]->publish(std::move(evs));
   }
@@ -404,7 +410,8 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
       buf, sizeof(buf),
       "{\"trace\":\"%s\",\"engines\":%u,\"router\":\"%s\",\"num_blocks_per_engine\":%d,"
       "\"block_size\":%u,\"hash\":\"%s\",\"requests\":%llu,\"rejected\":%llu,"
-      "\"hit_rate\":%.6f,\"prefill_saved\":%.6f,\"hit_tokens\":%llu,\"prefill_tokens_computed\":%llu,"
+      "\"hit_rate\":%.6f,\"prefill_saved\":%.6f,\"hit_tokens\":%llu,\"prefill_tokens_computed\":%"
+      "llu,"
       "\"requests_per_engine\":%s,\"load_imbalance_max_over_mean\":%.4f,"
       "\"event_batches\":%llu,\"index_entries\":%llu,\"index_bytes_per_entry\":%.2f,"
       "\"published_dropped\":%llu,\"wall_seconds\":%.3f}",

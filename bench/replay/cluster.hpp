@@ -44,9 +44,9 @@ struct ClusterOptions {
   RouterKind router = RouterKind::kKv;
   std::uint32_t load_window = 64;
   events::KVRouterConfig weights;
-  std::optional<std::string> kv_events;  // publish each engine's stream here (port + k)
-  std::optional<std::string> remote;     // redis://HOST:PORT/NS shared by the engines
-  std::uint32_t remote_payload_bytes = 64;            // placeholder payload per block
+  std::optional<std::string> kv_events;     // publish each engine's stream here (port + k)
+  std::optional<std::string> remote;        // redis://HOST:PORT/NS shared by the engines
+  std::uint32_t remote_payload_bytes = 64;  // placeholder payload per block
   std::chrono::milliseconds remote_op_timeout{1000};  // each store op completes within this
   std::uint32_t remote_store_min_hits = 0;            // RemoteTierConfig::store_min_hits
   bool remote_store_on_host_eviction = false;         // RemoteStorePolicy::kOnHostEviction
@@ -66,14 +66,14 @@ struct RemoteReplayStats {
 };
 
 struct ClusterResult {
-  ReplayResult total;                        // summed over engines
+  ReplayResult total;  // summed over engines
   std::vector<ReplayResult> per_engine;
-  std::vector<std::uint64_t> requests;       // routed to each engine
-  double load_imbalance = 0;                 // max / mean requests per engine
-  std::uint64_t events_batches = 0;          // KV event batches through the indexer
-  std::uint64_t index_entries = 0;           // (block, engine) entries at the end
+  std::vector<std::uint64_t> requests;  // routed to each engine
+  double load_imbalance = 0;            // max / mean requests per engine
+  std::uint64_t events_batches = 0;     // KV event batches through the indexer
+  std::uint64_t index_entries = 0;      // (block, engine) entries at the end
   double index_bytes_per_entry = 0;
-  std::uint64_t published_dropped = 0;       // --kv-events: batches the publishers dropped
+  std::uint64_t published_dropped = 0;  // --kv-events: batches the publishers dropped
   // --host-blocks.
   std::int32_t host_blocks = 0;
   std::string host_policy;

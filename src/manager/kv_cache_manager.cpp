@@ -87,8 +87,7 @@ BlockId KVCacheManager::repeated_block(std::span<const BlockId> row) noexcept {
 const AttentionSpec& KVCacheManager::group_spec(std::size_t g) const {
   if (g >= num_groups()) {
     throw Error(ErrorCode::kOutOfRange, "group_spec: group " + std::to_string(g) +
-                                            " but the manager has " +
-                                            std::to_string(num_groups()));
+                                            " but the manager has " + std::to_string(num_groups()));
   }
   return groups()[g].spec;
 }
@@ -149,8 +148,7 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
   }
   hit.num_tokens = hit_tokens;
   hit.blocks = std::move(per_group[0]);
-  for (std::size_t g = 1; g < num_groups(); ++g)
-    hit.other_groups[g - 1] = std::move(per_group[g]);
+  for (std::size_t g = 1; g < num_groups(); ++g) hit.other_groups[g - 1] = std::move(per_group[g]);
   stats_.record(request.num_tokens(), hit.num_tokens);
   return hit;
 }
@@ -441,8 +439,8 @@ void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
     const std::size_t slots = state.groups[g].blocks.size() * groups()[g].spec.block_size;
     if (num_tokens > slots) {
       throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_tokens) +
-                                              " tokens exceed group " + std::to_string(g) +
-                                              "'s " + std::to_string(slots) + " allocated slots");
+                                              " tokens exceed group " + std::to_string(g) + "'s " +
+                                              std::to_string(slots) + " allocated slots");
     }
   }
   if (!pool_.config().enable_caching) return;

@@ -22,8 +22,8 @@ std::string_view to_string(HostPolicy policy) noexcept {
 }
 
 std::optional<HostPolicy> parse_host_policy(std::string_view text) noexcept {
-  for (const HostPolicy p : {HostPolicy::kWriteThrough, HostPolicy::kWriteThroughSelective,
-                             HostPolicy::kWriteBack}) {
+  for (const HostPolicy p :
+       {HostPolicy::kWriteThrough, HostPolicy::kWriteThroughSelective, HostPolicy::kWriteBack}) {
     if (text == to_string(p)) return p;
   }
   return std::nullopt;
@@ -50,7 +50,8 @@ class TieredKVCacheManager::ContentSource final : public BlockExtraKeySource {
     if (keys_ == nullptr || i != index_) return e;
     if (keys_->lora_name) e.lora_name = *keys_->lora_name;
     scratch.clear();
-    for (const auto& [identifier, offset] : keys_->mm_items) scratch.push_back({identifier, offset});
+    for (const auto& [identifier, offset] : keys_->mm_items)
+      scratch.push_back({identifier, offset});
     e.mm_items = scratch;
     if (keys_->cache_salt) e.cache_salt = *keys_->cache_salt;
     return e;
@@ -162,7 +163,8 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
   stats_.gpu_hit_tokens += hit.gpu.num_tokens;
   if (request.skip_reading_prefix_cache || request.num_tokens() == 0) return hit;
   const BlockSequence seq = request.hashed_tokens().sequence();
-  const std::size_t max_blocks = std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
+  const std::size_t max_blocks =
+      std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
   constexpr std::size_t kAhead = 4;  // overlap the host map's cache misses
   hit.host_epoch = host_epoch_;
   if (hit.gpu.blocks.size() < max_blocks)
@@ -264,8 +266,7 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   if (const BlockId known = gpu_host_slot_[b]; known != 0) {
     // Verified when the block was loaded from it; the slot has not been reassigned since.
     const KVCacheBlock& hb = host_.block(known);
-    if (host_slot_epoch_[static_cast<std::size_t>(known)] == gpu_host_epoch_[b] &&
-        hb.is_cached()) {
+    if (host_slot_epoch_[static_cast<std::size_t>(known)] == gpu_host_epoch_[b] && hb.is_cached()) {
       if (hb.ref_cnt == 0) refresh(known);
       return true;
     }
@@ -329,8 +330,7 @@ void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
   if (!gpu_extra_.empty()) gpu_extra_.erase(b);
 }
 
-void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& state,
-                                             TierPlan& out) {
+void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& state, TierPlan& out) {
   const std::span<const BlockId> ids = manager_.block_ids(request.id());
   const BlockSequence seq = request.hashed_tokens().sequence();
   const BlockPool& pool = manager_.block_pool();
@@ -379,9 +379,9 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   }
   const std::size_t h = hit.host_slots.size();
   if (hit.num_host_tokens != h * bs_) {
-    throw Error(ErrorCode::kInvalidArgument, where() + "the hit's num_host_tokens " +
-                                                 std::to_string(hit.num_host_tokens) + " != " +
-                                                 std::to_string(h) + " slots x block size");
+    throw Error(ErrorCode::kInvalidArgument,
+                where() + "the hit's num_host_tokens " + std::to_string(hit.num_host_tokens) +
+                    " != " + std::to_string(h) + " slots x block size");
   }
   const std::size_t g = hit.gpu.blocks.size();
   if (h > 0) {
@@ -406,8 +406,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     }
   }
   // Everything that may allocate happens before the manager changes state.
-  const std::size_t bound =
-      h + 2 * ((request.num_tokens() + num_lookahead_tokens) / bs_ + 2) + g;
+  const std::size_t bound = h + 2 * ((request.num_tokens() + num_lookahead_tokens) / bs_ + 2) + g;
   reserve_transfers(bound);
   TierAllocation out;
   out.transfers.plan.loads.reserve(h);
@@ -479,8 +478,7 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
   if (idx >= transfers_.size() || !transfers_[idx].live ||
       transfers_[idx].generation != generation) {
     throw Error(ErrorCode::kNotFound, "TieredKVCacheManager::commit: transfer " +
-                                          std::to_string(id) +
-                                          " is unknown or already committed");
+                                          std::to_string(id) + " is unknown or already committed");
   }
   Transfer& t = transfers_[idx];
   RequestState* const req = t.state;
@@ -502,8 +500,7 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
     if (ok) {
       const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
       const bool first = transfer_first_[idx] != 0;
-      const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second,
-                                first ? 0 : 1);
+      const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
       std::memcpy(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_,
                   bs_ * sizeof(TokenId));
       content_hashes_[0] = transfer_parent_[idx];
@@ -514,8 +511,8 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
       const auto s = static_cast<std::size_t>(t.host);
       if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
         const BlockId blocks[2] = {kNullBlockId, t.host};
-        host_.cache_full_blocks(seq, std::span<const BlockId>(blocks + (first ? 1 : 0),
-                                                              first ? 1 : 2),
+        host_.cache_full_blocks(seq,
+                                std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2),
                                 index, index + 1);
         host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
         host_first_[s] = first ? 1 : 0;
@@ -546,7 +543,8 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
 std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) const {
   if (request.num_tokens() == 0) return 0;
   const BlockSequence seq = request.hashed_tokens().sequence();
-  const std::size_t max_blocks = std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
+  const std::size_t max_blocks =
+      std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
   std::size_t i = 0;
   const BlockPool& pool = manager_.block_pool();
   while (i < max_blocks && pool.get_cached_block(seq.block_hashes[i]) != BlockPool::kNoBlock) ++i;
@@ -645,15 +643,15 @@ bool TieredKVCacheManager::has_unfinished_loads(RequestId id) const noexcept {
 
 LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   const auto it = requests_.find(request.id());
-  const std::string who = "TieredKVCacheManager::finish_loads: request " +
-                          std::to_string(request.id());
+  const std::string who =
+      "TieredKVCacheManager::finish_loads: request " + std::to_string(request.id());
   if (it == requests_.end() || !it->second.loading) {
     throw Error(ErrorCode::kInvalidState, who + " has no loads to finish");
   }
   RequestState& st = it->second;
   if (st.loads_in_flight > 0) {
-    throw Error(ErrorCode::kInvalidState, who + " has " + std::to_string(st.loads_in_flight) +
-                                              " loads not committed");
+    throw Error(ErrorCode::kInvalidState,
+                who + " has " + std::to_string(st.loads_in_flight) + " loads not committed");
   }
   LoadResult result;
   result.rolled_back = st.first_failed < st.num_loads;
@@ -685,9 +683,8 @@ void TieredKVCacheManager::preempt(Request& request) {
   const auto it = requests_.find(request.id());
   if (it != requests_.end() && it->second.transfers_in_flight > 0) {
     throw Error(ErrorCode::kInvalidState,
-                "TieredKVCacheManager::preempt: request " + std::to_string(request.id()) +
-                    " has " + std::to_string(it->second.transfers_in_flight) +
-                    " transfers in flight");
+                "TieredKVCacheManager::preempt: request " + std::to_string(request.id()) + " has " +
+                    std::to_string(it->second.transfers_in_flight) + " transfers in flight");
   }
   manager_.preempt(request);
   if (it != requests_.end()) requests_.erase(it);
@@ -764,8 +761,8 @@ void TieredKVCacheManager::check_invariants() const {
     if (p > 0 && !host_.block(s).is_cached()) fail("a pinned host slot is not cached");
     const KVCacheBlock& b = host_.block(s);
     if (b.ref_cnt != host_refs[static_cast<std::size_t>(s)]) {
-      fail("host slot " + std::to_string(s) + " has ref " + std::to_string(b.ref_cnt) +
-           " but " + std::to_string(host_refs[static_cast<std::size_t>(s)]) +
+      fail("host slot " + std::to_string(s) + " has ref " + std::to_string(b.ref_cnt) + " but " +
+           std::to_string(host_refs[static_cast<std::size_t>(s)]) +
            " transfers in flight (a slot in use is free-queued or pinned)");
     }
     if (b.is_cached()) {

@@ -64,8 +64,9 @@ TieredCacheHit admit(TieredKVCacheManager& t, Request& r) {
 // Fills the GPU pool with unrelated requests so that every earlier cached block is evicted.
 void flush_gpu(TieredKVCacheManager& t, RequestId first_id, std::int32_t gpu_blocks) {
   for (std::int32_t i = 0; i < 2; ++i) {
-    auto r = t.make_request(first_id + static_cast<RequestId>(i),
-                            tokens(100000 + i * 10000, static_cast<std::size_t>(gpu_blocks - 1) * kB));
+    auto r =
+        t.make_request(first_id + static_cast<RequestId>(i),
+                       tokens(100000 + i * 10000, static_cast<std::size_t>(gpu_blocks - 1) * kB));
     admit(t, r);
     t.free(r);
   }
@@ -108,10 +109,13 @@ TEST(TieredKVCacheManager, HostHitContinuesTheGpuPrefixAndLoads) {
   EXPECT_EQ(t.get_computed_blocks(probe).gpu.num_tokens, 0u);
   EXPECT_EQ(t.stats().host_slots_pinned, 4);
   t.check_invariants();
-  expect_rejected(t, [&] { t.free(b); }, "in flight");
-  expect_rejected(t, [&] { t.finish_loads(b); }, "not committed");
+  expect_rejected(
+      t, [&] { t.free(b); }, "in flight");
+  expect_rejected(
+      t, [&] { t.finish_loads(b); }, "not committed");
   commit_all(t, alloc->transfers.load_ids);
-  expect_rejected(t, [&] { t.allocate_slots(b, 1); }, "not finished");
+  expect_rejected(
+      t, [&] { t.allocate_slots(b, 1); }, "not finished");
   const LoadResult res = t.finish_loads(b);
   EXPECT_FALSE(res.rolled_back);
   EXPECT_EQ(res.num_computed_tokens, 16u);
@@ -144,8 +148,10 @@ TEST(TieredKVCacheManager, FailedLoadRollsBackToTheBlockBeforeIt) {
   t.commit(ids[3], true);
   t.commit(ids[2], false);  // block 2 never arrived
   t.commit(ids[1], true);
-  expect_rejected(t, [&] { t.commit(ids[1], true); }, "already committed");
-  expect_rejected(t, [&] { t.commit(ids[1] + (1ull << 40), true); }, "unknown");
+  expect_rejected(
+      t, [&] { t.commit(ids[1], true); }, "already committed");
+  expect_rejected(
+      t, [&] { t.commit(ids[1] + (1ull << 40), true); }, "unknown");
   const LoadResult res = t.finish_loads(b);
   EXPECT_TRUE(res.rolled_back);
   EXPECT_EQ(res.num_computed_tokens, 8u);
@@ -180,7 +186,8 @@ TEST(TieredKVCacheManager, WriteBackStoresWhatTheGpuEvictsBeforeItsNewOwnerRuns)
   }
   EXPECT_TRUE(alloc->transfers.plan.stores.empty());
   t.check_invariants();
-  expect_rejected(t, [&] { t.free(b); }, "in flight");
+  expect_rejected(
+      t, [&] { t.free(b); }, "in flight");
   commit_all(t, alloc->transfers.eviction_ids);
   EXPECT_EQ(t.stats().stored_blocks, 3u);
   t.free(b);
@@ -289,8 +296,8 @@ TEST(TieredKVCacheManager, HostHitVerifiesTokensAndParentHash) {
                               std::vector<TokenId>{v, 2, 3, 4, 5, 6, 7, 8, 0});
       if (!parent_case && y.block_hashes()[1] == x1 && y.block_hashes()[0] != x0) {
         // Same block-1 tokens after another block 0: make y's block 0 a GPU hit.
-        auto y0 = t.make_request(5000 + static_cast<RequestId>(v),
-                                 std::vector<TokenId>{v, 2, 3, 4, 0});
+        auto y0 =
+            t.make_request(5000 + static_cast<RequestId>(v), std::vector<TokenId>{v, 2, 3, 4, 0});
         admit(t, y0);
         t.free(y0);
         const TieredCacheHit hit = t.get_computed_blocks(y);
@@ -402,7 +409,8 @@ TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
   TieredCacheHit hit = t.get_computed_blocks(b);
   ASSERT_FALSE(hit.host_slots.empty());
   hit.host_slots[0] = hit.host_slots.size() > 1 ? hit.host_slots[1] : 3;
-  expect_rejected(t, [&] { t.allocate_slots(b, 1, hit); }, "stale host hit");
+  expect_rejected(
+      t, [&] { t.allocate_slots(b, 1, hit); }, "stale host hit");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// pagedkv/manager/attention_spec.hpp: what kind of attention a KV-cache group serves, and so which cached
-// blocks a request can reuse in it.
+// pagedkv/manager/attention_spec.hpp: what kind of attention a KV-cache group serves, and so which
+// cached blocks a request can reuse in it.
 //
 // A model's layers are split into KV-cache groups of one attention kind each (e.g. the full-
 // attention layers and the sliding-window layers of Gemma or gpt-oss); one block pool serves all

@@ -42,7 +42,7 @@ std::vector<BlockId> find_sliding_window_hit(const BlockPool& pool, const BlockS
 // to the first null block. With `count_freeable`, only those that releasing returns to the free
 // queue (ref count 1). Always 0 for full attention.
 std::size_t num_out_of_window_blocks(const BlockPool& pool, const AttentionSpec& spec,
-                                     std::span<const BlockId> row,
-                                     std::size_t num_computed_tokens, bool count_freeable);
+                                     std::span<const BlockId> row, std::size_t num_computed_tokens,
+                                     bool count_freeable);
 
 }  // namespace pagedkv

@@ -262,7 +262,7 @@ class TieredKVCacheManager {
   // What each cached GPU block holds (recorded when the tier sees it cached), so that write-back
   // can store it after the pool evicted it. gpu_hash_[b] empty: block b is not cached.
   std::vector<BlockHash> gpu_hash_;
-  std::vector<BlockHash> gpu_parent_;   // previous block's hash; unused for a chain's first block
+  std::vector<BlockHash> gpu_parent_;    // previous block's hash; unused for a chain's first block
   std::vector<std::uint8_t> gpu_first_;  // 1: block 0 of its chain
   std::vector<TokenId> gpu_tokens_;      // block_size tokens per GPU block
   std::vector<std::uint32_t> gpu_hits_;  // hits since cached (kWriteThroughSelective)
