@@ -51,6 +51,11 @@ std::string id_text(BlockId id) {
   return "block " + std::to_string(id);
 }
 
+[[noreturn]] void throw_double_free(BlockId id) {
+  throw Error(ErrorCode::kInvalidState, "BlockPool::free_blocks: " + id_text(id) +
+                                            " is already free (ref count 0): double free");
+}
+
 // The pool's own identity of a prefix (when chain hashes are not collision resistant): SHA-256
 // over the parent prefix's identity, the block size, the tokens and the canonical extra keys.
 // Every field is fixed-size or length-prefixed, so different material never encodes equally.
@@ -486,10 +491,7 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
     (void)block(id);  // throws kOutOfRange
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) return;
-    if (b.ref_cnt <= 0) {
-      throw Error(ErrorCode::kInvalidState, "BlockPool::free_blocks: " + id_text(id) +
-                                                " is already free (ref count 0): double free");
-    }
+    if (b.ref_cnt <= 0) throw_double_free(id);
     if (--b.ref_cnt == 0) {
       if (b.is_cached()) {
         free_queue_.append(id);
@@ -522,8 +524,7 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
         throw Error(ErrorCode::kInvalidArgument,
                     "BlockPool::free_blocks: " + id_text(id) + " appears twice in one call");
       }
-      throw Error(ErrorCode::kInvalidState, "BlockPool::free_blocks: " + id_text(id) +
-                                                " is already free (ref count 0): double free");
+      throw_double_free(id);
     }
     b.ref_cnt = -b.ref_cnt;
   }

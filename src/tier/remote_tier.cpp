@@ -73,7 +73,6 @@ RemoteTier::~RemoteTier() {
       if (f.slot != kNullBlockId) tier_.commit(f.id, false);
     }
   }
-  for (FetchEntry& e : fetching_) e.ticket = 0;
   for (auto& [ticket, batch] : puts_) {
     for (PutItem& item : batch.items) release(item);
   }
