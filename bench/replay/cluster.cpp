@@ -366,6 +366,7 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
       x.load_misses += s.load_misses;
       x.fills_no_slot += s.fills_no_slot;
       x.fills_refused += s.fills_refused;
+      x.fills_shared += s.fills_shared;
       x.puts += s.puts;
       x.stored_blocks += s.stored_blocks;
       x.puts_skipped += s.puts_skipped;
@@ -405,7 +406,7 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
     per += std::to_string(r.requests[k]);
   }
   per += "]";
-  char buf[1024];
+  char buf[2048];
   std::snprintf(
       buf, sizeof(buf),
       "{\"trace\":\"%s\",\"engines\":%u,\"router\":\"%s\",\"num_blocks_per_engine\":%d,"
@@ -444,7 +445,8 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
         "completes before the next request (deterministic)\",\"remote_store\":\"%s\","
         "\"remote_hit_tokens\":%llu,\"remote_hit_blocks\":%llu,\"remote_probed_blocks\":%llu,"
         "\"remote_probe_hit_blocks\":%llu,\"remote_load_misses\":%llu,"
-        "\"remote_fills_no_slot\":%llu,\"remote_fills_refused\":%llu,\"remote_puts\":%llu,"
+        "\"remote_fills_no_slot\":%llu,\"remote_fills_refused\":%llu,\"remote_fills_shared\":%llu,"
+        "\"remote_puts\":%llu,"
         "\"remote_stored_blocks\":%llu,\"remote_eviction_puts\":%llu,"
         "\"remote_puts_skipped\":%llu,\"remote_puts_failed\":%llu,"
         "\"remote_puts_skipped_full\":%llu,\"remote_bytes_in\":%llu,\"remote_bytes_out\":%llu,"
@@ -458,7 +460,8 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
         (unsigned long long)x.hit_tokens, (unsigned long long)x.hit_blocks,
         (unsigned long long)x.probed_blocks, (unsigned long long)x.probe_hit_blocks,
         (unsigned long long)x.load_misses, (unsigned long long)x.fills_no_slot,
-        (unsigned long long)x.fills_refused, (unsigned long long)x.puts,
+        (unsigned long long)x.fills_refused, (unsigned long long)x.fills_shared,
+        (unsigned long long)x.puts,
         (unsigned long long)x.stored_blocks, (unsigned long long)x.eviction_puts,
         (unsigned long long)x.puts_skipped, (unsigned long long)x.puts_failed,
         (unsigned long long)x.puts_skipped_full, (unsigned long long)x.bytes_in,

@@ -57,6 +57,8 @@ struct RemoteReplayStats {
   std::uint64_t probed_blocks = 0, probe_hit_blocks = 0;
   std::uint64_t hit_blocks = 0, hit_tokens = 0;  // loaded from the store into host slots
   std::uint64_t load_misses = 0, fills_no_slot = 0, fills_refused = 0;
+  std::uint64_t fills_shared = 0;  // hits served by another request's get in flight (0 here:
+                                   // every request's gets complete before the next request)
   std::uint64_t puts = 0, stored_blocks = 0, puts_skipped = 0, puts_failed = 0;
   std::uint64_t puts_skipped_full = 0, eviction_puts = 0;
   std::uint64_t bytes_in = 0, bytes_out = 0;  // payload bytes (each value adds its header)

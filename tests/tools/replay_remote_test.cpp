@@ -95,6 +95,8 @@ TEST_F(ReplayRemote, SharedTierRaisesTheClusterHitRateReproducibly) {
   EXPECT_EQ(number(j, "remote_errors"), 0) << j;
   EXPECT_EQ(number(j, "remote_timeouts"), 0) << j;
   EXPECT_EQ(number(j, "remote_load_misses"), 0) << j;
+  // Each request's gets complete before the next request: no fill is shared (NaN if absent).
+  EXPECT_EQ(number(j, "remote_fills_shared"), 0) << j;
   EXPECT_EQ(number(j, "payload_mismatches"), 0) << j;  // bytes read back from Redis checked
   EXPECT_EQ(without(j, "payload_mismatches"), 0) << j;
   // A host hit that came from Redis is counted in host_hit_tokens.
