@@ -100,6 +100,24 @@ std::unique_ptr<PyRequest> build_request(RequestId id, const BlockHasher& hasher
   return std::make_unique<PyRequest>(std::move(*r));
 }
 
+KVCacheManagerConfig manager_config(std::int32_t num_blocks, std::uint32_t block_size,
+                                    py::handle hash_scheme,
+                                    const std::optional<std::string>& hash_seed,
+                                    bool verify_cache_hits, bool enable_kv_events,
+                                    std::size_t stats_window,
+                                    const std::optional<std::size_t>& max_model_len) {
+  KVCacheManagerConfig c;
+  c.num_blocks = num_blocks;
+  c.block_size = block_size;
+  c.hash_scheme = scheme_from(hash_scheme);
+  c.hash_seed = hash_seed;
+  c.verify_cache_hits = verify_cache_hits;
+  c.enable_kv_events = enable_kv_events;
+  c.stats_window = stats_window;
+  c.max_model_len = max_model_len;
+  return c;
+}
+
 namespace {
 
 // The rows of `ids` in group g, for block tables and slot mappings (manager guard held).
@@ -397,25 +415,20 @@ void bind_manager(py::module_& m) {
                              [](const KVCacheManagerSnapshot& s) { return s.pool.next_event_seq; });
 
   // ---- the manager ----
-  py::class_<PyKVCacheManager>(
+  py::class_<PyKVCacheManager> manager(
       m, "KVCacheManager",
-      "The scheduler's view of the KV cache (vLLM v1 names). One scheduler thread per manager.")
+      "The scheduler's view of the KV cache (vLLM v1 names). One scheduler thread per manager.");
+  manager
       .def(py::init([](std::int32_t num_blocks, std::uint32_t block_size,
                        std::optional<std::vector<AttentionSpec>> groups, bool enable_caching,
                        py::object hash_scheme, std::optional<std::string> hash_seed,
                        bool verify_cache_hits, bool enable_kv_events, std::size_t stats_window,
                        std::optional<std::size_t> max_model_len) {
-             KVCacheManagerConfig c;
-             c.num_blocks = num_blocks;
-             c.block_size = block_size;
+             KVCacheManagerConfig c =
+                 manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
+                                enable_kv_events, stats_window, max_model_len);
              if (groups) c.groups = *groups;
              c.enable_caching = enable_caching;
-             c.hash_scheme = scheme_from(hash_scheme);
-             c.hash_seed = hash_seed;
-             c.verify_cache_hits = verify_cache_hits;
-             c.enable_kv_events = enable_kv_events;
-             c.stats_window = stats_window;
-             c.max_model_len = max_model_len;
              return std::make_unique<PyKVCacheManager>(c);
            }),
            py::arg("num_blocks"), py::kw_only(), py::arg("block_size") = 16,
@@ -425,28 +438,15 @@ void bind_manager(py::module_& m) {
            py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
            "num_blocks: total pool blocks including the null block. groups: AttentionSpecs of a "
            "hybrid model (default: one full-attention group of block_size).")
-      .def_property_readonly("block_size",
-                             [](const PyKVCacheManager& s) { return s.kv.block_size(); })
       .def_property_readonly("num_groups",
                              [](const PyKVCacheManager& s) { return s.kv.num_groups(); })
       .def_property_readonly(
           "num_blocks", [](const PyKVCacheManager& s) { return s.kv.block_pool().num_blocks(); })
-      .def_property_readonly("num_free_blocks",
-                             [](PyKVCacheManager& s) {
-                               BusyGuard g(s.busy, "KVCacheManager");
-                               return s.kv.block_pool().num_free_blocks();
-                             })
-      .def_property_readonly("num_requests",
-                             [](PyKVCacheManager& s) {
-                               BusyGuard g(s.busy, "KVCacheManager");
-                               return s.kv.num_requests();
-                             })
       .def_property_readonly("num_out_of_window_blocks_freed",
                              [](PyKVCacheManager& s) {
                                BusyGuard g(s.busy, "KVCacheManager");
                                return s.kv.num_out_of_window_blocks_freed();
                              })
-      .def_property_readonly("hasher", [](const PyKVCacheManager& s) { return s.kv.hasher(); })
       .def_property_readonly("usage",
                              [](PyKVCacheManager& s) {
                                BusyGuard g(s.busy, "KVCacheManager");
@@ -455,19 +455,6 @@ void bind_manager(py::module_& m) {
       .def(
           "group_spec", [](const PyKVCacheManager& s, std::size_t g) { return s.kv.group_spec(g); },
           py::arg("group"))
-      .def(
-          "make_request",
-          [](const PyKVCacheManager& s, RequestId id, py::object prompt,
-             std::optional<std::string> cache_salt, std::optional<std::string> lora_name,
-             py::object mm_items) {
-            return build_request(id, s.kv.hasher(), s.kv.block_size(), prompt, cache_salt,
-                                 lora_name, mm_items);
-          },
-          py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(),
-          py::arg("cache_salt") = py::none(), py::arg("lora_name") = py::none(),
-          py::arg("mm_items") = py::none(),
-          "A Request hashed the way this manager's cache is keyed (hashes the prompt; releases "
-          "the GIL for 4096+ tokens). mm_items: (identifier, offset, length) tuples.")
       .def(
           "get_computed_blocks",
           [](PyKVCacheManager& s, PyRequest& r) {
@@ -505,25 +492,6 @@ void bind_manager(py::module_& m) {
           "Touches the hit, allocates blocks for the new (+ lookahead) tokens and caches full "
           "blocks. Returns group 0's new block ids (a new int32 array), or None when they do not "
           "fit (nothing changed).")
-      .def(
-          "free",
-          [](PyKVCacheManager& s, PyRequest& r) {
-            BusyGuard gm(s.busy, "KVCacheManager");
-            BusyGuard gr(r.busy, "Request");
-            MaybeReleaseGil nogil(r.req.num_tokens() >= kReleaseGilAbove);
-            s.kv.free(r.req);
-          },
-          py::arg("request"), "Releases a finished request's blocks (tail first).")
-      .def(
-          "preempt",
-          [](PyKVCacheManager& s, PyRequest& r) {
-            BusyGuard gm(s.busy, "KVCacheManager");
-            BusyGuard gr(r.busy, "Request");
-            MaybeReleaseGil nogil(r.req.num_tokens() >= kReleaseGilAbove);
-            s.kv.preempt(r.req);
-          },
-          py::arg("request"),
-          "Releases a running request's blocks so it can be rescheduled; num_computed_tokens = 0.")
       .def(
           "block_ids",
           [](PyKVCacheManager& s, py::object request, std::size_t group) {
@@ -617,11 +585,6 @@ void bind_manager(py::module_& m) {
             return s.kv.num_common_prefix_blocks(request_id_of(request));
           },
           py::arg("request"))
-      .def("stats",
-           [](PyKVCacheManager& s) {
-             BusyGuard gm(s.busy, "KVCacheManager");
-             return s.kv.stats();
-           })
       .def(
           "evict_blocks",
           [](PyKVCacheManager& s, py::object ids) {
@@ -638,19 +601,6 @@ void bind_manager(py::module_& m) {
             return s.kv.evict_blocks(v);
           },
           py::arg("block_ids"), "Drops these blocks' cache entries; returns how many were cached.")
-      .def("reset_prefix_cache",
-           [](PyKVCacheManager& s) {
-             BusyGuard gm(s.busy, "KVCacheManager");
-             return s.kv.reset_prefix_cache();
-           })
-      .def(
-          "take_events",
-          [](PyKVCacheManager& s) {
-            BusyGuard gm(s.busy, "KVCacheManager");
-            return events_to_python(s.kv.take_events());
-          },
-          "Buffered KV events (BlockStored, BlockRemoved, AllBlocksCleared), oldest first; "
-          "needs enable_kv_events=True.")
       .def(
           "block_hash",
           [](PyKVCacheManager& s, BlockId id) -> py::object {
@@ -666,17 +616,15 @@ void bind_manager(py::module_& m) {
             BusyGuard gm(s.busy, "KVCacheManager");
             return s.kv.block_pool().block(id).ref_cnt;
           },
-          py::arg("block_id"))
-      .def("check_invariants",
-           [](PyKVCacheManager& s) {
-             BusyGuard gm(s.busy, "KVCacheManager");
-             py::gil_scoped_release nogil;
-             s.kv.check_invariants();
-           })
-      .def("snapshot", [](PyKVCacheManager& s) {
-        BusyGuard gm(s.busy, "KVCacheManager");
-        return s.kv.snapshot();
-      });
+          py::arg("block_id"));
+  def_manager_calls(
+      manager,
+      {"A Request hashed the way this manager's cache is keyed (hashes the prompt; releases the "
+       "GIL for 4096+ tokens). mm_items: (identifier, offset, length) tuples.",
+       "Releases a finished request's blocks (tail first).",
+       "Releases a running request's blocks so it can be rescheduled; num_computed_tokens = 0.",
+       "Buffered KV events (BlockStored, BlockRemoved, AllBlocksCleared), oldest first; needs "
+       "enable_kv_events=True."});
 }
 
 }  // namespace pagedkv::python

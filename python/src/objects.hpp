@@ -23,19 +23,35 @@ struct PyRequest {
   std::atomic<bool> busy{false};
 };
 
+// The two manager wrappers share def_manager_calls() below: each names its class (kName), the
+// object the calls go to (calls()) and its GPU KVCacheManager (gpu()).
 struct PyKVCacheManager {
+  static constexpr const char* kName = "KVCacheManager";
   explicit PyKVCacheManager(const KVCacheManagerConfig& c) : kv(c) {}
+  KVCacheManager& calls() noexcept { return kv; }
+  const KVCacheManager& gpu() const noexcept { return kv; }
   KVCacheManager kv;
   std::atomic<bool> busy{false};
 };
 
 // Not movable: constructed in place, owned by its Python object.
 struct PyTieredKVCacheManager {
+  static constexpr const char* kName = "TieredKVCacheManager";
   PyTieredKVCacheManager(const KVCacheManagerConfig& gpu, const HostTierConfig& host)
       : tier(gpu, host) {}
+  TieredKVCacheManager& calls() noexcept { return tier; }
+  const KVCacheManager& gpu() const noexcept { return tier.gpu(); }
   TieredKVCacheManager tier;
   std::atomic<bool> busy{false};
 };
+
+// The manager settings both constructors take (the Python keywords of the same names).
+KVCacheManagerConfig manager_config(std::int32_t num_blocks, std::uint32_t block_size,
+                                    py::handle hash_scheme,
+                                    const std::optional<std::string>& hash_seed,
+                                    bool verify_cache_hits, bool enable_kv_events,
+                                    std::size_t stats_window,
+                                    const std::optional<std::size_t>& max_model_len);
 
 // Events: the library's event with its sequence number, exposed under vLLM's field names.
 struct PyBlockStored {
@@ -86,5 +102,86 @@ class MaybeReleaseGil {
  private:
   PyThreadState* state_;
 };
+
+// Docstrings of the calls def_manager_calls() binds.
+struct ManagerCallDocs {
+  const char* make_request;
+  const char* free;
+  const char* preempt;
+  const char* take_events;
+};
+
+// A binding of `call(manager, request)` that holds both busy flags and releases the GIL for long
+// requests.
+template <class W, class Call>
+auto request_call(Call call) {
+  return [call](W& s, PyRequest& r) {
+    BusyGuard gm(s.busy, W::kName);
+    BusyGuard gr(r.busy, "Request");
+    MaybeReleaseGil nogil(r.req.num_tokens() >= kReleaseGilAbove);
+    call(s.calls(), r.req);
+  };
+}
+
+// Binds the calls KVCacheManager and TieredKVCacheManager share, with the same names, arguments,
+// checks and GIL rules: block_size, hasher, num_free_blocks, num_requests, make_request, free,
+// preempt, reset_prefix_cache, stats, take_events, check_invariants, snapshot. Every call that
+// reads or changes the manager holds its busy flag (one scheduler thread per manager).
+template <class W>
+void def_manager_calls(py::class_<W>& c, const ManagerCallDocs& docs) {
+  c.def_property_readonly("block_size", [](const W& s) { return s.gpu().block_size(); })
+      .def_property_readonly("hasher", [](const W& s) { return s.gpu().hasher(); })
+      .def_property_readonly("num_free_blocks",
+                             [](W& s) {
+                               BusyGuard g(s.busy, W::kName);
+                               return s.gpu().block_pool().num_free_blocks();
+                             })
+      .def_property_readonly("num_requests",
+                             [](W& s) {
+                               BusyGuard g(s.busy, W::kName);
+                               return s.gpu().num_requests();
+                             })
+      .def(
+          "make_request",
+          [](const W& s, RequestId id, py::object prompt, std::optional<std::string> cache_salt,
+             std::optional<std::string> lora_name, py::object mm_items) {
+            return build_request(id, s.gpu().hasher(), s.gpu().block_size(), prompt, cache_salt,
+                                 lora_name, mm_items);
+          },
+          py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(),
+          py::arg("cache_salt") = py::none(), py::arg("lora_name") = py::none(),
+          py::arg("mm_items") = py::none(), docs.make_request)
+      .def("free", request_call<W>([](auto& m, Request& r) { m.free(r); }), py::arg("request"),
+           docs.free)
+      .def("preempt", request_call<W>([](auto& m, Request& r) { m.preempt(r); }),
+           py::arg("request"), docs.preempt)
+      .def("reset_prefix_cache",
+           [](W& s) {
+             BusyGuard gm(s.busy, W::kName);
+             return s.calls().reset_prefix_cache();
+           })
+      .def("stats",
+           [](W& s) {
+             BusyGuard gm(s.busy, W::kName);
+             return s.calls().stats();
+           })
+      .def(
+          "take_events",
+          [](W& s) {
+            BusyGuard gm(s.busy, W::kName);
+            return events_to_python(s.calls().take_events());
+          },
+          docs.take_events)
+      .def("check_invariants",
+           [](W& s) {
+             BusyGuard gm(s.busy, W::kName);
+             py::gil_scoped_release nogil;
+             s.calls().check_invariants();
+           })
+      .def("snapshot", [](W& s) {
+        BusyGuard gm(s.busy, W::kName);
+        return s.calls().snapshot();
+      });
+}
 
 }  // namespace pagedkv::python

@@ -204,26 +204,22 @@ void bind_tier(py::module_& m) {
       .def_readonly("next_event_seq", &TieredSnapshot::next_event_seq);
 
   using Tier = PyTieredKVCacheManager;
-  py::class_<Tier>(m, "TieredKVCacheManager",
-                   "A KVCacheManager with a host-memory tier (one full-attention group). Per step "
-                   "and request: get_computed_blocks, allocate_slots (a TierPlan to run), commit "
-                   "every eviction and load, finish_loads if it had loads, the forward pass, the "
-                   "stores, commit them; free once nothing is in flight.")
+  py::class_<Tier> tiered(
+      m, "TieredKVCacheManager",
+      "A KVCacheManager with a host-memory tier (one full-attention group). Per step and request: "
+      "get_computed_blocks, allocate_slots (a TierPlan to run), commit every eviction and load, "
+      "finish_loads if it had loads, the forward pass, the stores, commit them; free once nothing "
+      "is in flight.");
+  tiered
       .def(py::init([](std::int32_t num_blocks, std::int32_t num_host_blocks,
                        std::uint32_t block_size, py::object policy, std::uint32_t selective_hits,
                        std::uint64_t bytes_per_block, py::object hash_scheme,
                        std::optional<std::string> hash_seed, bool verify_cache_hits,
                        bool enable_kv_events, std::size_t stats_window,
                        std::optional<std::size_t> max_model_len) {
-             KVCacheManagerConfig c;
-             c.num_blocks = num_blocks;
-             c.block_size = block_size;
-             c.hash_scheme = scheme_from(hash_scheme);
-             c.hash_seed = hash_seed;
-             c.verify_cache_hits = verify_cache_hits;
-             c.enable_kv_events = enable_kv_events;
-             c.stats_window = stats_window;
-             c.max_model_len = max_model_len;
+             const KVCacheManagerConfig c =
+                 manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
+                                enable_kv_events, stats_window, max_model_len);
              HostTierConfig h;
              h.num_host_blocks = num_host_blocks;
              h.policy = policy_from(policy);
@@ -239,38 +235,16 @@ void bind_tier(py::module_& m) {
            py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
            "num_blocks: GPU pool blocks including the null block; num_host_blocks: slots of the "
            "engine's host buffer. Refuses xxh3_128 (not collision resistant).")
-      .def_property_readonly("block_size", [](const Tier& s) { return s.tier.block_size(); })
       .def_property_readonly("num_blocks",
                              [](const Tier& s) { return s.tier.gpu().block_pool().num_blocks(); })
       .def_property_readonly("num_host_blocks",
                              [](const Tier& s) { return s.tier.host_config().num_host_blocks; })
       .def_property_readonly("policy", [](const Tier& s) { return s.tier.host_config().policy; })
-      .def_property_readonly("hasher", [](const Tier& s) { return s.tier.gpu().hasher(); })
-      .def_property_readonly("num_free_blocks",
-                             [](Tier& s) {
-                               BusyGuard g(s.busy, "TieredKVCacheManager");
-                               return s.tier.gpu().block_pool().num_free_blocks();
-                             })
-      .def_property_readonly("num_requests",
-                             [](Tier& s) {
-                               BusyGuard g(s.busy, "TieredKVCacheManager");
-                               return s.tier.gpu().num_requests();
-                             })
       .def_property_readonly("num_in_flight",
                              [](Tier& s) {
                                BusyGuard g(s.busy, "TieredKVCacheManager");
                                return s.tier.num_in_flight();
                              })
-      .def(
-          "make_request",
-          [](const Tier& s, RequestId id, py::object prompt, std::optional<std::string> cache_salt,
-             std::optional<std::string> lora_name, py::object mm_items) {
-            return build_request(id, s.tier.gpu().hasher(), s.tier.block_size(), prompt, cache_salt,
-                                 lora_name, mm_items);
-          },
-          py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(),
-          py::arg("cache_salt") = py::none(), py::arg("lora_name") = py::none(),
-          py::arg("mm_items") = py::none(), "As KVCacheManager.make_request.")
       .def(
           "get_computed_blocks",
           [](Tier& s, PyRequest& r) {
@@ -341,62 +315,21 @@ void bind_tier(py::module_& m) {
           },
           py::arg("request"))
       .def(
-          "free",
-          [](Tier& s, PyRequest& r) {
-            BusyGuard gm(s.busy, "TieredKVCacheManager");
-            BusyGuard gr(r.busy, "Request");
-            MaybeReleaseGil nogil(long_call(r.req));
-            s.tier.free(r.req);
-          },
-          py::arg("request"), "As KVCacheManager.free; refused while transfers are in flight.")
-      .def(
-          "preempt",
-          [](Tier& s, PyRequest& r) {
-            BusyGuard gm(s.busy, "TieredKVCacheManager");
-            BusyGuard gr(r.busy, "Request");
-            MaybeReleaseGil nogil(long_call(r.req));
-            s.tier.preempt(r.req);
-          },
-          py::arg("request"), "As KVCacheManager.preempt; refused while transfers are in flight.")
-      .def(
           "block_ids",
           [](Tier& s, py::object request) {
             BusyGuard gm(s.busy, "TieredKVCacheManager");
             return array_copy(s.tier.block_ids(request_id_of(request)));
           },
           py::arg("request"), "The request's GPU block table row (a new int32 array).")
-      .def("reset_prefix_cache",
-           [](Tier& s) {
-             BusyGuard gm(s.busy, "TieredKVCacheManager");
-             return s.tier.reset_prefix_cache();
-           })
-      .def("stats",
-           [](Tier& s) {
-             BusyGuard gm(s.busy, "TieredKVCacheManager");
-             return s.tier.stats();
-           })
-      .def("gpu_stats",
-           [](Tier& s) {
-             BusyGuard gm(s.busy, "TieredKVCacheManager");
-             return s.tier.gpu().stats();
-           })
-      .def(
-          "take_events",
-          [](Tier& s) {
-            BusyGuard gm(s.busy, "TieredKVCacheManager");
-            return events_to_python(s.tier.take_events());
-          },
-          "KV events of both tiers in one gap-free sequence (medium 'GPU' or 'CPU').")
-      .def("check_invariants",
-           [](Tier& s) {
-             BusyGuard gm(s.busy, "TieredKVCacheManager");
-             py::gil_scoped_release nogil;
-             s.tier.check_invariants();
-           })
-      .def("snapshot", [](Tier& s) {
+      .def("gpu_stats", [](Tier& s) {
         BusyGuard gm(s.busy, "TieredKVCacheManager");
-        return s.tier.snapshot();
+        return s.tier.gpu().stats();
       });
+  def_manager_calls(tiered, {"As KVCacheManager.make_request.",
+                             "As KVCacheManager.free; refused while transfers are in flight.",
+                             "As KVCacheManager.preempt; refused while transfers are in flight.",
+                             "KV events of both tiers in one gap-free sequence (medium 'GPU' or "
+                             "'CPU')."});
 }
 
 }  // namespace pagedkv::python
