@@ -12,9 +12,10 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "expect_error.hpp"
 #include "kv_test_util.hpp"
-#include "pagedkv/device/block_table.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/device/block_table.hpp"
 
 namespace pagedkv {
 namespace {
@@ -284,12 +285,7 @@ TEST_F(CudaCacheOps, SwapBlocksToPinnedHostAndBack) {
 
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
+  testing::expect_error_containing(fn, fragment);
 }
 
 TEST(CudaCacheOpsArguments, RejectedOnTheHostBeforeAnyLaunch) {

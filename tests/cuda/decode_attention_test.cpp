@@ -20,9 +20,10 @@
 
 #include "cuda_attention_test_util.hpp"
 #include "cuda_test_util.hpp"
+#include "expect_error.hpp"
 #include "kv_test_util.hpp"
-#include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/cuda/cache_ops.hpp"
 
 namespace pagedkv {
 namespace {
@@ -435,12 +436,7 @@ TEST_F(CudaDecodeAttention, GraphCaptureAndReplay) {
 
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
+  testing::expect_error_containing(fn, fragment);
 }
 
 TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {

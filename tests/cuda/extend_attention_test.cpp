@@ -25,10 +25,11 @@
 
 #include "cuda_attention_test_util.hpp"
 #include "cuda_test_util.hpp"
+#include "expect_error.hpp"
 #include "kv_test_util.hpp"
+#include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
-#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {
@@ -502,13 +503,7 @@ TEST_F(CudaExtendAttention, DeviceQLenAboveSeqLenGivesZeroRows) {
 
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
+  testing::expect_error(fn, ErrorCode::kInvalidArgument, fragment);
 }
 
 TEST(CudaExtendAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {

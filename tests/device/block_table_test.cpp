@@ -5,21 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 namespace {
 
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorCode code, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 TEST(BlockTable, DenseRowsWithPadding) {
   const std::vector<std::vector<std::int32_t>> ids = {{7, 3, 9}, {}, {4}};

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
@@ -170,13 +171,7 @@ TEST(DecodePlan, WorkspaceSize) {
 
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
+  testing::expect_error(fn, ErrorCode::kInvalidArgument, fragment);
 }
 
 TEST(DecodePlan, RejectsBadInput) {

@@ -5,6 +5,7 @@
 #include <set>
 #include <string>
 
+#include "expect_error.hpp"
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
@@ -12,13 +13,7 @@ namespace {
 
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
+  testing::expect_error(fn, ErrorCode::kInvalidArgument, fragment);
 }
 
 TEST(KVSizing, PublishedModels) {

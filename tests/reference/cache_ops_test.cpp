@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "kv_test_util.hpp"
-#include "pagedkv/device/block_table.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/device/block_table.hpp"
 
 namespace pagedkv {
 namespace {
@@ -21,16 +22,7 @@ namespace {
 using testing::LayoutKind;
 using testing::NaiveAddressing;
 
-template <typename Fn>
-void expect_error(Fn&& fn, ErrorCode code, const std::string& fragment) {
-  try {
-    fn();
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error;
 
 constexpr std::uint16_t kSentinel = 0xfbfb;
 

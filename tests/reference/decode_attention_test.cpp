@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "kv_test_util.hpp"
 #include "pagedkv/base/error.hpp"
 
@@ -207,13 +208,7 @@ struct BadInputFixture {
 };
 
 void expect_error(const PagedDecodeParams& p, ErrorCode code, const std::string& fragment) {
-  try {
-    reference_paged_decode_attention(p);
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
+  testing::expect_error([&] { reference_paged_decode_attention(p); }, code, fragment);
 }
 
 TEST(DecodeAttentionReference, RejectsBadParameters) {

@@ -12,10 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "kv_test_util.hpp"
-#include "pagedkv/reference/decode_attention.hpp"
-#include "pagedkv/base/error.hpp"
+#include "expect_error.hpp"
 #include "internal/extend_attention_tiles.hpp"
+#include "kv_test_util.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
 
 namespace pagedkv {
 namespace {
@@ -318,13 +319,7 @@ struct BadInputFixture {
 };
 
 void expect_error(const PagedExtendParams& p, ErrorCode code, const std::string& fragment) {
-  try {
-    reference_paged_extend_attention(p);
-    ADD_FAILURE() << "expected pagedkv::Error containing '" << fragment << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
-  }
+  testing::expect_error([&] { reference_paged_extend_attention(p); }, code, fragment);
 }
 
 TEST(ExtendAttentionReference, RejectsBadParameters) {
