@@ -105,6 +105,18 @@ BlockPoolConfig host_pool_config(const KVCacheManagerConfig& gpu, const HostTier
 
 constexpr std::uint32_t kIndexMask = 0xffffffffu;
 
+// BlockHash equality with a fixed-size compare the compiler inlines (operator== calls memcmp
+// with a run-time size); a hash is 0, 16 or 32 bytes.
+inline bool same_hash(const BlockHash& a, const BlockHash& b) noexcept {
+  const std::size_t n = a.size();
+  if (n != b.size()) return false;
+  const std::uint8_t* x = a.bytes().data();
+  const std::uint8_t* y = b.bytes().data();
+  if (n == 32) return std::memcmp(x, y, 32) == 0;
+  if (n == 16) return std::memcmp(x, y, 16) == 0;
+  return std::memcmp(x, y, n) == 0;
+}
+
 }  // namespace
 
 TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
@@ -176,7 +188,7 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
     const auto s = static_cast<std::size_t>(slot);
     // DESIGN.md 5: the parent hash stored with the block must equal the request's.
     if (i == 0 ? host_first_[s] == 0
-               : (host_first_[s] != 0 || host_parent_[s] != seq.block_hashes[i - 1])) {
+               : (host_first_[s] != 0 || !same_hash(host_parent_[s], seq.block_hashes[i - 1]))) {
       break;
     }
     hit.host_slots.push_back(slot);
@@ -196,20 +208,25 @@ void TieredKVCacheManager::reserve_transfers(std::size_t more) {
   transfer_first_.reserve(want);
 }
 
-TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestState* state, RequestId request,
-                                               BlockId gpu, BlockId host,
-                                               std::uint32_t chain_index) {
+std::uint32_t TieredKVCacheManager::grow_transfers() {
+  const auto idx = static_cast<std::uint32_t>(transfers_.size());
+  transfers_.emplace_back();
+  transfer_tokens_.resize(transfer_tokens_.size() + bs_);
+  transfer_hash_.emplace_back();
+  transfer_parent_.emplace_back();
+  transfer_first_.push_back(0);
+  return idx;
+}
+
+inline TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestState* state,
+                                                      RequestId request, BlockId gpu, BlockId host,
+                                                      std::uint32_t chain_index) {
   std::uint32_t idx;
   if (!free_transfers_.empty()) {
     idx = free_transfers_.back();
     free_transfers_.pop_back();
   } else {
-    idx = static_cast<std::uint32_t>(transfers_.size());
-    transfers_.emplace_back();
-    transfer_tokens_.resize(transfer_tokens_.size() + bs_);
-    transfer_hash_.emplace_back();
-    transfer_parent_.emplace_back();
-    transfer_first_.push_back(0);
+    idx = grow_transfers();
   }
   Transfer& t = transfers_[idx];
   t.state = state;
@@ -256,12 +273,12 @@ std::optional<BlockId> TieredKVCacheManager::take_host_slot(bool& evicted) {
   return slot;
 }
 
-void TieredKVCacheManager::refresh(BlockId slot) {
+inline void TieredKVCacheManager::refresh(BlockId slot) {
   // An unpinned cached slot that was just in use: back to the LRU tail.
   host_.requeue(slot);
 }
 
-bool TieredKVCacheManager::host_has(BlockId gpu_block) {
+inline bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   const auto b = static_cast<std::size_t>(gpu_block);
   if (const BlockId known = gpu_host_slot_[b]; known != 0) {
     // Verified when the block was loaded from it; the slot has not been reassigned since.
@@ -272,6 +289,11 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
     }
     gpu_host_slot_[b] = 0;
   }
+  return host_lookup(gpu_block);
+}
+
+bool TieredKVCacheManager::host_lookup(BlockId gpu_block) {
+  const auto b = static_cast<std::size_t>(gpu_block);
   std::memcpy(content_tokens_.data() + bs_, gpu_tokens_.data() + b * bs_, bs_ * sizeof(TokenId));
   content_hashes_[0] = gpu_parent_[b];
   content_hashes_[1] = gpu_hash_[b];
@@ -282,7 +304,8 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   const BlockId slot = host_.match_cached_block_unanchored(seq, first ? 0 : 1);
   if (slot == BlockPool::kNoBlock) return false;
   const auto s = static_cast<std::size_t>(slot);
-  if (first ? host_first_[s] == 0 : (host_first_[s] != 0 || host_parent_[s] != gpu_parent_[b])) {
+  if (first ? host_first_[s] == 0
+            : (host_first_[s] != 0 || !same_hash(host_parent_[s], gpu_parent_[b]))) {
     return false;
   }
   if (host_.block(slot).ref_cnt == 0) refresh(slot);
@@ -291,9 +314,13 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   return true;
 }
 
-void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state, RequestId request,
-                                          Kind kind, TierPlan& out) {
-  if (host_has(gpu_block)) return;
+inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state,
+                                                 RequestId request, Kind kind, TierPlan& out) {
+  if (!host_has(gpu_block)) store_block(gpu_block, state, request, kind, out);
+}
+
+void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, RequestId request,
+                                       Kind kind, TierPlan& out) {
   bool evicted = false;  // the slot held a cached block, evicted now
   const std::optional<BlockId> taken = take_host_slot(evicted);
   if (!taken) {
@@ -323,7 +350,7 @@ void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state
   if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
 }
 
-void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
+inline void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
   gpu_hash_[static_cast<std::size_t>(b)] = BlockHash();
   gpu_hits_[static_cast<std::size_t>(b)] = 0;
   gpu_host_slot_[static_cast<std::size_t>(b)] = 0;
@@ -334,8 +361,13 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
   const std::span<const BlockId> ids = manager_.block_ids(request.id());
   const BlockSequence seq = request.hashed_tokens().sequence();
   const BlockPool& pool = manager_.block_pool();
+  // Blocks [loaded_begin, loaded_end) were loaded successfully (allocate_slots noted their slots).
+  const std::size_t loaded_begin = state.hit_begin;
+  const std::size_t loaded_end = state.hit_begin + state.first_failed;
+  const bool write_through = host_config_.policy == HostPolicy::kWriteThrough;
+  const std::size_t end = std::min(ids.size(), seq.block_hashes.size());
   std::size_t i = state.scanned;
-  for (; i < ids.size() && i < seq.block_hashes.size(); ++i) {
+  for (; i < end; ++i) {
     const BlockId b = ids[i];
     if (!pool.block(b).is_cached()) break;
     const auto k = static_cast<std::size_t>(b);
@@ -346,7 +378,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
     std::memcpy(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_ * sizeof(TokenId));
     gpu_hits_[k] = 0;
     // Loaded (and the load succeeded): allocate_slots noted the verified slot it came from.
-    if (i < state.hit_begin || i >= state.hit_begin + state.first_failed) gpu_host_slot_[k] = 0;
+    if (i < loaded_begin || i >= loaded_end) gpu_host_slot_[k] = 0;
     if (seq.has_extra_keys(i)) {
       const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
       if (!extra.empty()) {
@@ -359,9 +391,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
         gpu_extra_[b] = std::move(owned);
       }
     }
-    if (host_config_.policy == HostPolicy::kWriteThrough) {
-      schedule_store(b, state, request.id(), Kind::kStore, out);
-    }
+    if (write_through) schedule_store(b, state, request.id(), Kind::kStore, out);
   }
   state.scanned = i;
 }
@@ -396,7 +426,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     for (std::size_t i = 0; i < h; ++i) {
       const BlockId slot = hit.host_slots[i];
       if (slot < 1 || slot >= host_.num_blocks() || g + i >= hashes.size() ||
-          host_.block(slot).block_hash != hashes[g + i] ||
+          !same_hash(host_.block(slot).block_hash, hashes[g + i]) ||
           (!fresh && !host_verified(seq, g + i, slot))) {
         throw Error(ErrorCode::kInvalidArgument,
                     where() + "stale host hit: slot " + std::to_string(slot) +
@@ -481,13 +511,12 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
                                           std::to_string(id) + " is unknown or already committed");
   }
   Transfer& t = transfers_[idx];
-  RequestState* const req = t.state;
-  const std::span<const BlockId> slot(&t.host, 1);
   const BlockId host_slot = t.host;
+  const Kind kind = t.kind;
   bool became_cached = false;
-  if (t.kind == Kind::kLoad) {
-    RequestState& st = *req;
-    host_.free_blocks(slot);  // unpinned; back at the LRU tail
+  if (kind == Kind::kLoad) {
+    RequestState& st = *t.state;
+    host_.free_blocks(std::span<const BlockId>(&t.host, 1));  // unpinned; back at the LRU tail
     if (ok) {
       ++stats_.loaded_blocks;
       stats_.loaded_bytes += host_config_.bytes_per_block;
@@ -496,48 +525,54 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
       st.first_failed = std::min<std::size_t>(st.first_failed, t.chain_index);
     }
     --st.loads_in_flight;
-  } else {  // a store, eviction or fill: the slot receives a block
-    if (ok) {
-      const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
-      const bool first = transfer_first_[idx] != 0;
-      const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
-      std::memcpy(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_,
-                  bs_ * sizeof(TokenId));
-      content_hashes_[0] = transfer_parent_[idx];
-      content_hashes_[1] = transfer_hash_[idx];
-      const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
-      const std::size_t index = first ? 0 : 1;
-      const BlockId twin = host_.match_cached_block_unanchored(seq, index);
-      const auto s = static_cast<std::size_t>(t.host);
-      if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
-        const BlockId blocks[2] = {kNullBlockId, t.host};
-        host_.cache_full_blocks(seq,
-                                std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2),
-                                index, index + 1);
-        host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
-        host_first_[s] = first ? 1 : 0;
-        ++host_cached_ever_;
-        became_cached = true;
-        if (t.kind != Kind::kFill) {
-          ++stats_.stored_blocks;
-          stats_.stored_bytes += host_config_.bytes_per_block;
-        }
-      }
-    } else {
-      ++stats_.store_failures;
-    }
-    host_.free_blocks(slot);  // cached: LRU tail; not cached: reused first
-    --host_storing_;
-    if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
+    --st.transfers_in_flight;
+  } else {
+    became_cached = commit_receive(idx, t, ok);
   }
-  if (req != nullptr) --req->transfers_in_flight;
-  const Kind kind = t.kind;
   t.live = false;
   ++t.generation;
   free_transfers_.push_back(static_cast<std::uint32_t>(idx));
   --num_live_;
   if (kind == Kind::kLoad && ok && hooks_.on_loaded) hooks_.on_loaded(host_slot);
   if (became_cached && hooks_.on_cached) hooks_.on_cached(host_slot, kind == Kind::kFill);
+}
+
+bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok) {
+  // A store, eviction or fill: the slot receives a block.
+  bool became_cached = false;
+  if (ok) {
+    const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
+    const bool first = transfer_first_[idx] != 0;
+    const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+    std::memcpy(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_,
+                bs_ * sizeof(TokenId));
+    content_hashes_[0] = transfer_parent_[idx];
+    content_hashes_[1] = transfer_hash_[idx];
+    const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
+    const std::size_t index = first ? 0 : 1;
+    const BlockId twin = host_.match_cached_block_unanchored(seq, index);
+    const auto s = static_cast<std::size_t>(t.host);
+    if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
+      const BlockId blocks[2] = {kNullBlockId, t.host};
+      host_.cache_full_blocks(
+          seq, std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2), index, index + 1);
+      host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
+      host_first_[s] = first ? 1 : 0;
+      ++host_cached_ever_;
+      became_cached = true;
+      if (t.kind != Kind::kFill) {
+        ++stats_.stored_blocks;
+        stats_.stored_bytes += host_config_.bytes_per_block;
+      }
+    }
+  } else {
+    ++stats_.store_failures;
+  }
+  host_.free_blocks(std::span<const BlockId>(&t.host, 1));  // cached: LRU tail; else reused first
+  --host_storing_;
+  if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
+  if (t.state != nullptr) --t.state->transfers_in_flight;
+  return became_cached;
 }
 
 std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) const {
@@ -643,15 +678,16 @@ bool TieredKVCacheManager::has_unfinished_loads(RequestId id) const noexcept {
 
 LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   const auto it = requests_.find(request.id());
-  const std::string who =
-      "TieredKVCacheManager::finish_loads: request " + std::to_string(request.id());
+  const auto who = [&request] {
+    return "TieredKVCacheManager::finish_loads: request " + std::to_string(request.id());
+  };
   if (it == requests_.end() || !it->second.loading) {
-    throw Error(ErrorCode::kInvalidState, who + " has no loads to finish");
+    throw Error(ErrorCode::kInvalidState, who() + " has no loads to finish");
   }
   RequestState& st = it->second;
   if (st.loads_in_flight > 0) {
     throw Error(ErrorCode::kInvalidState,
-                who + " has " + std::to_string(st.loads_in_flight) + " loads not committed");
+                who() + " has " + std::to_string(st.loads_in_flight) + " loads not committed");
   }
   LoadResult result;
   result.rolled_back = st.first_failed < st.num_loads;

@@ -238,9 +238,17 @@ class TieredKVCacheManager {
 
   void forward_event(const KVEvent& event, const char* medium);
   void record_new_blocks(Request& request, RequestState& state, TierPlan& out);
+  // Stores the GPU block's recorded content in a free host slot unless the host holds it.
   void schedule_store(BlockId gpu_block, RequestState& state, RequestId request, Kind kind,
                       TierPlan& out);
+  void store_block(BlockId gpu_block, RequestState& state, RequestId request, Kind kind,
+                   TierPlan& out);  // schedule_store's store, the host lacking the block
+  // Whether the host holds the GPU block's recorded content (refreshing the slot's LRU place):
+  // the remembered slot when still valid, else host_lookup()'s verified lookup.
   bool host_has(BlockId gpu_block);
+  // commit() of a store, eviction or fill; true when its slot became hit-able.
+  bool commit_receive(std::size_t idx, Transfer& t, bool ok);
+  bool host_lookup(BlockId gpu_block);
   void refresh(BlockId slot);
   // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
   std::optional<BlockId> take_host_slot(bool& evicted);
@@ -251,6 +259,7 @@ class TieredKVCacheManager {
                                  bool first, const ContentSource* extra) const;
   TransferId open_transfer(Kind kind, RequestState* state, RequestId request, BlockId gpu,
                            BlockId host, std::uint32_t chain_index);
+  std::uint32_t grow_transfers();  // a new slab entry (open_transfer with no free one)
   void reserve_transfers(std::size_t more);
   void forget_gpu_block(BlockId b) noexcept;
 
