@@ -218,21 +218,20 @@ std::uint32_t TieredKVCacheManager::grow_transfers() {
   return idx;
 }
 
-inline TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestState* state,
-                                                      RequestId request, BlockId gpu, BlockId host,
-                                                      std::uint32_t chain_index) {
-  std::uint32_t idx;
-  if (!free_transfers_.empty()) {
-    idx = free_transfers_.back();
-    free_transfers_.pop_back();
-  } else {
-    idx = grow_transfers();
-  }
+inline std::uint32_t TieredKVCacheManager::take_transfer() {
+  if (free_transfers_.empty()) return grow_transfers();
+  const std::uint32_t idx = free_transfers_.back();
+  free_transfers_.pop_back();
+  return idx;
+}
+
+inline TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestState* state, BlockId gpu,
+                                                      BlockId host, std::uint32_t chain_index) {
+  const std::uint32_t idx = take_transfer();
   Transfer& t = transfers_[idx];
   t.state = state;
   t.live = true;
   t.kind = kind;
-  t.request = request;
   t.gpu = gpu;
   t.host = host;
   t.chain_index = chain_index;
@@ -314,13 +313,13 @@ bool TieredKVCacheManager::host_lookup(BlockId gpu_block) {
   return true;
 }
 
-inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state,
-                                                 RequestId request, Kind kind, TierPlan& out) {
-  if (!host_has(gpu_block)) store_block(gpu_block, state, request, kind, out);
+inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state, Kind kind,
+                                                 TierPlan& out) {
+  if (!host_has(gpu_block)) store_block(gpu_block, state, kind, out);
 }
 
-void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, RequestId request,
-                                       Kind kind, TierPlan& out) {
+void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, Kind kind,
+                                       TierPlan& out) {
   bool evicted = false;  // the slot held a cached block, evicted now
   const std::optional<BlockId> taken = take_host_slot(evicted);
   if (!taken) {
@@ -328,7 +327,7 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, R
     return;
   }
   const BlockId slot = *taken;
-  const TransferId id = open_transfer(kind, &state, request, gpu_block, slot, 0);
+  const TransferId id = open_transfer(kind, &state, gpu_block, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   const auto b = static_cast<std::size_t>(gpu_block);
   std::memcpy(transfer_tokens_.data() + idx * bs_, gpu_tokens_.data() + b * bs_,
@@ -391,7 +390,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
         gpu_extra_[b] = std::move(owned);
       }
     }
-    if (write_through) schedule_store(b, state, request.id(), Kind::kStore, out);
+    if (write_through) schedule_store(b, state, Kind::kStore, out);
   }
   state.scanned = i;
 }
@@ -438,14 +437,22 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   // Everything that may allocate happens before the manager changes state.
   const std::size_t bound = h + 2 * ((request.num_tokens() + num_lookahead_tokens) / bs_ + 2) + g;
   reserve_transfers(bound);
+  const HostPolicy policy = host_config_.policy;
+  // Evictions are write-back's; stores are write-through's (of the computed blocks, recorded
+  // below only without a host hit) and selective's (of GPU-hit blocks).
+  const std::size_t max_evictions = policy == HostPolicy::kWriteBack ? bound : 0;
+  const std::size_t max_stores = policy == HostPolicy::kWriteThrough ? (h == 0 ? bound : 0)
+                                 : policy == HostPolicy::kWriteThroughSelective ? g
+                                                                                : 0;
   TierAllocation out;
   out.transfers.plan.loads.reserve(h);
   out.transfers.load_ids.reserve(h);
-  out.transfers.plan.evictions.reserve(bound);
-  out.transfers.eviction_ids.reserve(bound);
-  out.transfers.plan.stores.reserve(bound);
-  out.transfers.store_ids.reserve(bound);
+  out.transfers.plan.evictions.reserve(max_evictions);
+  out.transfers.eviction_ids.reserve(max_evictions);
+  out.transfers.plan.stores.reserve(max_stores);
+  out.transfers.store_ids.reserve(max_stores);
   const auto [it, inserted] = requests_.try_emplace(request.id());
+  if (inserted) it->second.id = request.id();
   std::optional<std::span<const BlockId>> blocks;
   try {
     blocks = manager_.allocate_slots(request, h * bs_ + num_new_tokens, hit.gpu,
@@ -465,31 +472,40 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   // Blocks the allocation took from the free queue while cached were evicted just now.
   for (const BlockId b : *blocks) {
     if (gpu_hash_[static_cast<std::size_t>(b)].empty()) continue;
-    if (host_config_.policy == HostPolicy::kWriteBack) {
-      schedule_store(b, st, request.id(), Kind::kEviction, out.transfers);
-    }
+    if (policy == HostPolicy::kWriteBack) schedule_store(b, st, Kind::kEviction, out.transfers);
     forget_gpu_block(b);
   }
-  if (inserted && host_config_.policy == HostPolicy::kWriteThroughSelective) {
+  if (inserted && policy == HostPolicy::kWriteThroughSelective) {
     for (const BlockId b : hit.gpu.blocks) {
       if (++gpu_hits_[static_cast<std::size_t>(b)] == host_config_.selective_hits) {
-        schedule_store(b, st, request.id(), Kind::kStore, out.transfers);
+        schedule_store(b, st, Kind::kStore, out.transfers);
       }
     }
   }
   if (h > 0) {
-    const std::span<const BlockId> ids = manager_.block_ids(request.id());
+    // One load per hit slot, into the hit part's GPU blocks (open_transfer, counted once).
+    const std::span<const BlockId> gpu = manager_.block_ids(request.id()).subspan(g, h);
     for (std::size_t i = 0; i < h; ++i) {
       const BlockId slot = hit.host_slots[i];
-      const auto b = static_cast<std::size_t>(ids[g + i]);
-      const TransferId id = open_transfer(Kind::kLoad, &st, request.id(), ids[g + i], slot,
-                                          static_cast<std::uint32_t>(i));
-      out.transfers.plan.loads.push_back({slot, ids[g + i]});
-      out.transfers.load_ids.push_back(id);
+      const BlockId block = gpu[i];
+      const std::uint32_t idx = take_transfer();
+      Transfer& t = transfers_[idx];
+      t.state = &st;
+      t.live = true;
+      t.kind = Kind::kLoad;
+      t.gpu = block;
+      t.host = slot;
+      t.chain_index = static_cast<std::uint32_t>(i);
+      out.transfers.plan.loads.push_back({slot, block});
+      out.transfers.load_ids.push_back((static_cast<TransferId>(t.generation) << 32) | idx);
       // The block will hold the slot's (verified) content; kept if the load succeeds.
+      const auto b = static_cast<std::size_t>(block);
       gpu_host_slot_[b] = slot;
       gpu_host_epoch_[b] = host_slot_epoch_[static_cast<std::size_t>(slot)];
     }
+    num_live_ += h;
+    st.transfers_in_flight += static_cast<std::uint32_t>(h);
+    st.loads_in_flight += static_cast<std::uint32_t>(h);
     st.loading = true;
     st.hit_begin = g;
     st.num_loads = h;
@@ -638,7 +654,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
     return std::nullopt;
   }
   const BlockId slot = *taken;
-  const TransferId id = open_transfer(Kind::kFill, nullptr, request.id(), kNullBlockId, slot, 0);
+  const TransferId id = open_transfer(Kind::kFill, nullptr, kNullBlockId, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   std::memcpy(transfer_tokens_.data() + idx * bs_, seq.tokens.data() + index * bs_,
               bs_ * sizeof(TokenId));
@@ -695,8 +711,10 @@ LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   result.num_computed_tokens = valid_blocks * bs_;
   const std::size_t bound = 2 * (request.num_tokens() / bs_ + 2);
   reserve_transfers(bound);
-  result.transfers.plan.stores.reserve(bound);
-  result.transfers.store_ids.reserve(bound);
+  if (host_config_.policy == HostPolicy::kWriteThrough) {  // record_new_blocks stores
+    result.transfers.plan.stores.reserve(bound);
+    result.transfers.store_ids.reserve(bound);
+  }
   manager_.cache_blocks(request, result.rolled_back ? result.num_computed_tokens : st.cache_upto);
   st.loading = false;
   if (result.rolled_back) ++stats_.rollbacks;
@@ -760,6 +778,12 @@ void TieredKVCacheManager::check_invariants() const {
   const BlockPool& pool = manager_.block_pool();
   std::vector<std::int32_t> host_refs(static_cast<std::size_t>(host_.num_blocks()), 0);
   std::unordered_map<RequestId, std::pair<std::uint32_t, std::uint32_t>> counts;
+  // A transfer names its request by state pointer: known only if it is one of requests_'.
+  std::unordered_map<const RequestState*, RequestId> owners;
+  for (const auto& [id, st] : requests_) {
+    if (st.id != id) fail("request " + std::to_string(id) + "'s state names another id");
+    owners.emplace(&st, id);
+  }
   std::size_t live = 0;
   std::int32_t storing = 0;
   for (const Transfer& t : transfers_) {
@@ -771,9 +795,11 @@ void TieredKVCacheManager::check_invariants() const {
       if (host_.block(t.host).is_cached()) fail("a filling host slot is already hit-able");
       continue;
     }
-    auto& c = counts[t.request];
+    const auto owner = owners.find(t.state);
+    if (owner == owners.end()) fail("a transfer of an unknown request");
+    auto& c = counts[owner->second];
     ++c.second;
-    const std::span<const BlockId> held = manager_.block_ids(t.request);
+    const std::span<const BlockId> held = manager_.block_ids(owner->second);
     if (std::find(held.begin(), held.end(), t.gpu) == held.end()) {
       fail("a transfer's GPU block " + std::to_string(t.gpu) + " is not held by its request");
     }
