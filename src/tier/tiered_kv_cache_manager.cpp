@@ -4,6 +4,9 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "pagedkv/base/error.hpp"
 
@@ -105,13 +108,23 @@ BlockPoolConfig host_pool_config(const KVCacheManagerConfig& gpu, const HostTier
 
 constexpr std::uint32_t kIndexMask = 0xffffffffu;
 
-// BlockHash equality with a fixed-size compare the compiler inlines (operator== calls memcmp
-// with a run-time size); a hash is 0, 16 or 32 bytes.
+// BlockHash equality inline (operator== calls memcmp with a run-time size); a hash is 0, 16 or
+// 32 bytes.
 inline bool same_hash(const BlockHash& a, const BlockHash& b) noexcept {
   const std::size_t n = a.size();
   if (n != b.size()) return false;
   const std::uint8_t* x = a.bytes().data();
   const std::uint8_t* y = b.bytes().data();
+#if defined(__SSE2__)
+  if (n == 32) {
+    const auto load = [](const std::uint8_t* p) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    };
+    const __m128i eq =
+        _mm_and_si128(_mm_cmpeq_epi8(load(x), load(y)), _mm_cmpeq_epi8(load(x + 16), load(y + 16)));
+    return _mm_movemask_epi8(eq) == 0xffff;
+  }
+#endif
   if (n == 32) return std::memcmp(x, y, 32) == 0;
   if (n == 16) return std::memcmp(x, y, 16) == 0;
   return std::memcmp(x, y, n) == 0;
@@ -521,39 +534,44 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
 void TieredKVCacheManager::commit(TransferId id, bool ok) {
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   const auto generation = static_cast<std::uint32_t>(id >> 32);
-  if (idx >= transfers_.size() || !transfers_[idx].live ||
-      transfers_[idx].generation != generation) {
-    throw Error(ErrorCode::kNotFound, "TieredKVCacheManager::commit: transfer " +
-                                          std::to_string(id) + " is unknown or already committed");
+  if (idx >= transfers_.size() || !transfers_[idx].live || transfers_[idx].generation != generation)
+      [[unlikely]] {
+    throw_unknown_transfer(id);
   }
   Transfer& t = transfers_[idx];
-  const BlockId host_slot = t.host;
-  const Kind kind = t.kind;
-  bool became_cached = false;
-  if (kind == Kind::kLoad) {
-    RequestState& st = *t.state;
-    host_.free_blocks(std::span<const BlockId>(&t.host, 1));  // unpinned; back at the LRU tail
-    if (ok) {
-      ++stats_.loaded_blocks;
-      stats_.loaded_bytes += host_config_.bytes_per_block;
-    } else {
-      ++stats_.load_failures;
-      st.first_failed = std::min<std::size_t>(st.first_failed, t.chain_index);
-    }
-    --st.loads_in_flight;
-    --st.transfers_in_flight;
-  } else {
-    became_cached = commit_receive(idx, t, ok);
+  if (t.kind != Kind::kLoad) {
+    commit_receive(idx, t, ok);
+    return;
   }
-  t.live = false;
-  ++t.generation;
-  free_transfers_.push_back(static_cast<std::uint32_t>(idx));
-  --num_live_;
-  if (kind == Kind::kLoad && ok && hooks_.on_loaded) hooks_.on_loaded(host_slot);
-  if (became_cached && hooks_.on_cached) hooks_.on_cached(host_slot, kind == Kind::kFill);
+  const BlockId host_slot = t.host;
+  RequestState& st = *t.state;
+  host_.free_blocks(std::span<const BlockId>(&t.host, 1));  // unpinned; back at the LRU tail
+  if (ok) {
+    ++stats_.loaded_blocks;
+    stats_.loaded_bytes += host_config_.bytes_per_block;
+  } else {
+    ++stats_.load_failures;
+    st.first_failed = std::min<std::size_t>(st.first_failed, t.chain_index);
+  }
+  --st.loads_in_flight;
+  --st.transfers_in_flight;
+  close_transfer(t, idx);
+  if (ok && hooks_.on_loaded) hooks_.on_loaded(host_slot);
 }
 
-bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok) {
+void TieredKVCacheManager::throw_unknown_transfer(TransferId id) {
+  throw Error(ErrorCode::kNotFound, "TieredKVCacheManager::commit: transfer " + std::to_string(id) +
+                                        " is unknown or already committed");
+}
+
+inline void TieredKVCacheManager::close_transfer(Transfer& t, std::size_t idx) {
+  t.live = false;
+  ++t.generation;
+  free_transfers_.push_back(static_cast<std::uint32_t>(idx));  // capacity: transfers_'s
+  --num_live_;
+}
+
+void TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok) {
   // A store, eviction or fill: the slot receives a block.
   bool became_cached = false;
   if (ok) {
@@ -588,7 +606,10 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
   --host_storing_;
   if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
   if (t.state != nullptr) --t.state->transfers_in_flight;
-  return became_cached;
+  const BlockId host_slot = t.host;
+  const bool from_fill = t.kind == Kind::kFill;
+  close_transfer(t, idx);
+  if (became_cached && hooks_.on_cached) hooks_.on_cached(host_slot, from_fill);
 }
 
 std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) const {

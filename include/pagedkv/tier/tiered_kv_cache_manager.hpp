@@ -245,8 +245,10 @@ class TieredKVCacheManager {
   // Whether the host holds the GPU block's recorded content (refreshing the slot's LRU place):
   // the remembered slot when still valid, else host_lookup()'s verified lookup.
   bool host_has(BlockId gpu_block);
-  // commit() of a store, eviction or fill; true when its slot became hit-able.
-  bool commit_receive(std::size_t idx, Transfer& t, bool ok);
+  // commit() of a store, eviction or fill.
+  void commit_receive(std::size_t idx, Transfer& t, bool ok);
+  void close_transfer(Transfer& t, std::size_t idx);  // back to the free list
+  [[noreturn]] static void throw_unknown_transfer(TransferId id);
   bool host_lookup(BlockId gpu_block);
   void refresh(BlockId slot);
   // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
