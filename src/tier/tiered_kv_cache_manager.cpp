@@ -363,9 +363,9 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, K
 }
 
 inline void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
+  // gpu_hits_ and gpu_host_slot_ are read only for recorded blocks; record_new_blocks sets both
+  // before the block is recorded again.
   gpu_hash_[static_cast<std::size_t>(b)] = BlockHash();
-  gpu_hits_[static_cast<std::size_t>(b)] = 0;
-  gpu_host_slot_[static_cast<std::size_t>(b)] = 0;
   if (!gpu_extra_.empty()) gpu_extra_.erase(b);
 }
 
@@ -378,6 +378,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
   const std::size_t loaded_end = state.hit_begin + state.first_failed;
   const bool write_through = host_config_.policy == HostPolicy::kWriteThrough;
   const std::size_t end = std::min(ids.size(), seq.block_hashes.size());
+  const std::size_t block_bytes = bs_ * sizeof(TokenId);
   std::size_t i = state.scanned;
   for (; i < end; ++i) {
     const BlockId b = ids[i];
@@ -387,7 +388,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
     gpu_hash_[k] = seq.block_hashes[i];
     gpu_first_[k] = i == 0 ? 1 : 0;
     gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
-    std::memcpy(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_ * sizeof(TokenId));
+    std::memcpy(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, block_bytes);
     gpu_hits_[k] = 0;
     // Loaded (and the load succeeded): allocate_slots noted the verified slot it came from.
     if (i < loaded_begin || i >= loaded_end) gpu_host_slot_[k] = 0;
@@ -458,8 +459,8 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
                                  : policy == HostPolicy::kWriteThroughSelective ? g
                                                                                 : 0;
   TierAllocation out;
-  out.transfers.plan.loads.reserve(h);
-  out.transfers.load_ids.reserve(h);
+  out.transfers.plan.loads.resize(h);  // written in place below
+  out.transfers.load_ids.resize(h);
   out.transfers.plan.evictions.reserve(max_evictions);
   out.transfers.eviction_ids.reserve(max_evictions);
   out.transfers.plan.stores.reserve(max_stores);
@@ -496,12 +497,17 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     }
   }
   if (h > 0) {
-    // One load per hit slot, into the hit part's GPU blocks (open_transfer, counted once).
+    // One load per hit slot, into the hit part's GPU blocks (open_transfer, counted once). Slab
+    // entries come off the free list's back in the order h pops would take them.
     const std::span<const BlockId> gpu = manager_.block_ids(request.id()).subspan(g, h);
+    const std::size_t spare = std::min(h, free_transfers_.size());
+    const std::uint32_t* const spare_top = free_transfers_.data() + free_transfers_.size();
+    BlockCopy* const loads = out.transfers.plan.loads.data();
+    TransferId* const load_ids = out.transfers.load_ids.data();
     for (std::size_t i = 0; i < h; ++i) {
       const BlockId slot = hit.host_slots[i];
       const BlockId block = gpu[i];
-      const std::uint32_t idx = take_transfer();
+      const std::uint32_t idx = i < spare ? *(spare_top - 1 - i) : grow_transfers();
       Transfer& t = transfers_[idx];
       t.state = &st;
       t.live = true;
@@ -509,13 +515,14 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
       t.gpu = block;
       t.host = slot;
       t.chain_index = static_cast<std::uint32_t>(i);
-      out.transfers.plan.loads.push_back({slot, block});
-      out.transfers.load_ids.push_back((static_cast<TransferId>(t.generation) << 32) | idx);
+      loads[i] = {slot, block};
+      load_ids[i] = (static_cast<TransferId>(t.generation) << 32) | idx;
       // The block will hold the slot's (verified) content; kept if the load succeeds.
       const auto b = static_cast<std::size_t>(block);
       gpu_host_slot_[b] = slot;
       gpu_host_epoch_[b] = host_slot_epoch_[static_cast<std::size_t>(slot)];
     }
+    free_transfers_.resize(free_transfers_.size() - spare);
     num_live_ += h;
     st.transfers_in_flight += static_cast<std::uint32_t>(h);
     st.loads_in_flight += static_cast<std::uint32_t>(h);
