@@ -4,6 +4,9 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "pagedkv/base/error.hpp"
 
@@ -105,6 +108,28 @@ BlockPoolConfig host_pool_config(const KVCacheManagerConfig& gpu, const HostTier
 
 constexpr std::uint32_t kIndexMask = 0xffffffffu;
 
+// BlockHash equality inline (operator== calls memcmp with a run-time size); a hash is 0, 16 or
+// 32 bytes.
+inline bool same_hash(const BlockHash& a, const BlockHash& b) noexcept {
+  const std::size_t n = a.size();
+  if (n != b.size()) return false;
+  const std::uint8_t* x = a.bytes().data();
+  const std::uint8_t* y = b.bytes().data();
+#if defined(__SSE2__)
+  if (n == 32) {
+    const auto load = [](const std::uint8_t* p) {
+      return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    };
+    const __m128i eq =
+        _mm_and_si128(_mm_cmpeq_epi8(load(x), load(y)), _mm_cmpeq_epi8(load(x + 16), load(y + 16)));
+    return _mm_movemask_epi8(eq) == 0xffff;
+  }
+#endif
+  if (n == 32) return std::memcmp(x, y, 32) == 0;
+  if (n == 16) return std::memcmp(x, y, 16) == 0;
+  return std::memcmp(x, y, n) == 0;
+}
+
 }  // namespace
 
 TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
@@ -176,7 +201,7 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
     const auto s = static_cast<std::size_t>(slot);
     // DESIGN.md 5: the parent hash stored with the block must equal the request's.
     if (i == 0 ? host_first_[s] == 0
-               : (host_first_[s] != 0 || host_parent_[s] != seq.block_hashes[i - 1])) {
+               : (host_first_[s] != 0 || !same_hash(host_parent_[s], seq.block_hashes[i - 1]))) {
       break;
     }
     hit.host_slots.push_back(slot);
@@ -196,26 +221,30 @@ void TieredKVCacheManager::reserve_transfers(std::size_t more) {
   transfer_first_.reserve(want);
 }
 
-TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestState* state, RequestId request,
-                                               BlockId gpu, BlockId host,
-                                               std::uint32_t chain_index) {
-  std::uint32_t idx;
-  if (!free_transfers_.empty()) {
-    idx = free_transfers_.back();
-    free_transfers_.pop_back();
-  } else {
-    idx = static_cast<std::uint32_t>(transfers_.size());
-    transfers_.emplace_back();
-    transfer_tokens_.resize(transfer_tokens_.size() + bs_);
-    transfer_hash_.emplace_back();
-    transfer_parent_.emplace_back();
-    transfer_first_.push_back(0);
-  }
+std::uint32_t TieredKVCacheManager::grow_transfers() {
+  const auto idx = static_cast<std::uint32_t>(transfers_.size());
+  transfers_.emplace_back();
+  transfer_tokens_.resize(transfer_tokens_.size() + bs_);
+  transfer_hash_.emplace_back();
+  transfer_parent_.emplace_back();
+  transfer_first_.push_back(0);
+  return idx;
+}
+
+inline std::uint32_t TieredKVCacheManager::take_transfer() {
+  if (free_transfers_.empty()) return grow_transfers();
+  const std::uint32_t idx = free_transfers_.back();
+  free_transfers_.pop_back();
+  return idx;
+}
+
+inline TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestState* state, BlockId gpu,
+                                                      BlockId host, std::uint32_t chain_index) {
+  const std::uint32_t idx = take_transfer();
   Transfer& t = transfers_[idx];
   t.state = state;
   t.live = true;
   t.kind = kind;
-  t.request = request;
   t.gpu = gpu;
   t.host = host;
   t.chain_index = chain_index;
@@ -256,12 +285,12 @@ std::optional<BlockId> TieredKVCacheManager::take_host_slot(bool& evicted) {
   return slot;
 }
 
-void TieredKVCacheManager::refresh(BlockId slot) {
+inline void TieredKVCacheManager::refresh(BlockId slot) {
   // An unpinned cached slot that was just in use: back to the LRU tail.
   host_.requeue(slot);
 }
 
-bool TieredKVCacheManager::host_has(BlockId gpu_block) {
+inline bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   const auto b = static_cast<std::size_t>(gpu_block);
   if (const BlockId known = gpu_host_slot_[b]; known != 0) {
     // Verified when the block was loaded from it; the slot has not been reassigned since.
@@ -272,6 +301,11 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
     }
     gpu_host_slot_[b] = 0;
   }
+  return host_lookup(gpu_block);
+}
+
+bool TieredKVCacheManager::host_lookup(BlockId gpu_block) {
+  const auto b = static_cast<std::size_t>(gpu_block);
   std::memcpy(content_tokens_.data() + bs_, gpu_tokens_.data() + b * bs_, bs_ * sizeof(TokenId));
   content_hashes_[0] = gpu_parent_[b];
   content_hashes_[1] = gpu_hash_[b];
@@ -282,7 +316,8 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   const BlockId slot = host_.match_cached_block_unanchored(seq, first ? 0 : 1);
   if (slot == BlockPool::kNoBlock) return false;
   const auto s = static_cast<std::size_t>(slot);
-  if (first ? host_first_[s] == 0 : (host_first_[s] != 0 || host_parent_[s] != gpu_parent_[b])) {
+  if (first ? host_first_[s] == 0
+            : (host_first_[s] != 0 || !same_hash(host_parent_[s], gpu_parent_[b]))) {
     return false;
   }
   if (host_.block(slot).ref_cnt == 0) refresh(slot);
@@ -291,9 +326,13 @@ bool TieredKVCacheManager::host_has(BlockId gpu_block) {
   return true;
 }
 
-void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state, RequestId request,
-                                          Kind kind, TierPlan& out) {
-  if (host_has(gpu_block)) return;
+inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state, Kind kind,
+                                                 TierPlan& out) {
+  if (!host_has(gpu_block)) store_block(gpu_block, state, kind, out);
+}
+
+void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, Kind kind,
+                                       TierPlan& out) {
   bool evicted = false;  // the slot held a cached block, evicted now
   const std::optional<BlockId> taken = take_host_slot(evicted);
   if (!taken) {
@@ -301,7 +340,7 @@ void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state
     return;
   }
   const BlockId slot = *taken;
-  const TransferId id = open_transfer(kind, &state, request, gpu_block, slot, 0);
+  const TransferId id = open_transfer(kind, &state, gpu_block, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   const auto b = static_cast<std::size_t>(gpu_block);
   std::memcpy(transfer_tokens_.data() + idx * bs_, gpu_tokens_.data() + b * bs_,
@@ -323,10 +362,10 @@ void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state
   if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
 }
 
-void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
+inline void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
+  // gpu_hits_ and gpu_host_slot_ are read only for recorded blocks; record_new_blocks sets both
+  // before the block is recorded again.
   gpu_hash_[static_cast<std::size_t>(b)] = BlockHash();
-  gpu_hits_[static_cast<std::size_t>(b)] = 0;
-  gpu_host_slot_[static_cast<std::size_t>(b)] = 0;
   if (!gpu_extra_.empty()) gpu_extra_.erase(b);
 }
 
@@ -334,8 +373,14 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
   const std::span<const BlockId> ids = manager_.block_ids(request.id());
   const BlockSequence seq = request.hashed_tokens().sequence();
   const BlockPool& pool = manager_.block_pool();
+  // Blocks [loaded_begin, loaded_end) were loaded successfully (allocate_slots noted their slots).
+  const std::size_t loaded_begin = state.hit_begin;
+  const std::size_t loaded_end = state.hit_begin + state.first_failed;
+  const bool write_through = host_config_.policy == HostPolicy::kWriteThrough;
+  const std::size_t end = std::min(ids.size(), seq.block_hashes.size());
+  const std::size_t block_bytes = bs_ * sizeof(TokenId);
   std::size_t i = state.scanned;
-  for (; i < ids.size() && i < seq.block_hashes.size(); ++i) {
+  for (; i < end; ++i) {
     const BlockId b = ids[i];
     if (!pool.block(b).is_cached()) break;
     const auto k = static_cast<std::size_t>(b);
@@ -343,10 +388,10 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
     gpu_hash_[k] = seq.block_hashes[i];
     gpu_first_[k] = i == 0 ? 1 : 0;
     gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
-    std::memcpy(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_ * sizeof(TokenId));
+    std::memcpy(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, block_bytes);
     gpu_hits_[k] = 0;
     // Loaded (and the load succeeded): allocate_slots noted the verified slot it came from.
-    if (i < state.hit_begin || i >= state.hit_begin + state.first_failed) gpu_host_slot_[k] = 0;
+    if (i < loaded_begin || i >= loaded_end) gpu_host_slot_[k] = 0;
     if (seq.has_extra_keys(i)) {
       const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
       if (!extra.empty()) {
@@ -359,9 +404,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
         gpu_extra_[b] = std::move(owned);
       }
     }
-    if (host_config_.policy == HostPolicy::kWriteThrough) {
-      schedule_store(b, state, request.id(), Kind::kStore, out);
-    }
+    if (write_through) schedule_store(b, state, Kind::kStore, out);
   }
   state.scanned = i;
 }
@@ -396,7 +439,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     for (std::size_t i = 0; i < h; ++i) {
       const BlockId slot = hit.host_slots[i];
       if (slot < 1 || slot >= host_.num_blocks() || g + i >= hashes.size() ||
-          host_.block(slot).block_hash != hashes[g + i] ||
+          !same_hash(host_.block(slot).block_hash, hashes[g + i]) ||
           (!fresh && !host_verified(seq, g + i, slot))) {
         throw Error(ErrorCode::kInvalidArgument,
                     where() + "stale host hit: slot " + std::to_string(slot) +
@@ -408,14 +451,22 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   // Everything that may allocate happens before the manager changes state.
   const std::size_t bound = h + 2 * ((request.num_tokens() + num_lookahead_tokens) / bs_ + 2) + g;
   reserve_transfers(bound);
+  const HostPolicy policy = host_config_.policy;
+  // Evictions are write-back's; stores are write-through's (of the computed blocks, recorded
+  // below only without a host hit) and selective's (of GPU-hit blocks).
+  const std::size_t max_evictions = policy == HostPolicy::kWriteBack ? bound : 0;
+  const std::size_t max_stores = policy == HostPolicy::kWriteThrough ? (h == 0 ? bound : 0)
+                                 : policy == HostPolicy::kWriteThroughSelective ? g
+                                                                                : 0;
   TierAllocation out;
-  out.transfers.plan.loads.reserve(h);
-  out.transfers.load_ids.reserve(h);
-  out.transfers.plan.evictions.reserve(bound);
-  out.transfers.eviction_ids.reserve(bound);
-  out.transfers.plan.stores.reserve(bound);
-  out.transfers.store_ids.reserve(bound);
+  out.transfers.plan.loads.resize(h);  // written in place below
+  out.transfers.load_ids.resize(h);
+  out.transfers.plan.evictions.reserve(max_evictions);
+  out.transfers.eviction_ids.reserve(max_evictions);
+  out.transfers.plan.stores.reserve(max_stores);
+  out.transfers.store_ids.reserve(max_stores);
   const auto [it, inserted] = requests_.try_emplace(request.id());
+  if (inserted) it->second.id = request.id();
   std::optional<std::span<const BlockId>> blocks;
   try {
     blocks = manager_.allocate_slots(request, h * bs_ + num_new_tokens, hit.gpu,
@@ -435,31 +486,46 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   // Blocks the allocation took from the free queue while cached were evicted just now.
   for (const BlockId b : *blocks) {
     if (gpu_hash_[static_cast<std::size_t>(b)].empty()) continue;
-    if (host_config_.policy == HostPolicy::kWriteBack) {
-      schedule_store(b, st, request.id(), Kind::kEviction, out.transfers);
-    }
+    if (policy == HostPolicy::kWriteBack) schedule_store(b, st, Kind::kEviction, out.transfers);
     forget_gpu_block(b);
   }
-  if (inserted && host_config_.policy == HostPolicy::kWriteThroughSelective) {
+  if (inserted && policy == HostPolicy::kWriteThroughSelective) {
     for (const BlockId b : hit.gpu.blocks) {
       if (++gpu_hits_[static_cast<std::size_t>(b)] == host_config_.selective_hits) {
-        schedule_store(b, st, request.id(), Kind::kStore, out.transfers);
+        schedule_store(b, st, Kind::kStore, out.transfers);
       }
     }
   }
   if (h > 0) {
-    const std::span<const BlockId> ids = manager_.block_ids(request.id());
+    // One load per hit slot, into the hit part's GPU blocks (open_transfer, counted once). Slab
+    // entries come off the free list's back in the order h pops would take them.
+    const std::span<const BlockId> gpu = manager_.block_ids(request.id()).subspan(g, h);
+    const std::size_t spare = std::min(h, free_transfers_.size());
+    const std::uint32_t* const spare_top = free_transfers_.data() + free_transfers_.size();
+    BlockCopy* const loads = out.transfers.plan.loads.data();
+    TransferId* const load_ids = out.transfers.load_ids.data();
     for (std::size_t i = 0; i < h; ++i) {
       const BlockId slot = hit.host_slots[i];
-      const auto b = static_cast<std::size_t>(ids[g + i]);
-      const TransferId id = open_transfer(Kind::kLoad, &st, request.id(), ids[g + i], slot,
-                                          static_cast<std::uint32_t>(i));
-      out.transfers.plan.loads.push_back({slot, ids[g + i]});
-      out.transfers.load_ids.push_back(id);
+      const BlockId block = gpu[i];
+      const std::uint32_t idx = i < spare ? *(spare_top - 1 - i) : grow_transfers();
+      Transfer& t = transfers_[idx];
+      t.state = &st;
+      t.live = true;
+      t.kind = Kind::kLoad;
+      t.gpu = block;
+      t.host = slot;
+      t.chain_index = static_cast<std::uint32_t>(i);
+      loads[i] = {slot, block};
+      load_ids[i] = (static_cast<TransferId>(t.generation) << 32) | idx;
       // The block will hold the slot's (verified) content; kept if the load succeeds.
+      const auto b = static_cast<std::size_t>(block);
       gpu_host_slot_[b] = slot;
       gpu_host_epoch_[b] = host_slot_epoch_[static_cast<std::size_t>(slot)];
     }
+    free_transfers_.resize(free_transfers_.size() - spare);
+    num_live_ += h;
+    st.transfers_in_flight += static_cast<std::uint32_t>(h);
+    st.loads_in_flight += static_cast<std::uint32_t>(h);
     st.loading = true;
     st.hit_begin = g;
     st.num_loads = h;
@@ -475,69 +541,82 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
 void TieredKVCacheManager::commit(TransferId id, bool ok) {
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   const auto generation = static_cast<std::uint32_t>(id >> 32);
-  if (idx >= transfers_.size() || !transfers_[idx].live ||
-      transfers_[idx].generation != generation) {
-    throw Error(ErrorCode::kNotFound, "TieredKVCacheManager::commit: transfer " +
-                                          std::to_string(id) + " is unknown or already committed");
+  if (idx >= transfers_.size() || !transfers_[idx].live || transfers_[idx].generation != generation)
+      [[unlikely]] {
+    throw_unknown_transfer(id);
   }
   Transfer& t = transfers_[idx];
-  RequestState* const req = t.state;
-  const std::span<const BlockId> slot(&t.host, 1);
-  const BlockId host_slot = t.host;
-  bool became_cached = false;
-  if (t.kind == Kind::kLoad) {
-    RequestState& st = *req;
-    host_.free_blocks(slot);  // unpinned; back at the LRU tail
-    if (ok) {
-      ++stats_.loaded_blocks;
-      stats_.loaded_bytes += host_config_.bytes_per_block;
-    } else {
-      ++stats_.load_failures;
-      st.first_failed = std::min<std::size_t>(st.first_failed, t.chain_index);
-    }
-    --st.loads_in_flight;
-  } else {  // a store, eviction or fill: the slot receives a block
-    if (ok) {
-      const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
-      const bool first = transfer_first_[idx] != 0;
-      const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
-      std::memcpy(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_,
-                  bs_ * sizeof(TokenId));
-      content_hashes_[0] = transfer_parent_[idx];
-      content_hashes_[1] = transfer_hash_[idx];
-      const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
-      const std::size_t index = first ? 0 : 1;
-      const BlockId twin = host_.match_cached_block_unanchored(seq, index);
-      const auto s = static_cast<std::size_t>(t.host);
-      if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
-        const BlockId blocks[2] = {kNullBlockId, t.host};
-        host_.cache_full_blocks(seq,
-                                std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2),
-                                index, index + 1);
-        host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
-        host_first_[s] = first ? 1 : 0;
-        ++host_cached_ever_;
-        became_cached = true;
-        if (t.kind != Kind::kFill) {
-          ++stats_.stored_blocks;
-          stats_.stored_bytes += host_config_.bytes_per_block;
-        }
-      }
-    } else {
-      ++stats_.store_failures;
-    }
-    host_.free_blocks(slot);  // cached: LRU tail; not cached: reused first
-    --host_storing_;
-    if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
+  if (t.kind != Kind::kLoad) {
+    commit_receive(idx, t, ok);
+    return;
   }
-  if (req != nullptr) --req->transfers_in_flight;
-  const Kind kind = t.kind;
+  const BlockId host_slot = t.host;
+  RequestState& st = *t.state;
+  host_.free_blocks(std::span<const BlockId>(&t.host, 1));  // unpinned; back at the LRU tail
+  if (ok) {
+    ++stats_.loaded_blocks;
+    stats_.loaded_bytes += host_config_.bytes_per_block;
+  } else {
+    ++stats_.load_failures;
+    st.first_failed = std::min<std::size_t>(st.first_failed, t.chain_index);
+  }
+  --st.loads_in_flight;
+  --st.transfers_in_flight;
+  close_transfer(t, idx);
+  if (ok && hooks_.on_loaded) hooks_.on_loaded(host_slot);
+}
+
+void TieredKVCacheManager::throw_unknown_transfer(TransferId id) {
+  throw Error(ErrorCode::kNotFound, "TieredKVCacheManager::commit: transfer " + std::to_string(id) +
+                                        " is unknown or already committed");
+}
+
+inline void TieredKVCacheManager::close_transfer(Transfer& t, std::size_t idx) {
   t.live = false;
   ++t.generation;
-  free_transfers_.push_back(static_cast<std::uint32_t>(idx));
+  free_transfers_.push_back(static_cast<std::uint32_t>(idx));  // capacity: transfers_'s
   --num_live_;
-  if (kind == Kind::kLoad && ok && hooks_.on_loaded) hooks_.on_loaded(host_slot);
-  if (became_cached && hooks_.on_cached) hooks_.on_cached(host_slot, kind == Kind::kFill);
+}
+
+void TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok) {
+  // A store, eviction or fill: the slot receives a block.
+  bool became_cached = false;
+  if (ok) {
+    const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
+    const bool first = transfer_first_[idx] != 0;
+    const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+    std::memcpy(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_,
+                bs_ * sizeof(TokenId));
+    content_hashes_[0] = transfer_parent_[idx];
+    content_hashes_[1] = transfer_hash_[idx];
+    const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
+    const std::size_t index = first ? 0 : 1;
+    const BlockId twin = host_.match_cached_block_unanchored(seq, index);
+    const auto s = static_cast<std::size_t>(t.host);
+    if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
+      const BlockId blocks[2] = {kNullBlockId, t.host};
+      host_.cache_full_blocks(
+          seq, std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2), index, index + 1);
+      host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
+      host_first_[s] = first ? 1 : 0;
+      ++host_cached_ever_;
+      became_cached = true;
+      if (t.kind != Kind::kFill) {
+        ++stats_.stored_blocks;
+        stats_.stored_bytes += host_config_.bytes_per_block;
+      }
+    }
+  } else {
+    ++stats_.store_failures;
+  }
+  host_.free_blocks(std::span<const BlockId>(&t.host, 1));  // cached: LRU tail; else reused first
+  --host_storing_;
+  if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
+  if (t.state != nullptr) --t.state->transfers_in_flight;
+  const BlockId host_slot = t.host;
+  const bool from_fill = t.kind == Kind::kFill;
+  close_transfer(t, idx);
+  if (became_cached && hooks_.on_cached) hooks_.on_cached(host_slot, from_fill);
 }
 
 std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) const {
@@ -603,7 +682,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
     return std::nullopt;
   }
   const BlockId slot = *taken;
-  const TransferId id = open_transfer(Kind::kFill, nullptr, request.id(), kNullBlockId, slot, 0);
+  const TransferId id = open_transfer(Kind::kFill, nullptr, kNullBlockId, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   std::memcpy(transfer_tokens_.data() + idx * bs_, seq.tokens.data() + index * bs_,
               bs_ * sizeof(TokenId));
@@ -643,15 +722,16 @@ bool TieredKVCacheManager::has_unfinished_loads(RequestId id) const noexcept {
 
 LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   const auto it = requests_.find(request.id());
-  const std::string who =
-      "TieredKVCacheManager::finish_loads: request " + std::to_string(request.id());
+  const auto who = [&request] {
+    return "TieredKVCacheManager::finish_loads: request " + std::to_string(request.id());
+  };
   if (it == requests_.end() || !it->second.loading) {
-    throw Error(ErrorCode::kInvalidState, who + " has no loads to finish");
+    throw Error(ErrorCode::kInvalidState, who() + " has no loads to finish");
   }
   RequestState& st = it->second;
   if (st.loads_in_flight > 0) {
     throw Error(ErrorCode::kInvalidState,
-                who + " has " + std::to_string(st.loads_in_flight) + " loads not committed");
+                who() + " has " + std::to_string(st.loads_in_flight) + " loads not committed");
   }
   LoadResult result;
   result.rolled_back = st.first_failed < st.num_loads;
@@ -659,8 +739,10 @@ LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   result.num_computed_tokens = valid_blocks * bs_;
   const std::size_t bound = 2 * (request.num_tokens() / bs_ + 2);
   reserve_transfers(bound);
-  result.transfers.plan.stores.reserve(bound);
-  result.transfers.store_ids.reserve(bound);
+  if (host_config_.policy == HostPolicy::kWriteThrough) {  // record_new_blocks stores
+    result.transfers.plan.stores.reserve(bound);
+    result.transfers.store_ids.reserve(bound);
+  }
   manager_.cache_blocks(request, result.rolled_back ? result.num_computed_tokens : st.cache_upto);
   st.loading = false;
   if (result.rolled_back) ++stats_.rollbacks;
@@ -724,6 +806,12 @@ void TieredKVCacheManager::check_invariants() const {
   const BlockPool& pool = manager_.block_pool();
   std::vector<std::int32_t> host_refs(static_cast<std::size_t>(host_.num_blocks()), 0);
   std::unordered_map<RequestId, std::pair<std::uint32_t, std::uint32_t>> counts;
+  // A transfer names its request by state pointer: known only if it is one of requests_'.
+  std::unordered_map<const RequestState*, RequestId> owners;
+  for (const auto& [id, st] : requests_) {
+    if (st.id != id) fail("request " + std::to_string(id) + "'s state names another id");
+    owners.emplace(&st, id);
+  }
   std::size_t live = 0;
   std::int32_t storing = 0;
   for (const Transfer& t : transfers_) {
@@ -735,9 +823,11 @@ void TieredKVCacheManager::check_invariants() const {
       if (host_.block(t.host).is_cached()) fail("a filling host slot is already hit-able");
       continue;
     }
-    auto& c = counts[t.request];
+    const auto owner = owners.find(t.state);
+    if (owner == owners.end()) fail("a transfer of an unknown request");
+    auto& c = counts[owner->second];
     ++c.second;
-    const std::span<const BlockId> held = manager_.block_ids(t.request);
+    const std::span<const BlockId> held = manager_.block_ids(owner->second);
     if (std::find(held.begin(), held.end(), t.gpu) == held.end()) {
       fail("a transfer's GPU block " + std::to_string(t.gpu) + " is not held by its request");
     }

@@ -219,12 +219,12 @@ class TieredKVCacheManager {
     std::uint32_t generation = 0;
     bool live = false;
     Kind kind = Kind::kLoad;
-    RequestId request = 0;
     BlockId gpu = 0;
     BlockId host = 0;
     std::uint32_t chain_index = 0;  // kLoad: index in the request's host run
   };
   struct RequestState {
+    RequestId id = 0;
     std::uint32_t loads_in_flight = 0;
     std::uint32_t transfers_in_flight = 0;
     bool loading = false;          // allocated with a host hit; finish_loads() not yet called
@@ -238,9 +238,18 @@ class TieredKVCacheManager {
 
   void forward_event(const KVEvent& event, const char* medium);
   void record_new_blocks(Request& request, RequestState& state, TierPlan& out);
-  void schedule_store(BlockId gpu_block, RequestState& state, RequestId request, Kind kind,
-                      TierPlan& out);
+  // Stores the GPU block's recorded content in a free host slot unless the host holds it.
+  void schedule_store(BlockId gpu_block, RequestState& state, Kind kind, TierPlan& out);
+  // schedule_store's store, the host lacking the block.
+  void store_block(BlockId gpu_block, RequestState& state, Kind kind, TierPlan& out);
+  // Whether the host holds the GPU block's recorded content (refreshing the slot's LRU place):
+  // the remembered slot when still valid, else host_lookup()'s verified lookup.
   bool host_has(BlockId gpu_block);
+  // commit() of a store, eviction or fill.
+  void commit_receive(std::size_t idx, Transfer& t, bool ok);
+  void close_transfer(Transfer& t, std::size_t idx);  // back to the free list
+  [[noreturn]] static void throw_unknown_transfer(TransferId id);
+  bool host_lookup(BlockId gpu_block);
   void refresh(BlockId slot);
   // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
   std::optional<BlockId> take_host_slot(bool& evicted);
@@ -249,8 +258,11 @@ class TieredKVCacheManager {
                            BlockId slot) const noexcept;
   BlockSequence content_sequence(const std::vector<TokenId>& tokens, const BlockHash* hashes,
                                  bool first, const ContentSource* extra) const;
-  TransferId open_transfer(Kind kind, RequestState* state, RequestId request, BlockId gpu,
-                           BlockId host, std::uint32_t chain_index);
+  TransferId open_transfer(Kind kind, RequestState* state, BlockId gpu, BlockId host,
+                           std::uint32_t chain_index);
+  // A slab entry for a new transfer (reserve_transfers made room); grow_transfers: a new one.
+  std::uint32_t take_transfer();
+  std::uint32_t grow_transfers();
   void reserve_transfers(std::size_t more);
   void forget_gpu_block(BlockId b) noexcept;
 
