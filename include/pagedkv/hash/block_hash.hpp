@@ -55,12 +55,14 @@ class BlockHash {
     return static_cast<std::size_t>(word ^ size_);
   }
 
+  // Both compare all kMaxSize bytes (a constant size, inlined as a few word compares): bytes
+  // past size() are zero in every BlockHash, so equal sizes make the extra bytes equal.
   friend bool operator==(const BlockHash& a, const BlockHash& b) noexcept {
-    return a.size_ == b.size_ && std::memcmp(a.bytes_.data(), b.bytes_.data(), a.size_) == 0;
+    return a.size_ == b.size_ && std::memcmp(a.bytes_.data(), b.bytes_.data(), kMaxSize) == 0;
   }
   friend std::strong_ordering operator<=>(const BlockHash& a, const BlockHash& b) noexcept {
     if (a.size_ != b.size_) return a.size_ <=> b.size_;
-    const int c = std::memcmp(a.bytes_.data(), b.bytes_.data(), a.size_);
+    const int c = std::memcmp(a.bytes_.data(), b.bytes_.data(), kMaxSize);
     return c <=> 0;
   }
 
