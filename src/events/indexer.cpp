@@ -101,6 +101,17 @@ struct KVIndexer::Impl {
     en.dealer->connect(*en.endpoints->replay_endpoint);
   }
 
+  // A fresh replay socket on the receiver thread, which must not throw: without one (e.g. out of
+  // file descriptors) replays find nothing, so the sound rules apply (entries rebuilt), and the
+  // next resync tries again.
+  void renew_dealer(Engine& en) noexcept {
+    try {
+      open_dealer(en);
+    } catch (const zmq::error_t&) {
+      en.dealer.reset();
+    }
+  }
+
   // Receives one multipart message within `timeout`; empty when none came.
   static std::vector<zmq::message_t> recv_multipart(zmq::socket_t& s, std::chrono::milliseconds timeout) {
     std::vector<zmq::message_t> frames;
@@ -130,7 +141,7 @@ struct KVIndexer::Impl {
       while (true) {
         auto frames = recv_multipart(*en.dealer, config.replay_timeout);
         if (frames.empty()) {  // no answer: drop the socket so a late reply cannot confuse us
-          open_dealer(en);
+          renew_dealer(en);
           return out;
         }
         if (frames.size() != 3 || frames[1].size() != 8) continue;  // not a replay reply
@@ -141,7 +152,7 @@ struct KVIndexer::Impl {
         out.emplace_back(static_cast<std::uint64_t>(s), std::vector<std::uint8_t>(p.begin(), p.end()));
       }
     } catch (const zmq::error_t&) {
-      open_dealer(en);
+      renew_dealer(en);
       return out;
     }
   }
@@ -250,13 +261,8 @@ struct KVIndexer::Impl {
   void resync(EngineId e, Engine& en) {
     en.resync_pending = false;
     en.dup_below.reset();
-    if (en.endpoints->replay_endpoint) {
-      try {
-        open_dealer(en);  // nothing queued for, or answered by, the previous connection
-      } catch (const zmq::error_t&) {
-        en.dealer.reset();
-      }
-    }
+    // Nothing queued for, or answered by, the previous connection.
+    if (en.endpoints->replay_endpoint) renew_dealer(en);
     std::optional<ProbeAnswer> answer;
     if (en.st.incarnation && config.hasher && en.dealer) answer = ask_probe(en);
     std::uint64_t from = 0;
@@ -447,7 +453,7 @@ struct KVIndexer::Impl {
       }
     } catch (const zmq::error_t&) {
     }
-    open_dealer(en);  // drop a late answer
+    renew_dealer(en);  // drop a late answer
     return a;
   }
 
