@@ -6,6 +6,8 @@
 #include <zmq.hpp>
 
 #include <atomic>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <numeric>
@@ -36,23 +38,78 @@ struct KVIndexer::Impl {
     EngineStatus st;
     std::optional<EngineEndpoints> endpoints;  // connected engines only
     std::optional<zmq::socket_t> sub;
-    std::optional<zmq::socket_t> dealer;  // replay and probe requests
+    std::optional<zmq::socket_t> monitor;  // PAIR reading `sub`'s socket-monitor events
+    std::optional<zmq::socket_t> dealer;   // replay and probe requests
+    // Receiver thread only. A connection was lost: the next one must be resynchronised.
+    bool resync_pending = false;
+    bool handshaken = false;  // `sub` completed a handshake (may hold a peer's data)
+    // After a resync's replay, batches below this came again on the new connection: skipped
+    // until the first one at or above it (a connection delivers in order).
+    std::optional<std::uint64_t> dup_below;
+  };
+
+  // What an engine answered to the probe.
+  struct ProbeAnswer {
+    bool answered = false;
+    std::string error;    // set: it answered but could not hash, or the reply was malformed
+    bool agrees = false;  // its digest equals ours
+    std::string theirs;   // its scheme and digest (hex), for messages
+    std::optional<std::uint64_t> incarnation;
   };
 
   KVIndexerConfig config;
   zmq::context_t ctx{1};
   mutable std::shared_mutex mu;  // guards index and every Engine::st
   BlockIndex index;
+  // Reserved to BlockIndex::kMaxEngines: add_engine() never moves the elements the receiver
+  // thread reads without the lock (it reads the count under it).
   std::vector<std::unique_ptr<Engine>> engines;
   std::thread thread;
   std::atomic<bool> stop{false};
   bool started = false;
+  std::uint64_t monitor_serial = 0;  // names the monitors' inproc endpoints
+  bool items_dirty = true;           // a SUB socket was replaced: rebuild the poll set
+
+  // (Re)opens the engine's SUB socket with a fresh monitor, connected to its endpoint. A new
+  // socket never delivers what an older connection had queued. Throws zmq::error_t.
+  void open_sub(Engine& en) {
+    en.sub.reset();
+    en.monitor.reset();
+    en.handshaken = false;
+    items_dirty = true;
+    zmq::socket_t sub(ctx, zmq::socket_type::sub);
+    sub.set(zmq::sockopt::linger, 0);
+    sub.set(zmq::sockopt::rcvhwm, config.rcvhwm);
+    sub.set(zmq::sockopt::subscribe, config.topic);
+    const std::string addr = "inproc://pagedkv-indexer-monitor-" + std::to_string(monitor_serial++);
+    if (zmq_socket_monitor(sub.handle(), addr.c_str(),
+                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) != 0) {
+      throw zmq::error_t();
+    }
+    zmq::socket_t monitor(ctx, zmq::socket_type::pair);
+    monitor.set(zmq::sockopt::linger, 0);
+    monitor.connect(addr);  // before sub connects: no event can be missed
+    sub.connect(en.endpoints->endpoint);
+    en.sub.emplace(std::move(sub));
+    en.monitor.emplace(std::move(monitor));
+  }
 
   void open_dealer(Engine& en) {
     en.dealer.emplace(ctx, zmq::socket_type::dealer);
     en.dealer->set(zmq::sockopt::linger, 0);
     en.dealer->set(zmq::sockopt::sndtimeo, static_cast<int>(config.replay_timeout.count()));
     en.dealer->connect(*en.endpoints->replay_endpoint);
+  }
+
+  // A fresh replay socket on the receiver thread, which must not throw: without one (e.g. out of
+  // file descriptors) replays find nothing, so the sound rules apply (entries rebuilt), and the
+  // next resync tries again.
+  void renew_dealer(Engine& en) noexcept {
+    try {
+      open_dealer(en);
+    } catch (const zmq::error_t&) {
+      en.dealer.reset();
+    }
   }
 
   // Receives one multipart message within `timeout`; empty when none came.
@@ -84,7 +141,7 @@ struct KVIndexer::Impl {
       while (true) {
         auto frames = recv_multipart(*en.dealer, config.replay_timeout);
         if (frames.empty()) {  // no answer: drop the socket so a late reply cannot confuse us
-          open_dealer(en);
+          renew_dealer(en);
           return out;
         }
         if (frames.size() != 3 || frames[1].size() != 8) continue;  // not a replay reply
@@ -95,7 +152,7 @@ struct KVIndexer::Impl {
         out.emplace_back(static_cast<std::uint64_t>(s), std::vector<std::uint8_t>(p.begin(), p.end()));
       }
     } catch (const zmq::error_t&) {
-      open_dealer(en);
+      renew_dealer(en);
       return out;
     }
   }
@@ -129,6 +186,10 @@ struct KVIndexer::Impl {
   // The sequence rules of the header, for one received batch.
   void ingest(EngineId e, std::uint64_t seq, std::span<const std::uint8_t> payload) {
     Engine& en = *engines[e];
+    if (en.dup_below) {
+      if (seq < *en.dup_below) return;  // already applied from the resync's replay
+      en.dup_below.reset();
+    }
     std::optional<WireBatch> current;
     try {
       current = decode_event_batch(payload);
@@ -162,115 +223,263 @@ struct KVIndexer::Impl {
     }
     auto replayed = fetch_replay(en, *from, seq);
     std::unique_lock lock(mu);
-    EngineStatus& st = en.st;
-    std::uint64_t expected = *from;
-    for (auto& [s, p] : replayed) {
+    const std::uint64_t expected = apply_replayed(e, en, *from, replayed);
+    if (seq > expected) lose(e, en);  // the replay could not reach the current batch
+    apply_batch(e, en, *current);
+    en.st.next_seq = seq + 1;
+  }
+
+  // Applies replayed batches from `from` on (lock held); returns the sequence number after the
+  // last one applied (`from` when none was).
+  std::uint64_t apply_replayed(
+      EngineId e, Engine& en, std::uint64_t from,
+      const std::vector<std::pair<std::uint64_t, std::vector<std::uint8_t>>>& replayed) {
+    std::uint64_t expected = from;
+    for (const auto& [s, p] : replayed) {
       if (s < expected) continue;
       std::optional<WireBatch> b;
       try {
         b = decode_event_batch(p);
       } catch (const Error&) {
-        ++st.bad_batches;
+        ++en.st.bad_batches;
         break;
       }
       if (s > expected) lose(e, en);  // a hole the engine cannot fill: keep the run after it
       apply_batch(e, en, *b);
-      ++st.batches_replayed;
+      ++en.st.batches_replayed;
       expected = s + 1;
     }
-    if (seq > expected) lose(e, en);  // the replay could not reach the current batch
-    apply_batch(e, en, *current);
-    st.next_seq = seq + 1;
+    return expected;
+  }
+
+  // A new connection after a lost one (receiver thread). The peer may be the same process (a
+  // network blip, or a slow joiner's reconnect) or a restarted one whose sequence numbers say
+  // nothing about it. An engine that told its incarnation before is asked again: the same one
+  // keeps its entries and fills what it missed from the replay socket (the normal gap rule);
+  // any other answer, or none, drops its entries and rebuilds them from its replay buffer from 0
+  // and the events that follow, so they stay a subset of what it holds.
+  void resync(EngineId e, Engine& en) {
+    en.resync_pending = false;
+    en.dup_below.reset();
+    // Nothing queued for, or answered by, the previous connection.
+    if (en.endpoints->replay_endpoint) renew_dealer(en);
+    std::optional<ProbeAnswer> answer;
+    if (en.st.incarnation && config.hasher && en.dealer) answer = ask_probe(en);
+    std::uint64_t from = 0;
+    bool same = false;
+    {
+      std::unique_lock lock(mu);
+      EngineStatus& st = en.st;
+      ++st.reconnects;
+      if (answer && answer->answered) {
+        const bool new_incarnation = answer->incarnation != st.incarnation;
+        same = !new_incarnation && answer->error.empty() && answer->agrees;
+        st.probe = answer->error.empty() && answer->agrees ? ProbeResult::kAgreed
+                                                           : ProbeResult::kDisagreed;
+        if (new_incarnation && answer->incarnation) {
+          ++st.restarts;
+        } else if (!same) {
+          ++st.unverified_resyncs;
+        }
+        st.incarnation = answer->incarnation;
+      } else {
+        if (answer) st.probe = ProbeResult::kUnanswered;
+        ++st.unverified_resyncs;
+      }
+      if (same) {
+        if (!st.next_seq) return;  // nothing received yet: the join rules apply
+        from = *st.next_seq;
+      } else {
+        index.clear_engine(e);
+        st.next_seq.reset();
+      }
+    }
+    if (!en.dealer) return;  // no replay: rebuilt from the events that follow
+    const auto replayed = fetch_replay(en, from, std::numeric_limits<std::uint64_t>::max());
+    std::unique_lock lock(mu);
+    const std::uint64_t expected = apply_replayed(e, en, from, replayed);
+    if (expected > from) en.st.next_seq = expected;
+    if (en.st.next_seq) en.dup_below = en.st.next_seq;
+  }
+
+  // Drains the engine's monitor events (receiver thread). A lost connection replaces the SUB
+  // socket (what it still holds may come from either side of the loss) and marks a resync, done
+  // when the new socket completes a handshake. True when the socket was replaced.
+  bool poll_monitor(EngineId e, Engine& en) {
+    while (en.monitor) {
+      zmq::message_t ev;
+      if (!en.monitor->recv(ev, zmq::recv_flags::dontwait)) return false;
+      for (bool more = ev.more(); more;) {  // the endpoint frame (sent with the event)
+        zmq::message_t rest;
+        if (!en.monitor->recv(rest, zmq::recv_flags::dontwait)) break;
+        more = rest.more();
+      }
+      if (ev.size() < 6) continue;
+      std::uint16_t id = 0;
+      std::memcpy(&id, ev.data(), sizeof id);
+      if (id == ZMQ_EVENT_DISCONNECTED) {
+        {
+          std::unique_lock lock(mu);
+          en.st.connected = false;
+        }
+        // A connection that failed its handshake delivered nothing: the socket keeps retrying
+        // at ZeroMQ's reconnect interval (no churn against a peer that accepts and closes).
+        if (!en.handshaken) continue;
+        en.resync_pending = true;
+        reopen(en);
+        return true;
+      }
+      if (id == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        en.handshaken = true;
+        {
+          std::unique_lock lock(mu);
+          en.st.connected = true;
+        }
+        if (en.resync_pending) resync(e, en);
+      }
+    }
+    return false;
+  }
+
+  void reopen(Engine& en) {
+    try {
+      open_sub(en);
+    } catch (const zmq::error_t&) {  // e.g. out of file descriptors: retried every poll
+      en.sub.reset();
+      en.monitor.reset();
+      items_dirty = true;
+    }
   }
 
   void run() {
-    std::vector<zmq::pollitem_t> items;
-    std::vector<EngineId> ids;
-    for (EngineId e = 0; e < engines.size(); ++e) {
-      if (!engines[e]->sub) continue;
-      items.push_back({engines[e]->sub->handle(), 0, ZMQ_POLLIN, 0});
-      ids.push_back(e);
+    std::size_t count = 0;  // engines added later (add_engine) are fed in-process, never here
+    {
+      std::shared_lock lock(mu);
+      count = engines.size();
     }
+    std::vector<zmq::pollitem_t> items;
     while (!stop.load(std::memory_order_relaxed)) {
+      if (items_dirty) {
+        items.clear();
+        for (std::size_t i = 0; i < count; ++i) {
+          Engine* en = engines[i].get();
+          if (!en->endpoints) continue;
+          if (!en->sub) reopen(*en);  // a reopen that failed earlier
+          if (!en->sub) continue;
+          items.push_back({en->monitor->handle(), 0, ZMQ_POLLIN, 0});
+          items.push_back({en->sub->handle(), 0, ZMQ_POLLIN, 0});
+        }
+        items_dirty = false;
+      }
       try {
-        if (zmq::poll(items.data(), items.size(), std::chrono::milliseconds(50)) <= 0) continue;
+        zmq::poll(items.data(), items.size(), std::chrono::milliseconds(50));
       } catch (const zmq::error_t&) {
         continue;
       }
-      for (std::size_t i = 0; i < items.size(); ++i) {
-        if (!(items[i].revents & ZMQ_POLLIN)) continue;
-        Engine& en = *engines[ids[i]];
+      for (EngineId e = 0; e < count; ++e) {
+        Engine& en = *engines[e];
+        if (!en.sub) {
+          items_dirty = items_dirty || en.endpoints.has_value();
+          continue;
+        }
+        // Connection events first: data never reads as the old connection's after a loss.
+        if (poll_monitor(e, en)) continue;
         // Drain what is there, so one busy engine does not starve the others' polls for long.
         for (int n = 0; n < 64; ++n) {
           auto frames = recv_multipart(*en.sub, std::chrono::milliseconds(0));
           if (frames.empty()) break;
+          // The connection's handshake event is queued before its first message, so a loss
+          // that happened before this message was received shows now: the message may be the
+          // new peer's, and the socket is replaced and resynchronised instead.
+          if (poll_monitor(e, en)) break;
+          if (en.resync_pending) resync(e, en);  // data before its handshake event (lost event)
           if (frames.size() != 3 || frames[1].size() != 8) continue;  // not a KV event message
           const std::int64_t seq = get_seq(bytes_of(frames[1]));
           if (seq < 0) continue;
-          ingest(ids[i], static_cast<std::uint64_t>(seq), bytes_of(frames[2]));
+          ingest(e, static_cast<std::uint64_t>(seq), bytes_of(frames[2]));
         }
       }
     }
   }
 
-  ProbeResult probe(Engine& en) {
-    if (!config.hasher || !en.dealer) return ProbeResult::kNotAsked;
+  // Sends the probe on the engine's replay socket and waits up to probe_timeout for the answer.
+  ProbeAnswer ask_probe(Engine& en) {
+    ProbeAnswer a;
     std::vector<TokenId> tokens(config.probe_block_size);
     std::iota(tokens.begin(), tokens.end(), 0);
     const BlockHash mine = config.hasher->hash_block(config.hasher->none_hash(), tokens);
     msgpack::sbuffer req;
     msgpack::pack(req, tokens);
-    en.dealer->send(zmq::message_t(), zmq::send_flags::sndmore);
-    en.dealer->send(zmq::buffer(kProbeTag), zmq::send_flags::sndmore);
-    en.dealer->send(zmq::buffer(req.data(), req.size()), zmq::send_flags::none);
-    const auto deadline = std::chrono::steady_clock::now() + config.probe_timeout;
-    while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
-      auto frames = recv_multipart(*en.dealer, left);
-      if (frames.size() != 3 || frames[1].to_string_view() != kProbeTag) continue;
-      std::string scheme = "?";
-      std::string error;
-      std::vector<std::uint8_t> theirs;
-      try {
-        auto oh = msgpack::unpack(static_cast<const char*>(frames[2].data()), frames[2].size());
-        std::map<std::string, msgpack::object> m;
-        oh.get().convert(m);
-        if (auto it = m.find("error"); it != m.end()) error = it->second.as<std::string>();
-        if (auto it = m.find("scheme"); it != m.end()) scheme = it->second.as<std::string>();
-        if (auto it = m.find("hash"); it != m.end() && it->second.type == msgpack::type::BIN) {
-          const auto& bin = it->second.via.bin;
-          theirs.assign(bin.ptr, bin.ptr + bin.size);
+    try {
+      en.dealer->send(zmq::message_t(), zmq::send_flags::sndmore);
+      en.dealer->send(zmq::buffer(kProbeTag), zmq::send_flags::sndmore);
+      en.dealer->send(zmq::buffer(req.data(), req.size()), zmq::send_flags::none);
+      const auto deadline = std::chrono::steady_clock::now() + config.probe_timeout;
+      while (true) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) break;
+        auto frames = recv_multipart(*en.dealer, left);
+        if (frames.size() != 3 || frames[1].to_string_view() != kProbeTag) continue;
+        a.answered = true;
+        std::string scheme = "?";
+        std::vector<std::uint8_t> theirs;
+        try {
+          auto oh = msgpack::unpack(static_cast<const char*>(frames[2].data()), frames[2].size());
+          std::map<std::string, msgpack::object> m;
+          oh.get().convert(m);
+          if (auto it = m.find("error"); it != m.end()) a.error = it->second.as<std::string>();
+          if (auto it = m.find("scheme"); it != m.end()) scheme = it->second.as<std::string>();
+          if (auto it = m.find("hash"); it != m.end() && it->second.type == msgpack::type::BIN) {
+            const auto& bin = it->second.via.bin;
+            theirs.assign(bin.ptr, bin.ptr + bin.size);
+          }
+          if (auto it = m.find("incarnation");
+              it != m.end() && it->second.type == msgpack::type::POSITIVE_INTEGER) {
+            a.incarnation = it->second.as<std::uint64_t>();
+          }
+        } catch (const std::exception& ex) {
+          a.error = std::string("malformed probe reply (") + ex.what() + ")";
         }
-      } catch (const std::exception& ex) {
-        error = std::string("malformed probe reply (") + ex.what() + ")";
-      }
-      if (!error.empty()) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    "KVIndexer: engine '" + en.st.name + "' cannot answer the hash probe: " + error);
-      }
-      const std::vector<std::uint8_t> ours(mine.bytes().begin(), mine.bytes().end());
-      if (theirs != ours) {
-        std::string hex;
+        const std::vector<std::uint8_t> ours(mine.bytes().begin(), mine.bytes().end());
+        a.agrees = a.error.empty() && theirs == ours;
         static constexpr char kHex[] = "0123456789abcdef";
+        a.theirs = scheme + " ";
         for (std::uint8_t b : theirs) {
-          hex += kHex[b >> 4];
-          hex += kHex[b & 15];
+          a.theirs += kHex[b >> 4];
+          a.theirs += kHex[b & 15];
         }
-        throw Error(ErrorCode::kInvalidArgument,
-                    "KVIndexer: engine '" + en.st.name +
-                        "' hashes blocks differently from this indexer (probe block of " +
-                        std::to_string(tokens.size()) + " tokens: engine " + scheme + " " + hex +
-                        ", indexer " + std::string(to_string(config.hasher->scheme())) + " " +
-                        mine.to_hex() +
-                        "); its blocks would never match a request: use the same --hash scheme "
-                        "and hash seed on engines and router");
+        return a;
       }
-      return ProbeResult::kAgreed;
+    } catch (const zmq::error_t&) {
     }
-    open_dealer(en);  // drop a late answer
-    return ProbeResult::kUnanswered;
+    renew_dealer(en);  // drop a late answer
+    return a;
+  }
+
+  // The connect-time probe: throws when the engine hashes differently or cannot hash.
+  ProbeResult probe(Engine& en) {
+    if (!config.hasher || !en.dealer) return ProbeResult::kNotAsked;
+    const ProbeAnswer a = ask_probe(en);
+    if (!a.answered) return ProbeResult::kUnanswered;
+    if (!a.error.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "KVIndexer: engine '" + en.st.name +
+                                                   "' cannot answer the hash probe: " + a.error);
+    }
+    if (!a.agrees) {
+      std::vector<TokenId> tokens(config.probe_block_size);
+      std::iota(tokens.begin(), tokens.end(), 0);
+      const BlockHash mine = config.hasher->hash_block(config.hasher->none_hash(), tokens);
+      throw Error(ErrorCode::kInvalidArgument,
+                  "KVIndexer: engine '" + en.st.name +
+                      "' hashes blocks differently from this indexer (probe block of " +
+                      std::to_string(tokens.size()) + " tokens: engine " + a.theirs + ", indexer " +
+                      std::string(to_string(config.hasher->scheme())) + " " + mine.to_hex() +
+                      "); its blocks would never match a request: use the same --hash scheme "
+                      "and hash seed on engines and router");
+    }
+    en.st.incarnation = a.incarnation;
+    return ProbeResult::kAgreed;
   }
 };
 
@@ -279,6 +488,7 @@ KVIndexer::KVIndexer(KVIndexerConfig config) : impl_(std::make_unique<Impl>()) {
     throw Error(ErrorCode::kInvalidArgument, "KVIndexer: probe_block_size must be >= 1");
   }
   impl_->config = std::move(config);
+  impl_->engines.reserve(BlockIndex::kMaxEngines);
 }
 
 KVIndexer::~KVIndexer() { stop(); }
@@ -306,11 +516,7 @@ EngineId KVIndexer::connect_engine(const EngineEndpoints& endpoints) {
   en->st.name = endpoints.name;
   en->endpoints = endpoints;
   try {
-    en->sub.emplace(s.ctx, zmq::socket_type::sub);
-    en->sub->set(zmq::sockopt::linger, 0);
-    en->sub->set(zmq::sockopt::rcvhwm, s.config.rcvhwm);
-    en->sub->set(zmq::sockopt::subscribe, s.config.topic);
-    en->sub->connect(endpoints.endpoint);
+    s.open_sub(*en);
     if (endpoints.replay_endpoint) s.open_dealer(*en);
   } catch (const zmq::error_t& e) {
     throw Error(ErrorCode::kInvalidArgument,

@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <utility>
 
@@ -38,6 +39,7 @@ struct KVEventPublisher::Impl {
   };
 
   KVEventPublisherConfig config;
+  std::uint64_t incarnation = 0;  // random per publisher, answered in probes
   zmq::context_t ctx{1};
   zmq::socket_t pub{ctx, zmq::socket_type::pub};
   std::optional<zmq::socket_t> replay;
@@ -173,7 +175,9 @@ struct KVEventPublisher::Impl {
         std::vector<TokenId> tokens;
         oh.get().convert(tokens);
         const BlockHash h = config.probe_hasher->hash_block(config.probe_hasher->none_hash(), tokens);
-        p.pack_map(2);
+        p.pack_map(3);
+        p.pack(std::string("incarnation"));
+        p.pack(incarnation);
         p.pack(std::string("scheme"));
         p.pack(std::string(to_string(config.probe_hasher->scheme())));
         p.pack(std::string("hash"));
@@ -182,7 +186,9 @@ struct KVEventPublisher::Impl {
                         static_cast<std::uint32_t>(h.size()));
       } catch (const std::exception& ex) {
         out.clear();
-        p.pack_map(1);
+        p.pack_map(2);
+        p.pack(std::string("incarnation"));
+        p.pack(incarnation);
         p.pack(std::string("error"));
         p.pack(std::string(ex.what()));
       }
@@ -201,6 +207,8 @@ KVEventPublisher::KVEventPublisher(KVEventPublisherConfig config) : impl_(std::m
   }
   Impl& s = *impl_;
   s.config = std::move(config);
+  std::random_device rd;
+  s.incarnation = (std::uint64_t{rd()} << 32) ^ rd();
   try {
     s.pub.set(zmq::sockopt::sndhwm, s.config.hwm);
     s.pub.set(zmq::sockopt::linger, s.config.linger_ms);
@@ -269,6 +277,7 @@ void KVEventPublisher::shutdown() {
 }
 
 std::string KVEventPublisher::endpoint() const { return impl_->pub_endpoint; }
+std::uint64_t KVEventPublisher::incarnation() const { return impl_->incarnation; }
 std::optional<std::string> KVEventPublisher::replay_endpoint() const {
   return impl_->bound_replay_endpoint;
 }

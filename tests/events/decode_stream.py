@@ -149,9 +149,20 @@ if not failures:
     reply = msgpack.unpackb(reply, raw=False)
     out = subprocess.run([hash_cli, "--scheme", "sha256_cbor_vllm", "--block-size", "4",
                           "--tokens", "0,1,2,3"], check=True, capture_output=True, text=True).stdout
+    # "incarnation": the publisher's random per-instance id (a uint64), asked again on reconnects.
+    incarnation = reply.pop("incarnation", None) if isinstance(reply, dict) else None
+    check(isinstance(incarnation, int) and 0 <= incarnation < 2**64,
+          f"probe reply incarnation {incarnation!r}")
     check(tag == b"pagedkv-probe" and reply == {"scheme": "sha256_cbor_vllm",
                                                 "hash": bytes.fromhex(out.split()[0])},
           f"probe reply {tag!r} {reply!r}")
+    # A second probe answers the same incarnation (it is per instance, not per answer).
+    dealer.send_multipart([b"", b"pagedkv-probe", msgpack.packb([0, 1, 2, 3])])
+    check(dealer.poll(5000), "no second probe reply")
+    if not failures:
+        again = msgpack.unpackb(dealer.recv_multipart()[2], raw=False)
+        check(again.get("incarnation") == incarnation,
+              f"second probe incarnation {again.get('incarnation')!r} != {incarnation!r}")
 
 proc.stdin.write("quit\n")
 proc.stdin.flush()

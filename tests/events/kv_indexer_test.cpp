@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <memory>
 #include <random>
 #include <thread>
@@ -13,6 +14,7 @@
 #include "pagedkv/events/publisher.hpp"
 #include "pagedkv/events/router.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "tcp_proxy.hpp"
 
 namespace pagedkv::events {
 namespace {
@@ -25,6 +27,7 @@ struct Engine {
   KVCacheManager manager;
   std::unique_ptr<KVEventPublisher> publisher;
   std::mt19937 rng;
+  TokenId token_base = 0;  // engines with different bases share no block
 
   Engine(std::uint32_t seed, KVEventPublisherConfig pc, std::int32_t num_blocks = 64)
       : manager(config(num_blocks)), rng(seed) {
@@ -46,7 +49,8 @@ struct Engine {
     std::vector<TokenId> tokens(static_cast<std::size_t>(rng() % 40 + 5));
     const TokenId prefix = static_cast<TokenId>(rng() % 6) * 1000;
     for (std::size_t i = 0; i < tokens.size(); ++i) {
-      tokens[i] = i < 12 ? prefix + static_cast<TokenId>(i) : static_cast<TokenId>(rng() % 50000);
+      tokens[i] = token_base +
+                  (i < 12 ? prefix + static_cast<TokenId>(i) : static_cast<TokenId>(rng() % 50000));
     }
     Request r = manager.make_request(id, tokens);
     const CacheHit hit = manager.get_computed_blocks(r);
@@ -102,6 +106,43 @@ void expect_converged(const KVIndexer& indexer, EngineId id, Engine& e) {
   EXPECT_TRUE(indexer.engine_ids(id, Tier::kCpu).empty());
 }
 
+// Polls `pred` until it holds or `timeout` passes; true when it held.
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+// The engine's publisher comes back on the same ports (bind, as a restarted engine would).
+KVEventPublisherConfig same_ports(const std::string& pub, const std::string& replay) {
+  KVEventPublisherConfig pc = loopback();
+  pc.endpoint = pub;
+  pc.bind = true;  // vLLM's heuristic would connect to an address without '*'
+  pc.replay_endpoint = replay;
+  return pc;
+}
+
+// After a (re)connection the subscription reaches the engine's PUB socket at a moment nobody
+// can observe, and a batch published before that is seen only when a later one arrives (vLLM's
+// wire has no heartbeat). So: one batch at a time until the indexer has caught up, then compare.
+void expect_follows(const KVIndexer& indexer, EngineId id, Engine& e, RequestId first) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  for (RequestId r = first;; ++r) {
+    const std::uint64_t before = e.published();
+    while (e.published() == before) e.step(r++);  // a step may publish nothing (all hits)
+    ASSERT_TRUE(e.publisher->flush(10s));
+    if (indexer.wait_for(id, e.published(), 200ms)) break;
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+        << "engine " << id << " stuck at " << indexer.status(id).next_seq.value_or(0) << " of "
+        << e.published();
+  }
+  expect_converged(indexer, id, e);
+}
+
 TEST(KVIndexer, SeveralEnginesConvergeAndRoute) {
   std::vector<std::unique_ptr<Engine>> engines;
   for (std::uint32_t i = 0; i < 3; ++i) engines.push_back(std::make_unique<Engine>(i + 1, loopback()));
@@ -151,29 +192,153 @@ TEST(KVIndexer, EngineRestartIsDetectedAndReindexed) {
   const std::string replay = *a->publisher->replay_endpoint();
   a.reset();  // the engine dies
   // It comes back on the same ports with an empty cache and a new stream (seq from 0).
-  KVEventPublisherConfig pc = loopback();
-  pc.endpoint = pub;
-  pc.bind = true;  // vLLM's heuristic would connect to an address without '*'
-  pc.replay_endpoint = replay;
-  auto b = std::make_unique<Engine>(12, pc);
-  std::this_thread::sleep_for(500ms);  // the SUB reconnects
-  // The new stream's sequence numbers are below the expected one: a restart. Its first batches
-  // may be missed while the SUB reconnects; they come back through the replay from 0.
-  const auto deadline = std::chrono::steady_clock::now() + 20s;
-  RequestId next = 5000;
-  while (indexer.status(id).restarts == 0 && std::chrono::steady_clock::now() < deadline) {
-    b->steps(1, next++);
-    std::this_thread::sleep_for(20ms);
-  }
-  EXPECT_EQ(indexer.status(id).restarts, 1u);
+  auto b = std::make_unique<Engine>(12, same_ports(pub, replay));
+  // The indexer sees the connection drop and come back, and the probe answers a new
+  // incarnation: a restart, known before the new engine publishes anything.
+  ASSERT_TRUE(eventually([&] { return indexer.status(id).restarts == 1; }, 20s));
+  expect_follows(indexer, id, *b, 5000);
+  ASSERT_LT(b->published(), 60u);  // its sequence numbers are below the old stream's next_seq
+  const EngineStatus st = indexer.status(id);
+  EXPECT_EQ(st.restarts, 1u);
+  EXPECT_EQ(st.reconnects, 1u);
+  EXPECT_EQ(st.unverified_resyncs, 0u);
+  EXPECT_TRUE(st.connected);
+  EXPECT_EQ(st.incarnation, b->publisher->incarnation());
+  EXPECT_EQ(st.next_seq, b->published());
+}
+
+// Issue 14 follow-up: the restarted engine publishes more batches than the old one had before the
+// indexer hears any of them, so its sequence numbers reach or pass the expected one and never
+// look like a reset. The index must still drop the old process's blocks.
+// `probed`: the indexer knows the engine's incarnation (a pagedkv publisher answering the probe);
+// otherwise it is treated as a stock vLLM, whose incarnation cannot be told.
+void restart_with_higher_sequence_numbers(KVIndexerConfig ic, bool probed) {
+  auto a = std::make_unique<Engine>(51, loopback());
+  KVIndexer indexer(std::move(ic));
+  const EngineId id = indexer.connect_engine(endpoints_of("a", *a));
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(id).connected; }, 10s));
+  a->steps(4, 1);
+  expect_follows(indexer, id, *a, 100);
+  const std::uint64_t expected = indexer.status(id).next_seq.value();  // e.g. 5: seq 0..4 seen
+  const std::vector<std::uint64_t> old_ids = a->cached_ids();
+  ASSERT_FALSE(old_ids.empty());
+  const std::string pub = a->publisher->endpoint();
+  const std::string replay = *a->publisher->replay_endpoint();
+  a.reset();  // the engine dies
+  // The new process publishes seq 0 .. expected + 4 at once, before the indexer's SUB has
+  // reconnected (ZeroMQ waits its reconnect interval, 100 ms, after the disconnect): the indexer
+  // receives none of them, and the first number it could hear is past the expected one.
+  auto b = std::make_unique<Engine>(52, same_ports(pub, replay));
+  b->token_base = 5'000'000;  // other blocks than the old process's
+  for (RequestId r = 1000; b->published() < expected + 5; ++r) b->step(r);
   ASSERT_TRUE(b->publisher->flush(10s));
-  ASSERT_LT(b->published(), 60u);  // still below the old stream's next_seq
-  while (indexer.status(id).next_seq != b->published() &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(10ms);
+  const auto truth = b->cached_ids();
+  for (std::uint64_t old_id : old_ids) {
+    ASSERT_FALSE(std::binary_search(truth.begin(), truth.end(), old_id));
   }
-  EXPECT_EQ(indexer.status(id).next_seq, b->published());
-  EXPECT_EQ(indexer.engine_ids(id, Tier::kGpu), b->cached_ids());
+  // No further batch: the indexer must notice the new process by itself.
+  const bool converged = eventually(
+      [&] {
+        return indexer.status(id).next_seq == b->published() &&
+               indexer.engine_ids(id, Tier::kGpu) == truth;
+      },
+      10s);
+  const auto indexed = indexer.engine_ids(id, Tier::kGpu);
+  std::size_t stale = 0;
+  for (std::uint64_t x : indexed) stale += std::binary_search(old_ids.begin(), old_ids.end(), x);
+  EXPECT_TRUE(converged) << "next_seq " << indexer.status(id).next_seq.value_or(0) << " of "
+                         << b->published() << "; " << indexed.size() << " ids indexed, " << stale
+                         << " of them the dead process's";
+  EXPECT_EQ(stale, 0u);
+  EngineStatus st = indexer.status(id);
+  EXPECT_EQ(st.reconnects, 1u);
+  EXPECT_EQ(st.restarts, probed ? 1u : 0u);            // a new incarnation id
+  EXPECT_EQ(st.unverified_resyncs, probed ? 0u : 1u);  // no id: dropped and rebuilt anyway
+  // And it follows the new stream afterwards.
+  expect_follows(indexer, id, *b, 2000);
+  st = indexer.status(id);
+  EXPECT_EQ(st.gaps_lost, 0u);
+  EXPECT_EQ(st.reconnects, 1u);
+}
+
+TEST(KVIndexer, RestartWithHigherSequenceNumbersDropsTheOldProcessBlocks) {
+  restart_with_higher_sequence_numbers(indexer_config(), /*probed=*/true);
+}
+
+TEST(KVIndexer, StockEngineRestartWithHigherSequenceNumbersIsRebuilt) {
+  // No hasher: no probe, so the engine's incarnation is unknown, as for a stock vLLM (which
+  // ignores the probe). Every reconnect then rebuilds the engine's entries from its replay.
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  restart_with_higher_sequence_numbers(ic, /*probed=*/false);
+}
+
+TEST(KVIndexer, ReconnectToTheSameEngineKeepsItsEntries) {
+  // A network blip: the engine stays up, its PUB connection (through a proxy) is cut and refused
+  // for a while, during which the engine publishes batches the indexer never receives. On the
+  // reconnect the probe answers the same incarnation: the entries are kept and only the missed
+  // batches are asked from the replay socket (the gap rules), not the history from 0.
+  Engine a(61, loopback());
+  const std::string pub = a.publisher->endpoint();
+  testing::TcpProxy proxy(static_cast<std::uint16_t>(std::stoi(pub.substr(pub.rfind(':') + 1))));
+  KVIndexer indexer(indexer_config());
+  const EngineId id = indexer.connect_engine({"a", proxy.endpoint(), a.publisher->replay_endpoint()});
+  ASSERT_EQ(indexer.status(id).probe, ProbeResult::kAgreed);
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(id).connected; }, 10s));
+  a.steps(30, 1);
+  expect_follows(indexer, id, a, 100);
+  const EngineStatus before = indexer.status(id);
+  EXPECT_EQ(before.incarnation, a.publisher->incarnation());
+
+  proxy.refuse(true);
+  proxy.cut();
+  ASSERT_TRUE(eventually([&] { return !indexer.status(id).connected; }, 10s));
+  for (RequestId r = 100; a.published() < before.next_seq.value() + 10; ++r) a.step(r);
+  ASSERT_TRUE(a.publisher->flush(10s));
+  const std::uint64_t missed = a.published() - before.next_seq.value();
+  EXPECT_EQ(indexer.status(id).next_seq, before.next_seq);  // none of them arrived
+  proxy.refuse(false);
+  ASSERT_TRUE(eventually(
+      [&] {
+        const EngineStatus st = indexer.status(id);
+        return st.reconnects == 1 && st.next_seq == a.published();
+      },
+      10s))
+      << "next_seq " << indexer.status(id).next_seq.value_or(0) << " of " << a.published();
+  EXPECT_EQ(indexer.engine_ids(id, Tier::kGpu), a.cached_ids());
+  const EngineStatus st = indexer.status(id);
+  EXPECT_TRUE(st.connected);
+  EXPECT_EQ(st.restarts, 0u);
+  EXPECT_EQ(st.unverified_resyncs, 0u);
+  EXPECT_EQ(st.gaps_lost, 0u);
+  EXPECT_EQ(st.batches_replayed - before.batches_replayed, missed);  // from next_seq, not from 0
+  EXPECT_GE(proxy.accepted(), 2);  // the first connection and the reconnect
+  expect_follows(indexer, id, a, 1000);
+}
+
+TEST(KVIndexer, EngineRestartedWithAnotherHashIsReportedNotRefused) {
+  // connect_engine() refuses such an engine; after a reconnect the receiver thread cannot throw:
+  // the engine is reported (kDisagreed) and its old entries are dropped all the same.
+  auto a = std::make_unique<Engine>(71, loopback());
+  KVIndexer indexer(indexer_config());
+  const EngineId id = indexer.connect_engine(endpoints_of("a", *a));
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(id).connected; }, 10s));
+  a->steps(10, 1);
+  expect_follows(indexer, id, *a, 100);
+  ASSERT_FALSE(indexer.engine_ids(id, Tier::kGpu).empty());
+  KVEventPublisherConfig pc = same_ports(a->publisher->endpoint(), *a->publisher->replay_endpoint());
+  a.reset();
+  pc.probe_hasher = BlockHasher(HashScheme::kSha256CborVllm, "another seed");
+  KVEventPublisher b(pc);
+  ASSERT_TRUE(eventually([&] { return indexer.status(id).reconnects == 1; }, 10s));
+  const EngineStatus st = indexer.status(id);
+  EXPECT_EQ(st.probe, ProbeResult::kDisagreed);
+  EXPECT_EQ(st.restarts, 1u);
+  EXPECT_EQ(st.incarnation, b.incarnation());
+  EXPECT_TRUE(indexer.engine_ids(id, Tier::kGpu).empty());
 }
 
 TEST(KVIndexer, TinyHighWaterMarksLoseMessagesButReplayRecoversThem) {
@@ -231,6 +396,32 @@ TEST(KVIndexer, UnrecoverableLossLeavesOnlyBlocksTheEngineHolds) {
   const auto truth = eng.cached_ids();
   EXPECT_TRUE(std::includes(truth.begin(), truth.end(), indexed.begin(), indexed.end()));
   EXPECT_GT(indexer.status(e).gaps_lost, 0u);
+}
+
+TEST(KVIndexer, InProcessSequenceResetIsARestart) {
+  // apply() has no connection to watch: a sequence number below the expected one is a restart.
+  KVIndexer indexer;
+  const EngineId e = indexer.add_engine("in-process");
+  const auto batch = [](std::uint64_t id) {
+    std::array<std::uint8_t, 16> digest{};
+    for (int i = 0; i < 8; ++i) digest[15 - i] = static_cast<std::uint8_t>(id >> (8 * i));
+    BlockStored stored;
+    stored.block_hashes.emplace_back(digest);
+    stored.block_size = 1;
+    stored.token_ids = {1};
+    stored.extra_keys.resize(1);
+    KVEvent ev;
+    ev.data = stored;
+    std::string payload;
+    encode_event_batch(std::span<const KVEvent>(&ev, 1), 0, WireOptions{}, payload);
+    return std::vector<std::uint8_t>(payload.begin(), payload.end());
+  };
+  for (std::uint64_t s = 0; s < 5; ++s) indexer.apply(e, s, batch(100 + s));
+  EXPECT_EQ(indexer.engine_ids(e, Tier::kGpu).size(), 5u);
+  indexer.apply(e, 0, batch(7));  // a new publisher
+  EXPECT_EQ(indexer.engine_ids(e, Tier::kGpu), std::vector<std::uint64_t>{7});
+  EXPECT_EQ(indexer.status(e).restarts, 1u);
+  EXPECT_EQ(indexer.status(e).next_seq, 1u);
 }
 
 TEST(KVIndexer, RefusesAnEngineThatHashesDifferently) {

@@ -17,14 +17,50 @@
 //   first batch seq > 0      a late join: history asked from 0 the same way.
 // AllBlocksCleared drops the engine's entries.
 //
+// Restarts whatever the sequence numbers: a restarted engine's numbers start again at 0, but the
+// indexer may hear none of its first batches (it publishes while the SUB reconnects), so the
+// first one it hears may be at or past the expected number and look in order, or like a gap. The
+// sequence rules cannot see that; the connection can. Each connected engine's SUB socket is
+// watched with a ZeroMQ socket monitor, and a restarted engine is necessarily a lost connection
+// and a new one. In each poll the receiver reads an engine's monitor events before its data, and
+// again after each message it receives (ZeroMQ queues a connection's handshake event before its
+// first message), so no message of a new connection is ever applied as the old one's. When the
+// connection is lost (ZMQ_EVENT_DISCONNECTED) the SUB socket is closed, discarding what it still
+// queued (from either side of the loss), and a fresh one connects. Once it completes a handshake
+// (EngineStatus::reconnects) the engine is resynchronised:
+//   - an engine that answered the probe with an incarnation (pagedkv publishers send a random
+//     id per instance, wire.hpp kProbeTag) is probed again: the same incarnation keeps its
+//     entries and asks the replay socket for everything from the expected number on (what the
+//     closed socket held or the engine sent meanwhile; the gap rules above apply to the answer);
+//     a new incarnation is a restart (EngineStatus::restarts);
+//   - a restart, an engine that does not tell its incarnation (a stock vLLM: no probe answer; or
+//     no hasher configured, so no probe), or no answer now: its entries are dropped and rebuilt
+//     from its replay buffer from 0 and the events that follow (EngineStatus::unverified_resyncs
+//     when it was not a known restart). So for such engines every reconnect, even a network
+//     blip, rebuilds the entries; they stay a subset of the engine's cache (the replay buffer may
+//     not reach back to the oldest cached block).
+// Batches the fresh socket delivers that the resync's replay already applied are skipped. A
+// connection that fails its handshake delivered nothing: the socket is kept and retries at
+// ZeroMQ's reconnect interval (no churn against a peer that accepts and closes). The monitor
+// subscribes to two event kinds and is drained every poll; its queue is ZeroMQ's, bounded. What
+// remains: between an engine's death and the indexer's reconnect (ZeroMQ's reconnect interval,
+// 100 ms by default, then one probe round trip) the old entries stand, since nothing can be known
+// sooner; EngineStatus::connected says whether the engine is connected now. As at the first
+// connection, batches published after the resync's replay but before the new subscription reaches
+// the engine are seen (and fetched) only when a later batch arrives. A restarted engine
+// that now hashes differently is reported (ProbeResult::kDisagreed), not refused, since the
+// receiver thread cannot throw; its blocks never match a request. Engines fed through apply()
+// have no connection: for them only the sequence rules hold.
+//
 // Hash agreement: with `hasher` set, connect_engine() asks the engine (replay socket, wire.hpp
 // kProbeTag) for the hash of a fixed probe block and throws pagedkv::Error (kInvalidArgument)
 // naming both hashes and schemes when it differs from this indexer's: such an engine's blocks
 // would never match a request. An engine that does not answer (a stock vLLM) is indexed but
 // reported as unverified (EngineStatus::probe).
 //
-// Threads: start() runs one receiver thread for the connected engines; apply() feeds a batch
-// in-process (same rules, no replay) for engines added with add_engine(). Lookups (match(),
+// Threads: start() runs one receiver thread for the connected engines (replays and resync probes
+// block it, up to replay_timeout / probe_timeout per request, never the caller); apply() feeds a
+// batch in-process (same rules, no replay) for engines added with add_engine(). Lookups (match(),
 // status(), engine_ids()) may run on any thread concurrently with updates (a shared lock; one
 // lookup takes it once). Errors: pagedkv::Error for bad arguments; a dead or misbehaving engine is
 // a status, never an exception (a malformed batch is counted in EngineStatus::bad_batches).
@@ -67,20 +103,25 @@ enum class ProbeResult : std::uint8_t {
   kNotAsked,    // no hasher configured, or no replay endpoint
   kAgreed,      // the engine hashes exactly as this indexer
   kUnanswered,  // no answer within probe_timeout (e.g. a stock vLLM publisher)
+  kDisagreed,   // after a reconnect: the engine now hashes differently or cannot hash
 };
 
 struct EngineStatus {
   std::string name;
   ProbeResult probe = ProbeResult::kNotAsked;
+  std::optional<std::uint64_t> incarnation;  // its publisher's id, from its last probe answer
+  bool connected = false;                 // its SUB socket holds a connection (connected engines)
   std::optional<std::uint64_t> next_seq;  // the sequence number expected next
   std::uint64_t batches_applied = 0;
-  std::uint64_t batches_replayed = 0;  // of which came through the replay socket
-  std::uint64_t gaps = 0;              // gaps seen
-  std::uint64_t gaps_lost = 0;         // gaps the replay could not fill (entries rebuilt)
-  std::uint64_t restarts = 0;          // sequence resets
-  std::uint64_t clears = 0;            // AllBlocksCleared received
-  std::uint64_t bad_batches = 0;       // undecodable payloads (skipped)
-  std::uint64_t gpu_blocks = 0;        // ids indexed for this engine on GPU / CPU
+  std::uint64_t batches_replayed = 0;    // of which came through the replay socket
+  std::uint64_t gaps = 0;                // gaps seen
+  std::uint64_t gaps_lost = 0;           // gaps the replay could not fill (entries rebuilt)
+  std::uint64_t reconnects = 0;          // connections made again after a lost one (each resyncs)
+  std::uint64_t restarts = 0;            // new publishers: a sequence reset or a new incarnation
+  std::uint64_t unverified_resyncs = 0;  // reconnects whose incarnation was unknown: rebuilt
+  std::uint64_t clears = 0;              // AllBlocksCleared received
+  std::uint64_t bad_batches = 0;         // undecodable payloads (skipped)
+  std::uint64_t gpu_blocks = 0;          // ids indexed for this engine on GPU / CPU
   std::uint64_t cpu_blocks = 0;
 };
 

@@ -4,7 +4,9 @@
 // sequence number, msgpack KVEventBatch; see wire.hpp). An optional ROUTER socket serves replays
 // exactly as vLLM's: a client sends [empty, 8-byte start seq] and receives [empty, seq, payload]
 // for every buffered batch with seq >= start, then [empty, -1, empty]. The same socket answers the
-// hash-agreement probe (wire.hpp kProbeTag), which vLLM's publisher ignores.
+// hash-agreement probe (wire.hpp kProbeTag), which vLLM's publisher ignores; the answer also
+// carries this publisher's incarnation, a random 64-bit id drawn at construction, by which an
+// indexer that reconnects tells a restarted engine from the same one (indexer.hpp).
 //
 // Engine side, once per scheduler step:   publisher.publish(manager.take_events());
 //
@@ -12,8 +14,8 @@
 // bounded queue; a sender thread encodes and sends. When the queue is full the oldest queued batch
 // is dropped and counted (stats().dropped_batches). Its sequence number is never sent, so
 // subscribers see the gap: loss is never silent. A batch the PUB socket drops (high-water mark)
-// stays in the replay buffer. Sequence numbers start at 0 per publisher, so a restarted engine
-// reads as a sequence reset.
+// stays in the replay buffer. Sequence numbers start at 0 per publisher; a subscriber that missed
+// a restarted engine's first batches cannot tell it from the numbers, hence the incarnation.
 //
 // Endpoints follow vLLM's heuristic: bind when the endpoint contains '*' or "::" or is ipc:// or
 // inproc://, else connect (KVEventPublisherConfig::bind overrides it). endpoint() and replay_endpoint() give the bound addresses (e.g. the
@@ -82,6 +84,7 @@ class KVEventPublisher {
 
   std::string endpoint() const;
   std::optional<std::string> replay_endpoint() const;
+  std::uint64_t incarnation() const;  // the random id sent in probe answers
   KVEventPublisherStats stats() const;
 
  private:

@@ -82,8 +82,10 @@ std::int64_t get_seq(std::span<const std::uint8_t> frame);  // throws kParseErro
 // Hash-agreement probe, on the replay ROUTER socket (vLLM's replay requests have one frame after
 // the envelope; a probe has two, so a vLLM publisher ignores it): the request is
 // [kProbeTag, msgpack array of token ids]; the reply is [kProbeTag, msgpack map
-// {"scheme": str, "hash": bin}] with the digest of those tokens hashed as block 0 (parent
-// NONE_HASH), or {"error": str} when the publisher has no hasher.
+// {"incarnation": uint, "scheme": str, "hash": bin}] with the digest of those tokens hashed as
+// block 0 (parent NONE_HASH), or {"incarnation": uint, "error": str} when the publisher has no
+// hasher. "incarnation" is random per publisher instance (a restarted engine has a new one); a
+// reply without it (an older pagedkv) reads as unknown.
 inline constexpr std::string_view kProbeTag = "pagedkv-probe";
 
 // --- decoding ---
