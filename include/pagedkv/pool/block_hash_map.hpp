@@ -32,6 +32,7 @@
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/pool/kv_cache_block.hpp"
+#include "pagedkv/pool/table_allocator.hpp"
 
 namespace pagedkv {
 
@@ -149,7 +150,7 @@ class BlockHashMap {
   }
 
   std::span<const KVCacheBlock> blocks_;  // the pool's array; keys are read from it
-  std::vector<Slot> slots_;
+  TableVector<Slot> slots_;
   std::size_t mask_ = 0;  // capacity - 1; capacity <= 2^32, so tags address every slot
   std::size_t size_ = 0;  // number of entries
 };
