@@ -31,6 +31,11 @@ TEST(TableAllocator, SmallAndGrowingTablesKeepTheirValues) {
   EXPECT_TRUE(w.empty());
 }
 
+TEST(TableAllocator, InstancesAreInterchangeable) {
+  EXPECT_TRUE(TableAllocator<std::uint32_t>() == TableAllocator<double>());
+  EXPECT_FALSE(TableAllocator<std::uint32_t>() != TableAllocator<std::uint32_t>());
+}
+
 TEST(TableAllocator, ImpossibleSizesThrowBadAlloc) {
   TableAllocator<std::uint64_t> a;
   EXPECT_THROW((void)a.allocate(std::numeric_limits<std::size_t>::max() / 4), std::bad_alloc);

@@ -38,12 +38,13 @@ struct TableAllocator {
     return static_cast<T*>(detail::allocate_table(n * sizeof(T)));
   }
   void deallocate(T* p, std::size_t n) noexcept { detail::deallocate_table(p, n * sizeof(T)); }
-
-  template <typename U>
-  friend bool operator==(const TableAllocator&, const TableAllocator<U>&) noexcept {
-    return true;
-  }
 };
+
+// Stateless: every instance frees what any other allocated.
+template <typename T, typename U>
+bool operator==(const TableAllocator<T>&, const TableAllocator<U>&) noexcept {
+  return true;
+}
 
 // A flat table of the pool.
 template <typename T>
