@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -77,6 +78,29 @@ void operator delete(void* p, const std::nothrow_t&) noexcept {
   counted_delete(p);
 }
 void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  counted_delete(p);
+}
+// The aligned forms (the pool's large tables are 2 MiB-aligned: table_allocator.hpp).
+void* operator new(std::size_t n, std::align_val_t al) {
+  const auto a = static_cast<std::size_t>(al);
+  void* p = std::aligned_alloc(a, (std::max<std::size_t>(n, 1) + a - 1) / a * a);
+  if (p == nullptr) throw std::bad_alloc();
+  if (g_counting) g_live_bytes += static_cast<long long>(malloc_usable_size(p));
+  return p;
+}
+void* operator new[](std::size_t n, std::align_val_t al) {
+  return operator new(n, al);
+}
+void operator delete(void* p, std::align_val_t) noexcept {
+  counted_delete(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  counted_delete(p);
+}
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
+  counted_delete(p);
+}
+void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
   counted_delete(p);
 }
 

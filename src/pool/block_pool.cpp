@@ -13,7 +13,7 @@ namespace pagedkv {
 
 namespace {
 
-std::vector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
+TableVector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
   if (config.num_blocks < 2) {
     throw Error(ErrorCode::kInvalidArgument,
                 "BlockPool: num_blocks must be at least 2 (the null block plus one usable block), "
@@ -23,7 +23,7 @@ std::vector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
   if (config.block_size == 0) {
     throw Error(ErrorCode::kInvalidArgument, "BlockPool: block_size must be at least 1");
   }
-  std::vector<KVCacheBlock> blocks(static_cast<std::size_t>(config.num_blocks));
+  TableVector<KVCacheBlock> blocks(static_cast<std::size_t>(config.num_blocks));
   for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].block_id = static_cast<BlockId>(i);
   blocks[kNullBlockId].is_null = true;
   return blocks;
@@ -45,6 +45,16 @@ bool encode_present_extra_keys(const BlockSequence& seq, std::size_t p,
   if (extra.empty()) return false;
   encode_extra_keys(extra, sc.extra);
   return true;
+}
+
+// Map slots per block: 4 (load <= 0.25; eviction-heavy replays run about a quarter faster than
+// at 2) where the metadata budget allows it. Pools with chain-hash identities keep 2: their
+// stored tokens and parent hashes leave no room for 16 more bytes per block within the bound
+// that BlockPool.MetadataBytesPerBlockAtBlockSize16 checks (184 B at block size 16).
+std::size_t map_slots_per_block(const BlockPoolConfig& config) {
+  const bool chain_material =
+      config.enable_caching && config.verify_cache_hits && config.chain_hashes_identify_prefix;
+  return chain_material ? 2 : 4;
 }
 
 std::string id_text(BlockId id) {
@@ -167,10 +177,10 @@ struct BlockPool::ContentTable {
     std::uint32_t tag;
   };
   std::size_t stride;                   // words per entry: kHeader + max tokens per block
-  std::vector<std::uint32_t> words;     // entry id * stride; entry 0 unused
+  TableVector<std::uint32_t> words;     // entry id * stride; entry 0 unused
   std::uint32_t next = 1;               // ids [1, next) have been handed out
   std::vector<std::uint32_t> free_ids;  // a stack; capacity >= capacity(): never allocates
-  std::vector<Slot> slots;
+  TableVector<Slot> slots;
   std::size_t mask = 0;
   std::size_t live = 0;
   std::size_t num_entries = 0;  // words.size() / stride, kept (no division per block)
@@ -210,8 +220,8 @@ struct BlockPool::ContentTable {
     if (room() >= k) return;
     std::size_t cap = capacity();
     while (free_ids.size() + (cap - next) < k) cap += cap / 2;  // geometric: amortised O(1)
-    std::vector<std::uint32_t> w(cap * stride, 0);
-    std::vector<Slot> s(slot_count(cap), Slot{0, 0});
+    TableVector<std::uint32_t> w(cap * stride, 0);
+    TableVector<Slot> s(slot_count(cap), Slot{0, 0});
     free_ids.reserve(cap);
     // Nothing below throws.
     std::copy(words.begin(), words.end(), w.begin());
@@ -343,8 +353,9 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
     : config_(config),
       blocks_(make_blocks(config)),
       free_queue_(config.num_blocks, 1),
-      hash_map_(std::span<const KVCacheBlock>(blocks_.data(),
-                                              config.enable_caching ? blocks_.size() : 0)),
+      hash_map_(
+          std::span<const KVCacheBlock>(blocks_.data(), config.enable_caching ? blocks_.size() : 0),
+          map_slots_per_block(config)),
       extra_keys_(std::make_unique<ExtraKeyTable>()) {
   const std::size_t n = blocks_.size();
   if (config_.enable_caching && config_.verify_cache_hits) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -19,7 +20,8 @@ BlockHash hash_of(std::uint8_t v) {
 struct Fixture {
   std::vector<KVCacheBlock> blocks;
   BlockHashMap map;
-  explicit Fixture(int n) : blocks(static_cast<std::size_t>(n)), map(blocks) {
+  explicit Fixture(int n, std::size_t slots_per_block = 2)
+      : blocks(static_cast<std::size_t>(n)), map(blocks, slots_per_block) {
     for (int i = 0; i < n; ++i) blocks[static_cast<std::size_t>(i)].block_id = i;
   }
   void cache(BlockId id, std::uint8_t v, GroupId g = 0) {
@@ -56,9 +58,14 @@ TEST(BlockHashMap, GroupsSeparateEqualHashes) {
 
 // Against a naive model under heavy collisions (4 distinct hashes for 200 blocks): after random
 // inserts and erases, lookups still return the first inserted live block of each hash.
-TEST(BlockHashMap, MatchesInsertionOrderModelUnderCollisions) {
+// Both erase() paths: the windowed backward shift (2 slots per block, load up to 0.5) and the
+// plain loop (4 slots per block).
+class BlockHashMapLoad : public ::testing::TestWithParam<std::size_t> {};
+INSTANTIATE_TEST_SUITE_P(SlotsPerBlock, BlockHashMapLoad, ::testing::Values(2, 4));
+
+TEST_P(BlockHashMapLoad, MatchesInsertionOrderModelUnderCollisions) {
   constexpr int kBlocks = 200;
-  Fixture f(kBlocks);
+  Fixture f(kBlocks, GetParam());
   std::vector<BlockId> order;  // live entries in insertion order
   std::mt19937 rng(7);
   for (int step = 0; step < 20000; ++step) {
@@ -84,6 +91,56 @@ TEST(BlockHashMap, MatchesInsertionOrderModelUnderCollisions) {
       ASSERT_EQ(f.map.find_first(hash_of(v), 0), expected) << "step " << step;
     }
   }
+}
+
+// Distinct random hashes, the table filled nearly to its bound (load ~0.45 at 2 slots per block,
+// the windowed shift's runs spanning several windows): after every insert or erase each cached
+// block is found and no other, and the size matches.
+TEST_P(BlockHashMapLoad, EveryLiveBlockIsFoundAfterRandomChurn) {
+  constexpr int kBlocks = 256;
+  Fixture f(kBlocks, GetParam());
+  std::mt19937_64 rng(11);
+  std::vector<char> live(kBlocks, 0);
+  std::size_t count = 0;
+  for (int step = 0; step < 20000; ++step) {
+    const auto id = static_cast<BlockId>(1 + rng() % (kBlocks - 1));
+    KVCacheBlock& b = f.blocks[static_cast<std::size_t>(id)];
+    if (live[static_cast<std::size_t>(id)]) {
+      if (rng() % 10 != 0) continue;  // erase rarely: about 90% of the blocks stay cached
+      ASSERT_TRUE(f.map.erase(id));
+      b.block_hash = BlockHash();
+      live[static_cast<std::size_t>(id)] = 0;
+      --count;
+    } else {
+      std::array<std::uint8_t, 32> bytes{};
+      for (std::size_t k = 0; k < bytes.size(); k += 8) {
+        const std::uint64_t x = rng();
+        std::memcpy(bytes.data() + k, &x, 8);
+      }
+      b.block_hash = BlockHash(bytes);
+      b.group_id = static_cast<GroupId>(rng() % 2);
+      f.map.insert(id);
+      live[static_cast<std::size_t>(id)] = 1;
+      ++count;
+    }
+    ASSERT_EQ(f.map.size(), count);
+    if (step % 16 != 0) continue;
+    for (BlockId c = 1; c < kBlocks; ++c) {
+      const KVCacheBlock& cb = f.blocks[static_cast<std::size_t>(c)];
+      if (!live[static_cast<std::size_t>(c)]) continue;
+      ASSERT_EQ(f.map.find_first(cb.block_hash, cb.group_id, [&](BlockId x) { return x == c; }), c)
+          << "step " << step;
+    }
+  }
+  // Erasing what is absent changes nothing.
+  for (BlockId c = 1; c < kBlocks; ++c) {
+    if (!live[static_cast<std::size_t>(c)]) {
+      f.blocks[static_cast<std::size_t>(c)].block_hash = hash_of(1);
+      EXPECT_FALSE(f.map.erase(c));
+      f.blocks[static_cast<std::size_t>(c)].block_hash = BlockHash();
+    }
+  }
+  EXPECT_EQ(f.map.size(), count);
 }
 
 }  // namespace

@@ -58,6 +58,7 @@
 #include "pagedkv/pool/free_block_queue.hpp"
 #include "pagedkv/pool/kv_cache_block.hpp"
 #include "pagedkv/pool/kv_events.hpp"
+#include "pagedkv/pool/table_allocator.hpp"
 
 namespace pagedkv {
 
@@ -294,7 +295,7 @@ class BlockPool {
   void deliver_events() noexcept;
 
   BlockPoolConfig config_;
-  std::vector<KVCacheBlock> blocks_;  // blocks_[i].block_id == i; never resized
+  TableVector<KVCacheBlock> blocks_;  // blocks_[i].block_id == i; never resized
   FreeBlockQueue free_queue_;
   BlockHashMap hash_map_;
   std::uint64_t num_evictions_ = 0;
@@ -310,8 +311,8 @@ class BlockPool {
     BlockHash parent_hash;       // the parent's chained hash; empty for block 0
     std::uint32_t extra_id = 0;  // interned extra keys; 0 when none
   };
-  std::vector<Stored> stored_;         // per block (chain-hash identities)
-  std::vector<TokenId> block_tokens_;  // block_size per block (chain-hash identities)
+  TableVector<Stored> stored_;         // per block (chain-hash identities)
+  TableVector<TokenId> block_tokens_;  // block_size per block (chain-hash identities)
   std::unique_ptr<ExtraKeyTable> extra_keys_;
 
   // Events: recorded in events_ (capacity reserved before any change), delivered when no

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "pagedkv/pool/kv_cache_block.hpp"
+#include "pagedkv/pool/table_allocator.hpp"
 
 namespace pagedkv {
 
@@ -127,7 +128,7 @@ class FreeBlockQueue {
     BlockId prev_free = kNotQueued;  // previous block, kQueueEnd at the head
     BlockId next_free = kNotQueued;  // next block, kQueueEnd at the tail
   };
-  std::vector<Link> links_;   // by block id
+  TableVector<Link> links_;   // by block id
   BlockId head_ = kQueueEnd;  // allocated next
   BlockId tail_ = kQueueEnd;  // allocated last
   std::int32_t size_ = 0;     // number of queued blocks
