@@ -46,7 +46,6 @@ class BlockHashMap {
     while (capacity < std::max<std::size_t>(slots_per_block, 2) * blocks.size()) capacity *= 2;
     slots_.assign(capacity, Slot{kEmpty, 0});
     mask_ = capacity - 1;
-    windowed_ = capacity < 4 * blocks.size();
   }
 
   std::size_t size() const noexcept { return size_; }
@@ -80,7 +79,9 @@ class BlockHashMap {
     // movable iff its home is not cyclically within (hole, its slot], i.e. it is at least as
     // far from home as from the hole.
     std::size_t j = i;
-    if (!windowed_) {  // load <= 0.25: runs are short, a plain loop is cheapest
+    // The path follows the load now (not the table's bound): at load <= 0.25 runs are short and
+    // a plain loop is cheapest, also in a 2-slot table that is not full.
+    if (4 * size_ <= slots_.size()) {
       for (;;) {
         j = (j + 1) & mask_;
         if (slots_[j].id == kEmpty) break;
@@ -94,10 +95,10 @@ class BlockHashMap {
       --size_;
       return true;
     }
-    // Load up to 0.5: the run is walked kWindow slots at a time without data-dependent
-    // branches inside a window (a loop that exits at the run's end mispredicted about twice
-    // per erase, which cost more than the whole shift). Entries past the run's end, and those
-    // that stay, are stored back unchanged.
+    // Load above 0.25 (up to 0.5): the run is walked kWindow slots at a time without
+    // data-dependent branches inside a window (a loop that exits at the run's end mispredicted
+    // about twice per erase, which cost more than the whole shift). Entries past the run's end,
+    // and those that stay, are stored back unchanged.
     for (;;) {
       std::size_t ended = 0;  // 1 from the run's end on
       for (std::size_t w = 0; w < kWindow; ++w) {
@@ -180,7 +181,6 @@ class BlockHashMap {
   std::span<const KVCacheBlock> blocks_;  // the pool's array; keys are read from it
   TableVector<Slot> slots_;
   std::size_t mask_ = 0;  // capacity - 1; capacity <= 2^32, so tags address every slot
-  bool windowed_ = true;  // load may exceed 0.25: erase() walks the run in windows
   std::size_t size_ = 0;  // number of entries
 };
 
