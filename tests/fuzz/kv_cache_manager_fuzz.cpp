@@ -20,7 +20,10 @@
 //    checked in every configuration except a weak hash with verification off (where wrong hits
 //    are the expected failure mode), and for hits accepted by allocate_slots only with a full
 //    digest (allocate_slots compares hashes, so a deliberately weakened hash can pass it a foreign
-//    block; get_computed_blocks never returns one).
+//    block; get_computed_blocks never returns one). A request that accepted such a foreign hit
+//    computes its later blocks on the foreign blocks' KV, and the pool labels them with that
+//    prefix (as it should: it is what their KV holds); their content is then not checked, only
+//    their position (Owner::tainted).
 //
 // Built two ways: with clang's -fsanitize=fuzzer (PAGEDKV_LIBFUZZER defined) as a libFuzzer
 // target, and as a plain program (any compiler) that replays files and directories given on the
@@ -78,14 +81,22 @@ struct Tracked {
   std::optional<std::string> salt;
   bool held = false;      // the manager holds blocks for it (an allocation succeeded since)
   bool finished = false;  // freed
+  // It holds a hit the shadow cannot vouch for (stale, foreign or corrupted, accepted under a
+  // weakened hash): its KV was computed on another prefix's blocks. Until it releases them.
+  bool tainted = false;
 };
 
 // The request position a physical block was last allocated for: its KV holds that request's
 // tokens [0, (index + 1) * group block size) once cached.
+// A block allocated while its request was tainted (or before, if still held then) holds KV
+// computed on a foreign prefix: the pool labels it with the prefix it was computed on (the
+// cached blocks before it in the row), which the shadow does not model, so only its position is
+// checked.
 struct Owner {
   const Tracked* t = nullptr;
   std::size_t group = 0;
   std::size_t index = 0;
+  bool tainted = false;
 };
 
 // Everything observable about one request.
@@ -196,6 +207,7 @@ class Harness {
                where + " (allocated for request " + std::to_string(o.t->req->id()) + " group " +
                    std::to_string(o.group) + " block " + std::to_string(o.index) + ")");
         }
+        if (o.tainted) continue;
         const auto mine = r.tokens();
         const auto theirs = o.t->req->tokens();
         if (o.t->salt != t.salt || theirs.size() < end ||
@@ -277,6 +289,7 @@ void Harness::release(Tracked& t, bool finish) {
   if (!done) return;
   if (t.held) ++gen_;
   t.held = false;
+  t.tainted = false;  // its next allocation starts from its own tokens
   if (finish && expect == Expect::kValid && !r.is_finished()) fail("free: request not finished");
   if (!finish && expect == Expect::kValid && r.num_computed_tokens() != 0) {
     fail("preempt: num_computed_tokens not reset");
@@ -340,6 +353,12 @@ void Harness::allocate(Reader& in) {
     check_hit(*t, hit, check_hit_content_);
   }
   t->held = true;
+  if (has_hit && expect != Expect::kValid && !check_accepted_hits_) {
+    // An unverifiable hit was accepted (allocate_slots compares the weakened hashes only): what
+    // this request computes from now on rests on those blocks' KV.
+    t->tainted = true;
+    for (Owner& o : owners_) o.tainted = o.tainted || o.t == t;
+  }
   for (std::size_t g = 0; g < m_.num_groups(); ++g) {
     const auto row = m_.block_ids(r.id(), g);
     // A default CacheHit{} has no other_groups: no hit in any group.
@@ -347,7 +366,9 @@ void Harness::allocate(Reader& in) {
                                    : g <= hit.other_groups.size() ? hit.group(g).size()
                                                                   : 0;
     for (std::size_t i = before[g] + hit_blocks; i < row.size(); ++i) {
-      if (row[i] != kNullBlockId) owners_[static_cast<std::size_t>(row[i])] = Owner{t, g, i};
+      if (row[i] != kNullBlockId) {
+        owners_[static_cast<std::size_t>(row[i])] = Owner{t, g, i, t->tainted};
+      }
     }
   }
 }
