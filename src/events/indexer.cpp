@@ -113,7 +113,8 @@ struct KVIndexer::Impl {
   }
 
   // Receives one multipart message within `timeout`; empty when none came.
-  static std::vector<zmq::message_t> recv_multipart(zmq::socket_t& s, std::chrono::milliseconds timeout) {
+  static std::vector<zmq::message_t> recv_multipart(zmq::socket_t& s,
+                                                    std::chrono::milliseconds timeout) {
     std::vector<zmq::message_t> frames;
     zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, timeout) <= 0) return frames;
@@ -149,7 +150,8 @@ struct KVIndexer::Impl {
         if (s == kReplayEnd) return out;
         if (s < 0 || static_cast<std::uint64_t>(s) >= until) continue;
         const auto p = bytes_of(frames[2]);
-        out.emplace_back(static_cast<std::uint64_t>(s), std::vector<std::uint8_t>(p.begin(), p.end()));
+        out.emplace_back(static_cast<std::uint64_t>(s),
+                         std::vector<std::uint8_t>(p.begin(), p.end()));
       }
     } catch (const zmq::error_t&) {
       renew_dealer(en);
@@ -321,6 +323,7 @@ struct KVIndexer::Impl {
         {
           std::unique_lock lock(mu);
           en.st.connected = false;
+          en.st.in_sync = false;  // its entries may be a dead process's until the resync
         }
         // A connection that failed its handshake delivered nothing: the socket keeps retrying
         // at ZeroMQ's reconnect interval (no churn against a peer that accepts and closes).
@@ -336,6 +339,8 @@ struct KVIndexer::Impl {
           en.st.connected = true;
         }
         if (en.resync_pending) resync(e, en);
+        std::unique_lock lock(mu);
+        en.st.in_sync = en.st.connected;  // unless it dropped again during the resync
       }
     }
     return false;
@@ -491,7 +496,9 @@ KVIndexer::KVIndexer(KVIndexerConfig config) : impl_(std::make_unique<Impl>()) {
   impl_->engines.reserve(BlockIndex::kMaxEngines);
 }
 
-KVIndexer::~KVIndexer() { stop(); }
+KVIndexer::~KVIndexer() {
+  stop();
+}
 
 EngineId KVIndexer::add_engine(std::string name) {
   std::unique_lock lock(impl_->mu);
@@ -501,6 +508,7 @@ EngineId KVIndexer::add_engine(std::string name) {
   }
   auto en = std::make_unique<Impl::Engine>();
   en->st.name = std::move(name);
+  en->st.in_sync = true;  // fed in-process: its batches are its state
   impl_->engines.push_back(std::move(en));
   return impl_->engines.size() - 1;
 }
@@ -519,9 +527,9 @@ EngineId KVIndexer::connect_engine(const EngineEndpoints& endpoints) {
     s.open_sub(*en);
     if (endpoints.replay_endpoint) s.open_dealer(*en);
   } catch (const zmq::error_t& e) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "KVIndexer: cannot connect to engine '" + endpoints.name + "' at " +
-                    endpoints.endpoint + ": " + e.what());
+    throw Error(ErrorCode::kInvalidArgument, "KVIndexer: cannot connect to engine '" +
+                                                 endpoints.name + "' at " + endpoints.endpoint +
+                                                 ": " + e.what());
   }
   en->st.probe = s.probe(*en);  // throws on disagreement; the engine is then not added
   std::unique_lock lock(s.mu);
@@ -564,6 +572,14 @@ void KVIndexer::match(std::span<const std::uint64_t> block_ids, std::span<Prefix
 std::size_t KVIndexer::num_engines() const {
   std::shared_lock lock(impl_->mu);
   return impl_->engines.size();
+}
+
+bool KVIndexer::in_sync(EngineId e) const {
+  std::shared_lock lock(impl_->mu);
+  if (e >= impl_->engines.size()) {
+    throw Error(ErrorCode::kOutOfRange, "KVIndexer::in_sync: unknown engine " + std::to_string(e));
+  }
+  return impl_->engines[e]->st.in_sync;
 }
 
 EngineStatus KVIndexer::status(EngineId e) const {

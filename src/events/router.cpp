@@ -15,6 +15,11 @@ RouteDecision KVRouter::route(std::span<const std::uint64_t> block_ids,
                               std::span<const double> loads) {
   RouteDecision d;
   d.matches = indexer_.match(block_ids);
+  // An engine whose connection is lost (or not yet resynchronised) may be dead or restarted:
+  // its entries earn no credit until the indexer has checked them again.
+  for (EngineId e = 0; e < d.matches.size(); ++e) {
+    if (!indexer_.in_sync(e)) d.matches[e] = PrefixMatch{};
+  }
   d.engine = pick(d.matches, block_ids.size(), loads, &d.scores);
   return d;
 }
@@ -23,9 +28,8 @@ EngineId KVRouter::pick(std::span<const PrefixMatch> matches, std::size_t num_bl
                         std::span<const double> loads, std::vector<double>* scores) {
   const std::size_t k = matches.size();
   if (k == 0 || loads.size() != k) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "KVRouter: " + std::to_string(loads.size()) + " loads for " + std::to_string(k) +
-                    " engines");
+    throw Error(ErrorCode::kInvalidArgument, "KVRouter: " + std::to_string(loads.size()) +
+                                                 " loads for " + std::to_string(k) + " engines");
   }
   const double max_load = std::max(1.0, *std::max_element(loads.begin(), loads.end()));
   const double n = static_cast<double>(std::max<std::size_t>(num_blocks, 1));
@@ -40,8 +44,7 @@ EngineId KVRouter::pick(std::span<const PrefixMatch> matches, std::size_t num_bl
     const double score =
         config_.prefix_weight * cached / n - config_.load_weight * loads[e] / max_load;
     if (scores) (*scores)[e] = score;
-    if (best == k || score > best_score ||
-        (score == best_score && loads[e] < loads[best])) {
+    if (best == k || score > best_score || (score == best_score && loads[e] < loads[best])) {
       best = e;
       best_score = score;
     }

@@ -145,7 +145,8 @@ void expect_follows(const KVIndexer& indexer, EngineId id, Engine& e, RequestId 
 
 TEST(KVIndexer, SeveralEnginesConvergeAndRoute) {
   std::vector<std::unique_ptr<Engine>> engines;
-  for (std::uint32_t i = 0; i < 3; ++i) engines.push_back(std::make_unique<Engine>(i + 1, loopback()));
+  for (std::uint32_t i = 0; i < 3; ++i)
+    engines.push_back(std::make_unique<Engine>(i + 1, loopback()));
   // Engine 0 publishes before the indexer exists: those batches can only come by replay.
   engines[0]->steps(20, 1000);
   ASSERT_TRUE(engines[0]->publisher->flush(10s));
@@ -157,7 +158,8 @@ TEST(KVIndexer, SeveralEnginesConvergeAndRoute) {
   indexer.start();
   std::this_thread::sleep_for(300ms);
   for (int round = 0; round < 5; ++round) {
-    for (std::size_t i = 0; i < engines.size(); ++i) engines[i]->steps(30, 10000 * (round + 1) + 100 * i);
+    for (std::size_t i = 0; i < engines.size(); ++i)
+      engines[i]->steps(30, 10000 * (round + 1) + 100 * i);
   }
   for (std::size_t i = 0; i < engines.size(); ++i) expect_converged(indexer, i, *engines[i]);
   EXPECT_GT(indexer.status(0).batches_replayed, 0u);  // the history before the indexer came
@@ -283,7 +285,8 @@ TEST(KVIndexer, ReconnectToTheSameEngineKeepsItsEntries) {
   const std::string pub = a.publisher->endpoint();
   testing::TcpProxy proxy(static_cast<std::uint16_t>(std::stoi(pub.substr(pub.rfind(':') + 1))));
   KVIndexer indexer(indexer_config());
-  const EngineId id = indexer.connect_engine({"a", proxy.endpoint(), a.publisher->replay_endpoint()});
+  const EngineId id =
+      indexer.connect_engine({"a", proxy.endpoint(), a.publisher->replay_endpoint()});
   ASSERT_EQ(indexer.status(id).probe, ProbeResult::kAgreed);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(id).connected; }, 10s));
@@ -295,6 +298,15 @@ TEST(KVIndexer, ReconnectToTheSameEngineKeepsItsEntries) {
   proxy.refuse(true);
   proxy.cut();
   ASSERT_TRUE(eventually([&] { return !indexer.status(id).connected; }, 10s));
+  // Meanwhile the router gives the engine no credit for what the index still holds.
+  const std::vector<std::uint64_t> cached = indexer.engine_ids(id, Tier::kGpu);
+  ASSERT_FALSE(cached.empty());
+  KVRouter router(indexer);
+  EXPECT_FALSE(indexer.status(id).in_sync);
+  EXPECT_EQ(router.route(std::vector<std::uint64_t>{cached.front()}, std::vector<double>{0})
+                .matches[0]
+                .prefix_blocks,
+            0u);
   for (RequestId r = 100; a.published() < before.next_seq.value() + 10; ++r) a.step(r);
   ASSERT_TRUE(a.publisher->flush(10s));
   const std::uint64_t missed = a.published() - before.next_seq.value();
@@ -310,6 +322,12 @@ TEST(KVIndexer, ReconnectToTheSameEngineKeepsItsEntries) {
   EXPECT_EQ(indexer.engine_ids(id, Tier::kGpu), a.cached_ids());
   const EngineStatus st = indexer.status(id);
   EXPECT_TRUE(st.connected);
+  ASSERT_TRUE(eventually([&] { return indexer.in_sync(id); }, 10s));
+  const std::uint64_t still = a.cached_ids().front();
+  EXPECT_EQ(router.route(std::vector<std::uint64_t>{still}, std::vector<double>{0})
+                .matches[0]
+                .gpu_prefix_blocks,
+            1u);
   EXPECT_EQ(st.restarts, 0u);
   EXPECT_EQ(st.unverified_resyncs, 0u);
   EXPECT_EQ(st.gaps_lost, 0u);
@@ -329,7 +347,8 @@ TEST(KVIndexer, EngineRestartedWithAnotherHashIsReportedNotRefused) {
   a->steps(10, 1);
   expect_follows(indexer, id, *a, 100);
   ASSERT_FALSE(indexer.engine_ids(id, Tier::kGpu).empty());
-  KVEventPublisherConfig pc = same_ports(a->publisher->endpoint(), *a->publisher->replay_endpoint());
+  KVEventPublisherConfig pc =
+      same_ports(a->publisher->endpoint(), *a->publisher->replay_endpoint());
   a.reset();
   pc.probe_hasher = BlockHasher(HashScheme::kSha256CborVllm, "another seed");
   KVEventPublisher b(pc);
@@ -383,7 +402,8 @@ TEST(KVIndexer, UnrecoverableLossLeavesOnlyBlocksTheEngineHolds) {
   for (RequestId r = 0; r < 200; ++r) {
     Request req = eng.manager.make_request(r, std::vector<TokenId>(8, static_cast<TokenId>(r % 7)));
     const CacheHit hit = eng.manager.get_computed_blocks(req);
-    if (eng.manager.allocate_slots(req, req.num_tokens() - hit.num_tokens, hit)) eng.manager.free(req);
+    if (eng.manager.allocate_slots(req, req.num_tokens() - hit.num_tokens, hit))
+      eng.manager.free(req);
     const auto events = eng.manager.take_events();
     if (events.empty()) continue;
     std::string payload;
@@ -422,6 +442,15 @@ TEST(KVIndexer, InProcessSequenceResetIsARestart) {
   EXPECT_EQ(indexer.engine_ids(e, Tier::kGpu), std::vector<std::uint64_t>{7});
   EXPECT_EQ(indexer.status(e).restarts, 1u);
   EXPECT_EQ(indexer.status(e).next_seq, 1u);
+  // An in-process engine has no connection to lose: always in sync, so the router credits it.
+  EXPECT_TRUE(indexer.in_sync(e));
+  EXPECT_TRUE(indexer.status(e).in_sync);
+  EXPECT_THROW((void)indexer.in_sync(e + 1), Error);
+  KVRouter router(indexer);
+  EXPECT_EQ(router.route(std::vector<std::uint64_t>{7}, std::vector<double>{0})
+                .matches[0]
+                .gpu_prefix_blocks,
+            1u);
 }
 
 TEST(KVIndexer, RefusesAnEngineThatHashesDifferently) {
@@ -443,7 +472,8 @@ TEST(KVIndexer, RefusesAnEngineThatHashesDifferently) {
   pc.endpoint = "tcp://127.0.0.1:*";
   pc.replay_endpoint = "tcp://127.0.0.1:*";
   KVEventPublisher seeded(pc);
-  EXPECT_THROW(indexer.connect_engine({"seed", seeded.endpoint(), seeded.replay_endpoint()}), Error);
+  EXPECT_THROW(indexer.connect_engine({"seed", seeded.endpoint(), seeded.replay_endpoint()}),
+               Error);
 }
 
 TEST(KVIndexer, SilentReplaySocketReadsAsUnverified) {

@@ -45,9 +45,10 @@
 // subscribes to two event kinds and is drained every poll; its queue is ZeroMQ's, bounded. What
 // remains: between an engine's death and the indexer's reconnect (ZeroMQ's reconnect interval,
 // 100 ms by default, then one probe round trip) the old entries stand, since nothing can be known
-// sooner; EngineStatus::connected says whether the engine is connected now. As at the first
-// connection, batches published after the resync's replay but before the new subscription reaches
-// the engine are seen (and fetched) only when a later batch arrives. A restarted engine
+// sooner; EngineStatus::connected says whether the engine is connected now, and in_sync
+// whether its entries were checked since (KVRouter gives an engine not in sync no credit). As at
+// the first connection, batches published after the resync's replay but before the new subscription
+// reaches the engine are seen (and fetched) only when a later batch arrives. A restarted engine
 // that now hashes differently is reported (ProbeResult::kDisagreed), not refused, since the
 // receiver thread cannot throw; its blocks never match a request. Engines fed through apply()
 // have no connection: for them only the sequence rules hold.
@@ -110,7 +111,11 @@ struct EngineStatus {
   std::string name;
   ProbeResult probe = ProbeResult::kNotAsked;
   std::optional<std::uint64_t> incarnation;  // its publisher's id, from its last probe answer
-  bool connected = false;                 // its SUB socket holds a connection (connected engines)
+  bool connected = false;  // its SUB socket holds a connection (connected engines)
+  // Its entries may be trusted as a subset of its cache: always for engines fed through apply();
+  // for connected engines from their first connection on, false from a lost connection until
+  // the new one is resynchronised (KVRouter gives no prefix credit meanwhile).
+  bool in_sync = false;
   std::optional<std::uint64_t> next_seq;  // the sequence number expected next
   std::uint64_t batches_applied = 0;
   std::uint64_t batches_replayed = 0;    // of which came through the replay socket
@@ -151,6 +156,8 @@ class KVIndexer {
 
   std::size_t num_engines() const;
   EngineStatus status(EngineId e) const;
+  // status(e).in_sync without copying the status. Throws kOutOfRange for an unknown engine.
+  bool in_sync(EngineId e) const;
   std::vector<std::uint64_t> engine_ids(EngineId e, Tier tier) const;  // sorted
   std::size_t memory_bytes() const;
   std::size_t num_entries() const;

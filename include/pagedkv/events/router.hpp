@@ -10,7 +10,9 @@
 // Both terms lie in [0, 1] before weighting, like llm-d's prefix-cache and load scorers; a GPU
 // block counts fully, a block that must come back from a lower tier counts cpu_weight. The
 // highest score wins; ties go to the lower load, then round-robin (so with no cache anywhere
-// and equal loads the router spreads requests evenly).
+// and equal loads the router spreads requests evenly). route() gives an engine that is not
+// in sync (KVIndexer::in_sync: its connection is lost, or not yet resynchronised after a
+// reconnect) no prefix: its entries may describe a dead or restarted process.
 //
 // Thread-compatible: route() updates the round-robin cursor; use one router per thread or lock.
 // Errors: loads.size() != number of engines, or no engines, throw pagedkv::Error
@@ -34,7 +36,7 @@ struct KVRouterConfig {
 
 struct RouteDecision {
   EngineId engine = 0;
-  std::vector<PrefixMatch> matches;  // per engine
+  std::vector<PrefixMatch> matches;  // per engine (zero for an engine not in sync)
   std::vector<double> scores;        // per engine
 };
 
