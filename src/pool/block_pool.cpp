@@ -47,14 +47,26 @@ bool encode_present_extra_keys(const BlockSequence& seq, std::size_t p,
   return true;
 }
 
-// Map slots per block: 4 (load <= 0.25; eviction-heavy replays run about a quarter faster than
-// at 2) where the metadata budget allows it. Pools with chain-hash identities keep 2: their
-// stored tokens and parent hashes leave no room for 16 more bytes per block within the bound
-// that BlockPool.MetadataBytesPerBlockAtBlockSize16 checks (184 B at block size 16).
-std::size_t map_slots_per_block(const BlockPoolConfig& config) {
-  const bool chain_material =
-      config.enable_caching && config.verify_cache_hits && config.chain_hashes_identify_prefix;
-  return chain_material ? 2 : 4;
+// Map slots per block: 4 (load <= 0.25; eviction-heavy replays run markedly faster than at 2:
+// bench/results/pool_hash_speed.md, fourth and fifth passes).
+constexpr std::size_t kMapSlotsPerBlock = 4;
+
+// Chain-hash identities: the material word kept in KVCacheBlock::content_id (block_pool.hpp).
+constexpr std::uint32_t kExtraIdBits = 30;
+constexpr std::uint32_t kExtraIdMask = (std::uint32_t{1} << kExtraIdBits) - 1;
+// Extra-key ids fit the word's low bits (ExtraKeyTable refuses more live ids).
+constexpr std::uint32_t kMaxExtraIds = kExtraIdMask;
+
+std::uint32_t parent_size_code(const BlockHash& h) noexcept {
+  return h.size() == 0 ? 0 : h.size() <= 16 ? 1 : 2;
+}
+std::uint32_t material_word(std::uint32_t extra_id, const BlockHash& parent) noexcept {
+  return (parent_size_code(parent) << kExtraIdBits) | extra_id;
+}
+// Whether a block's stored parent (its bytes, and the size code in its material word) is `want`.
+bool same_parent(const std::uint8_t* stored, std::uint32_t word, const BlockHash& want) noexcept {
+  return (word >> kExtraIdBits) == parent_size_code(want) &&
+         std::memcmp(stored, want.padded_bytes().data(), BlockHash::kMaxSize) == 0;
 }
 
 std::string id_text(BlockId id) {
@@ -126,6 +138,10 @@ struct BlockPool::ExtraKeyTable {
   std::uint32_t acquire(const std::string& encoding) {
     auto it = ids.find(encoding);
     if (it == ids.end()) {
+      if (free_ids.empty() && refs.size() > kMaxExtraIds) {
+        throw Error(ErrorCode::kOutOfRange, "BlockPool: more than " + std::to_string(kMaxExtraIds) +
+                                                " distinct extra keys cached at once");
+      }
       // Everything that may allocate comes first; from the emplace on nothing throws.
       refs.reserve(refs.size() + 1);
       keys.reserve(keys.size() + 1);
@@ -355,7 +371,7 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
       free_queue_(config.num_blocks, 1),
       hash_map_(
           std::span<const KVCacheBlock>(blocks_.data(), config.enable_caching ? blocks_.size() : 0),
-          map_slots_per_block(config)),
+          kMapSlotsPerBlock),
       extra_keys_(std::make_unique<ExtraKeyTable>()) {
   const std::size_t n = blocks_.size();
   if (config_.enable_caching && config_.verify_cache_hits) {
@@ -371,7 +387,6 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
     }
   }
   // free_blocks() never allocates: a call queues each block at most once.
-  unhashed_scratch_.reserve(n);
 }
 
 BlockPool::~BlockPool() = default;
@@ -426,9 +441,9 @@ void BlockPool::evict_cached(BlockId id) noexcept {
   hash_map_.erase(id);
   if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
   if (chain_identity_) {
-    const auto i = static_cast<std::size_t>(id);
-    extra_keys_->release(stored_[i].extra_id);
-    stored_[i] = Stored{};
+    extra_keys_->release(b.content_id & kExtraIdMask);
+    stored_[static_cast<std::size_t>(id)] = Stored{};
+    b.content_id = 0;
   } else if (verifying()) {
     release_content(b.content_id);
     b.content_id = 0;
@@ -539,12 +554,13 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
     }
     b.ref_cnt = -b.ref_cnt;
   }
-  // The change, in one pass that also undoes the marks (every id is valid and appears once):
-  // hashed blocks reaching ref 0 go to the tail in order; unhashed ones are collected and then
-  // put at the head as a group. The scratch vector holds num_blocks ids (reserved at
-  // construction): no allocation here.
-  unhashed_scratch_.clear();
-  for (const BlockId id : ordered) {
+  // The change (every id is valid and appears once). A pass in order undoes the marks and
+  // puts hashed blocks reaching ref 0 at the tail in order; a pass in reverse puts unhashed ones
+  // reaching ref 0 (every uncached block at ref 0 that is not yet queued: each had ref > 0) at
+  // the head, so they lie there as a group in the given order. No scratch memory.
+  std::size_t first_unhashed = ordered.size(), end_unhashed = 0;  // the range to pass again
+  for (std::size_t k = 0; k < ordered.size(); ++k) {
+    const BlockId id = ordered[k];
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
     b.ref_cnt = -b.ref_cnt - 1;
@@ -552,11 +568,16 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
       if (b.is_cached()) {
         free_queue_.append(id);
       } else {
-        unhashed_scratch_.push_back(id);
+        first_unhashed = std::min(first_unhashed, k);
+        end_unhashed = k + 1;
       }
     }
   }
-  free_queue_.prepend_n(unhashed_scratch_);
+  for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
+    const BlockId id = ordered[k];
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (!b.is_null && b.ref_cnt == 0 && !b.is_cached()) free_queue_.prepend(id);
+  }
 }
 
 void BlockPool::validate_sequence(const BlockSequence& seq, std::size_t last,
@@ -772,8 +793,10 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     b.group_id = st.group_;
     if (chain_identity_) {
       const std::size_t index = st.first_ + k;
-      stored_[i].extra_id = st.content_ids_[k];
-      stored_[i].parent_hash = index > 0 ? hashes[index - 1] : BlockHash();
+      static const BlockHash kRoot;
+      const BlockHash& parent = index > 0 ? hashes[index - 1] : kRoot;
+      b.content_id = material_word(st.content_ids_[k], parent);
+      std::memcpy(stored_[i].parent.data(), parent.padded_bytes().data(), BlockHash::kMaxSize);
       TokenId* to = &block_tokens_[i * bs];
       const TokenId* from = st.seq_.tokens.data() + index * seq_bs;
       if (seq_bs == 16) {  // the usual block: a constant-size copy
@@ -819,7 +842,10 @@ BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::
 bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept {
   if (!verifying()) return true;
   const KVCacheBlock& p = blocks_[static_cast<std::size_t>(parent)];
-  if (chain_identity_) return stored_[static_cast<std::size_t>(child)].parent_hash == p.block_hash;
+  if (chain_identity_) {
+    const auto c = static_cast<std::size_t>(child);
+    return same_parent(stored_[c].parent.data(), blocks_[c].content_id, p.block_hash);
+  }
   const std::uint32_t c = blocks_[static_cast<std::size_t>(child)].content_id;
   return contents_->entry(c)[ContentTable::kParent] == p.content_id;
 }
@@ -897,8 +923,10 @@ bool BlockPool::cached_after_prefix(BlockId child, const BlockSequence& seq, std
   validate_sequence(seq, index, "BlockPool::cached_after_prefix");
   if (!verifying()) return true;
   if (chain_identity_) {  // the chained hash of seq's block index - 1 names that prefix
-    const BlockHash& stored = stored_[static_cast<std::size_t>(child)].parent_hash;
-    return index == 0 ? stored.empty() : stored == seq.block_hashes[index - 1];
+    static const BlockHash kRoot;
+    const auto c = static_cast<std::size_t>(child);
+    return same_parent(stored_[c].parent.data(), blocks_[c].content_id,
+                       index == 0 ? kRoot : seq.block_hashes[index - 1]);
   }
   // Content ids: walk seq's blocks after the anchor (or the root) through the content table.
   // Every ancestor of a live id is live, so if seq's prefix is the child's parent prefix, each
@@ -955,11 +983,10 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
                                                        : &parent.parent->block_hash;
     return hash_map_.find_first(hash, group, [&](BlockId c) {
       const auto i = static_cast<std::size_t>(c);
-      const Stored& m = stored_[i];
-      // Whole-object compare (a fixed 33 bytes, inlined): unused digest bytes are always zero.
-      static_assert(sizeof(BlockHash) == BlockHash::kMaxSize + 1);
-      return (want == nullptr || std::memcmp(&m.parent_hash, want, sizeof(BlockHash)) == 0) &&
-             m.extra_id == eid && same_tokens(&block_tokens_[i * config_.block_size]);
+      const std::uint32_t word = blocks_[i].content_id;  // on the line find_first just read
+      return (word & kExtraIdMask) == eid &&
+             (want == nullptr || same_parent(stored_[i].parent.data(), word, *want)) &&
+             same_tokens(&block_tokens_[i * config_.block_size]);
     });
   }
   const std::uint32_t want =
@@ -998,6 +1025,7 @@ bool BlockPool::reset_prefix_cache() {
   hash_map_.clear();
   if (chain_identity_) {
     std::fill(stored_.begin(), stored_.end(), Stored{});
+    for (KVCacheBlock& b : blocks_) b.content_id = 0;
     extra_keys_->clear();
   } else if (verifying()) {
     for (KVCacheBlock& b : blocks_) b.content_id = 0;
@@ -1072,11 +1100,20 @@ void BlockPool::check_invariants() const {
       fail(id_text(b.block_id) + " is not cached but keeps a content id");
     } else if (chain_identity_) {
       const Stored& m = stored_[static_cast<std::size_t>(b.block_id)];
-      if (m.extra_id != 0 || !m.parent_hash.empty()) {
+      if (m.parent != Stored{}.parent) {
         fail(id_text(b.block_id) + " is not cached but keeps key material");
       }
     }
-    if (chain_identity_ && b.content_id != 0) fail(id_text(b.block_id) + " has a content id");
+    if (chain_identity_ && b.is_cached()) {
+      const std::uint32_t code = b.content_id >> kExtraIdBits;
+      const auto& parent = stored_[static_cast<std::size_t>(b.block_id)].parent;
+      const std::size_t size = code == 0 ? 0 : code == 1 ? 16 : 32;
+      if (code > 2 || std::any_of(parent.begin() + static_cast<std::ptrdiff_t>(size), parent.end(),
+                                  [](std::uint8_t x) { return x != 0; })) {
+        fail(id_text(b.block_id) + "'s stored parent hash is malformed");
+      }
+    }
+    if (!verifying() && b.content_id != 0) fail(id_text(b.block_id) + " has a content id");
   }
   if (count + in_use + 1 != config_.num_blocks) fail("free + in use + null != total blocks");
   if (hash_map_.size() != cached) fail("hash map size differs from the number of hashed blocks");
@@ -1088,9 +1125,10 @@ void BlockPool::check_invariants() const {
   if (verifying()) {
     std::vector<std::uint32_t> refs(extra_keys_->refs.size(), 0);
     if (chain_identity_) {
-      for (const Stored& m : stored_) {
-        if (m.extra_id >= refs.size()) fail("extra-key id out of range");
-        if (m.extra_id != 0) ++refs[m.extra_id];
+      for (const KVCacheBlock& b : blocks_) {
+        const std::uint32_t eid = b.content_id & kExtraIdMask;
+        if (eid >= refs.size()) fail("extra-key id out of range");
+        if (eid != 0) ++refs[eid];
       }
     } else {
       // Content ids: every live id is indexed once, referenced exactly by the cached blocks
@@ -1180,9 +1218,13 @@ BlockPoolSnapshot BlockPool::snapshot() const {
       for (std::size_t t = 0; t < bs; ++t) {
         s.block_tokens.push_back(cached ? block_tokens_[i * bs + t] : 0);
       }
-      const std::uint32_t eid = stored_[i].extra_id;
+      const std::uint32_t eid = b.content_id & kExtraIdMask;
       s.extra_keys.push_back(eid == 0 ? std::string() : *extra_keys_->keys[eid]);
-      s.parent_identities.push_back(stored_[i].parent_hash);
+      const std::uint32_t code = b.content_id >> kExtraIdBits;
+      s.parent_identities.push_back(code == 0
+                                        ? BlockHash()
+                                        : BlockHash(std::span<const std::uint8_t>(
+                                              stored_[i].parent.data(), code == 1 ? 16 : 32)));
       s.identities.push_back(b.block_hash);
     }
   } else if (verifying()) {
@@ -1240,8 +1282,7 @@ double BlockPool::metadata_bytes_per_block() const noexcept {
                           (contents_ ? contents_->words.size() * sizeof(std::uint32_t) +
                                            contents_->slots.size() * sizeof(ContentTable::Slot) +
                                            contents_->free_ids.capacity() * sizeof(std::uint32_t)
-                                     : 0) +
-                          unhashed_scratch_.capacity() * sizeof(BlockId));
+                                     : 0));
   return bytes / static_cast<double>(blocks_.size());
 }
 

@@ -82,6 +82,24 @@ TEST(BlockPool, OutOfBlocksIsAResultNotAnError) {
 
 // Two requests share a 2-block prefix. A: blocks 1 2 3 (cached) + 4 (partial). B: hits 1 2, then
 // 5 (cached) + 6 (partial). Freeing A, then B, must give the documented queue order.
+TEST(BlockPool, UnhashedBlocksFreedTogetherGoToTheHeadInTheGivenOrder) {
+  // One call freeing unhashed and hashed blocks interleaved (and the null block, skipped):
+  // the unhashed ones lie at the head as a group in the given order, the hashed ones at the
+  // tail in the given order; a block still held stays out of the queue.
+  BlockPool pool(config(10));
+  const auto seq = sequence(iota_tokens(0, 8));  // 2 full blocks
+  const auto blocks = take(pool, 7);
+  ASSERT_EQ(blocks, (std::vector<BlockId>{1, 2, 3, 4, 5, 6, 7}));
+  pool.cache_full_blocks(seq.sequence(), std::vector<BlockId>{1, 2}, 0, 2);
+  pool.touch(std::vector<BlockId>{4});  // held twice: freeing once keeps it out of the queue
+  pool.free_blocks(std::vector<BlockId>{6, 2, 5, kNullBlockId, 1, 4, 3, 7});
+  EXPECT_EQ(pool.free_queue().ids(), (std::vector<BlockId>{6, 5, 3, 7, 8, 9, 2, 1}));
+  EXPECT_EQ(pool.block(4).ref_cnt, 1);
+  pool.check_invariants();
+  pool.free_blocks(std::vector<BlockId>{4});
+  EXPECT_EQ(pool.free_queue().front(), 4);
+}
+
 TEST(BlockPool, FreeQueueOrderAfterFreeingTwoRequestsSharingAPrefix) {
   BlockPool pool(config(10));
   const auto a_seq = sequence(iota_tokens(0, 14));  // 3 full + 2

@@ -40,6 +40,8 @@ class BlockHash {
   std::size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
   std::span<const std::uint8_t> bytes() const noexcept { return {bytes_.data(), size_}; }
+  // All kMaxSize bytes: the digest, then zeros (for fixed-size copies and compares).
+  std::span<const std::uint8_t, kMaxSize> padded_bytes() const noexcept { return bytes_; }
 
   // Lowercase hex, two characters per byte; "" for the empty hash.
   std::string to_hex() const;

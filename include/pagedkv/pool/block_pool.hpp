@@ -44,6 +44,7 @@
 // construction).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -302,14 +303,17 @@ class BlockPool {
 
   // Stored key material (only with verify_cache_hits). Own identities: each cached block names
   // its content id (KVCacheBlock::content_id); the table holds the material. Chain-hash
-  // identities (chain_hashes_identify_prefix): per block its tokens, its parent's chained hash
-  // and its interned extra keys.
+  // identities (chain_hashes_identify_prefix): per block its tokens (block_tokens_), its
+  // parent's chained hash (stored_: 32 raw bytes, zero past the hash's size) and, in
+  // KVCacheBlock::content_id, a material word: its interned extra keys' id in the low 30 bits
+  // and the parent hash's size code above them (0: no parent, block 0; 1: 16 bytes; 2: 32).
+  // 32 + 64 bytes per 16-token block, so that the map can have 4 slots per block within the
+  // metadata bound (bench/results/pool_hash_speed.md, fifth pass).
   bool verifying_ = false;
   bool chain_identity_ = false;  // verifying with chain_hashes_identify_prefix
   std::unique_ptr<ContentTable> contents_;
   struct Stored {
-    BlockHash parent_hash;       // the parent's chained hash; empty for block 0
-    std::uint32_t extra_id = 0;  // interned extra keys; 0 when none
+    std::array<std::uint8_t, BlockHash::kMaxSize> parent{};  // the parent's chained hash
   };
   TableVector<Stored> stored_;         // per block (chain-hash identities)
   TableVector<TokenId> block_tokens_;  // block_size per block (chain-hash identities)
@@ -323,8 +327,7 @@ class BlockPool {
   KVEventSink sink_;
   int delivery_holds_ = 0;
 
-  // Reused scratch (no allocation in steady state; sized at construction).
-  std::vector<BlockId> unhashed_scratch_;
+  // Reused scratch (no allocation in steady state).
   LookupScratch store_scratch_;  // mutating calls only
 };
 

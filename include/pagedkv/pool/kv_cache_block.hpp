@@ -27,8 +27,10 @@ inline constexpr BlockId kQueueEnd = -1;
 struct KVCacheBlock {
   BlockId block_id = 0;      // index in the pool's array; never changes
   std::int32_t ref_cnt = 0;  // number of requests holding the block; 0 for the null block
-  // The pool's content id of the prefix this block holds (verify_cache_hits): an index into its
-  // hash-consed content table, equal for equal prefix content; 0 when not cached.
+  // Pool-internal identity word, 0 when not cached (verify_cache_hits). Pools with content ids:
+  // the content id of the prefix this block holds (an index into the hash-consed content table,
+  // equal for equal prefix content). Pools with chain-hash identities: the interned id of its
+  // extra keys and the size of its parent's hash (see BlockPool's stored material).
   std::uint32_t content_id = 0;
   BlockHash block_hash;  // empty unless the block is full and cached (in the hash map)
   GroupId group_id = 0;  // the group the hash was cached under; meaningful when hashed
