@@ -5,9 +5,16 @@
 // pass; so every hit (GPU or host) and every load is checked byte for byte against what the
 // request's prefix must hold, and a rolled-back request's computed length against the failures
 // the test itself injected. The tier's invariants are checked after every operation.
+//
+// Flags (after the gtest ones), for the CI stress stage: --pagedkv_episodes=N episodes (seeds
+// 1..N, default 400), --pagedkv_seconds=S a time budget (default: none); the program prints how
+// many episodes ran.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -20,6 +27,10 @@
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
 namespace pagedkv {
+
+std::uint64_t g_episodes = 400;
+double g_seconds = 0;  // 0: no time budget
+
 namespace {
 
 constexpr std::size_t kLayers = 2;
@@ -59,9 +70,9 @@ class Sim {
     h.selective_hits = 1 + static_cast<std::uint32_t>(rng() % 2);
     tier_ = std::make_unique<TieredKVCacheManager>(c, h);
     const std::size_t chunk = bs * sizeof(std::uint64_t);
-    layout_ = layer_first
-                  ? TransferLayout::layer_first(kLayers, chunk, static_cast<std::size_t>(gpu_blocks))
-                  : TransferLayout::block_first(kLayers, chunk);
+    layout_ = layer_first ? TransferLayout::layer_first(kLayers, chunk,
+                                                        static_cast<std::size_t>(gpu_blocks))
+                          : TransferLayout::block_first(kLayers, chunk);
     device_.assign(static_cast<std::size_t>(gpu_blocks) * layout_.block_bytes(), std::byte{0});
     host_.assign(static_cast<std::size_t>(host_blocks + 1) * layout_.block_bytes(), std::byte{0});
   }
@@ -150,8 +161,10 @@ void run_episode(std::uint64_t seed) {
     for (std::size_t i = 0; i < ids.size(); ++i) {
       const bool ok = !chance(fail_p);
       if (!ok) {  // a failed copy leaves garbage where it wrote
-        if (host_dst) sim.corrupt_host(copies[i].dst);
-        else sim.corrupt_device(copies[i].dst);
+        if (host_dst)
+          sim.corrupt_host(copies[i].dst);
+        else
+          sim.corrupt_device(copies[i].dst);
       }
       pending.push_back({ids[i], ok, r});
     }
@@ -166,8 +179,8 @@ void run_episode(std::uint64_t seed) {
       for (std::size_t l = 0; l < kLayers; ++l) {
         std::uint64_t* slot = sim.dev(b, l, p % bs);
         if (p < r.num_computed_tokens()) {
-          ASSERT_EQ(*slot, run.value[p] ^ l) << "token " << p << " of request " << r.id()
-                                             << " holds K/V it was never given";
+          ASSERT_EQ(*slot, run.value[p] ^ l)
+              << "token " << p << " of request " << r.id() << " holds K/V it was never given";
         } else {
           *slot = run.value[p] ^ l;
         }
@@ -264,8 +277,8 @@ void run_episode(std::uint64_t seed) {
           const TieredCacheHit ph = t.get_computed_blocks(probe);
           const auto table = t.block_ids(id);
           for (std::size_t j = 0; j < ph.gpu.blocks.size(); ++j) {
-            const bool own_unwritten = j * bs >= expect && j < table.size() &&
-                                       table[j] == ph.gpu.blocks[j];
+            const bool own_unwritten =
+                j * bs >= expect && j < table.size() && table[j] == ph.gpu.blocks[j];
             if (own_unwritten) {
               ASSERT_FALSE(res.rolled_back) << "a block after a failed load is hit-able";
               continue;
@@ -319,10 +332,17 @@ void run_episode(std::uint64_t seed) {
   }
   // Drain: every transfer committed, every request freed; the host keeps what it was given.
   for (const auto& pc : pending) t.commit(pc.id, pc.ok);
+  // A request whose forward pass never ran abandons the stores planned after it (their copies
+  // never ran: committed as failed).
   for (auto& [id, run] : running) {
     if (run.loading) {
       LoadResult res = t.finish_loads(*run.req);
-      for (const TransferId s : res.transfers.store_ids) t.commit(s, true);
+      for (const TransferId s : res.transfers.store_ids) t.commit(s, false);
+    }
+    if (!run.forwarded) {
+      for (const TransferId s : run.pending.store_ids) t.commit(s, false);
+      for (const TierPlan& p : run.after)
+        for (const TransferId s : p.store_ids) t.commit(s, false);
     }
     t.free(*run.req);
   }
@@ -332,11 +352,36 @@ void run_episode(std::uint64_t seed) {
 }
 
 TEST(TieredModel, RandomEpisodesAgainstByteLevelReference) {
-  for (std::uint64_t seed = 1; seed <= 400; ++seed) {
-    run_episode(seed);
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t seed = 1;
+  for (; seed <= g_episodes; ++seed) {
+    try {
+      run_episode(seed);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "seed " << seed << ": " << e.what();
+    }
     if (::testing::Test::HasFailure()) break;
+    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+    if (g_seconds > 0 && spent.count() >= g_seconds) break;
   }
+  std::printf("tiered_model: %llu episodes\n",
+              static_cast<unsigned long long>(std::min(seed, g_episodes)));
 }
 
 }  // namespace
 }  // namespace pagedkv
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--pagedkv_episodes=", 19) == 0) {
+      pagedkv::g_episodes = std::strtoull(argv[i] + 19, nullptr, 10);
+    } else if (std::strncmp(argv[i], "--pagedkv_seconds=", 18) == 0) {
+      pagedkv::g_seconds = std::strtod(argv[i] + 18, nullptr);
+    } else {
+      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
+      return 2;
+    }
+  }
+  return RUN_ALL_TESTS();
+}
