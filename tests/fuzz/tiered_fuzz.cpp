@@ -1,0 +1,77 @@
+// Fuzz harness of the host tier: the fuzz input's bytes are the random source of one episode of
+// tests/tier/tier_episode.hpp (the tier's configuration, then an engine loop of admissions with
+// GPU and host hits, plans executed by the CPU reference executor on real buffers, commits late,
+// out of order and failed, finish_loads with rollbacks, free/preempt, and misuse), checked byte
+// for byte against a reference independent of pagedkv's hashing and pools, with the tier's
+// invariants after every operation and every misuse required to throw pagedkv::Error and change
+// nothing. The episode runs until the input ends (at most 4,096 operations), then drains.
+//
+// Any failed check, or an exception escaping the episode (a valid call the tier refused), aborts
+// with what broke.
+//
+// Built two ways, as kv_cache_manager_fuzz.cpp: a libFuzzer target with clang's -fsanitize=fuzzer
+// (PAGEDKV_LIBFUZZER defined), and a plain program that replays files and directories given on the
+// command line, or `--random N` seeded random inputs; ctest runs the latter on
+// tests/fuzz/tier_corpus.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <limits>
+#include <string>
+
+#include "../tier/tier_episode.hpp"
+#include "fuzz_replay_main.hpp"
+
+namespace {
+
+// A uniform random bit generator reading the input two bytes at a time (zeros once it ends).
+class FuzzBytes {
+ public:
+  using result_type = std::uint16_t;
+  FuzzBytes(const std::uint8_t* data, std::size_t size) : data_(data), size_(size) {}
+  static constexpr result_type min() { return 0; }
+  static constexpr result_type max() { return std::numeric_limits<result_type>::max(); }
+  result_type operator()() {
+    result_type v = 0;
+    for (int k = 0; k < 2; ++k) {
+      v = static_cast<result_type>(v << 8);
+      if (pos_ < size_) v = static_cast<result_type>(v | data_[pos_++]);
+    }
+    return v;
+  }
+  bool exhausted() const { return pos_ >= size_; }
+
+ private:
+  const std::uint8_t* data_;
+  std::size_t size_;
+  std::size_t pos_ = 0;
+};
+
+constexpr int kMaxOps = 4096;
+
+void run_one(const std::uint8_t* data, std::size_t size) {
+  FuzzBytes in(data, size);
+  try {
+    pagedkv::tier_test::run_tier_episode(in, kMaxOps);
+  } catch (const pagedkv::tier_test::EpisodeFailure& e) {
+    std::fprintf(stderr, "tiered_fuzz: check failed: %s\n", e.what());
+    std::abort();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tiered_fuzz: a valid call threw: %s\n", e.what());
+    std::abort();
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  run_one(data, size);
+  return 0;
+}
+
+#ifndef PAGEDKV_LIBFUZZER
+int main(int argc, char** argv) {
+  return pagedkv::fuzz::replay_main(argc, argv, "tiered_fuzz", run_one, 4096);
+}
+#endif
