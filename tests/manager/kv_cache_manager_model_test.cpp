@@ -33,6 +33,7 @@
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "stress_flags.hpp"
 
 namespace pagedkv {
 namespace {
@@ -632,16 +633,6 @@ TEST(KVCacheManagerModel, WeakHashNeverGivesAWrongWindowHit) {
 }  // namespace pagedkv
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--pagedkv_ops=", 14) == 0) {
-      pagedkv::g_ops = std::strtoull(argv[i] + 14, nullptr, 10);
-    } else if (std::strncmp(argv[i], "--pagedkv_seconds=", 18) == 0) {
-      pagedkv::g_seconds = std::strtod(argv[i] + 18, nullptr);
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
-      return 2;
-    }
-  }
-  return RUN_ALL_TESTS();
+  return pagedkv::testing_util::run_with_stress_flags(argc, argv, "ops", pagedkv::g_ops,
+                                                      pagedkv::g_seconds);
 }

@@ -20,6 +20,7 @@
 #include "pagedkv/remote/redis_store.hpp"
 #include "pagedkv/remote/remote_value.hpp"
 #include "redis_servers.hpp"
+#include "tier_episode.hpp"
 
 namespace pagedkv {
 namespace {
@@ -32,15 +33,7 @@ constexpr std::size_t kLayers = 2;
 constexpr std::int32_t kGpuBlocks = 64;
 constexpr std::int32_t kHostBlocks = 48;
 
-std::vector<std::uint64_t> reference_values(std::span<const TokenId> tokens) {
-  std::vector<std::uint64_t> v(tokens.size());
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::size_t i = 0; i < tokens.size(); ++i) {
-    h = (h ^ static_cast<std::uint64_t>(tokens[i])) * 1099511628211ull;
-    v[i] = h;
-  }
-  return v;
-}
+using tier_test::reference_values;
 
 std::vector<TokenId> tokens(std::uint32_t seed, std::size_t n) {
   std::vector<TokenId> t(n);

@@ -13,10 +13,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <random>
 
+#include "stress_flags.hpp"
 #include "tier_episode.hpp"
 
 namespace pagedkv {
@@ -70,16 +69,6 @@ TEST(TieredModel, TheReferenceCatchesStoresThatWroteGarbage) {
 }  // namespace pagedkv
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--pagedkv_episodes=", 19) == 0) {
-      pagedkv::g_episodes = std::strtoull(argv[i] + 19, nullptr, 10);
-    } else if (std::strncmp(argv[i], "--pagedkv_seconds=", 18) == 0) {
-      pagedkv::g_seconds = std::strtod(argv[i] + 18, nullptr);
-    } else {
-      std::fprintf(stderr, "unknown argument %s\n", argv[i]);
-      return 2;
-    }
-  }
-  return RUN_ALL_TESTS();
+  return pagedkv::testing_util::run_with_stress_flags(argc, argv, "episodes", pagedkv::g_episodes,
+                                                      pagedkv::g_seconds);
 }
