@@ -4,7 +4,9 @@
 // tiered_fuzz.cpp: the fuzz input's bytes as the random source).
 //
 // The engine loop moves K/V through the CPU reference executor, with transfers committed late and
-// out of order, failed loads and stores, preemption and misuse. The reference is independent of
+// out of order, failed loads and stores, preemption, blocks arriving from below the host tier
+// (begin_fill, as RemoteTier does), host slots pinned by a store below (their bytes must not
+// change while pinned) and misuse. The reference is independent of
 // pagedkv's hashing and pools: a token's "K/V" is an FNV-1a digest of the tokens up to it, written
 // by a fake forward pass; so every hit (GPU or host) and every load is checked byte for byte
 // against what the request's prefix must hold, and a rolled-back request's computed length against
@@ -19,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -180,7 +183,19 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
     for (auto& tok : p) tok = static_cast<TokenId>(rng() % 5);
   }
   std::map<RequestId, Running> running;
-  std::vector<PendingCommit> pending;
+  std::vector<PendingCommit> pending;  // request 0: a fill (no request's)
+  struct Pinned {
+    BlockId slot;
+    std::vector<std::uint64_t> bytes;  // the slot's K/V when pinned: must not change
+  };
+  std::vector<Pinned> pinned;  // pin_host_slot() (a store below the host reads the slot)
+  auto slot_bytes = [&](BlockId s) {
+    std::vector<std::uint64_t> v;
+    for (std::size_t l = 0; l < kLayers; ++l)
+      for (std::size_t o = 0; o < bs; ++o) v.push_back(*sim.hst(s, l, o));
+    return v;
+  };
+  RequestId next_fill_id = 1000000;
   std::vector<TransferId> committed;
   RequestId next_id = 1;
   const unsigned fail_percent = (rng() % 3 == 0) ? 0 : 15;
@@ -237,7 +252,7 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
   };
 
   for (int op = 0; op < max_ops && !source_exhausted(rng); ++op) {
-    const int kind = static_cast<int>(rng() % 11);
+    const int kind = static_cast<int>(rng() % 13);
     if (kind <= 2) {  // admit a new request
       std::vector<TokenId> prompt = prefixes[rng() % prefixes.size()];
       const std::size_t extra = rng() % (2 * bs + 2);
@@ -396,10 +411,56 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
           expect_rejected(t, "finish_loads without loads", [&] { (void)t.finish_loads(*run.req); });
         }
       }
+    } else if (kind == 11) {  // a block arriving from below the host tier (a remote fill)
+      std::vector<TokenId> prompt = prefixes[rng() % prefixes.size()];
+      const std::size_t extra = rng() % (2 * bs + 2);
+      for (std::size_t i = 0; i < extra; ++i) prompt.push_back(static_cast<TokenId>(rng() % 5));
+      const std::size_t full = prompt.size() / bs;
+      const Request src = t.make_request(next_fill_id++, prompt);
+      if (full == 0 || rng() % 8 == 0) {  // misuse: not a full block of the request
+        expect_rejected(t, "begin_fill of a block the request does not have",
+                        [&] { (void)t.begin_fill(src, full); });
+      } else {
+        const std::size_t index = rng() % full;
+        const std::optional<HostFill> fill = t.begin_fill(src, index);
+        if (fill) {  // (std::nullopt: every host slot pinned, a normal outcome)
+          // The engine writes the block's K/V into the slot, then commits (late).
+          const std::vector<std::uint64_t> value = reference_values(prompt);
+          for (std::size_t l = 0; l < kLayers; ++l)
+            for (std::size_t o = 0; o < bs; ++o)
+              *sim.hst(fill->slot, l, o) = value[index * bs + o] ^ l;
+          const bool ok = !fails();
+          if (!ok || sabotage_stores) sim.corrupt_host(fill->slot);
+          pending.push_back({fill->id, ok, 0});
+        }
+      }
+    } else if (kind == 12) {  // pin a cached host slot, or unpin one
+      if (!pinned.empty() && rng() % 2 == 0) {
+        const std::size_t i = rng() % pinned.size();
+        require(slot_bytes(pinned[i].slot) == pinned[i].bytes,
+                "pinned host slot " + std::to_string(pinned[i].slot) + " was overwritten");
+        t.unpin_host_slot(pinned[i].slot);
+        pinned.erase(pinned.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        const auto slot = static_cast<BlockId>(1 + rng() % static_cast<std::uint64_t>(host_blocks));
+        const bool ours = std::any_of(pinned.begin(), pinned.end(),
+                                      [&](const Pinned& p) { return p.slot == slot; });
+        if (!ours && rng() % 4 == 0) {
+          expect_rejected(t, "unpinning a slot that is not pinned",
+                          [&] { t.unpin_host_slot(slot); });
+        } else if (t.host_pool().block(slot).is_cached()) {
+          t.pin_host_slot(slot);
+          pinned.push_back({slot, slot_bytes(slot)});
+        } else {
+          expect_rejected(t, "pinning a slot that holds no cached block",
+                          [&] { t.pin_host_slot(slot); });
+        }
+      }
     }
     t.check_invariants();
   }
-  // Drain: every transfer committed, every request freed; the host keeps what it was given.
+  // Drain: every transfer committed, every request freed, every pin released; the host keeps
+  // what it was given.
   for (const auto& pc : pending) t.commit(pc.id, pc.ok);
   // A request whose forward pass never ran abandons the stores planned after it (their copies
   // never ran: committed as failed).
@@ -414,6 +475,11 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
         for (const TransferId s : p.store_ids) t.commit(s, false);
     }
     t.free(*run.req);
+  }
+  for (const Pinned& p : pinned) {
+    require(slot_bytes(p.slot) == p.bytes,
+            "pinned host slot " + std::to_string(p.slot) + " was overwritten");
+    t.unpin_host_slot(p.slot);
   }
   t.check_invariants();
   require(t.num_in_flight() == 0, "transfers in flight after the drain");
