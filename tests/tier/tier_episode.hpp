@@ -6,7 +6,8 @@
 // The engine loop moves K/V through the CPU reference executor, with transfers committed late and
 // out of order, failed loads and stores, preemption, blocks arriving from below the host tier
 // (begin_fill, as RemoteTier does), host slots pinned by a store below (their bytes must not
-// change while pinned) and misuse. The reference is independent of
+// change while pinned) and misuse. The KV event stream is checked too: gap-free, and per medium
+// exactly the blocks each pool holds cached. The reference is independent of
 // pagedkv's hashing and pools: a token's "K/V" is an FNV-1a digest of the tokens up to it, written
 // by a fake forward pass; so every hit (GPU or host) and every load is checked byte for byte
 // against what the request's prefix must hold, and a rolled-back request's computed length against
@@ -22,8 +23,10 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
@@ -84,6 +87,53 @@ void expect_rejected(TieredKVCacheManager& t, const char* what, Call call) {
   require(threw, std::string("misuse accepted: ") + what);
   require(t.snapshot() == before, std::string("a rejected call changed the tier: ") + what);
 }
+
+// The KV event stream, as a router sees it: gap-free sequence numbers, and, applied per medium,
+// exactly the hashes each pool holds cached ("GPU": the manager's pool, "CPU": the host tier's).
+class EventModel {
+ public:
+  void check(TieredKVCacheManager& t) {
+    for (const KVEvent& e : t.take_events()) {
+      require(e.seq == next_seq_,
+              "event seq " + std::to_string(e.seq) + ", expected " + std::to_string(next_seq_));
+      ++next_seq_;
+      if (const auto* s = std::get_if<BlockStored>(&e.data)) {
+        for (const BlockHash& h : s->block_hashes) medium(s->medium).insert(h);
+      } else if (const auto* r = std::get_if<BlockRemoved>(&e.data)) {
+        std::multiset<BlockHash>& m = medium(r->medium);
+        for (const BlockHash& h : r->block_hashes) {
+          const auto it = m.find(h);
+          require(it != m.end(), "BlockRemoved (" + r->medium + ") of a block never stored");
+          m.erase(it);
+        }
+      } else {
+        gpu_.clear();
+        host_.clear();
+      }
+    }
+    require(gpu_ == cached(t.gpu().block_pool()),
+            "the GPU events disagree with the GPU pool's cached blocks");
+    require(host_ == cached(t.host_pool()),
+            "the CPU events disagree with the host tier's cached blocks");
+  }
+
+ private:
+  std::multiset<BlockHash>& medium(const std::string& name) {
+    require(name == "GPU" || name == "CPU", "an event with medium \"" + name + "\"");
+    return name == "GPU" ? gpu_ : host_;
+  }
+  static std::multiset<BlockHash> cached(const BlockPool& pool) {
+    std::multiset<BlockHash> m;
+    for (BlockId b = 0; b < pool.num_blocks(); ++b) {
+      const KVCacheBlock& blk = pool.block(b);
+      if (!blk.is_null && blk.is_cached()) m.insert(blk.block_hash);
+    }
+    return m;
+  }
+
+  std::uint64_t next_seq_ = 0;
+  std::multiset<BlockHash> gpu_, host_;
+};
 
 // The engine's buffers and the tier. R: a uniform random bit generator.
 template <typename R>
@@ -196,6 +246,7 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
     return v;
   };
   RequestId next_fill_id = 1000000;
+  EventModel events;
   std::vector<TransferId> committed;
   RequestId next_id = 1;
   const unsigned fail_percent = (rng() % 3 == 0) ? 0 : 15;
@@ -458,6 +509,7 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
       }
     }
     t.check_invariants();
+    events.check(t);
   }
   // Drain: every transfer committed, every request freed, every pin released; the host keeps
   // what it was given.
@@ -482,6 +534,7 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
     t.unpin_host_slot(p.slot);
   }
   t.check_invariants();
+  events.check(t);
   require(t.num_in_flight() == 0, "transfers in flight after the drain");
   require(t.stats().host_slots_pinned == 0, "host slots pinned after the drain");
 }
