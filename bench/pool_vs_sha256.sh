@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Pool and hashing CPU time per prompt block of the Mooncake conversation trace, one thread, for
+# each hash scheme at N = 32,001 and 6,000,001, against raw SHA-256 of a 128-byte message
+# (`openssl speed`, measured before, between and after the rounds): issue 18's ratios.
+# usage: bench/pool_vs_sha256.sh [BUILD_DIR (default build/release)] [ROUNDS (default 3)]
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+REPLAY="${1:-$ROOT/build/release}/bench/pagedkv-replay"
+ROUNDS="${2:-3}"
+TRACE="$ROOT/../shared/traces/mooncake/conversation_trace.jsonl"
+ossl() {
+  openssl speed -evp sha256 -bytes 128 -seconds 3 2>/dev/null |
+    awk '/^sha256/ {v = $2; sub("k", "", v); printf "openssl_ns %.1f\n", 128 / (v * 1000) * 1e9}'
+}
+ossl
+for round in $(seq 1 "$ROUNDS"); do
+  for h in sha256 xxh3_128 sha256_cbor_vllm; do
+    "$REPLAY" --threads 1 --trace "$TRACE" --hash "$h" --num-blocks 32001 6000001 |
+      ROUND="$round" python3 -c '
+import json, os, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    b = d["prompt_blocks"]
+    print("round", os.environ["ROUND"], d["hash"], d["num_blocks"],
+          "pool_ns %.1f" % (d["pool_cpu_seconds"] / b * 1e9),
+          "hash_ns %.1f" % (d["hash_cpu_seconds"] / b * 1e9),
+          "hit_tokens", d["hit_tokens"], "evicted", d["evicted_blocks"])
+'
+  done
+  ossl
+done
