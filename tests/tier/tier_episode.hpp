@@ -267,6 +267,24 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
     }
   };
 
+  // A plan's stage run a second time must be refused.
+  auto expect_stage_refused = [&](TransferPlan& plan, TransferStage stage) {
+    bool threw = false;
+    try {
+      sim.execute(plan, stage);
+    } catch (const Error&) {
+      threw = true;
+    }
+    require(threw, "a plan's stage executed twice was accepted");
+  };
+  // A prompt: one of the shared prefixes, then up to 2 blocks + 1 tokens of its own.
+  auto random_prompt = [&] {
+    std::vector<TokenId> prompt = prefixes[rng() % prefixes.size()];
+    const std::size_t extra = rng() % (2 * bs + 2);
+    for (std::size_t i = 0; i < extra; ++i) prompt.push_back(static_cast<TokenId>(rng() % 5));
+    return prompt;
+  };
+
   // The forward pass: writes the K/V of tokens [num_computed, upto) and checks every earlier one.
   auto forward = [&](Running& run, std::size_t upto) {
     Request& r = *run.req;
@@ -290,13 +308,7 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
     for (TierPlan& p : run.after) {
       sim.execute(p.plan, TransferStage::kAfterForward);
       queue_commits(p.store_ids, p.plan.stores, true, r.id());
-      bool threw = false;
-      try {
-        sim.execute(p.plan, TransferStage::kAfterForward);
-      } catch (const Error&) {
-        threw = true;
-      }
-      require(threw, "a plan's stage executed twice was accepted");
+      expect_stage_refused(p.plan, TransferStage::kAfterForward);
     }
     run.after.clear();
     run.forwarded = true;
@@ -305,9 +317,7 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
   for (int op = 0; op < max_ops && !source_exhausted(rng); ++op) {
     const int kind = static_cast<int>(rng() % 13);
     if (kind <= 2) {  // admit a new request
-      std::vector<TokenId> prompt = prefixes[rng() % prefixes.size()];
-      const std::size_t extra = rng() % (2 * bs + 2);
-      for (std::size_t i = 0; i < extra; ++i) prompt.push_back(static_cast<TokenId>(rng() % 5));
+      std::vector<TokenId> prompt = random_prompt();
       if (prompt.empty()) prompt.push_back(1);
       Running run;
       run.req = std::make_unique<Request>(t.make_request(next_id++, prompt));
@@ -328,15 +338,7 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
       t.check_invariants();
       if (!alloc) continue;
       sim.execute(alloc->transfers.plan, TransferStage::kBeforeForward);
-      {
-        bool threw = false;
-        try {
-          sim.execute(alloc->transfers.plan, TransferStage::kBeforeForward);
-        } catch (const Error&) {
-          threw = true;
-        }
-        require(threw, "a plan's stage executed twice was accepted");
-      }
+      expect_stage_refused(alloc->transfers.plan, TransferStage::kBeforeForward);
       queue_commits(alloc->transfers.eviction_ids, alloc->transfers.plan.evictions, true, r.id());
       run.num_loads = hit.host_slots.size();
       run.expected_first_failed = run.num_loads;
@@ -463,9 +465,7 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
         }
       }
     } else if (kind == 11) {  // a block arriving from below the host tier (a remote fill)
-      std::vector<TokenId> prompt = prefixes[rng() % prefixes.size()];
-      const std::size_t extra = rng() % (2 * bs + 2);
-      for (std::size_t i = 0; i < extra; ++i) prompt.push_back(static_cast<TokenId>(rng() % 5));
+      std::vector<TokenId> prompt = random_prompt();
       const std::size_t full = prompt.size() / bs;
       const Request src = t.make_request(next_fill_id++, prompt);
       if (full == 0 || rng() % 8 == 0) {  // misuse: not a full block of the request
