@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -578,6 +579,64 @@ TEST(BlockPool, MetadataBytesPerBlockAtBlockSize16) {
   EXPECT_LE(BlockPool(c).metadata_bytes_per_block(), 200.0);
   c.chain_hashes_identify_prefix = true;
   EXPECT_LE(BlockPool(c).metadata_bytes_per_block(), 184.0);
+}
+
+// Pools with chain-hash identities store each cached block's tokens; large ones (a token table
+// of 1 MiB or more) write them with non-temporal stores on x86. Small and large pools, block
+// sizes 16 and 32, through eviction and re-caching: the stored tokens are exactly the block's,
+// every block is a verified hit, and a block whose (weak) hash collides is a miss.
+TEST(BlockPool, StoredTokensOfSmallAndLargePoolsAreExact) {
+  const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "s", 1);
+  for (const std::uint32_t bs : {16u, 32u}) {
+    for (const std::int32_t n : {1'000, 40'000}) {
+      SCOPED_TRACE("block size " + std::to_string(bs) + ", " + std::to_string(n) + " blocks");
+      BlockPoolConfig c;
+      c.num_blocks = n;
+      c.block_size = bs;
+      c.chain_hashes_identify_prefix = true;
+      BlockPool pool(c);
+      const auto make = [&](std::uint32_t seed) {
+        RequestBlockHasher seq(weak, bs);
+        seq.append(random_tokens(300 * bs, seed));
+        return seq;
+      };
+      // Three rounds in the same physical blocks: each later round takes them back, evicts
+      // them and caches other content over the stored tokens.
+      std::vector<BlockId> blocks;
+      ASSERT_TRUE(pool.get_new_blocks(300, blocks));
+      for (std::uint32_t round = 0; round < 3; ++round) {
+        const auto seq = make(round + 1);
+        if (round > 0) {
+          pool.touch(blocks);
+          EXPECT_EQ(pool.evict_blocks(blocks), 300u);
+        }
+        pool.cache_full_blocks(seq.sequence(), blocks, 0, 300);
+        const BlockPoolSnapshot snap = pool.snapshot();
+        BlockId parent = BlockPool::kNoBlock;
+        for (std::size_t i = 0; i < 300; ++i) {
+          const auto id = static_cast<std::size_t>(blocks[i]);
+          ASSERT_TRUE(std::equal(seq.tokens().begin() + static_cast<std::ptrdiff_t>(i * bs),
+                                 seq.tokens().begin() + static_cast<std::ptrdiff_t>((i + 1) * bs),
+                                 snap.block_tokens.begin() + static_cast<std::ptrdiff_t>(id * bs)))
+              << "block " << i;
+          parent = pool.match_cached_block(seq.sequence(), i, parent);
+          ASSERT_EQ(parent, blocks[i]) << "block " << i;
+        }
+        // A one-block sequence whose weak hash equals block 0's but whose tokens differ.
+        for (std::uint32_t seed = 1000;; ++seed) {
+          RequestBlockHasher other(weak, bs);
+          other.append(random_tokens(bs, seed));
+          if (other.block_hashes()[0] != seq.block_hashes()[0]) continue;
+          EXPECT_EQ(pool.get_cached_block(other.block_hashes()[0]), blocks[0]);  // map: fooled
+          EXPECT_EQ(pool.match_cached_block(other.sequence(), 0, BlockPool::kNoBlock),
+                    BlockPool::kNoBlock);
+          break;
+        }
+        pool.check_invariants();
+        pool.free_blocks(blocks);
+      }
+    }
+  }
 }
 
 // A block id repeated in one cache_full_blocks call is misuse, like in free_blocks: rejected

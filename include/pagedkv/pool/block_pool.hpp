@@ -311,6 +311,7 @@ class BlockPool {
   // metadata bound (bench/results/pool_hash_speed.md, fifth pass).
   bool verifying_ = false;
   bool chain_identity_ = false;  // verifying with chain_hashes_identify_prefix
+  bool stream_tokens_ = false;   // block_tokens_ written with non-temporal stores (block_pool.cpp)
   std::unique_ptr<ContentTable> contents_;
   struct Stored {
     std::array<std::uint8_t, BlockHash::kMaxSize> parent{};  // the parent's chained hash
