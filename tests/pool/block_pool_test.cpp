@@ -581,11 +581,14 @@ TEST(BlockPool, MetadataBytesPerBlockAtBlockSize16) {
   EXPECT_LE(BlockPool(c).metadata_bytes_per_block(), 184.0);
 }
 
-// Pools with chain-hash identities store each cached block's tokens; large ones (a token table
-// of 1 MiB or more) write them with non-temporal stores on x86. Small and large pools, block
-// sizes 16 and 32, through eviction and re-caching: the stored tokens are exactly the block's,
-// every block is a verified hit, and a block whose (weak) hash collides is a miss.
-TEST(BlockPool, StoredTokensOfSmallAndLargePoolsAreExact) {
+// Pools with chain-hash identities store each cached block's tokens and parent hash; large
+// ones (a token table of 1 MiB or more) write the tokens with non-temporal stores on x86.
+// Small and large pools, block sizes 16 and 32, caching new content over the same physical
+// blocks: the stored tokens and parent hashes are exactly the block's, every block is a
+// verified hit after its own parent and a miss after another block, and a block whose (weak)
+// hash collides is a miss.
+TEST(BlockPool, StoredMaterialOfSmallAndLargePoolsIsExact) {
+  const BlockHasher strong(HashScheme::kSha256, "test");
   const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "s", 1);
   for (const std::uint32_t bs : {16u, 32u}) {
     for (const std::int32_t n : {1'000, 40'000}) {
@@ -595,22 +598,25 @@ TEST(BlockPool, StoredTokensOfSmallAndLargePoolsAreExact) {
       c.block_size = bs;
       c.chain_hashes_identify_prefix = true;
       BlockPool pool(c);
-      const auto make = [&](std::uint32_t seed) {
-        RequestBlockHasher seq(weak, bs);
-        seq.append(random_tokens(300 * bs, seed));
-        return seq;
-      };
       // Three rounds in the same physical blocks: each later round takes them back, evicts
-      // them and caches other content over the stored tokens.
+      // them and caches other content over the stored material.
       std::vector<BlockId> blocks;
-      ASSERT_TRUE(pool.get_new_blocks(300, blocks));
+      ASSERT_TRUE(pool.get_new_blocks(301, blocks));
+      const BlockId lone = blocks.back();  // holds a one-block sequence of the weak hasher
+      blocks.pop_back();
       for (std::uint32_t round = 0; round < 3; ++round) {
-        const auto seq = make(round + 1);
+        RequestBlockHasher seq(strong, bs);
+        seq.append(random_tokens(300 * bs, round + 1));
+        RequestBlockHasher one(weak, bs);
+        one.append(random_tokens(bs, round + 100));
         if (round > 0) {
           pool.touch(blocks);
+          pool.touch({&lone, 1});
           EXPECT_EQ(pool.evict_blocks(blocks), 300u);
+          EXPECT_EQ(pool.evict_blocks({&lone, 1}), 1u);
         }
         pool.cache_full_blocks(seq.sequence(), blocks, 0, 300);
+        pool.cache_full_blocks(one.sequence(), {&lone, 1}, 0, 1);
         const BlockPoolSnapshot snap = pool.snapshot();
         BlockId parent = BlockPool::kNoBlock;
         for (std::size_t i = 0; i < 300; ++i) {
@@ -619,21 +625,30 @@ TEST(BlockPool, StoredTokensOfSmallAndLargePoolsAreExact) {
                                  seq.tokens().begin() + static_cast<std::ptrdiff_t>((i + 1) * bs),
                                  snap.block_tokens.begin() + static_cast<std::ptrdiff_t>(id * bs)))
               << "block " << i;
+          ASSERT_EQ(snap.parent_identities[id], i > 0 ? seq.block_hashes()[i - 1] : BlockHash())
+              << "block " << i;
+          if (i >= 2) {  // after another block than its parent: a miss
+            ASSERT_EQ(pool.match_cached_block(seq.sequence(), i, blocks[i - 2]),
+                      BlockPool::kNoBlock)
+                << "block " << i;
+          }
           parent = pool.match_cached_block(seq.sequence(), i, parent);
           ASSERT_EQ(parent, blocks[i]) << "block " << i;
         }
-        // A one-block sequence whose weak hash equals block 0's but whose tokens differ.
+        // A one-block sequence whose weak hash equals `one`'s but whose tokens differ.
+        EXPECT_EQ(pool.match_cached_block(one.sequence(), 0, BlockPool::kNoBlock), lone);
         for (std::uint32_t seed = 1000;; ++seed) {
           RequestBlockHasher other(weak, bs);
           other.append(random_tokens(bs, seed));
-          if (other.block_hashes()[0] != seq.block_hashes()[0]) continue;
-          EXPECT_EQ(pool.get_cached_block(other.block_hashes()[0]), blocks[0]);  // map: fooled
+          if (other.block_hashes()[0] != one.block_hashes()[0]) continue;
+          EXPECT_EQ(pool.get_cached_block(other.block_hashes()[0]), lone);  // map: fooled
           EXPECT_EQ(pool.match_cached_block(other.sequence(), 0, BlockPool::kNoBlock),
                     BlockPool::kNoBlock);
           break;
         }
         pool.check_invariants();
         pool.free_blocks(blocks);
+        pool.free_blocks({&lone, 1});
       }
     }
   }
