@@ -808,6 +808,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   // first pass undoes the marks and starts loading what the second writes.
   const auto hashes = st.seq_.block_hashes;
   const std::size_t bs = config_.block_size;
+  const std::uint32_t seq_bs = st.seq_.block_size;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(blocks[k])];
     b.ref_cnt = -b.ref_cnt;
@@ -815,10 +816,9 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     if (chain_identity_) {  // and those of the stored material written below
       const auto i = static_cast<std::size_t>(blocks[k]);
       __builtin_prefetch(&stored_[i], 1);
-      if (!stream_tokens_) __builtin_prefetch(&block_tokens_[i * bs], 1);
+      if (!stream_tokens_ || seq_bs != bs) __builtin_prefetch(&block_tokens_[i * bs], 1);
     }
   }
-  const std::uint32_t seq_bs = st.seq_.block_size;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const BlockId id = blocks[k];
     const auto i = static_cast<std::size_t>(id);
@@ -833,7 +833,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
       std::memcpy(stored_[i].parent.data(), parent.padded_bytes().data(), BlockHash::kMaxSize);
       TokenId* to = &block_tokens_[i * bs];
       const TokenId* from = st.seq_.tokens.data() + index * seq_bs;
-      if (stream_tokens_) {
+      if (stream_tokens_ && seq_bs == bs) {  // whole lines (a shorter block is copied)
         stream_block_tokens(to, from, seq_bs);
       } else if (seq_bs == 16) {  // the usual block: a constant-size copy
         std::memcpy(to, from, 16 * sizeof(TokenId));

@@ -583,19 +583,24 @@ TEST(BlockPool, MetadataBytesPerBlockAtBlockSize16) {
 
 // Pools with chain-hash identities store each cached block's tokens and parent hash; large
 // ones (a token table of 1 MiB or more) write the tokens with non-temporal stores on x86.
-// Small and large pools, block sizes 16 and 32, caching new content over the same physical
-// blocks: the stored tokens and parent hashes are exactly the block's, every block is a
-// verified hit after its own parent and a miss after another block, and a block whose (weak)
-// hash collides is a miss.
+// Small and large pools, block sizes 16 and 32, and sequences of a shorter block size (10 tokens
+// in a 16-token block: copied, not streamed), caching new content over the same physical blocks:
+// the stored tokens and parent hashes are exactly the block's, every block is a verified hit after
+// its own parent and a miss after another block, and a block whose (weak) hash collides is a miss.
 TEST(BlockPool, StoredMaterialOfSmallAndLargePoolsIsExact) {
   const BlockHasher strong(HashScheme::kSha256, "test");
   const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "s", 1);
-  for (const std::uint32_t bs : {16u, 32u}) {
+  struct Sizes {
+    std::uint32_t pool, seq;  // block sizes of the pool and of the sequences
+  };
+  for (const Sizes sizes : {Sizes{16, 16}, Sizes{32, 32}, Sizes{16, 10}}) {
+    const std::uint32_t bs = sizes.seq;
     for (const std::int32_t n : {1'000, 40'000}) {
-      SCOPED_TRACE("block size " + std::to_string(bs) + ", " + std::to_string(n) + " blocks");
+      SCOPED_TRACE("block size " + std::to_string(sizes.pool) + ", sequences' " +
+                   std::to_string(bs) + ", " + std::to_string(n) + " blocks");
       BlockPoolConfig c;
       c.num_blocks = n;
-      c.block_size = bs;
+      c.block_size = sizes.pool;
       c.chain_hashes_identify_prefix = true;
       BlockPool pool(c);
       // Three rounds in the same physical blocks: each later round takes them back, evicts
@@ -621,9 +626,10 @@ TEST(BlockPool, StoredMaterialOfSmallAndLargePoolsIsExact) {
         BlockId parent = BlockPool::kNoBlock;
         for (std::size_t i = 0; i < 300; ++i) {
           const auto id = static_cast<std::size_t>(blocks[i]);
-          ASSERT_TRUE(std::equal(seq.tokens().begin() + static_cast<std::ptrdiff_t>(i * bs),
-                                 seq.tokens().begin() + static_cast<std::ptrdiff_t>((i + 1) * bs),
-                                 snap.block_tokens.begin() + static_cast<std::ptrdiff_t>(id * bs)))
+          ASSERT_TRUE(
+              std::equal(seq.tokens().begin() + static_cast<std::ptrdiff_t>(i * bs),
+                         seq.tokens().begin() + static_cast<std::ptrdiff_t>((i + 1) * bs),
+                         snap.block_tokens.begin() + static_cast<std::ptrdiff_t>(id * sizes.pool)))
               << "block " << i;
           ASSERT_EQ(snap.parent_identities[id], i > 0 ? seq.block_hashes()[i - 1] : BlockHash())
               << "block " << i;
