@@ -31,15 +31,14 @@ struct alignas(64) Line {
 
 int main(int argc, char** argv) {
   std::size_t steps = 20'000'000;
-  if (argc > 2 ||
-      (argc == 2 && (std::string(argv[1]).find_first_not_of("0123456789") != std::string::npos ||
-                     std::string(argv[1]).size() > 12 || argv[1][0] == '\0'))) {
-    std::fprintf(stderr, "usage: memory_latency [STEPS (a positive integer)]\n");
-    return 2;
+  if (argc == 2) {  // digits only, 1 .. 10^12
+    const std::string arg = argv[1];
+    const bool digits = !arg.empty() && arg.size() <= 12 &&
+                        arg.find_first_not_of("0123456789") == std::string::npos;
+    steps = digits ? std::stoull(arg) : 0;
   }
-  if (argc == 2) steps = std::stoull(argv[1]);
-  if (steps == 0) {
-    std::fprintf(stderr, "memory_latency: STEPS must be positive\n");
+  if (argc > 2 || steps == 0) {
+    std::fprintf(stderr, "usage: memory_latency [STEPS (a positive integer, at most 12 digits)]\n");
     return 2;
   }
   constexpr std::size_t kHuge = std::size_t{2} << 20;
