@@ -96,13 +96,16 @@ KVCacheManagerConfig checked_gpu_config(const KVCacheManagerConfig& gpu,
 }
 
 BlockPoolConfig host_pool_config(const KVCacheManagerConfig& gpu, const HostTierConfig& host,
-                                 std::uint32_t block_size) {
+                                 const BlockPoolConfig& gpu_pool) {
   BlockPoolConfig c;
   c.num_blocks = host.num_host_blocks + 1;  // slot 0 is the pool's null block, never used
-  c.block_size = block_size;
+  c.block_size = gpu_pool.block_size;
   c.enable_caching = true;
   c.verify_cache_hits = true;
   c.enable_kv_events = gpu.enable_kv_events;
+  // As the GPU pool: with a collision-resistant hasher a block's stored parent hash identifies
+  // its prefix, so the host pool needs no table of hash-consed content ids.
+  c.chain_hashes_identify_prefix = gpu_pool.chain_hashes_identify_prefix;
   return c;
 }
 
@@ -136,7 +139,7 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
                                            const HostTierConfig& host)
     : host_config_(host),
       manager_(checked_gpu_config(gpu, host)),
-      host_(host_pool_config(gpu, host, manager_.block_size())),
+      host_(host_pool_config(gpu, host, manager_.block_pool().config())),
       bs_(manager_.block_size()) {
   const auto n = static_cast<std::size_t>(manager_.block_pool().num_blocks());
   gpu_hash_.resize(n);

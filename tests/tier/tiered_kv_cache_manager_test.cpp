@@ -319,6 +319,19 @@ TEST(TieredKVCacheManager, HostHitVerifiesTokensAndParentHash) {
   EXPECT_TRUE(token_case);
 }
 
+TEST(TieredKVCacheManager, HostPoolIdentifiesPrefixesAsTheGpuPoolDoes) {
+  // SHA-256 chain hashes identify their prefix: the host pool stores parent hashes, as the GPU
+  // pool does, instead of keeping hash-consed content ids. A weak hasher keeps content ids.
+  TieredKVCacheManager strong(gpu_config(8), host_config(4));
+  EXPECT_TRUE(strong.gpu().block_pool().config().chain_hashes_identify_prefix);
+  EXPECT_TRUE(strong.host_pool().config().chain_hashes_identify_prefix);
+  KVCacheManagerConfig c = gpu_config(8);
+  c.hasher = BlockHasher::weak_for_testing(HashScheme::kSha256, "weak", 3);
+  TieredKVCacheManager weak(c, host_config(4));
+  EXPECT_FALSE(weak.gpu().block_pool().config().chain_hashes_identify_prefix);
+  EXPECT_FALSE(weak.host_pool().config().chain_hashes_identify_prefix);
+}
+
 TEST(TieredKVCacheManager, RejectsWhatItCannotServe) {
   KVCacheManagerConfig x = gpu_config(8);
   x.hash_scheme = HashScheme::kXxh3_128;
