@@ -672,6 +672,7 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
   const std::size_t n = last - first;
   const std::uint32_t bs = seq.block_size;
   const auto hashes = seq.block_hashes;
+  st.content_ids_ = std::move(spare_content_ids_);  // empty; its capacity is reused
   if (chain_identity_) {
     st.content_ids_.reserve(n);
     st.pool_ = this;  // from here on, st releases the extra keys it acquired if we throw
@@ -847,6 +848,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   }
   if (stream_tokens_) stream_fence();  // the streamed tokens are ordered before later stores
   st.content_ids_.clear();             // the blocks own the references now
+  spare_content_ids_ = std::move(st.content_ids_);
   if (st.event_) record(std::move(st.event_->data));
   st.pool_ = nullptr;
   deliver_events();

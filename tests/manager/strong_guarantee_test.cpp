@@ -12,6 +12,7 @@
 // event sink checks the manager's invariants at every event: events are delivered only once a
 // call's state is complete. (The sink itself must not throw: that is enforced with
 // std::terminate, see block_pool_test's death test.)
+// The same counter checks that a warm pool's one-block stores allocate nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,6 +26,7 @@
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/pool/block_pool.hpp"
 
 namespace {
 
@@ -269,6 +271,41 @@ TEST(StrongGuarantee, EveryAllocationFailureLeavesTheManagerUnchanged) {
                 layout, static_cast<unsigned long long>(c.ops),
                 static_cast<unsigned long long>(c.injected),
                 static_cast<unsigned long long>(c.events));
+  }
+}
+
+// One-block stores (a host tier caches each stored slot on its own) allocate nothing once warm:
+// any allocation in the measured loop fails with bad_alloc here. Both identity kinds.
+TEST(StrongGuarantee, SteadyStateOneBlockStoresAllocateNothing) {
+  for (const bool resistant : {true, false}) {
+    BlockPoolConfig c;
+    c.num_blocks = 9;
+    c.block_size = 4;
+    c.chain_hashes_identify_prefix = resistant;
+    BlockPool pool(c);
+    RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "steady"), 4, {});
+    std::vector<TokenId> tokens(4 * 64);
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i * 7 + 1);
+    seq.append(tokens);
+    const BlockSequence s = seq.sequence();
+    std::vector<BlockId> out;
+    out.reserve(8);
+    const auto round = [&] {
+      out.clear();
+      ASSERT_TRUE(pool.get_new_blocks(1, out));  // evicts the LRU block once the pool is full
+      const BlockId row[2] = {BlockPool::kNoBlock, out[0]};
+      pool.cache_full_blocks(s, std::span<const BlockId>(row), 1, 2);  // block 1 of a 2-row
+      pool.free_blocks(out);
+    };
+    for (int i = 0; i < 16; ++i) round();  // warm up: every buffer at its size
+    g_fail_at = 0;                         // the next allocation throws
+    try {
+      for (int i = 0; i < 200; ++i) round();
+    } catch (const std::bad_alloc&) {
+      ADD_FAILURE() << "a steady-state one-block store allocated (resistant " << resistant << ")";
+    }
+    g_fail_at = -1;
+    pool.check_invariants();
   }
 }
 

@@ -330,6 +330,9 @@ class BlockPool {
 
   // Reused scratch (no allocation in steady state).
   LookupScratch store_scratch_;  // mutating calls only
+  // The id list of the last committed store, kept for the next prepare_store (a store of one
+  // block, as a host tier's, then allocates nothing).
+  std::vector<std::uint32_t> spare_content_ids_;
 };
 
 }  // namespace pagedkv
