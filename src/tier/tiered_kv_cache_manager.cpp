@@ -110,6 +110,8 @@ BlockPoolConfig host_pool_config(const KVCacheManagerConfig& gpu, const HostTier
 }
 
 constexpr std::uint32_t kIndexMask = 0xffffffffu;
+// Blocks ahead whose host map slot a loop of verified host lookups starts loading.
+constexpr std::size_t kHostAhead = 4;
 
 // BlockHash equality inline (operator== calls memcmp with a run-time size); a hash is 0, 16 or
 // 32 bytes.
@@ -386,6 +388,10 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
   for (; i < end; ++i) {
     const BlockId b = ids[i];
     if (!pool.block(b).is_cached()) break;
+    // Overlap the host map's misses of write-through's verified lookups (host_has).
+    if (write_through && i + kHostAhead < end) {
+      host_.prefetch_cached_block(seq.block_hashes[i + kHostAhead]);
+    }
     const auto k = static_cast<std::size_t>(b);
     if (!gpu_hash_[k].empty()) continue;  // a hit: recorded when it was cached
     gpu_hash_[k] = seq.block_hashes[i];
@@ -487,7 +493,16 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   // Pin the hit's host slots first: the stores below must not evict them.
   if (h > 0) host_.touch(hit.host_slots);
   // Blocks the allocation took from the free queue while cached were evicted just now.
-  for (const BlockId b : *blocks) {
+  const std::span<const BlockId> taken = *blocks;
+  for (std::size_t i = 0; i < taken.size(); ++i) {
+    const BlockId b = taken[i];
+    if (policy == HostPolicy::kWriteBack && i + kHostAhead < taken.size()) {
+      // Overlap the host map's misses of the verified lookups below (no slot remembered).
+      const auto a = static_cast<std::size_t>(taken[i + kHostAhead]);
+      if (!gpu_hash_[a].empty() && gpu_host_slot_[a] == 0) {
+        host_.prefetch_cached_block(gpu_hash_[a]);
+      }
+    }
     if (gpu_hash_[static_cast<std::size_t>(b)].empty()) continue;
     if (policy == HostPolicy::kWriteBack) schedule_store(b, st, Kind::kEviction, out.transfers);
     forget_gpu_block(b);
