@@ -68,14 +68,43 @@ std::uint32_t parent_size_code(const BlockHash& h) noexcept {
 std::uint32_t material_word(std::uint32_t extra_id, const BlockHash& parent) noexcept {
   return (parent_size_code(parent) << kExtraIdBits) | extra_id;
 }
+// Equality of 16 * k bytes (k = 2: a padded hash; k = 4: a 16-token block), the compares of
+// every verified hit: 16-byte SSE2 compares and one mask test, fewer instructions than an
+// inlined memcmp.
+template <std::size_t k>
+inline bool equal_16k_bytes(const void* a, const void* b) noexcept {
+#if defined(__SSE2__)
+  const auto* x = static_cast<const __m128i*>(a);
+  const auto* y = static_cast<const __m128i*>(b);
+  __m128i eq = _mm_cmpeq_epi8(_mm_loadu_si128(x), _mm_loadu_si128(y));
+  for (std::size_t w = 1; w < k; ++w) {
+    eq = _mm_and_si128(eq, _mm_cmpeq_epi8(_mm_loadu_si128(x + w), _mm_loadu_si128(y + w)));
+  }
+  return _mm_movemask_epi8(eq) == 0xffff;
+#else
+  return std::memcmp(a, b, 16 * k) == 0;
+#endif
+}
+static_assert(BlockHash::kMaxSize == 32 && sizeof(TokenId) == 4);
+
+// The parent hash of a chain's first block (size code 0).
+constexpr BlockHash kRootHash{};
+
 // Whether a block's stored parent (its bytes, and the size code in its material word) is `want`.
-bool same_parent(const std::uint8_t* stored, std::uint32_t word, const BlockHash& want) noexcept {
+inline bool same_parent(const std::uint8_t* stored, std::uint32_t word,
+                        const BlockHash& want) noexcept {
   return (word >> kExtraIdBits) == parent_size_code(want) &&
-         std::memcmp(stored, want.padded_bytes().data(), BlockHash::kMaxSize) == 0;
+         equal_16k_bytes<2>(stored, want.padded_bytes().data());
 }
 
 std::string id_text(BlockId id) {
   return "block " + std::to_string(id);
+}
+
+[[noreturn]] [[gnu::cold]] void throw_no_parent_hashes() {
+  throw Error(ErrorCode::kInvalidState,
+              "BlockPool::match_cached_block_after: the pool identifies prefixes by content ids "
+              "(chain_hashes_identify_prefix is off), not by parent hashes");
 }
 
 [[noreturn]] void throw_double_free(BlockId id) {
@@ -865,17 +894,28 @@ BlockId BlockPool::get_cached_block(const BlockHash& hash, GroupId group) const 
 
 BlockId BlockPool::match_cached_block(const BlockSequence& seq, std::size_t index, BlockId parent,
                                       GroupId group, LookupScratch* scratch) const {
-  if (index == 0) return match(seq, index, group, ParentCheck{true, nullptr}, scratch);
+  if (index == 0) return match(seq, index, group, ParentCheck{&kRootHash, nullptr}, scratch);
   if (!verifying()) return match(seq, index, group, ParentCheck{}, scratch);
   if (parent == kNoBlock) return kNoBlock;
   const KVCacheBlock& p = block(parent);
   if (!p.is_cached() || p.is_null) return kNoBlock;
-  return match(seq, index, group, ParentCheck{true, &p}, scratch);
+  return match(seq, index, group, ParentCheck{&p.block_hash, &p}, scratch);
+}
+
+BlockId BlockPool::match_cached_block_after(const BlockSequence& seq, std::size_t index,
+                                            GroupId group, LookupScratch* scratch) const {
+  if (verifying() && !chain_identity_) [[unlikely]] {
+    throw_no_parent_hashes();
+  }
+  // An index beyond the hashes is match()'s error; the parent hash is read only below it.
+  const BlockHash* parent =
+      index > 0 && index < seq.block_hashes.size() ? &seq.block_hashes[index - 1] : &kRootHash;
+  return match(seq, index, group, ParentCheck{parent, nullptr}, scratch);
 }
 
 BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
                                                  GroupId group, LookupScratch* scratch) const {
-  return match(seq, index, group, ParentCheck{index == 0, nullptr}, scratch);
+  return match(seq, index, group, ParentCheck{index == 0 ? &kRootHash : nullptr, nullptr}, scratch);
 }
 
 bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept {
@@ -1012,14 +1052,11 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
   const std::uint32_t bs = seq.block_size;
   const TokenId* tokens = seq.tokens.data() + index * bs;
   const auto same_tokens = [bs, tokens](const TokenId* stored) {
-    if (bs == 16) return std::memcmp(stored, tokens, 16 * sizeof(TokenId)) == 0;  // usual
+    if (bs == 16) return equal_16k_bytes<4>(stored, tokens);  // the usual block
     return std::memcmp(stored, tokens, bs * sizeof(TokenId)) == 0;
   };
   if (chain_identity_) {
-    static const BlockHash kRoot;
-    const BlockHash* want = !parent.check              ? nullptr
-                            : parent.parent == nullptr ? &kRoot
-                                                       : &parent.parent->block_hash;
+    const BlockHash* want = parent.hash;  // nullptr: no parent check
     return hash_map_.find_first(hash, group, [&](BlockId c) {
       const auto i = static_cast<std::size_t>(c);
       const std::uint32_t word = blocks_[i].content_id;  // on the line find_first just read
@@ -1028,12 +1065,11 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
              same_tokens(&block_tokens_[i * config_.block_size]);
     });
   }
-  const std::uint32_t want =
-      parent.check && parent.parent != nullptr ? parent.parent->content_id : 0;
+  const std::uint32_t want = parent.block != nullptr ? parent.block->content_id : 0;
   const ContentTable& table = *contents_;
   return hash_map_.find_first(hash, group, [&](BlockId c) {
     const std::uint32_t* e = table.entry(blocks_[static_cast<std::size_t>(c)].content_id);
-    if (parent.check && e[ContentTable::kParent] != want) return false;
+    if (parent.hash != nullptr && e[ContentTable::kParent] != want) return false;
     if (e[ContentTable::kSize] != bs || e[ContentTable::kExtra] != eid) return false;
     return same_tokens(reinterpret_cast<const TokenId*>(e + ContentTable::kHeader));
   });

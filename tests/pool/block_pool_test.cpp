@@ -465,6 +465,65 @@ TEST(BlockPool, VerifiedLookupTurnsCollisionsIntoMisses) {
   pool.check_invariants();
 }
 
+// match_cached_block_after() checks the stored parent hash against the sequence's own previous
+// block (the root for block 0), without the parent's block; a pool of content ids refuses it.
+TEST(BlockPool, MatchAfterChecksTheStoredParentHash) {
+  const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "after", 1);
+  BlockPoolConfig c = config(16);
+  c.chain_hashes_identify_prefix = true;  // trusted here only to reach the parent check
+  BlockPool pool(c);
+  // Two chains whose first blocks differ in hash and whose second blocks (same tokens) collide,
+  // also with the second block's tokens hashed as a chain's first block. (With 1 bit, first
+  // blocks have two hash values; suffixes are tried until all three hashes are equal.)
+  std::vector<TokenId> p, q, suffix;
+  for (TokenId a = 1; a < 40 && q.empty(); ++a) {
+    for (TokenId b = a + 1; b < 40 && q.empty(); ++b) {
+      for (TokenId t = 50; t < 90; ++t) {
+        const auto sp = sequence({a, a, a, a, t, t, t, t}, {}, weak);
+        const auto sq = sequence({b, b, b, b, t, t, t, t}, {}, weak);
+        const auto alone = sequence({t, t, t, t}, {}, weak);  // the suffix as a first block
+        if (sp.block_hashes()[0] != sq.block_hashes()[0] &&
+            sp.block_hashes()[1] == sq.block_hashes()[1] &&
+            alone.block_hashes()[0] == sp.block_hashes()[1]) {
+          p = {a, a, a, a, t, t, t, t};
+          q = {b, b, b, b, t, t, t, t};
+          suffix = {t, t, t, t};
+          break;
+        }
+      }
+    }
+  }
+  ASSERT_FALSE(q.empty());
+  const auto sp = sequence(p, {}, weak);
+  const auto sq = sequence(q, {}, weak);
+  const auto bp = take(pool, 2);
+  pool.cache_full_blocks(sp.sequence(), bp, 0, 2);
+  EXPECT_EQ(pool.match_cached_block_after(sp.sequence(), 0), bp[0]);
+  EXPECT_EQ(pool.match_cached_block_after(sp.sequence(), 1), bp[1]);
+  // q's block 1: same tokens and hash, another parent. Unanchored it is found; after q's own
+  // block 0 it is a miss.
+  EXPECT_EQ(pool.match_cached_block_unanchored(sq.sequence(), 1), bp[1]);
+  EXPECT_EQ(pool.match_cached_block_after(sq.sequence(), 1), BlockPool::kNoBlock);
+  // The suffix as a chain's first block (same hash and tokens): block 1 was cached after a
+  // parent, not at the root.
+  const auto root = sequence(suffix, {}, weak);
+  EXPECT_EQ(pool.match_cached_block_after(root.sequence(), 0), BlockPool::kNoBlock);
+  EXPECT_THROW((void)pool.match_cached_block_after(sp.sequence(), 2), Error);  // no block 2
+  pool.check_invariants();
+
+  BlockPool ids(config(16));  // content ids: no parent hashes to compare
+  const auto bi = take(ids, 2);
+  ids.cache_full_blocks(sp.sequence(), bi, 0, 2);
+  expect_rejected(
+      ids, [&] { (void)ids.match_cached_block_after(sp.sequence(), 1); }, "content ids");
+  BlockPoolConfig raw = config(16);
+  raw.verify_cache_hits = false;
+  BlockPool trusting(raw);  // no verification: the map's first block for the hash
+  const auto bt = take(trusting, 2);
+  trusting.cache_full_blocks(sp.sequence(), bt, 0, 2);
+  EXPECT_EQ(trusting.match_cached_block_after(sq.sequence(), 1), bt[1]);
+}
+
 // Parents are compared by content identity, not by (possibly colliding) parent hash: a child
 // cached after prefix P must not be a hit after a different prefix P' with the same weak hash.
 TEST(BlockPool, ChildOfACollidingParentIsAMiss) {

@@ -231,6 +231,13 @@ class BlockPool {
   // run of hits with same_content_chain().
   BlockId match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
                                         GroupId group = 0, LookupScratch* scratch = nullptr) const;
+  // Verified lookup of seq's block `index` whose stored parent is seq's own block index - 1 (by
+  // its chained hash; the root for index 0): match_cached_block()'s parent check without the
+  // parent's block, for a pool that holds a run of a chain whose earlier blocks live elsewhere
+  // (a host tier). Needs chain_hashes_identify_prefix when verifying (else kInvalidState);
+  // without verify_cache_hits, the same as get_cached_block(). Errors as match_cached_block().
+  BlockId match_cached_block_after(const BlockSequence& seq, std::size_t index, GroupId group = 0,
+                                   LookupScratch* scratch = nullptr) const;
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
   // verify_cache_hits). Both must be cached.
   bool same_content_chain(BlockId parent, BlockId child) const noexcept;
@@ -276,8 +283,11 @@ class BlockPool {
   bool verifying() const noexcept { return verifying_; }
   // The parent check of a lookup: none, the root (block 0), or the prefix a cached block holds.
   struct ParentCheck {
-    bool check = false;
-    const KVCacheBlock* parent = nullptr;  // nullptr with check: the root
+    // nullptr: no parent check. Else the chained hash of the parent prefix (the empty hash: the
+    // root), which chain-hash identities compare with the stored parent hash.
+    const BlockHash* hash = nullptr;
+    // Content ids: the cached block holding the parent prefix; nullptr (with a hash): the root.
+    const KVCacheBlock* block = nullptr;
   };
   BlockId match(const BlockSequence& seq, std::size_t index, GroupId group, ParentCheck parent,
                 LookupScratch* scratch) const;
