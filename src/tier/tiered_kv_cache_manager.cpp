@@ -142,6 +142,7 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
     : host_config_(host),
       manager_(checked_gpu_config(gpu, host)),
       host_(host_pool_config(gpu, host, manager_.block_pool().config())),
+      host_chain_(host_.config().chain_hashes_identify_prefix),
       bs_(manager_.block_size()) {
   const auto n = static_cast<std::size_t>(manager_.block_pool().num_blocks());
   gpu_hash_.resize(n);
@@ -152,8 +153,10 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
   gpu_host_slot_.assign(n, 0);
   gpu_host_epoch_.assign(n, 0);
   const auto m = static_cast<std::size_t>(host_.num_blocks());
-  host_parent_.resize(m);
-  host_first_.assign(m, 0);
+  if (!host_chain_) {  // the host pool keeps no parent hashes: the tier does
+    host_parent_.resize(m);
+    host_first_.assign(m, 0);
+  }
   host_slot_epoch_.assign(m, 0);
   host_pins_.assign(m, 0);
   content_tokens_.assign(2 * static_cast<std::size_t>(bs_), 0);
@@ -185,6 +188,18 @@ void TieredKVCacheManager::set_event_sink(KVEventSink sink) {
   sink_ = std::move(sink);
 }
 
+inline BlockId TieredKVCacheManager::host_match(const BlockSequence& seq, std::size_t index) const {
+  // DESIGN.md 5: the parent hash stored with the block must equal the request's.
+  if (host_chain_) return host_.match_cached_block_after(seq, index);
+  const BlockId slot = host_.match_cached_block_unanchored(seq, index);
+  if (slot == BlockPool::kNoBlock) return slot;
+  const auto s = static_cast<std::size_t>(slot);
+  const bool parent_ok =
+      index == 0 ? host_first_[s] != 0
+                 : (host_first_[s] == 0 && same_hash(host_parent_[s], seq.block_hashes[index - 1]));
+  return parent_ok ? slot : BlockPool::kNoBlock;
+}
+
 TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request) {
   TieredCacheHit hit;
   hit.gpu = manager_.get_computed_blocks(request);  // validates the request
@@ -201,14 +216,8 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
     hit.host_slots.reserve(max_blocks - hit.gpu.blocks.size());
   for (std::size_t i = hit.gpu.blocks.size(); i < max_blocks; ++i) {
     if (i + kAhead < max_blocks) host_.prefetch_cached_block(seq.block_hashes[i + kAhead]);
-    const BlockId slot = host_.match_cached_block_unanchored(seq, i);
+    const BlockId slot = host_match(seq, i);
     if (slot == BlockPool::kNoBlock) break;
-    const auto s = static_cast<std::size_t>(slot);
-    // DESIGN.md 5: the parent hash stored with the block must equal the request's.
-    if (i == 0 ? host_first_[s] == 0
-               : (host_first_[s] != 0 || !same_hash(host_parent_[s], seq.block_hashes[i - 1]))) {
-      break;
-    }
     hit.host_slots.push_back(slot);
   }
   hit.num_host_tokens = hit.host_slots.size() * bs_;
@@ -318,13 +327,9 @@ bool TieredKVCacheManager::host_lookup(BlockId gpu_block) {
   const auto ex = gpu_extra_.find(gpu_block);
   const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
   const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
-  const BlockId slot = host_.match_cached_block_unanchored(seq, first ? 0 : 1);
+  const BlockId slot = host_match(seq, first ? 0 : 1);
   if (slot == BlockPool::kNoBlock) return false;
   const auto s = static_cast<std::size_t>(slot);
-  if (first ? host_first_[s] == 0
-            : (host_first_[s] != 0 || !same_hash(host_parent_[s], gpu_parent_[b]))) {
-    return false;
-  }
   if (host_.block(slot).ref_cnt == 0) refresh(slot);
   gpu_host_slot_[b] = slot;
   gpu_host_epoch_[b] = host_slot_epoch_[s];
@@ -615,8 +620,10 @@ void TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
       const BlockId blocks[2] = {kNullBlockId, t.host};
       host_.cache_full_blocks(
           seq, std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2), index, index + 1);
-      host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
-      host_first_[s] = first ? 1 : 0;
+      if (!host_chain_) {  // else the host pool stored the parent hash (the view's block 0)
+        host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
+        host_first_[s] = first ? 1 : 0;
+      }
       ++host_cached_ever_;
       became_cached = true;
       if (t.kind != Kind::kFill) {
@@ -652,23 +659,13 @@ std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) co
 bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index) const {
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size()) return false;
-  const BlockId slot = host_.match_cached_block_unanchored(seq, index);
-  return slot != BlockPool::kNoBlock && host_parent_matches(seq, index, slot);
+  return host_match(seq, index) != BlockPool::kNoBlock;
 }
 
 bool TieredKVCacheManager::host_verified(const BlockSequence& seq, std::size_t index,
                                          BlockId slot) const {
   // The verified lookup names this very slot, and the parent hash stored with it matches.
-  return index < seq.block_hashes.size() &&
-         host_.match_cached_block_unanchored(seq, index) == slot &&
-         host_parent_matches(seq, index, slot);
-}
-
-bool TieredKVCacheManager::host_parent_matches(const BlockSequence& seq, std::size_t index,
-                                               BlockId slot) const noexcept {
-  const auto s = static_cast<std::size_t>(slot);
-  return index == 0 ? host_first_[s] != 0
-                    : (host_first_[s] == 0 && host_parent_[s] == seq.block_hashes[index - 1]);
+  return index < seq.block_hashes.size() && host_match(seq, index) == slot;
 }
 
 std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
@@ -875,7 +872,7 @@ void TieredKVCacheManager::check_invariants() const {
     }
     if (b.is_cached()) {
       ++cached;
-      if (host_first_[static_cast<std::size_t>(s)] == 0 &&
+      if (!host_chain_ && host_first_[static_cast<std::size_t>(s)] == 0 &&
           host_parent_[static_cast<std::size_t>(s)].empty()) {
         fail("cached host slot " + std::to_string(s) + " has no parent hash");
       }

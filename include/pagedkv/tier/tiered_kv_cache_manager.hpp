@@ -26,7 +26,10 @@
 // tokens and extra keys equal the request's block (the host pool's verified lookup) and the
 // parent hash stored with it equals the request's previous block hash. The content before a host
 // run is identified by the chained hash, as for sliding-window runs; the tier therefore refuses
-// xxh3_128, which is not collision resistant.
+// xxh3_128, which is not collision resistant. With a SHA-256 hasher the host pool, like the GPU
+// pool, stores each slot's parent hash and checks it in its lookup (match_cached_block_after);
+// with a test hasher (not collision resistant) the host pool keeps content ids and the tier
+// stores and checks the parent hashes itself.
 //
 // Scope: one full-attention KV-cache group (a hybrid model is rejected at construction).
 // Errors (pagedkv::Error, nothing changed): misuse of the manager calls as in KVCacheManager; a
@@ -254,8 +257,9 @@ class TieredKVCacheManager {
   // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
   std::optional<BlockId> take_host_slot(bool& evicted);
   bool host_verified(const BlockSequence& seq, std::size_t index, BlockId slot) const;
-  bool host_parent_matches(const BlockSequence& seq, std::size_t index,
-                           BlockId slot) const noexcept;
+  // The host slot holding seq's block `index` after seq's own previous block (verified, the
+  // parent hash checked), or kNoBlock.
+  BlockId host_match(const BlockSequence& seq, std::size_t index) const;
   BlockSequence content_sequence(const std::vector<TokenId>& tokens, const BlockHash* hashes,
                                  bool first, const ContentSource* extra) const;
   TransferId open_transfer(Kind kind, RequestState* state, BlockId gpu, BlockId host,
@@ -269,6 +273,9 @@ class TieredKVCacheManager {
   HostTierConfig host_config_;
   KVCacheManager manager_;
   BlockPool host_;
+  // The host pool stores each slot's parent hash (SHA-256 hashers: chain hashes identify their
+  // prefix) and checks it in match_cached_block_after(); else host_parent_ and host_first_ do.
+  bool host_chain_;
   std::uint32_t bs_;
 
   // What each cached GPU block holds (recorded when the tier sees it cached), so that write-back
@@ -286,7 +293,8 @@ class TieredKVCacheManager {
   std::vector<BlockId> gpu_host_slot_;
   std::vector<std::uint64_t> gpu_host_epoch_;
 
-  // Per host slot: the parent hash stored with it (checked on every host hit) and first flag.
+  // Per host slot, unless host_chain_ (then empty): the parent hash stored with it (checked on
+  // every host hit) and first flag.
   std::vector<BlockHash> host_parent_;
   std::vector<std::uint8_t> host_first_;
   // Per host slot: bumped whenever the slot is taken from the free queue (it is evicted and
