@@ -117,7 +117,9 @@ std::string id_text(BlockId id) {
 // rarely in cache when a block is cached and rarely still there when it is hit, so the read
 // saved is a memory access per cached block; a small pool keeps ordinary stores (its hits find
 // the lines in cache). "Large": a token table of 1 MiB or more, the table allocator's bound for
-// huge pages (such tables are 2 MiB-aligned, so each block's tokens are whole lines).
+// huge pages (such tables are 2 MiB-aligned, so each block's tokens are whole lines). A call
+// that caches fewer than kStreamTokensMinBlocks blocks uses ordinary stores: its fence, which
+// waits for the streamed lines, would cost more than the reads it saves.
 #if defined(__SSE2__)
 constexpr bool kCanStreamTokens = true;
 // Copies `n` tokens (a multiple of 16: whole 64-byte lines) to the line-aligned `to`.
@@ -137,6 +139,8 @@ inline void stream_block_tokens(TokenId*, const TokenId*, std::uint32_t) noexcep
 inline void stream_fence() noexcept {}
 #endif
 constexpr std::size_t kStreamTokensMinBytes = std::size_t{1} << 20;
+// Blocks a commit_store() call must cache to stream them (one fence per call).
+constexpr std::size_t kStreamTokensMinBlocks = 8;
 
 // The pool's own identity of a prefix (when chain hashes are not collision resistant): SHA-256
 // over the parent prefix's identity, the block size, the tokens and the canonical extra keys.
@@ -839,6 +843,10 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   const auto hashes = st.seq_.block_hashes;
   const std::size_t bs = config_.block_size;
   const std::uint32_t seq_bs = st.seq_.block_size;
+  // Streamed only when the call stores enough blocks to pay for its fence: a fence waits for
+  // the streamed lines to reach memory, which costs more than a one-block store (a host tier's)
+  // saves.
+  const bool stream = stream_tokens_ && seq_bs == bs && blocks.size() >= kStreamTokensMinBlocks;
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(blocks[k])];
     b.ref_cnt = -b.ref_cnt;
@@ -846,7 +854,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     if (chain_identity_) {  // and those of the stored material written below
       const auto i = static_cast<std::size_t>(blocks[k]);
       __builtin_prefetch(&stored_[i], 1);
-      if (!stream_tokens_ || seq_bs != bs) __builtin_prefetch(&block_tokens_[i * bs], 1);
+      if (!stream) __builtin_prefetch(&block_tokens_[i * bs], 1);
     }
   }
   for (std::size_t k = 0; k < blocks.size(); ++k) {
@@ -863,7 +871,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
       std::memcpy(stored_[i].parent.data(), parent.padded_bytes().data(), BlockHash::kMaxSize);
       TokenId* to = &block_tokens_[i * bs];
       const TokenId* from = st.seq_.tokens.data() + index * seq_bs;
-      if (stream_tokens_ && seq_bs == bs) {  // whole lines (a shorter block is copied)
+      if (stream) {  // whole lines (a shorter block is copied)
         stream_block_tokens(to, from, seq_bs);
       } else if (seq_bs == 16) {  // the usual block: a constant-size copy
         std::memcpy(to, from, 16 * sizeof(TokenId));
@@ -875,8 +883,8 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     }
     hash_map_.insert(id);
   }
-  if (stream_tokens_) stream_fence();  // the streamed tokens are ordered before later stores
-  st.content_ids_.clear();             // the blocks own the references now
+  if (stream) stream_fence();  // the streamed tokens are ordered before later stores
+  st.content_ids_.clear();     // the blocks own the references now
   spare_content_ids_ = std::move(st.content_ids_);
   if (st.event_) record(std::move(st.event_->data));
   st.pool_ = nullptr;
