@@ -865,8 +865,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     b.group_id = st.group_;
     if (chain_identity_) {
       const std::size_t index = st.first_ + k;
-      static const BlockHash kRoot;
-      const BlockHash& parent = index > 0 ? hashes[index - 1] : kRoot;
+      const BlockHash& parent = index > 0 ? hashes[index - 1] : kRootHash;
       b.content_id = material_word(st.content_ids_[k], parent);
       std::memcpy(stored_[i].parent.data(), parent.padded_bytes().data(), BlockHash::kMaxSize);
       TokenId* to = &block_tokens_[i * bs];
@@ -1010,10 +1009,9 @@ bool BlockPool::cached_after_prefix(BlockId child, const BlockSequence& seq, std
   validate_sequence(seq, index, "BlockPool::cached_after_prefix");
   if (!verifying()) return true;
   if (chain_identity_) {  // the chained hash of seq's block index - 1 names that prefix
-    static const BlockHash kRoot;
     const auto c = static_cast<std::size_t>(child);
     return same_parent(stored_[c].parent.data(), blocks_[c].content_id,
-                       index == 0 ? kRoot : seq.block_hashes[index - 1]);
+                       index == 0 ? kRootHash : seq.block_hashes[index - 1]);
   }
   // Content ids: walk seq's blocks after the anchor (or the root) through the content table.
   // Every ancestor of a live id is live, so if seq's prefix is the child's parent prefix, each

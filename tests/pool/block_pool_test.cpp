@@ -641,7 +641,8 @@ TEST(BlockPool, MetadataBytesPerBlockAtBlockSize16) {
 }
 
 // Pools with chain-hash identities store each cached block's tokens and parent hash; large
-// ones (a token table of 1 MiB or more) write the tokens with non-temporal stores on x86.
+// ones (a token table of 1 MiB or more) write the tokens with non-temporal stores on x86 when a
+// call caches 8 blocks or more (the 300-block stores here; the one-block stores are copied).
 // Small and large pools, block sizes 16 and 32, and sequences of a shorter block size (10 tokens
 // in a 16-token block: copied, not streamed), caching new content over the same physical blocks:
 // the stored tokens and parent hashes are exactly the block's, every block is a verified hit after
