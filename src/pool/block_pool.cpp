@@ -39,8 +39,8 @@ bool encode_present_extra_keys(const BlockSequence& seq, std::size_t p,
 
 // Encodes seq's block `p`'s extra keys (canonical form) into sc.extra; false when it has none
 // (most blocks: then nothing is built, and the check is inlined).
-inline bool encode_block_extra_keys(const BlockSequence& seq, std::size_t p,
-                                    BlockPool::LookupScratch& sc) {
+[[gnu::always_inline]] inline bool encode_block_extra_keys(const BlockSequence& seq, std::size_t p,
+                                                           BlockPool::LookupScratch& sc) {
   return seq.has_extra_keys(p) && encode_present_extra_keys(seq, p, sc);
 }
 
@@ -709,11 +709,15 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
   if (chain_identity_) {
     st.content_ids_.reserve(n);
     st.pool_ = this;  // from here on, st releases the extra keys it acquired if we throw
-    for (std::size_t i = first; i < last; ++i) {
-      const std::uint32_t eid = encode_block_extra_keys(seq, i, store_scratch_)
-                                    ? extra_keys_->acquire(store_scratch_.extra)
-                                    : 0;
-      st.content_ids_.push_back(eid);  // reserved: cannot throw, so the reference is kept
+    if (seq.extra_keys == nullptr) {  // no block has extra keys
+      st.content_ids_.resize(n, 0);   // reserved: cannot throw
+    } else {
+      for (std::size_t i = first; i < last; ++i) {
+        const std::uint32_t eid = encode_block_extra_keys(seq, i, store_scratch_)
+                                      ? extra_keys_->acquire(store_scratch_.extra)
+                                      : 0;
+        st.content_ids_.push_back(eid);  // reserved: cannot throw, so the reference is kept
+      }
     }
   } else if (verifying()) {
     // The nearest cached block of the prefix names its prefix's content id. Usually that is the
@@ -920,6 +924,43 @@ BlockId BlockPool::match_cached_block_after(const BlockSequence& seq, std::size_
   return match(seq, index, group, ParentCheck{parent, nullptr}, scratch);
 }
 
+std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::size_t begin,
+                                              std::size_t end, std::vector<BlockId>& out,
+                                              GroupId group, LookupScratch* scratch) const {
+  if (verifying() && !chain_identity_) [[unlikely]] {
+    throw_no_parent_hashes();
+  }
+  if (begin >= end) return 0;
+  // The checks of match() for the run's last block cover every block before it.
+  if (end > seq.block_hashes.size()) {
+    throw Error(ErrorCode::kOutOfRange, "BlockPool::match_cached_run_after: blocks up to " +
+                                            std::to_string(end) + " but the request has " +
+                                            std::to_string(seq.block_hashes.size()) +
+                                            " full blocks");
+  }
+  std::size_t end_token = 0;
+  if (seq.block_size == 0 || seq.block_size > config_.block_size ||
+      __builtin_mul_overflow(end, std::size_t{seq.block_size}, &end_token) ||
+      end_token > seq.tokens.size()) {
+    validate_sequence(seq, end, "BlockPool::match_cached_run_after");  // throws
+  }
+  if (!config_.enable_caching) return 0;
+  out.reserve(out.size() + (end - begin));  // the only allocation, before any change
+  constexpr std::size_t kAhead = 4;         // overlap the table's misses of the blocks ahead
+  for (std::size_t i = begin; i < std::min(end, begin + kAhead); ++i) {
+    hash_map_.prefetch(seq.block_hashes[i], group);
+  }
+  std::size_t i = begin;
+  for (; i < end; ++i) {
+    if (i + kAhead < end) hash_map_.prefetch(seq.block_hashes[i + kAhead], group);
+    const BlockHash* parent = i > 0 ? &seq.block_hashes[i - 1] : &kRootHash;
+    const BlockId id = match_checked(seq, i, group, ParentCheck{parent, nullptr}, scratch);
+    if (id == kNoBlock) break;
+    out.push_back(id);  // reserved: cannot throw
+  }
+  return i - begin;
+}
+
 BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
                                                  GroupId group, LookupScratch* scratch) const {
   return match(seq, index, group, ParentCheck{index == 0 ? &kRootHash : nullptr, nullptr}, scratch);
@@ -1042,6 +1083,13 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
       end_token > seq.tokens.size()) {
     validate_sequence(seq, index + 1, "BlockPool::match_cached_block");  // throws
   }
+  return match_checked(seq, index, group, parent, scratch);
+}
+
+[[gnu::always_inline]] inline BlockId BlockPool::match_checked(const BlockSequence& seq,
+                                                               std::size_t index, GroupId group,
+                                                               ParentCheck parent,
+                                                               LookupScratch* scratch) const {
   if (!config_.enable_caching) return kNoBlock;
   const BlockHash& hash = seq.block_hashes[index];
   if (!verifying()) return hash_map_.find_first(hash, group);

@@ -135,6 +135,16 @@ inline bool same_hash(const BlockHash& a, const BlockHash& b) noexcept {
   return std::memcmp(x, y, n) == 0;
 }
 
+// Copies one block's tokens: a constant-size copy for the usual 16-token block (a run-time size
+// calls memcpy).
+inline void copy_block_tokens(TokenId* to, const TokenId* from, std::uint32_t bs) noexcept {
+  if (bs == 16) {
+    std::memcpy(to, from, 16 * sizeof(TokenId));
+  } else {
+    std::memcpy(to, from, bs * sizeof(TokenId));
+  }
+}
+
 }  // namespace
 
 TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
@@ -210,15 +220,19 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
   const BlockSequence seq = request.hashed_tokens().sequence();
   const std::size_t max_blocks =
       std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
-  constexpr std::size_t kAhead = 4;  // overlap the host map's cache misses
   hit.host_epoch = host_epoch_;
-  if (hit.gpu.blocks.size() < max_blocks)
-    hit.host_slots.reserve(max_blocks - hit.gpu.blocks.size());
-  for (std::size_t i = hit.gpu.blocks.size(); i < max_blocks; ++i) {
-    if (i + kAhead < max_blocks) host_.prefetch_cached_block(seq.block_hashes[i + kAhead]);
-    const BlockId slot = host_match(seq, i);
-    if (slot == BlockPool::kNoBlock) break;
-    hit.host_slots.push_back(slot);
+  const std::size_t begin = hit.gpu.blocks.size();
+  if (host_chain_) {  // one pool call for the run (it overlaps the map's misses)
+    host_.match_cached_run_after(seq, begin, std::max(begin, max_blocks), hit.host_slots);
+  } else {
+    constexpr std::size_t kAhead = 4;  // overlap the host map's cache misses
+    if (begin < max_blocks) hit.host_slots.reserve(max_blocks - begin);
+    for (std::size_t i = begin; i < max_blocks; ++i) {
+      if (i + kAhead < max_blocks) host_.prefetch_cached_block(seq.block_hashes[i + kAhead]);
+      const BlockId slot = host_match(seq, i);
+      if (slot == BlockPool::kNoBlock) break;
+      hit.host_slots.push_back(slot);
+    }
   }
   hit.num_host_tokens = hit.host_slots.size() * bs_;
   stats_.host_hit_tokens += hit.num_host_tokens;
@@ -320,7 +334,7 @@ inline bool TieredKVCacheManager::host_has(BlockId gpu_block) {
 
 bool TieredKVCacheManager::host_lookup(BlockId gpu_block) {
   const auto b = static_cast<std::size_t>(gpu_block);
-  std::memcpy(content_tokens_.data() + bs_, gpu_tokens_.data() + b * bs_, bs_ * sizeof(TokenId));
+  copy_block_tokens(content_tokens_.data() + bs_, gpu_tokens_.data() + b * bs_, bs_);
   content_hashes_[0] = gpu_parent_[b];
   content_hashes_[1] = gpu_hash_[b];
   const bool first = gpu_first_[b] != 0;
@@ -353,8 +367,7 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, K
   const TransferId id = open_transfer(kind, &state, gpu_block, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   const auto b = static_cast<std::size_t>(gpu_block);
-  std::memcpy(transfer_tokens_.data() + idx * bs_, gpu_tokens_.data() + b * bs_,
-              bs_ * sizeof(TokenId));
+  copy_block_tokens(transfer_tokens_.data() + idx * bs_, gpu_tokens_.data() + b * bs_, bs_);
   transfer_hash_[idx] = gpu_hash_[b];
   transfer_parent_[idx] = gpu_parent_[b];
   transfer_first_[idx] = gpu_first_[b];
@@ -388,7 +401,6 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
   const std::size_t loaded_end = state.hit_begin + state.first_failed;
   const bool write_through = host_config_.policy == HostPolicy::kWriteThrough;
   const std::size_t end = std::min(ids.size(), seq.block_hashes.size());
-  const std::size_t block_bytes = bs_ * sizeof(TokenId);
   std::size_t i = state.scanned;
   for (; i < end; ++i) {
     const BlockId b = ids[i];
@@ -402,7 +414,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
     gpu_hash_[k] = seq.block_hashes[i];
     gpu_first_[k] = i == 0 ? 1 : 0;
     gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
-    std::memcpy(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, block_bytes);
+    copy_block_tokens(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_);
     gpu_hits_[k] = 0;
     // Loaded (and the load succeeded): allocate_slots noted the verified slot it came from.
     if (i < loaded_begin || i >= loaded_end) gpu_host_slot_[k] = 0;
@@ -608,8 +620,7 @@ void TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
     const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
     const bool first = transfer_first_[idx] != 0;
     const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
-    std::memcpy(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_,
-                bs_ * sizeof(TokenId));
+    copy_block_tokens(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_, bs_);
     content_hashes_[0] = transfer_parent_[idx];
     content_hashes_[1] = transfer_hash_[idx];
     const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);

@@ -524,6 +524,113 @@ TEST(BlockPool, MatchAfterChecksTheStoredParentHash) {
   EXPECT_EQ(trusting.match_cached_block_after(sq.sequence(), 1), bt[1]);
 }
 
+// match_cached_run_after() is match_cached_block_after() block by block, stopping at the first
+// miss: a run broken by an evicted block, a wrong parent or a colliding hash ends there.
+TEST(BlockPool, MatchRunAfterEqualsBlockByBlockLookups) {
+  BlockPoolConfig c = config(64);
+  c.chain_hashes_identify_prefix = true;
+  BlockPool pool(c);
+  std::vector<TokenId> tokens(12 * kBlockSize);
+  std::iota(tokens.begin(), tokens.end(), 100);
+  const auto s = sequence(tokens);
+  const auto blocks = take(pool, 12);
+  pool.cache_full_blocks(s.sequence(), blocks, 0, 12);
+  // Another chain sharing blocks 0-5, then diverging (block 6 differs: 7-11 have other hashes).
+  std::vector<TokenId> other = tokens;
+  other[6 * kBlockSize] = 1;
+  const auto o = sequence(other);
+  ASSERT_NE(o.block_hashes()[7], s.block_hashes()[7]);
+  // Evict block 4: runs through it end there.
+  ASSERT_EQ(pool.evict_blocks(std::span<const BlockId>(&blocks[4], 1)), 1u);
+  const auto one_by_one = [&](const BlockSequence& seq, std::size_t begin, std::size_t end) {
+    std::vector<BlockId> want = {-7};  // run results are appended after what is there
+    for (std::size_t i = begin; i < end; ++i) {
+      const BlockId b = pool.match_cached_block_after(seq, i);
+      if (b == BlockPool::kNoBlock) break;
+      want.push_back(b);
+    }
+    return want;
+  };
+  for (const RequestBlockHasher* r : {&s, &o}) {
+    const BlockSequence seq = r->sequence();
+    for (std::size_t begin = 0; begin <= 12; ++begin) {
+      for (std::size_t end = begin; end <= 12; ++end) {
+        std::vector<BlockId> got = {-7};
+        const std::size_t n = pool.match_cached_run_after(seq, begin, end, got);
+        const std::vector<BlockId> want = one_by_one(seq, begin, end);
+        EXPECT_EQ(got, want) << "blocks [" << begin << ", " << end << ")";
+        EXPECT_EQ(n, want.size() - 1);
+      }
+    }
+  }
+  // Spot checks of what the loop compares against.
+  std::vector<BlockId> got;
+  EXPECT_EQ(pool.match_cached_run_after(s.sequence(), 0, 12, got), 4u);  // block 4 evicted
+  EXPECT_EQ(pool.match_cached_run_after(s.sequence(), 5, 12, got), 7u);  // after it: to the end
+  EXPECT_EQ(pool.match_cached_run_after(o.sequence(), 5, 12, got), 1u);  // o's block 6 differs
+  EXPECT_EQ(got, (std::vector<BlockId>{blocks[0], blocks[1], blocks[2], blocks[3], blocks[5],
+                                       blocks[6], blocks[7], blocks[8], blocks[9], blocks[10],
+                                       blocks[11], blocks[5]}));
+  // Errors (nothing appended, nothing changed): blocks beyond the sequence, a content-id pool.
+  got.assign({3});
+  expect_rejected(
+      pool, [&] { (void)pool.match_cached_run_after(s.sequence(), 0, 13, got); }, "13");
+  EXPECT_EQ(got, (std::vector<BlockId>{3}));
+  BlockPool ids(config(16));
+  expect_rejected(
+      ids, [&] { (void)ids.match_cached_run_after(s.sequence(), 0, 2, got); }, "content ids");
+  EXPECT_EQ(got, (std::vector<BlockId>{3}));
+  pool.check_invariants();
+}
+
+// The parent check of a run is the sequence's own previous chained hash, as in
+// match_cached_block_after(): a colliding block cached after another parent, or at the root, ends
+// the run; a pool that does not verify finds it by hash alone.
+TEST(BlockPool, MatchRunAfterChecksTheStoredParentHash) {
+  const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "after", 1);
+  std::vector<TokenId> p, q, suffix;  // as in MatchAfterChecksTheStoredParentHash
+  for (TokenId a = 1; a < 40 && q.empty(); ++a) {
+    for (TokenId b = a + 1; b < 40 && q.empty(); ++b) {
+      for (TokenId t = 50; t < 90; ++t) {
+        const auto sp = sequence({a, a, a, a, t, t, t, t}, {}, weak);
+        const auto sq = sequence({b, b, b, b, t, t, t, t}, {}, weak);
+        const auto alone = sequence({t, t, t, t}, {}, weak);
+        if (sp.block_hashes()[0] != sq.block_hashes()[0] &&
+            sp.block_hashes()[1] == sq.block_hashes()[1] &&
+            alone.block_hashes()[0] == sp.block_hashes()[1]) {
+          p = {a, a, a, a, t, t, t, t};
+          q = {b, b, b, b, t, t, t, t};
+          suffix = {t, t, t, t};
+          break;
+        }
+      }
+    }
+  }
+  ASSERT_FALSE(q.empty());
+  const auto sp = sequence(p, {}, weak);
+  const auto sq = sequence(q, {}, weak);
+  const auto root = sequence(suffix, {}, weak);
+  BlockPoolConfig c = config(16);
+  c.chain_hashes_identify_prefix = true;
+  BlockPool pool(c);
+  const auto bp = take(pool, 2);
+  pool.cache_full_blocks(sp.sequence(), bp, 0, 2);
+  std::vector<BlockId> got;
+  EXPECT_EQ(pool.match_cached_run_after(sp.sequence(), 0, 2, got), 2u);
+  EXPECT_EQ(got, bp);
+  got.clear();
+  EXPECT_EQ(pool.match_cached_run_after(sq.sequence(), 1, 2, got), 0u);    // another parent
+  EXPECT_EQ(pool.match_cached_run_after(root.sequence(), 0, 1, got), 0u);  // not at the root
+  EXPECT_TRUE(got.empty());
+  BlockPoolConfig raw = config(16);
+  raw.verify_cache_hits = false;
+  BlockPool trusting(raw);
+  const auto bt = take(trusting, 2);
+  trusting.cache_full_blocks(sp.sequence(), bt, 0, 2);
+  EXPECT_EQ(trusting.match_cached_run_after(sq.sequence(), 1, 2, got), 1u);
+  EXPECT_EQ(got, (std::vector<BlockId>{bt[1]}));
+}
+
 // Parents are compared by content identity, not by (possibly colliding) parent hash: a child
 // cached after prefix P must not be a hit after a different prefix P' with the same weak hash.
 TEST(BlockPool, ChildOfACollidingParentIsAMiss) {

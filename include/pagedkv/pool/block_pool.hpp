@@ -238,6 +238,14 @@ class BlockPool {
   // without verify_cache_hits, the same as get_cached_block(). Errors as match_cached_block().
   BlockId match_cached_block_after(const BlockSequence& seq, std::size_t index, GroupId group = 0,
                                    LookupScratch* scratch = nullptr) const;
+  // match_cached_block_after() for seq's blocks [begin, end) in order, stopping at the first
+  // miss: appends the matched blocks to `out` and returns how many matched. One call per run:
+  // the sequence is checked once and the table's misses of the blocks ahead overlap. Errors as
+  // match_cached_block_after() (for block end - 1), and bad_alloc from growing `out`; on any
+  // error nothing is appended. O(end - begin) lookups.
+  std::size_t match_cached_run_after(const BlockSequence& seq, std::size_t begin, std::size_t end,
+                                     std::vector<BlockId>& out, GroupId group = 0,
+                                     LookupScratch* scratch = nullptr) const;
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
   // verify_cache_hits). Both must be cached.
   bool same_content_chain(BlockId parent, BlockId child) const noexcept;
@@ -291,6 +299,10 @@ class BlockPool {
   };
   BlockId match(const BlockSequence& seq, std::size_t index, GroupId group, ParentCheck parent,
                 LookupScratch* scratch) const;
+  // match() once seq is known to hold block `index` (hash and tokens) of a valid block size.
+  // Defined (inline) in block_pool.cpp, its only user.
+  inline BlockId match_checked(const BlockSequence& seq, std::size_t index, GroupId group,
+                               ParentCheck parent, LookupScratch* scratch) const;
   // The content id of seq's block p whose parent prefix has content id `parent`, taking one
   // reference (creating the id, with a reference on `parent` and on its extra keys, when new).
   // May throw (extra-key interning) and then changes nothing; the table must have room.
