@@ -16,6 +16,9 @@
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace pagedkv {
 
@@ -283,7 +286,15 @@ BlockHash xxh3_no_extra_keys(const BlockHash& parent, std::span<const TokenId> t
   const auto count = static_cast<std::uint32_t>(tokens.size());
   std::memcpy(buf + 16, &count, 4);
   if (tokens.size() == kCommon) {
+#if defined(__SSE2__)
+    // Four 16-byte moves: GCC 12 compiles this 64-byte memcpy (to offset 20) to `rep movsl`,
+    // whose start-up cost was about 4 ns of a 31 ns block hash (bench_hash, BM_HashBlock).
+    const auto* from = reinterpret_cast<const __m128i*>(tokens.data());
+    auto* to = reinterpret_cast<__m128i*>(buf + 20);
+    for (int k = 0; k < 4; ++k) _mm_storeu_si128(to + k, _mm_loadu_si128(from + k));
+#else
     std::memcpy(buf + 20, tokens.data(), kCommon * sizeof(TokenId));
+#endif
   } else {
     std::memcpy(buf + 20, tokens.data(), tokens.size_bytes());
   }
