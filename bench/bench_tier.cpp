@@ -79,6 +79,12 @@ void BM_HostHitWriteBack(benchmark::State& state) {
 
 BENCHMARK(BM_HostHitWriteThrough)->Arg(64)->Arg(1024);
 BENCHMARK(BM_HostHitWriteBack)->Arg(64)->Arg(1024);
+// A fixed count for instruction counts: 8 timed pairs = 16,384 host-hit blocks, so that
+//   valgrind --tool=callgrind --toggle-collect='*timed_admit_pair*' bench_tier
+//     --benchmark_filter='WriteBack/1024/iterations:8'
+// collects exactly those (instructions per block = total Ir / 16,384).
+BENCHMARK(BM_HostHitWriteThrough)->Arg(1024)->Iterations(8);
+BENCHMARK(BM_HostHitWriteBack)->Arg(1024)->Iterations(8);
 
 }  // namespace
 
