@@ -950,13 +950,19 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
   for (std::size_t i = begin; i < std::min(end, begin + kAhead); ++i) {
     hash_map_.prefetch(seq.block_hashes[i], group);
   }
+  const std::size_t old_size = out.size();
   std::size_t i = begin;
-  for (; i < end; ++i) {
-    if (i + kAhead < end) hash_map_.prefetch(seq.block_hashes[i + kAhead], group);
-    const BlockHash* parent = i > 0 ? &seq.block_hashes[i - 1] : &kRootHash;
-    const BlockId id = match_checked(seq, i, group, ParentCheck{parent, nullptr}, scratch);
-    if (id == kNoBlock) break;
-    out.push_back(id);  // reserved: cannot throw
+  try {
+    for (; i < end; ++i) {
+      if (i + kAhead < end) hash_map_.prefetch(seq.block_hashes[i + kAhead], group);
+      const BlockHash* parent = i > 0 ? &seq.block_hashes[i - 1] : &kRootHash;
+      const BlockId id = match_checked(seq, i, group, ParentCheck{parent, nullptr}, scratch);
+      if (id == kNoBlock) break;
+      out.push_back(id);  // reserved: cannot throw
+    }
+  } catch (...) {  // bad_alloc building a block's extra keys without a scratch
+    out.resize(old_size);
+    throw;
   }
   return i - begin;
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/pool/block_pool.hpp"
 
@@ -307,6 +308,47 @@ TEST(StrongGuarantee, SteadyStateOneBlockStoresAllocateNothing) {
     g_fail_at = -1;
     pool.check_invariants();
   }
+}
+
+// A run lookup whose blocks carry extra keys builds each block's encoding (allocating without a
+// scratch): a failure at any of those allocations, mid-run, appends nothing.
+TEST(StrongGuarantee, RunLookupFailureAppendsNothing) {
+  BlockPoolConfig c;
+  c.num_blocks = 16;
+  c.block_size = 4;
+  c.chain_hashes_identify_prefix = true;
+  BlockPool pool(c);
+  RequestHashKeys keys;
+  keys.lora_name = "an-adapter-name-longer-than-the-small-string-buffer";
+  RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "run"), 4, keys);
+  std::vector<TokenId> tokens(4 * 8);
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i * 3 + 2);
+  seq.append(tokens);
+  std::vector<BlockId> blocks;
+  ASSERT_TRUE(pool.get_new_blocks(8, blocks));
+  pool.cache_full_blocks(seq.sequence(), blocks, 0, 8);
+  std::vector<BlockId> want = {-1};
+  want.insert(want.end(), blocks.begin(), blocks.end());
+  long failures = 0;
+  for (long n = 0;; ++n) {
+    std::vector<BlockId> out = {-1};
+    g_fail_at = n;
+    bool failed = false;
+    try {
+      EXPECT_EQ(pool.match_cached_run_after(seq.sequence(), 0, 8, out), 8u);
+    } catch (const std::bad_alloc&) {
+      failed = true;
+    }
+    g_fail_at = -1;
+    if (!failed) {
+      EXPECT_EQ(out, want);
+      break;
+    }
+    ++failures;
+    EXPECT_EQ(out, std::vector<BlockId>{-1}) << "failure at allocation " << n << " appended";
+  }
+  EXPECT_GT(failures, 8) << "expected the blocks' extra-key encodings to allocate";
+  pool.check_invariants();
 }
 
 }  // namespace
