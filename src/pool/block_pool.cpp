@@ -945,14 +945,13 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
     validate_sequence(seq, end, "BlockPool::match_cached_run_after");  // throws
   }
   if (!config_.enable_caching) return 0;
-  out.reserve(out.size() + (end - begin));  // the only allocation, before any change
+  out.reserve(out.size() + (end - begin));  // out grows here only, before any change
   constexpr std::size_t kAhead = 4;         // overlap the table's misses of the blocks ahead
   for (std::size_t i = begin; i < std::min(end, begin + kAhead); ++i) {
     hash_map_.prefetch(seq.block_hashes[i], group);
   }
-  const std::size_t old_size = out.size();
-  std::size_t i = begin;
-  try {
+  const auto scan = [&] {
+    std::size_t i = begin;
     for (; i < end; ++i) {
       if (i + kAhead < end) hash_map_.prefetch(seq.block_hashes[i + kAhead], group);
       const BlockHash* parent = i > 0 ? &seq.block_hashes[i - 1] : &kRootHash;
@@ -960,11 +959,16 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
       if (id == kNoBlock) break;
       out.push_back(id);  // reserved: cannot throw
     }
-  } catch (...) {  // bad_alloc building a block's extra keys without a scratch
+    return i - begin;
+  };
+  if (seq.extra_keys == nullptr) return scan();  // no extra keys to build: nothing can throw
+  const std::size_t old_size = out.size();
+  try {
+    return scan();
+  } catch (...) {  // bad_alloc building a block's extra keys (without a scratch)
     out.resize(old_size);
     throw;
   }
-  return i - begin;
 }
 
 BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,
