@@ -467,17 +467,16 @@ TEST(BlockPool, VerifiedLookupTurnsCollisionsIntoMisses) {
 
 // match_cached_block_after() checks the stored parent hash against the sequence's own previous
 // block (the root for block 0), without the parent's block; a pool of content ids refuses it.
-TEST(BlockPool, MatchAfterChecksTheStoredParentHash) {
-  const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "after", 1);
-  BlockPoolConfig c = config(16);
-  c.chain_hashes_identify_prefix = true;  // trusted here only to reach the parent check
-  BlockPool pool(c);
-  // Two chains whose first blocks differ in hash and whose second blocks (same tokens) collide,
-  // also with the second block's tokens hashed as a chain's first block. (With 1 bit, first
-  // blocks have two hash values; suffixes are tried until all three hashes are equal.)
+// Two chains p and q whose first blocks differ in hash and whose second blocks (same tokens,
+// `suffix`) collide, also with the suffix hashed as a chain's first block. (With 1 bit, first
+// blocks have two hash values; suffixes are tried until all three hashes are equal.) Empty
+// vectors when none is found.
+struct ParentCollision {
   std::vector<TokenId> p, q, suffix;
-  for (TokenId a = 1; a < 40 && q.empty(); ++a) {
-    for (TokenId b = a + 1; b < 40 && q.empty(); ++b) {
+};
+ParentCollision find_parent_collision(const BlockHasher& weak) {
+  for (TokenId a = 1; a < 40; ++a) {
+    for (TokenId b = a + 1; b < 40; ++b) {
       for (TokenId t = 50; t < 90; ++t) {
         const auto sp = sequence({a, a, a, a, t, t, t, t}, {}, weak);
         const auto sq = sequence({b, b, b, b, t, t, t, t}, {}, weak);
@@ -485,14 +484,20 @@ TEST(BlockPool, MatchAfterChecksTheStoredParentHash) {
         if (sp.block_hashes()[0] != sq.block_hashes()[0] &&
             sp.block_hashes()[1] == sq.block_hashes()[1] &&
             alone.block_hashes()[0] == sp.block_hashes()[1]) {
-          p = {a, a, a, a, t, t, t, t};
-          q = {b, b, b, b, t, t, t, t};
-          suffix = {t, t, t, t};
-          break;
+          return {{a, a, a, a, t, t, t, t}, {b, b, b, b, t, t, t, t}, {t, t, t, t}};
         }
       }
     }
   }
+  return {};
+}
+
+TEST(BlockPool, MatchAfterChecksTheStoredParentHash) {
+  const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "after", 1);
+  BlockPoolConfig c = config(16);
+  c.chain_hashes_identify_prefix = true;  // trusted here only to reach the parent check
+  BlockPool pool(c);
+  const auto [p, q, suffix] = find_parent_collision(weak);
   ASSERT_FALSE(q.empty());
   const auto sp = sequence(p, {}, weak);
   const auto sq = sequence(q, {}, weak);
@@ -588,24 +593,7 @@ TEST(BlockPool, MatchRunAfterEqualsBlockByBlockLookups) {
 // the run; a pool that does not verify finds it by hash alone.
 TEST(BlockPool, MatchRunAfterChecksTheStoredParentHash) {
   const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "after", 1);
-  std::vector<TokenId> p, q, suffix;  // as in MatchAfterChecksTheStoredParentHash
-  for (TokenId a = 1; a < 40 && q.empty(); ++a) {
-    for (TokenId b = a + 1; b < 40 && q.empty(); ++b) {
-      for (TokenId t = 50; t < 90; ++t) {
-        const auto sp = sequence({a, a, a, a, t, t, t, t}, {}, weak);
-        const auto sq = sequence({b, b, b, b, t, t, t, t}, {}, weak);
-        const auto alone = sequence({t, t, t, t}, {}, weak);
-        if (sp.block_hashes()[0] != sq.block_hashes()[0] &&
-            sp.block_hashes()[1] == sq.block_hashes()[1] &&
-            alone.block_hashes()[0] == sp.block_hashes()[1]) {
-          p = {a, a, a, a, t, t, t, t};
-          q = {b, b, b, b, t, t, t, t};
-          suffix = {t, t, t, t};
-          break;
-        }
-      }
-    }
-  }
+  const auto [p, q, suffix] = find_parent_collision(weak);
   ASSERT_FALSE(q.empty());
   const auto sp = sequence(p, {}, weak);
   const auto sq = sequence(q, {}, weak);
