@@ -663,6 +663,16 @@ void BlockPool::validate_sequence(const BlockSequence& seq, std::size_t last,
   }
 }
 
+inline void BlockPool::check_sequence(const BlockSequence& seq, std::size_t last,
+                                      const char* where) const {
+  std::size_t end_token = 0;  // a multiply, not validate_sequence's division
+  if (seq.block_size == 0 || seq.block_size > config_.block_size ||
+      __builtin_mul_overflow(last, std::size_t{seq.block_size}, &end_token) ||
+      end_token > seq.tokens.size()) [[unlikely]] {
+    validate_sequence(seq, last, where);  // throws
+  }
+}
+
 void BlockPool::cache_full_blocks(const BlockSequence& seq, std::span<const BlockId> blocks,
                                   std::size_t num_cached_blocks, std::size_t num_full_blocks,
                                   GroupId group) {
@@ -938,12 +948,7 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
                                             std::to_string(seq.block_hashes.size()) +
                                             " full blocks");
   }
-  std::size_t end_token = 0;
-  if (seq.block_size == 0 || seq.block_size > config_.block_size ||
-      __builtin_mul_overflow(end, std::size_t{seq.block_size}, &end_token) ||
-      end_token > seq.tokens.size()) {
-    validate_sequence(seq, end, "BlockPool::match_cached_run_after");  // throws
-  }
+  check_sequence(seq, end, "BlockPool::match_cached_run_after");
   if (!config_.enable_caching) return 0;
   out.reserve(out.size() + (end - begin));  // out grows here only, before any change
   constexpr std::size_t kAhead = 4;         // overlap the table's misses of the blocks ahead
@@ -1087,12 +1092,7 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
                                             std::to_string(seq.block_hashes.size()) +
                                             " full blocks");
   }
-  std::size_t end_token = 0;  // a multiply, not validate_sequence's division: once per block
-  if (seq.block_size == 0 || seq.block_size > config_.block_size ||
-      __builtin_mul_overflow(index + 1, std::size_t{seq.block_size}, &end_token) ||
-      end_token > seq.tokens.size()) {
-    validate_sequence(seq, index + 1, "BlockPool::match_cached_block");  // throws
-  }
+  check_sequence(seq, index + 1, "BlockPool::match_cached_block");
   return match_checked(seq, index, group, parent, scratch);
 }
 

@@ -223,7 +223,7 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
   hit.host_epoch = host_epoch_;
   const std::size_t begin = hit.gpu.blocks.size();
   if (host_chain_) {  // one pool call for the run (it overlaps the map's misses)
-    host_.match_cached_run_after(seq, begin, std::max(begin, max_blocks), hit.host_slots);
+    host_.match_cached_run_after(seq, begin, max_blocks, hit.host_slots);  // 0 if begin >= end
   } else {
     constexpr std::size_t kAhead = 4;  // overlap the host map's cache misses
     if (begin < max_blocks) hit.host_slots.reserve(max_blocks - begin);

@@ -312,6 +312,9 @@ class BlockPool {
                              LookupScratch& scratch) const;
   void release_content(std::uint32_t id) noexcept;
   void validate_sequence(const BlockSequence& seq, std::size_t last, const char* where) const;
+  // validate_sequence() for the lookups, which run per block: a multiply and compares, calling
+  // validate_sequence() (to throw) only when something is wrong.
+  inline void check_sequence(const BlockSequence& seq, std::size_t last, const char* where) const;
   void evict_cached(BlockId id) noexcept;
   void record(KVEvent::Data&& data) noexcept;
   void record_removed(const BlockHash& hash, GroupId group) noexcept;
