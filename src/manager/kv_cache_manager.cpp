@@ -162,13 +162,16 @@ void KVCacheManager::prepare_runs(const Request& request, std::size_t g, std::si
   const auto cacheable = [&](std::size_t i) {
     return block_at(i) != kNullBlockId && coordinator_.block_can_hit(g, i);
   };
+  // A full-attention group holds no null block and each of its blocks can be part of a hit: its
+  // range is one run, found without a test per block.
+  const bool one_run = group.spec.kind == AttentionKind::kFull;
   std::size_t i = first;
   while (i < full) {
-    if (!cacheable(i)) {
+    if (!one_run && !cacheable(i)) {
       ++i;
       continue;
     }
-    std::size_t j = i;
+    std::size_t j = one_run ? full : i;
     while (j < full && cacheable(j)) ++j;
     // The blocks before the run, as they will be: usually just the cached parent; the whole
     // prefix when the parent is not cached (evicted or skipped), so the pool finds the nearest
@@ -485,13 +488,8 @@ bool KVCacheManager::release(Request& request, const char* what) {
   const auto it = requests_.find(request.id());
   if (it == requests_.end()) return false;
   BlockPool::EventDeliveryHold hold(pool_);
-  std::size_t most = 0;
-  for (const GroupBlocks& gs : it->second.groups) most = std::max(most, gs.blocks.size());
-  free_scratch_.reserve(most);  // the only allocation, before any change
-  for (const GroupBlocks& gs : it->second.groups) {
-    free_scratch_.assign(gs.blocks.rbegin(), gs.blocks.rend());  // tail first
-    pool_.free_blocks(free_scratch_);
-  }
+  for (const GroupBlocks& gs : it->second.groups)
+    pool_.free_blocks_reversed(gs.blocks);  // tail first
   requests_.erase(it);
   return true;
 }

@@ -126,6 +126,13 @@ constexpr bool kCanStreamTokens = true;
 inline void stream_block_tokens(TokenId* to, const TokenId* from, std::uint32_t n) noexcept {
   auto* dst = reinterpret_cast<__m128i*>(to);
   const auto* src = reinterpret_cast<const __m128i*>(from);
+  if (n == 16) {  // the usual block: one line, four stores and no loop
+    _mm_stream_si128(dst, _mm_loadu_si128(src));
+    _mm_stream_si128(dst + 1, _mm_loadu_si128(src + 1));
+    _mm_stream_si128(dst + 2, _mm_loadu_si128(src + 2));
+    _mm_stream_si128(dst + 3, _mm_loadu_si128(src + 3));
+    return;
+  }
   for (std::uint32_t w = 0; w < n / 4; ++w) _mm_stream_si128(dst + w, _mm_loadu_si128(src + w));
 }
 // Non-temporal stores are weakly ordered: a fence orders them before the stores that follow
@@ -141,6 +148,10 @@ inline void stream_fence() noexcept {}
 constexpr std::size_t kStreamTokensMinBytes = std::size_t{1} << 20;
 // Blocks a commit_store() call must cache to stream them (one fence per call).
 constexpr std::size_t kStreamTokensMinBlocks = 8;
+// Look-ahead distances, in blocks, of the store's and the eviction's prefetches (tuned on the
+// Mooncake replay; bench/results/pool_hash_speed.md, seventh pass).
+constexpr std::size_t kStoreAhead = 16;
+constexpr std::int32_t kEvictAhead = 8;
 
 // The pool's own identity of a prefix (when chain hashes are not collision resistant): SHA-256
 // over the parent prefix's identity, the block size, the tokens and the canonical extra keys.
@@ -503,13 +514,14 @@ void BlockPool::deliver_events() noexcept {
   events_.clear();
 }
 
-void BlockPool::evict_cached(BlockId id) noexcept {
+[[gnu::always_inline]] inline void BlockPool::evict_cached(BlockId id) noexcept {
   KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
   hash_map_.erase(id);
   if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
   if (chain_identity_) {
+    // The stored parent hash stays (stale, never read; the next store overwrites it): clearing
+    // it cost a write to one more random line per eviction.
     extra_keys_->release(b.content_id & kExtraIdMask);
-    stored_[static_cast<std::size_t>(id)] = Stored{};
     b.content_id = 0;
   } else if (verifying()) {
     release_content(b.content_id);
@@ -518,6 +530,18 @@ void BlockPool::evict_cached(BlockId id) noexcept {
   b.block_hash = BlockHash();
   b.group_id = 0;
   ++num_evictions_;
+}
+
+// Starts loading what evicting block id (if cached) reads: its map slot and, in a pool with
+// content ids, the content entry it releases with that entry's index slot.
+[[gnu::always_inline]] inline void BlockPool::prefetch_eviction(BlockId id) const noexcept {
+  const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+  if (!b.is_cached()) return;
+  hash_map_.prefetch(b.block_hash, b.group_id);
+  if (!chain_identity_ && verifying()) {
+    __builtin_prefetch(contents_->entry(b.content_id), 1);
+    contents_->prefetch(ContentTable::tag_of(b.block_hash));
+  }
 }
 
 bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
@@ -530,25 +554,35 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   // Everything that may allocate, before any change.
   out.reserve(out.size() + static_cast<std::size_t>(n));
   if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
-  const std::size_t first = out.size();
-  for (std::int32_t i = 0; i < n; ++i) {
-    const BlockId id = free_queue_.popleft();
-    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    if (b.is_cached()) {  // evicted below: start loading what evict_cached() touches
-      hash_map_.prefetch(b.block_hash, b.group_id);
-      if (chain_identity_) {
-        __builtin_prefetch(&stored_[static_cast<std::size_t>(id)], 1);
-      } else if (verifying()) {  // and the content id it releases, with its index slot
-        __builtin_prefetch(contents_->entry(b.content_id), 1);
-        contents_->prefetch(ContentTable::tag_of(b.block_hash));
-      }
-    }
-    out.push_back(id);
+  // The blocks to pop are the queue's first n: walking ahead of the pops, the map slot of a
+  // block kEvictAhead pops away is loaded (its record was loaded 2 x kEvictAhead pops away),
+  // so an eviction finds what its erase reads in cache.
+  BlockId far = free_queue_.front(), near = far;
+  std::int32_t far_left = n, near_left = n;
+  for (std::int32_t k = 0; k < 2 * kEvictAhead && far_left > 0; ++k, --far_left) {
+    __builtin_prefetch(&blocks_[static_cast<std::size_t>(far)]);
+    far = free_queue_.next(far);
   }
-  for (std::size_t i = first; i < out.size(); ++i) {
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(out[i])];
-    if (b.is_cached()) evict_cached(out[i]);
+  for (std::int32_t k = 0; k < kEvictAhead && near_left > 0; ++k, --near_left) {
+    prefetch_eviction(near);
+    near = free_queue_.next(near);
+  }
+  for (std::int32_t i = 0; i < n; ++i) {
+    if (far_left > 0) {
+      __builtin_prefetch(&blocks_[static_cast<std::size_t>(far)]);
+      far = free_queue_.next(far);
+      --far_left;
+    }
+    if (near_left > 0) {
+      prefetch_eviction(near);
+      near = free_queue_.next(near);
+      --near_left;
+    }
+    const BlockId id = free_queue_.popleft();
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_cached()) evict_cached(id);
     b.ref_cnt = 1;
+    out.push_back(id);
   }
   if (!events_.empty()) deliver_events();
   return true;
@@ -579,8 +613,22 @@ void BlockPool::requeue(BlockId id) {
 }
 
 void BlockPool::free_blocks(std::span<const BlockId> ordered) {
-  if (ordered.size() == 1) {  // one block (a tier's slot): no duplicate to look for
-    const BlockId id = ordered[0];
+  free_blocks_in<false>(ordered);
+}
+
+void BlockPool::free_blocks_reversed(std::span<const BlockId> blocks) {
+  free_blocks_in<true>(blocks);
+}
+
+// free_blocks() of `given` in its order (kReverse false) or reversed, without a reversed copy.
+template <bool kReverse>
+void BlockPool::free_blocks_in(std::span<const BlockId> given) {
+  const std::size_t count = given.size();
+  const auto ordered = [given, count](std::size_t k) {
+    return given[kReverse ? count - 1 - k : k];
+  };
+  if (count == 1) {  // one block (a tier's slot): no duplicate to look for
+    const BlockId id = ordered(0);
     (void)block(id);  // throws kOutOfRange
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) return;
@@ -596,14 +644,14 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
   }
   // Validate without side effects: a block being freed has ref > 0, so flipping its sign marks
   // it as seen in this call (a second sighting is a duplicate); the marks are undone below.
-  auto unmark = [&](std::size_t count) {
-    for (std::size_t k = 0; k < count; ++k) {
-      KVCacheBlock& b = blocks_[static_cast<std::size_t>(ordered[k])];
+  auto unmark = [&](std::size_t seen) {
+    for (std::size_t k = 0; k < seen; ++k) {
+      KVCacheBlock& b = blocks_[static_cast<std::size_t>(ordered(k))];
       if (b.ref_cnt < 0) b.ref_cnt = -b.ref_cnt;
     }
   };
-  for (std::size_t k = 0; k < ordered.size(); ++k) {
-    const BlockId id = ordered[k];
+  for (std::size_t k = 0; k < count; ++k) {
+    const BlockId id = ordered(k);
     if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks)) {
       unmark(k);
       throw_out_of_range(id);
@@ -625,9 +673,9 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
   // puts hashed blocks reaching ref 0 at the tail in order; a pass in reverse puts unhashed ones
   // reaching ref 0 (every uncached block at ref 0 that is not yet queued: each had ref > 0) at
   // the head, so they lie there as a group in the given order. No scratch memory.
-  std::size_t first_unhashed = ordered.size(), end_unhashed = 0;  // the range to pass again
-  for (std::size_t k = 0; k < ordered.size(); ++k) {
-    const BlockId id = ordered[k];
+  std::size_t first_unhashed = count, end_unhashed = 0;  // the range to pass again
+  for (std::size_t k = 0; k < count; ++k) {
+    const BlockId id = ordered(k);
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
     b.ref_cnt = -b.ref_cnt - 1;
@@ -641,7 +689,7 @@ void BlockPool::free_blocks(std::span<const BlockId> ordered) {
     }
   }
   for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
-    const BlockId id = ordered[k];
+    const BlockId id = ordered(k);
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (!b.is_null && b.ref_cnt == 0 && !b.is_cached()) free_queue_.prepend(id);
   }
@@ -821,39 +869,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   if (st.pool_ != nullptr && st.pool_ != this) {
     throw Error(ErrorCode::kInvalidArgument, where() + "the store was prepared by another pool");
   }
-  for (std::size_t k = 0; k < blocks.size(); ++k) {
-    const BlockId id = blocks[k];
-    const char* problem = nullptr;
-    if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks)) {
-      unmark(k);
-      throw_out_of_range(id);
-    }
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    ErrorCode code = ErrorCode::kInvalidState;
-    if (b.is_null) {
-      problem = " is the null block, which is never cached";
-      code = ErrorCode::kInvalidArgument;
-    } else if (b.ref_cnt < 0) {
-      problem = " appears twice in one call";
-      code = ErrorCode::kInvalidArgument;
-    } else if (b.is_cached()) {
-      problem = " is already cached";
-    } else if (b.ref_cnt == 0) {
-      problem = " is not allocated";
-    }
-    if (problem != nullptr) {
-      unmark(k);
-      throw Error(code, where() + id_text(id) + problem);
-    }
-    b.ref_cnt = -b.ref_cnt;
-  }
-  if (st.pool_ == nullptr) {  // caching off or an empty range
-    unmark(blocks.size());
-    return;
-  }
-
-  // The change: nothing below allocates or throws (the map has room for every block). The
-  // first pass undoes the marks and starts loading what the second writes.
+  const bool storing = st.pool_ != nullptr;  // false: caching off or an empty range
   const auto hashes = st.seq_.block_hashes;
   const std::size_t bs = config_.block_size;
   const std::uint32_t seq_bs = st.seq_.block_size;
@@ -861,20 +877,62 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   // the streamed lines to reach memory, which costs more than a one-block store (a host tier's)
   // saves.
   const bool stream = stream_tokens_ && seq_bs == bs && blocks.size() >= kStreamTokensMinBlocks;
+  // The checking pass also starts loading what the change writes (the map's slots, the stored
+  // material), so the change finds them in cache.
   for (std::size_t k = 0; k < blocks.size(); ++k) {
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(blocks[k])];
+    const BlockId id = blocks[k];
+    if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks)) {
+      unmark(k);
+      throw_out_of_range(id);
+    }
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    // One test for the usual case (an allocated, uncached, ordinary block seen once); the
+    // problem is told apart only when there is one.
+    if (b.is_null || b.ref_cnt <= 0 || b.is_cached()) [[unlikely]] {
+      const char* problem = " is not allocated";
+      ErrorCode code = ErrorCode::kInvalidState;
+      if (b.is_null) {
+        problem = " is the null block, which is never cached";
+        code = ErrorCode::kInvalidArgument;
+      } else if (b.ref_cnt < 0) {
+        problem = " appears twice in one call";
+        code = ErrorCode::kInvalidArgument;
+      } else if (b.is_cached()) {
+        problem = " is already cached";
+      }
+      unmark(k);
+      throw Error(code, where() + id_text(id) + problem);
+    }
     b.ref_cnt = -b.ref_cnt;
-    hash_map_.prefetch(hashes[st.first_ + k], st.group_);  // overlap the table's misses
-    if (chain_identity_) {  // and those of the stored material written below
-      const auto i = static_cast<std::size_t>(blocks[k]);
-      __builtin_prefetch(&stored_[i], 1);
-      if (!stream) __builtin_prefetch(&block_tokens_[i * bs], 1);
+    if (storing && k < kStoreAhead) {
+      hash_map_.prefetch(hashes[st.first_ + k], st.group_);
+      if (chain_identity_) {
+        const auto i = static_cast<std::size_t>(id);
+        __builtin_prefetch(&stored_[i], 1);
+        if (!stream) __builtin_prefetch(&block_tokens_[i * bs], 1);
+      }
     }
   }
+  if (!storing) {
+    unmark(blocks.size());
+    return;
+  }
+
+  // The change: nothing below allocates or throws (the map has room for every block). It undoes
+  // the checking marks as it goes.
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const BlockId id = blocks[k];
     const auto i = static_cast<std::size_t>(id);
+    if (k + kStoreAhead < blocks.size()) {
+      const auto a = static_cast<std::size_t>(blocks[k + kStoreAhead]);
+      hash_map_.prefetch(hashes[st.first_ + k + kStoreAhead], st.group_);
+      if (chain_identity_) {
+        __builtin_prefetch(&stored_[a], 1);
+        if (!stream) __builtin_prefetch(&block_tokens_[a * bs], 1);
+      }
+    }
     KVCacheBlock& b = blocks_[i];
+    b.ref_cnt = -b.ref_cnt;
     b.block_hash = hashes[st.first_ + k];
     b.group_id = st.group_;
     if (chain_identity_) {
@@ -1236,12 +1294,9 @@ void BlockPool::check_invariants() const {
         }
       }
     } else if (b.content_id != 0) {
+      // (An uncached block's stored parent hash and tokens are stale and never read: only
+      // cached blocks are reachable through the map, and a store overwrites both.)
       fail(id_text(b.block_id) + " is not cached but keeps a content id");
-    } else if (chain_identity_) {
-      const Stored& m = stored_[static_cast<std::size_t>(b.block_id)];
-      if (m.parent != Stored{}.parent) {
-        fail(id_text(b.block_id) + " is not cached but keeps key material");
-      }
     }
     if (chain_identity_ && b.is_cached()) {
       const std::uint32_t code = b.content_id >> kExtraIdBits;

@@ -298,6 +298,54 @@ TEST(BlockPool, RequeueEqualsTouchThenFree) {
   EXPECT_EQ(pool.free_queue().back(), first);
 }
 
+// free_blocks_reversed(t) is free_blocks(t reversed): same pool for a request's table of cached,
+// uncached, shared and null blocks, and the same errors with nothing changed.
+TEST(BlockPool, FreeBlocksReversedEqualsFreeingTheReversedTable) {
+  auto build = [](BlockPool& pool) {
+    const auto seq = sequence(iota_tokens(0, kBlockSize * 5));
+    auto blocks = take(pool, 7);
+    pool.cache_full_blocks(seq.sequence(), blocks, 0, 5);
+    pool.touch(std::vector<BlockId>{blocks[2]});  // a second holder: stays out of the queue
+    blocks.insert(blocks.begin() + 3, kNullBlockId);
+    return blocks;  // cached 0, 1, 2 (shared), null, cached 3, 4, uncached 5, 6
+  };
+  for (const bool events : {false, true}) {
+    BlockPool a(config(12, events));
+    BlockPool b(config(12, events));
+    const auto table_a = build(a);
+    const auto table_b = build(b);
+    ASSERT_EQ(table_a, table_b);
+    a.free_blocks_reversed(table_a);
+    b.free_blocks(std::vector<BlockId>(table_b.rbegin(), table_b.rend()));
+    EXPECT_EQ(a.snapshot(), b.snapshot());
+    EXPECT_EQ(a.free_queue().ids(), b.free_queue().ids());
+    a.check_invariants();
+  }
+  BlockPool pool(config(12));
+  const auto table = build(pool);
+  const BlockId held = table[0];
+  expect_rejected(
+      pool,
+      [&] {
+        pool.free_blocks_reversed(std::vector<BlockId>{held, 12});
+      },
+      "out of range");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.free_blocks_reversed(std::vector<BlockId>{held, table[1], held});
+      },
+      "appears twice");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.free_blocks_reversed(std::vector<BlockId>{held, 11});
+      },
+      "double free");
+  pool.free_blocks_reversed(table);
+  pool.check_invariants();
+}
+
 // commit_store validates every block (one pass, sign marks undone) before any change.
 TEST(BlockPool, CommitStoreIsRejectedWithStateUnchanged) {
   for (const bool chain : {false, true}) {

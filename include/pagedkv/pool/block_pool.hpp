@@ -136,6 +136,8 @@ class BlockPool {
   // Drops one holder from each block, given tail first (see the file comment for queue order).
   // The null block is skipped. Errors: an id out of range, a block with ref 0, an id twice.
   void free_blocks(std::span<const BlockId> ordered);
+  // free_blocks() of `blocks` reversed (a request's block table, tail first), without a copy.
+  void free_blocks_reversed(std::span<const BlockId> blocks);
 
   // touch({id}) then free_blocks({id}) in one call, for a holder that releases at once: a free
   // block (ref 0) moves to the queue's tail if cached (its LRU refresh), to the head if not; a
@@ -316,6 +318,9 @@ class BlockPool {
   // validate_sequence() (to throw) only when something is wrong.
   inline void check_sequence(const BlockSequence& seq, std::size_t last, const char* where) const;
   void evict_cached(BlockId id) noexcept;
+  void prefetch_eviction(BlockId id) const noexcept;
+  template <bool kReverse>
+  void free_blocks_in(std::span<const BlockId> given);
   void record(KVEvent::Data&& data) noexcept;
   void record_removed(const BlockHash& hash, GroupId group) noexcept;
   void deliver_events() noexcept;
@@ -329,7 +334,8 @@ class BlockPool {
   // Stored key material (only with verify_cache_hits). Own identities: each cached block names
   // its content id (KVCacheBlock::content_id); the table holds the material. Chain-hash
   // identities (chain_hashes_identify_prefix): per block its tokens (block_tokens_), its
-  // parent's chained hash (stored_: 32 raw bytes, zero past the hash's size) and, in
+  // parent's chained hash (stored_: 32 raw bytes, zero past the hash's size; both stale once
+  // the block is evicted, never read then) and, in
   // KVCacheBlock::content_id, a material word: its interned extra keys' id in the low 30 bits
   // and the parent hash's size code above them (0: no parent, block 0; 1: 16 bytes; 2: 32).
   // 32 + 64 bytes per 16-token block, so that the map can have 4 slots per block within the
