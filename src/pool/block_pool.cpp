@@ -674,17 +674,21 @@ void BlockPool::free_blocks_in(std::span<const BlockId> given) {
   // reaching ref 0 (every uncached block at ref 0 that is not yet queued: each had ref > 0) at
   // the head, so they lie there as a group in the given order. No scratch memory.
   std::size_t first_unhashed = count, end_unhashed = 0;  // the range to pass again
-  for (std::size_t k = 0; k < count; ++k) {
-    const BlockId id = ordered(k);
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    if (b.is_null) continue;
-    b.ref_cnt = -b.ref_cnt - 1;
-    if (b.ref_cnt == 0) {
-      if (b.is_cached()) {
-        free_queue_.append(id);
-      } else {
-        first_unhashed = std::min(first_unhashed, k);
-        end_unhashed = k + 1;
+  {
+    FreeBlockQueue::Appender tail(free_queue_);  // tail and count in registers
+    KVCacheBlock* const records = blocks_.data();
+    for (std::size_t k = 0; k < count; ++k) {
+      const BlockId id = ordered(k);
+      KVCacheBlock& b = records[static_cast<std::size_t>(id)];
+      if (b.is_null) continue;
+      b.ref_cnt = -b.ref_cnt - 1;
+      if (b.ref_cnt == 0) {
+        if (b.is_cached()) {
+          tail.add(id);
+        } else {
+          first_unhashed = std::min(first_unhashed, k);
+          end_unhashed = k + 1;
+        }
       }
     }
   }

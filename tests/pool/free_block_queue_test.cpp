@@ -35,6 +35,38 @@ TEST(FreeBlockQueue, RemoveFromAnywhere) {
   EXPECT_EQ(q.back(), kQueueEnd);
 }
 
+// An Appender's adds equal append() calls, on an empty queue and on a queue with blocks, and the
+// queue is usable as usual once it has finished.
+TEST(FreeBlockQueue, AppenderEqualsAppends) {
+  for (const std::int32_t kept : {0, 2}) {
+    FreeBlockQueue a(9, 1);
+    FreeBlockQueue b(9, 1);
+    std::vector<BlockId> out_a, out_b;
+    a.popleft_n(8 - kept, out_a);  // leaves blocks 7, 8 when kept = 2
+    b.popleft_n(8 - kept, out_b);
+    {
+      FreeBlockQueue::Appender tail(a);
+      for (const BlockId id : {4, 1, 6}) tail.add(id);
+    }
+    for (const BlockId id : {4, 1, 6}) b.append(id);
+    EXPECT_EQ(a.ids(), b.ids()) << kept;
+    EXPECT_EQ(a.size(), b.size());
+    EXPECT_EQ(a.front(), b.front());
+    EXPECT_EQ(a.back(), b.back());
+    for (BlockId id = 1; id < 9; ++id) {
+      EXPECT_EQ(a.contains(id), b.contains(id)) << id;
+      if (!a.contains(id)) continue;
+      EXPECT_EQ(a.next(id), b.next(id)) << id;
+      EXPECT_EQ(a.prev(id), b.prev(id)) << id;
+    }
+    a.prepend(2);
+    a.append(3);
+    EXPECT_EQ(a.popleft(), 2);
+    EXPECT_EQ(a.back(), 3);
+    EXPECT_EQ(a.size(), kept + 4);
+  }
+}
+
 TEST(FreeBlockQueue, AppendAndPrependGroupsKeepTheirOrder) {
   FreeBlockQueue q(8, 1);
   std::vector<BlockId> all;

@@ -22,6 +22,11 @@
 namespace pagedkv {
 
 class FreeBlockQueue {
+  struct Link {                      // by block id
+    BlockId prev_free = kNotQueued;  // previous block, kQueueEnd at the head
+    BlockId next_free = kNotQueued;  // next block, kQueueEnd at the tail
+  };
+
  public:
   // Queues blocks first..num_blocks-1 in id order (first = 1 skips the null block).
   FreeBlockQueue(std::int32_t num_blocks, BlockId first)
@@ -107,6 +112,44 @@ class FreeBlockQueue {
     for (const BlockId id : ids) append(id);
   }
 
+  // Appends blocks one at a time, like append(), with the tail and the count kept in registers
+  // until finish() (or destruction) writes them back: a loop of appends then carries no
+  // dependency through memory. Nothing else may change the queue while an Appender is open.
+  class Appender {
+   public:
+    explicit Appender(FreeBlockQueue& q) noexcept
+        : q_(q), links_(q.links_.data()), tail_(q.tail_) {}
+    Appender(const Appender&) = delete;
+    Appender& operator=(const Appender&) = delete;
+    ~Appender() { finish(); }
+
+    // Precondition: !contains(id).
+    void add(BlockId id) noexcept {
+      Link& b = links_[id];
+      assert(b.prev_free == kNotQueued);
+      b.prev_free = tail_;
+      b.next_free = kQueueEnd;
+      if (tail_ == kQueueEnd) {
+        q_.head_ = id;
+      } else {
+        links_[tail_].next_free = id;
+      }
+      tail_ = id;
+      ++added_;
+    }
+    void finish() noexcept {
+      q_.tail_ = tail_;
+      q_.size_ += added_;
+      added_ = 0;
+    }
+
+   private:
+    FreeBlockQueue& q_;
+    Link* links_;
+    BlockId tail_;
+    std::int32_t added_ = 0;
+  };
+
   // Adds blocks at the head as a group, in the given order: ids[0] becomes the new head.
   void prepend_n(std::span<const BlockId> ids) noexcept {
     for (auto it = ids.rbegin(); it != ids.rend(); ++it) prepend(*it);
@@ -124,10 +167,6 @@ class FreeBlockQueue {
   }
 
  private:
-  struct Link {
-    BlockId prev_free = kNotQueued;  // previous block, kQueueEnd at the head
-    BlockId next_free = kNotQueued;  // next block, kQueueEnd at the tail
-  };
   TableVector<Link> links_;   // by block id
   BlockId head_ = kQueueEnd;  // allocated next
   BlockId tail_ = kQueueEnd;  // allocated last
