@@ -4,14 +4,13 @@
 
 namespace pagedkv {
 
-std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockSequence& seq,
-                                             GroupId group, std::size_t max_blocks,
-                                             std::size_t alignment,
-                                             BlockPool::LookupScratch* scratch) {
-  max_blocks = std::min(max_blocks, seq.block_hashes.size());
-  std::vector<BlockId> hit;
-  // Each hit's parent is the previous hit. The table's misses overlap through prefetches a few
-  // blocks ahead.
+namespace {
+
+// Block by block, each hit's parent being the previous hit (pools whose parent identity is a
+// content id). The table's misses overlap through prefetches a few blocks ahead.
+void find_with_parents(const BlockPool& pool, const BlockSequence& seq, GroupId group,
+                       std::size_t max_blocks, BlockPool::LookupScratch* scratch,
+                       std::vector<BlockId>& hit) {
   constexpr std::size_t kPrefetchDistance = 8;
   for (std::size_t i = 0; i < std::min(kPrefetchDistance, max_blocks); ++i) {
     pool.prefetch_cached_block(seq.block_hashes[i], group);
@@ -25,6 +24,25 @@ std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockS
     if (b == BlockPool::kNoBlock) break;
     hit.push_back(b);
     parent = b;
+  }
+}
+
+}  // namespace
+
+std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockSequence& seq,
+                                             GroupId group, std::size_t max_blocks,
+                                             std::size_t alignment,
+                                             BlockPool::LookupScratch* scratch) {
+  max_blocks = std::min(max_blocks, seq.block_hashes.size());
+  std::vector<BlockId> hit;
+  const BlockPoolConfig& c = pool.config();
+  if (!c.verify_cache_hits || c.chain_hashes_identify_prefix) {
+    // The parent check of a hit at i compares its stored parent hash with the request's own hash
+    // of block i - 1, which the previous hit matched in full: the pool's run lookup gives the
+    // same blocks as the block-by-block search, in one call.
+    pool.match_cached_run_after(seq, 0, max_blocks, hit, group, scratch);
+  } else {
+    find_with_parents(pool, seq, group, max_blocks, scratch, hit);
   }
   while (!hit.empty() && (hit.size() * seq.block_size) % alignment != 0) hit.pop_back();
   return hit;
