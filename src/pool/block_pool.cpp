@@ -532,6 +532,11 @@ void BlockPool::deliver_events() noexcept {
   ++num_evictions_;
 }
 
+// evict_cached() out of line, for the short path of get_new_blocks().
+[[gnu::noinline]] void BlockPool::evict_one(BlockId id) noexcept {
+  evict_cached(id);
+}
+
 // Starts loading what evicting block id (if cached) reads: its map slot and, in a pool with
 // content ids, the content entry it releases with that entry's index slot.
 [[gnu::always_inline]] inline void BlockPool::prefetch_eviction(BlockId id) const noexcept {
@@ -554,6 +559,18 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   // Everything that may allocate, before any change.
   out.reserve(out.size() + static_cast<std::size_t>(n));
   if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
+  if (n <= 2 * kEvictAhead) {  // a decode step's block or a few: no look-ahead to set up
+    for (std::int32_t i = 0; i < n; ++i) {
+      const BlockId id = free_queue_.popleft();
+      KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+      if (b.is_cached()) [[unlikely]]
+        evict_one(id);
+      b.ref_cnt = 1;
+      out.push_back(id);
+    }
+    if (!events_.empty()) deliver_events();
+    return true;
+  }
   // The blocks to pop are the queue's first n: walking ahead of the pops, the map slot of a
   // block kEvictAhead pops away is loaded (its record was loaded 2 x kEvictAhead pops away),
   // so an eviction finds what its erase reads in cache.
