@@ -19,8 +19,8 @@
 #include "pagedkv/hash/request_hasher.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/pool/block_pool.hpp"
+#include "replay.hpp"
 #include "test_tokens.hpp"
-#include "trace.hpp"
 
 // Counting allocator for BM_MetadataBytesPerBlock: while g_counting is set, every operator new
 // and delete of this program adds or subtracts the bytes malloc really handed out
@@ -352,17 +352,8 @@ void BM_MooncakeReplaySlice(benchmark::State& state) {
   c.block_size = kBlockSize;
   c.hash_scheme = state.range(0) == 0 ? HashScheme::kXxh3_128 : HashScheme::kSha256;
   c.hash_seed = "pagedkv-replay";
-  std::vector<Request> requests;
   std::uint64_t blocks = 0;
-  {
-    KVCacheManager hasher(c);
-    std::vector<TokenId> tokens;
-    for (std::size_t i = 0; i < trace.requests.size(); ++i) {
-      synthesize_prompt(trace, i, tokens);
-      requests.push_back(hasher.make_request(i, tokens));
-      blocks += (tokens.size() + kBlockSize - 1) / kBlockSize;
-    }
-  }
+  std::vector<Request> requests = hash_prompts(trace, c, 0, blocks);
   std::uint64_t hit_tokens = 0, evictions = 0;
   for (auto _ : state) {
     state.PauseTiming();

@@ -32,7 +32,7 @@
 #endif
 
 #include "pagedkv/manager/kv_cache_manager.hpp"
-#include "trace.hpp"
+#include "replay.hpp"
 
 namespace {
 
@@ -294,20 +294,8 @@ int main(int argc, char** argv) {
   c.block_size = kBlockSize;
   c.hash_scheme = HashScheme::kSha256;
   c.hash_seed = "pagedkv-replay";
-  std::vector<Request> requests;
   std::uint64_t blocks = 0;
-  {
-    KVCacheManager hasher(c);
-    std::vector<TokenId> tokens;
-    for (std::size_t i = 0; i < trace.requests.size(); ++i) {
-      replay::synthesize_prompt(trace, i, tokens);
-      if (tokens.empty()) continue;
-      const std::uint64_t need = (tokens.size() + kBlockSize - 1) / kBlockSize;
-      if (need > num_blocks - 1) continue;  // never fits, as the replay rejects it
-      requests.push_back(hasher.make_request(i, tokens));
-      blocks += need;
-    }
-  }
+  std::vector<Request> requests = replay::hash_prompts(trace, c, num_blocks - 1, blocks);
   if (blocks == 0) usage("no request of the trace fits " + std::to_string(num_blocks) + " blocks");
   const auto per_block = [blocks](std::uint64_t v) { return static_cast<double>(v) / blocks; };
   int status = 0;

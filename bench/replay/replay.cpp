@@ -723,4 +723,21 @@ std::string to_json(const TierReplayResult& r, const ReplayOptions& o,
   return base + "}";
 }
 
+std::vector<Request> hash_prompts(const Trace& trace, const KVCacheManagerConfig& config,
+                                  std::uint64_t max_blocks, std::uint64_t& blocks) {
+  KVCacheManager hasher(config);
+  const std::uint64_t bs = hasher.block_size();
+  std::vector<Request> requests;
+  std::vector<TokenId> tokens;
+  blocks = 0;
+  for (std::size_t i = 0; i < trace.requests.size(); ++i) {
+    synthesize_prompt(trace, i, tokens);
+    const std::uint64_t need = (tokens.size() + bs - 1) / bs;
+    if (need == 0 || (max_blocks > 0 && need > max_blocks)) continue;
+    requests.push_back(hasher.make_request(i, tokens));
+    blocks += need;
+  }
+  return requests;
+}
+
 }  // namespace pagedkv::replay

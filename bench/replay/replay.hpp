@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "pagedkv/hash/block_hasher.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/tier/host_tier_config.hpp"
 #include "trace.hpp"
 
@@ -135,5 +136,12 @@ PagedReservation measure_paged_reservation(const Trace& trace, std::uint32_t blo
 // memory that holds real token states under several reservation policies, as a text table. The
 // paged row is measured (measure_paged_reservation); the contiguous rows are arithmetic.
 std::string memory_utilization_table(const Trace& trace, std::uint32_t block_size);
+
+// The trace's prompts in file order, synthesized and hashed once by a manager of `config` (for
+// in-process replays: bench_block_pool, pool_floor). Empty prompts and, when max_blocks > 0,
+// prompts of more than max_blocks blocks are left out (the replay rejects those). `blocks` is set
+// to the number of prompt blocks of the requests returned.
+std::vector<Request> hash_prompts(const Trace& trace, const KVCacheManagerConfig& config,
+                                  std::uint64_t max_blocks, std::uint64_t& blocks);
 
 }  // namespace pagedkv::replay
