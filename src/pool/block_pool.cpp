@@ -521,7 +521,7 @@ void BlockPool::deliver_events() noexcept {
   if (chain_identity_) {
     // The stored parent hash stays (stale, never read; the next store overwrites it): clearing
     // it cost a write to one more random line per eviction.
-    extra_keys_->release(b.content_id & kExtraIdMask);
+    if (const std::uint32_t eid = b.content_id & kExtraIdMask; eid != 0) extra_keys_->release(eid);
     b.content_id = 0;
   } else if (verifying()) {
     release_content(b.content_id);
