@@ -532,11 +532,6 @@ void BlockPool::deliver_events() noexcept {
   ++num_evictions_;
 }
 
-// evict_cached() out of line, for the short path of get_new_blocks().
-[[gnu::noinline]] void BlockPool::evict_one(BlockId id) noexcept {
-  evict_cached(id);
-}
-
 // Starts loading what evicting block id (if cached) reads: its map slot and, in a pool with
 // content ids, the content entry it releases with that entry's index slot.
 [[gnu::always_inline]] inline void BlockPool::prefetch_eviction(BlockId id) const noexcept {
@@ -559,42 +554,32 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   // Everything that may allocate, before any change.
   out.reserve(out.size() + static_cast<std::size_t>(n));
   if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
-  if (n <= 2 * kEvictAhead) {  // a decode step's block or a few: no look-ahead to set up
-    for (std::int32_t i = 0; i < n; ++i) {
-      const BlockId id = free_queue_.popleft();
-      KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-      if (b.is_cached()) [[unlikely]]
-        evict_one(id);
-      b.ref_cnt = 1;
-      out.push_back(id);
-    }
-    if (!events_.empty()) deliver_events();
-    return true;
-  }
-  // The blocks to pop are the queue's first n: walking ahead of the pops, the map slot of a
-  // block kEvictAhead pops away is loaded (its record was loaded 2 x kEvictAhead pops away),
-  // so an eviction finds what its erase reads in cache.
+  // The blocks to pop are the queue's first n. For more than a few, two walkers run ahead of the
+  // pops: `far` loads a block's record 2 x kEvictAhead pops ahead, `near` reads it kEvictAhead
+  // pops ahead and loads what its eviction will read (map slot, content entry), so an eviction
+  // finds its data in cache. A decode step's block or a few need no look-ahead.
+  const bool ahead = n > 2 * kEvictAhead;
   BlockId far = free_queue_.front(), near = far;
-  std::int32_t far_left = n, near_left = n;
-  for (std::int32_t k = 0; k < 2 * kEvictAhead && far_left > 0; ++k, --far_left) {
+  std::int32_t far_left = ahead ? n : 0, near_left = far_left;
+  const auto step_far = [&] {
+    if (far_left == 0) return;
     __builtin_prefetch(&blocks_[static_cast<std::size_t>(far)]);
     far = free_queue_.next(far);
-  }
-  for (std::int32_t k = 0; k < kEvictAhead && near_left > 0; ++k, --near_left) {
+    --far_left;
+  };
+  const auto step_near = [&] {
+    if (near_left == 0) return;
     prefetch_eviction(near);
     near = free_queue_.next(near);
+    --near_left;
+  };
+  if (ahead) {
+    for (std::int32_t k = 0; k < 2 * kEvictAhead; ++k) step_far();
+    for (std::int32_t k = 0; k < kEvictAhead; ++k) step_near();
   }
   for (std::int32_t i = 0; i < n; ++i) {
-    if (far_left > 0) {
-      __builtin_prefetch(&blocks_[static_cast<std::size_t>(far)]);
-      far = free_queue_.next(far);
-      --far_left;
-    }
-    if (near_left > 0) {
-      prefetch_eviction(near);
-      near = free_queue_.next(near);
-      --near_left;
-    }
+    step_far();
+    step_near();
     const BlockId id = free_queue_.popleft();
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_cached()) evict_cached(id);
@@ -898,6 +883,16 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   // the streamed lines to reach memory, which costs more than a one-block store (a host tier's)
   // saves.
   const bool stream = stream_tokens_ && seq_bs == bs && blocks.size() >= kStreamTokensMinBlocks;
+  // Starts loading what the change writes for blocks[k]: its map slot and stored material. The
+  // checking pass does so for the first kStoreAhead blocks, the change kStoreAhead blocks ahead.
+  const auto prefetch_store = [&](std::size_t k) {
+    hash_map_.prefetch(hashes[st.first_ + k], st.group_);
+    if (chain_identity_) {
+      const auto i = static_cast<std::size_t>(blocks[k]);
+      __builtin_prefetch(&stored_[i], 1);
+      if (!stream) __builtin_prefetch(&block_tokens_[i * bs], 1);
+    }
+  };
   // The checking pass also starts loading what the change writes (the map's slots, the stored
   // material), so the change finds them in cache.
   for (std::size_t k = 0; k < blocks.size(); ++k) {
@@ -925,14 +920,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
       throw Error(code, where() + id_text(id) + problem);
     }
     b.ref_cnt = -b.ref_cnt;
-    if (storing && k < kStoreAhead) {
-      hash_map_.prefetch(hashes[st.first_ + k], st.group_);
-      if (chain_identity_) {
-        const auto i = static_cast<std::size_t>(id);
-        __builtin_prefetch(&stored_[i], 1);
-        if (!stream) __builtin_prefetch(&block_tokens_[i * bs], 1);
-      }
-    }
+    if (storing && k < kStoreAhead) prefetch_store(k);
   }
   if (!storing) {
     unmark(blocks.size());
@@ -944,14 +932,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const BlockId id = blocks[k];
     const auto i = static_cast<std::size_t>(id);
-    if (k + kStoreAhead < blocks.size()) {
-      const auto a = static_cast<std::size_t>(blocks[k + kStoreAhead]);
-      hash_map_.prefetch(hashes[st.first_ + k + kStoreAhead], st.group_);
-      if (chain_identity_) {
-        __builtin_prefetch(&stored_[a], 1);
-        if (!stream) __builtin_prefetch(&block_tokens_[a * bs], 1);
-      }
-    }
+    if (k + kStoreAhead < blocks.size()) prefetch_store(k + kStoreAhead);
     KVCacheBlock& b = blocks_[i];
     b.ref_cnt = -b.ref_cnt;
     b.block_hash = hashes[st.first_ + k];

@@ -319,7 +319,6 @@ class BlockPool {
   inline void check_sequence(const BlockSequence& seq, std::size_t last, const char* where) const;
   void evict_cached(BlockId id) noexcept;
   void prefetch_eviction(BlockId id) const noexcept;
-  void evict_one(BlockId id) noexcept;
   template <bool kReverse>
   void free_blocks_in(std::span<const BlockId> given);
   void record(KVEvent::Data&& data) noexcept;
