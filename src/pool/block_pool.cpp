@@ -368,6 +368,54 @@ struct BlockPool::ContentTable {
     return id;
   }
 
+  // insert() of a fresh chain: entry k (k = 0 .. n - 1) gets tag tags(k), the tokens at
+  // tokens + k * size and, as parent, `parent` for k = 0 and entry k - 1's id after it (each
+  // parent gaining a reference and a child), no extra keys; the ids go to `out` in order.
+  // Equivalent to n insert()s with those parent updates, but the table's fields stay in
+  // registers across the run (stores into the entries may alias `next`, so a loop of insert()s
+  // reloads them per entry). Precondition: room() >= n.
+  template <typename Tags>
+  void insert_chain(std::uint32_t parent, std::uint32_t size, const TokenId* tokens, std::size_t n,
+                    Tags&& tags, std::uint32_t* out) noexcept {
+    std::uint32_t* const base = words.data();
+    const std::size_t step = stride;
+    Slot* const index = slots.data();
+    const std::size_t m = mask;
+    std::uint32_t fresh = next;
+    std::size_t spare = free_ids.size();
+    const std::uint32_t* const stack = free_ids.data();
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint32_t id = spare > 0 ? stack[--spare] : fresh++;
+      std::uint32_t* e = base + id * step;
+      const std::uint32_t tag = tags(k);
+      e[kParent] = parent;
+      e[kSize] = size;
+      e[kExtra] = 0;
+      e[kRefs] = 1;
+      e[kTag] = tag;
+      e[kChildren] = 0;
+      const TokenId* from = tokens + k * size;
+      if (size == 16) {
+        std::memcpy(e + kHeader, from, 16 * sizeof(TokenId));
+      } else {
+        std::memcpy(e + kHeader, from, size * sizeof(TokenId));
+      }
+      std::size_t i = tag & m;
+      while (index[i].id != 0) i = (i + 1) & m;
+      index[i] = Slot{id, tag};
+      if (parent != 0) {
+        std::uint32_t* pe = base + parent * step;
+        ++pe[kRefs];
+        ++pe[kChildren];
+      }
+      out[k] = id;
+      parent = id;
+    }
+    free_ids.resize(spare);  // shrinks: never allocates
+    next = fresh;
+    live += n;
+  }
+
   // Removes a live entry from the index and frees its id.
   void erase(std::uint32_t id) noexcept {
     std::size_t i = entry(id)[kTag] & mask;
@@ -813,7 +861,14 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
         if (owned != 0) release_content(owned);  // the child holds its parent now
         parent = owned = id;
       }
-      for (std::size_t i = first; i < last; ++i) {
+      std::size_t i = first;
+      for (; i < last; ++i) {
+        // Past a block whose id has no children (one just created, say) the rest of the range
+        // is new content: one insert_chain() for it, when no block has extra keys.
+        if (owned == 0 && parent != 0 && seq.extra_keys == nullptr &&
+            contents_->entry(parent)[ContentTable::kChildren] == 0) {
+          break;
+        }
         contents_->prefetch_insert(kAhead);
         const std::uint32_t id = acquire_content(parent, seq, i);
         st.content_ids_.push_back(id);  // reserved: cannot throw, so the reference is kept
@@ -822,6 +877,15 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
           owned = 0;
         }
         parent = id;
+      }
+      if (i < last) {
+        contents_->reserve(last - i);  // may throw: st releases the ids taken so far
+        const std::size_t done = st.content_ids_.size();
+        st.content_ids_.resize(done + (last - i));  // reserved: cannot throw
+        contents_->insert_chain(
+            parent, bs, seq.tokens.data() + i * bs, last - i,
+            [&hashes, i](std::size_t k) { return ContentTable::tag_of(hashes[i + k]); },
+            st.content_ids_.data() + done);
       }
     } catch (...) {
       if (owned != 0) release_content(owned);

@@ -1046,6 +1046,37 @@ TEST(BlockPool, ContentIdsOfEvictedAncestorsKeepADeepChainExact) {
   pool.check_invariants();
 }
 
+// A content-id pool stores a run of new content in one pass: after the first block whose
+// parent id has no children, every later block is new. Storing a chain in one call must equal
+// storing it one block per call, with and without a cached prefix shared with another chain
+// (whose ids the first blocks find).
+TEST(BlockPool, ChainStoredInOneCallEqualsOneBlockPerCall) {
+  constexpr std::int32_t kBlocks = 12;
+  std::vector<TokenId> other_tokens = iota_tokens(0, kBlocks * kBlockSize);
+  for (std::size_t t = 4 * kBlockSize; t < other_tokens.size(); ++t) other_tokens[t] += 1000;
+  const auto a = sequence(iota_tokens(0, kBlocks * kBlockSize));
+  const auto b = sequence(other_tokens);  // a's first 4 blocks, then other content
+  for (const bool shared_prefix : {false, true}) {
+    SCOPED_TRACE(shared_prefix ? "b shares a cached prefix" : "b alone");
+    BlockPool one(config(40, false)), each(config(40, false));
+    for (BlockPool* pool : {&one, &each}) {
+      if (shared_prefix) pool->cache_full_blocks(a.sequence(), take(*pool, kBlocks), 0, kBlocks);
+    }
+    one.cache_full_blocks(b.sequence(), take(one, kBlocks), 0, kBlocks);
+    const auto blocks = take(each, kBlocks);
+    for (std::size_t i = 0; i < kBlocks; ++i)
+      each.cache_full_blocks(b.sequence(), blocks, i, i + 1);
+    one.check_invariants();
+    each.check_invariants();
+    EXPECT_EQ(one.snapshot(), each.snapshot());
+    BlockId parent = BlockPool::kNoBlock;
+    for (std::size_t i = 0; i < kBlocks; ++i) {
+      parent = one.match_cached_block(b.sequence(), i, parent);
+      ASSERT_NE(parent, BlockPool::kNoBlock) << i;
+    }
+  }
+}
+
 // cached_after_prefix() compares with the request's own content even where the request's
 // previous blocks are not cached anywhere (a sliding window's run start).
 TEST(BlockPool, ParentMatchesPrefixChecksTheWholePrefixContent) {
