@@ -338,17 +338,9 @@ struct BlockPool::ContentTable {
   }
   void prefetch(std::uint32_t tag) const noexcept { __builtin_prefetch(&slots[tag & mask]); }
 
-  // A new entry with one reference. Precondition: room() > 0.
-  std::uint32_t insert(std::uint32_t tag, std::uint32_t parent, std::uint32_t size,
-                       std::uint32_t extra, const TokenId* tokens) noexcept {
-    std::uint32_t id = 0;
-    if (free_ids.empty()) {
-      id = next++;
-    } else {
-      id = free_ids.back();
-      free_ids.pop_back();
-    }
-    std::uint32_t* e = entry(id);
+  // Writes a new entry with one reference at `e` (the header, then `size` tokens).
+  static void fill(std::uint32_t* e, std::uint32_t tag, std::uint32_t parent, std::uint32_t size,
+                   std::uint32_t extra, const TokenId* tokens) noexcept {
     e[kParent] = parent;
     e[kSize] = size;
     e[kExtra] = extra;
@@ -361,9 +353,26 @@ struct BlockPool::ContentTable {
     } else {
       std::memcpy(e + kHeader, tokens, size * sizeof(TokenId));
     }
-    std::size_t i = tag & mask;
-    while (slots[i].id != 0) i = (i + 1) & mask;
-    slots[i] = Slot{id, tag};
+  }
+  // Puts id into the first empty slot of tag's probe run.
+  static void place(Slot* index, std::size_t m, std::uint32_t id, std::uint32_t tag) noexcept {
+    std::size_t i = tag & m;
+    while (index[i].id != 0) i = (i + 1) & m;
+    index[i] = Slot{id, tag};
+  }
+
+  // A new entry with one reference. Precondition: room() > 0.
+  std::uint32_t insert(std::uint32_t tag, std::uint32_t parent, std::uint32_t size,
+                       std::uint32_t extra, const TokenId* tokens) noexcept {
+    std::uint32_t id = 0;
+    if (free_ids.empty()) {
+      id = next++;
+    } else {
+      id = free_ids.back();
+      free_ids.pop_back();
+    }
+    fill(entry(id), tag, parent, size, extra, tokens);
+    place(slots.data(), mask, id, tag);
     ++live;
     return id;
   }
@@ -386,23 +395,9 @@ struct BlockPool::ContentTable {
     const std::uint32_t* const stack = free_ids.data();
     for (std::size_t k = 0; k < n; ++k) {
       const std::uint32_t id = spare > 0 ? stack[--spare] : fresh++;
-      std::uint32_t* e = base + id * step;
       const std::uint32_t tag = tags(k);
-      e[kParent] = parent;
-      e[kSize] = size;
-      e[kExtra] = 0;
-      e[kRefs] = 1;
-      e[kTag] = tag;
-      e[kChildren] = 0;
-      const TokenId* from = tokens + k * size;
-      if (size == 16) {
-        std::memcpy(e + kHeader, from, 16 * sizeof(TokenId));
-      } else {
-        std::memcpy(e + kHeader, from, size * sizeof(TokenId));
-      }
-      std::size_t i = tag & m;
-      while (index[i].id != 0) i = (i + 1) & m;
-      index[i] = Slot{id, tag};
+      fill(base + id * step, tag, parent, size, 0, tokens + k * size);
+      place(index, m, id, tag);
       if (parent != 0) {
         std::uint32_t* pe = base + parent * step;
         ++pe[kRefs];
