@@ -1070,7 +1070,9 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
   check_sequence(seq, end, "BlockPool::match_cached_run_after");
   if (!config_.enable_caching) return 0;
   out.reserve(out.size() + (end - begin));  // out grows here only, before any change
-  constexpr std::size_t kAhead = 4;         // overlap the table's misses of the blocks ahead
+  if (chain_identity_ && seq.extra_keys == nullptr)
+    return match_chain_run(seq, begin, end, out, group);
+  constexpr std::size_t kAhead = 4;  // overlap the table's misses of the blocks ahead
   for (std::size_t i = begin; i < std::min(end, begin + kAhead); ++i) {
     hash_map_.prefetch(seq.block_hashes[i], group);
   }
@@ -1093,6 +1095,45 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
     out.resize(old_size);
     throw;
   }
+}
+
+// match_cached_run_after()'s scan for a verifying chain-identity pool and a sequence without
+// extra keys: each block's tag is computed once (for the prefetch kAhead blocks before its
+// lookup, kept in a ring), and the stored material word must equal the parent's size code with
+// extra-key id 0 (one compare). The same blocks as match_checked() block by block.
+std::size_t BlockPool::match_chain_run(const BlockSequence& seq, std::size_t begin, std::size_t end,
+                                       std::vector<BlockId>& out, GroupId group) const {
+  constexpr std::size_t kAhead = 4;  // overlap the table's misses of the blocks ahead
+  constexpr std::size_t kRing = 8;   // a power of two above kAhead
+  const std::span<const BlockHash> hashes = seq.block_hashes;
+  const std::uint32_t bs = seq.block_size;
+  const std::size_t stride = config_.block_size;
+  std::uint32_t tags[kRing];
+  const auto ahead = [&](std::size_t i) {
+    const std::uint32_t tag = BlockHashMap::key_tag(hashes[i], group);
+    tags[i % kRing] = tag;
+    hash_map_.prefetch_tagged(tag);
+  };
+  for (std::size_t i = begin; i < std::min(end, begin + kAhead); ++i) ahead(i);
+  std::size_t i = begin;
+  for (; i < end; ++i) {
+    if (i + kAhead < end) ahead(i + kAhead);
+    const BlockHash& want = i > 0 ? hashes[i - 1] : kRootHash;
+    const std::uint32_t want_word = material_word(0, want);
+    const TokenId* tokens = seq.tokens.data() + i * bs;
+    const BlockId id =
+        hash_map_.find_first_tagged(tags[i % kRing], hashes[i], group, [&](BlockId c) {
+          const auto k = static_cast<std::size_t>(c);
+          return blocks_[k].content_id == want_word &&
+                 equal_16k_bytes<2>(stored_[k].parent.data(), want.padded_bytes().data()) &&
+                 (bs == 16
+                      ? equal_16k_bytes<4>(&block_tokens_[k * stride], tokens)
+                      : std::memcmp(&block_tokens_[k * stride], tokens, bs * sizeof(TokenId)) == 0);
+        });
+    if (id == BlockHashMap::kEmpty) break;
+    out.push_back(id);  // reserved: cannot throw
+  }
+  return i - begin;
 }
 
 BlockId BlockPool::match_cached_block_unanchored(const BlockSequence& seq, std::size_t index,

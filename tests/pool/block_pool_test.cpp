@@ -636,6 +636,46 @@ TEST(BlockPool, MatchRunAfterEqualsBlockByBlockLookups) {
   pool.check_invariants();
 }
 
+// A run lookup of a chain-identity pool compares the stored tokens: a block whose hash and
+// parent hash collide with the request's but whose tokens differ ends the run (block sizes 4
+// and 16: the compare has a path of its own for 16 tokens).
+TEST(BlockPool, MatchRunAfterComparesTheTokens) {
+  const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "run", 1);
+  for (const std::uint32_t bs : {4u, 16u}) {
+    SCOPED_TRACE("block size " + std::to_string(bs));
+    const auto one_block = [&](TokenId first) {
+      RequestBlockHasher seq(weak, bs, {});
+      seq.append(iota_tokens(first, first + static_cast<TokenId>(bs)));
+      return seq;
+    };
+    // Two different single blocks whose (1-bit) hashes collide: both at the root.
+    std::vector<RequestBlockHasher> seqs;
+    for (TokenId t = 0; t < 8; ++t) seqs.push_back(one_block(t * 100));
+    std::size_t x = 0, y = 0;
+    for (std::size_t i = 0; i < seqs.size() && x == y; ++i) {
+      for (std::size_t j = i + 1; j < seqs.size(); ++j) {
+        if (seqs[i].block_hashes()[0] == seqs[j].block_hashes()[0]) {
+          x = i;
+          y = j;
+          break;
+        }
+      }
+    }
+    ASSERT_NE(x, y) << "no collision among 8 blocks with a 1-bit hash";
+    BlockPoolConfig c = config(16, false);
+    c.block_size = bs;
+    c.chain_hashes_identify_prefix = true;
+    BlockPool pool(c);
+    const auto bx = take(pool, 1);
+    pool.cache_full_blocks(seqs[x].sequence(), bx, 0, 1);
+    std::vector<BlockId> got;
+    EXPECT_EQ(pool.match_cached_run_after(seqs[y].sequence(), 0, 1, got), 0u);
+    EXPECT_TRUE(got.empty());
+    EXPECT_EQ(pool.match_cached_run_after(seqs[x].sequence(), 0, 1, got), 1u);
+    EXPECT_EQ(got, bx);
+  }
+}
+
 // The parent check of a run is the sequence's own previous chained hash, as in
 // match_cached_block_after(): a colliding block cached after another parent, or at the root, ends
 // the run; a pool that does not verify finds it by hash alone.

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
@@ -124,7 +125,13 @@ class BlockHashMap {
   // The first inserted block with this key for which accept(id) is true; kEmpty if none.
   template <typename Accept>
   BlockId find_first(const BlockHash& hash, GroupId group, Accept&& accept) const {
-    const std::uint32_t tag = tag_of(hash, group);
+    return find_first_tagged(tag_of(hash, group), hash, group, std::forward<Accept>(accept));
+  }
+  // find_first() with the key's tag (key_tag(hash, group)) computed by the caller, who may
+  // have computed it already to prefetch (prefetch_tagged).
+  template <typename Accept>
+  BlockId find_first_tagged(std::uint32_t tag, const BlockHash& hash, GroupId group,
+                            Accept&& accept) const {
     for (std::size_t i = tag & mask_; slots_[i].id != kEmpty; i = (i + 1) & mask_) {
       if (slots_[i].tag != tag) continue;  // most mismatches end here, without a block access
       const BlockId id = slots_[i].id;
@@ -136,7 +143,14 @@ class BlockHashMap {
 
   // Starts loading the home slot of a key, so a later operation on it does not stall on memory.
   void prefetch(const BlockHash& hash, GroupId group) const noexcept {
-    __builtin_prefetch(&slots_[tag_of(hash, group) & mask_]);
+    prefetch_tagged(tag_of(hash, group));
+  }
+  void prefetch_tagged(std::uint32_t tag) const noexcept {
+    __builtin_prefetch(&slots_[tag & mask_]);
+  }
+  // A key's tag: its home slot and the first compare of a probe.
+  static std::uint32_t key_tag(const BlockHash& hash, GroupId group) noexcept {
+    return tag_of(hash, group);
   }
 
   BlockId find_first(const BlockHash& hash, GroupId group) const {

@@ -301,6 +301,9 @@ class BlockPool {
   };
   BlockId match(const BlockSequence& seq, std::size_t index, GroupId group, ParentCheck parent,
                 LookupScratch* scratch) const;
+  // match_cached_run_after()'s scan for chain identities without extra keys (checked, reserved).
+  std::size_t match_chain_run(const BlockSequence& seq, std::size_t begin, std::size_t end,
+                              std::vector<BlockId>& out, GroupId group) const;
   // match() once seq is known to hold block `index` (hash and tokens) of a valid block size.
   // Defined (inline) in block_pool.cpp, its only user.
   inline BlockId match_checked(const BlockSequence& seq, std::size_t index, GroupId group,
