@@ -7,6 +7,7 @@
 #include <numeric>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
@@ -482,22 +483,23 @@ TEST(BlockPool, NoEventsUnlessEnabled) {
 
 // A 1-bit hash makes unrelated blocks collide. The raw map lookup returns the colliding block;
 // the verified lookup never does.
+// Indices of two sequences whose first block hashes collide (equal indices when none do).
+std::pair<std::size_t, std::size_t> colliding_pair(const std::vector<RequestBlockHasher>& seqs) {
+  for (std::size_t i = 0; i < seqs.size(); ++i) {
+    for (std::size_t j = i + 1; j < seqs.size(); ++j) {
+      if (seqs[i].block_hashes()[0] == seqs[j].block_hashes()[0]) return {i, j};
+    }
+  }
+  return {0, 0};
+}
+
 TEST(BlockPool, VerifiedLookupTurnsCollisionsIntoMisses) {
   const BlockHasher weak = BlockHasher::weak_for_testing(HashScheme::kSha256, "s", 1);
   BlockPool pool(config(16));
   // Find two different single blocks whose weak hashes collide.
   std::vector<RequestBlockHasher> seqs;
   for (TokenId t = 0; t < 8; ++t) seqs.push_back(sequence(iota_tokens(t * 100, 4), {}, weak));
-  std::size_t x = 0, y = 0;
-  for (std::size_t i = 0; i < seqs.size() && x == y; ++i) {
-    for (std::size_t j = i + 1; j < seqs.size(); ++j) {
-      if (seqs[i].block_hashes()[0] == seqs[j].block_hashes()[0]) {
-        x = i;
-        y = j;
-        break;
-      }
-    }
-  }
+  const auto [x, y] = colliding_pair(seqs);
   ASSERT_NE(x, y) << "no collision among 8 blocks with a 1-bit hash";
   const auto bx = take(pool, 1);
   pool.cache_full_blocks(seqs[x].sequence(), bx, 0, 1);
@@ -651,16 +653,7 @@ TEST(BlockPool, MatchRunAfterComparesTheTokens) {
     // Two different single blocks whose (1-bit) hashes collide: both at the root.
     std::vector<RequestBlockHasher> seqs;
     for (TokenId t = 0; t < 8; ++t) seqs.push_back(one_block(t * 100));
-    std::size_t x = 0, y = 0;
-    for (std::size_t i = 0; i < seqs.size() && x == y; ++i) {
-      for (std::size_t j = i + 1; j < seqs.size(); ++j) {
-        if (seqs[i].block_hashes()[0] == seqs[j].block_hashes()[0]) {
-          x = i;
-          y = j;
-          break;
-        }
-      }
-    }
+    const auto [x, y] = colliding_pair(seqs);
     ASSERT_NE(x, y) << "no collision among 8 blocks with a 1-bit hash";
     BlockPoolConfig c = config(16, false);
     c.block_size = bs;
