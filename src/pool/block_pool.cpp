@@ -87,6 +87,13 @@ inline bool equal_16k_bytes(const void* a, const void* b) noexcept {
 }
 static_assert(BlockHash::kMaxSize == 32 && sizeof(TokenId) == 4);
 
+// Whether a block's stored tokens equal the request's `bs` tokens.
+inline bool same_block_tokens(const TokenId* stored, const TokenId* tokens,
+                              std::uint32_t bs) noexcept {
+  if (bs == 16) return equal_16k_bytes<4>(stored, tokens);  // the usual block
+  return std::memcmp(stored, tokens, bs * sizeof(TokenId)) == 0;
+}
+
 // The parent hash of a chain's first block (size code 0).
 constexpr BlockHash kRootHash{};
 
@@ -1126,9 +1133,7 @@ std::size_t BlockPool::match_chain_run(const BlockSequence& seq, std::size_t beg
           const auto k = static_cast<std::size_t>(c);
           return blocks_[k].content_id == want_word &&
                  equal_16k_bytes<2>(stored_[k].parent.data(), want.padded_bytes().data()) &&
-                 (bs == 16
-                      ? equal_16k_bytes<4>(&block_tokens_[k * stride], tokens)
-                      : std::memcmp(&block_tokens_[k * stride], tokens, bs * sizeof(TokenId)) == 0);
+                 same_block_tokens(&block_tokens_[k * stride], tokens, bs);
         });
     if (id == BlockHashMap::kEmpty) break;
     out.push_back(id);  // reserved: cannot throw
@@ -1276,8 +1281,7 @@ BlockId BlockPool::match(const BlockSequence& seq, std::size_t index, GroupId gr
   const std::uint32_t bs = seq.block_size;
   const TokenId* tokens = seq.tokens.data() + index * bs;
   const auto same_tokens = [bs, tokens](const TokenId* stored) {
-    if (bs == 16) return equal_16k_bytes<4>(stored, tokens);  // the usual block
-    return std::memcmp(stored, tokens, bs * sizeof(TokenId)) == 0;
+    return same_block_tokens(stored, tokens, bs);
   };
   if (chain_identity_) {
     const BlockHash* want = parent.hash;  // nullptr: no parent check
