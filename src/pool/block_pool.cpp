@@ -949,10 +949,12 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
   // the streamed lines to reach memory, which costs more than a one-block store (a host tier's)
   // saves.
   const bool stream = stream_tokens_ && seq_bs == bs && blocks.size() >= kStreamTokensMinBlocks;
-  // Starts loading what the change writes for blocks[k]: its map slot and stored material. The
-  // checking pass does so for the first kStoreAhead blocks, the change kStoreAhead blocks ahead.
+  // Starts loading the stored material the change writes for blocks[k]. The checking pass does
+  // so for the first kStoreAhead blocks, the change kStoreAhead blocks ahead. The map slots are
+  // all requested by the checking pass, before any is written: a large pool's slots are DRAM
+  // misses, and a bounded look-ahead over them left most of their latency exposed (N = 6,000,001
+  // in bench/results/pool_hash_speed.md, ninth pass).
   const auto prefetch_store = [&](std::size_t k) {
-    hash_map_.prefetch(hashes[st.first_ + k], st.group_);
     if (chain_identity_) {
       const auto i = static_cast<std::size_t>(blocks[k]);
       __builtin_prefetch(&stored_[i], 1);
@@ -986,6 +988,7 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
       throw Error(code, where() + id_text(id) + problem);
     }
     b.ref_cnt = -b.ref_cnt;
+    if (storing) hash_map_.prefetch(hashes[st.first_ + k], st.group_);
     if (storing && k < kStoreAhead) prefetch_store(k);
   }
   if (!storing) {
@@ -1110,8 +1113,8 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
 // extra-key id 0 (one compare). The same blocks as match_checked() block by block.
 std::size_t BlockPool::match_chain_run(const BlockSequence& seq, std::size_t begin, std::size_t end,
                                        std::vector<BlockId>& out, GroupId group) const {
-  constexpr std::size_t kAhead = 4;  // overlap the table's misses of the blocks ahead
-  constexpr std::size_t kRing = 8;   // a power of two above kAhead
+  constexpr std::size_t kAhead = 8;  // overlap the table's misses of the blocks ahead
+  constexpr std::size_t kRing = 16;  // a power of two above kAhead
   const std::span<const BlockHash> hashes = seq.block_hashes;
   const std::uint32_t bs = seq.block_size;
   const std::size_t stride = config_.block_size;
