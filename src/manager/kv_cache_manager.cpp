@@ -489,7 +489,7 @@ bool KVCacheManager::release(Request& request, const char* what) {
   if (it == requests_.end()) return false;
   BlockPool::EventDeliveryHold hold(pool_);
   for (const GroupBlocks& gs : it->second.groups)
-    pool_.free_blocks_reversed(gs.blocks);  // tail first
+    pool_.release_table(gs.blocks);  // tail first; the tables are the manager's own
   requests_.erase(it);
   return true;
 }

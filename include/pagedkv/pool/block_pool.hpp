@@ -324,6 +324,17 @@ class BlockPool {
   void prefetch_eviction(BlockId id) const noexcept;
   template <bool kReverse>
   void free_blocks_in(std::span<const BlockId> given);
+  // free_blocks_in()'s change, after its checks (kMarked: every given block's ref count is
+  // negated, as the checking pass leaves it) or without them.
+  template <bool kReverse, bool kMarked>
+  void release_in(std::span<const BlockId> given) noexcept;
+  // free_blocks_reversed() of a block table that KVCacheManager built from this pool's
+  // get_new_blocks() and touch(): every id is in range and holds one reference per appearance,
+  // so nothing can be wrong and there is no checking pass (one pass over the table instead of
+  // two; asserted in builds with assertions). Only KVCacheManager calls it (its release of a
+  // request); everyone else frees through free_blocks_reversed(), which checks.
+  void release_table(std::span<const BlockId> table) noexcept;
+  friend class KVCacheManager;
   void record(KVEvent::Data&& data) noexcept;
   void record_removed(const BlockHash& hash, GroupId group) noexcept;
   void deliver_events() noexcept;
