@@ -405,8 +405,8 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
   for (PendingRun& run : runs) {
     GroupBlocks& gs = state.groups[run.group];
-    pool_.commit_store(std::move(run.store), std::span<const BlockId>(gs.blocks).subspan(
-                                                 run.first, run.last - run.first));
+    pool_.commit_table_store(std::move(run.store), std::span<const BlockId>(gs.blocks).subspan(
+                                                       run.first, run.last - run.first));
   }
   runs.clear();
   if (pool_.config().enable_caching && !delay_cache_blocks) {
@@ -469,8 +469,8 @@ void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
   // ---- Commit (nothing below throws) ----
   for (PendingRun& run : run_scratch_) {
     GroupBlocks& gs = state.groups[run.group];
-    pool_.commit_store(std::move(run.store), std::span<const BlockId>(gs.blocks).subspan(
-                                                 run.first, run.last - run.first));
+    pool_.commit_table_store(std::move(run.store), std::span<const BlockId>(gs.blocks).subspan(
+                                                       run.first, run.last - run.first));
   }
   for (std::size_t g = 0; g < num_groups(); ++g) {
     GroupBlocks& gs = state.groups[g];

@@ -943,6 +943,17 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
 }
 
 void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> blocks) {
+  commit_store_in<true>(std::move(store), blocks);
+}
+
+void BlockPool::commit_table_store(PendingStore&& store, std::span<const BlockId> blocks) {
+  commit_store_in<false>(std::move(store), blocks);
+}
+
+// commit_store() (kChecked) or commit_table_store(): the same change, the latter without the
+// checking pass over the blocks' records.
+template <bool kChecked>
+void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> blocks) {
   PendingStore st = std::move(store);  // released on any exit
   const auto where = [] { return std::string("BlockPool::cache_full_blocks: "); };
   if (blocks.size() != st.size()) {
@@ -982,8 +993,16 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     }
   };
   // The checking pass also starts loading what the change writes (the map's slots, the stored
-  // material), so the change finds them in cache.
-  for (std::size_t k = 0; k < blocks.size(); ++k) {
+  // material), so the change finds them in cache. Unchecked, it only does that.
+  for (std::size_t k = 0; k < blocks.size() && !kChecked; ++k) {
+    assert(blocks[k] > 0 && blocks[k] < config_.num_blocks);
+    assert(blocks_[static_cast<std::size_t>(blocks[k])].ref_cnt > 0);
+    assert(!blocks_[static_cast<std::size_t>(blocks[k])].is_cached());
+    if (!storing) break;
+    hash_map_.prefetch(hashes[st.first_ + k], st.group_);
+    if (k < kStoreAhead) prefetch_store(k);
+  }
+  for (std::size_t k = 0; k < blocks.size() && kChecked; ++k) {
     const BlockId id = blocks[k];
     if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks)) {
       unmark(k);
@@ -1012,18 +1031,18 @@ void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> bloc
     if (storing && k < kStoreAhead) prefetch_store(k);
   }
   if (!storing) {
-    unmark(blocks.size());
+    if (kChecked) unmark(blocks.size());
     return;
   }
 
   // The change: nothing below allocates or throws (the map has room for every block). It undoes
-  // the checking marks as it goes.
+  // the checking marks as it goes (kChecked).
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     const BlockId id = blocks[k];
     const auto i = static_cast<std::size_t>(id);
     if (k + kStoreAhead < blocks.size()) prefetch_store(k + kStoreAhead);
     KVCacheBlock& b = blocks_[i];
-    b.ref_cnt = -b.ref_cnt;
+    if (kChecked) b.ref_cnt = -b.ref_cnt;
     b.block_hash = hashes[st.first_ + k];
     b.group_id = st.group_;
     if (chain_identity_) {

@@ -334,6 +334,12 @@ class BlockPool {
   // two; asserted in builds with assertions). Only KVCacheManager calls it (its release of a
   // request); everyone else frees through free_blocks_reversed(), which checks.
   void release_table(std::span<const BlockId> table) noexcept;
+  // commit_store() of blocks that KVCacheManager allocated for the store's range (in range,
+  // held, uncached, distinct): no checking pass over their records. Errors as commit_store()'s
+  // for the store itself (a count mismatch, another pool's store). Only KVCacheManager calls it.
+  void commit_table_store(PendingStore&& store, std::span<const BlockId> blocks);
+  template <bool kChecked>
+  void commit_store_in(PendingStore&& store, std::span<const BlockId> blocks);
   friend class KVCacheManager;
   void record(KVEvent::Data&& data) noexcept;
   void record_removed(const BlockHash& hash, GroupId group) noexcept;
