@@ -1062,7 +1062,7 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
     } else if (verifying()) {
       b.content_id = st.content_ids_[k];
     }
-    hash_map_.insert(id);
+    hash_map_.insert_tagged(id, BlockHashMap::key_tag(hashes[st.first_ + k], st.group_));
   }
   if (stream) stream_fence();  // the streamed tokens are ordered before later stores
   st.content_ids_.clear();     // the blocks own the references now

@@ -56,6 +56,44 @@ TEST(BlockHashMap, GroupsSeparateEqualHashes) {
   EXPECT_EQ(f.map.find_first(hash_of(5), 2), BlockHashMap::kEmpty);
 }
 
+// insert_tagged() with the key's tag is insert(): the same entries, found the same way, erased
+// the same way (in a second map, so that the two layouts can be compared slot by slot through
+// lookups in insertion order).
+TEST(BlockHashMap, InsertTaggedEqualsInsert) {
+  Fixture a(16), b(16);
+  const std::uint8_t values[] = {7, 7, 9, 3, 7, 200, 9, 1};
+  for (BlockId id = 1; id <= 8; ++id) {
+    const std::uint8_t v = values[id - 1];
+    const GroupId g = id % 3 == 0 ? 1 : 0;
+    a.cache(id, v, g);
+    b.blocks[static_cast<std::size_t>(id)].block_hash = hash_of(v);
+    b.blocks[static_cast<std::size_t>(id)].group_id = g;
+    b.map.insert_tagged(id, BlockHashMap::key_tag(hash_of(v), g));
+  }
+  EXPECT_EQ(b.map.size(), a.map.size());
+  for (const std::uint8_t v : values) {
+    for (const GroupId g : {GroupId{0}, GroupId{1}}) {
+      std::vector<BlockId> in_a, in_b;
+      (void)a.map.find_first(hash_of(v), g, [&](BlockId id) {
+        in_a.push_back(id);
+        return false;
+      });
+      (void)b.map.find_first(hash_of(v), g, [&](BlockId id) {
+        in_b.push_back(id);
+        return false;
+      });
+      EXPECT_EQ(in_b, in_a) << int{v} << " group " << int{g};
+    }
+  }
+  for (BlockId id = 1; id <= 8; ++id) {
+    ASSERT_TRUE(b.map.erase(id));
+    ASSERT_TRUE(a.map.erase(id));
+    EXPECT_EQ(b.map.find_first(hash_of(values[id - 1]), id % 3 == 0 ? 1 : 0),
+              a.map.find_first(hash_of(values[id - 1]), id % 3 == 0 ? 1 : 0));
+  }
+  EXPECT_EQ(b.map.size(), 0u);
+}
+
 // Against a naive model under heavy collisions (4 distinct hashes for 200 blocks): after random
 // inserts and erases, lookups still return the first inserted live block of each hash.
 // Both erase() paths: the windowed backward shift (2 slots per block, load up to 0.5) and the

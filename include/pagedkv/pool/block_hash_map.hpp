@@ -59,11 +59,16 @@ class BlockHashMap {
     // sizes the table to at least twice its blocks and inserts each block at most once, so this
     // fires on misuse of the map itself.)
     if (size_ + 1 >= slots_.size()) throw_full();
-    const std::uint32_t tag = tag_of(b.block_hash, b.group_id);
-    std::size_t i = tag & mask_;
-    while (slots_[i].id != kEmpty) i = (i + 1) & mask_;
-    slots_[i] = Slot{id, tag};
-    ++size_;
+    place(id, tag_of(b.block_hash, b.group_id));
+  }
+  // insert() with the block's tag (key_tag of its block_hash and group_id) computed by the
+  // caller from where it copied the hash from, so the probe does not wait for the record's store.
+  void insert_tagged(BlockId id, std::uint32_t tag) {
+    assert(blocks_[static_cast<std::size_t>(id)].is_cached());
+    assert(tag == tag_of(blocks_[static_cast<std::size_t>(id)].block_hash,
+                         blocks_[static_cast<std::size_t>(id)].group_id));
+    if (size_ + 1 >= slots_.size()) throw_full();
+    place(id, tag);
   }
 
   // Removes block `id`'s entry; its block_hash and group_id must still be the ones it was
@@ -184,6 +189,12 @@ class BlockHashMap {
   };
   static constexpr std::size_t kWindow = 4;  // slots examined per step of erase()'s shift
 
+  void place(BlockId id, std::uint32_t tag) noexcept {
+    std::size_t i = tag & mask_;
+    while (slots_[i].id != kEmpty) i = (i + 1) & mask_;
+    slots_[i] = Slot{id, tag};
+    ++size_;
+  }
   static std::uint32_t tag_of(const BlockHash& hash, GroupId group) noexcept {
     // Fibonacci mix: the leading hash bytes are uniform for real schemes; the multiply also
     // spreads weak test hashes and separates groups.
