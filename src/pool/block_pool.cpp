@@ -115,10 +115,14 @@ std::string id_text(BlockId id) {
               "(chain_hashes_identify_prefix is off), not by parent hashes");
 }
 
-[[noreturn]] void throw_double_free(BlockId id) {
+}  // namespace
+
+void BlockPool::throw_double_free(BlockId id) {
   throw Error(ErrorCode::kInvalidState, "BlockPool::free_blocks: " + id_text(id) +
                                             " is already free (ref count 0): double free");
 }
+
+namespace {
 
 // Stored tokens of a large pool are written with non-temporal stores: a whole line is written
 // without reading it from memory first, and it is not kept in cache. A large pool's lines are
@@ -651,20 +655,6 @@ void BlockPool::touch(std::span<const BlockId> ids) {
   }
 }
 
-void BlockPool::requeue(BlockId id) {
-  const KVCacheBlock& b = block(id);
-  if (b.is_null || b.ref_cnt != 0) return;  // touch + free leave a held block as it was
-  if (b.is_cached()) {
-    if (free_queue_.back() == id) return;  // already the most recently used
-    free_queue_.remove(id);
-    free_queue_.append(id);
-  } else {
-    if (free_queue_.front() == id) return;
-    free_queue_.remove(id);
-    free_queue_.prepend(id);
-  }
-}
-
 void BlockPool::free_blocks(std::span<const BlockId> ordered) {
   free_blocks_in<false>(ordered);
 }
@@ -680,19 +670,8 @@ void BlockPool::free_blocks_in(std::span<const BlockId> given) {
   const auto ordered = [given, count](std::size_t k) {
     return given[kReverse ? count - 1 - k : k];
   };
-  if (count == 1) {  // one block (a tier's slot): no duplicate to look for
-    const BlockId id = ordered(0);
-    (void)block(id);  // throws kOutOfRange
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    if (b.is_null) return;
-    if (b.ref_cnt <= 0) throw_double_free(id);
-    if (--b.ref_cnt == 0) {
-      if (b.is_cached()) {
-        free_queue_.append(id);
-      } else {
-        free_queue_.prepend(id);
-      }
-    }
+  if (count == 1) {  // one block: no duplicate to look for
+    free_block(ordered(0));
     return;
   }
   // Validate without side effects: a block being freed has ref > 0, so flipping its sign marks

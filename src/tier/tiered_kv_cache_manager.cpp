@@ -587,7 +587,7 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
   }
   const BlockId host_slot = t.host;
   RequestState& st = *t.state;
-  host_.free_blocks(std::span<const BlockId>(&t.host, 1));  // unpinned; back at the LRU tail
+  host_.free_block(t.host);  // unpinned; back at the LRU tail
   if (ok) {
     ++stats_.loaded_blocks;
     stats_.loaded_bytes += host_config_.bytes_per_block;
@@ -645,7 +645,7 @@ void TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
   } else {
     ++stats_.store_failures;
   }
-  host_.free_blocks(std::span<const BlockId>(&t.host, 1));  // cached: LRU tail; else reused first
+  host_.free_block(t.host);  // cached: LRU tail; else reused first
   --host_storing_;
   if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
   if (t.state != nullptr) --t.state->transfers_in_flight;
@@ -738,7 +738,7 @@ void TieredKVCacheManager::unpin_host_slot(BlockId slot) {
   }
   --host_pins_[static_cast<std::size_t>(slot)];
   --num_host_pins_;
-  host_.free_blocks(std::span<const BlockId>(&slot, 1));
+  host_.free_block(slot);
 }
 
 bool TieredKVCacheManager::has_unfinished_loads(RequestId id) const noexcept {

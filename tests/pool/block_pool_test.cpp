@@ -301,6 +301,44 @@ TEST(BlockPool, RequeueEqualsTouchThenFree) {
 
 // free_blocks_reversed(t) is free_blocks(t reversed): same pool for a request's table of cached,
 // uncached, shared and null blocks, and the same errors with nothing changed.
+// free_block(id) is free_blocks({id}): cached blocks to the tail, uncached ones to the head, a
+// second holder kept out of the queue, the null block skipped; errors leave the pool as it was.
+TEST(BlockPool, FreeBlockEqualsFreeBlocksOfOne) {
+  auto build = [](BlockPool& pool) {
+    const auto seq = sequence(iota_tokens(0, kBlockSize * 3));
+    auto blocks = take(pool, 5);
+    pool.cache_full_blocks(seq.sequence(), blocks, 0, 3);
+    pool.touch(std::vector<BlockId>{blocks[1]});  // a second holder
+    return blocks;                                // cached 0, 1 (held twice), 2, uncached 3, 4
+  };
+  BlockPool a(config(8, true));
+  BlockPool b(config(8, true));
+  const auto blocks = build(a);
+  ASSERT_EQ(build(b), blocks);
+  // The queue expected at the end, written out (free_blocks({id}) itself runs free_block()).
+  std::vector<BlockId> expected = {blocks[4], blocks[3]};
+  for (const BlockId id : a.free_queue().ids()) expected.push_back(id);
+  for (const BlockId id : {blocks[0], blocks[2], blocks[1]}) expected.push_back(id);
+  const std::vector<BlockId> order = {blocks[3], blocks[0], blocks[1], kNullBlockId,
+                                      blocks[4], blocks[2], blocks[1]};
+  for (const BlockId id : order) {
+    a.free_block(id);
+    b.free_blocks(std::vector<BlockId>{id});
+    EXPECT_EQ(a.snapshot(), b.snapshot()) << "after block " << id;
+    EXPECT_EQ(a.free_queue().ids(), b.free_queue().ids()) << "after block " << id;
+    a.check_invariants();
+  }
+  // Uncached blocks at the head (reused first), cached ones at the tail in freeing order; the
+  // block held twice joins the queue at its second free.
+  EXPECT_EQ(a.free_queue().ids(), expected);
+  expect_rejected(
+      a, [&] { a.free_block(8); }, "block 8 is out of range");
+  expect_rejected(
+      a, [&] { a.free_block(-1); }, "out of range");
+  expect_rejected(
+      a, [&] { a.free_block(blocks[0]); }, "double free");
+}
+
 TEST(BlockPool, FreeBlocksReversedEqualsFreeingTheReversedTable) {
   auto build = [](BlockPool& pool) {
     const auto seq = sequence(iota_tokens(0, kBlockSize * 5));

@@ -138,11 +138,40 @@ class BlockPool {
   void free_blocks(std::span<const BlockId> ordered);
   // free_blocks() of `blocks` reversed (a request's block table, tail first), without a copy.
   void free_blocks_reversed(std::span<const BlockId> blocks);
+  // free_blocks({id}), inline (a tier unpins one host slot per committed transfer). Errors as
+  // free_blocks(): an id out of range, a block with ref 0.
+  void free_block(BlockId id) {
+    (void)block(id);  // throws kOutOfRange
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_null) return;
+    if (b.ref_cnt <= 0) [[unlikely]] {
+      throw_double_free(id);
+    }
+    if (--b.ref_cnt == 0) {
+      if (b.is_cached()) {
+        free_queue_.append(id);
+      } else {
+        free_queue_.prepend(id);
+      }
+    }
+  }
 
   // touch({id}) then free_blocks({id}) in one call, for a holder that releases at once: a free
   // block (ref 0) moves to the queue's tail if cached (its LRU refresh), to the head if not; a
   // held block and the null block stay as they are. Errors: an id out of range.
-  void requeue(BlockId id);
+  void requeue(BlockId id) {
+    const KVCacheBlock& b = block(id);
+    if (b.is_null || b.ref_cnt != 0) return;  // touch + free leave a held block as it was
+    if (b.is_cached()) {
+      if (free_queue_.back() == id) return;  // already the most recently used
+      free_queue_.remove(id);
+      free_queue_.append(id);
+    } else {
+      if (free_queue_.front() == id) return;
+      free_queue_.remove(id);
+      free_queue_.prepend(id);
+    }
+  }
 
   // Caches blocks[num_cached_blocks .. num_full_blocks) of `seq` (its block i lives in physical
   // block blocks[i]); emits one BlockStored. Errors: counts beyond blocks or seq's full blocks,
@@ -290,6 +319,7 @@ class BlockPool {
   struct ContentTable;   // hash-consed prefix content ids with reference counts (block_pool.cpp)
 
   [[noreturn]] void throw_out_of_range(BlockId id) const;
+  [[noreturn]] static void throw_double_free(BlockId id);
   bool verifying() const noexcept { return verifying_; }
   // The parent check of a lookup: none, the root (block 0), or the prefix a cached block holds.
   struct ParentCheck {
