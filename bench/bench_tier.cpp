@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 #include "test_tokens.hpp"
 
@@ -77,7 +78,41 @@ void BM_HostHitWriteBack(benchmark::State& state) {
   run(state, HostPolicy::kWriteBack);
 }
 
+// The same two requests on the same GPU pool without a host tier: every admission misses and
+// allocates, evicts, caches and frees its blocks (what the GPU pool spends per block anyway; the
+// host-hit figures above include this work). items_per_second counts the blocks a tier would
+// have loaded, so the two figures compare per block.
+void BM_GpuMissWithoutTier(benchmark::State& state) {
+  const auto blocks = static_cast<std::size_t>(state.range(0));
+  KVCacheManagerConfig c;
+  c.num_blocks = static_cast<std::int32_t>(blocks) + 2;
+  c.block_size = kBlockSize;
+  c.hash_seed = "bench";
+  KVCacheManager m(c);
+  Request a = m.make_request(1, random_tokens(blocks * kBlockSize + 1, 1));
+  Request b = m.make_request(2, random_tokens(blocks * kBlockSize + 1, 2));
+  std::uint64_t missed = 0;
+  const auto admit_gpu = [&](Request& r) {
+    const CacheHit hit = m.get_computed_blocks(r);
+    if (!hit.blocks.empty()) std::abort();  // the other request evicted every block
+    if (!m.allocate_slots(r, r.num_tokens(), hit)) std::abort();
+    missed += blocks;
+    m.preempt(r);
+  };
+  for (int i = 0; i < 4; ++i) {
+    admit_gpu(a);
+    admit_gpu(b);
+  }
+  missed = 0;
+  for (auto _ : state) {
+    admit_gpu(a);
+    admit_gpu(b);
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(missed));
+}
+
 BENCHMARK(BM_HostHitWriteThrough)->Arg(64)->Arg(1024);
+BENCHMARK(BM_GpuMissWithoutTier)->Arg(64)->Arg(1024);
 BENCHMARK(BM_HostHitWriteBack)->Arg(64)->Arg(1024);
 // A fixed count for instruction counts: 8 timed pairs = 16,384 host-hit blocks, so that
 //   valgrind --tool=callgrind --toggle-collect='*timed_admit_pair*' bench_tier

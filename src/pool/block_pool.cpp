@@ -655,6 +655,48 @@ void BlockPool::touch(std::span<const BlockId> ids) {
   }
 }
 
+// The change of a free: a pass in order drops one reference per appearance (undoing the
+// checking pass's marks when kMarked) and puts hashed blocks reaching ref 0 at the tail in order;
+// a pass in reverse puts unhashed ones reaching ref 0 at the head, so they lie there as a group
+// in the given order. No scratch memory.
+template <bool kReverse, bool kMarked>
+[[gnu::always_inline]] inline void BlockPool::release_in(std::span<const BlockId> given) noexcept {
+  const std::size_t count = given.size();
+  const auto ordered = [given, count](std::size_t k) {
+    return given[kReverse ? count - 1 - k : k];
+  };
+  std::size_t first_unhashed = count, end_unhashed = 0;  // the range to pass again
+  {
+    FreeBlockQueue::Appender tail(free_queue_);  // tail and count in registers
+    KVCacheBlock* const records = blocks_.data();
+    for (std::size_t k = 0; k < count; ++k) {
+      const BlockId id = ordered(k);
+      assert(static_cast<std::uint32_t>(id) < static_cast<std::uint32_t>(config_.num_blocks));
+      KVCacheBlock& b = records[static_cast<std::size_t>(id)];
+      if (b.is_null) continue;
+      assert(kMarked ? b.ref_cnt < 0 : b.ref_cnt > 0);
+      b.ref_cnt = kMarked ? -b.ref_cnt - 1 : b.ref_cnt - 1;
+      if (b.ref_cnt == 0) {
+        if (b.is_cached()) {
+          tail.add(id);
+        } else {
+          first_unhashed = std::min(first_unhashed, k);
+          end_unhashed = k + 1;
+        }
+      }
+    }
+  }
+  for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
+    const BlockId id = ordered(k);
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    // Every uncached block at ref 0 here reached it in this call; unchecked, an id may appear
+    // twice (a hit listed twice), so one already queued is skipped.
+    if (!b.is_null && b.ref_cnt == 0 && !b.is_cached() && (kMarked || !free_queue_.contains(id))) {
+      free_queue_.prepend(id);
+    }
+  }
+}
+
 void BlockPool::free_blocks(std::span<const BlockId> ordered) {
   free_blocks_in<false>(ordered);
 }
@@ -702,48 +744,6 @@ void BlockPool::free_blocks_in(std::span<const BlockId> given) {
     b.ref_cnt = -b.ref_cnt;
   }
   release_in<kReverse, true>(given);
-}
-
-// The change of a free: a pass in order drops one reference per appearance (undoing the
-// checking pass's marks when kMarked) and puts hashed blocks reaching ref 0 at the tail in order;
-// a pass in reverse puts unhashed ones reaching ref 0 at the head, so they lie there as a group
-// in the given order. No scratch memory.
-template <bool kReverse, bool kMarked>
-void BlockPool::release_in(std::span<const BlockId> given) noexcept {
-  const std::size_t count = given.size();
-  const auto ordered = [given, count](std::size_t k) {
-    return given[kReverse ? count - 1 - k : k];
-  };
-  std::size_t first_unhashed = count, end_unhashed = 0;  // the range to pass again
-  {
-    FreeBlockQueue::Appender tail(free_queue_);  // tail and count in registers
-    KVCacheBlock* const records = blocks_.data();
-    for (std::size_t k = 0; k < count; ++k) {
-      const BlockId id = ordered(k);
-      assert(static_cast<std::uint32_t>(id) < static_cast<std::uint32_t>(config_.num_blocks));
-      KVCacheBlock& b = records[static_cast<std::size_t>(id)];
-      if (b.is_null) continue;
-      assert(kMarked ? b.ref_cnt < 0 : b.ref_cnt > 0);
-      b.ref_cnt = kMarked ? -b.ref_cnt - 1 : b.ref_cnt - 1;
-      if (b.ref_cnt == 0) {
-        if (b.is_cached()) {
-          tail.add(id);
-        } else {
-          first_unhashed = std::min(first_unhashed, k);
-          end_unhashed = k + 1;
-        }
-      }
-    }
-  }
-  for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
-    const BlockId id = ordered(k);
-    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    // Every uncached block at ref 0 here reached it in this call; unchecked, an id may appear
-    // twice (a hit listed twice), so one already queued is skipped.
-    if (!b.is_null && b.ref_cnt == 0 && !b.is_cached() && (kMarked || !free_queue_.contains(id))) {
-      free_queue_.prepend(id);
-    }
-  }
 }
 
 void BlockPool::release_table(std::span<const BlockId> table) noexcept {
