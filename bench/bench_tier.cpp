@@ -22,6 +22,15 @@ using namespace pagedkv;
 
 constexpr std::uint32_t kBlockSize = 16;
 
+// A GPU pool that holds one request of `blocks` full blocks plus its partial one.
+KVCacheManagerConfig gpu_config(std::size_t blocks) {
+  KVCacheManagerConfig c;
+  c.num_blocks = static_cast<std::int32_t>(blocks) + 2;
+  c.block_size = kBlockSize;
+  c.hash_seed = "bench";
+  return c;
+}
+
 void admit(TieredKVCacheManager& t, Request& r, std::uint64_t& host_blocks) {
   const TieredCacheHit hit = t.get_computed_blocks(r);
   auto alloc = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
@@ -47,10 +56,7 @@ void admit(TieredKVCacheManager& t, Request& r, std::uint64_t& host_blocks) {
 
 void run(benchmark::State& state, HostPolicy policy) {
   const auto blocks = static_cast<std::size_t>(state.range(0));
-  KVCacheManagerConfig c;
-  c.num_blocks = static_cast<std::int32_t>(blocks) + 2;  // one request (blocks + 1 partial)
-  c.block_size = kBlockSize;
-  c.hash_seed = "bench";
+  const KVCacheManagerConfig c = gpu_config(blocks);
   HostTierConfig h;
   h.num_host_blocks = static_cast<std::int32_t>(4 * blocks);
   h.policy = policy;
@@ -84,11 +90,7 @@ void BM_HostHitWriteBack(benchmark::State& state) {
 // have loaded, so the two figures compare per block.
 void BM_GpuMissWithoutTier(benchmark::State& state) {
   const auto blocks = static_cast<std::size_t>(state.range(0));
-  KVCacheManagerConfig c;
-  c.num_blocks = static_cast<std::int32_t>(blocks) + 2;
-  c.block_size = kBlockSize;
-  c.hash_seed = "bench";
-  KVCacheManager m(c);
+  KVCacheManager m(gpu_config(blocks));
   Request a = m.make_request(1, random_tokens(blocks * kBlockSize + 1, 1));
   Request b = m.make_request(2, random_tokens(blocks * kBlockSize + 1, 2));
   std::uint64_t missed = 0;

@@ -689,9 +689,9 @@ template <bool kReverse, bool kMarked>
   for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
     const BlockId id = ordered(k);
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    // Every uncached block at ref 0 here reached it in this call; unchecked, an id may appear
-    // twice (a hit listed twice), so one already queued is skipped.
-    if (!b.is_null && b.ref_cnt == 0 && !b.is_cached() && (kMarked || !free_queue_.contains(id))) {
+    // Every uncached block at ref 0 here reached it in this call (each id appears once).
+    if (!b.is_null && b.ref_cnt == 0 && !b.is_cached()) {
+      assert(!free_queue_.contains(id));
       free_queue_.prepend(id);
     }
   }
@@ -971,43 +971,43 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
       if (!stream) __builtin_prefetch(&block_tokens_[i * bs], 1);
     }
   };
-  // The checking pass also starts loading what the change writes (the map's slots, the stored
-  // material), so the change finds them in cache. Unchecked, it only does that.
-  for (std::size_t k = 0; k < blocks.size() && !kChecked; ++k) {
-    assert(blocks[k] > 0 && blocks[k] < config_.num_blocks);
-    assert(blocks_[static_cast<std::size_t>(blocks[k])].ref_cnt > 0);
-    assert(!blocks_[static_cast<std::size_t>(blocks[k])].is_cached());
-    if (!storing) break;
+  // The checking pass (kChecked) also starts loading what the change writes (the map's slots,
+  // the stored material), so the change finds them in cache; unchecked, it only does that
+  // (commit_table_store's blocks are asserted instead).
+  for (std::size_t k = 0; k < blocks.size() && (kChecked || storing); ++k) {
+    if constexpr (kChecked) {
+      const BlockId id = blocks[k];
+      if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks)) {
+        unmark(k);
+        throw_out_of_range(id);
+      }
+      KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+      // One test for the usual case (an allocated, uncached, ordinary block seen once); the
+      // problem is told apart only when there is one.
+      if (b.is_null || b.ref_cnt <= 0 || b.is_cached()) [[unlikely]] {
+        const char* problem = " is not allocated";
+        ErrorCode code = ErrorCode::kInvalidState;
+        if (b.is_null) {
+          problem = " is the null block, which is never cached";
+          code = ErrorCode::kInvalidArgument;
+        } else if (b.ref_cnt < 0) {
+          problem = " appears twice in one call";
+          code = ErrorCode::kInvalidArgument;
+        } else if (b.is_cached()) {
+          problem = " is already cached";
+        }
+        unmark(k);
+        throw Error(code, where() + id_text(id) + problem);
+      }
+      b.ref_cnt = -b.ref_cnt;
+    } else {
+      assert(blocks[k] > 0 && blocks[k] < config_.num_blocks);
+      assert(blocks_[static_cast<std::size_t>(blocks[k])].ref_cnt > 0);
+      assert(!blocks_[static_cast<std::size_t>(blocks[k])].is_cached());
+    }
+    if (!storing) continue;
     hash_map_.prefetch(hashes[st.first_ + k], st.group_);
     if (k < kStoreAhead) prefetch_store(k);
-  }
-  for (std::size_t k = 0; k < blocks.size() && kChecked; ++k) {
-    const BlockId id = blocks[k];
-    if (static_cast<std::uint32_t>(id) >= static_cast<std::uint32_t>(config_.num_blocks)) {
-      unmark(k);
-      throw_out_of_range(id);
-    }
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    // One test for the usual case (an allocated, uncached, ordinary block seen once); the
-    // problem is told apart only when there is one.
-    if (b.is_null || b.ref_cnt <= 0 || b.is_cached()) [[unlikely]] {
-      const char* problem = " is not allocated";
-      ErrorCode code = ErrorCode::kInvalidState;
-      if (b.is_null) {
-        problem = " is the null block, which is never cached";
-        code = ErrorCode::kInvalidArgument;
-      } else if (b.ref_cnt < 0) {
-        problem = " appears twice in one call";
-        code = ErrorCode::kInvalidArgument;
-      } else if (b.is_cached()) {
-        problem = " is already cached";
-      }
-      unmark(k);
-      throw Error(code, where() + id_text(id) + problem);
-    }
-    b.ref_cnt = -b.ref_cnt;
-    if (storing) hash_map_.prefetch(hashes[st.first_ + k], st.group_);
-    if (storing && k < kStoreAhead) prefetch_store(k);
   }
   if (!storing) {
     if (kChecked) unmark(blocks.size());

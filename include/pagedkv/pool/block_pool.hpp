@@ -359,10 +359,11 @@ class BlockPool {
   template <bool kReverse, bool kMarked>
   void release_in(std::span<const BlockId> given) noexcept;
   // free_blocks_reversed() of a block table that KVCacheManager built from this pool's
-  // get_new_blocks() and touch(): every id is in range and holds one reference per appearance,
-  // so nothing can be wrong and there is no checking pass (one pass over the table instead of
-  // two; asserted in builds with assertions). Only KVCacheManager calls it (its release of a
-  // request); everyone else frees through free_blocks_reversed(), which checks.
+  // get_new_blocks() and touch(): every id is in range, held, and appears once (a hit naming a
+  // block twice is dropped by get_computed_blocks), so nothing can be wrong and there is no
+  // checking pass (one pass over the table instead of two; asserted in builds with assertions).
+  // Only KVCacheManager calls it (its release of a request); everyone else frees through
+  // free_blocks_reversed(), which checks.
   void release_table(std::span<const BlockId> table) noexcept;
   // commit_store() of blocks that KVCacheManager allocated for the store's range (in range,
   // held, uncached, distinct): no checking pass over their records. Errors as commit_store()'s
