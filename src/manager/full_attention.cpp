@@ -36,7 +36,7 @@ std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockS
   max_blocks = std::min(max_blocks, seq.block_hashes.size());
   std::vector<BlockId> hit;
   const BlockPoolConfig& c = pool.config();
-  if (!c.verify_cache_hits || c.chain_hashes_identify_prefix) {
+  if (!c.verify_cache_hits || c.chain_hashes_identify_prefix || c.guard_chain_hashes) {
     // The parent check of a hit at i compares its stored parent hash with the request's own hash
     // of block i - 1, which the previous hit matched in full: the pool's run lookup gives the
     // same blocks as the block-by-block search, in one call.

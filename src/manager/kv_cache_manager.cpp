@@ -37,6 +37,14 @@ BlockPoolConfig pool_config(const KVCacheManagerConfig& config,
   p.verify_cache_hits = config.verify_cache_hits;
   p.enable_kv_events = config.enable_kv_events;
   p.chain_hashes_identify_prefix = hasher.collision_resistant();
+  // xxh3_128 (full digests): guarded chain hashes, unless a group searches sliding-window runs
+  // (they look up after unverified prefixes) or stores blocks shorter than the pool's (the guard
+  // compares whole stored blocks): those keep content ids.
+  bool all_full = true;
+  for (const KVCacheGroup& g : coordinator.groups()) {
+    all_full = all_full && g.spec.kind == AttentionKind::kFull && g.spec.block_size == p.block_size;
+  }
+  p.guard_chain_hashes = !p.chain_hashes_identify_prefix && !hasher.weak() && all_full;
   return p;
 }
 

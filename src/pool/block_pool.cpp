@@ -109,6 +109,13 @@ std::string id_text(BlockId id) {
   return "block " + std::to_string(id);
 }
 
+[[noreturn]] [[gnu::cold]] void throw_unverified_prefix(const char* where) {
+  throw Error(ErrorCode::kInvalidState,
+              std::string(where) +
+                  ": the pool guards its chain hashes (guard_chain_hashes), which identify a "
+                  "prefix only when matched from block 0, not after an unverified prefix");
+}
+
 [[noreturn]] [[gnu::cold]] void throw_no_parent_hashes() {
   throw Error(ErrorCode::kInvalidState,
               "BlockPool::match_cached_block_after: the pool identifies prefixes by content ids "
@@ -453,6 +460,115 @@ struct BlockPool::ContentTable {
   }
 };
 
+// Guarded chain hashes: records of prefixes that no cached block holds any more but that cached
+// blocks, other orphans or pending stores name as their parent (Guard::children > 0 when the
+// block was evicted). At most one per (hash, group), found by an open-addressing index (linear
+// probing, backward-shift deletion). Rare in a full-attention workload (a chain's tail is evicted
+// before its head); reserve() is the only call that allocates.
+struct BlockPool::OrphanTable {
+  struct Entry {
+    BlockHash hash;    // the prefix's chained hash: the key, with group
+    BlockHash parent;  // its parent's chained hash (empty: block 0)
+    BlockId link = kRootLink;
+    std::uint32_t link_gen = 0;
+    std::uint32_t extra = 0;  // interned extra-key id (one reference)
+    std::uint32_t children = 0;
+    GroupId group = 0;
+  };
+  std::size_t stride;                   // tokens per entry (the pool's block size)
+  std::vector<Entry> entries;           // by index
+  std::vector<TokenId> tokens;          // stride per entry
+  std::vector<std::uint32_t> free;      // free entry indices (a stack)
+  std::vector<std::uint32_t> slots{0};  // index + 1, 0: empty
+  std::size_t mask = 0;
+  std::size_t live = 0;
+
+  explicit OrphanTable(std::size_t block_size) : stride(block_size) {}
+
+  static std::uint32_t tag(const BlockHash& hash, GroupId group) noexcept {
+    return BlockHashMap::key_tag(hash, group);
+  }
+  // Room for k more entries. May throw bad_alloc and then changes nothing.
+  void reserve(std::size_t k) {
+    if (free.size() >= k) return;
+    const std::size_t cap = std::max({2 * entries.size(), live + k, std::size_t{8}});
+    std::vector<Entry> e(entries);
+    e.resize(cap);
+    std::vector<TokenId> t(tokens);
+    t.resize(cap * stride);
+    std::vector<std::uint32_t> f(free);
+    f.reserve(cap);
+    std::size_t n = 8;
+    while (n < 2 * cap) n *= 2;
+    std::vector<std::uint32_t> sl(n, 0);
+    // Nothing below throws.
+    for (std::size_t i = cap; i-- > entries.size();) f.push_back(static_cast<std::uint32_t>(i));
+    const std::size_t m = n - 1;
+    for (const std::uint32_t v : slots) {
+      if (v == 0) continue;
+      std::size_t i = tag(e[v - 1].hash, e[v - 1].group) & m;
+      while (sl[i] != 0) i = (i + 1) & m;
+      sl[i] = v;
+    }
+    entries.swap(e);
+    tokens.swap(t);
+    free.swap(f);
+    slots.swap(sl);
+    mask = m;
+  }
+  static constexpr std::uint32_t kNone = 0xffffffffu;
+  std::uint32_t find(const BlockHash& hash, GroupId group) const noexcept {
+    if (live == 0) return kNone;
+    for (std::size_t i = tag(hash, group) & mask; slots[i] != 0; i = (i + 1) & mask) {
+      const Entry& e = entries[slots[i] - 1];
+      if (e.group == group && e.hash == hash) return slots[i] - 1;
+    }
+    return kNone;
+  }
+  // A new entry for (hash, group), indexed. Precondition: reserve() made room.
+  std::uint32_t insert(const BlockHash& hash, GroupId group) noexcept {
+    const std::uint32_t idx = free.back();
+    free.pop_back();
+    Entry& e = entries[idx];
+    e = Entry{};
+    e.hash = hash;
+    e.group = group;
+    std::size_t i = tag(hash, group) & mask;
+    while (slots[i] != 0) i = (i + 1) & mask;
+    slots[i] = idx + 1;
+    ++live;
+    return idx;
+  }
+  void erase(std::uint32_t idx) noexcept {
+    std::size_t i = tag(entries[idx].hash, entries[idx].group) & mask;
+    while (slots[i] != idx + 1) i = (i + 1) & mask;  // present: ends
+    std::size_t j = i;
+    for (;;) {
+      j = (j + 1) & mask;
+      if (slots[j] == 0) break;
+      const Entry& o = entries[slots[j] - 1];
+      const std::size_t k = tag(o.hash, o.group) & mask;
+      if (i <= j ? (k <= i || k > j) : (k <= i && k > j)) {
+        slots[i] = slots[j];
+        i = j;
+      }
+    }
+    slots[i] = 0;
+    entries[idx] = Entry{};
+    free.push_back(idx);  // capacity: every entry
+    --live;
+  }
+  void clear() noexcept {
+    std::fill(slots.begin(), slots.end(), 0);
+    free.clear();
+    for (std::size_t i = entries.size(); i-- > 0;) {
+      entries[i] = Entry{};
+      free.push_back(static_cast<std::uint32_t>(i));
+    }
+    live = 0;
+  }
+};
+
 BlockPool::PendingStore::PendingStore(PendingStore&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
       seq_(other.seq_),
@@ -460,7 +576,11 @@ BlockPool::PendingStore::PendingStore(PendingStore&& other) noexcept
       last_(other.last_),
       group_(other.group_),
       content_ids_(std::move(other.content_ids_)),
-      event_(std::move(other.event_)) {}
+      event_(std::move(other.event_)),
+      parent_link_(other.parent_link_),
+      parent_gen_(other.parent_gen_),
+      parent_held_(std::exchange(other.parent_held_, false)),
+      refused_(other.refused_) {}
 
 BlockPool::PendingStore& BlockPool::PendingStore::operator=(PendingStore&& other) noexcept {
   if (this != &other) {
@@ -472,6 +592,10 @@ BlockPool::PendingStore& BlockPool::PendingStore::operator=(PendingStore&& other
     group_ = other.group_;
     content_ids_ = std::move(other.content_ids_);
     event_ = std::move(other.event_);
+    parent_link_ = other.parent_link_;
+    parent_gen_ = other.parent_gen_;
+    parent_held_ = std::exchange(other.parent_held_, false);
+    refused_ = other.refused_;
   }
   return *this;
 }
@@ -481,6 +605,10 @@ BlockPool::PendingStore::~PendingStore() {
 }
 
 void BlockPool::PendingStore::release() noexcept {
+  if (pool_ != nullptr && parent_held_) {
+    pool_->release_parent(parent_link_, parent_gen_, seq_.block_hashes[first_ - 1], group_);
+  }
+  parent_held_ = false;
   if (pool_ != nullptr) {
     // Newest first, so a chain is released child before parent.
     for (auto it = content_ids_.rbegin(); it != content_ids_.rend(); ++it) {
@@ -506,8 +634,13 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
   const std::size_t n = blocks_.size();
   if (config_.enable_caching && config_.verify_cache_hits) {
     verifying_ = true;
-    if (config_.chain_hashes_identify_prefix) {
+    if (config_.chain_hashes_identify_prefix || config_.guard_chain_hashes) {
       chain_identity_ = true;
+      if (!config_.chain_hashes_identify_prefix) {
+        guarded_ = true;
+        guards_.assign(n, Guard{});
+        orphans_ = std::make_unique<OrphanTable>(config_.block_size);
+      }
       stored_.assign(n, Stored{});
       block_tokens_.resize(n * config_.block_size);
       stream_tokens_ = kCanStreamTokens && config_.block_size % 16 == 0 &&
@@ -573,7 +706,23 @@ void BlockPool::deliver_events() noexcept {
   KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
   hash_map_.erase(id);
   if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
-  if (chain_identity_) {
+  if (guarded_) {
+    Guard& g = guards_[static_cast<std::size_t>(id)];
+    const BlockId link = g.link;
+    if (g.children == 0 &&
+        (link == kRootLink ||
+         (link >= 0 && guards_[static_cast<std::size_t>(link)].gen == g.link_gen))) [[likely]] {
+      // The usual eviction (a chain's tail, its parent still cached): one child fewer there.
+      if (link >= 0) --guards_[static_cast<std::size_t>(link)].children;
+      if (const std::uint32_t eid = b.content_id & kExtraIdMask; eid != 0) {
+        extra_keys_->release(eid);
+      }
+      ++g.gen;
+    } else {
+      evict_guarded(id);  // orphans: takes over or releases the extra keys
+    }
+    b.content_id = 0;
+  } else if (chain_identity_) {
     // The stored parent hash stays (stale, never read; the next store overwrites it): clearing
     // it cost a write to one more random line per eviction.
     if (const std::uint32_t eid = b.content_id & kExtraIdMask; eid != 0) extra_keys_->release(eid);
@@ -588,11 +737,13 @@ void BlockPool::deliver_events() noexcept {
 }
 
 // Starts loading what evicting block id (if cached) reads: its map slot and, in a pool with
-// content ids, the content entry it releases with that entry's index slot.
+// content ids, the content entry it releases with that entry's index slot; a guarded pool's
+// child count and link (the parent's usually is the next eviction's own).
 [[gnu::always_inline]] inline void BlockPool::prefetch_eviction(BlockId id) const noexcept {
   const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
   if (!b.is_cached()) return;
   hash_map_.prefetch(b.block_hash, b.group_id);
+  if (guarded_) __builtin_prefetch(&guards_[static_cast<std::size_t>(id)], 1);
   if (!chain_identity_ && verifying()) {
     __builtin_prefetch(contents_->entry(b.content_id), 1);
     contents_->prefetch(ContentTable::tag_of(b.block_hash));
@@ -609,6 +760,7 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   // Everything that may allocate, before any change.
   out.reserve(out.size() + static_cast<std::size_t>(n));
   if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
+  if (guarded_) orphans_->reserve(static_cast<std::size_t>(n));  // an eviction makes <= 1
   // The blocks to pop are the queue's first n. For more than a few, two walkers run ahead of the
   // pops: `far` loads a block's record 2 x kEvictAhead pops ahead, `near` reads it kEvictAhead
   // pops ahead and loads what its eviction will read (map slot, content entry), so an eviction
@@ -832,6 +984,7 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
         st.content_ids_.push_back(eid);  // reserved: cannot throw, so the reference is kept
       }
     }
+    if (guarded_ && first > 0) acquire_guarded_parent(st, seq, prefix_row);
   } else if (verifying()) {
     // The nearest cached block of the prefix names its prefix's content id. Usually that is the
     // parent itself; otherwise (evicted, or skipped by a window) the blocks after it are chained
@@ -1016,11 +1169,20 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
 
   // The change: nothing below allocates or throws (the map has room for every block). It undoes
   // the checking marks as it goes (kChecked).
-  for (std::size_t k = 0; k < blocks.size(); ++k) {
+  // Guarded: the blocks before a conflict (none for a store refused when prepared). Orphans
+  // are made by evictions only, so whether any exists holds for the whole loop.
+  std::size_t cached = guarded_ && st.refused_ ? 0 : blocks.size();
+  const bool check_orphans = guarded_ && orphans_->live != 0;
+  for (std::size_t k = 0; k < cached; ++k) {
     const BlockId id = blocks[k];
     const auto i = static_cast<std::size_t>(id);
     if (k + kStoreAhead < blocks.size()) prefetch_store(k + kStoreAhead);
     KVCacheBlock& b = blocks_[i];
+    if (check_orphans && orphan_conflicts(st.seq_, st.first_ + k, st.content_ids_[k], st.group_))
+        [[unlikely]] {
+      cached = k;  // this block and the rest stay uncached
+      break;
+    }
     if (kChecked) b.ref_cnt = -b.ref_cnt;
     b.block_hash = hashes[st.first_ + k];
     b.group_id = st.group_;
@@ -1041,10 +1203,70 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
     } else if (verifying()) {
       b.content_id = st.content_ids_[k];
     }
-    hash_map_.insert_tagged(id, BlockHashMap::key_tag(hashes[st.first_ + k], st.group_));
+    const std::uint32_t tag = BlockHashMap::key_tag(hashes[st.first_ + k], st.group_);
+    if (!guarded_) {
+      hash_map_.insert_tagged(id, tag);
+      continue;
+    }
+    // Guarded: another cached block of this key must hold the same material.
+    const BlockId other = hash_map_.insert_tagged_unless(id, tag, [&](BlockId c) {
+      const auto o = static_cast<std::size_t>(c);
+      return blocks_[o].content_id != b.content_id ||
+             std::memcmp(stored_[o].parent.data(), stored_[i].parent.data(), BlockHash::kMaxSize) !=
+                 0 ||
+             !same_block_tokens(&block_tokens_[o * bs], &block_tokens_[i * bs], seq_bs);
+    });
+    if (other != BlockHashMap::kEmpty) [[unlikely]] {
+      b.block_hash = BlockHash();  // uncached again (its stored material is stale, never read)
+      b.group_id = 0;
+      b.content_id = 0;
+      cached = k;
+      break;
+    }
+    Guard& g = guards_[i];
+    if (k == 0) {
+      g.link = st.parent_held_ ? st.parent_link_ : kRootLink;
+      g.link_gen = st.parent_gen_;
+      st.parent_held_ = false;  // the block holds the reference now
+    } else {
+      const auto pb = static_cast<std::size_t>(blocks[k - 1]);
+      g.link = blocks[k - 1];
+      g.link_gen = guards_[pb].gen;
+      ++guards_[pb].children;
+    }
   }
   if (stream) stream_fence();  // the streamed tokens are ordered before later stores
-  st.content_ids_.clear();     // the blocks own the references now
+  if (cached < blocks.size()) [[unlikely]] {
+    if (kChecked) {  // restore the checking marks of the blocks the loop did not reach
+      for (std::size_t r = cached; r < blocks.size(); ++r) {
+        KVCacheBlock& u = blocks_[static_cast<std::size_t>(blocks[r])];
+        if (u.ref_cnt < 0) u.ref_cnt = -u.ref_cnt;
+      }
+    }
+    // Guarded, stopped by a conflict: drop what the uncached blocks held, and their part of
+    // the event (shrinking a vector does not allocate).
+    for (std::size_t k = cached; k < st.content_ids_.size(); ++k) {
+      extra_keys_->release(st.content_ids_[k]);
+    }
+    if (st.parent_held_) {  // no block took the parent reference
+      release_parent(st.parent_link_, st.parent_gen_, hashes[st.first_ - 1], st.group_);
+      st.parent_held_ = false;
+    }
+    if (st.event_) {
+      if (cached == 0) {
+        st.event_.reset();
+      } else {
+        const auto at = [](auto& v, std::size_t n) {
+          return v.begin() + static_cast<std::ptrdiff_t>(n);
+        };
+        auto& stored = std::get<BlockStored>(st.event_->data);
+        stored.block_hashes.erase(at(stored.block_hashes, cached), stored.block_hashes.end());
+        stored.token_ids.erase(at(stored.token_ids, cached * seq_bs), stored.token_ids.end());
+        stored.extra_keys.erase(at(stored.extra_keys, cached), stored.extra_keys.end());
+      }
+    }
+  }
+  st.content_ids_.clear();  // the blocks own the references now
   spare_content_ids_ = std::move(st.content_ids_);
   if (st.event_) record(std::move(st.event_->data));
   st.pool_ = nullptr;
@@ -1075,6 +1297,9 @@ BlockId BlockPool::match_cached_block_after(const BlockSequence& seq, std::size_
   if (verifying() && !chain_identity_) [[unlikely]] {
     throw_no_parent_hashes();
   }
+  if (guarded_ && index > 0) [[unlikely]] {
+    throw_unverified_prefix("BlockPool::match_cached_block_after");
+  }
   // An index beyond the hashes is match()'s error; the parent hash is read only below it.
   const BlockHash* parent =
       index > 0 && index < seq.block_hashes.size() ? &seq.block_hashes[index - 1] : &kRootHash;
@@ -1086,6 +1311,9 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
                                               GroupId group, LookupScratch* scratch) const {
   if (verifying() && !chain_identity_) [[unlikely]] {
     throw_no_parent_hashes();
+  }
+  if (guarded_ && begin > 0) [[unlikely]] {
+    throw_unverified_prefix("BlockPool::match_cached_run_after");
   }
   if (begin >= end) return 0;
   // The checks of match() for the run's last block cover every block before it.
@@ -1232,6 +1460,205 @@ void BlockPool::release_content(std::uint32_t id) noexcept {
   }
 }
 
+BlockHash BlockPool::stored_parent(std::size_t i) const noexcept {
+  const std::uint32_t code = blocks_[i].content_id >> kExtraIdBits;
+  if (code == 0) return BlockHash();
+  return BlockHash(std::span<const std::uint8_t>(stored_[i].parent.data(), code == 1 ? 16 : 32));
+}
+
+void BlockPool::release_parent(BlockId link, std::uint32_t link_gen, BlockHash parent_hash,
+                               GroupId group) noexcept {
+  for (;;) {
+    if (link == kRootLink) return;
+    if (link >= 0) {
+      Guard& p = guards_[static_cast<std::size_t>(link)];
+      if (p.gen == link_gen) {  // the block still holds the record
+        assert(p.children > 0);
+        --p.children;
+        return;
+      }
+    }
+    OrphanTable& t = *orphans_;
+    const std::uint32_t idx = t.find(parent_hash, group);
+    assert(idx != OrphanTable::kNone);
+    if (idx == OrphanTable::kNone) return;  // a broken invariant (check_invariants names it)
+    OrphanTable::Entry& e = t.entries[idx];
+    if (--e.children != 0) return;
+    link = e.link;
+    link_gen = e.link_gen;
+    parent_hash = e.parent;
+    extra_keys_->release(e.extra);
+    t.erase(idx);
+  }
+}
+
+void BlockPool::evict_guarded(BlockId id) noexcept {
+  const auto i = static_cast<std::size_t>(id);
+  const KVCacheBlock& b = blocks_[i];
+  Guard& g = guards_[i];
+  const std::uint32_t eid = b.content_id & kExtraIdMask;
+  OrphanTable& t = *orphans_;
+  const std::uint32_t have =
+      g.children == 0 ? OrphanTable::kNone : t.find(b.block_hash, b.group_id);
+  if (g.children == 0 || have != OrphanTable::kNone) [[likely]] {
+    // No record needed, or the orphan of this very content (one per hash) takes the children.
+    if (have != OrphanTable::kNone) t.entries[have].children += g.children;
+    extra_keys_->release(eid);
+    if (g.link >= 0 && guards_[static_cast<std::size_t>(g.link)].gen == g.link_gen) {
+      --guards_[static_cast<std::size_t>(g.link)].children;  // the usual case: no stored read
+    } else if (g.link != kRootLink) {
+      release_parent(kOrphanLink, 0, stored_parent(i), b.group_id);
+    }
+  } else {
+    // Cached blocks name this prefix as their parent: it stays as an orphan (room reserved by the
+    // evicting call), which takes over the extra keys and the parent reference.
+    const std::uint32_t idx = t.insert(b.block_hash, b.group_id);
+    OrphanTable::Entry& e = t.entries[idx];
+    e.parent = stored_parent(i);
+    e.link = g.link;
+    e.link_gen = g.link_gen;
+    e.extra = eid;
+    e.children = g.children;
+    std::memcpy(&t.tokens[idx * t.stride], &block_tokens_[i * config_.block_size],
+                config_.block_size * sizeof(TokenId));
+  }
+  g.children = 0;
+  ++g.gen;  // links to this block now resolve to the orphan (or nothing)
+}
+
+bool BlockPool::orphan_conflicts(const BlockSequence& seq, std::size_t p, std::uint32_t eid,
+                                 GroupId group) const noexcept {
+  const OrphanTable& t = *orphans_;
+  const std::uint32_t idx = t.find(seq.block_hashes[p], group);
+  if (idx == OrphanTable::kNone) return false;
+  const OrphanTable::Entry& e = t.entries[idx];
+  const std::uint32_t bs = seq.block_size;
+  return e.extra != eid || e.parent != (p > 0 ? seq.block_hashes[p - 1] : kRootHash) ||
+         std::memcmp(&t.tokens[idx * t.stride], seq.tokens.data() + p * bs, bs * sizeof(TokenId)) !=
+             0;
+}
+
+bool BlockPool::conflicts(const BlockHash& hash, GroupId group, const BlockSequence& seq,
+                          std::size_t p, std::uint32_t eid, const BlockHash& parent, BlockId* found,
+                          std::uint32_t* orphan) const noexcept {
+  const std::uint32_t bs = seq.block_size;
+  const TokenId* tokens = seq.tokens.data() + p * bs;
+  const std::size_t stride = config_.block_size;
+  const BlockId other = hash_map_.find_first(hash, group, [&](BlockId c) {
+    const auto i = static_cast<std::size_t>(c);
+    const std::uint32_t word = blocks_[i].content_id;
+    const bool same = (word & kExtraIdMask) == eid &&
+                      same_parent(stored_[i].parent.data(), word, parent) &&
+                      same_block_tokens(&block_tokens_[i * stride], tokens, bs);
+    if (same && found != nullptr && *found == kNoBlock) *found = c;
+    return !same;
+  });
+  if (other != BlockHashMap::kEmpty) return true;
+  const OrphanTable& t = *orphans_;
+  const std::uint32_t idx = t.find(hash, group);
+  if (idx == OrphanTable::kNone) return false;
+  const OrphanTable::Entry& e = t.entries[idx];
+  const bool same = e.extra == eid && e.parent == parent &&
+                    std::memcmp(&t.tokens[idx * t.stride], tokens, bs * sizeof(TokenId)) == 0;
+  if (same && orphan != nullptr) *orphan = idx;
+  return !same;
+}
+
+void BlockPool::acquire_guarded_parent(PendingStore& st, const BlockSequence& seq,
+                                       std::span<const BlockId> prefix_row) {
+  const std::size_t first = st.first_;
+  const GroupId group = st.group_;
+  const auto hashes = seq.block_hashes;
+  // The nearest cached block of the prefix holds seq's block there (prefix_row's contract, as
+  // with content ids); its hash and group are checked.
+  BlockId link = kRootLink;
+  std::uint32_t gen = 0;
+  std::size_t start = 0;  // blocks [start, first) of seq need a record
+  for (std::size_t j = prefix_row.size(); j-- > 0;) {
+    const BlockId b = prefix_row[j];
+    const std::size_t level = first - prefix_row.size() + j;
+    if (b <= 0 || b >= config_.num_blocks) continue;
+    const KVCacheBlock& pb = blocks_[static_cast<std::size_t>(b)];
+    if (pb.is_cached() && pb.group_id == group && pb.block_hash == hashes[level]) {
+      link = b;
+      gen = guards_[static_cast<std::size_t>(b)].gen;
+      start = level + 1;
+      break;
+    }
+  }
+  // Takes a reference on the record `link` names (of seq's block level, the root below 0).
+  const auto take = [&](std::size_t level) {
+    if (link == kRootLink) return;
+    if (link >= 0) {
+      ++guards_[static_cast<std::size_t>(link)].children;
+    } else {
+      ++orphans_->entries[orphans_->find(hashes[level], group)].children;
+    }
+  };
+  if (start < first) {
+    // Rare (the parent is not a known cached block): find or make a record of each block in
+    // between, from seq's material. Everything that may throw comes first.
+    std::vector<std::uint32_t> eids;  // one reference each, kept by a new orphan or released
+    eids.reserve(first - start);
+    orphans_->reserve(first - start);
+    try {
+      for (std::size_t k = start; k < first; ++k) {
+        eids.push_back(encode_block_extra_keys(seq, k, store_scratch_)
+                           ? extra_keys_->acquire(store_scratch_.extra)
+                           : 0);
+      }
+    } catch (...) {
+      for (const std::uint32_t e : eids) extra_keys_->release(e);
+      throw;
+    }
+    // Nothing below throws.
+    const auto release_eids = [&] {
+      for (const std::uint32_t e : eids) extra_keys_->release(e);
+    };
+    bool made = false;  // made orphans for blocks [.., k): the newest has no children yet
+    for (std::size_t k = start; k < first; ++k) {
+      const BlockHash& parent = k > 0 ? hashes[k - 1] : kRootHash;
+      BlockId found = kNoBlock;
+      std::uint32_t orphan = OrphanTable::kNone;
+      if (conflicts(hashes[k], group, seq, k, eids[k - start], parent, &found, &orphan)) {
+        if (made) {  // free the orphans made here (the newest first, through its parents)
+          ++orphans_->entries[orphans_->find(parent, group)].children;
+          release_parent(kOrphanLink, 0, parent, group);
+        }
+        release_eids();
+        st.refused_ = true;
+        return;
+      }
+      if (found != kNoBlock) {
+        link = found;
+        gen = guards_[static_cast<std::size_t>(found)].gen;
+      } else if (orphan != OrphanTable::kNone) {
+        link = kOrphanLink;
+        gen = 0;
+      } else {
+        if (k > 0) take(k - 1);
+        const std::uint32_t idx = orphans_->insert(hashes[k], group);
+        OrphanTable::Entry& e = orphans_->entries[idx];
+        e.parent = parent;
+        e.link = link;
+        e.link_gen = gen;
+        e.extra = std::exchange(eids[k - start], 0);
+        TokenId* to = &orphans_->tokens[idx * orphans_->stride];
+        std::fill(to, to + orphans_->stride, 0);
+        std::memcpy(to, seq.tokens.data() + k * seq.block_size, seq.block_size * sizeof(TokenId));
+        link = kOrphanLink;
+        gen = 0;
+        made = true;
+      }
+    }
+    release_eids();
+  }
+  take(first - 1);
+  st.parent_link_ = link;
+  st.parent_gen_ = gen;
+  st.parent_held_ = true;
+}
+
 bool BlockPool::cached_after_prefix(BlockId child, const BlockSequence& seq, std::size_t index,
                                     BlockId anchor, std::size_t anchor_end,
                                     LookupScratch* scratch) const {
@@ -1250,6 +1677,7 @@ bool BlockPool::cached_after_prefix(BlockId child, const BlockSequence& seq, std
   }
   validate_sequence(seq, index, "BlockPool::cached_after_prefix");
   if (!verifying()) return true;
+  if (guarded_ && index > 0) throw_unverified_prefix("BlockPool::cached_after_prefix");
   if (chain_identity_) {  // the chained hash of seq's block index - 1 names that prefix
     const auto c = static_cast<std::size_t>(child);
     return same_parent(stored_[c].parent.data(), blocks_[c].content_id,
@@ -1328,6 +1756,7 @@ std::size_t BlockPool::evict_blocks(std::span<const BlockId> ids) {
   std::size_t cached = 0;
   for (const BlockId id : ids) cached += block(id).is_cached() ? 1 : 0;
   reserve_events(cached, 0);
+  if (guarded_) orphans_->reserve(cached);
   std::size_t evicted = 0;
   for (const BlockId id : ids) {
     if (blocks_[static_cast<std::size_t>(id)].is_cached()) {
@@ -1351,6 +1780,13 @@ bool BlockPool::reset_prefix_cache() {
     std::fill(stored_.begin(), stored_.end(), Stored{});
     for (KVCacheBlock& b : blocks_) b.content_id = 0;
     extra_keys_->clear();
+    if (guarded_) {
+      for (Guard& g : guards_) {
+        g.children = 0;
+        ++g.gen;  // no link names a block any more
+      }
+      orphans_->clear();
+    }
   } else if (verifying()) {
     for (KVCacheBlock& b : blocks_) b.content_id = 0;
     contents_->clear();
@@ -1451,6 +1887,7 @@ void BlockPool::check_invariants() const {
         if (eid >= refs.size()) fail("extra-key id out of range");
         if (eid != 0) ++refs[eid];
       }
+      if (guarded_) check_guards(refs);
     } else {
       // Content ids: every live id is indexed once, referenced exactly by the cached blocks
       // naming it and by its live children, and its parent is live; ids are unique per content.
@@ -1522,6 +1959,97 @@ void BlockPool::check_invariants() const {
   }
 }
 
+// check_invariants() for guarded chain hashes: links resolve to records of the parent, child
+// counts are exact, orphans are indexed and referenced, and each (hash, group) has one content.
+// Adds the orphans' extra-key references to `refs`.
+void BlockPool::check_guards(std::vector<std::uint32_t>& refs) const {
+  auto fail = [](const std::string& what) {
+    throw Error(ErrorCode::kInvalidState, "BlockPool invariant broken: " + what);
+  };
+  const OrphanTable& t = *orphans_;
+  const std::size_t stride = config_.block_size;
+  std::vector<std::uint32_t> kids(blocks_.size(), 0);
+  std::vector<std::uint32_t> orphan_kids(t.entries.size(), 0);
+  const auto resolve = [&](BlockId link, std::uint32_t gen, const BlockHash& parent, GroupId g,
+                           const std::string& who) {
+    if (link == kRootLink) {
+      if (!parent.empty()) fail(who + " links to the root but has a parent hash");
+      return;
+    }
+    if (parent.empty()) fail(who + " has no parent hash but links to a parent");
+    if (link >= 0 && link < config_.num_blocks &&
+        guards_[static_cast<std::size_t>(link)].gen == gen) {
+      const KVCacheBlock& p = blocks_[static_cast<std::size_t>(link)];
+      if (!p.is_cached() || p.block_hash != parent || p.group_id != g) {
+        fail(who + "'s parent link names a block that does not hold its parent");
+      }
+      ++kids[static_cast<std::size_t>(link)];
+      return;
+    }
+    const std::uint32_t idx = t.find(parent, g);
+    if (idx == OrphanTable::kNone) fail(who + "'s parent prefix has no record");
+    ++orphan_kids[idx];
+  };
+  std::size_t live = 0;
+  std::vector<char> indexed(t.entries.size(), 0);
+  for (const std::uint32_t v : t.slots) {
+    if (v == 0) continue;
+    if (v - 1 >= t.entries.size() || indexed[v - 1]) fail("the orphan index is corrupt");
+    indexed[v - 1] = 1;
+    ++live;
+  }
+  if (live != t.live || live + t.free.size() != t.entries.size()) fail("orphan entries leaked");
+  for (std::uint32_t idx = 0; idx < t.entries.size(); ++idx) {
+    if (!indexed[idx]) continue;
+    const OrphanTable::Entry& e = t.entries[idx];
+    const std::string who = "orphan " + e.hash.to_hex();
+    if (t.find(e.hash, e.group) != idx) fail(who + " is not reachable in its index");
+    if (e.extra >= refs.size()) fail("extra-key id out of range");
+    if (e.extra != 0) ++refs[e.extra];
+    resolve(e.link, e.link_gen, e.parent, e.group, who);
+  }
+  for (const KVCacheBlock& b : blocks_) {
+    const auto i = static_cast<std::size_t>(b.block_id);
+    if (!b.is_cached()) {
+      if (guards_[i].children != 0) fail(id_text(b.block_id) + " is not cached but has children");
+      continue;
+    }
+    const BlockHash parent = stored_parent(i);
+    resolve(guards_[i].link, guards_[i].link_gen, parent, b.group_id, id_text(b.block_id));
+    // One content per (hash, group): every other record of the key holds the same material.
+    const std::uint32_t word = b.content_id;
+    const TokenId* tokens = &block_tokens_[i * stride];
+    const BlockId other = hash_map_.find_first(b.block_hash, b.group_id, [&](BlockId c) {
+      const auto k = static_cast<std::size_t>(c);
+      return blocks_[k].content_id != word ||
+             std::memcmp(stored_[k].parent.data(), stored_[i].parent.data(), BlockHash::kMaxSize) !=
+                 0 ||
+             std::memcmp(&block_tokens_[k * stride], tokens, stride * sizeof(TokenId)) != 0;
+    });
+    if (other != BlockHashMap::kEmpty) {
+      fail(id_text(b.block_id) + " and " + id_text(other) +
+           " hold different content under one hash");
+    }
+    if (const std::uint32_t idx = t.find(b.block_hash, b.group_id); idx != OrphanTable::kNone) {
+      const OrphanTable::Entry& e = t.entries[idx];
+      if (e.extra != (word & kExtraIdMask) || e.parent != parent ||
+          std::memcmp(&t.tokens[idx * stride], tokens, stride * sizeof(TokenId)) != 0) {
+        fail(id_text(b.block_id) + " and its hash's orphan hold different content");
+      }
+    }
+  }
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    if (kids[i] != guards_[i].children)
+      fail(id_text(static_cast<BlockId>(i)) + " has a wrong child count");
+  }
+  for (std::uint32_t idx = 0; idx < t.entries.size(); ++idx) {
+    if (!indexed[idx]) continue;
+    if (orphan_kids[idx] != t.entries[idx].children || orphan_kids[idx] == 0) {
+      fail("orphan " + t.entries[idx].hash.to_hex() + " has a wrong child count");
+    }
+  }
+}
+
 BlockPoolSnapshot BlockPool::snapshot() const {
   BlockPoolSnapshot s;
   for (const KVCacheBlock& b : blocks_) {
@@ -1547,6 +2075,15 @@ BlockPoolSnapshot BlockPool::snapshot() const {
                                         : BlockHash(std::span<const std::uint8_t>(
                                               stored_[i].parent.data(), code == 1 ? 16 : 32)));
       s.identities.push_back(b.block_hash);
+    }
+    if (guarded_) {
+      for (const Guard& g : guards_) s.children.push_back(g.children);
+      for (const OrphanTable::Entry& e : orphans_->entries) {
+        if (e.children == 0) continue;  // a free entry
+        s.orphans.push_back(e.hash.to_hex() + "/" + std::to_string(e.group) + "/" +
+                            std::to_string(e.children));
+      }
+      std::sort(s.orphans.begin(), s.orphans.end());
     }
   } else if (verifying()) {
     // Identities as SHA-256 chains over the material: equal for equal content whatever the
@@ -1596,14 +2133,14 @@ BlockPoolSnapshot BlockPool::snapshot() const {
 }
 
 double BlockPool::metadata_bytes_per_block() const noexcept {
-  const double bytes =
-      static_cast<double>(blocks_.size() * sizeof(KVCacheBlock) + free_queue_.memory_bytes() +
-                          2 * hash_map_.capacity() * sizeof(BlockId) +
-                          stored_.size() * sizeof(Stored) + block_tokens_.size() * sizeof(TokenId) +
-                          (contents_ ? contents_->words.size() * sizeof(std::uint32_t) +
-                                           contents_->slots.size() * sizeof(ContentTable::Slot) +
-                                           contents_->free_ids.capacity() * sizeof(std::uint32_t)
-                                     : 0));
+  const double bytes = static_cast<double>(
+      blocks_.size() * sizeof(KVCacheBlock) + free_queue_.memory_bytes() +
+      2 * hash_map_.capacity() * sizeof(BlockId) + stored_.size() * sizeof(Stored) +
+      block_tokens_.size() * sizeof(TokenId) + guards_.size() * sizeof(Guard) +
+      (contents_ ? contents_->words.size() * sizeof(std::uint32_t) +
+                       contents_->slots.size() * sizeof(ContentTable::Slot) +
+                       contents_->free_ids.capacity() * sizeof(std::uint32_t)
+                 : 0));
   return bytes / static_cast<double>(blocks_.size());
 }
 

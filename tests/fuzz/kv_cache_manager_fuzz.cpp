@@ -43,9 +43,9 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_replay_main.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
-#include "fuzz_replay_main.hpp"
 
 namespace {
 
@@ -476,8 +476,12 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   cfg.enable_kv_events = (flags & 4) != 0;
   cfg.hash_seed = "fuzz";
   const bool weak = (flags & 8) != 0;
+  // Full xxh3_128 (a guarded pool when every group is full attention) or sha256, unless weak.
+  const bool xxh3 = !weak && cfg.verify_cache_hits && ((flags >> 5) & 1) != 0;
   if (weak) {
     cfg.hasher = BlockHasher::weak_for_testing(HashScheme::kXxh3_128, "fuzz", 1 + (flags >> 5));
+  } else if (xxh3) {
+    cfg.hash_scheme = HashScheme::kXxh3_128;
   }
   if (flags & 16) cfg.max_model_len = in.u8();
   const std::uint8_t layout = in.u8();  // single group, full + sliding window, or window only
@@ -491,8 +495,9 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   g_config = "num_blocks " + std::to_string(cfg.num_blocks) + ", block_size " +
              std::to_string(cfg.block_size) + ", caching " + (cfg.enable_caching ? "on" : "off") +
              ", verify " + (cfg.verify_cache_hits ? "on" : "off") + ", hash " +
-             (weak ? "xxh3_128 weakened to " + std::to_string(1 + (flags >> 5)) + " bits"
-                   : std::string("sha256")) +
+             (weak   ? "xxh3_128 weakened to " + std::to_string(1 + (flags >> 5)) + " bits"
+              : xxh3 ? std::string("xxh3_128")
+                     : std::string("sha256")) +
              ", max_model_len " + (cfg.max_model_len ? std::to_string(*cfg.max_model_len) : "-");
   for (const AttentionSpec& g : cfg.groups) {
     g_config += g.kind == AttentionKind::kSlidingWindow

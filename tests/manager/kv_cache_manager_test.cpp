@@ -232,6 +232,33 @@ TEST(KVCacheManager, BadInputIsRejectedWithStateUnchanged) {
   EXPECT_THROW(KVCacheManager{xxh}, Error);
 }
 
+// xxh3_128 pools guard their chain hashes (no content-id table) when every group is full
+// attention of the pool's block size; the SHA-256 schemes trust theirs; a weak test hasher and
+// sliding-window groups keep content ids.
+TEST(KVCacheManager, PoolIdentityFollowsTheHashAndTheGroups) {
+  const auto identity = [](const KVCacheManagerConfig& c) {
+    const KVCacheManager m(c);
+    const BlockPoolConfig& p = m.block_pool().config();
+    return std::pair<bool, bool>{p.chain_hashes_identify_prefix, p.guard_chain_hashes};
+  };
+  KVCacheManagerConfig c = config(16);
+  EXPECT_EQ(identity(c), (std::pair<bool, bool>{true, false}));
+  c.hash_scheme = HashScheme::kXxh3_128;
+  EXPECT_EQ(identity(c), (std::pair<bool, bool>{false, true}));
+  KVCacheManagerConfig two = c;
+  two.groups = {AttentionSpec::full(kB), AttentionSpec::full(kB)};
+  EXPECT_EQ(identity(two), (std::pair<bool, bool>{false, true}));
+  KVCacheManagerConfig window = c;
+  window.groups = {AttentionSpec::full(kB), AttentionSpec::sliding(kB, 5)};
+  EXPECT_EQ(identity(window), (std::pair<bool, bool>{false, false}));
+  KVCacheManagerConfig sizes = c;
+  sizes.groups = {AttentionSpec::full(kB), AttentionSpec::full(2 * kB)};
+  EXPECT_EQ(identity(sizes), (std::pair<bool, bool>{false, false}));
+  KVCacheManagerConfig weak = c;
+  weak.hasher = BlockHasher::weak_for_testing(HashScheme::kXxh3_128, "w", 4);
+  EXPECT_EQ(identity(weak), (std::pair<bool, bool>{false, false}));
+}
+
 TEST(KVCacheManager, EventsAndStatsThroughAWholeWorkload) {
   KVCacheManager m(config(5));  // 4 usable blocks
   auto a = m.make_request(1, iota_tokens(0, 8));
@@ -445,13 +472,17 @@ TEST(KVCacheManager, DelayCacheBlocksThenCacheBlocks) {
   EXPECT_EQ(std::get<BlockStored>(events[0].data).block_hashes.size(), 2u);
   EXPECT_EQ(std::get<BlockStored>(events[0].data).medium, "GPU");
 
-  expect_rejected(m, [&] { m.cache_blocks(a, 18); }, "exceed");
-  expect_rejected(m, [&] { m.cache_blocks(probe, 4); }, "unknown");
+  expect_rejected(
+      m, [&] { m.cache_blocks(a, 18); }, "exceed");
+  expect_rejected(
+      m, [&] { m.cache_blocks(probe, 4); }, "unknown");
   auto c = m.make_request(3, iota_tokens(100, 8));
   ASSERT_TRUE(m.allocate_slots(c, 4, {}, 0, true));
-  expect_rejected(m, [&] { m.cache_blocks(c, 8); }, "allocated slots");
+  expect_rejected(
+      m, [&] { m.cache_blocks(c, 8); }, "allocated slots");
   m.free(a);
-  expect_rejected(m, [&] { m.cache_blocks(a, 4); }, "freed");
+  expect_rejected(
+      m, [&] { m.cache_blocks(a, 4); }, "freed");
 }
 
 }  // namespace

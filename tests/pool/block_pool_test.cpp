@@ -852,6 +852,9 @@ TEST(BlockPool, MetadataBytesPerBlockAtBlockSize16) {
   EXPECT_LE(BlockPool(c).metadata_bytes_per_block(), 200.0);
   c.chain_hashes_identify_prefix = true;
   EXPECT_LE(BlockPool(c).metadata_bytes_per_block(), 184.0);
+  c.chain_hashes_identify_prefix = false;
+  c.guard_chain_hashes = true;  // 16 bytes more per block (links and child counts)
+  EXPECT_LE(BlockPool(c).metadata_bytes_per_block(), 200.0);
 }
 
 // Pools with chain-hash identities store each cached block's tokens and parent hash; large

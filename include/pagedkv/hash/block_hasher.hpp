@@ -83,6 +83,8 @@ class BlockHasher {
   bool collision_resistant() const noexcept {
     return scheme_ != HashScheme::kXxh3_128 && weak_bits_ == 0;
   }
+  // Whether this is a weak_for_testing hasher (digests cut to a few bits: collisions on purpose).
+  bool weak() const noexcept { return weak_bits_ != 0; }
   std::size_t digest_size() const noexcept { return none_hash_.size(); }
   // The parent hash of block 0.
   const BlockHash& none_hash() const noexcept { return none_hash_; }

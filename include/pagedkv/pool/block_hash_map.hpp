@@ -71,6 +71,29 @@ class BlockHashMap {
     place(id, tag);
   }
 
+  // insert_tagged() unless an entry with the block's key makes conflict(entry) true: then that
+  // entry's block is returned and nothing changes (else kEmpty, inserted). One pass over the
+  // probe run, for a pool that refuses a key already holding other content.
+  template <typename Conflict>
+  BlockId insert_tagged_unless(BlockId id, std::uint32_t tag, Conflict&& conflict) {
+    const KVCacheBlock& nb = blocks_[static_cast<std::size_t>(id)];
+    assert(nb.is_cached());
+    assert(tag == tag_of(nb.block_hash, nb.group_id));
+    if (size_ + 1 >= slots_.size()) throw_full();
+    std::size_t i = tag & mask_;
+    for (; slots_[i].id != kEmpty; i = (i + 1) & mask_) {
+      if (slots_[i].tag != tag) continue;
+      const BlockId other = slots_[i].id;
+      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(other)];
+      if (b.group_id == nb.group_id && b.block_hash == nb.block_hash && conflict(other)) {
+        return other;
+      }
+    }
+    slots_[i] = Slot{id, tag};
+    ++size_;
+    return kEmpty;
+  }
+
   // Removes block `id`'s entry; its block_hash and group_id must still be the ones it was
   // inserted with. Returns false (and changes nothing) when it is not in the map.
   bool erase(BlockId id) noexcept {

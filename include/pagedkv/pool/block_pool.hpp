@@ -73,6 +73,19 @@ struct BlockPoolConfig {
   // hasher): a parent's chained hash then identifies its whole prefix. False (the safe default)
   // makes the pool keep hash-consed content ids of the cached prefixes.
   bool chain_hashes_identify_prefix = false;
+  // With verify_cache_hits and without chain_hashes_identify_prefix: guarded chain hashes. The
+  // pool identifies prefixes by their chained hashes as the SHA-256 schemes do (each cached block
+  // stores its tokens and parent hash; a hit compares them, no content-id table) and keeps that
+  // exact by holding one content per (hash, group): a store whose block hash already names other
+  // content in this pool is not cached from that block on (the first content wins; the later one
+  // misses, never hits wrongly), and a prefix that cached blocks name as their parent keeps a
+  // record (an orphan) after its own block is evicted. For a well-distributed hash such as
+  // xxh3_128, where only an adversary makes collisions; a degenerate test hasher would refuse
+  // most stores. A left-to-right match from block 0 is verified exactly; lookups that start
+  // after an unverified prefix (cached_after_prefix, match_cached_block_after and
+  // match_cached_run_after past block 0) throw kInvalidState: sliding-window managers keep
+  // content ids.
+  bool guard_chain_hashes = false;
 };
 
 // Everything observable about a pool's state, for tests: equal snapshots mean equal pools.
@@ -89,6 +102,10 @@ struct BlockPoolSnapshot {
   std::vector<std::string> extra_keys;  // canonical encoding (encode_extra_keys)
   std::vector<BlockHash> parent_identities;
   std::vector<BlockHash> identities;
+  // Guarded chain hashes: per block its child count, and the orphan records as
+  // "hash/group/children" in hash order.
+  std::vector<std::uint32_t> children;
+  std::vector<std::string> orphans;
   std::uint64_t next_event_seq = 0;
   std::size_t pending_events = 0;
   std::uint64_t num_evictions = 0;
@@ -210,6 +227,13 @@ class BlockPool {
     // id (chain_hashes_identify_prefix).
     std::vector<std::uint32_t> content_ids_;
     std::optional<KVEvent> event_;  // BlockStored, when events are on
+    // Guarded chain hashes: the reference on the parent prefix's record (see Guard) the first
+    // block will take over, held while parent_held_; refused_: a record of the store's prefix
+    // holds other content, so nothing is cached.
+    BlockId parent_link_ = -1;
+    std::uint32_t parent_gen_ = 0;
+    bool parent_held_ = false;
+    bool refused_ = false;
   };
   PendingStore prepare_store(const BlockSequence& seq, std::size_t first, std::size_t last,
                              std::span<const BlockId> prefix_row, GroupId group = 0);
@@ -317,6 +341,22 @@ class BlockPool {
  private:
   struct ExtraKeyTable;  // interned extra-key encodings with reference counts (block_pool.cpp)
   struct ContentTable;   // hash-consed prefix content ids with reference counts (block_pool.cpp)
+  struct OrphanTable;    // guarded chain hashes: records of evicted parents (block_pool.cpp)
+
+  // Guarded chain hashes, per block. A cached block is a record of its prefix; `link` names the
+  // record of its parent prefix as it was when the block was cached: kRootLink (block 0), or a
+  // block id that still holds it while that block's `gen` equals `link_gen`, else the orphan
+  // filed under the block's parent hash and group. `children` counts the cached blocks, orphans
+  // and pending stores whose link resolves to this block; a block evicted with children becomes
+  // an orphan, so every named parent keeps a record. `gen` grows at each eviction.
+  struct Guard {
+    std::uint32_t children = 0;
+    std::uint32_t gen = 0;
+    BlockId link = -1;
+    std::uint32_t link_gen = 0;
+  };
+  static constexpr BlockId kRootLink = -1;
+  static constexpr BlockId kOrphanLink = -2;
 
   [[noreturn]] void throw_out_of_range(BlockId id) const;
   [[noreturn]] static void throw_double_free(BlockId id);
@@ -346,6 +386,26 @@ class BlockPool {
   std::uint32_t find_content(std::uint32_t parent, const BlockSequence& seq, std::size_t p,
                              LookupScratch& scratch) const;
   void release_content(std::uint32_t id) noexcept;
+  // Guarded chain hashes: drops one reference on the parent record a link names (an orphan
+  // reaching no children is freed, dropping its own parent reference in turn).
+  void release_parent(BlockId link, std::uint32_t link_gen, BlockHash parent_hash,
+                      GroupId group) noexcept;
+  // Evicts block id's record: into an orphan when it has children, else releasing its parent.
+  void evict_guarded(BlockId id) noexcept;
+  // The parent hash stored with cached block i (kRootHash-like empty hash for block 0).
+  BlockHash stored_parent(std::size_t i) const noexcept;
+  // Whether a record of (hash, group) holds other material than seq's block p (tokens, extra-key
+  // id eid, parent hash `parent`): then caching seq's block p would break one content per hash.
+  bool conflicts(const BlockHash& hash, GroupId group, const BlockSequence& seq, std::size_t p,
+                 std::uint32_t eid, const BlockHash& parent, BlockId* found = nullptr,
+                 std::uint32_t* orphan = nullptr) const noexcept;
+  // conflicts() against the orphans only (a store checks the cached blocks as it inserts).
+  bool orphan_conflicts(const BlockSequence& seq, std::size_t p, std::uint32_t eid,
+                        GroupId group) const noexcept;
+  // prepare_store()'s parent reference for a guarded pool (see PendingStore).
+  void acquire_guarded_parent(PendingStore& st, const BlockSequence& seq,
+                              std::span<const BlockId> prefix_row);
+  void check_guards(std::vector<std::uint32_t>& refs) const;
   void validate_sequence(const BlockSequence& seq, std::size_t last, const char* where) const;
   // validate_sequence() for the lookups, which run per block: a multiply and compares, calling
   // validate_sequence() (to throw) only when something is wrong.
@@ -392,7 +452,8 @@ class BlockPool {
   // 32 + 64 bytes per 16-token block, so that the map can have 4 slots per block within the
   // metadata bound (bench/results/pool_hash_speed.md, fifth pass).
   bool verifying_ = false;
-  bool chain_identity_ = false;  // verifying with chain_hashes_identify_prefix
+  bool chain_identity_ = false;  // verifying with chain_hashes_identify_prefix or guarded
+  bool guarded_ = false;         // verifying with guard_chain_hashes (chain_identity_ too)
   bool stream_tokens_ = false;   // block_tokens_ written with non-temporal stores (block_pool.cpp)
   std::unique_ptr<ContentTable> contents_;
   struct Stored {
@@ -401,6 +462,8 @@ class BlockPool {
   TableVector<Stored> stored_;         // per block (chain-hash identities)
   TableVector<TokenId> block_tokens_;  // block_size per block (chain-hash identities)
   std::unique_ptr<ExtraKeyTable> extra_keys_;
+  TableVector<Guard> guards_;             // per block (guarded chain hashes)
+  std::unique_ptr<OrphanTable> orphans_;  // guarded chain hashes
 
   // Events: recorded in events_ (capacity reserved before any change), delivered when no
   // EventDeliveryHold is alive.
