@@ -1075,16 +1075,24 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
 }
 
 void BlockPool::commit_store(PendingStore&& store, std::span<const BlockId> blocks) {
-  commit_store_in<true>(std::move(store), blocks);
+  if (guarded_) {
+    commit_store_in<true, true>(std::move(store), blocks);
+  } else {
+    commit_store_in<true, false>(std::move(store), blocks);
+  }
 }
 
 void BlockPool::commit_table_store(PendingStore&& store, std::span<const BlockId> blocks) {
-  commit_store_in<false>(std::move(store), blocks);
+  if (guarded_) {
+    commit_store_in<false, true>(std::move(store), blocks);
+  } else {
+    commit_store_in<false, false>(std::move(store), blocks);
+  }
 }
 
 // commit_store() (kChecked) or commit_table_store(): the same change, the latter without the
 // checking pass over the blocks' records.
-template <bool kChecked>
+template <bool kChecked, bool kGuarded>
 void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> blocks) {
   PendingStore st = std::move(store);  // released on any exit
   const auto where = [] { return std::string("BlockPool::cache_full_blocks: "); };
@@ -1171,8 +1179,8 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
   // the checking marks as it goes (kChecked).
   // Guarded: the blocks before a conflict (none for a store refused when prepared). Orphans
   // are made by evictions only, so whether any exists holds for the whole loop.
-  std::size_t cached = guarded_ && st.refused_ ? 0 : blocks.size();
-  const bool check_orphans = guarded_ && orphans_->live != 0;
+  std::size_t cached = kGuarded && st.refused_ ? 0 : blocks.size();
+  const bool check_orphans = kGuarded && orphans_->live != 0;
   for (std::size_t k = 0; k < cached; ++k) {
     const BlockId id = blocks[k];
     const auto i = static_cast<std::size_t>(id);
@@ -1204,7 +1212,7 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
       b.content_id = st.content_ids_[k];
     }
     const std::uint32_t tag = BlockHashMap::key_tag(hashes[st.first_ + k], st.group_);
-    if (!guarded_) {
+    if constexpr (!kGuarded) {
       hash_map_.insert_tagged(id, tag);
       continue;
     }
@@ -1236,7 +1244,7 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
     }
   }
   if (stream) stream_fence();  // the streamed tokens are ordered before later stores
-  if (cached < blocks.size()) [[unlikely]] {
+  if (kGuarded && cached < blocks.size()) [[unlikely]] {
     if (kChecked) {  // restore the checking marks of the blocks the loop did not reach
       for (std::size_t r = cached; r < blocks.size(); ++r) {
         KVCacheBlock& u = blocks_[static_cast<std::size_t>(blocks[r])];

@@ -27,6 +27,18 @@
 // replace are evicted, and ancestors of cached blocks that were evicted first. Its bucket is the
 // block's chain hash, so one pool must be fed sequences hashed by one hasher (a second hasher
 // would only cause misses, never wrong hits).
+// Guarded chain hashes (config guard_chain_hashes; KVCacheManager's choice for xxh3_128 with
+// full-attention groups) store the material as the SHA-256 pools do and make the chained hash
+// an exact identity by keeping one content per (hash, group): every record of a key (a cached
+// block, or an orphan: a parent evicted while cached blocks still name it) holds the same
+// tokens, extra keys and parent hash, so by induction from block 0 equal hashes mean equal
+// prefixes, and a store that would break that is not cached from its first conflicting block
+// on (the first content wins; the later one is a miss, never a wrong hit). Each cached block
+// links to its parent's record and counts the records linking to it; a block evicted with
+// children becomes an orphan (at most one per key), freed with its last child. Orphans are
+// rare in full attention, where a chain's tail is evicted before its head. Lookups that start
+// after a prefix nobody verified (window anchors, runs after another tier's prefix) would
+// trust a bare hash, so they throw.
 //
 // Errors: every misuse (ids out of range, a block freed twice or twice in one call, a block
 // repeated in cache_full_blocks, caching an already cached block, bad counts, sizes that would
@@ -37,7 +49,9 @@
 // a call either completes or leaves the pool exactly as it was.
 // Events: produced as the state changes, delivered (to the sink, or to the take_events() buffer)
 // only once the call has completed and the pool is consistent; see kv_events.hpp.
-// Complexity: O(1) per block for every operation, O(block_size) per verified hit.
+// Complexity: O(1) per block for every operation, O(block_size) per verified hit; a store whose
+// parent is not a known cached block (prefix_row) also visits the blocks before it (content ids:
+// table lookups; guarded chain hashes: records found or made).
 // Thread safety: mutating calls need exclusive access (one scheduler thread). Const calls only
 // read (no mutable scratch), so any number of threads may call them at once while no mutating
 // call runs. No allocation per block on the hot path (scratch vectors are sized at
@@ -429,7 +443,7 @@ class BlockPool {
   // held, uncached, distinct): no checking pass over their records. Errors as commit_store()'s
   // for the store itself (a count mismatch, another pool's store). Only KVCacheManager calls it.
   void commit_table_store(PendingStore&& store, std::span<const BlockId> blocks);
-  template <bool kChecked>
+  template <bool kChecked, bool kGuarded>
   void commit_store_in(PendingStore&& store, std::span<const BlockId> blocks);
   friend class KVCacheManager;
   void record(KVEvent::Data&& data) noexcept;
