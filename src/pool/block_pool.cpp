@@ -475,11 +475,11 @@ struct BlockPool::OrphanTable {
     std::uint32_t children = 0;
     GroupId group = 0;
   };
-  std::size_t stride;                   // tokens per entry (the pool's block size)
-  std::vector<Entry> entries;           // by index
-  std::vector<TokenId> tokens;          // stride per entry
-  std::vector<std::uint32_t> free;      // free entry indices (a stack)
-  std::vector<std::uint32_t> slots{0};  // index + 1, 0: empty
+  std::size_t stride;                // tokens per entry (the pool's block size)
+  std::vector<Entry> entries;        // by index
+  std::vector<TokenId> tokens;       // stride per entry
+  std::vector<std::uint32_t> free;   // free entry indices (a stack)
+  std::vector<std::uint32_t> slots;  // index + 1, 0: empty (none before the first reserve)
   std::size_t mask = 0;
   std::size_t live = 0;
 
@@ -967,6 +967,13 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
   st.last_ = last;
   st.group_ = group;
   if (!config_.enable_caching || first == last) return st;
+  if (guarded_ && seq.block_size != config_.block_size) {
+    // A guard compares whole stored blocks: shorter ones would leave stale tokens in the compare.
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockPool::prepare_store: a pool with guard_chain_hashes stores blocks of its own "
+                "size " +
+                    std::to_string(config_.block_size) + ", not " + std::to_string(seq.block_size));
+  }
   const std::size_t n = last - first;
   const std::uint32_t bs = seq.block_size;
   const auto hashes = seq.block_hashes;
@@ -1606,7 +1613,8 @@ void BlockPool::acquire_guarded_parent(PendingStore& st, const BlockSequence& se
   if (start < first) {
     // Rare (the parent is not a known cached block): find or make a record of each block in
     // between, from seq's material. Everything that may throw comes first.
-    std::vector<std::uint32_t> eids;  // one reference each, kept by a new orphan or released
+    std::vector<std::uint32_t>& eids = walk_eids_;  // one reference each: an orphan's or released
+    eids.clear();
     eids.reserve(first - start);
     orphans_->reserve(first - start);
     try {
@@ -1617,11 +1625,13 @@ void BlockPool::acquire_guarded_parent(PendingStore& st, const BlockSequence& se
       }
     } catch (...) {
       for (const std::uint32_t e : eids) extra_keys_->release(e);
+      eids.clear();
       throw;
     }
     // Nothing below throws.
     const auto release_eids = [&] {
       for (const std::uint32_t e : eids) extra_keys_->release(e);
+      eids.clear();
     };
     bool made = false;  // made orphans for blocks [.., k): the newest has no children yet
     for (std::size_t k = start; k < first; ++k) {
@@ -2145,6 +2155,11 @@ double BlockPool::metadata_bytes_per_block() const noexcept {
       blocks_.size() * sizeof(KVCacheBlock) + free_queue_.memory_bytes() +
       2 * hash_map_.capacity() * sizeof(BlockId) + stored_.size() * sizeof(Stored) +
       block_tokens_.size() * sizeof(TokenId) + guards_.size() * sizeof(Guard) +
+      (orphans_
+           ? orphans_->entries.capacity() * sizeof(OrphanTable::Entry) +
+                 orphans_->tokens.capacity() * sizeof(TokenId) +
+                 (orphans_->free.capacity() + orphans_->slots.capacity()) * sizeof(std::uint32_t)
+           : 0) +
       (contents_ ? contents_->words.size() * sizeof(std::uint32_t) +
                        contents_->slots.size() * sizeof(ContentTable::Slot) +
                        contents_->free_ids.capacity() * sizeof(std::uint32_t)

@@ -276,15 +276,18 @@ TEST(StrongGuarantee, EveryAllocationFailureLeavesTheManagerUnchanged) {
 }
 
 // One-block stores (a host tier caches each stored slot on its own) allocate nothing once warm:
-// any allocation in the measured loop fails with bad_alloc here. Both identity kinds.
+// any allocation in the measured loop fails with bad_alloc here. All three identity kinds.
 TEST(StrongGuarantee, SteadyStateOneBlockStoresAllocateNothing) {
-  for (const bool resistant : {true, false}) {
+  for (const int kind : {0, 1, 2}) {  // chain hashes, content ids, guarded chain hashes
+    const bool resistant = kind == 0;
     BlockPoolConfig c;
     c.num_blocks = 9;
     c.block_size = 4;
     c.chain_hashes_identify_prefix = resistant;
+    c.guard_chain_hashes = kind == 2;
     BlockPool pool(c);
-    RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "steady"), 4, {});
+    RequestBlockHasher seq(
+        BlockHasher(kind == 2 ? HashScheme::kXxh3_128 : HashScheme::kSha256, "steady"), 4, {});
     std::vector<TokenId> tokens(4 * 64);
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<TokenId>(i * 7 + 1);
     seq.append(tokens);
@@ -303,7 +306,7 @@ TEST(StrongGuarantee, SteadyStateOneBlockStoresAllocateNothing) {
     try {
       for (int i = 0; i < 200; ++i) round();
     } catch (const std::bad_alloc&) {
-      ADD_FAILURE() << "a steady-state one-block store allocated (resistant " << resistant << ")";
+      ADD_FAILURE() << "a steady-state one-block store allocated (kind " << kind << ")";
     }
     g_fail_at = -1;
     pool.check_invariants();

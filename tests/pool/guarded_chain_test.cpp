@@ -215,6 +215,12 @@ TEST(GuardedChainHashes, LookupsAfterAnUnverifiedPrefixAreRefused) {
   EXPECT_THROW((void)pool.match_cached_block_after(seq.sequence(), 1), Error);
   EXPECT_THROW((void)pool.cached_after_prefix(chain[1], seq.sequence(), 1), Error);
   EXPECT_TRUE(pool.same_content_chain(chain[0], chain[1]));
+  // A guard compares whole stored blocks: a store of shorter blocks is refused, nothing changed.
+  RequestBlockHasher shorter(hasher, kBlockSize - 1, {});
+  shorter.append(iota_tokens(50, 9));
+  const BlockPoolSnapshot before = pool.snapshot();
+  EXPECT_THROW((void)pool.prepare_store(shorter.sequence(), 0, 3, {}), Error);
+  EXPECT_EQ(pool.snapshot(), before);
 }
 
 // A random workload: requests over prompts that share prefixes are admitted (verified hit from

@@ -492,6 +492,8 @@ class BlockPool {
   // The id list of the last committed store, kept for the next prepare_store (a store of one
   // block, as a host tier's, then allocates nothing).
   std::vector<std::uint32_t> spare_content_ids_;
+  // Guarded chain hashes: the extra-key ids of a store's record walk (acquire_guarded_parent).
+  std::vector<std::uint32_t> walk_eids_;
 };
 
 }  // namespace pagedkv
