@@ -708,19 +708,17 @@ void BlockPool::deliver_events() noexcept {
   if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
   if (guarded_) {
     Guard& g = guards_[static_cast<std::size_t>(id)];
-    const BlockId link = g.link;
-    if (g.children == 0 &&
-        (link == kRootLink ||
-         (link >= 0 && guards_[static_cast<std::size_t>(link)].gen == g.link_gen))) [[likely]] {
-      // The usual eviction (a chain's tail, its parent still cached): one child fewer there.
-      if (link >= 0) --guards_[static_cast<std::size_t>(link)].children;
+    if (g.children == 0) [[likely]] {
+      // The usual eviction (a chain's tail): one child fewer at its parent's record.
+      release_link(id);
       if (const std::uint32_t eid = b.content_id & kExtraIdMask; eid != 0) {
         extra_keys_->release(eid);
       }
-      ++g.gen;
     } else {
-      evict_guarded(id);  // orphans: takes over or releases the extra keys
+      evict_guarded(id);  // becomes (or joins) an orphan
     }
+    g.children = 0;
+    ++g.gen;  // links to this block now resolve to the orphan (or nothing)
     b.content_id = 0;
   } else if (chain_identity_) {
     // The stored parent hash stays (stale, never read; the next store overwrites it): clearing
@@ -1224,12 +1222,11 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
       continue;
     }
     // Guarded: another cached block of this key must hold the same material.
+    const std::size_t index = st.first_ + k;
     const BlockId other = hash_map_.insert_tagged_unless(id, tag, [&](BlockId c) {
-      const auto o = static_cast<std::size_t>(c);
-      return blocks_[o].content_id != b.content_id ||
-             std::memcmp(stored_[o].parent.data(), stored_[i].parent.data(), BlockHash::kMaxSize) !=
-                 0 ||
-             !same_block_tokens(&block_tokens_[o * bs], &block_tokens_[i * bs], seq_bs);
+      return !stored_material_is(static_cast<std::size_t>(c),
+                                 st.seq_.tokens.data() + index * seq_bs, seq_bs, st.content_ids_[k],
+                                 index > 0 ? hashes[index - 1] : kRootHash);
     });
     if (other != BlockHashMap::kEmpty) [[unlikely]] {
       b.block_hash = BlockHash();  // uncached again (its stored material is stale, never read)
@@ -1481,18 +1478,30 @@ BlockHash BlockPool::stored_parent(std::size_t i) const noexcept {
   return BlockHash(std::span<const std::uint8_t>(stored_[i].parent.data(), code == 1 ? 16 : 32));
 }
 
+// Whether the record a link names is a block still holding it (then one child fewer there) or
+// the root; false: it is the orphan filed under the link's parent hash.
+inline bool BlockPool::release_block_link(BlockId link, std::uint32_t link_gen) noexcept {
+  if (link == kRootLink) return true;
+  if (link < 0) return false;
+  Guard& p = guards_[static_cast<std::size_t>(link)];
+  if (p.gen != link_gen) return false;  // evicted since: its record moved to an orphan
+  assert(p.children > 0);
+  --p.children;
+  return true;
+}
+
+inline void BlockPool::release_link(BlockId id) noexcept {
+  const auto i = static_cast<std::size_t>(id);
+  const Guard& g = guards_[i];
+  if (!release_block_link(g.link, g.link_gen)) {
+    release_parent(kOrphanLink, 0, stored_parent(i),
+                   blocks_[i].group_id);  // reads stored_ only now
+  }
+}
+
 void BlockPool::release_parent(BlockId link, std::uint32_t link_gen, BlockHash parent_hash,
                                GroupId group) noexcept {
-  for (;;) {
-    if (link == kRootLink) return;
-    if (link >= 0) {
-      Guard& p = guards_[static_cast<std::size_t>(link)];
-      if (p.gen == link_gen) {  // the block still holds the record
-        assert(p.children > 0);
-        --p.children;
-        return;
-      }
-    }
+  while (!release_block_link(link, link_gen)) {
     OrphanTable& t = *orphans_;
     const std::uint32_t idx = t.find(parent_hash, group);
     assert(idx != OrphanTable::kNone);
@@ -1510,47 +1519,52 @@ void BlockPool::release_parent(BlockId link, std::uint32_t link_gen, BlockHash p
 void BlockPool::evict_guarded(BlockId id) noexcept {
   const auto i = static_cast<std::size_t>(id);
   const KVCacheBlock& b = blocks_[i];
-  Guard& g = guards_[i];
+  const Guard& g = guards_[i];
   const std::uint32_t eid = b.content_id & kExtraIdMask;
   OrphanTable& t = *orphans_;
-  const std::uint32_t have =
-      g.children == 0 ? OrphanTable::kNone : t.find(b.block_hash, b.group_id);
-  if (g.children == 0 || have != OrphanTable::kNone) [[likely]] {
-    // No record needed, or the orphan of this very content (one per hash) takes the children.
-    if (have != OrphanTable::kNone) t.entries[have].children += g.children;
+  if (const std::uint32_t have = t.find(b.block_hash, b.group_id); have != OrphanTable::kNone) {
+    // The orphan of this very content (one per hash) takes the children.
+    t.entries[have].children += g.children;
     extra_keys_->release(eid);
-    if (g.link >= 0 && guards_[static_cast<std::size_t>(g.link)].gen == g.link_gen) {
-      --guards_[static_cast<std::size_t>(g.link)].children;  // the usual case: no stored read
-    } else if (g.link != kRootLink) {
-      release_parent(kOrphanLink, 0, stored_parent(i), b.group_id);
-    }
-  } else {
-    // Cached blocks name this prefix as their parent: it stays as an orphan (room reserved by the
-    // evicting call), which takes over the extra keys and the parent reference.
-    const std::uint32_t idx = t.insert(b.block_hash, b.group_id);
-    OrphanTable::Entry& e = t.entries[idx];
-    e.parent = stored_parent(i);
-    e.link = g.link;
-    e.link_gen = g.link_gen;
-    e.extra = eid;
-    e.children = g.children;
-    std::memcpy(&t.tokens[idx * t.stride], &block_tokens_[i * config_.block_size],
-                config_.block_size * sizeof(TokenId));
+    release_link(id);
+    return;
   }
-  g.children = 0;
-  ++g.gen;  // links to this block now resolve to the orphan (or nothing)
+  // Cached blocks name this prefix as their parent: it stays as an orphan (room reserved by the
+  // evicting call), which takes over the extra keys and the parent reference.
+  const std::uint32_t idx = t.insert(b.block_hash, b.group_id);
+  OrphanTable::Entry& e = t.entries[idx];
+  e.parent = stored_parent(i);
+  e.link = g.link;
+  e.link_gen = g.link_gen;
+  e.extra = eid;
+  e.children = g.children;
+  std::memcpy(&t.tokens[idx * t.stride], &block_tokens_[i * config_.block_size],
+              config_.block_size * sizeof(TokenId));
+}
+
+// Whether block i's stored material (extra-key id, parent hash, tokens) is the given one.
+bool BlockPool::stored_material_is(std::size_t i, const TokenId* tokens, std::uint32_t bs,
+                                   std::uint32_t eid, const BlockHash& parent) const noexcept {
+  const std::uint32_t word = blocks_[i].content_id;
+  return (word & kExtraIdMask) == eid && same_parent(stored_[i].parent.data(), word, parent) &&
+         same_block_tokens(&block_tokens_[i * config_.block_size], tokens, bs);
+}
+
+// The same for orphan entry idx.
+bool BlockPool::orphan_material_is(std::uint32_t idx, const TokenId* tokens, std::uint32_t bs,
+                                   std::uint32_t eid, const BlockHash& parent) const noexcept {
+  const OrphanTable& t = *orphans_;
+  const OrphanTable::Entry& e = t.entries[idx];
+  return e.extra == eid && e.parent == parent &&
+         std::memcmp(&t.tokens[idx * t.stride], tokens, bs * sizeof(TokenId)) == 0;
 }
 
 bool BlockPool::orphan_conflicts(const BlockSequence& seq, std::size_t p, std::uint32_t eid,
                                  GroupId group) const noexcept {
-  const OrphanTable& t = *orphans_;
-  const std::uint32_t idx = t.find(seq.block_hashes[p], group);
-  if (idx == OrphanTable::kNone) return false;
-  const OrphanTable::Entry& e = t.entries[idx];
-  const std::uint32_t bs = seq.block_size;
-  return e.extra != eid || e.parent != (p > 0 ? seq.block_hashes[p - 1] : kRootHash) ||
-         std::memcmp(&t.tokens[idx * t.stride], seq.tokens.data() + p * bs, bs * sizeof(TokenId)) !=
-             0;
+  const std::uint32_t idx = orphans_->find(seq.block_hashes[p], group);
+  return idx != OrphanTable::kNone &&
+         !orphan_material_is(idx, seq.tokens.data() + p * seq.block_size, seq.block_size, eid,
+                             p > 0 ? seq.block_hashes[p - 1] : kRootHash);
 }
 
 bool BlockPool::conflicts(const BlockHash& hash, GroupId group, const BlockSequence& seq,
@@ -1558,23 +1572,15 @@ bool BlockPool::conflicts(const BlockHash& hash, GroupId group, const BlockSeque
                           std::uint32_t* orphan) const noexcept {
   const std::uint32_t bs = seq.block_size;
   const TokenId* tokens = seq.tokens.data() + p * bs;
-  const std::size_t stride = config_.block_size;
   const BlockId other = hash_map_.find_first(hash, group, [&](BlockId c) {
-    const auto i = static_cast<std::size_t>(c);
-    const std::uint32_t word = blocks_[i].content_id;
-    const bool same = (word & kExtraIdMask) == eid &&
-                      same_parent(stored_[i].parent.data(), word, parent) &&
-                      same_block_tokens(&block_tokens_[i * stride], tokens, bs);
+    const bool same = stored_material_is(static_cast<std::size_t>(c), tokens, bs, eid, parent);
     if (same && found != nullptr && *found == kNoBlock) *found = c;
     return !same;
   });
   if (other != BlockHashMap::kEmpty) return true;
-  const OrphanTable& t = *orphans_;
-  const std::uint32_t idx = t.find(hash, group);
+  const std::uint32_t idx = orphans_->find(hash, group);
   if (idx == OrphanTable::kNone) return false;
-  const OrphanTable::Entry& e = t.entries[idx];
-  const bool same = e.extra == eid && e.parent == parent &&
-                    std::memcmp(&t.tokens[idx * t.stride], tokens, bs * sizeof(TokenId)) == 0;
+  const bool same = orphan_material_is(idx, tokens, bs, eid, parent);
   if (same && orphan != nullptr) *orphan = idx;
   return !same;
 }
@@ -2034,26 +2040,21 @@ void BlockPool::check_guards(std::vector<std::uint32_t>& refs) const {
     }
     const BlockHash parent = stored_parent(i);
     resolve(guards_[i].link, guards_[i].link_gen, parent, b.group_id, id_text(b.block_id));
-    // One content per (hash, group): every other record of the key holds the same material.
-    const std::uint32_t word = b.content_id;
+    // One content per (hash, group): every other record of the key holds the same material
+    // (guarded pools store whole blocks only).
+    const std::uint32_t eid = b.content_id & kExtraIdMask;
     const TokenId* tokens = &block_tokens_[i * stride];
+    const auto bs = static_cast<std::uint32_t>(stride);
     const BlockId other = hash_map_.find_first(b.block_hash, b.group_id, [&](BlockId c) {
-      const auto k = static_cast<std::size_t>(c);
-      return blocks_[k].content_id != word ||
-             std::memcmp(stored_[k].parent.data(), stored_[i].parent.data(), BlockHash::kMaxSize) !=
-                 0 ||
-             std::memcmp(&block_tokens_[k * stride], tokens, stride * sizeof(TokenId)) != 0;
+      return !stored_material_is(static_cast<std::size_t>(c), tokens, bs, eid, parent);
     });
     if (other != BlockHashMap::kEmpty) {
       fail(id_text(b.block_id) + " and " + id_text(other) +
            " hold different content under one hash");
     }
-    if (const std::uint32_t idx = t.find(b.block_hash, b.group_id); idx != OrphanTable::kNone) {
-      const OrphanTable::Entry& e = t.entries[idx];
-      if (e.extra != (word & kExtraIdMask) || e.parent != parent ||
-          std::memcmp(&t.tokens[idx * stride], tokens, stride * sizeof(TokenId)) != 0) {
-        fail(id_text(b.block_id) + " and its hash's orphan hold different content");
-      }
+    if (const std::uint32_t idx = t.find(b.block_hash, b.group_id);
+        idx != OrphanTable::kNone && !orphan_material_is(idx, tokens, bs, eid, parent)) {
+      fail(id_text(b.block_id) + " and its hash's orphan hold different content");
     }
   }
   for (std::size_t i = 0; i < blocks_.size(); ++i) {

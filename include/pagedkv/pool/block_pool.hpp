@@ -404,8 +404,21 @@ class BlockPool {
   // reaching no children is freed, dropping its own parent reference in turn).
   void release_parent(BlockId link, std::uint32_t link_gen, BlockHash parent_hash,
                       GroupId group) noexcept;
-  // Evicts block id's record: into an orphan when it has children, else releasing its parent.
+  // release_parent()'s first step: true when the link names the root or a block still holding
+  // the record (one child fewer there), false when the record is an orphan.
+  bool release_block_link(BlockId link, std::uint32_t link_gen) noexcept;
+  // Drops the reference cached block id holds on its parent's record (its stored parent hash is
+  // read only when that record is an orphan).
+  void release_link(BlockId id) noexcept;
+  // Evicts block id's record while it has children: into an orphan, or into the orphan of the
+  // same content. The caller clears the children and advances the generation.
   void evict_guarded(BlockId id) noexcept;
+  // Whether block i's (orphan idx's) stored material is the given extra-key id, parent hash and
+  // bs tokens.
+  bool stored_material_is(std::size_t i, const TokenId* tokens, std::uint32_t bs, std::uint32_t eid,
+                          const BlockHash& parent) const noexcept;
+  bool orphan_material_is(std::uint32_t idx, const TokenId* tokens, std::uint32_t bs,
+                          std::uint32_t eid, const BlockHash& parent) const noexcept;
   // The parent hash stored with cached block i (kRootHash-like empty hash for block 0).
   BlockHash stored_parent(std::size_t i) const noexcept;
   // Whether a record of (hash, group) holds other material than seq's block p (tokens, extra-key
