@@ -1127,9 +1127,11 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
   const bool stream = stream_tokens_ && seq_bs == bs && blocks.size() >= kStreamTokensMinBlocks;
   // Starts loading the stored material the change writes for blocks[k]. The checking pass does
   // so for the first kStoreAhead blocks, the change kStoreAhead blocks ahead. The map slots are
-  // all requested by the checking pass, before any is written: a large pool's slots are DRAM
-  // misses, and a bounded look-ahead over them left most of their latency exposed (N = 6,000,001
-  // in bench/results/pool_hash_speed.md, ninth pass).
+  // all requested by the checking pass, before any is written (a large pool's slots are DRAM
+  // misses), and requested again kStoreAhead blocks ahead of their insert: of a long store's
+  // early requests many have left the L1 (or were never served) by the time the insert comes,
+  // and the second request took 10 ns per block off the N = 6,000,001 replay
+  // (bench/results/pool_hash_speed.md, eleventh pass).
   const auto prefetch_store = [&](std::size_t k) {
     if (chain_identity_) {
       const auto i = static_cast<std::size_t>(blocks[k]);
@@ -1189,7 +1191,10 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
   for (std::size_t k = 0; k < cached; ++k) {
     const BlockId id = blocks[k];
     const auto i = static_cast<std::size_t>(id);
-    if (k + kStoreAhead < blocks.size()) prefetch_store(k + kStoreAhead);
+    if (k + kStoreAhead < blocks.size()) {
+      prefetch_store(k + kStoreAhead);
+      hash_map_.prefetch(hashes[st.first_ + k + kStoreAhead], st.group_);
+    }
     KVCacheBlock& b = blocks_[i];
     if (check_orphans && orphan_conflicts(st.seq_, st.first_ + k, st.content_ids_[k], st.group_))
         [[unlikely]] {
