@@ -716,8 +716,8 @@ void BlockPool::deliver_events() noexcept {
       }
     } else {
       evict_guarded(id);  // becomes (or joins) an orphan
+      g.children = 0;
     }
-    g.children = 0;
     ++g.gen;  // links to this block now resolve to the orphan (or nothing)
     b.content_id = 0;
   } else if (chain_identity_) {
@@ -1125,6 +1125,11 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
   // the streamed lines to reach memory, which costs more than a one-block store (a host tier's)
   // saves.
   const bool stream = stream_tokens_ && seq_bs == bs && blocks.size() >= kStreamTokensMinBlocks;
+  // The map tags of blocks k to k + kStoreAhead in the change (each computed once, when its slot
+  // is first requested).
+  constexpr std::size_t kTagRing = 32;  // a power of two above kStoreAhead
+  static_assert(kTagRing > kStoreAhead);
+  std::uint32_t tags[kTagRing];
   // Starts loading the stored material the change writes for blocks[k]. The checking pass does
   // so for the first kStoreAhead blocks, the change kStoreAhead blocks ahead. The map slots are
   // all requested by the checking pass, before any is written (a large pool's slots are DRAM
@@ -1174,8 +1179,12 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
       assert(!blocks_[static_cast<std::size_t>(blocks[k])].is_cached());
     }
     if (!storing) continue;
-    hash_map_.prefetch(hashes[st.first_ + k], st.group_);
-    if (k < kStoreAhead) prefetch_store(k);
+    const std::uint32_t tag = BlockHashMap::key_tag(hashes[st.first_ + k], st.group_);
+    hash_map_.prefetch_tagged(tag);
+    if (k < kStoreAhead) {
+      tags[k] = tag;
+      prefetch_store(k);
+    }
   }
   if (!storing) {
     if (kChecked) unmark(blocks.size());
@@ -1193,7 +1202,10 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
     const auto i = static_cast<std::size_t>(id);
     if (k + kStoreAhead < blocks.size()) {
       prefetch_store(k + kStoreAhead);
-      hash_map_.prefetch(hashes[st.first_ + k + kStoreAhead], st.group_);
+      const std::uint32_t tag =
+          BlockHashMap::key_tag(hashes[st.first_ + k + kStoreAhead], st.group_);
+      tags[(k + kStoreAhead) % kTagRing] = tag;
+      hash_map_.prefetch_tagged(tag);
     }
     KVCacheBlock& b = blocks_[i];
     if (check_orphans && orphan_conflicts(st.seq_, st.first_ + k, st.content_ids_[k], st.group_))
@@ -1221,19 +1233,16 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
     } else if (verifying()) {
       b.content_id = st.content_ids_[k];
     }
-    const std::uint32_t tag = BlockHashMap::key_tag(hashes[st.first_ + k], st.group_);
+    const std::uint32_t tag = tags[k % kTagRing];
     if constexpr (!kGuarded) {
       hash_map_.insert_tagged(id, tag);
       continue;
     }
     // Guarded: another cached block of this key must hold the same material.
     const std::size_t index = st.first_ + k;
-    const BlockId other = hash_map_.insert_tagged_unless(id, tag, [&](BlockId c) {
-      return !stored_material_is(static_cast<std::size_t>(c),
-                                 st.seq_.tokens.data() + index * seq_bs, seq_bs, st.content_ids_[k],
-                                 index > 0 ? hashes[index - 1] : kRootHash);
-    });
-    if (other != BlockHashMap::kEmpty) [[unlikely]] {
+    if (!hash_map_.insert_tagged_if_new_tag(id, tag) &&
+        insert_guarded_slow(id, tag, st.seq_, index, st.content_ids_[k]) != BlockHashMap::kEmpty)
+        [[unlikely]] {
       b.block_hash = BlockHash();  // uncached again (its stored material is stale, never read)
       b.group_id = 0;
       b.content_id = 0;
@@ -1545,6 +1554,16 @@ void BlockPool::evict_guarded(BlockId id) noexcept {
   e.children = g.children;
   std::memcpy(&t.tokens[idx * t.stride], &block_tokens_[i * config_.block_size],
               config_.block_size * sizeof(TokenId));
+}
+
+[[gnu::noinline]] BlockId BlockPool::insert_guarded_slow(BlockId id, std::uint32_t tag,
+                                                         const BlockSequence& seq, std::size_t p,
+                                                         std::uint32_t eid) {
+  const TokenId* tokens = seq.tokens.data() + p * seq.block_size;
+  const BlockHash& parent = p > 0 ? seq.block_hashes[p - 1] : kRootHash;
+  return hash_map_.insert_tagged_unless(id, tag, [&](BlockId c) {
+    return !stored_material_is(static_cast<std::size_t>(c), tokens, seq.block_size, eid, parent);
+  });
 }
 
 // Whether block i's stored material (extra-key id, parent hash, tokens) is the given one.

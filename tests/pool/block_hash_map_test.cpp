@@ -56,6 +56,31 @@ TEST(BlockHashMap, GroupsSeparateEqualHashes) {
   EXPECT_EQ(f.map.find_first(hash_of(5), 2), BlockHashMap::kEmpty);
 }
 
+// insert_tagged_if_new_tag() inserts exactly when no entry of the key's probe run carries the
+// same tag (so never beside an entry of the same key), and changes nothing otherwise.
+TEST(BlockHashMap, InsertIfNewTagRefusesAnyEntryWithTheTag) {
+  Fixture f(8);
+  f.cache(1, 7);
+  f.blocks[2].block_hash = hash_of(7);  // the same key as block 1
+  EXPECT_FALSE(f.map.insert_tagged_if_new_tag(2, BlockHashMap::key_tag(hash_of(7), 0)));
+  EXPECT_EQ(f.map.size(), 1u);
+  EXPECT_EQ(f.map.find_first(hash_of(7), 0, [](BlockId id) { return id != 1; }),
+            BlockHashMap::kEmpty);
+  f.blocks[3].block_hash = hash_of(7);  // same hash, another group: another tag
+  f.blocks[3].group_id = 1;
+  EXPECT_TRUE(f.map.insert_tagged_if_new_tag(3, BlockHashMap::key_tag(hash_of(7), 1)));
+  f.blocks[4].block_hash = hash_of(9);
+  EXPECT_TRUE(f.map.insert_tagged_if_new_tag(4, BlockHashMap::key_tag(hash_of(9), 0)));
+  EXPECT_EQ(f.map.size(), 3u);
+  EXPECT_EQ(f.map.find_first(hash_of(7), 1), 3);
+  EXPECT_EQ(f.map.find_first(hash_of(9), 0), 4);
+  // A refused insert leaves every entry where it was: erasing finds each.
+  EXPECT_TRUE(f.map.erase(1));
+  EXPECT_TRUE(f.map.erase(3));
+  EXPECT_TRUE(f.map.erase(4));
+  EXPECT_EQ(f.map.size(), 0u);
+}
+
 // insert_tagged() with the key's tag is insert(): the same entries, found the same way, erased
 // the same way (in a second map, so that the two layouts can be compared slot by slot through
 // lookups in insertion order).

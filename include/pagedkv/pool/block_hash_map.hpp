@@ -71,6 +71,24 @@ class BlockHashMap {
     place(id, tag);
   }
 
+  // insert_tagged() when no entry of the probe run has the same tag (then true); false and
+  // nothing changed when one has (it may hold the same key: the caller decides, see
+  // insert_tagged_unless()). The tag compare is all a pool refusing a second content per key
+  // adds to an insert in the usual case.
+  bool insert_tagged_if_new_tag(BlockId id, std::uint32_t tag) {
+    assert(blocks_[static_cast<std::size_t>(id)].is_cached());
+    assert(tag == tag_of(blocks_[static_cast<std::size_t>(id)].block_hash,
+                         blocks_[static_cast<std::size_t>(id)].group_id));
+    if (size_ + 1 >= slots_.size()) throw_full();
+    std::size_t i = tag & mask_;
+    for (; slots_[i].id != kEmpty; i = (i + 1) & mask_) {
+      if (slots_[i].tag == tag) return false;
+    }
+    slots_[i] = Slot{id, tag};
+    ++size_;
+    return true;
+  }
+
   // insert_tagged() unless an entry with the block's key makes conflict(entry) true: then that
   // entry's block is returned and nothing changes (else kEmpty, inserted). One pass over the
   // probe run, for a pool that refuses a key already holding other content.

@@ -426,6 +426,11 @@ class BlockPool {
   bool conflicts(const BlockHash& hash, GroupId group, const BlockSequence& seq, std::size_t p,
                  std::uint32_t eid, const BlockHash& parent, BlockId* found = nullptr,
                  std::uint32_t* orphan = nullptr) const noexcept;
+  // A guarded store's insert of block id (seq's block p, extra-key id eid) when an entry of
+  // its probe run has the same tag: inserted (kEmpty) unless a cached block of the key holds
+  // other material (returned; nothing changed). Out of line: the usual insert finds no tag.
+  BlockId insert_guarded_slow(BlockId id, std::uint32_t tag, const BlockSequence& seq,
+                              std::size_t p, std::uint32_t eid);
   // conflicts() against the orphans only (a store checks the cached blocks as it inserts).
   bool orphan_conflicts(const BlockSequence& seq, std::size_t p, std::uint32_t eid,
                         GroupId group) const noexcept;
