@@ -48,7 +48,17 @@ class FreeBlockQueue {
   BlockId popleft() noexcept {
     assert(size_ > 0);
     const BlockId id = head_;
-    remove(id);
+    Link& b = links_[id];
+    const BlockId next = b.next_free;
+    head_ = next;
+    if (next == kQueueEnd) {
+      tail_ = kQueueEnd;
+    } else {
+      links_[next].prev_free = kQueueEnd;
+    }
+    b.prev_free = kNotQueued;
+    b.next_free = kNotQueued;
+    --size_;
     return id;
   }
 
