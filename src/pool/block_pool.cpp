@@ -703,8 +703,13 @@ void BlockPool::deliver_events() noexcept {
 }
 
 [[gnu::always_inline]] inline void BlockPool::evict_cached(BlockId id) noexcept {
+  const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+  evict_cached(id, BlockHashMap::key_tag(b.block_hash, b.group_id));
+}
+
+[[gnu::always_inline]] inline void BlockPool::evict_cached(BlockId id, std::uint32_t tag) noexcept {
   KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-  hash_map_.erase(id);
+  hash_map_.erase_tagged(id, tag);
   if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
   if (guarded_) {
     Guard& g = guards_[static_cast<std::size_t>(id)];
@@ -737,15 +742,18 @@ void BlockPool::deliver_events() noexcept {
 // Starts loading what evicting block id (if cached) reads: its map slot and, in a pool with
 // content ids, the content entry it releases with that entry's index slot; a guarded pool's
 // child count and link (the parent's usually is the next eviction's own).
-[[gnu::always_inline]] inline void BlockPool::prefetch_eviction(BlockId id) const noexcept {
+[[gnu::always_inline]] inline std::uint32_t BlockPool::prefetch_eviction(
+    BlockId id) const noexcept {
   const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-  if (!b.is_cached()) return;
-  hash_map_.prefetch(b.block_hash, b.group_id);
+  if (!b.is_cached()) return 0;
+  const std::uint32_t tag = BlockHashMap::key_tag(b.block_hash, b.group_id);
+  hash_map_.prefetch_tagged(tag);
   if (guarded_) __builtin_prefetch(&guards_[static_cast<std::size_t>(id)], 1);
   if (!chain_identity_ && verifying()) {
     __builtin_prefetch(contents_->entry(b.content_id), 1);
     contents_->prefetch(ContentTable::tag_of(b.block_hash));
   }
+  return tag;
 }
 
 bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
@@ -772,9 +780,14 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     far = free_queue_.next(far);
     --far_left;
   };
+  // The map tags the near walker computed, by pop index (kept until the pop).
+  constexpr std::int32_t kTagRing = 16;  // a power of two above kEvictAhead
+  static_assert(kTagRing > kEvictAhead);
+  std::uint32_t tags[kTagRing];
+  std::int32_t near_index = 0;
   const auto step_near = [&] {
     if (near_left == 0) return;
-    prefetch_eviction(near);
+    tags[near_index++ % kTagRing] = prefetch_eviction(near);
     near = free_queue_.next(near);
     --near_left;
   };
@@ -790,7 +803,13 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     step_near();
     const BlockId id = free_queue_.popleft();
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    if (b.is_cached()) evict_cached(id);
+    if (b.is_cached()) {
+      if (ahead) {
+        evict_cached(id, tags[i % kTagRing]);
+      } else {
+        evict_cached(id);
+      }
+    }
     b.ref_cnt = 1;
     taken[i] = id;
   }

@@ -116,7 +116,14 @@ class BlockHashMap {
   // inserted with. Returns false (and changes nothing) when it is not in the map.
   bool erase(BlockId id) noexcept {
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    std::size_t i = tag_of(b.block_hash, b.group_id) & mask_;
+    return erase_tagged(id, tag_of(b.block_hash, b.group_id));
+  }
+  // erase() with the block's tag (key_tag of its block_hash and group_id) computed by the
+  // caller, who computed it already to prefetch the slot.
+  bool erase_tagged(BlockId id, std::uint32_t tag) noexcept {
+    assert(tag == tag_of(blocks_[static_cast<std::size_t>(id)].block_hash,
+                         blocks_[static_cast<std::size_t>(id)].group_id));
+    std::size_t i = tag & mask_;
     while (slots_[i].id != id) {  // ends: the table always keeps an empty slot
       if (slots_[i].id == kEmpty) return false;
       i = (i + 1) & mask_;

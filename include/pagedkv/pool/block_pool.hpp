@@ -442,8 +442,11 @@ class BlockPool {
   // validate_sequence() for the lookups, which run per block: a multiply and compares, calling
   // validate_sequence() (to throw) only when something is wrong.
   inline void check_sequence(const BlockSequence& seq, std::size_t last, const char* where) const;
+  // Evicts cached block id; tag: its map tag (BlockHashMap::key_tag of its hash and group).
+  void evict_cached(BlockId id, std::uint32_t tag) noexcept;
   void evict_cached(BlockId id) noexcept;
-  void prefetch_eviction(BlockId id) const noexcept;
+  // Starts loading what evicting block id will read; returns its map tag (0 if not cached).
+  std::uint32_t prefetch_eviction(BlockId id) const noexcept;
   template <bool kReverse>
   void free_blocks_in(std::span<const BlockId> given);
   // free_blocks_in()'s change, after its checks (kMarked: every given block's ref count is
