@@ -795,9 +795,6 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     for (std::int32_t k = 0; k < 2 * kEvictAhead; ++k) step_far();
     for (std::int32_t k = 0; k < kEvictAhead; ++k) step_near();
   }
-  const std::size_t at = out.size();
-  out.resize(at + static_cast<std::size_t>(n));  // reserved above: cannot throw
-  BlockId* const taken = out.data() + at;
   for (std::int32_t i = 0; i < n; ++i) {
     step_far();
     step_near();
@@ -811,7 +808,7 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
       }
     }
     b.ref_cnt = 1;
-    taken[i] = id;
+    out.push_back(id);  // reserved above: cannot throw
   }
   if (!events_.empty()) deliver_events();
   return true;
