@@ -120,7 +120,7 @@ class BlockHashMap {
   }
   // erase() with the block's tag (key_tag of its block_hash and group_id) computed by the
   // caller, who computed it already to prefetch the slot.
-  bool erase_tagged(BlockId id, std::uint32_t tag) noexcept {
+  [[gnu::always_inline]] bool erase_tagged(BlockId id, std::uint32_t tag) noexcept {
     assert(tag == tag_of(blocks_[static_cast<std::size_t>(id)].block_hash,
                          blocks_[static_cast<std::size_t>(id)].group_id));
     std::size_t i = tag & mask_;
