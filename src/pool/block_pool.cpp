@@ -1144,8 +1144,9 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
   // the streamed lines to reach memory, which costs more than a one-block store (a host tier's)
   // saves.
   const bool stream = stream_tokens_ && seq_bs == bs && blocks.size() >= kStreamTokensMinBlocks;
-  // The map tags of blocks k to k + kStoreAhead in the change (each computed once, when its slot
-  // is first requested).
+  // The map tags of blocks k to k + kStoreAhead in the change, for their inserts: the first
+  // kStoreAhead from the checking pass, the rest from the change's own look-ahead (which computes
+  // them again for its second request rather than keeping one per block of the store).
   constexpr std::size_t kTagRing = 32;  // a power of two above kStoreAhead
   static_assert(kTagRing > kStoreAhead);
   std::uint32_t tags[kTagRing];
