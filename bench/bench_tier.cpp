@@ -1,5 +1,6 @@
 // Host tier CPU cost per host-hit block (Google Benchmark): lookup (GPU prefix, then the host
-// run, verified), allocate_slots with its load plan, one commit per load, finish_loads (caching
+// run, verified), allocate_slots with its load plan, the commits of the plan's copies (one
+// commit(ids) call per kind; *PerIdCommit: one call per copy), finish_loads (caching
 // the loaded blocks in the GPU pool) and preempt. items_per_second counts host-hit blocks, so
 // 1e9 / items_per_second is ns per block. Hashing is excluded (requests are hashed once).
 //
@@ -31,17 +32,27 @@ KVCacheManagerConfig gpu_config(std::size_t blocks) {
   return c;
 }
 
-void admit(TieredKVCacheManager& t, Request& r, std::uint64_t& host_blocks) {
+// Commits a plan's copies of one kind: in one call (as an engine does when a stream's batch of
+// copies completes), or one call per copy (per_id).
+void commit_all(TieredKVCacheManager& t, const std::vector<TransferId>& ids, bool per_id) {
+  if (per_id) {
+    for (const TransferId id : ids) t.commit(id, true);
+  } else if (!ids.empty()) {
+    t.commit(ids, true);
+  }
+}
+
+void admit(TieredKVCacheManager& t, Request& r, std::uint64_t& host_blocks, bool per_id) {
   const TieredCacheHit hit = t.get_computed_blocks(r);
   auto alloc = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
   if (!alloc) std::abort();  // the pool holds one request: cannot happen
-  for (const TransferId id : alloc->transfers.eviction_ids) t.commit(id, true);
-  for (const TransferId id : alloc->transfers.load_ids) t.commit(id, true);
+  commit_all(t, alloc->transfers.eviction_ids, per_id);
+  commit_all(t, alloc->transfers.load_ids, per_id);
   if (t.has_unfinished_loads(r.id())) {
     const LoadResult res = t.finish_loads(r);
-    for (const TransferId id : res.transfers.store_ids) t.commit(id, true);
+    commit_all(t, res.transfers.store_ids, per_id);
   }
-  for (const TransferId id : alloc->transfers.store_ids) t.commit(id, true);
+  commit_all(t, alloc->transfers.store_ids, per_id);
   host_blocks += hit.host_slots.size();
   t.preempt(r);  // releases the blocks; the request can be admitted again
 }
@@ -49,12 +60,12 @@ void admit(TieredKVCacheManager& t, Request& r, std::uint64_t& host_blocks) {
 // The timed body, not inlined so that a profiler can count it alone:
 //   valgrind --tool=callgrind --toggle-collect='*timed_admit_pair*' bench_tier ...
 [[gnu::noinline]] void timed_admit_pair(TieredKVCacheManager& t, Request& a, Request& b,
-                                        std::uint64_t& host_blocks) {
-  admit(t, a, host_blocks);
-  admit(t, b, host_blocks);
+                                        std::uint64_t& host_blocks, bool per_id) {
+  admit(t, a, host_blocks, per_id);
+  admit(t, b, host_blocks, per_id);
 }
 
-void run(benchmark::State& state, HostPolicy policy) {
+void run(benchmark::State& state, HostPolicy policy, bool per_id = false) {
   const auto blocks = static_cast<std::size_t>(state.range(0));
   const KVCacheManagerConfig c = gpu_config(blocks);
   HostTierConfig h;
@@ -66,11 +77,11 @@ void run(benchmark::State& state, HostPolicy policy) {
   Request b = t.make_request(2, random_tokens(blocks * kBlockSize + 1, 2));
   std::uint64_t host_blocks = 0;
   for (int i = 0; i < 4; ++i) {  // warm up: both requests' blocks reach the host
-    admit(t, a, host_blocks);
-    admit(t, b, host_blocks);
+    admit(t, a, host_blocks, per_id);
+    admit(t, b, host_blocks, per_id);
   }
   host_blocks = 0;
-  for (auto _ : state) timed_admit_pair(t, a, b, host_blocks);
+  for (auto _ : state) timed_admit_pair(t, a, b, host_blocks, per_id);
   if (host_blocks < 2 * blocks * state.iterations()) {
     state.SkipWithError("not every block was a host hit");
   }
@@ -82,6 +93,10 @@ void BM_HostHitWriteThrough(benchmark::State& state) {
 }
 void BM_HostHitWriteBack(benchmark::State& state) {
   run(state, HostPolicy::kWriteBack);
+}
+// The same, committing each copy by its own commit(id, ok) call.
+void BM_HostHitWriteBackPerIdCommit(benchmark::State& state) {
+  run(state, HostPolicy::kWriteBack, /*per_id=*/true);
 }
 
 // The same two requests on the same GPU pool without a host tier: every admission misses and
@@ -116,6 +131,7 @@ void BM_GpuMissWithoutTier(benchmark::State& state) {
 BENCHMARK(BM_HostHitWriteThrough)->Arg(64)->Arg(1024);
 BENCHMARK(BM_GpuMissWithoutTier)->Arg(64)->Arg(1024);
 BENCHMARK(BM_HostHitWriteBack)->Arg(64)->Arg(1024);
+BENCHMARK(BM_HostHitWriteBackPerIdCommit)->Arg(64)->Arg(1024);
 // A fixed count for instruction counts: 8 timed pairs = 16,384 host-hit blocks, so that
 //   valgrind --tool=callgrind --toggle-collect='*timed_admit_pair*' bench_tier
 //     --benchmark_filter='WriteBack/1024/iterations:8'

@@ -709,6 +709,7 @@ void BlockPool::deliver_events() noexcept {
 
 [[gnu::always_inline]] inline void BlockPool::evict_cached(BlockId id, std::uint32_t tag) noexcept {
   KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+  if (observer_ != nullptr) observer_->on_evict(*this, id);
   hash_map_.erase_tagged(id, tag);
   if (config_.enable_kv_events) record_removed(b.block_hash, b.group_id);
   if (guarded_) {

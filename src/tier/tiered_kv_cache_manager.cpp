@@ -153,12 +153,15 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
       manager_(checked_gpu_config(gpu, host)),
       host_(host_pool_config(gpu, host, manager_.block_pool().config())),
       host_chain_(host_.config().chain_hashes_identify_prefix),
-      bs_(manager_.block_size()) {
+      bs_(manager_.block_size()),
+      own_records_(!manager_.block_pool().stores_chain_material()) {
   const auto n = static_cast<std::size_t>(manager_.block_pool().num_blocks());
-  gpu_hash_.resize(n);
-  gpu_parent_.resize(n);
-  gpu_first_.assign(n, 0);
-  gpu_tokens_.assign(n * bs_, 0);
+  if (own_records_) {
+    gpu_hash_.resize(n);
+    gpu_parent_.resize(n);
+    gpu_first_.assign(n, 0);
+    gpu_tokens_.assign(n * bs_, 0);
+  }
   gpu_hits_.assign(n, 0);
   gpu_host_slot_.assign(n, 0);
   gpu_host_epoch_.assign(n, 0);
@@ -175,9 +178,12 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
     manager_.set_event_sink([this](const KVEvent& e) { forward_event(e, "GPU"); });
     host_.set_event_sink([this](const KVEvent& e) { forward_event(e, "CPU"); });
   }
+  manager_.set_eviction_observer(&eviction_forwarder_);
 }
 
-TieredKVCacheManager::~TieredKVCacheManager() = default;
+TieredKVCacheManager::~TieredKVCacheManager() {
+  manager_.set_eviction_observer(nullptr);
+}
 
 void TieredKVCacheManager::forward_event(const KVEvent& event, const char* medium) {
   KVEvent e{next_event_seq_++, event.data};
@@ -318,45 +324,53 @@ inline void TieredKVCacheManager::refresh(BlockId slot) {
   host_.requeue(slot);
 }
 
-inline bool TieredKVCacheManager::host_has(BlockId gpu_block) {
-  const auto b = static_cast<std::size_t>(gpu_block);
-  if (const BlockId known = gpu_host_slot_[b]; known != 0) {
-    // Verified when the block was loaded from it; the slot has not been reassigned since.
-    const KVCacheBlock& hb = host_.block(known);
-    if (host_slot_epoch_[static_cast<std::size_t>(known)] == gpu_host_epoch_[b] && hb.is_cached()) {
-      if (hb.ref_cnt == 0) refresh(known);
-      return true;
-    }
-    gpu_host_slot_[b] = 0;
-  }
-  return host_lookup(gpu_block);
+inline bool TieredKVCacheManager::remembered_valid(std::size_t b) const noexcept {
+  const BlockId known = gpu_host_slot_[b];
+  return known != 0 && host_slot_epoch_[static_cast<std::size_t>(known)] == gpu_host_epoch_[b] &&
+         host_.block(known).is_cached();
 }
 
-bool TieredKVCacheManager::host_lookup(BlockId gpu_block) {
+inline bool TieredKVCacheManager::host_has(BlockId gpu_block, const BlockSequence& seq,
+                                           std::size_t index) {
   const auto b = static_cast<std::size_t>(gpu_block);
-  copy_block_tokens(content_tokens_.data() + bs_, gpu_tokens_.data() + b * bs_, bs_);
-  content_hashes_[0] = gpu_parent_[b];
-  content_hashes_[1] = gpu_hash_[b];
-  const bool first = gpu_first_[b] != 0;
-  const auto ex = gpu_extra_.find(gpu_block);
-  const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
-  const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
-  const BlockId slot = host_match(seq, first ? 0 : 1);
+  if (remembered_valid(b)) {
+    // Verified when the block was loaded from it; the slot has not been reassigned since.
+    const BlockId known = gpu_host_slot_[b];
+    if (host_.block(known).ref_cnt == 0) refresh(known);
+    return true;
+  }
+  const BlockId slot = host_match(seq, index);
   if (slot == BlockPool::kNoBlock) return false;
-  const auto s = static_cast<std::size_t>(slot);
   if (host_.block(slot).ref_cnt == 0) refresh(slot);
   gpu_host_slot_[b] = slot;
-  gpu_host_epoch_[b] = host_slot_epoch_[s];
+  gpu_host_epoch_[b] = host_slot_epoch_[static_cast<std::size_t>(slot)];
   return true;
 }
 
-inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, RequestState& state, Kind kind,
+inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, const BlockSequence& seq,
+                                                 std::size_t index, RequestState& state,
                                                  TierPlan& out) {
-  if (!host_has(gpu_block)) store_block(gpu_block, state, kind, out);
+  if (!host_has(gpu_block, seq, index))
+    store_block(gpu_block, seq, index, state, Kind::kStore, out);
 }
 
-void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, Kind kind,
+void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& view,
+                                       std::size_t index, RequestState& state, Kind kind,
                                        TierPlan& out) {
+  // Everything that may allocate first (the plan's vectors and the slab have room).
+  OwnedExtraKeys owned;
+  bool has_extra = false;
+  if (view.has_extra_keys(index)) {
+    const BlockExtraKeys extra = view.block_extra_keys(index, mm_scratch_);
+    if (!extra.empty()) {
+      has_extra = true;
+      if (extra.lora_name) owned.lora_name = std::string(*extra.lora_name);
+      for (const MultiModalKey& mm : extra.mm_items) {
+        owned.mm_items.emplace_back(std::string(mm.identifier), mm.offset);
+      }
+      if (extra.cache_salt) owned.cache_salt = std::string(*extra.cache_salt);
+    }
+  }
   bool evicted = false;  // the slot held a cached block, evicted now
   const std::optional<BlockId> taken = take_host_slot(evicted);
   if (!taken) {
@@ -366,14 +380,11 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, K
   const BlockId slot = *taken;
   const TransferId id = open_transfer(kind, &state, gpu_block, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
-  const auto b = static_cast<std::size_t>(gpu_block);
-  copy_block_tokens(transfer_tokens_.data() + idx * bs_, gpu_tokens_.data() + b * bs_, bs_);
-  transfer_hash_[idx] = gpu_hash_[b];
-  transfer_parent_[idx] = gpu_parent_[b];
-  transfer_first_[idx] = gpu_first_[b];
-  if (const auto ex = gpu_extra_.find(gpu_block); ex != gpu_extra_.end()) {
-    transfer_extra_[static_cast<std::uint32_t>(idx)] = ex->second;
-  }
+  copy_block_tokens(transfer_tokens_.data() + idx * bs_, view.tokens.data() + index * bs_, bs_);
+  transfer_hash_[idx] = view.block_hashes[index];
+  transfer_parent_[idx] = index == 0 ? BlockHash() : view.block_hashes[index - 1];
+  transfer_first_[idx] = index == 0 ? 1 : 0;
+  if (has_extra) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(owned);
   ++host_storing_;
   if (kind == Kind::kEviction) {
     out.plan.evictions.push_back({gpu_block, slot});
@@ -385,21 +396,69 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, RequestState& state, K
   if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
 }
 
-inline void TieredKVCacheManager::forget_gpu_block(BlockId b) noexcept {
-  // gpu_hits_ and gpu_host_slot_ are read only for recorded blocks; record_new_blocks sets both
-  // before the block is recorded again.
-  gpu_hash_[static_cast<std::size_t>(b)] = BlockHash();
-  if (!gpu_extra_.empty()) gpu_extra_.erase(b);
+void TieredKVCacheManager::on_evict(const BlockPool& pool, BlockId id) noexcept {
+  const auto k = static_cast<std::size_t>(id);
+  const bool known = remembered_valid(k);
+  const BlockId slot = gpu_host_slot_[k];
+  gpu_host_slot_[k] = 0;  // the block's content goes; new content learns its slot anew
+  gpu_hits_[k] = 0;
+  if (host_config_.policy == HostPolicy::kWriteBack) {
+    if (known) {
+      // The host holds the block: its LRU refresh is the whole write-back.
+      if (host_.block(slot).ref_cnt == 0) refresh(slot);
+    } else {
+      // Looked up, and stored if missing, by allocate_slots once its hit is pinned (capacity
+      // reserved there); the records and extra keys are forgotten then.
+      evicted_.push_back(id);
+      if (!own_records_) {
+        evicted_hash_.push_back(pool.block(id).block_hash);
+        evicted_parent_.push_back(pool.stored_parent_hash(id));
+        const TokenId* tokens = pool.stored_tokens(id);
+        evicted_tokens_.insert(evicted_tokens_.end(), tokens, tokens + bs_);
+      }
+      return;
+    }
+  }
+  if (own_records_) gpu_hash_[k] = BlockHash();
+  if (!gpu_extra_.empty()) gpu_extra_.erase(id);
+}
+
+void TieredKVCacheManager::store_evicted(RequestState& state, TierPlan& out) {
+  for (std::size_t e = 0; e < evicted_.size(); ++e) {
+    const BlockId b = evicted_[e];
+    const auto k = static_cast<std::size_t>(b);
+    const bool first = own_records_ ? gpu_first_[k] != 0 : evicted_parent_[e].empty();
+    copy_block_tokens(
+        content_tokens_.data() + bs_,
+        own_records_ ? gpu_tokens_.data() + k * bs_ : evicted_tokens_.data() + e * bs_, bs_);
+    content_hashes_[0] = own_records_ ? gpu_parent_[k] : evicted_parent_[e];
+    content_hashes_[1] = own_records_ ? gpu_hash_[k] : evicted_hash_[e];
+    const auto ex = gpu_extra_.find(b);
+    const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+    const BlockSequence view = content_sequence(content_tokens_, content_hashes_, first, &extra);
+    const std::size_t index = first ? 0 : 1;
+    const BlockId slot = host_match(view, index);
+    if (slot == BlockPool::kNoBlock) {
+      store_block(b, view, index, state, Kind::kEviction, out);
+    } else if (host_.block(slot).ref_cnt == 0) {
+      refresh(slot);
+    }
+    if (own_records_) gpu_hash_[k] = BlockHash();
+    if (ex != gpu_extra_.end()) gpu_extra_.erase(ex);
+  }
+  evicted_.clear();
+  evicted_hash_.clear();
+  evicted_parent_.clear();
+  evicted_tokens_.clear();
 }
 
 void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& state, TierPlan& out) {
-  const std::span<const BlockId> ids = manager_.block_ids(request.id());
   const BlockSequence seq = request.hashed_tokens().sequence();
-  const BlockPool& pool = manager_.block_pool();
-  // Blocks [loaded_begin, loaded_end) were loaded successfully (allocate_slots noted their slots).
-  const std::size_t loaded_begin = state.hit_begin;
-  const std::size_t loaded_end = state.hit_begin + state.first_failed;
   const bool write_through = host_config_.policy == HostPolicy::kWriteThrough;
+  // With the GPU pool's material the tier keeps nothing per block but extra keys.
+  if (!own_records_ && !write_through && seq.extra_keys == nullptr) return;
+  const std::span<const BlockId> ids = manager_.block_ids(request.id());
+  const BlockPool& pool = manager_.block_pool();
   const std::size_t end = std::min(ids.size(), seq.block_hashes.size());
   std::size_t i = state.scanned;
   for (; i < end; ++i) {
@@ -410,14 +469,12 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
       host_.prefetch_cached_block(seq.block_hashes[i + kHostAhead]);
     }
     const auto k = static_cast<std::size_t>(b);
-    if (!gpu_hash_[k].empty()) continue;  // a hit: recorded when it was cached
-    gpu_hash_[k] = seq.block_hashes[i];
-    gpu_first_[k] = i == 0 ? 1 : 0;
-    gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
-    copy_block_tokens(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_);
-    gpu_hits_[k] = 0;
-    // Loaded (and the load succeeded): allocate_slots noted the verified slot it came from.
-    if (i < loaded_begin || i >= loaded_end) gpu_host_slot_[k] = 0;
+    if (own_records_) {
+      gpu_hash_[k] = seq.block_hashes[i];
+      gpu_first_[k] = i == 0 ? 1 : 0;
+      gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
+      copy_block_tokens(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_);
+    }
     if (seq.has_extra_keys(i)) {
       const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
       if (!extra.empty()) {
@@ -430,9 +487,18 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
         gpu_extra_[b] = std::move(owned);
       }
     }
-    if (write_through) schedule_store(b, state, Kind::kStore, out);
+    if (write_through) schedule_store(b, seq, i, state, out);
   }
   state.scanned = i;
+}
+
+void TieredKVCacheManager::forget_loaded_slots(const Request& request, const RequestState& state,
+                                               std::size_t from) {
+  const std::span<const BlockId> ids = manager_.block_ids(request.id());
+  const std::size_t end = std::min(ids.size(), state.hit_begin + state.num_loads);
+  for (std::size_t i = state.hit_begin + from; i < end; ++i) {
+    gpu_host_slot_[static_cast<std::size_t>(ids[i])] = 0;
+  }
 }
 
 std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
@@ -491,6 +557,14 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   out.transfers.eviction_ids.reserve(max_evictions);
   out.transfers.plan.stores.reserve(max_stores);
   out.transfers.store_ids.reserve(max_stores);
+  if (policy == HostPolicy::kWriteBack) {  // on_evict's room (cannot allocate there)
+    evicted_.reserve(bound);
+    if (!own_records_) {
+      evicted_hash_.reserve(bound);
+      evicted_parent_.reserve(bound);
+      evicted_tokens_.reserve(bound * bs_);
+    }
+  }
   const auto [it, inserted] = requests_.try_emplace(request.id());
   if (inserted) it->second.id = request.id();
   std::optional<std::span<const BlockId>> blocks;
@@ -509,25 +583,16 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   out.new_blocks = *blocks;
   // Pin the hit's host slots first: the stores below must not evict them.
   if (h > 0) host_.touch(hit.host_slots);
-  // Blocks the allocation took from the free queue while cached were evicted just now.
-  const std::span<const BlockId> taken = *blocks;
-  for (std::size_t i = 0; i < taken.size(); ++i) {
-    const BlockId b = taken[i];
-    if (policy == HostPolicy::kWriteBack && i + kHostAhead < taken.size()) {
-      // Overlap the host map's misses of the verified lookups below (no slot remembered).
-      const auto a = static_cast<std::size_t>(taken[i + kHostAhead]);
-      if (!gpu_hash_[a].empty() && gpu_host_slot_[a] == 0) {
-        host_.prefetch_cached_block(gpu_hash_[a]);
-      }
-    }
-    if (gpu_hash_[static_cast<std::size_t>(b)].empty()) continue;
-    if (policy == HostPolicy::kWriteBack) schedule_store(b, st, Kind::kEviction, out.transfers);
-    forget_gpu_block(b);
-  }
+  // Write-back: the blocks the allocation evicted (on_evict refreshed those the host is known to
+  // hold) are looked up in the host and stored there if missing.
+  if (!evicted_.empty()) store_evicted(st, out.transfers);
+  if (inserted) st.scanned = g;  // the GPU hit's blocks were cached (and recorded) before
   if (inserted && policy == HostPolicy::kWriteThroughSelective) {
-    for (const BlockId b : hit.gpu.blocks) {
+    const BlockSequence seq = request.hashed_tokens().sequence();
+    for (std::size_t i = 0; i < g; ++i) {
+      const BlockId b = hit.gpu.blocks[i];
       if (++gpu_hits_[static_cast<std::size_t>(b)] == host_config_.selective_hits) {
-        schedule_store(b, st, Kind::kStore, out.transfers);
+        schedule_store(b, seq, i, st, out.transfers);
       }
     }
   }
@@ -573,19 +638,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   return out;
 }
 
-void TieredKVCacheManager::commit(TransferId id, bool ok) {
-  const auto idx = static_cast<std::size_t>(id & kIndexMask);
-  const auto generation = static_cast<std::uint32_t>(id >> 32);
-  if (idx >= transfers_.size() || !transfers_[idx].live || transfers_[idx].generation != generation)
-      [[unlikely]] {
-    throw_unknown_transfer(id);
-  }
-  Transfer& t = transfers_[idx];
-  if (t.kind != Kind::kLoad) {
-    commit_receive(idx, t, ok);
-    return;
-  }
-  const BlockId host_slot = t.host;
+inline void TieredKVCacheManager::commit_load(std::size_t idx, Transfer& t, bool ok) {
   RequestState& st = *t.state;
   host_.free_block(t.host);  // unpinned; back at the LRU tail
   if (ok) {
@@ -598,12 +651,81 @@ void TieredKVCacheManager::commit(TransferId id, bool ok) {
   --st.loads_in_flight;
   --st.transfers_in_flight;
   close_transfer(t, idx);
+}
+
+void TieredKVCacheManager::commit(TransferId id, bool ok) {
+  const auto idx = static_cast<std::size_t>(id & kIndexMask);
+  const auto generation = static_cast<std::uint32_t>(id >> 32);
+  if (idx >= transfers_.size() || !transfers_[idx].live || transfers_[idx].generation != generation)
+      [[unlikely]] {
+    throw_unknown_transfer(id);
+  }
+  Transfer& t = transfers_[idx];
+  const BlockId host_slot = t.host;
+  if (t.kind != Kind::kLoad) {
+    const bool from_fill = t.kind == Kind::kFill;
+    if (commit_receive(idx, t, ok) && hooks_.on_cached) hooks_.on_cached(host_slot, from_fill);
+    return;
+  }
+  commit_load(idx, t, ok);
   if (ok && hooks_.on_loaded) hooks_.on_loaded(host_slot);
+}
+
+void TieredKVCacheManager::commit(std::span<const TransferId> ids, bool ok) {
+  // Check every id, marking each checked one not live so that a repeat fails; undo on error.
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const TransferId id = ids[k];
+    const auto idx = static_cast<std::size_t>(id & kIndexMask);
+    if (idx >= transfers_.size() || !transfers_[idx].live ||
+        transfers_[idx].generation != static_cast<std::uint32_t>(id >> 32)) [[unlikely]] {
+      for (std::size_t j = 0; j < k; ++j) transfers_[ids[j] & kIndexMask].live = true;
+      throw_unknown_or_repeated(id);
+    }
+    transfers_[idx].live = false;
+  }
+  const bool hooked = hooks_.on_loaded || hooks_.on_cached;
+  if (hooked) {
+    hook_scratch_.clear();
+    try {
+      hook_scratch_.reserve(ids.size());
+    } catch (...) {
+      for (const TransferId id : ids) transfers_[id & kIndexMask].live = true;
+      throw;
+    }
+  }
+  // Nothing below throws until the hooks.
+  for (const TransferId id : ids) {
+    const auto idx = static_cast<std::size_t>(id & kIndexMask);
+    Transfer& t = transfers_[idx];
+    const BlockId host_slot = t.host;
+    if (t.kind == Kind::kLoad) [[likely]] {
+      commit_load(idx, t, ok);
+      if (hooked && ok) hook_scratch_.emplace_back(host_slot, std::uint8_t{0});
+    } else {
+      const bool from_fill = t.kind == Kind::kFill;
+      if (commit_receive(idx, t, ok) && hooked) {
+        hook_scratch_.emplace_back(host_slot, static_cast<std::uint8_t>(from_fill ? 2 : 1));
+      }
+    }
+  }
+  if (!hooked) return;
+  for (const auto& [slot, what] : hook_scratch_) {
+    if (what == 0) {
+      if (hooks_.on_loaded) hooks_.on_loaded(slot);
+    } else if (hooks_.on_cached) {
+      hooks_.on_cached(slot, what == 2);
+    }
+  }
 }
 
 void TieredKVCacheManager::throw_unknown_transfer(TransferId id) {
   throw Error(ErrorCode::kNotFound, "TieredKVCacheManager::commit: transfer " + std::to_string(id) +
                                         " is unknown or already committed");
+}
+
+void TieredKVCacheManager::throw_unknown_or_repeated(TransferId id) {
+  throw Error(ErrorCode::kNotFound, "TieredKVCacheManager::commit: transfer " + std::to_string(id) +
+                                        " is unknown, already committed or given twice");
 }
 
 inline void TieredKVCacheManager::close_transfer(Transfer& t, std::size_t idx) {
@@ -613,7 +735,7 @@ inline void TieredKVCacheManager::close_transfer(Transfer& t, std::size_t idx) {
   --num_live_;
 }
 
-void TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok) {
+bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok) {
   // A store, eviction or fill: the slot receives a block.
   bool became_cached = false;
   if (ok) {
@@ -649,10 +771,8 @@ void TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
   --host_storing_;
   if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
   if (t.state != nullptr) --t.state->transfers_in_flight;
-  const BlockId host_slot = t.host;
-  const bool from_fill = t.kind == Kind::kFill;
   close_transfer(t, idx);
-  if (became_cached && hooks_.on_cached) hooks_.on_cached(host_slot, from_fill);
+  return became_cached;
 }
 
 std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) const {
@@ -771,7 +891,10 @@ LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   }
   manager_.cache_blocks(request, result.rolled_back ? result.num_computed_tokens : st.cache_upto);
   st.loading = false;
-  if (result.rolled_back) ++stats_.rollbacks;
+  if (result.rolled_back) {
+    ++stats_.rollbacks;
+    forget_loaded_slots(request, st, st.first_failed);
+  }
   record_new_blocks(request, st, result.transfers);
   return result;
 }
@@ -783,6 +906,9 @@ void TieredKVCacheManager::free(Request& request) {
                 "TieredKVCacheManager::free: request " + std::to_string(request.id()) + " has " +
                     std::to_string(it->second.transfers_in_flight) + " transfers in flight");
   }
+  // Blocks loaded but never cached (finish_loads not called) lose their noted slots (a hint:
+  // forgetting it is always safe, even if the call below refuses).
+  if (it != requests_.end() && it->second.loading) forget_loaded_slots(request, it->second, 0);
   manager_.free(request);
   if (it != requests_.end()) requests_.erase(it);
 }
@@ -794,6 +920,9 @@ void TieredKVCacheManager::preempt(Request& request) {
                 "TieredKVCacheManager::preempt: request " + std::to_string(request.id()) + " has " +
                     std::to_string(it->second.transfers_in_flight) + " transfers in flight");
   }
+  // Blocks loaded but never cached (finish_loads not called) lose their noted slots (a hint:
+  // forgetting it is always safe, even if the call below refuses).
+  if (it != requests_.end() && it->second.loading) forget_loaded_slots(request, it->second, 0);
   manager_.preempt(request);
   if (it != requests_.end()) requests_.erase(it);
 }
@@ -903,7 +1032,9 @@ void TieredKVCacheManager::check_invariants() const {
   for (const auto& [id, c] : counts) {
     if (requests_.find(id) == requests_.end()) fail("a transfer of an unknown request");
   }
+  if (!evicted_.empty()) fail("evictions left unprocessed");
   for (BlockId b = 1; b < pool.num_blocks(); ++b) {
+    if (!own_records_) break;
     const KVCacheBlock& blk = pool.block(b);
     const BlockHash& rec = gpu_hash_[static_cast<std::size_t>(b)];
     if (blk.is_cached() != !rec.empty() || (blk.is_cached() && blk.block_hash != rec)) {
@@ -911,23 +1042,32 @@ void TieredKVCacheManager::check_invariants() const {
     }
   }
   for (const auto& [b, keys] : gpu_extra_) {
-    if (gpu_hash_[static_cast<std::size_t>(b)].empty()) fail("extra keys of an unrecorded block");
+    if (!pool.block(b).is_cached()) fail("extra keys of a GPU block not cached");
   }
-  // A remembered host slot (host_has trusts it without a lookup) must be the one a verified
-  // lookup of the GPU block's recorded content finds.
+  // A remembered host slot (host_has and on_evict trust it without a lookup) must be the one a
+  // verified lookup of the GPU block's content finds.
   std::vector<TokenId> tokens(2 * static_cast<std::size_t>(bs_), 0);
-  std::vector<MultiModalKey> mm;
   for (BlockId b = 1; b < pool.num_blocks(); ++b) {
     const auto k = static_cast<std::size_t>(b);
     const BlockId slot = gpu_host_slot_[k];
-    if (gpu_hash_[k].empty() || slot == 0 ||
+    if (!pool.block(b).is_cached() || slot == 0 ||
         host_slot_epoch_[static_cast<std::size_t>(slot)] != gpu_host_epoch_[k] ||
         !host_.block(slot).is_cached()) {
       continue;
     }
-    std::memcpy(tokens.data() + bs_, gpu_tokens_.data() + k * bs_, bs_ * sizeof(TokenId));
-    const BlockHash hashes[2] = {gpu_parent_[k], gpu_hash_[k]};
-    const bool first = gpu_first_[k] != 0;
+    BlockHash hashes[2];
+    bool first = false;
+    if (own_records_) {
+      std::memcpy(tokens.data() + bs_, gpu_tokens_.data() + k * bs_, bs_ * sizeof(TokenId));
+      hashes[0] = gpu_parent_[k];
+      hashes[1] = gpu_hash_[k];
+      first = gpu_first_[k] != 0;
+    } else {
+      std::memcpy(tokens.data() + bs_, pool.stored_tokens(b), bs_ * sizeof(TokenId));
+      hashes[0] = pool.stored_parent_hash(b);
+      hashes[1] = pool.block(b).block_hash;
+      first = hashes[0].empty();
+    }
     const auto ex = gpu_extra_.find(b);
     const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
     const BlockSequence seq = content_sequence(tokens, hashes, first, &extra);

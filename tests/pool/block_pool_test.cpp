@@ -619,6 +619,58 @@ TEST(BlockPool, MatchAfterChecksTheStoredParentHash) {
 
 // match_cached_run_after() is match_cached_block_after() block by block, stopping at the first
 // miss: a run broken by an evicted block, a wrong parent or a colliding hash ends there.
+// The eviction observer sees every eviction (get_new_blocks, evict_blocks) while the block is
+// whole: its hash, its stored parent hash and tokens are still readable then.
+TEST(BlockPool, EvictionObserverSeesEachEvictedBlockWhole) {
+  struct Seen {
+    BlockId id;
+    BlockHash hash, parent;
+    std::vector<TokenId> tokens;
+  };
+  struct Observer final : BlockPool::EvictionObserver {
+    std::vector<Seen> seen;
+    void on_evict(const BlockPool& pool, BlockId id) noexcept override {
+      const TokenId* t = pool.stored_tokens(id);
+      seen.push_back({id, pool.block(id).block_hash, pool.stored_parent_hash(id),
+                      std::vector<TokenId>(t, t + pool.block_size())});
+    }
+  };
+  BlockPoolConfig c = config(8);
+  c.chain_hashes_identify_prefix = true;
+  BlockPool pool(c);
+  ASSERT_TRUE(pool.stores_chain_material());
+  EXPECT_FALSE(BlockPool(config(8)).stores_chain_material());  // content ids: no chain material
+  Observer obs;
+  pool.set_eviction_observer(&obs);
+  std::vector<TokenId> tokens(3 * kBlockSize);
+  std::iota(tokens.begin(), tokens.end(), 500);
+  const auto s = sequence(tokens);
+  const auto blocks = take(pool, 3);
+  pool.cache_full_blocks(s.sequence(), blocks, 0, 3);
+  pool.free_blocks_reversed(blocks);  // queued tail first: block 2, 1, 0 after the free ones
+  EXPECT_TRUE(obs.seen.empty());
+  (void)take(pool, 4);  // the 4 uncached blocks: no eviction
+  EXPECT_TRUE(obs.seen.empty());
+  (void)take(pool, 2);  // evicts the chain's blocks 2 and 1, in that order
+  ASSERT_EQ(obs.seen.size(), 2u);
+  for (std::size_t k = 0; k < 2; ++k) {
+    const std::size_t i = 2 - k;
+    EXPECT_EQ(obs.seen[k].id, blocks[i]);
+    EXPECT_EQ(obs.seen[k].hash, s.block_hashes()[i]);
+    EXPECT_EQ(obs.seen[k].parent, s.block_hashes()[i - 1]);
+    EXPECT_EQ(obs.seen[k].tokens, std::vector<TokenId>(tokens.begin() + i * kBlockSize,
+                                                       tokens.begin() + (i + 1) * kBlockSize));
+    EXPECT_FALSE(pool.block(blocks[i]).is_cached());
+  }
+  ASSERT_EQ(pool.evict_blocks(std::span<const BlockId>(&blocks[0], 1)), 1u);
+  ASSERT_EQ(obs.seen.size(), 3u);
+  EXPECT_EQ(obs.seen[2].id, blocks[0]);
+  EXPECT_EQ(obs.seen[2].hash, s.block_hashes()[0]);
+  EXPECT_TRUE(obs.seen[2].parent.empty());  // a chain's block 0 has no parent
+  pool.set_eviction_observer(nullptr);
+  pool.check_invariants();
+}
+
 TEST(BlockPool, MatchRunAfterEqualsBlockByBlockLookups) {
   BlockPoolConfig c = config(64);
   c.chain_hashes_identify_prefix = true;

@@ -140,12 +140,15 @@ template <typename R>
 class Sim {
  public:
   Sim(R& rng, std::uint32_t bs, std::int32_t gpu_blocks, std::int32_t host_blocks,
-      HostPolicy policy, std::uint32_t selective_hits, bool layer_first)
+      HostPolicy policy, std::uint32_t selective_hits, bool layer_first, bool gpu_verify)
       : rng_(rng), bs_(bs), gpu_blocks_(gpu_blocks), host_blocks_(host_blocks) {
     KVCacheManagerConfig c;
     c.num_blocks = gpu_blocks;
     c.block_size = bs;
     c.hash_seed = "model";
+    // Without verification the GPU pool keeps no material and the tier records each cached
+    // block's content itself; with it, the tier reads the pool's material when it evicts.
+    c.verify_cache_hits = gpu_verify;
     c.enable_kv_events = true;
     HostTierConfig h;
     h.num_host_blocks = host_blocks;
@@ -223,7 +226,10 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
   const auto policy = static_cast<HostPolicy>(rng() % 3);
   const auto selective_hits = 1 + static_cast<std::uint32_t>(rng() % 2);
   const bool layer_first = rng() % 2 == 0;
-  Sim<R> sim(rng, bs, gpu_blocks, host_blocks, policy, selective_hits, layer_first);
+  const bool gpu_verify = rng() % 4 != 0;
+  // Some requests carry extra keys (a LoRA name): the tier keeps them for its stores.
+  const bool with_keys = rng() % 3 == 0;
+  Sim<R> sim(rng, bs, gpu_blocks, host_blocks, policy, selective_hits, layer_first, gpu_verify);
   TieredKVCacheManager& t = sim.tier();
 
   // A few shared prefixes, so that hits are common.
@@ -320,7 +326,9 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
       std::vector<TokenId> prompt = random_prompt();
       if (prompt.empty()) prompt.push_back(1);
       Running run;
-      run.req = std::make_unique<Request>(t.make_request(next_id++, prompt));
+      RequestHashKeys keys;
+      if (with_keys && rng() % 2 == 0) keys.lora_name = rng() % 2 == 0 ? "a" : "b";
+      run.req = std::make_unique<Request>(t.make_request(next_id++, prompt, std::move(keys)));
       run.value = reference_values(prompt);
       Request& r = *run.req;
       const TieredCacheHit hit = t.get_computed_blocks(r);

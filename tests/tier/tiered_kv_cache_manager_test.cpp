@@ -426,5 +426,86 @@ TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
       t, [&] { t.allocate_slots(b, 1, hit); }, "stale host hit");
 }
 
+// Write-back stores an evicted block from its content as the GPU pool held it: read from the
+// pool's material when the pool keeps it (verify_cache_hits), from the tier's own records when it
+// does not. Extra keys (a LoRA name) go with the block: a request with the same adapter hits the
+// host, one without does not.
+TEST(TieredKVCacheManager, WriteBackStoresEvictedBlocksWithTheirExtraKeysInBothRecordModes) {
+  for (const bool gpu_verify : {true, false}) {
+    SCOPED_TRACE(gpu_verify ? "GPU pool keeps material" : "tier keeps records");
+    KVCacheManagerConfig c = gpu_config(6);
+    c.verify_cache_hits = gpu_verify;
+    TieredKVCacheManager t(c, host_config(64, HostPolicy::kWriteBack));
+    RequestHashKeys keys;
+    keys.lora_name = "adapter";
+    auto a = t.make_request(1, tokens(0, 17), keys);  // 4 full blocks
+    admit(t, a);
+    t.free(a);
+    flush_gpu(t, 100, 6);  // evicts A's blocks: stored to the host as they go
+    EXPECT_GE(t.stats().stored_blocks, 4u);
+    auto same = t.make_request(2, tokens(0, 17), keys);
+    const TieredCacheHit hit = t.get_computed_blocks(same);
+    EXPECT_EQ(hit.gpu.blocks.size(), 0u);
+    EXPECT_EQ(hit.host_slots.size(), 4u);
+    auto plain = t.make_request(3, tokens(0, 17));
+    EXPECT_EQ(t.get_computed_blocks(plain).num_tokens(), 0u);
+    // Loading it back and evicting it again stores nothing new: the host still holds it.
+    admit(t, same);
+    t.free(same);
+    const std::uint64_t stored = t.stats().stored_blocks;
+    flush_gpu(t, 200, 6);
+    EXPECT_EQ(t.stats().stored_blocks, stored) << "blocks the host holds were stored again";
+    auto again = t.make_request(4, tokens(0, 17), keys);
+    EXPECT_EQ(t.get_computed_blocks(again).host_slots.size(), 4u);
+    t.check_invariants();
+  }
+}
+
+TEST(TieredKVCacheManager, BatchCommitCommitsEachIdOrNothing) {
+  TieredKVCacheManager t(gpu_config(6), host_config(64, HostPolicy::kWriteBack));
+  auto a = t.make_request(1, tokens(0, 17));
+  admit(t, a);
+  t.free(a);
+  flush_gpu(t, 100, 6);
+  auto b = t.make_request(2, tokens(0, 17));
+  const TieredCacheHit hit = t.get_computed_blocks(b);
+  ASSERT_EQ(hit.host_slots.size(), 4u);
+  auto alloc = t.allocate_slots(b, 1, hit);
+  ASSERT_TRUE(alloc);
+  commit_all(t, alloc->transfers.eviction_ids);
+  std::vector<TransferId> ids = alloc->transfers.load_ids;
+  ASSERT_EQ(ids.size(), 4u);
+  // An id twice, an unknown id: refused, nothing committed.
+  std::vector<TransferId> twice = {ids[0], ids[1], ids[0]};
+  expect_rejected(
+      t, [&] { t.commit(std::span<const TransferId>(twice), true); }, "given twice");
+  std::vector<TransferId> unknown = {ids[2], ids[3] + (1ull << 32)};
+  expect_rejected(
+      t, [&] { t.commit(std::span<const TransferId>(unknown), true); }, "unknown");
+  EXPECT_EQ(t.num_in_flight(), 4u);
+  // Hooks run once every copy is committed, in order.
+  std::vector<BlockId> loaded;
+  HostTierHooks hooks;
+  hooks.on_loaded = [&](BlockId slot) {
+    EXPECT_EQ(t.num_in_flight(), 1u);  // ids[3] is committed by the next call, not this one
+    loaded.push_back(slot);
+  };
+  t.set_host_hooks(hooks);
+  t.commit(std::span<const TransferId>(ids).first(3), true);
+  EXPECT_EQ(loaded, std::vector<BlockId>(hit.host_slots.begin(), hit.host_slots.begin() + 3));
+  loaded.clear();
+  hooks.on_loaded = [&](BlockId slot) { loaded.push_back(slot); };
+  t.set_host_hooks(hooks);
+  t.commit(std::span<const TransferId>(ids).subspan(3), false);  // the last load failed
+  EXPECT_TRUE(loaded.empty());
+  EXPECT_EQ(t.stats().load_failures, 1u);
+  expect_rejected(
+      t, [&] { t.commit(std::span<const TransferId>(ids).first(1), true); }, "already committed");
+  const LoadResult res = t.finish_loads(b);
+  EXPECT_TRUE(res.rolled_back);
+  EXPECT_EQ(res.num_computed_tokens, 3 * kB);
+  t.check_invariants();
+}
+
 }  // namespace
 }  // namespace pagedkv

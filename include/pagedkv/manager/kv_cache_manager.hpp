@@ -168,6 +168,11 @@ class KVCacheManager {
   bool reset_prefix_cache();
   std::vector<KVEvent> take_events() { return pool_.take_events(); }
   void set_event_sink(KVEventSink sink) { pool_.set_event_sink(std::move(sink)); }
+  // The pool's eviction observer (BlockPool::EvictionObserver): a tier below the GPU pool reads
+  // each evicted block's content there, inside allocate_slots(), before the block is reused.
+  void set_eviction_observer(BlockPool::EvictionObserver* observer) noexcept {
+    pool_.set_eviction_observer(observer);
+  }
 
   // Pool invariants plus: every block's ref count equals the number of requests holding it.
   void check_invariants() const;

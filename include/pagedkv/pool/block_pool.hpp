@@ -335,6 +335,34 @@ class BlockPool {
   // Returns how many were cached. Errors: an id out of range (nothing evicted).
   std::size_t evict_blocks(std::span<const BlockId> ids);
 
+  // Told of every eviction (get_new_blocks(), evict_blocks()) while the evicted block is still
+  // whole: block(id) still carries its hash and group, and stored_parent_hash(id) /
+  // stored_tokens(id) its material. A tier below the pool copies what it needs then (the block
+  // may receive new content later in the same manager call). on_evict must not throw, and may
+  // call only the pool's const members; the pool is mid-call, so it may read nothing but block
+  // id's record and material. One observer at a time (nullptr: none); the pool does not own it.
+  class EvictionObserver {
+   public:
+    virtual void on_evict(const BlockPool& pool, BlockId id) noexcept = 0;
+
+   protected:
+    ~EvictionObserver() = default;
+  };
+  void set_eviction_observer(EvictionObserver* observer) noexcept { observer_ = observer; }
+
+  // Whether cached blocks keep their material readable below (verify_cache_hits with chain-hash
+  // identities: chain_hashes_identify_prefix or guard_chain_hashes).
+  bool stores_chain_material() const noexcept { return chain_identity_; }
+  // A cached block's stored material, when stores_chain_material(): the parent's chained hash
+  // (empty for a chain's block 0) and block_size() tokens. Undefined for a block not cached
+  // (except inside on_evict for the evicted one).
+  BlockHash stored_parent_hash(BlockId id) const noexcept {
+    return stored_parent(static_cast<std::size_t>(id));
+  }
+  const TokenId* stored_tokens(BlockId id) const noexcept {
+    return &block_tokens_[static_cast<std::size_t>(id) * config_.block_size];
+  }
+
   // Forgets every cached hash when no block but the null block is in use; returns false (and
   // does nothing) otherwise. Emits AllBlocksCleared on success.
   bool reset_prefix_cache();
@@ -476,6 +504,7 @@ class BlockPool {
   FreeBlockQueue free_queue_;
   BlockHashMap hash_map_;
   std::uint64_t num_evictions_ = 0;
+  EvictionObserver* observer_ = nullptr;
 
   // Stored key material (only with verify_cache_hits). Own identities: each cached block names
   // its content id (KVCacheBlock::content_id); the table holds the material. Chain-hash

@@ -162,6 +162,12 @@ class TieredKVCacheManager {
   // Commits one copy as done (ok) or failed. A done store makes its host slot hit-able; a failed
   // one frees it. Errors: an unknown or already committed id (kNotFound).
   void commit(TransferId id, bool ok);
+  // commit(id, ok) for each of `ids` in order, in one call (an engine's batch of copies that ran
+  // on one stream, e.g. a plan's load_ids): every id is checked before anything changes, and the
+  // host hooks (on_loaded, on_cached) run once every copy is committed, in the order of `ids`.
+  // Errors (nothing changed): an unknown or already committed id, or an id given twice
+  // (kNotFound); bad_alloc.
+  void commit(std::span<const TransferId> ids, bool ok);
 
   // Once every load of the request is committed: caches the blocks whose K/V is in place (the
   // loaded run up to the first failure and, without failure, the new tokens' blocks) and returns
@@ -240,19 +246,43 @@ class TieredKVCacheManager {
   class ContentSource;
 
   void forward_event(const KVEvent& event, const char* medium);
+  // The GPU pool evicts a block (inside manager_.allocate_slots): forgets what the tier knew of
+  // its content; write-back refreshes the host copy it knows, or keeps the content (evicted_)
+  // for allocate_slots to look up and store once the hit is pinned.
+  void on_evict(const BlockPool& pool, BlockId id) noexcept;
+  class EvictionForwarder final : public BlockPool::EvictionObserver {
+   public:
+    explicit EvictionForwarder(TieredKVCacheManager& tier) noexcept : tier_(tier) {}
+    void on_evict(const BlockPool& pool, BlockId id) noexcept override { tier_.on_evict(pool, id); }
+
+   private:
+    TieredKVCacheManager& tier_;
+  };
   void record_new_blocks(Request& request, RequestState& state, TierPlan& out);
-  // Stores the GPU block's recorded content in a free host slot unless the host holds it.
-  void schedule_store(BlockId gpu_block, RequestState& state, Kind kind, TierPlan& out);
-  // schedule_store's store, the host lacking the block.
-  void store_block(BlockId gpu_block, RequestState& state, Kind kind, TierPlan& out);
-  // Whether the host holds the GPU block's recorded content (refreshing the slot's LRU place):
-  // the remembered slot when still valid, else host_lookup()'s verified lookup.
-  bool host_has(BlockId gpu_block);
-  // commit() of a store, eviction or fill.
-  void commit_receive(std::size_t idx, Transfer& t, bool ok);
+  // Write-through and selective: stores seq's block `index`, cached in GPU block gpu_block, in a
+  // free host slot unless the host holds it (host_has).
+  void schedule_store(BlockId gpu_block, const BlockSequence& seq, std::size_t index,
+                      RequestState& state, TierPlan& out);
+  // A store (kind kStore or kEviction) of view's block `index` from GPU block gpu_block into a
+  // free host slot; the content is copied now. Skipped and counted when every slot is pinned.
+  void store_block(BlockId gpu_block, const BlockSequence& view, std::size_t index,
+                   RequestState& state, Kind kind, TierPlan& out);
+  // Whether the host holds seq's block `index`, cached in GPU block gpu_block (refreshing the
+  // slot's LRU place): the remembered slot when still valid, else a verified lookup (then
+  // remembered).
+  bool host_has(BlockId gpu_block, const BlockSequence& seq, std::size_t index);
+  // Whether gpu_host_slot_[b] names a slot that still holds the block's content.
+  bool remembered_valid(std::size_t b) const noexcept;
+  // Write-back's evictions kept by on_evict: verified lookup, else store.
+  void store_evicted(RequestState& state, TierPlan& out);
+  // commit() of a store, eviction or fill; returns whether the slot became hit-able (the caller
+  // runs on_cached).
+  bool commit_receive(std::size_t idx, Transfer& t, bool ok);
+  // commit() of a load, without its hook.
+  void commit_load(std::size_t idx, Transfer& t, bool ok);
   void close_transfer(Transfer& t, std::size_t idx);  // back to the free list
   [[noreturn]] static void throw_unknown_transfer(TransferId id);
-  bool host_lookup(BlockId gpu_block);
+  [[noreturn]] static void throw_unknown_or_repeated(TransferId id);
   void refresh(BlockId slot);
   // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
   std::optional<BlockId> take_host_slot(bool& evicted);
@@ -260,6 +290,9 @@ class TieredKVCacheManager {
   // The host slot holding seq's block `index` after seq's own previous block (verified, the
   // parent hash checked), or kNoBlock.
   BlockId host_match(const BlockSequence& seq, std::size_t index) const;
+  // Forgets a request's loaded blocks from `from` (chain index) on: their loads did not land, so
+  // the slots noted for them name content they do not hold.
+  void forget_loaded_slots(const Request& request, const RequestState& state, std::size_t from);
   BlockSequence content_sequence(const std::vector<TokenId>& tokens, const BlockHash* hashes,
                                  bool first, const ContentSource* extra) const;
   TransferId open_transfer(Kind kind, RequestState* state, BlockId gpu, BlockId host,
@@ -268,7 +301,6 @@ class TieredKVCacheManager {
   std::uint32_t take_transfer();
   std::uint32_t grow_transfers();
   void reserve_transfers(std::size_t more);
-  void forget_gpu_block(BlockId b) noexcept;
 
   HostTierConfig host_config_;
   KVCacheManager manager_;
@@ -278,20 +310,31 @@ class TieredKVCacheManager {
   bool host_chain_;
   std::uint32_t bs_;
 
-  // What each cached GPU block holds (recorded when the tier sees it cached), so that write-back
-  // can store it after the pool evicted it. gpu_hash_[b] empty: block b is not cached.
+  // What each cached GPU block holds, for write-back's store after the pool evicted it. A GPU
+  // pool that keeps chain material (verify_cache_hits with SHA-256 chain hashes) holds it
+  // already: on_evict reads it there (own_records_ false; the four vectors below stay empty).
+  // Otherwise (test hashers: the pool keeps content ids, not parent hashes) the tier records it
+  // when it sees the block cached: gpu_hash_[b] empty means block b is not cached.
+  bool own_records_;
   std::vector<BlockHash> gpu_hash_;
   std::vector<BlockHash> gpu_parent_;    // previous block's hash; unused for a chain's first block
   std::vector<std::uint8_t> gpu_first_;  // 1: block 0 of its chain
   std::vector<TokenId> gpu_tokens_;      // block_size tokens per GPU block
   std::vector<std::uint32_t> gpu_hits_;  // hits since cached (kWriteThroughSelective)
-  std::unordered_map<BlockId, OwnedExtraKeys> gpu_extra_;  // only blocks with extra keys
+  std::unordered_map<BlockId, OwnedExtraKeys> gpu_extra_;  // cached blocks with extra keys
   // Per GPU block: a host slot verified to hold the block's content, trusted only while the
   // slot's epoch is the one noted and the slot is cached; 0 when none is known. Spares the second
-  // verified lookup when the block is later stored or evicted (host_has). Noted when a load is
-  // planned (kept only if the block is cached by that load's success) and by host_has's lookup.
+  // verified lookup when the block is later stored or evicted (host_has, on_evict). Noted when a
+  // load is planned (forgotten if that load does not land) and by host_has's lookup; forgotten
+  // when the GPU pool evicts the block.
   std::vector<BlockId> gpu_host_slot_;
   std::vector<std::uint64_t> gpu_host_epoch_;
+  // Write-back: blocks the GPU pool evicted during manager_.allocate_slots whose host copy is not
+  // known, in eviction order, and (without own records) their content copied in on_evict.
+  std::vector<BlockId> evicted_;
+  std::vector<BlockHash> evicted_hash_, evicted_parent_;
+  std::vector<TokenId> evicted_tokens_;
+  EvictionForwarder eviction_forwarder_{*this};
 
   // Per host slot, unless host_chain_ (then empty): the parent hash stored with it (checked on
   // every host hit) and first flag.
@@ -332,6 +375,8 @@ class TieredKVCacheManager {
   std::vector<TokenId> content_tokens_;
   BlockHash content_hashes_[2];
   std::vector<MultiModalKey> mm_scratch_;
+  // The batch commit's hook calls (slot; 0: on_loaded, 1: on_cached by a store, 2: by a fill).
+  std::vector<std::pair<BlockId, std::uint8_t>> hook_scratch_;
 };
 
 }  // namespace pagedkv
