@@ -1,6 +1,7 @@
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -154,7 +155,13 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
       host_(host_pool_config(gpu, host, manager_.block_pool().config())),
       host_chain_(host_.config().chain_hashes_identify_prefix),
       bs_(manager_.block_size()),
-      own_records_(!manager_.block_pool().stores_chain_material()) {
+      own_records_(!manager_.block_pool().stores_chain_material()),
+      // Differs between tiers alive at once (the address) and, in practice, between tiers built
+      // at one address in turn (the clock).
+      check_seed_(
+          (static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(this)) *
+           0x9E3779B97F4A7C15ull) ^
+          static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count())) {
   const auto n = static_cast<std::size_t>(manager_.block_pool().num_blocks());
   if (own_records_) {
     gpu_hash_.resize(n);
@@ -241,8 +248,27 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
     }
   }
   hit.num_host_tokens = hit.host_slots.size() * bs_;
+  hit.host_check = hit_check(hit.host_slots, seq.block_hashes, begin, hit.host_epoch);
   stats_.host_hit_tokens += hit.num_host_tokens;
   return hit;
+}
+
+std::uint64_t TieredKVCacheManager::hit_check(std::span<const BlockId> slots,
+                                              std::span<const BlockHash> hashes, std::size_t begin,
+                                              std::uint64_t epoch) const noexcept {
+  // A sum of independent per-block mixes (no chain through the loop): each mixes the slot, its
+  // position and the block hash's first word with a multiply (a bijection). The caller checked
+  // the bounds.
+  constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  std::uint64_t x =
+      check_seed_ ^ (epoch * kMul) ^ (static_cast<std::uint64_t>(begin) << 32) ^ slots.size();
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    const std::uint64_t where =
+        (static_cast<std::uint64_t>(static_cast<std::uint32_t>(slots[i])) << 32) | (i & kIndexMask);
+    const std::uint64_t v = (hashes[begin + i].hash_code() ^ where) * kMul;
+    x += v ^ (v >> 31);
+  }
+  return x;
 }
 
 void TieredKVCacheManager::reserve_transfers(std::size_t more) {
@@ -525,18 +551,26 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
                   where() + "a cache hit can only be passed to the first allocation");
     }
     const std::span<const BlockHash> hashes = request.block_hashes();
-    // The lookup verified the slots; no host slot reassigned since: they still hold that.
-    const bool fresh = hit.host_epoch == host_epoch_;
-    const BlockSequence seq = request.hashed_tokens().sequence();
+    const auto stale = [&](std::size_t i) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where() + "stale host hit: slot " + std::to_string(hit.host_slots[i]) +
+                      " no longer holds the request's block " + std::to_string(g + i) +
+                      " (call allocate_slots right after get_computed_blocks)");
+    };
+    const std::int32_t num_slots = host_.num_blocks();
     for (std::size_t i = 0; i < h; ++i) {
-      const BlockId slot = hit.host_slots[i];
-      if (slot < 1 || slot >= host_.num_blocks() || g + i >= hashes.size() ||
-          !same_hash(host_.block(slot).block_hash, hashes[g + i]) ||
-          (!fresh && !host_verified(seq, g + i, slot))) {
-        throw Error(ErrorCode::kInvalidArgument,
-                    where() + "stale host hit: slot " + std::to_string(slot) +
-                        " no longer holds the request's block " + std::to_string(g + i) +
-                        " (call allocate_slots right after get_computed_blocks)");
+      if (hit.host_slots[i] < 1 || hit.host_slots[i] >= num_slots || g + i >= hashes.size()) {
+        stale(i);
+      }
+    }
+    // The lookup verified these slots for these blocks and no host slot was reassigned since:
+    // they still hold them. Otherwise (a hit from before a reassignment, from another request
+    // or tier, or changed by hand) every slot is verified again.
+    if (hit.host_epoch != host_epoch_ ||
+        hit.host_check != hit_check(hit.host_slots, hashes, g, hit.host_epoch)) {
+      const BlockSequence seq = request.hashed_tokens().sequence();
+      for (std::size_t i = 0; i < h; ++i) {
+        if (!host_verified(seq, g + i, hit.host_slots[i])) stale(i);
       }
     }
   }

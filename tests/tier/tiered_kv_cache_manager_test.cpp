@@ -426,6 +426,37 @@ TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
       t, [&] { t.allocate_slots(b, 1, hit); }, "stale host hit");
 }
 
+// allocate_slots trusts a lookup's slots without reading them only for the blocks they were
+// found for: a hit passed to a request with other content, or one whose digest was changed
+// and whose slots are wrong, is verified again and refused; a correct hit with a changed digest
+// is verified again and accepted.
+TEST(TieredKVCacheManager, HitIsTrustedOnlyForTheBlocksItWasFoundFor) {
+  TieredKVCacheManager t(gpu_config(8), host_config(64));
+  auto a = t.make_request(1, tokens(0, 17));
+  admit(t, a);
+  t.free(a);
+  flush_gpu(t, 100, 8);
+  auto b = t.make_request(2, tokens(0, 17));
+  const TieredCacheHit hit = t.get_computed_blocks(b);
+  ASSERT_EQ(hit.host_slots.size(), 4u);
+  auto other = t.make_request(3, tokens(1000, 17));  // same length, other content
+  expect_rejected(
+      t, [&] { t.allocate_slots(other, 1, hit); }, "stale host hit");
+  TieredCacheHit swapped = hit;
+  std::swap(swapped.host_slots[1], swapped.host_slots[2]);
+  swapped.host_check ^= 1;
+  expect_rejected(
+      t, [&] { t.allocate_slots(b, 1, swapped); }, "stale host hit");
+  TieredCacheHit digest_changed = hit;
+  digest_changed.host_check ^= 1;
+  const auto alloc = t.allocate_slots(b, 1, digest_changed);
+  ASSERT_TRUE(alloc);
+  EXPECT_EQ(alloc->transfers.plan.loads.size(), 4u);
+  commit_all(t, alloc->transfers.load_ids);
+  EXPECT_FALSE(t.finish_loads(b).rolled_back);
+  t.check_invariants();
+}
+
 // Write-back stores an evicted block from its content as the GPU pool held it: read from the
 // pool's material when the pool keeps it (verify_cache_hits), from the tier's own records when it
 // does not. Extra keys (a LoRA name) go with the block: a request with the same adapter hits the

@@ -69,6 +69,10 @@ struct TieredCacheHit {
   // verification only while no host slot has been reassigned since, and verifies every slot
   // again otherwise (0, as in a hit built by hand: always verified again).
   std::uint64_t host_epoch = 0;
+  // A digest binding host_slots to the request's block hashes they were found for and to this
+  // tier: allocate_slots() trusts the lookup only when it matches (else it verifies every slot
+  // again, as for a hit built by hand).
+  std::uint64_t host_check = 0;
 
   std::size_t num_tokens() const noexcept { return gpu.num_tokens + num_host_tokens; }
 };
@@ -287,6 +291,9 @@ class TieredKVCacheManager {
   // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
   std::optional<BlockId> take_host_slot(bool& evicted);
   bool host_verified(const BlockSequence& seq, std::size_t index, BlockId slot) const;
+  // TieredCacheHit::host_check of slots found for hashes[begin ..] at host epoch `epoch`.
+  std::uint64_t hit_check(std::span<const BlockId> slots, std::span<const BlockHash> hashes,
+                          std::size_t begin, std::uint64_t epoch) const noexcept;
   // The host slot holding seq's block `index` after seq's own previous block (verified, the
   // parent hash checked), or kNoBlock.
   BlockId host_match(const BlockSequence& seq, std::size_t index) const;
@@ -345,6 +352,7 @@ class TieredKVCacheManager {
   // cached slot is evicted and by reset_prefix_cache(); 0 never names a state.
   std::vector<std::uint64_t> host_slot_epoch_;
   std::uint64_t host_epoch_ = 1;
+  std::uint64_t check_seed_;  // random per tier: a hit's host_check names the tier it came from
 
   // In-flight transfers: a slab indexed by the id's low 32 bits, the generation in the high ones.
   std::vector<Transfer> transfers_;
