@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -297,6 +298,24 @@ void bind_tier(py::module_& m) {
           py::arg("transfer_id"), py::arg("ok") = true,
           "Commits one copy as done (ok) or failed. Unknown or committed id: pagedkv.Error "
           "(NOT_FOUND).")
+      .def(
+          "commit_many",
+          [](Tier& s,
+             const py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>& ids,
+             bool ok) {
+            if (ids.ndim() != 1) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "TieredKVCacheManager.commit_many: ids must be one-dimensional, got " +
+                              std::to_string(ids.ndim()) + " dimensions");
+            }
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            s.tier.commit(
+                std::span<const TransferId>(ids.data(), static_cast<std::size_t>(ids.size())), ok);
+          },
+          py::arg("transfer_ids"), py::arg("ok") = true,
+          "Commits a batch of copies (e.g. plan.load_ids) as done or failed in one call: every id "
+          "is checked first; an unknown, committed or repeated id raises pagedkv.Error "
+          "(NOT_FOUND) with nothing committed.")
       .def(
           "finish_loads",
           [](Tier& s, PyRequest& r) {

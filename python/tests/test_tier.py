@@ -177,6 +177,29 @@ def test_misuse_raises_and_changes_nothing():
     refused(pagedkv.ErrorCode.INVALID_ARGUMENT, tier.allocate_slots, r, 1, "not a hit")
 
 
+def test_commit_many_checks_every_id_first():
+    tier = make_tier()
+    prompt = tokens(*range(9))
+    evicted_from_gpu(tier, prompt)
+    r = tier.make_request(3, prompt)
+    a = tier.allocate_slots(r, 1, tier.get_computed_blocks(r))
+    ids = a.transfers.load_ids
+    assert len(ids) == 2
+    before = tier.snapshot()
+    for bad in ([int(ids[0]), int(ids[0])], [int(ids[1]), 123456789]):  # repeated, unknown
+        with pytest.raises(pagedkv.Error) as e:
+            tier.commit_many(np.array(bad, dtype=np.uint64))
+        assert e.value.code == pagedkv.ErrorCode.NOT_FOUND, str(e.value)
+        assert tier.snapshot() == before and tier.num_in_flight == 2
+    with pytest.raises(pagedkv.Error):
+        tier.commit_many(np.zeros((1, 2), dtype=np.uint64))   # not one-dimensional
+    tier.commit_many(ids, ok=True)                            # the plan's own array
+    assert tier.num_in_flight == 0 and tier.stats().loaded_blocks == 2
+    assert tier.finish_loads(r).num_computed_tokens == 8
+    tier.commit_many(np.array([], dtype=np.uint64))           # an empty batch: nothing to do
+    tier.check_invariants()
+
+
 def test_config_errors():
     with pytest.raises(pagedkv.Error) as e:
         pagedkv.TieredKVCacheManager(5, 8, block_size=4, hash_scheme="xxh3_128")

@@ -49,6 +49,8 @@
 // a call either completes or leaves the pool exactly as it was.
 // Events: produced as the state changes, delivered (to the sink, or to the take_events() buffer)
 // only once the call has completed and the pool is consistent; see kv_events.hpp.
+// Eviction observer (set_eviction_observer): called inside get_new_blocks() / evict_blocks() for
+// each evicted block while its record and material are whole; noexcept, reads only.
 // Complexity: O(1) per block for every operation, O(block_size) per verified hit; a store whose
 // parent is not a known cached block (prefix_row) also visits the blocks before it (content ids:
 // table lookups; guarded chain hashes: records found or made).

@@ -13,10 +13,10 @@
 //                                           a TransferPlan: evictions and loads to run before the
 //                                           forward pass, stores to run after it
 //   3. the engine runs a->plan's kBeforeForward stage on its stream, then commit()s every
-//      eviction and load (done or failed); if the request had loads, finish_loads(request) says
-//      how many tokens truly have K/V (a failed load rolls the request back to the block before
-//      it; the engine recomputes from there) and may add stores; the forward pass runs; the
-//      kAfterForward stage runs and its stores are committed
+//      eviction and load (done or failed; one call per id, or commit(ids) per batch); if the
+//      request had loads, finish_loads(request) says how many tokens truly have K/V (a failed load
+//      rolls the request back to the block before it; the engine recomputes from there) and may add
+//      stores; the forward pass runs; the kAfterForward stage runs and its stores are committed
 //   4. free(request) / preempt(request) once none of its transfers is in flight
 // A transfer pins what it touches until committed: a loading or storing host slot cannot be
 // evicted or reused, and loaded GPU blocks are not cached (not hit-able) until finish_loads(). A
@@ -30,6 +30,15 @@
 // pool, stores each slot's parent hash and checks it in its lookup (match_cached_block_after);
 // with a test hasher (not collision resistant) the host pool keeps content ids and the tier
 // stores and checks the parent hashes itself.
+//
+// What the tier knows of GPU blocks: for write-back it needs an evicted block's content (hash,
+// parent hash, tokens, extra keys) after the GPU pool reused the block. It registers itself as the
+// GPU pool's eviction observer (BlockPool::EvictionObserver) and reads the content there, from
+// the pool's stored material (verify_cache_hits with SHA-256 chain hashes); otherwise (test
+// hashers, verification off) it records each newly cached block's content itself. Evicted
+// blocks whose host copy the tier knows (a slot remembered at load or lookup, its epoch
+// unchanged) are refreshed in the host LRU on the spot; the others are looked up and stored once
+// allocate_slots has pinned its hit.
 //
 // Scope: one full-attention KV-cache group (a hybrid model is rejected at construction).
 // Errors (pagedkv::Error, nothing changed): misuse of the manager calls as in KVCacheManager; a
@@ -219,8 +228,9 @@ class TieredKVCacheManager {
   void set_event_sink(KVEventSink sink);
 
   // Both pools' invariants plus the tier's: every pinned host slot's ref count equals its live
-  // transfers, a storing slot is not cached, every cached host slot has its parent hash, every
-  // cached GPU block has a record of its content (and only those), transfer counts per request.
+  // transfers, a storing slot is not cached, every cached host slot has its parent hash, with
+  // own records every cached GPU block has a record of its content (and only those), a GPU
+  // block's remembered host slot holds its content, transfer counts per request.
   void check_invariants() const;
   TieredSnapshot snapshot() const;
 
