@@ -256,19 +256,33 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
 std::uint64_t TieredKVCacheManager::hit_check(std::span<const BlockId> slots,
                                               std::span<const BlockHash> hashes, std::size_t begin,
                                               std::uint64_t epoch) const noexcept {
-  // A sum of independent per-block mixes (no chain through the loop): each mixes the slot, its
-  // position and the block hash's first word with a multiply (a bijection). The caller checked
-  // the bounds.
+  // The blocks: the chained hash of the run's last block names the whole prefix up to it (the
+  // tier takes SHA-256 chains only), so its 32 bytes and the run's place bind the hit to that
+  // content. The slots: a sum of independent mixes of (slot, position), each a multiply (a
+  // bijection), so no chain runs through the loop. The caller checked the bounds.
   constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
+  const auto mix = [](std::uint64_t v) {
+    v *= kMul;
+    return v ^ (v >> 31);
+  };
   std::uint64_t x =
-      check_seed_ ^ (epoch * kMul) ^ (static_cast<std::uint64_t>(begin) << 32) ^ slots.size();
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    const std::uint64_t where =
-        (static_cast<std::uint64_t>(static_cast<std::uint32_t>(slots[i])) << 32) | (i & kIndexMask);
-    const std::uint64_t v = (hashes[begin + i].hash_code() ^ where) * kMul;
-    x += v ^ (v >> 31);
+      mix(check_seed_ ^ (epoch * kMul) ^ (static_cast<std::uint64_t>(begin) << 32) ^ slots.size());
+  if (!slots.empty()) {
+    const BlockHash& last = hashes[begin + slots.size() - 1];
+    const std::uint8_t* bytes = last.padded_bytes().data();
+    for (std::size_t w = 0; w < BlockHash::kMaxSize / 8; ++w) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, bytes + 8 * w, sizeof(word));
+      x = mix(x ^ word);
+    }
+    x = mix(x ^ last.size());
   }
-  return x;
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    sum += mix((static_cast<std::uint64_t>(static_cast<std::uint32_t>(slots[i])) << 32) |
+               (i & kIndexMask));
+  }
+  return x ^ sum;
 }
 
 void TieredKVCacheManager::reserve_transfers(std::size_t more) {
@@ -727,20 +741,50 @@ void TieredKVCacheManager::commit(std::span<const TransferId> ids, bool ok) {
       throw;
     }
   }
-  // Nothing below throws until the hooks.
+  // Nothing below throws until the hooks. Loads, the usual batch, are committed as commit_load
+  // does with the counts kept in registers: per request for a run of one request's loads, and
+  // for the stats and the live count until the end.
+  RequestState* run = nullptr;  // the request of the loads counted in run_loads
+  std::uint32_t run_loads = 0;
+  std::uint64_t loads = 0;
+  const auto end_run = [&] {
+    if (run == nullptr) return;
+    run->loads_in_flight -= run_loads;
+    run->transfers_in_flight -= run_loads;
+    run = nullptr;
+    run_loads = 0;
+  };
   for (const TransferId id : ids) {
     const auto idx = static_cast<std::size_t>(id & kIndexMask);
     Transfer& t = transfers_[idx];
     const BlockId host_slot = t.host;
     if (t.kind == Kind::kLoad) [[likely]] {
-      commit_load(idx, t, ok);
+      host_.free_block(host_slot);  // unpinned; back at the LRU tail
+      if (t.state != run) {
+        end_run();
+        run = t.state;
+      }
+      ++run_loads;
+      if (!ok) run->first_failed = std::min<std::size_t>(run->first_failed, t.chain_index);
+      ++loads;
+      ++t.generation;  // closed (live was cleared by the check)
+      free_transfers_.push_back(static_cast<std::uint32_t>(idx));  // capacity: transfers_'s
       if (hooked && ok) hook_scratch_.emplace_back(host_slot, std::uint8_t{0});
     } else {
+      end_run();
       const bool from_fill = t.kind == Kind::kFill;
       if (commit_receive(idx, t, ok) && hooked) {
         hook_scratch_.emplace_back(host_slot, static_cast<std::uint8_t>(from_fill ? 2 : 1));
       }
     }
+  }
+  end_run();
+  num_live_ -= loads;
+  if (ok) {
+    stats_.loaded_blocks += loads;
+    stats_.loaded_bytes += loads * host_config_.bytes_per_block;
+  } else {
+    stats_.load_failures += loads;
   }
   if (!hooked) return;
   for (const auto& [slot, what] : hook_scratch_) {
