@@ -146,6 +146,22 @@ inline void copy_block_tokens(TokenId* to, const TokenId* from, std::uint32_t bs
   }
 }
 
+// An owned copy of seq's block `index` extra keys (it outlives the request); nullopt when the
+// block has none.
+std::optional<OwnedExtraKeys> owned_extra_keys(const BlockSequence& seq, std::size_t index,
+                                               std::vector<MultiModalKey>& scratch) {
+  if (!seq.has_extra_keys(index)) return std::nullopt;
+  const BlockExtraKeys extra = seq.block_extra_keys(index, scratch);
+  if (extra.empty()) return std::nullopt;
+  OwnedExtraKeys owned;
+  if (extra.lora_name) owned.lora_name = std::string(*extra.lora_name);
+  for (const MultiModalKey& mm : extra.mm_items) {
+    owned.mm_items.emplace_back(std::string(mm.identifier), mm.offset);
+  }
+  if (extra.cache_salt) owned.cache_salt = std::string(*extra.cache_salt);
+  return owned;
+}
+
 }  // namespace
 
 TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
@@ -398,19 +414,7 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
                                        std::size_t index, RequestState& state, Kind kind,
                                        TierPlan& out) {
   // Everything that may allocate first (the plan's vectors and the slab have room).
-  OwnedExtraKeys owned;
-  bool has_extra = false;
-  if (view.has_extra_keys(index)) {
-    const BlockExtraKeys extra = view.block_extra_keys(index, mm_scratch_);
-    if (!extra.empty()) {
-      has_extra = true;
-      if (extra.lora_name) owned.lora_name = std::string(*extra.lora_name);
-      for (const MultiModalKey& mm : extra.mm_items) {
-        owned.mm_items.emplace_back(std::string(mm.identifier), mm.offset);
-      }
-      if (extra.cache_salt) owned.cache_salt = std::string(*extra.cache_salt);
-    }
-  }
+  std::optional<OwnedExtraKeys> owned = owned_extra_keys(view, index, mm_scratch_);
   bool evicted = false;  // the slot held a cached block, evicted now
   const std::optional<BlockId> taken = take_host_slot(evicted);
   if (!taken) {
@@ -424,7 +428,7 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
   transfer_hash_[idx] = view.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : view.block_hashes[index - 1];
   transfer_first_[idx] = index == 0 ? 1 : 0;
-  if (has_extra) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(owned);
+  if (owned) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(*owned);
   ++host_storing_;
   if (kind == Kind::kEviction) {
     out.plan.evictions.push_back({gpu_block, slot});
@@ -516,15 +520,8 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
       copy_block_tokens(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_);
     }
     if (seq.has_extra_keys(i)) {
-      const BlockExtraKeys extra = seq.block_extra_keys(i, mm_scratch_);
-      if (!extra.empty()) {
-        OwnedExtraKeys owned;
-        if (extra.lora_name) owned.lora_name = std::string(*extra.lora_name);
-        for (const MultiModalKey& mm : extra.mm_items) {
-          owned.mm_items.emplace_back(std::string(mm.identifier), mm.offset);
-        }
-        if (extra.cache_salt) owned.cache_salt = std::string(*extra.cache_salt);
-        gpu_extra_[b] = std::move(owned);
+      if (std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, i, mm_scratch_)) {
+        gpu_extra_[b] = std::move(*owned);
       }
     }
     if (write_through) schedule_store(b, seq, i, state, out);
@@ -885,19 +882,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
                 "TieredKVCacheManager::begin_fill: request " + std::to_string(request.id()) +
                     " has no full hashed block " + std::to_string(index));
   }
-  OwnedExtraKeys owned;
-  bool has_extra = false;
-  if (seq.has_extra_keys(index)) {
-    const BlockExtraKeys extra = seq.block_extra_keys(index, mm_scratch_);
-    if (!extra.empty()) {
-      has_extra = true;
-      if (extra.lora_name) owned.lora_name = std::string(*extra.lora_name);
-      for (const MultiModalKey& mm : extra.mm_items) {
-        owned.mm_items.emplace_back(std::string(mm.identifier), mm.offset);
-      }
-      if (extra.cache_salt) owned.cache_salt = std::string(*extra.cache_salt);
-    }
-  }
+  std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, index, mm_scratch_);
   reserve_transfers(1);
   bool evicted = false;  // the slot held a cached block, evicted now
   const std::optional<BlockId> taken = take_host_slot(evicted);
@@ -913,7 +898,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
   transfer_hash_[idx] = seq.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : seq.block_hashes[index - 1];
   transfer_first_[idx] = index == 0 ? 1 : 0;
-  if (has_extra) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(owned);
+  if (owned) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(*owned);
   ++host_storing_;
   if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
   return HostFill{id, slot};

@@ -72,6 +72,17 @@ void flush_gpu(TieredKVCacheManager& t, RequestId first_id, std::int32_t gpu_blo
   }
 }
 
+// Allocates r's first step with `hit` (one new token), expects `loads` loads, commits them done
+// and finishes them: no rollback.
+void load_hit(TieredKVCacheManager& t, Request& r, const TieredCacheHit& hit, std::size_t loads) {
+  const auto alloc = t.allocate_slots(r, 1, hit);
+  ASSERT_TRUE(alloc);
+  EXPECT_EQ(alloc->transfers.plan.loads.size(), loads);
+  commit_all(t, alloc->transfers.load_ids);
+  EXPECT_FALSE(t.finish_loads(r).rolled_back);
+  t.check_invariants();
+}
+
 template <typename Call>
 void expect_rejected(TieredKVCacheManager& t, Call call, const std::string& fragment) {
   const TieredSnapshot before = t.snapshot();
@@ -404,33 +415,14 @@ TEST(TieredKVCacheManager, HitAfterAHostReassignmentIsVerifiedAgain) {
     t.commit(fill->id, true);
   }
   ASSERT_EQ(t.stats().host_evictions, evictions + 1);
-  auto alloc = t.allocate_slots(b, 1, hit);  // the slots still hold b's blocks: verified, loads
-  ASSERT_TRUE(alloc);
-  EXPECT_EQ(alloc->transfers.plan.loads.size(), 4u);
-  commit_all(t, alloc->transfers.load_ids);
-  EXPECT_FALSE(t.finish_loads(b).rolled_back);
-  t.check_invariants();
-}
-
-TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
-  TieredKVCacheManager t(gpu_config(8), host_config(64));
-  auto a = t.make_request(1, tokens(0, 17));
-  admit(t, a);
-  t.free(a);
-  flush_gpu(t, 100, 8);
-  auto b = t.make_request(2, tokens(0, 17));
-  TieredCacheHit hit = t.get_computed_blocks(b);
-  ASSERT_FALSE(hit.host_slots.empty());
-  hit.host_slots[0] = hit.host_slots.size() > 1 ? hit.host_slots[1] : 3;
-  expect_rejected(
-      t, [&] { t.allocate_slots(b, 1, hit); }, "stale host hit");
+  load_hit(t, b, hit, 4);  // the slots still hold b's blocks: verified, loads
 }
 
 // allocate_slots trusts a lookup's slots without reading them only for the blocks they were
-// found for: a hit passed to a request with other content, or one whose digest was changed
-// and whose slots are wrong, is verified again and refused; a correct hit with a changed digest
+// found for (TieredCacheHit::host_check): a hit whose slots were changed, or one passed to a
+// request with other content, is verified again and refused; a correct hit with a changed digest
 // is verified again and accepted.
-TEST(TieredKVCacheManager, HitIsTrustedOnlyForTheBlocksItWasFoundFor) {
+TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
   TieredKVCacheManager t(gpu_config(8), host_config(64));
   auto a = t.make_request(1, tokens(0, 17));
   admit(t, a);
@@ -439,6 +431,10 @@ TEST(TieredKVCacheManager, HitIsTrustedOnlyForTheBlocksItWasFoundFor) {
   auto b = t.make_request(2, tokens(0, 17));
   const TieredCacheHit hit = t.get_computed_blocks(b);
   ASSERT_EQ(hit.host_slots.size(), 4u);
+  TieredCacheHit changed = hit;
+  changed.host_slots[0] = changed.host_slots[1];
+  expect_rejected(
+      t, [&] { t.allocate_slots(b, 1, changed); }, "stale host hit");
   auto other = t.make_request(3, tokens(1000, 17));  // same length, other content
   expect_rejected(
       t, [&] { t.allocate_slots(other, 1, hit); }, "stale host hit");
@@ -449,12 +445,7 @@ TEST(TieredKVCacheManager, HitIsTrustedOnlyForTheBlocksItWasFoundFor) {
       t, [&] { t.allocate_slots(b, 1, swapped); }, "stale host hit");
   TieredCacheHit digest_changed = hit;
   digest_changed.host_check ^= 1;
-  const auto alloc = t.allocate_slots(b, 1, digest_changed);
-  ASSERT_TRUE(alloc);
-  EXPECT_EQ(alloc->transfers.plan.loads.size(), 4u);
-  commit_all(t, alloc->transfers.load_ids);
-  EXPECT_FALSE(t.finish_loads(b).rolled_back);
-  t.check_invariants();
+  load_hit(t, b, digest_changed, 4);
 }
 
 // Write-back stores an evicted block from its content as the GPU pool held it: read from the
