@@ -508,8 +508,10 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
   for (; i < end; ++i) {
     const BlockId b = ids[i];
     if (!pool.block(b).is_cached()) break;
-    // Overlap the host map's misses of write-through's verified lookups (host_has).
-    if (write_through && i + kHostAhead < end) {
+    // Overlap the host map's misses of write-through's verified lookups (host_has): only for
+    // blocks with no remembered slot (a loaded block has one).
+    if (write_through && i + kHostAhead < end &&
+        gpu_host_slot_[static_cast<std::size_t>(ids[i + kHostAhead])] == 0) {
       host_.prefetch_cached_block(seq.block_hashes[i + kHostAhead]);
     }
     const auto k = static_cast<std::size_t>(b);
