@@ -67,27 +67,45 @@ void admit(TieredKVCacheManager& t, Request& r, std::uint64_t& host_blocks, bool
   admit(t, b, host_blocks, per_id);
 }
 
-void run(benchmark::State& state, HostPolicy policy, bool per_id = false) {
-  const auto blocks = static_cast<std::size_t>(state.range(0));
-  const KVCacheManagerConfig c = gpu_config(blocks);
-  HostTierConfig h;
-  h.num_host_blocks = static_cast<std::int32_t>(4 * blocks);
-  h.policy = policy;
-  TieredKVCacheManager t(c, h);
-  // Both prompts end with one extra token: the hit covers every full block.
-  Request a = t.make_request(1, random_tokens(blocks * kBlockSize + 1, 1));
-  Request b = t.make_request(2, random_tokens(blocks * kBlockSize + 1, 2));
-  std::uint64_t host_blocks = 0;
-  for (int i = 0; i < 4; ++i) {  // warm up: both requests' blocks reach the host
-    admit(t, a, host_blocks, per_id);
-    admit(t, b, host_blocks, per_id);
+// Two requests of `blocks` full blocks (plus one token, so the hit covers every full block) on
+// a tier whose GPU pool holds one of them, warmed up so that both requests' blocks are on the
+// host: each admission then misses on the GPU and hits the host.
+struct Alternating {
+  Alternating(std::size_t blocks, HostPolicy policy)
+      : t(gpu_config(blocks), host_config(blocks, policy)),
+        a(t.make_request(1, random_tokens(blocks * kBlockSize + 1, 1))),
+        b(t.make_request(2, random_tokens(blocks * kBlockSize + 1, 2))) {
+    std::uint64_t warm = 0;
+    for (int i = 0; i < 4; ++i) {
+      admit(t, a, warm, false);
+      admit(t, b, warm, false);
+    }
   }
-  host_blocks = 0;
-  for (auto _ : state) timed_admit_pair(t, a, b, host_blocks, per_id);
+  static HostTierConfig host_config(std::size_t blocks, HostPolicy policy) {
+    HostTierConfig h;
+    h.num_host_blocks = static_cast<std::int32_t>(4 * blocks);
+    h.policy = policy;
+    return h;
+  }
+  TieredKVCacheManager t;
+  Request a, b;
+};
+
+// items_per_second counts host-hit blocks; fails the run unless every block of every timed
+// admission was one.
+void count_host_hits(benchmark::State& state, std::size_t blocks, std::uint64_t host_blocks) {
   if (host_blocks < 2 * blocks * state.iterations()) {
     state.SkipWithError("not every block was a host hit");
   }
   state.SetItemsProcessed(static_cast<std::int64_t>(host_blocks));
+}
+
+void run(benchmark::State& state, HostPolicy policy, bool per_id = false) {
+  const auto blocks = static_cast<std::size_t>(state.range(0));
+  Alternating s(blocks, policy);
+  std::uint64_t host_blocks = 0;
+  for (auto _ : state) timed_admit_pair(s.t, s.a, s.b, host_blocks, per_id);
+  count_host_hits(state, blocks, host_blocks);
 }
 
 void BM_HostHitWriteThrough(benchmark::State& state) {
@@ -112,18 +130,9 @@ void BM_HostHitWriteBackPerIdCommit(benchmark::State& state) {
 void phases(benchmark::State& state, HostPolicy policy) {
   using Clock = std::chrono::steady_clock;
   const auto blocks = static_cast<std::size_t>(state.range(0));
-  HostTierConfig h;
-  h.num_host_blocks = static_cast<std::int32_t>(4 * blocks);
-  h.policy = policy;
-  TieredKVCacheManager t(gpu_config(blocks), h);
-  Request a = t.make_request(1, random_tokens(blocks * kBlockSize + 1, 1));
-  Request b = t.make_request(2, random_tokens(blocks * kBlockSize + 1, 2));
+  Alternating s(blocks, policy);
+  TieredKVCacheManager& t = s.t;
   std::uint64_t host_blocks = 0;
-  for (int i = 0; i < 4; ++i) {
-    admit(t, a, host_blocks, false);
-    admit(t, b, host_blocks, false);
-  }
-  host_blocks = 0;
   double phase_ns[5] = {0, 0, 0, 0, 0};
   const auto phased_admit = [&](Request& r) {
     const Clock::time_point t0 = Clock::now();
@@ -148,13 +157,10 @@ void phases(benchmark::State& state, HostPolicy policy) {
     host_blocks += hit.host_slots.size();
   };
   for (auto _ : state) {
-    phased_admit(a);
-    phased_admit(b);
+    phased_admit(s.a);
+    phased_admit(s.b);
   }
-  if (host_blocks < 2 * blocks * state.iterations()) {
-    state.SkipWithError("not every block was a host hit");
-  }
-  state.SetItemsProcessed(static_cast<std::int64_t>(host_blocks));
+  count_host_hits(state, blocks, host_blocks);
   const double n = static_cast<double>(std::max<std::uint64_t>(host_blocks, 1));
   const char* names[5] = {"lookup_ns", "plan_ns", "commit_ns", "finish_ns", "release_ns"};
   for (int p = 0; p < 5; ++p) state.counters[names[p]] = phase_ns[p] / n;

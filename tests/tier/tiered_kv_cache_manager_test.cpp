@@ -72,6 +72,17 @@ void flush_gpu(TieredKVCacheManager& t, RequestId first_id, std::int32_t gpu_blo
   }
 }
 
+// Admits `prompt` as request 1, frees it and flushes the GPU pool (gpu_blocks blocks): its
+// blocks stay only in the host tier (stored by write-through as cached, by write-back as
+// evicted).
+void host_only(TieredKVCacheManager& t, std::vector<TokenId> prompt, std::int32_t gpu_blocks,
+               RequestHashKeys keys = {}) {
+  auto a = t.make_request(1, prompt, std::move(keys));
+  admit(t, a);
+  t.free(a);
+  flush_gpu(t, 100, gpu_blocks);
+}
+
 // Allocates r's first step with `hit` (one new token), expects `loads` loads, commits them done
 // and finishes them: no rollback.
 void load_hit(TieredKVCacheManager& t, Request& r, const TieredCacheHit& hit, std::size_t loads) {
@@ -145,10 +156,7 @@ TEST(TieredKVCacheManager, HostHitContinuesTheGpuPrefixAndLoads) {
 
 TEST(TieredKVCacheManager, FailedLoadRollsBackToTheBlockBeforeIt) {
   TieredKVCacheManager t(gpu_config(8), host_config(64));
-  auto a = t.make_request(1, tokens(0, 17));
-  admit(t, a);
-  t.free(a);
-  flush_gpu(t, 100, 8);
+  host_only(t, tokens(0, 17), 8);
   auto b = t.make_request(2, tokens(0, 17));
   const TieredCacheHit hit = t.get_computed_blocks(b);
   ASSERT_EQ(hit.host_slots.size(), 4u);
@@ -364,10 +372,7 @@ TEST(TieredKVCacheManager, RejectsWhatItCannotServe) {
 // store the block again (a trusted stale slot would skip the store and lose the block).
 TEST(TieredKVCacheManager, WriteBackStoresALoadedBlockAgainOnceItsSlotWasReused) {
   TieredKVCacheManager t(gpu_config(8), host_config(64, HostPolicy::kWriteBack));
-  auto a = t.make_request(1, tokens(0, 17));
-  admit(t, a);
-  t.free(a);
-  flush_gpu(t, 100, 8);  // a's blocks are evicted from the GPU: stored in the host
+  host_only(t, tokens(0, 17), 8);  // a's blocks are evicted from the GPU: stored in the host
   auto b = t.make_request(2, tokens(0, 17));
   EXPECT_EQ(admit(t, b).host_slots.size(), 4u);  // loaded back into the GPU
   t.free(b);
@@ -395,10 +400,8 @@ TEST(TieredKVCacheManager, WriteBackStoresALoadedBlockAgainOnceItsSlotWasReused)
 // again: the same content in a reused slot is accepted, a slot now holding other content is not.
 TEST(TieredKVCacheManager, HitAfterAHostReassignmentIsVerifiedAgain) {
   TieredKVCacheManager t(gpu_config(8), host_config(12, HostPolicy::kWriteBack));
-  auto a = t.make_request(1, tokens(0, 17));
-  admit(t, a);
-  t.free(a);
-  flush_gpu(t, 100, 8);  // the host holds a's 4 blocks and 7 of the flush's, 1 slot is free
+  host_only(t, tokens(0, 17),
+            8);  // the host holds a's 4 blocks and 7 of the flush's, 1 slot is free
   auto b = t.make_request(2, tokens(0, 17));
   const TieredCacheHit hit = t.get_computed_blocks(b);
   ASSERT_EQ(hit.host_slots.size(), 4u);
@@ -424,10 +427,7 @@ TEST(TieredKVCacheManager, HitAfterAHostReassignmentIsVerifiedAgain) {
 // is verified again and accepted.
 TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
   TieredKVCacheManager t(gpu_config(8), host_config(64));
-  auto a = t.make_request(1, tokens(0, 17));
-  admit(t, a);
-  t.free(a);
-  flush_gpu(t, 100, 8);
+  host_only(t, tokens(0, 17), 8);
   auto b = t.make_request(2, tokens(0, 17));
   const TieredCacheHit hit = t.get_computed_blocks(b);
   ASSERT_EQ(hit.host_slots.size(), 4u);
@@ -460,10 +460,7 @@ TEST(TieredKVCacheManager, WriteBackStoresEvictedBlocksWithTheirExtraKeysInBothR
     TieredKVCacheManager t(c, host_config(64, HostPolicy::kWriteBack));
     RequestHashKeys keys;
     keys.lora_name = "adapter";
-    auto a = t.make_request(1, tokens(0, 17), keys);  // 4 full blocks
-    admit(t, a);
-    t.free(a);
-    flush_gpu(t, 100, 6);  // evicts A's blocks: stored to the host as they go
+    host_only(t, tokens(0, 17), 6, keys);  // 4 full blocks, stored to the host as evicted
     EXPECT_GE(t.stats().stored_blocks, 4u);
     auto same = t.make_request(2, tokens(0, 17), keys);
     const TieredCacheHit hit = t.get_computed_blocks(same);
@@ -485,10 +482,7 @@ TEST(TieredKVCacheManager, WriteBackStoresEvictedBlocksWithTheirExtraKeysInBothR
 
 TEST(TieredKVCacheManager, BatchCommitCommitsEachIdOrNothing) {
   TieredKVCacheManager t(gpu_config(6), host_config(64, HostPolicy::kWriteBack));
-  auto a = t.make_request(1, tokens(0, 17));
-  admit(t, a);
-  t.free(a);
-  flush_gpu(t, 100, 6);
+  host_only(t, tokens(0, 17), 6);
   auto b = t.make_request(2, tokens(0, 17));
   const TieredCacheHit hit = t.get_computed_blocks(b);
   ASSERT_EQ(hit.host_slots.size(), 4u);

@@ -292,11 +292,10 @@ class TieredKVCacheManager {
   // commit() of a store, eviction or fill; returns whether the slot became hit-able (the caller
   // runs on_cached).
   bool commit_receive(std::size_t idx, Transfer& t, bool ok);
+  void close_transfer(Transfer& t, std::size_t idx);  // back to the free list
   // commit() of a load, without its hook.
   void commit_load(std::size_t idx, Transfer& t, bool ok);
-  void close_transfer(Transfer& t, std::size_t idx);  // back to the free list
-  [[noreturn]] static void throw_unknown_transfer(TransferId id);
-  [[noreturn]] static void throw_unknown_or_repeated(TransferId id);
+  [[noreturn]] static void throw_unknown(TransferId id);  // either commit()
   void refresh(BlockId slot);
   // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
   std::optional<BlockId> take_host_slot(bool& evicted);
