@@ -100,8 +100,8 @@ std::size_t KVCacheCoordinator::find_longest_cache_hit(
         const BlockSequence seq = group_sequence(fine, g, coarse_scratch_);
         const std::size_t alignment = groups_.size() == 1 ? bs : alignment_;
         if (group.spec.kind == AttentionKind::kFull) {
-          per_group[g] = find_full_attention_hit(pool, seq, group.id, length / bs, alignment,
-                                                 &lookup_scratch_);
+          find_full_attention_hit(pool, seq, group.id, length / bs, alignment, per_group[g],
+                                  &lookup_scratch_);
         } else {
           // A full-attention hit at the same block size is a verified prefix: it anchors the
           // window's run without a walk of its own (content identities are group-independent).

@@ -29,12 +29,11 @@ void find_with_parents(const BlockPool& pool, const BlockSequence& seq, GroupId 
 
 }  // namespace
 
-std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockSequence& seq,
-                                             GroupId group, std::size_t max_blocks,
-                                             std::size_t alignment,
-                                             BlockPool::LookupScratch* scratch) {
+void find_full_attention_hit(const BlockPool& pool, const BlockSequence& seq, GroupId group,
+                             std::size_t max_blocks, std::size_t alignment,
+                             std::vector<BlockId>& hit, BlockPool::LookupScratch* scratch) {
   max_blocks = std::min(max_blocks, seq.block_hashes.size());
-  std::vector<BlockId> hit;
+  hit.clear();
   const BlockPoolConfig& c = pool.config();
   if (!c.verify_cache_hits || c.chain_hashes_identify_prefix || c.guard_chain_hashes) {
     // The parent check of a hit at i compares its stored parent hash with the request's own hash
@@ -45,6 +44,14 @@ std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockS
     find_with_parents(pool, seq, group, max_blocks, scratch, hit);
   }
   while (!hit.empty() && (hit.size() * seq.block_size) % alignment != 0) hit.pop_back();
+}
+
+std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockSequence& seq,
+                                             GroupId group, std::size_t max_blocks,
+                                             std::size_t alignment,
+                                             BlockPool::LookupScratch* scratch) {
+  std::vector<BlockId> hit;
+  find_full_attention_hit(pool, seq, group, max_blocks, alignment, hit, scratch);
   return hit;
 }
 

@@ -138,7 +138,8 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
 
   // The last token is always recomputed: the model needs it to produce logits.
   std::size_t hit_tokens = request.num_tokens() == 0 ? 0 : request.num_tokens() - 1;
-  std::vector<std::vector<BlockId>> per_group;
+  // Found into reused rows, then copied to exact size: a miss allocates nothing.
+  std::vector<std::vector<BlockId>>& per_group = hit_rows_;
   hit_tokens = coordinator_.find_longest_cache_hit(pool_, request.hashed_tokens().sequence(),
                                                    hit_tokens, per_group);
   // One physical block holds one position's KV, so a hit naming a block twice is wrong. Without
@@ -155,8 +156,10 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
     }
   }
   hit.num_tokens = hit_tokens;
-  hit.blocks = std::move(per_group[0]);
-  for (std::size_t g = 1; g < num_groups(); ++g) hit.other_groups[g - 1] = std::move(per_group[g]);
+  hit.blocks.assign(per_group[0].begin(), per_group[0].end());
+  for (std::size_t g = 1; g < num_groups(); ++g) {
+    hit.other_groups[g - 1].assign(per_group[g].begin(), per_group[g].end());
+  }
   stats_.record(request.num_tokens(), hit.num_tokens);
   return hit;
 }
@@ -236,7 +239,11 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   }
   // Coarse-group keys: a known request extends its own (derived data, safe to grow before the
   // capacity check); a new one fills these and hands them over below.
-  std::vector<std::vector<BlockHash>> fresh_coarse(known ? 0 : num_groups());
+  std::vector<std::vector<BlockHash>>& fresh_coarse = coarse_scratch_;  // reused
+  if (!known) {
+    fresh_coarse.resize(num_groups());
+    for (std::vector<BlockHash>& keys : fresh_coarse) keys.clear();
+  }
   auto coarse = [&](std::size_t g) -> std::vector<BlockHash>& {
     return known ? it->second.groups[g].coarse_hashes : fresh_coarse[g];
   };
@@ -318,9 +325,9 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   // ---- Prepare: everything that may throw (allocation included), before any change ----
   // Events recorded below reach the sink only when this call has completed.
   BlockPool::EventDeliveryHold hold(pool_);
-  bool inserted = false;
-  if (!known) inserted = requests_.try_emplace(request.id()).second;
-  RequestBlocks& state = known ? it->second : requests_.find(request.id())->second;
+  const bool inserted = !known;
+  RequestBlocks& state =
+      known ? it->second : spare_requests_.insert_new(requests_, request.id())->second;
   struct Undo {  // if anything below throws: a new entry goes, prepared stores are released
     std::unordered_map<RequestId, RequestBlocks>& map;
     std::vector<PendingRun>& runs;
@@ -394,7 +401,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   // not be popped (and evicted) by another group's allocation.
   for (std::size_t g = 0; g < num_groups(); ++g) {
     GroupBlocks& gs = state.groups[g];
-    if (!known) gs.coarse_hashes = std::move(fresh_coarse[g]);
+    if (!known) gs.coarse_hashes.swap(fresh_coarse[g]);  // the scratch keeps a cleared one
     if (!has_hit) continue;
     const std::vector<BlockId>& hb = *hits[g];
     pool_.touch(hb);
@@ -498,7 +505,18 @@ bool KVCacheManager::release(Request& request, const char* what) {
   BlockPool::EventDeliveryHold hold(pool_);
   for (const GroupBlocks& gs : it->second.groups)
     pool_.release_table(gs.blocks);  // tail first; the tables are the manager's own
-  requests_.erase(it);
+  spare_requests_.give(requests_, it, [](RequestBlocks& r) noexcept {
+    r.identity.reset();
+    bool keep = true;
+    for (GroupBlocks& gs : r.groups) {
+      keep = keep && gs.blocks.capacity() <= kSpareBlocks &&
+             gs.coarse_hashes.capacity() <= kSpareBlocks;
+      gs.blocks.clear();
+      gs.num_cached_blocks = 0;
+      gs.coarse_hashes.clear();
+    }
+    return keep;
+  });
   return true;
 }
 

@@ -243,30 +243,40 @@ inline BlockId TieredKVCacheManager::host_match(const BlockSequence& seq, std::s
 TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request) {
   TieredCacheHit hit;
   hit.gpu = manager_.get_computed_blocks(request);  // validates the request
-  ++stats_.requests;
-  stats_.queried_tokens += request.num_tokens();
-  stats_.gpu_hit_tokens += hit.gpu.num_tokens;
-  if (request.skip_reading_prefix_cache || request.num_tokens() == 0) return hit;
+  const auto count = [this, &request](const TieredCacheHit& found) noexcept {
+    ++stats_.requests;
+    stats_.queried_tokens += request.num_tokens();
+    stats_.gpu_hit_tokens += found.gpu.num_tokens;
+    stats_.host_hit_tokens += found.num_host_tokens;
+  };
+  if (request.skip_reading_prefix_cache || request.num_tokens() == 0) {
+    count(hit);
+    return hit;
+  }
   const BlockSequence seq = request.hashed_tokens().sequence();
   const std::size_t max_blocks =
       std::min((request.num_tokens() - 1) / bs_, seq.block_hashes.size());
   hit.host_epoch = host_epoch_;
   const std::size_t begin = hit.gpu.blocks.size();
+  // Found into a reused buffer, then copied to exact size: a miss allocates nothing.
+  std::vector<BlockId>& found = found_slots_;
+  found.clear();
   if (host_chain_) {  // one pool call for the run (it overlaps the map's misses)
-    host_.match_cached_run_after(seq, begin, max_blocks, hit.host_slots);  // 0 if begin >= end
+    host_.match_cached_run_after(seq, begin, max_blocks, found);  // 0 if begin >= end
   } else {
     constexpr std::size_t kAhead = 4;  // overlap the host map's cache misses
-    if (begin < max_blocks) hit.host_slots.reserve(max_blocks - begin);
+    if (begin < max_blocks) found.reserve(max_blocks - begin);
     for (std::size_t i = begin; i < max_blocks; ++i) {
       if (i + kAhead < max_blocks) host_.prefetch_cached_block(seq.block_hashes[i + kAhead]);
       const BlockId slot = host_match(seq, i);
       if (slot == BlockPool::kNoBlock) break;
-      hit.host_slots.push_back(slot);
+      found.push_back(slot);
     }
   }
+  hit.host_slots.assign(found.begin(), found.end());
   hit.num_host_tokens = hit.host_slots.size() * bs_;
   hit.host_check = hit_check(hit.host_slots, seq.block_hashes, begin, hit.host_epoch);
-  stats_.host_hit_tokens += hit.num_host_tokens;
+  count(hit);  // only now: a lookup that threw counted nothing
   return hit;
 }
 
@@ -299,6 +309,35 @@ std::uint64_t TieredKVCacheManager::hit_check(std::span<const BlockId> slots,
                (i & kIndexMask));
   }
   return x ^ sum;
+}
+
+void TieredKVCacheManager::reserve_copies(std::size_t evictions, std::size_t stores) {
+  copies_.plan.evictions.clear();
+  copies_.eviction_ids.clear();
+  copies_.plan.stores.clear();
+  copies_.store_ids.clear();
+  copies_.plan.evictions.reserve(evictions);
+  copies_.eviction_ids.reserve(evictions);
+  copies_.plan.stores.reserve(stores);
+  copies_.store_ids.reserve(stores);
+}
+
+void TieredKVCacheManager::hand_over_copies(TierPlan& out) noexcept {
+  if (!copies_.plan.evictions.empty()) {
+    out.plan.evictions.swap(copies_.plan.evictions);
+    out.eviction_ids.swap(copies_.eviction_ids);
+  }
+  if (!copies_.plan.stores.empty()) {
+    out.plan.stores.swap(copies_.plan.stores);
+    out.store_ids.swap(copies_.store_ids);
+  }
+}
+
+void TieredKVCacheManager::release_state(RequestMap::iterator it) noexcept {
+  spare_requests_.give(requests_, it, [](RequestState& st) noexcept {
+    st = RequestState{};
+    return true;
+  });
 }
 
 void TieredKVCacheManager::reserve_transfers(std::size_t more) {
@@ -544,7 +583,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   const auto where = [&request] {
     return "TieredKVCacheManager::allocate_slots: request " + std::to_string(request.id()) + ": ";
   };
-  const auto found = requests_.find(request.id());
+  const RequestMap::iterator found = requests_.find(request.id());
   if (found != requests_.end() && found->second.loading) {
     throw Error(ErrorCode::kInvalidState,
                 where() + "its loads are not finished (commit them, then call finish_loads)");
@@ -598,10 +637,8 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   TierAllocation out;
   out.transfers.plan.loads.resize(h);  // written in place below
   out.transfers.load_ids.resize(h);
-  out.transfers.plan.evictions.reserve(max_evictions);
-  out.transfers.eviction_ids.reserve(max_evictions);
-  out.transfers.plan.stores.reserve(max_stores);
-  out.transfers.store_ids.reserve(max_stores);
+  // Evictions and stores go to copies_ (reused), handed over at the end only if there are any.
+  reserve_copies(max_evictions, max_stores);
   if (policy == HostPolicy::kWriteBack) {  // on_evict's room (cannot allocate there)
     evicted_.reserve(bound);
     if (!own_records_) {
@@ -610,18 +647,22 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
       evicted_tokens_.reserve(bound * bs_);
     }
   }
-  const auto [it, inserted] = requests_.try_emplace(request.id());
-  if (inserted) it->second.id = request.id();
+  auto it = found;  // requests_ has not changed since
+  const bool inserted = it == requests_.end();
+  if (inserted) {
+    it = spare_requests_.insert_new(requests_, request.id());
+    it->second.id = request.id();
+  }
   std::optional<std::span<const BlockId>> blocks;
   try {
     blocks = manager_.allocate_slots(request, h * bs_ + num_new_tokens, hit.gpu,
                                      num_lookahead_tokens, /*delay_cache_blocks=*/h > 0);
   } catch (...) {
-    if (inserted) requests_.erase(it);
+    if (inserted) release_state(it);
     throw;
   }
   if (!blocks) {
-    if (inserted) requests_.erase(it);
+    if (inserted) release_state(it);
     return std::nullopt;
   }
   RequestState& st = it->second;
@@ -630,31 +671,42 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   if (h > 0) host_.touch(hit.host_slots);
   // Write-back: the blocks the allocation evicted (on_evict refreshed those the host is known to
   // hold) are looked up in the host and stored there if missing.
-  if (!evicted_.empty()) store_evicted(st, out.transfers);
+  if (!evicted_.empty()) store_evicted(st, copies_);
   if (inserted) st.scanned = g;  // the GPU hit's blocks were cached (and recorded) before
   if (inserted && policy == HostPolicy::kWriteThroughSelective) {
     const BlockSequence seq = request.hashed_tokens().sequence();
     for (std::size_t i = 0; i < g; ++i) {
       const BlockId b = hit.gpu.blocks[i];
       if (++gpu_hits_[static_cast<std::size_t>(b)] == host_config_.selective_hits) {
-        schedule_store(b, seq, i, st, out.transfers);
+        schedule_store(b, seq, i, st, copies_);
       }
     }
   }
   if (h > 0) {
     // One load per hit slot, into the hit part's GPU blocks (open_transfer, counted once). Slab
-    // entries come off the free list's back in the order h pops would take them.
-    const std::span<const BlockId> gpu = manager_.block_ids(request.id()).subspan(g, h);
+    // entries come off the free list's back in the order h pops would take them, then new ones
+    // (room reserved). Every array is read through a local pointer: the loop's stores cannot
+    // make the compiler reload them.
+    const BlockId* const gpu = manager_.block_ids(request.id()).subspan(g, h).data();
     const std::size_t spare = std::min(h, free_transfers_.size());
+    const std::size_t first_new = transfers_.size();
+    for (std::size_t k = spare; k < h; ++k) grow_transfers();
     const std::uint32_t* const spare_top = free_transfers_.data() + free_transfers_.size();
+    Transfer* const slab = transfers_.data();
+    const BlockId* const slots = hit.host_slots.data();
+    BlockId* const noted_slot = gpu_host_slot_.data();
+    std::uint64_t* const noted_epoch = gpu_host_epoch_.data();
+    const std::uint64_t* const slot_epoch = host_slot_epoch_.data();
+    RequestState* const state = &st;
     BlockCopy* const loads = out.transfers.plan.loads.data();
     TransferId* const load_ids = out.transfers.load_ids.data();
     for (std::size_t i = 0; i < h; ++i) {
-      const BlockId slot = hit.host_slots[i];
+      const BlockId slot = slots[i];
       const BlockId block = gpu[i];
-      const std::uint32_t idx = i < spare ? *(spare_top - 1 - i) : grow_transfers();
-      Transfer& t = transfers_[idx];
-      t.state = &st;
+      const auto idx = static_cast<std::uint32_t>(
+          i < spare ? spare_top[-1 - static_cast<std::ptrdiff_t>(i)] : first_new + (i - spare));
+      Transfer& t = slab[idx];
+      t.state = state;
       t.live = true;
       t.kind = Kind::kLoad;
       t.gpu = block;
@@ -664,8 +716,8 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
       load_ids[i] = (static_cast<TransferId>(t.generation) << 32) | idx;
       // The block will hold the slot's (verified) content; kept if the load succeeds.
       const auto b = static_cast<std::size_t>(block);
-      gpu_host_slot_[b] = slot;
-      gpu_host_epoch_[b] = host_slot_epoch_[static_cast<std::size_t>(slot)];
+      noted_slot[b] = slot;
+      noted_epoch[b] = slot_epoch[static_cast<std::size_t>(slot)];
     }
     free_transfers_.resize(free_transfers_.size() - spare);
     num_live_ += h;
@@ -678,8 +730,9 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     st.cache_upto = std::min((g + h) * bs_ + num_new_tokens, request.num_tokens());
     st.scanned = g;
   } else {
-    record_new_blocks(request, st, out.transfers);
+    record_new_blocks(request, st, copies_);
   }
+  hand_over_copies(out.transfers);
   return out;
 }
 
@@ -944,17 +997,16 @@ LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   result.num_computed_tokens = valid_blocks * bs_;
   const std::size_t bound = 2 * (request.num_tokens() / bs_ + 2);
   reserve_transfers(bound);
-  if (host_config_.policy == HostPolicy::kWriteThrough) {  // record_new_blocks stores
-    result.transfers.plan.stores.reserve(bound);
-    result.transfers.store_ids.reserve(bound);
-  }
+  // record_new_blocks stores (write-through), into copies_.
+  reserve_copies(0, host_config_.policy == HostPolicy::kWriteThrough ? bound : 0);
   manager_.cache_blocks(request, result.rolled_back ? result.num_computed_tokens : st.cache_upto);
   st.loading = false;
   if (result.rolled_back) {
     ++stats_.rollbacks;
     forget_loaded_slots(request, st, st.first_failed);
   }
-  record_new_blocks(request, st, result.transfers);
+  record_new_blocks(request, st, copies_);
+  hand_over_copies(result.transfers);
   return result;
 }
 
@@ -969,7 +1021,7 @@ void TieredKVCacheManager::free(Request& request) {
   // forgetting it is always safe, even if the call below refuses).
   if (it != requests_.end() && it->second.loading) forget_loaded_slots(request, it->second, 0);
   manager_.free(request);
-  if (it != requests_.end()) requests_.erase(it);
+  if (it != requests_.end()) release_state(it);
 }
 
 void TieredKVCacheManager::preempt(Request& request) {
@@ -983,7 +1035,7 @@ void TieredKVCacheManager::preempt(Request& request) {
   // forgetting it is always safe, even if the call below refuses).
   if (it != requests_.end() && it->second.loading) forget_loaded_slots(request, it->second, 0);
   manager_.preempt(request);
-  if (it != requests_.end()) requests_.erase(it);
+  if (it != requests_.end()) release_state(it);
 }
 
 bool TieredKVCacheManager::reset_prefix_cache() {

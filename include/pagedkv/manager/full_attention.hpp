@@ -23,5 +23,11 @@ std::vector<BlockId> find_full_attention_hit(const BlockPool& pool, const BlockS
                                              GroupId group, std::size_t max_blocks,
                                              std::size_t alignment,
                                              BlockPool::LookupScratch* scratch = nullptr);
+// The same into `hit` (cleared first; its capacity is reused, so a search that finds no more
+// blocks than a previous one allocates nothing). On an exception `hit` is left empty or partial.
+void find_full_attention_hit(const BlockPool& pool, const BlockSequence& seq, GroupId group,
+                             std::size_t max_blocks, std::size_t alignment,
+                             std::vector<BlockId>& hit,
+                             BlockPool::LookupScratch* scratch = nullptr);
 
 }  // namespace pagedkv

@@ -49,6 +49,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pagedkv/base/spare_nodes.hpp"
 #include "pagedkv/hash/block_hasher.hpp"
 #include "pagedkv/manager/attention_spec.hpp"
 #include "pagedkv/manager/coordinator.hpp"
@@ -220,12 +221,20 @@ class KVCacheManager {
   BlockPool pool_;
   PrefixCacheStatsRecorder stats_;
   std::optional<std::size_t> max_model_len_;
-  std::unordered_map<RequestId, RequestBlocks> requests_;
+  using RequestMap = std::unordered_map<RequestId, RequestBlocks>;
+  RequestMap requests_;
+  // Released requests' entries, reused by new ones (no node, table row or group vector to
+  // allocate per admission): at most kSpareRequests, each row up to kSpareBlocks blocks.
+  static constexpr std::size_t kSpareRequests = 16;
+  static constexpr std::size_t kSpareBlocks = std::size_t{1} << 14;
+  SpareNodes<RequestMap, kSpareRequests> spare_requests_;
   std::vector<BlockId> free_scratch_;
   std::vector<const std::vector<BlockId>*> hit_scratch_;  // allocate_slots: each group's hit
   std::vector<std::size_t> alloc_scratch_;                // allocate_slots: blocks per group
   std::vector<std::size_t> skip_scratch_;                 // allocate_slots: leaving the window
   std::vector<PendingRun> run_scratch_;                   // allocate_slots: blocks to cache
+  std::vector<std::vector<BlockHash>> coarse_scratch_;    // allocate_slots: a new request's keys
+  std::vector<std::vector<BlockId>> hit_rows_;            // get_computed_blocks: per group
   std::vector<BlockId> prefix_scratch_;                   // allocate_slots: blocks before a run
   std::vector<std::uint64_t> seen_bits_;                  // repeated_block: one bit per block
   std::uint64_t out_of_window_freed_ = 0;

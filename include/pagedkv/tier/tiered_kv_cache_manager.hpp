@@ -58,6 +58,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "pagedkv/base/spare_nodes.hpp"
 #include "pagedkv/base/transfer_plan.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/pool/block_pool.hpp"
@@ -317,6 +318,10 @@ class TieredKVCacheManager {
   std::uint32_t take_transfer();
   std::uint32_t grow_transfers();
   void reserve_transfers(std::size_t more);
+  // Room in copies_ for this call's evictions and stores (cleared first). hand_over_copies moves
+  // them into the call's result: a plan with none allocates nothing for them.
+  void reserve_copies(std::size_t evictions, std::size_t stores);
+  void hand_over_copies(TierPlan& out) noexcept;
 
   HostTierConfig host_config_;
   KVCacheManager manager_;
@@ -374,7 +379,10 @@ class TieredKVCacheManager {
   std::size_t num_live_ = 0;
   std::int32_t host_storing_ = 0;
 
-  std::unordered_map<RequestId, RequestState> requests_;
+  using RequestMap = std::unordered_map<RequestId, RequestState>;
+  RequestMap requests_;
+  SpareNodes<RequestMap, 16> spare_requests_;  // released entries, reused (no node to allocate)
+  void release_state(RequestMap::iterator it) noexcept;  // erases it, keeping the node spare
   // Below the host tier: pins per host slot (pin_host_slot) and the hooks.
   std::vector<std::uint32_t> host_pins_;
   std::int32_t num_host_pins_ = 0;
@@ -389,7 +397,9 @@ class TieredKVCacheManager {
 
   // Scratch (no allocation in steady state).
   std::vector<BlockId> slot_scratch_;
+  std::vector<BlockId> found_slots_;  // get_computed_blocks: the host run
   std::vector<TokenId> content_tokens_;
+  TierPlan copies_;  // allocate_slots, finish_loads: the evictions and stores planned (no loads)
   BlockHash content_hashes_[2];
   std::vector<MultiModalKey> mm_scratch_;
   // The batch commit's hook calls (slot; 0: on_loaded, 1: on_cached by a store, 2: by a fill).
