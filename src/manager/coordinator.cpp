@@ -86,6 +86,14 @@ std::size_t KVCacheCoordinator::find_longest_cache_hit(
     const BlockPool& pool, const BlockSequence& fine, std::size_t max_tokens,
     std::vector<std::vector<BlockId>>& per_group) {
   per_group.resize(groups_.size());
+  if (groups_.size() == 1 && groups_[0].spec.kind == AttentionKind::kFull) {
+    // Unitary (vLLM's UnitaryKVCacheCoordinator): one lookup, nothing to agree on.
+    const std::size_t bs = groups_[0].spec.block_size;
+    coarse_scratch_.clear();
+    find_full_attention_hit(pool, group_sequence(fine, 0, coarse_scratch_), groups_[0].id,
+                            max_tokens / bs, bs, per_group[0], &lookup_scratch_);
+    return per_group[0].size() * bs;
+  }
   looked_up_.assign(groups_.size(), false);
   std::size_t hit_tokens = max_tokens;
   for (;;) {

@@ -316,10 +316,13 @@ void TieredKVCacheManager::reserve_copies(std::size_t evictions, std::size_t sto
   copies_.eviction_ids.clear();
   copies_.plan.stores.clear();
   copies_.store_ids.clear();
-  copies_.plan.evictions.reserve(evictions);
-  copies_.eviction_ids.reserve(evictions);
-  copies_.plan.stores.reserve(stores);
-  copies_.store_ids.reserve(stores);
+  const auto room = [](auto& v, std::size_t n) {
+    if (v.capacity() < n) v.reserve(n);
+  };
+  room(copies_.plan.evictions, evictions);
+  room(copies_.eviction_ids, evictions);
+  room(copies_.plan.stores, stores);
+  room(copies_.store_ids, stores);
 }
 
 void TieredKVCacheManager::hand_over_copies(TierPlan& out) noexcept {
@@ -342,6 +345,13 @@ void TieredKVCacheManager::release_state(RequestMap::iterator it) noexcept {
 
 void TieredKVCacheManager::reserve_transfers(std::size_t more) {
   const std::size_t want = transfers_.size() + more;
+  // The usual case, inline: every buffer has the room already (each is checked: a reserve below
+  // may have thrown after the first ones grew).
+  if (transfers_.capacity() >= want && free_transfers_.capacity() >= want &&
+      transfer_tokens_.capacity() >= want * bs_ && transfer_hash_.capacity() >= want &&
+      transfer_parent_.capacity() >= want && transfer_first_.capacity() >= want) [[likely]] {
+    return;
+  }
   transfers_.reserve(want);
   free_transfers_.reserve(want);
   transfer_tokens_.reserve(want * bs_);
@@ -480,27 +490,36 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
 }
 
 void TieredKVCacheManager::on_evict(const BlockPool& pool, BlockId id) noexcept {
+  // The hot path (write-back, the host copy known: an LRU refresh) saves no registers; the rest
+  // is out of line.
   const auto k = static_cast<std::size_t>(id);
   const bool known = remembered_valid(k);
   const BlockId slot = gpu_host_slot_[k];
   gpu_host_slot_[k] = 0;  // the block's content goes; new content learns its slot anew
-  gpu_hits_[k] = 0;
-  if (host_config_.policy == HostPolicy::kWriteBack) {
-    if (known) {
-      // The host holds the block: its LRU refresh is the whole write-back.
-      if (host_.block(slot).ref_cnt == 0) refresh(slot);
-    } else {
-      // Looked up, and stored if missing, by allocate_slots once its hit is pinned (capacity
-      // reserved there); the records and extra keys are forgotten then.
-      evicted_.push_back(id);
-      if (!own_records_) {
-        evicted_hash_.push_back(pool.block(id).block_hash);
-        evicted_parent_.push_back(pool.stored_parent_hash(id));
-        const TokenId* tokens = pool.stored_tokens(id);
-        evicted_tokens_.insert(evicted_tokens_.end(), tokens, tokens + bs_);
-      }
-      return;
+  if (host_config_.policy == HostPolicy::kWriteBack && known) {
+    // The host holds the block: its LRU refresh is the whole write-back (a pinned slot stays as
+    // it is: requeue leaves it).
+    refresh(slot);
+    if (own_records_ || !gpu_extra_.empty()) forget_evicted(pool, id, /*keep=*/false);
+    return;
+  }
+  forget_evicted(pool, id, host_config_.policy == HostPolicy::kWriteBack);
+}
+
+void TieredKVCacheManager::forget_evicted(const BlockPool& pool, BlockId id, bool keep) noexcept {
+  const auto k = static_cast<std::size_t>(id);
+  if (host_config_.policy == HostPolicy::kWriteThroughSelective) gpu_hits_[k] = 0;
+  if (keep) {
+    // Write-back, the host copy unknown: looked up, and stored if missing, by allocate_slots once
+    // its hit is pinned (capacity reserved there); the records and extra keys are forgotten then.
+    evicted_.push_back(id);
+    if (!own_records_) {
+      evicted_hash_.push_back(pool.block(id).block_hash);
+      evicted_parent_.push_back(pool.stored_parent_hash(id));
+      const TokenId* tokens = pool.stored_tokens(id);
+      evicted_tokens_.insert(evicted_tokens_.end(), tokens, tokens + bs_);
     }
+    return;
   }
   if (own_records_) gpu_hash_[k] = BlockHash();
   if (!gpu_extra_.empty()) gpu_extra_.erase(id);
@@ -639,13 +658,15 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   out.transfers.load_ids.resize(h);
   // Evictions and stores go to copies_ (reused), handed over at the end only if there are any.
   reserve_copies(max_evictions, max_stores);
-  if (policy == HostPolicy::kWriteBack) {  // on_evict's room (cannot allocate there)
-    evicted_.reserve(bound);
-    if (!own_records_) {
-      evicted_hash_.reserve(bound);
-      evicted_parent_.reserve(bound);
-      evicted_tokens_.reserve(bound * bs_);
-    }
+  if (policy == HostPolicy::kWriteBack && evicted_.capacity() < bound) {
+    evicted_.reserve(bound);  // on_evict's room (cannot allocate there)
+  }
+  if (policy == HostPolicy::kWriteBack && !own_records_ &&
+      (evicted_hash_.capacity() < bound || evicted_parent_.capacity() < bound ||
+       evicted_tokens_.capacity() < bound * bs_)) {
+    evicted_hash_.reserve(bound);
+    evicted_parent_.reserve(bound);
+    evicted_tokens_.reserve(bound * bs_);
   }
   auto it = found;  // requests_ has not changed since
   const bool inserted = it == requests_.end();
@@ -687,7 +708,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     // entries come off the free list's back in the order h pops would take them, then new ones
     // (room reserved). Every array is read through a local pointer: the loop's stores cannot
     // make the compiler reload them.
-    const BlockId* const gpu = manager_.block_ids(request.id()).subspan(g, h).data();
+    const BlockId* const gpu = out.new_blocks.data();  // the hit part's h blocks come first
     const std::size_t spare = std::min(h, free_transfers_.size());
     const std::size_t first_new = transfers_.size();
     for (std::size_t k = spare; k < h; ++k) grow_transfers();

@@ -265,6 +265,9 @@ class TieredKVCacheManager {
   // its content; write-back refreshes the host copy it knows, or keeps the content (evicted_)
   // for allocate_slots to look up and store once the hit is pinned.
   void on_evict(const BlockPool& pool, BlockId id) noexcept;
+  // on_evict() but for write-back's refresh of a known host copy: forgets the block's records
+  // (selective hits, own records, extra keys), or with `keep` keeps it in evicted_.
+  [[gnu::noinline]] void forget_evicted(const BlockPool& pool, BlockId id, bool keep) noexcept;
   class EvictionForwarder final : public BlockPool::EvictionObserver {
    public:
     explicit EvictionForwarder(TieredKVCacheManager& tier) noexcept : tier_(tier) {}
