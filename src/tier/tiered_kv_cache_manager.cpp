@@ -285,8 +285,8 @@ std::uint64_t TieredKVCacheManager::hit_check(std::span<const BlockId> slots,
                                               std::uint64_t epoch) const noexcept {
   // The blocks: the chained hash of the run's last block names the whole prefix up to it (the
   // tier takes SHA-256 chains only), so its 32 bytes and the run's place bind the hit to that
-  // content. The slots: a sum of independent mixes of (slot, position), each a multiply (a
-  // bijection), so no chain runs through the loop. The caller checked the bounds.
+  // content. The slots: a sum of independent mixes of (two slots, their place), each a multiply
+  // (a bijection), so no chain runs through the loop. The caller checked the bounds.
   const auto mix = [](std::uint64_t v) {
     v *= kGolden;
     return v ^ (v >> 31);
@@ -304,9 +304,15 @@ std::uint64_t TieredKVCacheManager::hit_check(std::span<const BlockId> slots,
     x = mix(x ^ last.size());
   }
   std::uint64_t sum = 0;
-  for (std::size_t i = 0; i < slots.size(); ++i) {
-    sum += mix((static_cast<std::uint64_t>(static_cast<std::uint32_t>(slots[i])) << 32) |
-               (i & kIndexMask));
+  const std::size_t pairs = slots.size() / 2;
+  for (std::size_t j = 0; j < pairs; ++j) {
+    std::uint64_t two = 0;  // slots 2j and 2j + 1
+    std::memcpy(&two, slots.data() + 2 * j, sizeof(two));
+    sum += mix(two ^ (j * kGolden));
+  }
+  if (slots.size() % 2 != 0) {
+    sum += mix((static_cast<std::uint64_t>(static_cast<std::uint32_t>(slots.back())) << 32) ^
+               ~(pairs * kGolden));
   }
   return x ^ sum;
 }
@@ -627,9 +633,19 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
                       " (call allocate_slots right after get_computed_blocks)");
     };
     const std::int32_t num_slots = host_.num_blocks();
+    // One branch-free pass (every slot in 1 .. num_slots - 1); the first bad one is found only
+    // to name it.
+    const auto last_slot = static_cast<std::uint32_t>(num_slots - 1);
+    std::uint32_t bad = g + h > hashes.size() ? 1 : 0;
     for (std::size_t i = 0; i < h; ++i) {
-      if (hit.host_slots[i] < 1 || hit.host_slots[i] >= num_slots || g + i >= hashes.size()) {
-        stale(i);
+      bad |= static_cast<std::uint32_t>(static_cast<std::uint32_t>(hit.host_slots[i]) - 1u >=
+                                        last_slot);
+    }
+    if (bad != 0) [[unlikely]] {
+      for (std::size_t i = 0; i < h; ++i) {
+        if (hit.host_slots[i] < 1 || hit.host_slots[i] >= num_slots || g + i >= hashes.size()) {
+          stale(i);
+        }
       }
     }
     // The lookup verified these slots for these blocks and no host slot was reassigned since:

@@ -431,10 +431,25 @@ TEST(TieredKVCacheManager, StaleHostHitIsRejected) {
   auto b = t.make_request(2, tokens(0, 17));
   const TieredCacheHit hit = t.get_computed_blocks(b);
   ASSERT_EQ(hit.host_slots.size(), 4u);
-  TieredCacheHit changed = hit;
-  changed.host_slots[0] = changed.host_slots[1];
+  for (std::size_t p = 0; p < hit.host_slots.size(); ++p) {  // a slot changed at any place
+    TieredCacheHit changed = hit;
+    changed.host_slots[p] = hit.host_slots[(p + 1) % hit.host_slots.size()];
+    expect_rejected(
+        t, [&] { t.allocate_slots(b, 1, changed); }, "stale host hit");
+  }
+  for (const BlockId bad : {0, -3, 100000}) {  // not a host slot at all
+    TieredCacheHit out_of_range = hit;
+    out_of_range.host_slots[2] = bad;
+    expect_rejected(
+        t, [&] { t.allocate_slots(b, 1, out_of_range); },
+        "stale host hit: slot " + std::to_string(bad));
+  }
+  auto odd = t.make_request(4, tokens(0, 3 * kB + 1));  // an odd run: its last slot changed
+  TieredCacheHit odd_changed = t.get_computed_blocks(odd);
+  ASSERT_EQ(odd_changed.host_slots.size(), 3u);
+  odd_changed.host_slots[2] = hit.host_slots[3];
   expect_rejected(
-      t, [&] { t.allocate_slots(b, 1, changed); }, "stale host hit");
+      t, [&] { t.allocate_slots(odd, 1, odd_changed); }, "stale host hit");
   auto other = t.make_request(3, tokens(1000, 17));  // same length, other content
   expect_rejected(
       t, [&] { t.allocate_slots(other, 1, hit); }, "stale host hit");
