@@ -24,6 +24,7 @@ namespace {
 using namespace pagedkv;
 
 constexpr std::uint32_t kBlockSize = 16;
+using Clock = std::chrono::steady_clock;
 
 // A GPU pool that holds one request of `blocks` full blocks plus its partial one.
 KVCacheManagerConfig gpu_config(std::size_t blocks) {
@@ -100,6 +101,22 @@ void count_host_hits(benchmark::State& state, std::size_t blocks, std::uint64_t 
   state.SetItemsProcessed(static_cast<std::int64_t>(host_blocks));
 }
 
+// allocate_slots of an alternating admission: loads only (every block the allocation evicts is
+// on the host already).
+TierAllocation plan_loads(TieredKVCacheManager& t, Request& r, const TieredCacheHit& hit) {
+  auto alloc = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
+  if (!alloc || !alloc->transfers.eviction_ids.empty() || !alloc->transfers.store_ids.empty()) {
+    std::abort();
+  }
+  return std::move(*alloc);
+}
+
+// finish_loads of an alternating admission (nothing to store), then preempt.
+void finish_and_release(TieredKVCacheManager& t, Request& r) {
+  if (!t.finish_loads(r).transfers.store_ids.empty()) std::abort();
+  t.preempt(r);
+}
+
 void run(benchmark::State& state, HostPolicy policy, bool per_id = false) {
   const auto blocks = static_cast<std::size_t>(state.range(0));
   Alternating s(blocks, policy);
@@ -120,15 +137,14 @@ void BM_HostHitWriteBackPerIdCommit(benchmark::State& state) {
 }
 
 // Where the time of BM_HostHitWriteBack (WriteThrough) goes, phase by phase: each call is timed on
-// its own (steady_clock around it; about 20 ns per reading, against about 60 us per admission), and
-// the counters are ns per host-hit block: lookup_ns (get_computed_blocks: the GPU prefix, then the
-// verified host run), plan_ns (allocate_slots: GPU blocks, evicting the other request's, the
-// write-back of the evicted blocks, the pins and the load plan), commit_ns (commit(load_ids)),
-// finish_ns (finish_loads: caching the loaded blocks in the GPU pool; write-through: the LRU
-// refresh of their host copies) and release_ns (preempt:
-// the GPU blocks back to the free queue).
+// its own (steady_clock around it; about 29 ns per reading here, against about 60 us per
+// admission), and the counters are ns per host-hit block: lookup_ns (get_computed_blocks: the GPU
+// prefix, then the verified host run), plan_ns (allocate_slots: GPU blocks, evicting the other
+// request's, the write-back of the evicted blocks, the pins and the load plan), commit_ns
+// (commit(load_ids)), finish_ns (finish_loads: caching the loaded blocks in the GPU pool;
+// write-through: the LRU refresh of their host copies) and release_ns (preempt: the GPU blocks back
+// to the free queue).
 void phases(benchmark::State& state, HostPolicy policy) {
-  using Clock = std::chrono::steady_clock;
   const auto blocks = static_cast<std::size_t>(state.range(0));
   Alternating s(blocks, policy);
   TieredKVCacheManager& t = s.t;
@@ -138,12 +154,9 @@ void phases(benchmark::State& state, HostPolicy policy) {
     const Clock::time_point t0 = Clock::now();
     const TieredCacheHit hit = t.get_computed_blocks(r);
     const Clock::time_point t1 = Clock::now();
-    auto alloc = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
+    const TierAllocation alloc = plan_loads(t, r, hit);
     const Clock::time_point t2 = Clock::now();
-    if (!alloc || !alloc->transfers.eviction_ids.empty() || !alloc->transfers.store_ids.empty()) {
-      std::abort();  // every evicted block is on the host already: no copy but the loads
-    }
-    t.commit(alloc->transfers.load_ids, true);
+    t.commit(alloc.transfers.load_ids, true);
     const Clock::time_point t3 = Clock::now();
     const LoadResult res = t.finish_loads(r);
     const Clock::time_point t4 = Clock::now();
@@ -172,7 +185,6 @@ void phases(benchmark::State& state, HostPolicy policy) {
 // preempt run outside the span. Manual time: items_per_second is host-hit blocks per second of
 // the spans, so 1e9 / items_per_second is the cost per host-hit block.
 void lookup_plan_commit(benchmark::State& state, HostPolicy policy) {
-  using Clock = std::chrono::steady_clock;
   const auto blocks = static_cast<std::size_t>(state.range(0));
   Alternating s(blocks, policy);
   TieredKVCacheManager& t = s.t;
@@ -180,15 +192,10 @@ void lookup_plan_commit(benchmark::State& state, HostPolicy policy) {
   const auto admit_timed = [&](Request& r) {
     const Clock::time_point t0 = Clock::now();
     const TieredCacheHit hit = t.get_computed_blocks(r);
-    auto alloc = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
-    if (!alloc || !alloc->transfers.eviction_ids.empty() || !alloc->transfers.store_ids.empty()) {
-      std::abort();  // every evicted block is on the host already: no copy but the loads
-    }
-    t.commit(alloc->transfers.load_ids, true);
+    const TierAllocation alloc = plan_loads(t, r, hit);
+    t.commit(alloc.transfers.load_ids, true);
     const Clock::time_point t1 = Clock::now();
-    const LoadResult res = t.finish_loads(r);
-    if (!res.transfers.store_ids.empty()) std::abort();
-    t.preempt(r);
+    finish_and_release(t, r);
     host_blocks += hit.host_slots.size();
     return std::chrono::duration<double>(t1 - t0).count();
   };
