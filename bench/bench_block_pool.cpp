@@ -338,15 +338,16 @@ BENCHMARK(BM_MetadataBytesPerBlock)->Arg(1 << 20)->Iterations(1)->Unit(benchmark
 // allocate_slots, release) and times only that: pool time. Items = prompt blocks, so
 // 1e9 / items_per_second is pool ns per block. The replay's figures for this slice (ctest replay:
 // 534,400 hit tokens, 791,683 evictions) are checked every iteration: a mismatch fails the run.
-// The trace is read from $PAGEDKV_TRACES_DIR, else the CMake cache variable of that name; without
-// it the benchmark is not registered and the program says so.
-std::string g_traces_dir;
+// The trace is mooncake/conversation_trace.jsonl(.gz) under $PAGEDKV_TRACES_DIR when that is set,
+// else the bundled data/traces one (CMake: PAGEDKV_MOONCAKE_TRACE); without it the benchmark is
+// not registered and the program says so.
+std::string g_trace;
 
 void BM_MooncakeReplaySlice(benchmark::State& state) {
   using namespace pagedkv::replay;
   LoadOptions load;
   load.limit = 1000;
-  const Trace trace = load_hashid_jsonl(g_traces_dir + "/mooncake/conversation_trace.jsonl", load);
+  const Trace trace = load_hashid_jsonl(g_trace, load);
   KVCacheManagerConfig c;
   c.num_blocks = 32769;
   c.block_size = kBlockSize;
@@ -387,8 +388,13 @@ void BM_MooncakeReplaySlice(benchmark::State& state) {
 
 int main(int argc, char** argv) {
   const char* env = std::getenv("PAGEDKV_TRACES_DIR");
-  g_traces_dir = env != nullptr && *env != '\0' ? env : PAGEDKV_TRACES_DIR;
-  const std::string trace = g_traces_dir + "/mooncake/conversation_trace.jsonl";
+  g_trace = PAGEDKV_MOONCAKE_TRACE;
+  if (env != nullptr && *env != '\0') {
+    const std::string name = std::string(env) + "/mooncake/conversation_trace.jsonl";
+    g_trace = std::filesystem::exists(name + ".gz") || !std::filesystem::exists(name) ? name + ".gz"
+                                                                                      : name;
+  }
+  const std::string& trace = g_trace;
   if (std::filesystem::exists(trace)) {
     benchmark::RegisterBenchmark("BM_MooncakeReplaySlice", BM_MooncakeReplaySlice)
         ->Arg(0)
@@ -397,7 +403,7 @@ int main(int argc, char** argv) {
   } else {
     std::fprintf(stderr,
                  "bench_block_pool: BM_MooncakeReplaySlice skipped: %s not found (set "
-                 "PAGEDKV_TRACES_DIR or -DPAGEDKV_TRACES_DIR to the directory holding mooncake/)\n",
+                 "PAGEDKV_TRACES_DIR to the directory holding mooncake/)\n",
                  trace.c_str());
   }
   benchmark::Initialize(&argc, argv);

@@ -8,7 +8,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 REPLAY="${1:-$ROOT/build/release}/bench/pagedkv-replay"
 ROUNDS="${2:-3}"
-TRACE="$ROOT/../shared/traces/mooncake/conversation_trace.jsonl"
+TRACE="$ROOT/data/traces/mooncake/conversation_trace.jsonl.gz"
 ossl() {
   openssl speed -evp sha256 -bytes 128 -seconds 3 2>/dev/null |
     awk '/^sha256/ {v = $2; sub("k", "", v); printf "openssl_ns %.1f\n", 128 / (v * 1000) * 1e9}'

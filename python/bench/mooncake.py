@@ -5,6 +5,7 @@ Source block j of id h contributes tokens h * S + i (S = 512 for Mooncake) while
 ids give equal tokens, so the prefix structure is the trace's.
 """
 
+import gzip
 import json
 
 import numpy as np
@@ -22,9 +23,11 @@ def _mix(x):
 
 
 def load(path, limit=0):
-    """[(input_length, hash_ids)] in file order."""
+    """[(input_length, hash_ids)] in file order; a gzip file (by its magic bytes) is decompressed."""
     out = []
-    with open(path) as f:
+    with open(path, "rb") as raw:
+        compressed = raw.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rt") if compressed else open(path)) as f:
         for line in f:
             if not line.strip():
                 continue

@@ -1,5 +1,5 @@
 """The Mooncake replay driven from Python reproduces the reference figures of
-../shared/traces/README.md (first 1,000 requests), and the pure-Python vLLM-style pool of the
+data/traces/README.md (first 1,000 requests), and the pure-Python vLLM-style pool of the
 benchmark agrees with it. Skipped when the trace is not present."""
 
 import os
@@ -11,9 +11,10 @@ import replay
 import vllm_style  # noqa: F401  (imported by replay; a broken module must fail here)
 
 TRACES = os.environ.get("PAGEDKV_TRACES_DIR",
-                        os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared",
-                                     "traces"))
+                        os.path.join(os.path.dirname(__file__), "..", "..", "data", "traces"))
 TRACE = os.path.join(TRACES, "mooncake", "conversation_trace.jsonl")
+if os.path.exists(TRACE + ".gz") or not os.path.exists(TRACE):
+    TRACE += ".gz"
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,11 @@
 namespace pagedkv::replay {
 namespace {
 
-// The recorded traces (CMake cache variable PAGEDKV_TRACES_DIR). Tests that read them are in the
-// suite ReplayTraces, registered as their own ctest test (replay_traces), which is reported as
-// skipped when the traces are missing.
-const std::string kTraces = PAGEDKV_TRACES_DIR;
+// The recorded traces (data/traces, or the folder the CMake cache variable PAGEDKV_TRACES_DIR
+// names). Tests that read them are in the suite ReplayTraces, registered as their own ctest test
+// (replay_traces), which is reported as skipped when the traces are missing.
+const std::string kMooncakeTrace = PAGEDKV_MOONCAKE_TRACE;
+const std::string kAzureConvTrace = PAGEDKV_AZURE_CONV_TRACE;
 
 // The message of a test skipped for a missing trace: loud, and says how to run it.
 std::string missing_trace(const std::string& path) {
@@ -34,9 +35,9 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path.string();
 }
 
-// ../shared/traces/README.md, "Reference figures for the default replay": first 1,000 requests.
+// data/traces/README.md, "Reference figures for the default replay": first 1,000 requests.
 TEST(ReplayTraces, ReproducesTheReferenceFiguresOnTheFirstThousandMooncakeRequests) {
-  const std::string path = kTraces + "/mooncake/conversation_trace.jsonl";
+  const std::string& path = kMooncakeTrace;
   if (!std::filesystem::exists(path)) GTEST_SKIP() << missing_trace(path);
   LoadOptions load;
   load.limit = 1000;
@@ -309,7 +310,7 @@ TEST(Replay, HybridSlidingWindow) {
 }
 
 TEST(ReplayTraces, PagedAttentionMemoryTable) {
-  const std::string path = kTraces + "/azure2023/AzureLLMInferenceTrace_conv.csv";
+  const std::string& path = kAzureConvTrace;
   if (!std::filesystem::exists(path)) GTEST_SKIP() << missing_trace(path);
   const Trace t = load_azure_csv(path, LoadOptions{});
   EXPECT_EQ(t.requests.size(), 19366u);
