@@ -383,9 +383,9 @@ class BlockPool {
   double metadata_bytes_per_block() const noexcept;
 
  private:
-  struct ExtraKeyTable;  // interned extra-key encodings with reference counts (block_pool.cpp)
-  struct ContentTable;   // hash-consed prefix content ids with reference counts (block_pool.cpp)
-  struct OrphanTable;    // guarded chain hashes: records of evicted parents (block_pool.cpp)
+  struct ExtraKeyTable;  // interned extra-key encodings, reference counted (src/pool/*internal.hpp)
+  struct ContentTable;   // hash-consed prefix content ids, reference counted (same file)
+  struct OrphanTable;    // guarded chain hashes: records of evicted parents (same file)
 
   // Guarded chain hashes, per block. A cached block is a record of its prefix; `link` names the
   // record of its parent prefix as it was when the block was cached: kRootLink (block 0), or a
