@@ -44,6 +44,10 @@ def main():
                                  '#include "pagedkv/pool/block_pool.hpp"\n'},
         "missing header": {"src/pool/x.cpp": '#include "pagedkv/pool/nope.hpp"\n'},
         "unknown layer": {"include/pagedkv/misc/x.hpp": "#pragma once\n"},
+        "kernel includes pool": {"kernels/decode_attention.cu":
+                                 '#include "pagedkv/pool/block_pool.hpp"\n'},
+        "kernel's internal header includes pool": {"kernels/internal/tiles.hpp":
+                                                   '#include "pagedkv/pool/block_pool.hpp"\n'},
         "remote includes tier": {"include/pagedkv/tier/host_tier.hpp": "#pragma once\n",
                                  "src/remote/redis_store.cpp":
                                  '#include "pagedkv/tier/host_tier.hpp"\n'},

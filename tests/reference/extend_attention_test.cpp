@@ -243,7 +243,7 @@ TEST(ExtendAttentionReference, WritesStridedOutputAndLseRoundedToDtype) {
   }
 }
 
-// ---- the CUDA kernel's work decomposition (src/cuda/internal/extend_attention_tiles.hpp) ----
+// ---- the CUDA kernel's work decomposition (kernels/internal/extend_attention_tiles.hpp) ----
 
 // Every valid row of every query tile finds all the keys it may see inside the tile's key range,
 // the range is tight, and a key tile declared mask-free is entirely visible to every row and holds

@@ -1,4 +1,4 @@
-// src/cuda/internal/extend_attention_tiles.hpp: the work decomposition of the CUDA extend attention kernel
+// kernels/internal/extend_attention_tiles.hpp: the work decomposition of the CUDA extend attention kernel
 // (which query rows a CTA owns, which keys it must visit, which key tiles need a mask), as plain
 // host/device functions so the host tests can check it exhaustively without a GPU.
 //
