@@ -115,6 +115,13 @@ void KVCacheManager::check_identity(const Request& request, const char* what) co
   }
 }
 
+void KVCacheManager::throw_foreign(const Request& request, const char* what) {
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string(what) + ": " + request_text(request) +
+                  " belongs to another manager (the one whose allocate_slots first took it; "
+                  "give another manager a copy of the request)");
+}
+
 void KVCacheManager::check_hashing(const Request& request) const {
   const RequestBlockHasher& seq = request.hashed_tokens();
   if (seq.block_size() != block_size() || !(seq.hasher() == hasher_)) {
@@ -126,6 +133,7 @@ void KVCacheManager::check_hashing(const Request& request) const {
 }
 
 CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
+  check_owner(request, "get_computed_blocks");
   if (request.is_finished()) {
     throw Error(ErrorCode::kInvalidState,
                 "get_computed_blocks: " + request_text(request) + " was already freed");
@@ -205,6 +213,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     std::size_t num_lookahead_tokens, bool delay_cache_blocks) {
   // Error messages are built only when thrown: this runs for every request at every step.
   const auto where = [&request] { return "allocate_slots: " + request_text(request) + ": "; };
+  check_owner(request, "allocate_slots");
   if (request.is_finished()) {
     throw Error(ErrorCode::kInvalidState, where() + "it was already freed");
   }
@@ -431,13 +440,15 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
       gs.num_cached_blocks = std::max(gs.num_cached_blocks, full);
     }
   }
-  state.identity = request.identity_;  // noexcept (shared_ptr copy)
+  state.identity = request.identity_;  // noexcept (shared_ptr copies)
+  if (request.owner_ == nullptr) [[unlikely]] request.owner_ = token_;  // its first allocation
   undo.active = false;
   return std::span<const BlockId>(state.groups[0].blocks).subspan(result_first);
 }
 
 void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
   const auto where = [&request] { return "cache_blocks: " + request_text(request) + ": "; };
+  check_owner(request, "cache_blocks");
   if (request.is_finished()) {
     throw Error(ErrorCode::kInvalidState, where() + "it was already freed");
   }
@@ -495,6 +506,7 @@ void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
 }
 
 bool KVCacheManager::release(Request& request, const char* what) {
+  check_owner(request, what);
   if (request.is_finished()) {
     throw Error(ErrorCode::kInvalidState,
                 std::string(what) + ": " + request_text(request) + " was already freed");

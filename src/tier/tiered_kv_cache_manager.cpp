@@ -611,6 +611,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
   const auto where = [&request] {
     return "TieredKVCacheManager::allocate_slots: request " + std::to_string(request.id()) + ": ";
   };
+  manager_.check_owner(request, "TieredKVCacheManager::allocate_slots");
   const RequestMap::iterator found = requests_.find(request.id());
   if (found != requests_.end() && found->second.loading) {
     throw Error(ErrorCode::kInvalidState,
@@ -938,6 +939,7 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
 }
 
 std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) const {
+  manager_.check_owner(request, "TieredKVCacheManager::local_prefix_blocks");
   if (request.num_tokens() == 0) return 0;
   const BlockSequence seq = request.hashed_tokens().sequence();
   const std::size_t max_blocks =
@@ -945,11 +947,12 @@ std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) co
   std::size_t i = 0;
   const BlockPool& pool = manager_.block_pool();
   while (i < max_blocks && pool.get_cached_block(seq.block_hashes[i]) != BlockPool::kNoBlock) ++i;
-  while (i < max_blocks && host_holds(request, i)) ++i;
+  while (i < max_blocks && host_match(seq, i) != BlockPool::kNoBlock) ++i;  // as host_holds
   return i;
 }
 
 bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index) const {
+  manager_.check_owner(request, "TieredKVCacheManager::host_holds");
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size()) return false;
   return host_match(seq, index) != BlockPool::kNoBlock;
@@ -963,6 +966,7 @@ bool TieredKVCacheManager::host_verified(const BlockSequence& seq, std::size_t i
 
 std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
                                                          std::size_t index) {
+  manager_.check_owner(request, "TieredKVCacheManager::begin_fill");
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -1017,6 +1021,7 @@ bool TieredKVCacheManager::has_unfinished_loads(RequestId id) const noexcept {
 }
 
 LoadResult TieredKVCacheManager::finish_loads(Request& request) {
+  manager_.check_owner(request, "TieredKVCacheManager::finish_loads");
   const auto it = requests_.find(request.id());
   const auto who = [&request] {
     return "TieredKVCacheManager::finish_loads: request " + std::to_string(request.id());
@@ -1049,6 +1054,8 @@ LoadResult TieredKVCacheManager::finish_loads(Request& request) {
 }
 
 void TieredKVCacheManager::free(Request& request) {
+  // Before the tier's own state: another tier's request may share an id with one of ours.
+  manager_.check_owner(request, "TieredKVCacheManager::free");
   const auto it = requests_.find(request.id());
   if (it != requests_.end() && it->second.transfers_in_flight > 0) {
     throw Error(ErrorCode::kInvalidState,
@@ -1063,6 +1070,7 @@ void TieredKVCacheManager::free(Request& request) {
 }
 
 void TieredKVCacheManager::preempt(Request& request) {
+  manager_.check_owner(request, "TieredKVCacheManager::preempt");
   const auto it = requests_.find(request.id());
   if (it != requests_.end() && it->second.transfers_in_flight > 0) {
     throw Error(ErrorCode::kInvalidState,

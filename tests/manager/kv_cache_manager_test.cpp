@@ -485,5 +485,81 @@ TEST(KVCacheManager, DelayCacheBlocksThenCacheBlocks) {
       m, [&] { m.cache_blocks(a, 4); }, "freed");
 }
 
+// A request belongs to the manager whose allocate_slots first took it. Another manager (hashing
+// the same way, so nothing else tells them apart) refuses every call with it and changes nothing,
+// in either manager: the owner can still preempt and free it, its blocks return and the id is
+// reusable. Before the check, b.free(r) marked r finished, so a.free(r) failed and a's blocks
+// leaked with the id taken.
+TEST(KVCacheManager, AnotherManagersRequestIsRefusedAndTheOwnerKeepsIt) {
+  KVCacheManager a(config(16));
+  KVCacheManager b(config(16));
+  auto r = a.make_request(1, iota_tokens(0, 10));
+  ASSERT_TRUE(admit(a, r));
+  auto own = b.make_request(1, iota_tokens(50, 6));  // b's own request with the same id
+  ASSERT_TRUE(admit(b, own));
+  const KVCacheManagerSnapshot a_before = a.snapshot();
+  const std::string foreign = "request 1 belongs to another manager";
+  expect_rejected(b, [&] { b.free(r); }, "free: " + foreign);
+  expect_rejected(b, [&] { b.preempt(r); }, "preempt: " + foreign);
+  expect_rejected(b, [&] { (void)b.allocate_slots(r, 1); }, "allocate_slots: " + foreign);
+  expect_rejected(b, [&] { (void)b.get_computed_blocks(r); }, "get_computed_blocks: " + foreign);
+  expect_rejected(b, [&] { b.cache_blocks(r, 4); }, "cache_blocks: " + foreign);
+  EXPECT_FALSE(r.is_finished());
+  EXPECT_EQ(r.num_computed_tokens(), 10u);
+  EXPECT_EQ(a.snapshot(), a_before);
+
+  // Preempted, it is still a's: b cannot take it up.
+  a.preempt(r);
+  expect_rejected(b, [&] { (void)b.allocate_slots(r, 10); }, "allocate_slots: " + foreign);
+  expect_rejected(b, [&] { b.free(r); }, "free: " + foreign);
+  ASSERT_TRUE(admit(a, r));
+  r.append_token(7);
+  ASSERT_TRUE(a.allocate_slots(r, 1));
+  a.free(r);
+  EXPECT_TRUE(r.is_finished());
+  EXPECT_EQ(a.num_requests(), 0u);
+  EXPECT_EQ(a.block_pool().num_free_blocks(), 15);  // every block back (the null block aside)
+  a.check_invariants();
+  auto again = a.make_request(1, iota_tokens(0, 10));  // the id is free again
+  EXPECT_TRUE(admit(a, again));
+  a.free(again);
+
+  // b's own request was never touched.
+  b.free(own);
+  EXPECT_EQ(b.num_requests(), 0u);
+  EXPECT_EQ(b.block_pool().num_free_blocks(), 15);
+  b.check_invariants();
+
+  // Until its first allocation a request belongs to no manager (made by a, run by b: a cluster
+  // routing requests), then to that one; a copy belongs to none.
+  auto routed = a.make_request(2, iota_tokens(0, 9));
+  ASSERT_TRUE(admit(b, routed));
+  expect_rejected(a, [&] { a.free(routed); }, "free: request 2 belongs to another manager");
+  Request copy(routed);
+  expect_rejected(b, [&] { (void)b.allocate_slots(copy, 1); }, "live under another Request");
+  b.free(routed);
+  copy.set_num_computed_tokens(0);
+  ASSERT_TRUE(admit(a, copy));
+  a.free(copy);
+  a.check_invariants();
+  b.check_invariants();
+}
+
+// A request that fails to fit stays unowned: the scheduler may offer it to another manager, and
+// from then on only that one takes it.
+TEST(KVCacheManager, ARequestThatDoesNotFitBelongsToNoManager) {
+  KVCacheManager small(config(3));
+  KVCacheManager big(config(16));
+  auto r = small.make_request(1, iota_tokens(0, 12));
+  EXPECT_FALSE(small.allocate_slots(r, 12));
+  ASSERT_TRUE(admit(big, r));
+  expect_rejected(small, [&] { small.free(r); }, "free: request 1 belongs to another manager");
+  expect_rejected(
+      small, [&] { (void)small.allocate_slots(r, 1); }, "belongs to another manager");
+  big.free(r);
+  EXPECT_EQ(big.num_requests(), 0u);
+  big.check_invariants();
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -538,5 +538,69 @@ TEST(TieredKVCacheManager, BatchCommitCommitsEachIdOrNothing) {
   t.check_invariants();
 }
 
+// A request belongs to the tier whose allocate_slots first took it. Another tier (configured
+// the same way, holding its own request of the same id with loads in flight) refuses every call
+// with it while its loads are in flight, before touching either tier's state; the owner then
+// commits, finishes, frees, gets every block back and reuses the id. Before the check, b.free(r)
+// marked r finished: a could then neither finish its loads nor free r, and its blocks and pinned
+// host slots stayed taken.
+TEST(TieredKVCacheManager, AnotherTiersRequestIsRefusedWhileItsLoadsAreInFlight) {
+  TieredKVCacheManager a(gpu_config(8), host_config(64));
+  TieredKVCacheManager b(gpu_config(8), host_config(64));
+  host_only(a, tokens(0, 17), 8);
+  host_only(b, tokens(0, 17), 8);
+  auto r = a.make_request(2, tokens(0, 17));
+  const TieredCacheHit hit = a.get_computed_blocks(r);
+  ASSERT_EQ(hit.host_slots.size(), 4u);
+  const auto alloc = a.allocate_slots(r, 1, hit);
+  ASSERT_TRUE(alloc);
+  ASSERT_EQ(alloc->transfers.load_ids.size(), 4u);
+  auto own = b.make_request(2, tokens(0, 17));  // b's own request 2, loading too
+  const TieredCacheHit own_hit = b.get_computed_blocks(own);
+  const auto own_alloc = b.allocate_slots(own, 1, own_hit);
+  ASSERT_TRUE(own_alloc);
+  ASSERT_TRUE(b.has_unfinished_loads(2));
+
+  const TieredSnapshot a_before = a.snapshot();
+  const std::string foreign = "request 2 belongs to another manager";
+  expect_rejected(b, [&] { b.free(r); }, "free: " + foreign);
+  expect_rejected(b, [&] { b.preempt(r); }, "preempt: " + foreign);
+  expect_rejected(b, [&] { (void)b.finish_loads(r); }, "finish_loads: " + foreign);
+  expect_rejected(b, [&] { (void)b.allocate_slots(r, 1); }, "allocate_slots: " + foreign);
+  expect_rejected(b, [&] { (void)b.get_computed_blocks(r); }, "get_computed_blocks: " + foreign);
+  expect_rejected(b, [&] { (void)b.local_prefix_blocks(r); }, "local_prefix_blocks: " + foreign);
+  expect_rejected(b, [&] { (void)b.host_holds(r, 0); }, "host_holds: " + foreign);
+  expect_rejected(b, [&] { (void)b.begin_fill(r, 0); }, "begin_fill: " + foreign);
+  EXPECT_FALSE(r.is_finished());
+  EXPECT_EQ(a.snapshot(), a_before);
+
+  // The owner goes on as if nothing happened.
+  commit_all(a, alloc->transfers.load_ids);
+  const LoadResult res = a.finish_loads(r);
+  EXPECT_FALSE(res.rolled_back);
+  EXPECT_EQ(res.num_computed_tokens, 16u);
+  commit_all(a, res.transfers.store_ids);
+  commit_all(a, alloc->transfers.store_ids);
+  a.free(r);
+  EXPECT_TRUE(r.is_finished());
+  EXPECT_EQ(a.gpu().num_requests(), 0u);
+  EXPECT_EQ(a.num_in_flight(), 0u);
+  EXPECT_EQ(a.gpu().block_pool().num_free_blocks(), 7);
+  EXPECT_EQ(a.stats().host_slots_pinned, 0);
+  a.check_invariants();
+  auto again = a.make_request(2, tokens(0, 17));  // the id is free again
+  admit(a, again);
+  a.free(again);
+  a.check_invariants();
+
+  // So does the other tier with its own request.
+  commit_all(b, own_alloc->transfers.load_ids);
+  EXPECT_FALSE(b.finish_loads(own).rolled_back);
+  b.free(own);
+  EXPECT_EQ(b.num_in_flight(), 0u);
+  EXPECT_EQ(b.gpu().num_requests(), 0u);
+  b.check_invariants();
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -17,9 +17,10 @@
 //   3. the engine runs the model, then request.set_num_computed_tokens(...), appends output tokens
 //   4. free(request) when it finishes (or preempt(request) to release and requeue it)
 //
-// Errors (pagedkv::Error, thrown before any state changes): zero new tokens, allocating or freeing
-// a freed request, preempting an unknown request, a request id that is live under another
-// Request, a hit that is stale or passed with blocks already allocated, tokens beyond the
+// Errors (pagedkv::Error, thrown before any state changes): a request that belongs to another
+// manager (request.hpp: Ownership; every call taking a request checks it), zero new tokens,
+// allocating or freeing a freed request, preempting an unknown request, a request id that is live
+// under another Request, a hit that is stale or passed with blocks already allocated, tokens beyond the
 // request's known tokens, token counts whose sum overflows, a request hashed differently from
 // the manager. Running out of blocks is the std::nullopt result, never an error. Freeing a
 // request that holds no blocks (made but never allocated, or preempted and then aborted) is a
@@ -149,6 +150,17 @@ class KVCacheManager {
   // stay hit-able); sets its num_computed_tokens to 0.
   void preempt(Request& request);
 
+  // Whether `request` belongs to another manager (request.hpp: Ownership): a pointer compare.
+  bool is_foreign(const Request& request) const noexcept {
+    return request.owner_ != nullptr && request.owner_ != token_;
+  }
+  // Throws pagedkv::Error (kInvalidArgument, naming `what` and the request) when
+  // is_foreign(request). Every call here that takes a request checks it first; a layer above
+  // (tier/tiered_kv_cache_manager.hpp) checks before touching its own state.
+  void check_owner(const Request& request, const char* what) const {
+    if (is_foreign(request)) [[unlikely]] throw_foreign(request, what);
+  }
+
   // A request's block table row in group g (null blocks where a window skipped them). Throws for
   // an unknown id or group.
   std::span<const BlockId> block_ids(RequestId id, std::size_t group = 0) const;
@@ -207,6 +219,7 @@ class KVCacheManager {
   void prepare_runs(const Request& request, std::size_t g, std::size_t first, std::size_t full,
                     std::vector<BlockHash>& coarse, const BlockAt& block_at);
   void check_identity(const Request& request, const char* what) const;
+  [[noreturn]] static void throw_foreign(const Request& request, const char* what);
   // A block (other than the null block) that `row` lists twice, or BlockPool::kNoBlock. Ids must
   // be in range. O(row) with a bitmap over the pool's blocks (sized at construction, cleared
   // again before returning): no allocation.
@@ -238,6 +251,9 @@ class KVCacheManager {
   std::vector<BlockId> prefix_scratch_;                   // allocate_slots: blocks before a run
   std::vector<std::uint64_t> seen_bits_;                  // repeated_block: one bit per block
   std::uint64_t out_of_window_freed_ = 0;
+  // This manager's identity in the requests it owns (Request::owner_); requests keep it alive,
+  // so a later manager never reuses its address.
+  std::shared_ptr<const char> token_ = std::make_shared<const char>('\0');
 };
 
 }  // namespace pagedkv

@@ -10,6 +10,12 @@
 // and the manager remembers which identity holds each live id, so a second Request with the id
 // of a live one - a copy included - is refused instead of being taken for the first.
 //
+// Ownership: a request belongs to the manager whose allocate_slots() first succeeded for it, for
+// the rest of its life (preempted included); every other manager refuses it (pagedkv::Error,
+// nothing changed), so one manager cannot free, preempt or allocate another's request. Until
+// then it belongs to no manager and any may take it. A copy belongs to no manager (a request
+// replayed through several managers is copied); a move carries the owner.
+//
 // Thread-compatible. Errors: pagedkv::Error before any change (negative token ids, bad keys,
 // num_computed_tokens beyond the known tokens).
 #pragma once
@@ -68,6 +74,7 @@ class Request {
   std::size_t num_prompt_tokens_;
   std::size_t num_computed_tokens_ = 0;
   std::shared_ptr<const char> identity_;  // unique per object; compared by address
+  std::shared_ptr<const char> owner_;     // the owning manager's token; null: none yet
   bool finished_ = false;
 };
 
