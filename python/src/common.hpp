@@ -4,8 +4,15 @@
 //  - pagedkv::Error becomes pagedkv.Error (a RuntimeError subclass) with the same message and a
 //    .code attribute (pagedkv.ErrorCode); argument conversion problems the bindings detect
 //    themselves are reported the same way.
-//  - Token arrays come in as any 1-D integer sequence; a C-contiguous numpy int32 array is read in
-//    place (no copy), anything else is converted once with a range check (never truncated).
+//  - Integer arguments (token ids, request, block and transfer ids, positions, counts) are
+//    converted only by the checked helpers below, never by a bare cast or a forcecast array:
+//    an array is a 1-D numpy array of an integer dtype, a list or tuple of Python (or numpy)
+//    ints, or anything numpy turns into an integer array (a range); floats, bools, strings and
+//    objects are refused, never truncated, and values outside the argument's range (a negative
+//    id) are refused, never wrapped: pagedkv.Error (INVALID_ARGUMENT) naming the argument and,
+//    in an array, the index. Each binding converts all its arguments before its first call into
+//    the library, so a refused argument changes nothing. Token arrays: a C-contiguous numpy
+//    int32 array is read in place (no copy), anything else is converted once.
 //  - Calls whose work grows with tokens or blocks release the GIL (most only for large inputs,
 //    objects.hpp kReleaseGilAbove). An object whose call runs
 //    without the GIL is marked busy: a second thread reaching the same manager or request at that
@@ -21,6 +28,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -64,8 +72,19 @@ class TokenView {
   std::span<const TokenId> span_;
 };
 
-// A 1-D integer sequence as int64 values (ids, positions, counts), converted once.
-std::vector<std::int64_t> to_int64_vector(py::handle obj, const char* what);
+// Checked integer arguments (see the file comment); `what` names the argument in errors.
+// A 1-D integer sequence as int64 values (ids, positions, counts), each in [lo, hi].
+std::vector<std::int64_t> to_int64_vector(
+    py::handle obj, const char* what, std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+    std::int64_t hi = std::numeric_limits<std::int64_t>::max());
+// A 1-D integer sequence of unsigned ids (transfer ids): negative values refused.
+std::vector<std::uint64_t> to_uint64_vector(py::handle obj, const char* what);
+// One integer (a Python int or numpy integer; not a bool or float) in [lo, hi].
+std::int64_t to_int64(py::handle obj, const char* what,
+                      std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
+                      std::int64_t hi = std::numeric_limits<std::int64_t>::max());
+// One unsigned id (request id, transfer id): negative values refused.
+std::uint64_t to_uint64(py::handle obj, const char* what);
 
 // Digests: Python bytes of 16 or 32 bytes.
 BlockHash hash_from_bytes(py::handle obj, const char* what);

@@ -58,16 +58,30 @@ void bind_device(py::module_& m) {
       "int64 slots of tokens [first_position, first_position + num_tokens).");
   m.def(
       "validate_block_table",
-      [](py::array_t<std::int32_t, py::array::c_style> table, py::object seq_lens,
-         std::int32_t block_size, std::int64_t num_blocks) {
-        if (table.ndim() != 2) {
-          throw Error(ErrorCode::kInvalidArgument, "validate_block_table: table must be 2-D");
+      [](py::object table_obj, py::object seq_lens, std::int32_t block_size,
+         std::int64_t num_blocks) {
+        // 2-D: a C-contiguous int32 array is read in place; any other integer table is checked
+        // row-major through the 1-D conversion (no float, bool or out-of-range entry).
+        py::array table = py::array::ensure(table_obj);
+        if (!table || table.ndim() != 2) {
+          PyErr_Clear();
+          throw Error(ErrorCode::kInvalidArgument,
+                      "validate_block_table: table must be a 2-D integer array");
+        }
+        std::vector<std::int32_t> converted;
+        std::span<const std::int32_t> cells;
+        if (py::isinstance<py::array_t<std::int32_t>>(table) &&
+            (table.flags() & py::array::c_style)) {
+          cells = std::span<const std::int32_t>(static_cast<const std::int32_t*>(table.data()),
+                                                static_cast<std::size_t>(table.size()));
+        } else {
+          converted = int32_vector(table.attr("reshape")(-1), "validate_block_table: table");
+          cells = converted;
         }
         const auto lens = int32_vector(seq_lens, "validate_block_table: seq_lens");
-        validate_block_table(
-            std::span<const std::int32_t>(table.data(), static_cast<std::size_t>(table.size())),
-            static_cast<std::int32_t>(table.shape(0)), static_cast<std::int32_t>(table.shape(1)),
-            lens, block_size, num_blocks);
+        validate_block_table(cells, static_cast<std::int32_t>(table.shape(0)),
+                             static_cast<std::int32_t>(table.shape(1)), lens, block_size,
+                             num_blocks);
       },
       py::arg("table"), py::arg("seq_lens"), py::arg("block_size"), py::arg("num_blocks"),
       "Raises pagedkv.Error when a sequence's blocks fall outside its row or the pool.");

@@ -26,12 +26,12 @@ RequestHashKeys hash_keys_from(const std::optional<std::string>& cache_salt,
                       "mm_items: each item is (identifier, offset, length)");
         }
         mm.identifier = t[0].cast<std::string>();
-        mm.offset = t[1].cast<std::int64_t>();
-        mm.length = t[2].cast<std::int64_t>();
+        mm.offset = to_int64(t[1], "mm_items: offset");
+        mm.length = to_int64(t[2], "mm_items: length");
       } else {
         mm.identifier = item.attr("identifier").cast<std::string>();
-        mm.offset = item.attr("offset").cast<std::int64_t>();
-        mm.length = item.attr("length").cast<std::int64_t>();
+        mm.offset = to_int64(item.attr("offset"), "mm_items: offset");
+        mm.length = to_int64(item.attr("length"), "mm_items: length");
       }
       keys.mm_items.push_back(std::move(mm));
     }
@@ -68,7 +68,7 @@ struct BlockKeysArg {
                     "mm_items: each block item is (identifier, offset in block)");
       }
       ids.push_back(t[0].cast<std::string>());
-      offsets.push_back(t[1].cast<std::int64_t>());
+      offsets.push_back(to_int64(t[1], "mm_items: offset in block"));
     }
     for (std::size_t i = 0; i < ids.size(); ++i) mm.push_back({ids[i], offsets[i]});
   }

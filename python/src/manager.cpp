@@ -72,17 +72,17 @@ py::array_t<BlockId> view_of(const std::vector<BlockId>& v, py::handle owner) {
   return a;
 }
 
-RequestId request_id_of(py::handle obj) {
-  if (py::isinstance<PyRequest>(obj)) return obj.cast<const PyRequest&>().req.id();
-  return obj.cast<RequestId>();
+RequestId request_id_of(py::handle obj, const KVCacheManager& kv, const char* what) {
+  if (py::isinstance<PyRequest>(obj)) {
+    const Request& r = obj.cast<const PyRequest&>().req;
+    kv.check_owner(r, what);
+    return r.id();
+  }
+  return to_uint64(obj, what);
 }
 
-std::size_t non_negative(std::int64_t v, const char* what) {
-  if (v < 0) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string(what) + " must not be negative, got " + std::to_string(v));
-  }
-  return static_cast<std::size_t>(v);
+std::size_t non_negative(py::handle v, const char* what) {
+  return static_cast<std::size_t>(to_int64(v, what, 0));
 }
 
 std::unique_ptr<PyRequest> build_request(RequestId id, const BlockHasher& hasher,
@@ -120,16 +120,22 @@ KVCacheManagerConfig manager_config(std::int32_t num_blocks, std::uint32_t block
 
 namespace {
 
+// One block id (the pool checks its range).
+BlockId block_id_of(py::handle obj, const char* what) {
+  return static_cast<BlockId>(to_int64(obj, what, std::numeric_limits<BlockId>::min(),
+                                       std::numeric_limits<BlockId>::max()));
+}
+
 // The rows of `ids` in group g, for block tables and slot mappings (manager guard held).
 std::vector<std::span<const BlockId>> rows_of(const KVCacheManager& kv, py::handle requests,
                                               std::size_t group) {
   std::vector<std::span<const BlockId>> rows;
   if (py::isinstance<py::array>(requests)) {
-    for (const std::int64_t id : to_int64_vector(requests, "requests")) {
-      rows.push_back(kv.block_ids(static_cast<RequestId>(non_negative(id, "request id")), group));
+    for (const std::uint64_t id : to_uint64_vector(requests, "requests")) {
+      rows.push_back(kv.block_ids(id, group));
     }
   } else {
-    for (py::handle r : requests) rows.push_back(kv.block_ids(request_id_of(r), group));
+    for (py::handle r : requests) rows.push_back(kv.block_ids(request_id_of(r, kv, "requests"), group));
   }
   return rows;
 }
@@ -187,9 +193,10 @@ void bind_manager(py::module_& m) {
             BusyGuard g(r.busy, "Request");
             return r.req.num_computed_tokens();
           },
-          [](PyRequest& r, std::int64_t n) {
+          [](PyRequest& r, py::object n) {
+            const std::size_t v = non_negative(n, "num_computed_tokens");
             BusyGuard g(r.busy, "Request");
-            r.req.set_num_computed_tokens(non_negative(n, "num_computed_tokens"));
+            r.req.set_num_computed_tokens(v);
           })
       .def_property(
           "skip_reading_prefix_cache",
@@ -231,14 +238,13 @@ void bind_manager(py::module_& m) {
           "The digests of the full blocks (bytes), block i covering tokens [i*B, (i+1)*B).")
       .def(
           "append_token",
-          [](PyRequest& r, std::int64_t token) {
+          [](PyRequest& r, py::object token) {
+            // Negative ids are the Request's to refuse, as in append_tokens.
+            const auto t = static_cast<TokenId>(to_int64(token, "append_token: token",
+                                                         std::numeric_limits<TokenId>::min(),
+                                                         std::numeric_limits<TokenId>::max()));
             BusyGuard g(r.busy, "Request");
-            if (token > std::numeric_limits<TokenId>::max()) {
-              throw Error(
-                  ErrorCode::kInvalidArgument,
-                  "append_token: token id " + std::to_string(token) + " does not fit in 32 bits");
-            }
-            r.req.append_token(static_cast<TokenId>(token));
+            r.req.append_token(t);
           },
           py::arg("token"), "Appends a decoded token; hashes the block it completes.")
       .def(
@@ -470,8 +476,8 @@ void bind_manager(py::module_& m) {
           "reference counts. Returns a CacheHit (unpacks as (blocks, num_hit_tokens)).")
       .def(
           "allocate_slots",
-          [](PyKVCacheManager& s, PyRequest& r, std::int64_t num_new_tokens, py::object hit,
-             std::int64_t num_lookahead_tokens) -> py::object {
+          [](PyKVCacheManager& s, PyRequest& r, py::object num_new_tokens, py::object hit,
+             py::object num_lookahead_tokens) -> py::object {
             BusyGuard gm(s.busy, "KVCacheManager");
             BusyGuard gr(r.busy, "Request");
             const std::size_t n = non_negative(num_new_tokens, "allocate_slots: num_new_tokens");
@@ -496,7 +502,7 @@ void bind_manager(py::module_& m) {
           "block_ids",
           [](PyKVCacheManager& s, py::object request, std::size_t group) {
             BusyGuard gm(s.busy, "KVCacheManager");
-            return array_copy(s.kv.block_ids(request_id_of(request), group));
+            return array_copy(s.kv.block_ids(request_id_of(request, s.kv, "block_ids"), group));
           },
           py::arg("request"), py::arg("group") = 0,
           "The request's block table row in a group (a new int32 array; a Request or its id).")
@@ -559,8 +565,9 @@ void bind_manager(py::module_& m) {
              py::object num_tokens, std::size_t group) {
             BusyGuard gm(s.busy, "KVCacheManager");
             const auto rows = rows_of(s.kv, requests, group);
-            const auto first = to_int64_vector(first_positions, "slot_mapping: first_positions");
-            const auto count = to_int64_vector(num_tokens, "slot_mapping: num_tokens");
+            const auto first =
+                to_int64_vector(first_positions, "slot_mapping: first_positions", 0);
+            const auto count = to_int64_vector(num_tokens, "slot_mapping: num_tokens", 0);
             if (first.size() != rows.size() || count.size() != rows.size()) {
               throw Error(ErrorCode::kInvalidArgument,
                           "slot_mapping: requests, first_positions and num_tokens differ in "
@@ -582,7 +589,8 @@ void bind_manager(py::module_& m) {
           "num_common_prefix_blocks",
           [](PyKVCacheManager& s, py::object request) {
             BusyGuard gm(s.busy, "KVCacheManager");
-            return s.kv.num_common_prefix_blocks(request_id_of(request));
+            return s.kv.num_common_prefix_blocks(
+                request_id_of(request, s.kv, "num_common_prefix_blocks"));
           },
           py::arg("request"))
       .def(
@@ -590,7 +598,7 @@ void bind_manager(py::module_& m) {
           [](PyKVCacheManager& s, py::object ids) {
             BusyGuard gm(s.busy, "KVCacheManager");
             std::vector<BlockId> v;
-            for (const std::int64_t id : to_int64_vector(ids, "evict_blocks")) {
+            for (const std::int64_t id : to_int64_vector(ids, "evict_blocks: block_ids")) {
               if (id < std::numeric_limits<BlockId>::min() ||
                   id > std::numeric_limits<BlockId>::max()) {
                 throw Error(ErrorCode::kOutOfRange,
@@ -603,7 +611,8 @@ void bind_manager(py::module_& m) {
           py::arg("block_ids"), "Drops these blocks' cache entries; returns how many were cached.")
       .def(
           "block_hash",
-          [](PyKVCacheManager& s, BlockId id) -> py::object {
+          [](PyKVCacheManager& s, py::object block_id) -> py::object {
+            const BlockId id = block_id_of(block_id, "block_hash: block_id");
             BusyGuard gm(s.busy, "KVCacheManager");
             const KVCacheBlock& b = s.kv.block_pool().block(id);
             if (!b.is_cached()) return py::none();
@@ -612,7 +621,8 @@ void bind_manager(py::module_& m) {
           py::arg("block_id"), "The digest a block is cached under, or None.")
       .def(
           "ref_cnt",
-          [](PyKVCacheManager& s, BlockId id) {
+          [](PyKVCacheManager& s, py::object block_id) {
+            const BlockId id = block_id_of(block_id, "ref_cnt: block_id");
             BusyGuard gm(s.busy, "KVCacheManager");
             return s.kv.block_pool().block(id).ref_cnt;
           },

@@ -75,9 +75,11 @@ KVEvent event_from_python(py::handle obj);
 
 // A read-only array viewing `v`, which lives as long as `owner`.
 py::array_t<BlockId> view_of(const std::vector<BlockId>& v, py::handle owner);
-// A Request or a request id.
-RequestId request_id_of(py::handle obj);
-std::size_t non_negative(std::int64_t v, const char* what);
+// A Request of `kv`'s (KVCacheManager::check_owner: another manager's is refused) or a request
+// id (to_uint64); `what` names the call.
+RequestId request_id_of(py::handle obj, const KVCacheManager& kv, const char* what);
+// A count or position argument: a Python int >= 0 (to_int64).
+std::size_t non_negative(py::handle v, const char* what);
 
 std::unique_ptr<PyRequest> build_request(RequestId id, const BlockHasher& hasher,
                                          std::uint32_t block_size, py::handle prompt,
@@ -143,8 +145,10 @@ void def_manager_calls(py::class_<W>& c, const ManagerCallDocs& docs) {
                              })
       .def(
           "make_request",
-          [](const W& s, RequestId id, py::object prompt, std::optional<std::string> cache_salt,
-             std::optional<std::string> lora_name, py::object mm_items) {
+          [](const W& s, py::object request_id, py::object prompt,
+             std::optional<std::string> cache_salt, std::optional<std::string> lora_name,
+             py::object mm_items) {
+            const RequestId id = to_uint64(request_id, "make_request: request_id");
             return build_request(id, s.gpu().hasher(), s.gpu().block_size(), prompt, cache_salt,
                                  lora_name, mm_items);
           },

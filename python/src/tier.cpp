@@ -261,8 +261,8 @@ void bind_tier(py::module_& m) {
           "records stats, changes nothing else.")
       .def(
           "allocate_slots",
-          [](Tier& s, PyRequest& r, std::int64_t num_new_tokens, py::object hit,
-             std::int64_t num_lookahead_tokens) -> py::object {
+          [](Tier& s, PyRequest& r, py::object num_new_tokens, py::object hit,
+             py::object num_lookahead_tokens) -> py::object {
             BusyGuard gm(s.busy, "TieredKVCacheManager");
             BusyGuard gr(r.busy, "Request");
             const std::size_t n = non_negative(num_new_tokens, "allocate_slots: num_new_tokens");
@@ -291,7 +291,8 @@ void bind_tier(py::module_& m) {
           "when they do not fit (nothing changed).")
       .def(
           "commit",
-          [](Tier& s, std::uint64_t id, bool ok) {
+          [](Tier& s, py::object transfer_id, bool ok) {
+            const TransferId id = to_uint64(transfer_id, "commit: transfer_id");
             BusyGuard gm(s.busy, "TieredKVCacheManager");
             s.tier.commit(id, ok);
           },
@@ -300,17 +301,23 @@ void bind_tier(py::module_& m) {
           "(NOT_FOUND).")
       .def(
           "commit_many",
-          [](Tier& s,
-             const py::array_t<std::uint64_t, py::array::c_style | py::array::forcecast>& ids,
-             bool ok) {
-            if (ids.ndim() != 1) {
-              throw Error(ErrorCode::kInvalidArgument,
-                          "TieredKVCacheManager.commit_many: ids must be one-dimensional, got " +
-                              std::to_string(ids.ndim()) + " dimensions");
+          [](Tier& s, py::object transfer_ids, bool ok) {
+            // A plan's own id arrays (uint64, C-contiguous) are read in place; anything else
+            // is converted with the checks (no float, bool or negative id).
+            std::vector<TransferId> converted;
+            std::span<const TransferId> ids;
+            if (py::isinstance<py::array_t<std::uint64_t>>(transfer_ids)) {
+              const auto a = py::reinterpret_borrow<py::array_t<std::uint64_t>>(transfer_ids);
+              if (a.ndim() == 1 && (a.flags() & py::array::c_style)) {
+                ids = std::span<const TransferId>(a.data(), static_cast<std::size_t>(a.size()));
+              }
+            }
+            if (ids.data() == nullptr) {
+              converted = to_uint64_vector(transfer_ids, "commit_many: transfer_ids");
+              ids = converted;
             }
             BusyGuard gm(s.busy, "TieredKVCacheManager");
-            s.tier.commit(
-                std::span<const TransferId>(ids.data(), static_cast<std::size_t>(ids.size())), ok);
+            s.tier.commit(ids, ok);
           },
           py::arg("transfer_ids"), py::arg("ok") = true,
           "Commits a batch of copies (e.g. plan.load_ids) as done or failed in one call: every id "
@@ -330,14 +337,15 @@ void bind_tier(py::module_& m) {
           "has_unfinished_loads",
           [](Tier& s, py::object request) {
             BusyGuard gm(s.busy, "TieredKVCacheManager");
-            return s.tier.has_unfinished_loads(request_id_of(request));
+            return s.tier.has_unfinished_loads(
+                request_id_of(request, s.tier.gpu(), "has_unfinished_loads"));
           },
           py::arg("request"))
       .def(
           "block_ids",
           [](Tier& s, py::object request) {
             BusyGuard gm(s.busy, "TieredKVCacheManager");
-            return array_copy(s.tier.block_ids(request_id_of(request)));
+            return array_copy(s.tier.block_ids(request_id_of(request, s.tier.gpu(), "block_ids")));
           },
           py::arg("request"), "The request's GPU block table row (a new int32 array).")
       .def("gpu_stats", [](Tier& s) {
