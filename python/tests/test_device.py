@@ -74,3 +74,32 @@ def test_stubs_cover_the_module():
                 want -= set(obj.__members__) | {"name", "value"}
             assert want - got == set(), cls
     assert set(pagedkv.__all__) <= public | {"__version__"}
+
+
+@pytest.mark.parametrize("call", [
+    lambda: pagedkv.make_block_table([[1, 2.5]]),
+    lambda: pagedkv.make_block_table([[True]]),
+    lambda: pagedkv.slot_of([1.0], 4, 0),
+    lambda: pagedkv.slot_of(np.array([True, False]), 4, 0),
+    lambda: pagedkv.slot_mapping([1, True], 4, 0, 2),
+    lambda: pagedkv.validate_block_table(np.array([[1.5, 2.0]]), [8], 4, 4),
+    lambda: pagedkv.validate_block_table([[1.0, 2.0]], [8], 4, 4),
+    lambda: pagedkv.validate_block_table(np.array([[True, True]]), [8], 4, 4),
+    lambda: pagedkv.validate_block_table(np.array([[1, 2]], dtype=np.int32), [8.0], 4, 4),
+    lambda: pagedkv.validate_block_table(np.array([[1, 2]], dtype=np.int32), [True], 4, 4),
+], ids=["table float", "table bool", "slot_of float", "slot_of bool", "slot_mapping bool",
+        "validate float array", "validate float list", "validate bool", "validate float lens",
+        "validate bool lens"])
+def test_block_ids_refuse_floats_and_bools(call):
+    with pytest.raises(pagedkv.Error) as e:
+        call()
+    assert e.value.code == pagedkv.ErrorCode.INVALID_ARGUMENT, str(e.value)
+    assert "expected integers" in str(e.value)
+
+
+def test_integer_tables_of_any_integer_dtype_validate():
+    for t in (np.array([[1, 2]], dtype=np.int64), [[1, 2]], np.array([[1, 2]], dtype=np.uint8),
+              np.asfortranarray(np.array([[1, 2]], dtype=np.int32))):
+        pagedkv.validate_block_table(t, [8], 4, 4)
+    with pytest.raises(pagedkv.Error):
+        pagedkv.validate_block_table(np.array([[1, 2**40]]), [8], 4, 4)  # does not fit int32

@@ -100,7 +100,9 @@ def test_seeds_and_schemes():
 
 
 @pytest.mark.parametrize("bad", [[2**31], [-1], [1.5], np.array([2**40], dtype=np.int64),
-                                 np.array([2**63], dtype=np.uint64), [[1, 2]]])
+                                 np.array([2**63], dtype=np.uint64), [[1, 2]],
+                                 [True, 2], (1, False), [1, np.True_], np.array([True]),
+                                 np.array([1.0]), [1, "2"]])
 def test_bad_tokens_raise_never_wrap(bad):
     h = pagedkv.BlockHasher("sha256", "s")
     with pytest.raises(pagedkv.Error) as e:

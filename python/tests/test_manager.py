@@ -282,3 +282,128 @@ def test_gil_released_and_concurrent_use_is_refused():
     assert busy > 0, "the main thread never ran while get_computed_blocks was in flight"
     assert kv.stats().requests == 1 + calls[0]
     kv.check_invariants()
+
+
+def refused(fn, *args, what, state=()):
+    """fn(*args) raises pagedkv.Error(INVALID_ARGUMENT) naming `what`, and every object in
+    `state` (managers, tiers) has the same snapshot afterwards."""
+    before = [s.snapshot() for s in state]
+    with pytest.raises(pagedkv.Error) as e:
+        fn(*args)
+    assert e.value.code == pagedkv.ErrorCode.INVALID_ARGUMENT, str(e.value)
+    assert what in str(e.value), str(e.value)
+    assert [s.snapshot() for s in state] == before, "a refused call changed state"
+    for s in state:
+        s.check_invariants()
+    return str(e.value)
+
+
+def test_another_managers_request_is_refused_and_the_owner_keeps_it():
+    """B.free(r) for a request A allocated used to mark it finished: A.free(r) then failed,
+    A's blocks leaked and the id stayed taken. Every call taking a request refuses another
+    manager's, with both managers unchanged."""
+    a = pagedkv.KVCacheManager(10, block_size=4, hash_seed="test")
+    b = pagedkv.KVCacheManager(10, block_size=4, hash_seed="test")
+    r, _, _ = run_prompt(a, 1, range(10))
+    own, _, _ = run_prompt(b, 1, range(50, 56))   # b's own request 1
+    foreign = "request 1 belongs to another manager"
+    for call, args in [(b.free, (r,)), (b.preempt, (r,)), (b.allocate_slots, (r, 1)),
+                       (b.get_computed_blocks, (r,)), (b.block_ids, (r,)),
+                       (b.block_table, ([r],)), (b.slot_mapping, ([r], [0], [1])),
+                       (b.num_common_prefix_blocks, (r,))]:
+        refused(call, *args, what=foreign, state=(a, b))
+    assert not r.is_finished and r.num_computed_tokens == 10
+    a.preempt(r)                                  # preempted, still a's
+    refused(b.allocate_slots, r, 10, what=foreign, state=(a, b))
+    hit = a.get_computed_blocks(r)
+    assert a.allocate_slots(r, 10 - hit.num_tokens, hit) is not None
+    a.free(r)
+    assert r.is_finished and a.num_requests == 0 and a.num_free_blocks == 9
+    again, _, _ = run_prompt(a, 1, range(10))     # the id is free again
+    a.free(again)
+    b.free(own)
+    assert b.num_requests == 0 and b.num_free_blocks == 9
+    a.check_invariants()
+    b.check_invariants()
+    # Until its first allocation a request belongs to no manager: made by a, run by b.
+    routed = a.make_request(2, tokens(*range(9)))
+    assert b.allocate_slots(routed, 9) is not None
+    refused(a.free, routed, what="request 2 belongs to another manager", state=(a, b))
+    b.free(routed)
+
+
+# Every binding taking ids, tokens, positions or counts refuses floats, bools and (for ids)
+# negative values with pagedkv.Error(INVALID_ARGUMENT) naming the argument, nothing changed;
+# before, several truncated or wrapped them, or let bools through as 0 and 1.
+MANAGER_BAD_CALLS = [
+    ("make_request id float", lambda kv, r: kv.make_request(5.0, tokens(1, 2)), "request_id"),
+    ("make_request id bool", lambda kv, r: kv.make_request(True, tokens(1, 2)), "request_id"),
+    ("make_request id negative", lambda kv, r: kv.make_request(-1, tokens(1, 2)), "request_id"),
+    ("prompt float list", lambda kv, r: kv.make_request(5, [1, 2.5]), "prompt_token_ids"),
+    ("prompt bool list", lambda kv, r: kv.make_request(5, [True, 2]), "prompt_token_ids"),
+    ("prompt bool array", lambda kv, r: kv.make_request(5, np.array([True])), "prompt_token_ids"),
+    ("prompt float array", lambda kv, r: kv.make_request(5, np.array([1.0])), "prompt_token_ids"),
+    ("append_tokens bool", lambda kv, r: r.append_tokens([1, False]), "append_tokens"),
+    ("append_tokens float", lambda kv, r: r.append_tokens(np.array([1.7])), "append_tokens"),
+    ("append_token float", lambda kv, r: r.append_token(1.0), "append_token"),
+    ("append_token bool", lambda kv, r: r.append_token(True), "append_token"),
+    ("num_computed float", lambda kv, r: setattr(r, "num_computed_tokens", 4.0),
+     "num_computed_tokens"),
+    ("num_computed bool", lambda kv, r: setattr(r, "num_computed_tokens", True),
+     "num_computed_tokens"),
+    ("num_computed negative", lambda kv, r: setattr(r, "num_computed_tokens", -1),
+     "num_computed_tokens"),
+    ("allocate float", lambda kv, r: kv.allocate_slots(r, 1.0), "num_new_tokens"),
+    ("allocate bool", lambda kv, r: kv.allocate_slots(r, True), "num_new_tokens"),
+    ("lookahead float", lambda kv, r: kv.allocate_slots(r, 1, None, 0.5), "num_lookahead_tokens"),
+    ("block_ids float id", lambda kv, r: kv.block_ids(1.0), "block_ids"),
+    ("block_ids bool id", lambda kv, r: kv.block_ids(True), "block_ids"),
+    ("block_ids negative id", lambda kv, r: kv.block_ids(-1), "block_ids"),
+    ("block_table float ids", lambda kv, r: kv.block_table(np.array([1.0])), "requests"),
+    ("block_table negative ids", lambda kv, r: kv.block_table(np.array([-1])), "requests"),
+    ("block_table bool ids", lambda kv, r: kv.block_table([True]), "requests"),
+    ("block_table float id", lambda kv, r: kv.block_table([1.0]), "requests"),
+    ("slot_mapping float positions", lambda kv, r: kv.slot_mapping([1], [0.5], [1]),
+     "first_positions"),
+    ("slot_mapping bool counts", lambda kv, r: kv.slot_mapping([1], [0], [True]), "num_tokens"),
+    ("slot_mapping negative counts", lambda kv, r: kv.slot_mapping([1], [0], [-1]), "num_tokens"),
+    ("common prefix bool", lambda kv, r: kv.num_common_prefix_blocks(True),
+     "num_common_prefix_blocks"),
+    ("evict_blocks float", lambda kv, r: kv.evict_blocks([1.5]), "block_ids"),
+    ("evict_blocks bool", lambda kv, r: kv.evict_blocks([True]), "block_ids"),
+    ("evict_blocks float array", lambda kv, r: kv.evict_blocks(np.array([1.0])), "block_ids"),
+    ("block_hash float", lambda kv, r: kv.block_hash(1.0), "block_id"),
+    ("block_hash bool", lambda kv, r: kv.block_hash(True), "block_id"),
+    ("ref_cnt bool", lambda kv, r: kv.ref_cnt(True), "block_id"),
+    ("mm_items float offset",
+     lambda kv, r: kv.make_request(5, tokens(1, 2), mm_items=[("img", 0.5, 1)]), "offset"),
+    ("mm_items bool length",
+     lambda kv, r: kv.make_request(5, tokens(1, 2), mm_items=[("img", 0, True)]), "length"),
+]
+
+
+@pytest.mark.parametrize("name,call,what", MANAGER_BAD_CALLS, ids=[c[0] for c in MANAGER_BAD_CALLS])
+def test_integer_arguments_refuse_floats_bools_and_negatives(kv, name, call, what):
+    r, _, _ = run_prompt(kv, 1, range(6))
+    tokens_before = r.all_token_ids.tolist()
+    computed_before = r.num_computed_tokens
+    refused(call, kv, r, what=what, state=(kv,))
+    assert r.all_token_ids.tolist() == tokens_before
+    assert r.num_computed_tokens == computed_before
+
+
+def test_integer_arguments_still_take_every_integer_form(kv):
+    """Python ints, numpy integer scalars and arrays of any integer dtype, ranges, tuples."""
+    r = kv.make_request(np.uint64(1), tokens(*range(6)))
+    assert kv.allocate_slots(r, np.int64(6)) is not None
+    r.num_computed_tokens = np.int32(6)
+    r.append_token(np.int16(7))
+    r.append_tokens((8, np.int64(9)))
+    assert r.all_token_ids.tolist() == [0, 1, 2, 3, 4, 5, 7, 8, 9]
+    row = kv.block_ids(np.uint8(1)).tolist()
+    for ids in ([1], (1,), np.array([1], dtype=np.uint64), np.array([1], dtype=np.int8), range(1, 2)):
+        assert kv.block_table(ids).tolist() == [row]
+    assert kv.slot_mapping(np.array([1], dtype=np.uint32), [0], np.array([2], dtype=np.int16)) \
+        .tolist() == [row[0] * 4, row[0] * 4 + 1]
+    assert kv.ref_cnt(np.int32(row[0])) == 1
+    kv.free(r)

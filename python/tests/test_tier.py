@@ -228,3 +228,102 @@ def test_write_back_stores_on_gpu_eviction():
     r3 = tier.make_request(3, tokens(*range(9)))
     assert tier.get_computed_blocks(r3).num_host_tokens == 8
     tier.check_invariants()
+
+
+def test_another_tiers_request_is_refused_while_its_loads_are_in_flight():
+    """B.free(r) for a request of tier A with loads in flight used to mark it finished: A could
+    then neither finish its loads nor free it. Every call refuses another tier's request before
+    touching either tier's state; the owner then finishes and frees as usual."""
+    a, b = make_tier(), make_tier()
+    prompt = tokens(*range(9))
+    evicted_from_gpu(a, prompt)
+    evicted_from_gpu(b, prompt)
+    r = a.make_request(3, prompt)
+    alloc = a.allocate_slots(r, 1, a.get_computed_blocks(r))
+    assert len(alloc.transfers.load_ids) == 2 and a.has_unfinished_loads(r)
+    own = b.make_request(3, prompt)                   # b's own request 3, loading too
+    own_alloc = b.allocate_slots(own, 1, b.get_computed_blocks(own))
+    before = (a.snapshot(), b.snapshot())
+    for call, args in [(b.free, (r,)), (b.preempt, (r,)), (b.finish_loads, (r,)),
+                       (b.allocate_slots, (r, 1)), (b.get_computed_blocks, (r,)),
+                       (b.has_unfinished_loads, (r,)), (b.block_ids, (r,))]:
+        with pytest.raises(pagedkv.Error) as e:
+            call(*args)
+        assert e.value.code == pagedkv.ErrorCode.INVALID_ARGUMENT, str(e.value)
+        assert "request 3 belongs to another manager" in str(e.value)
+        assert (a.snapshot(), b.snapshot()) == before
+    assert not r.is_finished
+    a.commit_many(alloc.transfers.load_ids)
+    assert a.finish_loads(r).num_computed_tokens == 8
+    a.free(r)
+    assert r.is_finished and a.num_requests == 0 and a.num_in_flight == 0
+    assert a.num_free_blocks == 4 and a.stats().host_slots_pinned == 0
+    run_and_store(a, 3, prompt)                       # the id is free again
+    a.check_invariants()
+    b.commit_many(own_alloc.transfers.load_ids)
+    b.finish_loads(own)
+    b.free(own)
+    assert b.num_requests == 0 and b.num_in_flight == 0
+    b.check_invariants()
+
+
+@pytest.mark.parametrize("bad", [
+    lambda ids: [float(ids[0])],                      # used to be truncated and committed
+    lambda ids: [1.7],
+    lambda ids: np.array([float(ids[0])]),
+    lambda ids: np.array([-1]),                       # used to wrap to 2**64 - 1
+    lambda ids: [-1],
+    lambda ids: [int(ids[0]), -1],
+    lambda ids: [True],
+    lambda ids: np.array([True, False]),
+    lambda ids: [int(ids[0]), "1"],
+    lambda ids: np.zeros((1, 2), dtype=np.uint64),
+], ids=["float of a live id", "float", "float array", "negative array", "negative",
+        "live then negative", "bool", "bool array", "string", "two dimensions"])
+def test_commit_many_takes_only_integer_ids(bad):
+    tier = make_tier()
+    prompt = tokens(*range(9))
+    evicted_from_gpu(tier, prompt)
+    r = tier.make_request(3, prompt)
+    a = tier.allocate_slots(r, 1, tier.get_computed_blocks(r))
+    ids = a.transfers.load_ids
+    before = tier.snapshot()
+    with pytest.raises(pagedkv.Error) as e:
+        tier.commit_many(bad(ids))
+    assert e.value.code == pagedkv.ErrorCode.INVALID_ARGUMENT, str(e.value)
+    assert "transfer_ids" in str(e.value)
+    assert tier.snapshot() == before and tier.num_in_flight == 2
+    tier.check_invariants()
+    # Any integer form of the ids is taken.
+    tier.commit_many([int(ids[0])])
+    tier.commit_many(np.array([ids[1]], dtype=np.int64))
+    assert tier.num_in_flight == 0
+
+
+@pytest.mark.parametrize("name", ["commit float", "commit bool", "commit negative",
+                                  "allocate float", "has_unfinished_loads float",
+                                  "block_ids bool"])
+def test_tier_scalar_ids_take_only_integers(name):
+    tier = make_tier()
+    prompt = tokens(*range(9))
+    evicted_from_gpu(tier, prompt)
+    r = tier.make_request(3, prompt)
+    a = tier.allocate_slots(r, 1, tier.get_computed_blocks(r))
+    first = int(a.transfers.load_ids[0])
+    call, what = {
+        "commit float": (lambda: tier.commit(float(first)), "transfer_id"),
+        "commit bool": (lambda: tier.commit(True), "transfer_id"),
+        "commit negative": (lambda: tier.commit(-1), "transfer_id"),
+        "allocate float": (lambda: tier.allocate_slots(r, 1.0), "num_new_tokens"),
+        "has_unfinished_loads float": (lambda: tier.has_unfinished_loads(3.0),
+                                       "has_unfinished_loads"),
+        "block_ids bool": (lambda: tier.block_ids(True), "block_ids"),
+    }[name]
+    before = tier.snapshot()
+    with pytest.raises(pagedkv.Error) as e:
+        call()
+    assert e.value.code == pagedkv.ErrorCode.INVALID_ARGUMENT, str(e.value)
+    assert what in str(e.value)
+    assert tier.snapshot() == before
+    tier.commit(np.uint64(first))
+    assert tier.num_in_flight == 1
