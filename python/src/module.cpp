@@ -133,10 +133,13 @@ std::vector<T> checked_integers(py::handle obj, const char* what, T lo, T hi) {
   };
   if (!py::isinstance<py::array>(obj) && (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()))) {
     // Element by element: numpy would make [True, 2] int64 and [2**63, 1] float64.
-    const auto n = static_cast<std::size_t>(PySequence_Fast_GET_SIZE(obj.ptr()));
-    out.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      PyObject* item = PySequence_Fast_GET_ITEM(obj.ptr(), static_cast<py::ssize_t>(i));
+    out.reserve(static_cast<std::size_t>(PySequence_Fast_GET_SIZE(obj.ptr())));
+    // An item's __index__ may change the list: the size is read again and the item held.
+    for (std::size_t i = 0; i < static_cast<std::size_t>(PySequence_Fast_GET_SIZE(obj.ptr()));
+         ++i) {
+      const py::object held = py::reinterpret_borrow<py::object>(
+          PySequence_Fast_GET_ITEM(obj.ptr(), static_cast<py::ssize_t>(i)));
+      PyObject* item = held.ptr();
       Wide w;
       bool too_big = false;
       if (!read_integer(item, w, too_big)) {

@@ -117,3 +117,19 @@ def test_token_inputs_of_any_integer_type_agree():
     for t in (list(range(48)), range(48), np.arange(48, dtype=np.int64),
               np.arange(48, dtype=np.uint16), np.arange(96, dtype=np.int32)[::2] // 2):
         assert h.hash_blocks(t, 16) == ref
+
+
+def test_token_list_changed_by_an_items_index_is_read_safely():
+    """A hostile item's __index__ empties the list being converted: no read past its end."""
+    class Shrinking:
+        def __init__(self, target):
+            self.target = target
+
+        def __index__(self):
+            self.target.clear()
+            return 1
+
+    toks = [0, 1, 2, 3]
+    toks[1] = Shrinking(toks)
+    h = pagedkv.BlockHasher("sha256", "s")
+    assert len(h.hash_blocks(toks, 1)) == 2   # 0 and the shrinking item's 1, then the list ended
