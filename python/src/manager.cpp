@@ -135,7 +135,8 @@ std::vector<std::span<const BlockId>> rows_of(const KVCacheManager& kv, py::hand
       rows.push_back(kv.block_ids(id, group));
     }
   } else {
-    for (py::handle r : requests) rows.push_back(kv.block_ids(request_id_of(r, kv, "requests"), group));
+    for (py::handle r : requests)
+      rows.push_back(kv.block_ids(request_id_of(r, kv, "requests"), group));
   }
   return rows;
 }
@@ -565,8 +566,7 @@ void bind_manager(py::module_& m) {
              py::object num_tokens, std::size_t group) {
             BusyGuard gm(s.busy, "KVCacheManager");
             const auto rows = rows_of(s.kv, requests, group);
-            const auto first =
-                to_int64_vector(first_positions, "slot_mapping: first_positions", 0);
+            const auto first = to_int64_vector(first_positions, "slot_mapping: first_positions", 0);
             const auto count = to_int64_vector(num_tokens, "slot_mapping: num_tokens", 0);
             if (first.size() != rows.size() || count.size() != rows.size()) {
               throw Error(ErrorCode::kInvalidArgument,

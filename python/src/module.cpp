@@ -85,8 +85,8 @@ py::array integer_ndarray(py::handle obj, const char* what) {
   // An empty Python sequence arrives as float64: accept it, it holds no values.
   if (kind != 'i' && kind != 'u' && a.size() != 0) {
     bad_argument(std::string(what) + ": expected integers, got numpy dtype '" +
-                 py::str(a.dtype()).cast<std::string>() + "' (floats and bools are refused, "
-                 "never truncated)");
+                 py::str(a.dtype()).cast<std::string>() +
+                 "' (floats and bools are refused, never truncated)");
   }
   return a;
 }
@@ -109,9 +109,9 @@ bool narrow(const Wide& w, T lo, T hi, T& out) {
 template <class T>
 std::string range_text(const Wide& w, T lo, T hi) {
   return (w.negative ? std::to_string(w.i) : std::to_string(w.u)) +
-         (w.negative && lo >= 0 ? " is negative"
-                                : " is out of range [" + std::to_string(lo) + ", " +
-                                      std::to_string(hi) + "]");
+         (w.negative && lo >= 0
+              ? " is negative"
+              : " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }
 
 std::string refused_type(PyObject* o) {

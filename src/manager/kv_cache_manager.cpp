@@ -441,7 +441,8 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     }
   }
   state.identity = request.identity_;  // noexcept (shared_ptr copies)
-  if (request.owner_ == nullptr) [[unlikely]] request.owner_ = token_;  // its first allocation
+  if (request.owner_ == nullptr) [[unlikely]]
+    request.owner_ = token_;  // its first allocation
   undo.active = false;
   return std::span<const BlockId>(state.groups[0].blocks).subspan(result_first);
 }

@@ -499,19 +499,26 @@ TEST(KVCacheManager, AnotherManagersRequestIsRefusedAndTheOwnerKeepsIt) {
   ASSERT_TRUE(admit(b, own));
   const KVCacheManagerSnapshot a_before = a.snapshot();
   const std::string foreign = "request 1 belongs to another manager";
-  expect_rejected(b, [&] { b.free(r); }, "free: " + foreign);
-  expect_rejected(b, [&] { b.preempt(r); }, "preempt: " + foreign);
-  expect_rejected(b, [&] { (void)b.allocate_slots(r, 1); }, "allocate_slots: " + foreign);
-  expect_rejected(b, [&] { (void)b.get_computed_blocks(r); }, "get_computed_blocks: " + foreign);
-  expect_rejected(b, [&] { b.cache_blocks(r, 4); }, "cache_blocks: " + foreign);
+  expect_rejected(
+      b, [&] { b.free(r); }, "free: " + foreign);
+  expect_rejected(
+      b, [&] { b.preempt(r); }, "preempt: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.allocate_slots(r, 1); }, "allocate_slots: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.get_computed_blocks(r); }, "get_computed_blocks: " + foreign);
+  expect_rejected(
+      b, [&] { b.cache_blocks(r, 4); }, "cache_blocks: " + foreign);
   EXPECT_FALSE(r.is_finished());
   EXPECT_EQ(r.num_computed_tokens(), 10u);
   EXPECT_EQ(a.snapshot(), a_before);
 
   // Preempted, it is still a's: b cannot take it up.
   a.preempt(r);
-  expect_rejected(b, [&] { (void)b.allocate_slots(r, 10); }, "allocate_slots: " + foreign);
-  expect_rejected(b, [&] { b.free(r); }, "free: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.allocate_slots(r, 10); }, "allocate_slots: " + foreign);
+  expect_rejected(
+      b, [&] { b.free(r); }, "free: " + foreign);
   ASSERT_TRUE(admit(a, r));
   r.append_token(7);
   ASSERT_TRUE(a.allocate_slots(r, 1));
@@ -534,9 +541,11 @@ TEST(KVCacheManager, AnotherManagersRequestIsRefusedAndTheOwnerKeepsIt) {
   // routing requests), then to that one; a copy belongs to none.
   auto routed = a.make_request(2, iota_tokens(0, 9));
   ASSERT_TRUE(admit(b, routed));
-  expect_rejected(a, [&] { a.free(routed); }, "free: request 2 belongs to another manager");
+  expect_rejected(
+      a, [&] { a.free(routed); }, "free: request 2 belongs to another manager");
   Request copy(routed);
-  expect_rejected(b, [&] { (void)b.allocate_slots(copy, 1); }, "live under another Request");
+  expect_rejected(
+      b, [&] { (void)b.allocate_slots(copy, 1); }, "live under another Request");
   b.free(routed);
   copy.set_num_computed_tokens(0);
   ASSERT_TRUE(admit(a, copy));
@@ -553,7 +562,8 @@ TEST(KVCacheManager, ARequestThatDoesNotFitBelongsToNoManager) {
   auto r = small.make_request(1, iota_tokens(0, 12));
   EXPECT_FALSE(small.allocate_slots(r, 12));
   ASSERT_TRUE(admit(big, r));
-  expect_rejected(small, [&] { small.free(r); }, "free: request 1 belongs to another manager");
+  expect_rejected(
+      small, [&] { small.free(r); }, "free: request 1 belongs to another manager");
   expect_rejected(
       small, [&] { (void)small.allocate_slots(r, 1); }, "belongs to another manager");
   big.free(r);

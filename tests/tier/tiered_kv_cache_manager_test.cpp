@@ -563,14 +563,22 @@ TEST(TieredKVCacheManager, AnotherTiersRequestIsRefusedWhileItsLoadsAreInFlight)
 
   const TieredSnapshot a_before = a.snapshot();
   const std::string foreign = "request 2 belongs to another manager";
-  expect_rejected(b, [&] { b.free(r); }, "free: " + foreign);
-  expect_rejected(b, [&] { b.preempt(r); }, "preempt: " + foreign);
-  expect_rejected(b, [&] { (void)b.finish_loads(r); }, "finish_loads: " + foreign);
-  expect_rejected(b, [&] { (void)b.allocate_slots(r, 1); }, "allocate_slots: " + foreign);
-  expect_rejected(b, [&] { (void)b.get_computed_blocks(r); }, "get_computed_blocks: " + foreign);
-  expect_rejected(b, [&] { (void)b.local_prefix_blocks(r); }, "local_prefix_blocks: " + foreign);
-  expect_rejected(b, [&] { (void)b.host_holds(r, 0); }, "host_holds: " + foreign);
-  expect_rejected(b, [&] { (void)b.begin_fill(r, 0); }, "begin_fill: " + foreign);
+  expect_rejected(
+      b, [&] { b.free(r); }, "free: " + foreign);
+  expect_rejected(
+      b, [&] { b.preempt(r); }, "preempt: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.finish_loads(r); }, "finish_loads: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.allocate_slots(r, 1); }, "allocate_slots: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.get_computed_blocks(r); }, "get_computed_blocks: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.local_prefix_blocks(r); }, "local_prefix_blocks: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.host_holds(r, 0); }, "host_holds: " + foreign);
+  expect_rejected(
+      b, [&] { (void)b.begin_fill(r, 0); }, "begin_fill: " + foreign);
   EXPECT_FALSE(r.is_finished());
   EXPECT_EQ(a.snapshot(), a_before);
 

@@ -20,8 +20,8 @@
 // Errors (pagedkv::Error, thrown before any state changes): a request that belongs to another
 // manager (request.hpp: Ownership; every call taking a request checks it), zero new tokens,
 // allocating or freeing a freed request, preempting an unknown request, a request id that is live
-// under another Request, a hit that is stale or passed with blocks already allocated, tokens beyond the
-// request's known tokens, token counts whose sum overflows, a request hashed differently from
+// under another Request, a hit that is stale or passed with blocks already allocated, tokens beyond
+// the request's known tokens, token counts whose sum overflows, a request hashed differently from
 // the manager. Running out of blocks is the std::nullopt result, never an error. Freeing a
 // request that holds no blocks (made but never allocated, or preempted and then aborted) is a
 // no-op that marks it finished, as aborting a waiting request is in vLLM; freeing it again is
@@ -158,7 +158,8 @@ class KVCacheManager {
   // is_foreign(request). Every call here that takes a request checks it first; a layer above
   // (tier/tiered_kv_cache_manager.hpp) checks before touching its own state.
   void check_owner(const Request& request, const char* what) const {
-    if (is_foreign(request)) [[unlikely]] throw_foreign(request, what);
+    if (is_foreign(request)) [[unlikely]]
+      throw_foreign(request, what);
   }
 
   // A request's block table row in group g (null blocks where a window skipped them). Throws for

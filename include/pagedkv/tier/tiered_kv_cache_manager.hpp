@@ -43,9 +43,10 @@
 // Scope: one full-attention KV-cache group (a hybrid model is rejected at construction).
 // Errors (pagedkv::Error, nothing changed): misuse of the manager calls as in KVCacheManager; a
 // request that belongs to another manager (manager/request.hpp: Ownership; every call taking a
-// request checks it before anything else, the tier's own state included); a stale host hit; allocating for a request whose loads are not finished; committing an unknown or
-// already committed transfer; finish_loads with loads in flight; freeing or preempting a request
-// with transfers in flight. A full host tier is normal: stores are skipped and counted.
+// request checks it before anything else, the tier's own state included); a stale host hit;
+// allocating for a request whose loads are not finished; committing an unknown or already
+// committed transfer; finish_loads with loads in flight; freeing or preempting a request with
+// transfers in flight. A full host tier is normal: stores are skipped and counted.
 // Complexity: O(1) per block for lookups, plans and commits (plus O(block_size) per verified
 // host hit). Thread-compatible: one scheduler thread. Not copyable or movable (the pools' event
 // sinks point at it).
