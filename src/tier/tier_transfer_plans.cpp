@@ -1,0 +1,429 @@
+// TieredKVCacheManager: the transfer plans of allocate_slots (host slots taken and refreshed,
+// stores of new and evicted blocks, loads of a host hit). Contract: tiered_kv_cache_manager.hpp.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+#include "tiered_kv_cache_manager_internal.hpp"
+
+namespace pagedkv {
+
+void TieredKVCacheManager::reserve_copies(std::size_t evictions, std::size_t stores) {
+  copies_.plan.evictions.clear();
+  copies_.eviction_ids.clear();
+  copies_.plan.stores.clear();
+  copies_.store_ids.clear();
+  reserve_room(copies_.plan.evictions, evictions);
+  reserve_room(copies_.eviction_ids, evictions);
+  reserve_room(copies_.plan.stores, stores);
+  reserve_room(copies_.store_ids, stores);
+}
+
+void TieredKVCacheManager::hand_over_copies(TierPlan& out) noexcept {
+  if (!copies_.plan.evictions.empty()) {
+    out.plan.evictions.swap(copies_.plan.evictions);
+    out.eviction_ids.swap(copies_.eviction_ids);
+  }
+  if (!copies_.plan.stores.empty()) {
+    out.plan.stores.swap(copies_.plan.stores);
+    out.store_ids.swap(copies_.store_ids);
+  }
+}
+
+void TieredKVCacheManager::release_state(RequestMap::iterator it) noexcept {
+  spare_requests_.give(requests_, it, [](RequestState& st) noexcept {
+    st = RequestState{};
+    return true;
+  });
+}
+
+void TieredKVCacheManager::reserve_transfers(std::size_t more) {
+  const std::size_t want = transfers_.size() + more;
+  reserve_room(transfers_, want);
+  reserve_room(free_transfers_, want);
+  reserve_room(transfer_tokens_, want * bs_);
+  reserve_room(transfer_hash_, want);
+  reserve_room(transfer_parent_, want);
+  reserve_room(transfer_first_, want);
+}
+
+std::uint32_t TieredKVCacheManager::grow_transfers() {
+  const auto idx = static_cast<std::uint32_t>(transfers_.size());
+  transfers_.emplace_back();
+  transfer_tokens_.resize(transfer_tokens_.size() + bs_);
+  transfer_hash_.emplace_back();
+  transfer_parent_.emplace_back();
+  transfer_first_.push_back(0);
+  return idx;
+}
+
+BlockSequence TieredKVCacheManager::content_sequence(const std::vector<TokenId>& tokens,
+                                                     const BlockHash* hashes, bool first,
+                                                     const ContentSource* extra) const {
+  // Block 1 of a two-block view (block 0 stands for the parent: its hash, dummy tokens), or a
+  // one-block view of a chain's first block.
+  BlockSequence seq;
+  seq.block_size = bs_;
+  seq.extra_keys = extra;
+  if (first) {
+    seq.tokens = std::span<const TokenId>(tokens).subspan(bs_, bs_);
+    seq.block_hashes = std::span<const BlockHash>(hashes + 1, 1);
+  } else {
+    seq.tokens = std::span<const TokenId>(tokens).first(2 * static_cast<std::size_t>(bs_));
+    seq.block_hashes = std::span<const BlockHash>(hashes, 2);
+  }
+  return seq;
+}
+
+std::optional<BlockId> TieredKVCacheManager::take_host_slot(bool& evicted) {
+  slot_scratch_.clear();
+  const std::uint64_t evictions = host_.num_evictions();
+  if (!host_.get_new_blocks(1, slot_scratch_)) return std::nullopt;
+  const BlockId slot = slot_scratch_[0];
+  ++host_slot_epoch_[static_cast<std::size_t>(slot)];
+  evicted = host_.num_evictions() != evictions;
+  if (evicted) ++host_epoch_;  // a cached slot lost its content
+  return slot;
+}
+
+inline void TieredKVCacheManager::refresh(BlockId slot) {
+  // An unpinned cached slot that was just in use: back to the LRU tail.
+  host_.requeue(slot);
+}
+
+inline bool TieredKVCacheManager::host_has(BlockId gpu_block, const BlockSequence& seq,
+                                           std::size_t index) {
+  const auto b = static_cast<std::size_t>(gpu_block);
+  if (remembered_valid(b)) {
+    // Verified when the block was loaded from it; the slot has not been reassigned since.
+    const BlockId known = gpu_host_slot_[b];
+    if (host_.block(known).ref_cnt == 0) refresh(known);
+    return true;
+  }
+  const BlockId slot = host_match(seq, index);
+  if (slot == BlockPool::kNoBlock) return false;
+  if (host_.block(slot).ref_cnt == 0) refresh(slot);
+  gpu_host_slot_[b] = slot;
+  gpu_host_epoch_[b] = host_slot_epoch_[static_cast<std::size_t>(slot)];
+  return true;
+}
+
+inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, const BlockSequence& seq,
+                                                 std::size_t index, RequestState& state,
+                                                 TierPlan& out) {
+  if (!host_has(gpu_block, seq, index))
+    store_block(gpu_block, seq, index, state, Kind::kStore, out);
+}
+
+void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& view,
+                                       std::size_t index, RequestState& state, Kind kind,
+                                       TierPlan& out) {
+  // Everything that may allocate first (the plan's vectors and the slab have room).
+  std::optional<OwnedExtraKeys> owned = owned_extra_keys(view, index, mm_scratch_);
+  bool evicted = false;  // the slot held a cached block, evicted now
+  const std::optional<BlockId> taken = take_host_slot(evicted);
+  if (!taken) {
+    ++stats_.stores_skipped_full;
+    return;
+  }
+  const BlockId slot = *taken;
+  const TransferId id = open_transfer(kind, &state, gpu_block, slot, 0);
+  const auto idx = static_cast<std::size_t>(id & kIndexMask);
+  copy_block_tokens(transfer_tokens_.data() + idx * bs_, view.tokens.data() + index * bs_, bs_);
+  transfer_hash_[idx] = view.block_hashes[index];
+  transfer_parent_[idx] = index == 0 ? BlockHash() : view.block_hashes[index - 1];
+  transfer_first_[idx] = index == 0 ? 1 : 0;
+  if (owned) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(*owned);
+  ++host_storing_;
+  if (kind == Kind::kEviction) {
+    out.plan.evictions.push_back({gpu_block, slot});
+    out.eviction_ids.push_back(id);
+  } else {
+    out.plan.stores.push_back({gpu_block, slot});
+    out.store_ids.push_back(id);
+  }
+  if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
+}
+
+void TieredKVCacheManager::on_evict(const BlockPool& pool, BlockId id) noexcept {
+  // The hot path (write-back, the host copy known: an LRU refresh) saves no registers; the rest
+  // is out of line.
+  const auto k = static_cast<std::size_t>(id);
+  const bool known = remembered_valid(k);
+  const BlockId slot = gpu_host_slot_[k];
+  gpu_host_slot_[k] = 0;  // the block's content goes; new content learns its slot anew
+  if (host_config_.policy == HostPolicy::kWriteBack && known) {
+    // The host holds the block: its LRU refresh is the whole write-back (a pinned slot stays as
+    // it is: requeue leaves it).
+    refresh(slot);
+    if (own_records_ || !gpu_extra_.empty()) forget_evicted(pool, id, /*keep=*/false);
+    return;
+  }
+  forget_evicted(pool, id, host_config_.policy == HostPolicy::kWriteBack);
+}
+
+void TieredKVCacheManager::forget_evicted(const BlockPool& pool, BlockId id, bool keep) noexcept {
+  const auto k = static_cast<std::size_t>(id);
+  if (host_config_.policy == HostPolicy::kWriteThroughSelective) gpu_hits_[k] = 0;
+  if (keep) {
+    // Write-back, the host copy unknown: looked up, and stored if missing, by allocate_slots once
+    // its hit is pinned (capacity reserved there); the records and extra keys are forgotten then.
+    evicted_.push_back(id);
+    if (!own_records_) {
+      evicted_hash_.push_back(pool.block(id).block_hash);
+      evicted_parent_.push_back(pool.stored_parent_hash(id));
+      const TokenId* tokens = pool.stored_tokens(id);
+      evicted_tokens_.insert(evicted_tokens_.end(), tokens, tokens + bs_);
+    }
+    return;
+  }
+  if (own_records_) gpu_hash_[k] = BlockHash();
+  if (!gpu_extra_.empty()) gpu_extra_.erase(id);
+}
+
+void TieredKVCacheManager::store_evicted(RequestState& state, TierPlan& out) {
+  for (std::size_t e = 0; e < evicted_.size(); ++e) {
+    const BlockId b = evicted_[e];
+    const auto k = static_cast<std::size_t>(b);
+    const bool first = own_records_ ? gpu_first_[k] != 0 : evicted_parent_[e].empty();
+    copy_block_tokens(
+        content_tokens_.data() + bs_,
+        own_records_ ? gpu_tokens_.data() + k * bs_ : evicted_tokens_.data() + e * bs_, bs_);
+    content_hashes_[0] = own_records_ ? gpu_parent_[k] : evicted_parent_[e];
+    content_hashes_[1] = own_records_ ? gpu_hash_[k] : evicted_hash_[e];
+    const auto ex = gpu_extra_.find(b);
+    const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+    const BlockSequence view = content_sequence(content_tokens_, content_hashes_, first, &extra);
+    const std::size_t index = first ? 0 : 1;
+    const BlockId slot = host_match(view, index);
+    if (slot == BlockPool::kNoBlock) {
+      store_block(b, view, index, state, Kind::kEviction, out);
+    } else if (host_.block(slot).ref_cnt == 0) {
+      refresh(slot);
+    }
+    if (own_records_) gpu_hash_[k] = BlockHash();
+    if (ex != gpu_extra_.end()) gpu_extra_.erase(ex);
+  }
+  evicted_.clear();
+  evicted_hash_.clear();
+  evicted_parent_.clear();
+  evicted_tokens_.clear();
+}
+
+void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& state, TierPlan& out) {
+  const BlockSequence seq = request.hashed_tokens().sequence();
+  const bool write_through = host_config_.policy == HostPolicy::kWriteThrough;
+  // With the GPU pool's material the tier keeps nothing per block but extra keys.
+  if (!own_records_ && !write_through && seq.extra_keys == nullptr) return;
+  const std::span<const BlockId> ids = manager_.block_ids(request.id());
+  const BlockPool& pool = manager_.block_pool();
+  const std::size_t end = std::min(ids.size(), seq.block_hashes.size());
+  std::size_t i = state.scanned;
+  for (; i < end; ++i) {
+    const BlockId b = ids[i];
+    if (!pool.block(b).is_cached()) break;
+    // Overlap the host map's misses of write-through's verified lookups (host_has): only for
+    // blocks with no remembered slot (a loaded block has one).
+    if (write_through && i + kHostAhead < end &&
+        gpu_host_slot_[static_cast<std::size_t>(ids[i + kHostAhead])] == 0) {
+      host_.prefetch_cached_block(seq.block_hashes[i + kHostAhead]);
+    }
+    const auto k = static_cast<std::size_t>(b);
+    if (own_records_) {
+      gpu_hash_[k] = seq.block_hashes[i];
+      gpu_first_[k] = i == 0 ? 1 : 0;
+      gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
+      copy_block_tokens(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_);
+    }
+    if (std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, i, mm_scratch_)) {
+      gpu_extra_[b] = std::move(*owned);
+    }
+    if (write_through) schedule_store(b, seq, i, state, out);
+  }
+  state.scanned = i;
+}
+
+void TieredKVCacheManager::forget_loaded_slots(const Request& request, const RequestState& state,
+                                               std::size_t from) {
+  const std::span<const BlockId> ids = manager_.block_ids(request.id());
+  const std::size_t end = std::min(ids.size(), state.hit_begin + state.num_loads);
+  for (std::size_t i = state.hit_begin + from; i < end; ++i) {
+    gpu_host_slot_[static_cast<std::size_t>(ids[i])] = 0;
+  }
+}
+
+std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
+    Request& request, std::size_t num_new_tokens, const TieredCacheHit& hit,
+    std::size_t num_lookahead_tokens) {
+  const auto where = [&request] {
+    return "TieredKVCacheManager::allocate_slots: request " + std::to_string(request.id()) + ": ";
+  };
+  manager_.check_owner(request, "TieredKVCacheManager::allocate_slots");
+  const RequestMap::iterator found = requests_.find(request.id());
+  if (found != requests_.end() && found->second.loading) {
+    throw Error(ErrorCode::kInvalidState,
+                where() + "its loads are not finished (commit them, then call finish_loads)");
+  }
+  const std::size_t h = hit.host_slots.size();
+  if (hit.num_host_tokens != h * bs_) {
+    throw Error(ErrorCode::kInvalidArgument,
+                where() + "the hit's num_host_tokens " + std::to_string(hit.num_host_tokens) +
+                    " != " + std::to_string(h) + " slots x block size");
+  }
+  const std::size_t g = hit.gpu.blocks.size();
+  if (h > 0) {
+    if (found != requests_.end() || request.num_computed_tokens() != 0) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where() + "a cache hit can only be passed to the first allocation");
+    }
+    const std::span<const BlockHash> hashes = request.block_hashes();
+    const auto stale = [&](std::size_t i) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where() + "stale host hit: slot " + std::to_string(hit.host_slots[i]) +
+                      " no longer holds the request's block " + std::to_string(g + i) +
+                      " (call allocate_slots right after get_computed_blocks)");
+    };
+    const std::int32_t num_slots = host_.num_blocks();
+    // One branch-free pass (every slot in 1 .. num_slots - 1); the first bad one is found only
+    // to name it.
+    const auto last_slot = static_cast<std::uint32_t>(num_slots - 1);
+    std::uint32_t bad = g + h > hashes.size() ? 1 : 0;
+    for (std::size_t i = 0; i < h; ++i) {
+      bad |= static_cast<std::uint32_t>(static_cast<std::uint32_t>(hit.host_slots[i]) - 1u >=
+                                        last_slot);
+    }
+    if (bad != 0) [[unlikely]] {
+      for (std::size_t i = 0; i < h; ++i) {
+        if (hit.host_slots[i] < 1 || hit.host_slots[i] >= num_slots || g + i >= hashes.size()) {
+          stale(i);
+        }
+      }
+    }
+    // The lookup verified these slots for these blocks and no host slot was reassigned since:
+    // they still hold them. Otherwise (a hit from before a reassignment, from another request
+    // or tier, or changed by hand) every slot is verified again.
+    if (hit.host_epoch != host_epoch_ ||
+        hit.host_check != hit_check(hit.host_slots, hashes, g, hit.host_epoch)) {
+      const BlockSequence seq = request.hashed_tokens().sequence();
+      for (std::size_t i = 0; i < h; ++i) {
+        if (!host_verified(seq, g + i, hit.host_slots[i])) stale(i);
+      }
+    }
+  }
+  // Everything that may allocate happens before the manager changes state.
+  const std::size_t bound = h + 2 * ((request.num_tokens() + num_lookahead_tokens) / bs_ + 2) + g;
+  reserve_transfers(bound);
+  const HostPolicy policy = host_config_.policy;
+  // Evictions are write-back's; stores are write-through's (of the computed blocks, recorded
+  // below only without a host hit) and selective's (of GPU-hit blocks).
+  const std::size_t max_evictions = policy == HostPolicy::kWriteBack ? bound : 0;
+  const std::size_t max_stores = policy == HostPolicy::kWriteThrough ? (h == 0 ? bound : 0)
+                                 : policy == HostPolicy::kWriteThroughSelective ? g
+                                                                                : 0;
+  TierAllocation out;
+  out.transfers.plan.loads.resize(h);  // written in place below
+  out.transfers.load_ids.resize(h);
+  // Evictions and stores go to copies_ (reused), handed over at the end only if there are any.
+  reserve_copies(max_evictions, max_stores);
+  if (policy == HostPolicy::kWriteBack) {  // on_evict's room (cannot allocate there)
+    reserve_room(evicted_, bound);
+    if (!own_records_) {
+      reserve_room(evicted_hash_, bound);
+      reserve_room(evicted_parent_, bound);
+      reserve_room(evicted_tokens_, bound * bs_);
+    }
+  }
+  auto it = found;  // requests_ has not changed since
+  const bool inserted = it == requests_.end();
+  if (inserted) {
+    it = spare_requests_.insert_new(requests_, request.id());
+    it->second.id = request.id();
+  }
+  std::optional<std::span<const BlockId>> blocks;
+  try {
+    blocks = manager_.allocate_slots(request, h * bs_ + num_new_tokens, hit.gpu,
+                                     num_lookahead_tokens, /*delay_cache_blocks=*/h > 0);
+  } catch (...) {
+    if (inserted) release_state(it);
+    throw;
+  }
+  if (!blocks) {
+    if (inserted) release_state(it);
+    return std::nullopt;
+  }
+  RequestState& st = it->second;
+  out.new_blocks = *blocks;
+  // Pin the hit's host slots first: the stores below must not evict them.
+  if (h > 0) host_.touch(hit.host_slots);
+  // Write-back: the blocks the allocation evicted (on_evict refreshed those the host is known to
+  // hold) are looked up in the host and stored there if missing.
+  if (!evicted_.empty()) store_evicted(st, copies_);
+  if (inserted) st.scanned = g;  // the GPU hit's blocks were cached (and recorded) before
+  if (inserted && policy == HostPolicy::kWriteThroughSelective) {
+    const BlockSequence seq = request.hashed_tokens().sequence();
+    for (std::size_t i = 0; i < g; ++i) {
+      const BlockId b = hit.gpu.blocks[i];
+      if (++gpu_hits_[static_cast<std::size_t>(b)] == host_config_.selective_hits) {
+        schedule_store(b, seq, i, st, copies_);
+      }
+    }
+  }
+  if (h > 0) {
+    // One load per hit slot, into the hit part's GPU blocks (open_transfer, counted once). Slab
+    // entries come off the free list's back in the order h pops would take them, then new ones
+    // (room reserved). Every array is read through a local pointer: the loop's stores cannot
+    // make the compiler reload them.
+    const BlockId* const gpu = out.new_blocks.data();  // the hit part's h blocks come first
+    const std::size_t spare = std::min(h, free_transfers_.size());
+    const std::size_t first_new = transfers_.size();
+    for (std::size_t k = spare; k < h; ++k) grow_transfers();
+    const std::uint32_t* const spare_top = free_transfers_.data() + free_transfers_.size();
+    Transfer* const slab = transfers_.data();
+    const BlockId* const slots = hit.host_slots.data();
+    BlockId* const noted_slot = gpu_host_slot_.data();
+    std::uint64_t* const noted_epoch = gpu_host_epoch_.data();
+    const std::uint64_t* const slot_epoch = host_slot_epoch_.data();
+    RequestState* const state = &st;
+    BlockCopy* const loads = out.transfers.plan.loads.data();
+    TransferId* const load_ids = out.transfers.load_ids.data();
+    for (std::size_t i = 0; i < h; ++i) {
+      const BlockId slot = slots[i];
+      const BlockId block = gpu[i];
+      const auto idx = static_cast<std::uint32_t>(
+          i < spare ? spare_top[-1 - static_cast<std::ptrdiff_t>(i)] : first_new + (i - spare));
+      Transfer& t = slab[idx];
+      t.state = state;
+      t.live = true;
+      t.kind = Kind::kLoad;
+      t.gpu = block;
+      t.host = slot;
+      t.chain_index = static_cast<std::uint32_t>(i);
+      loads[i] = {slot, block};
+      load_ids[i] = (static_cast<TransferId>(t.generation) << 32) | idx;
+      // The block will hold the slot's (verified) content; kept if the load succeeds.
+      const auto b = static_cast<std::size_t>(block);
+      noted_slot[b] = slot;
+      noted_epoch[b] = slot_epoch[static_cast<std::size_t>(slot)];
+    }
+    free_transfers_.resize(free_transfers_.size() - spare);
+    num_live_ += h;
+    st.transfers_in_flight += static_cast<std::uint32_t>(h);
+    st.loads_in_flight += static_cast<std::uint32_t>(h);
+    st.loading = true;
+    st.hit_begin = g;
+    st.num_loads = h;
+    st.first_failed = h;
+    st.cache_upto = std::min((g + h) * bs_ + num_new_tokens, request.num_tokens());
+    st.scanned = g;
+  } else {
+    record_new_blocks(request, st, copies_);
+  }
+  hand_over_copies(out.transfers);
+  return out;
+}
+
+}  // namespace pagedkv
