@@ -331,8 +331,8 @@ void BM_MetadataBytesPerBlock(benchmark::State& state) {
 BENCHMARK(BM_MetadataBytesPerBlock)->Arg(1 << 20)->Iterations(1)->Unit(benchmark::kMillisecond);
 
 // The Mooncake conversation trace replayed in process, so that a pool regression shows here and
-// not only in the whole replay: the first 1,000 requests (DESIGN.md 7: file order, one request at
-// a time, prompt only), block size 16, a pool of 32,769 blocks (nearly every block is evicted
+// not only in the whole replay: the first 1,000 requests (docs/traces.md: file order, one request
+// at a time, prompt only), block size 16, a pool of 32,769 blocks (nearly every block is evicted
 // once), verification on, range(0) = the hash scheme (0 xxh3_128, 1 sha256). Requests are hashed
 // once, before timing; each iteration replays them on a fresh manager (get_computed_blocks,
 // allocate_slots, release) and times only that: pool time. Items = prompt blocks, so

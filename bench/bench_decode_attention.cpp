@@ -15,8 +15,9 @@
 // replays of a CUDA graph of up to 64 launches (so the launch path is not what is measured);
 // larger ones launch directly. Times are CUDA-event medians over repeats.
 //
-// Target (README): decode >= 0.85 x C on the bandwidth-bound shapes (>= 1 GiB of K/V per launch).
-// Every figure is also printed as a RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
+// Target (docs/figures.md): decode >= 0.85 x C on the bandwidth-bound shapes (>= 1 GiB of K/V
+// per launch). Every figure is also printed as a RESULT / TARGET / CHECK line
+// (bench_cuda_util.hpp).
 //
 // Usage: bench_decode_attention [--quick]   (--quick: a few small shapes, for smoke tests)
 #include <cuda_runtime_api.h>

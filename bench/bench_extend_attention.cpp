@@ -17,8 +17,8 @@
 // Warm-up runs on other inputs than the timed calls (the GEMM on its own matrices, attention
 // through a block table into the other half of the pool). Times are CUDA-event medians.
 //
-// Target (README): extend >= 0.45 x G on table 1's shapes. Every figure is also printed as a
-// RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
+// Target (docs/figures.md): extend >= 0.45 x G on table 1's shapes. Every figure is also printed
+// as a RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
 //
 // Usage: bench_extend_attention [--quick]   (--quick: a 1k prompt, for smoke tests)
 #include <cublas_v2.h>

@@ -1,4 +1,4 @@
-// pool_floor: the sequential replay's pool work (DESIGN.md 7: file order, one request at a time,
+// pool_floor: the sequential replay's pool work (docs/traces.md: file order, one request at a time,
 // prompt only), done by pagedkv's KVCacheManager and by a minimal pool side by side, in one
 // process on the same pre-hashed requests (SHA-256, block size 16, verification on).
 //

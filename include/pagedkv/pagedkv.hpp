@@ -1,6 +1,6 @@
 // pagedkv/pagedkv.hpp: everything host-side in one include (link pagedkv::pagedkv).
 //
-// Layers, bottom up (README "Layers"): base, hash, pool, manager; device, reference.
+// Layers, bottom up (docs/architecture.md, "Layers"): base, hash, pool, manager; device, reference.
 // The CUDA kernels are in pagedkv/cuda.hpp (link pagedkv::cuda).
 #pragma once
 

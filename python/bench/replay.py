@@ -1,7 +1,7 @@
 """Mooncake conversation-trace replay driven from Python through the pagedkv bindings, against
 the C++ pagedkv-replay on the same trace and settings, in the same run.
 
-Default replay mode (DESIGN.md 7): requests in file order, one at a time, prompt only. Per
+Default replay mode (docs/traces.md): requests in file order, one at a time, prompt only. Per
 request, as an engine's scheduler would: make_request (hashing), get_computed_blocks,
 allocate_slots, free: one binding call per step. Token synthesis (python/bench/mooncake.py, the
 same tokens as bench/replay/trace.cpp) is outside the timed sections, as in the C++ tool.

@@ -1,8 +1,8 @@
 """A small pure-Python re-implementation of vLLM v1's block pool, for the benchmark only.
 
 NOT vLLM's code (vLLM cannot be installed here): written by us from vLLM's documented design and
-the semantics pagedkv shares with it (DESIGN.md sections 3-5), in vLLM's Python style, so that
-its cost per block is comparable:
+the semantics pagedkv shares with it (docs/semantics.md and docs/hashing.md), in vLLM's Python
+style, so that its cost per block is comparable:
   - KVCacheBlock: one Python object per block (id, ref count, hash, prev/next free links);
   - FreeKVCacheBlockQueue: a doubly linked list through the blocks with sentinel head and tail,
     O(1) popleft, append and remove;
@@ -11,7 +11,7 @@ its cost per block is comparable:
     block's token ids, extra keys), chained from a NONE_HASH;
   - the manager's steps: longest hit capped at num_tokens - 1, touch, allocate with lazy
     eviction, cache full blocks, free the chain tail first (unhashed blocks to the head, hashed
-    ones to the tail, as DESIGN.md section 3 states).
+    ones to the tail, as docs/semantics.md states).
 The replay checks that it produces the same hit tokens and evictions as pagedkv on the same
 requests, so both do the same work.
 """

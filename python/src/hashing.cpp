@@ -88,7 +88,7 @@ BlockHash parent_from(const BlockHasher& h, const py::object& parent) {
 }  // namespace
 
 void bind_hashing(py::module_& m) {
-  py::enum_<HashScheme>(m, "HashScheme", "Block hash schemes (DESIGN.md section 5).")
+  py::enum_<HashScheme>(m, "HashScheme", "Block hash schemes (docs/hashing.md).")
       .value("SHA256", HashScheme::kSha256)
       .value("SHA256_CBOR_VLLM", HashScheme::kSha256CborVllm)
       .value("XXH3_128", HashScheme::kXxh3_128)

@@ -1,5 +1,5 @@
-"""Random operations against a small pure-Python model of the manager's semantics (DESIGN.md
-sections 3-4, one full-attention group). After every operation the library and the model must
+"""Random operations against a small pure-Python model of the manager's semantics
+(docs/semantics.md, one full-attention group). After every operation the library and the model must
 agree on results, ref counts, cached hashes, the free queue order and every block table row."""
 
 import random

@@ -165,7 +165,7 @@ inline void reserve_room(Vector& v, std::size_t n) {
 }  // namespace
 
 inline BlockId TieredKVCacheManager::host_match(const BlockSequence& seq, std::size_t index) const {
-  // DESIGN.md 5: the parent hash stored with the block must equal the request's.
+  // docs/hashing.md: the parent hash stored with the block must equal the request's.
   if (host_chain_) return host_.match_cached_block_after(seq, index);
   const BlockId slot = host_.match_cached_block_unanchored(seq, index);
   if (slot == BlockPool::kNoBlock) return slot;

@@ -25,7 +25,7 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-// DESIGN.md section 5: vLLM's sha256_cbor with seed "vllm-none-hash".
+// docs/hashing.md: vLLM's sha256_cbor with seed "vllm-none-hash".
 TEST(BlockHasher, VllmSha256CborVectors) {
   const BlockHasher hasher(HashScheme::kSha256CborVllm);
   const auto b0 = hash_block_tokens(hasher, nullptr, iota_tokens(0, 16));

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent generator of pagedkv's block-hash known-answer vectors.
 
-Written from the format descriptions alone (DESIGN.md section 5, vLLM's sha256_cbor, and
+Written from the format descriptions alone (docs/hashing.md, vLLM's sha256_cbor, and
 pagedkv's canonical encoding documented in include/pagedkv/hash/block_hasher.hpp), sharing no code
 with the C++ library: CBOR is hand-encoded here, SHA-256 comes from hashlib and XXH3-128 from
 the xxhsum command-line tool (Debian package `xxhash`).

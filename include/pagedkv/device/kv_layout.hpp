@@ -1,6 +1,6 @@
 // pagedkv/device/kv_layout.hpp: how much memory the KV cache needs, and where a cached value lives.
 //
-// Sizing (DESIGN.md section 6): each token stores one key and one value vector per layer and per
+// Sizing (docs/kernels.md): each token stores one key and one value vector per layer and per
 // KV head, so bytes per token = 2 x layers x kv_heads x head_dim x bytes per value. GQA/MQA models
 // have fewer KV heads than query heads, and this is what they save: Llama-2-7B (32 layers, 32 KV
 // heads, head_dim 128, fp16) needs 512 KiB per token, Llama-3-8B (32 layers, 8 KV heads) 128 KiB.

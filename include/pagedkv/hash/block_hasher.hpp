@@ -4,7 +4,7 @@
 // a small value type: copy it freely. hash_block() is a pure function of its arguments; any number
 // of threads may call it on the same hasher at once.
 //
-// Schemes (see DESIGN.md section 5):
+// Schemes (see docs/hashing.md):
 //   sha256_cbor_vllm  canonical CBOR of [parent, [tokens], extra keys or null], SHA-256;
 //   byte-identical
 //                     to vLLM's `sha256_cbor`. NONE_HASH = SHA-256(CBOR text string of the seed),

@@ -3,7 +3,7 @@
 //
 // A model's layers are split into KV-cache groups of one attention kind each (e.g. the full-
 // attention layers and the sliding-window layers of Gemma or gpt-oss); one block pool serves all
-// groups, and a block is cached under its group's id. Hit rules (DESIGN.md section 4):
+// groups, and a block is cached under its group's id. Hit rules (docs/semantics.md):
 //  - full attention: the longest prefix of cached blocks, searched left to right;
 //  - sliding window W: searched right to left for ceil((W - 1) / B) contiguous cached blocks;
 //    the positions before them hold the null block. A shorter run counts only when it reaches the

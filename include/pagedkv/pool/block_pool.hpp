@@ -1,5 +1,5 @@
 // pagedkv/pool/block_pool.hpp: the physical blocks, their reference counts, the LRU free queue and
-// the hash -> block map. The pool knows blocks and hashes, never requests (DESIGN.md section 3).
+// the hash -> block map. The pool knows blocks and hashes, never requests (docs/semantics.md).
 //
 // Semantics follow vLLM's v1 BlockPool (newest upstream):
 //  - get_new_blocks(n) pops n blocks from the free queue's head; a popped block that still carries

@@ -22,7 +22,7 @@
 // evicted or reused, and loaded GPU blocks are not cached (not hit-able) until finish_loads(). A
 // store's host slot becomes hit-able only when the store is committed done.
 //
-// Verification (pool/block_pool.hpp, DESIGN.md section 5): a host block is a hit when its hash,
+// Verification (pool/block_pool.hpp, docs/hashing.md): a host block is a hit when its hash,
 // tokens and extra keys equal the request's block (the host pool's verified lookup) and the
 // parent hash stored with it equals the request's previous block hash. The content before a host
 // run is identified by the chained hash, as for sliding-window runs; the tier therefore refuses
