@@ -793,7 +793,7 @@ std::optional<RemoteTicket> RedisStore::get(std::span<const RemoteGet> ops) {
     }
   }
   return impl_->submit(RemoteOpKind::kGet, ops.size(), [&](Slot& s, std::size_t k) {
-    s.id = RemoteValueBinding{ops[k].key, ops[k].parent, ops[k].group};
+    s.id = binding_of(ops[k]);
     s.buf = ops[k].dest.data();
     s.len = ops[k].dest.size();
   });
@@ -810,7 +810,7 @@ std::optional<RemoteTicket> RedisStore::put(std::span<const RemotePut> ops) {
     }
   }
   return impl_->submit(RemoteOpKind::kPut, ops.size(), [&](Slot& s, std::size_t k) {
-    s.id = RemoteValueBinding{ops[k].key, ops[k].parent, ops[k].group};
+    s.id = binding_of(ops[k]);
     // The source is only read (format()); the slot's pointer is shared with gets.
     s.buf = const_cast<std::byte*>(ops[k].src.data());
     s.len = ops[k].src.size();

@@ -565,5 +565,25 @@ TEST(RemoteTierConfigTest, HostEvictionWithoutStagingIsRejected) {
   EXPECT_THROW(RemoteTier(tier, store, host, rc), Error);
 }
 
+// The store is keyed by block hash and a value's binding reads the host pool's stored parent
+// hashes: a hasher that is not collision resistant is refused.
+TEST(RemoteTierConfigTest, AHasherThatIsNotCollisionResistantIsRejected) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 8;
+  c.block_size = kBs;
+  c.hasher = BlockHasher::weak_for_testing(HashScheme::kSha256, "remote-tier-test", 8);
+  HostTierConfig h;
+  h.num_host_blocks = 4;
+  TieredKVCacheManager tier(c, h);
+  RedisStoreConfig sc;
+  sc.port = test::free_port();
+  sc.name_space = "ns";
+  RedisStore store(sc);
+  std::vector<std::byte> host(5 * 64);
+  RemoteTierConfig rc;
+  rc.bytes_per_block = 64;
+  EXPECT_THROW(RemoteTier(tier, store, host, rc), Error);
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -38,6 +38,7 @@
 
 #include "pagedkv/hash/block_hash.hpp"
 #include "pagedkv/pool/kv_cache_block.hpp"
+#include "pagedkv/remote/remote_value.hpp"
 
 namespace pagedkv {
 
@@ -81,6 +82,17 @@ struct RemotePut {
   BlockHash parent{};
   GroupId group = 0;
 };
+
+// The block a put's value is bound to, and a get's value must be (remote_value.hpp). Every
+// backend (Redis, a disk store) writes encode_remote_value_header(fingerprint, binding_of(put),
+// put.src) before the payload, and loads a value into a get's buffer only when
+// check_remote_value(value, fingerprint, get.dest.size(), binding_of(get)) is kOk.
+inline RemoteValueBinding binding_of(const RemoteGet& g) noexcept {
+  return {g.key, g.parent, g.group};
+}
+inline RemoteValueBinding binding_of(const RemotePut& p) noexcept {
+  return {p.key, p.parent, p.group};
+}
 
 struct RemoteCompletion {
   RemoteTicket ticket = 0;
