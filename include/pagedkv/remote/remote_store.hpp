@@ -57,7 +57,8 @@ enum class RemoteResult : std::uint8_t {
   kSkippedFull,   // put: the store refused it for lack of memory (e.g. Redis maxmemory +
                   // noeviction); a normal outcome, counted
   kTimeout,       // no reply within the operation timeout; a get's buffer is untouched
-  kError,         // the store is unreachable, refused the op (e.g. AUTH) or replied an error
+  kError,         // the store is unreachable, refused the op (AUTH, an ACL's NOPERM) or replied
+                  // an error
 };
 
 std::string_view to_string(RemoteOpKind kind) noexcept;
