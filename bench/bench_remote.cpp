@@ -14,12 +14,22 @@
 // included; redis-benchmark: the child process) and the server's (INFO cpu, used_cpu_user +
 // used_cpu_sys), which a loaded machine perturbs far less than wall-clock rates.
 // Exit 0 with a message when no server can be started.
+//
+//   bench_remote --value-check [--sizes ...] [--repetitions R]
+// times the reader's check of one value (no server): version 1's work (magic, version,
+// fingerprint and length compares, then xxh3_64 of the payload, seed 0: what check_remote_value
+// did before values were bound to their block, reimplemented here) against version 2's
+// check_remote_value (the same, plus the 72-byte binding compare and a seeded xxh3_64 whose seed
+// hashes the 112-byte header), alternating A and B in each repetition, plus the rejection of a
+// value bound to another block (stops at the binding compare, before hashing the payload).
 #include <sys/resource.h>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -28,6 +38,9 @@
 #include "pagedkv/remote/redis_store.hpp"
 #include "pagedkv/remote/remote_value.hpp"
 #include "redis_servers.hpp"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace {
 
@@ -43,6 +56,7 @@ struct Options {
   std::size_t pipeline = 8;
   int repetitions = 5;
   bool quick = false;
+  bool value_check = false;
 };
 
 struct PhaseResult {
@@ -220,6 +234,93 @@ std::uint64_t median_u(std::vector<std::uint64_t> v) {
   return v[v.size() / 2];
 }
 
+std::uint64_t le64(const std::byte* p) {
+  std::uint64_t v = 0;
+  std::memcpy(&v, p, sizeof(v));  // x86-64 and aarch64 Linux: little-endian
+  return v;
+}
+
+// Version 1's reader check (magic, version and header size, fingerprint, length, then xxh3_64 of
+// the payload), run on a version 2 value's fields: the work the reader did before the binding.
+bool check_v1_work(std::span<const std::byte> v, std::uint64_t fp, std::size_t expected) {
+  if (v.size() < pagedkv::kRemoteValueHeaderSize) return false;
+  const std::byte* h = v.data();
+  std::uint32_t magic = 0;
+  std::memcpy(&magic, h, 4);
+  if (magic != pagedkv::kRemoteValueMagic) return false;
+  if (std::to_integer<unsigned>(h[4]) != pagedkv::kRemoteValueVersion ||
+      std::to_integer<unsigned>(h[6]) != pagedkv::kRemoteValueHeaderSize) {
+    return false;
+  }
+  if (le64(h + 8) != fp) return false;
+  const std::uint64_t len = le64(h + 16);
+  if (len != v.size() - pagedkv::kRemoteValueHeaderSize || len != expected) return false;
+  const auto payload = v.subspan(pagedkv::kRemoteValueHeaderSize);
+  return XXH3_64bits(payload.data(), payload.size()) != le64(h + 24);  // (never equal: seeded)
+}
+
+// ns per check of a value of each size: v1's work vs check_remote_value, and a rejection.
+int value_check_bench(const Options& o) {
+  std::printf(
+      "bench_remote --value-check: ns per value checked, medians over 64 x %d rounds (A/B "
+      "alternating)\n\n| payload bytes | v1 work ns | v2 check_remote_value ns | ratio v2/v1 "
+      "(median of pairs) | wrong block rejected ns |\n|---|---|---|---|---|\n",
+      o.repetitions);
+  const pagedkv::RemoteValueBinding block{key_of(5), key_of(4), 0};
+  const pagedkv::RemoteValueBinding other{key_of(6), key_of(5), 0};
+  const std::uint64_t fp = 42;
+  volatile std::size_t sink = 0;
+  for (std::size_t size : o.sizes) {
+    std::vector<std::byte> payload(size);
+    for (std::size_t i = 0; i < size; ++i) payload[i] = std::byte(static_cast<std::uint8_t>(i));
+    const auto h = pagedkv::encode_remote_value_header(fp, block, payload);
+    std::vector<std::byte> value(h.begin(), h.end());
+    value.insert(value.end(), payload.begin(), payload.end());
+    // Many short rounds (about 1 MiB hashed per timed span, at least 20 checks), A and B
+    // alternating within each round and their order alternating between rounds: a drift of the
+    // shared machine's speed hits both alike. The barrier keeps the compiler from hoisting the
+    // (inlined) v1 hash of unchanged bytes out of the loop.
+    const std::size_t iters = std::max<std::size_t>(20, (1u << 20) / (size + 1));
+    const auto time_ns = [&](auto&& f) {
+      const auto t0 = Clock::now();
+      for (std::size_t i = 0; i < iters; ++i) {
+        asm volatile("" : : "r"(value.data()) : "memory");
+        sink = sink + f();
+      }
+      return std::chrono::duration<double, std::nano>(Clock::now() - t0).count() /
+             static_cast<double>(iters);
+    };
+    const auto v1 = [&] { return std::size_t{check_v1_work(value, fp, size)}; };
+    const auto v2 = [&] {
+      return std::size_t(pagedkv::check_remote_value(value, fp, size, block) ==
+                         pagedkv::RemoteValueCheck::kOk);
+    };
+    const auto wrong = [&] {
+      return std::size_t(pagedkv::check_remote_value(value, fp, size, other) ==
+                         pagedkv::RemoteValueCheck::kBindingMismatch);
+    };
+    std::vector<double> a, b, ratio, rej;
+    const int rounds = 64 * o.repetitions;
+    for (int r = 0; r < rounds; ++r) {
+      double x = 0, y = 0;
+      if (r % 2 == 0) {
+        x = time_ns(v1);
+        y = time_ns(v2);
+      } else {
+        y = time_ns(v2);
+        x = time_ns(v1);
+      }
+      a.push_back(x);
+      b.push_back(y);
+      ratio.push_back(y / x);
+      if (r % 8 == 0) rej.push_back(time_ns(wrong));
+    }
+    std::printf("| %zu | %.1f | %.1f | %.3f | %.1f |\n", size, median(a), median(b), median(ratio),
+                median(rej));
+  }
+  return 0;
+}
+
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr, "bench_remote: %s\n", why);
   std::exit(2);
@@ -252,6 +353,8 @@ int main(int argc, char** argv) {
       o.repetitions = std::stoi(next());
     } else if (a == "--quick") {
       o.quick = true;
+    } else if (a == "--value-check") {
+      o.value_check = true;
     } else {
       usage(("unknown argument " + a).c_str());
     }
@@ -264,6 +367,8 @@ int main(int argc, char** argv) {
   if (o.sizes.empty() || o.connections == 0 || o.pipeline == 0 || o.repetitions < 1) {
     usage("bad options");
   }
+
+  if (o.value_check) return value_check_bench(o);
 
   std::optional<pagedkv::test::RedisServer> own;
   if (o.port == 0) {

@@ -379,6 +379,8 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
       x.timeouts += st.timeouts;
       x.checksum_failures += st.checksum_failures;
       x.header_mismatches += st.header_mismatches;
+      x.binding_mismatches += st.binding_mismatches;
+      x.rejected_values += s.rejected_values;
       x.queue_full_drops += st.queue_full_drops;
     }
 #endif
@@ -451,7 +453,8 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
         "\"remote_puts_skipped\":%llu,\"remote_puts_failed\":%llu,"
         "\"remote_puts_skipped_full\":%llu,\"remote_bytes_in\":%llu,\"remote_bytes_out\":%llu,"
         "\"remote_errors\":%llu,\"remote_timeouts\":%llu,\"remote_checksum_failures\":%llu,"
-        "\"remote_header_mismatches\":%llu,\"remote_queue_full_drops\":%llu,"
+        "\"remote_header_mismatches\":%llu,\"remote_binding_mismatches\":%llu,"
+        "\"remote_rejected_values\":%llu,\"remote_queue_full_drops\":%llu,"
         "\"remote_wait_seconds\":%.3f}",
         c.remote->c_str(), c.remote_payload_bytes,
         c.remote_store_on_host_eviction
@@ -461,14 +464,14 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
         (unsigned long long)x.probed_blocks, (unsigned long long)x.probe_hit_blocks,
         (unsigned long long)x.load_misses, (unsigned long long)x.fills_no_slot,
         (unsigned long long)x.fills_refused, (unsigned long long)x.fills_shared,
-        (unsigned long long)x.puts,
-        (unsigned long long)x.stored_blocks, (unsigned long long)x.eviction_puts,
-        (unsigned long long)x.puts_skipped, (unsigned long long)x.puts_failed,
-        (unsigned long long)x.puts_skipped_full, (unsigned long long)x.bytes_in,
-        (unsigned long long)x.bytes_out, (unsigned long long)x.errors,
-        (unsigned long long)x.timeouts, (unsigned long long)x.checksum_failures,
-        (unsigned long long)x.header_mismatches, (unsigned long long)x.queue_full_drops,
-        x.wait_seconds);
+        (unsigned long long)x.puts, (unsigned long long)x.stored_blocks,
+        (unsigned long long)x.eviction_puts, (unsigned long long)x.puts_skipped,
+        (unsigned long long)x.puts_failed, (unsigned long long)x.puts_skipped_full,
+        (unsigned long long)x.bytes_in, (unsigned long long)x.bytes_out,
+        (unsigned long long)x.errors, (unsigned long long)x.timeouts,
+        (unsigned long long)x.checksum_failures, (unsigned long long)x.header_mismatches,
+        (unsigned long long)x.binding_mismatches, (unsigned long long)x.rejected_values,
+        (unsigned long long)x.queue_full_drops, x.wait_seconds);
     out += buf;
   }
   if (without != nullptr) {

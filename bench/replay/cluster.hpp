@@ -63,6 +63,8 @@ struct RemoteReplayStats {
   std::uint64_t puts_skipped_full = 0, eviction_puts = 0;
   std::uint64_t bytes_in = 0, bytes_out = 0;  // payload bytes (each value adds its header)
   std::uint64_t errors = 0, timeouts = 0, checksum_failures = 0, header_mismatches = 0;
+  std::uint64_t binding_mismatches = 0;  // values of another block under a key (issue 41)
+  std::uint64_t rejected_values = 0;     // gets that found a value that did not check
   std::uint64_t queue_full_drops = 0;
   double wait_seconds = 0;  // waiting for probes, gets and puts to complete (wall)
 };

@@ -280,6 +280,7 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
       << sfx << "\":" << m.puts_failed << ",\"remote_store_errors" << sfx << "\":" << m.store_errors
       << ",\"remote_store_timeouts" << sfx << "\":" << m.store_timeouts
       << ",\"remote_rejected_values" << sfx << "\":" << m.rejected_values
+      << ",\"remote_binding_mismatches" << sfx << "\":" << m.binding_mismatches
       << ",\"remote_ready_by_timeout" << sfx << "\":" << m.ready_by_timeout << ",\"remote_drained"
       << sfx << "\":" << (m.drained ? "true" : "false");
   }
@@ -307,8 +308,9 @@ void print_run_text(const char* title, const tiny_engine::RunResult& r) {
               << " load misses; " << m.stored_blocks << " blocks stored (" << m.stored_bytes
               << " bytes), " << m.puts_skipped + m.puts_failed << " puts skipped or failed; "
               << m.store_errors << " store errors, " << m.store_timeouts << " timeouts, "
-              << m.rejected_values << " rejected values"
-              << (m.drained ? "" : "; puts still in flight at exit") << "\n";
+              << m.rejected_values << " rejected values (" << m.binding_mismatches
+              << " of another block)" << (m.drained ? "" : "; puts still in flight at exit")
+              << "\n";
   }
 }
 

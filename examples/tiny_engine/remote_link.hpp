@@ -50,9 +50,10 @@ struct RemoteRunStats {
   std::uint64_t stored_bytes = 0;
   std::uint64_t puts_skipped = 0;
   std::uint64_t puts_failed = 0;
-  std::uint64_t store_errors = 0;     // store ops completed kError (e.g. server down)
-  std::uint64_t store_timeouts = 0;   // store ops completed kTimeout
-  std::uint64_t rejected_values = 0;  // checksum or header mismatches
+  std::uint64_t store_errors = 0;        // store ops completed kError (e.g. server down)
+  std::uint64_t store_timeouts = 0;      // store ops completed kTimeout
+  std::uint64_t rejected_values = 0;     // values found that did not check (any reason below)
+  std::uint64_t binding_mismatches = 0;  // of those: another block's value under the key
   std::uint64_t connect_failures = 0;
   bool drained = true;  // every put completed before finish() returned
 };

@@ -66,7 +66,7 @@ struct Slot {
   RemoteResult result = RemoteResult::kError;
   std::uint32_t index = 0;
   RemoteTicket ticket = 0;
-  BlockHash key;
+  RemoteValueBinding id;     // id.block: the key; a get checks the value against all of it
   std::byte* buf = nullptr;  // get: destination; put: source (never written)
   std::size_t len = 0;
   Clock::time_point submitted{};
@@ -76,8 +76,8 @@ struct Slot {
 struct Counters {
   std::atomic<std::uint64_t> probes{0}, probe_hits{0}, gets{0}, hits{0}, misses{0}, puts{0},
       stored{0}, skipped_full{0}, bytes_in{0}, bytes_out{0}, timeouts{0}, errors{0},
-      checksum_failures{0}, header_mismatches{0}, queue_full_drops{0}, connects{0},
-      connect_failures{0};
+      checksum_failures{0}, header_mismatches{0}, binding_mismatches{0}, queue_full_drops{0},
+      connects{0}, connect_failures{0};
 };
 
 void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
@@ -406,7 +406,7 @@ class Connection {
     if (headers_.size() < batch.size()) headers_.resize(batch.size());
     for (std::size_t k = 0; k < batch.size(); ++k) {
       const Slot& s = slots[batch[k]];
-      format_key(s.key);
+      format_key(s.id.block);
       line_.clear();
       switch (s.kind) {
         case RemoteOpKind::kExists:
@@ -421,7 +421,7 @@ class Connection {
           break;
         case RemoteOpKind::kPut: {
           const std::span<const std::byte> payload(s.buf, s.len);
-          headers_[k] = encode_remote_value_header(config_.layout_fingerprint, payload);
+          headers_[k] = encode_remote_value_header(config_.layout_fingerprint, s.id, payload);
           line_.append("*3\r\n$3\r\nSET\r\n");
           append_bulk(line_, key_);
           line_.push_back('$');
@@ -550,9 +550,13 @@ class Connection {
         const char* data = begin + line;
         if (data[len] != '\r' || data[len + 1] != '\n') return -1;
         const std::span<const std::byte> value(reinterpret_cast<const std::byte*>(data), len);
-        const RemoteValueCheck check = check_remote_value(value, config_.layout_fingerprint, s.len);
+        const RemoteValueCheck check =
+            check_remote_value(value, config_.layout_fingerprint, s.len, s.id);
         if (check == RemoteValueCheck::kChecksumMismatch) {
           bump(counters_.checksum_failures);
+          out = RemoteResult::kInvalidValue;
+        } else if (check == RemoteValueCheck::kBindingMismatch) {
+          bump(counters_.binding_mismatches);
           out = RemoteResult::kInvalidValue;
         } else if (check != RemoteValueCheck::kOk) {
           bump(counters_.header_mismatches);
@@ -771,7 +775,7 @@ void check_key(const BlockHash& key, const char* op) {
 std::optional<RemoteTicket> RedisStore::exists(std::span<const BlockHash> keys) {
   for (const auto& k : keys) check_key(k, "exists");
   return impl_->submit(RemoteOpKind::kExists, keys.size(), [&](Slot& s, std::size_t k) {
-    s.key = keys[k];
+    s.id = RemoteValueBinding{keys[k], BlockHash(), 0};
     s.buf = nullptr;
     s.len = 0;
   });
@@ -789,7 +793,7 @@ std::optional<RemoteTicket> RedisStore::get(std::span<const RemoteGet> ops) {
     }
   }
   return impl_->submit(RemoteOpKind::kGet, ops.size(), [&](Slot& s, std::size_t k) {
-    s.key = ops[k].key;
+    s.id = binding_of(ops[k]);
     s.buf = ops[k].dest.data();
     s.len = ops[k].dest.size();
   });
@@ -806,7 +810,7 @@ std::optional<RemoteTicket> RedisStore::put(std::span<const RemotePut> ops) {
     }
   }
   return impl_->submit(RemoteOpKind::kPut, ops.size(), [&](Slot& s, std::size_t k) {
-    s.key = ops[k].key;
+    s.id = binding_of(ops[k]);
     // The source is only read (format()); the slot's pointer is shared with gets.
     s.buf = const_cast<std::byte*>(ops[k].src.data());
     s.len = ops[k].src.size();
@@ -860,6 +864,7 @@ RemoteStoreStats RedisStore::stats() const {
   s.errors = ld(c.errors);
   s.checksum_failures = ld(c.checksum_failures);
   s.header_mismatches = ld(c.header_mismatches);
+  s.binding_mismatches = ld(c.binding_mismatches);
   s.queue_full_drops = ld(c.queue_full_drops);
   s.connects = ld(c.connects);
   s.connect_failures = ld(c.connect_failures);

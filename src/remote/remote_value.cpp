@@ -19,6 +19,23 @@ std::uint64_t get_le(const std::byte* at, int bytes) noexcept {
   return value;
 }
 
+void encode_binding(std::byte* at, const RemoteValueBinding& b) noexcept {
+  std::memset(at, 0, kRemoteValueBindingSize);
+  at[0] = static_cast<std::byte>(b.block.size());
+  at[1] = static_cast<std::byte>(b.parent.size());
+  at[2] = static_cast<std::byte>(b.group);
+  std::memcpy(at + 8, b.block.padded_bytes().data(), BlockHash::kMaxSize);
+  std::memcpy(at + 8 + BlockHash::kMaxSize, b.parent.padded_bytes().data(), BlockHash::kMaxSize);
+}
+
+// The checksum's seed: xxh3_64 of the header with its checksum field zeroed.
+std::uint64_t header_seed(const std::byte* header) noexcept {
+  RemoteValueHeader h;
+  std::memcpy(h.data(), header, kRemoteValueHeaderSize);
+  std::memset(h.data() + 24, 0, 8);
+  return XXH3_64bits(h.data(), h.size());
+}
+
 }  // namespace
 
 std::uint64_t remote_checksum(std::span<const std::byte> bytes) noexcept {
@@ -30,6 +47,7 @@ std::uint64_t layout_fingerprint(std::string_view description) noexcept {
 }
 
 RemoteValueHeader encode_remote_value_header(std::uint64_t fingerprint,
+                                             const RemoteValueBinding& binding,
                                              std::span<const std::byte> payload) noexcept {
   RemoteValueHeader h{};
   put_le(h.data() + 0, kRemoteValueMagic, 4);
@@ -37,7 +55,9 @@ RemoteValueHeader encode_remote_value_header(std::uint64_t fingerprint,
   put_le(h.data() + 6, kRemoteValueHeaderSize, 2);
   put_le(h.data() + 8, fingerprint, 8);
   put_le(h.data() + 16, payload.size(), 8);
-  put_le(h.data() + 24, remote_checksum(payload), 8);
+  encode_binding(h.data() + kRemoteValueBindingOffset, binding);
+  const std::uint64_t seed = header_seed(h.data());
+  put_le(h.data() + 24, XXH3_64bits_withSeed(payload.data(), payload.size(), seed), 8);
   return h;
 }
 
@@ -55,6 +75,8 @@ std::string_view to_string(RemoteValueCheck check) noexcept {
       return "fingerprint_mismatch";
     case RemoteValueCheck::kLengthMismatch:
       return "length_mismatch";
+    case RemoteValueCheck::kBindingMismatch:
+      return "binding_mismatch";
     case RemoteValueCheck::kChecksumMismatch:
       return "checksum_mismatch";
   }
@@ -62,11 +84,13 @@ std::string_view to_string(RemoteValueCheck check) noexcept {
 }
 
 RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint64_t fingerprint,
-                                    std::size_t expected_payload) noexcept {
+                                    std::size_t expected_payload,
+                                    const RemoteValueBinding& expected) noexcept {
   if (value.size() < kRemoteValueHeaderSize) return RemoteValueCheck::kTooShort;
   const std::byte* h = value.data();
   if (get_le(h, 4) != kRemoteValueMagic) return RemoteValueCheck::kBadMagic;
-  if (get_le(h + 4, 2) != kRemoteValueVersion || get_le(h + 6, 2) != kRemoteValueHeaderSize) {
+  if (get_le(h + 4, 2) != kRemoteValueVersion || get_le(h + 6, 2) != kRemoteValueHeaderSize ||
+      get_le(h + 104, 8) != 0) {
     return RemoteValueCheck::kBadVersion;
   }
   if (get_le(h + 8, 8) != fingerprint) return RemoteValueCheck::kFingerprintMismatch;
@@ -74,7 +98,14 @@ RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint6
   if (length != value.size() - kRemoteValueHeaderSize || length != expected_payload) {
     return RemoteValueCheck::kLengthMismatch;
   }
-  if (get_le(h + 24, 8) != remote_checksum(value.subspan(kRemoteValueHeaderSize))) {
+  // The binding: a compare of 72 bytes against the block asked for.
+  std::array<std::byte, kRemoteValueBindingSize> want;
+  encode_binding(want.data(), expected);
+  if (std::memcmp(h + kRemoteValueBindingOffset, want.data(), want.size()) != 0) {
+    return RemoteValueCheck::kBindingMismatch;
+  }
+  const std::span<const std::byte> payload = value.subspan(kRemoteValueHeaderSize);
+  if (get_le(h + 24, 8) != XXH3_64bits_withSeed(payload.data(), payload.size(), header_seed(h))) {
     return RemoteValueCheck::kChecksumMismatch;
   }
   return RemoteValueCheck::kOk;

@@ -8,6 +8,12 @@
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
+namespace {
+
+// The KV-cache group of the tier's blocks (it has one, full attention).
+constexpr GroupId kGroup = 0;
+
+}  // namespace
 
 RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
                        std::span<std::byte> host_buffer, RemoteTierConfig config)
@@ -23,6 +29,11 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
                     std::to_string(config_.bytes_per_block) + " bytes, the tier needs " +
                     std::to_string(slots) + " (num_host_blocks + 1)");
   }
+  if (!tier_.host_pool().stores_chain_material()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "RemoteTier: the tier's hasher is not collision resistant (the remote store is "
+                "keyed by block hash; use sha256 or sha256_cbor_vllm)");
+  }
   const bool on_eviction = config_.store_policy == RemoteStorePolicy::kOnHostEviction;
   if (on_eviction && config_.store && config_.eviction_staging_blocks == 0) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -36,9 +47,9 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
   std::size_t staging = 0;
   if (on_eviction && config_.store) {
     staging = config_.eviction_staging_blocks;
-    slot_hash_.resize(slots);
+    slot_block_.resize(slots);
     staging_.assign(staging * static_cast<std::size_t>(config_.bytes_per_block), std::byte{0});
-    staging_key_.resize(staging);
+    staging_block_.resize(staging);
     staging_free_.reserve(staging);
     for (std::size_t i = staging; i-- > 0;) staging_free_.push_back(static_cast<std::uint32_t>(i));
   }
@@ -92,6 +103,12 @@ void RemoteTier::release(PutItem& item) noexcept {
     --put_pins_;
   }
   if (item.staging != kNoStaging) staging_free_.push_back(item.staging);
+}
+
+RemoteValueBinding RemoteTier::slot_binding(BlockId slot) const noexcept {
+  const BlockPool& host = tier_.host_pool();
+  const KVCacheBlock& b = host.block(slot);
+  return RemoteValueBinding{b.block_hash, host.stored_parent_hash(slot), b.group_id};
 }
 
 std::span<std::byte> RemoteTier::slot_bytes(BlockId slot) const {
@@ -153,7 +170,9 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
     }
     batch.fills.push_back(*fill);
     batch.keys.push_back(hashes[i]);
-    get_ops_.push_back({hashes[i], slot_bytes(fill->slot)});
+    // Bound to the block and its verified prefix: the previous block's chained hash.
+    get_ops_.push_back(
+        {hashes[i], slot_bytes(fill->slot), i > 0 ? hashes[i - 1] : BlockHash(), kGroup});
   }
   for (const auto& [ticket, index] : shared_) {
     gets_.find(ticket)->second.waiters.push_back(Waiter{index, id, p.serial});
@@ -250,6 +269,7 @@ void RemoteTier::handle(const RemoteCompletion& c) {
         stats_.remote_hit_tokens += tier_.block_size();
       } else {
         ++stats_.load_misses;
+        if (c.result == RemoteResult::kInvalidValue) ++stats_.rejected_values;
       }
     }
     if (--batch.outstanding == 0) {
@@ -329,7 +349,7 @@ void RemoteTier::on_cached(BlockId slot, bool from_fill) {
   slot_put_[s] = from_fill ? 1 : 0;  // a block that came from the store is not put back
   if (!config_.store) return;
   if (config_.store_policy == RemoteStorePolicy::kOnHostEviction) {
-    slot_hash_[s] = tier_.host_pool().block(slot).block_hash;  // put when evicted
+    slot_block_[s] = slot_binding(slot);  // put when evicted
     return;
   }
   if (!from_fill && config_.store_min_hits == 0) queue_put(slot);
@@ -346,9 +366,9 @@ void RemoteTier::on_loaded(BlockId slot) {
 
 void RemoteTier::on_evicted(BlockId slot) noexcept {
   const auto s = static_cast<std::size_t>(slot);
-  if (slot_put_[s] != 0 || slot_hash_[s].empty()) return;  // from the store, or put already
-  const BlockHash key = slot_hash_[s];
-  slot_hash_[s] = BlockHash();
+  if (slot_put_[s] != 0 || slot_block_[s].block.empty()) return;  // from the store, or put
+  const RemoteValueBinding block = slot_block_[s];
+  slot_block_[s].block = BlockHash();
   slot_put_[s] = 1;
   if (staging_free_.empty()) {
     ++stats_.puts_skipped;
@@ -360,7 +380,7 @@ void RemoteTier::on_evicted(BlockId slot) noexcept {
   // neither the engine's plan nor a fill has written it yet.
   const std::span<const std::byte> src = slot_bytes(slot);
   std::copy(src.begin(), src.end(), staging_bytes(index).begin());
-  staging_key_[index] = key;
+  staging_block_[index] = block;
   PutItem item;
   item.staging = index;
   put_queue_.push_back(item);  // capacity reserved: no allocation
@@ -385,10 +405,12 @@ void RemoteTier::submit_puts() {
   std::size_t staged = 0;
   for (const PutItem& item : put_queue_) {
     if (item.staging != kNoStaging) {
-      put_ops_.push_back({staging_key_[item.staging], staging_bytes(item.staging)});
+      const RemoteValueBinding& b = staging_block_[item.staging];
+      put_ops_.push_back({b.block, staging_bytes(item.staging), b.parent, b.group});
       ++staged;
     } else {
-      put_ops_.push_back({tier_.host_pool().block(item.slot).block_hash, slot_bytes(item.slot)});
+      const RemoteValueBinding b = slot_binding(item.slot);
+      put_ops_.push_back({b.block, slot_bytes(item.slot), b.parent, b.group});
     }
   }
   RemoteTicket ticket = 0;  // tickets start at 1

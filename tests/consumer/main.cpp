@@ -43,7 +43,9 @@ int main() {
     // Links hiredis through the export; connects lazily, so no server is needed here.
     pagedkv::RedisStore store(pagedkv::RedisStoreConfig::from_url("redis://127.0.0.1:1/consumer"));
     const std::byte payload[3] = {std::byte{1}, std::byte{2}, std::byte{3}};
-    const auto header = pagedkv::encode_remote_value_header(7, payload);
+    const pagedkv::RemoteValueBinding block{
+        pagedkv::BlockHash::from_hex(std::string(64, 'a')), {}, 0};
+    const auto header = pagedkv::encode_remote_value_header(7, block, payload);
     std::printf("remote store namespace %s, header %zu bytes\n",
                 std::string(store.name_space()).c_str(), header.size());
   }

@@ -240,6 +240,61 @@ TEST_F(RedisStoreTest, WrongNamespaceOrLayoutIsAMissNeverALoad) {
   for (std::byte b : small) ASSERT_EQ(b, std::byte{7});
 }
 
+// Issue 41: a value is bound to its block. A genuine value copied under another key, or read as
+// the block of another prefix (parent) or group, is kInvalidValue - a counted miss, the buffer
+// untouched - and a version 1 value (no binding) is a counted header mismatch.
+TEST_F(RedisStoreTest, AValueUnderAnotherKeyOrPrefixIsRejectedAndCounted) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  RedisStore store(config_for(server.port()));
+  std::vector<std::vector<std::byte>> keep;
+  keep.push_back(block_bytes(4096, 1));
+  keep.push_back(block_bytes(4096, 2));
+  // Block 1 (parent block 0) and block 2 (parent block 1) of one chain.
+  const RemotePut puts[] = {{block_key(1), keep[0], block_key(0), 0},
+                            {block_key(2), keep[1], block_key(1), 0}};
+  ASSERT_TRUE(store.put(puts));
+  ASSERT_EQ(count_result(collect(store, 2), RemoteResult::kStored), 2u);
+
+  test::Client raw(server.port());
+  const auto v1 = raw.command({"GET", store.key_of(block_key(1))});
+  ASSERT_TRUE(v1.has_value());
+  ASSERT_EQ(v1->size(), kRemoteValueHeaderSize + 4096);
+  // Block 1's value under block 2's key, and under a key never written.
+  ASSERT_EQ(raw.command({"SET", store.key_of(block_key(2)), *v1}), "OK");
+  ASSERT_EQ(raw.command({"SET", store.key_of(block_key(9)), *v1}), "OK");
+  // A version 1 value: the old 40-byte header in front of the payload.
+  std::string old = v1->substr(0, 40) + v1->substr(kRemoteValueHeaderSize);
+  old[4] = 1;
+  old[6] = 40;
+  ASSERT_EQ(raw.command({"SET", store.key_of(block_key(10)), old}), "OK");
+
+  std::vector<std::vector<std::byte>> out(6, std::vector<std::byte>(4096, std::byte{0x33}));
+  const RemoteGet gets[] = {
+      {block_key(1), out[0], block_key(0), 0},   // its own key: a hit
+      {block_key(2), out[1], block_key(1), 0},   // block 1's value under block 2's key
+      {block_key(9), out[2], block_key(8), 0},   // ... under a key never written
+      {block_key(1), out[3], block_key(7), 0},   // block 1 read as the child of another prefix
+      {block_key(1), out[4], block_key(0), 1},   // ... of another KV-cache group
+      {block_key(10), out[5], block_key(9), 0},  // a version 1 value
+  };
+  ASSERT_TRUE(store.get(gets));
+  const auto done = collect(store, 6);
+  ASSERT_EQ(done.size(), 6u);
+  EXPECT_EQ(done[0].result, RemoteResult::kHit);
+  EXPECT_TRUE(out[0] == keep[0]);
+  for (std::size_t i = 1; i < 6; ++i) {
+    EXPECT_EQ(done[i].result, RemoteResult::kInvalidValue) << i;
+    for (std::byte b : out[i]) ASSERT_EQ(b, std::byte{0x33}) << i;
+  }
+  const RemoteStoreStats s = store.stats();
+  EXPECT_EQ(s.binding_mismatches, 4u);
+  EXPECT_EQ(s.header_mismatches, 1u);
+  EXPECT_EQ(s.checksum_failures, 0u);
+  EXPECT_EQ(s.misses, 5u);
+  EXPECT_EQ(s.hits, 1u);
+}
+
 TEST_F(RedisStoreTest, CorruptedValueIsDetectedCountedAndNotLoaded) {
   test::RedisServer server;
   ASSERT_TRUE(server.start());

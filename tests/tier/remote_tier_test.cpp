@@ -321,6 +321,101 @@ TEST_F(RemoteTierTest, CorruptedValueIsAMissAndShortensTheHit) {
   EXPECT_EQ(b.remote().stats().loaded_blocks, 9u);
 }
 
+// Issue 41: values rotated among their keys (each key holds another block's genuine value, header
+// and checksum intact, as a writer with access to the namespace or a bug could leave them). Every
+// get of such a value is a counted miss, never a hit: run() checks every loaded byte against the
+// prefix, so a value loaded under the wrong key fails there. Another prompt's values (other
+// blocks, other parents) rotated into this prompt's keys are rejected just the same.
+TEST_F(RemoteTierTest, ValuesRotatedAmongKeysAreCountedMissesNeverWrongKV) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  const std::vector<TokenId> other = tokens(77, 42);
+  std::vector<std::string> keys;
+  {
+    Engine a(server.port(), "ns");
+    a.run(1, kPrompt);
+    a.run(2, other);
+    ASSERT_TRUE(a.drain());
+    ASSERT_EQ(a.remote().stats().stored_blocks, 20u);
+    const Request r = a.tier().make_request(99, kPrompt);
+    const Request o = a.tier().make_request(98, other);
+    for (std::size_t i = 0; i < 10; ++i) keys.push_back(a.store().key_of(r.block_hashes()[i]));
+    for (std::size_t i = 0; i < 10; ++i) keys.push_back(a.store().key_of(o.block_hashes()[i]));
+  }
+  test::Client client(server.port());
+  std::vector<std::string> values;
+  for (const std::string& k : keys) {
+    auto v = client.command({"GET", k});
+    ASSERT_TRUE(v.has_value() && *v != "(nil)") << k;
+    values.push_back(*v);
+  }
+  // Key i (of kPrompt) gets the value of key i + 1 (the next block of kPrompt, or, for the last
+  // ones, blocks of the other prompt), so no key keeps its own value.
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(client.command({"SET", keys[i], values[(i + 1) % keys.size()]}), "OK");
+  }
+
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kWaitComplete;
+  Engine b(server.port(), "ns", rc);
+  const RunResult rb = b.run(1, kPrompt);  // bytes checked inside run()
+  EXPECT_EQ(rb.host_hit_tokens, 0u);
+  EXPECT_EQ(rb.computed_tokens, kPrompt.size());
+  const RunResult ro = b.run(2, other);
+  EXPECT_EQ(ro.host_hit_tokens, 0u);
+  EXPECT_EQ(ro.computed_tokens, other.size());
+  const RemoteTierStats s = b.remote().stats();
+  EXPECT_EQ(s.probe_hit_blocks, 20u);  // the keys are there...
+  EXPECT_EQ(s.fills, 20u);
+  EXPECT_EQ(s.loaded_blocks, 0u);  // ... but no value is loaded under a key not its own
+  EXPECT_EQ(s.load_misses, 20u);
+  EXPECT_EQ(s.rejected_values, 20u);
+  const RemoteStoreStats st = b.store().stats();
+  EXPECT_EQ(st.binding_mismatches, 20u);
+  EXPECT_EQ(st.checksum_failures + st.header_mismatches, 0u);
+  EXPECT_EQ(st.misses, 20u);
+  EXPECT_EQ(st.hits, 0u);
+  b.tier().check_invariants();
+}
+
+// The same value back under its own key is a hit again: the binding rejects only misplacement.
+TEST_F(RemoteTierTest, AValueRestoredUnderItsOwnKeyIsAHitAgain) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  std::vector<std::string> keys;
+  {
+    Engine a(server.port(), "ns");
+    a.run(1, kPrompt);
+    ASSERT_TRUE(a.drain());
+    const Request r = a.tier().make_request(99, kPrompt);
+    for (std::size_t i = 0; i < 10; ++i) keys.push_back(a.store().key_of(r.block_hashes()[i]));
+  }
+  test::Client client(server.port());
+  const auto v3 = client.command({"GET", keys[3]});
+  const auto v4 = client.command({"GET", keys[4]});
+  ASSERT_TRUE(v3 && v4);
+  // Blocks 3 and 4 swapped: the run ends before block 3.
+  ASSERT_EQ(client.command({"SET", keys[3], *v4}), "OK");
+  ASSERT_EQ(client.command({"SET", keys[4], *v3}), "OK");
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kWaitComplete;
+  {
+    RemoteTierConfig no_store = rc;  // leaves the swapped values in place
+    no_store.store = false;
+    Engine b(server.port(), "ns", no_store);
+    const RunResult rb = b.run(1, kPrompt);
+    EXPECT_EQ(rb.host_hit_tokens, 3u * kBs);
+    EXPECT_EQ(b.remote().stats().rejected_values, 2u);
+    EXPECT_EQ(b.store().stats().binding_mismatches, 2u);
+  }
+  // Swapped back: every block is a hit.
+  ASSERT_EQ(client.command({"SET", keys[3], *v3}), "OK");
+  ASSERT_EQ(client.command({"SET", keys[4], *v4}), "OK");
+  Engine c(server.port(), "ns", rc);
+  EXPECT_EQ(c.run(1, kPrompt).host_hit_tokens, 40u);
+  EXPECT_EQ(c.remote().stats().rejected_values, 0u);
+}
+
 TEST_F(RemoteTierTest, ServerKilledMidRunGivesMissesNotStalls) {
   test::RedisServer server;
   ASSERT_TRUE(server.start());
@@ -467,6 +562,26 @@ TEST(RemoteTierConfigTest, HostEvictionWithoutStagingIsRejected) {
   rc.bytes_per_block = 64;
   rc.store_policy = RemoteStorePolicy::kOnHostEviction;
   rc.eviction_staging_blocks = 0;
+  EXPECT_THROW(RemoteTier(tier, store, host, rc), Error);
+}
+
+// The store is keyed by block hash and a value's binding reads the host pool's stored parent
+// hashes: a hasher that is not collision resistant is refused.
+TEST(RemoteTierConfigTest, AHasherThatIsNotCollisionResistantIsRejected) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 8;
+  c.block_size = kBs;
+  c.hasher = BlockHasher::weak_for_testing(HashScheme::kSha256, "remote-tier-test", 8);
+  HostTierConfig h;
+  h.num_host_blocks = 4;
+  TieredKVCacheManager tier(c, h);
+  RedisStoreConfig sc;
+  sc.port = test::free_port();
+  sc.name_space = "ns";
+  RedisStore store(sc);
+  std::vector<std::byte> host(5 * 64);
+  RemoteTierConfig rc;
+  rc.bytes_per_block = 64;
   EXPECT_THROW(RemoteTier(tier, store, host, rc), Error);
 }
 

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -108,6 +109,44 @@ TEST_F(TinyEngineRemote, SecondProcessLoadsTheFirstOnesBlocksWithIdenticalResult
   // Caching off computes every prompt token in both: the comparison baseline is the same.
   EXPECT_EQ(field(first.output, "prefill_tokens_computed_off"),
             field(second.output, "prefill_tokens_computed_off"));
+}
+
+// Issue 41: between the two processes every stored value is moved to another block's key (each
+// key holds a genuine value, header and checksum intact). The second process must not compute
+// with those bytes: every get of a misplaced value is a counted rejection, and its tokens and
+// logits stay bit-identical to caching off.
+TEST_F(TinyEngineRemote, ValuesRotatedAmongKeysBetweenProcessesAreRejected) {
+  pagedkv::test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  const std::string args = engine_args(server.port(), "rotated");
+  const Cli first = run_engine(args);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  ASSERT_GT(field(first.output, "remote_stored_blocks_on"), 1) << first.output;
+
+  pagedkv::test::Client client(server.port());
+  const auto keys = client.keys("rotated/*");
+  ASSERT_TRUE(keys.has_value());
+  ASSERT_GT(keys->size(), 1u);
+  std::vector<std::string> values;
+  for (const std::string& k : *keys) {
+    const auto v = client.command({"GET", k});
+    ASSERT_TRUE(v.has_value() && *v != "(nil)") << k;
+    values.push_back(*v);
+  }
+  for (std::size_t i = 0; i < keys->size(); ++i) {
+    ASSERT_EQ(client.command({"SET", (*keys)[i], values[(i + 1) % keys->size()]}), "OK");
+  }
+
+  const Cli second = run_engine(args);
+  const std::string& j = second.output;
+  ASSERT_EQ(second.exit_code, 0) << j;
+  EXPECT_TRUE(has(j, "\"identical_tokens\":true")) << j;
+  EXPECT_TRUE(has(j, "\"bitwise_identical_logits\":true")) << j;
+  EXPECT_TRUE(has(j, "\"pass\":true")) << j;
+  EXPECT_GT(field(j, "remote_probed_blocks_on"), 0) << j;
+  EXPECT_EQ(field(j, "remote_hit_blocks_on"), 0) << j;
+  EXPECT_GT(field(j, "remote_rejected_values_on"), 0) << j;
+  EXPECT_EQ(field(j, "remote_binding_mismatches_on"), field(j, "remote_rejected_values_on")) << j;
 }
 
 TEST_F(TinyEngineRemote, ANamespaceIsSeparate) {

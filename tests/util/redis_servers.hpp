@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -142,12 +143,14 @@ class Process {
 // A synchronous client for set-up and tampering (raw SET, CONFIG SET, FLUSHALL).
 class Client {
  public:
-  Client(std::uint16_t port, const std::string& password = "") {
+  // With a password: AUTH password (the default user), or AUTH user password with a user.
+  Client(std::uint16_t port, const std::string& password = "", const std::string& user = "") {
     timeval tv{2, 0};
     ctx_ = redisConnectWithTimeout("127.0.0.1", port, tv);
     if (ctx_ == nullptr || ctx_->err != 0) return;
     redisSetTimeout(ctx_, tv);
-    if (!password.empty()) command({"AUTH", password});
+    if (!password.empty() && user.empty()) command({"AUTH", password});
+    if (!password.empty() && !user.empty()) command({"AUTH", user, password});
   }
   ~Client() {
     if (ctx_ != nullptr) redisFree(ctx_);
@@ -159,6 +162,27 @@ class Client {
 
   // Runs one command; returns the reply as text (status, error with "ERR:" prefix, string,
   // integer as decimal, "(nil)"), or nullopt on a connection error.
+  // The keys matching `pattern` (KEYS: for tests on small servers), sorted; nullopt on a
+  // connection error or an error reply.
+  std::optional<std::vector<std::string>> keys(const std::string& pattern) {
+    if (!ok()) return std::nullopt;
+    const char* a[2] = {"KEYS", pattern.c_str()};
+    const std::size_t l[2] = {4, pattern.size()};
+    auto* r = static_cast<redisReply*>(redisCommandArgv(ctx_, 2, a, l));
+    if (r == nullptr) return std::nullopt;
+    std::optional<std::vector<std::string>> out;
+    if (r->type == REDIS_REPLY_ARRAY) {
+      out.emplace();
+      for (std::size_t i = 0; i < r->elements; ++i) {
+        const redisReply* e = r->element[i];
+        if (e->type == REDIS_REPLY_STRING) out->emplace_back(e->str, e->len);
+      }
+      std::sort(out->begin(), out->end());
+    }
+    freeReplyObject(r);
+    return out;
+  }
+
   std::optional<std::string> command(const std::vector<std::string>& argv) {
     if (!ok()) return std::nullopt;
     std::vector<const char*> a;

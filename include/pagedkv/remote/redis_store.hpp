@@ -4,9 +4,23 @@
 // copy) and their replies parsed by the store from one reusable buffer per connection (a get's
 // value is checked there and copied once into its destination).
 //
-// Keys are "<namespace>/<hex of the block hash>"; values are remote_value.hpp's header + payload.
+// Keys are "<namespace>/<hex of the block hash>"; values are remote_value.hpp's header + payload,
+// bound to their block: a get checks the value against the block it asked for (RemoteGet's key,
+// parent and group), and another block's value under the key is kInvalidValue, counted in
+// stats().binding_mismatches.
 // Only single-key GET, SET, EXISTS (and AUTH at connect) are sent, pipelined per connection, so any
 // proxy that shards single-key commands works (twemproxy has no MULTI and no multi-key EXISTS).
+//
+// Tenants. Namespaces are key prefixes, not a security boundary: tenants sharing one Redis are
+// kept apart by Redis ACL users (Redis >= 6), one per tenant, passed in the URL
+// (redis://user:password@host/namespace). The store needs no more than this ACL:
+//   ACL SETUSER <user> reset on ><password> ~<namespace>/* resetchannels -@all +get +set +exists
+// (AUTH is always allowed; the store sends no SELECT, INFO, PING, CLIENT, SCAN or scripts; escape
+// any of * ? [ ] \ in the namespace within the key pattern). A command the server refuses (NOPERM:
+// a key outside the user's patterns, a command not granted) completes kError, counted in
+// stats().errors - a miss for exists and get (the buffer untouched), a failed put - on the live
+// connection, within the op timeout; never an exception. tests/remote/redis_acl_test.cpp shows two
+// such tenants each reaching only its own namespace, and that each of the three commands is needed.
 //
 // Threads: `num_connections` I/O threads, each with its own connection. They take batches of up to
 // `pipeline_depth` ops from one bounded FIFO, write them as one pipeline, and read the replies.

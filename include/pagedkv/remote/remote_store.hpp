@@ -3,7 +3,9 @@
 //
 // The engine sets the namespace to everything that makes block bytes incompatible (model, KV
 // dtype, layout, block size, tensor-parallel rank...); the tenant salt is already in the hash.
-// Values carry a header (remote_value.hpp): a value that does not check is a miss, never loaded.
+// Values carry a header (remote_value.hpp) binding them to their block: a get checks the value
+// against the block it asked for (key, parent hash, group); a value that does not check - another
+// block's value under this key included - is a miss, counted, never loaded.
 //
 // Operations are batched and asynchronous. exists(), get() and put() submit a batch and return at
 // once with a ticket, or with nullopt when the store's bounded queue cannot take the whole batch
@@ -35,6 +37,8 @@
 #include <vector>
 
 #include "pagedkv/hash/block_hash.hpp"
+#include "pagedkv/pool/kv_cache_block.hpp"
+#include "pagedkv/remote/remote_value.hpp"
 
 namespace pagedkv {
 
@@ -46,30 +50,50 @@ enum class RemoteOpKind : std::uint8_t { kExists, kGet, kPut };
 enum class RemoteResult : std::uint8_t {
   kHit,           // exists: the key is present; get: the checked payload was written to the buffer
   kMiss,          // exists / get: no value under the key
-  kInvalidValue,  // get: a value is present but its header, fingerprint, length or checksum did
-                  // not match; a miss (the buffer is untouched), counted in stats
+  kInvalidValue,  // get: a value is present but its header, fingerprint, length, binding (it
+                  // belongs to another block) or checksum did not match; a miss (the buffer is
+                  // untouched), counted in stats
   kStored,        // put: the value is stored
   kSkippedFull,   // put: the store refused it for lack of memory (e.g. Redis maxmemory +
                   // noeviction); a normal outcome, counted
   kTimeout,       // no reply within the operation timeout; a get's buffer is untouched
-  kError,         // the store is unreachable, refused the op (e.g. AUTH) or replied an error
+  kError,         // the store is unreachable, refused the op (AUTH, an ACL's NOPERM) or replied
+                  // an error
 };
 
 std::string_view to_string(RemoteOpKind kind) noexcept;
 std::string_view to_string(RemoteResult result) noexcept;
 
 // One get: the payload of `key` is written to `dest`, whose size is the block's payload size (a
-// stored value of any other length is kInvalidValue).
+// stored value of any other length is kInvalidValue). The value must be bound to this block: its
+// header's block hash `key`, parent hash `parent` (the previous block's hash; empty for a chain's
+// block 0) and `group` (remote_value.hpp); any other is kInvalidValue.
 struct RemoteGet {
   BlockHash key;
   std::span<std::byte> dest;
+  BlockHash parent{};
+  GroupId group = 0;
 };
 
-// One put: `src` (the block's payload) is stored under `key`, replacing any previous value.
+// One put: `src` (the block's payload) is stored under `key`, replacing any previous value, bound
+// to (key, parent, group) as a get of it expects.
 struct RemotePut {
   BlockHash key;
   std::span<const std::byte> src;
+  BlockHash parent{};
+  GroupId group = 0;
 };
+
+// The block a put's value is bound to, and a get's value must be (remote_value.hpp). Every
+// backend (Redis, a disk store) writes encode_remote_value_header(fingerprint, binding_of(put),
+// put.src) before the payload, and loads a value into a get's buffer only when
+// check_remote_value(value, fingerprint, get.dest.size(), binding_of(get)) is kOk.
+inline RemoteValueBinding binding_of(const RemoteGet& g) noexcept {
+  return {g.key, g.parent, g.group};
+}
+inline RemoteValueBinding binding_of(const RemotePut& p) noexcept {
+  return {p.key, p.parent, p.group};
+}
 
 struct RemoteCompletion {
   RemoteTicket ticket = 0;
@@ -86,23 +110,24 @@ struct RemoteLatency {
 
 // Counters since construction. Latencies run from submission to completion (queueing included).
 struct RemoteStoreStats {
-  std::uint64_t probes = 0;             // exists ops completed
-  std::uint64_t probe_hits = 0;         // ... that found the key
-  std::uint64_t gets = 0;               // get ops completed
-  std::uint64_t hits = 0;               // ... loaded (kHit)
-  std::uint64_t misses = 0;             // ... kMiss or kInvalidValue
-  std::uint64_t puts = 0;               // put ops completed
-  std::uint64_t stored = 0;             // ... kStored
-  std::uint64_t skipped_full = 0;       // ... kSkippedFull
-  std::uint64_t bytes_in = 0;           // payload bytes loaded into get buffers
-  std::uint64_t bytes_out = 0;          // payload bytes of stored puts
-  std::uint64_t timeouts = 0;           // ops of any kind completed as kTimeout
-  std::uint64_t errors = 0;             // ops of any kind completed as kError
-  std::uint64_t checksum_failures = 0;  // gets rejected for their payload checksum
-  std::uint64_t header_mismatches = 0;  // gets rejected for magic, version, fingerprint or length
-  std::uint64_t queue_full_drops = 0;   // ops in batches refused because the queue was full
-  std::uint64_t connects = 0;           // successful (re)connections
-  std::uint64_t connect_failures = 0;   // failed connection attempts (incl. AUTH refused)
+  std::uint64_t probes = 0;              // exists ops completed
+  std::uint64_t probe_hits = 0;          // ... that found the key
+  std::uint64_t gets = 0;                // get ops completed
+  std::uint64_t hits = 0;                // ... loaded (kHit)
+  std::uint64_t misses = 0;              // ... kMiss or kInvalidValue
+  std::uint64_t puts = 0;                // put ops completed
+  std::uint64_t stored = 0;              // ... kStored
+  std::uint64_t skipped_full = 0;        // ... kSkippedFull
+  std::uint64_t bytes_in = 0;            // payload bytes loaded into get buffers
+  std::uint64_t bytes_out = 0;           // payload bytes of stored puts
+  std::uint64_t timeouts = 0;            // ops of any kind completed as kTimeout
+  std::uint64_t errors = 0;              // ops of any kind completed as kError
+  std::uint64_t checksum_failures = 0;   // gets rejected for their payload checksum
+  std::uint64_t header_mismatches = 0;   // gets rejected for magic, version, fingerprint or length
+  std::uint64_t binding_mismatches = 0;  // gets rejected: the value belongs to another block
+  std::uint64_t queue_full_drops = 0;    // ops in batches refused because the queue was full
+  std::uint64_t connects = 0;            // successful (re)connections
+  std::uint64_t connect_failures = 0;    // failed connection attempts (incl. AUTH refused)
   RemoteLatency exists_latency;
   RemoteLatency get_latency;
   RemoteLatency put_latency;

@@ -20,7 +20,11 @@
 //        kTimeout      as kWaitComplete, or at arrival + config.timeout, whichever is first;
 //   4. remove_request(id) once scheduled or dropped; its gets still in flight complete later.
 // A missing, failed, timed-out or corrupt remote block (and a host tier without a free slot)
-// ends the run there: those blocks are recomputed.
+// ends the run there: those blocks are recomputed. Every value is bound to its block
+// (remote/remote_value.hpp): a put binds it to the host block's hash, parent hash and group, and
+// each get checks it against the request's block and its verified prefix identity (the previous
+// block's chained hash, as a host hit does), so a genuine value of another block stored under this
+// block's key is rejected, a counted miss (rejected_values), and never loaded.
 // Gets are deduplicated by block hash: a remote hit whose block another request's get is fetching
 // already is not fetched again; the request waits for that fill instead (its readiness counts it
 // as one of its own gets), and finds the block in the host tier once it is committed.
@@ -54,10 +58,11 @@
 // within its op timeout), so the store never reads a freed buffer.
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a buffer smaller than
-// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
-// eviction_staging_blocks; add_request for a request
-// already added (kInvalidState). Everything else (a store that is down, slow, full or returns
-// corrupt values) is a normal outcome counted in stats(), never an exception from poll().
+// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, kOnHostEviction with zero
+// eviction_staging_blocks, or a tier whose hasher is not collision resistant (the store is keyed
+// by block hash, and a value's binding reads the host pool's stored parent hashes); add_request for
+// a request already added (kInvalidState). Everything else (a store that is down, slow, full or
+// returns corrupt values) is a normal outcome counted in stats(), never an exception from poll().
 // Complexity: poll is O(completions + requests waiting for a probe); add_request O(blocks).
 // Thread-compatible: the scheduler thread calls everything.
 #pragma once
@@ -72,6 +77,7 @@
 
 #include "pagedkv/remote/remote_prefix_probe.hpp"
 #include "pagedkv/remote/remote_store.hpp"
+#include "pagedkv/remote/remote_value.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
 namespace pagedkv {
@@ -105,6 +111,8 @@ struct RemoteTierStats {
                                        // already: waited for, not fetched again
   std::uint64_t loaded_blocks = 0;     // gets that loaded a checked value (fill done)
   std::uint64_t load_misses = 0;       // gets that did not (miss, corrupt, timeout, error)
+  std::uint64_t rejected_values = 0;   // of load_misses: a value was there but did not check
+                                       // (another block's, another layout or version, corrupt)
   std::uint64_t loaded_bytes = 0;      // loaded_blocks x bytes_per_block
   std::uint64_t puts = 0;              // puts submitted
   std::uint64_t stored_blocks = 0;     // puts stored
@@ -187,6 +195,8 @@ class RemoteTier {
   void submit_puts();
   void handle(const RemoteCompletion& c);
   std::span<std::byte> slot_bytes(BlockId slot) const;
+  // The block a cached host slot holds, as its remote value is bound.
+  RemoteValueBinding slot_binding(BlockId slot) const noexcept;
 
   TieredKVCacheManager& tier_;
   RemoteStore& store_;
@@ -220,12 +230,12 @@ class RemoteTier {
   std::vector<std::uint32_t> slot_loads_;  // loads per host slot since it was cached
   std::vector<std::uint8_t> slot_put_;     // 1: the slot's current block was queued for a put
   std::vector<PutItem> put_queue_;         // pinned slots / staged copies, not yet submitted
-  // kOnHostEviction: the block cached in each host slot (recorded when cached), the staging
-  // buffers, the free ones, and the key each staged copy goes under.
-  std::vector<BlockHash> slot_hash_;
+  // kOnHostEviction: the block cached in each host slot (recorded when cached; empty block hash:
+  // none), the staging buffers, the free ones, and the block each staged copy is put as.
+  std::vector<RemoteValueBinding> slot_block_;
   std::vector<std::byte> staging_;
   std::vector<std::uint32_t> staging_free_;
-  std::vector<BlockHash> staging_key_;
+  std::vector<RemoteValueBinding> staging_block_;
   std::size_t staged_in_flight_ = 0;  // staged puts submitted, not yet completed
   // Scratch.
   std::vector<RemoteCompletion> completions_;
