@@ -5,10 +5,12 @@
 #include <msgpack.hpp>
 #include <zmq.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <limits>
 #include <map>
+#include <new>
 #include <mutex>
 #include <numeric>
 #include <shared_mutex>
@@ -46,6 +48,15 @@ struct KVIndexer::Impl {
     // After a resync's replay, batches below this came again on the new connection: skipped
     // until the first one at or above it (a connection delivers in order).
     std::optional<std::uint64_t> dup_below;
+    // A replay was abandoned: until then no replay or probe is asked, the engine is not in sync.
+    std::optional<std::chrono::steady_clock::time_point> suspended_until;
+  };
+
+  // What a replay brought, decoded, and how it ended.
+  enum class ReplayEnd : std::uint8_t { kComplete, kSilent, kDeadline, kSize, kBadBatch };
+  struct Replay {
+    std::vector<std::pair<std::uint64_t, WireBatch>> batches;
+    ReplayEnd end = ReplayEnd::kSilent;
   };
 
   // What an engine answered to the probe.
@@ -60,6 +71,11 @@ struct KVIndexer::Impl {
   KVIndexerConfig config;
   zmq::context_t ctx{1};
   mutable std::shared_mutex mu;  // guards index and every Engine::st
+  // Serialises the index's writers. A writer holds it across a whole update and `mu` only in
+  // spans of kOpsPerHold operations (lookups get in between), and rebuilds a table that must
+  // grow or shrink with `mu` released (readers keep using the old one; no writer can change it).
+  std::mutex write_mu;
+  static constexpr std::size_t kOpsPerHold = 4096;
   BlockIndex index;
   // Reserved to BlockIndex::kMaxEngines: add_engine() never moves the elements the receiver
   // thread reads without the lock (it reads the count under it).
@@ -69,6 +85,67 @@ struct KVIndexer::Impl {
   bool started = false;
   std::uint64_t monitor_serial = 0;  // names the monitors' inproc endpoints
   bool items_dirty = true;           // a SUB socket was replaced: rebuild the poll set
+
+  // A writer's hold on the index (see write_mu).
+  class Writer {
+   public:
+    explicit Writer(Impl& s) : s_(s), w_(s.write_mu), x_(s.mu) {}
+    // Counts one index operation; every kOpsPerHold, lets waiting lookups in.
+    void tick() {
+      if (++ops_ >= kOpsPerHold) yield();
+    }
+    void yield() {
+      ops_ = 0;
+      x_.unlock();
+      std::this_thread::yield();
+      x_.lock();
+    }
+    // Makes room for `adds` more ids of engine e (adds = 0: gives back room when sparse),
+    // building the new tables without the exclusive lock. Without the memory for them the tables
+    // are left as they are (add() grows them in place if it must).
+    void fit(EngineId e, std::size_t adds) {
+      if (!s_.index.resize_needed(e, adds)) return;
+      x_.unlock();
+      std::optional<BlockIndex::Resize> plan;
+      try {
+        plan.emplace(s_.index.plan_resize(e, adds));
+      } catch (const std::bad_alloc&) {
+      }
+      x_.lock();
+      ops_ = 0;
+      if (plan) s_.index.adopt(std::move(*plan));
+    }
+
+   private:
+    Impl& s_;
+    std::unique_lock<std::mutex> w_;
+    std::unique_lock<std::shared_mutex> x_;
+    std::size_t ops_ = 0;
+  };
+
+  bool suspended(const Engine& en) const {
+    return en.suspended_until && std::chrono::steady_clock::now() < *en.suspended_until;
+  }
+
+  // Counts a dropped frame (takes the lock).
+  void count_drop(Engine& en, std::uint64_t EngineStatus::Dropped::*reason) {
+    std::unique_lock lock(mu);
+    ++(en.st.dropped.*reason);
+  }
+  static std::uint64_t EngineStatus::Dropped::*reason_of(DecodeFailure f) {
+    switch (f) {
+      case DecodeFailure::kTooLarge: return &EngineStatus::Dropped::too_large;
+      case DecodeFailure::kTooManyElements: return &EngineStatus::Dropped::too_many_elements;
+      case DecodeFailure::kTrailingBytes: return &EngineStatus::Dropped::trailing_bytes;
+      default: return &EngineStatus::Dropped::malformed;
+    }
+  }
+
+  std::int64_t max_msg_size() const {
+    return static_cast<std::int64_t>(
+        std::min<std::size_t>(config.decode.max_bytes, std::numeric_limits<std::int64_t>::max() / 2) +
+        4096);
+  }
 
   // (Re)opens the engine's SUB socket with a fresh monitor, connected to its endpoint. A new
   // socket never delivers what an older connection had queued. Throws zmq::error_t.
@@ -80,6 +157,7 @@ struct KVIndexer::Impl {
     zmq::socket_t sub(ctx, zmq::socket_type::sub);
     sub.set(zmq::sockopt::linger, 0);
     sub.set(zmq::sockopt::rcvhwm, config.rcvhwm);
+    sub.set(zmq::sockopt::maxmsgsize, max_msg_size());
     sub.set(zmq::sockopt::subscribe, config.topic);
     const std::string addr = "inproc://pagedkv-indexer-monitor-" + std::to_string(monitor_serial++);
     if (zmq_socket_monitor(sub.handle(), addr.c_str(),
@@ -97,6 +175,7 @@ struct KVIndexer::Impl {
   void open_dealer(Engine& en) {
     en.dealer.emplace(ctx, zmq::socket_type::dealer);
     en.dealer->set(zmq::sockopt::linger, 0);
+    en.dealer->set(zmq::sockopt::maxmsgsize, max_msg_size());
     en.dealer->set(zmq::sockopt::sndtimeo, static_cast<int>(config.replay_timeout.count()));
     en.dealer->connect(*en.endpoints->replay_endpoint);
   }
@@ -112,58 +191,136 @@ struct KVIndexer::Impl {
     }
   }
 
-  // Receives one multipart message within `timeout`; empty when none came.
+  // Receives one multipart message within `timeout`; empty when none came. Keeps its first 4
+  // frames (the rest are read and discarded); *count receives how many it had.
   static std::vector<zmq::message_t> recv_multipart(zmq::socket_t& s,
-                                                    std::chrono::milliseconds timeout) {
+                                                    std::chrono::milliseconds timeout,
+                                                    std::size_t* count = nullptr) {
     std::vector<zmq::message_t> frames;
+    std::size_t n = 0;
+    if (count) *count = 0;
     zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, timeout) <= 0) return frames;
     while (true) {
       zmq::message_t m;
       if (!s.recv(m, zmq::recv_flags::dontwait)) break;
       const bool more = m.more();
-      frames.push_back(std::move(m));
+      if (++n <= 4) frames.push_back(std::move(m));
       if (!more) break;
     }
+    if (count) *count = n;
     return frames;
   }
 
-  // Batches [from, until) from the engine's replay socket, in order; fewer (or none) when the
-  // engine no longer has them or does not answer.
-  std::vector<std::pair<std::uint64_t, std::vector<std::uint8_t>>> fetch_replay(
-      Engine& en, std::uint64_t from, std::uint64_t until) {
-    std::vector<std::pair<std::uint64_t, std::vector<std::uint8_t>>> out;
-    if (!en.dealer) return out;
+  // Checks the frames of a [topic or envelope, seq, payload] message, counting what is dropped.
+  // The sequence number when it is usable (kReplayEnd is returned as is).
+  std::optional<std::int64_t> check_frames(Engine& en, const std::vector<zmq::message_t>& frames,
+                                           std::size_t count) {
+    if (count != 3) {
+      count_drop(en, &EngineStatus::Dropped::wrong_frame_count);
+      return std::nullopt;
+    }
+    if (frames[1].size() != 8) {
+      count_drop(en, &EngineStatus::Dropped::bad_seq_size);
+      return std::nullopt;
+    }
+    const std::int64_t seq = get_seq(bytes_of(frames[1]));
+    if (seq < 0 && seq != kReplayEnd) {
+      count_drop(en, &EngineStatus::Dropped::negative_seq);
+      return std::nullopt;
+    }
+    return seq;
+  }
+
+  // Batches [from, until) from the engine's replay socket, decoded, in increasing order; fewer
+  // (or none) when the engine no longer has them or does not answer. The whole exchange is bounded
+  // by replay_deadline, max_replay_frames and max_replay_ids (ReplayEnd says which ended it).
+  Replay fetch_replay(Engine& en, std::uint64_t from, std::uint64_t until) {
+    Replay r;
+    if (!en.dealer) return r;
+    using Clock = std::chrono::steady_clock;
+    const auto deadline = Clock::now() + config.replay_deadline;
+    std::size_t frames_seen = 0;
+    std::size_t ids = 0;
+    std::optional<std::uint64_t> last;
     char seq[8];
     put_seq(from, seq);
     try {
       en.dealer->send(zmq::message_t(), zmq::send_flags::sndmore);
       en.dealer->send(zmq::buffer(seq, 8), zmq::send_flags::none);
       while (true) {
-        auto frames = recv_multipart(*en.dealer, config.replay_timeout);
-        if (frames.empty()) {  // no answer: drop the socket so a late reply cannot confuse us
-          renew_dealer(en);
-          return out;
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        if (left.count() <= 0) {
+          r.end = ReplayEnd::kDeadline;
+          break;
         }
-        if (frames.size() != 3 || frames[1].size() != 8) continue;  // not a replay reply
-        const std::int64_t s = get_seq(bytes_of(frames[1]));
-        if (s == kReplayEnd) return out;
-        if (s < 0 || static_cast<std::uint64_t>(s) >= until) continue;
-        const auto p = bytes_of(frames[2]);
-        out.emplace_back(static_cast<std::uint64_t>(s),
-                         std::vector<std::uint8_t>(p.begin(), p.end()));
+        std::size_t count = 0;
+        auto frames = recv_multipart(*en.dealer, std::min(config.replay_timeout, left), &count);
+        if (count == 0) {  // silence (or the deadline): drop the socket so a late reply cannot
+          r.end = Clock::now() >= deadline ? ReplayEnd::kDeadline : ReplayEnd::kSilent;
+          break;
+        }
+        if (++frames_seen > config.max_replay_frames) {
+          r.end = ReplayEnd::kSize;
+          break;
+        }
+        const auto s = check_frames(en, frames, count);
+        if (!s) continue;
+        if (*s == kReplayEnd) {
+          r.end = ReplayEnd::kComplete;
+          return r;
+        }
+        const auto u = static_cast<std::uint64_t>(*s);
+        if (u < from || u >= until || (last && u <= *last)) continue;  // not asked, or again
+        WireBatch b;
+        const DecodeFailure f = try_decode_event_batch(bytes_of(frames[2]), config.decode, b);
+        if (f != DecodeFailure::kNone) {
+          {
+            std::unique_lock lock(mu);
+            ++(en.st.dropped.*reason_of(f));
+            ++en.st.bad_batches;
+          }
+          r.end = ReplayEnd::kBadBatch;  // what follows cannot be applied past the hole
+          break;
+        }
+        for (const WireEvent& ev : b.events) ids += ev.block_ids.size();
+        if (ids > config.max_replay_ids) {
+          r.end = ReplayEnd::kSize;
+          break;
+        }
+        last = u;
+        r.batches.emplace_back(u, std::move(b));
       }
     } catch (const zmq::error_t&) {
-      renew_dealer(en);
-      return out;
+      r.end = ReplayEnd::kSilent;
     }
+    renew_dealer(en);  // a late or continuing answer must not reach the next request
+    return r;
   }
 
-  // Applies one decoded batch to the index (lock held).
-  void apply_batch(EngineId e, Engine& en, const WireBatch& b) {
+  // Removes every entry of the engine, in spans (lookups get in between), and gives back the
+  // room when the table has become sparse.
+  void clear_engine(Writer& w, EngineId e) {
+    while (!index.clear_engine_some(e, kOpsPerHold)) w.yield();
+    w.fit(e, 0);
+  }
+
+  // Applies one decoded batch to the index (writer held). Stores past max_entries_per_engine
+  // are ignored (counted).
+  void apply_batch(Writer& w, EngineId e, Engine& en, const WireBatch& b) {
+    const std::size_t cap = config.max_entries_per_engine;
+    auto held = [&] {
+      return index.engine_entries(e, Tier::kGpu) + index.engine_entries(e, Tier::kCpu);
+    };
     for (const WireEvent& ev : b.events) {
+      // Room for the event's ids (never past the cap) before any is added: the tables never
+      // grow in place, under the exclusive lock.
+      if (ev.type == WireEventType::kBlockStored && ev.group_idx == 0 && !ev.block_ids.empty()) {
+        w.fit(e, std::min(ev.block_ids.size(), cap - std::min(cap, held())));
+      }
       if (ev.type == WireEventType::kAllBlocksCleared) {
-        index.clear_engine(e);
+        clear_engine(w, e);
         ++en.st.clears;
         continue;
       }
@@ -171,18 +328,34 @@ struct KVIndexer::Impl {
       const Tier t = tier_of(ev.medium);
       for (const std::uint64_t id : ev.block_ids) {
         if (ev.type == WireEventType::kBlockStored) {
+          if (held() >= cap) {
+            ++en.st.ids_over_cap;
+            continue;
+          }
           index.add(id, e, t);
         } else {
           index.remove(id, e, t);
         }
+        w.tick();
       }
     }
     ++en.st.batches_applied;
+    w.fit(e, 0);
   }
 
-  void lose(EngineId e, Engine& en) {
-    index.clear_engine(e);
+  void lose(Writer& w, EngineId e, Engine& en) {
+    clear_engine(w, e);
     ++en.st.gaps_lost;
+  }
+
+  // A replay ended by its bounds: the engine's entries go (the events that follow rebuild
+  // them), and it is neither replayed nor probed, nor in sync, for replay_backoff.
+  void abandon_replay(Writer& w, EngineId e, Engine& en, ReplayEnd end) {
+    ++(end == ReplayEnd::kDeadline ? en.st.replays_aborted_deadline
+                                   : en.st.replays_aborted_size);
+    en.suspended_until = std::chrono::steady_clock::now() + config.replay_backoff;
+    en.st.in_sync = false;
+    clear_engine(w, e);
   }
 
   // The sequence rules of the header, for one received batch.
@@ -192,62 +365,65 @@ struct KVIndexer::Impl {
       if (seq < *en.dup_below) return;  // already applied from the resync's replay
       en.dup_below.reset();
     }
-    std::optional<WireBatch> current;
-    try {
-      current = decode_event_batch(payload);
-    } catch (const Error&) {
-    }
+    WireBatch current;
+    const DecodeFailure failure = try_decode_event_batch(payload, config.decode, current);
     std::optional<std::uint64_t> from;
     {
-      std::unique_lock lock(mu);
+      Writer w(*this);
       EngineStatus& st = en.st;
-      if (!current) {  // its contents are lost: rebuild from what follows
+      if (en.suspended_until && !suspended(en)) {  // the backoff is over
+        en.suspended_until.reset();
+        st.in_sync = en.endpoints ? st.connected : true;
+      }
+      if (failure != DecodeFailure::kNone) {  // its contents are lost: rebuild from what follows
+        ++(st.dropped.*reason_of(failure));
         ++st.bad_batches;
-        lose(e, en);
+        lose(w, e, en);
         st.next_seq = seq + 1;
         return;
       }
       if (!st.next_seq) {
         if (seq > 0) from = 0;  // joined late
       } else if (seq < *st.next_seq) {
-        index.clear_engine(e);  // a new publisher: the engine restarted
+        clear_engine(w, e);  // a new publisher: the engine restarted
         ++st.restarts;
         if (seq > 0) from = 0;
       } else if (seq > *st.next_seq) {
         ++st.gaps;
         from = *st.next_seq;
       }
+      if (from && (!en.dealer || suspended(en))) {
+        if (en.dealer) ++st.replays_skipped;
+        if (seq > *from) lose(w, e, en);  // nothing can fill the gap
+        from.reset();
+      }
       if (!from) {
-        apply_batch(e, en, *current);
+        apply_batch(w, e, en, current);
         st.next_seq = seq + 1;
         return;
       }
     }
-    auto replayed = fetch_replay(en, *from, seq);
-    std::unique_lock lock(mu);
-    const std::uint64_t expected = apply_replayed(e, en, *from, replayed);
-    if (seq > expected) lose(e, en);  // the replay could not reach the current batch
-    apply_batch(e, en, *current);
+    const Replay replay = fetch_replay(en, *from, seq);
+    Writer w(*this);
+    if (replay.end == ReplayEnd::kDeadline || replay.end == ReplayEnd::kSize) {
+      abandon_replay(w, e, en, replay.end);
+    } else {
+      const std::uint64_t expected = apply_replayed(w, e, en, *from, replay.batches);
+      if (seq > expected) lose(w, e, en);  // the replay could not reach the current batch
+    }
+    apply_batch(w, e, en, current);
     en.st.next_seq = seq + 1;
   }
 
-  // Applies replayed batches from `from` on (lock held); returns the sequence number after the
+  // Applies replayed batches from `from` on (writer held); returns the sequence number after the
   // last one applied (`from` when none was).
-  std::uint64_t apply_replayed(
-      EngineId e, Engine& en, std::uint64_t from,
-      const std::vector<std::pair<std::uint64_t, std::vector<std::uint8_t>>>& replayed) {
+  std::uint64_t apply_replayed(Writer& w, EngineId e, Engine& en, std::uint64_t from,
+                               const std::vector<std::pair<std::uint64_t, WireBatch>>& replayed) {
     std::uint64_t expected = from;
-    for (const auto& [s, p] : replayed) {
+    for (const auto& [s, b] : replayed) {
       if (s < expected) continue;
-      std::optional<WireBatch> b;
-      try {
-        b = decode_event_batch(p);
-      } catch (const Error&) {
-        ++en.st.bad_batches;
-        break;
-      }
-      if (s > expected) lose(e, en);  // a hole the engine cannot fill: keep the run after it
-      apply_batch(e, en, *b);
+      if (s > expected) lose(w, e, en);  // a hole the engine cannot fill: keep the run after it
+      apply_batch(w, e, en, b);
       ++en.st.batches_replayed;
       expected = s + 1;
     }
@@ -266,11 +442,11 @@ struct KVIndexer::Impl {
     // Nothing queued for, or answered by, the previous connection.
     if (en.endpoints->replay_endpoint) renew_dealer(en);
     std::optional<ProbeAnswer> answer;
-    if (en.st.incarnation && config.hasher && en.dealer) answer = ask_probe(en);
+    if (en.st.incarnation && config.hasher && en.dealer && !suspended(en)) answer = ask_probe(en);
     std::uint64_t from = 0;
     bool same = false;
     {
-      std::unique_lock lock(mu);
+      Writer w(*this);
       EngineStatus& st = en.st;
       ++st.reconnects;
       if (answer && answer->answered) {
@@ -292,14 +468,23 @@ struct KVIndexer::Impl {
         if (!st.next_seq) return;  // nothing received yet: the join rules apply
         from = *st.next_seq;
       } else {
-        index.clear_engine(e);
+        clear_engine(w, e);
         st.next_seq.reset();
+      }
+      if (en.dealer && suspended(en)) {
+        ++st.replays_skipped;
+        return;  // rebuilt from the events that follow
       }
     }
     if (!en.dealer) return;  // no replay: rebuilt from the events that follow
-    const auto replayed = fetch_replay(en, from, std::numeric_limits<std::uint64_t>::max());
-    std::unique_lock lock(mu);
-    const std::uint64_t expected = apply_replayed(e, en, from, replayed);
+    const Replay replay = fetch_replay(en, from, std::numeric_limits<std::uint64_t>::max());
+    Writer w(*this);
+    if (replay.end == ReplayEnd::kDeadline || replay.end == ReplayEnd::kSize) {
+      abandon_replay(w, e, en, replay.end);
+      en.st.next_seq.reset();  // the events that follow rebuild it as a late join
+      return;
+    }
+    const std::uint64_t expected = apply_replayed(w, e, en, from, replay.batches);
     if (expected > from) en.st.next_seq = expected;
     if (en.st.next_seq) en.dup_below = en.st.next_seq;
   }
@@ -340,7 +525,8 @@ struct KVIndexer::Impl {
         }
         if (en.resync_pending) resync(e, en);
         std::unique_lock lock(mu);
-        en.st.in_sync = en.st.connected;  // unless it dropped again during the resync
+        // Unless it dropped again during the resync, or a replay was abandoned.
+        en.st.in_sync = en.st.connected && !suspended(en);
       }
     }
     return false;
@@ -391,17 +577,21 @@ struct KVIndexer::Impl {
         if (poll_monitor(e, en)) continue;
         // Drain what is there, so one busy engine does not starve the others' polls for long.
         for (int n = 0; n < 64; ++n) {
-          auto frames = recv_multipart(*en.sub, std::chrono::milliseconds(0));
-          if (frames.empty()) break;
+          std::size_t nframes = 0;
+          auto frames = recv_multipart(*en.sub, std::chrono::milliseconds(0), &nframes);
+          if (nframes == 0) break;
           // The connection's handshake event is queued before its first message, so a loss
           // that happened before this message was received shows now: the message may be the
           // new peer's, and the socket is replaced and resynchronised instead.
           if (poll_monitor(e, en)) break;
           if (en.resync_pending) resync(e, en);  // data before its handshake event (lost event)
-          if (frames.size() != 3 || frames[1].size() != 8) continue;  // not a KV event message
-          const std::int64_t seq = get_seq(bytes_of(frames[1]));
-          if (seq < 0) continue;
-          ingest(e, static_cast<std::uint64_t>(seq), bytes_of(frames[2]));
+          const auto seq = check_frames(en, frames, nframes);  // not a KV event message: counted
+          if (!seq) continue;
+          if (*seq < 0) {  // a replay's end marker on the SUB socket
+            count_drop(en, &EngineStatus::Dropped::negative_seq);
+            continue;
+          }
+          ingest(e, static_cast<std::uint64_t>(*seq), bytes_of(frames[2]));
         }
       }
     }
@@ -424,8 +614,9 @@ struct KVIndexer::Impl {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
             deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0) break;
-        auto frames = recv_multipart(*en.dealer, left);
-        if (frames.size() != 3 || frames[1].to_string_view() != kProbeTag) continue;
+        std::size_t count = 0;
+        auto frames = recv_multipart(*en.dealer, left, &count);
+        if (count != 3 || frames[1].to_string_view() != kProbeTag) continue;
         a.answered = true;
         std::string scheme = "?";
         std::vector<std::uint8_t> theirs;
@@ -588,8 +779,8 @@ EngineStatus KVIndexer::status(EngineId e) const {
     throw Error(ErrorCode::kOutOfRange, "KVIndexer::status: unknown engine " + std::to_string(e));
   }
   EngineStatus st = impl_->engines[e]->st;
-  st.gpu_blocks = impl_->index.engine_ids(e, Tier::kGpu).size();
-  st.cpu_blocks = impl_->index.engine_ids(e, Tier::kCpu).size();
+  st.gpu_blocks = impl_->index.engine_entries(e, Tier::kGpu);
+  st.cpu_blocks = impl_->index.engine_entries(e, Tier::kCpu);
   return st;
 }
 

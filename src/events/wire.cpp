@@ -4,7 +4,9 @@
 
 #include <msgpack.hpp>
 
+#include <algorithm>
 #include <cstring>
+#include <new>
 #include <string>
 #include <utility>
 #include <variant>
@@ -218,9 +220,45 @@ std::uint64_t id_from_bytes(std::span<const std::uint8_t> digest) noexcept {
 
 namespace {
 
-[[noreturn]] void bad(const std::string& what) {
-  throw Error(ErrorCode::kParseError, "decode_event_batch: " + what);
-}
+// Thrown inside the decoder; try_decode_event_batch() turns it into its kind and message.
+struct Refused {
+  DecodeFailure kind;
+  std::string what;
+};
+
+[[noreturn]] void bad(const std::string& what) { throw Refused{DecodeFailure::kMalformed, what}; }
+
+// Counts a payload's values and nesting without materialising any (msgpack's parse visitor):
+// stops at the first value past the limits. A container's declared size counts before its items
+// are read, so a 5-byte array header declaring 2^32 items is refused at once.
+struct CountingVisitor : msgpack::null_visitor {
+  std::size_t max_elements = 0;
+  std::size_t max_depth = 0;
+  std::size_t elements = 1;  // the root
+  std::size_t depth = 0;
+  bool over = false;
+
+  bool open(std::size_t items) {
+    elements += items;
+    if (++depth > max_depth || elements > max_elements) {
+      over = true;
+      return false;
+    }
+    return true;
+  }
+  bool start_array(std::uint32_t n) { return open(n); }
+  bool start_map(std::uint32_t n) { return open(std::size_t{n} * 2); }
+  bool end_array() {
+    --depth;
+    return true;
+  }
+  bool end_map() {
+    --depth;
+    return true;
+  }
+  void parse_error(std::size_t, std::size_t) {}
+  void insufficient_bytes(std::size_t, std::size_t) {}
+};
 
 bool is_nil(const msgpack::object& o) { return o.type == msgpack::type::NIL; }
 
@@ -343,10 +381,49 @@ WireEvent read_event(const msgpack::object& o) {
 
 }  // namespace
 
-WireBatch decode_event_batch(std::span<const std::uint8_t> payload) {
+std::string_view to_string(DecodeFailure f) noexcept {
+  switch (f) {
+    case DecodeFailure::kNone: return "none";
+    case DecodeFailure::kTooLarge: return "too large";
+    case DecodeFailure::kTooManyElements: return "too many elements";
+    case DecodeFailure::kTrailingBytes: return "trailing bytes";
+    case DecodeFailure::kMalformed: return "malformed";
+  }
+  return "?";
+}
+
+namespace {
+
+WireBatch decode_checked(std::span<const std::uint8_t> payload, const DecodeLimits& limits) {
+  const char* data = reinterpret_cast<const char*>(payload.data());
+  if (payload.size() > limits.max_bytes) {
+    throw Refused{DecodeFailure::kTooLarge, "payload of " + std::to_string(payload.size()) +
+                                                " bytes (at most " +
+                                                std::to_string(limits.max_bytes) + ")"};
+  }
+  {
+    CountingVisitor count;
+    // Every value takes at least one byte: no payload holds more values than bytes.
+    count.max_elements = std::min(limits.max_elements, std::max<std::size_t>(payload.size(), 1));
+    count.max_depth = limits.max_depth;
+    std::size_t off = 0;
+    const bool parsed = msgpack::parse(data, payload.size(), off, count);
+    if (count.over) {
+      throw Refused{DecodeFailure::kTooManyElements,
+                    "more than " + std::to_string(count.max_elements) +
+                        " values or nesting deeper than " + std::to_string(limits.max_depth)};
+    }
+    if (!parsed) bad("not msgpack (truncated or invalid)");
+    if (off != payload.size()) {
+      throw Refused{DecodeFailure::kTrailingBytes,
+                    std::to_string(payload.size() - off) + " bytes after the batch"};
+    }
+  }
   msgpack::object_handle oh;
   try {
-    oh = msgpack::unpack(reinterpret_cast<const char*>(payload.data()), payload.size());
+    oh = msgpack::unpack(data, payload.size());
+  } catch (const std::bad_alloc&) {
+    throw;
   } catch (const std::exception& ex) {
     bad(std::string("not msgpack (") + ex.what() + ")");
   }
@@ -364,6 +441,29 @@ WireBatch decode_event_batch(std::span<const std::uint8_t> payload) {
   for (std::uint32_t i = 0; i < evs.size; ++i) batch.events.push_back(read_event(evs.ptr[i]));
   if (a.size >= 3 && !is_nil(a.ptr[2])) batch.data_parallel_rank = as_int(a.ptr[2], "rank");
   return batch;
+}
+
+}  // namespace
+
+DecodeFailure try_decode_event_batch(std::span<const std::uint8_t> payload,
+                                     const DecodeLimits& limits, WireBatch& out,
+                                     std::string* message) {
+  try {
+    out = decode_checked(payload, limits);
+    return DecodeFailure::kNone;
+  } catch (const Refused& r) {
+    if (message) *message = r.what;
+    return r.kind;
+  }
+}
+
+WireBatch decode_event_batch(std::span<const std::uint8_t> payload, const DecodeLimits& limits) {
+  try {
+    return decode_checked(payload, limits);
+  } catch (const Refused& r) {
+    throw Error(ErrorCode::kParseError,
+                "decode_event_batch: " + std::string(to_string(r.kind)) + ": " + r.what);
+  }
 }
 
 }  // namespace pagedkv::events

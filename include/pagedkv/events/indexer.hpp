@@ -95,8 +95,24 @@ struct KVIndexerConfig {
   // The cluster's hasher (scheme and seed). When set, engines are probed on connect.
   std::optional<BlockHasher> hasher;
   std::uint32_t probe_block_size = 16;  // tokens in the probe block (0, 1, 2, ...)
-  std::chrono::milliseconds probe_timeout{500};
-  std::chrono::milliseconds replay_timeout{1000};
+  std::chrono::milliseconds probe_timeout{500};  // a whole probe exchange
+  std::chrono::milliseconds replay_timeout{1000};  // silence between two replay replies
+  // A whole replay, and what it may bring (frames of any kind; block ids in the batches): past
+  // either the replay is abandoned (EngineStatus::replays_aborted_*), the engine's entries are
+  // dropped and rebuilt from the events that follow, and it is not in sync and neither replayed
+  // nor probed again for replay_backoff. A legitimate replay is one frame per buffered batch
+  // (vLLM buffers 10,000 steps by default) and the end marker.
+  std::chrono::milliseconds replay_deadline{5000};
+  std::size_t max_replay_frames = 20'000;
+  std::size_t max_replay_ids = std::size_t{1} << 22;
+  std::chrono::milliseconds replay_backoff{10'000};
+  // Entries ((id, medium) pairs) one engine may hold; stores past it are ignored and counted
+  // (EngineStatus::ids_over_cap): the entries stay a subset of the engine's cache. ~50 B each at
+  // most (block_index.hpp), so the default bounds one engine at ~100 MB.
+  std::size_t max_entries_per_engine = std::size_t{1} << 21;
+  // Bounds on one payload (wire.hpp); max_bytes is also the sockets' ZMQ_MAXMSGSIZE (a peer
+  // sending a larger frame is disconnected by ZeroMQ, and resynchronised when it reconnects).
+  DecodeLimits decode;
   int rcvhwm = 100'000;  // SUB receive high-water mark (messages)
 };
 
@@ -125,7 +141,26 @@ struct EngineStatus {
   std::uint64_t restarts = 0;            // new publishers: a sequence reset or a new incarnation
   std::uint64_t unverified_resyncs = 0;  // reconnects whose incarnation was unknown: rebuilt
   std::uint64_t clears = 0;              // AllBlocksCleared received
-  std::uint64_t bad_batches = 0;         // undecodable payloads (skipped)
+  std::uint64_t bad_batches = 0;         // undecodable payloads (skipped): the sum of the
+                                         // payload reasons in `dropped`
+  std::uint64_t ids_over_cap = 0;        // stores ignored past max_entries_per_engine
+  std::uint64_t replays_aborted_deadline = 0;  // replays past replay_deadline
+  std::uint64_t replays_aborted_size = 0;      // past max_replay_frames or max_replay_ids
+  std::uint64_t replays_skipped = 0;           // not asked: within replay_backoff of an abort
+  // Frames dropped, by reason (from the SUB socket, the replay socket, or apply()).
+  struct Dropped {
+    std::uint64_t wrong_frame_count = 0;  // a message of other than 3 frames
+    std::uint64_t bad_seq_size = 0;       // a sequence-number frame of other than 8 bytes
+    std::uint64_t negative_seq = 0;       // a sequence number >= 2^63 (other than a replay's end)
+    std::uint64_t too_large = 0;          // a payload over decode.max_bytes
+    std::uint64_t too_many_elements = 0;  // over decode.max_elements values or max_depth
+    std::uint64_t trailing_bytes = 0;     // bytes after a valid KVEventBatch
+    std::uint64_t malformed = 0;          // not a KVEventBatch
+    std::uint64_t total() const noexcept {
+      return wrong_frame_count + bad_seq_size + negative_seq + too_large + too_many_elements +
+             trailing_bytes + malformed;
+    }
+  } dropped;
   std::uint64_t gpu_blocks = 0;          // ids indexed for this engine on GPU / CPU
   std::uint64_t cpu_blocks = 0;
 };

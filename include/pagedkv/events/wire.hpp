@@ -16,11 +16,13 @@
 //
 // decode_event_batch() reads either encoding (and either hash form) back into what a router
 // needs: hashes as 64-bit ids, medium, group. It never trusts the input: malformed payloads throw
-// pagedkv::Error (kParseError) naming what is wrong.
+// pagedkv::Error (kParseError) naming what is wrong, and so do payloads over the DecodeLimits
+// (size, number of values, nesting) and bytes after the batch.
 //
 // Thread safety: pure functions. Complexity: linear in the payload.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -108,7 +110,35 @@ struct WireBatch {
   std::optional<std::int64_t> data_parallel_rank;
 };
 
-WireBatch decode_event_batch(std::span<const std::uint8_t> payload);
+// Bounds on what one payload may cost to decode. The defaults are far above what a scheduler
+// step publishes (an 8k-token step of 16-token blocks is ~10^4 values, ~100 KB).
+struct DecodeLimits {
+  std::size_t max_bytes = std::size_t{16} << 20;   // payload size
+  std::size_t max_elements = std::size_t{1} << 20;  // msgpack values (containers and scalars)
+  std::size_t max_depth = 16;                       // nesting of arrays and maps
+};
+
+// Why a payload was refused (kNone: it decoded).
+enum class DecodeFailure : std::uint8_t {
+  kNone,
+  kTooLarge,         // over max_bytes
+  kTooManyElements,  // over max_elements values, or nested deeper than max_depth
+  kTrailingBytes,    // bytes after a complete KVEventBatch
+  kMalformed,        // not msgpack, or not a KVEventBatch
+};
+std::string_view to_string(DecodeFailure f) noexcept;
+
+// Throws pagedkv::Error (kParseError) naming the problem, for any failure above. The values are
+// counted before any is materialised (one pass over the bytes, no allocation), so a hostile
+// payload costs at most O(max_elements) memory.
+WireBatch decode_event_batch(std::span<const std::uint8_t> payload,
+                             const DecodeLimits& limits = {});
+// The same without the exception for a bad payload (a receiver counts the kind): `out` holds the
+// batch when kNone is returned; `message` (optional) receives the problem. Still throws
+// std::bad_alloc.
+DecodeFailure try_decode_event_batch(std::span<const std::uint8_t> payload,
+                                     const DecodeLimits& limits, WireBatch& out,
+                                     std::string* message = nullptr);
 
 // The 64-bit id of a digest, as vLLM converts it (last 8 bytes, big-endian); bytes shorter than 8
 // are read whole.
