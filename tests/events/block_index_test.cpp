@@ -31,11 +31,22 @@ TEST(BlockIndex, MatchesAModelUnderRandomOperations) {
       index.remove(id, e, t);
       auto it = model.find({id, e, t});
       if (it != model.end() && --it->second == 0) model.erase(it);
-    } else {
+    } else if (op == 99 && step % 2 == 0) {
       index.clear_engine(e);
       std::erase_if(model, [&](const auto& kv) { return std::get<1>(kv.first) == e; });
+    } else {
+      // A clear in small steps, with the index resized (or shrunk) as a KVIndexer does; the next
+      // add or remove of the engine finishes it.
+      if (!index.clear_engine_some(e, 1 + rng() % 8)) (void)index.clear_engine_some(e, 3);
+      std::erase_if(model, [&](const auto& kv) { return std::get<1>(kv.first) == e; });
+    }
+    if (step % 97 == 0) {
+      const std::size_t adds = rng() % 3 == 0 ? rng() % 5000 : 0;
+      if (index.resize_needed(e, adds)) index.adopt(index.plan_resize(e, adds));
     }
   }
+  // Finishes any clear left in steps (an operation on the engine does).
+  for (std::size_t e = 0; e < kEngines; ++e) index.remove(1, e, Tier::kGpu);
   std::size_t entries = 0;
   for (std::size_t e = 0; e < kEngines; ++e) {
     for (Tier t : {Tier::kGpu, Tier::kCpu}) {
@@ -96,6 +107,53 @@ TEST(BlockIndex, DuplicateCopiesLeaveWithTheLastOne) {
   EXPECT_EQ(index.find(5).gpu, 0u);
   index.remove(5, 0, Tier::kGpu);  // absent: no-op
   EXPECT_EQ(index.num_ids(), 0u);
+}
+
+TEST(BlockIndex, PerEngineCountsAndIdZero) {
+  BlockIndex index;
+  index.add(0, 3, Tier::kGpu);  // id 0 is a valid id (the engine's set keeps it aside)
+  index.add(0, 3, Tier::kCpu);
+  index.add(7, 3, Tier::kCpu);
+  index.add(7, 4, Tier::kGpu);
+  EXPECT_EQ(index.engine_entries(3, Tier::kGpu), 1u);
+  EXPECT_EQ(index.engine_entries(3, Tier::kCpu), 2u);
+  EXPECT_EQ(index.engine_ids(3, Tier::kCpu), (std::vector<std::uint64_t>{0, 7}));
+  index.clear_engine(3);
+  EXPECT_EQ(index.find(0).gpu, 0u);
+  EXPECT_EQ(index.find(7).cpu, 0u);
+  EXPECT_EQ(index.find(7).gpu, 1u << 4);
+  EXPECT_EQ(index.num_entries(), 1u);
+  EXPECT_EQ(index.engine_entries(3, Tier::kCpu), 0u);
+}
+
+// Issue 41: the table's memory comes back when entries go (before, a table only ever grew).
+TEST(BlockIndex, MemoryShrinksWhenEntriesGo) {
+  BlockIndex index;
+  for (std::uint64_t id = 1; id <= 100; ++id) index.add(id * 977, 0, Tier::kGpu);
+  const std::size_t small = index.memory_bytes();
+  for (std::uint64_t id = 1; id <= 200000; ++id) index.add(id * 7919, 1, Tier::kGpu);
+  const std::size_t big = index.memory_bytes();
+  EXPECT_GT(big, 20 * small);
+  index.clear_engine(1);
+  EXPECT_LE(index.memory_bytes(), 2 * small) << "after the clear: " << index.memory_bytes();
+  // Removals one by one: the caller resizes between steps (as KVIndexer does after a batch).
+  for (std::uint64_t id = 1; id <= 200000; ++id) index.add(id * 7919, 1, Tier::kGpu);
+  for (std::uint64_t id = 1; id <= 200000; ++id) index.remove(id * 7919, 1, Tier::kGpu);
+  ASSERT_TRUE(index.resize_needed(1, 0));
+  index.adopt(index.plan_resize(1, 0));
+  EXPECT_LE(index.memory_bytes(), 2 * small);
+  EXPECT_EQ(index.engine_ids(0, Tier::kGpu).size(), 100u);
+  for (std::uint64_t id = 1; id <= 100; ++id) EXPECT_EQ(index.find(id * 977).gpu, 1u);
+  // Hysteresis: at the size just resized to, a few adds and removes resize nothing.
+  EXPECT_FALSE(index.resize_needed(0, 0));
+  EXPECT_FALSE(index.resize_needed(0, 10));
+  // A plan made before a change is not installed.
+  BlockIndex::Resize stale = index.plan_resize(0, 100000);
+  index.add(5, 0, Tier::kGpu);
+  const std::size_t now = index.memory_bytes();
+  index.adopt(std::move(stale));
+  EXPECT_EQ(index.memory_bytes(), now);
+  EXPECT_EQ(index.find(5).gpu, 1u);
 }
 
 TEST(KVRouter, ScorePrefersLongerGpuPrefixThenLoadThenRotates) {

@@ -126,6 +126,44 @@ TEST(Wire, RejectsMalformedPayloads) {
   }
 }
 
+// Issue 41: bytes after a valid batch, and payloads over the decode limits, are refused with
+// their reason (before, the trailing bytes were ignored and there were no limits).
+TEST(Wire, RefusesTrailingBytesAndPayloadsOverTheLimits) {
+  std::string good;
+  encode_event_batch(sample_events(), 1.5, {}, good);
+  WireBatch b;
+  EXPECT_EQ(try_decode_event_batch(bytes(good), {}, b), DecodeFailure::kNone);
+  std::string msg;
+  EXPECT_EQ(try_decode_event_batch(bytes(good + '\x01'), {}, b, &msg),
+            DecodeFailure::kTrailingBytes);
+  EXPECT_NE(msg.find("1 bytes after the batch"), std::string::npos) << msg;
+  EXPECT_THROW(decode_event_batch(bytes(good + good)), Error);
+
+  DecodeLimits small;
+  small.max_bytes = good.size() - 1;
+  EXPECT_EQ(try_decode_event_batch(bytes(good), small, b), DecodeFailure::kTooLarge);
+  small = {};
+  small.max_elements = 10;
+  EXPECT_EQ(try_decode_event_batch(bytes(good), small, b), DecodeFailure::kTooManyElements);
+  small = {};
+  small.max_depth = 2;  // batch > events > event > block_hashes: depth 4
+  EXPECT_EQ(try_decode_event_batch(bytes(good), small, b), DecodeFailure::kTooManyElements);
+  try {
+    decode_event_batch(bytes(good), small);
+    ADD_FAILURE() << "accepted a payload nested past the limit";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kParseError);
+    EXPECT_NE(std::string(e.what()).find("too many elements"), std::string::npos) << e.what();
+  }
+  // An array header declaring 2^32 - 1 items in 5 bytes: refused before anything is allocated.
+  EXPECT_EQ(try_decode_event_batch(bytes(std::string("\xdd\xff\xff\xff\xff", 5)), {}, b),
+            DecodeFailure::kTooManyElements);
+  // 100,000 nested arrays (100 KB): refused by depth, not decoded.
+  EXPECT_EQ(try_decode_event_batch(bytes(std::string(100000, '\x91')), {}, b),
+            DecodeFailure::kTooManyElements);
+  EXPECT_EQ(try_decode_event_batch(bytes(std::string("\xc1")), {}, b), DecodeFailure::kMalformed);
+}
+
 TEST(Wire, EmptyHashIsAnError) {
   std::string out;
   const std::vector<KVEvent> ev{KVEvent{0, BlockRemoved{{BlockHash()}, 0}}};

@@ -3,8 +3,11 @@
 // the index must equal every engine's own pool contents.
 #include <gtest/gtest.h>
 
+#include <zmq.hpp>
+
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <memory>
 #include <random>
 #include <thread>
@@ -489,6 +492,351 @@ TEST(KVIndexer, SilentReplaySocketReadsAsUnverified) {
   // A replay endpoint nobody serves: no answer within the timeout, indexed as unverified.
   EXPECT_EQ(indexer.connect_engine({"silent", publisher.endpoint(), "tcp://127.0.0.1:1"}), 1u);
   EXPECT_EQ(indexer.status(1).probe, ProbeResult::kUnanswered);
+}
+
+// --- issue 41: a hostile engine beside an honest one ---
+
+std::array<std::uint8_t, 16> digest_of(std::uint64_t id) {
+  std::array<std::uint8_t, 16> d{};
+  for (int i = 0; i < 8; ++i) d[15 - i] = static_cast<std::uint8_t>(id >> (8 * i));
+  return d;
+}
+
+// A batch storing `ids` (one token per block) on the medium.
+std::vector<std::uint8_t> stored_batch(std::span<const std::uint64_t> ids,
+                                       const std::string& medium = "GPU") {
+  BlockStored s;
+  for (std::uint64_t id : ids) s.block_hashes.emplace_back(digest_of(id));
+  s.block_size = 1;
+  s.token_ids.assign(ids.size(), 1);
+  s.extra_keys.resize(ids.size());
+  s.medium = medium;
+  KVEvent ev;
+  ev.data = std::move(s);
+  std::string payload;
+  encode_event_batch(std::span<const KVEvent>(&ev, 1), 0, WireOptions{}, payload);
+  return {payload.begin(), payload.end()};
+}
+
+std::vector<std::uint8_t> clears_batch(int n) {
+  std::vector<KVEvent> evs(static_cast<std::size_t>(n));
+  for (auto& ev : evs) ev.data = AllBlocksCleared{};
+  std::string payload;
+  encode_event_batch(evs, 0, WireOptions{}, payload);
+  return {payload.begin(), payload.end()};
+}
+
+std::vector<std::uint64_t> random_ids(std::mt19937_64& rng, std::size_t n) {
+  std::vector<std::uint64_t> ids(n);
+  for (auto& id : ids) id = rng() | 1;  // never the honest engine's (even) ids
+  return ids;
+}
+
+// An honest engine of 300,000 blocks (even ids) fed in-process; returns them sorted.
+std::vector<std::uint64_t> feed_honest(KVIndexer& indexer, EngineId h, std::uint64_t& seq) {
+  std::mt19937_64 rng(5);
+  std::vector<std::uint64_t> all;
+  for (int b = 0; b < 300; ++b) {
+    std::vector<std::uint64_t> ids(1000);
+    for (auto& id : ids) id = rng() & ~1ull;
+    indexer.apply(h, seq++, stored_batch(ids));
+    all.insert(all.end(), ids.begin(), ids.end());
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
+// Before: every AllBlocksCleared and every undecodable payload rebuilt the whole shared table
+// under the exclusive lock (20 clears with 1M honest blocks: 2.2 s). Now they cost the hostile
+// engine's own entries. 1,000 clears and 200 bad payloads beside 300,000 honest blocks took
+// seconds before; the bound is loose (about 50x what they take now in a Release build).
+TEST(KVIndexerHostile, ClearsAndBadBatchesCostOnlyTheirEngine) {
+  KVIndexer indexer;
+  const EngineId h = indexer.add_engine("honest");
+  const EngineId x = indexer.add_engine("hostile");
+  std::uint64_t hs = 0, xs = 0;
+  const auto honest = feed_honest(indexer, h, hs);
+  const std::vector<std::uint64_t> chain(honest.begin(), honest.begin() + 64);
+  const auto clears = clears_batch(20);
+  const std::vector<std::uint8_t> junk{0x93, 0xc1, 0xc1, 0xc1};
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 50; ++i) indexer.apply(x, xs++, clears);
+  for (int i = 0; i < 200; ++i) indexer.apply(x, xs++, junk);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                        .count();
+  EXPECT_LT(ms, 1000.0) << "1,000 clears and 200 bad payloads of an empty engine";
+  const EngineStatus st = indexer.status(x);
+  EXPECT_EQ(st.clears, 1000u);
+  EXPECT_EQ(st.bad_batches, 200u);
+  EXPECT_EQ(indexer.engine_ids(h, Tier::kGpu), honest);
+  EXPECT_EQ(indexer.match(chain)[h].gpu_prefix_blocks, 64u);
+}
+
+// Before: bytes after a valid batch were ignored and the batch applied.
+TEST(KVIndexerHostile, TrailingBytesAfterAValidBatchAreRejected) {
+  KVIndexer indexer;
+  const EngineId x = indexer.add_engine("hostile");
+  const std::vector<std::uint64_t> ids{2, 4, 6};
+  auto payload = stored_batch(ids);
+  payload.push_back(0xc0);  // a msgpack nil after the batch
+  indexer.apply(x, 0, payload);
+  EXPECT_TRUE(indexer.engine_ids(x, Tier::kGpu).empty());
+  EXPECT_EQ(indexer.status(x).bad_batches, 1u);
+}
+
+// Before: a table only grew (one engine claiming millions of fake blocks kept 128 MB after they
+// went).
+TEST(KVIndexerHostile, MemoryComesBackWhenAnEnginesEntriesGo) {
+  KVIndexer indexer;
+  const EngineId h = indexer.add_engine("honest");
+  const EngineId x = indexer.add_engine("hostile");
+  std::mt19937_64 rng(9);
+  std::vector<std::uint64_t> mine(1000);
+  for (auto& id : mine) id = rng() & ~1ull;
+  indexer.apply(h, 0, stored_batch(mine));
+  const std::size_t before = indexer.memory_bytes();
+  std::uint64_t xs = 0;
+  for (int b = 0; b < 20; ++b) indexer.apply(x, xs++, stored_batch(random_ids(rng, 10000)));
+  const std::size_t full = indexer.memory_bytes();
+  EXPECT_GT(full, 10 * before);
+  indexer.apply(x, xs++, clears_batch(1));
+  EXPECT_LE(indexer.memory_bytes(), 2 * before)
+      << before << " B before, " << full << " B full, " << indexer.memory_bytes() << " B after";
+  EXPECT_EQ(indexer.engine_ids(h, Tier::kGpu).size(), 1000u);
+}
+
+// The entry cap, every payload reason counted, and the honest engine untouched throughout.
+TEST(KVIndexerHostile, CapAndDroppedPayloadReasonsLeaveTheHonestEngineAlone) {
+  KVIndexerConfig ic;
+  ic.max_entries_per_engine = 5000;
+  ic.decode.max_bytes = 1 << 20;
+  ic.decode.max_elements = 100'000;
+  KVIndexer indexer(ic);
+  const EngineId h = indexer.add_engine("honest");
+  const EngineId x = indexer.add_engine("hostile");
+  std::uint64_t hs = 0, xs = 0;
+  std::mt19937_64 rng(3);
+  std::vector<std::uint64_t> honest(4000);
+  for (auto& id : honest) id = rng() & ~1ull;
+  indexer.apply(h, hs++, stored_batch(honest));
+  // Fake ids past the cap: 12,000 claimed, 5,000 kept, the rest counted.
+  for (int b = 0; b < 3; ++b) indexer.apply(x, xs++, stored_batch(random_ids(rng, 4000)));
+  EngineStatus st = indexer.status(x);
+  EXPECT_EQ(st.gpu_blocks, 5000u);
+  EXPECT_EQ(st.ids_over_cap, 7000u);
+  indexer.apply(x, xs++, stored_batch(random_ids(rng, 10), "CPU"));  // the cap counts both media
+  EXPECT_EQ(indexer.status(x).cpu_blocks, 0u);
+  EXPECT_EQ(indexer.status(x).ids_over_cap, 7010u);
+  // Payloads refused, one reason each.
+  auto trailing = stored_batch(random_ids(rng, 3));
+  trailing.push_back(0);
+  indexer.apply(x, xs++, trailing);
+  indexer.apply(x, xs++, std::vector<std::uint8_t>((1 << 20) + 1, 0x90));  // too large
+  indexer.apply(x, xs++, stored_batch(random_ids(rng, 40000)));  // 120,000 values
+  indexer.apply(x, xs++, std::vector<std::uint8_t>(5000, 0x91));  // nested 5,000 deep
+  indexer.apply(x, xs++, std::vector<std::uint8_t>{0xc1});        // not msgpack
+  indexer.apply(x, xs++, std::vector<std::uint8_t>{0x92, 0x01, 0x02});  // not a KVEventBatch
+  st = indexer.status(x);
+  EXPECT_EQ(st.dropped.trailing_bytes, 1u);
+  EXPECT_EQ(st.dropped.too_large, 1u);
+  EXPECT_EQ(st.dropped.too_many_elements, 2u);
+  EXPECT_EQ(st.dropped.malformed, 2u);
+  EXPECT_EQ(st.bad_batches, 6u);
+  EXPECT_EQ(st.dropped.total(), 6u);
+  EXPECT_EQ(st.gpu_blocks, 0u);  // a bad batch drops the engine's entries (rebuilt after)
+  // The honest engine: untouched, still indexed, still following its stream.
+  std::sort(honest.begin(), honest.end());
+  EXPECT_EQ(indexer.engine_ids(h, Tier::kGpu), honest);
+  const std::vector<std::uint64_t> more{1000000, 1000002};
+  indexer.apply(h, hs++, stored_batch(more));
+  EXPECT_EQ(indexer.match(more)[h].gpu_prefix_blocks, 2u);
+  const EngineStatus hst = indexer.status(h);
+  EXPECT_EQ(hst.dropped.total(), 0u);
+  EXPECT_EQ(hst.gaps_lost, 0u);
+  EXPECT_EQ(hst.ids_over_cap, 0u);
+  EXPECT_EQ(hst.next_seq, hs);
+}
+
+// A hostile engine on real sockets: its PUB socket sends frames of every malformed kind, and its
+// replay socket answers a replay request forever without the end marker. Before, the replay
+// timeout applied per reply, so the receiver thread stayed in the replay as long as the peer
+// kept talking and the honest engine beside it was not indexed (its sequence number frozen);
+// the malformed frames were dropped without being counted.
+struct HostileEngine {
+  zmq::context_t ctx{1};
+  zmq::socket_t pub{ctx, zmq::socket_type::pub};
+  zmq::socket_t router{ctx, zmq::socket_type::router};
+  std::string pub_endpoint, replay_endpoint;
+  std::atomic<bool> stop{false};
+  std::atomic<int> requests{0};
+  std::thread server;
+
+  // mode: "junk" (frames of a wrong count, every 2 ms) or "valid" (batches of 20,000 ids with
+  // increasing sequence numbers, every 2 ms). Stops by itself after `for_how_long`.
+  HostileEngine(std::string mode, std::chrono::milliseconds for_how_long) {
+    pub.set(zmq::sockopt::linger, 0);
+    router.set(zmq::sockopt::linger, 0);
+    pub.bind("tcp://127.0.0.1:*");
+    router.bind("tcp://127.0.0.1:*");
+    pub_endpoint = pub.get(zmq::sockopt::last_endpoint);
+    replay_endpoint = router.get(zmq::sockopt::last_endpoint);
+    server = std::thread([this, mode, for_how_long] {
+      std::mt19937_64 rng(17);
+      const auto end = std::chrono::steady_clock::now() + for_how_long;
+      std::optional<zmq::message_t> peer;
+      std::uint64_t next = 0;
+      while (!stop && std::chrono::steady_clock::now() < end) {
+        zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+        zmq::poll(&item, 1, std::chrono::milliseconds(2));
+        if (item.revents & ZMQ_POLLIN) {
+          zmq::message_t id;
+          (void)router.recv(id);
+          for (bool more = id.more(); more;) {  // the rest of the request
+            zmq::message_t part;
+            (void)router.recv(part);
+            more = part.more();
+          }
+          peer.emplace(std::move(id));
+          ++requests;
+        }
+        if (!peer) continue;
+        zmq::message_t to(peer->data(), peer->size());
+        router.send(to, zmq::send_flags::sndmore);
+        router.send(zmq::message_t(), zmq::send_flags::sndmore);
+        if (mode == "junk") {
+          router.send(zmq::str_buffer("junk"), zmq::send_flags::sndmore);
+          router.send(zmq::str_buffer("more junk"), zmq::send_flags::sndmore);
+          router.send(zmq::str_buffer("and more"), zmq::send_flags::none);
+        } else {
+          char seq[8];
+          put_seq(next++, seq);
+          router.send(zmq::buffer(seq, 8), zmq::send_flags::sndmore);
+          const auto p = stored_batch(random_ids(rng, 20000));
+          router.send(zmq::buffer(p.data(), p.size()), zmq::send_flags::none);
+        }
+      }
+    });
+  }
+  ~HostileEngine() {
+    stop = true;
+    server.join();
+  }
+  void send_raw(std::vector<std::string> frames) {
+    for (std::size_t i = 0; i < frames.size(); ++i) {
+      pub.send(zmq::buffer(frames[i]),
+               i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  }
+  static std::string seq_frame(std::uint64_t s) {
+    char f[8];
+    put_seq(s, f);
+    return std::string(f, 8);
+  }
+};
+
+void endless_replay_beside_an_honest_engine(const std::string& mode) {
+  Engine honest(81, loopback());
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();  // no probes: replays only
+  ic.replay_deadline = 1500ms;
+  ic.max_replay_ids = 100'000;
+  KVIndexer indexer(ic);
+  const EngineId h = indexer.connect_engine(endpoints_of("honest", honest));
+  HostileEngine hostile(mode, 30s);
+  const EngineId x =
+      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  honest.steps(5, 1);
+  expect_follows(indexer, h, honest, 100);
+  // The hostile engine joins at seq 1,000,000: the indexer asks its replay socket for 0 on.
+  const std::string payload = [] {
+    const auto p = stored_batch(std::vector<std::uint64_t>{3, 5});
+    return std::string(p.begin(), p.end());
+  }();
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
+        return hostile.requests.load() > 0;
+      },
+      10s));
+  // Meanwhile the honest engine keeps publishing: it must keep being indexed.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (RequestId r = 1000; r < 1040; ++r) {
+    honest.step(r);
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(honest.publisher->flush(10s));
+  EXPECT_TRUE(indexer.wait_for(h, honest.published(), 10s))
+      << "honest engine stuck at " << indexer.status(h).next_seq.value_or(0) << " of "
+      << honest.published() << " while the hostile replay runs";
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("honest engine caught up %.2f s after the hostile replay began (%s)\n", waited,
+              mode.c_str());
+  EXPECT_EQ(indexer.engine_ids(h, Tier::kGpu), honest.cached_ids());
+  ASSERT_TRUE(eventually(
+      [&] {
+        const EngineStatus st = indexer.status(x);
+        return st.replays_aborted_deadline + st.replays_aborted_size > 0;
+      },
+      10s));
+  const EngineStatus st = indexer.status(x);
+  if (mode == "junk") {
+    EXPECT_EQ(st.replays_aborted_deadline, 1u);
+    EXPECT_GT(st.dropped.wrong_frame_count, 10u);
+  } else {
+    EXPECT_EQ(st.replays_aborted_size, 1u);  // 100,000 ids: after 5 frames
+  }
+  EXPECT_FALSE(st.in_sync);  // not trusted until its backoff ends
+  // Its entries went with the replay: only what followed it (the batch that asked) is indexed.
+  EXPECT_LE(st.gpu_blocks, 2u);
+  // Within the backoff a new gap is not replayed again.
+  hostile.send_raw({"", HostileEngine::seq_frame(2'000'000), payload});
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).replays_skipped > 0; }, 10s));
+  EXPECT_EQ(hostile.requests.load(), 1);
+  expect_follows(indexer, h, honest, 5000);
+}
+
+TEST(KVIndexerHostile, EndlessJunkReplayDoesNotStallAnHonestEngine) {
+  endless_replay_beside_an_honest_engine("junk");
+}
+
+TEST(KVIndexerHostile, EndlessValidReplayIsBoundedBySize) {
+  endless_replay_beside_an_honest_engine("valid");
+}
+
+// Frames dropped on the SUB socket, each counted with its reason (before: dropped silently).
+TEST(KVIndexerHostile, MalformedFramesAreCountedByReason) {
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  KVIndexer indexer(ic);
+  HostileEngine hostile("junk", 0ms);
+  const EngineId x = indexer.connect_engine({"hostile", hostile.pub_endpoint, std::nullopt});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  const auto p = stored_batch(std::vector<std::uint64_t>{3});
+  const std::string good(p.begin(), p.end());
+  const std::string seq0 = HostileEngine::seq_frame(0);
+  // Resent until counted (a subscription reaches the publisher at an unobservable moment).
+  auto counted = [&](std::vector<std::string> frames, auto field) {
+    return eventually(
+        [&] {
+          hostile.send_raw(frames);
+          return indexer.status(x).dropped.*field > 0;
+        },
+        10s);
+  };
+  EXPECT_TRUE(counted({"", seq0}, &EngineStatus::Dropped::wrong_frame_count));
+  EXPECT_TRUE(counted({"", seq0, good, "x"}, &EngineStatus::Dropped::wrong_frame_count));
+  EXPECT_TRUE(counted({"", seq0.substr(0, 7), good}, &EngineStatus::Dropped::bad_seq_size));
+  EXPECT_TRUE(counted({"", seq0 + "x", good}, &EngineStatus::Dropped::bad_seq_size));
+  EXPECT_TRUE(
+      counted({"", HostileEngine::seq_frame(1ull << 63), good}, &EngineStatus::Dropped::negative_seq));
+  EXPECT_TRUE(counted({"", seq0, good + '\0'}, &EngineStatus::Dropped::trailing_bytes));
+  EXPECT_TRUE(counted({"", seq0, "\xc1"}, &EngineStatus::Dropped::malformed));
+  EXPECT_TRUE(indexer.engine_ids(x, Tier::kGpu).empty());
 }
 
 TEST(KVEventPublisher, FullQueueDropsOldestAndCountsIt) {
