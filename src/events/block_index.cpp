@@ -29,9 +29,16 @@ bool over_max(std::size_t n, std::size_t slots) { return n * 10 > slots * 7; }
 bool under_min(std::size_t n, std::size_t slots, std::size_t floor) {
   return slots > floor && n * 8 < slots;
 }
-std::size_t fit(std::size_t n, std::size_t floor) {
-  std::size_t s = floor;
-  while (n * 20 > s * 7) s *= 2;
+// The size a table of `slots` holding n ids is resized to: a shrink goes to a load of at most
+// 0.35; a grow at least doubles (as add() does) and takes n under the maximum load.
+std::size_t fit(std::size_t n, std::size_t slots, std::size_t floor) {
+  if (!over_max(n, slots)) {
+    std::size_t s = floor;
+    while (n * 20 > s * 7) s *= 2;
+    return s;
+  }
+  std::size_t s = std::max(slots * 2, floor);
+  while (over_max(n, s)) s *= 2;
   return s;
 }
 unsigned shift_of(std::size_t slots) {
@@ -271,7 +278,7 @@ BlockIndex::Resize BlockIndex::plan_resize(std::size_t engine, std::size_t adds)
   plan.version = version_;
   if (over_max(size_ + adds, slots_.size()) ||
       (adds == 0 && under_min(size_, slots_.size(), kInitialSlots))) {
-    const std::size_t n = fit(size_ + adds, kInitialSlots);
+    const std::size_t n = fit(size_ + adds, slots_.size(), kInitialSlots);
     plan.slots.assign(n, Slot{0, 0, 0});
     plan.shift = shift_of(n);
     for (const Slot& s : slots_) {
@@ -290,7 +297,7 @@ BlockIndex::Resize BlockIndex::plan_resize(std::size_t engine, std::size_t adds)
   if (!en.clearing && (grow_set || shrink_set)) {
     plan.engine = engine;
     if (en.ids.size + adds > 0) {
-      const std::size_t n = fit(en.ids.size + adds, kInitialIdSlots);
+      const std::size_t n = fit(en.ids.size + adds, cur, kInitialIdSlots);
       plan.ids.assign(n, 0);
       plan.ids_shift = shift_of(n);
       for (const std::uint64_t x : en.ids.slots) {

@@ -257,8 +257,8 @@ struct KVIndexer::Impl {
         }
         std::size_t count = 0;
         auto frames = recv_multipart(*en.dealer, std::min(config.replay_timeout, left), &count);
-        if (count == 0) {  // silence (or the deadline): drop the socket so a late reply cannot
-          r.end = Clock::now() >= deadline ? ReplayEnd::kDeadline : ReplayEnd::kSilent;
+        if (count == 0) {  // silence, or the deadline came first
+          r.end = left < config.replay_timeout ? ReplayEnd::kDeadline : ReplayEnd::kSilent;
           break;
         }
         if (++frames_seen > config.max_replay_frames) {

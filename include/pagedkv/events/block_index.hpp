@@ -16,9 +16,10 @@
 // Sizing: add() grows a table that would pass the maximum load (0.7) itself; removals never
 // resize. A caller that must not rebuild a table in place (KVIndexer: readers share the index)
 // asks resize_needed() / plan_resize(), which builds the new tables from a const index (so
-// readers may keep reading it meanwhile), and adopt()s the result in O(1). A table shrinks when
-// its load falls under 0.125, to a load of at most 0.35 (hysteresis: it cannot grow and shrink
-// back without as many operations as it holds ids); an engine that holds nothing frees its set.
+// readers may keep reading it meanwhile), and adopt()s the result in O(1). A grow at least
+// doubles a table; a table shrinks when its load falls under 0.125, to a load of at most 0.35
+// (hysteresis: it cannot grow and shrink back without about as many operations as it holds
+// ids); an engine that holds nothing frees its set.
 //
 // Thread-compatible (KVIndexer adds the locking). Complexity: add/remove/find O(1) expected;
 // clear_engine / clear_engine_some O(the engine's entries); engine_ids O(n log n) in the

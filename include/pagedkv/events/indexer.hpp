@@ -8,8 +8,8 @@
 //   seq == expected          applied;
 //   seq >  expected (a gap)  the missing batches are asked from the engine's replay socket and
 //                            applied; if the replay cannot fill the gap (no replay socket, no
-//                            answer within replay_timeout, or batches no longer buffered or never
-//                            sent) the engine's entries are dropped and rebuilt from the events
+//                            answer within replay_timeout, past replay_deadline, or batches no
+//                            longer buffered or never sent) the engine's entries are dropped and rebuilt from the events
 //                            that follow (EngineStatus::gaps_lost): its entries are then a subset
 //                            of its cache, never a block it does not hold;
 //   seq <  expected          a new publisher (engine restart): the engine's entries are dropped
@@ -59,12 +59,27 @@
 // would never match a request. An engine that does not answer (a stock vLLM) is indexed but
 // reported as unverified (EngineStatus::probe).
 //
+// Hostile engines: everything an engine sends is bounded and costs in proportion to that
+// engine's own entries. A clear, a loss, a restart or a bad payload removes only its entries
+// (BlockIndex keeps each engine's ids), in spans of a few thousand operations under the exclusive
+// lock, lookups getting in between; tables that must grow or shrink are rebuilt outside the
+// exclusive lock and swapped in. An engine holds at most max_entries_per_engine entries (stores
+// past it are counted, not applied); a payload is bounded in bytes (also ZeroMQ's
+// ZMQ_MAXMSGSIZE on the sockets), in decoded values and in nesting, and bytes after a batch make
+// it a bad payload; every dropped frame is counted with its reason (EngineStatus::dropped). A
+// replay has a total deadline and bounds on its frames and ids: past them the engine's entries
+// are dropped, it is marked not in sync and neither replayed nor probed for replay_backoff
+// (gaps meanwhile are losses). A probe exchange is bounded by probe_timeout as a whole. The
+// table's memory is returned as entries go (block_index.hpp: shrink under load 0.125).
+//
 // Threads: start() runs one receiver thread for the connected engines (replays and resync probes
-// block it, up to replay_timeout / probe_timeout per request, never the caller); apply() feeds a
-// batch in-process (same rules, no replay) for engines added with add_engine(). Lookups (match(),
-// status(), engine_ids()) may run on any thread concurrently with updates (a shared lock; one
-// lookup takes it once). Errors: pagedkv::Error for bad arguments; a dead or misbehaving engine is
-// a status, never an exception (a malformed batch is counted in EngineStatus::bad_batches).
+// block it, up to replay_deadline / probe_timeout, never the caller); apply() feeds a batch
+// in-process (same rules, no replay) for engines added with add_engine(); calls for one engine
+// must not run concurrently. Lookups (match(), status(), engine_ids()) may run on any thread
+// concurrently with updates (a shared lock; one lookup takes it once) and may see a batch partly
+// applied; the exclusive lock is held for at most ~4,096 index operations at a time.
+// Errors: pagedkv::Error for bad arguments; a dead or misbehaving engine is a status, never an
+// exception (a malformed batch is counted in EngineStatus::bad_batches and ::dropped).
 #pragma once
 
 #include <chrono>
@@ -102,10 +117,12 @@ struct KVIndexerConfig {
   // dropped and rebuilt from the events that follow, and it is not in sync and neither replayed
   // nor probed again for replay_backoff. A legitimate replay is one frame per buffered batch
   // (vLLM buffers 10,000 steps by default) and the end marker.
-  std::chrono::milliseconds replay_deadline{5000};
+  // The receiver thread serves no other engine during a replay, so replay_deadline bounds how
+  // long one engine can hold the others' indexing up, once per replay_backoff.
+  std::chrono::milliseconds replay_deadline{2000};
   std::size_t max_replay_frames = 20'000;
   std::size_t max_replay_ids = std::size_t{1} << 22;
-  std::chrono::milliseconds replay_backoff{10'000};
+  std::chrono::milliseconds replay_backoff{30'000};
   // Entries ((id, medium) pairs) one engine may hold; stores past it are ignored and counted
   // (EngineStatus::ids_over_cap): the entries stay a subset of the engine's cache. ~50 B each at
   // most (block_index.hpp), so the default bounds one engine at ~100 MB.
