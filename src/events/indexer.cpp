@@ -113,7 +113,11 @@ struct KVIndexer::Impl {
       }
       x_.lock();
       ops_ = 0;
-      if (plan) s_.index.adopt(std::move(*plan));
+      if (!plan) return;
+      s_.index.adopt(std::move(*plan));  // the plan now holds the old tables
+      x_.unlock();
+      plan.reset();  // freed outside the exclusive lock
+      x_.lock();
     }
 
    private:

@@ -87,8 +87,9 @@ class BlockIndex {
 
   // Resizing in two steps. resize_needed(): whether the shared table or the engine's set must
   // grow for `adds` more ids, or may shrink (O(1)). plan_resize(): the resized tables, built
-  // without changing this index. adopt(): installs them (O(1), noexcept); a plan made before
-  // another change to the index is discarded, not installed.
+  // without changing this index. adopt(): installs them (O(1), noexcept) and leaves the replaced
+  // tables in `plan` (freed with it, when the caller likes); a plan made before another change to
+  // the index is not installed.
   class Resize {
    private:
     friend class BlockIndex;
