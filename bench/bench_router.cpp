@@ -237,10 +237,10 @@ int run_hostile(std::size_t honest_blocks) {
     std::size_t rounds = 0;
     bool all = false;
     const Latency l = lookups_during(indexer, chains, attack, 3.0, &rounds, &all);
-    std::printf("%-44s lookups %8zu  median %7.2f us  p99 %9.2f us  max %10.1f us  "
-                "(attack rounds %zu)%s\n",
-                what, l.n, l.median_us, l.p99_us, l.max_us, rounds,
-                all ? "" : "  HONEST PREFIX NOT FOUND");
+    std::printf(
+        "%-44s lookups %8zu  median %7.2f us  p99 %9.2f us  max %10.1f us  "
+        "(attack rounds %zu)%s\n",
+        what, l.n, l.median_us, l.p99_us, l.max_us, rounds, all ? "" : "  HONEST PREFIX NOT FOUND");
   };
   report("quiet", nullptr);
   report("hostile: batches of 20 clears", [&] { apply_x(clear20); });
@@ -263,10 +263,10 @@ int run_hostile(std::size_t honest_blocks) {
   t0 = Clock::now();
   apply_x(clears(1));
   const double clear_big = ms_since(t0);
-  std::printf("memory: %.1f MB, %.1f MB with 1M hostile ids, %.1f MB after their clear "
-              "(%.1f ms); %zu entries left\n",
-              before, full, double(indexer.memory_bytes()) / 1e6, clear_big,
-              indexer.num_entries());
+  std::printf(
+      "memory: %.1f MB, %.1f MB with 1M hostile ids, %.1f MB after their clear "
+      "(%.1f ms); %zu entries left\n",
+      before, full, double(indexer.memory_bytes()) / 1e6, clear_big, indexer.num_entries());
   report("hostile: store 1M ids, clear, repeat", [&] {
     for (const auto& p : big) apply_x(p);
     apply_x(clears(1));

@@ -13,8 +13,8 @@ namespace pagedkv::events {
 
 namespace {
 
-constexpr std::size_t kInitialSlots = 1024;    // the shared table's smallest size
-constexpr std::size_t kInitialIdSlots = 16;    // an engine set's smallest size (when not empty)
+constexpr std::size_t kInitialSlots = 1024;  // the shared table's smallest size
+constexpr std::size_t kInitialIdSlots = 16;  // an engine set's smallest size (when not empty)
 
 void check_engine(std::size_t engine) {
   if (engine >= BlockIndex::kMaxEngines) {
@@ -25,7 +25,9 @@ void check_engine(std::size_t engine) {
 }
 
 // Loads: grow past 0.7, shrink under 0.125, resized tables hold at most 0.35.
-bool over_max(std::size_t n, std::size_t slots) { return n * 10 > slots * 7; }
+bool over_max(std::size_t n, std::size_t slots) {
+  return n * 10 > slots * 7;
+}
 bool under_min(std::size_t n, std::size_t slots, std::size_t floor) {
   return slots > floor && n * 8 < slots;
 }
@@ -385,10 +387,10 @@ std::size_t BlockIndex::memory_bytes() const noexcept {
   // unordered_map: one node (key, value, next pointer, cached hash) plus one bucket pointer each.
   std::size_t bytes = slots_.capacity() * sizeof(Slot);
   for (const EngineIds& en : engines_) {
-    bytes += en.ids.slots.capacity() * sizeof(std::uint64_t) +
-             en.extra_copies.size() *
-                 (sizeof(DupKey) + sizeof(std::uint32_t) + 2 * sizeof(void*) + 8) +
-             en.extra_copies.bucket_count() * sizeof(void*);
+    bytes +=
+        en.ids.slots.capacity() * sizeof(std::uint64_t) +
+        en.extra_copies.size() * (sizeof(DupKey) + sizeof(std::uint32_t) + 2 * sizeof(void*) + 8) +
+        en.extra_copies.bucket_count() * sizeof(void*);
   }
   return bytes;
 }

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <new>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <shared_mutex>
 #include <thread>
@@ -138,16 +138,21 @@ struct KVIndexer::Impl {
   }
   static std::uint64_t EngineStatus::Dropped::*reason_of(DecodeFailure f) {
     switch (f) {
-      case DecodeFailure::kTooLarge: return &EngineStatus::Dropped::too_large;
-      case DecodeFailure::kTooManyElements: return &EngineStatus::Dropped::too_many_elements;
-      case DecodeFailure::kTrailingBytes: return &EngineStatus::Dropped::trailing_bytes;
-      default: return &EngineStatus::Dropped::malformed;
+      case DecodeFailure::kTooLarge:
+        return &EngineStatus::Dropped::too_large;
+      case DecodeFailure::kTooManyElements:
+        return &EngineStatus::Dropped::too_many_elements;
+      case DecodeFailure::kTrailingBytes:
+        return &EngineStatus::Dropped::trailing_bytes;
+      default:
+        return &EngineStatus::Dropped::malformed;
     }
   }
 
   std::int64_t max_msg_size() const {
     return static_cast<std::int64_t>(
-        std::min<std::size_t>(config.decode.max_bytes, std::numeric_limits<std::int64_t>::max() / 2) +
+        std::min<std::size_t>(config.decode.max_bytes,
+                              std::numeric_limits<std::int64_t>::max() / 2) +
         4096);
   }
 
@@ -355,8 +360,7 @@ struct KVIndexer::Impl {
   // A replay ended by its bounds: the engine's entries go (the events that follow rebuild
   // them), and it is neither replayed nor probed, nor in sync, for replay_backoff.
   void abandon_replay(Writer& w, EngineId e, Engine& en, ReplayEnd end) {
-    ++(end == ReplayEnd::kDeadline ? en.st.replays_aborted_deadline
-                                   : en.st.replays_aborted_size);
+    ++(end == ReplayEnd::kDeadline ? en.st.replays_aborted_deadline : en.st.replays_aborted_size);
     en.suspended_until = std::chrono::steady_clock::now() + config.replay_backoff;
     en.st.in_sync = false;
     clear_engine(w, e);

@@ -226,7 +226,9 @@ struct Refused {
   std::string what;
 };
 
-[[noreturn]] void bad(const std::string& what) { throw Refused{DecodeFailure::kMalformed, what}; }
+[[noreturn]] void bad(const std::string& what) {
+  throw Refused{DecodeFailure::kMalformed, what};
+}
 
 // Counts a payload's values and nesting without materialising any (msgpack's parse visitor):
 // stops at the first value past the limits. A container's declared size counts before its items
@@ -383,11 +385,16 @@ WireEvent read_event(const msgpack::object& o) {
 
 std::string_view to_string(DecodeFailure f) noexcept {
   switch (f) {
-    case DecodeFailure::kNone: return "none";
-    case DecodeFailure::kTooLarge: return "too large";
-    case DecodeFailure::kTooManyElements: return "too many elements";
-    case DecodeFailure::kTrailingBytes: return "trailing bytes";
-    case DecodeFailure::kMalformed: return "malformed";
+    case DecodeFailure::kNone:
+      return "none";
+    case DecodeFailure::kTooLarge:
+      return "too large";
+    case DecodeFailure::kTooManyElements:
+      return "too many elements";
+    case DecodeFailure::kTrailingBytes:
+      return "trailing bytes";
+    case DecodeFailure::kMalformed:
+      return "malformed";
   }
   return "?";
 }

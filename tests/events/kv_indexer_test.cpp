@@ -563,8 +563,8 @@ TEST(KVIndexerHostile, ClearsAndBadBatchesCostOnlyTheirEngine) {
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < 50; ++i) indexer.apply(x, xs++, clears);
   for (int i = 0; i < 200; ++i) indexer.apply(x, xs++, junk);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                        .count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(ms, 1000.0) << "1,000 clears and 200 bad payloads of an empty engine";
   const EngineStatus st = indexer.status(x);
   EXPECT_EQ(st.clears, 1000u);
@@ -633,10 +633,10 @@ TEST(KVIndexerHostile, CapAndDroppedPayloadReasonsLeaveTheHonestEngineAlone) {
   trailing.push_back(0);
   indexer.apply(x, xs++, trailing);
   indexer.apply(x, xs++, std::vector<std::uint8_t>((1 << 20) + 1, 0x90));  // too large
-  indexer.apply(x, xs++, stored_batch(random_ids(rng, 40000)));  // 120,000 values
-  indexer.apply(x, xs++, std::vector<std::uint8_t>(5000, 0x91));  // nested 5,000 deep
-  indexer.apply(x, xs++, std::vector<std::uint8_t>{0xc1});        // not msgpack
-  indexer.apply(x, xs++, std::vector<std::uint8_t>{0x92, 0x01, 0x02});  // not a KVEventBatch
+  indexer.apply(x, xs++, stored_batch(random_ids(rng, 40000)));            // 120,000 values
+  indexer.apply(x, xs++, std::vector<std::uint8_t>(5000, 0x91));           // nested 5,000 deep
+  indexer.apply(x, xs++, std::vector<std::uint8_t>{0xc1});                 // not msgpack
+  indexer.apply(x, xs++, std::vector<std::uint8_t>{0x92, 0x01, 0x02});     // not a KVEventBatch
   st = indexer.status(x);
   EXPECT_EQ(st.dropped.trailing_bytes, 1u);
   EXPECT_EQ(st.dropped.too_large, 1u);
@@ -832,8 +832,8 @@ TEST(KVIndexerHostile, MalformedFramesAreCountedByReason) {
   EXPECT_TRUE(counted({"", seq0, good, "x"}, &EngineStatus::Dropped::wrong_frame_count));
   EXPECT_TRUE(counted({"", seq0.substr(0, 7), good}, &EngineStatus::Dropped::bad_seq_size));
   EXPECT_TRUE(counted({"", seq0 + "x", good}, &EngineStatus::Dropped::bad_seq_size));
-  EXPECT_TRUE(
-      counted({"", HostileEngine::seq_frame(1ull << 63), good}, &EngineStatus::Dropped::negative_seq));
+  EXPECT_TRUE(counted({"", HostileEngine::seq_frame(1ull << 63), good},
+                      &EngineStatus::Dropped::negative_seq));
   EXPECT_TRUE(counted({"", seq0, good + '\0'}, &EngineStatus::Dropped::trailing_bytes));
   EXPECT_TRUE(counted({"", seq0, "\xc1"}, &EngineStatus::Dropped::malformed));
   EXPECT_TRUE(indexer.engine_ids(x, Tier::kGpu).empty());

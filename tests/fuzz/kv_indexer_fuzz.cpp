@@ -71,7 +71,9 @@ class Input {
 };
 
 // Ids collide with the honest engine's on purpose (both use 1..64).
-std::uint64_t id_from(std::uint8_t b) { return 1 + b % 64; }
+std::uint64_t id_from(std::uint8_t b) {
+  return 1 + b % 64;
+}
 
 // A batch built from the input: 0-7 events.
 std::string build_batch(Input& in) {
@@ -87,7 +89,8 @@ std::string build_batch(Input& in) {
       events.push_back(KVEvent{0, AllBlocksCleared{}});
     } else if (kind < 5) {
       BlockStored s;
-      for (std::size_t i = 0; i < ids; ++i) s.block_hashes.emplace_back(digest_of(id_from(in.byte())));
+      for (std::size_t i = 0; i < ids; ++i)
+        s.block_hashes.emplace_back(digest_of(id_from(in.byte())));
       s.block_size = 1;
       s.token_ids.assign(ids, 7);
       s.extra_keys.resize(ids);
@@ -96,7 +99,8 @@ std::string build_batch(Input& in) {
       events.push_back(KVEvent{0, std::move(s)});
     } else {
       BlockRemoved r;
-      for (std::size_t i = 0; i < ids; ++i) r.block_hashes.emplace_back(digest_of(id_from(in.byte())));
+      for (std::size_t i = 0; i < ids; ++i)
+        r.block_hashes.emplace_back(digest_of(id_from(in.byte())));
       r.group_id = group;
       r.medium = med;
       events.push_back(KVEvent{0, std::move(r)});
@@ -219,10 +223,18 @@ void run_one(const std::uint8_t* data, std::size_t size) {
     } else {
       ++bad;
       switch (f) {
-        case DecodeFailure::kTooLarge: ++dropped.too_large; break;
-        case DecodeFailure::kTooManyElements: ++dropped.too_many_elements; break;
-        case DecodeFailure::kTrailingBytes: ++dropped.trailing_bytes; break;
-        default: ++dropped.malformed; break;
+        case DecodeFailure::kTooLarge:
+          ++dropped.too_large;
+          break;
+        case DecodeFailure::kTooManyElements:
+          ++dropped.too_many_elements;
+          break;
+        case DecodeFailure::kTrailingBytes:
+          ++dropped.trailing_bytes;
+          break;
+        default:
+          ++dropped.malformed;
+          break;
       }
     }
     model.ingest(seq, b);

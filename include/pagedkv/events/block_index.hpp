@@ -83,7 +83,7 @@ class BlockIndex {
 
   std::size_t num_ids() const noexcept { return size_; }
   std::size_t num_entries() const noexcept { return entries_; }  // (id, engine, medium) triples
-  std::size_t memory_bytes() const noexcept;  // tables + duplicate counts
+  std::size_t memory_bytes() const noexcept;                     // tables + duplicate counts
 
   // Resizing in two steps. resize_needed(): whether the shared table or the engine's set must
   // grow for `adds` more ids, or may shrink (O(1)). plan_resize(): the resized tables, built

@@ -9,9 +9,10 @@
 //   seq >  expected (a gap)  the missing batches are asked from the engine's replay socket and
 //                            applied; if the replay cannot fill the gap (no replay socket, no
 //                            answer within replay_timeout, past replay_deadline, or batches no
-//                            longer buffered or never sent) the engine's entries are dropped and rebuilt from the events
-//                            that follow (EngineStatus::gaps_lost): its entries are then a subset
-//                            of its cache, never a block it does not hold;
+//                            longer buffered or never sent) the engine's entries are dropped and
+//                            rebuilt from the events that follow (EngineStatus::gaps_lost): its
+//                            entries are then a subset of its cache, never a block it does not
+//                            hold;
 //   seq <  expected          a new publisher (engine restart): the engine's entries are dropped
 //                            and its buffered history asked from 0 (EngineStatus::restarts);
 //   first batch seq > 0      a late join: history asked from 0 the same way.
@@ -110,7 +111,7 @@ struct KVIndexerConfig {
   // The cluster's hasher (scheme and seed). When set, engines are probed on connect.
   std::optional<BlockHasher> hasher;
   std::uint32_t probe_block_size = 16;  // tokens in the probe block (0, 1, 2, ...)
-  std::chrono::milliseconds probe_timeout{500};  // a whole probe exchange
+  std::chrono::milliseconds probe_timeout{500};    // a whole probe exchange
   std::chrono::milliseconds replay_timeout{1000};  // silence between two replay replies
   // A whole replay, and what it may bring (frames of any kind; block ids in the batches): past
   // either the replay is abandoned (EngineStatus::replays_aborted_*), the engine's entries are

@@ -113,7 +113,7 @@ struct WireBatch {
 // Bounds on what one payload may cost to decode. The defaults are far above what a scheduler
 // step publishes (an 8k-token step of 16-token blocks is ~10^4 values, ~100 KB).
 struct DecodeLimits {
-  std::size_t max_bytes = std::size_t{16} << 20;   // payload size
+  std::size_t max_bytes = std::size_t{16} << 20;    // payload size
   std::size_t max_elements = std::size_t{1} << 20;  // msgpack values (containers and scalars)
   std::size_t max_depth = 16;                       // nesting of arrays and maps
 };
