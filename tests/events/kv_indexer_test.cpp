@@ -839,6 +839,28 @@ TEST(KVIndexerHostile, MalformedFramesAreCountedByReason) {
   EXPECT_TRUE(indexer.engine_ids(x, Tier::kGpu).empty());
 }
 
+// A frame over decode.max_bytes never reaches the indexer's memory: ZeroMQ (ZMQ_MAXMSGSIZE on the
+// SUB socket) closes the connection, which then reconnects and resynchronises (before: a payload
+// of any size was received and decoded).
+TEST(KVIndexerHostile, OversizedFrameClosesTheConnection) {
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  ic.decode.max_bytes = 64 * 1024;
+  KVIndexer indexer(ic);
+  HostileEngine hostile("junk", 0ms);
+  const EngineId x = indexer.connect_engine({"hostile", hostile.pub_endpoint, std::nullopt});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  const std::string huge(1 << 20, '\x90');
+  EXPECT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(0), huge});
+        return indexer.status(x).reconnects > 0;
+      },
+      10s));
+  EXPECT_EQ(indexer.status(x).bad_batches, 0u);  // never decoded
+}
+
 TEST(KVEventPublisher, FullQueueDropsOldestAndCountsIt) {
   KVEventPublisherConfig pc = loopback();
   pc.max_queue_size = 1;
