@@ -173,7 +173,8 @@ const Proposal& AdmissionScheduler::propose(std::span<const WaitingRequest> wait
       proposal_.deferred.push_back(c.index);
       continue;
     }
-    const std::size_t chunk = std::min(r.num_tokens() - cached, budget);
+    std::size_t chunk = std::min(r.num_tokens() - cached, budget);
+    if (config_.max_chunk_tokens != 0) chunk = std::min(chunk, config_.max_chunk_tokens);
     const std::size_t new_blocks = cdiv(cached + chunk, bs) - j + c.cached.gpu_free_hit_blocks;
     const std::size_t reserved =
         config_.reserve_whole_prompt

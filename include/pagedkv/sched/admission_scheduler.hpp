@@ -72,6 +72,11 @@ struct AdmissionSchedulerConfig {
   // recomputation costs more than the hits gained). StepResources::free_blocks should then leave
   // out the blocks running requests still need for their own prompts.
   bool reserve_whole_prompt = true;
+  // The most tokens one admission computes in a step (vLLM's long_prefill_token_threshold), so
+  // several requests share a step's budget; 0: only the budget cuts a chunk. (Without a cap, a
+  // chunk ends before the prompt only when it takes the rest of the budget, so no later request
+  // of the step can be deferred behind it: deferral matters with a cap.)
+  std::size_t max_chunk_tokens = 0;
   std::size_t host_load_tokens_per_step = 0;    // 0: unlimited
   std::size_t remote_load_tokens_per_step = 0;  // 0: unlimited
   double host_token_weight = 1.0;    // in [0, 1]: a host-loaded token's worth in the order
