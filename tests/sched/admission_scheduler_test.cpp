@@ -126,9 +126,19 @@ TEST(AdmissionScheduler, UrgentRequestIsNeverPassedAndNeverDeferred) {
   w[0].passed_over = 2;
   const Proposal& p = s.propose(w, {1000, 399, 10});
   EXPECT_EQ(p.admissions[0].index, 0u);  // urgent: first
-  // It does not fit the free blocks: nothing that arrived after it is admitted either.
+  // It does not fit the free blocks: nothing that arrived after it is admitted either, not even
+  // `hot`, which would fit (its hit is held by a running request, so it needs one new block).
+  Request holder = m.make_request(2, concat(iota_tokens(1, 80), iota_tokens(800, 2)));
+  const CacheHit held = m.get_computed_blocks(holder);
+  ASSERT_EQ(held.num_tokens, 80u);
+  ASSERT_TRUE(m.allocate_slots(holder, 2, held));
   const Proposal& q = s.propose(w, {1000, 5, 10});
   EXPECT_TRUE(q.admissions.empty());
+  w[0].passed_over = 1;  // not urgent: hot passes it
+  const Proposal& r = s.propose(w, {1000, 5, 10});
+  ASSERT_EQ(r.admissions.size(), 1u);
+  EXPECT_EQ(r.admissions[0].index, 1u);
+  EXPECT_EQ(r.admissions[0].reserved_blocks, 1u);
 }
 
 TEST(AdmissionScheduler, RecordStepCountsPassedOverOnlyForEarlierArrivals) {
