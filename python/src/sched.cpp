@@ -44,7 +44,7 @@ struct PyAdmissionScheduler {
   std::atomic<bool>& manager_busy;
   std::atomic<bool> busy{false};
   std::unordered_map<std::uint64_t, std::uint32_t> passed_over;  // by arrival rank
-  std::vector<WaitingRequest> last;  // the last propose()'s entries
+  std::vector<WaitingRequest> last;                              // the last propose()'s entries
 };
 
 struct PyProposal {
@@ -110,16 +110,15 @@ void bind_sched(py::module_& m) {
       "Cache-aware admission of waiting requests (C++ pagedkv::AdmissionScheduler): longest "
       "cached prefix first, same-step shared-prefix deferral, aging (no request passed over more "
       "than max_passed_over steps). Reads the manager through a read-only probe.")
-      .def(py::init([](PyKVCacheManager& kv, const std::string& policy,
-                       std::uint32_t max_passed_over, bool defer_shared_prefix,
-                       std::size_t max_candidates, bool reserve_whole_prompt,
-                       std::size_t max_chunk_tokens, std::size_t host_load,
-                       std::size_t remote_load) {
-             return std::make_unique<PyAdmissionScheduler>(
-                 kv.kv, kv.busy,
-                 config_of(policy, max_passed_over, defer_shared_prefix, max_candidates,
-                           reserve_whole_prompt, max_chunk_tokens, host_load, remote_load));
-           }),
+      .def(py::init(
+               [](PyKVCacheManager& kv, const std::string& policy, std::uint32_t max_passed_over,
+                  bool defer_shared_prefix, std::size_t max_candidates, bool reserve_whole_prompt,
+                  std::size_t max_chunk_tokens, std::size_t host_load, std::size_t remote_load) {
+                 return std::make_unique<PyAdmissionScheduler>(
+                     kv.kv, kv.busy,
+                     config_of(policy, max_passed_over, defer_shared_prefix, max_candidates,
+                               reserve_whole_prompt, max_chunk_tokens, host_load, remote_load));
+               }),
            py::arg("manager"), py::kw_only(), py::arg("policy") = "prefix",
            py::arg("max_passed_over") = 256, py::arg("defer_shared_prefix") = true,
            py::arg("max_candidates") = 128, py::arg("reserve_whole_prompt") = true,
@@ -168,8 +167,8 @@ void bind_sched(py::module_& m) {
             std::vector<std::unique_ptr<BusyGuard>> guards;
             for (std::size_t i = 0; i < requests.size(); ++i) {
               if (requests[i] == nullptr) {
-                throw Error(ErrorCode::kInvalidArgument,
-                            "AdmissionScheduler.propose: request " + std::to_string(i) + " is None");
+                throw Error(ErrorCode::kInvalidArgument, "AdmissionScheduler.propose: request " +
+                                                             std::to_string(i) + " is None");
               }
               // A request listed twice is "in use" by its first entry: an error.
               guards.push_back(std::make_unique<BusyGuard>(requests[i]->busy, "Request"));
@@ -177,16 +176,14 @@ void bind_sched(py::module_& m) {
               w[i] = {&requests[i]->req, arrivals[i], it == s.passed_over.end() ? 0 : it->second,
                       remote_tokens ? (*remote_tokens)[i] : 0};
             }
-            const Proposal& p =
-                s.sched.propose(w, {token_budget, free_blocks, max_admissions});
+            const Proposal& p = s.sched.propose(w, {token_budget, free_blocks, max_admissions});
             PyProposal out{p.admissions, p.deferred, p.tokens_charged, p.blocks_taken,
                            p.blocks_reserved};
             s.last = std::move(w);
             return out;
           },
           py::arg("requests"), py::arg("arrivals"), py::kw_only(), py::arg("token_budget"),
-          py::arg("free_blocks"), py::arg("max_admissions"),
-          py::arg("remote_tokens") = py::none(),
+          py::arg("free_blocks"), py::arg("max_admissions"), py::arg("remote_tokens") = py::none(),
           "The step's proposal for the waiting requests (arrivals: unique FCFS ranks, smaller "
           "first). Admit proposal.admissions in order, then call record_step().")
       .def(

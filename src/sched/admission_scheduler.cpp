@@ -134,6 +134,20 @@ const Proposal& AdmissionScheduler::propose(std::span<const WaitingRequest> wait
   proposed_for_ = waiting.size();
   in_step_.clear();
   pending_.clear();
+  try {
+    fill_proposal(waiting, resources);
+  } catch (...) {  // bad_alloc growing a buffer: an empty proposal, not a partial one
+    proposal_.admissions.clear();
+    proposal_.deferred.clear();
+    proposal_.tokens_charged = proposal_.blocks_taken = proposal_.blocks_reserved = 0;
+    throw;
+  }
+  return proposal_;
+}
+
+void AdmissionScheduler::fill_proposal(std::span<const WaitingRequest> waiting,
+                                       const StepResources& resources) {
+  const bool prefix = config_.policy == SchedulePolicy::kPrefix;
   const std::size_t bs = probe_.block_size();
   std::size_t budget = resources.token_budget;
   std::size_t free = resources.free_blocks;
@@ -144,7 +158,6 @@ const Proposal& AdmissionScheduler::propose(std::span<const WaitingRequest> wait
   std::size_t inserted = 0;
   // Once an urgent request does not fit, nothing that arrived after it is admitted this step.
   std::uint64_t limit = std::numeric_limits<std::uint64_t>::max();
-
   for (const Candidate& c : candidates_) {
     if (budget == 0 || slots == 0) break;
     const WaitingRequest& w = waiting[c.index];
@@ -180,13 +193,12 @@ const Proposal& AdmissionScheduler::propose(std::span<const WaitingRequest> wait
         config_.reserve_whole_prompt
             ? std::max(new_blocks, cdiv(r.num_tokens(), bs) - j + c.cached.gpu_free_hit_blocks)
             : new_blocks;
-    const bool loads_fit =
-        (host == 0 || config_.host_load_tokens_per_step == 0 || !host_loading ||
-         host <= host_left) &&
-        (remote == 0 || config_.remote_load_tokens_per_step == 0 || !remote_loading ||
-         remote <= remote_left);
+    const bool loads_fit = (host == 0 || config_.host_load_tokens_per_step == 0 || !host_loading ||
+                            host <= host_left) &&
+                           (remote == 0 || config_.remote_load_tokens_per_step == 0 ||
+                            !remote_loading || remote <= remote_left);
     if (reserved > free || !loads_fit) {
-      if (!prefix) break;                // FCFS: nobody passes the head of the queue
+      if (!prefix) break;               // FCFS: nobody passes the head of the queue
       if (c.urgent) limit = w.arrival;  // nobody younger passes an urgent request
       continue;
     }
@@ -225,7 +237,6 @@ const Proposal& AdmissionScheduler::propose(std::span<const WaitingRequest> wait
       remote_left -= std::min(remote_left, remote);
     }
   }
-  return proposal_;
 }
 
 void AdmissionScheduler::record_step(std::span<WaitingRequest> waiting, std::size_t num_admitted) {

@@ -37,13 +37,14 @@
 // token_budget and never admits more than max_admissions. (A free hit block shared by two
 // admissions is counted for both: conservative.)
 //
-// Cost: propose() probes every candidate (up to max_candidates, the earliest arrivals) once (prefix_probe.hpp: O(cached prefix blocks)
-// read-only lookups each), sorts them (O(W log W)) and, per admission, records its uncached
-// blocks in a flat hash set (O(prompt blocks)). No allocation once its buffers have grown.
-// Thread-compatible: one scheduler thread; the manager behind the probe must not change during
-// propose(). Errors (pagedkv::Error kInvalidArgument, nothing changed): a null request, two
-// waiting entries with the same arrival rank, a request with no tokens, a proposal index out of
-// range in record_step().
+// Cost: propose() probes every candidate (up to max_candidates, the earliest arrivals) once
+// (prefix_probe.hpp: O(cached prefix blocks) read-only lookups each), sorts them (O(W log W)) and,
+// per admission, records its uncached blocks in a flat hash set (O(prompt blocks)). No allocation
+// once its buffers have grown. Thread-compatible: one scheduler thread; the manager behind the
+// probe must not change during propose(). Errors (pagedkv::Error kInvalidArgument, nothing
+// changed): a null request, two waiting entries with the same arrival rank, a request with no
+// tokens, a proposal index out of range in record_step(). A bad_alloc in propose() leaves an empty
+// proposal.
 #pragma once
 
 #include <cstddef>
@@ -62,7 +63,7 @@ enum class SchedulePolicy { kFcfs, kPrefix };
 struct AdmissionSchedulerConfig {
   SchedulePolicy policy = SchedulePolicy::kPrefix;
   std::uint32_t max_passed_over = 256;  // aging bound, in steps (kPrefix)
-  bool defer_shared_prefix = true;     // same-step deferral (kPrefix)
+  bool defer_shared_prefix = true;      // same-step deferral (kPrefix)
   // Only the max_candidates earliest arrivals are probed and considered in a step (0: all); the
   // others wait (they arrived after every candidate, so none is passed over). Bounds propose()'s
   // cost on a long queue, as SGLang bounds its longest-prefix policy to short queues.
@@ -100,13 +101,13 @@ struct StepResources {
 };
 
 struct Admission {
-  std::size_t index = 0;       // into the waiting span given to propose()
-  CachedPrefix cached;         // the probe's answer
-  std::size_t in_step_tokens = 0;  // after cached.gpu_tokens: blocks an earlier admission caches
-  std::size_t remote_tokens = 0;   // loaded from below the host
-  std::size_t chunk_tokens = 0;    // computed this step (charged to the budget), >= 1
-  std::size_t new_blocks = 0;      // taken from the free blocks by this step's allocation
-  std::size_t reserved_blocks = 0; // counted against the free blocks (>= new_blocks)
+  std::size_t index = 0;            // into the waiting span given to propose()
+  CachedPrefix cached;              // the probe's answer
+  std::size_t in_step_tokens = 0;   // after cached.gpu_tokens: blocks an earlier admission caches
+  std::size_t remote_tokens = 0;    // loaded from below the host
+  std::size_t chunk_tokens = 0;     // computed this step (charged to the budget), >= 1
+  std::size_t new_blocks = 0;       // taken from the free blocks by this step's allocation
+  std::size_t reserved_blocks = 0;  // counted against the free blocks (>= new_blocks)
 
   // Tokens the request starts from without computing them.
   std::size_t cached_tokens() const noexcept {
@@ -152,6 +153,8 @@ class AdmissionScheduler {
     std::vector<std::size_t> used_;  // the occupied slots, to clear them in O(size)
     std::size_t mask_ = 0;           // slots_.size() - 1 (a power of two), or 0 when empty
   };
+  // propose()'s admission loop over candidates_ (sorted), into proposal_.
+  void fill_proposal(std::span<const WaitingRequest> waiting, const StepResources& resources);
   struct Candidate {
     std::size_t index;
     CachedPrefix cached;
@@ -162,8 +165,8 @@ class AdmissionScheduler {
   PrefixProbe& probe_;
   AdmissionSchedulerConfig config_;
   Proposal proposal_;
-  std::size_t proposed_for_ = 0;        // waiting.size() of the last propose()
-  std::vector<Candidate> candidates_;   // propose(): the waiting requests in proposal order
+  std::size_t proposed_for_ = 0;         // waiting.size() of the last propose()
+  std::vector<Candidate> candidates_;    // propose(): the waiting requests in proposal order
   std::vector<std::uint64_t> arrivals_;  // propose(): sorted arrival ranks (uniqueness check)
   std::vector<unsigned char> admitted_;  // record_step(): 1 for each admitted waiting index
   HashSet in_step_;  // blocks this step's admissions compute within their chunks

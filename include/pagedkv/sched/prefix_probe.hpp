@@ -6,7 +6,10 @@
 // the same verified left-to-right search (full_attention.hpp's find_full_attention_hit over the
 // manager's const block_pool()), then, for a tiered manager, the tier's const host_holds() for
 // the blocks after the GPU run - exactly the hit get_computed_blocks() would return, capped at
-// num_tokens - 1 tokens, without touching a block, the LRU order, the stats or the events.
+// num_tokens - 1 tokens, without touching a block, the LRU order, the stats or the events. (One
+// difference: with verification off and a hasher that is not collision resistant,
+// get_computed_blocks drops a hit that names one block twice after a hash collision; the probe
+// does not look for that.)
 //
 // Cost per request: O(cached prefix blocks + 1) hash-table lookups (each verified lookup also
 // compares the block's block_size stored tokens), plus one host lookup per host block; no
@@ -60,8 +63,8 @@ class PrefixProbe {
   const KVCacheManager& gpu_;
   const TieredKVCacheManager* tier_ = nullptr;  // null: GPU only
   std::uint32_t block_size_;
-  std::vector<BlockId> hit_;               // the GPU hit's blocks; reused across probes
-  BlockPool::LookupScratch scratch_;       // verified lookups of blocks with extra keys
+  std::vector<BlockId> hit_;          // the GPU hit's blocks; reused across probes
+  BlockPool::LookupScratch scratch_;  // verified lookups of blocks with extra keys
 };
 
 }  // namespace pagedkv
