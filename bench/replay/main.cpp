@@ -51,6 +51,14 @@ constexpr const char* kUsage =
     "  --mode sequential|engine  sequential (default): file order, one request at a time, prompt\n"
     "                            only; engine: timestamps, decoding, batching, preemption\n"
     "  --max-running R, --max-batched-tokens T, --step-ms MS   engine mode (256, 8192, 20)\n"
+    "  --schedule fcfs|prefix    engine mode: admit waiting requests first come first served\n"
+    "                            (fcfs, the default) or by pagedkv::AdmissionScheduler (prefix:\n"
+    "                            longest cached prefix first, same-step shared-prefix deferral,\n"
+    "                            aging); adds queue_delay_p50/p99_ms and sim_ttft_p99_ms\n"
+    "  --max-passed-over K       --schedule prefix: the aging bound in steps (256)\n"
+    "  --max-candidates C        --schedule prefix: the C earliest waiting requests are\n"
+    "                            considered each step (128; 0: all)\n"
+    "  --arrival-rate-scale X    arrivals X times as fast (timestamps divided by X; 1)\n"
     "  --threads 1|2             sequential mode: 2 (default) hashes requests on a second thread\n"
     "                            ahead of the replay; 1 does everything on one thread\n"
     "cluster (built with pagedkv::events):\n"
@@ -212,6 +220,7 @@ int main(int argc, char** argv) {
   ReplayOptions opt;
   TierReplayOptions tier;
   bool table = false, memory_table = false;
+  double arrival_rate_scale = 1;
 #if PAGEDKV_REPLAY_CLUSTER
   std::optional<ClusterOptions> cluster;
   auto cluster_opt = [&]() -> ClusterOptions& {
@@ -323,6 +332,27 @@ int main(int argc, char** argv) {
       opt.max_batched_tokens = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 24));
     } else if (arg == "--step-ms") {
       opt.step_ms = static_cast<double>(parse_number(value(), arg, 1, 1000000));
+    } else if (arg == "--schedule") {
+      const std::string v = value();
+      if (v == "fcfs") {
+        opt.schedule = Schedule::kFcfs;
+      } else if (v == "prefix") {
+        opt.schedule = Schedule::kPrefix;
+      } else {
+        usage_error("--schedule: fcfs or prefix, not '" + v + "'");
+      }
+    } else if (arg == "--max-candidates") {
+      opt.max_candidates = static_cast<std::uint32_t>(parse_number(value(), arg, 0, 1 << 30));
+    } else if (arg == "--max-passed-over") {
+      opt.max_passed_over = static_cast<std::uint32_t>(parse_number(value(), arg, 0, 1 << 30));
+    } else if (arg == "--arrival-rate-scale") {
+      const std::string v = value();
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || x > 1e6) {
+        usage_error("--arrival-rate-scale: a positive number, not '" + v + "'");
+      }
+      arrival_rate_scale = x;
     } else if (arg == "--threads") {
       opt.threads = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 2));
     } else if (arg == "--host-blocks") {
@@ -368,6 +398,12 @@ int main(int argc, char** argv) {
   if (trace_path.has_value() == generate.has_value())
     usage_error("give exactly one of --trace and --generate");
   if (opt.num_blocks.empty() && !memory_table) usage_error("--num-blocks is required");
+  if (opt.schedule == Schedule::kPrefix && opt.mode != Mode::kEngine) {
+    usage_error("--schedule prefix: engine mode only (--mode engine)");
+  }
+  if (opt.schedule == Schedule::kPrefix && opt.sliding_window > 0) {
+    usage_error("--schedule prefix: one full-attention group (no --sliding-window)");
+  }
   if (!tier.host_blocks.empty() && opt.hash == pagedkv::HashScheme::kXxh3_128) {
     usage_error("--host-blocks: the host tier needs sha256 or sha256_cbor_vllm");
   }
@@ -385,6 +421,9 @@ int main(int argc, char** argv) {
           format ? *format == "azure" : name.size() >= 4 && name.substr(name.size() - 4) == ".csv";
       trace = azure ? load_azure_csv(*trace_path, load) : load_hashid_jsonl(*trace_path, load);
     }
+    if (arrival_rate_scale != 1) {
+      for (TraceRequest& r : trace.requests) r.timestamp_ms /= arrival_rate_scale;
+    }
     if (trace.skipped_lines != 0) {
       std::cerr << "pagedkv-replay: skipped " << trace.skipped_lines << " malformed lines\n";
     }
@@ -392,6 +431,7 @@ int main(int argc, char** argv) {
     if (opt.num_blocks.empty()) return 0;
 #if PAGEDKV_REPLAY_CLUSTER
     if (cluster) {
+      if (opt.schedule != Schedule::kFcfs) usage_error("--schedule prefix: not with --engines");
       if (tier.host_blocks.size() > 1) usage_error("--engines: one --host-blocks size");
       if (cluster->remote && tier.host_blocks.empty()) {
         usage_error("--remote needs --host-blocks M (remote loads land in host slots)");

@@ -17,6 +17,8 @@
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
+#include "pagedkv/sched/admission_scheduler.hpp"
+#include "pagedkv/sched/prefix_probe.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
 namespace pagedkv::replay {
@@ -40,6 +42,13 @@ double thread_cpu_seconds() {
 
 std::uint64_t cdiv(std::uint64_t a, std::uint64_t b) {
   return (a + b - 1) / b;
+}
+
+// The value at rank floor(q * (n - 1)) of the sorted values (nearest rank below; reorders v).
+double percentile(std::vector<double>& v, double q) {
+  const std::size_t k = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
+  return v[k];
 }
 
 KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blocks) {
@@ -228,6 +237,7 @@ struct PlainCache {
   explicit PlainCache(const KVCacheManagerConfig& c) : m(c) {}
   KVCacheManager m;
   const KVCacheManager& gpu() const { return m; }
+  PrefixProbe make_probe() const { return PrefixProbe(m); }
   Request make_request(RequestId id, std::span<const TokenId> tokens, RequestHashKeys keys) const {
     return m.make_request(id, tokens, std::move(keys));
   }
@@ -258,6 +268,7 @@ struct TierCache {
   double transfer_ms = 0;
   std::vector<TransferId> stores;  // committed at the end of the step
   const KVCacheManager& gpu() const { return t.gpu(); }
+  PrefixProbe make_probe() const { return PrefixProbe(t); }
   Request make_request(RequestId id, std::span<const TokenId> tokens, RequestHashKeys keys) const {
     return t.make_request(id, tokens, std::move(keys));
   }
@@ -309,12 +320,28 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
     std::uint32_t decoded = 0;
     double arrival_ms = 0;
     bool first_token = false;
-    std::size_t scheduled = 0;  // tokens scheduled in the current step
+    bool admitted_once = false;
+    std::uint32_t passed_over = 0;  // kPrefix: AdmissionScheduler's aging count
+    std::size_t scheduled = 0;      // tokens scheduled in the current step
   };
   std::deque<std::unique_ptr<Active>> waiting;
   std::vector<std::unique_ptr<Active>> running;
   std::vector<double> ttft;
+  std::vector<double> queue_delay;
   std::vector<TokenId> tokens;
+  // --schedule prefix: the admission helper, reading the cache through a read-only probe.
+  std::optional<PrefixProbe> probe;
+  std::optional<AdmissionScheduler> scheduler;
+  std::vector<WaitingRequest> entries;
+  std::vector<unsigned char> taken;
+  if (o.schedule == Schedule::kPrefix) {
+    probe.emplace(m.make_probe());
+    AdmissionSchedulerConfig sc;
+    sc.policy = SchedulePolicy::kPrefix;
+    sc.max_passed_over = o.max_passed_over;
+    sc.max_candidates = o.max_candidates;
+    scheduler.emplace(*probe, sc);
+  }
   std::size_t next_arrival = 0;
   double now = 0;
   const std::size_t n = trace.requests.size();
@@ -376,18 +403,71 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
         if (self) break;
       }
     }
-    while (!preempted && budget > 0 && !waiting.empty() && running.size() < o.max_running) {
-      Active& a = *waiting.front();
-      std::size_t want = 0;
-      const std::optional<std::size_t> hit_tokens = m.admit(a.request, budget, want);
-      if (!hit_tokens) break;
-      a.request.set_num_computed_tokens(*hit_tokens);
+    if (!waiting.empty()) ++res.waiting_nonempty_steps;
+    auto on_admit = [&](Active& a, std::size_t hit_tokens, std::size_t want) {
+      a.request.set_num_computed_tokens(hit_tokens);
       res.queried_tokens += a.request.num_tokens();
-      res.hit_tokens += *hit_tokens;
+      res.hit_tokens += hit_tokens;
       a.scheduled = want;
       budget -= want;
-      running.push_back(std::move(waiting.front()));
-      waiting.pop_front();
+      if (!a.admitted_once) {
+        a.admitted_once = true;
+        queue_delay.push_back(now - a.arrival_ms);
+      }
+    };
+    if (!scheduler) {  // fcfs: the original engine mode, unchanged
+      while (!preempted && budget > 0 && !waiting.empty() && running.size() < o.max_running) {
+        Active& a = *waiting.front();
+        std::size_t want = 0;
+        const std::optional<std::size_t> hit_tokens = m.admit(a.request, budget, want);
+        if (!hit_tokens) break;
+        on_admit(a, *hit_tokens, want);
+        running.push_back(std::move(waiting.front()));
+        waiting.pop_front();
+      }
+    } else if (!preempted && budget > 0 && !waiting.empty() && running.size() < o.max_running) {
+      entries.clear();
+      for (const auto& a : waiting) entries.push_back({&a->request, a->index, a->passed_over, 0});
+      StepResources step;
+      step.token_budget = budget;
+      // Blocks the running requests still need to finish their prompts are not free to admit.
+      std::size_t outstanding = 0;
+      for (const auto& r : running) {
+        const std::size_t held = m.gpu().block_ids(r->request.id()).size();
+        const std::size_t need = cdiv(r->request.num_tokens(), o.block_size);
+        outstanding += need > held ? need - held : 0;
+      }
+      const auto free_now = static_cast<std::size_t>(m.gpu().block_pool().num_free_blocks());
+      step.free_blocks = free_now > outstanding ? free_now - outstanding : 0;
+      step.max_admissions = o.max_running - running.size();
+      const Proposal& p = scheduler->propose(entries, step);
+      res.deferred += p.deferred.size();
+      // Admitted in the proposal's order; the manager stays the truth: the first allocation that
+      // fails ends the step's admissions.
+      taken.assign(waiting.size(), 0);
+      std::size_t admitted = 0;
+      for (const Admission& ad : p.admissions) {
+        Active& a = *waiting[ad.index];
+        std::size_t want = 0;
+        const std::optional<std::size_t> hit_tokens = m.admit(a.request, budget, want);
+        if (!hit_tokens) break;
+        on_admit(a, *hit_tokens, want);
+        taken[ad.index] = 1;
+        ++admitted;
+        if (budget == 0) break;
+      }
+      scheduler->record_step(entries, admitted);
+      for (std::size_t k = 0; k < admitted; ++k) {  // running in admission order
+        running.push_back(std::move(waiting[p.admissions[k].index]));
+      }
+      std::size_t kept = 0;
+      for (std::size_t i = 0; i < waiting.size(); ++i) {
+        if (taken[i]) continue;
+        waiting[i]->passed_over = entries[i].passed_over;
+        res.max_passed_over = std::max(res.max_passed_over, entries[i].passed_over);
+        waiting[kept++] = std::move(waiting[i]);
+      }
+      waiting.resize(kept);
     }
     res.peak_usage = std::max(res.peak_usage, m.gpu().usage());
     res.pool_seconds += seconds_since(t1);
@@ -454,6 +534,11 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
     std::nth_element(ttft.begin(), ttft.begin() + static_cast<std::ptrdiff_t>(ttft.size() / 2),
                      ttft.end());
     res.sim_ttft_p50_ms = ttft[ttft.size() / 2];
+    res.sim_ttft_p99_ms = percentile(ttft, 0.99);
+  }
+  if (!queue_delay.empty()) {
+    res.queue_delay_p50_ms = percentile(queue_delay, 0.50);
+    res.queue_delay_p99_ms = percentile(queue_delay, 0.99);
   }
   return res;
 }
@@ -476,7 +561,7 @@ std::vector<ReplayResult> run_replay(const Trace& trace, const ReplayOptions& op
 }
 
 std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& trace) {
-  char buf[2048];
+  char buf[3072];
   std::snprintf(
       buf, sizeof buf,
       "{\"trace\":\"%s\",\"mode\":\"%s\",\"hash\":\"%s\",\"block_size\":%u,\"caching\":%s,"
@@ -506,7 +591,26 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       o.mode == Mode::kEngine ? o.step_ms : 0.0, r.sim_makespan_ms, r.sim_ttft_p50_ms,
       o.sliding_window, (unsigned long long)r.out_of_window_blocks_freed,
       r.window_memory_saved_ratio, (unsigned long long)trace.skipped_lines);
-  return buf;
+  std::string out = buf;
+  if (o.mode == Mode::kEngine) {
+    // Admission (--schedule) and the simulated queue: appended, the fields above unchanged.
+    out.pop_back();  // the closing brace
+    std::snprintf(buf, sizeof buf,
+                  ",\"schedule\":\"%s\",\"max_passed_over_bound\":%u,\"sim_ttft_p99_ms\":%.1f,"
+                  "\"queue_delay_p50_ms\":%.1f,\"queue_delay_p99_ms\":%.1f,"
+                  "\"waiting_nonempty_steps\":%llu,\"waiting_nonempty_ratio\":%.6f,"
+                  "\"deferred\":%llu,\"max_passed_over\":%u,\"arrival_span_ms\":%.1f}",
+                  o.schedule == Schedule::kFcfs ? "fcfs" : "prefix", o.max_passed_over,
+                  r.sim_ttft_p99_ms, r.queue_delay_p50_ms, r.queue_delay_p99_ms,
+                  (unsigned long long)r.waiting_nonempty_steps,
+                  r.steps ? double(r.waiting_nonempty_steps) / double(r.steps) : 0.0,
+                  (unsigned long long)r.deferred, r.max_passed_over,
+                  trace.requests.empty() ? 0.0
+                                         : trace.requests.back().timestamp_ms -
+                                               trace.requests.front().timestamp_ms);
+    out += buf;
+  }
+  return out;
 }
 
 PagedReservation measure_paged_reservation(const Trace& trace, std::uint32_t block_size) {

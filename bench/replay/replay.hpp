@@ -13,6 +13,13 @@
 
 namespace pagedkv::replay {
 
+// Engine mode: how waiting requests are admitted each step.
+enum class Schedule {
+  kFcfs,    // arrival order, stopping at the first that does not fit (the original engine mode)
+  kPrefix,  // pagedkv::AdmissionScheduler (sched/admission_scheduler.hpp): longest cached prefix
+            // first, same-step shared-prefix deferral, aging bound max_passed_over
+};
+
 enum class Mode {
   kSequential,  // DESIGN.md 7: file order, one request at a time, prompt only
   kEngine,      // timestamps, output lengths, continuous batching with preemption
@@ -34,6 +41,9 @@ struct ReplayOptions {
   std::uint32_t max_running = 256;          // concurrent requests
   std::uint32_t max_batched_tokens = 8192;  // tokens per step
   double step_ms = 20;                      // simulated duration of one step
+  Schedule schedule = Schedule::kFcfs;
+  std::uint32_t max_passed_over = 256;  // kPrefix: the aging bound, in steps
+  std::uint32_t max_candidates = 128;  // kPrefix: earliest arrivals considered per step (0: all)
 };
 
 struct ReplayResult {
@@ -63,6 +73,13 @@ struct ReplayResult {
   // first arrival to the last finish, and the median time to first token on that clock.
   double sim_makespan_ms = 0;
   double sim_ttft_p50_ms = 0;
+  double sim_ttft_p99_ms = 0;
+  // Simulated queueing delay: from arrival to the step that first admits the request.
+  double queue_delay_p50_ms = 0;
+  double queue_delay_p99_ms = 0;
+  std::uint64_t waiting_nonempty_steps = 0;  // steps that began with a request waiting
+  std::uint64_t deferred = 0;                // kPrefix: same-step shared-prefix deferrals
+  std::uint32_t max_passed_over = 0;         // kPrefix: the most steps a request was passed over
   // Hybrid (sliding_window > 0), engine mode: blocks released as they left the window, and the
   // share of block-steps that freeing them saved (held blocks over what the requests' tables
   // would hold without freeing, summed over steps and running requests).

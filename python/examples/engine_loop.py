@@ -5,10 +5,18 @@ mean of its keys, gathered from a paged KV cache through pagedkv's block table. 
 scattered to the slots pagedkv's slot mapping names. Requests share system prompts, so later ones
 hit the prefix cache; the pool is small, so some are preempted. The run checks that each output
 equals a cache-free recomputation, so a wrong block or slot would be caught.
-Run: PYTHONPATH=build/release/python python3 python/examples/engine_loop.py
+
+Waiting requests are admitted by pagedkv.AdmissionScheduler ("prefix", the default: longest
+cached prefix first, with an aging bound), or first come first served ("fcfs").
+Run: PYTHONPATH=build/release/python python3 python/examples/engine_loop.py [prefix|fcfs]
 """
+import sys
+
 import numpy as np
 import pagedkv
+
+SCHEDULE = sys.argv[1] if len(sys.argv) > 1 else "prefix"
+assert SCHEDULE in ("prefix", "fcfs"), "usage: engine_loop.py [prefix|fcfs]"
 
 B, NUM_BLOCKS, VOCAB, DIM, MAX_BATCH_TOKENS = 16, 48, 1000, 8, 256
 rng = np.random.default_rng(0)
@@ -16,6 +24,7 @@ EMB = rng.standard_normal((VOCAB, DIM)).astype(np.float32)
 OUT = rng.standard_normal((DIM, VOCAB)).astype(np.float32)
 kv_cache = np.zeros((NUM_BLOCKS * B, DIM), np.float32)            # [slots, dim], paged
 kv = pagedkv.KVCacheManager(NUM_BLOCKS, block_size=B, hash_seed="toy")
+sched = pagedkv.AdmissionScheduler(kv, max_passed_over=8)          # reads kv, never changes it
 
 def next_token(keys):
     return int(np.argmax(keys.mean(axis=0) @ OUT))
@@ -40,17 +49,30 @@ while waiting or running:
         else:
             scheduled.append((r, r.num_tokens - 1, 1))
             budget -= 1
-    while waiting and budget > 0:                                   # admit with prefix-cache hits
-        r = waiting[0]
+    if SCHEDULE == "fcfs":
+        order = list(waiting)                                       # first come, first served
+    elif waiting and budget > 0:
+        proposal = sched.propose(waiting, [r.request_id for r in waiting], token_budget=budget,
+                                 free_blocks=kv.num_free_blocks, max_admissions=len(waiting))
+        order = [waiting[a.index] for a in proposal.admissions]
+    else:
+        order = []
+    admitted = 0
+    for r in order:                                                 # admit with prefix-cache hits
+        if budget <= 0:
+            break
         hit = kv.get_computed_blocks(r)
         n = r.num_tokens - hit.num_tokens
-        if n > budget or kv.allocate_slots(r, n, hit) is None:
+        if n > budget or kv.allocate_slots(r, n, hit) is None:      # whole prompts only here
             break
-        waiting.pop(0)
+        waiting.remove(r)
         running.append(r)
         r.num_computed_tokens = hit.num_tokens
         scheduled.append((r, hit.num_tokens, n))
         budget -= n
+        admitted += 1
+    if SCHEDULE == "prefix" and order:
+        sched.record_step(admitted)                                 # ages the passed-over ones
     if not scheduled:
         raise RuntimeError("nothing fits an empty batch")
     reqs = [s[0] for s in scheduled]
@@ -73,7 +95,7 @@ while waiting or running:
             r.append_token(tok)
     kv.check_invariants()
 s = kv.stats()
-print(f"{len(outputs)} requests, {steps} steps, {preempted} preemptions, "
+print(f"schedule {SCHEDULE}: {len(outputs)} requests, {steps} steps, {preempted} preemptions, "
       f"{sum(map(len, outputs.values()))} tokens generated")
 print(f"prefix-cache hit rate {100 * s.hit_rate:.1f}% ({s.hits} of {s.queries} prompt tokens), "
       f"evictions {s.evictions}")

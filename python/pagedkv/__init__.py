@@ -54,6 +54,8 @@ publish_from(manager) takes a manager's pending events without making Python obj
 """
 
 from ._pagedkv import (
+    Admission,
+    AdmissionScheduler,
     AllBlocksCleared,
     AttentionKind,
     AttentionSpec,
@@ -61,6 +63,7 @@ from ._pagedkv import (
     BlockRemoved,
     BlockStored,
     CacheHit,
+    CachedPrefix,
     Error,
     ErrorCode,
     FullAttentionSpec,
@@ -71,6 +74,7 @@ from ._pagedkv import (
     KVCacheManagerSnapshot,
     LoadResult,
     PrefixCacheStats,
+    Proposal,
     Request,
     SKIP_SLOT,
     SlidingWindowSpec,
@@ -91,6 +95,8 @@ from ._pagedkv import (
 )
 
 __all__ = [
+    "Admission",
+    "AdmissionScheduler",
     "AllBlocksCleared",
     "AttentionKind",
     "AttentionSpec",
@@ -98,6 +104,7 @@ __all__ = [
     "BlockRemoved",
     "BlockStored",
     "CacheHit",
+    "CachedPrefix",
     "Error",
     "ErrorCode",
     "FullAttentionSpec",
@@ -108,6 +115,7 @@ __all__ = [
     "KVCacheManagerSnapshot",
     "LoadResult",
     "PrefixCacheStats",
+    "Proposal",
     "Request",
     "SKIP_SLOT",
     "SlidingWindowSpec",

@@ -372,6 +372,45 @@ class KVEventPublisherStats:
     probes_served: int
     queued: int
 
+class CachedPrefix:
+    gpu_tokens: int
+    host_tokens: int
+    gpu_free_hit_blocks: int
+    @property
+    def tokens(self) -> int: ...
+
+class Admission:
+    index: int
+    cached: CachedPrefix
+    in_step_tokens: int
+    remote_tokens: int
+    chunk_tokens: int
+    new_blocks: int
+    reserved_blocks: int
+    @property
+    def cached_tokens(self) -> int: ...
+
+class Proposal:
+    admissions: list[Admission]
+    deferred: list[int]
+    tokens_charged: int
+    blocks_taken: int
+    blocks_reserved: int
+
+class AdmissionScheduler:
+    def __init__(self, manager: Union[KVCacheManager, TieredKVCacheManager], *,
+                 policy: str = "prefix", max_passed_over: int = 256,
+                 defer_shared_prefix: bool = True, max_candidates: int = 128,
+                 reserve_whole_prompt: bool = True, max_chunk_tokens: int = 0,
+                 host_load_tokens_per_step: int = 0,
+                 remote_load_tokens_per_step: int = 0) -> None: ...
+    def probe(self, request: Request) -> CachedPrefix: ...
+    def propose(self, requests: Sequence[Request], arrivals: Sequence[int], *,
+                token_budget: int, free_blocks: int, max_admissions: int,
+                remote_tokens: Optional[Sequence[int]] = None) -> Proposal: ...
+    def record_step(self, num_admitted: int) -> None: ...
+    def passed_over(self, arrival: int) -> int: ...
+
 class KVEventPublisher:
     def __init__(self, endpoint: str = "tcp://*:5557", *, bind: Optional[bool] = None,
                  replay_endpoint: Optional[str] = None, buffer_steps: int = 10000,

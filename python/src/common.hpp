@@ -115,6 +115,7 @@ void bind_hashing(py::module_& m);
 void bind_manager(py::module_& m);
 void bind_device(py::module_& m);
 void bind_tier(py::module_& m);
+void bind_sched(py::module_& m);
 void bind_publisher(py::module_& m);  // only with PAGEDKV_PYTHON_HAS_EVENTS
 
 }  // namespace pagedkv::python

@@ -288,6 +288,7 @@ PYBIND11_MODULE(_pagedkv, m) {
   pp::bind_manager(m);
   pp::bind_device(m);
   pp::bind_tier(m);
+  pp::bind_sched(m);
 #ifdef PAGEDKV_PYTHON_HAS_EVENTS
   pp::bind_publisher(m);
   m.attr("HAS_EVENTS") = true;
