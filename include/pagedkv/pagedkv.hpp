@@ -1,6 +1,7 @@
 // pagedkv/pagedkv.hpp: everything host-side in one include (link pagedkv::pagedkv).
 //
-// Layers, bottom up (docs/architecture.md, "Layers"): base, hash, pool, manager; device, reference.
+// Layers, bottom up (docs/architecture.md, "Layers"): base, hash, pool, manager, tier, sched;
+// device, reference.
 // The CUDA kernels are in pagedkv/cuda.hpp (link pagedkv::cuda).
 #pragma once
 
@@ -25,6 +26,8 @@
 #include "pagedkv/manager/sliding_window.hpp"
 #include "pagedkv/tier/host_tier_config.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+#include "pagedkv/sched/admission_scheduler.hpp"
+#include "pagedkv/sched/prefix_probe.hpp"
 #include "pagedkv/device/block_table.hpp"
 #include "pagedkv/device/decode_plan.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
