@@ -1,0 +1,138 @@
+// pagedkv/remote/disk_store.hpp: RemoteStore on a local directory (a second backend beside
+// RedisStore): fixed-size values in one slab file of fixed-size slots, an in-memory index, LRU
+// eviction within a capacity in bytes, and an index rebuilt from the file at start, so a restarted
+// engine reuses what the previous process stored.
+//
+// Files under `directory` (created if missing):
+//   lock      flock(LOCK_EX | LOCK_NB) held for the store's lifetime: a second DiskStore on the
+//             same directory, in this process or another, is refused with pagedkv::Error
+//             (kInvalidState) while the first is open. There is no shared or read-only mode.
+//   slab.pkv  a 4096-byte file header (magic, version, slot size, value size, namespace hash,
+//             checksum), then num_slots slots of slot_bytes() each (4096-aligned). A slot is a
+//             64-byte record (magic, put sequence number, the key: the block hash the value is
+//             stored under, record checksum) followed by the value: remote_value.hpp's 112-byte
+//             header + payload, exactly as RedisStore stores it (encode_remote_value_header with
+//             binding_of(put); a get loads only when check_remote_value(..., binding_of(get)) is
+//             kOk). A value stored under another key (the record says B, the value is bound to A)
+//             is kInvalidValue, counted in stats().binding_mismatches.
+//
+// Values are fixed-size: every put's source and every get's destination is value_bytes long
+// (anything else is misuse and throws). capacity_bytes / slot_bytes() slots (at least one).
+// Puts write a free slot, or the least recently used one (gets and puts promote; exists does
+// not); a put of a key already stored writes a new slot and then retires the old one (its record
+// is zeroed), so a failed or torn put never destroys the previous value.
+//
+// Durability (fsync policy). No fsync per put: a put completes kStored when its pwritev returned
+// the whole slot, i.e. the bytes are in the kernel's page cache. That survives the process being
+// killed (SIGKILL included: tests/remote/disk_store_test.cpp kills a writer mid-run and finds
+// every acknowledged value), not a kernel crash or power loss. The destructor calls fdatasync once
+// when sync_on_close is set. After a power loss a slot may be torn; its checksum then fails and
+// it is a counted miss, never loaded.
+//
+// Start. The constructor reads every slot's record and value header (one 176-byte pread per slot:
+// O(num_slots)); a slot whose record checks and whose value header has this store's magic,
+// version, fingerprint and length enters the index; of two slots with the same key the higher
+// sequence number wins; LRU order is rebuilt from the sequence numbers (put order: promotions by
+// gets are not persisted). Payload checksums are verified at each get, not at start. What the
+// scan found is in open_stats(). A file header that does not check (torn, corrupted) discards the
+// slab (open_stats().reset); a valid header of another slot size, value size or namespace throws
+// pagedkv::Error (kInvalidArgument): use another directory. A file shorter than the slots is
+// extended (missing bytes read as zeros: empty slots, or a counted checksum miss).
+//
+// Threads. One I/O thread does every pread/pwrite and owns the index; submissions and poll() only
+// touch a bounded queue under a mutex, never the disk. The queue holds at most `queue_depth` ops
+// submitted and not yet polled; a batch that does not fit is refused whole (nullopt) and counted
+// in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout
+// (a pread/pwrite already running is not interrupted). I/O errors complete kError; ENOSPC/EDQUOT
+// on a put completes kSkippedFull. A slot that fails its value check at a get (header or checksum,
+// not a binding mismatch) is dropped from the index.
+//
+// Complexity: exists O(1); get/put O(value) (one pread or one pwritev, one xxh3_64 pass); the
+// index is an open-addressing table (no allocation after construction); memory ~80 bytes per slot.
+// Thread safety: every member may be called from any thread.
+// Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty
+// directory or namespace, value_bytes 0, capacity below one slot or above 2^32 - 2 slots, zero
+// queue depth, non-positive op_timeout) or a directory it cannot create/open/size, and
+// kInvalidState when the directory is locked. Submissions throw (kInvalidArgument) on an empty key
+// or a buffer whose size is not value_bytes, before anything is submitted. std::system_error if
+// the thread cannot be started.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pagedkv/remote/remote_store.hpp"
+
+namespace pagedkv {
+
+struct DiskStoreConfig {
+  std::filesystem::path directory;       // required; created if missing
+  std::string name_space;                // required: model, KV dtype, layout, block size, TP rank
+  std::uint64_t layout_fingerprint = 0;  // written into and checked against every value
+  std::size_t value_bytes = 0;           // required: every block's payload size
+  std::uint64_t capacity_bytes = 1ull << 30;  // slab size; slots = capacity / slot_bytes()
+  std::size_t queue_depth = 4096;             // ops submitted and not yet polled
+  std::chrono::milliseconds op_timeout{1000};
+  bool preallocate = true;    // posix_fallocate the slab (falls back to a sparse file)
+  bool sync_on_close = true;  // fdatasync in the destructor
+};
+
+// What the start-up scan found.
+struct DiskStoreOpenStats {
+  std::uint64_t slots = 0;       // slots in the slab
+  std::uint64_t recovered = 0;   // values entered into the index
+  std::uint64_t empty = 0;       // slots without a record (never written or retired)
+  std::uint64_t invalid = 0;     // slots with a record or value header that did not check
+  std::uint64_t duplicates = 0;  // older slots of a key stored twice (ignored)
+  bool reset = false;            // the file header did not check: the slab was discarded
+};
+
+class DiskStore final : public RemoteStore {
+ public:
+  static constexpr std::size_t kFileHeaderBytes = 4096;
+  static constexpr std::size_t kSlotRecordBytes = 64;
+
+  explicit DiskStore(DiskStoreConfig config);
+  ~DiskStore() override;
+  DiskStore(const DiskStore&) = delete;
+  DiskStore& operator=(const DiskStore&) = delete;
+
+  std::optional<RemoteTicket> exists(std::span<const BlockHash> keys) override;
+  std::optional<RemoteTicket> get(std::span<const RemoteGet> ops) override;
+  std::optional<RemoteTicket> put(std::span<const RemotePut> ops) override;
+  std::size_t poll(std::vector<RemoteCompletion>& out) override;
+  std::size_t in_flight() const override;
+  RemoteStoreStats stats() const override;
+  std::string_view name_space() const noexcept override;
+
+  // Like poll(), but blocks up to max_wait until at least one completion is available.
+  std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait);
+
+  // Bytes per slot: record + value header + value_bytes, rounded up to 4096.
+  static std::size_t slot_bytes_for(std::size_t value_bytes) noexcept;
+  std::size_t slot_bytes() const noexcept;
+  std::uint64_t num_slots() const noexcept;
+  // Keys in the index now.
+  std::uint64_t size() const;
+  // The slab file's path, and the file offset of the slot holding `key` now (nullopt: not
+  // stored). For tools and tests (e.g. to corrupt a slot on purpose).
+  std::filesystem::path slab_path() const;
+  std::optional<std::uint64_t> slot_offset_of(const BlockHash& key) const;
+
+  const DiskStoreOpenStats& open_stats() const noexcept;
+  const DiskStoreConfig& config() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pagedkv

@@ -1,0 +1,864 @@
+#include "pagedkv/remote/disk_store.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/remote/latency_histogram.hpp"
+#include "pagedkv/remote/remote_value.hpp"
+
+namespace pagedkv {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr std::uint64_t kFileMagic = 0x314b5344564b50ull;  // "PKVDSK1"
+constexpr std::uint32_t kFileVersion = 1;
+constexpr std::uint64_t kRecordMagic = 0x31544f4c53564b50ull;  // "PKVSLOT1"
+constexpr std::uint32_t kNoSlot = 0xffffffffu;
+constexpr std::size_t kScanBytes = DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize;
+
+[[noreturn]] void bad_config(const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "DiskStore: " + what);
+}
+
+[[noreturn]] void sys_fail(const std::string& what, int err) {
+  throw Error(
+      ErrorCode::kInvalidArgument,
+      "DiskStore: " + what + ": " + std::error_code(err, std::generic_category()).message());
+}
+
+void put_le(std::byte* p, std::uint64_t v, int n) noexcept {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+std::uint64_t get_le(const std::byte* p, int n) noexcept {
+  std::uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= std::uint64_t(std::to_integer<std::uint8_t>(p[i])) << (8 * i);
+  return v;
+}
+
+// Full pread/pwrite: loops over short transfers and EINTR. Returns bytes done (< n on EOF/error,
+// errno set on error).
+std::size_t pread_full(int fd, std::byte* buf, std::size_t n, std::uint64_t off) noexcept {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, buf + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    done += static_cast<std::size_t>(r);
+  }
+  return done;
+}
+
+bool pwrite_full(int fd, const std::byte* buf, std::size_t n, std::uint64_t off) noexcept {
+  std::size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pwrite(fd, buf + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    done += static_cast<std::size_t>(r);
+  }
+  return true;
+}
+
+// The 4096-byte file header: magic u64, version u32, record bytes u32, slot bytes u64, value bytes
+// u64, namespace hash u64, checksum u64 (remote_checksum of the first 40 bytes).
+struct FileHeader {
+  std::uint64_t slot_bytes = 0;
+  std::uint64_t value_bytes = 0;
+  std::uint64_t ns_hash = 0;
+};
+
+std::array<std::byte, 48> encode_file_header(const FileHeader& h) noexcept {
+  std::array<std::byte, 48> b{};
+  put_le(b.data(), kFileMagic, 8);
+  put_le(b.data() + 8, kFileVersion, 4);
+  put_le(b.data() + 12, DiskStore::kSlotRecordBytes, 4);
+  put_le(b.data() + 16, h.slot_bytes, 8);
+  put_le(b.data() + 24, h.value_bytes, 8);
+  put_le(b.data() + 32, h.ns_hash, 8);
+  put_le(b.data() + 40, remote_checksum(std::span<const std::byte>(b.data(), 40)), 8);
+  return b;
+}
+
+std::optional<FileHeader> decode_file_header(const std::byte* b) noexcept {
+  if (get_le(b, 8) != kFileMagic || get_le(b + 8, 4) != kFileVersion ||
+      get_le(b + 12, 4) != DiskStore::kSlotRecordBytes ||
+      get_le(b + 40, 8) != remote_checksum(std::span<const std::byte>(b, 40))) {
+    return std::nullopt;
+  }
+  return FileHeader{get_le(b + 16, 8), get_le(b + 24, 8), get_le(b + 32, 8)};
+}
+
+// A slot's 64-byte record: magic u64, sequence u64, key size u8, 7 reserved, key 32 bytes,
+// checksum u64 (remote_checksum of the first 56 bytes). All zero: an empty slot.
+using SlotRecord = std::array<std::byte, DiskStore::kSlotRecordBytes>;
+
+SlotRecord encode_record(const BlockHash& key, std::uint64_t seq) noexcept {
+  SlotRecord r{};
+  put_le(r.data(), kRecordMagic, 8);
+  put_le(r.data() + 8, seq, 8);
+  r[16] = static_cast<std::byte>(key.size());
+  const auto kb = key.padded_bytes();
+  std::memcpy(r.data() + 24, kb.data(), kb.size());
+  put_le(r.data() + 56, remote_checksum(std::span<const std::byte>(r.data(), 56)), 8);
+  return r;
+}
+
+enum class RecordState { kEmpty, kValid, kInvalid };
+
+RecordState decode_record(const std::byte* r, BlockHash& key, std::uint64_t& seq) noexcept {
+  if (get_le(r, 8) != kRecordMagic) {
+    for (std::size_t i = 0; i < DiskStore::kSlotRecordBytes; ++i) {
+      if (r[i] != std::byte{0}) return RecordState::kInvalid;
+    }
+    return RecordState::kEmpty;
+  }
+  if (get_le(r + 56, 8) != remote_checksum(std::span<const std::byte>(r, 56))) {
+    return RecordState::kInvalid;
+  }
+  const auto size = std::to_integer<std::size_t>(r[16]);
+  if (size != 16 && size != 32) return RecordState::kInvalid;
+  for (std::size_t i = 24 + size; i < 56; ++i) {
+    if (r[i] != std::byte{0}) return RecordState::kInvalid;
+  }
+  std::array<std::uint8_t, 32> kb{};
+  std::memcpy(kb.data(), r + 24, size);
+  key = BlockHash(std::span<const std::uint8_t>(kb.data(), size));
+  seq = get_le(r + 8, 8);
+  return RecordState::kValid;
+}
+
+// The value header's fields that do not depend on the block asked for (remote_value.hpp).
+bool value_header_plausible(const std::byte* h, std::uint64_t fingerprint,
+                            std::size_t value_bytes) noexcept {
+  return get_le(h, 4) == kRemoteValueMagic && get_le(h + 4, 2) == kRemoteValueVersion &&
+         get_le(h + 6, 2) == kRemoteValueHeaderSize && get_le(h + 8, 8) == fingerprint &&
+         get_le(h + 16, 8) == value_bytes;
+}
+
+class IndexRing {  // fixed-capacity FIFO of op slots; never allocates after construction
+ public:
+  explicit IndexRing(std::size_t capacity) : buf_(capacity) {}
+  bool empty() const noexcept { return size_ == 0; }
+  std::size_t size() const noexcept { return size_; }
+  std::uint32_t front() const noexcept { return buf_[head_]; }
+  void push(std::uint32_t v) noexcept {
+    buf_[(head_ + size_) % buf_.size()] = v;
+    ++size_;
+  }
+  std::uint32_t pop() noexcept {
+    const std::uint32_t v = buf_[head_];
+    head_ = (head_ + 1) % buf_.size();
+    --size_;
+    return v;
+  }
+
+ private:
+  std::vector<std::uint32_t> buf_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
+struct Op {
+  RemoteOpKind kind = RemoteOpKind::kExists;
+  RemoteResult result = RemoteResult::kError;
+  std::uint32_t index = 0;
+  RemoteTicket ticket = 0;
+  RemoteValueBinding id;     // id.block: the key
+  std::byte* buf = nullptr;  // get: destination; put: source (never written)
+  Clock::time_point submitted{};
+  Clock::time_point deadline{};
+};
+
+struct Counters {
+  std::atomic<std::uint64_t> probes{0}, probe_hits{0}, gets{0}, hits{0}, misses{0}, puts{0},
+      stored{0}, skipped_full{0}, bytes_in{0}, bytes_out{0}, timeouts{0}, errors{0},
+      checksum_failures{0}, header_mismatches{0}, binding_mismatches{0}, queue_full_drops{0};
+};
+
+void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
+  c.fetch_add(n, std::memory_order_relaxed);
+}
+
+RemoteLatency latency_of(const LatencyHistogram& h) {
+  const auto s = h.snapshot();
+  return {s.total, s.percentile_us(0.50), s.percentile_us(0.99)};
+}
+
+// Which blocks are in which slots, and their LRU order. Owned by the I/O thread (and the
+// constructor); slot_offset_of()/size() read it under index_mu.
+class SlotIndex {
+ public:
+  explicit SlotIndex(std::uint32_t num_slots)
+      : keys_(num_slots), seq_(num_slots, 0), prev_(num_slots, kNoSlot), next_(num_slots, kNoSlot) {
+    std::size_t cap = 16;
+    while (cap < 2 * std::size_t{num_slots}) cap *= 2;
+    table_.assign(cap, kNoSlot);
+    mask_ = cap - 1;
+    free_.reserve(num_slots);
+  }
+
+  std::uint32_t find(const BlockHash& key) const noexcept {
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+      const std::uint32_t s = table_[i];
+      if (s == kNoSlot) return kNoSlot;
+      if (keys_[s] == key) return s;
+    }
+  }
+  // Enters `slot` (not linked, key not present) as the most recently used.
+  void insert(std::uint32_t slot, const BlockHash& key, std::uint64_t seq) noexcept {
+    keys_[slot] = key;
+    seq_[slot] = seq;
+    std::size_t i = home(key);
+    while (table_[i] != kNoSlot) i = (i + 1) & mask_;
+    table_[i] = slot;
+    link_front(slot);
+    ++size_;
+  }
+  // Removes a stored slot from the table and the LRU list (the slot is then unowned).
+  void erase(std::uint32_t slot) noexcept {
+    std::size_t i = home(keys_[slot]);
+    while (table_[i] != slot) i = (i + 1) & mask_;
+    // Backward-shift deletion (linear probing): no tombstones.
+    std::size_t j = i;
+    while (true) {
+      j = (j + 1) & mask_;
+      if (table_[j] == kNoSlot) break;
+      const std::size_t k = home(keys_[table_[j]]);
+      const bool movable = (j > i) ? (k <= i || k > j) : (k <= i && k > j);
+      if (movable) {
+        table_[i] = table_[j];
+        i = j;
+      }
+    }
+    table_[i] = kNoSlot;
+    unlink(slot);
+    keys_[slot] = BlockHash();
+    --size_;
+  }
+  void touch(std::uint32_t slot) noexcept {
+    if (head_ == slot) return;
+    unlink(slot);
+    link_front(slot);
+  }
+  // A slot to write: a free one, else the least recently used (erased from the index).
+  std::uint32_t take_slot() noexcept {
+    if (!free_.empty()) {
+      const std::uint32_t s = free_.back();
+      free_.pop_back();
+      return s;
+    }
+    const std::uint32_t s = tail_;
+    erase(s);
+    return s;
+  }
+  void release(std::uint32_t slot) noexcept { free_.push_back(slot); }  // capacity: num_slots
+  // Free slots are taken lowest first (after the start-up scan; later, most recently freed).
+  void order_free() noexcept { std::sort(free_.begin(), free_.end(), std::greater<>()); }
+  std::uint64_t size() const noexcept { return size_; }
+  bool stored(std::uint32_t slot) const noexcept { return !keys_[slot].empty(); }
+  std::uint64_t seq(std::uint32_t slot) const noexcept { return seq_[slot]; }
+
+ private:
+  std::size_t home(const BlockHash& key) const noexcept {
+    return static_cast<std::size_t>((key.hash_code() * 0x9e3779b97f4a7c15ull) >> 17) & mask_;
+  }
+  void link_front(std::uint32_t s) noexcept {
+    prev_[s] = kNoSlot;
+    next_[s] = head_;
+    if (head_ != kNoSlot) prev_[head_] = s;
+    head_ = s;
+    if (tail_ == kNoSlot) tail_ = s;
+  }
+  void unlink(std::uint32_t s) noexcept {
+    if (prev_[s] != kNoSlot)
+      next_[prev_[s]] = next_[s];
+    else
+      head_ = next_[s];
+    if (next_[s] != kNoSlot)
+      prev_[next_[s]] = prev_[s];
+    else
+      tail_ = prev_[s];
+    prev_[s] = next_[s] = kNoSlot;
+  }
+
+  std::vector<BlockHash> keys_;      // per slot: the key stored there; empty when not indexed
+  std::vector<std::uint64_t> seq_;   // per slot: its record's sequence number
+  std::vector<std::uint32_t> prev_;  // per slot: LRU neighbours (towards the head: more recent)
+  std::vector<std::uint32_t> next_;
+  std::vector<std::uint32_t> table_;  // open addressing: slot numbers, kNoSlot when empty
+  std::size_t mask_ = 0;
+  std::vector<std::uint32_t> free_;  // slots holding nothing indexed
+  std::uint32_t head_ = kNoSlot;     // most recently used
+  std::uint32_t tail_ = kNoSlot;     // least recently used: the next victim
+  std::uint64_t size_ = 0;
+};
+
+}  // namespace
+
+struct DiskStore::Impl {
+  Impl(DiskStoreConfig c, std::size_t slot_bytes_, std::uint32_t num_slots_)
+      : config(std::move(c)),
+        slot_bytes(slot_bytes_),
+        num_slots(num_slots_),
+        value_size(kRemoteValueHeaderSize + config.value_bytes),
+        index(num_slots_),
+        staging(value_size),
+        ops(config.queue_depth),
+        free_ops(config.queue_depth),
+        pending(config.queue_depth),
+        completed(config.queue_depth) {
+    for (std::size_t i = 0; i < config.queue_depth; ++i) free_ops.push(std::uint32_t(i));
+  }
+  ~Impl() {
+    if (slab_fd >= 0) ::close(slab_fd);
+    if (lock_fd >= 0) ::close(lock_fd);  // releases the flock
+  }
+
+  DiskStoreConfig config;
+  std::size_t slot_bytes;
+  std::uint32_t num_slots;
+  std::size_t value_size;  // header + payload
+  int lock_fd = -1;
+  int slab_fd = -1;
+  DiskStoreOpenStats open_stats;
+  std::uint64_t next_seq = 1;  // I/O thread: sequence number of the next put
+
+  mutable std::mutex index_mu;  // guards index against slot_offset_of()/size() readers
+  SlotIndex index;
+  std::vector<std::byte> staging;  // I/O thread: one value read by a get
+
+  std::vector<Op> ops;  // one per op in flight
+  IndexRing free_ops, pending, completed;
+  mutable std::mutex mu;  // guards the rings, op ownership transfer, next_ticket, stop
+  std::condition_variable work_cv, done_cv;
+  RemoteTicket next_ticket = 1;
+  bool stop = false;
+  std::thread thread;
+
+  Counters counters;
+  LatencyHistogram exists_latency, get_latency, put_latency;
+
+  std::uint64_t offset_of(std::uint32_t slot) const noexcept {
+    return kFileHeaderBytes + std::uint64_t(slot) * slot_bytes;
+  }
+
+  void open_files();
+  void scan();
+  void io_thread();
+  RemoteResult run_exists(const Op& op);
+  RemoteResult run_get(const Op& op);
+  RemoteResult run_put(const Op& op);
+  void retire(std::uint32_t slot) noexcept;
+
+  void account(Op& s, RemoteResult r, Clock::time_point now) noexcept {
+    s.result = r;
+    if (r == RemoteResult::kTimeout) bump(counters.timeouts);
+    if (r == RemoteResult::kError) bump(counters.errors);
+    switch (s.kind) {
+      case RemoteOpKind::kExists:
+        bump(counters.probes);
+        if (r == RemoteResult::kHit) bump(counters.probe_hits);
+        exists_latency.record(now - s.submitted);
+        break;
+      case RemoteOpKind::kGet:
+        bump(counters.gets);
+        if (r == RemoteResult::kHit) {
+          bump(counters.hits);
+          bump(counters.bytes_in, config.value_bytes);
+        }
+        if (r == RemoteResult::kMiss || r == RemoteResult::kInvalidValue) bump(counters.misses);
+        get_latency.record(now - s.submitted);
+        break;
+      case RemoteOpKind::kPut:
+        bump(counters.puts);
+        if (r == RemoteResult::kStored) {
+          bump(counters.stored);
+          bump(counters.bytes_out, config.value_bytes);
+        }
+        if (r == RemoteResult::kSkippedFull) bump(counters.skipped_full);
+        put_latency.record(now - s.submitted);
+        break;
+    }
+  }
+
+  bool expire_locked(Clock::time_point now) noexcept {  // requires mu
+    bool any = false;
+    while (!pending.empty() && ops[pending.front()].deadline <= now) {
+      const std::uint32_t i = pending.pop();
+      account(ops[i], RemoteResult::kTimeout, now);
+      completed.push(i);
+      any = true;
+    }
+    return any;
+  }
+
+  std::size_t drain_locked(std::vector<RemoteCompletion>& out) {
+    out.reserve(out.size() + completed.size());  // may throw: nothing taken yet
+    const std::size_t n = completed.size();
+    for (std::size_t k = 0; k < n; ++k) {
+      const std::uint32_t i = completed.pop();
+      const Op& s = ops[i];
+      out.push_back(RemoteCompletion{s.ticket, s.index, s.kind, s.result});
+      free_ops.push(i);
+    }
+    return n;
+  }
+
+  template <class Fill>
+  std::optional<RemoteTicket> submit(RemoteOpKind kind, std::size_t n, Fill&& fill) {
+    const auto now = Clock::now();
+    RemoteTicket ticket = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      expire_locked(now);
+      if (free_ops.size() < n) {
+        bump(counters.queue_full_drops, n);
+        return std::nullopt;
+      }
+      ticket = next_ticket++;
+      for (std::size_t k = 0; k < n; ++k) {
+        const std::uint32_t i = free_ops.pop();
+        Op& s = ops[i];
+        s.kind = kind;
+        s.index = static_cast<std::uint32_t>(k);
+        s.ticket = ticket;
+        s.submitted = now;
+        s.deadline = now + config.op_timeout;
+        fill(s, k);
+        pending.push(i);
+      }
+    }
+    if (n > 0) work_cv.notify_one();
+    return ticket;
+  }
+};
+
+void DiskStore::Impl::open_files() {
+  std::error_code ec;
+  std::filesystem::create_directories(config.directory, ec);
+  if (ec) bad_config("cannot create directory " + config.directory.string() + ": " + ec.message());
+  const auto lock_path = config.directory / "lock";
+  lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0) sys_fail("cannot open " + lock_path.string(), errno);
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    if (err == EWOULDBLOCK) {
+      throw Error(ErrorCode::kInvalidState,
+                  "DiskStore: directory " + config.directory.string() +
+                      " is in use by another DiskStore (this or another process holds " +
+                      lock_path.string() + ")");
+    }
+    sys_fail("cannot lock " + lock_path.string(), err);
+  }
+  const auto slab = config.directory / "slab.pkv";
+  slab_fd = ::open(slab.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (slab_fd < 0) sys_fail("cannot open " + slab.string(), errno);
+
+  const FileHeader want{slot_bytes, config.value_bytes,
+                        remote_checksum(std::as_bytes(std::span(config.name_space)))};
+  std::array<std::byte, 48> have{};
+  const std::size_t got = pread_full(slab_fd, have.data(), have.size(), 0);
+  bool fresh = true;
+  if (got == have.size()) {
+    if (const auto h = decode_file_header(have.data())) {
+      if (h->slot_bytes != want.slot_bytes || h->value_bytes != want.value_bytes ||
+          h->ns_hash != want.ns_hash) {
+        bad_config(slab.string() + " holds a store of another value size or namespace (value " +
+                   std::to_string(h->value_bytes) + " bytes); use another directory");
+      }
+      fresh = false;
+    } else {
+      open_stats.reset = true;
+    }
+  } else if (got > 0) {
+    open_stats.reset = true;
+  }
+  const auto total = static_cast<off_t>(offset_of(num_slots));
+  if (fresh) {  // discard whatever is there, then write a valid header
+    if (::ftruncate(slab_fd, 0) != 0) sys_fail("cannot truncate " + slab.string(), errno);
+  }
+  struct stat st {};
+  if (::fstat(slab_fd, &st) != 0) sys_fail("cannot stat " + slab.string(), errno);
+  if (st.st_size > total && ::ftruncate(slab_fd, total) != 0) {
+    sys_fail("cannot shrink " + slab.string(), errno);
+  }
+  bool sized = false;
+  if (config.preallocate) {
+    const int err = ::posix_fallocate(slab_fd, 0, total);
+    if (err == 0)
+      sized = true;
+    else if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+      sys_fail("not enough space for " + std::to_string(total) + " bytes in " + slab.string(), err);
+    }
+  }
+  if (!sized && st.st_size < total && ::ftruncate(slab_fd, total) != 0) {
+    sys_fail("cannot size " + slab.string(), errno);
+  }
+  if (fresh) {
+    const auto h = encode_file_header(want);
+    if (!pwrite_full(slab_fd, h.data(), h.size(), 0)) {
+      sys_fail("cannot write the header of " + slab.string(), errno);
+    }
+  }
+}
+
+void DiskStore::Impl::scan() {
+  open_stats.slots = num_slots;
+  std::vector<std::byte> buf(kScanBytes);
+  for (std::uint32_t s = 0; s < num_slots; ++s) {
+    BlockHash key;
+    std::uint64_t seq = 0;
+    const std::size_t got = pread_full(slab_fd, buf.data(), buf.size(), offset_of(s));
+    RecordState state = RecordState::kEmpty;
+    if (got == buf.size()) state = decode_record(buf.data(), key, seq);
+    if (state == RecordState::kValid &&
+        !value_header_plausible(buf.data() + kSlotRecordBytes, config.layout_fingerprint,
+                                config.value_bytes)) {
+      state = RecordState::kInvalid;
+    }
+    if (state != RecordState::kValid) {
+      ++(state == RecordState::kEmpty ? open_stats.empty : open_stats.invalid);
+      index.release(s);
+      continue;
+    }
+    const std::uint32_t other = index.find(key);
+    if (other != kNoSlot) {  // a key stored twice (a re-put cut short): keep the newer
+      ++open_stats.duplicates;
+      if (index.seq(other) >= seq) {
+        index.release(s);
+        continue;
+      }
+      index.erase(other);
+      index.release(other);
+    }
+    index.insert(s, key, seq);
+    next_seq = std::max(next_seq, seq + 1);
+  }
+  // The LRU order from put order: promote from oldest to newest, so the newest ends at the head.
+  std::vector<std::pair<std::uint64_t, std::uint32_t>> live;
+  live.reserve(index.size());
+  for (std::uint32_t s = 0; s < num_slots; ++s) {
+    if (index.stored(s)) live.emplace_back(index.seq(s), s);
+  }
+  std::sort(live.begin(), live.end());
+  for (const auto& entry : live) index.touch(entry.second);
+  index.order_free();
+  open_stats.recovered = index.size();
+}
+
+// Zeroes a slot's record (so a restart does not bring back what it held) and frees it.
+void DiskStore::Impl::retire(std::uint32_t slot) noexcept {
+  static constexpr SlotRecord kZero{};
+  (void)pwrite_full(slab_fd, kZero.data(), kZero.size(), offset_of(slot));
+  index.release(slot);
+}
+
+RemoteResult DiskStore::Impl::run_exists(const Op& op) {
+  return index.find(op.id.block) != kNoSlot ? RemoteResult::kHit : RemoteResult::kMiss;
+}
+
+RemoteResult DiskStore::Impl::run_get(const Op& op) {
+  const std::uint32_t slot = index.find(op.id.block);
+  if (slot == kNoSlot) return RemoteResult::kMiss;
+  errno = 0;
+  const std::size_t got =
+      pread_full(slab_fd, staging.data(), value_size, offset_of(slot) + kSlotRecordBytes);
+  if (got < value_size && errno != 0) return RemoteResult::kError;
+  const auto check = check_remote_value(std::span<const std::byte>(staging.data(), got),
+                                        config.layout_fingerprint, config.value_bytes, op.id);
+  switch (check) {
+    case RemoteValueCheck::kOk:
+      std::memcpy(op.buf, staging.data() + kRemoteValueHeaderSize, config.value_bytes);
+      {
+        std::lock_guard<std::mutex> lock(index_mu);
+        index.touch(slot);
+      }
+      return RemoteResult::kHit;
+    case RemoteValueCheck::kBindingMismatch:
+      // Another block's value under this key: a miss; the value may serve its own block's get.
+      bump(counters.binding_mismatches);
+      return RemoteResult::kInvalidValue;
+    case RemoteValueCheck::kChecksumMismatch:
+      bump(counters.checksum_failures);
+      break;
+    default:
+      bump(counters.header_mismatches);
+      break;
+  }
+  {  // A torn or corrupted slot never becomes valid: drop it.
+    std::lock_guard<std::mutex> lock(index_mu);
+    index.erase(slot);
+  }
+  retire(slot);
+  return RemoteResult::kInvalidValue;
+}
+
+RemoteResult DiskStore::Impl::run_put(const Op& op) {
+  const std::span<const std::byte> src(op.buf, config.value_bytes);
+  const RemoteValueHeader header =
+      encode_remote_value_header(config.layout_fingerprint, op.id, src);
+  std::uint32_t slot = kNoSlot;
+  std::uint32_t old = kNoSlot;
+  {
+    std::lock_guard<std::mutex> lock(index_mu);
+    old = index.find(op.id.block);
+    slot = index.take_slot();  // may evict the LRU value (`old` itself when it is the LRU)
+    if (slot == old) old = kNoSlot;
+  }
+  const std::uint64_t seq = next_seq++;
+  const SlotRecord record = encode_record(op.id.block, seq);
+  std::array<iovec, 3> iov{};
+  iov[0] = {const_cast<std::byte*>(record.data()), record.size()};
+  iov[1] = {const_cast<std::byte*>(header.data()), header.size()};
+  iov[2] = {op.buf, config.value_bytes};
+  const std::size_t total = record.size() + header.size() + config.value_bytes;
+  std::size_t done = 0;
+  int err = 0;
+  std::size_t first = 0;
+  while (done < total) {
+    const ssize_t r = ::pwritev(slab_fd, iov.data() + first, static_cast<int>(iov.size() - first),
+                                static_cast<off_t>(offset_of(slot) + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      err = r < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<std::size_t>(r);
+    std::size_t left = static_cast<std::size_t>(r);
+    while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+    if (left > 0) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+  if (err != 0) {  // the slot's bytes are unknown now: retire it; the previous value stays
+    retire(slot);
+    return (err == ENOSPC || err == EDQUOT) ? RemoteResult::kSkippedFull : RemoteResult::kError;
+  }
+  {
+    std::lock_guard<std::mutex> lock(index_mu);
+    if (old != kNoSlot) index.erase(old);
+    index.insert(slot, op.id.block, seq);
+  }
+  if (old != kNoSlot) retire(old);
+  return RemoteResult::kStored;
+}
+
+void DiskStore::Impl::io_thread() {
+  std::unique_lock<std::mutex> lock(mu);
+  while (true) {
+    work_cv.wait(lock, [&] { return stop || !pending.empty(); });
+    if (stop) return;
+    if (expire_locked(Clock::now())) done_cv.notify_all();
+    if (pending.empty()) continue;
+    const std::uint32_t i = pending.pop();
+    Op& op = ops[i];  // owned by this thread until pushed to `completed`
+    lock.unlock();
+    RemoteResult r = RemoteResult::kError;
+    try {
+      switch (op.kind) {
+        case RemoteOpKind::kExists:
+          r = run_exists(op);
+          break;
+        case RemoteOpKind::kGet:
+          r = run_get(op);
+          break;
+        case RemoteOpKind::kPut:
+          r = run_put(op);
+          break;
+      }
+    } catch (...) {  // nothing here throws today; an op must complete regardless
+      r = RemoteResult::kError;
+    }
+    account(op, r, Clock::now());
+    lock.lock();
+    completed.push(i);
+    done_cv.notify_all();
+  }
+}
+
+std::size_t DiskStore::slot_bytes_for(std::size_t value_bytes) noexcept {
+  const std::size_t raw = kSlotRecordBytes + kRemoteValueHeaderSize + value_bytes;
+  return (raw + 4095) / 4096 * 4096;
+}
+
+DiskStore::DiskStore(DiskStoreConfig config) {
+  if (config.directory.empty()) bad_config("empty directory");
+  if (config.name_space.empty()) bad_config("empty namespace (set model, dtype, layout, ...)");
+  if (config.value_bytes == 0) bad_config("value_bytes is 0");
+  if (config.value_bytes > (std::size_t{1} << 40)) bad_config("value_bytes above 2^40");
+  if (config.queue_depth == 0 || config.queue_depth > (std::size_t{1} << 31)) {
+    bad_config("queue_depth must be in [1, 2^31]");
+  }
+  if (config.op_timeout.count() <= 0) bad_config("op_timeout must be positive");
+  const std::size_t slot = slot_bytes_for(config.value_bytes);
+  const std::uint64_t slots = config.capacity_bytes / slot;
+  if (slots == 0 || slots >= kNoSlot) {
+    bad_config("capacity_bytes " + std::to_string(config.capacity_bytes) +
+               " must hold between 1 and 2^32 - 2 slots of " + std::to_string(slot) + " bytes");
+  }
+  impl_ = std::make_unique<Impl>(std::move(config), slot, static_cast<std::uint32_t>(slots));
+  impl_->open_files();
+  impl_->scan();
+  impl_->thread = std::thread([impl = impl_.get()] { impl->io_thread(); });
+}
+
+DiskStore::~DiskStore() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stop = true;
+  }
+  impl_->work_cv.notify_all();
+  if (impl_->thread.joinable()) impl_->thread.join();
+  if (impl_->config.sync_on_close) (void)::fdatasync(impl_->slab_fd);
+}
+
+namespace {
+void check_key(const BlockHash& key, const char* op) {
+  if (key.empty()) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("DiskStore::") + op + ": empty key");
+  }
+}
+void check_size(std::size_t size, std::size_t want, const char* op) {
+  if (size != want) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("DiskStore::") + op + ": buffer of " +
+                                                 std::to_string(size) + " bytes, values are " +
+                                                 std::to_string(want));
+  }
+}
+}  // namespace
+
+std::optional<RemoteTicket> DiskStore::exists(std::span<const BlockHash> keys) {
+  for (const auto& k : keys) check_key(k, "exists");
+  return impl_->submit(RemoteOpKind::kExists, keys.size(), [&](Op& s, std::size_t k) {
+    s.id = RemoteValueBinding{keys[k], BlockHash(), 0};
+    s.buf = nullptr;
+  });
+}
+
+std::optional<RemoteTicket> DiskStore::get(std::span<const RemoteGet> ops) {
+  for (const auto& op : ops) {
+    check_key(op.key, "get");
+    check_size(op.dest.size(), impl_->config.value_bytes, "get");
+  }
+  return impl_->submit(RemoteOpKind::kGet, ops.size(), [&](Op& s, std::size_t k) {
+    s.id = binding_of(ops[k]);
+    s.buf = ops[k].dest.data();
+  });
+}
+
+std::optional<RemoteTicket> DiskStore::put(std::span<const RemotePut> ops) {
+  for (const auto& op : ops) {
+    check_key(op.key, "put");
+    check_size(op.src.size(), impl_->config.value_bytes, "put");
+  }
+  return impl_->submit(RemoteOpKind::kPut, ops.size(), [&](Op& s, std::size_t k) {
+    s.id = binding_of(ops[k]);
+    s.buf = const_cast<std::byte*>(ops[k].src.data());  // only read (pwritev)
+  });
+}
+
+std::size_t DiskStore::poll(std::vector<RemoteCompletion>& out) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->expire_locked(Clock::now());
+  return impl_->drain_locked(out);
+}
+
+std::size_t DiskStore::wait(std::vector<RemoteCompletion>& out,
+                            std::chrono::microseconds max_wait) {
+  const auto end = Clock::now() + max_wait;
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  while (true) {
+    const auto now = Clock::now();
+    impl_->expire_locked(now);
+    if (!impl_->completed.empty() || now >= end) return impl_->drain_locked(out);
+    auto until = end;
+    if (!impl_->pending.empty()) {
+      until = std::min(until, impl_->ops[impl_->pending.front()].deadline);
+    }
+    impl_->done_cv.wait_until(lock, until);
+  }
+}
+
+std::size_t DiskStore::in_flight() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->config.queue_depth - impl_->free_ops.size();
+}
+
+RemoteStoreStats DiskStore::stats() const {
+  const Counters& c = impl_->counters;
+  const auto ld = [](const std::atomic<std::uint64_t>& a) {
+    return a.load(std::memory_order_relaxed);
+  };
+  RemoteStoreStats s;
+  s.probes = ld(c.probes);
+  s.probe_hits = ld(c.probe_hits);
+  s.gets = ld(c.gets);
+  s.hits = ld(c.hits);
+  s.misses = ld(c.misses);
+  s.puts = ld(c.puts);
+  s.stored = ld(c.stored);
+  s.skipped_full = ld(c.skipped_full);
+  s.bytes_in = ld(c.bytes_in);
+  s.bytes_out = ld(c.bytes_out);
+  s.timeouts = ld(c.timeouts);
+  s.errors = ld(c.errors);
+  s.checksum_failures = ld(c.checksum_failures);
+  s.header_mismatches = ld(c.header_mismatches);
+  s.binding_mismatches = ld(c.binding_mismatches);
+  s.queue_full_drops = ld(c.queue_full_drops);
+  s.exists_latency = latency_of(impl_->exists_latency);
+  s.get_latency = latency_of(impl_->get_latency);
+  s.put_latency = latency_of(impl_->put_latency);
+  return s;
+}
+
+std::string_view DiskStore::name_space() const noexcept {
+  return impl_->config.name_space;
+}
+std::size_t DiskStore::slot_bytes() const noexcept {
+  return impl_->slot_bytes;
+}
+std::uint64_t DiskStore::num_slots() const noexcept {
+  return impl_->num_slots;
+}
+const DiskStoreOpenStats& DiskStore::open_stats() const noexcept {
+  return impl_->open_stats;
+}
+const DiskStoreConfig& DiskStore::config() const noexcept {
+  return impl_->config;
+}
+
+std::uint64_t DiskStore::size() const {
+  std::lock_guard<std::mutex> lock(impl_->index_mu);
+  return impl_->index.size();
+}
+
+std::filesystem::path DiskStore::slab_path() const {
+  return impl_->config.directory / "slab.pkv";
+}
+
+std::optional<std::uint64_t> DiskStore::slot_offset_of(const BlockHash& key) const {
+  std::lock_guard<std::mutex> lock(impl_->index_mu);
+  const std::uint32_t slot = impl_->index.find(key);
+  if (slot == kNoSlot) return std::nullopt;
+  return impl_->offset_of(slot);
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,494 @@
+// DiskStore on temporary directories under std::filesystem::temp_directory_path(): round trips,
+// LRU eviction, restart, corruption and misplaced values between runs, the directory lock, and a
+// writer process killed with SIGKILL mid-run.
+#include "pagedkv/remote/disk_store.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/remote/remote_value.hpp"
+
+namespace pagedkv {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+constexpr std::size_t kValue = 3000;  // slot of 4096 bytes
+
+BlockHash key_of(std::uint64_t i, std::uint8_t salt = 0) {
+  std::array<std::uint8_t, 32> b{};
+  for (int k = 0; k < 8; ++k) b[k] = static_cast<std::uint8_t>(i >> (8 * k));
+  b[8] = salt;
+  b[31] = 0x5a;
+  return BlockHash(b);
+}
+
+std::vector<std::byte> bytes_of(std::size_t n, std::uint64_t seed) {
+  std::vector<std::byte> v(n);
+  std::uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<std::byte>(x & 0xff);
+  }
+  return v;
+}
+
+// A fresh directory, removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = fs::temp_directory_path() /
+            ("pagedkv-disk-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+    fs::remove_all(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+DiskStoreConfig config_for(const fs::path& dir, std::uint64_t slots = 64) {
+  DiskStoreConfig c;
+  c.directory = dir;
+  c.name_space = "test/model-a/bf16";
+  c.layout_fingerprint = layout_fingerprint("layer-first,bf16,block16");
+  c.value_bytes = kValue;
+  c.capacity_bytes = slots * DiskStore::slot_bytes_for(kValue);
+  c.op_timeout = 10000ms;
+  c.sync_on_close = false;
+  return c;
+}
+
+std::vector<RemoteCompletion> collect(DiskStore& s, std::size_t n) {
+  std::vector<RemoteCompletion> all, buf;
+  const auto end = std::chrono::steady_clock::now() + 20s;
+  while (all.size() < n && std::chrono::steady_clock::now() < end) {
+    buf.clear();
+    s.wait(buf, 20ms);
+    all.insert(all.end(), buf.begin(), buf.end());
+  }
+  std::sort(all.begin(), all.end(), [](const RemoteCompletion& a, const RemoteCompletion& b) {
+    return a.ticket != b.ticket ? a.ticket < b.ticket : a.index < b.index;
+  });
+  return all;
+}
+
+// Each helper submits one op and waits for its completion.
+RemoteResult put1(DiskStore& s, std::uint64_t i, const std::vector<std::byte>& v,
+                  BlockHash parent = {}) {
+  const RemotePut op{key_of(i), v, parent, 0};
+  if (!s.put(std::span(&op, 1))) return RemoteResult::kError;
+  const auto c = collect(s, 1);
+  return c.size() == 1 ? c[0].result : RemoteResult::kTimeout;
+}
+
+RemoteResult get1(DiskStore& s, std::uint64_t i, std::vector<std::byte>& dest,
+                  BlockHash parent = {}) {
+  const RemoteGet op{key_of(i), dest, parent, 0};
+  if (!s.get(std::span(&op, 1))) return RemoteResult::kError;
+  const auto c = collect(s, 1);
+  return c.size() == 1 ? c[0].result : RemoteResult::kTimeout;
+}
+
+bool exists1(DiskStore& s, std::uint64_t i) {
+  const BlockHash k = key_of(i);
+  if (!s.exists(std::span(&k, 1))) return false;
+  const auto c = collect(s, 1);
+  return c.size() == 1 && c[0].result == RemoteResult::kHit;
+}
+
+void patch_file(const fs::path& file, std::uint64_t offset, std::span<const std::byte> bytes) {
+  const int fd = ::open(file.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), static_cast<off_t>(offset)),
+            static_cast<ssize_t>(bytes.size()));
+  ::close(fd);
+}
+
+std::vector<std::byte> read_file(const fs::path& file, std::uint64_t offset, std::size_t n) {
+  std::vector<std::byte> v(n);
+  const int fd = ::open(file.c_str(), O_RDONLY);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(::pread(fd, v.data(), n, static_cast<off_t>(offset)), static_cast<ssize_t>(n));
+  ::close(fd);
+  return v;
+}
+
+TEST(DiskStore, RoundTripsRealBytesInBatches) {
+  TempDir dir;
+  DiskStore s(config_for(dir.path()));
+  EXPECT_EQ(s.slot_bytes(), 4096u);
+  EXPECT_EQ(s.num_slots(), 64u);
+  std::vector<std::vector<std::byte>> vals;
+  std::vector<RemotePut> puts;
+  for (std::uint64_t i = 0; i < 40; ++i) vals.push_back(bytes_of(kValue, i));
+  for (std::uint64_t i = 0; i < 40; ++i) puts.push_back({key_of(i), vals[i], key_of(i, 1), 0});
+  ASSERT_TRUE(s.put(puts));
+  auto c = collect(s, 40);
+  ASSERT_EQ(c.size(), 40u);
+  for (const auto& x : c) EXPECT_EQ(x.result, RemoteResult::kStored);
+
+  std::vector<std::vector<std::byte>> out(41, std::vector<std::byte>(kValue, std::byte{7}));
+  std::vector<RemoteGet> gets;
+  for (std::uint64_t i = 0; i <= 40; ++i) gets.push_back({key_of(i), out[i], key_of(i, 1), 0});
+  ASSERT_TRUE(s.get(gets));
+  c = collect(s, 41);
+  ASSERT_EQ(c.size(), 41u);
+  for (std::uint64_t i = 0; i < 40; ++i) {
+    EXPECT_EQ(c[i].result, RemoteResult::kHit) << i;
+    EXPECT_EQ(out[i], vals[i]) << i;
+  }
+  EXPECT_EQ(c[40].result, RemoteResult::kMiss);
+  EXPECT_EQ(out[40], std::vector<std::byte>(kValue, std::byte{7}));  // untouched on a miss
+  EXPECT_TRUE(exists1(s, 3));
+  EXPECT_FALSE(exists1(s, 99));
+  const auto st = s.stats();
+  EXPECT_EQ(st.stored, 40u);
+  EXPECT_EQ(st.hits, 40u);
+  EXPECT_EQ(st.misses, 1u);
+  EXPECT_EQ(st.bytes_out, 40 * kValue);
+  EXPECT_EQ(st.bytes_in, 40 * kValue);
+  EXPECT_EQ(st.probes, 2u);
+  EXPECT_EQ(st.probe_hits, 1u);
+  EXPECT_EQ(s.in_flight(), 0u);
+}
+
+TEST(DiskStore, ReputReplacesTheValue) {
+  TempDir dir;
+  DiskStore s(config_for(dir.path(), 4));
+  ASSERT_EQ(put1(s, 1, bytes_of(kValue, 100)), RemoteResult::kStored);
+  ASSERT_EQ(put1(s, 1, bytes_of(kValue, 200)), RemoteResult::kStored);
+  EXPECT_EQ(s.size(), 1u);
+  std::vector<std::byte> out(kValue);
+  ASSERT_EQ(get1(s, 1, out), RemoteResult::kHit);
+  EXPECT_EQ(out, bytes_of(kValue, 200));
+}
+
+TEST(DiskStore, EvictsTheLeastRecentlyUsedAtCapacity) {
+  TempDir dir;
+  DiskStore s(config_for(dir.path(), 4));
+  for (std::uint64_t i = 0; i < 4; ++i)
+    ASSERT_EQ(put1(s, i, bytes_of(kValue, i)), RemoteResult::kStored);
+  std::vector<std::byte> out(kValue);
+  ASSERT_EQ(get1(s, 0, out), RemoteResult::kHit);  // 0 becomes the most recent; 1 is the LRU
+  ASSERT_EQ(put1(s, 4, bytes_of(kValue, 4)), RemoteResult::kStored);
+  EXPECT_FALSE(exists1(s, 1));
+  EXPECT_TRUE(exists1(s, 0));  // exists does not promote
+  ASSERT_EQ(put1(s, 5, bytes_of(kValue, 5)), RemoteResult::kStored);
+  EXPECT_FALSE(exists1(s, 2));
+  for (std::uint64_t i : {0, 3, 4, 5}) {
+    ASSERT_EQ(get1(s, i, out), RemoteResult::kHit) << i;
+    EXPECT_EQ(out, bytes_of(kValue, i));
+  }
+  EXPECT_EQ(s.size(), 4u);
+}
+
+TEST(DiskStore, ARestartedStoreReusesValuesAndTheirOrder) {
+  TempDir dir;
+  {
+    DiskStore s(config_for(dir.path(), 9));
+    for (std::uint64_t i = 0; i < 8; ++i)
+      ASSERT_EQ(put1(s, i, bytes_of(kValue, i), key_of(i, 9)), RemoteResult::kStored);
+    // A re-put goes to the free slot; the old slot of 2 is retired.
+    ASSERT_EQ(put1(s, 2, bytes_of(kValue, 22), key_of(2, 9)), RemoteResult::kStored);
+  }
+  DiskStore s(config_for(dir.path(), 9));
+  EXPECT_EQ(s.open_stats().empty, 1u);
+  EXPECT_EQ(s.open_stats().duplicates, 0u);
+  EXPECT_EQ(s.open_stats().recovered, 8u);
+  EXPECT_EQ(s.open_stats().invalid, 0u);
+  EXPECT_FALSE(s.open_stats().reset);
+  std::vector<std::byte> out(kValue);
+  for (std::uint64_t i = 0; i < 8; ++i) {
+    ASSERT_EQ(get1(s, i, out, key_of(i, 9)), RemoteResult::kHit) << i;
+    EXPECT_EQ(out, bytes_of(kValue, i == 2 ? 22 : i)) << i;
+  }
+  // The gets above promoted 0..7 in turn: 0 is the LRU. 100 takes the free slot, 101 evicts 0.
+  ASSERT_EQ(put1(s, 100, bytes_of(kValue, 100)), RemoteResult::kStored);
+  EXPECT_TRUE(exists1(s, 0));
+  ASSERT_EQ(put1(s, 101, bytes_of(kValue, 101)), RemoteResult::kStored);
+  EXPECT_FALSE(exists1(s, 0));
+  EXPECT_TRUE(exists1(s, 1));
+}
+
+TEST(DiskStore, RestartOrderFollowsPuts) {
+  TempDir dir;
+  {
+    DiskStore s(config_for(dir.path(), 4));
+    for (std::uint64_t i : {3, 1, 0, 2})
+      ASSERT_EQ(put1(s, i, bytes_of(kValue, i)), RemoteResult::kStored);
+  }
+  DiskStore s(config_for(dir.path(), 4));
+  ASSERT_EQ(put1(s, 10, bytes_of(kValue, 10)), RemoteResult::kStored);
+  EXPECT_FALSE(exists1(s, 3));  // the oldest put is evicted first
+  ASSERT_EQ(put1(s, 11, bytes_of(kValue, 11)), RemoteResult::kStored);
+  EXPECT_FALSE(exists1(s, 1));
+  EXPECT_TRUE(exists1(s, 0));
+  EXPECT_TRUE(exists1(s, 2));
+}
+
+TEST(DiskStore, FlippedOrTruncatedSlotsBetweenRunsAreCountedMisses) {
+  TempDir dir;
+  fs::path slab;
+  std::uint64_t off0 = 0, off2 = 0, off3 = 0;
+  {
+    DiskStore s(config_for(dir.path(), 4));
+    for (std::uint64_t i = 0; i < 4; ++i)
+      ASSERT_EQ(put1(s, i, bytes_of(kValue, i)), RemoteResult::kStored);
+    slab = s.slab_path();
+    off0 = *s.slot_offset_of(key_of(0));
+    off2 = *s.slot_offset_of(key_of(2));
+    off3 = *s.slot_offset_of(key_of(3));
+  }
+  const std::size_t value_at = DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize;
+  // Slot of 0: one payload byte flipped. Slot of 2: one record byte flipped.
+  auto b = read_file(slab, off0 + value_at + 1234, 1);
+  b[0] ^= std::byte{0x10};
+  patch_file(slab, off0 + value_at + 1234, b);
+  b = read_file(slab, off2 + 30, 1);
+  b[0] ^= std::byte{0x01};
+  patch_file(slab, off2 + 30, b);
+  // The file ends inside the payload of 3 (the last slot, since 0..3 went to slots 0..3).
+  ASSERT_EQ(off3, DiskStore::kFileHeaderBytes + 3 * 4096u);
+  fs::resize_file(slab, off3 + value_at + 100);
+
+  DiskStore s(config_for(dir.path(), 4));
+  EXPECT_EQ(s.open_stats().invalid, 1u);  // the record of 2
+  EXPECT_EQ(s.open_stats().recovered, 3u);
+  std::vector<std::byte> out(kValue, std::byte{1});
+  const auto untouched = out;
+  EXPECT_EQ(get1(s, 0, out), RemoteResult::kInvalidValue);
+  EXPECT_EQ(out, untouched);
+  EXPECT_EQ(get1(s, 2, out), RemoteResult::kMiss);
+  EXPECT_EQ(get1(s, 3, out), RemoteResult::kInvalidValue);  // the missing tail reads as zeros
+  EXPECT_EQ(out, untouched);
+  ASSERT_EQ(get1(s, 1, out), RemoteResult::kHit);
+  EXPECT_EQ(out, bytes_of(kValue, 1));
+  auto st = s.stats();
+  EXPECT_EQ(st.checksum_failures, 2u);
+  EXPECT_EQ(st.misses, 3u);
+  EXPECT_EQ(st.hits, 1u);
+  // A bad slot is dropped at its first failed get: the next is a plain miss.
+  EXPECT_EQ(get1(s, 0, out), RemoteResult::kMiss);
+  EXPECT_EQ(s.stats().checksum_failures, 2u);
+  // The slots are reused.
+  for (std::uint64_t i = 10; i < 13; ++i)
+    ASSERT_EQ(put1(s, i, bytes_of(kValue, i)), RemoteResult::kStored);
+  EXPECT_TRUE(exists1(s, 1));
+}
+
+TEST(DiskStore, ACorruptedFileHeaderDiscardsTheSlab) {
+  TempDir dir;
+  fs::path slab;
+  {
+    DiskStore s(config_for(dir.path(), 4));
+    ASSERT_EQ(put1(s, 1, bytes_of(kValue, 1)), RemoteResult::kStored);
+    slab = s.slab_path();
+  }
+  auto b = read_file(slab, 20, 1);
+  b[0] ^= std::byte{0x80};
+  patch_file(slab, 20, b);
+  DiskStore s(config_for(dir.path(), 4));
+  EXPECT_TRUE(s.open_stats().reset);
+  EXPECT_EQ(s.open_stats().recovered, 0u);
+  std::vector<std::byte> out(kValue);
+  EXPECT_EQ(get1(s, 1, out), RemoteResult::kMiss);
+}
+
+TEST(DiskStore, AnotherValueSizeOrNamespaceInTheDirectoryIsRefused) {
+  TempDir dir;
+  { DiskStore s(config_for(dir.path(), 4)); }
+  auto c = config_for(dir.path(), 4);
+  c.name_space = "test/model-b/bf16";
+  EXPECT_THROW(DiskStore{c}, Error);
+  c = config_for(dir.path(), 4);
+  c.value_bytes = 5000;
+  EXPECT_THROW(DiskStore{c}, Error);
+  EXPECT_NO_THROW(DiskStore{config_for(dir.path(), 6)});  // another capacity is fine
+}
+
+TEST(DiskStore, AValueUnderAnotherKeyIsABindingMismatch) {
+  TempDir dir;
+  fs::path slab;
+  std::uint64_t off_a = 0, off_b = 0;
+  {
+    DiskStore s(config_for(dir.path(), 4));
+    ASSERT_EQ(put1(s, 1, bytes_of(kValue, 1)), RemoteResult::kStored);
+    ASSERT_EQ(put1(s, 2, bytes_of(kValue, 2)), RemoteResult::kStored);
+    // In one run: the value of 1 asked for with another parent (another prefix).
+    std::vector<std::byte> out(kValue);
+    EXPECT_EQ(get1(s, 1, out, key_of(77)), RemoteResult::kInvalidValue);
+    EXPECT_EQ(s.stats().binding_mismatches, 1u);
+    ASSERT_EQ(get1(s, 1, out), RemoteResult::kHit);  // still there for its own block
+    slab = s.slab_path();
+    off_a = *s.slot_offset_of(key_of(1));
+    off_b = *s.slot_offset_of(key_of(2));
+  }
+  // Copy the value (header + payload) of 1 over the value of 2, keeping 2's record (its key).
+  const std::size_t n = kRemoteValueHeaderSize + kValue;
+  const auto v = read_file(slab, off_a + DiskStore::kSlotRecordBytes, n);
+  patch_file(slab, off_b + DiskStore::kSlotRecordBytes, v);
+  DiskStore s(config_for(dir.path(), 4));
+  EXPECT_EQ(s.open_stats().recovered, 2u);
+  std::vector<std::byte> out(kValue, std::byte{3});
+  EXPECT_EQ(get1(s, 2, out), RemoteResult::kInvalidValue);
+  EXPECT_EQ(out, std::vector<std::byte>(kValue, std::byte{3}));
+  EXPECT_EQ(s.stats().binding_mismatches, 1u);
+  EXPECT_EQ(s.stats().checksum_failures, 0u);
+  ASSERT_EQ(get1(s, 1, out), RemoteResult::kHit);
+  EXPECT_EQ(out, bytes_of(kValue, 1));
+}
+
+TEST(DiskStore, ASecondOpenOfTheDirectoryIsRefusedWhileTheFirstHoldsIt) {
+  TempDir dir;
+  {
+    DiskStore first(config_for(dir.path()));
+    try {
+      DiskStore second(config_for(dir.path()));
+      ADD_FAILURE() << "second open accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidState);
+      EXPECT_NE(std::string(e.what()).find("in use"), std::string::npos) << e.what();
+    }
+    // Another process is refused too.
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int code = 2;
+      try {
+        DiskStore other(config_for(dir.path()));
+        code = 0;
+      } catch (const Error& e) {
+        code = e.code() == ErrorCode::kInvalidState ? 1 : 3;
+      } catch (...) {
+        code = 4;
+      }
+      ::_exit(code);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 1);
+    ASSERT_EQ(put1(first, 1, bytes_of(kValue, 1)), RemoteResult::kStored);
+  }
+  DiskStore again(config_for(dir.path()));  // released with the first
+  EXPECT_EQ(again.open_stats().recovered, 1u);
+}
+
+TEST(DiskStore, AWriterKilledMidRunLosesNothingItAcknowledged) {
+  TempDir dir;
+  constexpr std::uint64_t kMax = 3000;
+  std::mt19937_64 rng(std::random_device{}());
+  for (int round = 0; round < 3; ++round) {
+    fs::remove_all(dir.path());
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {  // the writer: puts batches, reports each acknowledged key on the pipe
+      ::close(fds[0]);
+      DiskStore s(config_for(dir.path(), kMax));
+      std::vector<std::vector<std::byte>> vals(8);
+      for (std::uint64_t i = 0; i < kMax; i += 8) {
+        std::vector<RemotePut> ops;
+        for (std::uint64_t k = 0; k < 8; ++k) {
+          vals[k] = bytes_of(kValue, i + k);
+          ops.push_back({key_of(i + k), vals[k], {}, 0});
+        }
+        if (!s.put(ops)) ::_exit(3);
+        for (const auto& c : collect(s, 8)) {
+          if (c.result != RemoteResult::kStored) ::_exit(4);
+          const std::uint64_t key = i + c.index;
+          if (::write(fds[1], &key, sizeof(key)) != sizeof(key)) ::_exit(5);
+        }
+      }
+      for (;;) ::pause();  // never ends on its own: the parent always kills it
+    }
+    ::close(fds[1]);
+    // Kill it after a random number of acknowledgements (well before it could finish).
+    const std::uint64_t kill_after = std::uniform_int_distribution<std::uint64_t>(1, 1500)(rng);
+    std::vector<std::uint64_t> acked;
+    std::uint64_t key = 0;
+    while (acked.size() < kill_after && ::read(fds[0], &key, sizeof(key)) == sizeof(key)) {
+      acked.push_back(key);
+    }
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)) << "the writer ended on its own: status " << status;
+    while (::read(fds[0], &key, sizeof(key)) == sizeof(key)) acked.push_back(key);
+    ::close(fds[0]);
+    ASSERT_GE(acked.size(), kill_after);
+
+    DiskStore s(config_for(dir.path(), kMax));
+    std::vector<std::byte> out(kValue);
+    std::vector<bool> is_acked(kMax, false);
+    for (std::uint64_t k : acked) is_acked[k] = true;
+    std::size_t hits = 0;
+    for (std::uint64_t i = 0; i < kMax; ++i) {
+      const RemoteResult r = get1(s, i, out);
+      if (is_acked[i]) {
+        ASSERT_EQ(r, RemoteResult::kHit)
+            << "acknowledged key " << i << " lost (round " << round << ")";
+      }
+      if (r == RemoteResult::kHit) {
+        ++hits;
+        ASSERT_EQ(out, bytes_of(kValue, i)) << "wrong bytes for " << i;
+      } else {
+        ASSERT_TRUE(r == RemoteResult::kMiss || r == RemoteResult::kInvalidValue) << i;
+      }
+    }
+    EXPECT_GE(hits, acked.size());
+  }
+}
+
+TEST(DiskStore, RefusesMisuseAndCountsQueueDrops) {
+  TempDir dir;
+  auto c = config_for(dir.path(), 8);
+  c.queue_depth = 4;
+  DiskStore s(c);
+  std::vector<std::byte> small(kValue - 1);
+  const RemotePut bad_put{key_of(1), small, {}, 0};
+  EXPECT_THROW(s.put(std::span(&bad_put, 1)), Error);
+  const RemoteGet bad_get{key_of(1), small, {}, 0};
+  EXPECT_THROW(s.get(std::span(&bad_get, 1)), Error);
+  const BlockHash empty;
+  EXPECT_THROW(s.exists(std::span(&empty, 1)), Error);
+  const std::vector<BlockHash> five{key_of(1), key_of(2), key_of(3), key_of(4), key_of(5)};
+  EXPECT_FALSE(s.exists(five).has_value());
+  EXPECT_EQ(s.stats().queue_full_drops, 5u);
+  EXPECT_EQ(s.in_flight(), 0u);
+
+  auto bad = config_for(dir.path() / "x", 8);
+  bad.value_bytes = 0;
+  EXPECT_THROW(DiskStore{bad}, Error);
+  bad = config_for(dir.path() / "x", 8);
+  bad.capacity_bytes = 4095;
+  EXPECT_THROW(DiskStore{bad}, Error);
+  bad = config_for(dir.path() / "x", 8);
+  bad.name_space.clear();
+  EXPECT_THROW(DiskStore{bad}, Error);
+}
+
+}  // namespace
+}  // namespace pagedkv
