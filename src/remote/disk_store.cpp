@@ -590,10 +590,20 @@ RemoteResult DiskStore::Impl::run_get(const Op& op) {
         index.touch(slot);
       }
       return RemoteResult::kHit;
-    case RemoteValueCheck::kBindingMismatch:
-      // Another block's value under this key: a miss; the value may serve its own block's get.
+    case RemoteValueCheck::kBindingMismatch: {
       bump(counters.binding_mismatches);
-      return RemoteResult::kInvalidValue;
+      // The same block under another prefix or group: a miss, and the value stays for its own
+      // block's gets. A value of another block altogether (copied here, or a put torn between
+      // record and value) can never serve this key: drop it below.
+      const std::byte* h = staging.data();
+      const auto size = std::to_integer<std::size_t>(h[kRemoteValueBindingOffset]);
+      const auto kb = op.id.block.padded_bytes();
+      if (size == op.id.block.size() &&
+          std::memcmp(h + kRemoteValueBindingOffset + 8, kb.data(), kb.size()) == 0) {
+        return RemoteResult::kInvalidValue;
+      }
+      break;
+    }
     case RemoteValueCheck::kChecksumMismatch:
       bump(counters.checksum_failures);
       break;
@@ -661,34 +671,41 @@ RemoteResult DiskStore::Impl::run_put(const Op& op) {
 }
 
 void DiskStore::Impl::io_thread() {
+  // Takes up to kTake queued ops at a time and hands their completions back together: one wakeup
+  // of a waiting caller per group, not per op.
+  constexpr std::size_t kTake = 64;
+  std::array<std::uint32_t, kTake> taken{};
   std::unique_lock<std::mutex> lock(mu);
   while (true) {
     work_cv.wait(lock, [&] { return stop || !pending.empty(); });
     if (stop) return;
     if (expire_locked(Clock::now())) done_cv.notify_all();
-    if (pending.empty()) continue;
-    const std::uint32_t i = pending.pop();
-    Op& op = ops[i];  // owned by this thread until pushed to `completed`
-    lock.unlock();
-    RemoteResult r = RemoteResult::kError;
-    try {
-      switch (op.kind) {
-        case RemoteOpKind::kExists:
-          r = run_exists(op);
-          break;
-        case RemoteOpKind::kGet:
-          r = run_get(op);
-          break;
-        case RemoteOpKind::kPut:
-          r = run_put(op);
-          break;
+    std::size_t n = 0;
+    while (n < kTake && !pending.empty()) taken[n++] = pending.pop();
+    if (n == 0) continue;
+    lock.unlock();  // the taken ops are owned by this thread until pushed to `completed`
+    for (std::size_t k = 0; k < n; ++k) {
+      Op& op = ops[taken[k]];
+      RemoteResult r = RemoteResult::kError;
+      try {
+        switch (op.kind) {
+          case RemoteOpKind::kExists:
+            r = run_exists(op);
+            break;
+          case RemoteOpKind::kGet:
+            r = run_get(op);
+            break;
+          case RemoteOpKind::kPut:
+            r = run_put(op);
+            break;
+        }
+      } catch (...) {  // nothing here throws today; an op must complete regardless
+        r = RemoteResult::kError;
       }
-    } catch (...) {  // nothing here throws today; an op must complete regardless
-      r = RemoteResult::kError;
+      account(op, r, Clock::now());
     }
-    account(op, r, Clock::now());
     lock.lock();
-    completed.push(i);
+    for (std::size_t k = 0; k < n; ++k) completed.push(taken[k]);
     done_cv.notify_all();
   }
 }

@@ -355,6 +355,7 @@ TEST(DiskStore, AValueUnderAnotherKeyIsABindingMismatch) {
   EXPECT_EQ(out, std::vector<std::byte>(kValue, std::byte{3}));
   EXPECT_EQ(s.stats().binding_mismatches, 1u);
   EXPECT_EQ(s.stats().checksum_failures, 0u);
+  EXPECT_EQ(get1(s, 2, out), RemoteResult::kMiss);  // another block's value is dropped
   ASSERT_EQ(get1(s, 1, out), RemoteResult::kHit);
   EXPECT_EQ(out, bytes_of(kValue, 1));
 }

@@ -44,8 +44,9 @@
 // submitted and not yet polled; a batch that does not fit is refused whole (nullopt) and counted
 // in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout
 // (a pread/pwrite already running is not interrupted). I/O errors complete kError; ENOSPC/EDQUOT
-// on a put completes kSkippedFull. A slot that fails its value check at a get (header or checksum,
-// not a binding mismatch) is dropped from the index.
+// on a put completes kSkippedFull. A slot that fails its value check at a get is dropped from the
+// index (its record zeroed): a bad header or checksum, or a value of another block; a value of the
+// same block asked for under another parent or group stays (a miss for that get only).
 //
 // Complexity: exists O(1); get/put O(value) (one pread or one pwritev, one xxh3_64 pass); the
 // index is an open-addressing table (no allocation after construction); memory ~80 bytes per slot.
