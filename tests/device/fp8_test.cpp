@@ -76,13 +76,13 @@ double model_max_finite(const FormatModel& f) {
   return model_value(f, f.max_finite_code);
 }
 
-// Brute force: the finite code nearest in value to x, ties to the even code, NaN -> S.1111111.
+// Brute force: the finite code nearest in value to x, ties to the even code, NaN -> 0x7f.
 // Anything at or above the largest finite is nearest to it (that is saturation, +-inf included).
 // Near x the distances are exact in double (x and its two neighbouring codes are within a factor
 // of two of each other), so ties are found exactly.
 std::uint8_t model_encode(const FormatModel& f, float x) {
   const int sign = std::signbit(x) ? 0x80 : 0;
-  if (std::isnan(x)) return static_cast<std::uint8_t>(sign | 0x7f);
+  if (std::isnan(x)) return 0x7f;
   const double ax = std::fabs(static_cast<double>(x));
   if (ax >= model_max_finite(f)) return static_cast<std::uint8_t>(sign | f.max_finite_code);
   int best = 0;
@@ -167,8 +167,8 @@ TEST(Fp8, EncodeOfDecodeIsTheIdentityOnEveryFiniteCode) {
       const auto code = static_cast<std::uint8_t>(c);
       const float v = decode(f, code);
       if (std::isnan(v)) {
-        // Every NaN code re-encodes to the canonical NaN of its sign.
-        EXPECT_EQ(encode(f, v), (c & 0x80) | 0x7f) << to_string(f.format) << " code " << c;
+        // Every NaN code re-encodes to the canonical NaN (positive, as cuda_fp8.h).
+        EXPECT_EQ(encode(f, v), kFp8CanonicalNaNCode) << to_string(f.format) << " code " << c;
       } else if (std::isinf(v)) {
         // E5M2 infinity saturates: the cache never stores infinity.
         EXPECT_EQ(encode(f, v), (c & 0x80) | f.max_finite_code) << c;
@@ -197,7 +197,7 @@ TEST(Fp8, EncodesSpecialValues) {
     // Every kind of NaN: quiet, signalling, payloads, both signs.
     for (std::uint32_t bits : {0x7fc00000u, 0x7f800001u, 0x7fbfffffu, 0x7fffffffu, 0x7fd55555u}) {
       EXPECT_EQ(encode(f, std::bit_cast<float>(bits)), 0x7f) << std::hex << bits;
-      EXPECT_EQ(encode(f, std::bit_cast<float>(bits | 0x80000000u)), 0xff) << std::hex << bits;
+      EXPECT_EQ(encode(f, std::bit_cast<float>(bits | 0x80000000u)), 0x7f) << std::hex << bits;
     }
   }
 }
@@ -479,7 +479,7 @@ TEST(Fp8, RowKeepsNaNAndSaturatesInfinity) {
     const float s = quantize_fp8_row(f.format, row.data(), row.size(), codes.data());
     EXPECT_EQ(s, fp8_row_scale(f.format, 2.0f));
     dequantize_fp8_row(f.format, codes.data(), row.size(), s, back.data());
-    EXPECT_EQ(codes[1], 0xff);
+    EXPECT_EQ(codes[1], 0x7f);  // -NaN: the canonical NaN
     EXPECT_EQ(codes[6], 0x7f);
     EXPECT_TRUE(std::isnan(back[1]) && std::isnan(back[6]));
     EXPECT_EQ(codes[2], f.max_finite_code);

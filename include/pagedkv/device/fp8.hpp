@@ -6,10 +6,12 @@
 // allocation, no global state, no errors (noexcept; bad scales are the caller's to reject, with
 // check_fp8_scale() on the host). Any number of threads may call them. Decoding is O(1) and exact;
 // encoding is O(1); the row helpers are O(n) over the row. The device build computes the same bits
-// as the host build: it uses the same integer code and __fdiv_rn / __fmul_rn / __fdiv_rz, so fast
-// math cannot change a result (the CPU reference and a kernel quantize to identical bytes). Host
-// code including this header must not be compiled with -ffast-math (it may turn x / s into x *
-// 1/s).
+// as the host build (the CPU reference and a kernel quantize to identical bytes): the same integer
+// code, and __fdiv_rn / __fmul_rn / __fdiv_rz for the float steps, so nvcc's -prec-div=false or
+// FMA contraction cannot change a result. Two flags can: nvcc's -ftz=true (which --use_fast_math
+// sets) flushes float subnormals to (signed) zero, which changes a code or a dequantized value
+// only when the scale is below 2^-116 (rows with amax below about 2^-107); and host code built with
+// -ffast-math may turn x / s into x * (1 / s). Build code that includes this header without them.
 //
 // Formats (1 sign bit S, then exponent, then mantissa; both as NVIDIA's __nv_fp8_* and vLLM):
 //   E4M3 (E4M3FN): 4 exponent bits, bias 7, 3 mantissa bits. No infinities. NaN = S.1111.111
@@ -24,10 +26,12 @@
 //   - saturates: a finite value beyond the largest finite, and +-infinity, become +-largest finite
 //     (for E5M2 too: the KV cache never stores infinity; this is cuda_fp8.h's __NV_SATFINITE);
 //   - keeps the sign of zero (and of values that round to zero);
-//   - maps every NaN to the canonical NaN S.1111111 (0x7f, or 0xff for a negative NaN), in both
-//     formats. cuda_fp8.h's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, ...) agrees on every
-//     non-NaN float; on NaN it agrees for E4M3, and for E5M2 it keeps one payload bit (0x7e or
-//     0x7f): a kernel that uses it or the cvt instruction must canonicalize NaN to match.
+//   - maps every NaN, whatever its sign or payload, to the canonical NaN 0x7f (0.1111.111 in
+//     E4M3, 0.11111.11 in E5M2), as cuda_fp8.h does.
+//   So it is exactly cuda_fp8.h's __nv_cvt_float_to_fp8(x, __NV_SATFINITE, format) on the host:
+//   checked on all 2^32 floats by tests/device/fp8_cuda_check.cu (run by hand, needs nvcc). On
+//   sm_89+ that function's device code is the cvt.rn.satfinite instruction; that the instruction
+//   gives the same bytes is not yet checked on a GPU.
 // Decoding FP8 -> float is exact (every FP8 value is a float); E5M2's infinity decodes to infinity,
 // every NaN code to a quiet float NaN of the same sign.
 //
@@ -92,7 +96,7 @@ inline constexpr float kFp8E5M2MaxFinite = 57344.0f;
 inline constexpr std::uint8_t kFp8E4M3MaxFiniteCode = 0x7e;
 inline constexpr std::uint8_t kFp8E5M2MaxFiniteCode = 0x7b;
 inline constexpr std::uint8_t kFp8E5M2InfinityCode = 0x7c;
-inline constexpr std::uint8_t kFp8CanonicalNaNCode = 0x7f;  // both formats; | 0x80 if negative
+inline constexpr std::uint8_t kFp8CanonicalNaNCode = 0x7f;  // both formats; what encoding gives
 
 namespace fp8_detail {
 
@@ -132,7 +136,7 @@ PAGEDKV_FP8_HD std::uint8_t encode(float value) noexcept {
   const std::uint32_t bits = float_to_bits(value);
   const std::uint32_t sign = (bits >> 24) & 0x80u;
   const std::uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return static_cast<std::uint8_t>(sign | 0x7fu);  // NaN
+  if (magnitude > 0x7f800000u) return 0x7f;  // every NaN: the canonical NaN, sign dropped
   const int exponent = static_cast<int>(magnitude >> 23) - 127;  // -127 for zero / subnormal
   const std::uint32_t mantissa = magnitude & 0x7fffffu;
   std::uint32_t code;
