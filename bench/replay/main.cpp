@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "belady.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/base/version.hpp"
 #include "replay.hpp"
@@ -59,6 +60,13 @@ constexpr const char* kUsage =
     "  --max-candidates C        --schedule prefix: the C earliest waiting requests are\n"
     "                            considered each step (128; 0: all)\n"
     "  --arrival-rate-scale X    arrivals X times as fast (timestamps divided by X; 1)\n"
+    "  --eviction lru|belady     lru (default): the library's pool; belady: the clairvoyant "
+    "bound,\n"
+    "                            simulated in the replay (not the library): the cached block used\n"
+    "                            farthest ahead in the trace is evicted; an offline reference, not "
+    "a\n"
+    "                            policy an engine can run (sequential mode, no tiers or "
+    "--engines)\n"
     "  --threads 1|2             sequential mode: 2 (default) hashes requests on a second thread\n"
     "                            ahead of the replay; 1 does everything on one thread\n"
     "cluster (built with pagedkv::events):\n"
@@ -353,6 +361,12 @@ int main(int argc, char** argv) {
         usage_error("--arrival-rate-scale: a positive number, not '" + v + "'");
       }
       arrival_rate_scale = x;
+    } else if (arg == "--eviction") {
+      try {
+        opt.eviction = parse_eviction(value());
+      } catch (const pagedkv::Error& e) {
+        usage_error(e.what());
+      }
     } else if (arg == "--threads") {
       opt.threads = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 2));
     } else if (arg == "--host-blocks") {
@@ -404,6 +418,17 @@ int main(int argc, char** argv) {
   if (opt.schedule == Schedule::kPrefix && opt.sliding_window > 0) {
     usage_error("--schedule prefix: one full-attention group (no --sliding-window)");
   }
+  if (opt.eviction == Eviction::kBelady) {
+    if (opt.mode != Mode::kSequential || !opt.caching || opt.sliding_window > 0 ||
+        !tier.host_blocks.empty() || png) {
+      usage_error(
+          "--eviction belady: sequential mode only, with caching, without "
+          "--sliding-window, --host-blocks or --plot");
+    }
+#if PAGEDKV_REPLAY_CLUSTER
+    if (cluster) usage_error("--eviction belady: not with --engines");
+#endif
+  }
   if (!tier.host_blocks.empty() && opt.hash == pagedkv::HashScheme::kXxh3_128) {
     usage_error("--host-blocks: the host tier needs sha256 or sha256_cbor_vllm");
   }
@@ -453,7 +478,8 @@ int main(int argc, char** argv) {
 #endif
 
     if (!tier.host_blocks.empty()) return run_with_host_tier(trace, opt, tier, csv, png);
-    const auto results = run_replay(trace, opt);
+    const auto results = opt.eviction == Eviction::kBelady ? run_eviction_replay(trace, opt)
+                                                           : run_replay(trace, opt);
     if (table) {
       write_table(results, opt);
     } else {

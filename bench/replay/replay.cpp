@@ -23,6 +23,35 @@
 
 namespace pagedkv::replay {
 
+KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blocks) {
+  if (num_blocks < 2) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--num-blocks " + std::to_string(num_blocks) + ": at least 2 (null block + 1)");
+  }
+  KVCacheManagerConfig c;
+  c.num_blocks = num_blocks;
+  c.block_size = o.block_size;
+  c.enable_caching = o.caching;
+  c.verify_cache_hits = o.verify_cache_hits;
+  c.hash_scheme = o.hash;
+  c.hash_seed = "pagedkv-replay";  // the same for every manager of a sweep
+  if (o.sliding_window > 0) {
+    c.groups = {AttentionSpec::full(o.block_size),
+                AttentionSpec::sliding(o.block_size, o.sliding_window)};
+  }
+  return c;
+}
+
+Eviction parse_eviction(const std::string& name) {
+  if (name == "lru") return Eviction::kLru;
+  if (name == "belady") return Eviction::kBelady;
+  throw Error(ErrorCode::kInvalidArgument, "--eviction: lru or belady, not '" + name + "'");
+}
+
+const char* to_string(Eviction e) noexcept {
+  return e == Eviction::kBelady ? "belady" : "lru";
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -49,25 +78,6 @@ double percentile(std::vector<double>& v, double q) {
   const std::size_t k = static_cast<std::size_t>(q * static_cast<double>(v.size() - 1));
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
   return v[k];
-}
-
-KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blocks) {
-  if (num_blocks < 2) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--num-blocks " + std::to_string(num_blocks) + ": at least 2 (null block + 1)");
-  }
-  KVCacheManagerConfig c;
-  c.num_blocks = num_blocks;
-  c.block_size = o.block_size;
-  c.enable_caching = o.caching;
-  c.verify_cache_hits = o.verify_cache_hits;
-  c.hash_scheme = o.hash;
-  c.hash_seed = "pagedkv-replay";  // the same for every manager of a sweep
-  if (o.sliding_window > 0) {
-    c.groups = {AttentionSpec::full(o.block_size),
-                AttentionSpec::sliding(o.block_size, o.sliding_window)};
-  }
-  return c;
 }
 
 RequestHashKeys keys_of(const TraceRequest& r) {
@@ -605,11 +615,14 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
                   (unsigned long long)r.waiting_nonempty_steps,
                   r.steps ? double(r.waiting_nonempty_steps) / double(r.steps) : 0.0,
                   (unsigned long long)r.deferred, r.max_passed_over,
-                  trace.requests.empty() ? 0.0
-                                         : trace.requests.back().timestamp_ms -
-                                               trace.requests.front().timestamp_ms);
+                  trace.requests.empty()
+                      ? 0.0
+                      : trace.requests.back().timestamp_ms - trace.requests.front().timestamp_ms);
     out += buf;
   }
+  // The eviction policy (--eviction): appended, the fields above unchanged.
+  out.pop_back();
+  out += std::string(",\"eviction\":\"") + to_string(o.eviction) + "\"}";
   return out;
 }
 

@@ -20,6 +20,14 @@ enum class Schedule {
             // first, same-step shared-prefix deferral, aging bound max_passed_over
 };
 
+// Which block the prefix cache evicts: kLru is the library (BlockPool's free-block queue, the
+// default, every other mode); kBelady is the clairvoyant reference of belady.hpp (sequential
+// semantics, simulated in the replay, not the library).
+enum class Eviction { kLru, kBelady };
+// "lru" or "belady"; anything else throws pagedkv::Error (kInvalidArgument) naming it.
+Eviction parse_eviction(const std::string& name);
+const char* to_string(Eviction e) noexcept;
+
 enum class Mode {
   kSequential,  // DESIGN.md 7: file order, one request at a time, prompt only
   kEngine,      // timestamps, output lengths, continuous batching with preemption
@@ -43,7 +51,8 @@ struct ReplayOptions {
   double step_ms = 20;                      // simulated duration of one step
   Schedule schedule = Schedule::kFcfs;
   std::uint32_t max_passed_over = 256;  // kPrefix: the aging bound, in steps
-  std::uint32_t max_candidates = 128;  // kPrefix: earliest arrivals considered per step (0: all)
+  std::uint32_t max_candidates = 128;   // kPrefix: earliest arrivals considered per step (0: all)
+  Eviction eviction = Eviction::kLru;   // reported in the JSON; kBelady: run_eviction_replay
 };
 
 struct ReplayResult {
@@ -131,6 +140,10 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
                                               const TierReplayOptions& tier);
 std::string to_json(const TierReplayResult& r, const ReplayOptions& options,
                     const TierReplayOptions& tier, const Trace& trace);
+
+// The KVCacheManager configuration the replay uses for a pool of num_blocks blocks (throws
+// pagedkv::Error for num_blocks < 2).
+KVCacheManagerConfig manager_config(const ReplayOptions& options, std::int32_t num_blocks);
 
 // One result per options.num_blocks entry, in that order. Sequential mode hashes each request
 // once for the whole sweep (hashing does not depend on the cache size).

@@ -1,0 +1,374 @@
+#include "belady.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <ctime>
+#include <limits>
+#include <string>
+#include <unordered_map>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
+
+namespace pagedkv::replay {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double thread_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+constexpr std::uint64_t kNever = std::numeric_limits<std::uint64_t>::max();
+
+std::uint64_t cdiv(std::uint64_t a, std::uint64_t b) {
+  return (a + b - 1) / b;
+}
+
+// The library's structures, mirrored: FreeBlockQueue (block 0, the null block, never queued,
+// serves as the list's sentinel) and the hash map with duplicates in insertion order.
+class LruPool {
+ public:
+  LruPool(std::uint32_t n, std::uint32_t distinct)
+      : prev_(n),
+        next_(n),
+        ref_(n, 0),
+        hash_(n, kNone),
+        dup_prev_(n, kNone),
+        dup_next_(n, kNone),
+        first_(distinct, kNone),
+        last_(distinct, kNone),
+        free_(n - 1) {
+    // Initially blocks 1..n-1 in id order.
+    for (std::uint32_t b = 0; b < n; ++b) {
+      next_[b] = b + 1 < n ? b + 1 : 0;
+      prev_[b] = b == 0 ? n - 1 : b - 1;
+    }
+  }
+
+  std::uint32_t lookup(std::uint32_t id) const { return first_[id]; }
+  std::uint32_t num_free() const { return free_; }
+
+  void touch(std::uint32_t b) {
+    if (ref_[b]++ == 0) unlink(b);
+  }
+  // Pops the head; evicts it when it is cached (returns true then).
+  bool pop(std::uint32_t& b) {
+    b = next_[0];
+    unlink(b);
+    ref_[b] = 1;
+    if (hash_[b] == kNone) return false;
+    uncache(b);
+    return true;
+  }
+  void cache(std::uint32_t b, std::uint32_t id) {
+    hash_[b] = id;
+    dup_prev_[b] = last_[id];
+    dup_next_[b] = kNone;
+    if (last_[id] == kNone) {
+      first_[id] = b;
+    } else {
+      dup_next_[last_[id]] = b;
+    }
+    last_[id] = b;
+  }
+  // free_blocks(blocks) with `blocks` already in the order the manager passes them (tail first).
+  void free(const std::vector<std::uint32_t>& blocks) {
+    std::uint32_t group_last = 0;  // uncached ones go to the head as a group, in the given order
+    for (const std::uint32_t b : blocks) {
+      if (--ref_[b] != 0) continue;
+      if (hash_[b] == kNone) {
+        insert_after(group_last, b);
+        group_last = b;
+      } else {
+        insert_after(prev_[0], b);  // the tail
+      }
+    }
+  }
+
+ private:
+  void unlink(std::uint32_t b) {
+    next_[prev_[b]] = next_[b];
+    prev_[next_[b]] = prev_[b];
+    --free_;
+  }
+  void insert_after(std::uint32_t at, std::uint32_t b) {
+    prev_[b] = at;
+    next_[b] = next_[at];
+    prev_[next_[at]] = b;
+    next_[at] = b;
+    ++free_;
+  }
+  void uncache(std::uint32_t b) {
+    const std::uint32_t id = hash_[b];
+    if (dup_prev_[b] == kNone) {
+      first_[id] = dup_next_[b];
+    } else {
+      dup_next_[dup_prev_[b]] = dup_next_[b];
+    }
+    if (dup_next_[b] == kNone) {
+      last_[id] = dup_prev_[b];
+    } else {
+      dup_prev_[dup_next_[b]] = dup_prev_[b];
+    }
+    hash_[b] = kNone;
+  }
+
+  std::vector<std::uint32_t> prev_, next_, ref_, hash_, dup_prev_, dup_next_, first_, last_;
+  std::uint32_t free_;
+};
+
+// Belady: empty blocks first, then the evictable cached block with the largest next use.
+class BeladyPool {
+ public:
+  BeladyPool(std::uint32_t n, std::uint32_t distinct)
+      : ref_(n, 0),
+        hash_(n, kNone),
+        key_(n, kNever),
+        stamp_(n, 0),
+        cached_(distinct, kNone),
+        n_(n) {
+    for (std::uint32_t b = n - 1; b >= 1; --b) empty_.push_back(b);  // block 1 used first
+  }
+
+  std::uint32_t lookup(std::uint32_t id) const { return cached_[id]; }
+  std::uint32_t num_free() const { return static_cast<std::uint32_t>(empty_.size()) + evictable_; }
+
+  void touch(std::uint32_t b) {
+    if (ref_[b]++ == 0) {
+      ++stamp_[b];  // leaves the evictable set (its heap entries go stale)
+      --evictable_;
+    }
+  }
+  bool pop(std::uint32_t& b) {
+    if (!empty_.empty()) {
+      b = empty_.back();
+      empty_.pop_back();
+      ref_[b] = 1;
+      return false;
+    }
+    for (;;) {
+      if (heap_.empty()) throw Error(ErrorCode::kInvalidState, "belady: no evictable block");
+      std::pop_heap(heap_.begin(), heap_.end());
+      const Entry e = heap_.back();
+      heap_.pop_back();
+      if (e.stamp != stamp_[e.block]) continue;  // stale
+      b = e.block;
+      break;
+    }
+    ++stamp_[b];
+    --evictable_;
+    cached_[hash_[b]] = kNone;
+    hash_[b] = kNone;
+    ref_[b] = 1;
+    return true;
+  }
+  // The block `b` (held) gets the hash `id` unless it is cached already; either way the cached
+  // block's next use becomes `next_use`.
+  void use(std::uint32_t b, std::uint32_t id, std::uint64_t next_use) {
+    const std::uint32_t c = cached_[id];
+    if (c == kNone) {
+      cached_[id] = b;
+      hash_[b] = id;
+      key_[b] = next_use;
+      return;
+    }
+    key_[c] = next_use;
+    if (ref_[c] == 0) push(c);  // an evictable copy (its parent was missing): re-keyed
+  }
+  void free(const std::vector<std::uint32_t>& blocks) {
+    for (const std::uint32_t b : blocks) {
+      if (--ref_[b] != 0) continue;
+      if (hash_[b] == kNone) {
+        empty_.push_back(b);
+      } else {
+        ++evictable_;
+        push(b);
+      }
+    }
+  }
+
+ private:
+  struct Entry {
+    std::uint64_t key;
+    std::uint32_t block;
+    std::uint32_t stamp;
+    bool operator<(const Entry& o) const { return key != o.key ? key < o.key : block < o.block; }
+  };
+  void push(std::uint32_t b) {
+    ++stamp_[b];
+    heap_.push_back(Entry{key_[b], b, stamp_[b]});
+    std::push_heap(heap_.begin(), heap_.end());
+    if (heap_.size() > 4 * static_cast<std::size_t>(n_) + 1024) compact();
+  }
+  void compact() {
+    std::erase_if(heap_, [&](const Entry& e) { return e.stamp != stamp_[e.block]; });
+    std::make_heap(heap_.begin(), heap_.end());
+  }
+
+  std::vector<std::uint32_t> ref_, hash_;
+  std::vector<std::uint64_t> key_;
+  std::vector<std::uint32_t> stamp_, cached_, empty_;
+  std::vector<Entry> heap_;
+  std::uint32_t evictable_ = 0;
+  std::uint32_t n_;
+};
+
+// next[p]: the position of the next occurrence of ids[p]'s hash after p that could be a hit
+// (block index below its request's cap, request not rejected), or kNever. One backward pass.
+std::vector<std::uint64_t> next_uses(const BlockTrace& t, std::uint64_t usable) {
+  std::vector<std::uint64_t> next(t.ids.size());
+  std::vector<std::uint64_t> seen(t.distinct, kNever);
+  for (std::size_t i = t.size(); i-- > 0;) {
+    const std::uint64_t tokens = t.num_tokens[i];
+    const bool rejected = cdiv(tokens, t.block_size) > usable;
+    const std::uint64_t cap = tokens == 0 ? 0 : (tokens - 1) / t.block_size;
+    for (std::uint64_t p = t.offsets[i + 1]; p-- > t.offsets[i];) {
+      const std::uint32_t id = t.ids[p];
+      next[p] = seen[id];
+      if (!rejected && p - t.offsets[i] < cap) seen[id] = p;
+    }
+  }
+  return next;
+}
+
+template <typename Pool>
+void run(const BlockTrace& t, std::uint32_t n, Pool& pool, const std::vector<std::uint64_t>* next,
+         ReplayResult& res) {
+  const std::uint64_t usable = n - 1;
+  const std::uint64_t bs = t.block_size;
+  std::vector<std::uint32_t> table, reversed;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    const std::uint64_t tokens = t.num_tokens[i];
+    const std::uint64_t need = cdiv(tokens, bs);
+    ++res.requests;
+    res.prompt_tokens += tokens;
+    res.prompt_blocks += need;
+    if (need > usable) {
+      ++res.rejected;
+      continue;
+    }
+    const std::uint64_t base = t.offsets[i];
+    const std::uint64_t full = t.offsets[i + 1] - base;
+    const std::uint64_t cap = tokens == 0 ? 0 : std::min<std::uint64_t>((tokens - 1) / bs, full);
+    table.clear();
+    while (table.size() < cap) {
+      const std::uint32_t b = pool.lookup(t.ids[base + table.size()]);
+      if (b == kNone) break;
+      table.push_back(b);
+    }
+    const std::uint64_t hit = table.size();
+    for (const std::uint32_t b : table) pool.touch(b);
+    for (std::uint64_t j = hit; j < need; ++j) {
+      std::uint32_t b = 0;
+      if (pool.pop(b)) ++res.evicted_blocks;
+      table.push_back(b);
+    }
+    res.peak_usage = std::max(res.peak_usage, 1.0 - double(pool.num_free()) / double(usable));
+    for (std::uint64_t j = 0; j < full; ++j) {
+      if constexpr (std::is_same_v<Pool, BeladyPool>) {
+        pool.use(table[j], t.ids[base + j], (*next)[base + j]);
+      } else if (j >= hit) {
+        pool.cache(table[j], t.ids[base + j]);
+      }
+    }
+    reversed.assign(table.rbegin(), table.rend());
+    pool.free(reversed);
+    res.queried_tokens += tokens;
+    res.hit_tokens += hit * bs;
+    res.prefill_tokens_computed += tokens - hit * bs;
+  }
+}
+
+}  // namespace
+
+void BlockTrace::add(std::uint64_t tokens, const std::vector<std::uint32_t>& block_ids) {
+  if (block_size == 0 || block_ids.size() != tokens / block_size) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockTrace::add: " + std::to_string(block_ids.size()) + " ids for " +
+                    std::to_string(tokens) + " tokens of block size " + std::to_string(block_size));
+  }
+  for (const std::uint32_t id : block_ids) {
+    if (id >= distinct) throw Error(ErrorCode::kInvalidArgument, "BlockTrace::add: id >= distinct");
+  }
+  if (offsets.empty()) offsets.push_back(0);
+  num_tokens.push_back(tokens);
+  ids.insert(ids.end(), block_ids.begin(), block_ids.end());
+  offsets.push_back(ids.size());
+}
+
+BlockTrace block_trace(const Trace& trace, const ReplayOptions& options) {
+  const KVCacheManager m(manager_config(options, 2));
+  BlockTrace t;
+  t.block_size = options.block_size;
+  t.offsets.push_back(0);
+  std::unordered_map<BlockHash, std::uint32_t> dense;
+  std::vector<TokenId> tokens;
+  for (std::size_t i = 0; i < trace.requests.size(); ++i) {
+    synthesize_prompt(trace, i, tokens);
+    RequestHashKeys keys;
+    keys.cache_salt = trace.requests[i].cache_salt;
+    const Request r = m.make_request(i, tokens, std::move(keys));
+    for (const BlockHash& h : r.block_hashes()) {
+      const auto [it, inserted] = dense.try_emplace(h, static_cast<std::uint32_t>(dense.size()));
+      t.ids.push_back(it->second);
+    }
+    t.num_tokens.push_back(r.num_tokens());
+    t.offsets.push_back(t.ids.size());
+  }
+  t.distinct = static_cast<std::uint32_t>(dense.size());
+  return t;
+}
+
+ReplayResult simulate(const BlockTrace& t, std::int32_t num_blocks, Eviction eviction) {
+  if (num_blocks < 2) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--num-blocks " + std::to_string(num_blocks) + ": at least 2 (null block + 1)");
+  }
+  if (t.offsets.size() != t.size() + 1 || t.block_size == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "simulate: inconsistent BlockTrace");
+  }
+  ReplayResult res;
+  res.num_blocks = num_blocks;
+  const auto n = static_cast<std::uint32_t>(num_blocks);
+  const auto t0 = Clock::now();
+  const double c0 = thread_cpu_seconds();
+  if (eviction == Eviction::kLru) {
+    LruPool pool(n, t.distinct);
+    run(t, n, pool, nullptr, res);
+  } else {
+    const std::vector<std::uint64_t> next = next_uses(t, n - 1);
+    BeladyPool pool(n, t.distinct);
+    run(t, n, pool, &next, res);
+  }
+  res.pool_cpu_seconds = thread_cpu_seconds() - c0;
+  res.pool_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return res;
+}
+
+std::vector<ReplayResult> run_eviction_replay(const Trace& trace, const ReplayOptions& options) {
+  if (options.mode != Mode::kSequential || !options.caching || options.sliding_window != 0) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--eviction belady: sequential mode, caching on, one full-attention group");
+  }
+  const auto t0 = Clock::now();
+  const double c0 = thread_cpu_seconds();
+  const BlockTrace bt = block_trace(trace, options);
+  const double hash_cpu = thread_cpu_seconds() - c0;
+  const double hash_wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::vector<ReplayResult> out;
+  for (const std::int32_t n : options.num_blocks) {
+    ReplayResult r = simulate(bt, n, options.eviction);
+    r.hash_seconds = hash_wall;  // synthesis, hashing and the dense ids together
+    r.hash_cpu_seconds = hash_cpu;
+    r.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace pagedkv::replay
