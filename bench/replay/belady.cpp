@@ -363,6 +363,9 @@ std::vector<ReplayResult> run_eviction_replay(const Trace& trace, const ReplayOp
   std::vector<ReplayResult> out;
   for (const std::int32_t n : options.num_blocks) {
     ReplayResult r = simulate(bt, n, options.eviction);
+    const ReplayResult lru = simulate(bt, n, Eviction::kLru);
+    r.sim_lru_hit_tokens = lru.hit_tokens;
+    r.sim_lru_evicted_blocks = lru.evicted_blocks;
     r.hash_seconds = hash_wall;  // synthesis, hashing and the dense ids together
     r.hash_cpu_seconds = hash_cpu;
     r.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();

@@ -63,8 +63,11 @@ BlockTrace block_trace(const Trace& trace, const ReplayOptions& options);
 // evicted_blocks, peak_usage and pool_seconds / pool_cpu_seconds (the simulation's time).
 ReplayResult simulate(const BlockTrace& trace, std::int32_t num_blocks, Eviction eviction);
 
-// block_trace() once, then simulate() for each options.num_blocks entry (hash_seconds and
-// synthesis_seconds: the shared hashing). Sequential semantics only.
+// block_trace() once, then simulate() for each options.num_blocks entry with options.eviction,
+// and in LRU mode as well (sim_lru_hit_tokens, sim_lru_evicted_blocks: the same pool size and
+// blocks, so each line carries the gap); hash_seconds is the shared synthesis and hashing, the
+// *_seconds of the pool the options.eviction run only. Sequential semantics only; throws
+// pagedkv::Error for another mode, caching off or a sliding window.
 std::vector<ReplayResult> run_eviction_replay(const Trace& trace, const ReplayOptions& options);
 
 }  // namespace pagedkv::replay

@@ -615,14 +615,24 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
                   (unsigned long long)r.waiting_nonempty_steps,
                   r.steps ? double(r.waiting_nonempty_steps) / double(r.steps) : 0.0,
                   (unsigned long long)r.deferred, r.max_passed_over,
-                  trace.requests.empty()
-                      ? 0.0
-                      : trace.requests.back().timestamp_ms - trace.requests.front().timestamp_ms);
+                  trace.requests.empty() ? 0.0
+                                         : trace.requests.back().timestamp_ms -
+                                               trace.requests.front().timestamp_ms);
     out += buf;
   }
   // The eviction policy (--eviction): appended, the fields above unchanged.
   out.pop_back();
-  out += std::string(",\"eviction\":\"") + to_string(o.eviction) + "\"}";
+  out += std::string(",\"eviction\":\"") + to_string(o.eviction) + "\"";
+  if (o.eviction == Eviction::kBelady) {
+    std::snprintf(buf, sizeof buf,
+                  ",\"sim_lru_hit_tokens\":%llu,\"sim_lru_hit_rate\":%.6f,"
+                  "\"sim_lru_evicted_blocks\":%llu",
+                  (unsigned long long)r.sim_lru_hit_tokens,
+                  r.queried_tokens ? double(r.sim_lru_hit_tokens) / double(r.queried_tokens) : 0.0,
+                  (unsigned long long)r.sim_lru_evicted_blocks);
+    out += buf;
+  }
+  out += "}";
   return out;
 }
 

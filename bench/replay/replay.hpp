@@ -94,6 +94,10 @@ struct ReplayResult {
   // would hold without freeing, summed over steps and running requests).
   std::uint64_t out_of_window_blocks_freed = 0;
   double window_memory_saved_ratio = 0;
+  // --eviction belady: the replay's simulator in LRU mode on the same blocks (belady.hpp), which
+  // equals the library's LRU (hit_tokens, evicted_blocks) when the simulator is right.
+  std::uint64_t sim_lru_hit_tokens = 0;
+  std::uint64_t sim_lru_evicted_blocks = 0;
 
   double hit_rate() const {
     return prompt_tokens ? double(hit_tokens) / double(queried_tokens) : 0;

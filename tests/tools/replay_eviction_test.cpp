@@ -168,18 +168,28 @@ TEST(EvictionSim, OptionsAndJson) {
   EXPECT_THROW(parse_eviction("foo"), Error);
   EXPECT_THROW(parse_eviction(""), Error);
   GeneratorOptions g;
-  g.requests = 20;
+  g.workload = Workload::kChat;
+  g.requests = 100;
   const Trace trace = generate(g);
   ReplayOptions o;
-  o.num_blocks = {501};
+  o.num_blocks = {301};
   const auto lib = run_replay(trace, o);
   const std::string json = to_json(lib[0], o, trace);
   EXPECT_NE(json.find(",\"eviction\":\"lru\"}"), std::string::npos) << json;
   o.eviction = Eviction::kBelady;
   const auto opt = run_eviction_replay(trace, o);
   ASSERT_EQ(opt.size(), 1u);
-  EXPECT_EQ(opt[0].num_blocks, 501);
-  EXPECT_NE(to_json(opt[0], o, trace).find(",\"eviction\":\"belady\"}"), std::string::npos);
+  EXPECT_EQ(opt[0].num_blocks, 301);
+  // Each Belady line carries the simulator's LRU on the same blocks, which equals the library's.
+  EXPECT_EQ(opt[0].sim_lru_hit_tokens, lib[0].hit_tokens);
+  EXPECT_EQ(opt[0].sim_lru_evicted_blocks, lib[0].evicted_blocks);
+  EXPECT_GT(lib[0].evicted_blocks, 0u);
+  const std::string bj = to_json(opt[0], o, trace);
+  EXPECT_NE(bj.find(",\"eviction\":\"belady\",\"sim_lru_hit_tokens\":" +
+                    std::to_string(lib[0].hit_tokens) + ","),
+            std::string::npos)
+      << bj;
+  EXPECT_EQ(json.find("sim_lru"), std::string::npos) << json;  // lru lines: only the field added
   o.mode = Mode::kEngine;
   EXPECT_THROW(run_eviction_replay(trace, o), Error);
   EXPECT_THROW(simulate(block_trace(trace, ReplayOptions{}), 1, Eviction::kBelady), Error);
