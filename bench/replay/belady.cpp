@@ -5,6 +5,7 @@
 #include <ctime>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "pagedkv/base/error.hpp"
