@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""scripts/kernel-resources: the ptxas parser on real nvcc 13.0 output captured from kernels/*.cu
+(tests/cuda/data), the spill check passing on it and failing on a synthetic spill at
+head_dim <= 128 or in a kernel without head_dim, the head_dim rule, the device-only compile
+command, and the sm_90 occupancy formula on known cases. Needs python3 and c++filt, no nvcc.
+
+  kernel_resources_test.py SCRIPT DATA_DIR
+"""
+import importlib.machinery
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+SCRIPT = pathlib.Path(sys.argv[1])
+DATA = pathlib.Path(sys.argv[2])
+SAMPLE = DATA / "ptxas-sm90-cuda13.0.log"
+PTX = DATA / "ptx-entries-sm90-cuda13.0.ptx"
+SMEM = DATA / "ptxas-smem-callee-sm90-cuda13.0.log"
+
+loader = importlib.machinery.SourceFileLoader("kernel_resources", str(SCRIPT))
+spec = importlib.util.spec_from_loader("kernel_resources", loader)
+kr = importlib.util.module_from_spec(spec)
+loader.exec_module(kr)
+
+failures = []
+
+
+def expect(cond, what):
+    if not cond:
+        failures.append(what)
+        print(f"FAIL: {what}")
+
+
+def run_check(log_text, *extra):
+    with tempfile.TemporaryDirectory() as d:
+        log = pathlib.Path(d) / "ptxas.log"
+        log.write_text(log_text)
+        p = subprocess.run([sys.executable, str(SCRIPT), "check", d + "/out", str(log), str(PTX),
+                            *extra], capture_output=True, text=True)
+        report = json.loads((pathlib.Path(d) / "out/kernel-resources.json").read_text()) \
+            if (pathlib.Path(d) / "out/kernel-resources.json").exists() else None
+        return p.returncode, p.stdout + p.stderr, report
+
+
+def by_kernel(rows):
+    return {r["kernel"]: r for r in rows}
+
+
+sample = SAMPLE.read_text()
+
+# ---- the parser on real output ----
+functions = kr.parse_ptxas(sample)
+expect(len(functions) == 20 and all(f["entry"] for f in functions),
+       f"20 entry functions in the sample, got {len(functions)}")
+rows = by_kernel(kr.analyse(functions, kr.parse_ptx_block_sizes(PTX.read_text())))
+e256 = rows.get("paged_extend_kernel<Fp16Mma, 256>")
+expect(e256 is not None and e256["registers"] == 255 and e256["spill_stores"] == 48
+       and e256["spill_loads"] == 56 and e256["stack_frame"] == 48 and e256["head_dim"] == 256,
+       f"extend fp16 256: 255 registers, 48/56 B spills, 48 B frame: {e256}")
+e128 = rows.get("paged_extend_kernel<Bf16Mma, 128>")
+expect(e128 is not None and e128["registers"] == 229 and e128["spill_stores"] == 0
+       and e128["spill_loads"] == 0 and e128["head_dim"] == 128 and e128["smem_static"] == 0,
+       f"extend bf16 128: 229 registers, no spill: {e128}")
+expect(e128 is not None and e128["occupancy"]["threads"] == 128
+       and e128["occupancy"]["resident_warps"] == 8,
+       f"extend bf16 128: 128 threads (PTX .maxntid), 8 warps per SM: {e128 and e128['occupancy']}")
+d64 = rows.get("paged_decode_kernel<Bf16Ops, 64>")
+expect(d64 is not None and d64["occupancy"]["resident_ctas"] == 4 and d64["head_dim"] == 64,
+       f"decode bf16 64: 4 CTAs per SM: {d64}")
+m64 = rows.get("merge_splits_kernel<Fp16Ops, 64>")
+expect(m64 is not None and m64["occupancy"]["threads"] == 64, f"merge 64: 64 threads: {m64}")
+ka = rows.get("kv_append_kernel")
+expect(ka is not None and ka["head_dim"] is None and ka["registers"] == 40,
+       f"kv_append: no head_dim, 40 registers: {ka}")
+
+# Static shared memory and a non-entry (noinline) function, also real output.
+small = kr.parse_ptxas(SMEM.read_text())
+expect(len(small) == 2 and small[0]["entry"] and small[0]["smem_static"] == 1200
+       and small[0]["registers"] == 40 and small[0]["stack_frame"] == 256
+       and not small[1]["entry"] and small[1]["spill_stores"] == 0,
+       f"smem sample: entry with 1200 B smem and a device function: {small}")
+
+# A properties line without its frame line is an error, not a silent zero.
+try:
+    kr.parse_ptxas("ptxas info    : Function properties for _Z1fv\nptxas info    : Used 3 registers\n")
+    expect(False, "a missing spill line is reported as an error")
+except kr.Error:
+    pass
+
+# ---- the check on the real sample: head_dim 256 spills, which is allowed ----
+rc, out, report = run_check(sample)
+expect(rc == 0, f"the real sample passes the check (exit {rc}): {out}")
+expect(report is not None and report["spill_check"] == "PASS" and "paged_extend_kernel<Fp16Mma, 256>"
+       in out, f"the 256 spill is printed as an allowed offender: {out}")
+# ... and fails when the limit covers 256: the real spill is seen.
+rc, out, _ = run_check(sample, "--max-head-dim", "256")
+expect(rc == 1 and "paged_extend_kernel" in out, f"--max-head-dim 256 fails on the real spill: {out}")
+
+
+# ---- synthetic spills ----
+def with_spill(text, mangled_part, stores, loads):
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if "Function properties for" in line and mangled_part in line:
+            lines[i + 1] = f"    16 bytes stack frame, {stores} bytes spill stores, {loads} bytes spill loads"
+            return "\n".join(lines) + "\n"
+    raise AssertionError(mangled_part)
+
+
+extend128 = "paged_extend_kernelINS0_7Bf16MmaELi128E"
+rc, out, report = run_check(with_spill(sample, extend128, 8, 8))
+expect(rc == 1 and "paged_extend_kernel<pagedkv::(anonymous namespace)::Bf16Mma, 128>" in out,
+       f"a spill at head_dim 128 fails the check and is named (exit {rc}): {out}")
+expect(report is not None and report["spill_check"] == "FAIL" and len(report["offenders"]) == 1,
+       f"the JSON report says FAIL with one offender: {report and report['offenders']}")
+rc, out, _ = run_check(with_spill(sample, "paged_decode_kernelINS0_7Fp16OpsELi64E", 0, 4))
+expect(rc == 1, f"spill loads alone at head_dim 64 fail the check (exit {rc})")
+rc, out, _ = run_check(with_spill(sample, "kv_append_kernel", 4, 0))
+expect(rc == 1 and "kv_append_kernel" in out,
+       f"a spill in a kernel without head_dim fails the check (exit {rc}): {out}")
+rc, out, _ = run_check(with_spill(sample, "merge_splits_kernelINS0_7Bf16OpsELi256E", 4, 4))
+expect(rc == 0, f"a spill at head_dim 256 passes (exit {rc}): {out}")
+
+# ---- the head_dim rule ----
+expect(kr.head_dim_of("void pagedkv::(anonymous namespace)::k<pagedkv::Ops<2, 3>, 64>(P)")[0] == 64,
+       "nested template arguments are not head_dim")
+expect(kr.head_dim_of("void pagedkv::(anonymous namespace)::k(P)") == (None, "k"), "no template")
+expect(kr.head_dim_of("void k<Ops, (unsigned short)128>(int)")[0] == 128, "cast form")
+expect(kr.head_dim_of("void k<Ops, true>(int)")[0] is None, "a bool is not head_dim")
+expect(kr.head_dim_of("void k<Ops, 128u>(int)")[0] == 128, "unsigned literal")
+try:
+    kr.head_dim_of("void pagedkv::k<Ops, 128, 16>(P)")
+    expect(False, "two integer template arguments without a HEAD_DIM_ARG entry are an error")
+except kr.Error:
+    pass
+kr.HEAD_DIM_ARG["k2"] = 0
+expect(kr.head_dim_of("void pagedkv::k2<Ops, 128, 16>(P)")[0] == 128, "HEAD_DIM_ARG picks one")
+
+# ---- the device-only compile command (as CMake writes it) ----
+nvcc, flags, archs = kr.device_only(
+    ["/usr/bin/ccache", "/usr/local/cuda/bin/nvcc", "-forward-unknown-to-host-compiler",
+     "--options-file", "x.rsp", "-O3", "-DNDEBUG",
+     "--generate-code=arch=compute_90,code=[compute_90,sm_90]",
+     "--generate-code=arch=compute_80,code=[sm_80]", "-Xcompiler=-fPIC", "-std=c++20",
+     "-MD", "-MT", "a.o", "-MF", "a.d", "-x", "cu", "-c", "/src/kernels/a.cu", "-o", "a.o"],
+    "/src/kernels/a.cu")
+expect(nvcc == "/usr/local/cuda/bin/nvcc", f"the launcher is dropped: {nvcc}")
+expect(archs == [("compute_80", "sm_80"), ("compute_90", "sm_90")], f"real archs: {archs}")
+expect(flags == ["-forward-unknown-to-host-compiler", "--options-file", "x.rsp", "-O3", "-DNDEBUG",
+                 "-Xcompiler=-fPIC", "-std=c++20", "-x", "cu"],
+       f"flags keep everything but output, dependencies, arch and source: {flags}")
+
+# ---- occupancy on sm_90: known cases ----
+OCC = [
+    # registers, static smem, threads -> resident CTAs, warps per SM, limiter
+    (229, 0, 128, 2, 8, "registers"),  # extend head_dim 128 (issue 35: 8 warps per SM)
+    (128, 0, 128, 4, 16, "registers"),  # decode: 4 CTAs x 4 warps
+    (255, 0, 32, 8, 8, "registers"),  # 8160 -> 8192 registers per warp
+    (33, 0, 128, 12, 48, "registers"),  # 1056 -> 1280 per warp, 5120 per CTA
+    (32, 0, 256, 8, 64, "registers"),  # full: regs and warps both allow 8
+    (16, 0, 32, 32, 32, "CTAs"),  # the 32-CTA limit
+    (16, 0, 1024, 2, 64, "warps"),
+    (32, 100 * 1024, 128, 2, 8, "shared memory"),  # (102400 + 1024) x 2 <= 233472
+    (32, 48 * 1024, 128, 4, 16, "shared memory"),  # 50176 x 4 = 200704
+    (32, 45 * 1024, 128, 4, 16, "shared memory"),  # 5 x 45 KiB fit only without the 1 KiB reserve
+    (32, 227 * 1024, 128, 1, 4, "shared memory"),  # the most one CTA may have
+    (32, 227 * 1024 + 1, 128, 0, 0, "shared memory"),  # does not fit
+    (0, 0, 64, 32, 64, "warps"),  # 0 registers counts as 1; warps and CTAs both at 32
+]
+for regs, smem, threads, ctas, warps, limiter in OCC:
+    o = kr.occupancy(regs, smem, threads)
+    expect(o["resident_ctas"] == ctas and o["resident_warps"] == warps
+           and limiter in o["limited_by"],
+           f"occupancy({regs} regs, {smem} B, {threads} threads): want {ctas} CTAs, {warps} warps "
+           f"by {limiter}, got {o}")
+
+if failures:
+    print(f"{len(failures)} check(s) failed")
+    sys.exit(1)
+print("kernel-resources: all checks passed")
