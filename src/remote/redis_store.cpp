@@ -19,6 +19,7 @@
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/remote/latency_histogram.hpp"
 #include "pagedkv/remote/remote_value.hpp"
+#include "store_counters.hpp"
 
 namespace pagedkv {
 namespace {
@@ -73,21 +74,8 @@ struct Slot {
   Clock::time_point deadline{};
 };
 
-struct Counters {
-  std::atomic<std::uint64_t> probes{0}, probe_hits{0}, gets{0}, hits{0}, misses{0}, puts{0},
-      stored{0}, skipped_full{0}, bytes_in{0}, bytes_out{0}, timeouts{0}, errors{0},
-      checksum_failures{0}, header_mismatches{0}, binding_mismatches{0}, queue_full_drops{0},
-      connects{0}, connect_failures{0};
-};
-
-void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
-  c.fetch_add(n, std::memory_order_relaxed);
-}
-
-RemoteLatency latency_of(const LatencyHistogram& h) {
-  const auto s = h.snapshot();
-  return {s.total, s.percentile_us(0.50), s.percentile_us(0.99)};
-}
+using remote_detail::bump;
+using Counters = remote_detail::StoreCounters;
 
 void append_decimal(std::string& out, std::size_t v) {
   char buf[24];
@@ -845,33 +833,8 @@ std::size_t RedisStore::in_flight() const {
 }
 
 RemoteStoreStats RedisStore::stats() const {
-  const Counters& c = impl_->counters;
-  const auto ld = [](const std::atomic<std::uint64_t>& a) {
-    return a.load(std::memory_order_relaxed);
-  };
-  RemoteStoreStats s;
-  s.probes = ld(c.probes);
-  s.probe_hits = ld(c.probe_hits);
-  s.gets = ld(c.gets);
-  s.hits = ld(c.hits);
-  s.misses = ld(c.misses);
-  s.puts = ld(c.puts);
-  s.stored = ld(c.stored);
-  s.skipped_full = ld(c.skipped_full);
-  s.bytes_in = ld(c.bytes_in);
-  s.bytes_out = ld(c.bytes_out);
-  s.timeouts = ld(c.timeouts);
-  s.errors = ld(c.errors);
-  s.checksum_failures = ld(c.checksum_failures);
-  s.header_mismatches = ld(c.header_mismatches);
-  s.binding_mismatches = ld(c.binding_mismatches);
-  s.queue_full_drops = ld(c.queue_full_drops);
-  s.connects = ld(c.connects);
-  s.connect_failures = ld(c.connect_failures);
-  s.exists_latency = latency_of(impl_->exists_latency);
-  s.get_latency = latency_of(impl_->get_latency);
-  s.put_latency = latency_of(impl_->put_latency);
-  return s;
+  return remote_detail::stats_of(impl_->counters, impl_->exists_latency, impl_->get_latency,
+                                 impl_->put_latency);
 }
 
 std::string_view RedisStore::name_space() const noexcept {
