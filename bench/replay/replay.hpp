@@ -99,8 +99,9 @@ struct ReplayResult {
   std::uint64_t sim_lru_hit_tokens = 0;
   std::uint64_t sim_lru_evicted_blocks = 0;
 
+  // Hit tokens over tokens looked up; 0 when nothing was looked up (every request rejected).
   double hit_rate() const {
-    return prompt_tokens ? double(hit_tokens) / double(queried_tokens) : 0;
+    return queried_tokens ? double(hit_tokens) / double(queried_tokens) : 0;
   }
   double prefill_saved_ratio() const {
     const double total = double(hit_tokens + prefill_tokens_computed);

@@ -123,6 +123,25 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
   EXPECT_EQ(load_hashid_jsonl(extra, LoadOptions{}).requests.size(), 1u);
 }
 
+// A pool too small for every request rejects them all: the rates are 0, never NaN (the JSON
+// line must stay valid).
+TEST(Replay, EveryRequestRejectedGivesZeroRatesNotNan) {
+  const std::string path = write_temp(
+      "rejected.jsonl",
+      R"({"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [1, 2]})"
+      "\n"
+      R"({"timestamp": 1, "input_length": 1000, "output_length": 5, "hash_ids": [1, 3]})");
+  const Trace trace = load_hashid_jsonl(path, LoadOptions{});
+  ReplayOptions o;
+  o.num_blocks = {3};
+  const auto results = run_replay(trace, o);
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].rejected, 2u);
+  EXPECT_EQ(results[0].queried_tokens, 0u);
+  EXPECT_EQ(results[0].hit_rate(), 0.0);
+  EXPECT_EQ(results[0].prefill_saved_ratio(), 0.0);
+}
+
 // Writes `text` gzip-compressed (in `members` gzip members, as concatenated .gz files are).
 std::string write_temp_gz(const std::string& name, const std::string& text, int members = 1) {
   const auto path =
