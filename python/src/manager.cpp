@@ -280,7 +280,8 @@ void bind_manager(py::module_& m) {
                              [](const CacheHit& h) { return h.other_groups.size() + 1; })
       .def(
           "group",
-          [](py::object self, std::size_t g) {
+          [](py::object self, py::handle group_obj) {
+            const auto g = static_cast<std::size_t>(to_uint64(group_obj, "CacheHit.group: group"));
             const CacheHit& h = self.cast<const CacheHit&>();
             if (g > h.other_groups.size()) {
               throw Error(ErrorCode::kOutOfRange, "CacheHit.group: group " + std::to_string(g) +
@@ -460,7 +461,10 @@ void bind_manager(py::module_& m) {
                                return s.kv.usage();
                              })
       .def(
-          "group_spec", [](const PyKVCacheManager& s, std::size_t g) { return s.kv.group_spec(g); },
+          "group_spec",
+          [](const PyKVCacheManager& s, py::handle g) {
+            return s.kv.group_spec(static_cast<std::size_t>(to_uint64(g, "group_spec: group")));
+          },
           py::arg("group"))
       .def(
           "get_computed_blocks",
@@ -501,7 +505,8 @@ void bind_manager(py::module_& m) {
           "fit (nothing changed).")
       .def(
           "block_ids",
-          [](PyKVCacheManager& s, py::object request, std::size_t group) {
+          [](PyKVCacheManager& s, py::object request, py::handle group_obj) {
+            const auto group = static_cast<std::size_t>(to_uint64(group_obj, "block_ids: group"));
             BusyGuard gm(s.busy, "KVCacheManager");
             return array_copy(s.kv.block_ids(request_id_of(request, s.kv, "block_ids"), group));
           },
@@ -509,9 +514,10 @@ void bind_manager(py::module_& m) {
           "The request's block table row in a group (a new int32 array; a Request or its id).")
       .def(
           "block_table",
-          [](PyKVCacheManager& s, py::object requests, std::size_t group,
+          [](PyKVCacheManager& s, py::object requests, py::handle group_obj,
              std::int32_t max_blocks_per_seq, std::int32_t pad_block_id,
              py::object out_obj) -> py::object {
+            const auto group = static_cast<std::size_t>(to_uint64(group_obj, "block_table: group"));
             BusyGuard gm(s.busy, "KVCacheManager");
             const auto rows = rows_of(s.kv, requests, group);
             if (pad_block_id < 0) {
@@ -563,7 +569,8 @@ void bind_manager(py::module_& m) {
       .def(
           "slot_mapping",
           [](PyKVCacheManager& s, py::object requests, py::object first_positions,
-             py::object num_tokens, std::size_t group) {
+             py::object num_tokens, py::handle group_obj) {
+            const auto group = static_cast<std::size_t>(to_uint64(group_obj, "slot_mapping: group"));
             BusyGuard gm(s.busy, "KVCacheManager");
             const auto rows = rows_of(s.kv, requests, group);
             const auto first = to_int64_vector(first_positions, "slot_mapping: first_positions", 0);

@@ -359,6 +359,12 @@ MANAGER_BAD_CALLS = [
     ("block_ids float id", lambda kv, r: kv.block_ids(1.0), "block_ids"),
     ("block_ids bool id", lambda kv, r: kv.block_ids(True), "block_ids"),
     ("block_ids negative id", lambda kv, r: kv.block_ids(-1), "block_ids"),
+    ("block_ids bool group", lambda kv, r: kv.block_ids(r, True), "block_ids: group"),
+    ("block_ids float group", lambda kv, r: kv.block_ids(r, 0.0), "block_ids: group"),
+    ("block_table bool group", lambda kv, r: kv.block_table([r], True), "block_table: group"),
+    ("slot_mapping bool group", lambda kv, r: kv.slot_mapping([r], [0], [1], True),
+     "slot_mapping: group"),
+    ("group_spec bool", lambda kv, r: kv.group_spec(True), "group_spec: group"),
     ("block_table float ids", lambda kv, r: kv.block_table(np.array([1.0])), "requests"),
     ("block_table negative ids", lambda kv, r: kv.block_table(np.array([-1])), "requests"),
     ("block_table bool ids", lambda kv, r: kv.block_table([True]), "requests"),
@@ -401,6 +407,8 @@ def test_integer_arguments_still_take_every_integer_form(kv):
     r.append_tokens((8, np.int64(9)))
     assert r.all_token_ids.tolist() == [0, 1, 2, 3, 4, 5, 7, 8, 9]
     row = kv.block_ids(np.uint8(1)).tolist()
+    assert kv.block_ids(1, np.int32(0)).tolist() == row
+    assert kv.group_spec(np.uint8(0)).block_size == kv.group_spec(0).block_size
     for ids in ([1], (1,), np.array([1], dtype=np.uint64), np.array([1], dtype=np.int8), range(1, 2)):
         assert kv.block_table(ids).tolist() == [row]
     assert kv.slot_mapping(np.array([1], dtype=np.uint32), [0], np.array([2], dtype=np.int16)) \
