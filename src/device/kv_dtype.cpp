@@ -2,6 +2,9 @@
 
 #include <bit>
 #include <cstdint>
+#include <string>
+
+#include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
 
@@ -11,8 +14,65 @@ std::string_view to_string(KVDtype dtype) noexcept {
       return "fp16";
     case KVDtype::kBFloat16:
       return "bf16";
+    case KVDtype::kFp8E4M3:
+      return "fp8_e4m3";
+    case KVDtype::kFp8E5M2:
+      return "fp8_e5m2";
   }
   return "unknown";
+}
+
+std::string_view to_string(KVScaleMode mode) noexcept {
+  switch (mode) {
+    case KVScaleMode::kNone:
+      return "none";
+    case KVScaleMode::kPerTensor:
+      return "per_tensor";
+    case KVScaleMode::kPerTokenHead:
+      return "per_token_head";
+  }
+  return "unknown";
+}
+
+bool parse_kv_dtype(std::string_view name, KVDtype& out) noexcept {
+  for (const KVDtype d :
+       {KVDtype::kFloat16, KVDtype::kBFloat16, KVDtype::kFp8E4M3, KVDtype::kFp8E5M2}) {
+    if (name == to_string(d)) {
+      out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool parse_kv_scale_mode(std::string_view name, KVScaleMode& out) noexcept {
+  for (const KVScaleMode m :
+       {KVScaleMode::kNone, KVScaleMode::kPerTensor, KVScaleMode::kPerTokenHead}) {
+    if (name == to_string(m)) {
+      out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+void validate_kv_format(KVDtype dtype, KVScaleMode mode, std::string_view who) {
+  const auto fail = [&](const std::string& message) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(who) + ": " + message);
+  };
+  const auto d = static_cast<unsigned>(dtype);
+  const auto m = static_cast<unsigned>(mode);
+  if (d > static_cast<unsigned>(KVDtype::kFp8E5M2)) fail("unknown KV dtype " + std::to_string(d));
+  if (m > static_cast<unsigned>(KVScaleMode::kPerTokenHead)) {
+    fail("unknown KV scale mode " + std::to_string(m));
+  }
+  if (is_fp8(dtype) && mode == KVScaleMode::kNone) {
+    fail(std::string(to_string(dtype)) + " needs a scale mode (per_tensor or per_token_head)");
+  }
+  if (!is_fp8(dtype) && mode != KVScaleMode::kNone) {
+    fail(std::string(to_string(dtype)) + " takes no scale mode, got " +
+         std::string(to_string(mode)));
+  }
 }
 
 float fp16_bits_to_float(std::uint16_t bits) noexcept {

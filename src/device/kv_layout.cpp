@@ -27,15 +27,18 @@ void KVCacheSpec::validate() const {
   require_positive("KVCacheSpec", "num_layers", num_layers);
   require_positive("KVCacheSpec", "num_kv_heads", num_kv_heads);
   require_positive("KVCacheSpec", "head_dim", head_dim);
+  validate_kv_format(dtype, scale_mode, "KVCacheSpec");
 }
 
 std::int64_t kv_bytes_per_token(const KVCacheSpec& spec) {
   spec.validate();
   // At most 2 * 2^31 * 2^31 * 2^31 * 2 in theory; real models are far below 2^63, but check.
   const auto per_value = static_cast<std::int64_t>(bytes_per_value(spec.dtype));
-  std::int64_t bytes = 2 * per_value;
-  for (const std::int64_t factor : {std::int64_t{spec.num_layers}, std::int64_t{spec.num_kv_heads},
-                                    std::int64_t{spec.head_dim}}) {
+  const std::int64_t scale = spec.scale_mode == KVScaleMode::kPerTokenHead ? 4 : 0;
+  // head_dim x per_value + scale fits: head_dim < 2^31.
+  std::int64_t bytes = 2 * (std::int64_t{spec.head_dim} * per_value + scale);
+  for (const std::int64_t factor :
+       {std::int64_t{spec.num_layers}, std::int64_t{spec.num_kv_heads}}) {
     if (bytes > std::numeric_limits<std::int64_t>::max() / factor) {
       fail("kv_bytes_per_token: the size overflows 64 bits");
     }
@@ -47,6 +50,16 @@ std::int64_t kv_bytes_per_token(const KVCacheSpec& spec) {
 std::int64_t kv_bytes_per_block(const KVCacheSpec& spec, std::int32_t block_size) {
   require_positive("kv_bytes_per_block", "block_size", block_size);
   const std::int64_t per_token = kv_bytes_per_token(spec);
+  if (spec.scale_mode == KVScaleMode::kPerTokenHead) {
+    // Per plane (K or V of one layer): the block's codes and scales, padded to 16 bytes.
+    const std::int64_t row_bytes = std::int64_t{spec.head_dim} + 4;
+    const std::int64_t rows = std::int64_t{block_size} * spec.num_kv_heads;
+    if (rows > std::numeric_limits<std::int64_t>::max() / 2 / row_bytes / 2 / spec.num_layers) {
+      fail("kv_bytes_per_block: the size overflows 64 bits");
+    }
+    const std::int64_t plane_block = (rows * row_bytes + 15) / 16 * 16;
+    return 2 * std::int64_t{spec.num_layers} * plane_block;
+  }
   if (per_token > std::numeric_limits<std::int64_t>::max() / block_size) {
     fail("kv_bytes_per_block: the size overflows 64 bits");
   }
@@ -64,7 +77,7 @@ std::int64_t num_blocks_for_budget(const KVCacheSpec& spec, std::int32_t block_s
 
 KVLayout KVLayout::nhd(std::int64_t num_blocks, std::int32_t block_size, std::int32_t num_kv_heads,
                        std::int32_t head_dim) {
-  KVLayout layout{num_blocks, block_size, num_kv_heads, head_dim, 0, 0, 0};
+  KVLayout layout{num_blocks, block_size, num_kv_heads, head_dim, 0, 0, 0, 0};
   layout.stride_head = head_dim;
   layout.stride_token = static_cast<std::int64_t>(num_kv_heads) * head_dim;
   layout.stride_block = layout.stride_token * block_size;
@@ -72,9 +85,32 @@ KVLayout KVLayout::nhd(std::int64_t num_blocks, std::int32_t block_size, std::in
   return layout;
 }
 
+namespace {
+
+KVLayout with_scales(KVLayout layout) {
+  layout.scale_offset = layout.block_elements();
+  const std::int64_t end =
+      layout.scale_offset + 4 * std::int64_t{layout.block_size} * layout.num_kv_heads;
+  layout.stride_block = (end + 15) / 16 * 16;
+  layout.validate();
+  return layout;
+}
+
+}  // namespace
+
+KVLayout KVLayout::nhd_scaled(std::int64_t num_blocks, std::int32_t block_size,
+                              std::int32_t num_kv_heads, std::int32_t head_dim) {
+  return with_scales(nhd(num_blocks, block_size, num_kv_heads, head_dim));
+}
+
+KVLayout KVLayout::hnd_scaled(std::int64_t num_blocks, std::int32_t block_size,
+                              std::int32_t num_kv_heads, std::int32_t head_dim) {
+  return with_scales(hnd(num_blocks, block_size, num_kv_heads, head_dim));
+}
+
 KVLayout KVLayout::hnd(std::int64_t num_blocks, std::int32_t block_size, std::int32_t num_kv_heads,
                        std::int32_t head_dim) {
-  KVLayout layout{num_blocks, block_size, num_kv_heads, head_dim, 0, 0, 0};
+  KVLayout layout{num_blocks, block_size, num_kv_heads, head_dim, 0, 0, 0, 0};
   layout.stride_token = head_dim;
   layout.stride_head = static_cast<std::int64_t>(block_size) * head_dim;
   layout.stride_block = layout.stride_head * num_kv_heads;
@@ -82,15 +118,20 @@ KVLayout KVLayout::hnd(std::int64_t num_blocks, std::int32_t block_size, std::in
   return layout;
 }
 
+std::int64_t KVLayout::block_span() const noexcept {
+  const std::int64_t rows =
+      (block_size - 1) * stride_token + (num_kv_heads - 1) * stride_head + head_dim;
+  return has_scales() ? std::max(rows, scale_offset + block_scale_bytes()) : rows;
+}
+
 std::int64_t KVLayout::plane_elements() const noexcept {
-  return (num_blocks - 1) * stride_block + (block_size - 1) * stride_token +
-         (num_kv_heads - 1) * stride_head + head_dim;
+  return (num_blocks - 1) * stride_block + block_span();
 }
 
 bool KVLayout::block_is_contiguous() const noexcept {
   const std::int64_t extent =
       (block_size - 1) * stride_token + (num_kv_heads - 1) * stride_head + head_dim;
-  return extent == block_elements();
+  return extent == block_elements() && (!has_scales() || scale_offset == block_elements());
 }
 
 void KVLayout::validate() const {
@@ -139,6 +180,22 @@ void KVLayout::validate() const {
       fail("KVLayout: the plane size overflows 64 bits");
     }
     footprint = axis.stride * (axis.extent - 1) + footprint;
+  }
+  if (scale_offset < 0) {
+    fail("KVLayout: scale_offset must not be negative, got " + std::to_string(scale_offset));
+  }
+  if (has_scales()) {
+    const std::int64_t rows =
+        (block_size - 1) * stride_token + (num_kv_heads - 1) * stride_head + head_dim;
+    if (scale_offset % 8 != 0 || scale_offset < rows) {
+      fail("KVLayout: scale_offset must be a multiple of 8 at or past the block's rows (" +
+           std::to_string(rows) + " elements), got " + std::to_string(scale_offset));
+    }
+    if (num_blocks > 1 && stride_block < scale_offset + block_scale_bytes()) {
+      fail("KVLayout: stride_block " + std::to_string(stride_block) +
+           " leaves no room for the block's scales (scale_offset " + std::to_string(scale_offset) +
+           " + " + std::to_string(block_scale_bytes()) + ")");
+    }
   }
 }
 

@@ -16,6 +16,7 @@ void validate_paged_kv(const PagedKVParams& p, std::string_view who) {
     fail("num_q_heads must be positive, got " + std::to_string(p.num_q_heads));
   }
   p.layout.validate();
+  validate_kv_quant(p.quant, p.dtype, p.layout, who);
   if (p.num_q_heads % p.layout.num_kv_heads != 0) {
     fail("num_q_heads (" + std::to_string(p.num_q_heads) +
          ") must be a multiple of layout.num_kv_heads (" + std::to_string(p.layout.num_kv_heads) +

@@ -16,16 +16,42 @@ namespace {
   throw Error(code, std::string(where) + ": " + message);
 }
 
-// Copies one block's rows (every token and head) between two planes with the same row grid.
-void copy_block_rows(const std::uint16_t* src, const KVLayout& src_layout, std::int64_t src_block,
-                     std::uint16_t* dst, const KVLayout& dst_layout, std::int64_t dst_block) {
-  const auto row_bytes = static_cast<std::size_t>(src_layout.head_dim) * sizeof(std::uint16_t);
+// Copies one block's rows (every token and head) between two planes with the same row grid,
+// and its scales when the layouts have them; `elem` bytes per value.
+void copy_block_rows(const void* src_plane, const KVLayout& src_layout, std::int64_t src_block,
+                     void* dst_plane, const KVLayout& dst_layout, std::int64_t dst_block,
+                     std::size_t elem) {
+  const auto* src = static_cast<const std::uint8_t*>(src_plane);
+  auto* dst = static_cast<std::uint8_t*>(dst_plane);
+  const auto row_bytes = static_cast<std::size_t>(src_layout.head_dim) * elem;
+  const auto at = [elem](std::int64_t element) { return static_cast<std::size_t>(element) * elem; };
   for (std::int32_t t = 0; t < src_layout.block_size; ++t) {
     for (std::int32_t h = 0; h < src_layout.num_kv_heads; ++h) {
-      std::memcpy(dst + dst_layout.offset(dst_block, t, h),
-                  src + src_layout.offset(src_block, t, h), row_bytes);
+      std::memcpy(dst + at(dst_layout.offset(dst_block, t, h)),
+                  src + at(src_layout.offset(src_block, t, h)), row_bytes);
     }
   }
+  if (src_layout.has_scales()) {
+    std::memcpy(dst + dst_layout.scale_byte_offset(dst_block, 0, 0),
+                src + src_layout.scale_byte_offset(src_block, 0, 0),
+                static_cast<std::size_t>(src_layout.block_scale_bytes()));
+  }
+}
+
+// Bytes per value of a plane, and the check that scales go with an FP8 dtype.
+std::size_t element_bytes(const char* where, KVDtype dtype, const KVLayout& layout) {
+  if (static_cast<unsigned>(dtype) > static_cast<unsigned>(KVDtype::kFp8E5M2)) {
+    fail(where, "unknown dtype " + std::to_string(static_cast<unsigned>(dtype)));
+  }
+  if (layout.has_scales() && !is_fp8(dtype)) {
+    fail(where, "a layout with scales needs an FP8 dtype, got " + std::string(to_string(dtype)));
+  }
+  return bytes_per_value(dtype);
+}
+
+// One token's row of `head_dim` 16-bit values as floats.
+void row_to_floats(KVDtype dtype, const std::uint16_t* bits, std::int32_t n, float* out) {
+  for (std::int32_t d = 0; d < n; ++d) out[d] = dtype_bits_to_float(dtype, bits[d]);
 }
 
 }  // namespace
@@ -49,6 +75,7 @@ void validate(const KVAppendParams& p) {
                        std::to_string(hs) + ") make rows overlap");
     }
   };
+  validate_kv_quant(p.quant, p.dtype, p.layout, kWhere);
   check_strides("key", p.key_stride_token, p.key_stride_head);
   check_strides("value", p.value_stride_token, p.value_stride_head);
   if (p.num_tokens > 0) {
@@ -80,6 +107,40 @@ void reference_kv_append(const KVAppendParams& p) {
 
   const auto* key = static_cast<const std::uint16_t*>(p.key);
   const auto* value = static_cast<const std::uint16_t*>(p.value);
+  if (p.quant.fp8()) {
+    // Quantize each (token, head) row of K and of V into its slot (and its scale beside it).
+    const Fp8Format format = p.quant.format();
+    const bool per_row = p.quant.mode == KVScaleMode::kPerTokenHead;
+    const auto dim = static_cast<std::size_t>(p.layout.head_dim);
+    std::vector<float> row(dim);
+    const auto put = [&](const std::uint16_t* src, void* plane, float tensor_scale,
+                         std::int64_t block, std::int64_t offset, std::int32_t h) {
+      auto* base = static_cast<std::uint8_t*>(plane);
+      row_to_floats(p.dtype, src, p.layout.head_dim, row.data());
+      std::uint8_t* codes = base + p.layout.offset(block, offset, h);
+      if (per_row) {
+        const float scale = quantize_fp8_row(format, row.data(), dim, codes);
+        std::memcpy(base + p.layout.scale_byte_offset(block, offset, h), &scale, sizeof scale);
+      } else {
+        for (std::size_t d = 0; d < dim; ++d) {
+          codes[d] = quantize_fp8(format, row[d], tensor_scale);
+        }
+      }
+    };
+    for (std::int64_t i = 0; i < p.num_tokens; ++i) {
+      const std::int64_t slot = p.slot_mapping[i];
+      if (slot < 0) continue;
+      const std::int64_t block = slot / p.layout.block_size;
+      const std::int64_t offset = slot % p.layout.block_size;
+      for (std::int32_t h = 0; h < p.layout.num_kv_heads; ++h) {
+        put(key + i * p.key_token_stride() + h * p.key_head_stride(), p.k_cache, p.quant.k_scale,
+            block, offset, h);
+        put(value + i * p.value_token_stride() + h * p.value_head_stride(), p.v_cache,
+            p.quant.v_scale, block, offset, h);
+      }
+    }
+    return;
+  }
   auto* k_cache = static_cast<std::uint16_t*>(p.k_cache);
   auto* v_cache = static_cast<std::uint16_t*>(p.v_cache);
   const auto row_bytes = static_cast<std::size_t>(p.layout.head_dim) * sizeof(std::uint16_t);
@@ -149,8 +210,8 @@ void validate_block_pairs(std::span<const BlockPair> pairs, std::int64_t src_blo
 
 void reference_copy_blocks(std::span<void* const> planes, const KVLayout& layout, KVDtype dtype,
                            std::span<const BlockPair> pairs) {
-  (void)dtype;  // both dtypes are 16-bit values, copied as bits
   layout.validate();
+  const std::size_t elem = element_bytes("reference_copy_blocks", dtype, layout);
   validate_block_pairs(pairs, layout.num_blocks, layout.num_blocks, /*same_pool=*/true);
   for (std::size_t i = 0; i < planes.size(); ++i) {
     if (planes[i] == nullptr && !pairs.empty()) {
@@ -158,9 +219,8 @@ void reference_copy_blocks(std::span<void* const> planes, const KVLayout& layout
     }
   }
   for (void* const plane : planes) {
-    auto* base = static_cast<std::uint16_t*>(plane);
     for (const BlockPair& pair : pairs)
-      copy_block_rows(base, layout, pair.src, base, layout, pair.dst);
+      copy_block_rows(plane, layout, pair.src, plane, layout, pair.dst, elem);
   }
 }
 
@@ -177,10 +237,11 @@ void validate_swap_layouts(const KVLayout& src_layout, const KVLayout& dst_layou
       src_layout.num_kv_heads != dst_layout.num_kv_heads ||
       src_layout.head_dim != dst_layout.head_dim ||
       src_layout.stride_token != dst_layout.stride_token ||
-      src_layout.stride_head != dst_layout.stride_head) {
+      src_layout.stride_head != dst_layout.stride_head ||
+      src_layout.scale_offset != dst_layout.scale_offset) {
     fail(kWhere,
          "source and destination layouts must hold the same blocks (block_size, num_kv_heads, "
-         "head_dim, stride_token, stride_head)");
+         "head_dim, stride_token, stride_head, scale_offset)");
   }
   if (!src_layout.block_is_contiguous() || !dst_layout.block_is_contiguous()) {
     fail(kWhere, "each block must be one contiguous range (NHD or HND without padding)");
@@ -190,8 +251,8 @@ void validate_swap_layouts(const KVLayout& src_layout, const KVLayout& dst_layou
 void reference_swap_blocks(std::span<const void* const> src_planes, const KVLayout& src_layout,
                            std::span<void* const> dst_planes, const KVLayout& dst_layout,
                            KVDtype dtype, std::span<const BlockPair> pairs) {
-  (void)dtype;  // both dtypes are 16-bit values, copied as bits
   validate_swap_layouts(src_layout, dst_layout, src_planes.size(), dst_planes.size());
+  const std::size_t elem = element_bytes("reference_swap_blocks", dtype, src_layout);
   validate_block_pairs(pairs, src_layout.num_blocks, dst_layout.num_blocks, /*same_pool=*/false);
   for (std::size_t i = 0; i < src_planes.size(); ++i) {
     if ((src_planes[i] == nullptr || dst_planes[i] == nullptr) && !pairs.empty()) {
@@ -199,10 +260,9 @@ void reference_swap_blocks(std::span<const void* const> src_planes, const KVLayo
     }
   }
   for (std::size_t i = 0; i < src_planes.size(); ++i) {
-    const auto* src = static_cast<const std::uint16_t*>(src_planes[i]);
-    auto* dst = static_cast<std::uint16_t*>(dst_planes[i]);
     for (const BlockPair& pair : pairs) {
-      copy_block_rows(src, src_layout, pair.src, dst, dst_layout, pair.dst);
+      copy_block_rows(src_planes[i], src_layout, pair.src, dst_planes[i], dst_layout, pair.dst,
+                      elem);
     }
   }
 }

@@ -6,8 +6,9 @@
 #include <span>
 #include <string>
 
-#include "pagedkv/device/block_table.hpp"
+#include "kv_rows.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/device/block_table.hpp"
 
 namespace pagedkv {
 
@@ -55,8 +56,6 @@ std::vector<double> reference_paged_decode_attention_f64(const PagedDecodeParams
   }
 
   const auto* q = static_cast<const std::uint16_t*>(p.q);
-  const auto* k_cache = static_cast<const std::uint16_t*>(p.k_cache);
-  const auto* v_cache = static_cast<const std::uint16_t*>(p.v_cache);
   const auto value = [&](const std::uint16_t* base, std::int64_t index) {
     return static_cast<double>(dtype_bits_to_float(p.dtype, base[index]));
   };
@@ -68,6 +67,7 @@ std::vector<double> reference_paged_decode_attention_f64(const PagedDecodeParams
                           static_cast<std::size_t>(head_dim));
   std::vector<double> qh(static_cast<std::size_t>(head_dim));
   std::vector<double> acc(static_cast<std::size_t>(head_dim));
+  std::vector<double> kv_row(static_cast<std::size_t>(head_dim));
   for (std::int32_t s = 0; s < num_seqs; ++s) {
     const std::int32_t len = p.seq_lens[s];
     const std::int32_t first = p.window_size > 0 ? std::max(0, len - p.window_size) : 0;
@@ -82,10 +82,12 @@ std::vector<double> reference_paged_decode_attention_f64(const PagedDecodeParams
       double m = -std::numeric_limits<double>::infinity();
       double l = 0.0;
       for (std::int32_t t = first; t < len; ++t) {
-        const std::int64_t base = p.layout.offset(row[t / block_size], t % block_size, kv_head);
+        const std::int64_t block = row[t / block_size];
+        reference_detail::read_kv_row(p, /*value_plane=*/false, block, t % block_size, kv_head,
+                                      kv_row.data());
         double dot = 0.0;
         for (std::int32_t d = 0; d < head_dim; ++d) {
-          dot += qh[static_cast<std::size_t>(d)] * value(k_cache, base + d);
+          dot += qh[static_cast<std::size_t>(d)] * kv_row[static_cast<std::size_t>(d)];
         }
         double logit = static_cast<double>(p.sm_scale) * dot;
         if (cap > 0) logit = cap * std::tanh(logit / cap);
@@ -94,9 +96,11 @@ std::vector<double> reference_paged_decode_attention_f64(const PagedDecodeParams
         const double alpha = std::exp(m - m_new);  // exp(-inf) = 0 on the first token
         const double weight = std::exp(logit - m_new);
         l = l * alpha + weight;
+        reference_detail::read_kv_row(p, /*value_plane=*/true, block, t % block_size, kv_head,
+                                      kv_row.data());
         for (std::int32_t d = 0; d < head_dim; ++d) {
           auto& a = acc[static_cast<std::size_t>(d)];
-          a = a * alpha + weight * value(v_cache, base + d);
+          a = a * alpha + weight * kv_row[static_cast<std::size_t>(d)];
         }
         m = m_new;
       }

@@ -7,8 +7,9 @@
 #include <span>
 #include <string>
 
-#include "pagedkv/device/block_table.hpp"
+#include "kv_rows.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/device/block_table.hpp"
 
 namespace pagedkv {
 
@@ -128,13 +129,11 @@ ExtendReference reference_paged_extend_attention_f64(const PagedExtendParams& p)
     values.resize(static_cast<std::size_t>(kv_len) * dim);
     for (std::int32_t kv_head = 0; kv_head < p.layout.num_kv_heads; ++kv_head) {
       for (std::int32_t t = 0; t < kv_len; ++t) {
-        const std::int64_t at = p.layout.offset(row[t / block_size], t % block_size, kv_head);
-        for (std::size_t d = 0; d < dim; ++d) {
-          keys[static_cast<std::size_t>(t) * dim + d] =
-              to_double(p.k_cache, at + static_cast<std::int64_t>(d));
-          values[static_cast<std::size_t>(t) * dim + d] =
-              to_double(p.v_cache, at + static_cast<std::int64_t>(d));
-        }
+        const std::int64_t block = row[t / block_size];
+        reference_detail::read_kv_row(p, /*value_plane=*/false, block, t % block_size, kv_head,
+                                      keys.data() + static_cast<std::size_t>(t) * dim);
+        reference_detail::read_kv_row(p, /*value_plane=*/true, block, t % block_size, kv_head,
+                                      values.data() + static_cast<std::size_t>(t) * dim);
       }
       for (std::int32_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
         for (std::int32_t j = 0; j < q_len; ++j) {

@@ -8,6 +8,8 @@
 #include <limits>
 #include <random>
 
+#include "pagedkv/base/error.hpp"
+
 namespace pagedkv {
 namespace {
 
@@ -16,6 +18,39 @@ TEST(KVDtype, NamesAndSizes) {
   EXPECT_EQ(to_string(KVDtype::kBFloat16), "bf16");
   EXPECT_EQ(bytes_per_value(KVDtype::kFloat16), 2u);
   EXPECT_EQ(bytes_per_value(KVDtype::kBFloat16), 2u);
+}
+
+TEST(KVDtype, Fp8NamesSizesAndFormats) {
+  // The numbers are the tiers' value header fields: never renumber.
+  EXPECT_EQ(static_cast<int>(KVDtype::kFloat16), 0);
+  EXPECT_EQ(static_cast<int>(KVDtype::kBFloat16), 1);
+  EXPECT_EQ(static_cast<int>(KVDtype::kFp8E4M3), 2);
+  EXPECT_EQ(static_cast<int>(KVDtype::kFp8E5M2), 3);
+  EXPECT_EQ(static_cast<int>(KVScaleMode::kNone), 0);
+  EXPECT_EQ(static_cast<int>(KVScaleMode::kPerTensor), 1);
+  EXPECT_EQ(static_cast<int>(KVScaleMode::kPerTokenHead), 2);
+  EXPECT_EQ(bytes_per_value(KVDtype::kFp8E4M3), 1u);
+  EXPECT_EQ(bytes_per_value(KVDtype::kFp8E5M2), 1u);
+  for (const KVDtype d :
+       {KVDtype::kFloat16, KVDtype::kBFloat16, KVDtype::kFp8E4M3, KVDtype::kFp8E5M2}) {
+    KVDtype back = KVDtype::kFloat16;
+    ASSERT_TRUE(parse_kv_dtype(to_string(d), back)) << to_string(d);
+    EXPECT_EQ(back, d);
+  }
+  for (const KVScaleMode m :
+       {KVScaleMode::kNone, KVScaleMode::kPerTensor, KVScaleMode::kPerTokenHead}) {
+    KVScaleMode back = KVScaleMode::kNone;
+    ASSERT_TRUE(parse_kv_scale_mode(to_string(m), back)) << to_string(m);
+    EXPECT_EQ(back, m);
+  }
+  KVDtype untouched = KVDtype::kBFloat16;
+  EXPECT_FALSE(parse_kv_dtype("fp8", untouched));
+  EXPECT_EQ(untouched, KVDtype::kBFloat16);
+  EXPECT_NO_THROW(validate_kv_format(KVDtype::kBFloat16, KVScaleMode::kNone, "t"));
+  EXPECT_NO_THROW(validate_kv_format(KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, "t"));
+  EXPECT_THROW(validate_kv_format(KVDtype::kFp8E5M2, KVScaleMode::kNone, "t"), Error);
+  EXPECT_THROW(validate_kv_format(KVDtype::kFloat16, KVScaleMode::kPerTensor, "t"), Error);
+  EXPECT_THROW(validate_kv_format(static_cast<KVDtype>(4), KVScaleMode::kNone, "t"), Error);
 }
 
 TEST(KVDtype, Fp16KnownValues) {

@@ -65,8 +65,8 @@ TEST(KVLayout, NhdAndHndStrides) {
 TEST(KVLayout, RowsAreDisjointAndInsideThePlane) {
   for (const KVLayout& layout :
        {KVLayout::nhd(5, 3, 2, 8), KVLayout::hnd(5, 3, 2, 8), KVLayout::nhd(4, 1, 3, 16),
-        KVLayout{4, 3, 2, 8, 2 * 48, 16, 8} /* interleaved K/V blocks */,
-        KVLayout{4, 3, 2, 8, 96, 32, 16} /* padded rows */}) {
+        KVLayout{4, 3, 2, 8, 2 * 48, 16, 8, 0} /* interleaved K/V blocks */,
+        KVLayout{4, 3, 2, 8, 96, 32, 16, 0} /* padded rows */}) {
     layout.validate();
     std::set<std::int64_t> elements;
     for (std::int64_t b = 0; b < layout.num_blocks; ++b) {
@@ -81,8 +81,8 @@ TEST(KVLayout, RowsAreDisjointAndInsideThePlane) {
       }
     }
   }
-  EXPECT_FALSE((KVLayout{4, 3, 2, 8, 96, 32, 16}.block_is_contiguous()));
-  EXPECT_TRUE((KVLayout{4, 3, 2, 8, 96, 16, 8}.block_is_contiguous()));  // interleaved K/V
+  EXPECT_FALSE((KVLayout{4, 3, 2, 8, 96, 32, 16, 0}.block_is_contiguous()));
+  EXPECT_TRUE((KVLayout{4, 3, 2, 8, 96, 16, 8, 0}.block_is_contiguous()));  // interleaved K/V
 }
 
 TEST(KVLayout, LargePoolsUse64BitOffsets) {
@@ -111,6 +111,89 @@ TEST(KVLayout, RejectsBadLayouts) {
   layout.stride_token = 0;
   expect_error([&] { layout.validate(); }, "stride_token must be positive");
   EXPECT_NO_THROW(KVLayout::nhd(1, 256, 1, 8));
+}
+
+TEST(KVSizing, Fp8CountsCodesAndScales) {
+  // Llama-3-8B with FP8 KV: 1 byte per value; per-(token, head) scales add 4 bytes per row.
+  const KVCacheSpec bf16{32, 8, 128, KVDtype::kBFloat16};
+  const KVCacheSpec tensor{32, 8, 128, KVDtype::kFp8E4M3, KVScaleMode::kPerTensor};
+  const KVCacheSpec rows{32, 8, 128, KVDtype::kFp8E5M2, KVScaleMode::kPerTokenHead};
+  EXPECT_EQ(kv_bytes_per_token(tensor), 64 * 1024);
+  EXPECT_EQ(kv_bytes_per_token(rows), 2 * 32 * 8 * (128 + 4));  // 67584
+  EXPECT_EQ(kv_bytes_per_block(tensor, 16), 1024 * 1024);
+  EXPECT_EQ(kv_bytes_per_block(rows, 16), 2 * 32 * 16 * 8 * 132);
+  // The block bytes are what the layout's planes hold per block: 2 x layers x stride_block.
+  EXPECT_EQ(kv_bytes_per_block(rows, 16),
+            2 * 32 * KVLayout::nhd_scaled(4, 16, 8, 128).stride_block);
+  // Padding to 16 bytes: 1 token x 1 head x (8 + 4) = 12 -> 16 per plane.
+  const KVCacheSpec tiny{1, 1, 8, KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead};
+  EXPECT_EQ(kv_bytes_per_block(tiny, 1), 2 * 16);
+  EXPECT_EQ(KVLayout::nhd_scaled(3, 1, 1, 8).stride_block, 16);
+  // Twice the blocks in the same memory (per tensor), 1.94x with per-row scales.
+  const std::int64_t budget = std::int64_t{40} << 30;
+  EXPECT_EQ(num_blocks_for_budget(bf16, 16, budget), 20480);
+  EXPECT_EQ(num_blocks_for_budget(tensor, 16, budget), 40960);
+  EXPECT_EQ(num_blocks_for_budget(rows, 16, budget), budget / (2 * 32 * 16 * 8 * 132));
+  // A format that is not a cache format.
+  expect_error(
+      [] {
+        (void)kv_bytes_per_token(KVCacheSpec{32, 8, 128, KVDtype::kFp8E4M3});
+      },
+      "needs a scale mode");
+  expect_error(
+      [] {
+        (void)kv_bytes_per_token(
+            KVCacheSpec{32, 8, 128, KVDtype::kBFloat16, KVScaleMode::kPerTensor});
+      },
+      "takes no scale mode");
+}
+
+TEST(KVLayout, ScaledLayoutsPutEachBlocksScalesAfterItsCodes) {
+  const KVLayout nhd = KVLayout::nhd_scaled(10, 16, 8, 128);
+  EXPECT_EQ(nhd.scale_offset, 16 * 8 * 128);
+  EXPECT_EQ(nhd.stride_block, 16 * 8 * 128 + 16 * 8 * 4);
+  EXPECT_EQ(nhd.block_scale_bytes(), 512);
+  EXPECT_EQ(nhd.block_span(), nhd.stride_block);
+  EXPECT_EQ(nhd.offset(2, 3, 5), 2 * nhd.stride_block + 3 * 1024 + 5 * 128);
+  EXPECT_EQ(nhd.scale_byte_offset(2, 3, 5), 2 * nhd.stride_block + 16384 + (3 * 8 + 5) * 4);
+  EXPECT_EQ(nhd.plane_elements(), 10 * nhd.stride_block);
+  EXPECT_TRUE(nhd.block_is_contiguous());
+  const KVLayout hnd = KVLayout::hnd_scaled(10, 16, 8, 128);
+  EXPECT_EQ(hnd.offset(2, 3, 5), 2 * hnd.stride_block + 5 * 2048 + 3 * 128);
+  EXPECT_EQ(hnd.scale_byte_offset(2, 3, 5), nhd.scale_byte_offset(2, 3, 5));
+  // Every scale of every block is distinct and lies past its block's codes, before the next.
+  std::set<std::int64_t> seen;
+  const KVLayout small = KVLayout::nhd_scaled(3, 5, 3, 8);
+  for (std::int64_t b = 0; b < 3; ++b) {
+    for (std::int64_t t = 0; t < 5; ++t) {
+      for (std::int64_t h = 0; h < 3; ++h) {
+        const std::int64_t at = small.scale_byte_offset(b, t, h);
+        EXPECT_TRUE(seen.insert(at).second);
+        EXPECT_GE(at, small.offset(b, 4, 2) + 8);
+        EXPECT_LE(at + 4, (b + 1) * small.stride_block);
+        EXPECT_EQ(at % 4, 0);
+      }
+    }
+  }
+  EXPECT_EQ(small.stride_block % 16, 0);
+  EXPECT_FALSE(KVLayout::nhd(4, 16, 8, 128).has_scales());
+  KVLayout bad = nhd;
+  bad.scale_offset = 16 * 8 * 128 - 8;  // on the last row
+  expect_error([&] { bad.validate(); }, "scale_offset");
+  bad = nhd;
+  bad.scale_offset = 16 * 8 * 128 + 4;  // not a multiple of 8
+  expect_error([&] { bad.validate(); }, "scale_offset");
+  bad = nhd;
+  bad.stride_block = 16 * 8 * 128 + 256;  // no room for the scales
+  expect_error([&] { bad.validate(); }, "no room");
+  bad = nhd;
+  bad.scale_offset = -8;
+  expect_error([&] { bad.validate(); }, "scale_offset");
+  bad = nhd;
+  bad.scale_offset += 16;  // padded: valid, but not one dense range
+  bad.stride_block += 16;
+  EXPECT_NO_THROW(bad.validate());
+  EXPECT_FALSE(bad.block_is_contiguous());
 }
 
 }  // namespace

@@ -13,11 +13,15 @@
 
 #include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/device/kv_quant.hpp"
 
 namespace pagedkv {
 
 struct PagedKVParams {
-  KVDtype dtype = KVDtype::kBFloat16;  // of q, the cache and out
+  KVDtype dtype = KVDtype::kBFloat16;  // of q and out, and of the cache unless quant.fp8()
+  // An FP8 cache (pagedkv/device/kv_quant.hpp): its codes' type, scale mode and per-tensor
+  // scales. Default: none (the cache holds `dtype` values).
+  KVQuant quant;
   std::int32_t num_seqs = 0;
   std::int32_t num_q_heads = 0;  // a multiple of layout.num_kv_heads
 
@@ -43,7 +47,8 @@ struct PagedKVParams {
   constexpr std::int32_t head_dim() const noexcept { return layout.head_dim; }
 };
 
-// The checks every kernel needs: counts not negative, a valid layout, q heads a multiple of KV
+// The checks every kernel needs: counts not negative, a valid layout, a valid cache format
+// (validate_kv_quant), q heads a multiple of KV
 // heads, finite scale and soft-cap, window not negative, and (when num_seqs > 0) the cache, length
 // and block-table pointers present. `who` starts each message ("paged decode attention").
 void validate_paged_kv(const PagedKVParams& params, std::string_view who);

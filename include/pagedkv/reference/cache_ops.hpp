@@ -2,8 +2,8 @@
 // swap_blocks): their parameters, the run coalescing swaps use, and CPU references.
 //
 //   kv_append    scatter the new tokens' K and V rows [num_tokens, num_kv_heads, head_dim] of one
-//                layer into their slots (pagedkv/device/block_table.hpp); a negative slot is skipped.
-//                (vLLM: reshape_and_cache.)
+//                layer into their slots (pagedkv/device/block_table.hpp); a negative slot is
+//                skipped. (vLLM: reshape_and_cache.)
 //   copy_blocks  copy block src to block dst in every plane (K and V of every layer) of one pool:
 //                copy-on-write when a forked sequence writes into a shared last block.
 //   swap_blocks  copy blocks between two pools of the same block shape, typically GPU memory
@@ -13,6 +13,13 @@
 // Ids are int64 pairs, laid out like vLLM's block_mapping tensor [num_pairs, 2]. In one call the
 // destination ids must be distinct and, for copy_blocks, no destination may also be a source
 // (otherwise the result would depend on the order of copies).
+//
+// FP8 (issue 36): kv_append with params.quant.fp8() quantizes the 16-bit K / V rows into the
+// planes' 1-byte codes, exactly with pagedkv/device/fp8.hpp (round to nearest even, saturating,
+// NaN stays NaN): per tensor with the engine's k_scale / v_scale, or per (token, KV head) with a
+// scale computed from each row's amax and stored in the block (layout.scale_byte_offset).
+// copy_blocks and swap_blocks with an FP8 dtype move 1-byte codes and, when the layout has them,
+// each block's scales: the destination's bytes equal the source's.
 //
 // The CPU references take host pointers, check all ids before writing anything and throw
 // pagedkv::Error on bad input. Complexity: linear in the bytes moved. Thread-compatible.
@@ -24,11 +31,13 @@
 
 #include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/device/kv_quant.hpp"
 
 namespace pagedkv {
 
 struct KVAppendParams {
-  KVDtype dtype = KVDtype::kBFloat16;
+  KVDtype dtype = KVDtype::kBFloat16;  // of key and value, and of the cache unless quant.fp8()
+  KVQuant quant;                       // an FP8 cache (pagedkv/device/kv_quant.hpp); default none
   std::int64_t num_tokens = 0;
 
   // [num_tokens, num_kv_heads, head_dim] new keys and values; strides in elements, 0 = dense.
@@ -98,7 +107,8 @@ void validate_block_pairs(std::span<const BlockPair> pairs, std::int64_t src_blo
                           std::int64_t dst_blocks, bool same_pool);
 
 // CPU reference of copy_blocks: `planes` are the K and V planes of every layer of one pool, all
-// laid out by `layout`. Validates the pairs first.
+// laid out by `layout`, holding `dtype` values (an FP8 dtype: 1-byte codes, and the block's
+// scales when layout.has_scales()). Validates the pairs first.
 void reference_copy_blocks(std::span<void* const> planes, const KVLayout& layout, KVDtype dtype,
                            std::span<const BlockPair> pairs);
 

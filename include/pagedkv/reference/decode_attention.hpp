@@ -1,4 +1,5 @@
-// pagedkv/reference/decode_attention.hpp: paged decode attention, its parameters and its CPU reference.
+// pagedkv/reference/decode_attention.hpp: paged decode attention, its parameters and its CPU
+// reference.
 //
 // Each sequence contributes one query token (the one being decoded): q[seq] of shape
 // [num_q_heads, head_dim] attends over the sequence's seq_len cached tokens (the current token's
@@ -10,6 +11,10 @@
 //   out     = sum_t softmax(logit)_t x v_t          over t in [max(0, seq_len - window), seq_len)
 // A sequence with seq_len 0 gets a zero output. Cache slots past seq_len (the unused tail of the
 // last block) may hold anything, NaN included: they are never read.
+//
+// An FP8 cache (params.quant, pagedkv/device/kv_quant.hpp): each cached value is dequantized
+// exactly as the kernels do (fp8.hpp: decode x scale, one float32 rounding) before it enters the
+// double computation; q and out stay params.dtype (fp16 / bf16).
 //
 // PagedDecodeParams is a plain description of raw buffers: host buffers for the CPU reference
 // here, device buffers for the CUDA kernel (pagedkv/cuda/decode_attention.hpp), with one meaning.

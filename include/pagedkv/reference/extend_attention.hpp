@@ -1,10 +1,10 @@
-// pagedkv/reference/extend_attention.hpp: paged extend (prefix-hit prefill) attention, its parameters and
-// its CPU reference.
+// pagedkv/reference/extend_attention.hpp: paged extend (prefix-hit prefill) attention, its
+// parameters and its CPU reference.
 //
 // A varlen batch: sequence i has q_len_i = q_indptr[i + 1] - q_indptr[i] new tokens (rows
 // q_indptr[i] .. q_indptr[i + 1] - 1 of q and out) and seq_lens[i] tokens in the cache, the new
-// ones included: their K/V must already be appended (kv_append, pagedkv/reference/cache_ops.hpp). The
-// cached prefix is the rest, prefix_i = seq_lens[i] - q_len_i tokens (0 = a plain prefill; the
+// ones included: their K/V must already be appended (kv_append, pagedkv/reference/cache_ops.hpp).
+// The cached prefix is the rest, prefix_i = seq_lens[i] - q_len_i tokens (0 = a plain prefill; the
 // prefix-cache hit otherwise); as in vLLM, the prefix length is derived rather than passed, so the
 // two lengths can never disagree. The causal mask is aligned bottom-right: new token j (0-based)
 // sits at position prefix_i + j and sees every key at positions <= its own (the whole cached
@@ -18,6 +18,10 @@
 // cascade attention): out = sum_k exp(lse_k - L) out_k with L = log(sum_k exp(lse_k)).
 // With q_len_i = 1 this is decode attention of that token. Cache slots past seq_lens[i] may hold
 // anything, NaN included: they are never read.
+//
+// An FP8 cache (params.quant, pagedkv/device/kv_quant.hpp): each cached value is dequantized
+// exactly as the kernels do (fp8.hpp: decode x scale, one float32 rounding) before it enters the
+// double computation; q and out stay params.dtype (fp16 / bf16).
 //
 // PagedExtendParams is a plain description of raw buffers: host buffers for the CPU reference
 // here, device buffers for the CUDA kernel (pagedkv/cuda/extend_attention.hpp), with one meaning.
