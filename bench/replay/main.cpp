@@ -1,6 +1,7 @@
 // pagedkv-replay: replays a request trace through the real library (hashing included) and
 // reports, per cache size, the prefix-cache hit rate, the prefill saved and the throughput.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -42,6 +43,12 @@ constexpr const char* kUsage =
     "replay:\n"
     "  --num-blocks N [N ...]    total pool blocks including the null block; several sweep\n"
     "  --block-size B            tokens per block (default 16)\n"
+    "  --kv-memory-gib G [G ...] instead of --num-blocks: the pool as KV memory, G GiB each;\n"
+    "                            N = floor(G x 2^30 / (B x block size)) blocks, the null block\n"
+    "                            included (needs --kv-bytes-per-token)\n"
+    "  --kv-bytes-per-token B    KV bytes of one token over all layers (2 x layers x kv_heads x\n"
+    "                            (head_dim x bytes per value [+ 4 with per-token-head FP8\n"
+    "                            scales]); Llama-3-8B: bf16 131072, fp8 + scales 67584)\n"
     "  --hash S                  sha256 (default), sha256_cbor_vllm or xxh3_128\n"
     "  --no-caching              prefix caching off\n"
     "  --sliding-window W        hybrid model: a second KV-cache group of sliding-window layers\n"
@@ -122,6 +129,21 @@ long long parse_number(const std::string& text, const std::string& flag, long lo
                 std::to_string(max) + "]");
   }
   return v;
+}
+
+// Digits with at most one '.' (a size such as 62.5).
+bool is_decimal(const char* s) {
+  bool digit = false, dot = false;
+  for (; *s; ++s) {
+    if (*s == '.' && !dot) {
+      dot = true;
+    } else if (*s >= '0' && *s <= '9') {
+      digit = true;
+    } else {
+      return false;
+    }
+  }
+  return digit;
 }
 
 bool is_number(const char* s) {
@@ -226,6 +248,8 @@ int main(int argc, char** argv) {
   ReplayOptions opt;
   TierReplayOptions tier;
   bool table = false, memory_table = false;
+  std::vector<double> kv_memory_gib;  // --kv-memory-gib (issue 36)
+  long long kv_bytes_per_token = 0;
   double arrival_rate_scale = 1;
 #if PAGEDKV_REPLAY_CLUSTER
   std::optional<ClusterOptions> cluster;
@@ -309,6 +333,21 @@ int main(int argc, char** argv) {
         opt.num_blocks.push_back(
             static_cast<std::int32_t>(parse_number(argv[++i], arg, 2, 2000000000)));
       }
+    } else if (arg == "--kv-memory-gib") {
+      if (i + 1 >= argc || !is_decimal(argv[i + 1])) {
+        usage_error("--kv-memory-gib needs at least one G");
+      }
+      while (i + 1 < argc && is_decimal(argv[i + 1])) {
+        const std::string v = argv[++i];
+        char* end = nullptr;
+        const double g = std::strtod(v.c_str(), &end);
+        if (end != v.c_str() + v.size() || !(g > 0) || g > 1e6) {
+          usage_error("--kv-memory-gib: expected a size in GiB in (0, 1e6], got '" + v + "'");
+        }
+        kv_memory_gib.push_back(g);
+      }
+    } else if (arg == "--kv-bytes-per-token") {
+      kv_bytes_per_token = parse_number(value(), arg, 1, 1ll << 40);
     } else if (arg == "--block-size") {
       opt.block_size = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 4096));
     } else if (arg == "--hash") {
@@ -409,6 +448,27 @@ int main(int argc, char** argv) {
   }
   if (trace_path.has_value() == generate.has_value())
     usage_error("give exactly one of --trace and --generate");
+  if (!kv_memory_gib.empty() || kv_bytes_per_token > 0) {
+    // The pool as memory (issue 36: bf16 vs FP8 at the same GPU memory).
+    if (kv_memory_gib.empty() || kv_bytes_per_token == 0) {
+      usage_error("--kv-memory-gib and --kv-bytes-per-token go together");
+    }
+    if (!opt.num_blocks.empty()) usage_error("give --num-blocks or --kv-memory-gib, not both");
+    const long double block_bytes =
+        static_cast<long double>(kv_bytes_per_token) * static_cast<long double>(opt.block_size);
+    for (const double g : kv_memory_gib) {
+      const long double blocks =
+          std::floor(static_cast<long double>(g) * 1073741824.0L / block_bytes);
+      if (blocks < 2 || blocks > 2000000000) {
+        usage_error("--kv-memory-gib " + std::to_string(g) + " holds " +
+                    std::to_string(static_cast<long long>(blocks)) +
+                    " blocks; need 2 .. 2000000000");
+      }
+      opt.num_blocks.push_back(static_cast<std::int32_t>(blocks));
+      std::cerr << "pagedkv-replay: " << g << " GiB / (" << kv_bytes_per_token << " B x "
+                << opt.block_size << " tokens) = " << static_cast<long long>(blocks) << " blocks\n";
+    }
+  }
   if (opt.num_blocks.empty() && !memory_table) usage_error("--num-blocks is required");
   if (opt.schedule == Schedule::kPrefix && opt.mode != Mode::kEngine) {
     usage_error("--schedule prefix: engine mode only (--mode engine)");

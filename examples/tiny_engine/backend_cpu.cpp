@@ -33,7 +33,9 @@ class CpuBackend final : public ForwardBackend {
   CpuBackend(const Model& model, KVCache& cache) : model_(model), cache_(cache) {}
 
   void reset_cache() override {
-    const std::uint16_t nan = quiet_nan_bits(cache_.dtype);
+    // FP8: every byte 0x7f, a NaN code in both formats (scales read as 0x7f7f7f7f, finite).
+    const std::uint16_t nan =
+        pagedkv::is_fp8(cache_.dtype) ? std::uint16_t{0x7f7f} : quiet_nan_bits(cache_.dtype);
     for (auto& plane : cache_.k) std::fill(plane.begin(), plane.end(), nan);
     for (auto& plane : cache_.v) std::fill(plane.begin(), plane.end(), nan);
   }
@@ -76,6 +78,15 @@ void CpuBackend::forward(const ForwardBatch& batch, std::vector<float>& logits) 
   const auto num_seqs = static_cast<std::int32_t>(batch.seq_lens.size());
 
   const auto n_rows = static_cast<std::int64_t>(rows);
+  // The 16-bit type of q, the new K/V and the attention output; an FP8 cache quantizes K/V in
+  // kv_append with per-(token, KV head) scales and keeps q and outputs in bf16.
+  const bool fp8 = pagedkv::is_fp8(cache_.dtype);
+  const pagedkv::KVDtype dtype = fp8 ? pagedkv::KVDtype::kBFloat16 : cache_.dtype;
+  pagedkv::KVQuant quant;
+  if (fp8) {
+    quant.mode = pagedkv::KVScaleMode::kPerTokenHead;
+    quant.dtype = cache_.dtype;
+  }
   for (std::int32_t l = 0; l < m.num_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
     auto& k_plane = cache_.k[static_cast<std::size_t>(l)];
@@ -90,12 +101,13 @@ void CpuBackend::forward(const ForwardBatch& batch, std::vector<float>& logits) 
       apply_rope(q_.data() + r * qd, m.num_q_heads, m.head_dim, batch.positions[r], m.rope_theta);
       apply_rope(k_.data() + r * kvd, m.num_kv_heads, m.head_dim, batch.positions[r], m.rope_theta);
     }
-    to_bits(cache_.dtype, k_, k_bits_, rows * kvd);
-    to_bits(cache_.dtype, v_, v_bits_, rows * kvd);
-    to_bits(cache_.dtype, q_, q_bits_, rows * qd);
+    to_bits(dtype, k_, k_bits_, rows * kvd);
+    to_bits(dtype, v_, v_bits_, rows * kvd);
+    to_bits(dtype, q_, q_bits_, rows * qd);
 
     pagedkv::KVAppendParams append;
-    append.dtype = cache_.dtype;
+    append.dtype = dtype;
+    append.quant = quant;
     append.num_tokens = n_rows;
     append.key = k_bits_.data();
     append.value = v_bits_.data();
@@ -110,7 +122,8 @@ void CpuBackend::forward(const ForwardBatch& batch, std::vector<float>& logits) 
     if (batch.decode) {
       // One query token per sequence over its whole paged context.
       pagedkv::PagedDecodeParams attention;
-      attention.dtype = cache_.dtype;
+      attention.dtype = dtype;
+      attention.quant = quant;
       attention.num_seqs = num_seqs;
       attention.num_q_heads = m.num_q_heads;
       attention.q = q_bits_.data();
@@ -126,7 +139,8 @@ void CpuBackend::forward(const ForwardBatch& batch, std::vector<float>& logits) 
     } else {
       // The new tokens attend causally to the cached prefix (the hit) and to each other.
       pagedkv::PagedExtendParams attention;
-      attention.dtype = cache_.dtype;
+      attention.dtype = dtype;
+      attention.quant = quant;
       attention.num_seqs = num_seqs;
       attention.num_q_heads = m.num_q_heads;
       attention.q_indptr = batch.q_indptr.data();
@@ -143,7 +157,7 @@ void CpuBackend::forward(const ForwardBatch& batch, std::vector<float>& logits) 
       pagedkv::reference_paged_extend_attention(attention);
     }
     for (std::size_t i = 0; i < rows * qd; ++i) {
-      attn_[i] = pagedkv::dtype_bits_to_float(cache_.dtype, attn_bits_[i]);
+      attn_[i] = pagedkv::dtype_bits_to_float(dtype, attn_bits_[i]);
     }
 
     matmul(attn_.data(), n_rows, m.q_dim(), w.wo.data(), m.d_model, tmp_.data());

@@ -472,6 +472,11 @@ std::unique_ptr<ForwardBackend> make_cuda_backend(const Model& model, const Engi
         "--device cuda: no CUDA device is visible to this process (no NVIDIA driver, or no GPU); "
         "run it on a GPU machine, or use --device cpu");
   }
+  if (pagedkv::is_fp8(config.kv_dtype)) {
+    throw std::invalid_argument("--device cuda: FP8 KV (--kv-dtype " +
+                                std::string(pagedkv::to_string(config.kv_dtype)) +
+                                ") runs on the CPU path only so far");
+  }
   return std::make_unique<CudaBackend>(model, config);
 }
 

@@ -70,15 +70,22 @@ Engine::Engine(const Model& model, const EngineConfig& config)
   config_.validate();
   const ModelConfig& m = model_.config();
   cache_.dtype = config_.kv_dtype;
-  cache_.layout =
-      pagedkv::KVLayout::nhd(config_.num_blocks, static_cast<std::int32_t>(config_.block_size),
-                             m.num_kv_heads, m.head_dim);
+  // FP8 KV (issue 36): 1-byte codes with per-(token, KV head) scales after each block's codes.
+  cache_.layout = pagedkv::is_fp8(config_.kv_dtype)
+                      ? pagedkv::KVLayout::nhd_scaled(config_.num_blocks,
+                                                      static_cast<std::int32_t>(config_.block_size),
+                                                      m.num_kv_heads, m.head_dim)
+                      : pagedkv::KVLayout::nhd(config_.num_blocks,
+                                               static_cast<std::int32_t>(config_.block_size),
+                                               m.num_kv_heads, m.head_dim);
   cache_.layout.validate();
   if (config_.device == Device::kCuda) {
     backend_ = make_cuda_backend(model_, config_);
     return;
   }
-  const auto plane = static_cast<std::size_t>(cache_.layout.plane_elements());
+  // Planes in 16-bit storage units (an FP8 plane's bytes are a multiple of 16).
+  const auto plane = static_cast<std::size_t>(cache_.layout.plane_elements()) *
+                     pagedkv::bytes_per_value(cache_.dtype) / sizeof(std::uint16_t);
   cache_.storage.assign(2 * static_cast<std::size_t>(m.num_layers) * plane, 0);
   for (std::size_t l = 0; l < static_cast<std::size_t>(m.num_layers); ++l) {
     cache_.k.emplace_back(cache_.storage.data() + 2 * l * plane, plane);

@@ -63,6 +63,8 @@ struct EngineConfig {
   std::int32_t num_blocks = 1024;  // KV pool blocks, including pagedkv's null block 0
   std::uint32_t block_size = 16;
   bool enable_caching = true;
+  // fp16, bf16, or FP8 (fp8_e4m3 / fp8_e5m2: 1-byte codes with per-(token, KV head) scales
+  // computed by kv_append; q and attention outputs stay bf16).
   pagedkv::KVDtype kv_dtype = pagedkv::KVDtype::kBFloat16;
   std::uint32_t max_num_batched_tokens = 128;  // token budget per step (prefill is chunked)
   std::uint32_t max_num_seqs = 16;             // running requests at most
@@ -87,8 +89,9 @@ struct EngineConfig {
 // one buffer (K0, V0, K1, V1, ...: the host tier's copies address it as one layer-first device).
 struct KVCache {
   pagedkv::KVLayout layout;
-  pagedkv::KVDtype dtype = pagedkv::KVDtype::kBFloat16;
-  std::vector<std::uint16_t> storage;       // 2 x num_layers x layout.plane_elements()
+  pagedkv::KVDtype dtype = pagedkv::KVDtype::kBFloat16;  // FP8: per-(token, head) scales
+  // 2 x num_layers x layout.plane_elements() values (FP8: bytes, in 16-bit units)
+  std::vector<std::uint16_t> storage;
   std::vector<std::span<std::uint16_t>> k;  // [num_layers] planes of storage
   std::vector<std::span<std::uint16_t>> v;
 };

@@ -16,12 +16,12 @@ KVDriver::KVDriver(const pagedkv::KVCacheManagerConfig& config, std::int32_t num
     plain_ = std::make_unique<pagedkv::KVCacheManager>(config);
     return;
   }
+  const std::size_t elem = pagedkv::bytes_per_value(cache_.dtype);  // FP8: 1, scales in blocks
   if (!cache_.layout.block_is_contiguous() || cache_.k.empty() ||
-      cache_.storage.size() !=
-          2 * cache_.k.size() * static_cast<std::size_t>(cache_.layout.plane_elements())) {
+      cache_.storage.size() * sizeof(std::uint16_t) !=
+          2 * cache_.k.size() * static_cast<std::size_t>(cache_.layout.plane_elements()) * elem) {
     throw std::logic_error("the host tier needs the CPU path's KV storage");
   }
-  const std::size_t elem = sizeof(std::uint16_t);
   const std::size_t chunk = static_cast<std::size_t>(cache_.layout.stride_block) * elem;
   const std::size_t plane = static_cast<std::size_t>(cache_.layout.plane_elements()) * elem;
   // Layer-first: chunk c of block b at c * plane + b * chunk (chunk 2l: K of layer l, 2l + 1: V).

@@ -67,7 +67,11 @@ kernels, and reports what prefix caching saved.
                          the model, KV dtype and block size: another model's blocks are misses
   --token-budget N       tokens per scheduler step (default 128)
   --max-seqs N           running requests at most (default 16)
-  --kv-dtype NAME        bf16 (default) or fp16
+  --kv-dtype NAME        bf16 (default), fp16, fp8_e4m3 or fp8_e5m2 (FP8: 1-byte K/V codes with
+                         a per-(token, KV head) scale computed by kv_append and stored in the
+                         block; q and attention outputs stay bf16)
+  --vs-bf16              with an FP8 --kv-dtype: also serve the workload with bf16 KV, forced
+                         onto the FP8 run's token streams, and report the logit difference
   --head-dim N           attention head size, a multiple of 8 up to 256 (default 32 on the CPU,
                          64 with --device cuda, whose kernels take 64, 128 or 256); the rest of
                          the model (4 layers, d_model 256, 8 query / 2 KV heads) stays
@@ -86,6 +90,7 @@ struct Options {
   bool json = false;
   bool caching = true;
   bool check_against_cpu = false;
+  bool vs_bf16 = false;
   bool head_dim_given = false;
   tiny_engine::WorkloadOptions workload;
   tiny_engine::EngineConfig engine;
@@ -197,13 +202,11 @@ Options parse(int argc, char** argv) {
       o.engine.max_num_seqs = static_cast<std::uint32_t>(count(1, 4096));
     } else if (a == "--kv-dtype") {
       const std::string v(value());
-      if (v == "bf16") {
-        o.engine.kv_dtype = pagedkv::KVDtype::kBFloat16;
-      } else if (v == "fp16") {
-        o.engine.kv_dtype = pagedkv::KVDtype::kFloat16;
-      } else {
-        usage_error("--kv-dtype: expected bf16 or fp16, got '" + v + "'");
+      if (!pagedkv::parse_kv_dtype(v, o.engine.kv_dtype)) {
+        usage_error("--kv-dtype: expected bf16, fp16, fp8_e4m3 or fp8_e5m2, got '" + v + "'");
       }
+    } else if (a == "--vs-bf16") {
+      o.vs_bf16 = true;
     } else if (a == "--model-seed") {
       o.model.seed = count(0, UINT64_MAX);
     } else if (a == "--workload-seed") {
@@ -213,6 +216,9 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.compare && !o.caching) usage_error("--no-caching and --compare exclude each other");
+  if (o.vs_bf16 && !pagedkv::is_fp8(o.engine.kv_dtype)) {
+    usage_error("--vs-bf16 needs an FP8 --kv-dtype (fp8_e4m3 or fp8_e5m2)");
+  }
   if (o.check_against_cpu && o.engine.device != tiny_engine::Device::kCuda) {
     usage_error("--check-against-cpu needs --device cuda");
   }
@@ -457,6 +463,39 @@ int main(int argc, char** argv) {
                   << num(kCpuTolerance) << ")\n"
                   << "  CPU path: total " << num(free_run.stats.total_seconds) << " s\n";
         if (!ok) std::cout << "GPU vs CPU path: FAIL: " << f.first_problem << "\n";
+      }
+    }
+
+    if (o.vs_bf16) {
+      // The same model with bf16 KV, on the FP8 run's token streams: the logit difference FP8 KV
+      // makes (reported, not judged: FP8 is lossy by design).
+      tiny_engine::EngineConfig bf16 = config;
+      bf16.kv_dtype = pagedkv::KVDtype::kBFloat16;
+      bf16.enable_caching = o.compare || o.caching;
+      const tiny_engine::RunResult free_run = tiny_engine::Engine(model, bf16).run(workload);
+      tiny_engine::Engine forced_engine(model, bf16);
+      forced_engine.force_tokens(primary);
+      const tiny_engine::RunResult forced = forced_engine.run(workload);
+      const tiny_engine::Comparison c = tiny_engine::compare(primary, free_run);
+      const tiny_engine::ForcedComparison f = tiny_engine::compare_forced(primary, forced, 1.0);
+      if (o.json) {
+        j << ",\"bf16_free_running_identical_tokens\":" << (c.identical_tokens ? "true" : "false")
+          << ",\"bf16_forced_steps\":" << f.steps
+          << ",\"bf16_forced_max_rel_logit_diff\":" << num(f.max_rel_logit_diff)
+          << ",\"bf16_forced_argmax_differences\":" << f.argmax_differences
+          << ",\"bf16_forced_max_tie_margin\":" << num(f.max_tie_margin);
+      } else {
+        std::cout << pagedkv::to_string(config.kv_dtype)
+                  << " vs bf16 KV, free-running: identical greedy tokens: "
+                  << (c.identical_tokens
+                          ? "yes"
+                          : "no (first at " + first_token_divergence(primary, free_run) + ")")
+                  << "\n"
+                  << pagedkv::to_string(config.kv_dtype)
+                  << " vs bf16 KV, bf16 forced onto the FP8 run's tokens: " << f.steps
+                  << " steps, max relative logit difference " << num(f.max_rel_logit_diff)
+                  << ", greedy choices differ at " << f.argmax_differences
+                  << " steps (largest margin " << num(f.max_tie_margin) << ")\n";
       }
     }
 

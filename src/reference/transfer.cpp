@@ -14,8 +14,8 @@ void check_copies(const std::vector<BlockCopy>& copies, std::size_t num_src, std
   for (const BlockCopy& c : copies) {
     if (c.src < 0 || static_cast<std::size_t>(c.src) >= num_src || c.dst < 0 ||
         static_cast<std::size_t>(c.dst) >= num_dst) {
-      throw Error(ErrorCode::kOutOfRange, std::string("execute_transfer_plan: ") + what + " copy " +
-                                              std::to_string(c.src) + " -> " +
+      throw Error(ErrorCode::kOutOfRange, std::string("execute_transfer_plan: ") + what +
+                                              " copy " + std::to_string(c.src) + " -> " +
                                               std::to_string(c.dst) + " is out of range");
     }
   }
