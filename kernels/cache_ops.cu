@@ -1,6 +1,6 @@
 // kv_append, copy_blocks and swap_blocks (see include/pagedkv/cuda/cache_ops.hpp).
 // Both kernels move 16-bit values as raw 16-byte vectors, so one instantiation serves fp16 and
-// bf16.
+// bf16. FP8 parameters go to kernels/fp8_cache_ops.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "fp8_kernels.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/base/error.hpp"
 
@@ -124,6 +125,7 @@ cudaError_t kv_append(const KVAppendParams& params, cudaStream_t stream) {
   constexpr const char* kWhere = "kv_append";
   validate(params);
   if (params.num_tokens == 0) return cudaSuccess;
+  if (params.quant.fp8()) return kernels::fp8_kv_append(params, stream);  // fp8_cache_ops.cu
   if (!aligned16(params.key) || !aligned16(params.value) || !aligned16(params.k_cache) ||
       !aligned16(params.v_cache)) {
     fail(kWhere, "key, value, k_cache and v_cache must be 16-byte aligned");
@@ -163,8 +165,10 @@ cudaError_t kv_append(const KVAppendParams& params, cudaStream_t stream) {
 cudaError_t copy_blocks(std::span<void* const> planes, const KVLayout& layout, KVDtype dtype,
                         const BlockPair* pairs, std::int64_t num_pairs, cudaStream_t stream) {
   constexpr const char* kWhere = "copy_blocks";
-  (void)dtype;  // 16-bit values of either type are copied as bits
   layout.validate();
+  if (layout.has_scales() && !is_fp8(dtype)) {
+    fail(kWhere, "a layout with scales needs an FP8 dtype");
+  }
   if (num_pairs < 0) fail(kWhere, "num_pairs must not be negative");
   if (num_pairs > std::numeric_limits<std::int32_t>::max()) {
     fail(kWhere, "at most 2^31 - 1 pairs per call, got " + std::to_string(num_pairs));
@@ -176,6 +180,8 @@ cudaError_t copy_blocks(std::span<void* const> planes, const KVLayout& layout, K
       fail(kWhere, "plane " + std::to_string(i) + " is null or not 16-byte aligned");
     }
   }
+  // FP8 codes (and each block's scales): fp8_cache_ops.cu. 16-bit values are copied as bits.
+  if (is_fp8(dtype)) return kernels::fp8_copy_blocks(planes, layout, pairs, num_pairs, stream);
   CopyKernelParams kp{};
   kp.pairs = pairs;
   kp.num_blocks = layout.num_blocks;
@@ -207,6 +213,9 @@ cudaError_t swap_blocks(std::span<const void* const> src_planes, const KVLayout&
                         KVDtype dtype, std::span<const BlockPair> pairs, cudaStream_t stream) {
   constexpr const char* kWhere = "swap_blocks";
   validate_swap_layouts(src_layout, dst_layout, src_planes.size(), dst_planes.size());
+  if (src_layout.has_scales() && !is_fp8(dtype)) {
+    fail(kWhere, "a layout with scales needs an FP8 dtype");
+  }
   validate_block_pairs(pairs, src_layout.num_blocks, dst_layout.num_blocks, /*same_pool=*/false);
   if (pairs.empty()) return cudaSuccess;
   for (std::size_t i = 0; i < src_planes.size(); ++i) {
@@ -222,8 +231,11 @@ cudaError_t swap_blocks(std::span<const void* const> src_planes, const KVLayout&
   const std::vector<BlockRun> runs = coalesce_block_runs(sorted);
 
   const std::size_t value_bytes = bytes_per_value(dtype);
+  // An FP8 block with per-row scales is its codes followed by its scales (block_span bytes).
   const std::size_t block_bytes =
-      static_cast<std::size_t>(src_layout.block_elements()) * value_bytes;
+      static_cast<std::size_t>(is_fp8(dtype) ? src_layout.block_span()
+                                             : src_layout.block_elements()) *
+      value_bytes;
   const std::size_t src_pitch = static_cast<std::size_t>(src_layout.stride_block) * value_bytes;
   const std::size_t dst_pitch = static_cast<std::size_t>(dst_layout.stride_block) * value_bytes;
   // cudaMemcpy2DAsync rows per call; larger runs are issued in pieces.

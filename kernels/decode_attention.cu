@@ -25,6 +25,7 @@
 #include <limits>
 #include <string>
 
+#include "fp8_kernels.hpp"
 #include "internal/cp_async.cuh"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/base/error.hpp"
@@ -569,6 +570,8 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
                                    cudaStream_t stream) {
   validate_cuda_decode(params, plan, workspace, workspace_bytes);
   if (params.num_seqs == 0) return cudaSuccess;
+  // An FP8 cache: kernels/fp8_attention.cu (no split-KV; the plan is not used).
+  if (params.quant.fp8()) return kernels::fp8_paged_decode(params, stream);
   const KVLayout& layout = params.layout;
   DecodeKernelParams kp{};
   kp.q = static_cast<const std::uint16_t*>(params.q);

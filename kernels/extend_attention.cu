@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fp8_kernels.hpp"
 #include "internal/cp_async.cuh"
 #include "pagedkv/cuda/extend_attention.hpp"
 #include "pagedkv/base/error.hpp"
@@ -447,6 +448,8 @@ void validate_cuda_extend(const PagedExtendParams& params) {
 
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream) {
   validate_cuda_extend(params);
+  // An FP8 cache: kernels/fp8_attention.cu.
+  if (params.quant.fp8()) return kernels::fp8_paged_extend(params, stream);
   const KernelChoice choice = choose(params.dtype, params.layout.head_dim);
   // Set on every launch: cheap, per device, and allowed while a graph is being captured.
   cudaError_t err = cudaFuncSetAttribute(choice.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -234,7 +234,8 @@ class CudaBackend final : public ForwardBackend {
   }
 
   const Model& model_;
-  pagedkv::KVDtype dtype_;
+  pagedkv::KVDtype dtype_;  // of q, the new K/V and attention outputs (bf16 with an FP8 cache)
+  pagedkv::KVQuant quant_;  // FP8 KV: per-(token, KV head) scales, as the CPU path
   pagedkv::KVLayout layout_;
   std::vector<DeviceLayer> layers_;
   DeviceArray<float> embed_, final_norm_, lm_head_;
@@ -248,7 +249,8 @@ class CudaBackend final : public ForwardBackend {
 };
 
 CudaBackend::CudaBackend(const Model& model, const EngineConfig& config)
-    : model_(model), dtype_(config.kv_dtype) {
+    : model_(model),
+      dtype_(pagedkv::is_fp8(config.kv_dtype) ? pagedkv::KVDtype::kBFloat16 : config.kv_dtype) {
   const ModelConfig& m = model.config();
   if (m.head_dim != 64 && m.head_dim != 128 && m.head_dim != 256) {
     throw std::invalid_argument(
@@ -262,8 +264,17 @@ CudaBackend::CudaBackend(const Model& model, const EngineConfig& config)
   }
   layout_ = pagedkv::KVLayout::nhd(config.num_blocks, static_cast<std::int32_t>(config.block_size),
                                    m.num_kv_heads, m.head_dim);
+  if (pagedkv::is_fp8(config.kv_dtype)) {
+    quant_.mode = pagedkv::KVScaleMode::kPerTokenHead;
+    quant_.dtype = config.kv_dtype;
+    layout_ = pagedkv::KVLayout::nhd_scaled(config.num_blocks,
+                                            static_cast<std::int32_t>(config.block_size),
+                                            m.num_kv_heads, m.head_dim);
+  }
   layout_.validate();
-  const auto plane = static_cast<std::size_t>(layout_.plane_elements());
+  // In 16-bit units (an FP8 plane is bytes, a multiple of 16 of them).
+  const auto plane = static_cast<std::size_t>(layout_.plane_elements()) *
+                     pagedkv::bytes_per_value(quant_.cache_dtype(dtype_)) / 2;
   layers_ = std::vector<DeviceLayer>(static_cast<std::size_t>(m.num_layers));
   for (std::int32_t l = 0; l < m.num_layers; ++l) {
     const LayerWeights& w = model.layer(l);
@@ -293,8 +304,10 @@ CudaBackend::CudaBackend(const Model& model, const EngineConfig& config)
 }
 
 void CudaBackend::reset_cache() {
-  // 0xFFFF is a NaN in fp16 and bf16: reading a slot nobody wrote poisons the logits.
-  const std::size_t bytes = static_cast<std::size_t>(layout_.plane_elements()) * 2;
+  // 0xFFFF is a NaN in fp16 and bf16, 0xFF in E4M3 and E5M2 (and an FP8 scale of all ones is a
+  // NaN float): reading a slot nobody wrote poisons the logits.
+  const std::size_t bytes = static_cast<std::size_t>(layout_.plane_elements()) *
+                            pagedkv::bytes_per_value(quant_.cache_dtype(dtype_));
   for (DeviceLayer& d : layers_) {
     TE_CUDA_CHECK(cudaMemset(d.k_cache.get(), 0xff, bytes));
     TE_CUDA_CHECK(cudaMemset(d.v_cache.get(), 0xff, bytes));
@@ -384,6 +397,7 @@ void CudaBackend::forward(const ForwardBatch& batch, std::vector<float>& logits)
 
     pagedkv::KVAppendParams append;
     append.dtype = dtype_;
+    append.quant = quant_;
     append.num_tokens = rows;
     append.key = k_bits;
     append.value = v_bits;
@@ -396,6 +410,7 @@ void CudaBackend::forward(const ForwardBatch& batch, std::vector<float>& logits)
     if (batch.decode) {
       pagedkv::PagedDecodeParams attention;
       attention.dtype = dtype_;
+      attention.quant = quant_;
       attention.num_seqs = num_seqs;
       attention.num_q_heads = m.num_q_heads;
       attention.q = q_bits;
@@ -413,6 +428,7 @@ void CudaBackend::forward(const ForwardBatch& batch, std::vector<float>& logits)
     } else {
       pagedkv::PagedExtendParams attention;
       attention.dtype = dtype_;
+      attention.quant = quant_;
       attention.num_seqs = num_seqs;
       attention.num_q_heads = m.num_q_heads;
       attention.q_indptr = q_indptr;
@@ -471,11 +487,6 @@ std::unique_ptr<ForwardBackend> make_cuda_backend(const Model& model, const Engi
     throw NoCudaDevice(
         "--device cuda: no CUDA device is visible to this process (no NVIDIA driver, or no GPU); "
         "run it on a GPU machine, or use --device cpu");
-  }
-  if (pagedkv::is_fp8(config.kv_dtype)) {
-    throw std::invalid_argument("--device cuda: FP8 KV (--kv-dtype " +
-                                std::string(pagedkv::to_string(config.kv_dtype)) +
-                                ") runs on the CPU path only so far");
   }
   return std::make_unique<CudaBackend>(model, config);
 }

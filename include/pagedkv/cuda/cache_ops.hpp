@@ -10,6 +10,11 @@
 //                sorted by source id, then runs with consecutive source and destination ids are
 //                coalesced (pagedkv::coalesce_block_runs). Pairs live in host memory.
 //
+// FP8 (issue 36; params.quant.fp8() or an FP8 dtype): kv_append quantizes each (token, head) row
+// in one warp (kernels/fp8_cache_ops.cu) and writes the CPU reference's bytes, codes and scales;
+// copy_blocks copies 8-byte words of codes and each block's scales; swap_blocks moves whole
+// blocks (codes + scales, KVLayout::block_span bytes). head_dim up to 256 for FP8 kv_append.
+//
 // All calls enqueue on `stream` without allocating device memory or synchronizing, so they can
 // be captured in a CUDA graph (swap_blocks only with pinned host memory, as CUDA requires).
 // Errors: host-detectable argument problems throw pagedkv::Error before anything is enqueued

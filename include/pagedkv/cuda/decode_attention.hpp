@@ -10,6 +10,10 @@
 // (pagedkv/device/decode_plan.hpp) each CTA writes its chunk's output and log-sum-exp to the workspace
 // and a second kernel merges them; sequences that need one chunk are written directly.
 //
+// An FP8 cache (params.quant.fp8(); pagedkv/device/kv_quant.hpp) runs kernels/fp8_attention.cu
+// instead: one CTA per (sequence, KV head), codes decoded in registers, the row scales applied to
+// the fp32 dot product and softmax weight, fp32 accumulation; no split-KV (the plan is ignored).
+//
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data, so launches can be captured in a CUDA graph. The caller owns the
 // workspace (size from decode_workspace_bytes) and must not reuse it until the launch completes.

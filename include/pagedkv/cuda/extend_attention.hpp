@@ -17,6 +17,11 @@
 // No workspace: there is no split over keys, so a sequence with few new tokens and a long
 // prefix runs on few CTAs (decode attention covers the one-token case with split-KV).
 //
+// An FP8 cache (params.quant.fp8(); pagedkv/device/kv_quant.hpp) runs kernels/fp8_attention.cu
+// instead: one CTA per (new token, KV head) on CUDA cores, codes decoded in registers, the row
+// scales applied to the fp32 dot product and softmax weight, fp32 accumulation (correctness
+// first; a tensor-core FP8 path is future work).
+//
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data (max_q_len sizes the grid), so launches can be captured in a CUDA
 // graph.

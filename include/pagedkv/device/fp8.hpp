@@ -60,13 +60,9 @@
 // to 2^-23 above max_finite (the row's amax after the RZ scale); below it the step is constant.
 // tests/device/fp8_test.cpp checks the bound on random rows.
 //
-// Next steps (issue 36), deliberately not here yet: KVDtype gains fp8_e4m3 / fp8_e5m2 and
-// bytes_per_value 1 (device/kv_dtype.hpp); the pool layout places the per-(token, KV head) float32
-// scales beside each block's K and V planes and counts them in the block bytes
-// (device/kv_layout.hpp); kv_append quantizes with these functions, the CPU reference (reference/)
-// and the CUDA kernels (kernels/) read FP8 and dequantize in registers with fp32 accumulation;
-// copy_blocks, swap and the tier transfers move FP8 blocks and their scales byte-exact; the tiers'
-// value header carries the dtype and scale mode.
+// Users (issue 36): KVDtype kFp8E4M3 / kFp8E5M2 and KVScaleMode (device/kv_dtype.hpp), KVQuant
+// (device/kv_quant.hpp), the scales' place in the block (device/kv_layout.hpp), the CPU
+// references (reference/) and the CUDA kernels (kernels/fp8_*.cu); docs/fp8.md.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,42 @@
+// kernels/fp8_kernels.hpp: the FP8 KV kernels' host entry points (issue 36), internal to
+// pagedkv::cuda. The public functions (kv_append, copy_blocks, paged_decode_attention,
+// paged_extend_attention) validate their parameters and hand FP8 ones (quant.fp8() or an FP8
+// dtype) to these; the 16-bit kernels are untouched.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <span>
+
+#include "pagedkv/cuda/cache_ops.hpp"
+#include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
+
+namespace pagedkv::kernels {
+
+// Validated params (reference validate()) with params.quant.fp8().
+cudaError_t fp8_kv_append(const KVAppendParams& params, cudaStream_t stream);
+// Validated layout and pair count > 0, non-null 16-byte aligned planes, an FP8 dtype.
+cudaError_t fp8_copy_blocks(std::span<void* const> planes, const KVLayout& layout,
+                            const BlockPair* pairs, std::int64_t num_pairs, cudaStream_t stream);
+
+// Validated params (validate_cuda_decode / validate_cuda_extend) with params.quant.fp8():
+// head_dim 64, 128 or 256; 1-byte codes, 8-byte loads.
+cudaError_t fp8_paged_decode(const PagedDecodeParams& params, cudaStream_t stream);
+cudaError_t fp8_paged_extend(const PagedExtendParams& params, cudaStream_t stream);
+
+#if defined(__CUDACC__)
+// Device-side KVLayout addressing (KVLayout's constexpr members are host functions).
+__device__ __forceinline__ std::int64_t fp8_row_offset(const KVLayout& l, std::int64_t block,
+                                                       std::int64_t token, std::int64_t head) {
+  return block * l.stride_block + token * l.stride_token + head * l.stride_head;
+}
+__device__ __forceinline__ std::int64_t fp8_scale_offset(const KVLayout& l, std::int64_t block,
+                                                         std::int64_t token, std::int64_t head) {
+  return block * l.stride_block + l.scale_offset + (token * l.num_kv_heads + head) * 4;
+}
+#endif
+
+}  // namespace pagedkv::kernels
