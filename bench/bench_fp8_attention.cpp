@@ -282,11 +282,9 @@ bool run_checks() {
         bench::to_doubles(KVDtype::kBFloat16, download(deout, eq.size()));
     ok &= line(("fp8_extend_" + tag).c_str(),
                bench::max_row_error(egot, eref.out, static_cast<std::size_t>(p.dim)), 1e-2);
-    // copy_blocks: blocks 1, 2 onto the pool's last two... of a fresh pool copy.
-    const std::vector<pagedkv::BlockPair> pairs = {{p.table[0], p.table[1]}};
-    (void)pairs;
-    std::vector<pagedkv::BlockPair> copy = {{p.table[static_cast<std::size_t>(p.max_blocks)],
-                                             p.table[0]}};  // seq 1's first block onto seq 0's
+    // copy_blocks: sequence 1's first block onto sequence 0's first.
+    const std::vector<pagedkv::BlockPair> copy = {
+        {p.table[static_cast<std::size_t>(p.max_blocks)], p.table[0]}};
     pagedkv::BlockPair* dpairs = device_copy(copy);
     std::vector<void*> planes = {p.k, p.v};
     check(pagedkv::copy_blocks(planes, p.layout, quant.dtype, dpairs, 1, nullptr), "copy_blocks");
@@ -414,8 +412,6 @@ int main(int argc, char** argv) {
         p = make_problem(quant, lens_host, 32, 8, 128, false, 9);
       } else {
         // The same shapes with a bf16 cache (random values; the numbers do not matter here).
-        p = make_problem(quant, {16}, 32, 8, 128, false, 9);  // for the table shape only
-        free_problem(p);
         p.lens = lens_host;
         p.max_blocks = (len + p.block_size - 1) / p.block_size;
         const std::int64_t blocks = 1 + std::int64_t{seqs} * p.max_blocks;
