@@ -30,6 +30,16 @@ TableVector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
   if (config.block_size == 0) {
     throw Error(ErrorCode::kInvalidArgument, "BlockPool: block_size must be at least 1");
   }
+  if (!(config.max_retained_fraction >= 0.0 && config.max_retained_fraction <= 1.0)) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockPool: max_retained_fraction must be within 0..1, got " +
+                    std::to_string(config.max_retained_fraction));
+  }
+  if (static_cast<std::uint8_t>(config.eviction_policy) >= kNumEvictionPolicies) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockPool: unknown eviction policy " +
+                    std::to_string(static_cast<int>(config.eviction_policy)));
+  }
   TableVector<KVCacheBlock> blocks(static_cast<std::size_t>(config.num_blocks));
   for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].block_id = static_cast<BlockId>(i);
   blocks[kNullBlockId].is_null = true;
@@ -172,12 +182,13 @@ BlockPool::BlockPool(const BlockPoolConfig& config)
     }
   }
   // free_blocks() never allocates: a call queues each block at most once.
+  if (config_.eviction_policy != EvictionPolicy::kLru) ret_enable();
 }
 
 BlockPool::~BlockPool() = default;
 
 double BlockPool::usage() const noexcept {
-  return 1.0 - static_cast<double>(free_queue_.size()) / (config_.num_blocks - 1);
+  return 1.0 - static_cast<double>(num_free_blocks()) / (config_.num_blocks - 1);
 }
 
 void BlockPool::throw_out_of_range(BlockId id) const {
@@ -240,10 +251,18 @@ void BlockPool::throw_out_of_range(BlockId id) const {
   return tag;
 }
 
+// Out of line, for the retention paths (another translation unit).
+[[gnu::noinline]] void BlockPool::evict_cached_out(BlockId id) noexcept {
+  evict_cached(id);
+}
+
 bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   if (n < 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "BlockPool::get_new_blocks: negative block count " + std::to_string(n));
+  }
+  if (ret_ != nullptr) [[unlikely]] {
+    return ret_get_new_blocks(n, out);
   }
   if (n > free_queue_.size()) return false;
   if (n == 0) return true;  // a decode step that needs no new block
@@ -300,6 +319,10 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
 
 void BlockPool::touch(std::span<const BlockId> ids) {
   for (const BlockId id : ids) (void)block(id);  // validate every id first
+  if (ret_ != nullptr) [[unlikely]] {
+    ret_touch(ids);
+    return;
+  }
   for (const BlockId id : ids) {
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
@@ -314,6 +337,10 @@ void BlockPool::touch(std::span<const BlockId> ids) {
 // in the given order. No scratch memory.
 template <bool kReverse, bool kMarked>
 [[gnu::always_inline]] inline void BlockPool::release_in(std::span<const BlockId> given) noexcept {
+  if (ret_ != nullptr) [[unlikely]] {
+    ret_release(given, kReverse, kMarked);
+    return;
+  }
   const std::size_t count = given.size();
   const auto ordered = [given, count](std::size_t k) {
     return given[kReverse ? count - 1 - k : k];
@@ -987,6 +1014,7 @@ std::size_t BlockPool::evict_blocks(std::span<const BlockId> ids) {
   for (const BlockId id : ids) {
     if (blocks_[static_cast<std::size_t>(id)].is_cached()) {
       evict_cached(id);
+      if (ret_ != nullptr) ret_after_evict(id);
       ++evicted;
     }
   }
@@ -995,7 +1023,7 @@ std::size_t BlockPool::evict_blocks(std::span<const BlockId> ids) {
 }
 
 bool BlockPool::reset_prefix_cache() {
-  if (free_queue_.size() != config_.num_blocks - 1) return false;
+  if (num_free_blocks() != config_.num_blocks - 1) return false;
   reserve_events(0, 1);
   for (KVCacheBlock& b : blocks_) {
     b.block_hash = BlockHash();
@@ -1018,6 +1046,7 @@ bool BlockPool::reset_prefix_cache() {
     contents_->clear();
     extra_keys_->clear();
   }
+  if (ret_ != nullptr) ret_reset();
   if (config_.enable_kv_events) record(AllBlocksCleared{});
   deliver_events();
   return true;

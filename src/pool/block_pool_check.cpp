@@ -86,6 +86,11 @@ void BlockPool::check_invariants() const {
   }
   if (prev != free_queue_.back()) fail("the free queue's tail is not its last block");
   if (count != free_queue_.size()) fail("the free queue's size does not match its length");
+  if (ret_ != nullptr) {
+    ret_check(seen);  // the retention lists, marking their blocks as queued
+  } else if (ret_free_ != 0) {
+    fail("free blocks counted in retention lists that do not exist");
+  }
   std::int32_t in_use = 0;
   std::size_t cached = 0;
   for (const KVCacheBlock& b : blocks_) {
@@ -127,7 +132,8 @@ void BlockPool::check_invariants() const {
     }
     if (!verifying() && b.content_id != 0) fail(id_text(b.block_id) + " has a content id");
   }
-  if (count + in_use + 1 != config_.num_blocks) fail("free + in use + null != total blocks");
+  if (count + ret_free_ + in_use + 1 != config_.num_blocks)
+    fail("free + in use + null != total blocks");
   if (hash_map_.size() != cached) fail("hash map size differs from the number of hashed blocks");
   for (const BlockId id : hash_map_.slot_ids()) {
     if (id != BlockHashMap::kEmpty && !blocks_[id].is_cached()) {
@@ -379,6 +385,7 @@ BlockPoolSnapshot BlockPool::snapshot() const {
   s.next_event_seq = next_event_seq_;
   s.pending_events = events_.size();
   s.num_evictions = num_evictions_;
+  if (ret_ != nullptr) ret_snapshot(s);
   return s;
 }
 
@@ -395,7 +402,8 @@ double BlockPool::metadata_bytes_per_block() const noexcept {
       (contents_ ? contents_->words.size() * sizeof(std::uint32_t) +
                        contents_->slots.size() * sizeof(ContentTable::Slot) +
                        contents_->free_ids.capacity() * sizeof(std::uint32_t)
-                 : 0));
+                 : 0) +
+      ret_memory_bytes());
   return bytes / static_cast<double>(blocks_.size());
 }
 

@@ -72,9 +72,11 @@
 
 #include "pagedkv/hash/block_sequence.hpp"
 #include "pagedkv/pool/block_hash_map.hpp"
+#include "pagedkv/pool/eviction_policy.hpp"
 #include "pagedkv/pool/free_block_queue.hpp"
 #include "pagedkv/pool/kv_cache_block.hpp"
 #include "pagedkv/pool/kv_events.hpp"
+#include "pagedkv/pool/retention.hpp"
 #include "pagedkv/pool/table_allocator.hpp"
 
 namespace pagedkv {
@@ -102,6 +104,20 @@ struct BlockPoolConfig {
   // match_cached_run_after past block 0) throw kInvalidState: sliding-window managers keep
   // content ids.
   bool guard_chain_hashes = false;
+  // Which free cached block is evicted first within one retention priority
+  // (eviction_policy.hpp). kLru keeps the pool's historical code path and order exactly.
+  EvictionPolicy eviction_policy = EvictionPolicy::kLru;
+  // Pin budget: the share of usable blocks (num_blocks - 1) that may be above the default
+  // retention priority at once, 0..1 (rounded down to whole blocks). Past it, set_retention()
+  // leaves a block at the default and counts a budget refusal. 0.5: retention can never take
+  // more than half the pool from default traffic, and half a pool is far above any shared
+  // prefix an engine pins (a 10,800-token system prompt is 2% of a 32,001-block pool).
+  double max_retained_fraction = 0.5;
+  // The monotonic tick that retention durations are measured on (retention.hpp); called by the
+  // pool only inside set_retention(), retention(), and (while some block's priority has a
+  // duration) touch(), get_new_blocks() and the frees. Empty: durations are refused
+  // (set_retention() with a duration throws). Must not throw.
+  RetentionClock retention_clock;
 };
 
 // Everything observable about a pool's state, for tests: equal snapshots mean equal pools.
@@ -125,6 +141,13 @@ struct BlockPoolSnapshot {
   std::uint64_t next_event_seq = 0;
   std::size_t pending_events = 0;
   std::uint64_t num_evictions = 0;
+  // Pools that keep retention state (a non-LRU policy, or an LRU pool after a non-default
+  // set_retention()); empty otherwise. Per block its retention and the policy's hit count; the
+  // free blocks' lists (uncached first, then per priority and segment), each head first.
+  std::vector<BlockRetention> retention;
+  std::vector<std::uint8_t> policy_hits;
+  std::vector<std::vector<BlockId>> eviction_lists;
+  RetentionStats retention_stats;
 
   bool operator==(const BlockPoolSnapshot&) const = default;
 };
@@ -141,7 +164,7 @@ class BlockPool {
   const BlockPoolConfig& config() const noexcept { return config_; }
   std::int32_t num_blocks() const noexcept { return config_.num_blocks; }
   std::uint32_t block_size() const noexcept { return config_.block_size; }
-  std::int32_t num_free_blocks() const noexcept { return free_queue_.size(); }
+  std::int32_t num_free_blocks() const noexcept { return free_queue_.size() + ret_free_; }
   // 1 - free / (num_blocks - 1): the share of usable blocks that are in use.
   double usage() const noexcept;
   // Cached blocks evicted so far (reallocated while hashed, or evict_blocks()).
@@ -156,6 +179,8 @@ class BlockPool {
     return blocks_[static_cast<std::size_t>(id)];
   }
   const KVCacheBlock& null_block() const noexcept { return blocks_[kNullBlockId]; }
+  // The LRU free queue. Empty once the pool keeps retention state (retention_active()): the
+  // free blocks then live in the retention lists (snapshot().eviction_lists).
   const FreeBlockQueue& free_queue() const noexcept { return free_queue_; }
 
   // Pops n blocks from the free queue's head (evicting cached ones), sets ref = 1 and appends
@@ -181,6 +206,10 @@ class BlockPool {
       throw_double_free(id);
     }
     if (--b.ref_cnt == 0) {
+      if (ret_ != nullptr) [[unlikely]] {
+        ret_release_one(id);
+        return;
+      }
       if (b.is_cached()) {
         free_queue_.append(id);
       } else {
@@ -195,6 +224,10 @@ class BlockPool {
   void requeue(BlockId id) {
     const KVCacheBlock& b = block(id);
     if (b.is_null || b.ref_cnt != 0) return;  // touch + free leave a held block as it was
+    if (ret_ != nullptr) [[unlikely]] {
+      ret_requeue(id);
+      return;
+    }
     if (b.is_cached()) {
       if (free_queue_.back() == id) return;  // already the most recently used
       free_queue_.remove(id);
@@ -365,6 +398,33 @@ class BlockPool {
     return &block_tokens_[static_cast<std::size_t>(id) * config_.block_size];
   }
 
+  // ---- Retention priorities (retention.hpp, docs/retention.md) ----
+  // Asks for `priority` on blocks `ids` (the null block is skipped), optionally for `duration`
+  // ticks of config().retention_clock after which the block falls back to the default priority
+  // unless hit; each hit (touch(), requeue()) renews it to hit tick + duration. A block's
+  // priority is the highest non-default priority asked for it (the default if none): an ask for
+  // a lower priority than the block holds changes nothing, an equal one extends the expiry to
+  // the later of the two, an ask for the default priority changes nothing. Raising a block above
+  // the default takes one block of the pin budget (config().max_retained_fraction); with the
+  // budget full the block stays where it was and budget_refusals counts it. A block's retention
+  // ends (back to the default, budget returned) when its priority expires, when its cached
+  // content is evicted, when it reaches ref 0 uncached, or when get_new_blocks() hands it out.
+  // A free block whose priority changes moves to its new priority's most recently used end.
+  // The first ask for a non-default priority in an LRU pool makes it keep retention state: one
+  // O(free blocks) move of the free queue into the retention lists, in the same order, and
+  // 24 bytes per block more (it may throw bad_alloc then, changing nothing).
+  // Errors (nothing changes): an id out of range, priority > kMaxRetentionPriority, a duration
+  // <= 0, a duration without a retention_clock.
+  // Complexity: O(ids.size()), plus that one move.
+  void set_retention(std::span<const BlockId> ids, RetentionPriority priority,
+                     RetentionTick duration = kNoExpiry);
+  // Block id's retention now (an expired priority reads as the default). Errors: out of range.
+  BlockRetention retention(BlockId id) const;
+  // Per-class counters (retention.hpp). O(1).
+  RetentionStats retention_stats() const;
+  // Whether the pool keeps retention state (a non-LRU policy, or retention asked for).
+  bool retention_active() const noexcept { return ret_ != nullptr; }
+
   // Forgets every cached hash when no block but the null block is in use; returns false (and
   // does nothing) otherwise. Emits AllBlocksCleared on success.
   bool reset_prefix_cache();
@@ -386,6 +446,7 @@ class BlockPool {
   struct ExtraKeyTable;  // interned extra-key encodings, reference counted (src/pool/*internal.hpp)
   struct ContentTable;   // hash-consed prefix content ids, reference counted (same file)
   struct OrphanTable;    // guarded chain hashes: records of evicted parents (same file)
+  struct Retention;      // retention priorities and policy lists (src/pool/block_pool_retention.cpp)
 
   // Guarded chain hashes, per block. A cached block is a record of its prefix; `link` names the
   // record of its parent prefix as it was when the block was cached: kRootLink (block 0), or a
@@ -497,6 +558,22 @@ class BlockPool {
   template <bool kChecked, bool kGuarded>
   void commit_store_in(PendingStore&& store, std::span<const BlockId> blocks);
   friend class KVCacheManager;
+  // Retention state paths (src/pool/block_pool_retention.cpp), taken when ret_ is set; the LRU
+  // pool's paths test ret_ once per call and never enter them.
+  void ret_enable();  // allocates and moves the LRU queue in; may throw, then changes nothing
+  void ret_release_one(BlockId id) noexcept;  // a block reached ref 0
+  void ret_requeue(BlockId id) noexcept;
+  void ret_touch(std::span<const BlockId> ids) noexcept;  // ids validated
+  // release_in() with retention state: the same two passes and order.
+  void ret_release(std::span<const BlockId> given, bool reverse, bool marked) noexcept;
+  bool ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out);
+  void ret_after_evict(BlockId id) noexcept;  // evict_blocks() evicted block id
+  void ret_reset() noexcept;                  // reset_prefix_cache() cleared every hash
+  void ret_check(std::vector<char>& seen) const;
+  void ret_snapshot(BlockPoolSnapshot& s) const;
+  std::size_t ret_memory_bytes() const noexcept;
+  // evict_cached(id) out of line, for the retention paths.
+  void evict_cached_out(BlockId id) noexcept;
   void record(KVEvent::Data&& data) noexcept;
   void record_removed(const BlockHash& hash, GroupId group) noexcept;
   void deliver_events() noexcept;
@@ -507,6 +584,11 @@ class BlockPool {
   BlockHashMap hash_map_;
   std::uint64_t num_evictions_ = 0;
   EvictionObserver* observer_ = nullptr;
+  struct RetentionDeleter {
+    void operator()(Retention* r) const noexcept;
+  };
+  std::unique_ptr<Retention, RetentionDeleter> ret_;  // null: the LRU queue alone
+  std::int32_t ret_free_ = 0;       // free blocks in ret_'s lists (0 without it)
 
   // Stored key material (only with verify_cache_hits). Own identities: each cached block names
   // its content id (KVCacheBlock::content_id); the table holds the material. Chain-hash

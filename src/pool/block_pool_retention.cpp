@@ -1,0 +1,643 @@
+// BlockPool: retention priorities, the pin budget and the non-LRU eviction policies.
+//
+// A pool keeps this state (ret_) when its policy is not LRU, or once an LRU pool is asked for a
+// non-default retention priority. Its free blocks then live in lists of their own instead of the
+// LRU queue: list 0 holds the free uncached blocks (handed out first, as at the LRU queue's
+// head), and each priority level has kSegs lists (segments) of free cached blocks whose use
+// depends on the policy (eviction_policy.hpp): LRU uses segment 0 alone; SLRU: 0 probation,
+// 1 protected; S3-FIFO: 0 small, 1 main. Eviction takes list 0's head, else a victim of the
+// lowest level with a free cached block (a bitmap of non-empty levels: O(1)). Links live in an
+// array by block id (as the LRU queue's), so every list operation is O(1) and allocation free.
+// Compiled on its own (not in the pool's unity group), so the LRU paths' code is unchanged by it:
+// they reach these functions through one test of ret_ per call.
+
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "block_pool_internal.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+
+namespace pagedkv {
+
+struct BlockPool::Retention {
+  static constexpr int kSegs = 2;
+  static constexpr int kLevels = kMaxRetentionPriority + 1;
+  static constexpr int kNumLists = 1 + kLevels * kSegs;
+  static constexpr std::uint8_t kUncached = 0;
+  static constexpr std::uint8_t kNone = 0xff;  // not in a list (held, or the null block)
+  static constexpr std::uint8_t kMaxHits = 3;
+  static_assert(kNumLists < kNone);
+
+  struct Link {
+    BlockId prev = kNotQueued;
+    BlockId next = kNotQueued;
+  };
+  struct List {
+    BlockId head = kQueueEnd;
+    BlockId tail = kQueueEnd;
+    std::int32_t size = 0;
+  };
+  struct Meta {
+    std::uint8_t list = kNone;
+    RetentionPriority prio = kDefaultRetentionPriority;
+    std::uint8_t hits = 0;  // hits since cached, capped at kMaxHits (S3-FIFO: spent on moves)
+  };
+
+  static constexpr std::uint8_t list_of(int level, int seg) noexcept {
+    return static_cast<std::uint8_t>(1 + level * kSegs + seg);
+  }
+  static constexpr int level_of_list(std::uint8_t l) noexcept { return (l - 1) / kSegs; }
+
+  EvictionPolicy policy = EvictionPolicy::kLru;
+  TableVector<Link> links;
+  TableVector<Meta> meta;
+  TableVector<RetentionTick> duration;  // kNoExpiry unless timed
+  TableVector<RetentionTick> expires;   // kNoExpiry unless timed
+  std::array<List, kNumLists> lists{};
+  std::array<std::int32_t, kLevels> level_size{};  // free cached blocks per level
+  std::array<std::uint64_t, 2> nonempty{};         // bit per level with level_size > 0
+  std::int32_t free_count = 0;                     // blocks in all lists
+  RetentionStats stats;
+  std::int64_t timed = 0;                 // blocks whose priority has an expiry
+  RetentionTick next_expiry = kNoExpiry;  // <= every free timed block's expiry
+
+  explicit Retention(std::size_t n)
+      : links(n), meta(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {}
+
+  void add_level(std::uint8_t l) noexcept {
+    if (l == kUncached) return;
+    const int lv = level_of_list(l);
+    if (level_size[lv]++ == 0) nonempty[lv >> 6] |= std::uint64_t{1} << (lv & 63);
+  }
+  void drop_level(std::uint8_t l) noexcept {
+    if (l == kUncached) return;
+    const int lv = level_of_list(l);
+    if (--level_size[lv] == 0) nonempty[lv >> 6] &= ~(std::uint64_t{1} << (lv & 63));
+  }
+  void push_back(std::uint8_t l, BlockId id) noexcept {
+    List& q = lists[l];
+    Link& k = links[id];
+    assert(meta[id].list == kNone);
+    k.prev = q.tail;
+    k.next = kQueueEnd;
+    if (q.tail == kQueueEnd) {
+      q.head = id;
+    } else {
+      links[q.tail].next = id;
+    }
+    q.tail = id;
+    ++q.size;
+    meta[id].list = l;
+    add_level(l);
+    ++free_count;
+  }
+  void push_front(std::uint8_t l, BlockId id) noexcept {
+    List& q = lists[l];
+    Link& k = links[id];
+    assert(meta[id].list == kNone);
+    k.prev = kQueueEnd;
+    k.next = q.head;
+    if (q.head == kQueueEnd) {
+      q.tail = id;
+    } else {
+      links[q.head].prev = id;
+    }
+    q.head = id;
+    ++q.size;
+    meta[id].list = l;
+    add_level(l);
+    ++free_count;
+  }
+  void remove(BlockId id) noexcept {
+    const std::uint8_t l = meta[id].list;
+    assert(l != kNone);
+    List& q = lists[l];
+    Link& k = links[id];
+    if (k.prev == kQueueEnd) {
+      q.head = k.next;
+    } else {
+      links[k.prev].next = k.next;
+    }
+    if (k.next == kQueueEnd) {
+      q.tail = k.prev;
+    } else {
+      links[k.next].prev = k.prev;
+    }
+    k.prev = kNotQueued;
+    k.next = kNotQueued;
+    --q.size;
+    meta[id].list = kNone;
+    drop_level(l);
+    --free_count;
+  }
+  BlockId pop_front(std::uint8_t l) noexcept {
+    const BlockId id = lists[l].head;
+    remove(id);
+    return id;
+  }
+  // Moves the head of list `from` to the tail of list `to` (same level: counts unchanged).
+  void move_head(std::uint8_t from, std::uint8_t to) noexcept { push_back(to, pop_front(from)); }
+
+  // Queues a free cached block at its priority's level, per the policy.
+  void enqueue_cached(BlockId id) noexcept {
+    const Meta& m = meta[id];
+    const int lv = m.prio;
+    switch (policy) {
+      case EvictionPolicy::kLru:
+        push_back(list_of(lv, 0), id);
+        break;
+      case EvictionPolicy::kSlru: {
+        if (m.hits == 0) {
+          push_back(list_of(lv, 0), id);
+          break;
+        }
+        const std::uint8_t prot = list_of(lv, 1);
+        push_back(prot, id);
+        // Protected holds at most 80% of the level; its oldest go back to probation's tail.
+        while (std::int64_t{lists[prot].size} * 5 > std::int64_t{level_size[lv]} * 4) {
+          move_head(prot, list_of(lv, 0));
+        }
+        break;
+      }
+      case EvictionPolicy::kS3Fifo:
+        push_back(list_of(lv, m.hits == 0 ? 0 : 1), id);
+        break;
+    }
+  }
+
+  // Removes and returns the block to evict from level lv (level_size[lv] > 0).
+  BlockId victim_at(int lv) noexcept {
+    const std::uint8_t s0 = list_of(lv, 0), s1 = list_of(lv, 1);
+    switch (policy) {
+      case EvictionPolicy::kLru:
+        return pop_front(s0);
+      case EvictionPolicy::kSlru:
+        return pop_front(lists[s0].size > 0 ? s0 : s1);
+      case EvictionPolicy::kS3Fifo:
+        for (;;) {
+          if (lists[s1].size == 0 ||
+              (lists[s0].size > 0 && std::int64_t{lists[s0].size} * 10 >= level_size[lv])) {
+            return pop_front(s0);
+          }
+          const BlockId id = lists[s1].head;
+          if (meta[id].hits == 0) return pop_front(s1);
+          --meta[id].hits;  // one more round in main per hit
+          move_head(s1, s1);
+        }
+    }
+    return pop_front(s0);
+  }
+
+  int lowest_level() const noexcept {
+    if (nonempty[0] != 0) return std::countr_zero(nonempty[0]);
+    return 64 + std::countr_zero(nonempty[1]);
+  }
+
+  // Removes and returns the next block get_new_blocks() hands out. Precondition: free_count > 0.
+  BlockId pop_victim() noexcept {
+    if (lists[kUncached].size > 0) return pop_front(kUncached);
+    return victim_at(lowest_level());
+  }
+
+  // Sets block id's priority and expiry (counts per class, the budget's count, timed blocks).
+  // The block must not be in a level list (the caller requeues it).
+  void set(BlockId id, RetentionPriority p, RetentionTick dur, RetentionTick exp) noexcept {
+    Meta& m = meta[id];
+    assert(m.list == kNone || m.list == kUncached);
+    const RetentionPriority old = m.prio;
+    if (old != p) {
+      --stats.by_class[static_cast<std::size_t>(retention_class(old))].blocks;
+      ++stats.by_class[static_cast<std::size_t>(retention_class(p))].blocks;
+      stats.retained_blocks +=
+          (p > kDefaultRetentionPriority ? 1 : 0) - (old > kDefaultRetentionPriority ? 1 : 0);
+      m.prio = p;
+    }
+    timed += (exp != kNoExpiry ? 1 : 0) - (expires[id] != kNoExpiry ? 1 : 0);
+    duration[id] = dur;
+    expires[id] = exp;
+  }
+  void reset(BlockId id) noexcept {
+    set(id, kDefaultRetentionPriority, kNoExpiry, kNoExpiry);
+    meta[id].hits = 0;
+  }
+  bool expired(BlockId id, RetentionTick now) const noexcept {
+    return expires[id] != kNoExpiry && now >= expires[id];
+  }
+  void expire(BlockId id) noexcept {
+    ++stats.expirations;
+    set(id, kDefaultRetentionPriority, kNoExpiry, kNoExpiry);
+  }
+  void note_expiry(BlockId id) noexcept { next_expiry = std::min(next_expiry, expires[id]); }
+
+  // Queues a block that reached ref 0 while cached: an expired priority falls back first.
+  void queue_cached(BlockId id, RetentionTick now) noexcept {
+    if (expires[id] != kNoExpiry) {
+      if (expired(id, now)) {
+        expire(id);
+      } else {
+        note_expiry(id);
+      }
+    }
+    enqueue_cached(id);
+  }
+
+  // A hit on cached block id (held or free; if free the caller has removed it from its list).
+  void hit(BlockId id, RetentionTick now) noexcept {
+    Meta& m = meta[id];
+    ++stats.by_class[static_cast<std::size_t>(retention_class(m.prio))].hits;
+    if (m.hits < kMaxHits) ++m.hits;
+    if (expires[id] != kNoExpiry) {
+      if (expired(id, now)) {
+        expire(id);
+      } else {
+        const RetentionTick d = duration[id];
+        expires[id] = now > kNoExpiry - d ? kNoExpiry - 1 : now + d;
+      }
+    }
+  }
+
+  // Moves every free block whose priority ran out to the head of the default level (it went a
+  // whole duration without a hit: first among the default blocks), and recomputes next_expiry.
+  void sweep(RetentionTick now) noexcept {
+    RetentionTick next = kNoExpiry;
+    for (int lv = 0; lv < kLevels; ++lv) {
+      if (lv == kDefaultRetentionPriority || level_size[lv] == 0) continue;
+      for (int s = 0; s < kSegs; ++s) {
+        BlockId id = lists[list_of(lv, s)].head;
+        while (id != kQueueEnd) {
+          const BlockId nx = links[id].next;
+          if (expires[id] != kNoExpiry) {
+            if (expired(id, now)) {
+              remove(id);
+              expire(id);
+              push_front(list_of(kDefaultRetentionPriority, 0), id);
+            } else {
+              next = std::min(next, expires[id]);
+            }
+          }
+          id = nx;
+        }
+      }
+    }
+    next_expiry = next;
+  }
+};
+
+void BlockPool::RetentionDeleter::operator()(Retention* r) const noexcept {
+  delete r;
+}
+
+namespace {
+RetentionTick read_clock(const RetentionClock& clock) {
+  return clock ? clock() : 0;
+}
+}  // namespace
+
+void BlockPool::ret_enable() {
+  if (ret_ != nullptr) return;
+  auto r = std::unique_ptr<Retention, RetentionDeleter>(new Retention(blocks_.size()));
+  r->policy = config_.eviction_policy;
+  const std::int64_t usable = config_.num_blocks - 1;
+  r->stats.by_class[static_cast<std::size_t>(RetentionClass::kDefault)].blocks = usable;
+  r->stats.by_class[static_cast<std::size_t>(RetentionClass::kDefault)].evictions = num_evictions_;
+  r->stats.retained_budget = static_cast<std::int64_t>(
+      std::floor(config_.max_retained_fraction * static_cast<double>(usable)));
+  // Nothing below throws: move the LRU queue in, in its order (uncached blocks to list 0).
+  while (!free_queue_.empty()) {
+    const BlockId id = free_queue_.popleft();
+    if (blocks_[static_cast<std::size_t>(id)].is_cached()) {
+      r->enqueue_cached(id);
+    } else {
+      r->push_back(Retention::kUncached, id);
+    }
+  }
+  ret_ = std::move(r);
+  ret_free_ = ret_->free_count;
+}
+
+void BlockPool::ret_release_one(BlockId id) noexcept {
+  Retention& r = *ret_;
+  if (blocks_[static_cast<std::size_t>(id)].is_cached()) {
+    r.queue_cached(id, r.timed > 0 ? read_clock(config_.retention_clock) : 0);
+  } else {
+    r.reset(id);
+    r.push_front(Retention::kUncached, id);
+  }
+  ret_free_ = r.free_count;
+}
+
+void BlockPool::ret_requeue(BlockId id) noexcept {
+  Retention& r = *ret_;
+  r.remove(id);
+  if (blocks_[static_cast<std::size_t>(id)].is_cached()) {
+    const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
+    r.hit(id, now);
+    r.queue_cached(id, now);
+  } else {
+    r.push_front(Retention::kUncached, id);
+  }
+  ret_free_ = r.free_count;
+}
+
+void BlockPool::ret_touch(std::span<const BlockId> ids) noexcept {
+  Retention& r = *ret_;
+  const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
+  for (const BlockId id : ids) {
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_null) continue;
+    if (b.ref_cnt == 0) r.remove(id);
+    if (b.is_cached()) r.hit(id, now);
+    ++b.ref_cnt;
+  }
+  ret_free_ = r.free_count;
+}
+
+void BlockPool::ret_release(std::span<const BlockId> given, bool reverse, bool marked) noexcept {
+  Retention& r = *ret_;
+  const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
+  const std::size_t count = given.size();
+  const auto ordered = [&](std::size_t k) { return given[reverse ? count - 1 - k : k]; };
+  std::size_t first_unhashed = count, end_unhashed = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const BlockId id = ordered(k);
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_null) continue;
+    b.ref_cnt = marked ? -b.ref_cnt - 1 : b.ref_cnt - 1;
+    if (b.ref_cnt == 0) {
+      if (b.is_cached()) {
+        r.queue_cached(id, now);
+      } else {
+        first_unhashed = std::min(first_unhashed, k);
+        end_unhashed = k + 1;
+      }
+    }
+  }
+  for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
+    const BlockId id = ordered(k);
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (!b.is_null && b.ref_cnt == 0 && !b.is_cached()) {
+      r.reset(id);
+      r.push_front(Retention::kUncached, id);
+    }
+  }
+  ret_free_ = r.free_count;
+}
+
+bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
+  Retention& r = *ret_;
+  if (n > r.free_count) return false;
+  if (n == 0) return true;
+  // Everything that may throw, before any change (the clock must not).
+  out.reserve(out.size() + static_cast<std::size_t>(n));
+  if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
+  if (guarded_) orphans_->reserve(static_cast<std::size_t>(n));
+  if (r.timed > 0) {
+    const RetentionTick now = read_clock(config_.retention_clock);
+    if (now >= r.next_expiry) r.sweep(now);
+  }
+  for (std::int32_t i = 0; i < n; ++i) {
+    const BlockId id = r.pop_victim();
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_cached()) {
+      const RetentionPriority p = r.meta[id].prio;
+      ++r.stats.by_class[static_cast<std::size_t>(retention_class(p))].evictions;
+      if (p > kDefaultRetentionPriority) ++r.stats.forced_evictions;
+      evict_cached_out(id);
+    }
+    r.reset(id);
+    b.ref_cnt = 1;
+    out.push_back(id);  // reserved above: cannot throw
+  }
+  ret_free_ = r.free_count;
+  if (!events_.empty()) deliver_events();
+  return true;
+}
+
+void BlockPool::ret_after_evict(BlockId id) noexcept {
+  Retention& r = *ret_;
+  ++r.stats.by_class[static_cast<std::size_t>(retention_class(r.meta[id].prio))].evictions;
+  const bool queued = r.meta[id].list != Retention::kNone;
+  if (queued) r.remove(id);
+  r.reset(id);
+  if (queued) r.push_front(Retention::kUncached, id);
+  ret_free_ = r.free_count;
+}
+
+void BlockPool::ret_reset() noexcept {
+  Retention& r = *ret_;
+  // Every block is free and now uncached: splice the lists, in eviction order, into list 0.
+  Retention::List& u = r.lists[Retention::kUncached];
+  for (int l = 1; l < Retention::kNumLists; ++l) {
+    Retention::List& q = r.lists[static_cast<std::size_t>(l)];
+    if (q.size == 0) continue;
+    if (u.tail == kQueueEnd) {
+      u.head = q.head;
+    } else {
+      r.links[u.tail].next = q.head;
+      r.links[q.head].prev = u.tail;
+    }
+    u.tail = q.tail;
+    u.size += q.size;
+    q = Retention::List{};
+  }
+  r.level_size.fill(0);
+  r.nonempty.fill(0);
+  for (BlockId id = u.head; id != kQueueEnd; id = r.links[id].next) {
+    r.meta[id].list = Retention::kUncached;
+    r.reset(id);
+  }
+  r.next_expiry = kNoExpiry;
+  ret_free_ = r.free_count;
+}
+
+void BlockPool::set_retention(std::span<const BlockId> ids, RetentionPriority priority,
+                              RetentionTick duration) {
+  for (const BlockId id : ids) (void)block(id);  // throws kOutOfRange
+  if (priority > kMaxRetentionPriority) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockPool::set_retention: priority " + std::to_string(priority) +
+                    " is above the maximum " + std::to_string(kMaxRetentionPriority));
+  }
+  if (duration <= 0) {
+    throw Error(ErrorCode::kInvalidArgument, "BlockPool::set_retention: duration " +
+                                                 std::to_string(duration) + " must be positive");
+  }
+  if (duration != kNoExpiry && !config_.retention_clock) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockPool::set_retention: a duration needs BlockPoolConfig::retention_clock");
+  }
+  if (priority == kDefaultRetentionPriority) return;  // changes nothing (see the header)
+  ret_enable();  // may throw bad_alloc; nothing has changed yet
+  Retention& r = *ret_;
+  const RetentionTick now =
+      duration != kNoExpiry || r.timed > 0 ? read_clock(config_.retention_clock) : 0;
+  const RetentionTick exp = duration == kNoExpiry        ? kNoExpiry
+                            : now > kNoExpiry - duration ? kNoExpiry - 1
+                                                         : now + duration;
+  for (const BlockId id : ids) {
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_null) continue;
+    const std::uint8_t list = r.meta[id].list;
+    if (list == Retention::kUncached) continue;  // free and uncached: nothing to keep
+    const bool free = list != Retention::kNone;
+    RetentionPriority cur = r.meta[id].prio;
+    const bool lapsed = r.expired(id, now);
+    if (lapsed) cur = kDefaultRetentionPriority;
+    RetentionPriority p = cur;
+    RetentionTick d = lapsed ? kNoExpiry : r.duration[id];
+    RetentionTick e = lapsed ? kNoExpiry : r.expires[id];
+    if (cur == kDefaultRetentionPriority || priority > cur) {
+      if (priority > kDefaultRetentionPriority && cur <= kDefaultRetentionPriority &&
+          r.stats.retained_blocks - (r.meta[id].prio > kDefaultRetentionPriority ? 1 : 0) >=
+              r.stats.retained_budget) {
+        ++r.stats.budget_refusals;
+      } else {
+        p = priority;
+        d = duration;
+        e = exp;
+      }
+    } else if (priority == cur && e != kNoExpiry) {
+      d = std::max(d, duration);
+      e = std::max(e, exp);
+    }
+    if (!lapsed && p == cur && d == r.duration[id] && e == r.expires[id]) continue;
+    if (free) r.remove(id);
+    if (lapsed) r.expire(id);
+    r.set(id, p, d, e);
+    if (free) r.queue_cached(id, now);
+  }
+  ret_free_ = r.free_count;
+}
+
+BlockRetention BlockPool::retention(BlockId id) const {
+  (void)block(id);
+  if (ret_ == nullptr) return BlockRetention{};
+  const Retention& r = *ret_;
+  if (r.expires[id] != kNoExpiry && read_clock(config_.retention_clock) >= r.expires[id]) {
+    return BlockRetention{};
+  }
+  return BlockRetention{r.meta[id].prio, r.duration[id], r.expires[id]};
+}
+
+RetentionStats BlockPool::retention_stats() const {
+  if (ret_ != nullptr) return ret_->stats;
+  RetentionStats s;
+  const std::int64_t usable = config_.num_blocks - 1;
+  s.by_class[static_cast<std::size_t>(RetentionClass::kDefault)].blocks = usable;
+  s.by_class[static_cast<std::size_t>(RetentionClass::kDefault)].evictions = num_evictions_;
+  s.retained_budget = static_cast<std::int64_t>(
+      std::floor(config_.max_retained_fraction * static_cast<double>(usable)));
+  return s;
+}
+
+void BlockPool::ret_check(std::vector<char>& seen) const {
+  const auto fail = [](const std::string& what) {
+    throw Error(ErrorCode::kInvalidState, "BlockPool invariant broken (retention): " + what);
+  };
+  const Retention& r = *ret_;
+  if (!free_queue_.empty()) fail("the LRU queue is not empty while the retention lists are used");
+  if (ret_free_ != r.free_count) fail("the pool's free count differs from the lists'");
+  std::int32_t total = 0;
+  std::array<std::int32_t, Retention::kLevels> level{};
+  for (int l = 0; l < Retention::kNumLists; ++l) {
+    const Retention::List& q = r.lists[static_cast<std::size_t>(l)];
+    BlockId prev = kQueueEnd;
+    std::int32_t n = 0;
+    for (BlockId id = q.head; id != kQueueEnd; id = r.links[id].next) {
+      if (id <= 0 || id >= config_.num_blocks) fail("a list link is out of range");
+      if (seen[id]) fail(id_text(id) + " is in a list twice (or a list has a cycle)");
+      seen[id] = 1;
+      if (r.links[id].prev != prev) fail(id_text(id) + " has a wrong prev link");
+      if (r.meta[id].list != l) fail(id_text(id) + " names another list than its own");
+      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+      if (b.ref_cnt != 0) fail(id_text(id) + " is listed with ref count > 0");
+      if ((l == Retention::kUncached) == b.is_cached()) {
+        fail(id_text(id) + ": in list 0 iff uncached does not hold");
+      }
+      if (l != Retention::kUncached) {
+        const int lv = Retention::level_of_list(static_cast<std::uint8_t>(l));
+        if (lv != r.meta[id].prio) fail(id_text(id) + " is listed at another priority");
+        if (config_.eviction_policy == EvictionPolicy::kLru && (l - 1) % Retention::kSegs != 0) {
+          fail(id_text(id) + " is in a second segment under LRU");
+        }
+        ++level[static_cast<std::size_t>(lv)];
+        if (r.expires[id] != kNoExpiry && r.expires[id] < r.next_expiry) {
+          fail(id_text(id) + " expires before the recorded next expiry");
+        }
+      } else if (r.meta[id].prio != kDefaultRetentionPriority || r.expires[id] != kNoExpiry) {
+        fail(id_text(id) + " is free and uncached but keeps a retention");
+      }
+      prev = id;
+      ++n;
+    }
+    if (prev != q.tail) fail("a list's tail is not its last block");
+    if (n != q.size) fail("a list's size does not match its length");
+    total += n;
+  }
+  if (total != r.free_count) fail("the free count does not match the lists");
+  for (int lv = 0; lv < Retention::kLevels; ++lv) {
+    if (level[static_cast<std::size_t>(lv)] != r.level_size[static_cast<std::size_t>(lv)]) {
+      fail("level " + std::to_string(lv) + "'s size is wrong");
+    }
+    const bool bit = (r.nonempty[static_cast<std::size_t>(lv >> 6)] >> (lv & 63)) & 1;
+    if (bit != (level[static_cast<std::size_t>(lv)] > 0)) {
+      fail("level " + std::to_string(lv) + "'s bit is wrong");
+    }
+  }
+  std::array<std::int64_t, kNumRetentionClasses> by_class{};
+  std::int64_t retained = 0, timed = 0;
+  for (std::size_t i = 1; i < blocks_.size(); ++i) {
+    const Retention::Meta& m = r.meta[i];
+    if (m.prio > kMaxRetentionPriority) fail(id_text(static_cast<BlockId>(i)) + ": bad priority");
+    if (m.hits > Retention::kMaxHits) fail(id_text(static_cast<BlockId>(i)) + ": bad hit count");
+    if (m.list == Retention::kNone && blocks_[i].ref_cnt == 0) {
+      fail(id_text(static_cast<BlockId>(i)) + " is free but in no list");
+    }
+    ++by_class[static_cast<std::size_t>(retention_class(m.prio))];
+    if (m.prio > kDefaultRetentionPriority) ++retained;
+    if (r.expires[i] != kNoExpiry) {
+      ++timed;
+      if (m.prio == kDefaultRetentionPriority) fail("a default priority with an expiry");
+    }
+    if ((r.expires[i] == kNoExpiry) != (r.duration[i] == kNoExpiry)) {
+      fail(id_text(static_cast<BlockId>(i)) + ": an expiry without a duration or back");
+    }
+  }
+  if (r.meta[0].list != Retention::kNone) fail("the null block is listed");
+  for (std::size_t c = 0; c < kNumRetentionClasses; ++c) {
+    if (by_class[c] != r.stats.by_class[c].blocks) fail("a class's block count is wrong");
+  }
+  if (retained != r.stats.retained_blocks) fail("the retained block count is wrong");
+  if (retained > r.stats.retained_budget) fail("more blocks retained than the pin budget");
+  if (timed != r.timed) fail("the timed block count is wrong");
+}
+
+void BlockPool::ret_snapshot(BlockPoolSnapshot& s) const {
+  const Retention& r = *ret_;
+  for (std::size_t i = 0; i < blocks_.size(); ++i) {
+    s.retention.push_back(BlockRetention{r.meta[i].prio, r.duration[i], r.expires[i]});
+    s.policy_hits.push_back(r.meta[i].hits);
+  }
+  for (const Retention::List& q : r.lists) {
+    std::vector<BlockId> ids;
+    for (BlockId id = q.head; id != kQueueEnd; id = r.links[id].next) ids.push_back(id);
+    s.eviction_lists.push_back(std::move(ids));
+  }
+  s.retention_stats = r.stats;
+}
+
+std::size_t BlockPool::ret_memory_bytes() const noexcept {
+  if (ret_ == nullptr) return 0;
+  const Retention& r = *ret_;
+  return sizeof(Retention) + r.links.capacity() * sizeof(Retention::Link) +
+         r.meta.capacity() * sizeof(Retention::Meta) +
+         (r.duration.capacity() + r.expires.capacity()) * sizeof(RetentionTick);
+}
+
+}  // namespace pagedkv

@@ -1,0 +1,418 @@
+// Retention priorities, expiry (a fake clock), the pin budget, wedge freedom and the eviction
+// policies' order, on BlockPool directly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+#include "pagedkv/pool/eviction_policy.hpp"
+#include "pagedkv/pool/retention.hpp"
+#include "test_tokens.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr std::uint32_t kBlockSize = 4;
+
+struct FakeClock {
+  std::shared_ptr<RetentionTick> now = std::make_shared<RetentionTick>(0);
+  RetentionClock fn() const {
+    return [t = now] { return *t; };
+  }
+  void set(RetentionTick t) { *now = t; }
+};
+
+BlockPoolConfig config(std::int32_t n, EvictionPolicy policy = EvictionPolicy::kLru,
+                       double budget = 1.0, RetentionClock clock = {}) {
+  BlockPoolConfig c;
+  c.num_blocks = n;
+  c.block_size = kBlockSize;
+  c.enable_kv_events = true;
+  c.eviction_policy = policy;
+  c.max_retained_fraction = budget;
+  c.retention_clock = std::move(clock);
+  return c;
+}
+
+// A one-block sequence per key.
+RequestBlockHasher one_block(int key) {
+  RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "test"), kBlockSize, {});
+  seq.append(iota_tokens(key * 1000, kBlockSize));
+  return seq;
+}
+
+// Allocates a block, caches key's content in it and returns it, held (ref 1).
+BlockId store(BlockPool& pool, int key) {
+  std::vector<BlockId> out;
+  EXPECT_TRUE(pool.get_new_blocks(1, out));
+  const auto seq = one_block(key);
+  pool.cache_full_blocks(seq.sequence(), out, 0, 1);
+  return out[0];
+}
+
+// Whether key's content is still cached.
+bool cached(const BlockPool& pool, int key) {
+  const auto seq = one_block(key);
+  return pool.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock) != BlockPool::kNoBlock;
+}
+
+void free1(BlockPool& pool, BlockId id) {
+  pool.free_blocks(std::vector<BlockId>{id});
+}
+
+void hit(BlockPool& pool, BlockId id) {
+  pool.touch(std::vector<BlockId>{id});
+  free1(pool, id);
+}
+
+// Allocates one block and returns the key whose content it evicted (-1: none cached was
+// evicted); `keys` maps block ids to stored keys.
+std::vector<BlockId> allocate(BlockPool& pool, std::int32_t n) {
+  std::vector<BlockId> out;
+  EXPECT_TRUE(pool.get_new_blocks(n, out));
+  pool.check_invariants();
+  return out;
+}
+
+template <typename Call>
+void expect_rejected(BlockPool& pool, Call call, const std::string& fragment) {
+  const BlockPoolSnapshot before = pool.snapshot();
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(pool.snapshot(), before) << "state changed by a rejected call";
+  pool.check_invariants();
+}
+
+TEST(EvictionPolicy, NamesRoundTripAndBadNamesAreNamed) {
+  for (std::uint8_t i = 0; i < kNumEvictionPolicies; ++i) {
+    const auto p = static_cast<EvictionPolicy>(i);
+    EXPECT_EQ(parse_eviction_policy(to_string(p)), p);
+  }
+  EXPECT_EQ(to_string(EvictionPolicy::kLru), "lru");
+  try {
+    (void)parse_eviction_policy("lfu-ish");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kParseError);
+    EXPECT_NE(std::string(e.what()).find("lfu-ish"), std::string::npos);
+  }
+}
+
+TEST(Retention, ConfigIsValidated) {
+  for (const double f : {-0.1, 1.5, std::nan("")}) {
+    EXPECT_THROW(BlockPool(config(8, EvictionPolicy::kLru, f)), Error) << f;
+  }
+  BlockPoolConfig c = config(8);
+  c.eviction_policy = static_cast<EvictionPolicy>(kNumEvictionPolicies);
+  EXPECT_THROW(BlockPool{c}, Error);
+  EXPECT_EQ(BlockPoolConfig{}.max_retained_fraction, 0.5);
+  EXPECT_EQ(BlockPoolConfig{}.eviction_policy, EvictionPolicy::kLru);
+}
+
+TEST(Retention, LruPoolStartsWithoutRetentionState) {
+  BlockPool pool(config(8));
+  EXPECT_FALSE(pool.retention_active());
+  const BlockId a = store(pool, 1);
+  EXPECT_EQ(pool.retention(a), BlockRetention{});
+  pool.set_retention(std::vector<BlockId>{a}, kDefaultRetentionPriority);  // changes nothing
+  EXPECT_FALSE(pool.retention_active());
+  const RetentionStats s = pool.retention_stats();
+  EXPECT_EQ(s.by_class[1].blocks, 7);
+  EXPECT_EQ(s.retained_budget, 7);
+  pool.set_retention(std::vector<BlockId>{a}, 90);
+  EXPECT_TRUE(pool.retention_active());
+  EXPECT_EQ(pool.retention(a).priority, 90);
+  EXPECT_TRUE(pool.free_queue().empty());
+  pool.check_invariants();
+}
+
+TEST(Retention, ErrorsChangeNothing) {
+  FakeClock clock;
+  BlockPool pool(config(8, EvictionPolicy::kLru, 1.0, clock.fn()));
+  const BlockId a = store(pool, 1);
+  pool.set_retention(std::vector<BlockId>{a}, 60);
+  expect_rejected(
+      pool, [&] { pool.set_retention(std::vector<BlockId>{a}, 101); }, "priority 101");
+  expect_rejected(
+      pool, [&] { pool.set_retention(std::vector<BlockId>{a}, 90, 0); }, "duration 0");
+  expect_rejected(
+      pool,
+      [&] {
+        pool.set_retention(std::vector<BlockId>{a, 8}, 90);
+      },
+      "out of range");
+  BlockPool no_clock(config(8));
+  const BlockId b = store(no_clock, 1);
+  expect_rejected(
+      no_clock, [&] { no_clock.set_retention(std::vector<BlockId>{b}, 90, 10); },
+      "retention_clock");
+  EXPECT_THROW((void)pool.retention(-1), Error);
+}
+
+class EachPolicy : public ::testing::TestWithParam<EvictionPolicy> {};
+
+// Below-default blocks go first, then default ones, then retained ones (lowest, then oldest):
+// allocation never fails while blocks are free, whatever their priority.
+TEST_P(EachPolicy, HigherPrioritiesAreEvictedLastAndThePoolNeverWedges) {
+  BlockPool pool(config(7, GetParam()));
+  std::vector<BlockId> ids;
+  for (int k = 0; k < 6; ++k) ids.push_back(store(pool, k));
+  pool.set_retention(std::vector<BlockId>{ids[0]}, 90);
+  pool.set_retention(std::vector<BlockId>{ids[1]}, 60);
+  pool.set_retention(std::vector<BlockId>{ids[2]}, 90);
+  pool.set_retention(std::vector<BlockId>{ids[3]}, 10);
+  // ids[4], ids[5]: default.
+  for (const BlockId id : ids) free1(pool, id);
+  pool.check_invariants();
+  const std::vector<BlockId> order = allocate(pool, 6);
+  EXPECT_EQ(order, (std::vector<BlockId>{ids[3], ids[4], ids[5], ids[1], ids[0], ids[2]}));
+  const RetentionStats s = pool.retention_stats();
+  EXPECT_EQ(s.by_class[0].evictions, 1u);
+  EXPECT_EQ(s.by_class[1].evictions, 2u);
+  EXPECT_EQ(s.by_class[2].evictions, 3u);
+  EXPECT_EQ(s.forced_evictions, 3u);
+  EXPECT_EQ(s.retained_blocks, 0);
+  EXPECT_EQ(pool.num_evictions(), 6u);
+}
+
+// A block shared by asks of different priorities keeps the highest.
+TEST_P(EachPolicy, SharedBlockTakesTheHighestPriority) {
+  BlockPool pool(config(8, GetParam()));
+  const BlockId a = store(pool, 1);
+  pool.set_retention(std::vector<BlockId>{a}, 80);
+  pool.set_retention(std::vector<BlockId>{a}, 50);
+  EXPECT_EQ(pool.retention(a).priority, 80);
+  pool.set_retention(std::vector<BlockId>{a}, 90);
+  EXPECT_EQ(pool.retention(a).priority, 90);
+  pool.set_retention(std::vector<BlockId>{a}, 10);  // lower than 90: nothing
+  EXPECT_EQ(pool.retention(a).priority, 90);
+  const BlockId b = store(pool, 2);
+  pool.set_retention(std::vector<BlockId>{b}, 10);  // nobody asked before: 10
+  EXPECT_EQ(pool.retention(b).priority, 10);
+  pool.set_retention(std::vector<BlockId>{b}, 20);
+  EXPECT_EQ(pool.retention(b).priority, 20);
+  pool.check_invariants();
+}
+
+// A duration runs on the fake clock; a hit renews it; once run out the block is back at the
+// default, first among the default blocks.
+TEST_P(EachPolicy, ExpiryOnAFakeClockAndRenewalOnHit) {
+  FakeClock clock;
+  BlockPool pool(config(6, GetParam(), 1.0, clock.fn()));
+  const BlockId a = store(pool, 1);
+  const BlockId b = store(pool, 2);
+  const BlockId c = store(pool, 3);
+  pool.set_retention(std::vector<BlockId>{a}, 90, 100);  // expires at 100
+  EXPECT_EQ(pool.retention(a), (BlockRetention{90, 100, 100}));
+  free1(pool, b);
+  free1(pool, c);
+  free1(pool, a);
+  clock.set(50);
+  hit(pool, a);  // renewed: 150
+  EXPECT_EQ(pool.retention(a).expires_at, 150);
+  clock.set(149);
+  EXPECT_EQ(pool.retention(a).priority, 90);
+  // Before it runs out, a is kept past the default blocks.
+  auto got = allocate(pool, 2);  // the two uncached blocks
+  got = allocate(pool, 1);
+  EXPECT_EQ(got[0], b);
+  clock.set(150);
+  EXPECT_EQ(pool.retention(a), BlockRetention{});
+  got = allocate(pool, 1);  // a ran out: first among the default blocks (c)
+  EXPECT_EQ(got[0], a);
+  const RetentionStats s = pool.retention_stats();
+  EXPECT_EQ(s.expirations, 1u);
+  EXPECT_EQ(s.forced_evictions, 0u);
+  EXPECT_EQ(s.by_class[2].evictions, 0u);
+  EXPECT_EQ(s.by_class[2].hits, 1u);
+  EXPECT_EQ(s.retained_blocks, 0);
+}
+
+// Held blocks expire when freed; an ask at the same priority extends the expiry.
+TEST_P(EachPolicy, HeldBlocksExpireWhenFreedAndEqualAsksExtend) {
+  FakeClock clock;
+  BlockPool pool(config(6, GetParam(), 1.0, clock.fn()));
+  const BlockId a = store(pool, 1);
+  pool.set_retention(std::vector<BlockId>{a}, 70, 10);
+  pool.set_retention(std::vector<BlockId>{a}, 70, 30);
+  EXPECT_EQ(pool.retention(a), (BlockRetention{70, 30, 30}));
+  pool.set_retention(std::vector<BlockId>{a}, 70, 5);  // earlier: the later expiry stays
+  EXPECT_EQ(pool.retention(a), (BlockRetention{70, 30, 30}));
+  clock.set(40);
+  free1(pool, a);
+  pool.check_invariants();
+  EXPECT_EQ(pool.snapshot().retention[static_cast<std::size_t>(a)], BlockRetention{});
+  EXPECT_EQ(pool.retention_stats().expirations, 1u);
+}
+
+// Past the pin budget, asks to go above the default are refused and counted; the budget comes
+// back when a retained block is evicted or runs out.
+TEST_P(EachPolicy, PinBudget) {
+  BlockPool pool(config(9, GetParam(), 0.25));  // 8 usable: 2 may be above the default
+  std::vector<BlockId> ids;
+  for (int k = 0; k < 4; ++k) ids.push_back(store(pool, k));
+  pool.set_retention(ids, 90);
+  RetentionStats s = pool.retention_stats();
+  EXPECT_EQ(s.retained_budget, 2);
+  EXPECT_EQ(s.retained_blocks, 2);
+  EXPECT_EQ(s.budget_refusals, 2u);
+  EXPECT_EQ(pool.retention(ids[0]).priority, 90);
+  EXPECT_EQ(pool.retention(ids[2]).priority, kDefaultRetentionPriority);
+  pool.set_retention(std::vector<BlockId>{ids[2]}, 10);  // below the default: no budget
+  EXPECT_EQ(pool.retention(ids[2]).priority, 10);
+  pool.set_retention(std::vector<BlockId>{ids[0]}, 95);  // already above: no new budget
+  EXPECT_EQ(pool.retention(ids[0]).priority, 95);
+  EXPECT_EQ(pool.retention_stats().budget_refusals, 2u);
+  EXPECT_EQ(pool.evict_blocks(std::vector<BlockId>{ids[1]}), 1u);
+  EXPECT_EQ(pool.retention(ids[1]), BlockRetention{});
+  pool.set_retention(std::vector<BlockId>{ids[3]}, 90);
+  EXPECT_EQ(pool.retention(ids[3]).priority, 90);
+  s = pool.retention_stats();
+  EXPECT_EQ(s.retained_blocks, 2);
+  EXPECT_EQ(s.by_class[0].blocks, 1);
+  EXPECT_EQ(s.by_class[2].blocks, 2);
+  EXPECT_EQ(s.by_class[1].blocks, 5);
+  pool.check_invariants();
+}
+
+// Retention ends when a block is handed out again, or freed uncached.
+TEST_P(EachPolicy, RetentionEndsWithTheContent) {
+  BlockPool pool(config(4, GetParam()));
+  std::vector<BlockId> out;
+  ASSERT_TRUE(pool.get_new_blocks(1, out));
+  pool.set_retention(out, 90);  // held, uncached
+  EXPECT_EQ(pool.retention(out[0]).priority, 90);
+  pool.free_blocks(out);
+  EXPECT_EQ(pool.retention(out[0]), BlockRetention{});
+  const BlockId a = store(pool, 1);
+  pool.set_retention(std::vector<BlockId>{a}, 90);
+  free1(pool, a);
+  pool.set_retention(std::vector<BlockId>{}, 90);
+  EXPECT_TRUE(pool.reset_prefix_cache());
+  EXPECT_EQ(pool.retention(a), BlockRetention{});
+  EXPECT_EQ(pool.retention_stats().retained_blocks, 0);
+  pool.check_invariants();
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, EachPolicy,
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru,
+                                           EvictionPolicy::kS3Fifo),
+                         [](const auto& p) { return std::string(to_string(p.param)); });
+
+// Each policy's order on the same stream: 4 blocks stored and hit once, then a scan of new
+// blocks. LRU evicts the hit blocks once the scan passes them; SLRU and S3-FIFO keep them.
+std::vector<int> survivors_after_scan(EvictionPolicy policy) {
+  BlockPool pool(config(9, policy));
+  std::vector<BlockId> hot;
+  for (int k = 0; k < 4; ++k) hot.push_back(store(pool, k));
+  for (const BlockId id : hot) free1(pool, id);
+  for (const BlockId id : hot) hit(pool, id);
+  for (int k = 10; k < 16; ++k) free1(pool, store(pool, k));  // a scan of 6 new blocks
+  std::vector<int> kept;
+  for (int k = 0; k < 4; ++k) {
+    if (cached(pool, k)) kept.push_back(k);
+  }
+  pool.check_invariants();
+  return kept;
+}
+
+TEST(EvictionPolicyOrder, ScanResistance) {
+  EXPECT_EQ(survivors_after_scan(EvictionPolicy::kLru), (std::vector<int>{2, 3}));
+  EXPECT_EQ(survivors_after_scan(EvictionPolicy::kSlru), (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ(survivors_after_scan(EvictionPolicy::kS3Fifo), (std::vector<int>{0, 1, 2, 3}));
+}
+
+// SLRU: protected holds at most 80% of a level's free cached blocks; its oldest go back to
+// probation (so a hit block is evicted once it is the oldest protected past that share).
+TEST(EvictionPolicyOrder, SlruProtectedShare) {
+  BlockPool pool(config(6, EvictionPolicy::kSlru));
+  std::vector<BlockId> ids;
+  for (int k = 0; k < 5; ++k) ids.push_back(store(pool, k));
+  for (const BlockId id : ids) free1(pool, id);
+  for (const BlockId id : ids) hit(pool, id);  // all five hit: 4 protected, 1 back in probation
+  const BlockPoolSnapshot s = pool.snapshot();
+  const std::size_t prob = 1 + 2 * kDefaultRetentionPriority, prot = prob + 1;
+  EXPECT_EQ(s.eviction_lists[prob], (std::vector<BlockId>{ids[0]}));
+  EXPECT_EQ(s.eviction_lists[prot], (std::vector<BlockId>{ids[1], ids[2], ids[3], ids[4]}));
+  EXPECT_EQ(allocate(pool, 2), (std::vector<BlockId>{ids[0], ids[1]}));
+}
+
+// S3-FIFO: main's oldest block is moved to main's tail once per hit it has left.
+TEST(EvictionPolicyOrder, S3FifoSpendsHitsInMain) {
+  BlockPool pool(config(4, EvictionPolicy::kS3Fifo));
+  const BlockId a = store(pool, 1);
+  const BlockId b = store(pool, 2);
+  const BlockId c = store(pool, 3);
+  free1(pool, a);
+  free1(pool, b);
+  free1(pool, c);
+  hit(pool, a);
+  hit(pool, a);  // a: 2 hits
+  hit(pool, b);  // b: 1 hit; main = a, b; small = c
+  // small (1 of 3 >= 10%) goes first, then main: a spends a hit, b spends its hit, a spends its
+  // second, b (0 left) is evicted, then a.
+  EXPECT_EQ(allocate(pool, 3), (std::vector<BlockId>{c, b, a}));
+}
+
+// With every priority at the default, an LRU pool that keeps retention state hands out blocks
+// in exactly the order of one that does not, on a random stream of frees, hits and allocations.
+TEST(Retention, LruWithRetentionStateKeepsTheLruOrder) {
+  for (std::uint32_t seed = 1; seed <= 20; ++seed) {
+    BlockPool plain(config(33));
+    BlockPool kept(config(33));
+    kept.set_retention(std::vector<BlockId>{}, 90);  // keeps retention state, no block raised
+    ASSERT_TRUE(kept.retention_active());
+    std::mt19937 rng(seed);
+    std::vector<std::vector<BlockId>> held;
+    int key = 0;
+    for (int step = 0; step < 400; ++step) {
+      const int op = static_cast<int>(rng() % 4);
+      if (op == 0 && !held.empty()) {
+        const std::size_t i = rng() % held.size();
+        plain.free_blocks_reversed(held[i]);
+        kept.free_blocks_reversed(held[i]);
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+      } else if (op == 1) {
+        // Hit a cached free-or-held block of an earlier key.
+        const int k = static_cast<int>(rng() % static_cast<std::uint32_t>(key + 1));
+        const auto seq = one_block(k);
+        const BlockId id = plain.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock);
+        ASSERT_EQ(kept.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock), id);
+        if (id != BlockPool::kNoBlock) {
+          plain.requeue(id);
+          kept.requeue(id);
+        }
+      } else {
+        const std::int32_t n = 1 + static_cast<std::int32_t>(rng() % 3);
+        std::vector<BlockId> a, b;
+        const bool ok = plain.get_new_blocks(n, a);
+        ASSERT_EQ(kept.get_new_blocks(n, b), ok);
+        ASSERT_EQ(a, b) << "seed " << seed << " step " << step;
+        if (!ok) continue;
+        // Cache the first block (one-block sequences), keep the rest uncached.
+        const auto seq = one_block(++key);
+        plain.cache_full_blocks(seq.sequence(), std::span<const BlockId>(a).first(1), 0, 1);
+        kept.cache_full_blocks(seq.sequence(), std::span<const BlockId>(b).first(1), 0, 1);
+        held.push_back(a);
+      }
+      ASSERT_EQ(plain.num_evictions(), kept.num_evictions());
+      ASSERT_EQ(plain.num_free_blocks(), kept.num_free_blocks());
+    }
+    kept.check_invariants();
+    plain.check_invariants();
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
