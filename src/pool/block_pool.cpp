@@ -251,9 +251,29 @@ void BlockPool::throw_out_of_range(BlockId id) const {
   return tag;
 }
 
-// Out of line, for the retention paths (another translation unit).
-[[gnu::noinline]] void BlockPool::evict_cached_out(BlockId id) noexcept {
-  evict_cached(id);
+// For the retention paths (another translation unit): evicts the cached ones of `ids` and sets
+// every ref count to 1. Prefetches as get_new_blocks() does: block records 2 x kEvictAhead ahead,
+// what an eviction reads kEvictAhead ahead.
+[[gnu::noinline]] void BlockPool::take_popped(std::span<const BlockId> ids) noexcept {
+  constexpr std::size_t kAhead = static_cast<std::size_t>(kEvictAhead);
+  constexpr std::size_t kTagRing = 16;  // a power of two above kEvictAhead
+  static_assert(kTagRing > kAhead);
+  std::uint32_t tags[kTagRing];
+  const std::size_t n = ids.size();
+  for (std::size_t k = 0; k < std::min(n, 2 * kAhead); ++k) {
+    __builtin_prefetch(&blocks_[static_cast<std::size_t>(ids[k])]);
+  }
+  for (std::size_t k = 0; k < std::min(n, kAhead); ++k)
+    tags[k % kTagRing] = prefetch_eviction(ids[k]);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i + 2 * kAhead < n)
+      __builtin_prefetch(&blocks_[static_cast<std::size_t>(ids[i + 2 * kAhead])]);
+    if (i + kAhead < n) tags[(i + kAhead) % kTagRing] = prefetch_eviction(ids[i + kAhead]);
+    const BlockId id = ids[i];
+    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.is_cached()) evict_cached(id, tags[i % kTagRing]);
+    b.ref_cnt = 1;
+  }
 }
 
 bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {

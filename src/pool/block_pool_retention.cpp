@@ -54,7 +54,7 @@ struct BlockPool::Retention {
   }
   static constexpr int level_of_list(std::uint8_t l) noexcept { return (l - 1) / kSegs; }
 
-  EvictionPolicy policy = EvictionPolicy::kLru;
+  EvictionPolicy policy;
   TableVector<Link> links;
   TableVector<Meta> meta;
   TableVector<RetentionTick> duration;  // kNoExpiry unless timed
@@ -67,8 +67,8 @@ struct BlockPool::Retention {
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
   RetentionTick next_expiry = kNoExpiry;  // <= every free timed block's expiry
 
-  explicit Retention(std::size_t n)
-      : links(n), meta(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {}
+  Retention(std::size_t n, EvictionPolicy p)
+      : policy(p), links(n), meta(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {}
 
   void add_level(std::uint8_t l) noexcept {
     if (l == kUncached) return;
@@ -136,7 +136,9 @@ struct BlockPool::Retention {
     drop_level(l);
     --free_count;
   }
+  std::uint8_t last_list = 0;
   BlockId pop_front(std::uint8_t l) noexcept {
+    last_list = l;
     const BlockId id = lists[l].head;
     remove(id);
     return id;
@@ -204,7 +206,6 @@ struct BlockPool::Retention {
     if (lists[kUncached].size > 0) return pop_front(kUncached);
     return victim_at(lowest_level());
   }
-
   // Sets block id's priority and expiry (counts per class, the budget's count, timed blocks).
   // The block must not be in a level list (the caller requeues it).
   void set(BlockId id, RetentionPriority p, RetentionTick dur, RetentionTick exp) noexcept {
@@ -301,8 +302,8 @@ RetentionTick read_clock(const RetentionClock& clock) {
 
 void BlockPool::ret_enable() {
   if (ret_ != nullptr) return;
-  auto r = std::unique_ptr<Retention, RetentionDeleter>(new Retention(blocks_.size()));
-  r->policy = config_.eviction_policy;
+  auto r = std::unique_ptr<Retention, RetentionDeleter>(
+      new Retention(blocks_.size(), config_.eviction_policy));
   const std::int64_t usable = config_.num_blocks - 1;
   r->stats.by_class[static_cast<std::size_t>(RetentionClass::kDefault)].blocks = usable;
   r->stats.by_class[static_cast<std::size_t>(RetentionClass::kDefault)].evictions = num_evictions_;
@@ -401,19 +402,20 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     const RetentionTick now = read_clock(config_.retention_clock);
     if (now >= r.next_expiry) r.sweep(now);
   }
+  // Pass 1: choose the victims (the lists and per-block state only); pass 2 (take_popped, with
+  // the LRU path's look-ahead prefetches) evicts them and hands them out.
+  const std::size_t first = out.size();
   for (std::int32_t i = 0; i < n; ++i) {
     const BlockId id = r.pop_victim();
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-    if (b.is_cached()) {
+    if (r.last_list != Retention::kUncached) {
       const RetentionPriority p = r.meta[id].prio;
       ++r.stats.by_class[static_cast<std::size_t>(retention_class(p))].evictions;
       if (p > kDefaultRetentionPriority) ++r.stats.forced_evictions;
-      evict_cached_out(id);
     }
     r.reset(id);
-    b.ref_cnt = 1;
     out.push_back(id);  // reserved above: cannot throw
   }
+  take_popped(std::span<const BlockId>(out).subspan(first));
   ret_free_ = r.free_count;
   if (!events_.empty()) deliver_events();
   return true;

@@ -572,8 +572,9 @@ class BlockPool {
   void ret_check(std::vector<char>& seen) const;
   void ret_snapshot(BlockPoolSnapshot& s) const;
   std::size_t ret_memory_bytes() const noexcept;
-  // evict_cached(id) out of line, for the retention paths.
-  void evict_cached_out(BlockId id) noexcept;
+  // Evicts the cached ones of blocks `ids` (just taken from the retention lists) and sets every
+  // one's ref count to 1, with get_new_blocks()'s look-ahead prefetches.
+  void take_popped(std::span<const BlockId> ids) noexcept;
   void record(KVEvent::Data&& data) noexcept;
   void record_removed(const BlockHash& hash, GroupId group) noexcept;
   void deliver_events() noexcept;
