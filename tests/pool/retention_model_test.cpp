@@ -1,0 +1,376 @@
+// Random operation streams against an independent model of the pool's free-block order under
+// retention priorities, durations (a fake clock), the pin budget and each eviction policy:
+// the model keeps plain std::deque lists and searches them, written from the semantics in
+// block_pool.hpp / eviction_policy.hpp / docs/retention.md. After every call: the pool's
+// invariants, every block's retention, the free count and the counters; every allocation's
+// block order must equal the model's. Rejected calls must leave the snapshot unchanged.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <deque>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/hash/request_hasher.hpp"
+#include "pagedkv/pool/block_pool.hpp"
+#include "test_tokens.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr std::uint32_t kBlockSize = 4;
+constexpr int kLevels = kMaxRetentionPriority + 1;
+
+RequestBlockHasher one_block(int key) {
+  RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "test"), kBlockSize, {});
+  seq.append(iota_tokens(key * 1000, kBlockSize));
+  return seq;
+}
+
+struct Model {
+  struct Block {
+    int ref = 0;
+    bool cached = false;
+    int prio = kDefaultRetentionPriority;
+    RetentionTick duration = kNoExpiry, expires = kNoExpiry;
+    int hits = 0;
+  };
+  EvictionPolicy policy;
+  std::int64_t budget;
+  std::vector<Block> b;
+  std::deque<BlockId> uncached;
+  std::array<std::array<std::deque<BlockId>, 2>, kLevels> lv;
+  std::int64_t retained = 0;
+  std::uint64_t refusals = 0, expirations = 0, forced = 0;
+
+  Model(int n, EvictionPolicy p, double fraction)
+      : policy(p), budget(static_cast<std::int64_t>(fraction * (n - 1))), b(n) {
+    for (BlockId id = 1; id < n; ++id) uncached.push_back(id);
+  }
+  std::size_t level_size(int l) const { return lv[l][0].size() + lv[l][1].size(); }
+  std::int32_t num_free() const {
+    std::size_t n = uncached.size();
+    for (int l = 0; l < kLevels; ++l) n += level_size(l);
+    return static_cast<std::int32_t>(n);
+  }
+  static void erase(std::deque<BlockId>& q, BlockId id) {
+    q.erase(std::find(q.begin(), q.end(), id));
+  }
+  // Removes a free block from wherever it is.
+  void unlist(BlockId id) {
+    if (!b[id].cached) {
+      erase(uncached, id);
+      return;
+    }
+    for (auto& seg : lv[b[id].prio]) {
+      if (std::find(seg.begin(), seg.end(), id) != seg.end()) {
+        erase(seg, id);
+        return;
+      }
+    }
+    ADD_FAILURE() << "model: block " << id << " not listed";
+  }
+  void set(BlockId id, int p, RetentionTick d, RetentionTick e) {
+    retained += (p > kDefaultRetentionPriority) - (b[id].prio > kDefaultRetentionPriority);
+    b[id].prio = p;
+    b[id].duration = d;
+    b[id].expires = e;
+  }
+  void reset(BlockId id) {
+    set(id, kDefaultRetentionPriority, kNoExpiry, kNoExpiry);
+    b[id].hits = 0;
+  }
+  bool expired(BlockId id, RetentionTick now) const {
+    return b[id].expires != kNoExpiry && now >= b[id].expires;
+  }
+  void expire(BlockId id) {
+    ++expirations;
+    set(id, kDefaultRetentionPriority, kNoExpiry, kNoExpiry);
+  }
+  void enqueue(BlockId id) {
+    const int l = b[id].prio;
+    switch (policy) {
+      case EvictionPolicy::kLru:
+        lv[l][0].push_back(id);
+        break;
+      case EvictionPolicy::kSlru:
+        if (b[id].hits == 0) {
+          lv[l][0].push_back(id);
+        } else {
+          lv[l][1].push_back(id);
+          while (lv[l][1].size() * 5 > level_size(l) * 4) {
+            lv[l][0].push_back(lv[l][1].front());
+            lv[l][1].pop_front();
+          }
+        }
+        break;
+      case EvictionPolicy::kS3Fifo:
+        lv[l][b[id].hits == 0 ? 0 : 1].push_back(id);
+        break;
+    }
+  }
+  void queue_cached(BlockId id, RetentionTick now) {
+    if (expired(id, now)) expire(id);
+    enqueue(id);
+  }
+  void hit(BlockId id, RetentionTick now) {
+    b[id].hits = std::min(b[id].hits + 1, 3);
+    if (b[id].expires != kNoExpiry) {
+      if (expired(id, now)) {
+        expire(id);
+      } else {
+        b[id].expires = now + b[id].duration;
+      }
+    }
+  }
+  void release(BlockId id, RetentionTick now) {  // ref reached 0
+    if (b[id].cached) {
+      queue_cached(id, now);
+    } else {
+      reset(id);
+      uncached.push_front(id);
+    }
+  }
+  BlockId victim_at(int l) {
+    auto& s0 = lv[l][0];
+    auto& s1 = lv[l][1];
+    BlockId id = 0;
+    if (policy == EvictionPolicy::kLru || (policy == EvictionPolicy::kSlru && !s0.empty())) {
+      id = s0.front();
+      s0.pop_front();
+    } else if (policy == EvictionPolicy::kSlru) {
+      id = s1.front();
+      s1.pop_front();
+    } else {
+      for (;;) {
+        if (s1.empty() || (!s0.empty() && s0.size() * 10 >= level_size(l))) {
+          id = s0.front();
+          s0.pop_front();
+          break;
+        }
+        const BlockId m = s1.front();
+        s1.pop_front();
+        if (b[m].hits == 0) {
+          id = m;
+          break;
+        }
+        --b[m].hits;
+        s1.push_back(m);
+      }
+    }
+    return id;
+  }
+  std::vector<BlockId> take(int n, RetentionTick now) {
+    // Every free block whose priority ran out: to the default level's front (lists in order).
+    for (int l = 0; l < kLevels; ++l) {
+      if (l == kDefaultRetentionPriority) continue;
+      for (int s = 0; s < 2; ++s) {
+        const std::deque<BlockId> copy = lv[l][s];
+        for (const BlockId id : copy) {
+          if (expired(id, now)) {
+            erase(lv[l][s], id);
+            expire(id);
+            lv[kDefaultRetentionPriority][0].push_front(id);
+          }
+        }
+      }
+    }
+    std::vector<BlockId> out;
+    for (int i = 0; i < n; ++i) {
+      BlockId id = 0;
+      if (!uncached.empty()) {
+        id = uncached.front();
+        uncached.pop_front();
+      } else {
+        int l = 0;
+        while (level_size(l) == 0) ++l;
+        if (l > kDefaultRetentionPriority) ++forced;
+        id = victim_at(l);
+        b[id].cached = false;
+      }
+      reset(id);
+      b[id].ref = 1;
+      out.push_back(id);
+    }
+    return out;
+  }
+  void set_retention(const std::vector<BlockId>& ids, int p, RetentionTick d, RetentionTick now) {
+    if (p == kDefaultRetentionPriority) return;
+    const RetentionTick exp = d == kNoExpiry ? kNoExpiry : now + d;
+    for (const BlockId id : ids) {
+      Block& k = b[id];
+      const bool free = k.ref == 0;
+      if (free && !k.cached) continue;
+      int cur = k.prio;
+      const bool lapsed = expired(id, now);
+      if (lapsed) cur = kDefaultRetentionPriority;
+      int np = cur;
+      RetentionTick nd = lapsed ? kNoExpiry : k.duration, ne = lapsed ? kNoExpiry : k.expires;
+      if (cur == kDefaultRetentionPriority || p > cur) {
+        const std::int64_t others = retained - (k.prio > kDefaultRetentionPriority ? 1 : 0);
+        if (p > kDefaultRetentionPriority && cur <= kDefaultRetentionPriority && others >= budget) {
+          ++refusals;
+        } else {
+          np = p;
+          nd = d;
+          ne = exp;
+        }
+      } else if (p == cur && ne != kNoExpiry) {
+        nd = std::max(nd, d);
+        ne = std::max(ne, exp);
+      }
+      if (!lapsed && np == cur && nd == k.duration && ne == k.expires) continue;
+      if (free) unlist(id);
+      if (lapsed) expire(id);
+      set(id, np, nd, ne);
+      if (free) queue_cached(id, now);
+    }
+  }
+};
+
+void run_stream(EvictionPolicy policy, std::uint32_t seed) {
+  const int kBlocks = seed % 3 == 0 ? 40 : 14;
+  auto now = std::make_shared<RetentionTick>(0);
+  BlockPoolConfig c;
+  c.num_blocks = kBlocks;
+  c.block_size = kBlockSize;
+  c.enable_kv_events = seed % 2 == 0;
+  c.eviction_policy = policy;
+  c.max_retained_fraction = (seed % 4) * 0.25;
+  c.retention_clock = [now] { return *now; };
+  BlockPool pool(c);
+  // An LRU pool keeps retention state from its first non-default ask (here: none raised), so
+  // every policy runs its retention lists from the start.
+  if (policy == EvictionPolicy::kLru) pool.set_retention(std::vector<BlockId>{}, 90);
+  Model m(kBlocks, policy, c.max_retained_fraction);
+  std::mt19937 rng(seed);
+  const auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<std::uint32_t>(n)); };
+  std::vector<BlockId> held;  // one entry per reference
+  int next_key = 0;
+  const std::array<int, 7> prios = {0, 10, 35, 50, 60, 90, 100};
+  for (int step = 0; step < 600; ++step) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + " step " + std::to_string(step));
+    const int op = pick(10);
+    if (op == 0) {  // allocate
+      const int n = 1 + pick(3);
+      std::vector<BlockId> got;
+      const bool ok = pool.get_new_blocks(n, got);
+      ASSERT_EQ(ok, n <= m.num_free());
+      if (ok) {
+        ASSERT_EQ(got, m.take(n, *now));
+        for (const BlockId id : got) held.push_back(id);
+      }
+    } else if (op == 1 && !held.empty()) {  // cache a held uncached block
+      const BlockId id = held[pick(static_cast<int>(held.size()))];
+      if (!m.b[id].cached) {
+        const auto seq = one_block(next_key++);
+        pool.cache_full_blocks(seq.sequence(), std::vector<BlockId>{id}, 0, 1);
+        m.b[id].cached = true;
+      }
+    } else if ((op == 2 || op == 3) && !held.empty()) {  // free one or a few (distinct) refs
+      const int n = std::min<int>(1 + pick(3), static_cast<int>(held.size()));
+      std::vector<BlockId> ids;
+      for (int k = 0; k < n; ++k) {
+        const std::size_t i = static_cast<std::size_t>(pick(static_cast<int>(held.size())));
+        if (std::find(ids.begin(), ids.end(), held[i]) != ids.end()) continue;
+        ids.push_back(held[i]);
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+      pool.free_blocks(ids);
+      // Cached ones reaching 0 in order; uncached ones at the head in the given order.
+      std::vector<BlockId> uncached;
+      for (const BlockId id : ids) {
+        if (--m.b[id].ref == 0) {
+          if (m.b[id].cached) {
+            m.queue_cached(id, *now);
+          } else {
+            uncached.push_back(id);
+          }
+        }
+      }
+      for (auto it = uncached.rbegin(); it != uncached.rend(); ++it) m.release(*it, *now);
+    } else if (op == 4) {  // touch a cached or held block
+      const BlockId id = static_cast<BlockId>(1 + pick(kBlocks - 1));
+      if (m.b[id].ref == 0 && !m.b[id].cached) continue;
+      pool.touch(std::vector<BlockId>{id});
+      if (m.b[id].ref == 0) m.unlist(id);
+      if (m.b[id].cached) m.hit(id, *now);
+      ++m.b[id].ref;
+      held.push_back(id);
+    } else if (op == 5) {  // requeue
+      const BlockId id = static_cast<BlockId>(1 + pick(kBlocks - 1));
+      pool.requeue(id);
+      if (m.b[id].ref == 0) {
+        m.unlist(id);
+        if (m.b[id].cached) {
+          m.hit(id, *now);
+          m.queue_cached(id, *now);
+        } else {
+          m.uncached.push_front(id);
+        }
+      }
+    } else if (op == 6 || op == 7) {  // set_retention
+      std::vector<BlockId> ids;
+      for (int k = pick(4); k >= 0; --k) ids.push_back(static_cast<BlockId>(pick(kBlocks)));
+      const int p = prios[static_cast<std::size_t>(pick(static_cast<int>(prios.size())))];
+      const RetentionTick d = pick(3) == 0 ? kNoExpiry : 1 + pick(40);
+      pool.set_retention(ids, static_cast<RetentionPriority>(p), d);
+      ids.erase(std::remove(ids.begin(), ids.end(), 0), ids.end());
+      m.set_retention(ids, p, d, *now);
+    } else if (op == 8) {  // the clock moves
+      *now += pick(15);
+    } else {  // evict_blocks, or a rejected call
+      if (pick(2) == 0) {
+        const BlockId id = static_cast<BlockId>(1 + pick(kBlocks - 1));
+        pool.evict_blocks(std::vector<BlockId>{id});
+        if (m.b[id].cached) {
+          const bool free = m.b[id].ref == 0;
+          if (free) m.unlist(id);
+          m.b[id].cached = false;
+          m.reset(id);
+          if (free) m.uncached.push_front(id);
+        }
+      } else {
+        const BlockPoolSnapshot before = pool.snapshot();
+        EXPECT_THROW(pool.set_retention(std::vector<BlockId>{1, kBlocks}, 90), Error);
+        EXPECT_THROW(pool.set_retention(std::vector<BlockId>{1}, 101), Error);
+        EXPECT_THROW(pool.set_retention(std::vector<BlockId>{1}, 90, -5), Error);
+        ASSERT_EQ(pool.snapshot(), before);
+      }
+    }
+    pool.check_invariants();
+    ASSERT_EQ(pool.num_free_blocks(), m.num_free());
+    for (BlockId id = 1; id < kBlocks; ++id) {
+      const BlockRetention r = pool.retention(id);
+      const bool lapsed = m.expired(id, *now);
+      ASSERT_EQ(r.priority, lapsed ? kDefaultRetentionPriority : m.b[id].prio) << "block " << id;
+      ASSERT_EQ(r.expires_at, lapsed ? kNoExpiry : m.b[id].expires) << "block " << id;
+      ASSERT_EQ(pool.block(id).ref_cnt, m.b[id].ref);
+      ASSERT_EQ(pool.block(id).is_cached(), m.b[id].cached);
+    }
+    const RetentionStats s = pool.retention_stats();
+    ASSERT_EQ(s.retained_blocks, m.retained);
+    ASSERT_LE(s.retained_blocks, s.retained_budget);
+    ASSERT_EQ(s.budget_refusals, m.refusals);
+    ASSERT_EQ(s.expirations, m.expirations);
+    ASSERT_EQ(s.forced_evictions, m.forced);
+  }
+}
+
+TEST(RetentionModel, Lru) {
+  for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kLru, seed);
+}
+TEST(RetentionModel, Slru) {
+  for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kSlru, seed);
+}
+TEST(RetentionModel, S3Fifo) {
+  for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kS3Fifo, seed);
+}
+
+}  // namespace
+}  // namespace pagedkv
