@@ -384,6 +384,133 @@ void BM_MooncakeReplaySlice(benchmark::State& state) {
   state.counters["evictions"] = static_cast<double>(evictions);
 }
 
+// ---- Eviction policies (issue 38): the same pool work under each BlockPoolConfig::
+// eviction_policy, range(0) = the policy (0 lru, 1 slru, 2 s3fifo), registered side by side so
+// one run compares them. LRU here is the pool's own path (no retention state).
+
+BlockPoolConfig policy_config(std::int32_t num_blocks, std::int64_t policy) {
+  BlockPoolConfig c;
+  c.num_blocks = num_blocks;
+  c.block_size = kBlockSize;
+  c.eviction_policy = static_cast<EvictionPolicy>(policy);
+  return c;
+}
+
+// get_new_blocks(256) then free_blocks(256), unhashed blocks.
+void BM_PolicyGetNewBlocksAndFree(benchmark::State& state) {
+  BlockPool pool(policy_config(1 << 16, state.range(0)));
+  std::vector<BlockId> blocks;
+  blocks.reserve(256);
+  for (auto _ : state) {
+    blocks.clear();
+    pool.get_new_blocks(256, blocks);
+    std::reverse(blocks.begin(), blocks.end());
+    pool.free_blocks(blocks);
+  }
+  state.SetItemsProcessed(state.iterations() * 256);
+}
+BENCHMARK(BM_PolicyGetNewBlocksAndFree)->Arg(0)->Arg(1)->Arg(2);
+
+// touch() of 256 free cached blocks then free_blocks() again (hits).
+void BM_PolicyTouchAndFree(benchmark::State& state) {
+  BlockPool pool(policy_config(1 << 14, state.range(0)));
+  RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "bench"), kBlockSize);
+  seq.append(random_tokens(256 * kBlockSize, 1));
+  std::vector<BlockId> hit;
+  pool.get_new_blocks(256, hit);
+  pool.cache_full_blocks(seq.sequence(), hit, 0, 256);
+  const std::vector<BlockId> reversed(hit.rbegin(), hit.rend());
+  pool.free_blocks(reversed);
+  for (auto _ : state) {
+    pool.touch(hit);
+    pool.free_blocks(reversed);
+  }
+  state.SetItemsProcessed(state.iterations() * 256);
+}
+BENCHMARK(BM_PolicyTouchAndFree)->Arg(0)->Arg(1)->Arg(2);
+
+// The eviction-heavy request cycle on a 32,769-block pool: a 1,024-block prompt whose first 64
+// blocks are a shared prefix (a verified hit, touched) and the rest new (960 blocks allocated,
+// evicting as many cached ones, then cached), freed tail first. 64 distinct prompts in turn, so
+// the pool is full and every allocation evicts. Items: the 1,024 prompt blocks.
+void BM_PolicyEvictingCycle(benchmark::State& state) {
+  BlockPoolConfig c = policy_config(32769, state.range(0));
+  c.guard_chain_hashes = true;  // as KVCacheManager configures a pool for xxh3_128
+  BlockPool pool(c);
+  constexpr std::size_t kPrompts = 64, kBlocks = 1024, kShared = 64;
+  const auto shared = random_tokens(kShared * kBlockSize, 7);
+  std::vector<RequestBlockHasher> prompts;
+  for (std::size_t i = 0; i < kPrompts; ++i) {
+    RequestBlockHasher seq(BlockHasher(HashScheme::kXxh3_128, "bench"), kBlockSize);
+    seq.append(shared);
+    seq.append(
+        random_tokens((kBlocks - kShared) * kBlockSize, static_cast<std::uint32_t>(100 + i)));
+    prompts.push_back(std::move(seq));
+  }
+  std::vector<BlockId> table;
+  table.reserve(kBlocks);
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const BlockSequence seq = prompts[i++ % kPrompts].sequence();
+    table.clear();
+    const std::size_t hit = pool.match_cached_run_after(seq, 0, kBlocks - 1, table);
+    pool.touch(table);
+    pool.get_new_blocks(static_cast<std::int32_t>(kBlocks - hit), table);
+    pool.cache_full_blocks(seq, table, hit, kBlocks);
+    pool.free_blocks_reversed(table);
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kBlocks));
+  state.counters["evictions"] = static_cast<double>(pool.num_evictions());
+}
+BENCHMARK(BM_PolicyEvictingCycle)->Arg(0)->Arg(1)->Arg(2);
+
+// The first 1,000 Mooncake requests (xxh3_128, 32,769 blocks) replayed sequentially straight
+// into a BlockPool of each policy (bench/pool_eviction.cpp's driver); each iteration a fresh
+// pool. Items: prompt blocks, so 1e9 / items_per_second is pool ns per block.
+void BM_PolicyMooncakeSlice(benchmark::State& state) {
+  using namespace pagedkv::replay;
+  LoadOptions load;
+  load.limit = 1000;
+  const Trace trace = load_hashid_jsonl(g_trace, load);
+  KVCacheManagerConfig mc;
+  mc.num_blocks = 32769;
+  mc.block_size = kBlockSize;
+  mc.hash_scheme = HashScheme::kXxh3_128;
+  mc.hash_seed = "pagedkv-replay";
+  std::uint64_t blocks = 0;
+  const std::vector<Request> requests = hash_prompts(trace, mc, 0, blocks);
+  BlockPoolConfig c = policy_config(mc.num_blocks, state.range(0));
+  c.guard_chain_hashes = true;
+  std::vector<BlockId> table;
+  std::uint64_t hit_tokens = 0, evictions = 0;
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto pool = std::make_unique<BlockPool>(c);
+    hit_tokens = 0;
+    state.ResumeTiming();
+    for (const Request& r : requests) {
+      const BlockSequence seq = r.hashed_tokens().sequence();
+      const std::size_t n = r.num_tokens();
+      const std::size_t cap = (n - 1) / kBlockSize;
+      table.clear();
+      const std::size_t hit = cap == 0 ? 0 : pool->match_cached_run_after(seq, 0, cap, table);
+      pool->touch(table);
+      pool->get_new_blocks(static_cast<std::int32_t>((n + kBlockSize - 1) / kBlockSize - hit),
+                           table);
+      if (n / kBlockSize > hit) pool->cache_full_blocks(seq, table, hit, n / kBlockSize);
+      pool->free_blocks_reversed(table);
+      hit_tokens += hit * kBlockSize;
+    }
+    state.PauseTiming();
+    evictions = pool->num_evictions();
+    pool.reset();
+    state.ResumeTiming();
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * blocks));
+  state.counters["hit_tokens"] = static_cast<double>(hit_tokens);
+  state.counters["evictions"] = static_cast<double>(evictions);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -399,6 +526,11 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark("BM_MooncakeReplaySlice", BM_MooncakeReplaySlice)
         ->Arg(0)
         ->Arg(1)
+        ->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark("BM_PolicyMooncakeSlice", BM_PolicyMooncakeSlice)
+        ->Arg(0)
+        ->Arg(1)
+        ->Arg(2)
         ->Unit(benchmark::kMillisecond);
   } else {
     std::fprintf(stderr,

@@ -34,19 +34,19 @@ struct BlockPool::Retention {
   static constexpr std::uint8_t kMaxHits = 3;
   static_assert(kNumLists < kNone);
 
-  struct Link {
-    BlockId prev = kNotQueued;
-    BlockId next = kNotQueued;
-  };
   struct List {
     BlockId head = kQueueEnd;
     BlockId tail = kQueueEnd;
     std::int32_t size = 0;
   };
-  struct Meta {
+  // Per block: its list links and state in one 12-byte record (one cache line per operation).
+  struct Node {
+    BlockId prev = kNotQueued;
+    BlockId next = kNotQueued;
     std::uint8_t list = kNone;
     RetentionPriority prio = kDefaultRetentionPriority;
     std::uint8_t hits = 0;  // hits since cached, capped at kMaxHits (S3-FIFO: spent on moves)
+    bool timed = false;     // the priority has an expiry (expires[] is read only then)
   };
 
   static constexpr std::uint8_t list_of(int level, int seg) noexcept {
@@ -55,8 +55,7 @@ struct BlockPool::Retention {
   static constexpr int level_of_list(std::uint8_t l) noexcept { return (l - 1) / kSegs; }
 
   EvictionPolicy policy;
-  TableVector<Link> links;
-  TableVector<Meta> meta;
+  TableVector<Node> nodes;
   TableVector<RetentionTick> duration;  // kNoExpiry unless timed
   TableVector<RetentionTick> expires;   // kNoExpiry unless timed
   std::array<List, kNumLists> lists{};
@@ -68,7 +67,7 @@ struct BlockPool::Retention {
   RetentionTick next_expiry = kNoExpiry;  // <= every free timed block's expiry
 
   Retention(std::size_t n, EvictionPolicy p)
-      : policy(p), links(n), meta(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {}
+      : policy(p), nodes(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {}
 
   void add_level(std::uint8_t l) noexcept {
     if (l == kUncached) return;
@@ -82,57 +81,57 @@ struct BlockPool::Retention {
   }
   void push_back(std::uint8_t l, BlockId id) noexcept {
     List& q = lists[l];
-    Link& k = links[id];
-    assert(meta[id].list == kNone);
+    Node& k = nodes[id];
+    assert(nodes[id].list == kNone);
     k.prev = q.tail;
     k.next = kQueueEnd;
     if (q.tail == kQueueEnd) {
       q.head = id;
     } else {
-      links[q.tail].next = id;
+      nodes[q.tail].next = id;
     }
     q.tail = id;
     ++q.size;
-    meta[id].list = l;
+    nodes[id].list = l;
     add_level(l);
     ++free_count;
   }
   void push_front(std::uint8_t l, BlockId id) noexcept {
     List& q = lists[l];
-    Link& k = links[id];
-    assert(meta[id].list == kNone);
+    Node& k = nodes[id];
+    assert(nodes[id].list == kNone);
     k.prev = kQueueEnd;
     k.next = q.head;
     if (q.head == kQueueEnd) {
       q.tail = id;
     } else {
-      links[q.head].prev = id;
+      nodes[q.head].prev = id;
     }
     q.head = id;
     ++q.size;
-    meta[id].list = l;
+    nodes[id].list = l;
     add_level(l);
     ++free_count;
   }
   void remove(BlockId id) noexcept {
-    const std::uint8_t l = meta[id].list;
+    const std::uint8_t l = nodes[id].list;
     assert(l != kNone);
     List& q = lists[l];
-    Link& k = links[id];
+    Node& k = nodes[id];
     if (k.prev == kQueueEnd) {
       q.head = k.next;
     } else {
-      links[k.prev].next = k.next;
+      nodes[k.prev].next = k.next;
     }
     if (k.next == kQueueEnd) {
       q.tail = k.prev;
     } else {
-      links[k.next].prev = k.prev;
+      nodes[k.next].prev = k.prev;
     }
     k.prev = kNotQueued;
     k.next = kNotQueued;
     --q.size;
-    meta[id].list = kNone;
+    nodes[id].list = kNone;
     drop_level(l);
     --free_count;
   }
@@ -148,7 +147,7 @@ struct BlockPool::Retention {
 
   // Queues a free cached block at its priority's level, per the policy.
   void enqueue_cached(BlockId id) noexcept {
-    const Meta& m = meta[id];
+    const Node& m = nodes[id];
     const int lv = m.prio;
     switch (policy) {
       case EvictionPolicy::kLru:
@@ -188,8 +187,8 @@ struct BlockPool::Retention {
             return pop_front(s0);
           }
           const BlockId id = lists[s1].head;
-          if (meta[id].hits == 0) return pop_front(s1);
-          --meta[id].hits;  // one more round in main per hit
+          if (nodes[id].hits == 0) return pop_front(s1);
+          --nodes[id].hits;  // one more round in main per hit
           move_head(s1, s1);
         }
     }
@@ -209,7 +208,7 @@ struct BlockPool::Retention {
   // Sets block id's priority and expiry (counts per class, the budget's count, timed blocks).
   // The block must not be in a level list (the caller requeues it).
   void set(BlockId id, RetentionPriority p, RetentionTick dur, RetentionTick exp) noexcept {
-    Meta& m = meta[id];
+    Node& m = nodes[id];
     assert(m.list == kNone || m.list == kUncached);
     const RetentionPriority old = m.prio;
     if (old != p) {
@@ -219,16 +218,20 @@ struct BlockPool::Retention {
           (p > kDefaultRetentionPriority ? 1 : 0) - (old > kDefaultRetentionPriority ? 1 : 0);
       m.prio = p;
     }
-    timed += (exp != kNoExpiry ? 1 : 0) - (expires[id] != kNoExpiry ? 1 : 0);
-    duration[id] = dur;
-    expires[id] = exp;
+    const bool t = exp != kNoExpiry;
+    if (t || m.timed) {
+      timed += (t ? 1 : 0) - (m.timed ? 1 : 0);
+      m.timed = t;
+      duration[id] = dur;
+      expires[id] = exp;
+    }
   }
   void reset(BlockId id) noexcept {
     set(id, kDefaultRetentionPriority, kNoExpiry, kNoExpiry);
-    meta[id].hits = 0;
+    nodes[id].hits = 0;
   }
   bool expired(BlockId id, RetentionTick now) const noexcept {
-    return expires[id] != kNoExpiry && now >= expires[id];
+    return nodes[id].timed && now >= expires[id];
   }
   void expire(BlockId id) noexcept {
     ++stats.expirations;
@@ -238,7 +241,7 @@ struct BlockPool::Retention {
 
   // Queues a block that reached ref 0 while cached: an expired priority falls back first.
   void queue_cached(BlockId id, RetentionTick now) noexcept {
-    if (expires[id] != kNoExpiry) {
+    if (nodes[id].timed) [[unlikely]] {
       if (expired(id, now)) {
         expire(id);
       } else {
@@ -250,10 +253,10 @@ struct BlockPool::Retention {
 
   // A hit on cached block id (held or free; if free the caller has removed it from its list).
   void hit(BlockId id, RetentionTick now) noexcept {
-    Meta& m = meta[id];
+    Node& m = nodes[id];
     ++stats.by_class[static_cast<std::size_t>(retention_class(m.prio))].hits;
     if (m.hits < kMaxHits) ++m.hits;
-    if (expires[id] != kNoExpiry) {
+    if (m.timed) [[unlikely]] {
       if (expired(id, now)) {
         expire(id);
       } else {
@@ -272,8 +275,8 @@ struct BlockPool::Retention {
       for (int s = 0; s < kSegs; ++s) {
         BlockId id = lists[list_of(lv, s)].head;
         while (id != kQueueEnd) {
-          const BlockId nx = links[id].next;
-          if (expires[id] != kNoExpiry) {
+          const BlockId nx = nodes[id].next;
+          if (nodes[id].timed) {
             if (expired(id, now)) {
               remove(id);
               expire(id);
@@ -408,7 +411,7 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   for (std::int32_t i = 0; i < n; ++i) {
     const BlockId id = r.pop_victim();
     if (r.last_list != Retention::kUncached) {
-      const RetentionPriority p = r.meta[id].prio;
+      const RetentionPriority p = r.nodes[id].prio;
       ++r.stats.by_class[static_cast<std::size_t>(retention_class(p))].evictions;
       if (p > kDefaultRetentionPriority) ++r.stats.forced_evictions;
     }
@@ -423,8 +426,8 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
 
 void BlockPool::ret_after_evict(BlockId id) noexcept {
   Retention& r = *ret_;
-  ++r.stats.by_class[static_cast<std::size_t>(retention_class(r.meta[id].prio))].evictions;
-  const bool queued = r.meta[id].list != Retention::kNone;
+  ++r.stats.by_class[static_cast<std::size_t>(retention_class(r.nodes[id].prio))].evictions;
+  const bool queued = r.nodes[id].list != Retention::kNone;
   if (queued) r.remove(id);
   r.reset(id);
   if (queued) r.push_front(Retention::kUncached, id);
@@ -441,8 +444,8 @@ void BlockPool::ret_reset() noexcept {
     if (u.tail == kQueueEnd) {
       u.head = q.head;
     } else {
-      r.links[u.tail].next = q.head;
-      r.links[q.head].prev = u.tail;
+      r.nodes[u.tail].next = q.head;
+      r.nodes[q.head].prev = u.tail;
     }
     u.tail = q.tail;
     u.size += q.size;
@@ -450,8 +453,8 @@ void BlockPool::ret_reset() noexcept {
   }
   r.level_size.fill(0);
   r.nonempty.fill(0);
-  for (BlockId id = u.head; id != kQueueEnd; id = r.links[id].next) {
-    r.meta[id].list = Retention::kUncached;
+  for (BlockId id = u.head; id != kQueueEnd; id = r.nodes[id].next) {
+    r.nodes[id].list = Retention::kUncached;
     r.reset(id);
   }
   r.next_expiry = kNoExpiry;
@@ -485,10 +488,10 @@ void BlockPool::set_retention(std::span<const BlockId> ids, RetentionPriority pr
   for (const BlockId id : ids) {
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
-    const std::uint8_t list = r.meta[id].list;
+    const std::uint8_t list = r.nodes[id].list;
     if (list == Retention::kUncached) continue;  // free and uncached: nothing to keep
     const bool free = list != Retention::kNone;
-    RetentionPriority cur = r.meta[id].prio;
+    RetentionPriority cur = r.nodes[id].prio;
     const bool lapsed = r.expired(id, now);
     if (lapsed) cur = kDefaultRetentionPriority;
     RetentionPriority p = cur;
@@ -496,7 +499,7 @@ void BlockPool::set_retention(std::span<const BlockId> ids, RetentionPriority pr
     RetentionTick e = lapsed ? kNoExpiry : r.expires[id];
     if (cur == kDefaultRetentionPriority || priority > cur) {
       if (priority > kDefaultRetentionPriority && cur <= kDefaultRetentionPriority &&
-          r.stats.retained_blocks - (r.meta[id].prio > kDefaultRetentionPriority ? 1 : 0) >=
+          r.stats.retained_blocks - (r.nodes[id].prio > kDefaultRetentionPriority ? 1 : 0) >=
               r.stats.retained_budget) {
         ++r.stats.budget_refusals;
       } else {
@@ -524,7 +527,7 @@ BlockRetention BlockPool::retention(BlockId id) const {
   if (r.expires[id] != kNoExpiry && read_clock(config_.retention_clock) >= r.expires[id]) {
     return BlockRetention{};
   }
-  return BlockRetention{r.meta[id].prio, r.duration[id], r.expires[id]};
+  return BlockRetention{r.nodes[id].prio, r.duration[id], r.expires[id]};
 }
 
 RetentionStats BlockPool::retention_stats() const {
@@ -551,12 +554,12 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
     const Retention::List& q = r.lists[static_cast<std::size_t>(l)];
     BlockId prev = kQueueEnd;
     std::int32_t n = 0;
-    for (BlockId id = q.head; id != kQueueEnd; id = r.links[id].next) {
+    for (BlockId id = q.head; id != kQueueEnd; id = r.nodes[id].next) {
       if (id <= 0 || id >= config_.num_blocks) fail("a list link is out of range");
       if (seen[id]) fail(id_text(id) + " is in a list twice (or a list has a cycle)");
       seen[id] = 1;
-      if (r.links[id].prev != prev) fail(id_text(id) + " has a wrong prev link");
-      if (r.meta[id].list != l) fail(id_text(id) + " names another list than its own");
+      if (r.nodes[id].prev != prev) fail(id_text(id) + " has a wrong prev link");
+      if (r.nodes[id].list != l) fail(id_text(id) + " names another list than its own");
       const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
       if (b.ref_cnt != 0) fail(id_text(id) + " is listed with ref count > 0");
       if ((l == Retention::kUncached) == b.is_cached()) {
@@ -564,7 +567,7 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
       }
       if (l != Retention::kUncached) {
         const int lv = Retention::level_of_list(static_cast<std::uint8_t>(l));
-        if (lv != r.meta[id].prio) fail(id_text(id) + " is listed at another priority");
+        if (lv != r.nodes[id].prio) fail(id_text(id) + " is listed at another priority");
         if (config_.eviction_policy == EvictionPolicy::kLru && (l - 1) % Retention::kSegs != 0) {
           fail(id_text(id) + " is in a second segment under LRU");
         }
@@ -572,7 +575,7 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
         if (r.expires[id] != kNoExpiry && r.expires[id] < r.next_expiry) {
           fail(id_text(id) + " expires before the recorded next expiry");
         }
-      } else if (r.meta[id].prio != kDefaultRetentionPriority || r.expires[id] != kNoExpiry) {
+      } else if (r.nodes[id].prio != kDefaultRetentionPriority || r.expires[id] != kNoExpiry) {
         fail(id_text(id) + " is free and uncached but keeps a retention");
       }
       prev = id;
@@ -595,7 +598,10 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
   std::array<std::int64_t, kNumRetentionClasses> by_class{};
   std::int64_t retained = 0, timed = 0;
   for (std::size_t i = 1; i < blocks_.size(); ++i) {
-    const Retention::Meta& m = r.meta[i];
+    const Retention::Node& m = r.nodes[i];
+    if (m.timed != (r.expires[i] != kNoExpiry)) {
+      fail(id_text(static_cast<BlockId>(i)) + ": the timed flag disagrees with the expiry");
+    }
     if (m.prio > kMaxRetentionPriority) fail(id_text(static_cast<BlockId>(i)) + ": bad priority");
     if (m.hits > Retention::kMaxHits) fail(id_text(static_cast<BlockId>(i)) + ": bad hit count");
     if (m.list == Retention::kNone && blocks_[i].ref_cnt == 0) {
@@ -611,7 +617,7 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
       fail(id_text(static_cast<BlockId>(i)) + ": an expiry without a duration or back");
     }
   }
-  if (r.meta[0].list != Retention::kNone) fail("the null block is listed");
+  if (r.nodes[0].list != Retention::kNone) fail("the null block is listed");
   for (std::size_t c = 0; c < kNumRetentionClasses; ++c) {
     if (by_class[c] != r.stats.by_class[c].blocks) fail("a class's block count is wrong");
   }
@@ -623,12 +629,12 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
 void BlockPool::ret_snapshot(BlockPoolSnapshot& s) const {
   const Retention& r = *ret_;
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
-    s.retention.push_back(BlockRetention{r.meta[i].prio, r.duration[i], r.expires[i]});
-    s.policy_hits.push_back(r.meta[i].hits);
+    s.retention.push_back(BlockRetention{r.nodes[i].prio, r.duration[i], r.expires[i]});
+    s.policy_hits.push_back(r.nodes[i].hits);
   }
   for (const Retention::List& q : r.lists) {
     std::vector<BlockId> ids;
-    for (BlockId id = q.head; id != kQueueEnd; id = r.links[id].next) ids.push_back(id);
+    for (BlockId id = q.head; id != kQueueEnd; id = r.nodes[id].next) ids.push_back(id);
     s.eviction_lists.push_back(std::move(ids));
   }
   s.retention_stats = r.stats;
@@ -637,8 +643,7 @@ void BlockPool::ret_snapshot(BlockPoolSnapshot& s) const {
 std::size_t BlockPool::ret_memory_bytes() const noexcept {
   if (ret_ == nullptr) return 0;
   const Retention& r = *ret_;
-  return sizeof(Retention) + r.links.capacity() * sizeof(Retention::Link) +
-         r.meta.capacity() * sizeof(Retention::Meta) +
+  return sizeof(Retention) + r.nodes.capacity() * sizeof(Retention::Node) +
          (r.duration.capacity() + r.expires.capacity()) * sizeof(RetentionTick);
 }
 
