@@ -9,6 +9,12 @@
 //    unhashed ones at the head as a group in the given order (reused first), hashed ones at the
 //    tail in the given order (kept longest), so a chain's tail is evicted before its head.
 //  - The map allows duplicates and returns the first inserted block for a hash.
+//  - Retention (retention.hpp, docs/retention.md): blocks carry a priority 0..100 (default 35);
+//    a free cached block is evicted only once no free cached block of a lower priority is left,
+//    and free uncached blocks go first of all. Within a priority, config().eviction_policy picks
+//    (LRU: the order above). An LRU pool without retention keeps exactly the code path and order
+//    above; a pool with a non-LRU policy, or after its first non-default set_retention(), keeps
+//    its free blocks in the retention lists instead (src/pool/block_pool_retention.cpp).
 //
 // Collision safety (on by default, always on for xxh3_128): a cached block stores its key
 // material - its tokens, its extra keys and the identity of its parent's prefix - and a lookup
@@ -412,7 +418,7 @@ class BlockPool {
   // A free block whose priority changes moves to its new priority's most recently used end.
   // The first ask for a non-default priority in an LRU pool makes it keep retention state: one
   // O(free blocks) move of the free queue into the retention lists, in the same order, and
-  // 24 bytes per block more (it may throw bad_alloc then, changing nothing).
+  // 28 bytes per block more (it may throw bad_alloc then, changing nothing).
   // Errors (nothing changes): an id out of range, priority > kMaxRetentionPriority, a duration
   // <= 0, a duration without a retention_clock.
   // Complexity: O(ids.size()), plus that one move.

@@ -11,7 +11,11 @@
 //    FIFO (10% of the free cached blocks of their priority); hit blocks enter the main FIFO and
 //    carry a 2-bit hit count. Eviction takes the small FIFO's oldest while it holds 10% or more
 //    (or main is empty), else main's oldest, which is moved to main's tail with one hit less
-//    while its count is above 0 (at most 3 moves per hit: O(1) amortized).
+//    while its count is above 0 (at most 3 moves per hit: O(1) amortized). Without S3-FIFO's
+//    ghost queue: a ghost of recently evicted block hashes (re-stored blocks entering main) was
+//    measured and made the Mooncake replay worse (bench/results/eviction.md).
+// Free uncached blocks are handed out before any cached one under every policy; retention
+// priorities order eviction across classes before the policy orders it within one.
 // Errors: parse_eviction_policy throws pagedkv::Error (kParseError) naming the bad string.
 // Thread safety: plain values and pure functions.
 #pragma once
