@@ -14,7 +14,6 @@ std::string_view to_string(EvictionPolicy policy) noexcept {
       return "slru";
     case EvictionPolicy::kS3Fifo:
       return "s3fifo";
-
   }
   return "unknown";
 }

@@ -452,7 +452,7 @@ class BlockPool {
   struct ExtraKeyTable;  // interned extra-key encodings, reference counted (src/pool/*internal.hpp)
   struct ContentTable;   // hash-consed prefix content ids, reference counted (same file)
   struct OrphanTable;    // guarded chain hashes: records of evicted parents (same file)
-  struct Retention;      // retention priorities and policy lists (src/pool/block_pool_retention.cpp)
+  struct Retention;      // retention lists and priorities (block_pool_retention.cpp)
 
   // Guarded chain hashes, per block. A cached block is a record of its prefix; `link` names the
   // record of its parent prefix as it was when the block was cached: kRootLink (block 0), or a
@@ -595,7 +595,7 @@ class BlockPool {
     void operator()(Retention* r) const noexcept;
   };
   std::unique_ptr<Retention, RetentionDeleter> ret_;  // null: the LRU queue alone
-  std::int32_t ret_free_ = 0;       // free blocks in ret_'s lists (0 without it)
+  std::int32_t ret_free_ = 0;                         // free blocks in ret_'s lists (0 without it)
 
   // Stored key material (only with verify_cache_hits). Own identities: each cached block names
   // its content id (KVCacheBlock::content_id); the table holds the material. Chain-hash
