@@ -25,7 +25,9 @@ inline constexpr RetentionPriority kMaxRetentionPriority = 100;
 // pool's config names. kNoExpiry: a priority that never runs out.
 using RetentionTick = std::int64_t;
 inline constexpr RetentionTick kNoExpiry = std::numeric_limits<RetentionTick>::max();
-// Returns the current tick; must be monotonic (never decrease) and must not throw.
+// Returns the current tick; must be monotonic (never decrease) and must not throw. The const
+// BlockPool::retention() calls it too, so a clock shared by threads that read a pool at once must
+// allow concurrent calls (a steady clock does).
 using RetentionClock = std::function<RetentionTick()>;
 
 // A block's retention as the pool holds it.
