@@ -484,6 +484,12 @@ void DiskStore::Impl::open_files() {
   }
   struct stat st {};
   if (::fstat(slab_fd, &st) != 0) sys_fail("cannot stat " + slab.string(), errno);
+  if (!fresh && st.st_size < total) {  // cut short since it was sized: count what is gone
+    const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+    const std::uint64_t whole =
+        size > kFileHeaderBytes ? (size - kFileHeaderBytes) / slot_bytes : 0;
+    open_stats.truncated = num_slots - std::min<std::uint64_t>(whole, num_slots);
+  }
   if (st.st_size > total && ::ftruncate(slab_fd, total) != 0) {
     sys_fail("cannot shrink " + slab.string(), errno);
   }
@@ -701,6 +707,11 @@ void DiskStore::Impl::io_thread() {
 
 std::size_t DiskStore::slot_bytes_for(std::size_t value_bytes) noexcept {
   const std::size_t raw = kSlotRecordBytes + kRemoteValueHeaderSize + value_bytes;
+  if (raw <= 4096) {  // a power of two from 512: a slot never straddles a 4 KiB page
+    std::size_t b = 512;
+    while (b < raw) b *= 2;
+    return b;
+  }
   return (raw + 4095) / 4096 * 4096;
 }
 

@@ -8,7 +8,8 @@
 //             same directory, in this process or another, is refused with pagedkv::Error
 //             (kInvalidState) while the first is open. There is no shared or read-only mode.
 //   slab.pkv  a 4096-byte file header (magic, version, slot size, value size, namespace hash,
-//             checksum), then num_slots slots of slot_bytes() each (4096-aligned). A slot is a
+//             checksum), then num_slots slots of slot_bytes() each (512 to 4096 bytes, a power of
+//             two, or a multiple of 4096: slot_bytes_for). A slot is a
 //             64-byte record (magic, put sequence number, the key: the block hash the value is
 //             stored under, record checksum) followed by the value: remote_value.hpp's 112-byte
 //             header + payload, exactly as RedisStore stores it (encode_remote_value_header with
@@ -37,7 +38,8 @@
 // scan found is in open_stats(). A file header that does not check (torn, corrupted) discards the
 // slab (open_stats().reset); a valid header of another slot size, value size or namespace throws
 // pagedkv::Error (kInvalidArgument): use another directory. A file shorter than the slots is
-// extended (missing bytes read as zeros: empty slots, or a counted checksum miss).
+// extended (missing bytes read as zeros: empty slots, or a counted checksum miss) and the slots
+// it cut are counted (open_stats().truncated).
 //
 // Threads. One I/O thread does every pread/pwrite and owns the index; submissions and poll() only
 // touch a bounded queue under a mutex, never the disk. The queue holds at most `queue_depth` ops
@@ -93,6 +95,8 @@ struct DiskStoreOpenStats {
   std::uint64_t empty = 0;       // slots without a record (never written or retired)
   std::uint64_t invalid = 0;     // slots with a record or value header that did not check
   std::uint64_t duplicates = 0;  // older slots of a key stored twice (ignored)
+  std::uint64_t truncated = 0;   // slots (partly) past the end of a file found shorter than its
+                                 // slots (cut short since: their values are lost or torn)
   bool reset = false;            // the file header did not check: the slab was discarded
 };
 
@@ -117,7 +121,9 @@ class DiskStore final : public RemoteStore {
   // Like poll(), but blocks up to max_wait until at least one completion is available.
   std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait);
 
-  // Bytes per slot: record + value header + value_bytes, rounded up to 4096.
+  // Bytes per slot: record + value header + value_bytes, rounded up to the next power of two
+  // from 512 to 4096 (a slot then never straddles a 4 KiB page of the file), above that to a
+  // multiple of 4096.
   static std::size_t slot_bytes_for(std::size_t value_bytes) noexcept;
   std::size_t slot_bytes() const noexcept;
   std::uint64_t num_slots() const noexcept;
