@@ -12,7 +12,8 @@
 // fsync on either side: both measure the page cache path (the store's documented policy); the files
 // are removed at exit.
 //
-// Usage: bench_disk_store [--dir DIR] [--rounds N] [--blocks N] [--batch N] [--quick]
+// Usage: bench_disk_store [--dir DIR] [--rounds N] [--blocks N] [--batch N] [--io-threads 1|2]
+//                         [--quick]   (--io-threads: DiskStoreConfig::io_threads, default 2)
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
@@ -85,7 +86,7 @@ void wait_all(pagedkv::DiskStore& s, std::size_t n, pagedkv::RemoteResult want,
 }
 
 void run_size(const fs::path& dir, std::size_t value, std::size_t blocks, std::size_t batch,
-              int rounds) {
+              int rounds, int io_threads) {
   // Distinct payloads (as many as a batch) so neither side writes one buffer over and over.
   std::vector<std::vector<std::byte>> src(batch, std::vector<std::byte>(value));
   for (std::size_t b = 0; b < batch; ++b) {
@@ -106,6 +107,7 @@ void run_size(const fs::path& dir, std::size_t value, std::size_t blocks, std::s
   cfg.value_bytes = value;
   cfg.capacity_bytes = std::uint64_t(blocks) * pagedkv::DiskStore::slot_bytes_for(value);
   cfg.sync_on_close = false;
+  cfg.io_threads = io_threads;
   fs::remove_all(cfg.directory);
   pagedkv::DiskStore store(cfg);
   std::vector<pagedkv::RemoteCompletion> buf;
@@ -189,10 +191,12 @@ void run_size(const fs::path& dir, std::size_t value, std::size_t blocks, std::s
   const double pw = median(f.plain_write), pr = median(f.plain_read);
   const double sp = median(f.store_put), sg = median(f.store_get);
   std::printf(
-      "value %8zu B x %5zu blocks, %d rounds: write GB/s plain %6.2f store %6.2f (ratio %.2f) | "
+      "value %8zu B x %5zu blocks, %d rounds, io_threads %d: write GB/s plain %6.2f store %6.2f "
+      "(ratio %.2f) | "
       "read GB/s plain %6.2f store %6.2f (ratio %.2f) | in memory: checksum %6.2f GB/s, memcpy "
       "%6.2f GB/s\n",
-      value, blocks, rounds, pw, sp, sp / pw, pr, sg, sg / pr, median(f.checksum), median(f.copy));
+      value, blocks, rounds, io_threads, pw, sp, sp / pw, pr, sg, sg / pr, median(f.checksum),
+      median(f.copy));
   const double cpw = median(f.cpu_plain_write), cpr = median(f.cpu_plain_read);
   const double csp = median(f.cpu_store_put), csg = median(f.cpu_store_get);
   std::printf(
@@ -211,6 +215,7 @@ int main(int argc, char** argv) {
   std::size_t batch = 32;
   bool quick = false;
   std::size_t blocks_arg = 0;
+  int io_threads = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string {
@@ -228,12 +233,14 @@ int main(int argc, char** argv) {
       blocks_arg = std::stoul(next());
     else if (a == "--batch")
       batch = std::stoul(next());
+    else if (a == "--io-threads")
+      io_threads = std::stoi(next());
     else if (a == "--quick")
       quick = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_disk_store [--dir DIR] [--rounds N] [--blocks N] [--batch N] "
-                   "[--quick]\n");
+                   "[--io-threads 1|2] [--quick]\n");
       return 2;
     }
   }
@@ -247,7 +254,7 @@ int main(int argc, char** argv) {
   for (std::size_t value : {std::size_t{64} << 10, std::size_t{512} << 10, std::size_t{2} << 20}) {
     const std::size_t blocks =
         blocks_arg != 0 ? blocks_arg : std::max<std::size_t>(1, total_bytes / value);
-    run_size(dir, value, blocks, std::min(batch, blocks), rounds);
+    run_size(dir, value, blocks, std::min(batch, blocks), rounds, io_threads);
   }
   fs::remove_all(dir);
   return 0;

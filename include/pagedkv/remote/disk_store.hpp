@@ -41,8 +41,13 @@
 // extended (missing bytes read as zeros: empty slots, or a counted checksum miss) and the slots
 // it cut are counted (open_stats().truncated).
 //
-// Threads. One I/O thread does every pread/pwrite and owns the index; submissions and poll() only
-// touch a bounded queue under a mutex, never the disk. The queue holds at most `queue_depth` ops
+// Threads. One I/O thread takes the ops in submission order and does all index work (lookups,
+// slot choice, LRU, commits) in that order; with io_threads == 2 and values of 32 KiB or more, a
+// run of consecutive gets (or puts) is split in two halves whose reads (writes), checksums and
+// copies run on the I/O thread and a second thread at once, the outcomes then applied to the
+// index in op order (the same index as one thread leaves, except that two gets of one corrupted
+// key in one run both count the failed check). Submissions and poll() only touch a bounded queue
+// under a mutex, never the disk. The queue holds at most `queue_depth` ops
 // submitted and not yet polled; a batch that does not fit is refused whole (nullopt) and counted
 // in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout
 // (a pread/pwrite already running is not interrupted). I/O errors complete kError; ENOSPC/EDQUOT
@@ -50,15 +55,16 @@
 // index (its record zeroed): a bad header or checksum, or a value of another block; a value of the
 // same block asked for under another parent or group stays (a miss for that get only).
 //
-// Complexity: exists O(1); get/put O(value) (one pread or one pwritev, one xxh3_64 pass); the
+// Complexity: exists O(1); get/put O(value) (one pread or one pwritev, one xxh3_64 pass, a get
+// one copy from its staging buffer: the destination is written only on kHit); the
 // index is an open-addressing table (no allocation after construction); memory ~80 bytes per slot.
 // Thread safety: every member may be called from any thread.
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty
 // directory or namespace, value_bytes 0, capacity below one slot or above 2^32 - 2 slots, zero
-// queue depth, non-positive op_timeout) or a directory it cannot create/open/size, and
-// kInvalidState when the directory is locked. Submissions throw (kInvalidArgument) on an empty key
-// or a buffer whose size is not value_bytes, before anything is submitted. std::system_error if
-// the thread cannot be started.
+// queue depth, non-positive op_timeout, io_threads other than 1 or 2) or a directory it cannot
+// create/open/size, and kInvalidState when the directory is locked. Submissions throw
+// (kInvalidArgument) on an empty key or a buffer whose size is not value_bytes, before anything is
+// submitted. std::system_error if the thread cannot be started.
 #pragma once
 
 #include <chrono>
@@ -84,6 +90,10 @@ struct DiskStoreConfig {
   std::uint64_t capacity_bytes = 1ull << 30;  // slab size; slots = capacity / slot_bytes()
   std::size_t queue_depth = 4096;             // ops submitted and not yet polled
   std::chrono::milliseconds op_timeout{1000};
+  // 2: runs of gets or puts of values of 32 KiB or more are split across the I/O thread and a
+  // second thread (reads, writes, checksums and copies in parallel; the index work stays in op
+  // order on the I/O thread). 1: one I/O thread does everything.
+  int io_threads = 2;
   bool preallocate = true;    // posix_fallocate the slab (falls back to a sparse file)
   bool sync_on_close = true;  // fdatasync in the destructor
 };
