@@ -243,9 +243,15 @@ TEST(DiskStore, TwoIoThreadsGiveWhatOneGives) {
         for (const auto& r : collect(s, ops.size())) t.results.push_back(r.result);
         for (std::size_t i = 0; i < keys.size(); ++i) t.read.push_back(dst[i]);
       };
+      auto snapshot = [&] {  // which keys are stored now
+        for (std::uint64_t k = 0; k < 30; ++k) {
+          t.present.push_back(s.slot_offset_of(key_of(k)).has_value());
+        }
+      };
       puts({0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
       gets({3, 1, 25, 8});               // one miss; 3, 1, 8 promoted in this order
       puts({10, 11, 12, 13, 3, 14, 3});  // evicts the LRU; key 3 put twice in one run
+      snapshot();
       const auto off = s.slot_offset_of(key_of(8));
       if (!off) {
         ADD_FAILURE() << "key 8 is not stored";
@@ -255,9 +261,9 @@ TEST(DiskStore, TwoIoThreadsGiveWhatOneGives) {
       patch_file(s.slab_path(), *off + DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize + 9,
                  flip);
       gets({8, 1, 14, 3, 0, 12});  // 8 is corrupt: a counted miss, dropped
+      snapshot();
       puts({15, 16, 17});
-      for (std::uint64_t k = 0; k < 30; ++k)
-        t.present.push_back(s.slot_offset_of(key_of(k)).has_value());
+      snapshot();
       t.checksum_failures = s.stats().checksum_failures;
     }
     DiskStore again(c);
@@ -278,9 +284,14 @@ TEST(DiskStore, TwoIoThreadsGiveWhatOneGives) {
   EXPECT_EQ(one.results[21], RemoteResult::kInvalidValue);  // key 8, corrupted
   EXPECT_EQ(one.read[4 + 1], bytes_of(kBig, 101));          // key 1
   EXPECT_EQ(one.read[4 + 3], bytes_of(kBig, 103));          // key 3 (put twice)
-  EXPECT_FALSE(one.present[8]);
-  EXPECT_TRUE(one.present[3] && one.present[1] && one.present[17]);
-  EXPECT_FALSE(one.present[0]);  // not promoted since the first puts: evicted
+  // After the second puts: the four least recently used (0, 2, 4, 5) evicted, 6 kept.
+  EXPECT_FALSE(one.present[0] || one.present[2] || one.present[4] || one.present[5]);
+  EXPECT_TRUE(one.present[6] && one.present[3] && one.present[14]);
+  EXPECT_FALSE(one.present[30 + 8]);  // dropped by its failed get
+  EXPECT_TRUE(one.present[60 + 17] && one.present[60 + 1]);
+  ASSERT_EQ(one.present.size(), 4u * 30);
+  EXPECT_EQ(std::vector<bool>(one.present.begin() + 60, one.present.begin() + 90),
+            std::vector<bool>(one.present.begin() + 90, one.present.end()));  // the restart
   EXPECT_THROW(
       [] {
         TempDir d;
