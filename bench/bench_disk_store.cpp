@@ -13,7 +13,7 @@
 // are removed at exit.
 //
 // Usage: bench_disk_store [--dir DIR] [--rounds N] [--blocks N] [--batch N] [--io-threads 1|2]
-//                         [--quick]   (--io-threads: DiskStoreConfig::io_threads, default 2)
+//                         [--quick]   (--io-threads: DiskStoreConfig::io_threads, default 1)
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
   std::size_t batch = 32;
   bool quick = false;
   std::size_t blocks_arg = 0;
-  int io_threads = 2;
+  int io_threads = 1;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string {

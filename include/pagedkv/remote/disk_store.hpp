@@ -90,10 +90,11 @@ struct DiskStoreConfig {
   std::uint64_t capacity_bytes = 1ull << 30;  // slab size; slots = capacity / slot_bytes()
   std::size_t queue_depth = 4096;             // ops submitted and not yet polled
   std::chrono::milliseconds op_timeout{1000};
-  // 2: runs of gets or puts of values of 32 KiB or more are split across the I/O thread and a
-  // second thread (reads, writes, checksums and copies in parallel; the index work stays in op
-  // order on the I/O thread). 1: one I/O thread does everything.
-  int io_threads = 2;
+  // 1: one I/O thread does everything. 2: runs of gets or puts of values of 32 KiB or more are
+  // split across the I/O thread and a second thread (reads, writes, checksums and copies in
+  // parallel; the index work stays in op order): more throughput only where a second core is
+  // free (not measurable on the loaded machine of bench/results/disk.md), a little more CPU.
+  int io_threads = 1;
   bool preallocate = true;    // posix_fallocate the slab (falls back to a sparse file)
   bool sync_on_close = true;  // fdatasync in the destructor
 };
