@@ -10,8 +10,9 @@ PAGEDKV_JOBS="$(nproc 2>/dev/null || echo 2)"
 # hash-vector test), GoogleTest, Google Benchmark, gnuplot for the replay plots, clang for the
 # fuzzer; Python headers, pybind11, numpy and pytest for the Python module (python/); ZeroMQ
 # (libzmq + cppzmq) and msgpack-cxx for pagedkv::events, and pyzmq + msgpack for the test that
-# decodes its stream independently; hiredis for pagedkv::remote, and the servers its tests start
-# on 127.0.0.1 (redis-server, nutcracker = twemproxy) plus redis-tools for redis-benchmark;
+# decodes its stream independently; hiredis for RedisStore (pagedkv::remote; DiskStore needs
+# none), and the servers its tests start on 127.0.0.1 (redis-server, nutcracker = twemproxy) plus
+# redis-tools for redis-benchmark;
 # zlib for pagedkv-replay's gzip-compressed traces.
 PAGEDKV_PACKAGES=(cmake g++ make libssl-dev libxxhash-dev xxhash libgtest-dev libgmock-dev
                   libbenchmark-dev gnuplot-nox clang libclang-rt-14-dev

@@ -16,9 +16,12 @@
 #include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 #if PAGEDKV_REPLAY_REMOTE
-#include "pagedkv/remote/redis_store.hpp"
+#include "pagedkv/remote/disk_store.hpp"
 #include "pagedkv/remote/remote_value.hpp"
 #include "pagedkv/tier/remote_tier.hpp"
+#endif
+#if PAGEDKV_REPLAY_REDIS
+#include "pagedkv/remote/redis_store.hpp"
 #endif
 
 namespace pagedkv::replay {
@@ -75,14 +78,15 @@ bool payload_matches(std::span<const std::byte> src, const BlockHash& h) {
   return true;
 }
 
-// One engine: a plain KVCacheManager, or a TieredKVCacheManager (+ a RemoteTier on a RedisStore).
+// One engine: a plain KVCacheManager, or a TieredKVCacheManager (+ a RemoteTier on a RedisStore
+// or a DiskStore).
 struct Engine {
   std::unique_ptr<KVCacheManager> plain;
   std::unique_ptr<TieredKVCacheManager> tier;
   std::vector<std::byte> host;  // placeholder payloads, slot s at s * payload bytes
   std::size_t payload = 0;
 #if PAGEDKV_REPLAY_REMOTE
-  std::unique_ptr<RedisStore> store;
+  std::unique_ptr<RemoteStore> store;
   std::unique_ptr<RemoteTier> remote;
 #endif
   const KVCacheManager& gpu() const {
@@ -115,10 +119,16 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
     throw Error(ErrorCode::kInvalidArgument,
                 "--remote needs --host-blocks M (remote loads land in host slots)");
   }
-#if !PAGEDKV_REPLAY_REMOTE
-  if (c.remote) {
+  const bool on_disk = c.remote && c.remote->starts_with("file://");
+  if (on_disk && c.engines != 1) {
     throw Error(ErrorCode::kInvalidArgument,
-                "--remote: this build has no remote layer (pagedkv::remote needs hiredis)");
+                "--disk: one engine (a DiskStore directory belongs to one store; use --remote "
+                "redis://... to share a tier between engines)");
+  }
+#if !PAGEDKV_REPLAY_REDIS
+  if (c.remote && !on_disk) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--remote: this build has no RedisStore (configure with libhiredis-dev installed)");
   }
 #endif
   if (tiered && (o.sliding_window > 0 || !o.caching)) {
@@ -152,12 +162,28 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
                        std::byte{0});
 #if PAGEDKV_REPLAY_REMOTE
       if (c.remote) {
-        RedisStoreConfig sc = RedisStoreConfig::from_url(*c.remote);
-        sc.layout_fingerprint = layout_fingerprint("pagedkv-replay placeholder payload, " +
-                                                   std::to_string(eng->payload) + " bytes");
-        sc.op_timeout = c.remote_op_timeout;
-        sc.queue_depth = 1u << 20;  // a whole request's probe or put batch (no refusals)
-        eng->store = std::make_unique<RedisStore>(sc);
+        const std::uint64_t fingerprint = layout_fingerprint(
+            "pagedkv-replay placeholder payload, " + std::to_string(eng->payload) + " bytes");
+        if (on_disk) {  // --disk DIR --disk-gib G
+          DiskStoreConfig dc;
+          dc.directory = c.remote->substr(7);
+          dc.name_space = "pagedkv-replay";
+          dc.layout_fingerprint = fingerprint;
+          dc.value_bytes = eng->payload;
+          dc.capacity_bytes = static_cast<std::uint64_t>(c.disk_gib * double(1ull << 30));
+          dc.op_timeout = c.remote_op_timeout;
+          dc.queue_depth = 1u << 20;  // a whole request's probe or put batch (no refusals)
+          dc.sync_on_close = false;   // a benchmark: the page cache is enough
+          eng->store = std::make_unique<DiskStore>(dc);
+        } else {
+#if PAGEDKV_REPLAY_REDIS
+          RedisStoreConfig sc = RedisStoreConfig::from_url(*c.remote);
+          sc.layout_fingerprint = fingerprint;
+          sc.op_timeout = c.remote_op_timeout;
+          sc.queue_depth = 1u << 20;  // a whole request's probe or put batch (no refusals)
+          eng->store = std::make_unique<RedisStore>(sc);
+#endif
+        }
         RemoteTierConfig rc;
         rc.policy = PrefetchPolicy::kWaitComplete;
         rc.bytes_per_block = eng->payload;

@@ -21,6 +21,11 @@
 // it is looked up, and every op of its engine (puts included) is completed before the next
 // request starts, so the figures do not depend on timing (unless ops time out or fail: counted).
 // The namespace must be fresh (unused on the server) for the figures to mean "this run only".
+//
+// With --disk DIR --disk-gib G (needs --host-blocks, one engine) the remote tier runs on a
+// DiskStore (remote/disk_store.hpp) in DIR of G GiB instead (reported as remote "file://DIR");
+// the store keeps what it holds across runs (that is its point), so the directory must be new
+// or empty for the figures to mean "this run only".
 #pragma once
 
 #include <chrono>
@@ -45,7 +50,9 @@ struct ClusterOptions {
   std::uint32_t load_window = 64;
   events::KVRouterConfig weights;
   std::optional<std::string> kv_events;     // publish each engine's stream here (port + k)
-  std::optional<std::string> remote;        // redis://HOST:PORT/NS shared by the engines
+  std::optional<std::string> remote;        // redis://HOST:PORT/NS shared by the engines, or
+                                            // file://DIR (--disk DIR): a DiskStore, one engine
+  double disk_gib = 1;                      // --disk-gib: the DiskStore's capacity
   std::uint32_t remote_payload_bytes = 64;  // placeholder payload per block
   std::chrono::milliseconds remote_op_timeout{1000};  // each store op completes within this
   std::uint32_t remote_store_min_hits = 0;            // RemoteTierConfig::store_min_hits

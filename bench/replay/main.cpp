@@ -94,6 +94,12 @@ constexpr const char* kUsage =
     "                            after_hits:K (after K host hits), host_eviction (when the host\n"
     "                            tier evicts it)\n"
     "  --remote-timeout-ms T     each store op completes (or fails) within T ms (1000)\n"
+    "  --disk DIR                the remote tier on a local-disk store (DiskStore) in DIR instead\n"
+    "                            of Redis (needs --host-blocks M; one engine; reported as\n"
+    "                            remote file://DIR); DIR keeps its values across runs: use a\n"
+    "                            new or empty one for this run's figures; --remote-* apply\n"
+    "  --disk-gib G              the disk store's capacity in GiB (1; fractions allowed): with\n"
+    "                            64-byte payloads a slot is 512 bytes, ~2.1 M blocks per GiB\n"
     "host tier (sequential and engine mode):\n"
     "  --host-blocks M [M ...]   a host-memory tier of M blocks beside the --num-blocks GPU pool\n"
     "                            (several sweep); adds gpu_hit_tokens, host_hit_tokens,\n"
@@ -306,6 +312,18 @@ int main(int argc, char** argv) {
         usage_error("--remote-store: write_through, after_hits:K or host_eviction, not '" + p +
                     "'");
       }
+    } else if (arg == "--disk") {
+      const std::string dir = value();
+      if (dir.empty()) usage_error("--disk: an empty directory name");
+      cluster_opt().remote = "file://" + dir;
+    } else if (arg == "--disk-gib") {
+      char* end = nullptr;
+      const std::string g = value();
+      const double gib = std::strtod(g.c_str(), &end);
+      if (g.empty() || *end != '\0' || !(gib > 0) || gib > 65536) {
+        usage_error("--disk-gib: '" + g + "' is not a size in GiB in (0, 65536]");
+      }
+      cluster_opt().disk_gib = gib;
 #endif
     } else if (arg == "--trace") {
       trace_path = value();

@@ -73,8 +73,10 @@ struct EngineConfig {
   std::int32_t num_host_blocks = 0;
   pagedkv::HostPolicy host_policy = pagedkv::HostPolicy::kWriteBack;
   // Remote tier below the host tier (remote_link.hpp): "redis://HOST:PORT/NAMESPACE", empty for
-  // none. Needs num_host_blocks > 0; ignored when caching is off.
+  // none. Needs num_host_blocks > 0; ignored when caching is off. "file://DIR": a local-disk
+  // store (pagedkv::DiskStore) of disk_bytes in DIR, kept across runs (--disk DIR).
   std::string remote_url;
+  std::uint64_t disk_bytes = 1ull << 30;
   // The cache's hash scheme (seed "pagedkv-tiny-engine"); sha256_cbor_vllm hashes as vLLM does.
   pagedkv::HashScheme hash_scheme = pagedkv::HashScheme::kSha256;
   // Non-empty: publish the KV events on vLLM's ZeroMQ wire there, once per step (pagedkv::events;

@@ -65,6 +65,12 @@ kernels, and reports what prefix caching saved.
                          block), and the run waits for those puts at exit. A Redis that is down
                          or slow means misses, never a failure. Values carry a fingerprint of
                          the model, KV dtype and block size: another model's blocks are misses
+  --disk DIR             the remote tier on a local-disk store (pagedkv::DiskStore) in DIR
+                         instead of Redis (same as --remote file://DIR; needs --host-blocks): it
+                         survives the process, so a second run on the same DIR loads what the
+                         first computed. A damaged file (truncated, flipped bytes) gives counted
+                         misses (remote_rejected_values, remote_disk_truncated), never wrong K/V
+  --disk-gib G           the disk store's capacity in GiB (default 1; fractions allowed)
   --token-budget N       tokens per scheduler step (default 128)
   --max-seqs N           running requests at most (default 16)
   --kv-dtype NAME        bf16 (default), fp16, fp8_e4m3 or fp8_e5m2 (FP8: 1-byte K/V codes with
@@ -196,6 +202,18 @@ Options parse(int argc, char** argv) {
       o.engine.remote_url = std::string(value());
       const std::string problem = tiny_engine::RemoteLink::check_url(o.engine.remote_url);
       if (!problem.empty()) usage_error("--remote: " + problem);
+    } else if (a == "--disk") {
+      const std::string dir(value());
+      if (dir.empty()) usage_error("--disk: an empty directory name");
+      o.engine.remote_url = "file://" + dir;
+    } else if (a == "--disk-gib") {
+      const std::string g(value());
+      char* end = nullptr;
+      const double gib = std::strtod(g.c_str(), &end);
+      if (g.empty() || *end != '\0' || !(gib > 0) || gib > 65536) {
+        usage_error("--disk-gib: '" + g + "' is not a size in GiB in (0, 65536]");
+      }
+      o.engine.disk_bytes = static_cast<std::uint64_t>(gib * double(1ull << 30));
     } else if (a == "--token-budget") {
       o.engine.max_num_batched_tokens = static_cast<std::uint32_t>(count(1, 1u << 16));
     } else if (a == "--max-seqs") {
@@ -254,6 +272,24 @@ std::uint64_t generated(const tiny_engine::RunResult& r) {
   return n;
 }
 
+// FNV-1a over every request's id, greedy tokens and logits' bits: two runs (two processes) with
+// equal digests produced the same tokens and bitwise-identical logits.
+std::string results_digest(const tiny_engine::RunResult& r) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  const auto mix = [&h](const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (std::size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001b3ull;
+  };
+  for (const auto& q : r.requests) {
+    mix(&q.id, sizeof q.id);
+    mix(q.output.data(), q.output.size() * sizeof(q.output[0]));
+    mix(q.logits.data(), q.logits.size() * sizeof(float));
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
 // Per-run fields, suffixed "_on" / "_off" in --compare (no suffix for a single run).
 void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const std::string& sfx) {
   const tiny_engine::RunStats& s = r.stats;
@@ -289,7 +325,13 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
       << ",\"remote_binding_mismatches" << sfx << "\":" << m.binding_mismatches
       << ",\"remote_ready_by_timeout" << sfx << "\":" << m.ready_by_timeout << ",\"remote_drained"
       << sfx << "\":" << (m.drained ? "true" : "false");
+    if (m.disk) {
+      j << ",\"remote_disk_recovered" << sfx << "\":" << m.disk_recovered
+        << ",\"remote_disk_invalid" << sfx << "\":" << m.disk_invalid << ",\"remote_disk_truncated"
+        << sfx << "\":" << m.disk_truncated;
+    }
   }
+  j << ",\"results_digest" << sfx << "\":\"" << results_digest(r) << "\"";
 }
 
 void print_run_text(const char* title, const tiny_engine::RunResult& r) {

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -9,42 +10,50 @@
 #include "kv_driver.hpp"
 #include "model.hpp"
 
-#if TINY_ENGINE_HAS_REMOTE
 #include "pagedkv/base/error.hpp"
-#include "pagedkv/remote/redis_store.hpp"
+#include "pagedkv/remote/disk_store.hpp"
 #include "pagedkv/remote/remote_value.hpp"
 #include "pagedkv/tier/remote_tier.hpp"
+#if TINY_ENGINE_HAS_REMOTE
+#include "pagedkv/remote/redis_store.hpp"
 #endif
 
 namespace tiny_engine {
 
-#if TINY_ENGINE_HAS_REMOTE
+namespace {
+constexpr std::string_view kFilePrefix = "file://";
+}  // namespace
 
 struct RemoteLink::Impl {
-  Impl(pagedkv::RedisStoreConfig sc, KVDriver& driver, pagedkv::RemoteTierConfig rc)
-      : store(std::move(sc)), remote(*driver.tier(), store, driver.host_buffer(), rc) {}
-  pagedkv::RedisStore store;
+  Impl(std::unique_ptr<pagedkv::RemoteStore> s, KVDriver& driver, pagedkv::RemoteTierConfig rc)
+      : store(std::move(s)), remote(*driver.tier(), *store, driver.host_buffer(), rc) {}
+  std::unique_ptr<pagedkv::RemoteStore> store;
   pagedkv::RemoteTier remote;  // destroyed first: drains its ops, clears the tier's hooks
+  const pagedkv::DiskStore* disk = nullptr;  // the store, when it is a DiskStore
 };
 
 std::string RemoteLink::check_url(const std::string& url) {
+  if (url.starts_with(kFilePrefix)) {
+    return url.size() > kFilePrefix.size() ? "" : "file:// needs a directory";
+  }
+#if TINY_ENGINE_HAS_REMOTE
   try {
     (void)pagedkv::RedisStoreConfig::from_url(url);
     return "";
   } catch (const pagedkv::Error& e) {
     return e.what();
   }
+#else
+  return "this build has no RedisStore (configure with libhiredis-dev installed); file://DIR "
+         "(--disk DIR) works";
+#endif
 }
 
 std::unique_ptr<RemoteLink> RemoteLink::open(const EngineConfig& config, const ModelConfig& model,
                                              KVDriver& driver) {
   if (driver.tier() == nullptr) throw std::invalid_argument("the remote tier needs a host tier");
-  pagedkv::RedisStoreConfig sc;
-  try {
-    sc = pagedkv::RedisStoreConfig::from_url(config.remote_url);
-  } catch (const pagedkv::Error& e) {
-    throw std::invalid_argument(std::string("--remote: ") + e.what());
-  }
+  const std::string problem = check_url(config.remote_url);
+  if (!problem.empty()) throw std::invalid_argument("--remote: " + problem);
   // Everything that makes the bytes of a block differ for the same tokens.
   const std::string layout =
       "pagedkv-tiny-engine/v1,layers=" + std::to_string(model.num_layers) +
@@ -56,16 +65,41 @@ std::unique_ptr<RemoteLink> RemoteLink::open(const EngineConfig& config, const M
       ",eps=" + std::to_string(model.rms_eps) + ",seed=" + std::to_string(model.seed) +
       ",kv=" + std::string(pagedkv::to_string(config.kv_dtype)) +
       ",block_size=" + std::to_string(config.block_size) + ",nhd,layer-first K0 V0 K1 V1";
-  sc.layout_fingerprint = pagedkv::layout_fingerprint(layout);
-  sc.op_timeout = kOpTimeout;
-  sc.connect_timeout = kOpTimeout;
+  const std::uint64_t fingerprint = pagedkv::layout_fingerprint(layout);
+  std::unique_ptr<pagedkv::RemoteStore> store;
+  const pagedkv::DiskStore* disk = nullptr;
+  if (config.remote_url.starts_with(kFilePrefix)) {  // --disk DIR: a DiskStore
+    pagedkv::DiskStoreConfig dc;
+    dc.directory = config.remote_url.substr(kFilePrefix.size());
+    dc.name_space = "pagedkv-tiny-engine";  // the fingerprint tells models apart
+    dc.layout_fingerprint = fingerprint;
+    dc.value_bytes = driver.host_block_bytes();
+    dc.capacity_bytes = config.disk_bytes;
+    dc.op_timeout = kOpTimeout;
+    try {
+      auto d = std::make_unique<pagedkv::DiskStore>(dc);
+      disk = d.get();
+      store = std::move(d);
+    } catch (const pagedkv::Error& e) {
+      throw std::invalid_argument(std::string("--disk: ") + e.what());
+    }
+  } else {
+#if TINY_ENGINE_HAS_REMOTE
+    pagedkv::RedisStoreConfig sc = pagedkv::RedisStoreConfig::from_url(config.remote_url);
+    sc.layout_fingerprint = fingerprint;
+    sc.op_timeout = kOpTimeout;
+    sc.connect_timeout = kOpTimeout;
+    store = std::make_unique<pagedkv::RedisStore>(sc);
+#endif
+  }
   pagedkv::RemoteTierConfig rc;
   rc.policy = pagedkv::PrefetchPolicy::kTimeout;
   rc.timeout = kTimeout;
   rc.bytes_per_block = driver.host_block_bytes();
   rc.drain_timeout = kDrainTimeout;
-  return std::unique_ptr<RemoteLink>(
-      new RemoteLink(std::make_unique<Impl>(std::move(sc), driver, rc)));
+  auto impl = std::make_unique<Impl>(std::move(store), driver, rc);
+  impl->disk = disk;
+  return std::unique_ptr<RemoteLink>(new RemoteLink(std::move(impl)));
 }
 
 void RemoteLink::add_request(const pagedkv::Request& request) {
@@ -98,8 +132,15 @@ RemoteRunStats RemoteLink::finish() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   const pagedkv::RemoteTierStats t = r.stats();
-  const pagedkv::RemoteStoreStats st = impl_->store.stats();
-  s.name_space = std::string(impl_->store.name_space());
+  const pagedkv::RemoteStoreStats st = impl_->store->stats();
+  s.name_space = std::string(impl_->store->name_space());
+  if (impl_->disk != nullptr) {
+    const pagedkv::DiskStoreOpenStats& o = impl_->disk->open_stats();
+    s.disk = true;
+    s.disk_recovered = o.recovered;
+    s.disk_invalid = o.invalid;
+    s.disk_truncated = o.truncated;
+  }
   s.requests = t.requests;
   s.probed_blocks = t.probed_blocks;
   s.probe_hit_blocks = t.probe_hit_blocks;
@@ -121,31 +162,6 @@ RemoteRunStats RemoteLink::finish() {
   s.connect_failures = st.connect_failures;
   return s;
 }
-
-#else  // without pagedkv::remote
-
-struct RemoteLink::Impl {};
-
-std::string RemoteLink::check_url(const std::string&) {
-  return "this build has no pagedkv::remote (configure with libhiredis-dev installed)";
-}
-
-std::unique_ptr<RemoteLink> RemoteLink::open(const EngineConfig&, const ModelConfig&, KVDriver&) {
-  throw std::invalid_argument(
-      "--remote: this build has no pagedkv::remote (configure with libhiredis-dev installed)");
-}
-
-void RemoteLink::add_request(const pagedkv::Request&) {}
-void RemoteLink::poll() {}
-bool RemoteLink::ready(pagedkv::RequestId) const {
-  return true;
-}
-void RemoteLink::remove_request(pagedkv::RequestId) noexcept {}
-RemoteRunStats RemoteLink::finish() {
-  return {};
-}
-
-#endif
 
 RemoteLink::RemoteLink(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 RemoteLink::~RemoteLink() = default;

@@ -1,6 +1,7 @@
 // tiny_engine/remote_link.hpp: the engine's side of pagedkv's remote tier (internal to the tiny
-// engine). With EngineConfig::remote_url ("redis://HOST:PORT/NAMESPACE") and a host tier, a run
-// builds a RedisStore and a RemoteTier (pagedkv/tier/remote_tier.hpp) over the KVDriver's
+// engine). With EngineConfig::remote_url ("redis://HOST:PORT/NAMESPACE", or "file://DIR" for a
+// DiskStore of EngineConfig::disk_bytes in DIR: --disk DIR) and a host tier, a run builds that
+// store and a RemoteTier (pagedkv/tier/remote_tier.hpp) over the KVDriver's
 // TieredKVCacheManager and host buffer:
 //   add_request()     when a request arrives: its remote prefix (the blocks after its GPU + host
 //                     hit) is probed in the background;
@@ -16,7 +17,8 @@
 // in RemoteRunStats, never an exception; no wait is longer than the timeouts below.
 // The value fingerprint covers everything that makes K/V bytes incompatible (model config and
 // seed, KV dtype, block size, KV layout), so engines of another model sharing a namespace miss.
-// Built only with pagedkv::remote (TINY_ENGINE_HAS_REMOTE); without it, open() throws.
+// file://DIR always works; redis:// needs RedisStore (TINY_ENGINE_HAS_REMOTE: hiredis), without
+// it check_url() names the problem and open() throws.
 // Not thread-safe: the scheduler thread calls everything.
 #pragma once
 
@@ -56,6 +58,11 @@ struct RemoteRunStats {
   std::uint64_t binding_mismatches = 0;  // of those: another block's value under the key
   std::uint64_t connect_failures = 0;
   bool drained = true;  // every put completed before finish() returned
+  // A DiskStore (file://DIR): what its start-up scan found (DiskStoreOpenStats).
+  bool disk = false;
+  std::uint64_t disk_recovered = 0;  // values the store found from an earlier process
+  std::uint64_t disk_invalid = 0;    // slots whose record or value header did not check
+  std::uint64_t disk_truncated = 0;  // slots (partly) past the end of a truncated file
 };
 
 class RemoteLink {
@@ -65,11 +72,13 @@ class RemoteLink {
   static constexpr std::chrono::milliseconds kOpTimeout{500};       // one store op
   static constexpr std::chrono::milliseconds kDrainTimeout{10000};  // finish()'s wait for puts
 
-  // Throws std::invalid_argument for a malformed URL, or when built without pagedkv::remote.
+  // Throws std::invalid_argument for a malformed URL, a redis:// URL without RedisStore, or a
+  // disk directory the DiskStore refuses (locked by another process, another model's store).
   // `driver` must have a host tier and outlive the link.
   static std::unique_ptr<RemoteLink> open(const EngineConfig& config, const ModelConfig& model,
                                           KVDriver& driver);
-  // "" when `url` parses as redis://[[user]:password@]host[:port]/namespace, else the problem.
+  // "" when `url` parses as redis://[[user]:password@]host[:port]/namespace (with RedisStore)
+  // or is file://DIR, else the problem.
   static std::string check_url(const std::string& url);
 
   ~RemoteLink();

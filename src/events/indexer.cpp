@@ -781,6 +781,16 @@ bool KVIndexer::in_sync(EngineId e) const {
   return impl_->engines[e]->st.in_sync;
 }
 
+bool KVIndexer::reachable(EngineId e) const {
+  std::shared_lock lock(impl_->mu);
+  if (e >= impl_->engines.size()) {
+    throw Error(ErrorCode::kOutOfRange,
+                "KVIndexer::reachable: unknown engine " + std::to_string(e));
+  }
+  const auto& en = *impl_->engines[e];
+  return !en.endpoints || en.st.connected;
+}
+
 EngineStatus KVIndexer::status(EngineId e) const {
   std::shared_lock lock(impl_->mu);
   if (e >= impl_->engines.size()) {

@@ -301,6 +301,19 @@ class SlotIndex {
 }  // namespace
 
 struct DiskStore::Impl {
+  // A get's result before the index sees it.
+  enum class GetOutcome : std::uint8_t { kMiss, kError, kHit, kKeep, kDrop };
+  static constexpr std::size_t kTake = 64;  // ops taken from the queue at a time
+  // Values at least this large are worth splitting a run across two threads (below it the
+  // hand-off costs about what the second thread saves).
+  static constexpr std::size_t kSplitMinBytes = std::size_t{32} << 10;
+  struct Split {  // one op of a run split across two threads
+    std::uint32_t slot = kNoSlot;
+    std::uint64_t seq = 0;
+    GetOutcome outcome = GetOutcome::kMiss;
+    int err = 0;
+  };
+
   Impl(DiskStoreConfig c, std::size_t slot_bytes_, std::uint32_t num_slots_)
       : config(std::move(c)),
         slot_bytes(slot_bytes_),
@@ -308,6 +321,10 @@ struct DiskStore::Impl {
         value_size(kRemoteValueHeaderSize + config.value_bytes),
         index(num_slots_),
         staging(value_size),
+        use_helper(config.io_threads >= 2 && config.value_bytes >= kSplitMinBytes &&
+                   num_slots_ >= 2),
+        split_limit(std::min<std::size_t>(kTake, num_slots_)),
+        staging2(use_helper ? value_size : 0),
         ops(config.queue_depth),
         free_ops(config.queue_depth),
         pending(config.queue_depth),
@@ -326,11 +343,24 @@ struct DiskStore::Impl {
   int lock_fd = -1;
   int slab_fd = -1;
   DiskStoreOpenStats open_stats;
-  std::uint64_t next_seq = 1;  // I/O thread: sequence number of the next put
+  std::uint64_t next_seq = 1;  // sequence number of the next put (under index_mu)
 
   mutable std::mutex index_mu;  // guards index against slot_offset_of()/size() readers
   SlotIndex index;
   std::vector<std::byte> staging;  // I/O thread: one value read by a get
+
+  // The second thread (DiskStoreConfig::io_threads == 2, values of kSplitMinBytes or more):
+  // runs half of a run of gets or puts (run_split) on its own staging buffer.
+  bool use_helper = false;
+  std::size_t split_limit = 0;  // ops per split run: <= kTake and <= num_slots
+  std::vector<std::byte> staging2;
+  std::array<Split, kTake> split{};
+  std::mutex helper_mu;
+  std::condition_variable helper_cv;
+  const std::uint32_t* helper_group = nullptr;
+  std::size_t helper_begin = 0, helper_end = 0;
+  bool helper_job = false, helper_stop = false;
+  std::thread helper;
 
   std::vector<Op> ops;  // one per op in flight
   IndexRing free_ops, pending, completed;
@@ -353,6 +383,23 @@ struct DiskStore::Impl {
   RemoteResult run_exists(const Op& op);
   RemoteResult run_get(const Op& op);
   RemoteResult run_put(const Op& op);
+  GetOutcome read_get(const Op& op, std::uint32_t slot, std::vector<std::byte>& buf) noexcept;
+  RemoteResult finish_get(const Op& op, std::uint32_t slot, GetOutcome outcome);
+  void begin_put(std::uint32_t& slot, std::uint64_t& seq) noexcept;
+  int write_put(const Op& op, std::uint32_t slot, std::uint64_t seq) noexcept;
+  RemoteResult commit_put(const Op& op, std::uint32_t slot, std::uint64_t seq, int err);
+  bool run_split(const std::uint32_t* group, std::size_t n);
+  void split_io(const std::uint32_t* group, std::size_t begin, std::size_t end,
+                std::vector<std::byte>& buf) noexcept;
+  void helper_thread();
+  void stop_helper() noexcept {
+    {
+      std::lock_guard<std::mutex> lock(helper_mu);
+      helper_stop = true;
+    }
+    helper_cv.notify_all();
+    if (helper.joinable()) helper.join();
+  }
   void retire(std::uint32_t slot) noexcept;
 
   void account(Op& s, RemoteResult r, Clock::time_point now) noexcept {
@@ -484,6 +531,12 @@ void DiskStore::Impl::open_files() {
   }
   struct stat st {};
   if (::fstat(slab_fd, &st) != 0) sys_fail("cannot stat " + slab.string(), errno);
+  if (!fresh && st.st_size < total) {  // cut short since it was sized: count what is gone
+    const std::uint64_t size = static_cast<std::uint64_t>(st.st_size);
+    const std::uint64_t whole =
+        size > kFileHeaderBytes ? (size - kFileHeaderBytes) / slot_bytes : 0;
+    open_stats.truncated = num_slots - std::min<std::uint64_t>(whole, num_slots);
+  }
   if (st.st_size > total && ::ftruncate(slab_fd, total) != 0) {
     sys_fail("cannot shrink " + slab.string(), errno);
   }
@@ -555,72 +608,102 @@ void DiskStore::Impl::scan() {
 void DiskStore::Impl::retire(std::uint32_t slot) noexcept {
   static constexpr SlotRecord kZero{};
   (void)pwrite_full(slab_fd, kZero.data(), kZero.size(), offset_of(slot));
+  std::lock_guard<std::mutex> lock(index_mu);
   index.release(slot);
 }
 
 RemoteResult DiskStore::Impl::run_exists(const Op& op) {
+  std::lock_guard<std::mutex> lock(index_mu);
   return index.find(op.id.block) != kNoSlot ? RemoteResult::kHit : RemoteResult::kMiss;
 }
 
-RemoteResult DiskStore::Impl::run_get(const Op& op) {
-  const std::uint32_t slot = index.find(op.id.block);
-  if (slot == kNoSlot) return RemoteResult::kMiss;
+// Reads `slot` (found for op's key), checks it and copies the payload on success. Touches no
+// index state: the caller applies the outcome (finish_get) in op order.
+DiskStore::Impl::GetOutcome DiskStore::Impl::read_get(const Op& op, std::uint32_t slot,
+                                                      std::vector<std::byte>& buf) noexcept {
+  if (slot == kNoSlot) return GetOutcome::kMiss;
   errno = 0;
   const std::size_t got =
-      pread_full(slab_fd, staging.data(), value_size, offset_of(slot) + kSlotRecordBytes);
-  if (got < value_size && errno != 0) return RemoteResult::kError;
-  const auto check = check_remote_value(std::span<const std::byte>(staging.data(), got),
+      pread_full(slab_fd, buf.data(), value_size, offset_of(slot) + kSlotRecordBytes);
+  if (got < value_size && errno != 0) return GetOutcome::kError;
+  const auto check = check_remote_value(std::span<const std::byte>(buf.data(), got),
                                         config.layout_fingerprint, config.value_bytes, op.id);
   switch (check) {
     case RemoteValueCheck::kOk:
-      std::memcpy(op.buf, staging.data() + kRemoteValueHeaderSize, config.value_bytes);
-      {
-        std::lock_guard<std::mutex> lock(index_mu);
-        index.touch(slot);
-      }
-      return RemoteResult::kHit;
+      std::memcpy(op.buf, buf.data() + kRemoteValueHeaderSize, config.value_bytes);
+      return GetOutcome::kHit;
     case RemoteValueCheck::kBindingMismatch: {
       bump(counters.binding_mismatches);
       // The same block under another prefix or group: a miss, and the value stays for its own
       // block's gets. A value of another block altogether (copied here, or a put torn between
-      // record and value) can never serve this key: drop it below.
-      const std::byte* h = staging.data();
+      // record and value) can never serve this key: drop it.
+      const std::byte* h = buf.data();
       const auto size = std::to_integer<std::size_t>(h[kRemoteValueBindingOffset]);
       const auto kb = op.id.block.padded_bytes();
       if (size == op.id.block.size() &&
           std::memcmp(h + kRemoteValueBindingOffset + 8, kb.data(), kb.size()) == 0) {
-        return RemoteResult::kInvalidValue;
+        return GetOutcome::kKeep;
       }
-      break;
+      return GetOutcome::kDrop;
     }
     case RemoteValueCheck::kChecksumMismatch:
       bump(counters.checksum_failures);
-      break;
+      return GetOutcome::kDrop;
     default:
       bump(counters.header_mismatches);
+      return GetOutcome::kDrop;
+  }
+}
+
+// Applies a get's outcome to the index (call in op order): a hit promotes the slot; a value that
+// did not check is dropped (a torn or corrupted slot never becomes valid).
+RemoteResult DiskStore::Impl::finish_get(const Op& op, std::uint32_t slot, GetOutcome outcome) {
+  switch (outcome) {
+    case GetOutcome::kMiss:
+      return RemoteResult::kMiss;
+    case GetOutcome::kError:
+      return RemoteResult::kError;
+    case GetOutcome::kKeep:
+      return RemoteResult::kInvalidValue;
+    case GetOutcome::kHit: {
+      std::lock_guard<std::mutex> lock(index_mu);
+      if (index.find(op.id.block) == slot) index.touch(slot);
+      return RemoteResult::kHit;
+    }
+    case GetOutcome::kDrop:
       break;
   }
-  {  // A torn or corrupted slot never becomes valid: drop it.
+  {
     std::lock_guard<std::mutex> lock(index_mu);
+    if (index.find(op.id.block) != slot) return RemoteResult::kInvalidValue;  // dropped already
     index.erase(slot);
   }
   retire(slot);
   return RemoteResult::kInvalidValue;
 }
 
-RemoteResult DiskStore::Impl::run_put(const Op& op) {
+RemoteResult DiskStore::Impl::run_get(const Op& op) {
+  std::uint32_t slot = kNoSlot;
+  {
+    std::lock_guard<std::mutex> lock(index_mu);
+    slot = index.find(op.id.block);
+  }
+  return finish_get(op, slot, read_get(op, slot, staging));
+}
+
+// A slot for a put and its sequence number (take_slot may evict the least recently used value,
+// the op's own key included).
+void DiskStore::Impl::begin_put(std::uint32_t& slot, std::uint64_t& seq) noexcept {
+  std::lock_guard<std::mutex> lock(index_mu);
+  slot = index.take_slot();
+  seq = next_seq++;
+}
+
+// Header, checksum and one pwritev of the slot. Returns 0 or the errno of the failed write.
+int DiskStore::Impl::write_put(const Op& op, std::uint32_t slot, std::uint64_t seq) noexcept {
   const std::span<const std::byte> src(op.buf, config.value_bytes);
   const RemoteValueHeader header =
       encode_remote_value_header(config.layout_fingerprint, op.id, src);
-  std::uint32_t slot = kNoSlot;
-  std::uint32_t old = kNoSlot;
-  {
-    std::lock_guard<std::mutex> lock(index_mu);
-    old = index.find(op.id.block);
-    slot = index.take_slot();  // may evict the LRU value (`old` itself when it is the LRU)
-    if (slot == old) old = kNoSlot;
-  }
-  const std::uint64_t seq = next_seq++;
   const SlotRecord record = encode_record(op.id.block, seq);
   std::array<iovec, 3> iov{};
   iov[0] = {const_cast<std::byte*>(record.data()), record.size()};
@@ -628,16 +711,12 @@ RemoteResult DiskStore::Impl::run_put(const Op& op) {
   iov[2] = {op.buf, config.value_bytes};
   const std::size_t total = record.size() + header.size() + config.value_bytes;
   std::size_t done = 0;
-  int err = 0;
   std::size_t first = 0;
   while (done < total) {
     const ssize_t r = ::pwritev(slab_fd, iov.data() + first, static_cast<int>(iov.size() - first),
                                 static_cast<off_t>(offset_of(slot) + done));
     if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) {
-      err = r < 0 ? errno : EIO;
-      break;
-    }
+    if (r <= 0) return r < 0 ? errno : EIO;
     done += static_cast<std::size_t>(r);
     std::size_t left = static_cast<std::size_t>(r);
     while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
@@ -646,12 +725,21 @@ RemoteResult DiskStore::Impl::run_put(const Op& op) {
       iov[first].iov_len -= left;
     }
   }
+  return 0;
+}
+
+// Enters a written slot into the index (call in op order), retiring the key's previous slot
+// only now: a failed or torn put never destroys the previous value.
+RemoteResult DiskStore::Impl::commit_put(const Op& op, std::uint32_t slot, std::uint64_t seq,
+                                         int err) {
   if (err != 0) {  // the slot's bytes are unknown now: retire it; the previous value stays
     retire(slot);
     return (err == ENOSPC || err == EDQUOT) ? RemoteResult::kSkippedFull : RemoteResult::kError;
   }
+  std::uint32_t old = kNoSlot;
   {
     std::lock_guard<std::mutex> lock(index_mu);
+    old = index.find(op.id.block);
     if (old != kNoSlot) index.erase(old);
     index.insert(slot, op.id.block, seq);
   }
@@ -659,10 +747,99 @@ RemoteResult DiskStore::Impl::run_put(const Op& op) {
   return RemoteResult::kStored;
 }
 
+RemoteResult DiskStore::Impl::run_put(const Op& op) {
+  std::uint32_t slot = kNoSlot;
+  std::uint64_t seq = 0;
+  begin_put(slot, seq);
+  return commit_put(op, slot, seq, write_put(op, slot, seq));
+}
+
+// Ops [begin, end) of `group`, all gets or all puts, on two threads: the index work in op order
+// on this thread before (slots) and after (outcomes), the reads or writes with their checksums
+// and copies split between this thread and the helper (each on its own staging buffer). The
+// index ends exactly as the serial path leaves it, except that two gets of one corrupted key in
+// the same run both count the failed check (serially the second one is a plain miss). Returns
+// false, having done nothing, for a run of puts that re-puts a stored key (serial path).
+bool DiskStore::Impl::run_split(const std::uint32_t* group, std::size_t n) {
+  const RemoteOpKind kind = ops[group[0]].kind;
+  {
+    std::lock_guard<std::mutex> lock(index_mu);
+    if (kind == RemoteOpKind::kPut) {
+      // A put of a key already stored (or twice in the run) frees the old slot at its commit,
+      // which the next put would take one at a time: such runs go the serial way.
+      for (std::size_t k = 0; k < n; ++k) {
+        const BlockHash& key = ops[group[k]].id.block;
+        if (index.find(key) != kNoSlot) return false;
+        for (std::size_t j = 0; j < k; ++j) {
+          if (ops[group[j]].id.block == key) return false;
+        }
+      }
+    }
+    for (std::size_t k = 0; k < n; ++k) {
+      Split& x = split[k];
+      const Op& op = ops[group[k]];
+      if (kind == RemoteOpKind::kGet) {
+        x.slot = index.find(op.id.block);
+      } else {
+        x.slot = index.take_slot();
+        x.seq = next_seq++;
+      }
+    }
+  }
+  const std::size_t half = n / 2;
+  {
+    std::lock_guard<std::mutex> lock(helper_mu);
+    helper_group = group;
+    helper_begin = half;
+    helper_end = n;
+    helper_job = true;
+  }
+  helper_cv.notify_one();
+  split_io(group, 0, half, staging);
+  {
+    std::unique_lock<std::mutex> lock(helper_mu);
+    helper_cv.wait(lock, [&] { return !helper_job; });
+  }
+  for (std::size_t k = 0; k < n; ++k) {
+    const Split& x = split[k];
+    Op& op = ops[group[k]];
+    RemoteResult r = kind == RemoteOpKind::kGet ? finish_get(op, x.slot, x.outcome)
+                                                : commit_put(op, x.slot, x.seq, x.err);
+    account(op, r, Clock::now());
+  }
+  return true;
+}
+
+// The I/O part of run_split for ops [begin, end) of `group` (either thread).
+void DiskStore::Impl::split_io(const std::uint32_t* group, std::size_t begin, std::size_t end,
+                               std::vector<std::byte>& buf) noexcept {
+  for (std::size_t k = begin; k < end; ++k) {
+    Split& x = split[k];
+    const Op& op = ops[group[k]];
+    if (op.kind == RemoteOpKind::kGet) {
+      x.outcome = read_get(op, x.slot, buf);
+    } else {
+      x.err = write_put(op, x.slot, x.seq);
+    }
+  }
+}
+
+void DiskStore::Impl::helper_thread() {
+  std::unique_lock<std::mutex> lock(helper_mu);
+  while (true) {
+    helper_cv.wait(lock, [&] { return helper_stop || helper_job; });
+    if (helper_stop) return;
+    lock.unlock();
+    split_io(helper_group, helper_begin, helper_end, staging2);
+    lock.lock();
+    helper_job = false;
+    helper_cv.notify_all();
+  }
+}
+
 void DiskStore::Impl::io_thread() {
   // Takes up to kTake queued ops at a time and hands their completions back together: one wakeup
   // of a waiting caller per group, not per op.
-  constexpr std::size_t kTake = 64;
   std::array<std::uint32_t, kTake> taken{};
   std::unique_lock<std::mutex> lock(mu);
   while (true) {
@@ -673,8 +850,18 @@ void DiskStore::Impl::io_thread() {
     while (n < kTake && !pending.empty()) taken[n++] = pending.pop();
     if (n == 0) continue;
     lock.unlock();  // the taken ops are owned by this thread until pushed to `completed`
-    for (std::size_t k = 0; k < n; ++k) {
+    for (std::size_t k = 0; k < n;) {
       Op& op = ops[taken[k]];
+      // A run of gets or puts of large values: split across the two threads (at most
+      // split_limit ops at a time, so the slots taken up front never exceed the store).
+      std::size_t e = k + 1;
+      if (use_helper && op.kind != RemoteOpKind::kExists) {
+        while (e < n && e - k < split_limit && ops[taken[e]].kind == op.kind) ++e;
+      }
+      if (e - k >= 2 && run_split(taken.data() + k, e - k)) {
+        k = e;
+        continue;
+      }
       RemoteResult r = RemoteResult::kError;
       try {
         switch (op.kind) {
@@ -692,6 +879,7 @@ void DiskStore::Impl::io_thread() {
         r = RemoteResult::kError;
       }
       account(op, r, Clock::now());
+      ++k;
     }
     lock.lock();
     for (std::size_t k = 0; k < n; ++k) completed.push(taken[k]);
@@ -701,6 +889,11 @@ void DiskStore::Impl::io_thread() {
 
 std::size_t DiskStore::slot_bytes_for(std::size_t value_bytes) noexcept {
   const std::size_t raw = kSlotRecordBytes + kRemoteValueHeaderSize + value_bytes;
+  if (raw <= 4096) {  // a power of two from 512: a slot never straddles a 4 KiB page
+    std::size_t b = 512;
+    while (b < raw) b *= 2;
+    return b;
+  }
   return (raw + 4095) / 4096 * 4096;
 }
 
@@ -713,6 +906,7 @@ DiskStore::DiskStore(DiskStoreConfig config) {
     bad_config("queue_depth must be in [1, 2^31]");
   }
   if (config.op_timeout.count() <= 0) bad_config("op_timeout must be positive");
+  if (config.io_threads != 1 && config.io_threads != 2) bad_config("io_threads must be 1 or 2");
   const std::size_t slot = slot_bytes_for(config.value_bytes);
   const std::uint64_t slots = config.capacity_bytes / slot;
   if (slots == 0 || slots >= kNoSlot) {
@@ -722,7 +916,15 @@ DiskStore::DiskStore(DiskStoreConfig config) {
   impl_ = std::make_unique<Impl>(std::move(config), slot, static_cast<std::uint32_t>(slots));
   impl_->open_files();
   impl_->scan();
-  impl_->thread = std::thread([impl = impl_.get()] { impl->io_thread(); });
+  if (impl_->use_helper) {
+    impl_->helper = std::thread([impl = impl_.get()] { impl->helper_thread(); });
+  }
+  try {
+    impl_->thread = std::thread([impl = impl_.get()] { impl->io_thread(); });
+  } catch (...) {
+    impl_->stop_helper();
+    throw;
+  }
 }
 
 DiskStore::~DiskStore() {
@@ -732,6 +934,7 @@ DiskStore::~DiskStore() {
   }
   impl_->work_cv.notify_all();
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->stop_helper();
   if (impl_->config.sync_on_close) (void)::fdatasync(impl_->slab_fd);
 }
 

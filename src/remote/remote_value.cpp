@@ -5,6 +5,8 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "payload_checksum.hpp"
+
 namespace pagedkv {
 namespace {
 
@@ -57,7 +59,7 @@ RemoteValueHeader encode_remote_value_header(std::uint64_t fingerprint,
   put_le(h.data() + 16, payload.size(), 8);
   encode_binding(h.data() + kRemoteValueBindingOffset, binding);
   const std::uint64_t seed = header_seed(h.data());
-  put_le(h.data() + 24, XXH3_64bits_withSeed(payload.data(), payload.size(), seed), 8);
+  put_le(h.data() + 24, remote_detail::payload_checksum(payload.data(), payload.size(), seed), 8);
   return h;
 }
 
@@ -105,7 +107,8 @@ RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint6
     return RemoteValueCheck::kBindingMismatch;
   }
   const std::span<const std::byte> payload = value.subspan(kRemoteValueHeaderSize);
-  if (get_le(h + 24, 8) != XXH3_64bits_withSeed(payload.data(), payload.size(), header_seed(h))) {
+  if (get_le(h + 24, 8) !=
+      remote_detail::payload_checksum(payload.data(), payload.size(), header_seed(h))) {
     return RemoteValueCheck::kChecksumMismatch;
   }
   return RemoteValueCheck::kOk;

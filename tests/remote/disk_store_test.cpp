@@ -203,6 +203,105 @@ TEST(DiskStore, EvictsTheLeastRecentlyUsedAtCapacity) {
   EXPECT_EQ(s.size(), 4u);
 }
 
+// io_threads == 2 splits runs of gets or puts of large values across two threads; the results,
+// the bytes and the index (contents, LRU order, what a restart finds) must be those of one
+// thread, for batches that evict, re-put a key twice in one run, miss, and meet a corrupted
+// slot.
+TEST(DiskStore, TwoIoThreadsGiveWhatOneGives) {
+  constexpr std::size_t kBig = std::size_t{40} << 10;  // above the split threshold (32 KiB)
+  struct Trace {
+    std::vector<RemoteResult> results;
+    std::vector<std::vector<std::byte>> read;
+    std::vector<bool> present;  // keys 0..29 after the run, and after a restart
+    std::uint64_t checksum_failures = 0;
+  };
+  auto run = [&](int threads) -> Trace {
+    TempDir dir;
+    DiskStoreConfig c = config_for(dir.path(), 12);
+    c.value_bytes = kBig;
+    c.capacity_bytes = 12 * DiskStore::slot_bytes_for(kBig);
+    c.io_threads = threads;
+    Trace t;
+    std::vector<std::vector<std::byte>> src;
+    for (std::uint64_t i = 0; i < 30; ++i) src.push_back(bytes_of(kBig, 100 + i));
+    std::vector<std::vector<std::byte>> dst(16, std::vector<std::byte>(kBig));
+    {
+      DiskStore s(c);
+      auto puts = [&](std::vector<std::uint64_t> keys) {
+        std::vector<RemotePut> ops;
+        for (std::uint64_t k : keys) ops.push_back({key_of(k), src[k], {}, 0});
+        ASSERT_TRUE(s.put(ops));
+        for (const auto& r : collect(s, ops.size())) t.results.push_back(r.result);
+      };
+      auto gets = [&](std::vector<std::uint64_t> keys) {
+        std::vector<RemoteGet> ops;
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          std::fill(dst[i].begin(), dst[i].end(), std::byte{0});
+          ops.push_back({key_of(keys[i]), dst[i], {}, 0});
+        }
+        ASSERT_TRUE(s.get(ops));
+        for (const auto& r : collect(s, ops.size())) t.results.push_back(r.result);
+        for (std::size_t i = 0; i < keys.size(); ++i) t.read.push_back(dst[i]);
+      };
+      auto snapshot = [&] {  // which keys are stored now
+        for (std::uint64_t k = 0; k < 30; ++k) {
+          t.present.push_back(s.slot_offset_of(key_of(k)).has_value());
+        }
+      };
+      puts({0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+      gets({3, 1, 25, 8});               // one miss; 3, 1, 8 promoted in this order
+      puts({10, 11, 12, 13, 3, 14, 3});  // evicts the LRU; key 3 put twice in one run
+      snapshot();
+      const auto off = s.slot_offset_of(key_of(8));
+      if (!off) {
+        ADD_FAILURE() << "key 8 is not stored";
+        return t;
+      }
+      const std::array<std::byte, 1> flip{std::byte{0x5a}};
+      patch_file(s.slab_path(), *off + DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize + 9,
+                 flip);
+      gets({8, 1, 14, 3, 0, 12});  // 8 is corrupt: a counted miss, dropped
+      snapshot();
+      puts({15, 16, 17});
+      snapshot();
+      t.checksum_failures = s.stats().checksum_failures;
+    }
+    DiskStore again(c);
+    for (std::uint64_t k = 0; k < 30; ++k)
+      t.present.push_back(again.slot_offset_of(key_of(k)).has_value());
+    return t;
+  };
+  const Trace one = run(1);
+  const Trace two = run(2);
+  EXPECT_EQ(one.results, two.results);
+  EXPECT_EQ(one.read, two.read);
+  EXPECT_EQ(one.present, two.present);
+  EXPECT_EQ(one.checksum_failures, 1u);
+  EXPECT_EQ(two.checksum_failures, 1u);
+  // And they are right: the hits returned their bytes, 8 was dropped, the LRU was evicted.
+  ASSERT_EQ(one.results.size(), 10u + 4 + 7 + 6 + 3);
+  EXPECT_EQ(one.results[10 + 2], RemoteResult::kMiss);      // key 25
+  EXPECT_EQ(one.results[21], RemoteResult::kInvalidValue);  // key 8, corrupted
+  EXPECT_EQ(one.read[4 + 1], bytes_of(kBig, 101));          // key 1
+  EXPECT_EQ(one.read[4 + 3], bytes_of(kBig, 103));          // key 3 (put twice)
+  // After the second puts: the four least recently used (0, 2, 4, 5) evicted, 6 kept.
+  EXPECT_FALSE(one.present[0] || one.present[2] || one.present[4] || one.present[5]);
+  EXPECT_TRUE(one.present[6] && one.present[3] && one.present[14]);
+  EXPECT_FALSE(one.present[30 + 8]);  // dropped by its failed get
+  EXPECT_TRUE(one.present[60 + 17] && one.present[60 + 1]);
+  ASSERT_EQ(one.present.size(), 4u * 30);
+  EXPECT_EQ(std::vector<bool>(one.present.begin() + 60, one.present.begin() + 90),
+            std::vector<bool>(one.present.begin() + 90, one.present.end()));  // the restart
+  EXPECT_THROW(
+      [] {
+        TempDir d;
+        DiskStoreConfig c = config_for(d.path());
+        c.io_threads = 3;
+        DiskStore s(c);
+      }(),
+      Error);
+}
+
 TEST(DiskStore, ARestartedStoreReusesValuesAndTheirOrder) {
   TempDir dir;
   {

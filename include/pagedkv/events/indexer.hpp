@@ -211,6 +211,10 @@ class KVIndexer {
   EngineStatus status(EngineId e) const;
   // status(e).in_sync without copying the status. Throws kOutOfRange for an unknown engine.
   bool in_sync(EngineId e) const;
+  // False only for an engine followed over ZeroMQ whose connection is down now (status(e).
+  // connected false: lost, or not yet made); engines fed through apply() have no connection to
+  // lose and are always reachable. Throws kOutOfRange for an unknown engine.
+  bool reachable(EngineId e) const;
   std::vector<std::uint64_t> engine_ids(EngineId e, Tier tier) const;  // sorted
   std::size_t memory_bytes() const;
   std::size_t num_entries() const;

@@ -12,7 +12,11 @@
 // highest score wins; ties go to the lower load, then round-robin (so with no cache anywhere
 // and equal loads the router spreads requests evenly). route() gives an engine that is not
 // in sync (KVIndexer::in_sync: its connection is lost, or not yet resynchronised after a
-// reconnect) no prefix: its entries may describe a dead or restarted process.
+// reconnect) no prefix: its entries may describe a dead or restarted process. route() also
+// skips every engine whose connection is down (KVIndexer::reachable: EngineStatus::connected of
+// an engine followed over ZeroMQ): it is never picked while another engine is reachable; when
+// none is, the pick is made among all engines as if all were up (the caller must send the
+// request somewhere; RouteDecision::down says which were down).
 //
 // Thread-compatible: route() updates the round-robin cursor; use one router per thread or lock.
 // Errors: loads.size() != number of engines, or no engines, throw pagedkv::Error
@@ -37,7 +41,8 @@ struct KVRouterConfig {
 struct RouteDecision {
   EngineId engine = 0;
   std::vector<PrefixMatch> matches;  // per engine (zero for an engine not in sync)
-  std::vector<double> scores;        // per engine
+  std::vector<double> scores;        // per engine (an engine that is down keeps its score)
+  std::vector<bool> down;            // per engine: its connection was down (skipped)
 };
 
 class KVRouter {
@@ -48,8 +53,10 @@ class KVRouter {
   // with the cluster's scheme and seed). loads: one per engine.
   RouteDecision route(std::span<const std::uint64_t> block_ids, std::span<const double> loads);
   // The same scoring without the index lookup (matches per engine given).
+  // `skip` (empty, or one per engine): engines not to pick unless every engine is skipped.
   EngineId pick(std::span<const PrefixMatch> matches, std::size_t num_blocks,
-                std::span<const double> loads, std::vector<double>* scores = nullptr);
+                std::span<const double> loads, std::vector<double>* scores = nullptr,
+                const std::vector<bool>& skip = {});
 
   const KVRouterConfig& config() const noexcept { return config_; }
 

@@ -8,7 +8,8 @@
 //             same directory, in this process or another, is refused with pagedkv::Error
 //             (kInvalidState) while the first is open. There is no shared or read-only mode.
 //   slab.pkv  a 4096-byte file header (magic, version, slot size, value size, namespace hash,
-//             checksum), then num_slots slots of slot_bytes() each (4096-aligned). A slot is a
+//             checksum), then num_slots slots of slot_bytes() each (512 to 4096 bytes, a power of
+//             two, or a multiple of 4096: slot_bytes_for). A slot is a
 //             64-byte record (magic, put sequence number, the key: the block hash the value is
 //             stored under, record checksum) followed by the value: remote_value.hpp's 112-byte
 //             header + payload, exactly as RedisStore stores it (encode_remote_value_header with
@@ -37,10 +38,16 @@
 // scan found is in open_stats(). A file header that does not check (torn, corrupted) discards the
 // slab (open_stats().reset); a valid header of another slot size, value size or namespace throws
 // pagedkv::Error (kInvalidArgument): use another directory. A file shorter than the slots is
-// extended (missing bytes read as zeros: empty slots, or a counted checksum miss).
+// extended (missing bytes read as zeros: empty slots, or a counted checksum miss) and the slots
+// it cut are counted (open_stats().truncated).
 //
-// Threads. One I/O thread does every pread/pwrite and owns the index; submissions and poll() only
-// touch a bounded queue under a mutex, never the disk. The queue holds at most `queue_depth` ops
+// Threads. One I/O thread takes the ops in submission order and does all index work (lookups,
+// slot choice, LRU, commits) in that order; with io_threads == 2 and values of 32 KiB or more, a
+// run of consecutive gets (or puts) is split in two halves whose reads (writes), checksums and
+// copies run on the I/O thread and a second thread at once, the outcomes then applied to the
+// index in op order (the same index as one thread leaves, except that two gets of one corrupted
+// key in one run both count the failed check). Submissions and poll() only touch a bounded queue
+// under a mutex, never the disk. The queue holds at most `queue_depth` ops
 // submitted and not yet polled; a batch that does not fit is refused whole (nullopt) and counted
 // in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout
 // (a pread/pwrite already running is not interrupted). I/O errors complete kError; ENOSPC/EDQUOT
@@ -48,15 +55,16 @@
 // index (its record zeroed): a bad header or checksum, or a value of another block; a value of the
 // same block asked for under another parent or group stays (a miss for that get only).
 //
-// Complexity: exists O(1); get/put O(value) (one pread or one pwritev, one xxh3_64 pass); the
+// Complexity: exists O(1); get/put O(value) (one pread or one pwritev, one xxh3_64 pass, a get
+// one copy from its staging buffer: the destination is written only on kHit); the
 // index is an open-addressing table (no allocation after construction); memory ~80 bytes per slot.
 // Thread safety: every member may be called from any thread.
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty
 // directory or namespace, value_bytes 0, capacity below one slot or above 2^32 - 2 slots, zero
-// queue depth, non-positive op_timeout) or a directory it cannot create/open/size, and
-// kInvalidState when the directory is locked. Submissions throw (kInvalidArgument) on an empty key
-// or a buffer whose size is not value_bytes, before anything is submitted. std::system_error if
-// the thread cannot be started.
+// queue depth, non-positive op_timeout, io_threads other than 1 or 2) or a directory it cannot
+// create/open/size, and kInvalidState when the directory is locked. Submissions throw
+// (kInvalidArgument) on an empty key or a buffer whose size is not value_bytes, before anything is
+// submitted. std::system_error if the thread cannot be started.
 #pragma once
 
 #include <chrono>
@@ -82,6 +90,11 @@ struct DiskStoreConfig {
   std::uint64_t capacity_bytes = 1ull << 30;  // slab size; slots = capacity / slot_bytes()
   std::size_t queue_depth = 4096;             // ops submitted and not yet polled
   std::chrono::milliseconds op_timeout{1000};
+  // 1: one I/O thread does everything. 2: runs of gets or puts of values of 32 KiB or more are
+  // split across the I/O thread and a second thread (reads, writes, checksums and copies in
+  // parallel; the index work stays in op order): more throughput only where a second core is
+  // free (not measurable on the loaded machine of bench/results/disk.md), a little more CPU.
+  int io_threads = 1;
   bool preallocate = true;    // posix_fallocate the slab (falls back to a sparse file)
   bool sync_on_close = true;  // fdatasync in the destructor
 };
@@ -93,6 +106,8 @@ struct DiskStoreOpenStats {
   std::uint64_t empty = 0;       // slots without a record (never written or retired)
   std::uint64_t invalid = 0;     // slots with a record or value header that did not check
   std::uint64_t duplicates = 0;  // older slots of a key stored twice (ignored)
+  std::uint64_t truncated = 0;   // slots (partly) past the end of a file found shorter than its
+                                 // slots (cut short since: their values are lost or torn)
   bool reset = false;            // the file header did not check: the slab was discarded
 };
 
@@ -117,7 +132,9 @@ class DiskStore final : public RemoteStore {
   // Like poll(), but blocks up to max_wait until at least one completion is available.
   std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait);
 
-  // Bytes per slot: record + value header + value_bytes, rounded up to 4096.
+  // Bytes per slot: record + value header + value_bytes, rounded up to the next power of two
+  // from 512 to 4096 (a slot then never straddles a 4 KiB page of the file), above that to a
+  // multiple of 4096.
   static std::size_t slot_bytes_for(std::size_t value_bytes) noexcept;
   std::size_t slot_bytes() const noexcept;
   std::uint64_t num_slots() const noexcept;

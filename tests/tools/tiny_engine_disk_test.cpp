@@ -1,0 +1,202 @@
+// pagedkv-tiny-engine --disk DIR: two engine processes run one after the other on the same
+// workload and the same directory (a pagedkv::DiskStore below the host tier). The first computes
+// the prefill and writes its blocks to the disk store; the second finds them at start (the index
+// rebuilt from the file) and loads them instead: fewer prefill tokens computed, and the same
+// greedy tokens and bitwise-identical logits as the first process (results digest) and as caching
+// off (--compare). Then the file is damaged between processes: one value's payload byte flipped,
+// later the file truncated through a value; each is a counted miss (rejected value, truncated
+// slots), never a failure or different bits.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "pagedkv/remote/disk_store.hpp"
+#include "pagedkv/remote/remote_value.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A small agents workload: 4 sessions of 2 turns sharing a 96-token system prompt.
+constexpr const char* kWorkload = "--sessions 4 --turns 2 --system-tokens 96";
+
+struct Cli {
+  int exit_code = -1;
+  std::string output;
+};
+
+Cli run_engine(const std::string& args) {
+  Cli r;
+  const std::string command = std::string(PAGEDKV_TINY_ENGINE) + " " + args + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return r;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe) != nullptr) r.output += buf;
+  const int status = pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+// The unsigned integer after "\"field\":" in the JSON line, or -1 when absent.
+long long field(const std::string& json, const std::string& name) {
+  const std::string key = "\"" + name + "\":";
+  const auto at = json.find(key);
+  if (at == std::string::npos) return -1;
+  std::size_t i = at + key.size();
+  if (i >= json.size() || json[i] < '0' || json[i] > '9') return -1;
+  long long v = 0;
+  while (i < json.size() && json[i] >= '0' && json[i] <= '9') v = v * 10 + (json[i++] - '0');
+  return v;
+}
+
+// The string value of "\"field\":\"...\"", or "" when absent.
+std::string text_field(const std::string& json, const std::string& name) {
+  const std::string key = "\"" + name + "\":\"";
+  const auto at = json.find(key);
+  if (at == std::string::npos) return "";
+  const auto end = json.find('"', at + key.size());
+  return end == std::string::npos ? "" : json.substr(at + key.size(), end - at - key.size());
+}
+
+bool has(const std::string& json, const std::string& text) {
+  return json.find(text) != std::string::npos;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "pagedkv-tiny-disk-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::uint64_t le64(const std::vector<unsigned char>& b, std::size_t at) {
+  std::uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= std::uint64_t(b[at + i]) << (8 * i);
+  return v;
+}
+
+// Offsets of the slab's slots that hold a record (a stored value), from the file itself.
+std::vector<std::uint64_t> stored_slots(const fs::path& slab, std::uint64_t& slot_bytes) {
+  std::vector<unsigned char> bytes(fs::file_size(slab));
+  FILE* f = std::fopen(slab.c_str(), "rb");
+  if (f == nullptr) return {};
+  const std::size_t got = std::fread(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+  if (got != bytes.size() || bytes.size() < pagedkv::DiskStore::kFileHeaderBytes) return {};
+  slot_bytes = le64(bytes, 16);  // the file header's slot size
+  std::vector<std::uint64_t> out;
+  for (std::uint64_t off = pagedkv::DiskStore::kFileHeaderBytes; off + slot_bytes <= bytes.size();
+       off += slot_bytes) {
+    if (le64(bytes, off) == 0x31544f4c53564b50ull) out.push_back(off);  // "PKVSLOT1"
+  }
+  return out;
+}
+
+void expect_same_bits(const Cli& run, const std::string& digest) {
+  const std::string& j = run.output;
+  EXPECT_TRUE(has(j, "\"identical_tokens\":true")) << j;
+  EXPECT_TRUE(has(j, "\"bitwise_identical_logits\":true")) << j;
+  EXPECT_TRUE(has(j, "\"pass\":true")) << j;
+  EXPECT_TRUE(has(j, "\"remote_drained_on\":true")) << j;
+  EXPECT_EQ(text_field(j, "results_digest_on"), digest) << j;
+  EXPECT_EQ(text_field(j, "results_digest_off"), digest) << j;
+}
+
+TEST(TinyEngineDisk, SecondProcessReusesTheDiskAndDamageIsACountedMiss) {
+  TempDir dir;
+  ASSERT_FALSE(dir.path().empty());
+  const fs::path store = dir.path() / "store";
+  const std::string args = std::string("--compare --json ") + kWorkload +
+                           " --host-blocks 256 --host-policy write_through --disk-gib 0.0625" +
+                           " --disk " + store.string();
+
+  const Cli first = run_engine(args);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const std::string digest = text_field(first.output, "results_digest_on");
+  ASSERT_EQ(digest.size(), 16u) << first.output;
+  expect_same_bits(first, digest);
+  EXPECT_EQ(field(first.output, "remote_disk_recovered_on"), 0) << first.output;
+  EXPECT_GT(field(first.output, "remote_stored_blocks_on"), 0) << first.output;
+  EXPECT_EQ(field(first.output, "remote_hit_blocks_on"), 0) << first.output;
+
+  // Process 2: the index is rebuilt from the file; the blocks are loaded, not computed.
+  const Cli second = run_engine(args);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  expect_same_bits(second, digest);
+  const long long p1 = field(first.output, "prefill_tokens_computed_on");
+  const long long p2 = field(second.output, "prefill_tokens_computed_on");
+  ASSERT_GT(p1, 0) << first.output;
+  ASSERT_GE(p2, 0) << second.output;
+  EXPECT_LT(2 * p2, p1) << "first " << p1 << ", second " << p2 << "\n" << second.output;
+  EXPECT_GE(field(second.output, "remote_disk_recovered_on"),
+            field(first.output, "remote_stored_blocks_on"))
+      << second.output;
+  EXPECT_GT(field(second.output, "remote_hit_blocks_on"), 0) << second.output;
+  EXPECT_EQ(field(second.output, "remote_rejected_values_on"), 0) << second.output;
+  EXPECT_EQ(field(second.output, "remote_disk_truncated_on"), 0) << second.output;
+
+  // One payload byte flipped in every stored value: each get is a counted checksum miss.
+  const fs::path slab = store / "slab.pkv";
+  std::uint64_t slot_bytes = 0;
+  const std::vector<std::uint64_t> slots = stored_slots(slab, slot_bytes);
+  ASSERT_GT(slots.size(), 1u);
+  {
+    const int fd = ::open(slab.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    for (const std::uint64_t off : slots) {
+      const std::uint64_t at =
+          off + pagedkv::DiskStore::kSlotRecordBytes + pagedkv::kRemoteValueHeaderSize + 77;
+      unsigned char b = 0;
+      ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(at)), 1);
+      b ^= 0x10;
+      ASSERT_EQ(::pwrite(fd, &b, 1, static_cast<off_t>(at)), 1);
+    }
+    ::close(fd);
+  }
+  const Cli flipped = run_engine(args);
+  ASSERT_EQ(flipped.exit_code, 0) << flipped.output;
+  expect_same_bits(flipped, digest);
+  EXPECT_GT(field(flipped.output, "remote_rejected_values_on"), 0) << flipped.output;
+  EXPECT_GT(field(flipped.output, "remote_load_misses_on"), 0) << flipped.output;
+  EXPECT_GT(field(flipped.output, "prefill_tokens_computed_on"), p2) << flipped.output;
+
+  // The third process stored its blocks again; now cut the file through the middle of a value.
+  const std::vector<std::uint64_t> again = stored_slots(slab, slot_bytes);
+  ASSERT_GT(again.size(), 1u);
+  const std::uint64_t cut = again[again.size() / 2];
+  fs::resize_file(slab, cut + slot_bytes / 2);
+  const Cli truncated = run_engine(args);
+  ASSERT_EQ(truncated.exit_code, 0) << truncated.output;
+  expect_same_bits(truncated, digest);
+  EXPECT_GT(field(truncated.output, "remote_disk_truncated_on"), 0) << truncated.output;
+  // What the cut left is still used; what it took is computed again.
+  EXPECT_GT(field(truncated.output, "remote_hit_blocks_on"), 0) << truncated.output;
+  EXPECT_GT(field(truncated.output, "prefill_tokens_computed_on"), p2) << truncated.output;
+}
+
+TEST(TinyEngineDiskCli, Flags) {
+  EXPECT_EQ(run_engine("--disk /tmp/x").exit_code, 2);  // needs --host-blocks
+  EXPECT_EQ(run_engine("--host-blocks 8 --disk-gib 0 --disk /tmp/x").exit_code, 2);
+  EXPECT_EQ(run_engine("--host-blocks 8 --disk-gib abc --disk /tmp/x").exit_code, 2);
+  EXPECT_EQ(run_engine("--host-blocks 8 --disk ''").exit_code, 2);
+}
+
+}  // namespace
