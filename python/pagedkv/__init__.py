@@ -49,6 +49,13 @@ read-only int32 [n, 2] view of (src, dst) rows (evictions and stores: GPU block 
 loads: host slot -> GPU block) and uint64 ids to commit(); finish_loads -> LoadResult. Views keep
 their plan alive. Events carry medium "GPU" or "CPU".
 
+KV sizing and FP8 (docs/fp8.md): KVCacheSpec(num_layers, num_kv_heads, head_dim, dtype,
+scale_mode) with KVDtype / KVScaleMode (or their names, "fp8_e4m3", "per_token_head");
+kv_bytes_per_token / kv_bytes_per_block / num_blocks_for_budget size a pool from memory, scales
+included. float_to_fp8_bits / fp8_bits_to_float, quantize_fp8 / dequantize_fp8 (per-tensor scale)
+and quantize_fp8_rows (per-(token, head) scales over the last axis) compute the library's exact
+bytes on numpy arrays (values are rounded to float32 first), e.g. to check an engine's own kernels.
+
 KVEventPublisher (when HAS_EVENTS): vLLM's ZmqEventPublisher; publish(events) takes event objects,
 publish_from(manager) takes a manager's pending events without making Python objects.
 """
@@ -72,6 +79,9 @@ from ._pagedkv import (
     HostPolicy,
     KVCacheManager,
     KVCacheManagerSnapshot,
+    KVCacheSpec,
+    KVDtype,
+    KVScaleMode,
     LoadResult,
     PrefixCacheStats,
     Proposal,
@@ -88,6 +98,14 @@ from ._pagedkv import (
     digest_size,
     event_id,
     make_block_table,
+    dequantize_fp8,
+    float_to_fp8_bits,
+    fp8_bits_to_float,
+    kv_bytes_per_block,
+    kv_bytes_per_token,
+    num_blocks_for_budget,
+    quantize_fp8,
+    quantize_fp8_rows,
     raw_digest,
     slot_mapping,
     slot_of,
@@ -113,6 +131,9 @@ __all__ = [
     "HostPolicy",
     "KVCacheManager",
     "KVCacheManagerSnapshot",
+    "KVCacheSpec",
+    "KVDtype",
+    "KVScaleMode",
     "LoadResult",
     "PrefixCacheStats",
     "Proposal",
@@ -129,6 +150,14 @@ __all__ = [
     "digest_size",
     "event_id",
     "make_block_table",
+    "dequantize_fp8",
+    "float_to_fp8_bits",
+    "fp8_bits_to_float",
+    "kv_bytes_per_block",
+    "kv_bytes_per_token",
+    "num_blocks_for_budget",
+    "quantize_fp8",
+    "quantize_fp8_rows",
     "raw_digest",
     "slot_mapping",
     "slot_of",

@@ -1,10 +1,16 @@
-// python/src/device.cpp: block tables and slot mappings as numpy arrays (device/block_table.hpp).
+// python/src/device.cpp: block tables and slot mappings as numpy arrays (device/block_table.hpp),
+// and the KV cache's sizing and FP8 facts (device/kv_dtype.hpp, kv_layout.hpp, fp8.hpp): KVDtype,
+// KVScaleMode, KVCacheSpec, kv_bytes_per_token / kv_bytes_per_block / num_blocks_for_budget, and
+// fp8.hpp's conversions over numpy arrays (the same bytes as the C++ functions, which they call).
 // Results are arrays that own the library's output vectors (moved in, never copied).
 #include <string>
 #include <vector>
 
 #include "common.hpp"
 #include "pagedkv/device/block_table.hpp"
+#include "pagedkv/device/fp8.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 
 namespace pagedkv::python {
 
@@ -23,9 +29,261 @@ std::vector<std::int32_t> int32_vector(py::handle obj, const char* what) {
   return out;
 }
 
+[[noreturn]] void refuse(const std::string& message) {
+  throw Error(ErrorCode::kInvalidArgument, message);
+}
+
+// A KVDtype given as pagedkv.KVDtype or its name ("bf16", "fp8_e4m3", ...).
+KVDtype dtype_from(py::handle obj, const char* what) {
+  if (py::isinstance<py::str>(obj)) {
+    KVDtype d{};
+    const auto name = obj.cast<std::string>();
+    if (!parse_kv_dtype(name, d)) {
+      refuse(std::string(what) + ": unknown KV dtype '" + name +
+             "' (expected fp16, bf16, fp8_e4m3 or fp8_e5m2)");
+    }
+    return d;
+  }
+  try {
+    return obj.cast<KVDtype>();
+  } catch (const py::cast_error&) {
+    refuse(std::string(what) + ": expected pagedkv.KVDtype or its name");
+  }
+}
+
+KVScaleMode scale_mode_from(py::handle obj, const char* what) {
+  if (py::isinstance<py::str>(obj)) {
+    KVScaleMode mode{};
+    const auto name = obj.cast<std::string>();
+    if (!parse_kv_scale_mode(name, mode)) {
+      refuse(std::string(what) + ": unknown KV scale mode '" + name +
+             "' (expected none, per_tensor or per_token_head)");
+    }
+    return mode;
+  }
+  try {
+    return obj.cast<KVScaleMode>();
+  } catch (const py::cast_error&) {
+    refuse(std::string(what) + ": expected pagedkv.KVScaleMode or its name");
+  }
+}
+
+// The FP8 format of a dtype argument; 16-bit dtypes are refused.
+Fp8Format fp8_format_from(py::handle obj, const char* what) {
+  const KVDtype d = dtype_from(obj, what);
+  if (!is_fp8(d)) {
+    refuse(std::string(what) + ": expected an FP8 dtype (fp8_e4m3 or fp8_e5m2), got " +
+           std::string(to_string(d)));
+  }
+  return d == KVDtype::kFp8E5M2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
+}
+
+std::int32_t int32_arg(py::handle obj, const char* what) {
+  return static_cast<std::int32_t>(to_int64(obj, what, std::numeric_limits<std::int32_t>::min(),
+                                            std::numeric_limits<std::int32_t>::max()));
+}
+
+// A float32 scale: a Python or numpy real number, never a bool (check_fp8_scale checks its
+// value).
+float scale_arg(py::handle obj, const char* what) {
+  if (PyBool_Check(obj.ptr()) || py::isinstance(obj, py::module_::import("numpy").attr("bool_")) ||
+      !(PyFloat_Check(obj.ptr()) || PyLong_Check(obj.ptr()) ||
+        py::isinstance(obj, py::module_::import("numpy").attr("number")))) {
+    refuse(std::string(what) + ": expected a real number, got " + Py_TYPE(obj.ptr())->tp_name);
+  }
+  const auto scale = static_cast<float>(obj.cast<double>());
+  check_fp8_scale(scale, what);
+  return scale;
+}
+
+// Real values as a C-contiguous float32 array of any shape (rounded to float32 first, as the C++
+// functions take floats). numpy float and integer arrays are converted; bool, complex, string and
+// object arrays, and sequences holding a bool, are refused.
+py::array_t<float> float_values(py::handle obj, const char* what) {
+  if (!py::isinstance<py::array>(obj) && (PyList_Check(obj.ptr()) || PyTuple_Check(obj.ptr()))) {
+    for (py::handle item : obj) {
+      if (PyBool_Check(item.ptr())) refuse(std::string(what) + ": bools are refused");
+    }
+  }
+  py::array a = py::array::ensure(obj);
+  if (!a) {
+    PyErr_Clear();
+    refuse(std::string(what) + ": expected an array of real numbers");
+  }
+  const char kind = a.dtype().kind();
+  if (kind != 'f' && kind != 'i' && kind != 'u' && a.size() != 0) {
+    refuse(std::string(what) + ": expected real numbers, got numpy dtype '" +
+           py::str(a.dtype()).cast<std::string>() + "' (bools are refused)");
+  }
+  return py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(a);
+}
+
+// FP8 codes: a numpy integer array of any shape (uint8 is read as is; others are checked to lie in
+// 0..255) or a 1-D sequence of ints; floats and bools are refused, never truncated.
+py::array_t<std::uint8_t> fp8_codes(py::handle obj, const char* what) {
+  if (py::isinstance<py::array>(obj)) {
+    auto a = py::reinterpret_borrow<py::array>(obj);
+    if (a.dtype().kind() == 'u' && a.itemsize() == 1) {
+      return py::array_t<std::uint8_t, py::array::c_style | py::array::forcecast>::ensure(a);
+    }
+    std::vector<py::ssize_t> shape(a.shape(), a.shape() + a.ndim());
+    auto v = to_int64_vector(a.attr("reshape")(-1), what, 0, 255);
+    std::vector<std::uint8_t> codes(v.begin(), v.end());
+    return array_owning(std::move(codes), std::move(shape));
+  }
+  auto v = to_int64_vector(obj, what, 0, 255);
+  std::vector<std::uint8_t> codes(v.begin(), v.end());
+  const auto n = static_cast<py::ssize_t>(codes.size());
+  return array_owning(std::move(codes), {n});
+}
+
+std::vector<py::ssize_t> shape_of(const py::array& a) {
+  return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
+}
+
+template <class Out, class In, class F>
+py::array_t<Out> map_array(const py::array_t<In>& in, F f) {
+  std::vector<Out> out(static_cast<std::size_t>(in.size()));
+  const In* src = in.data();
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = f(src[i]);
+  return array_owning(std::move(out), shape_of(in));
+}
+
+std::string describe(const KVCacheSpec& s) {
+  return "KVCacheSpec(num_layers=" + std::to_string(s.num_layers) +
+         ", num_kv_heads=" + std::to_string(s.num_kv_heads) +
+         ", head_dim=" + std::to_string(s.head_dim) + ", dtype='" + std::string(to_string(s.dtype)) +
+         "', scale_mode='" + std::string(to_string(s.scale_mode)) + "')";
+}
+
+void bind_kv_format(py::module_& m) {
+  py::enum_<KVDtype>(m, "KVDtype",
+                     "Element type of the KV cache (docs/fp8.md); values as in the tiers' header.")
+      .value("FLOAT16", KVDtype::kFloat16)
+      .value("BFLOAT16", KVDtype::kBFloat16)
+      .value("FP8_E4M3", KVDtype::kFp8E4M3)
+      .value("FP8_E5M2", KVDtype::kFp8E5M2)
+      .def_property_readonly("dtype_name", [](KVDtype d) { return std::string(to_string(d)); })
+      .def_property_readonly("is_fp8", [](KVDtype d) { return is_fp8(d); })
+      .def_property_readonly("bytes_per_value", [](KVDtype d) { return bytes_per_value(d); });
+  py::enum_<KVScaleMode>(m, "KVScaleMode", "How an FP8 cache's values are scaled (docs/fp8.md).")
+      .value("NONE", KVScaleMode::kNone)
+      .value("PER_TENSOR", KVScaleMode::kPerTensor)
+      .value("PER_TOKEN_HEAD", KVScaleMode::kPerTokenHead)
+      .def_property_readonly("mode_name", [](KVScaleMode s) { return std::string(to_string(s)); });
+
+  py::class_<KVCacheSpec>(m, "KVCacheSpec",
+                          "The per-model facts that decide KV-cache size; immutable, validated "
+                          "on construction.")
+      .def(py::init([](py::object num_layers, py::object num_kv_heads, py::object head_dim,
+                       py::object dtype, py::object scale_mode) {
+             KVCacheSpec s;
+             s.num_layers = int32_arg(num_layers, "KVCacheSpec: num_layers");
+             s.num_kv_heads = int32_arg(num_kv_heads, "KVCacheSpec: num_kv_heads");
+             s.head_dim = int32_arg(head_dim, "KVCacheSpec: head_dim");
+             s.dtype = dtype_from(dtype, "KVCacheSpec: dtype");
+             s.scale_mode = scale_mode_from(scale_mode, "KVCacheSpec: scale_mode");
+             s.validate();
+             return s;
+           }),
+           py::arg("num_layers"), py::arg("num_kv_heads"), py::arg("head_dim"),
+           py::arg("dtype") = "bf16", py::arg("scale_mode") = "none")
+      .def_readonly("num_layers", &KVCacheSpec::num_layers)
+      .def_readonly("num_kv_heads", &KVCacheSpec::num_kv_heads)
+      .def_readonly("head_dim", &KVCacheSpec::head_dim)
+      .def_readonly("dtype", &KVCacheSpec::dtype)
+      .def_readonly("scale_mode", &KVCacheSpec::scale_mode)
+      .def("__eq__",
+           [](const KVCacheSpec& a, const KVCacheSpec& b) {
+             return a.num_layers == b.num_layers && a.num_kv_heads == b.num_kv_heads &&
+                    a.head_dim == b.head_dim && a.dtype == b.dtype && a.scale_mode == b.scale_mode;
+           })
+      .def("__repr__", &describe);
+
+  m.def("kv_bytes_per_token", &kv_bytes_per_token, py::arg("spec"),
+        "2 x layers x kv_heads x (head_dim x bytes per value + 4 for a per-(token, head) scale).");
+  m.def(
+      "kv_bytes_per_block",
+      [](const KVCacheSpec& spec, py::object block_size) {
+        return kv_bytes_per_block(spec, int32_arg(block_size, "kv_bytes_per_block: block_size"));
+      },
+      py::arg("spec"), py::arg("block_size"),
+      "Bytes one block id stands for over all layers (per-(token, head) scales and the 16-byte "
+      "padding of each block included).");
+  m.def(
+      "num_blocks_for_budget",
+      [](const KVCacheSpec& spec, py::object block_size, py::object budget_bytes) {
+        return num_blocks_for_budget(spec, int32_arg(block_size, "num_blocks_for_budget: block_size"),
+                                     to_int64(budget_bytes, "num_blocks_for_budget: budget_bytes"));
+      },
+      py::arg("spec"), py::arg("block_size"), py::arg("budget_bytes"),
+      "How many blocks fit in budget_bytes (rounded down; the null block is one of them).");
+
+  // ---- FP8 conversions (fp8.hpp) ----
+  m.def(
+      "float_to_fp8_bits",
+      [](py::object values, py::object dtype) {
+        const Fp8Format f = fp8_format_from(dtype, "float_to_fp8_bits: dtype");
+        const auto in = float_values(values, "float_to_fp8_bits: values");
+        return map_array<std::uint8_t>(in, [f](float x) { return float_to_fp8_bits(f, x); });
+      },
+      py::arg("values"), py::arg("dtype"),
+      "uint8 FP8 codes of float32 values (round to nearest even, saturating, NaN -> 0x7f).");
+  m.def(
+      "fp8_bits_to_float",
+      [](py::object codes, py::object dtype) {
+        const Fp8Format f = fp8_format_from(dtype, "fp8_bits_to_float: dtype");
+        const auto in = fp8_codes(codes, "fp8_bits_to_float: codes");
+        return map_array<float>(in, [f](std::uint8_t c) { return fp8_bits_to_float(f, c); });
+      },
+      py::arg("codes"), py::arg("dtype"), "The exact float32 values of FP8 codes.");
+  m.def(
+      "quantize_fp8",
+      [](py::object values, py::object dtype, py::object scale) {
+        const Fp8Format f = fp8_format_from(dtype, "quantize_fp8: dtype");
+        const float s = scale_arg(scale, "quantize_fp8: scale");
+        const auto in = float_values(values, "quantize_fp8: values");
+        return map_array<std::uint8_t>(in, [f, s](float x) { return quantize_fp8(f, x, s); });
+      },
+      py::arg("values"), py::arg("dtype"), py::arg("scale"),
+      "Per-tensor quantization (kv_append with k_scale / v_scale): codes of values / scale.");
+  m.def(
+      "dequantize_fp8",
+      [](py::object codes, py::object dtype, py::object scale) {
+        const Fp8Format f = fp8_format_from(dtype, "dequantize_fp8: dtype");
+        const float s = scale_arg(scale, "dequantize_fp8: scale");
+        const auto in = fp8_codes(codes, "dequantize_fp8: codes");
+        return map_array<float>(in, [f, s](std::uint8_t c) { return dequantize_fp8(f, c, s); });
+      },
+      py::arg("codes"), py::arg("dtype"), py::arg("scale"),
+      "float32 decode(code) x scale, as the kernels dequantize.");
+  m.def(
+      "quantize_fp8_rows",
+      [](py::object values, py::object dtype) {
+        const Fp8Format f = fp8_format_from(dtype, "quantize_fp8_rows: dtype");
+        const auto in = float_values(values, "quantize_fp8_rows: values");
+        if (in.ndim() == 0) refuse("quantize_fp8_rows: values must have at least one dimension");
+        const auto row = static_cast<std::size_t>(in.shape(in.ndim() - 1));
+        std::size_t rows = 1;
+        for (py::ssize_t i = 0; i + 1 < in.ndim(); ++i) rows *= static_cast<std::size_t>(in.shape(i));
+        std::vector<std::uint8_t> codes(static_cast<std::size_t>(in.size()));
+        std::vector<float> scales(rows);
+        for (std::size_t r = 0; r < rows; ++r) {
+          scales[r] = quantize_fp8_row(f, in.data() + r * row, row, codes.data() + r * row);
+        }
+        std::vector<py::ssize_t> scale_shape(in.shape(), in.shape() + in.ndim() - 1);
+        return py::make_tuple(array_owning(std::move(codes), shape_of(in)),
+                              array_owning(std::move(scales), std::move(scale_shape)));
+      },
+      py::arg("values"), py::arg("dtype"),
+      "Per-(token, KV head) quantization along the last axis, as kv_append does: (uint8 codes of "
+      "the same shape, float32 scales of shape values.shape[:-1]).");
+}
+
 }  // namespace
 
 void bind_device(py::module_& m) {
+  bind_kv_format(m);
   m.attr("SKIP_SLOT") = kSkipSlot;
   m.def(
       "make_block_table",
