@@ -79,16 +79,21 @@ void CpuBackend::forward(const ForwardBatch& batch, std::vector<float>& logits) 
 
   const auto n_rows = static_cast<std::int64_t>(rows);
   // The 16-bit type of q, the new K/V and the attention output; an FP8 cache quantizes K/V in
-  // kv_append with per-(token, KV head) scales and keeps q and outputs in bf16.
+  // kv_append (per-(token, KV head) scales, or the layer's per-tensor k / v scale) and keeps q and
+  // outputs in bf16.
   const bool fp8 = pagedkv::is_fp8(cache_.dtype);
   const pagedkv::KVDtype dtype = fp8 ? pagedkv::KVDtype::kBFloat16 : cache_.dtype;
   pagedkv::KVQuant quant;
   if (fp8) {
-    quant.mode = pagedkv::KVScaleMode::kPerTokenHead;
+    quant.mode = cache_.scale_mode;
     quant.dtype = cache_.dtype;
   }
   for (std::int32_t l = 0; l < m.num_layers; ++l) {
     const LayerWeights& w = model_.layer(l);
+    if (quant.mode == pagedkv::KVScaleMode::kPerTensor) {
+      quant.k_scale = cache_.k_scales[static_cast<std::size_t>(l)];
+      quant.v_scale = cache_.v_scales[static_cast<std::size_t>(l)];
+    }
     auto& k_plane = cache_.k[static_cast<std::size_t>(l)];
     auto& v_plane = cache_.v[static_cast<std::size_t>(l)];
 

@@ -235,7 +235,8 @@ class CudaBackend final : public ForwardBackend {
 
   const Model& model_;
   pagedkv::KVDtype dtype_;  // of q, the new K/V and attention outputs (bf16 with an FP8 cache)
-  pagedkv::KVQuant quant_;  // FP8 KV: per-(token, KV head) scales, as the CPU path
+  pagedkv::KVQuant quant_;  // FP8 KV: per-(token, KV head) or per-tensor scales, as the CPU path
+  std::vector<float> k_scales_, v_scales_;  // per-tensor: [num_layers]
   pagedkv::KVLayout layout_;
   std::vector<DeviceLayer> layers_;
   DeviceArray<float> embed_, final_norm_, lm_head_;
@@ -264,7 +265,14 @@ CudaBackend::CudaBackend(const Model& model, const EngineConfig& config)
   }
   layout_ = pagedkv::KVLayout::nhd(config.num_blocks, static_cast<std::int32_t>(config.block_size),
                                    m.num_kv_heads, m.head_dim);
-  if (pagedkv::is_fp8(config.kv_dtype)) {
+  if (pagedkv::is_fp8(config.kv_dtype) &&
+      config.kv_scale_mode == pagedkv::KVScaleMode::kPerTensor) {
+    // The engine's per-layer scales (Engine resolved them into config: given or calibrated).
+    quant_.mode = pagedkv::KVScaleMode::kPerTensor;
+    quant_.dtype = config.kv_dtype;
+    k_scales_ = config.k_scales;
+    v_scales_ = config.v_scales;
+  } else if (pagedkv::is_fp8(config.kv_dtype)) {
     quant_.mode = pagedkv::KVScaleMode::kPerTokenHead;
     quant_.dtype = config.kv_dtype;
     layout_ = pagedkv::KVLayout::nhd_scaled(config.num_blocks,
@@ -377,6 +385,10 @@ void CudaBackend::forward(const ForwardBatch& batch, std::vector<float>& logits)
   TE_LAUNCH_CHECK("gather_rows_kernel");
   for (std::int32_t l = 0; l < m.num_layers; ++l) {
     DeviceLayer& w = layers_[static_cast<std::size_t>(l)];
+    if (quant_.mode == pagedkv::KVScaleMode::kPerTensor) {
+      quant_.k_scale = k_scales_[static_cast<std::size_t>(l)];
+      quant_.v_scale = v_scales_[static_cast<std::size_t>(l)];
+    }
     // Attention block.
     rms_norm(x, rows, d, w.attn_norm.get(), h);
     matmul(h, rows, d, w.wq.get(), qd, q);

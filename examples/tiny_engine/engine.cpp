@@ -11,6 +11,8 @@
 #include <thread>
 
 #include "backend.hpp"
+#include "calibrate.hpp"
+#include "pagedkv/device/fp8.hpp"
 #if TINY_ENGINE_HAS_EVENTS
 #include "pagedkv/events/publisher.hpp"
 #endif
@@ -41,6 +43,16 @@ void EngineConfig::validate() const {
   require(num_host_blocks == 0 || device == Device::kCpu,
           "the host tier runs on the CPU path only");
   require(remote_url.empty() || num_host_blocks > 0, "the remote tier needs a host tier");
+  require(kv_scale_mode == pagedkv::KVScaleMode::kPerTokenHead ||
+              kv_scale_mode == pagedkv::KVScaleMode::kPerTensor,
+          "kv_scale_mode must be per_token_head or per_tensor");
+  require(k_scales.size() == v_scales.size(), "k_scales and v_scales must have the same size");
+  for (const float s : k_scales) {
+    require(pagedkv::fp8_scale_is_valid(s), "k_scales must be finite and > 0");
+  }
+  for (const float s : v_scales) {
+    require(pagedkv::fp8_scale_is_valid(s), "v_scales must be finite and > 0");
+  }
 }
 
 // A request in flight: pagedkv's view (tokens, hashes, computed tokens) plus the engine's.
@@ -70,8 +82,27 @@ Engine::Engine(const Model& model, const EngineConfig& config)
   config_.validate();
   const ModelConfig& m = model_.config();
   cache_.dtype = config_.kv_dtype;
-  // FP8 KV (issue 36): 1-byte codes with per-(token, KV head) scales after each block's codes.
-  cache_.layout = pagedkv::is_fp8(config_.kv_dtype)
+  const bool fp8 = pagedkv::is_fp8(config_.kv_dtype);
+  cache_.scale_mode = fp8 ? config_.kv_scale_mode : pagedkv::KVScaleMode::kNone;
+  if (cache_.scale_mode == pagedkv::KVScaleMode::kPerTensor) {
+    // The engine's per-layer scales: given, or from a calibration pass (calibrate.hpp). The CUDA
+    // backend reads them from config_.
+    if (config_.k_scales.empty()) {
+      KVScales s = calibrate_kv_scales(model_, config_.kv_dtype == pagedkv::KVDtype::kFp8E5M2
+                                                   ? pagedkv::Fp8Format::kE5M2
+                                                   : pagedkv::Fp8Format::kE4M3);
+      config_.k_scales = std::move(s.k);
+      config_.v_scales = std::move(s.v);
+    }
+    if (config_.k_scales.size() != static_cast<std::size_t>(m.num_layers)) {
+      throw std::invalid_argument("engine config: k_scales / v_scales need one scale per layer");
+    }
+    cache_.k_scales = config_.k_scales;
+    cache_.v_scales = config_.v_scales;
+  }
+  // FP8 KV (issue 36): 1-byte codes, with per-tensor scales (the engine's, above) or with
+  // per-(token, KV head) scales after each block's codes.
+  cache_.layout = cache_.scale_mode == pagedkv::KVScaleMode::kPerTokenHead
                       ? pagedkv::KVLayout::nhd_scaled(config_.num_blocks,
                                                       static_cast<std::int32_t>(config_.block_size),
                                                       m.num_kv_heads, m.head_dim)

@@ -66,6 +66,12 @@ struct EngineConfig {
   // fp16, bf16, or FP8 (fp8_e4m3 / fp8_e5m2: 1-byte codes with per-(token, KV head) scales
   // computed by kv_append; q and attention outputs stay bf16).
   pagedkv::KVDtype kv_dtype = pagedkv::KVDtype::kBFloat16;
+  // FP8 only (ignored for fp16 / bf16): kPerTokenHead (the default) or kPerTensor, one K and one V
+  // scale per layer given by the engine: k_scales / v_scales ([num_layers], finite, > 0), or, when
+  // both are empty, calibrate_kv_scales(model) (calibrate.hpp).
+  pagedkv::KVScaleMode kv_scale_mode = pagedkv::KVScaleMode::kPerTokenHead;
+  std::vector<float> k_scales;
+  std::vector<float> v_scales;
   std::uint32_t max_num_batched_tokens = 128;  // token budget per step (prefill is chunked)
   std::uint32_t max_num_seqs = 16;             // running requests at most
   // Host-memory tier (kv_driver.hpp): host slots behind the KV pool, 0 for none. CPU path, with
@@ -91,7 +97,12 @@ struct EngineConfig {
 // one buffer (K0, V0, K1, V1, ...: the host tier's copies address it as one layer-first device).
 struct KVCache {
   pagedkv::KVLayout layout;
-  pagedkv::KVDtype dtype = pagedkv::KVDtype::kBFloat16;  // FP8: per-(token, head) scales
+  pagedkv::KVDtype dtype = pagedkv::KVDtype::kBFloat16;
+  // kNone for fp16 / bf16; FP8: kPerTokenHead (scales in the blocks, layout.scale_offset) or
+  // kPerTensor (the per-layer scales below, the blocks hold codes only).
+  pagedkv::KVScaleMode scale_mode = pagedkv::KVScaleMode::kNone;
+  std::vector<float> k_scales;  // [num_layers], kPerTensor only
+  std::vector<float> v_scales;
   // 2 x num_layers x layout.plane_elements() values (FP8: bytes, in 16-bit units)
   std::vector<std::uint16_t> storage;
   std::vector<std::span<std::uint16_t>> k;  // [num_layers] planes of storage

@@ -76,6 +76,11 @@ kernels, and reports what prefix caching saved.
   --kv-dtype NAME        bf16 (default), fp16, fp8_e4m3 or fp8_e5m2 (FP8: 1-byte K/V codes with
                          a per-(token, KV head) scale computed by kv_append and stored in the
                          block; q and attention outputs stay bf16)
+  --kv-scale-mode MODE   with an FP8 --kv-dtype: per_token_head (default; as above) or
+                         per_tensor: one K and one V scale per layer, fixed by the engine from a
+                         calibration pass (256 seeded random tokens through the model in fp32,
+                         each layer's largest |K| and |V| / the FP8 largest finite; values beyond
+                         saturate); the blocks then hold codes only
   --vs-bf16              with an FP8 --kv-dtype: also serve the workload with bf16 KV, forced
                          onto the FP8 run's token streams, and report the logit difference
   --head-dim N           attention head size, a multiple of 8 up to 256 (default 32 on the CPU,
@@ -97,6 +102,7 @@ struct Options {
   bool caching = true;
   bool check_against_cpu = false;
   bool vs_bf16 = false;
+  bool kv_scale_mode_given = false;
   bool head_dim_given = false;
   tiny_engine::WorkloadOptions workload;
   tiny_engine::EngineConfig engine;
@@ -223,6 +229,13 @@ Options parse(int argc, char** argv) {
       if (!pagedkv::parse_kv_dtype(v, o.engine.kv_dtype)) {
         usage_error("--kv-dtype: expected bf16, fp16, fp8_e4m3 or fp8_e5m2, got '" + v + "'");
       }
+    } else if (a == "--kv-scale-mode") {
+      const std::string v(value());
+      if (!pagedkv::parse_kv_scale_mode(v, o.engine.kv_scale_mode) ||
+          o.engine.kv_scale_mode == pagedkv::KVScaleMode::kNone) {
+        usage_error("--kv-scale-mode: expected per_token_head or per_tensor, got '" + v + "'");
+      }
+      o.kv_scale_mode_given = true;
     } else if (a == "--vs-bf16") {
       o.vs_bf16 = true;
     } else if (a == "--model-seed") {
@@ -234,6 +247,9 @@ Options parse(int argc, char** argv) {
     }
   }
   if (o.compare && !o.caching) usage_error("--no-caching and --compare exclude each other");
+  if (o.kv_scale_mode_given && !pagedkv::is_fp8(o.engine.kv_dtype)) {
+    usage_error("--kv-scale-mode needs an FP8 --kv-dtype (fp8_e4m3 or fp8_e5m2)");
+  }
   if (o.vs_bf16 && !pagedkv::is_fp8(o.engine.kv_dtype)) {
     usage_error("--vs-bf16 needs an FP8 --kv-dtype (fp8_e4m3 or fp8_e5m2)");
   }
@@ -410,6 +426,9 @@ int main(int argc, char** argv) {
     j << "{\"workload\":\"" << workload.name << "\",\"requests\":" << workload.num_requests()
       << ",\"model\":\"" << model.describe() << "\",\"device\":\"" << to_string(config.device)
       << "\",\"kv_dtype\":\"" << pagedkv::to_string(config.kv_dtype)
+      << (pagedkv::is_fp8(config.kv_dtype)
+              ? "\",\"kv_scale_mode\":\"" + std::string(pagedkv::to_string(config.kv_scale_mode))
+              : std::string())
       << "\",\"num_blocks\":" << config.num_blocks << ",\"block_size\":" << config.block_size
       << ",\"token_budget\":" << config.max_num_batched_tokens
       << ",\"host_blocks\":" << config.num_host_blocks << ",\"host_policy\":\""
@@ -420,7 +439,17 @@ int main(int argc, char** argv) {
       << "\"";
     if (!o.json) {
       std::cout << "model: " << model.describe() << "\ndevice: " << to_string(config.device)
-                << ", KV " << pagedkv::to_string(config.kv_dtype) << "\n";
+                << ", KV " << pagedkv::to_string(config.kv_dtype);
+      if (pagedkv::is_fp8(config.kv_dtype)) {
+        std::cout << ", " << pagedkv::to_string(config.kv_scale_mode) << " scales";
+        const tiny_engine::EngineConfig& used = primary_engine.config();
+        for (std::size_t l = 0; l < used.k_scales.size(); ++l) {
+          std::cout << (l == 0 ? " (calibrated per layer: " : ", ") << "L" << l
+                    << " k " << num(used.k_scales[l]) << " v " << num(used.v_scales[l]);
+        }
+        if (!used.k_scales.empty()) std::cout << ")";
+      }
+      std::cout << "\n";
     }
 
     const tiny_engine::RunResult primary = primary_engine.run(workload);

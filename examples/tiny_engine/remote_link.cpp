@@ -1,5 +1,6 @@
 #include "remote_link.hpp"
 
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -49,6 +50,27 @@ std::string RemoteLink::check_url(const std::string& url) {
 #endif
 }
 
+namespace {
+
+// FP8 with per-tensor scales: the scales decide what a block's codes mean, so they are part of the
+// fingerprint (empty otherwise, which keeps the other formats' fingerprints as they were).
+std::string per_tensor_scales(const EngineConfig& config) {
+  if (!pagedkv::is_fp8(config.kv_dtype) ||
+      config.kv_scale_mode != pagedkv::KVScaleMode::kPerTensor) {
+    return "";
+  }
+  std::string s = ",scales=per_tensor";
+  for (std::size_t l = 0; l < config.k_scales.size(); ++l) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, ",%a/%a", static_cast<double>(config.k_scales[l]),
+                  static_cast<double>(config.v_scales[l]));
+    s += buf;
+  }
+  return s;
+}
+
+}  // namespace
+
 std::unique_ptr<RemoteLink> RemoteLink::open(const EngineConfig& config, const ModelConfig& model,
                                              KVDriver& driver) {
   if (driver.tier() == nullptr) throw std::invalid_argument("the remote tier needs a host tier");
@@ -63,7 +85,7 @@ std::unique_ptr<RemoteLink> RemoteLink::open(const EngineConfig& config, const M
       ",head_dim=" + std::to_string(model.head_dim) + ",ffn=" + std::to_string(model.ffn_dim) +
       ",vocab=" + std::to_string(model.vocab_size) + ",rope=" + std::to_string(model.rope_theta) +
       ",eps=" + std::to_string(model.rms_eps) + ",seed=" + std::to_string(model.seed) +
-      ",kv=" + std::string(pagedkv::to_string(config.kv_dtype)) +
+      ",kv=" + std::string(pagedkv::to_string(config.kv_dtype)) + per_tensor_scales(config) +
       ",block_size=" + std::to_string(config.block_size) + ",nhd,layer-first K0 V0 K1 V1";
   const std::uint64_t fingerprint = pagedkv::layout_fingerprint(layout);
   std::unique_ptr<pagedkv::RemoteStore> store;

@@ -1,7 +1,8 @@
 // The tiny engine with an FP8 KV cache (issue 36): prefix caching on and off give bit-identical
 // tokens and logits (also through the host tier, whose copies must carry each block's scales),
 // the FP8 path really runs (its logits differ from bf16 KV, within a loose bound), and one
-// corrupted cached scale is caught.
+// corrupted cached scale is caught. Per-tensor scales (--kv-scale-mode per_tensor): the same
+// identity, the engine's per-layer scales are the calibration's and are really used.
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "calibrate.hpp"
 #include "engine.hpp"
 #include "model.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
@@ -51,6 +53,12 @@ RunResult serve(EngineConfig config, bool caching, PrefixHitHook hook = nullptr,
 EngineConfig fp8(pagedkv::KVDtype dtype) {
   EngineConfig c;
   c.kv_dtype = dtype;
+  return c;
+}
+
+EngineConfig per_tensor(pagedkv::KVDtype dtype) {
+  EngineConfig c = fp8(dtype);
+  c.kv_scale_mode = pagedkv::KVScaleMode::kPerTensor;
   return c;
 }
 
@@ -121,6 +129,82 @@ TEST(TinyEngineFp8, CorruptingOneCachedScaleIsCaught) {
   }
 }
 
+// E4M3 here; E5M2 per-tensor through the CLI's --compare below.
+TEST(TinyEngineFp8PerTensor, CachingOnAndOffGiveIdenticalTokensAndLogits) {
+  const RunResult on = serve(per_tensor(pagedkv::KVDtype::kFp8E4M3), true);
+  const RunResult off = serve(per_tensor(pagedkv::KVDtype::kFp8E4M3), false);
+  EXPECT_GT(on.stats.hit_tokens, 0u);
+  expect_exact(on, off);
+}
+
+TEST(TinyEngineFp8PerTensor, ScalesAreTheCalibrationsAndBlocksHoldCodesOnly) {
+  const KVScales s = calibrate_kv_scales(model(), pagedkv::Fp8Format::kE4M3);
+  ASSERT_EQ(s.k.size(), static_cast<std::size_t>(model().config().num_layers));
+  const KVScales again = calibrate_kv_scales(model(), pagedkv::Fp8Format::kE4M3);
+  EXPECT_EQ(s.k, again.k);  // a pure function of the model
+  EXPECT_EQ(s.v, again.v);
+  const KVScales e5m2 = calibrate_kv_scales(model(), pagedkv::Fp8Format::kE5M2);
+  for (std::size_t l = 0; l < s.k.size(); ++l) {
+    EXPECT_TRUE(pagedkv::fp8_scale_is_valid(s.k[l]) && pagedkv::fp8_scale_is_valid(s.v[l]));
+    // The same amax over each format's largest finite value (448 vs 57344 = 128 x 448).
+    EXPECT_NEAR(s.k[l] / e5m2.k[l], 128.0, 128.0 * 1e-6) << l;
+    EXPECT_NEAR(s.v[l] / e5m2.v[l], 128.0, 128.0 * 1e-6) << l;
+  }
+  EXPECT_NE(s.k, calibrate_kv_scales(model(), pagedkv::Fp8Format::kE4M3, 64).k);  // depends on it
+
+  Engine engine(model(), per_tensor(pagedkv::KVDtype::kFp8E4M3));
+  EXPECT_EQ(engine.config().k_scales, s.k);
+  EXPECT_EQ(engine.config().v_scales, s.v);
+  bool checked = false;
+  engine.set_prefix_hit_hook([&](const pagedkv::CacheHit&, KVCache& cache) {
+    checked = true;
+    EXPECT_EQ(cache.scale_mode, pagedkv::KVScaleMode::kPerTensor);
+    EXPECT_EQ(cache.layout.scale_offset, 0);  // no per-row scales in the blocks
+    EXPECT_EQ(cache.k_scales, s.k);
+  });
+  (void)engine.run(agents());
+  EXPECT_TRUE(checked);
+}
+
+TEST(TinyEngineFp8PerTensor, GivenScalesAreUsedAndDifferFromPerRow) {
+  const RunResult calibrated = serve(per_tensor(pagedkv::KVDtype::kFp8E4M3), true);
+  // A per-row run on the same tokens: a different quantization, so different logits.
+  const RunResult per_row =
+      serve(fp8(pagedkv::KVDtype::kFp8E4M3), true, nullptr, &calibrated);
+  const ForcedComparison rows = compare_forced(calibrated, per_row, 1.0);
+  ASSERT_TRUE(rows.same_streams);
+  EXPECT_GT(rows.max_rel_logit_diff, 1e-6);
+  // Scales given by the engine author replace the calibration: doubling layer 1's V scale
+  // changes the logits.
+  EngineConfig given = per_tensor(pagedkv::KVDtype::kFp8E4M3);
+  const KVScales s = calibrate_kv_scales(model(), pagedkv::Fp8Format::kE4M3);
+  given.k_scales = s.k;
+  given.v_scales = s.v;
+  const RunResult same = serve(given, true);
+  expect_exact(same, calibrated);
+  given.v_scales[1] *= 2;
+  const RunResult changed = serve(given, true, nullptr, &calibrated);
+  EXPECT_FALSE(compare(changed, calibrated).bitwise_identical_logits);
+  // Bad scales are refused.
+  given.v_scales[1] = 0;
+  EXPECT_THROW(Engine(model(), given), std::invalid_argument);
+  given.v_scales = {1.0f};
+  EXPECT_THROW(Engine(model(), given), std::invalid_argument);
+}
+
+TEST(TinyEngineFp8PerTensor, DiffersFromBf16KvWithinABound) {
+  const RunResult e4m3 = serve(per_tensor(pagedkv::KVDtype::kFp8E4M3), true);
+  const RunResult bf16 = serve(EngineConfig{}, true, nullptr, &e4m3);
+  const ForcedComparison f = compare_forced(e4m3, bf16, 1.0);
+  ASSERT_TRUE(f.same_streams);
+  EXPECT_GT(f.steps, 0u);
+  EXPECT_GT(f.max_rel_logit_diff, 1e-6);
+  EXPECT_LT(f.max_rel_logit_diff, 0.1);
+  std::printf("E4M3 per-tensor vs bf16 KV on the same tokens: %zu steps, max relative logit "
+              "diff %.3g, greedy choices differ at %zu steps\n",
+              f.steps, f.max_rel_logit_diff, f.argmax_differences);
+}
+
 int run_cli(const std::string& args, std::string& output) {
   const std::string command = std::string(PAGEDKV_TINY_ENGINE) + " " + args + " 2>&1";
   FILE* pipe = popen(command.c_str(), "r");
@@ -144,6 +228,25 @@ TEST(TinyEngineFp8Cli, CompareAndVsBf16) {
   EXPECT_EQ(run_cli("--vs-bf16", out), 2) << out;  // needs an FP8 dtype
   out.clear();
   EXPECT_EQ(run_cli("--kv-dtype fp8_e5m3", out), 2) << out;
+  out.clear();
+  EXPECT_EQ(run_cli("--kv-scale-mode per_tensor", out), 2) << out;  // needs an FP8 dtype
+  out.clear();
+  EXPECT_EQ(run_cli("--kv-dtype fp8_e4m3 --kv-scale-mode none", out), 2) << out;
+}
+
+TEST(TinyEngineFp8Cli, PerTensorCompareAndVsBf16) {
+  std::string out;
+  EXPECT_EQ(run_cli("--kv-dtype fp8_e5m2 --kv-scale-mode per_tensor --compare --vs-bf16 --json "
+                    "--sessions 2 --turns 2",
+                    out),
+            0)
+      << out;
+  for (const char* field :
+       {"\"kv_dtype\":\"fp8_e5m2\"", "\"kv_scale_mode\":\"per_tensor\"",
+        "\"bitwise_identical_logits\":true", "\"bf16_forced_max_rel_logit_diff\":",
+        "\"pass\":true"}) {
+    EXPECT_NE(out.find(field), std::string::npos) << field << " in " << out;
+  }
 }
 
 }  // namespace
