@@ -25,8 +25,8 @@ float amax_of(const std::vector<float>& values) {
 
 }  // namespace
 
-KVScales calibrate_kv_scales(const Model& model, pagedkv::Fp8Format format,
-                             std::int32_t num_tokens, std::uint64_t seed) {
+KVScales calibrate_kv_scales(const Model& model, pagedkv::Fp8Format format, std::int32_t num_tokens,
+                             std::uint64_t seed) {
   if (num_tokens < 1) throw std::invalid_argument("calibrate_kv_scales: num_tokens must be >= 1");
   const ModelConfig& m = model.config();
   const auto rows = static_cast<std::size_t>(num_tokens);

@@ -444,8 +444,8 @@ int main(int argc, char** argv) {
         std::cout << ", " << pagedkv::to_string(config.kv_scale_mode) << " scales";
         const tiny_engine::EngineConfig& used = primary_engine.config();
         for (std::size_t l = 0; l < used.k_scales.size(); ++l) {
-          std::cout << (l == 0 ? " (calibrated per layer: " : ", ") << "L" << l
-                    << " k " << num(used.k_scales[l]) << " v " << num(used.v_scales[l]);
+          std::cout << (l == 0 ? " (calibrated per layer: " : ", ") << "L" << l << " k "
+                    << num(used.k_scales[l]) << " v " << num(used.v_scales[l]);
         }
         if (!used.k_scales.empty()) std::cout << ")";
       }

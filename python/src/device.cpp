@@ -152,8 +152,9 @@ py::array_t<Out> map_array(const py::array_t<In>& in, F f) {
 std::string describe(const KVCacheSpec& s) {
   return "KVCacheSpec(num_layers=" + std::to_string(s.num_layers) +
          ", num_kv_heads=" + std::to_string(s.num_kv_heads) +
-         ", head_dim=" + std::to_string(s.head_dim) + ", dtype='" + std::string(to_string(s.dtype)) +
-         "', scale_mode='" + std::string(to_string(s.scale_mode)) + "')";
+         ", head_dim=" + std::to_string(s.head_dim) + ", dtype='" +
+         std::string(to_string(s.dtype)) + "', scale_mode='" +
+         std::string(to_string(s.scale_mode)) + "')";
 }
 
 void bind_kv_format(py::module_& m) {
@@ -213,7 +214,8 @@ void bind_kv_format(py::module_& m) {
   m.def(
       "num_blocks_for_budget",
       [](const KVCacheSpec& spec, py::object block_size, py::object budget_bytes) {
-        return num_blocks_for_budget(spec, int32_arg(block_size, "num_blocks_for_budget: block_size"),
+        return num_blocks_for_budget(spec,
+                                     int32_arg(block_size, "num_blocks_for_budget: block_size"),
                                      to_int64(budget_bytes, "num_blocks_for_budget: budget_bytes"));
       },
       py::arg("spec"), py::arg("block_size"), py::arg("budget_bytes"),
@@ -265,7 +267,9 @@ void bind_kv_format(py::module_& m) {
         if (in.ndim() == 0) refuse("quantize_fp8_rows: values must have at least one dimension");
         const auto row = static_cast<std::size_t>(in.shape(in.ndim() - 1));
         std::size_t rows = 1;
-        for (py::ssize_t i = 0; i + 1 < in.ndim(); ++i) rows *= static_cast<std::size_t>(in.shape(i));
+        for (py::ssize_t i = 0; i + 1 < in.ndim(); ++i) {
+          rows *= static_cast<std::size_t>(in.shape(i));
+        }
         std::vector<std::uint8_t> codes(static_cast<std::size_t>(in.size()));
         std::vector<float> scales(rows);
         for (std::size_t r = 0; r < rows; ++r) {

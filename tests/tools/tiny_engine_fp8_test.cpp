@@ -169,8 +169,7 @@ TEST(TinyEngineFp8PerTensor, ScalesAreTheCalibrationsAndBlocksHoldCodesOnly) {
 TEST(TinyEngineFp8PerTensor, GivenScalesAreUsedAndDifferFromPerRow) {
   const RunResult calibrated = serve(per_tensor(pagedkv::KVDtype::kFp8E4M3), true);
   // A per-row run on the same tokens: a different quantization, so different logits.
-  const RunResult per_row =
-      serve(fp8(pagedkv::KVDtype::kFp8E4M3), true, nullptr, &calibrated);
+  const RunResult per_row = serve(fp8(pagedkv::KVDtype::kFp8E4M3), true, nullptr, &calibrated);
   const ForcedComparison rows = compare_forced(calibrated, per_row, 1.0);
   ASSERT_TRUE(rows.same_streams);
   EXPECT_GT(rows.max_rel_logit_diff, 1e-6);
@@ -200,9 +199,10 @@ TEST(TinyEngineFp8PerTensor, DiffersFromBf16KvWithinABound) {
   EXPECT_GT(f.steps, 0u);
   EXPECT_GT(f.max_rel_logit_diff, 1e-6);
   EXPECT_LT(f.max_rel_logit_diff, 0.1);
-  std::printf("E4M3 per-tensor vs bf16 KV on the same tokens: %zu steps, max relative logit "
-              "diff %.3g, greedy choices differ at %zu steps\n",
-              f.steps, f.max_rel_logit_diff, f.argmax_differences);
+  std::printf(
+      "E4M3 per-tensor vs bf16 KV on the same tokens: %zu steps, max relative logit "
+      "diff %.3g, greedy choices differ at %zu steps\n",
+      f.steps, f.max_rel_logit_diff, f.argmax_differences);
 }
 
 int run_cli(const std::string& args, std::string& output) {
@@ -241,10 +241,9 @@ TEST(TinyEngineFp8Cli, PerTensorCompareAndVsBf16) {
                     out),
             0)
       << out;
-  for (const char* field :
-       {"\"kv_dtype\":\"fp8_e5m2\"", "\"kv_scale_mode\":\"per_tensor\"",
-        "\"bitwise_identical_logits\":true", "\"bf16_forced_max_rel_logit_diff\":",
-        "\"pass\":true"}) {
+  for (const char* field : {"\"kv_dtype\":\"fp8_e5m2\"", "\"kv_scale_mode\":\"per_tensor\"",
+                            "\"bitwise_identical_logits\":true",
+                            "\"bf16_forced_max_rel_logit_diff\":", "\"pass\":true"}) {
     EXPECT_NE(out.find(field), std::string::npos) << field << " in " << out;
   }
 }
