@@ -80,10 +80,6 @@ void TieredKVCacheManager::check_invariants() const {
     }
     if (b.is_cached()) {
       ++cached;
-      if (!host_chain_ && host_first_[static_cast<std::size_t>(s)] == 0 &&
-          host_parent_[static_cast<std::size_t>(s)].empty()) {
-        fail("cached host slot " + std::to_string(s) + " has no parent hash");
-      }
       if (!host_chain_ && host_identity_[static_cast<std::size_t>(s)].empty()) {
         fail("cached host slot " + std::to_string(s) + " has no prefix identity");
       }

@@ -155,11 +155,8 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
       const BlockId blocks[2] = {kNullBlockId, t.host};
       host_.cache_full_blocks(
           seq, std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2), index, index + 1);
-      if (!host_chain_) {  // else the host pool stored the parent hash (the view's block 0)
-        host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
-        host_first_[s] = first ? 1 : 0;
-        host_identity_[s] = transfer_identity_[idx];
-      }
+      // (The host pool stored the parent hash: the view's block 0.)
+      if (!host_chain_) host_identity_[s] = transfer_identity_[idx];
       ++host_cached_ever_;
       became_cached = true;
       if (t.kind != Kind::kFill) {

@@ -94,8 +94,7 @@ const BlockHash& TieredKVCacheManager::host_slot_identity(BlockId slot) const no
 }
 
 BlockHash TieredKVCacheManager::host_slot_parent(BlockId slot) const noexcept {
-  return host_chain_ ? host_.stored_parent_hash(slot)
-                     : host_parent_[static_cast<std::size_t>(slot)];
+  return host_.stored_parent_hash(slot);
 }
 
 std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,

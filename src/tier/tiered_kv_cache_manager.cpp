@@ -16,7 +16,7 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
     : host_config_(host),
       manager_(checked_gpu_config(gpu, host)),
       host_(host_pool_config(gpu, host, manager_.block_pool().config())),
-      host_chain_(host_.config().chain_hashes_identify_prefix),
+      host_chain_(manager_.block_pool().config().chain_hashes_identify_prefix),
       bs_(manager_.block_size()),
       identity_hasher_(HashScheme::kSha256, std::string_view("pagedkv-prefix-identity")),
       own_records_(!manager_.block_pool().stores_chain_material() || !host_chain_),
@@ -36,9 +36,7 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
   gpu_host_slot_.assign(n, 0);
   gpu_host_epoch_.assign(n, 0);
   const auto m = static_cast<std::size_t>(host_.num_blocks());
-  if (!host_chain_) {  // the host pool keeps no parent hashes: the tier does, and identities
-    host_parent_.resize(m);
-    host_first_.assign(m, 0);
+  if (!host_chain_) {  // prefix identities
     host_identity_.resize(m);
     gpu_identity_.resize(n);
   }

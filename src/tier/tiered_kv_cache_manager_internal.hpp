@@ -84,9 +84,14 @@ namespace {
   c.enable_caching = true;
   c.verify_cache_hits = true;
   c.enable_kv_events = gpu.enable_kv_events;
-  // As the GPU pool: with a collision-resistant hasher a block's stored parent hash identifies
-  // its prefix, so the host pool needs no table of hash-consed content ids.
-  c.chain_hashes_identify_prefix = gpu_pool.chain_hashes_identify_prefix;
+  // The host pool stores each slot's parent hash and tokens and keeps no table of hash-consed
+  // content ids. With a collision-resistant hasher (as the GPU pool: gpu_pool's
+  // chain_hashes_identify_prefix) a stored parent hash identifies the prefix and the pool checks
+  // it (match_cached_block_after). Otherwise the tier never asks the pool for a parent check: it
+  // looks up by tokens and extra keys (match_cached_block_unanchored) and compares the slot's
+  // prefix identity itself, so the pool's parent hashes are only the remote values' binding.
+  (void)gpu_pool;
+  c.chain_hashes_identify_prefix = true;
   return c;
 }
 

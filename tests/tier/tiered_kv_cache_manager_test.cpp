@@ -340,15 +340,19 @@ TEST(TieredKVCacheManager, HostHitVerifiesTokensAndParentHash) {
 
 TEST(TieredKVCacheManager, HostPoolIdentifiesPrefixesAsTheGpuPoolDoes) {
   // SHA-256 chain hashes identify their prefix: the host pool stores parent hashes, as the GPU
-  // pool does, instead of keeping hash-consed content ids. A weak hasher keeps content ids.
+  // pool does, instead of keeping hash-consed content ids. A weak hasher's GPU pool keeps content
+  // ids; the host pool still stores parent hashes and tokens (no content-id table), and the tier
+  // checks prefix identities instead of the parent hash.
   TieredKVCacheManager strong(gpu_config(8), host_config(4));
   EXPECT_TRUE(strong.gpu().block_pool().config().chain_hashes_identify_prefix);
   EXPECT_TRUE(strong.host_pool().config().chain_hashes_identify_prefix);
+  EXPECT_FALSE(strong.uses_prefix_identities());
   KVCacheManagerConfig c = gpu_config(8);
   c.hasher = BlockHasher::weak_for_testing(HashScheme::kSha256, "weak", 3);
   TieredKVCacheManager weak(c, host_config(4));
   EXPECT_FALSE(weak.gpu().block_pool().config().chain_hashes_identify_prefix);
-  EXPECT_FALSE(weak.host_pool().config().chain_hashes_identify_prefix);
+  EXPECT_TRUE(weak.host_pool().stores_chain_material());
+  EXPECT_TRUE(weak.uses_prefix_identities());
 }
 
 // A forced collision: y's block 0 differs from x's but hashes alike, so y's block 1 (the same

@@ -366,8 +366,9 @@ class TieredKVCacheManager {
   HostTierConfig host_config_;
   KVCacheManager manager_;
   BlockPool host_;
-  // The host pool stores each slot's parent hash (SHA-256 hashers: chain hashes identify their
-  // prefix) and checks it in match_cached_block_after(); else host_parent_ and host_first_ do.
+  // The host pool stores each slot's parent hash and tokens. host_chain_ (SHA-256 hashers: chain
+  // hashes identify their prefix): it checks the parent hash in match_cached_block_after(). Else
+  // (prefix identities) the tier looks up by tokens and extra keys and compares host_identity_.
   bool host_chain_;
   std::uint32_t bs_;
   // Prefix identities (!host_chain_): the SHA-256 hasher of the chain, each cached GPU block's
@@ -404,10 +405,6 @@ class TieredKVCacheManager {
   std::vector<TokenId> evicted_tokens_;
   EvictionForwarder eviction_forwarder_{*this};
 
-  // Per host slot, unless host_chain_ (then empty): the parent hash stored with it (a remote
-  // value's binding) and first flag; host_identity_ is what a host hit checks.
-  std::vector<BlockHash> host_parent_;
-  std::vector<std::uint8_t> host_first_;
   // Per host slot: bumped whenever the slot is taken from the free queue (it is evicted and
   // receives other content). The tier's host epoch (TieredCacheHit::host_epoch): bumped when a
   // cached slot is evicted and by reset_prefix_cache(); 0 never names a state.
