@@ -39,8 +39,8 @@
 // What the tier knows of GPU blocks: for write-back it needs an evicted block's content (hash,
 // parent hash, tokens, extra keys) after the GPU pool reused the block. It registers itself as the
 // GPU pool's eviction observer (BlockPool::EvictionObserver) and reads the content there, from
-// the pool's stored material (verify_cache_hits with SHA-256 chain hashes); otherwise (test
-// hashers, verification off) it records each newly cached block's content itself. Evicted
+// the pool's stored material (verify_cache_hits with SHA-256 chain hashes); otherwise (prefix
+// identities, verification off) it records each newly cached block's content itself. Evicted
 // blocks whose host copy the tier knows (a slot remembered at load or lookup, its epoch
 // unchanged) are refreshed in the host LRU on the spot; the others are looked up and stored once
 // allocate_slots has pinned its hit.
@@ -53,8 +53,9 @@
 // committed transfer; finish_loads with loads in flight; freeing or preempting a request with
 // transfers in flight. A full host tier is normal: stores are skipped and counted.
 // Complexity: O(1) per block for lookups, plans and commits (plus O(block_size) per verified
-// host hit). Thread-compatible: one scheduler thread. Not copyable or movable (the pools' event
-// sinks point at it).
+// host hit; with prefix identities one SHA-256 of a block per cached GPU block and per block a
+// host run tries). Thread-compatible: one scheduler thread. Not copyable or movable (the pools'
+// event sinks point at it).
 #pragma once
 
 #include <cstddef>
