@@ -132,6 +132,7 @@ struct RemoteStoreStats {
   std::uint64_t checksum_failures = 0;   // gets rejected for their payload checksum
   std::uint64_t header_mismatches = 0;   // gets rejected for magic, version, fingerprint or length
   std::uint64_t binding_mismatches = 0;  // gets rejected: the value belongs to another block
+  std::uint64_t format_mismatches = 0;   // gets rejected: another KV dtype or scale mode
   std::uint64_t queue_full_drops = 0;    // ops in batches refused because the queue was full
   std::uint64_t connects = 0;            // successful (re)connections
   std::uint64_t connect_failures = 0;    // failed connection attempts (incl. AUTH refused)

@@ -102,7 +102,7 @@ struct RemoteTierConfig {
   std::chrono::milliseconds drain_timeout{2000};  // destructor's wait for ops in flight
   // The KV format of the payloads (remote_value.hpp): the numeric value of pagedkv::KVDtype and
   // the scale mode (kKVScaleNone, kKVScalePerTensor, kKVScalePerTokenHead). Puts write it; a
-  // get of a value of another format is a miss (rejected_values, the store's header_mismatches).
+  // get of a value of another format is a miss (rejected_values, the store's format_mismatches).
   std::uint8_t kv_dtype = kKVDtypeBFloat16Value;
   std::uint8_t kv_scale_mode = kKVScaleNone;
 };
