@@ -69,7 +69,8 @@ inline constexpr std::size_t kRemoteValueHeaderSize = 144;
 // hash, prefix identity.
 inline constexpr std::size_t kRemoteValueBindingOffset = 32;
 inline constexpr std::size_t kRemoteValueBindingSize = 104;
-// KV scale modes (the header's byte 37).
+// KV scale modes (the header's byte 37): the numeric values of pagedkv::KVScaleMode
+// (device/kv_dtype.hpp, a layer this one cannot include).
 inline constexpr std::uint8_t kKVScaleNone = 0;          // 16-bit KV, no scales
 inline constexpr std::uint8_t kKVScalePerTensor = 1;     // one scale per tensor
 inline constexpr std::uint8_t kKVScalePerTokenHead = 2;  // a scale per (token, head)
