@@ -5,7 +5,7 @@
 // then plain pread of them back; DiskStore puts of `blocks` new keys (so from the second round on
 // every put evicts the least recently used value, as a full cache does) in batches of `batch`,
 // each batch submitted and waited for, then gets of them. Throughput counts payload bytes only
-// (the store also writes its 64-byte record and 112-byte value header, and checksums every
+// (the store also writes its 64-byte record and 144-byte value header, and checksums every
 // value). Also timed, in memory alone: the checksum pass and the copy a store get adds to a
 // read. Prints the median of each and store/plain ratios, by wall time and by the process's CPU
 // time (all threads; on a loaded machine the wall figures also count other processes' turns). No

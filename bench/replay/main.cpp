@@ -104,7 +104,7 @@ constexpr const char* kUsage =
     "  --host-blocks M [M ...]   a host-memory tier of M blocks beside the --num-blocks GPU pool\n"
     "                            (several sweep); adds gpu_hit_tokens, host_hit_tokens,\n"
     "                            host_loaded_blocks, host_stored_blocks and bytes moved; --plot\n"
-    "                            draws hit rate against host size; needs a sha256 scheme\n"
+    "                            draws hit rate against host size\n"
     "  --host-policy P           write_through (default), write_through_selective, write_back\n"
     "  --host-selective-hits K   write_through_selective: hits before a block is stored (2)\n"
     "  --host-gbps G             engine mode: each step's copies (evictions, loads, stores of\n"
@@ -505,10 +505,6 @@ int main(int argc, char** argv) {
     if (cluster) usage_error("--eviction belady: not with --engines");
 #endif
   }
-  if (!tier.host_blocks.empty() && opt.hash == pagedkv::HashScheme::kXxh3_128) {
-    usage_error("--host-blocks: the host tier needs sha256 or sha256_cbor_vllm");
-  }
-
   try {
     Trace trace;
     if (generate) {

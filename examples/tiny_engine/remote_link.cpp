@@ -179,7 +179,8 @@ RemoteRunStats RemoteLink::finish() {
   s.puts_failed = t.puts_failed;
   s.store_errors = st.errors;
   s.store_timeouts = st.timeouts;
-  s.rejected_values = st.checksum_failures + st.header_mismatches + st.binding_mismatches;
+  s.rejected_values =
+      st.checksum_failures + st.header_mismatches + st.binding_mismatches + st.format_mismatches;
   s.binding_mismatches = st.binding_mismatches;
   s.connect_failures = st.connect_failures;
   return s;

@@ -235,7 +235,7 @@ void bind_tier(py::module_& m) {
            py::arg("verify_cache_hits") = true, py::arg("enable_kv_events") = false,
            py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
            "num_blocks: GPU pool blocks including the null block; num_host_blocks: slots of the "
-           "engine's host buffer. Refuses xxh3_128 (not collision resistant).")
+           "engine's host buffer. With xxh3_128 host hits compare SHA-256 prefix identities.")
       .def_property_readonly("num_blocks",
                              [](const Tier& s) { return s.tier.gpu().block_pool().num_blocks(); })
       .def_property_readonly("num_host_blocks",

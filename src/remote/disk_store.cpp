@@ -649,6 +649,9 @@ DiskStore::Impl::GetOutcome DiskStore::Impl::read_get(const Op& op, std::uint32_
     case RemoteValueCheck::kChecksumMismatch:
       bump(counters.checksum_failures);
       return GetOutcome::kDrop;
+    case RemoteValueCheck::kFormatMismatch:  // another KV format's value: never this reader's
+      bump(counters.format_mismatches);
+      return GetOutcome::kDrop;
     default:
       bump(counters.header_mismatches);
       return GetOutcome::kDrop;

@@ -546,6 +546,9 @@ class Connection {
         } else if (check == RemoteValueCheck::kBindingMismatch) {
           bump(counters_.binding_mismatches);
           out = RemoteResult::kInvalidValue;
+        } else if (check == RemoteValueCheck::kFormatMismatch) {
+          bump(counters_.format_mismatches);
+          out = RemoteResult::kInvalidValue;
         } else if (check != RemoteValueCheck::kOk) {
           bump(counters_.header_mismatches);
           out = RemoteResult::kInvalidValue;

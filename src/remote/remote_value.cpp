@@ -21,13 +21,25 @@ std::uint64_t get_le(const std::byte* at, int bytes) noexcept {
   return value;
 }
 
+// Offsets in the header (remote_value.hpp).
+constexpr std::size_t kDtypeAt = 36;
+constexpr std::size_t kScaleAt = 37;
+constexpr std::size_t kReserved16At = 38;
+constexpr std::size_t kReserved64At = 136;
+
+// The binding's bytes (header offsets 32 .. 136), the KV format included.
 void encode_binding(std::byte* at, const RemoteValueBinding& b) noexcept {
   std::memset(at, 0, kRemoteValueBindingSize);
   at[0] = static_cast<std::byte>(b.block.size());
   at[1] = static_cast<std::byte>(b.parent.size());
   at[2] = static_cast<std::byte>(b.group);
+  at[3] = static_cast<std::byte>(b.identity.size());
+  at[kDtypeAt - kRemoteValueBindingOffset] = static_cast<std::byte>(b.kv_dtype);
+  at[kScaleAt - kRemoteValueBindingOffset] = static_cast<std::byte>(b.kv_scale_mode);
   std::memcpy(at + 8, b.block.padded_bytes().data(), BlockHash::kMaxSize);
   std::memcpy(at + 8 + BlockHash::kMaxSize, b.parent.padded_bytes().data(), BlockHash::kMaxSize);
+  std::memcpy(at + 8 + 2 * BlockHash::kMaxSize, b.identity.padded_bytes().data(),
+              BlockHash::kMaxSize);
 }
 
 // The checksum's seed: xxh3_64 of the header with its checksum field zeroed.
@@ -77,6 +89,8 @@ std::string_view to_string(RemoteValueCheck check) noexcept {
       return "fingerprint_mismatch";
     case RemoteValueCheck::kLengthMismatch:
       return "length_mismatch";
+    case RemoteValueCheck::kFormatMismatch:
+      return "format_mismatch";
     case RemoteValueCheck::kBindingMismatch:
       return "binding_mismatch";
     case RemoteValueCheck::kChecksumMismatch:
@@ -92,7 +106,7 @@ RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint6
   const std::byte* h = value.data();
   if (get_le(h, 4) != kRemoteValueMagic) return RemoteValueCheck::kBadMagic;
   if (get_le(h + 4, 2) != kRemoteValueVersion || get_le(h + 6, 2) != kRemoteValueHeaderSize ||
-      get_le(h + 104, 8) != 0) {
+      get_le(h + kReserved16At, 2) != 0 || get_le(h + kReserved64At, 8) != 0) {
     return RemoteValueCheck::kBadVersion;
   }
   if (get_le(h + 8, 8) != fingerprint) return RemoteValueCheck::kFingerprintMismatch;
@@ -100,10 +114,17 @@ RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint6
   if (length != value.size() - kRemoteValueHeaderSize || length != expected_payload) {
     return RemoteValueCheck::kLengthMismatch;
   }
-  // The binding: a compare of 72 bytes against the block asked for.
+  // The KV format, then the binding: a compare of 100 bytes against the block asked for (the
+  // format bytes and the reserved ones, checked above, left out).
+  if (get_le(h + kDtypeAt, 1) != expected.kv_dtype ||
+      get_le(h + kScaleAt, 1) != expected.kv_scale_mode) {
+    return RemoteValueCheck::kFormatMismatch;
+  }
   std::array<std::byte, kRemoteValueBindingSize> want;
   encode_binding(want.data(), expected);
-  if (std::memcmp(h + kRemoteValueBindingOffset, want.data(), want.size()) != 0) {
+  const std::byte* got = h + kRemoteValueBindingOffset;
+  if (std::memcmp(got, want.data(), 4) != 0 ||
+      std::memcmp(got + 8, want.data() + 8, want.size() - 8) != 0) {
     return RemoteValueCheck::kBindingMismatch;
   }
   const std::span<const std::byte> payload = value.subspan(kRemoteValueHeaderSize);

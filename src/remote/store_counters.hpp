@@ -16,8 +16,9 @@ namespace pagedkv::remote_detail {
 struct StoreCounters {
   std::atomic<std::uint64_t> probes{0}, probe_hits{0}, gets{0}, hits{0}, misses{0}, puts{0},
       stored{0}, skipped_full{0}, bytes_in{0}, bytes_out{0}, timeouts{0}, errors{0},
-      checksum_failures{0}, header_mismatches{0}, binding_mismatches{0}, queue_full_drops{0},
-      connects{0}, connect_failures{0};  // the last two: backends with connections
+      checksum_failures{0}, header_mismatches{0}, binding_mismatches{0}, format_mismatches{0},
+      queue_full_drops{0}, connects{0},
+      connect_failures{0};  // the last two: backends with connections
 };
 
 inline void bump(std::atomic<std::uint64_t>& c, std::uint64_t n = 1) noexcept {
@@ -50,6 +51,7 @@ inline RemoteStoreStats stats_of(const StoreCounters& c, const LatencyHistogram&
   s.checksum_failures = ld(c.checksum_failures);
   s.header_mismatches = ld(c.header_mismatches);
   s.binding_mismatches = ld(c.binding_mismatches);
+  s.format_mismatches = ld(c.format_mismatches);
   s.queue_full_drops = ld(c.queue_full_drops);
   s.connects = ld(c.connects);
   s.connect_failures = ld(c.connect_failures);

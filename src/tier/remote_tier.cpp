@@ -29,11 +29,6 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
                     std::to_string(config_.bytes_per_block) + " bytes, the tier needs " +
                     std::to_string(slots) + " (num_host_blocks + 1)");
   }
-  if (!tier_.host_pool().stores_chain_material()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "RemoteTier: the tier's hasher is not collision resistant (the remote store is "
-                "keyed by block hash; use sha256 or sha256_cbor_vllm)");
-  }
   const bool on_eviction = config_.store_policy == RemoteStorePolicy::kOnHostEviction;
   if (on_eviction && config_.store && config_.eviction_staging_blocks == 0) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -108,7 +103,9 @@ void RemoteTier::release(PutItem& item) noexcept {
 RemoteValueBinding RemoteTier::slot_binding(BlockId slot) const noexcept {
   const BlockPool& host = tier_.host_pool();
   const KVCacheBlock& b = host.block(slot);
-  return RemoteValueBinding{b.block_hash, host.stored_parent_hash(slot), b.group_id};
+  return RemoteValueBinding{b.block_hash,     tier_.host_slot_parent(slot),
+                            b.group_id,       tier_.host_slot_identity(slot),
+                            config_.kv_dtype, config_.kv_scale_mode};
 }
 
 std::span<std::byte> RemoteTier::slot_bytes(BlockId slot) const {
@@ -156,6 +153,9 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
   get_ops_.clear();
   shared_.clear();
   const std::span<const BlockHash> hashes = p.request->block_hashes();
+  // Prefix identities (a hasher that is not collision resistant): each get is bound to its
+  // block's, so a value another prefix stored under a colliding key is rejected.
+  tier_.prefix_identities(*p.request, p.start + run, identities_);
   for (std::size_t i = p.start; i < p.start + run; ++i) {
     if (tier_.host_holds(*p.request, i)) continue;  // e.g. stored meanwhile by another request
     // (An entry always names a batch in gets_: it is erased when its fill commits.)
@@ -163,7 +163,8 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
       shared_.emplace_back(e->ticket, e->index);  // another request's get is fetching it
       continue;
     }
-    const std::optional<HostFill> fill = tier_.begin_fill(*p.request, i);
+    const std::optional<HostFill> fill =
+        tier_.begin_fill_known(*p.request, i, identities_.empty() ? nullptr : &identities_[i]);
     if (!fill) {
       stats_.fills_no_slot += p.start + run - i;
       break;
@@ -171,8 +172,9 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
     batch.fills.push_back(*fill);
     batch.keys.push_back(hashes[i]);
     // Bound to the block and its verified prefix: the previous block's chained hash.
-    get_ops_.push_back(
-        {hashes[i], slot_bytes(fill->slot), i > 0 ? hashes[i - 1] : BlockHash(), kGroup});
+    get_ops_.push_back({hashes[i], slot_bytes(fill->slot), i > 0 ? hashes[i - 1] : BlockHash(),
+                        kGroup, identities_.empty() ? BlockHash() : identities_[i],
+                        config_.kv_dtype, config_.kv_scale_mode});
   }
   for (const auto& [ticket, index] : shared_) {
     gets_.find(ticket)->second.waiters.push_back(Waiter{index, id, p.serial});
@@ -406,11 +408,13 @@ void RemoteTier::submit_puts() {
   for (const PutItem& item : put_queue_) {
     if (item.staging != kNoStaging) {
       const RemoteValueBinding& b = staging_block_[item.staging];
-      put_ops_.push_back({b.block, staging_bytes(item.staging), b.parent, b.group});
+      put_ops_.push_back({b.block, staging_bytes(item.staging), b.parent, b.group, b.identity,
+                          b.kv_dtype, b.kv_scale_mode});
       ++staged;
     } else {
       const RemoteValueBinding b = slot_binding(item.slot);
-      put_ops_.push_back({b.block, slot_bytes(item.slot), b.parent, b.group});
+      put_ops_.push_back({b.block, slot_bytes(item.slot), b.parent, b.group, b.identity, b.kv_dtype,
+                          b.kv_scale_mode});
     }
   }
   RemoteTicket ticket = 0;  // tickets start at 1

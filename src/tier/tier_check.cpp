@@ -80,9 +80,8 @@ void TieredKVCacheManager::check_invariants() const {
     }
     if (b.is_cached()) {
       ++cached;
-      if (!host_chain_ && host_first_[static_cast<std::size_t>(s)] == 0 &&
-          host_parent_[static_cast<std::size_t>(s)].empty()) {
-        fail("cached host slot " + std::to_string(s) + " has no parent hash");
+      if (!host_chain_ && host_identity_[static_cast<std::size_t>(s)].empty()) {
+        fail("cached host slot " + std::to_string(s) + " has no prefix identity");
       }
     }
   }
@@ -107,6 +106,9 @@ void TieredKVCacheManager::check_invariants() const {
     const BlockHash& rec = gpu_hash_[static_cast<std::size_t>(b)];
     if (blk.is_cached() != !rec.empty() || (blk.is_cached() && blk.block_hash != rec)) {
       fail("GPU block " + std::to_string(b) + "'s recorded content differs from the pool's");
+    }
+    if (!host_chain_ && blk.is_cached() && gpu_identity_[static_cast<std::size_t>(b)].empty()) {
+      fail("cached GPU block " + std::to_string(b) + " has no prefix identity");
     }
   }
   for (const auto& [b, keys] : gpu_extra_) {
@@ -135,7 +137,7 @@ void TieredKVCacheManager::check_invariants() const {
     const auto ex = gpu_extra_.find(b);
     const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
     const BlockSequence seq = content_sequence(tokens, hashes, first, &extra);
-    if (!host_verified(seq, first ? 0 : 1, slot)) {
+    if (!host_verified(seq, first ? 0 : 1, slot, host_chain_ ? nullptr : &gpu_identity_[k])) {
       fail("GPU block " + std::to_string(b) + " remembers host slot " + std::to_string(slot) +
            ", which does not hold its content");
     }

@@ -147,16 +147,16 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
     content_hashes_[1] = transfer_hash_[idx];
     const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
     const std::size_t index = first ? 0 : 1;
+    // (With prefix identities a twin of another prefix, a collision, keeps its slot: this
+    // block is not cached, a miss later, never a wrong hit.)
     const BlockId twin = host_.match_cached_block_unanchored(seq, index);
     const auto s = static_cast<std::size_t>(t.host);
     if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
       const BlockId blocks[2] = {kNullBlockId, t.host};
       host_.cache_full_blocks(
           seq, std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2), index, index + 1);
-      if (!host_chain_) {  // else the host pool stored the parent hash (the view's block 0)
-        host_parent_[s] = first ? BlockHash() : transfer_parent_[idx];
-        host_first_[s] = first ? 1 : 0;
-      }
+      // (The host pool stored the parent hash: the view's block 0.)
+      if (!host_chain_) host_identity_[s] = transfer_identity_[idx];
       ++host_cached_ever_;
       became_cached = true;
       if (t.kind != Kind::kFill) {

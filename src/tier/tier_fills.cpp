@@ -22,25 +22,89 @@ std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) co
   std::size_t i = 0;
   const BlockPool& pool = manager_.block_pool();
   while (i < max_blocks && pool.get_cached_block(seq.block_hashes[i]) != BlockPool::kNoBlock) ++i;
-  while (i < max_blocks && host_match(seq, i) != BlockPool::kNoBlock) ++i;  // as host_holds
+  if (host_chain_) {
+    while (i < max_blocks && host_match(seq, i, nullptr) != BlockPool::kNoBlock) ++i;
+    return i;
+  }
+  // As host_holds, the identities computed once (only when a host candidate is found).
+  std::vector<BlockHash> ids;
+  std::vector<MultiModalKey> scratch;
+  while (i < max_blocks && host_.match_cached_block_unanchored(seq, i) != BlockPool::kNoBlock) {
+    if (ids.empty()) sequence_identities(seq, i + 1, ids);
+    if (ids.size() <= i) ids.push_back(identity_after(&ids.back(), seq, i, scratch));
+    if (host_match(seq, i, &ids[i]) == BlockPool::kNoBlock) break;
+    ++i;
+  }
   return i;
 }
 
 bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index) const {
   manager_.check_owner(request, "TieredKVCacheManager::host_holds");
   const BlockSequence seq = request.hashed_tokens().sequence();
-  if (index >= seq.block_hashes.size()) return false;
-  return host_match(seq, index) != BlockPool::kNoBlock;
+  if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) return false;
+  if (host_chain_) return host_match(seq, index, nullptr) != BlockPool::kNoBlock;
+  if (host_.match_cached_block_unanchored(seq, index) == BlockPool::kNoBlock) return false;
+  std::vector<BlockHash> ids;
+  sequence_identities(seq, index + 1, ids);
+  return host_match(seq, index, &ids[index]) != BlockPool::kNoBlock;
 }
 
-bool TieredKVCacheManager::host_verified(const BlockSequence& seq, std::size_t index,
-                                         BlockId slot) const {
-  // The verified lookup names this very slot, and the parent hash stored with it matches.
-  return index < seq.block_hashes.size() && host_match(seq, index) == slot;
+bool TieredKVCacheManager::host_verified(const BlockSequence& seq, std::size_t index, BlockId slot,
+                                         const BlockHash* identity) const {
+  // The verified lookup names this very slot, and the parent hash (or prefix identity) stored
+  // with it matches.
+  return index < seq.block_hashes.size() && host_match(seq, index, identity) == slot;
+}
+
+BlockHash TieredKVCacheManager::identity_after(const BlockHash* parent, const BlockSequence& seq,
+                                               std::size_t index,
+                                               std::vector<MultiModalKey>& scratch) const {
+  BlockExtraKeys extra;
+  if (seq.has_extra_keys(index)) extra = seq.block_extra_keys(index, scratch);
+  return identity_hasher_.hash_block(parent != nullptr ? *parent : identity_hasher_.none_hash(),
+                                     seq.tokens.subspan(index * bs_, bs_), extra);
+}
+
+void TieredKVCacheManager::sequence_identities(const BlockSequence& seq, std::size_t end,
+                                               std::vector<BlockHash>& out) const {
+  out.clear();
+  end = std::min({end, seq.block_hashes.size(), seq.tokens.size() / bs_});
+  out.reserve(end);
+  std::vector<MultiModalKey> scratch;
+  for (std::size_t i = 0; i < end; ++i) {
+    out.push_back(identity_after(i == 0 ? nullptr : &out.back(), seq, i, scratch));
+  }
+}
+
+void TieredKVCacheManager::prefix_identities(const Request& request, std::size_t end,
+                                             std::vector<BlockHash>& out) const {
+  manager_.check_owner(request, "TieredKVCacheManager::prefix_identities");
+  if (host_chain_) {
+    out.clear();
+    return;
+  }
+  std::vector<BlockHash> ids;  // built aside: `out` is replaced only on success
+  sequence_identities(request.hashed_tokens().sequence(), end, ids);
+  out.swap(ids);
+}
+
+const BlockHash& TieredKVCacheManager::host_slot_identity(BlockId slot) const noexcept {
+  static const BlockHash kNone;
+  return host_chain_ ? kNone : host_identity_[static_cast<std::size_t>(slot)];
+}
+
+BlockHash TieredKVCacheManager::host_slot_parent(BlockId slot) const noexcept {
+  return host_.stored_parent_hash(slot);
 }
 
 std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
                                                          std::size_t index) {
+  return begin_fill_known(request, index, nullptr);
+}
+
+std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& request,
+                                                               std::size_t index,
+                                                               const BlockHash* known_identity) {
   manager_.check_owner(request, "TieredKVCacheManager::begin_fill");
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) {
@@ -49,6 +113,14 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
                     " has no full hashed block " + std::to_string(index));
   }
   std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, index, mm_scratch_);
+  BlockHash identity;
+  if (!host_chain_ && known_identity != nullptr) {
+    identity = *known_identity;
+  } else if (!host_chain_) {
+    std::vector<BlockHash> ids;
+    sequence_identities(seq, index + 1, ids);
+    identity = ids[index];
+  }
   reserve_transfers(1);
   bool evicted = false;  // the slot held a cached block, evicted now
   const std::optional<BlockId> taken = take_host_slot(evicted);
@@ -64,6 +136,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
   transfer_hash_[idx] = seq.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : seq.block_hashes[index - 1];
   transfer_first_[idx] = index == 0 ? 1 : 0;
+  if (!host_chain_) transfer_identity_[idx] = identity;
   if (owned) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(*owned);
   ++host_storing_;
   if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);

@@ -49,6 +49,7 @@ void TieredKVCacheManager::reserve_transfers(std::size_t more) {
   reserve_room(transfer_hash_, want);
   reserve_room(transfer_parent_, want);
   reserve_room(transfer_first_, want);
+  if (!host_chain_) reserve_room(transfer_identity_, want);
 }
 
 std::uint32_t TieredKVCacheManager::grow_transfers() {
@@ -58,6 +59,7 @@ std::uint32_t TieredKVCacheManager::grow_transfers() {
   transfer_hash_.emplace_back();
   transfer_parent_.emplace_back();
   transfer_first_.push_back(0);
+  if (!host_chain_) transfer_identity_.emplace_back();
   return idx;
 }
 
@@ -104,7 +106,7 @@ inline bool TieredKVCacheManager::host_has(BlockId gpu_block, const BlockSequenc
     if (host_.block(known).ref_cnt == 0) refresh(known);
     return true;
   }
-  const BlockId slot = host_match(seq, index);
+  const BlockId slot = host_match(seq, index, host_chain_ ? nullptr : &gpu_identity_[b]);
   if (slot == BlockPool::kNoBlock) return false;
   if (host_.block(slot).ref_cnt == 0) refresh(slot);
   gpu_host_slot_[b] = slot;
@@ -137,6 +139,7 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
   transfer_hash_[idx] = view.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : view.block_hashes[index - 1];
   transfer_first_[idx] = index == 0 ? 1 : 0;
+  if (!host_chain_) transfer_identity_[idx] = gpu_identity_[static_cast<std::size_t>(gpu_block)];
   if (owned) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(*owned);
   ++host_storing_;
   if (kind == Kind::kEviction) {
@@ -199,7 +202,7 @@ void TieredKVCacheManager::store_evicted(RequestState& state, TierPlan& out) {
     const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
     const BlockSequence view = content_sequence(content_tokens_, content_hashes_, first, &extra);
     const std::size_t index = first ? 0 : 1;
-    const BlockId slot = host_match(view, index);
+    const BlockId slot = host_match(view, index, host_chain_ ? nullptr : &gpu_identity_[k]);
     if (slot == BlockPool::kNoBlock) {
       store_block(b, view, index, state, Kind::kEviction, out);
     } else if (host_.block(slot).ref_cnt == 0) {
@@ -238,6 +241,13 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
       gpu_first_[k] = i == 0 ? 1 : 0;
       gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
       copy_block_tokens(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_);
+      if (!host_chain_) {
+        // The block holds exactly the request's prefix up to it (computed or verified), and its
+        // predecessor in the request's table is cached and recorded (recorded first).
+        gpu_identity_[k] =
+            identity_after(i == 0 ? nullptr : &gpu_identity_[static_cast<std::size_t>(ids[i - 1])],
+                           seq, i, mm_scratch_);
+      }
     }
     if (std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, i, mm_scratch_)) {
       gpu_extra_[b] = std::move(*owned);
@@ -307,10 +317,13 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     // they still hold them. Otherwise (a hit from before a reassignment, from another request
     // or tier, or changed by hand) every slot is verified again.
     if (hit.host_epoch != host_epoch_ ||
-        hit.host_check != hit_check(hit.host_slots, hashes, g, hit.host_epoch)) {
+        hit.host_check !=
+            hit_check(hit.host_slots, hashes, g, hit.host_epoch, host_chain_ ? 0 : request.id())) {
       const BlockSequence seq = request.hashed_tokens().sequence();
+      if (!host_chain_) sequence_identities(seq, g + h, identity_scratch_);
       for (std::size_t i = 0; i < h; ++i) {
-        if (!host_verified(seq, g + i, hit.host_slots[i])) stale(i);
+        const BlockHash* id = host_chain_ ? nullptr : &identity_scratch_[g + i];
+        if (!host_verified(seq, g + i, hit.host_slots[i], id)) stale(i);
       }
     }
   }

@@ -16,9 +16,10 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
     : host_config_(host),
       manager_(checked_gpu_config(gpu, host)),
       host_(host_pool_config(gpu, host, manager_.block_pool().config())),
-      host_chain_(host_.config().chain_hashes_identify_prefix),
+      host_chain_(manager_.block_pool().config().chain_hashes_identify_prefix),
       bs_(manager_.block_size()),
-      own_records_(!manager_.block_pool().stores_chain_material()),
+      identity_hasher_(HashScheme::kSha256, std::string_view("pagedkv-prefix-identity")),
+      own_records_(!manager_.block_pool().stores_chain_material() || !host_chain_),
       // Differs between tiers alive at once (the address) and, in practice, between tiers built
       // at one address in turn (the clock).
       check_seed_(
@@ -35,9 +36,9 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
   gpu_host_slot_.assign(n, 0);
   gpu_host_epoch_.assign(n, 0);
   const auto m = static_cast<std::size_t>(host_.num_blocks());
-  if (!host_chain_) {  // the host pool keeps no parent hashes: the tier does
-    host_parent_.resize(m);
-    host_first_.assign(m, 0);
+  if (!host_chain_) {  // prefix identities
+    host_identity_.resize(m);
+    gpu_identity_.resize(n);
   }
   host_slot_epoch_.assign(m, 0);
   host_pins_.assign(m, 0);
@@ -97,35 +98,59 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
   if (host_chain_) {  // one pool call for the run (it overlaps the map's misses)
     host_.match_cached_run_after(seq, begin, max_blocks, found);  // 0 if begin >= end
   } else {
+    // Prefix identities: the identity before the run is the GPU hit's last block's (recorded
+    // when it was cached: a verified hit holds exactly the request's prefix); each candidate slot
+    // (tokens and extra keys verified by the host pool) must then carry the request's identity,
+    // computed only for blocks a candidate is found for.
     constexpr std::size_t kAhead = 4;  // overlap the host map's cache misses
     if (begin < max_blocks) found.reserve(max_blocks - begin);
+    BlockHash prev;
+    bool have_prev = begin == 0;
     for (std::size_t i = begin; i < max_blocks; ++i) {
       if (i + kAhead < max_blocks) host_.prefetch_cached_block(seq.block_hashes[i + kAhead]);
-      const BlockId slot = host_match(seq, i);
+      const BlockId slot = host_.match_cached_block_unanchored(seq, i);
       if (slot == BlockPool::kNoBlock) break;
+      if (!have_prev) {
+        const auto b = static_cast<std::size_t>(hit.gpu.blocks[begin - 1]);
+        if (!gpu_hash_[b].empty()) {
+          prev = gpu_identity_[b];
+        } else {  // not recorded (cannot happen with verification on): from the content
+          sequence_identities(seq, begin, identity_scratch_);
+          prev = identity_scratch_.back();
+        }
+        have_prev = true;
+      }
+      BlockHash id = identity_after(i == 0 ? nullptr : &prev, seq, i, mm_scratch_);
+      if (!same_hash(host_identity_[static_cast<std::size_t>(slot)], id)) break;
       found.push_back(slot);
+      prev = id;
     }
   }
   hit.host_slots.assign(found.begin(), found.end());
   hit.num_host_tokens = hit.host_slots.size() * bs_;
-  hit.host_check = hit_check(hit.host_slots, seq.block_hashes, begin, hit.host_epoch);
+  hit.host_check = hit_check(hit.host_slots, seq.block_hashes, begin, hit.host_epoch,
+                             host_chain_ ? 0 : request.id());
   count(hit);  // only now: a lookup that threw counted nothing
   return hit;
 }
 
 std::uint64_t TieredKVCacheManager::hit_check(std::span<const BlockId> slots,
                                               std::span<const BlockHash> hashes, std::size_t begin,
-                                              std::uint64_t epoch) const noexcept {
+                                              std::uint64_t epoch,
+                                              std::uint64_t request_salt) const noexcept {
   // The blocks: the chained hash of the run's last block names the whole prefix up to it (the
   // tier takes SHA-256 chains only), so its 32 bytes and the run's place bind the hit to that
   // content. The slots: a sum of independent mixes of (two slots, their place), each a multiply
   // (a bijection), so no chain runs through the loop. The caller checked the bounds.
+  // (With prefix identities the last block's hash names its prefix only up to collisions; a hit
+  // is still bound to the request it was found for: request_salt is its id.)
   const auto mix = [](std::uint64_t v) {
     v *= kGolden;
     return v ^ (v >> 31);
   };
   std::uint64_t x = mix(check_seed_ ^ (epoch * kGolden) ^
                         (static_cast<std::uint64_t>(begin) << 32) ^ slots.size());
+  x = mix(x ^ request_salt);
   if (!slots.empty()) {
     const BlockHash& last = hashes[begin + slots.size() - 1];
     const std::uint8_t* bytes = last.padded_bytes().data();
@@ -227,6 +252,7 @@ bool TieredKVCacheManager::reset_prefix_cache() {
                 "flight (a bug in pagedkv)");
   }
   std::fill(gpu_hash_.begin(), gpu_hash_.end(), BlockHash());
+  std::fill(gpu_identity_.begin(), gpu_identity_.end(), BlockHash());
   std::fill(gpu_hits_.begin(), gpu_hits_.end(), 0u);
   std::fill(gpu_host_slot_.begin(), gpu_host_slot_.end(), 0);
   gpu_extra_.clear();

@@ -66,11 +66,6 @@ namespace {
     bad("the host tier supports one full-attention KV-cache group");
   }
   if (!gpu.enable_caching) bad("the host tier needs prefix caching on");
-  const HashScheme scheme = gpu.hasher ? gpu.hasher->scheme() : gpu.hash_scheme;
-  if (scheme == HashScheme::kXxh3_128) {
-    bad("xxh3_128 is not collision resistant; host hits identify the content before a host run "
-        "by the chained hash, so use sha256 or sha256_cbor_vllm");
-  }
   if (host.num_host_blocks < 1 || host.num_host_blocks > 0x7ffffffe) {
     bad("num_host_blocks must be in [1, 2^31 - 2], got " + std::to_string(host.num_host_blocks));
   }
@@ -89,9 +84,14 @@ namespace {
   c.enable_caching = true;
   c.verify_cache_hits = true;
   c.enable_kv_events = gpu.enable_kv_events;
-  // As the GPU pool: with a collision-resistant hasher a block's stored parent hash identifies
-  // its prefix, so the host pool needs no table of hash-consed content ids.
-  c.chain_hashes_identify_prefix = gpu_pool.chain_hashes_identify_prefix;
+  // The host pool stores each slot's parent hash and tokens and keeps no table of hash-consed
+  // content ids. With a collision-resistant hasher (as the GPU pool: gpu_pool's
+  // chain_hashes_identify_prefix) a stored parent hash identifies the prefix and the pool checks
+  // it (match_cached_block_after). Otherwise the tier never asks the pool for a parent check: it
+  // looks up by tokens and extra keys (match_cached_block_unanchored) and compares the slot's
+  // prefix identity itself, so the pool's parent hashes are only the remote values' binding.
+  (void)gpu_pool;
+  c.chain_hashes_identify_prefix = true;
   return c;
 }
 
@@ -164,16 +164,16 @@ inline void reserve_room(Vector& v, std::size_t n) {
 
 }  // namespace
 
-inline BlockId TieredKVCacheManager::host_match(const BlockSequence& seq, std::size_t index) const {
+inline BlockId TieredKVCacheManager::host_match(const BlockSequence& seq, std::size_t index,
+                                                const BlockHash* identity) const {
   // docs/hashing.md: the parent hash stored with the block must equal the request's.
   if (host_chain_) return host_.match_cached_block_after(seq, index);
+  // Prefix identities: the slot's must be the request's (a chained hash proves nothing here).
+  if (identity == nullptr) return BlockPool::kNoBlock;  // (callers always give one)
   const BlockId slot = host_.match_cached_block_unanchored(seq, index);
   if (slot == BlockPool::kNoBlock) return slot;
-  const auto s = static_cast<std::size_t>(slot);
-  const bool parent_ok =
-      index == 0 ? host_first_[s] != 0
-                 : (host_first_[s] == 0 && same_hash(host_parent_[s], seq.block_hashes[index - 1]));
-  return parent_ok ? slot : BlockPool::kNoBlock;
+  return same_hash(host_identity_[static_cast<std::size_t>(slot)], *identity) ? slot
+                                                                              : BlockPool::kNoBlock;
 }
 
 inline std::uint32_t TieredKVCacheManager::take_transfer() {

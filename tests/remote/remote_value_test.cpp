@@ -48,14 +48,31 @@ TEST(RemoteValue, HeaderLayoutIsLittleEndianAndDocumented) {
   EXPECT_EQ(std::to_integer<int>(h[8]), 0x08);
   EXPECT_EQ(std::to_integer<int>(h[15]), 0x01);
   EXPECT_EQ(std::to_integer<int>(h[16]), 100);
-  // The binding: sizes and group, then the block and parent hashes, zero-padded.
+  EXPECT_EQ(kRemoteValueVersion, 3);
+  EXPECT_EQ(kRemoteValueHeaderSize, 144u);
+  // The binding: sizes, group and KV format, then the block and parent hashes and the prefix
+  // identity (none here), zero-padded.
   EXPECT_EQ(std::to_integer<int>(h[32]), 32);
   EXPECT_EQ(std::to_integer<int>(h[33]), 32);
   EXPECT_EQ(std::to_integer<int>(h[34]), 0);
-  for (int i = 35; i < 40; ++i) EXPECT_EQ(std::to_integer<int>(h[i]), 0);
+  EXPECT_EQ(std::to_integer<int>(h[35]), 0);  // no prefix identity
+  EXPECT_EQ(std::to_integer<int>(h[36]), 1);  // KVDtype::kBFloat16
+  EXPECT_EQ(std::to_integer<int>(h[37]), 0);  // no scales
+  for (int i = 38; i < 40; ++i) EXPECT_EQ(std::to_integer<int>(h[i]), 0);
   EXPECT_EQ(std::memcmp(h.data() + 40, kBlock.block.bytes().data(), 32), 0);
   EXPECT_EQ(std::memcmp(h.data() + 72, kBlock.parent.bytes().data(), 32), 0);
-  for (int i = 104; i < 112; ++i) EXPECT_EQ(std::to_integer<int>(h[i]), 0);
+  for (int i = 104; i < 144; ++i) EXPECT_EQ(std::to_integer<int>(h[i]), 0);
+  // A prefix identity and another KV format.
+  RemoteValueBinding with = kBlock;
+  with.identity = hash_of(77);
+  with.kv_dtype = 5;
+  with.kv_scale_mode = kKVScalePerTokenHead;
+  const auto hi = encode_remote_value_header(1, with, payload);
+  EXPECT_EQ(std::to_integer<int>(hi[35]), 32);
+  EXPECT_EQ(std::to_integer<int>(hi[36]), 5);
+  EXPECT_EQ(std::to_integer<int>(hi[37]), 2);
+  EXPECT_EQ(std::memcmp(hi.data() + 104, with.identity.bytes().data(), 32), 0);
+  for (int i = 136; i < 144; ++i) EXPECT_EQ(std::to_integer<int>(hi[i]), 0);
   // The checksum: xxh3_64 of the payload seeded with xxh3_64 of the header, checksum zeroed.
   std::uint64_t checksum = 0;
   for (int i = 0; i < 8; ++i)
@@ -104,7 +121,14 @@ TEST(RemoteValue, RejectsEveryMismatch) {
   bad[0] ^= std::byte{1};
   EXPECT_EQ(check_remote_value(bad, 7, 1000, kBlock), RemoteValueCheck::kBadMagic);
   bad = good;
-  bad[4] = std::byte{3};
+  bad[4] = std::byte{4};
+  EXPECT_EQ(check_remote_value(bad, 7, 1000, kBlock), RemoteValueCheck::kBadVersion);
+  bad = good;  // version 2: a 112-byte header without prefix identity or KV format
+  bad[4] = std::byte{2};
+  bad[6] = std::byte{112};
+  EXPECT_EQ(check_remote_value(bad, 7, 1000, kBlock), RemoteValueCheck::kBadVersion);
+  bad = good;
+  bad[38] = std::byte{1};  // reserved
   EXPECT_EQ(check_remote_value(bad, 7, 1000, kBlock), RemoteValueCheck::kBadVersion);
   bad = good;
   bad[6] = std::byte{40};  // version 1's header size
@@ -121,6 +145,51 @@ TEST(RemoteValue, RejectsEveryMismatch) {
   EXPECT_EQ(check_remote_value(bad, 7, 1000, kBlock), RemoteValueCheck::kChecksumMismatch);
   EXPECT_EQ(to_string(RemoteValueCheck::kChecksumMismatch), "checksum_mismatch");
   EXPECT_EQ(to_string(RemoteValueCheck::kBindingMismatch), "binding_mismatch");
+  EXPECT_EQ(to_string(RemoteValueCheck::kFormatMismatch), "format_mismatch");
+}
+
+// Issue 37: the KV format (dtype, scale mode) a value was written in must be the reader's; any
+// other is kFormatMismatch, a miss, whatever else matches.
+TEST(RemoteValue, AValueOfAnotherKVFormatIsRejected) {
+  const auto payload = payload_of(256);
+  RemoteValueBinding fp8 = kBlock;
+  fp8.kv_dtype = 2;
+  fp8.kv_scale_mode = kKVScalePerTensor;
+  const auto v = make_value(7, payload, fp8);
+  EXPECT_EQ(check_remote_value(v, 7, 256, fp8), RemoteValueCheck::kOk);
+  EXPECT_EQ(check_remote_value(v, 7, 256, kBlock), RemoteValueCheck::kFormatMismatch);
+  RemoteValueBinding other_scales = fp8;
+  other_scales.kv_scale_mode = kKVScalePerTokenHead;
+  EXPECT_EQ(check_remote_value(v, 7, 256, other_scales), RemoteValueCheck::kFormatMismatch);
+  RemoteValueBinding other_dtype = fp8;
+  other_dtype.kv_dtype = 0;
+  EXPECT_EQ(check_remote_value(v, 7, 256, other_dtype), RemoteValueCheck::kFormatMismatch);
+  // A default (bf16, no scales) value read by an fp8 reader.
+  EXPECT_EQ(check_remote_value(make_value(7, payload), 7, 256, fp8),
+            RemoteValueCheck::kFormatMismatch);
+}
+
+// Issue 37: with xxh3_128 (not collision resistant) a value is bound to its block's prefix
+// identity; a value of another prefix whose block and parent hashes collide with the reader's is
+// rejected, and so is a value with no identity read by a reader that expects one (and back).
+TEST(RemoteValue, AValueOfAnotherPrefixIdentityIsRejected) {
+  const auto payload = payload_of(256);
+  RemoteValueBinding mine{hash_of(5, 16), hash_of(4, 16), 0, hash_of(50)};
+  RemoteValueBinding theirs = mine;
+  theirs.identity = hash_of(51);
+  const auto v = make_value(7, payload, mine);
+  EXPECT_EQ(check_remote_value(v, 7, 256, mine), RemoteValueCheck::kOk);
+  EXPECT_EQ(check_remote_value(v, 7, 256, theirs), RemoteValueCheck::kBindingMismatch);
+  EXPECT_EQ(check_remote_value(make_value(7, payload, theirs), 7, 256, mine),
+            RemoteValueCheck::kBindingMismatch);
+  RemoteValueBinding none = mine;
+  none.identity = BlockHash();
+  EXPECT_EQ(check_remote_value(v, 7, 256, none), RemoteValueCheck::kBindingMismatch);
+  EXPECT_EQ(check_remote_value(make_value(7, payload, none), 7, 256, mine),
+            RemoteValueCheck::kBindingMismatch);
+  RemoteValueBinding short_id = mine;  // a 16-byte identity with the same leading bytes
+  short_id.identity = hash_of(50, 16);
+  EXPECT_EQ(check_remote_value(v, 7, 256, short_id), RemoteValueCheck::kBindingMismatch);
 }
 
 // Issue 41: a genuine value (header and checksum intact) read under another block's key is
@@ -160,8 +229,12 @@ TEST(RemoteValue, EveryFlippedHeaderBitIsRejected) {
     const RemoteValueCheck c = check_remote_value(bad, 7, 300, kBlock);
     EXPECT_NE(c, RemoteValueCheck::kOk) << "bit " << bit;
     const std::size_t at = bit / 8;
-    if (at >= kRemoteValueBindingOffset &&
-        at < kRemoteValueBindingOffset + kRemoteValueBindingSize) {
+    if (at == 36 || at == 37) {  // the KV format
+      EXPECT_EQ(c, RemoteValueCheck::kFormatMismatch) << "bit " << bit;
+    } else if (at == 38 || at == 39) {  // reserved
+      EXPECT_EQ(c, RemoteValueCheck::kBadVersion) << "bit " << bit;
+    } else if (at >= kRemoteValueBindingOffset &&
+               at < kRemoteValueBindingOffset + kRemoteValueBindingSize) {
       EXPECT_EQ(c, RemoteValueCheck::kBindingMismatch) << "bit " << bit;
     }
     if (at >= kRemoteValueHeaderSize) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -52,12 +53,15 @@ struct RunResult {
 class Engine {
  public:
   Engine(std::uint16_t port, const std::string& ns, RemoteTierConfig rc = {},
-         std::chrono::milliseconds op_timeout = 500ms, std::int32_t host_blocks = kHostBlocks)
+         std::chrono::milliseconds op_timeout = 500ms, std::int32_t host_blocks = kHostBlocks,
+         HashScheme scheme = HashScheme::kSha256, std::optional<BlockHasher> hasher = {})
       : host_blocks_(host_blocks) {
     KVCacheManagerConfig c;
     c.num_blocks = kGpuBlocks;
     c.block_size = kBs;
     c.hash_seed = "remote-tier-test";
+    c.hash_scheme = scheme;
+    c.hasher = std::move(hasher);
     HostTierConfig h;
     h.num_host_blocks = host_blocks;
     h.policy = HostPolicy::kWriteThrough;
@@ -565,9 +569,8 @@ TEST(RemoteTierConfigTest, HostEvictionWithoutStagingIsRejected) {
   EXPECT_THROW(RemoteTier(tier, store, host, rc), Error);
 }
 
-// The store is keyed by block hash and a value's binding reads the host pool's stored parent
-// hashes: a hasher that is not collision resistant is refused.
-TEST(RemoteTierConfigTest, AHasherThatIsNotCollisionResistantIsRejected) {
+// A hasher that is not collision resistant is served: values are bound to prefix identities.
+TEST(RemoteTierConfigTest, AHasherThatIsNotCollisionResistantIsServed) {
   KVCacheManagerConfig c;
   c.num_blocks = 8;
   c.block_size = kBs;
@@ -582,7 +585,104 @@ TEST(RemoteTierConfigTest, AHasherThatIsNotCollisionResistantIsRejected) {
   std::vector<std::byte> host(5 * 64);
   RemoteTierConfig rc;
   rc.bytes_per_block = 64;
-  EXPECT_THROW(RemoteTier(tier, store, host, rc), Error);
+  EXPECT_TRUE(tier.uses_prefix_identities());
+  EXPECT_NO_THROW(RemoteTier(tier, store, host, rc));
+}
+
+// xxh3_128 (issue 37): a second engine loads the first one's prefix through Redis, every byte
+// checked; values carry the blocks' prefix identities.
+TEST_F(RemoteTierTest, Xxh3SecondEngineLoadsTheFirstOnesPrefix) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  {
+    Engine a(server.port(), "ns-x", {}, 500ms, kHostBlocks, HashScheme::kXxh3_128);
+    EXPECT_TRUE(a.tier().uses_prefix_identities());
+    EXPECT_EQ(a.run(1, kPrompt).computed_tokens, kPrompt.size());
+    ASSERT_TRUE(a.drain());
+    EXPECT_EQ(a.remote().stats().stored_blocks, 10u);
+  }
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kWaitComplete;
+  Engine b(server.port(), "ns-x", rc, 500ms, kHostBlocks, HashScheme::kXxh3_128);
+  const RunResult rb = b.run(7, kPrompt);
+  EXPECT_EQ(rb.host_hit_tokens, 40u);
+  EXPECT_EQ(rb.computed_tokens, kPrompt.size() - 40);  // bytes checked inside run()
+  EXPECT_EQ(b.remote().stats().loaded_blocks, 10u);
+  EXPECT_EQ(b.remote().stats().rejected_values, 0u);
+}
+
+// Forced collisions (issue 37): with a weak test hasher (4 bits) prompts whose block 0 differs
+// but hashes alike have equal keys, parent hashes and groups for block 0 and for every later
+// block with equal tokens. The second engine's gets find the first engine's values under its
+// keys; their prefix identities differ, so each is a counted miss (rejected_values) and the
+// request computes its tokens: never another prefix's K/V (checked byte for byte in run()).
+TEST_F(RemoteTierTest, CollidingKeysOfAnotherPrefixAreRejectedNeverLoaded) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  const auto weak = [] {
+    return BlockHasher::weak_for_testing(HashScheme::kXxh3_128, "remote-collide", 4);
+  };
+  RemoteTierConfig rc;
+  rc.policy = PrefetchPolicy::kWaitComplete;
+  Engine a(server.port(), "ns-c", rc, 500ms, kHostBlocks, HashScheme::kXxh3_128, weak());
+  EXPECT_EQ(a.run(1, kPrompt).computed_tokens, kPrompt.size());
+  ASSERT_TRUE(a.drain());
+  const Request x = a.tier().make_request(99, kPrompt);
+  // y: another block 0 with x's block-0 hash, then x's tokens.
+  std::vector<TokenId> y_prompt;
+  for (TokenId v = 2000; v < 4000 && y_prompt.empty(); ++v) {
+    std::vector<TokenId> p = kPrompt;
+    p[0] = v;
+    const Request y = a.tier().make_request(98, p);
+    if (y.block_hashes()[0] == x.block_hashes()[0]) y_prompt = p;
+  }
+  ASSERT_FALSE(y_prompt.empty());
+  Engine b(server.port(), "ns-c", rc, 500ms, kHostBlocks, HashScheme::kXxh3_128, weak());
+  const RunResult rb = b.run(7, y_prompt);
+  EXPECT_EQ(rb.host_hit_tokens, 0u);
+  EXPECT_EQ(rb.computed_tokens, y_prompt.size());  // bytes checked inside run()
+  const RemoteTierStats s = b.remote().stats();
+  EXPECT_GE(s.probe_hit_blocks, 1u);
+  EXPECT_EQ(s.loaded_blocks, 0u);
+  EXPECT_GE(s.rejected_values, 1u);
+  EXPECT_GE(b.store().stats().binding_mismatches, 1u);
+  // b wrote y's blocks under the colliding keys (the last writer of a key wins): now x misses
+  // there the same way, in a third engine.
+  ASSERT_TRUE(b.drain());
+  Engine c(server.port(), "ns-c", rc, 500ms, kHostBlocks, HashScheme::kXxh3_128, weak());
+  const RunResult rc2 = c.run(8, kPrompt);
+  EXPECT_EQ(rc2.host_hit_tokens, 0u);
+  EXPECT_EQ(rc2.computed_tokens, kPrompt.size());
+  EXPECT_GE(c.remote().stats().rejected_values, 1u);
+  EXPECT_EQ(c.remote().stats().loaded_blocks, 0u);
+}
+
+// The KV format (issue 37): an engine reading another KV dtype or scale mode than the writer's
+// misses every value (counted), never loads one.
+TEST_F(RemoteTierTest, AnotherKVFormatIsACountedMiss) {
+  test::RedisServer server;
+  ASSERT_TRUE(server.start());
+  {
+    Engine a(server.port(), "ns-f");
+    EXPECT_EQ(a.run(1, kPrompt).computed_tokens, kPrompt.size());
+    ASSERT_TRUE(a.drain());
+  }
+  for (const auto& [dtype, scales] : {std::pair<int, int>{0, 0}, std::pair<int, int>{1, 1}}) {
+    RemoteTierConfig rc;
+    rc.policy = PrefetchPolicy::kWaitComplete;
+    rc.kv_dtype = static_cast<std::uint8_t>(dtype);
+    rc.kv_scale_mode = static_cast<std::uint8_t>(scales);
+    Engine b(server.port(), "ns-f", rc);
+    const RunResult rb = b.run(7, kPrompt);
+    EXPECT_EQ(rb.host_hit_tokens, 0u);
+    EXPECT_EQ(rb.computed_tokens, kPrompt.size());
+    const RemoteTierStats s = b.remote().stats();
+    EXPECT_EQ(s.probe_hit_blocks, 10u);
+    EXPECT_EQ(s.loaded_blocks, 0u);
+    EXPECT_GE(s.rejected_values, 1u);
+    EXPECT_GE(b.store().stats().format_mismatches, 1u);
+    EXPECT_EQ(b.store().stats().header_mismatches, 0u);
+  }
 }
 
 }  // namespace

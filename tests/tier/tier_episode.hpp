@@ -140,12 +140,21 @@ template <typename R>
 class Sim {
  public:
   Sim(R& rng, std::uint32_t bs, std::int32_t gpu_blocks, std::int32_t host_blocks,
-      HostPolicy policy, std::uint32_t selective_hits, bool layer_first, bool gpu_verify)
+      HostPolicy policy, std::uint32_t selective_hits, bool layer_first, bool gpu_verify,
+      int hashing = 0)
       : rng_(rng), bs_(bs), gpu_blocks_(gpu_blocks), host_blocks_(host_blocks) {
     KVCacheManagerConfig c;
     c.num_blocks = gpu_blocks;
     c.block_size = bs;
     c.hash_seed = "model";
+    // 0: sha256; 1: xxh3_128 (prefix identities in the host tier); 2, 3: weak test hashers
+    // (sha256, xxh3_128 cut to 2 bits: forced collisions everywhere; a wrong hit, GPU or host,
+    // is caught by the byte-level reference).
+    if (hashing == 1) c.hash_scheme = HashScheme::kXxh3_128;
+    if (hashing >= 2) {
+      c.hasher = BlockHasher::weak_for_testing(
+          hashing == 2 ? HashScheme::kSha256 : HashScheme::kXxh3_128, "model", 2);
+    }
     // Without verification the GPU pool keeps no material and the tier records each cached
     // block's content itself; with it, the tier reads the pool's material when it evicts.
     c.verify_cache_hits = gpu_verify;
@@ -226,10 +235,14 @@ void run_tier_episode(R& rng, int max_ops, bool sabotage_stores = false) {
   const auto policy = static_cast<HostPolicy>(rng() % 3);
   const auto selective_hits = 1 + static_cast<std::uint32_t>(rng() % 2);
   const bool layer_first = rng() % 2 == 0;
-  const bool gpu_verify = rng() % 4 != 0;
+  // Hashing: sha256 half the time, else xxh3_128 or a weak (colliding) test hasher; those
+  // always verify GPU hits (an unverified weak hasher would hit wrongly by design).
+  const int hashing = rng() % 2 == 0 ? 0 : 1 + static_cast<int>(rng() % 3);
+  const bool gpu_verify = hashing != 0 || rng() % 4 != 0;
   // Some requests carry extra keys (a LoRA name): the tier keeps them for its stores.
   const bool with_keys = rng() % 3 == 0;
-  Sim<R> sim(rng, bs, gpu_blocks, host_blocks, policy, selective_hits, layer_first, gpu_verify);
+  Sim<R> sim(rng, bs, gpu_blocks, host_blocks, policy, selective_hits, layer_first, gpu_verify,
+             hashing);
   TieredKVCacheManager& t = sim.tier();
 
   // A few shared prefixes, so that hits are common.

@@ -340,21 +340,135 @@ TEST(TieredKVCacheManager, HostHitVerifiesTokensAndParentHash) {
 
 TEST(TieredKVCacheManager, HostPoolIdentifiesPrefixesAsTheGpuPoolDoes) {
   // SHA-256 chain hashes identify their prefix: the host pool stores parent hashes, as the GPU
-  // pool does, instead of keeping hash-consed content ids. A weak hasher keeps content ids.
+  // pool does, instead of keeping hash-consed content ids. A weak hasher's GPU pool keeps content
+  // ids; the host pool still stores parent hashes and tokens (no content-id table), and the tier
+  // checks prefix identities instead of the parent hash.
   TieredKVCacheManager strong(gpu_config(8), host_config(4));
   EXPECT_TRUE(strong.gpu().block_pool().config().chain_hashes_identify_prefix);
   EXPECT_TRUE(strong.host_pool().config().chain_hashes_identify_prefix);
+  EXPECT_FALSE(strong.uses_prefix_identities());
   KVCacheManagerConfig c = gpu_config(8);
   c.hasher = BlockHasher::weak_for_testing(HashScheme::kSha256, "weak", 3);
   TieredKVCacheManager weak(c, host_config(4));
   EXPECT_FALSE(weak.gpu().block_pool().config().chain_hashes_identify_prefix);
-  EXPECT_FALSE(weak.host_pool().config().chain_hashes_identify_prefix);
+  EXPECT_TRUE(weak.host_pool().stores_chain_material());
+  EXPECT_TRUE(weak.uses_prefix_identities());
+}
+
+// A forced collision: y's block 0 differs from x's but hashes alike, so y's block 1 (the same
+// tokens as x's) has x's block-1 hash and parent hash. With y's block 0 a GPU hit and x's block 1
+// only in the host tier, a host hit on it would hand y the K/V of x's prefix. The host tier
+// compares the prefix identity (a SHA-256 chain over the whole prefix) and misses; so does
+// host_holds (the remote tier's view), and a fill of y's block 1 is kept apart from x's.
+void expect_collision_is_a_miss(HashScheme scheme, HostPolicy policy) {
+  bool found = false;
+  for (int seed = 0; seed < 64 && !found; ++seed) {
+    KVCacheManagerConfig c = gpu_config(16);
+    const std::string seed_text(static_cast<std::size_t>(seed) + 1, 'c');
+    c.hasher = BlockHasher::weak_for_testing(scheme, seed_text, 3);
+    TieredKVCacheManager t(c, host_config(64, policy));
+    ASSERT_TRUE(t.uses_prefix_identities());
+    host_only(t, std::vector<TokenId>{1, 2, 3, 4, 5, 6, 7, 8, 0}, 16);
+    auto x = t.make_request(2, std::vector<TokenId>{1, 2, 3, 4, 5, 6, 7, 8, 0});
+    const TieredCacheHit xh = t.get_computed_blocks(x);
+    ASSERT_EQ(xh.host_slots.size(), 2u) << "x's blocks are in the host tier";
+    for (TokenId v = 10; v < 400 && !found; ++v) {
+      auto y = t.make_request(1000 + static_cast<RequestId>(v),
+                              std::vector<TokenId>{v, 2, 3, 4, 5, 6, 7, 8, 0});
+      if (y.block_hashes()[0] != x.block_hashes()[0]) continue;
+      ASSERT_EQ(y.block_hashes()[1], x.block_hashes()[1]);
+      found = true;
+      auto y0 =
+          t.make_request(5000 + static_cast<RequestId>(v), std::vector<TokenId>{v, 2, 3, 4, 0});
+      admit(t, y0);
+      t.free(y0);
+      const TieredCacheHit hit = t.get_computed_blocks(y);
+      EXPECT_EQ(hit.gpu.blocks.size(), 1u);
+      EXPECT_TRUE(hit.host_slots.empty()) << "a host block of another prefix was a hit";
+      EXPECT_FALSE(t.host_holds(y, 1));
+      EXPECT_TRUE(t.host_holds(x, 1));
+      // A hand-made hit naming x's slot for y's block 1 is refused as stale.
+      TieredCacheHit forged = hit;
+      forged.host_slots = {xh.host_slots[1]};
+      forged.num_host_tokens = kB;
+      expect_rejected(
+          t, [&] { (void)t.allocate_slots(y, 1, forged); }, "stale host hit");
+      // y's block 1 arriving from below lands in its own slot; then both hit their own.
+      const std::optional<HostFill> fill = t.begin_fill(y, 1);
+      ASSERT_TRUE(fill);
+      t.commit(fill->id, true);
+      t.check_invariants();
+      const TieredCacheHit again = t.get_computed_blocks(y);
+      // (A twin of another prefix keeps the fill out of the host map: a miss, never x's slot.)
+      if (!again.host_slots.empty()) {
+        EXPECT_NE(again.host_slots[0], xh.host_slots[1]);
+      }
+      EXPECT_EQ(t.get_computed_blocks(x).host_slots.size(), 2u);
+      std::vector<BlockHash> xi, yi;
+      t.prefix_identities(x, 3, xi);
+      t.prefix_identities(y, 3, yi);
+      ASSERT_EQ(xi.size(), 2u);
+      EXPECT_NE(xi[0], yi[0]);
+      EXPECT_NE(xi[1], yi[1]);
+      EXPECT_EQ(t.host_slot_identity(xh.host_slots[1]), xi[1]);
+    }
+  }
+  EXPECT_TRUE(found) << "no colliding block 0 found";
+}
+
+TEST(TieredKVCacheManager, CollidingPrefixIsAHostMissWithWeakSha256) {
+  expect_collision_is_a_miss(HashScheme::kSha256, HostPolicy::kWriteThrough);
+  expect_collision_is_a_miss(HashScheme::kSha256, HostPolicy::kWriteBack);
+}
+
+TEST(TieredKVCacheManager, CollidingPrefixIsAHostMissWithWeakXxh3) {
+  expect_collision_is_a_miss(HashScheme::kXxh3_128, HostPolicy::kWriteThrough);
+  expect_collision_is_a_miss(HashScheme::kXxh3_128, HostPolicy::kWriteBack);
+}
+
+// xxh3_128 (the fast scheme): the GPU pool guards its chain hashes, the host tier keeps prefix
+// identities; a prefix evicted from the GPU comes back from the host tier, for every policy.
+TEST(TieredKVCacheManager, Xxh3HostHitsLoadForEveryPolicy) {
+  for (const HostPolicy policy :
+       {HostPolicy::kWriteThrough, HostPolicy::kWriteBack, HostPolicy::kWriteThroughSelective}) {
+    KVCacheManagerConfig c = gpu_config(8);
+    c.hash_scheme = HashScheme::kXxh3_128;
+    HostTierConfig h = host_config(64, policy);
+    h.selective_hits = 1;
+    TieredKVCacheManager t(c, h);
+    EXPECT_TRUE(t.uses_prefix_identities());
+    EXPECT_TRUE(t.gpu().block_pool().config().guard_chain_hashes);
+    const std::vector<TokenId> prompt = tokens(1, 3 * kB + 1);
+    if (policy == HostPolicy::kWriteThroughSelective) {  // hit once on the GPU, then stored
+      auto a = t.make_request(1, prompt);
+      admit(t, a);
+      t.free(a);
+      auto b = t.make_request(2, prompt);
+      admit(t, b);
+      t.free(b);
+      flush_gpu(t, 100, 8);
+    } else {
+      host_only(t, prompt, 8);
+    }
+    auto r = t.make_request(3, prompt);
+    const TieredCacheHit hit = admit(t, r);  // loads the host run
+    EXPECT_EQ(hit.gpu.blocks.size(), 0u) << to_string(policy);
+    EXPECT_EQ(hit.host_slots.size(), 3u) << to_string(policy);
+    std::vector<BlockHash> ids;
+    t.prefix_identities(r, 3, ids);
+    for (std::size_t i = 0; i < hit.host_slots.size(); ++i) {
+      EXPECT_EQ(t.host_slot_identity(hit.host_slots[i]), ids[i]);
+    }
+    EXPECT_EQ(t.stats().loaded_blocks, 3u);
+    t.free(r);
+    t.check_invariants();
+  }
 }
 
 TEST(TieredKVCacheManager, RejectsWhatItCannotServe) {
   KVCacheManagerConfig x = gpu_config(8);
   x.hash_scheme = HashScheme::kXxh3_128;
-  EXPECT_THROW(TieredKVCacheManager(x, host_config(4)), Error);
+  EXPECT_NO_THROW(TieredKVCacheManager(x, host_config(4)));  // prefix identities
   KVCacheManagerConfig hybrid = gpu_config(8);
   hybrid.groups = {AttentionSpec::full(4), AttentionSpec::sliding(4, 8)};
   EXPECT_THROW(TieredKVCacheManager(hybrid, host_config(4)), Error);

@@ -11,7 +11,7 @@
 //             checksum), then num_slots slots of slot_bytes() each (512 to 4096 bytes, a power of
 //             two, or a multiple of 4096: slot_bytes_for). A slot is a
 //             64-byte record (magic, put sequence number, the key: the block hash the value is
-//             stored under, record checksum) followed by the value: remote_value.hpp's 112-byte
+//             stored under, record checksum) followed by the value: remote_value.hpp's 144-byte
 //             header + payload, exactly as RedisStore stores it (encode_remote_value_header with
 //             binding_of(put); a get loads only when check_remote_value(..., binding_of(get)) is
 //             kOk). A value stored under another key (the record says B, the value is bound to A)

@@ -67,12 +67,16 @@ std::string_view to_string(RemoteResult result) noexcept;
 // One get: the payload of `key` is written to `dest`, whose size is the block's payload size (a
 // stored value of any other length is kInvalidValue). The value must be bound to this block: its
 // header's block hash `key`, parent hash `parent` (the previous block's hash; empty for a chain's
-// block 0) and `group` (remote_value.hpp); any other is kInvalidValue.
+// block 0), `group` and prefix identity `identity`, and have the KV format (kv_dtype,
+// kv_scale_mode) asked for (remote_value.hpp); any other is kInvalidValue.
 struct RemoteGet {
   BlockHash key;
   std::span<std::byte> dest;
   BlockHash parent{};
   GroupId group = 0;
+  BlockHash identity{};  // the block's prefix identity (remote_value.hpp); empty: none
+  std::uint8_t kv_dtype = kKVDtypeBFloat16Value;  // the KV format the value must have
+  std::uint8_t kv_scale_mode = kKVScaleNone;
 };
 
 // One put: `src` (the block's payload) is stored under `key`, replacing any previous value, bound
@@ -82,6 +86,9 @@ struct RemotePut {
   std::span<const std::byte> src;
   BlockHash parent{};
   GroupId group = 0;
+  BlockHash identity{};
+  std::uint8_t kv_dtype = kKVDtypeBFloat16Value;
+  std::uint8_t kv_scale_mode = kKVScaleNone;
 };
 
 // The block a put's value is bound to, and a get's value must be (remote_value.hpp). Every
@@ -89,10 +96,10 @@ struct RemotePut {
 // put.src) before the payload, and loads a value into a get's buffer only when
 // check_remote_value(value, fingerprint, get.dest.size(), binding_of(get)) is kOk.
 inline RemoteValueBinding binding_of(const RemoteGet& g) noexcept {
-  return {g.key, g.parent, g.group};
+  return {g.key, g.parent, g.group, g.identity, g.kv_dtype, g.kv_scale_mode};
 }
 inline RemoteValueBinding binding_of(const RemotePut& p) noexcept {
-  return {p.key, p.parent, p.group};
+  return {p.key, p.parent, p.group, p.identity, p.kv_dtype, p.kv_scale_mode};
 }
 
 struct RemoteCompletion {
@@ -125,6 +132,7 @@ struct RemoteStoreStats {
   std::uint64_t checksum_failures = 0;   // gets rejected for their payload checksum
   std::uint64_t header_mismatches = 0;   // gets rejected for magic, version, fingerprint or length
   std::uint64_t binding_mismatches = 0;  // gets rejected: the value belongs to another block
+  std::uint64_t format_mismatches = 0;   // gets rejected: another KV dtype or scale mode
   std::uint64_t queue_full_drops = 0;    // ops in batches refused because the queue was full
   std::uint64_t connects = 0;            // successful (re)connections
   std::uint64_t connect_failures = 0;    // failed connection attempts (incl. AUTH refused)

@@ -50,27 +50,25 @@ struct TierStats {
   std::uint64_t stored_blocks = 0;    // stores and evictions committed done (cached in the host)
   std::uint64_t store_failures = 0;   // stores and evictions committed failed
   std::uint64_t stores_skipped_full = 0;  // no free host slot (every slot pinned): normal
-  std::uint64_t loaded_bytes = 0;     // loaded_blocks x bytes_per_block
-  std::uint64_t stored_bytes = 0;     // stored_blocks x bytes_per_block
-  std::uint64_t host_evictions = 0;   // host entries evicted (LRU) for newer ones
-  std::int32_t host_slots = 0;        // the configured host blocks
-  std::int32_t host_slots_pinned = 0;   // slots with transfers in flight (loading or storing)
-  std::int32_t host_slots_storing = 0;  // of those, slots being written (not hit-able yet)
-  std::uint64_t host_cached_blocks = 0;  // slots holding a hit-able block
+  std::uint64_t loaded_bytes = 0;         // loaded_blocks x bytes_per_block
+  std::uint64_t stored_bytes = 0;         // stored_blocks x bytes_per_block
+  std::uint64_t host_evictions = 0;       // host entries evicted (LRU) for newer ones
+  std::int32_t host_slots = 0;            // the configured host blocks
+  std::int32_t host_slots_pinned = 0;     // slots with transfers in flight (loading or storing)
+  std::int32_t host_slots_storing = 0;    // of those, slots being written (not hit-able yet)
+  std::uint64_t host_cached_blocks = 0;   // slots holding a hit-able block
 
   double hit_rate() const noexcept {
-    return queried_tokens == 0
-               ? 0.0
-               : static_cast<double>(gpu_hit_tokens + host_hit_tokens) /
-                     static_cast<double>(queried_tokens);
+    return queried_tokens == 0 ? 0.0
+                               : static_cast<double>(gpu_hit_tokens + host_hit_tokens) /
+                                     static_cast<double>(queried_tokens);
   }
   // Slots holding or receiving a block, over all of them.
   double host_usage() const noexcept {
-    return host_slots == 0
-               ? 0.0
-               : static_cast<double>(host_cached_blocks +
-                                     static_cast<std::uint64_t>(host_slots_storing)) /
-                     host_slots;
+    return host_slots == 0 ? 0.0
+                           : static_cast<double>(host_cached_blocks +
+                                                 static_cast<std::uint64_t>(host_slots_storing)) /
+                                 host_slots;
   }
 };
 

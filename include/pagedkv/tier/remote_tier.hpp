@@ -57,14 +57,18 @@
 // staging buffers are waited for beyond drain_timeout if need be (the store completes every op
 // within its op timeout), so the store never reads a freed buffer.
 //
+// Hashers that are not collision resistant (xxh3_128): values are still keyed by block hash, and
+// each is also bound to its block's prefix identity (TieredKVCacheManager::prefix_identities: a
+// SHA-256 chain over the whole prefix's content), which a get checks: a value stored under a
+// colliding key by another prefix is a counted miss, never loaded. A request's identities cost
+// O(blocks) SHA-256 once per get batch.
+//
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a buffer smaller than
-// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, kOnHostEviction with zero
-// eviction_staging_blocks, or a tier whose hasher is not collision resistant (the store is keyed
-// by block hash, and a value's binding reads the host pool's stored parent hashes); add_request for
-// a request already added (kInvalidState). Everything else (a store that is down, slow, full or
-// returns corrupt values) is a normal outcome counted in stats(), never an exception from poll().
-// Complexity: poll is O(completions + requests waiting for a probe); add_request O(blocks).
-// Thread-compatible: the scheduler thread calls everything.
+// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
+// eviction_staging_blocks; add_request for a request already added (kInvalidState). Everything else
+// (a store that is down, slow, full or returns corrupt values) is a normal outcome counted in
+// stats(), never an exception from poll(). Complexity: poll is O(completions + requests waiting for
+// a probe); add_request O(blocks). Thread-compatible: the scheduler thread calls everything.
 #pragma once
 
 #include <chrono>
@@ -96,6 +100,11 @@ struct RemoteTierConfig {
   std::size_t max_puts_in_flight = 1024;     // pinned slots waiting for a put, at most
   std::size_t eviction_staging_blocks = 64;  // kOnHostEviction: copies awaiting their put, at most
   std::chrono::milliseconds drain_timeout{2000};  // destructor's wait for ops in flight
+  // The KV format of the payloads (remote_value.hpp): the numeric value of pagedkv::KVDtype and
+  // the scale mode (kKVScaleNone, kKVScalePerTensor, kKVScalePerTokenHead). Puts write it; a
+  // get of a value of another format is a miss (rejected_values, the store's format_mismatches).
+  std::uint8_t kv_dtype = kKVDtypeBFloat16Value;
+  std::uint8_t kv_scale_mode = kKVScaleNone;
 };
 
 // Cumulative since construction.
@@ -240,6 +249,7 @@ class RemoteTier {
   // Scratch.
   std::vector<RemoteCompletion> completions_;
   std::vector<BlockHash> keys_;
+  std::vector<BlockHash> identities_;  // start_fills: the request's prefix identities
   std::vector<RemoteGet> get_ops_;
   std::vector<RemotePut> put_ops_;
 };

@@ -22,20 +22,25 @@
 // evicted or reused, and loaded GPU blocks are not cached (not hit-able) until finish_loads(). A
 // store's host slot becomes hit-able only when the store is committed done.
 //
-// Verification (pool/block_pool.hpp, docs/hashing.md): a host block is a hit when its hash,
-// tokens and extra keys equal the request's block (the host pool's verified lookup) and the
-// parent hash stored with it equals the request's previous block hash. The content before a host
-// run is identified by the chained hash, as for sliding-window runs; the tier therefore refuses
-// xxh3_128, which is not collision resistant. With a SHA-256 hasher the host pool, like the GPU
-// pool, stores each slot's parent hash and checks it in its lookup (match_cached_block_after);
-// with a test hasher (not collision resistant) the host pool keeps content ids and the tier
-// stores and checks the parent hashes itself.
+// Verification (pool/block_pool.hpp, docs/hashing.md, docs/tiers.md): a host block is a hit when
+// its hash, tokens and extra keys equal the request's block (the host pool's verified lookup)
+// and the identity of the prefix before it matches the request's. With a SHA-256 hasher that
+// identity is the chained hash: the host pool, like the GPU pool, stores each slot's parent hash
+// and checks it in its lookup (match_cached_block_after). With a hasher that is not collision
+// resistant (xxh3_128, which an adversary can make collide, and test hashers) a chained hash
+// proves nothing about the prefix, so the tier keeps a prefix identity: the SHA-256 chain over
+// the tokens and extra keys of every block up to and including this one (prefix_identities()).
+// Every cached GPU block records its identity when the tier sees it cached (from its verified
+// predecessor's, so one SHA-256 per cached block), every store and fill carries one into its host
+// slot, and a host hit compares the slot's identity with the request's (computed for the host
+// run only: the GPU hit's last block gives the start). A collision is then a miss, never a wrong
+// hit, in both tiers and in the remote values (tier/remote_tier.hpp binds them to it).
 //
 // What the tier knows of GPU blocks: for write-back it needs an evicted block's content (hash,
 // parent hash, tokens, extra keys) after the GPU pool reused the block. It registers itself as the
 // GPU pool's eviction observer (BlockPool::EvictionObserver) and reads the content there, from
-// the pool's stored material (verify_cache_hits with SHA-256 chain hashes); otherwise (test
-// hashers, verification off) it records each newly cached block's content itself. Evicted
+// the pool's stored material (verify_cache_hits with SHA-256 chain hashes); otherwise (prefix
+// identities, verification off) it records each newly cached block's content itself. Evicted
 // blocks whose host copy the tier knows (a slot remembered at load or lookup, its epoch
 // unchanged) are refreshed in the host LRU on the spot; the others are looked up and stored once
 // allocate_slots has pinned its hit.
@@ -48,8 +53,9 @@
 // committed transfer; finish_loads with loads in flight; freeing or preempting a request with
 // transfers in flight. A full host tier is normal: stores are skipped and counted.
 // Complexity: O(1) per block for lookups, plans and commits (plus O(block_size) per verified
-// host hit). Thread-compatible: one scheduler thread. Not copyable or movable (the pools' event
-// sinks point at it).
+// host hit; with prefix identities one SHA-256 of a block per cached GPU block and per block a
+// host run tries). Thread-compatible: one scheduler thread. Not copyable or movable (the pools'
+// event sinks point at it).
 #pragma once
 
 #include <cstddef>
@@ -146,8 +152,8 @@ struct TieredSnapshot {
 
 class TieredKVCacheManager {
  public:
-  // Throws pagedkv::Error (kInvalidArgument) for a hybrid model, caching off, xxh3_128, fewer
-  // than 1 host block or selective_hits 0.
+  // Throws pagedkv::Error (kInvalidArgument) for a hybrid model, caching off, fewer than 1
+  // host block or selective_hits 0.
   TieredKVCacheManager(const KVCacheManagerConfig& gpu, const HostTierConfig& host);
   ~TieredKVCacheManager();
   TieredKVCacheManager(const TieredKVCacheManager&) = delete;
@@ -210,12 +216,26 @@ class TieredKVCacheManager {
   std::size_t local_prefix_blocks(const Request& request) const;
   // Whether the host tier holds block `index` of the request (verified, parent hash checked).
   bool host_holds(const Request& request, std::size_t index) const;
+  // Whether the tier keeps prefix identities (the hasher is not collision resistant; see
+  // Verification in the file comment).
+  bool uses_prefix_identities() const noexcept { return !host_chain_; }
+  // The prefix identities of the request's blocks [0, end) (end capped at its full hashed
+  // blocks), into `out` (replaced): out[i] is the SHA-256 chain over the tokens and extra keys of
+  // blocks 0 .. i. Empty when !uses_prefix_identities(). O(end) SHA-256 blocks; no state changes.
+  void prefix_identities(const Request& request, std::size_t end,
+                         std::vector<BlockHash>& out) const;
+  // The prefix identity and parent hash stored with cached host slot `slot` (as a remote value is
+  // bound to them). The identity is empty when !uses_prefix_identities(). Undefined for a slot not
+  // cached.
+  const BlockHash& host_slot_identity(BlockId slot) const noexcept;
+  BlockHash host_slot_parent(BlockId slot) const noexcept;
   // Allocates and pins a free host slot to receive block `index` of the request (a full block)
-  // from below; the block's identity (hash, parent hash, tokens, extra keys) is copied now, so the
-  // request may change or go before the commit. commit(id, true) makes the slot hit-able, as a
-  // store's commit does; commit(id, false) frees it. std::nullopt (counted in
-  // stores_skipped_full) when every host slot is pinned. Errors (kInvalidArgument, nothing
-  // changed): index not a full hashed block of the request.
+  // from below; the block's identity (hash, parent hash, tokens, extra keys, prefix identity) is
+  // copied now, so the request may change or go before the commit. With prefix identities it
+  // costs O(index) SHA-256 blocks (the identity is computed from the request's content). commit(id,
+  // true) makes the slot hit-able, as a store's commit does; commit(id, false) frees it.
+  // std::nullopt (counted in stores_skipped_full) when every host slot is pinned. Errors
+  // (kInvalidArgument, nothing changed): index not a full hashed block of the request.
   std::optional<HostFill> begin_fill(const Request& request, std::size_t index);
   // Keeps a cached host slot from eviction and reuse until unpin_host_slot() (a store below the
   // host reads it meanwhile). Errors (kInvalidArgument): a slot out of range or not cached (pin),
@@ -238,6 +258,11 @@ class TieredKVCacheManager {
   TieredSnapshot snapshot() const;
 
  private:
+  friend class RemoteTier;  // begin_fill_known: the identities it computed for its gets
+  // begin_fill() with the block's prefix identity given (prefix_identities(request)[index],
+  // computed by the caller for the whole run; nullptr: computed here).
+  std::optional<HostFill> begin_fill_known(const Request& request, std::size_t index,
+                                           const BlockHash* known_identity);
   enum class Kind : std::uint8_t { kLoad, kEviction, kStore, kFill };
   struct RequestState;
   struct Transfer {
@@ -305,13 +330,24 @@ class TieredKVCacheManager {
   void refresh(BlockId slot);
   // A free host slot for a store or fill, its epoch bumped; evicted: it held a cached block.
   std::optional<BlockId> take_host_slot(bool& evicted);
-  bool host_verified(const BlockSequence& seq, std::size_t index, BlockId slot) const;
+  // Whether `slot` is the one a verified lookup of seq's block `index` finds (identity: that
+  // block's prefix identity; unused with chained-hash identities).
+  bool host_verified(const BlockSequence& seq, std::size_t index, BlockId slot,
+                     const BlockHash* identity) const;
+  // The prefix identity of seq's block `index` after the identity `parent` of block index - 1
+  // (nullptr for block 0).
+  BlockHash identity_after(const BlockHash* parent, const BlockSequence& seq, std::size_t index,
+                           std::vector<MultiModalKey>& scratch) const;
+  void sequence_identities(const BlockSequence& seq, std::size_t end,
+                           std::vector<BlockHash>& out) const;
   // TieredCacheHit::host_check of slots found for hashes[begin ..] at host epoch `epoch`.
   std::uint64_t hit_check(std::span<const BlockId> slots, std::span<const BlockHash> hashes,
-                          std::size_t begin, std::uint64_t epoch) const noexcept;
+                          std::size_t begin, std::uint64_t epoch,
+                          std::uint64_t request_salt) const noexcept;
   // The host slot holding seq's block `index` after seq's own previous block (verified, the
-  // parent hash checked), or kNoBlock.
-  BlockId host_match(const BlockSequence& seq, std::size_t index) const;
+  // parent hash checked; with prefix identities, the slot's identity equal to *identity, the
+  // request's identity of block `index`), or kNoBlock.
+  BlockId host_match(const BlockSequence& seq, std::size_t index, const BlockHash* identity) const;
   // Forgets a request's loaded blocks from `from` (chain index) on: their loads did not land, so
   // the slots noted for them name content they do not hold.
   void forget_loaded_slots(const Request& request, const RequestState& state, std::size_t from);
@@ -331,16 +367,24 @@ class TieredKVCacheManager {
   HostTierConfig host_config_;
   KVCacheManager manager_;
   BlockPool host_;
-  // The host pool stores each slot's parent hash (SHA-256 hashers: chain hashes identify their
-  // prefix) and checks it in match_cached_block_after(); else host_parent_ and host_first_ do.
+  // The host pool stores each slot's parent hash and tokens. host_chain_ (SHA-256 hashers: chain
+  // hashes identify their prefix): it checks the parent hash in match_cached_block_after(). Else
+  // (prefix identities) the tier looks up by tokens and extra keys and compares host_identity_.
   bool host_chain_;
   std::uint32_t bs_;
+  // Prefix identities (!host_chain_): the SHA-256 hasher of the chain, each cached GPU block's
+  // identity (with own records: set with gpu_hash_), each cached host slot's, each store's.
+  BlockHasher identity_hasher_;
+  std::vector<BlockHash> gpu_identity_;
+  std::vector<BlockHash> host_identity_;
+  std::vector<BlockHash> transfer_identity_;
+  std::vector<BlockHash> identity_scratch_;  // allocate_slots: a hit verified again
 
   // What each cached GPU block holds, for write-back's store after the pool evicted it. A GPU
   // pool that keeps chain material (verify_cache_hits with SHA-256 chain hashes) holds it
   // already: on_evict reads it there (own_records_ false; the four vectors below stay empty).
-  // Otherwise (test hashers: the pool keeps content ids, not parent hashes) the tier records it
-  // when it sees the block cached: gpu_hash_[b] empty means block b is not cached.
+  // Otherwise (prefix identities, verification off) the tier records it, with the block's prefix
+  // identity, when it sees the block cached: gpu_hash_[b] empty means block b is not cached.
   bool own_records_;
   std::vector<BlockHash> gpu_hash_;
   std::vector<BlockHash> gpu_parent_;    // previous block's hash; unused for a chain's first block
@@ -362,10 +406,6 @@ class TieredKVCacheManager {
   std::vector<TokenId> evicted_tokens_;
   EvictionForwarder eviction_forwarder_{*this};
 
-  // Per host slot, unless host_chain_ (then empty): the parent hash stored with it (checked on
-  // every host hit) and first flag.
-  std::vector<BlockHash> host_parent_;
-  std::vector<std::uint8_t> host_first_;
   // Per host slot: bumped whenever the slot is taken from the free queue (it is evicted and
   // receives other content). The tier's host epoch (TieredCacheHit::host_epoch): bumped when a
   // cached slot is evicted and by reset_prefix_cache(); 0 never names a state.
