@@ -119,6 +119,12 @@ std::unique_ptr<RemoteLink> RemoteLink::open(const EngineConfig& config, const M
   rc.timeout = kTimeout;
   rc.bytes_per_block = driver.host_block_bytes();
   rc.drain_timeout = kDrainTimeout;
+  // The values' KV format (remote value header): another engine's format is a counted miss even
+  // where two engines share a fingerprint.
+  rc.kv_dtype = static_cast<std::uint8_t>(config.kv_dtype);
+  rc.kv_scale_mode = pagedkv::is_fp8(config.kv_dtype)
+                         ? static_cast<std::uint8_t>(config.kv_scale_mode)
+                         : pagedkv::kKVScaleNone;
   auto impl = std::make_unique<Impl>(std::move(store), driver, rc);
   impl->disk = disk;
   return std::unique_ptr<RemoteLink>(new RemoteLink(std::move(impl)));
