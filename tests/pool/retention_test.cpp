@@ -186,6 +186,33 @@ TEST_P(EachPolicy, HigherPrioritiesAreEvictedLastAndThePoolNeverWedges) {
   EXPECT_EQ(pool.num_evictions(), 6u);
 }
 
+// The eviction observer sees each victim's priority (a tier's minimum priority to store reads
+// it there), whether get_new_blocks() or evict_blocks() evicts; afterwards it is the default.
+TEST_P(EachPolicy, EvictionObserverSeesTheVictimsPriority) {
+  struct Seen final : BlockPool::EvictionObserver {
+    std::vector<std::pair<BlockId, RetentionPriority>> seen;
+    void on_evict(const BlockPool& pool, BlockId id) noexcept override {
+      seen.emplace_back(id, pool.retention(id).priority);
+    }
+  } observer;
+  BlockPool pool(config(5, GetParam()));
+  pool.set_eviction_observer(&observer);
+  std::vector<BlockId> ids;
+  for (int k = 0; k < 4; ++k) ids.push_back(store(pool, k));
+  pool.set_retention(std::vector<BlockId>{ids[0]}, 90);
+  pool.set_retention(std::vector<BlockId>{ids[1]}, 10);
+  pool.set_retention(std::vector<BlockId>{ids[2]}, 60);
+  for (const BlockId id : ids) free1(pool, id);
+  (void)allocate(pool, 3);  // ids[1] (10), ids[3] (default), ids[2] (60)
+  EXPECT_EQ(pool.evict_blocks(std::vector<BlockId>{ids[0]}), 1u);
+  using P = std::pair<BlockId, RetentionPriority>;
+  EXPECT_EQ(observer.seen,
+            (std::vector<P>{
+                {ids[1], 10}, {ids[3], kDefaultRetentionPriority}, {ids[2], 60}, {ids[0], 90}}));
+  for (const BlockId id : ids) EXPECT_EQ(pool.retention(id).priority, kDefaultRetentionPriority);
+  pool.check_invariants();
+}
+
 // A block shared by asks of different priorities keeps the highest.
 TEST_P(EachPolicy, SharedBlockTakesTheHighestPriority) {
   BlockPool pool(config(8, GetParam()));

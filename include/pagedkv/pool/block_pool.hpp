@@ -381,7 +381,8 @@ class BlockPool {
   // stored_tokens(id) its material. A tier below the pool copies what it needs then (the block
   // may receive new content later in the same manager call). on_evict must not throw, and may
   // call only the pool's const members; the pool is mid-call, so it may read nothing but block
-  // id's record and material. One observer at a time (nullptr: none); the pool does not own it.
+  // id's record, material and retention(id) (the victim's priority, before it falls back to the
+  // default). One observer at a time (nullptr: none); the pool does not own it.
   class EvictionObserver {
    public:
     virtual void on_evict(const BlockPool& pool, BlockId id) noexcept = 0;
