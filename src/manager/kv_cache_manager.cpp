@@ -36,6 +36,9 @@ BlockPoolConfig pool_config(const KVCacheManagerConfig& config,
   p.enable_caching = config.enable_caching;
   p.verify_cache_hits = config.verify_cache_hits;
   p.enable_kv_events = config.enable_kv_events;
+  p.eviction_policy = config.eviction_policy;
+  p.max_retained_fraction = config.max_retained_fraction;
+  p.retention_clock = config.retention_clock;
   p.chain_hashes_identify_prefix = hasher.collision_resistant();
   // xxh3_128 (full digests): guarded chain hashes, unless a group searches sliding-window runs
   // (they look up after unverified prefixes) or stores blocks shorter than the pool's (the guard
@@ -69,7 +72,65 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
       pool_(pool_config(config, coordinator_, hasher_)),
       stats_(config.stats_window),
       max_model_len_(config.max_model_len),
-      seen_bits_((static_cast<std::size_t>(pool_.num_blocks()) + 63) / 64, 0) {}
+      seen_bits_((static_cast<std::size_t>(pool_.num_blocks()) + 63) / 64, 0),
+      retain_from_(coordinator_.num_groups(), 0) {}
+
+void KVCacheManager::prepare_retention(const Request& request, const char* what) {
+  const std::optional<RetentionConfig>& config = request.retention();
+  if (!config) return;
+  bool raises = config->decode_retention_priority != kDefaultRetentionPriority;
+  bool durations = config->decode_duration.has_value();
+  for (const TokenRangeRetention& t : config->token_ranges) {
+    raises = raises || t.priority != kDefaultRetentionPriority;
+    durations = durations || t.duration.has_value();
+  }
+  if (durations && !pool_.config().retention_clock) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(what) + ": " + request_text(request) +
+                    ": its retention config has a duration but the manager has no "
+                    "retention_clock (KVCacheManagerConfig::retention_clock)");
+  }
+  // The pool's first non-default ask allocates its retention state (and may throw): done here,
+  // on no block, before the caller changes anything.
+  if (raises && !pool_.retention_active()) {
+    pool_.set_retention(std::span<const BlockId>(), kMaxRetentionPriority);
+  }
+}
+
+void KVCacheManager::apply_retention(const Request& request, const RequestBlocks& state,
+                                     std::span<const std::size_t> from) noexcept {
+  const std::optional<RetentionConfig>& config = request.retention();
+  if (!config) return;
+  const std::size_t prompt = request.num_prompt_tokens();
+  for (std::size_t g = 0; g < num_groups(); ++g) {
+    const std::size_t bs = groups()[g].spec.block_size;
+    const std::vector<BlockId>& row = state.groups[g].blocks;
+    const auto at = [&](std::size_t i) {
+      return pagedkv::block_retention(*config, prompt, i * bs, (i + 1) * bs);
+    };
+    std::size_t i = from[g];
+    RetentionAsk r = i < row.size() ? at(i) : RetentionAsk{};
+    while (i < row.size()) {
+      // A run of consecutive blocks with the same retention: one pool call (it skips the null
+      // block).
+      std::size_t j = i + 1;
+      RetentionAsk next{};
+      for (; j < row.size(); ++j) {
+        next = at(j);
+        if (!(next == r)) break;
+      }
+      // An ask for the default changes nothing in the pool: skipped.
+      if (r.priority != kDefaultRetentionPriority) {
+        // Validated (priority <= 100, duration > 0, a clock when there is a duration) and the
+        // pool keeps retention state (prepare_retention): this cannot throw.
+        pool_.set_retention(std::span<const BlockId>(row).subspan(i, j - i), r.priority,
+                            r.duration.value_or(kNoExpiry));
+      }
+      i = j;
+      r = next;
+    }
+  }
+}
 
 BlockId KVCacheManager::repeated_block(std::span<const BlockId> row) noexcept {
   BlockId repeated = BlockPool::kNoBlock;
@@ -360,6 +421,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     GroupBlocks& gs = state.groups[g];
     const std::vector<BlockId>& hb = *hits[g];
     const std::size_t old_size = gs.blocks.size();
+    retain_from_[g] = old_size;  // sized at construction: no allocation
     gs.blocks.reserve(old_size + hb.size() + to_allocate[g]);
     max_skip = std::max(max_skip, skips[g]);
     if (!pool_.config().enable_caching || delay_cache_blocks) continue;
@@ -387,6 +449,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     for (const std::size_t n : to_allocate) total_allocations += n;
     pool_.reserve_events(total_allocations, runs.size());
   }
+  prepare_retention(request, "allocate_slots");  // last: nothing after it throws
 
   // ---- Commit: nothing below allocates or throws ----
   // Blocks that left a window go first (the later block first), in every group before any
@@ -440,6 +503,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
       gs.num_cached_blocks = std::max(gs.num_cached_blocks, full);
     }
   }
+  apply_retention(request, state, retain_from_);  // the hits (renewed) and the new blocks
   state.identity = request.identity_;  // noexcept (shared_ptr copies)
   if (request.owner_ == nullptr) [[unlikely]]
     request.owner_ = token_;  // its first allocation
@@ -516,6 +580,11 @@ bool KVCacheManager::release(Request& request, const char* what) {
   const auto it = requests_.find(request.id());
   if (it == requests_.end()) return false;
   BlockPool::EventDeliveryHold hold(pool_);
+  if (request.retention()) {  // the release is the blocks' last use: their durations restart
+    prepare_retention(request, what);
+    std::fill(retain_from_.begin(), retain_from_.end(), 0);
+    apply_retention(request, it->second, retain_from_);
+  }
   for (const GroupBlocks& gs : it->second.groups)
     pool_.release_table(gs.blocks);  // tail first; the tables are the manager's own
   spare_requests_.give(requests_, it, [](RequestBlocks& r) noexcept {

@@ -22,6 +22,7 @@ Request::Request(const Request& other)
       seq_(other.seq_),
       num_prompt_tokens_(other.num_prompt_tokens_),
       num_computed_tokens_(other.num_computed_tokens_),
+      retention_(other.retention_),
       identity_(std::make_shared<const char>('\0')),
       finished_(other.finished_) {}
 
@@ -31,6 +32,11 @@ Request& Request::operator=(const Request& other) {
     *this = std::move(copy);
   }
   return *this;
+}
+
+void Request::set_retention(std::optional<RetentionConfig> config) {
+  if (config) config->validate(num_prompt_tokens_);  // throws before any change
+  retention_ = std::move(config);
 }
 
 void Request::set_num_computed_tokens(std::size_t n) {

@@ -17,6 +17,15 @@
 //   3. the engine runs the model, then request.set_num_computed_tokens(...), appends output tokens
 //   4. free(request) when it finishes (or preempt(request) to release and requeue it)
 //
+// Retention (retention.hpp, docs/retention.md): a request carrying a RetentionConfig
+// (Request::set_retention) has its blocks given the config's priorities (BlockPool::set_retention)
+// when allocate_slots() allocates or hits them and again when free()/preempt() releases them, a
+// duration running from that use on the config's retention_clock (a hit by any request renews it
+// in the pool); a block shared by several requests keeps the highest. Requests without a config
+// cost nothing and change nothing (every block stays at the default priority: LRU exactly). The
+// pool's eviction policy and pin budget come from the config (eviction_policy,
+// max_retained_fraction); retention_stats() reports per priority class.
+//
 // Errors (pagedkv::Error, thrown before any state changes): a request that belongs to another
 // manager (request.hpp: Ownership; every call taking a request checks it), zero new tokens,
 // allocating or freeing a freed request, preempting an unknown request, a request id that is live
@@ -56,6 +65,7 @@
 #include "pagedkv/manager/coordinator.hpp"
 #include "pagedkv/manager/prefix_cache_stats.hpp"
 #include "pagedkv/manager/request.hpp"
+#include "pagedkv/manager/retention.hpp"
 #include "pagedkv/pool/block_pool.hpp"
 #include "pagedkv/pool/kv_events.hpp"
 
@@ -77,6 +87,15 @@ struct KVCacheManagerConfig {
   bool enable_kv_events = false;
   std::size_t stats_window = 1000;           // queries in PrefixCacheStats::recent_hit_rate
   std::optional<std::size_t> max_model_len;  // caps slots allocated for lookahead tokens
+  // The pool's free-block queue order (BlockPoolConfig::eviction_policy; kLru: vLLM's, exactly).
+  EvictionPolicy eviction_policy = EvictionPolicy::kLru;
+  // The pin budget: the share of the pool's blocks that may be above the default retention
+  // priority (BlockPoolConfig::max_retained_fraction); past it, retention requests get the
+  // default priority and are counted.
+  double max_retained_fraction = BlockPoolConfig{}.max_retained_fraction;
+  // The monotonic tick retention durations run on (BlockPoolConfig::retention_clock; inject a
+  // fake one in tests). Empty: a request whose retention config has a duration is refused.
+  RetentionClock retention_clock;
 };
 
 // The result of get_computed_blocks(): the cached blocks of the request's longest cached prefix.
@@ -188,6 +207,14 @@ class KVCacheManager {
     pool_.set_eviction_observer(observer);
   }
 
+  // Per priority class (below, at, above the default): blocks, hits, evictions; retained blocks
+  // against the pin budget, budget refusals, expirations, forced evictions (BlockPool's counters,
+  // pool/retention.hpp). O(1).
+  RetentionStats retention_stats() const { return pool_.retention_stats(); }
+  // A block's retention now (an expired priority reads as the default). Throws for an id out of
+  // range.
+  BlockRetention block_retention(BlockId id) const { return pool_.retention(id); }
+
   // Pool invariants plus: every block's ref count equals the number of requests holding it.
   void check_invariants() const;
   KVCacheManagerSnapshot snapshot() const;
@@ -220,6 +247,16 @@ class KVCacheManager {
   void prepare_runs(const Request& request, std::size_t g, std::size_t first, std::size_t full,
                     std::vector<BlockHash>& coarse, const BlockAt& block_at);
   void check_identity(const Request& request, const char* what) const;
+  // Throws pagedkv::Error when the request's retention config cannot be applied (a duration
+  // without a retention clock), and makes the pool keep retention state if the config asks for a
+  // non-default priority (the one step of set_retention() that may throw): after it,
+  // apply_retention() cannot fail. Changes nothing observable but the pool's representation.
+  void prepare_retention(const Request& request, const char* what);
+  // Gives the request's blocks at positions [from[g], end) of each group the retention its
+  // config names (nothing without a config), durations from the current tick. Needs
+  // prepare_retention() first; cannot fail then.
+  void apply_retention(const Request& request, const RequestBlocks& state,
+                       std::span<const std::size_t> from) noexcept;
   [[noreturn]] static void throw_foreign(const Request& request, const char* what);
   // A block (other than the null block) that `row` lists twice, or BlockPool::kNoBlock. Ids must
   // be in range. O(row) with a bitmap over the pool's blocks (sized at construction, cleared
@@ -251,6 +288,7 @@ class KVCacheManager {
   std::vector<std::vector<BlockId>> hit_rows_;            // get_computed_blocks: per group
   std::vector<BlockId> prefix_scratch_;                   // allocate_slots: blocks before a run
   std::vector<std::uint64_t> seen_bits_;                  // repeated_block: one bit per block
+  std::vector<std::size_t> retain_from_;                  // allocate_slots: first new position
   std::uint64_t out_of_window_freed_ = 0;
   // This manager's identity in the requests it owns (Request::owner_); requests keep it alive,
   // so a later manager never reuses its address.

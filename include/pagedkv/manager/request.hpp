@@ -16,17 +16,22 @@
 // then it belongs to no manager and any may take it. A copy belongs to no manager (a request
 // replayed through several managers is copied); a move carries the owner.
 //
+// Retention (retention.hpp): an optional RetentionConfig the manager applies to the request's
+// blocks; set_retention() validates it against the prompt first (nothing changes on an error).
+//
 // Thread-compatible. Errors: pagedkv::Error before any change (negative token ids, bad keys,
-// num_computed_tokens beyond the known tokens).
+// num_computed_tokens beyond the known tokens, an invalid retention config).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 
 #include "pagedkv/hash/block_hasher.hpp"
 #include "pagedkv/hash/request_hasher.hpp"
+#include "pagedkv/manager/retention.hpp"
 
 namespace pagedkv {
 
@@ -60,6 +65,13 @@ class Request {
   // Throws pagedkv::Error when n > num_tokens().
   void set_num_computed_tokens(std::size_t n);
 
+  // TensorRT-LLM's kv_cache_retention_config. std::nullopt (the default): every block of the
+  // request gets the default priority (the manager does nothing for it). Throws pagedkv::Error
+  // for a config that RetentionConfig::validate() refuses, keeping the previous one. A change
+  // applies to the blocks the request allocates, hits or releases afterwards.
+  void set_retention(std::optional<RetentionConfig> config);
+  const std::optional<RetentionConfig>& retention() const noexcept { return retention_; }
+
   // When true, get_computed_blocks() returns no hit (e.g. prompt logprobs need every position).
   bool skip_reading_prefix_cache = false;
 
@@ -73,6 +85,7 @@ class Request {
   RequestBlockHasher seq_;
   std::size_t num_prompt_tokens_;
   std::size_t num_computed_tokens_ = 0;
+  std::optional<RetentionConfig> retention_;  // validated against num_prompt_tokens_
   std::shared_ptr<const char> identity_;  // unique per object; compared by address
   std::shared_ptr<const char> owner_;     // the owning manager's token; null: none yet
   bool finished_ = false;
