@@ -124,6 +124,14 @@ inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, const BlockS
 void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& view,
                                        std::size_t index, RequestState& state, Kind kind,
                                        TierPlan& out) {
+  // secondary_offload_min_priority (host_tier_config.hpp): a GPU block below it is not stored.
+  // Write-back blocks are filtered in on_evict, while the evicted block's retention is whole.
+  const RetentionPriority min_priority = host_config_.secondary_offload_min_priority;
+  if (min_priority > 0 && kind == Kind::kStore &&
+      manager_.block_pool().retention(gpu_block).priority < min_priority) {
+    ++stats_.stores_skipped_priority;
+    return;
+  }
   // Everything that may allocate first (the plan's vectors and the slab have room).
   std::optional<OwnedExtraKeys> owned = owned_extra_keys(view, index, mm_scratch_);
   bool evicted = false;  // the slot held a cached block, evicted now
@@ -166,7 +174,13 @@ void TieredKVCacheManager::on_evict(const BlockPool& pool, BlockId id) noexcept 
     if (own_records_ || !gpu_extra_.empty()) forget_evicted(pool, id, /*keep=*/false);
     return;
   }
-  forget_evicted(pool, id, host_config_.policy == HostPolicy::kWriteBack);
+  bool keep = host_config_.policy == HostPolicy::kWriteBack;
+  if (keep && host_config_.secondary_offload_min_priority > 0 &&
+      pool.retention(id).priority < host_config_.secondary_offload_min_priority) {
+    keep = false;  // below secondary_offload_min_priority: not stored in the host tier
+    ++stats_.stores_skipped_priority;
+  }
+  forget_evicted(pool, id, keep);
 }
 
 void TieredKVCacheManager::forget_evicted(const BlockPool& pool, BlockId id, bool keep) noexcept {

@@ -72,6 +72,10 @@ namespace {
   if (host.policy == HostPolicy::kWriteThroughSelective && host.selective_hits == 0) {
     bad("selective_hits must be at least 1");
   }
+  if (host.secondary_offload_min_priority > kMaxRetentionPriority) {
+    bad("secondary_offload_min_priority " +
+        std::to_string(unsigned{host.secondary_offload_min_priority}) + " is above 100");
+  }
   return gpu;
 }
 
@@ -92,6 +96,7 @@ namespace {
   // prefix identity itself, so the pool's parent hashes are only the remote values' binding.
   (void)gpu_pool;
   c.chain_hashes_identify_prefix = true;
+  c.eviction_policy = host.eviction_policy;
   return c;
 }
 

@@ -16,6 +16,9 @@
 #include <optional>
 #include <string_view>
 
+#include "pagedkv/pool/eviction_policy.hpp"
+#include "pagedkv/pool/retention.hpp"
+
 namespace pagedkv {
 
 enum class HostPolicy : std::uint8_t { kWriteThrough, kWriteThroughSelective, kWriteBack };
@@ -32,6 +35,12 @@ struct HostTierConfig {
   std::uint32_t selective_hits = 2;  // kWriteThroughSelective: hits before a block is stored; >= 1
   // Bytes one block moves (all layers, K and V); only for the byte counts in TierStats.
   std::uint64_t bytes_per_block = 0;
+  // TensorRT-LLM's secondary_offload_min_priority: a GPU block whose retention priority
+  // (BlockPool::retention) is below this is not stored in the host tier (counted in
+  // TierStats::stores_skipped_priority). 0 (the default): every block, as before; <= 100.
+  RetentionPriority secondary_offload_min_priority = 0;
+  // The host pool's own eviction policy (BlockPoolConfig::eviction_policy); kLru: as before.
+  EvictionPolicy eviction_policy = EvictionPolicy::kLru;
 
   // The slots a host buffer of `bytes` holds at `bytes_per_block` (0 when it holds none).
   static std::int32_t blocks_for_bytes(std::uint64_t bytes, std::uint64_t bytes_per_block);
@@ -50,6 +59,8 @@ struct TierStats {
   std::uint64_t stored_blocks = 0;    // stores and evictions committed done (cached in the host)
   std::uint64_t store_failures = 0;   // stores and evictions committed failed
   std::uint64_t stores_skipped_full = 0;  // no free host slot (every slot pinned): normal
+  // GPU blocks not stored: their retention priority was below secondary_offload_min_priority.
+  std::uint64_t stores_skipped_priority = 0;
   std::uint64_t loaded_bytes = 0;         // loaded_blocks x bytes_per_block
   std::uint64_t stored_bytes = 0;         // stored_blocks x bytes_per_block
   std::uint64_t host_evictions = 0;       // host entries evicted (LRU) for newer ones
