@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "belady.hpp"
+#include "flood.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/base/version.hpp"
 #include "replay.hpp"
@@ -38,6 +39,15 @@ constexpr const char* kUsage =
     "  --source-block-size S     tokens per hash id (Mooncake: 512, the default; others: 64)\n"
     "  --generate W              a built-in workload: agents, chat or tenants\n"
     "  --requests N, --seed S, --tenants T   generator size, seed and tenant count\n"
+    "  --generate flood          a retained system prompt against a flood (bench/replay/flood.hpp):\n"
+    "                            a warm-up request with a 10,800-token shared prefix retained at\n"
+    "                            priority 90, 5,770 unrelated requests (1,024-3,072 tokens), and\n"
+    "                            100 requests reusing the prefix spread through them; reports the\n"
+    "                            prefix's hit rate over those 100 and failed allocations\n"
+    "                            (sequential semantics; with --eviction <pool policy>)\n"
+    "  --no-retention            flood: the same requests without a retention config (plain LRU)\n"
+    "  --retention-priority P    flood: the prefix's priority (90)\n"
+    "  --retention-duration T    flood: the priority's duration in requests (none)\n"
     "  --limit K                 only the first K requests\n"
     "  --skip-bad                skip (and count) malformed lines instead of stopping\n"
     "replay:\n"
@@ -67,7 +77,9 @@ constexpr const char* kUsage =
     "  --max-candidates C        --schedule prefix: the C earliest waiting requests are\n"
     "                            considered each step (128; 0: all)\n"
     "  --arrival-rate-scale X    arrivals X times as fast (timestamps divided by X; 1)\n"
-    "  --eviction lru|belady     lru (default): the library's pool; belady: the\n"
+    "  --eviction lru|slru|s3fifo|belady   lru (default): the library's pool; slru, s3fifo:\n"
+    "                            the library's pool with that eviction policy (BlockPoolConfig::\n"
+    "                            eviction_policy); belady: the\n"
     "                            clairvoyant bound, simulated in the replay (not the library):\n"
     "                            the cached block used farthest ahead in the trace is evicted;\n"
     "                            an offline reference, not a policy an engine can run\n"
@@ -257,6 +269,7 @@ int main(int argc, char** argv) {
   std::vector<double> kv_memory_gib;  // --kv-memory-gib (issue 36)
   long long kv_bytes_per_token = 0;
   double arrival_rate_scale = 1;
+  FloodOptions flood;
 #if PAGEDKV_REPLAY_CLUSTER
   std::optional<ClusterOptions> cluster;
   auto cluster_opt = [&]() -> ClusterOptions& {
@@ -340,6 +353,12 @@ int main(int argc, char** argv) {
       gen.seed = static_cast<std::uint32_t>(parse_number(value(), arg, 0, 0xffffffffll));
     } else if (arg == "--tenants") {
       gen.tenants = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1000));
+    } else if (arg == "--no-retention") {
+      flood.retention = false;
+    } else if (arg == "--retention-priority") {
+      flood.priority = static_cast<pagedkv::RetentionPriority>(parse_number(value(), arg, 0, 100));
+    } else if (arg == "--retention-duration") {
+      flood.duration = parse_number(value(), arg, 1, 1ll << 40);
     } else if (arg == "--limit") {
       load.limit = static_cast<std::uint64_t>(parse_number(value(), arg, 1, 1ll << 40));
     } else if (arg == "--skip-bad") {
@@ -418,7 +437,7 @@ int main(int argc, char** argv) {
       arrival_rate_scale = x;
     } else if (arg == "--eviction") {
       try {
-        opt.eviction = parse_eviction(value());
+        parse_eviction(value(), opt);
       } catch (const pagedkv::Error& e) {
         usage_error(e.what());
       }
@@ -504,6 +523,25 @@ int main(int argc, char** argv) {
 #if PAGEDKV_REPLAY_CLUSTER
     if (cluster) usage_error("--eviction belady: not with --engines");
 #endif
+  }
+  if (generate && *generate == "flood") {
+    if (opt.mode != Mode::kSequential || opt.eviction == Eviction::kBelady ||
+        !tier.host_blocks.empty() || opt.sliding_window > 0 || png || csv || table) {
+      usage_error(
+          "--generate flood: sequential mode, a pool policy (not belady), without "
+          "--host-blocks, --sliding-window, --plot, --csv or --table");
+    }
+#if PAGEDKV_REPLAY_CLUSTER
+    if (cluster) usage_error("--generate flood: not with --engines");
+#endif
+    try {
+      flood.seed = gen.seed;
+      for (const FloodResult& r : run_flood(opt, flood)) std::cout << to_json(r, opt, flood) << "\n";
+      return 0;
+    } catch (const pagedkv::Error& e) {
+      std::cerr << "pagedkv-replay: " << e.what() << "\n";
+      return 1;
+    }
   }
   try {
     Trace trace;

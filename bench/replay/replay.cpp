@@ -39,6 +39,7 @@ KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blo
     c.groups = {AttentionSpec::full(o.block_size),
                 AttentionSpec::sliding(o.block_size, o.sliding_window)};
   }
+  c.eviction_policy = o.pool_eviction;
   return c;
 }
 
@@ -50,6 +51,28 @@ Eviction parse_eviction(const std::string& name) {
 
 const char* to_string(Eviction e) noexcept {
   return e == Eviction::kBelady ? "belady" : "lru";
+}
+
+void parse_eviction(const std::string& name, ReplayOptions& options) {
+  if (name == "belady") {
+    options.eviction = Eviction::kBelady;
+    return;
+  }
+  try {
+    options.pool_eviction = parse_eviction_policy(name);
+  } catch (const Error&) {
+    std::string names = "belady";
+    for (std::uint8_t p = 0; p < kNumEvictionPolicies; ++p) {
+      names += std::string("|") + std::string(to_string(static_cast<EvictionPolicy>(p)));
+    }
+    throw Error(ErrorCode::kInvalidArgument, "--eviction: " + names + ", not '" + name + "'");
+  }
+  options.eviction = Eviction::kLru;
+}
+
+std::string eviction_name(const ReplayOptions& o) {
+  return o.eviction == Eviction::kBelady ? std::string("belady")
+                                         : std::string(to_string(o.pool_eviction));
 }
 
 namespace {
@@ -622,7 +645,7 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
   }
   // The eviction policy (--eviction): appended, the fields above unchanged.
   out.pop_back();
-  out += std::string(",\"eviction\":\"") + to_string(o.eviction) + "\"";
+  out += ",\"eviction\":\"" + eviction_name(o) + "\"";
   if (o.eviction == Eviction::kBelady) {
     std::snprintf(buf, sizeof buf,
                   ",\"sim_lru_hit_tokens\":%llu,\"sim_lru_hit_rate\":%.6f,"

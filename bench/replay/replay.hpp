@@ -53,7 +53,17 @@ struct ReplayOptions {
   std::uint32_t max_passed_over = 256;  // kPrefix: the aging bound, in steps
   std::uint32_t max_candidates = 128;   // kPrefix: earliest arrivals considered per step (0: all)
   Eviction eviction = Eviction::kLru;   // reported in the JSON; kBelady: run_eviction_replay
+  // kLru (the library): the pool's eviction policy (KVCacheManagerConfig::eviction_policy),
+  // --eviction lru|slru|...; kLru is the library as it always was.
+  EvictionPolicy pool_eviction = EvictionPolicy::kLru;
 };
+
+// --eviction NAME: "belady" (the simulator) or a pool policy's name (pagedkv::to_string of an
+// EvictionPolicy: the library with that policy). Throws pagedkv::Error (kInvalidArgument) naming
+// anything else.
+void parse_eviction(const std::string& name, ReplayOptions& options);
+// What the JSON's "eviction" field says: "belady" or the pool policy's name ("lru", ...).
+std::string eviction_name(const ReplayOptions& options);
 
 struct ReplayResult {
   std::int32_t num_blocks = 0;
