@@ -113,6 +113,7 @@ py::array_t<T> array_copy(std::span<const T> s) {
 void bind_errors(py::module_& m);
 void bind_hashing(py::module_& m);
 void bind_manager(py::module_& m);
+void bind_retention(py::module_& m);
 void bind_device(py::module_& m);
 void bind_tier(py::module_& m);
 void bind_sched(py::module_& m);

@@ -89,7 +89,8 @@ std::unique_ptr<PyRequest> build_request(RequestId id, const BlockHasher& hasher
                                          std::uint32_t block_size, py::handle prompt,
                                          const std::optional<std::string>& cache_salt,
                                          const std::optional<std::string>& lora_name,
-                                         const py::object& mm_items) {
+                                         const py::object& mm_items,
+                                         const std::optional<RetentionConfig>& retention) {
   const TokenView tokens(prompt, "prompt_token_ids");
   RequestHashKeys keys = hash_keys_from(cache_salt, lora_name, mm_items);
   std::optional<Request> r;
@@ -97,6 +98,7 @@ std::unique_ptr<PyRequest> build_request(RequestId id, const BlockHasher& hasher
     MaybeReleaseGil nogil(tokens.span().size() >= kReleaseGilAbove);  // hashing: O(prompt)
     r.emplace(id, hasher, block_size, tokens.span(), std::move(keys));
   }
+  r->set_retention(retention);  // validated against the prompt
   return std::make_unique<PyRequest>(std::move(*r));
 }
 
@@ -199,6 +201,19 @@ void bind_manager(py::module_& m) {
             BusyGuard g(r.busy, "Request");
             r.req.set_num_computed_tokens(v);
           })
+      .def_property(
+          "kv_cache_retention_config",
+          [](PyRequest& r) {
+            BusyGuard g(r.busy, "Request");
+            return r.req.retention();
+          },
+          [](PyRequest& r, std::optional<RetentionConfig> c) {
+            BusyGuard g(r.busy, "Request");
+            r.req.set_retention(std::move(c));
+          },
+          "The request's KvCacheRetentionConfig or None (every block at the default priority). "
+          "Setting it checks it against the prompt; it applies to the blocks the request "
+          "allocates, hits or releases afterwards.")
       .def_property(
           "skip_reading_prefix_cache",
           [](PyRequest& r) {
@@ -431,12 +446,15 @@ void bind_manager(py::module_& m) {
                        std::optional<std::vector<AttentionSpec>> groups, bool enable_caching,
                        py::object hash_scheme, std::optional<std::string> hash_seed,
                        bool verify_cache_hits, bool enable_kv_events, std::size_t stats_window,
-                       std::optional<std::size_t> max_model_len) {
+                       std::optional<std::size_t> max_model_len, std::string eviction_policy,
+                       double max_retained_fraction) {
              KVCacheManagerConfig c =
                  manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
                                 enable_kv_events, stats_window, max_model_len);
              if (groups) c.groups = *groups;
              c.enable_caching = enable_caching;
+             c.eviction_policy = parse_eviction_policy(eviction_policy);
+             c.max_retained_fraction = max_retained_fraction;
              return std::make_unique<PyKVCacheManager>(c);
            }),
            py::arg("num_blocks"), py::kw_only(), py::arg("block_size") = 16,
@@ -444,8 +462,13 @@ void bind_manager(py::module_& m) {
            py::arg("hash_scheme") = "sha256", py::arg("hash_seed") = py::none(),
            py::arg("verify_cache_hits") = true, py::arg("enable_kv_events") = false,
            py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
+           py::arg("eviction_policy") = "lru",
+           py::arg("max_retained_fraction") = BlockPoolConfig{}.max_retained_fraction,
            "num_blocks: total pool blocks including the null block. groups: AttentionSpecs of a "
-           "hybrid model (default: one full-attention group of block_size).")
+           "hybrid model (default: one full-attention group of block_size). eviction_policy: "
+           "the pool's free-block order (pagedkv.EVICTION_POLICIES; 'lru' is vLLM's). "
+           "max_retained_fraction: the pin budget, the share of the pool that may be above the "
+           "default retention priority.")
       .def_property_readonly("num_groups",
                              [](const PyKVCacheManager& s) { return s.kv.num_groups(); })
       .def_property_readonly(

@@ -285,6 +285,7 @@ PYBIND11_MODULE(_pagedkv, m) {
   m.attr("__version__") = std::string(pagedkv::version());
   pp::bind_errors(m);
   pp::bind_hashing(m);
+  pp::bind_retention(m);
   pp::bind_manager(m);
   pp::bind_device(m);
   pp::bind_tier(m);

@@ -23,11 +23,23 @@ struct PyRequest {
   std::atomic<bool> busy{false};
 };
 
+// The retention clock a wrapper gives its manager (KVCacheManagerConfig::retention_clock): a tick
+// Python sets (set_time()). The pool reads it inside calls, possibly with the GIL released, so
+// it is an atomic; it never calls into Python.
+struct RetentionTime {
+  std::atomic<RetentionTick> now{0};
+  KVCacheManagerConfig attach(KVCacheManagerConfig c) {
+    c.retention_clock = [this] { return now.load(std::memory_order_relaxed); };
+    return c;
+  }
+};
+
 // The two manager wrappers share def_manager_calls() below: each names its class (kName), the
 // object the calls go to (calls()) and its GPU KVCacheManager (gpu()).
 struct PyKVCacheManager {
   static constexpr const char* kName = "KVCacheManager";
-  explicit PyKVCacheManager(const KVCacheManagerConfig& c) : kv(c) {}
+  explicit PyKVCacheManager(const KVCacheManagerConfig& c) : kv(clock.attach(c)) {}
+  RetentionTime clock;  // before kv: its retention_clock reads it
   KVCacheManager& calls() noexcept { return kv; }
   const KVCacheManager& gpu() const noexcept { return kv; }
   KVCacheManager kv;
@@ -38,7 +50,8 @@ struct PyKVCacheManager {
 struct PyTieredKVCacheManager {
   static constexpr const char* kName = "TieredKVCacheManager";
   PyTieredKVCacheManager(const KVCacheManagerConfig& gpu, const HostTierConfig& host)
-      : tier(gpu, host) {}
+      : tier(clock.attach(gpu), host) {}
+  RetentionTime clock;  // before tier: its GPU pool's retention_clock reads it
   TieredKVCacheManager& calls() noexcept { return tier; }
   const KVCacheManager& gpu() const noexcept { return tier.gpu(); }
   TieredKVCacheManager tier;
@@ -85,7 +98,8 @@ std::unique_ptr<PyRequest> build_request(RequestId id, const BlockHasher& hasher
                                          std::uint32_t block_size, py::handle prompt,
                                          const std::optional<std::string>& cache_salt,
                                          const std::optional<std::string>& lora_name,
-                                         const py::object& mm_items);
+                                         const py::object& mm_items,
+                                         const std::optional<RetentionConfig>& retention = {});
 
 // Releasing and re-taking the GIL costs on the order of 100 ns; calls release it only when their
 // input is at least this many tokens (or blocks), where the work dwarfs that.
@@ -147,14 +161,45 @@ void def_manager_calls(py::class_<W>& c, const ManagerCallDocs& docs) {
           "make_request",
           [](const W& s, py::object request_id, py::object prompt,
              std::optional<std::string> cache_salt, std::optional<std::string> lora_name,
-             py::object mm_items) {
+             py::object mm_items, std::optional<RetentionConfig> retention) {
             const RequestId id = to_uint64(request_id, "make_request: request_id");
             return build_request(id, s.gpu().hasher(), s.gpu().block_size(), prompt, cache_salt,
-                                 lora_name, mm_items);
+                                 lora_name, mm_items, retention);
           },
           py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(),
           py::arg("cache_salt") = py::none(), py::arg("lora_name") = py::none(),
-          py::arg("mm_items") = py::none(), docs.make_request)
+          py::arg("mm_items") = py::none(), py::arg("kv_cache_retention_config") = py::none(),
+          docs.make_request)
+      .def(
+          "set_time",
+          [](W& s, py::object tick) {
+            const RetentionTick t = to_int64(tick, "set_time: tick");
+            BusyGuard gm(s.busy, W::kName);
+            const RetentionTick now = s.clock.now.load(std::memory_order_relaxed);
+            if (t < now) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "set_time: tick " + std::to_string(t) + " is before the current " +
+                              std::to_string(now) + " (the retention clock is monotonic)");
+            }
+            s.clock.now.store(t, std::memory_order_relaxed);
+          },
+          py::arg("tick"),
+          "Sets the retention clock (any unit: steps, ms, ...; starts at 0, never goes back): "
+          "retention durations are ticks of it.")
+      .def_property_readonly(
+          "time", [](const W& s) { return s.clock.now.load(std::memory_order_relaxed); })
+      .def("retention_stats",
+           [](W& s) {
+             BusyGuard gm(s.busy, W::kName);
+             return s.gpu().retention_stats();
+           })
+      .def(
+          "block_retention",
+          [](W& s, std::int32_t block_id) {
+            BusyGuard gm(s.busy, W::kName);
+            return s.gpu().block_retention(block_id);
+          },
+          py::arg("block_id"), "A block's retention now (an expired priority reads as 35).")
       .def("free", request_call<W>([](auto& m, Request& r) { m.free(r); }), py::arg("request"),
            docs.free)
       .def("preempt", request_call<W>([](auto& m, Request& r) { m.preempt(r); }),

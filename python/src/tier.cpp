@@ -85,6 +85,7 @@ void bind_tier(py::module_& m) {
       .def_readonly("stored_blocks", &TierStats::stored_blocks)
       .def_readonly("store_failures", &TierStats::store_failures)
       .def_readonly("stores_skipped_full", &TierStats::stores_skipped_full)
+      .def_readonly("stores_skipped_priority", &TierStats::stores_skipped_priority)
       .def_readonly("loaded_bytes", &TierStats::loaded_bytes)
       .def_readonly("stored_bytes", &TierStats::stored_bytes)
       .def_readonly("host_evictions", &TierStats::host_evictions)
@@ -217,15 +218,22 @@ void bind_tier(py::module_& m) {
                        std::uint64_t bytes_per_block, py::object hash_scheme,
                        std::optional<std::string> hash_seed, bool verify_cache_hits,
                        bool enable_kv_events, std::size_t stats_window,
-                       std::optional<std::size_t> max_model_len) {
-             const KVCacheManagerConfig c =
+                       std::optional<std::size_t> max_model_len, std::string eviction_policy,
+                       double max_retained_fraction, py::object secondary_offload_min_priority,
+                       std::string host_eviction_policy) {
+             KVCacheManagerConfig c =
                  manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
                                 enable_kv_events, stats_window, max_model_len);
+             c.eviction_policy = parse_eviction_policy(eviction_policy);
+             c.max_retained_fraction = max_retained_fraction;
              HostTierConfig h;
              h.num_host_blocks = num_host_blocks;
              h.policy = policy_from(policy);
              h.selective_hits = selective_hits;
              h.bytes_per_block = bytes_per_block;
+             h.secondary_offload_min_priority = static_cast<RetentionPriority>(to_int64(
+                 secondary_offload_min_priority, "secondary_offload_min_priority", 0, 255));
+             h.eviction_policy = parse_eviction_policy(host_eviction_policy);
              return std::make_unique<Tier>(c, h);
            }),
            py::arg("num_blocks"), py::arg("num_host_blocks"), py::kw_only(),
@@ -234,8 +242,14 @@ void bind_tier(py::module_& m) {
            py::arg("hash_scheme") = "sha256", py::arg("hash_seed") = py::none(),
            py::arg("verify_cache_hits") = true, py::arg("enable_kv_events") = false,
            py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
+           py::arg("eviction_policy") = "lru",
+           py::arg("max_retained_fraction") = BlockPoolConfig{}.max_retained_fraction,
+           py::arg("secondary_offload_min_priority") = 0, py::arg("host_eviction_policy") = "lru",
            "num_blocks: GPU pool blocks including the null block; num_host_blocks: slots of the "
-           "engine's host buffer. With xxh3_128 host hits compare SHA-256 prefix identities.")
+           "engine's host buffer. With xxh3_128 host hits compare SHA-256 prefix identities. "
+           "secondary_offload_min_priority: GPU blocks below this retention priority are not "
+           "stored in the host tier (TensorRT-LLM's name); host_eviction_policy: the host pool's "
+           "eviction policy.")
       .def_property_readonly("num_blocks",
                              [](const Tier& s) { return s.tier.gpu().block_pool().num_blocks(); })
       .def_property_readonly("num_host_blocks",
