@@ -107,6 +107,7 @@ struct RequestState {
   std::vector<BlockHash> hashes;
   std::size_t num_computed;
   bool finished;
+  std::optional<RetentionConfig> retention;
   bool operator==(const RequestState&) const = default;
 };
 
@@ -146,7 +147,7 @@ class Harness {
       w.requests_state.push_back(
           RequestState{r.id(), std::vector<TokenId>(r.tokens().begin(), r.tokens().end()),
                        std::vector<BlockHash>(r.block_hashes().begin(), r.block_hashes().end()),
-                       r.num_computed_tokens(), r.is_finished()});
+                       r.num_computed_tokens(), r.is_finished(), r.retention()});
     }
     return w;
   }
@@ -229,6 +230,7 @@ class Harness {
   }
   void make(Reader& in);
   void allocate(Reader& in);
+  void retain(Reader& in);
   void release(Tracked& t, bool finish);
 
   KVCacheManager m_;
@@ -244,7 +246,48 @@ class Harness {
   const Tracked* last_hit_owner_ = nullptr;
   std::uint64_t last_hit_gen_ = 0;
   std::uint64_t gen_ = 0;
+
+ public:
+  RetentionTick tick_ = 0;  // the manager's retention clock (KVCacheManagerConfig)
 };
+
+// Request::set_retention with a random config, valid or not (predicted here independently of
+// RetentionConfig::validate), sometimes advancing the retention clock first.
+void Harness::retain(Reader& in) {
+  tick_ += in.u8() % 8;
+  Tracked* t = pick(in);
+  if (!t) return;
+  const std::size_t prompt = t->req->num_prompt_tokens();
+  std::optional<RetentionConfig> config;
+  bool valid = true;
+  const std::uint8_t shape = in.u8();
+  if (shape % 5 != 0) {
+    config.emplace();
+    std::size_t previous_end = 0;
+    const std::size_t n = shape % 4;
+    for (std::size_t k = 0; k < n; ++k) {
+      TokenRangeRetention r;
+      r.token_start = in.u8() % 50;
+      const std::uint8_t e = in.u8();
+      if (e % 4 != 0) r.token_end = r.token_start + e % 20;  // e % 20 == 0: empty
+      r.priority = static_cast<RetentionPriority>(in.u8() % 104);  // 101..103: invalid
+      const std::uint8_t d = in.u8() % 8;
+      if (d != 0) r.duration = static_cast<RetentionTick>(d) - 2;  // -1, 0: invalid
+      const std::size_t end = r.token_end.value_or(prompt);
+      valid = valid && r.priority <= 100 && (!r.duration || *r.duration > 0) && end <= prompt &&
+              r.token_start < end && (k == 0 || r.token_start >= previous_end);
+      previous_end = end;
+      config->token_ranges.push_back(r);
+    }
+    config->decode_retention_priority = static_cast<RetentionPriority>(in.u8() % 102);
+    const std::uint8_t d = in.u8() % 6;
+    if (d != 0) config->decode_duration = static_cast<RetentionTick>(d) - 1;  // 0: invalid
+    valid = valid && config->decode_retention_priority <= 100 &&
+            (!config->decode_duration || *config->decode_duration > 0);
+  }
+  step("set_retention", valid ? Expect::kValid : Expect::kInvalid,
+       [&] { t->req->set_retention(config); });
+}
 
 void Harness::make(Reader& in) {
   std::vector<TokenId> tokens(in.u8() % 48);
@@ -376,7 +419,7 @@ void Harness::allocate(Reader& in) {
 
 void Harness::run(Reader& in) {
   for (int ops = 0; !in.done() && ops < 4096; ++ops) {
-    switch (in.u8() % 11) {
+    switch (in.u8() % 12) {
       case 0:
         make(in);
         break;
@@ -461,6 +504,9 @@ void Harness::run(Reader& in) {
         (void)m_.take_events();
         break;
       }
+      case 11:
+        retain(in);
+        break;
     }
   }
 }
@@ -505,7 +551,16 @@ void run_one(const std::uint8_t* data, std::size_t size) {
                           std::to_string(g.sliding_window) + ")"
                     : ", full(" + std::to_string(g.block_size) + ")";
   }
+  // Retention: the pool's eviction policy and pin budget, and a clock the harness advances.
+  const std::uint8_t retention = in.u8();
+  cfg.eviction_policy = static_cast<EvictionPolicy>(retention % kNumEvictionPolicies);
+  cfg.max_retained_fraction = 0.25 * (retention / kNumEvictionPolicies % 5);
+  RetentionTick* tick = nullptr;
+  cfg.retention_clock = [&tick] { return *tick; };
+  g_config += ", eviction " + std::string(to_string(cfg.eviction_policy)) +
+              ", max_retained_fraction " + std::to_string(cfg.max_retained_fraction);
   Harness h(cfg, weak);
+  tick = &h.tick_;
   h.run(in);
 }
 
