@@ -1,0 +1,129 @@
+// The host tier's minimum retention priority to store (HostTierConfig::
+// secondary_offload_min_priority, TensorRT-LLM's name) and the host pool's own eviction policy.
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+
+namespace pagedkv {
+namespace {
+
+constexpr std::uint32_t kB = 4;
+constexpr std::int32_t kGpuBlocks = 8;
+
+std::vector<TokenId> tokens(TokenId first, std::size_t n) {
+  std::vector<TokenId> v(n);
+  std::iota(v.begin(), v.end(), first);
+  return v;
+}
+
+void commit_all(TieredKVCacheManager& t, const std::vector<TransferId>& ids) {
+  for (const TransferId id : ids) t.commit(id, true);
+}
+
+TieredCacheHit admit(TieredKVCacheManager& t, Request& r) {
+  const TieredCacheHit hit = t.get_computed_blocks(r);
+  auto a = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
+  EXPECT_TRUE(a.has_value());
+  if (!a) return hit;
+  commit_all(t, a->transfers.eviction_ids);
+  commit_all(t, a->transfers.load_ids);
+  if (t.has_unfinished_loads(r.id())) {
+    const LoadResult res = t.finish_loads(r);
+    commit_all(t, res.transfers.store_ids);
+  }
+  r.set_num_computed_tokens(r.num_tokens());
+  commit_all(t, a->transfers.store_ids);
+  t.check_invariants();
+  return hit;
+}
+
+struct Outcome {
+  TierStats stats;
+  std::size_t host_hit_tokens = 0;  // of the prompt asked again after the GPU was flushed
+};
+
+// A 17-token prompt (4 full blocks): its first 2 blocks retained at 90, the other 2 at the
+// default. Stored (or not), the GPU flushed, then asked again.
+Outcome scenario(HostPolicy policy, RetentionPriority min_priority,
+                 EvictionPolicy host_eviction = EvictionPolicy::kLru) {
+  KVCacheManagerConfig g;
+  g.num_blocks = kGpuBlocks;
+  g.block_size = kB;
+  g.hash_seed = "offload";
+  g.max_retained_fraction = 1.0;
+  HostTierConfig h;
+  h.num_host_blocks = 64;
+  h.policy = policy;
+  h.secondary_offload_min_priority = min_priority;
+  h.eviction_policy = host_eviction;
+  TieredKVCacheManager t(g, h);
+  auto a = t.make_request(1, tokens(0, 17));
+  RetentionConfig retention;
+  retention.token_ranges.push_back({0, 8, 90, std::nullopt});
+  a.set_retention(retention);
+  admit(t, a);
+  t.free(a);
+  for (RequestId id = 10; id < 12; ++id) {  // each takes every usable GPU block
+    auto f = t.make_request(id, tokens(100000 + 10000 * static_cast<TokenId>(id),
+                                       static_cast<std::size_t>(kGpuBlocks - 1) * kB));
+    admit(t, f);
+    t.free(f);
+  }
+  auto b = t.make_request(2, tokens(0, 17));
+  const TieredCacheHit hit = admit(t, b);
+  t.free(b);
+  return Outcome{t.stats(), hit.num_host_tokens};
+}
+
+TEST(HostOffloadPriority, ZeroStoresEveryBlockAsBefore) {
+  for (const HostPolicy p : {HostPolicy::kWriteThrough, HostPolicy::kWriteBack}) {
+    SCOPED_TRACE(std::string(to_string(p)));
+    const Outcome o = scenario(p, 0);
+    EXPECT_EQ(o.stats.stores_skipped_priority, 0u);
+    EXPECT_EQ(o.host_hit_tokens, 16u);  // all 4 blocks come back from the host
+  }
+}
+
+TEST(HostOffloadPriority, BlocksBelowTheMinimumAreNotStored) {
+  for (const HostPolicy p : {HostPolicy::kWriteThrough, HostPolicy::kWriteBack}) {
+    SCOPED_TRACE(std::string(to_string(p)));
+    const Outcome o = scenario(p, 50);
+    EXPECT_GE(o.stats.stores_skipped_priority, 2u);  // the prompt's 2 default blocks (and more)
+    EXPECT_EQ(o.host_hit_tokens, 8u);  // only the 2 blocks retained at 90 are in the host
+    const Outcome none = scenario(p, 91);  // even 90 is below it
+    EXPECT_EQ(none.host_hit_tokens, 0u);
+  }
+}
+
+TEST(HostOffloadPriority, TheHostPoolTakesItsOwnPolicy) {
+  for (std::uint8_t e = 0; e < kNumEvictionPolicies; ++e) {
+    const auto policy = static_cast<EvictionPolicy>(e);
+    SCOPED_TRACE(std::string(to_string(policy)));
+    EXPECT_EQ(scenario(HostPolicy::kWriteThrough, 0, policy).host_hit_tokens, 16u);
+  }
+}
+
+TEST(HostOffloadPriority, AboveOneHundredIsRefused) {
+  KVCacheManagerConfig g;
+  g.num_blocks = kGpuBlocks;
+  g.block_size = kB;
+  HostTierConfig h;
+  h.num_host_blocks = 8;
+  h.secondary_offload_min_priority = 101;
+  try {
+    TieredKVCacheManager t(g, h);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("secondary_offload_min_priority 101 is above 100"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
