@@ -78,8 +78,7 @@ std::vector<FloodResult> run_flood(const ReplayOptions& o, const FloodOptions& f
       ++base.requests;
       base.prompt_tokens += r.num_tokens();
       base.prompt_blocks += (r.num_tokens() + o.block_size - 1) / o.block_size;
-      if ((r.num_tokens() + o.block_size - 1) / o.block_size >
-          static_cast<std::uint64_t>(nb - 1)) {
+      if ((r.num_tokens() + o.block_size - 1) / o.block_size > static_cast<std::uint64_t>(nb - 1)) {
         ++base.rejected;
         return;
       }
@@ -140,17 +139,15 @@ std::string to_json(const FloodResult& r, const ReplayOptions& o, const FloodOpt
       std::string(to_string(o.hash)).c_str(), o.block_size, b.num_blocks,
       static_cast<long long>(b.num_blocks - 1) * o.block_size, eviction_name(o).c_str(),
       f.retention ? "true" : "false", f.prefix_tokens, unsigned{f.priority},
-      f.duration ? static_cast<long long>(*f.duration) : -1ll, f.flood_requests,
-      f.reuse_requests, f.min_flood_tokens, f.max_flood_tokens, f.seed,
-      (unsigned long long)b.requests, (unsigned long long)b.rejected,
-      (unsigned long long)b.prompt_tokens, (unsigned long long)b.queried_tokens,
-      (unsigned long long)b.hit_tokens, b.hit_rate(), (unsigned long long)b.evicted_blocks,
-      b.peak_usage, (unsigned long long)r.prefix_queried_tokens,
-      (unsigned long long)r.prefix_hit_tokens, r.prefix_hit_rate(),
-      (unsigned long long)r.failed_allocations,
+      f.duration ? static_cast<long long>(*f.duration) : -1ll, f.flood_requests, f.reuse_requests,
+      f.min_flood_tokens, f.max_flood_tokens, f.seed, (unsigned long long)b.requests,
+      (unsigned long long)b.rejected, (unsigned long long)b.prompt_tokens,
+      (unsigned long long)b.queried_tokens, (unsigned long long)b.hit_tokens, b.hit_rate(),
+      (unsigned long long)b.evicted_blocks, b.peak_usage,
+      (unsigned long long)r.prefix_queried_tokens, (unsigned long long)r.prefix_hit_tokens,
+      r.prefix_hit_rate(), (unsigned long long)r.failed_allocations,
       (long long)r.retention.retained_blocks, (long long)r.retention.retained_budget,
-      (unsigned long long)r.retention.budget_refusals,
-      (unsigned long long)r.retention.expirations,
+      (unsigned long long)r.retention.budget_refusals, (unsigned long long)r.retention.expirations,
       (unsigned long long)r.retention.forced_evictions,
       (unsigned long long)r.retention
           .by_class[static_cast<std::size_t>(RetentionClass::kAboveDefault)]

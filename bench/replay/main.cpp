@@ -39,7 +39,7 @@ constexpr const char* kUsage =
     "  --source-block-size S     tokens per hash id (Mooncake: 512, the default; others: 64)\n"
     "  --generate W              a built-in workload: agents, chat or tenants\n"
     "  --requests N, --seed S, --tenants T   generator size, seed and tenant count\n"
-    "  --generate flood          a retained system prompt against a flood (bench/replay/flood.hpp):\n"
+    "  --generate flood          a retained system prompt against a flood (flood.hpp):\n"
     "                            a warm-up request with a 10,800-token shared prefix retained at\n"
     "                            priority 90, 5,770 unrelated requests (1,024-3,072 tokens), and\n"
     "                            100 requests reusing the prefix spread through them; reports the\n"
@@ -536,7 +536,9 @@ int main(int argc, char** argv) {
 #endif
     try {
       flood.seed = gen.seed;
-      for (const FloodResult& r : run_flood(opt, flood)) std::cout << to_json(r, opt, flood) << "\n";
+      for (const FloodResult& r : run_flood(opt, flood)) {
+        std::cout << to_json(r, opt, flood) << "\n";
+      }
       return 0;
     } catch (const pagedkv::Error& e) {
       std::cerr << "pagedkv-replay: " << e.what() << "\n";

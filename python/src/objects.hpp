@@ -186,8 +186,8 @@ void def_manager_calls(py::class_<W>& c, const ManagerCallDocs& docs) {
           py::arg("tick"),
           "Sets the retention clock (any unit: steps, ms, ...; starts at 0, never goes back): "
           "retention durations are ticks of it.")
-      .def_property_readonly(
-          "time", [](const W& s) { return s.clock.now.load(std::memory_order_relaxed); })
+      .def_property_readonly("time",
+                             [](const W& s) { return s.clock.now.load(std::memory_order_relaxed); })
       .def("retention_stats",
            [](W& s) {
              BusyGuard gm(s.busy, W::kName);

@@ -89,8 +89,8 @@ void bind_retention(py::module_& m) {
                              [](const TokenRangeRetention& t) { return unsigned{t.priority}; })
       .def_property_readonly(
           "duration", [](const TokenRangeRetention& t) { return duration_to_python(t.duration); })
-      .def("__eq__", [](const TokenRangeRetention& a,
-                        const TokenRangeRetention& b) { return a == b; })
+      .def("__eq__",
+           [](const TokenRangeRetention& a, const TokenRangeRetention& b) { return a == b; })
       .def("__repr__", [](const TokenRangeRetention& t) { return repr(t); });
 
   py::class_<RetentionConfig>(
@@ -128,20 +128,19 @@ void bind_retention(py::module_& m) {
           s += (i ? ", " : "") + repr(c.token_ranges[i]);
         }
         return s + "], decode_retention_priority=" +
-               std::to_string(unsigned{c.decode_retention_priority}) +
-               ", decode_duration=" +
+               std::to_string(unsigned{c.decode_retention_priority}) + ", decode_duration=" +
                (c.decode_duration ? std::to_string(*c.decode_duration) : "None") + ")";
       });
 
   py::class_<BlockRetention>(m, "BlockRetention",
                              "A block's retention now: priority, duration and expires_at (None: "
                              "no expiry).")
-      .def_property_readonly("priority", [](const BlockRetention& b) { return unsigned{b.priority}; })
+      .def_property_readonly("priority",
+                             [](const BlockRetention& b) { return unsigned{b.priority}; })
       .def_property_readonly("duration",
                              [](const BlockRetention& b) {
-                               return b.duration == kNoExpiry
-                                          ? py::object(py::none())
-                                          : py::object(py::int_(b.duration));
+                               return b.duration == kNoExpiry ? py::object(py::none())
+                                                              : py::object(py::int_(b.duration));
                              })
       .def_property_readonly("expires_at",
                              [](const BlockRetention& b) {

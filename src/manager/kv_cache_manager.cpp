@@ -106,7 +106,7 @@ void KVCacheManager::apply_retention(const Request& request, const RequestBlocks
     const std::size_t bs = groups()[g].spec.block_size;
     const std::vector<BlockId>& row = state.groups[g].blocks;
     const auto at = [&](std::size_t i) {
-      return pagedkv::block_retention(*config, prompt, i * bs, (i + 1) * bs);
+      return retention_ask(*config, prompt, i * bs, (i + 1) * bs);
     };
     std::size_t i = from[g];
     RetentionAsk r = i < row.size() ? at(i) : RetentionAsk{};
@@ -504,7 +504,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     }
   }
   apply_retention(request, state, retain_from_);  // the hits (renewed) and the new blocks
-  state.identity = request.identity_;  // noexcept (shared_ptr copies)
+  state.identity = request.identity_;             // noexcept (shared_ptr copies)
   if (request.owner_ == nullptr) [[unlikely]]
     request.owner_ = token_;  // its first allocation
   undo.active = false;

@@ -55,9 +55,9 @@ void RetentionConfig::validate(std::size_t num_prompt_tokens) const {
                                               std::to_string(num_prompt_tokens) + " tokens");
     }
     if (t.token_start >= end) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "retention: " + what + " [" + std::to_string(t.token_start) + ", " +
-                      std::to_string(end) + ") is empty");
+      throw Error(ErrorCode::kInvalidArgument, "retention: " + what + " [" +
+                                                   std::to_string(t.token_start) + ", " +
+                                                   std::to_string(end) + ") is empty");
     }
     if (k > 0 && t.token_start < previous_end) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -69,8 +69,8 @@ void RetentionConfig::validate(std::size_t num_prompt_tokens) const {
   }
 }
 
-RetentionAsk block_retention(const RetentionConfig& config, std::size_t num_prompt_tokens,
-                               std::size_t begin, std::size_t end) noexcept {
+RetentionAsk retention_ask(const RetentionConfig& config, std::size_t num_prompt_tokens,
+                           std::size_t begin, std::size_t end) noexcept {
   RetentionAsk r;
   r.priority = 0;  // raised by every part below; a block always has at least one part
   bool any = false;

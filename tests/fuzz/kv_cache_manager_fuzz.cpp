@@ -269,7 +269,7 @@ void Harness::retain(Reader& in) {
       TokenRangeRetention r;
       r.token_start = in.u8() % 50;
       const std::uint8_t e = in.u8();
-      if (e % 4 != 0) r.token_end = r.token_start + e % 20;  // e % 20 == 0: empty
+      if (e % 4 != 0) r.token_end = r.token_start + e % 20;        // e % 20 == 0: empty
       r.priority = static_cast<RetentionPriority>(in.u8() % 104);  // 101..103: invalid
       const std::uint8_t d = in.u8() % 8;
       if (d != 0) r.duration = static_cast<RetentionTick>(d) - 2;  // -1, 0: invalid

@@ -124,19 +124,19 @@ TEST(RetentionConfig, ABlockTakesTheHighestPartAndItsLongestDuration) {
   c.decode_duration = 7;
   const std::size_t prompt = 12;
   using A = RetentionAsk;
-  EXPECT_EQ(block_retention(c, prompt, 0, 4), (A{90, 5}));
-  EXPECT_EQ(block_retention(c, prompt, 4, 8), (A{90, 5}));           // spans 90 and 50
-  EXPECT_EQ(block_retention(c, prompt, 8, 12), (A{50, std::nullopt}));  // 50 and a default gap
-  EXPECT_EQ(block_retention(c, prompt, 12, 16), (A{20, 7}));           // generated tokens only
-  EXPECT_EQ(block_retention(c, prompt, 10, 14), (A{35, std::nullopt}));  // default beats 20
+  EXPECT_EQ(retention_ask(c, prompt, 0, 4), (A{90, 5}));
+  EXPECT_EQ(retention_ask(c, prompt, 4, 8), (A{90, 5}));               // spans 90 and 50
+  EXPECT_EQ(retention_ask(c, prompt, 8, 12), (A{50, std::nullopt}));   // 50 and a default gap
+  EXPECT_EQ(retention_ask(c, prompt, 12, 16), (A{20, 7}));             // generated tokens only
+  EXPECT_EQ(retention_ask(c, prompt, 10, 14), (A{35, std::nullopt}));  // default beats 20
   RetentionConfig d;
   d.token_ranges = {{0, 4, 90, 5}, {4, 8, 90, 9}, {8, 12, 90, std::nullopt}};
-  EXPECT_EQ(block_retention(d, 12, 2, 6), (A{90, 9}));            // equal: the longer
-  EXPECT_EQ(block_retention(d, 12, 6, 10), (A{90, std::nullopt}));  // none beats any
+  EXPECT_EQ(retention_ask(d, 12, 2, 6), (A{90, 9}));              // equal: the longer
+  EXPECT_EQ(retention_ask(d, 12, 6, 10), (A{90, std::nullopt}));  // none beats any
   RetentionConfig low;
   low.token_ranges = {{0, 4, 10, std::nullopt}};
-  EXPECT_EQ(block_retention(low, 8, 0, 4), (A{10, std::nullopt}));   // below the default
-  EXPECT_EQ(block_retention(low, 8, 2, 6), (A{35, std::nullopt}));   // a default part wins
+  EXPECT_EQ(retention_ask(low, 8, 0, 4), (A{10, std::nullopt}));  // below the default
+  EXPECT_EQ(retention_ask(low, 8, 2, 6), (A{35, std::nullopt}));  // a default part wins
 }
 
 TEST(Retention, PinnedSystemPromptSurvivesAFloodAndLruDoesNot) {
@@ -257,7 +257,7 @@ TEST(Retention, ASharedBlockKeepsTheHighestPriority) {
 TEST(Retention, BelowDefaultBlocksAreEvictedFirst) {
   for (const bool retain : {true, false}) {
     SCOPED_TRACE(retain ? "retained" : "plain LRU");
-    KVCacheManager m(config(11));  // 10 usable blocks
+    KVCacheManager m(config(11));                       // 10 usable blocks
     std::vector<TokenId> b = iota_tokens(500, 3 * kB);  // 3 cached blocks at the default
     b.push_back(2);
     run(m, 2, b);

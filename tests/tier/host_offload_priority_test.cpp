@@ -94,7 +94,7 @@ TEST(HostOffloadPriority, BlocksBelowTheMinimumAreNotStored) {
     SCOPED_TRACE(std::string(to_string(p)));
     const Outcome o = scenario(p, 50);
     EXPECT_GE(o.stats.stores_skipped_priority, 2u);  // the prompt's 2 default blocks (and more)
-    EXPECT_EQ(o.host_hit_tokens, 8u);  // only the 2 blocks retained at 90 are in the host
+    EXPECT_EQ(o.host_hit_tokens, 8u);      // only the 2 blocks retained at 90 are in the host
     const Outcome none = scenario(p, 91);  // even 90 is below it
     EXPECT_EQ(none.host_hit_tokens, 0u);
   }

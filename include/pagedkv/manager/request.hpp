@@ -86,8 +86,8 @@ class Request {
   std::size_t num_prompt_tokens_;
   std::size_t num_computed_tokens_ = 0;
   std::optional<RetentionConfig> retention_;  // validated against num_prompt_tokens_
-  std::shared_ptr<const char> identity_;  // unique per object; compared by address
-  std::shared_ptr<const char> owner_;     // the owning manager's token; null: none yet
+  std::shared_ptr<const char> identity_;      // unique per object; compared by address
+  std::shared_ptr<const char> owner_;         // the owning manager's token; null: none yet
   bool finished_ = false;
 };
 

@@ -14,9 +14,9 @@
 // priority (the pool's rule, pool/retention.hpp); see docs/retention.md.
 //
 // Errors: validate() throws pagedkv::Error (kInvalidArgument / kOutOfRange) naming the problem: a
-// priority above 100, a duration that is not positive, an empty range, ranges unsorted or overlapping, a
-// range past the prompt. Plain data otherwise; thread-compatible. O(ranges) to validate,
-// O(log ranges + ranges a block overlaps) per block.
+// priority above 100, a duration that is not positive, an empty range, ranges unsorted or
+// overlapping, a range past the prompt. Plain data otherwise; thread-compatible. O(ranges) to
+// validate, O(log ranges + ranges a block overlaps) per block.
 #pragma once
 
 #include <cstddef>
@@ -61,7 +61,7 @@ struct RetentionAsk {
 
 // The retention of the block holding tokens [begin, end) of a request with num_prompt_tokens
 // prompt tokens under a validated `config` (the rule of the file comment). noexcept.
-RetentionAsk block_retention(const RetentionConfig& config, std::size_t num_prompt_tokens,
-                               std::size_t begin, std::size_t end) noexcept;
+RetentionAsk retention_ask(const RetentionConfig& config, std::size_t num_prompt_tokens,
+                           std::size_t begin, std::size_t end) noexcept;
 
 }  // namespace pagedkv
