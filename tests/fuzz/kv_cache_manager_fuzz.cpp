@@ -124,7 +124,7 @@ struct World {
 class Harness {
  public:
   Harness(const KVCacheManagerConfig& cfg, bool weak_hash)
-      : m_(cfg),
+      : m_(with_clock(cfg)),
         owners_(static_cast<std::size_t>(cfg.num_blocks)),
         check_hit_content_(!weak_hash || cfg.verify_cache_hits),
         check_accepted_hits_(!weak_hash) {}
@@ -233,6 +233,13 @@ class Harness {
   void retain(Reader& in);
   void release(Tracked& t, bool finish);
 
+  // The manager's retention clock: retain() advances it.
+  KVCacheManagerConfig with_clock(KVCacheManagerConfig c) {
+    c.retention_clock = [this] { return tick_; };
+    return c;
+  }
+
+  RetentionTick tick_ = 0;  // before m_, whose retention_clock reads it
   KVCacheManager m_;
   std::vector<Owner> owners_;
   const bool check_hit_content_;
@@ -246,9 +253,6 @@ class Harness {
   const Tracked* last_hit_owner_ = nullptr;
   std::uint64_t last_hit_gen_ = 0;
   std::uint64_t gen_ = 0;
-
- public:
-  RetentionTick tick_ = 0;  // the manager's retention clock (KVCacheManagerConfig)
 };
 
 // Request::set_retention with a random config, valid or not (predicted here independently of
@@ -520,7 +524,7 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   cfg.enable_caching = (flags & 1) == 0;
   cfg.verify_cache_hits = (flags & 2) == 0;
   cfg.enable_kv_events = (flags & 4) != 0;
-  cfg.hash_seed = "fuzz";
+  cfg.hash_seed.emplace("fuzz");
   const bool weak = (flags & 8) != 0;
   // Full xxh3_128 (a guarded pool when every group is full attention) or sha256, unless weak.
   const bool xxh3 = !weak && cfg.verify_cache_hits && ((flags >> 5) & 1) != 0;
@@ -555,12 +559,9 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   const std::uint8_t retention = in.u8();
   cfg.eviction_policy = static_cast<EvictionPolicy>(retention % kNumEvictionPolicies);
   cfg.max_retained_fraction = 0.25 * (retention / kNumEvictionPolicies % 5);
-  RetentionTick* tick = nullptr;
-  cfg.retention_clock = [&tick] { return *tick; };
   g_config += ", eviction " + std::string(to_string(cfg.eviction_policy)) +
               ", max_retained_fraction " + std::to_string(cfg.max_retained_fraction);
   Harness h(cfg, weak);
-  tick = &h.tick_;
   h.run(in);
 }
 
