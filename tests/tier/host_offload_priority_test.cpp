@@ -47,21 +47,30 @@ struct Outcome {
   std::size_t host_hit_tokens = 0;  // of the prompt asked again after the GPU was flushed
 };
 
-// A 17-token prompt (4 full blocks): its first 2 blocks retained at 90, the other 2 at the
-// default. Stored (or not), the GPU flushed, then asked again.
-Outcome scenario(HostPolicy policy, RetentionPriority min_priority,
-                 EvictionPolicy host_eviction = EvictionPolicy::kLru) {
+KVCacheManagerConfig gpu_config() {
   KVCacheManagerConfig g;
   g.num_blocks = kGpuBlocks;
   g.block_size = kB;
   g.hash_seed = "offload";
   g.max_retained_fraction = 1.0;
+  return g;
+}
+
+HostTierConfig host_config(HostPolicy policy, RetentionPriority min_priority,
+                           EvictionPolicy host_eviction) {
   HostTierConfig h;
   h.num_host_blocks = 64;
   h.policy = policy;
   h.secondary_offload_min_priority = min_priority;
   h.eviction_policy = host_eviction;
-  TieredKVCacheManager t(g, h);
+  return h;
+}
+
+// A 17-token prompt (4 full blocks): its first 2 blocks retained at 90, the other 2 at the
+// default. Stored (or not), the GPU flushed, then asked again.
+Outcome scenario(HostPolicy policy, RetentionPriority min_priority,
+                 EvictionPolicy host_eviction = EvictionPolicy::kLru) {
+  TieredKVCacheManager t(gpu_config(), host_config(policy, min_priority, host_eviction));
   auto a = t.make_request(1, tokens(0, 17));
   RetentionConfig retention;
   retention.token_ranges.push_back({0, 8, 90, std::nullopt});
@@ -109,12 +118,8 @@ TEST(HostOffloadPriority, TheHostPoolTakesItsOwnPolicy) {
 }
 
 TEST(HostOffloadPriority, AboveOneHundredIsRefused) {
-  KVCacheManagerConfig g;
-  g.num_blocks = kGpuBlocks;
-  g.block_size = kB;
-  HostTierConfig h;
-  h.num_host_blocks = 8;
-  h.secondary_offload_min_priority = 101;
+  const KVCacheManagerConfig g = gpu_config();
+  const HostTierConfig h = host_config(HostPolicy::kWriteThrough, 101, EvictionPolicy::kLru);
   try {
     TieredKVCacheManager t(g, h);
     ADD_FAILURE() << "no error";
