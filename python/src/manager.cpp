@@ -463,7 +463,7 @@ void bind_manager(py::module_& m) {
            py::arg("verify_cache_hits") = true, py::arg("enable_kv_events") = false,
            py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
            py::arg("eviction_policy") = "lru",
-           py::arg("max_retained_fraction") = BlockPoolConfig{}.max_retained_fraction,
+           py::arg("max_retained_fraction") = kDefaultMaxRetainedFraction,
            "num_blocks: total pool blocks including the null block. groups: AttentionSpecs of a "
            "hybrid model (default: one full-attention group of block_size). eviction_policy: "
            "the pool's free-block order (pagedkv.EVICTION_POLICIES; 'lru' is vLLM's). "

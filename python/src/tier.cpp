@@ -243,7 +243,7 @@ void bind_tier(py::module_& m) {
            py::arg("verify_cache_hits") = true, py::arg("enable_kv_events") = false,
            py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
            py::arg("eviction_policy") = "lru",
-           py::arg("max_retained_fraction") = BlockPoolConfig{}.max_retained_fraction,
+           py::arg("max_retained_fraction") = kDefaultMaxRetainedFraction,
            py::arg("secondary_offload_min_priority") = 0, py::arg("host_eviction_policy") = "lru",
            "num_blocks: GPU pool blocks including the null block; num_host_blocks: slots of the "
            "engine's host buffer. With xxh3_128 host hits compare SHA-256 prefix identities. "

@@ -76,6 +76,11 @@ void expect_error(Call call, const std::string& fragment) {
   }
 }
 
+TEST(RetentionConfig, TheManagersDefaultPinBudgetIsThePools) {
+  EXPECT_EQ(KVCacheManagerConfig{}.max_retained_fraction, BlockPoolConfig{}.max_retained_fraction);
+  EXPECT_EQ(KVCacheManagerConfig{}.eviction_policy, EvictionPolicy::kLru);
+}
+
 TEST(RetentionConfig, ValidationNamesTheProblemAndKeepsThePreviousConfig) {
   KVCacheManager m(config(16));
   Request r = m.make_request(1, iota_tokens(0, 20));

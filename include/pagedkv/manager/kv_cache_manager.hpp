@@ -71,6 +71,11 @@
 
 namespace pagedkv {
 
+// BlockPoolConfig's default pin budget (a constant here: a BlockPoolConfig{} temporary in the
+// member initializer made GCC 12 -O1 ASan builds warn maybe-uninitialized on every caller's
+// hash_seed assignment). request_retention_test checks the two agree.
+inline constexpr double kDefaultMaxRetainedFraction = 0.5;
+
 struct KVCacheManagerConfig {
   std::int32_t num_blocks = 0;    // total pool blocks, including the null block
   std::uint32_t block_size = 16;  // the single full-attention group's; ignored when `groups` is set
@@ -92,7 +97,7 @@ struct KVCacheManagerConfig {
   // The pin budget: the share of the pool's blocks that may be above the default retention
   // priority (BlockPoolConfig::max_retained_fraction); past it, retention requests get the
   // default priority and are counted.
-  double max_retained_fraction = BlockPoolConfig{}.max_retained_fraction;
+  double max_retained_fraction = kDefaultMaxRetainedFraction;
   // The monotonic tick retention durations run on (BlockPoolConfig::retention_clock; inject a
   // fake one in tests). Empty: a request whose retention config has a duration is refused.
   RetentionClock retention_clock;
