@@ -123,7 +123,7 @@ constexpr const char* kUsage =
     "                            --kv-bytes-per-token bytes a token) take bytes / G GB/s on the\n"
     "                            simulated clock, added to the step (25); reported as\n"
     "                            sim_transfer_ms, included in sim_makespan_ms and sim_ttft_p50_ms\n"
-    "  --kv-bytes-per-token B    K/V bytes per token, for loaded_bytes and stored_bytes (0)\n"
+    "  (--kv-bytes-per-token B   also sizes loaded_bytes and stored_bytes of the host tier)\n"
     "output:\n"
     "  --table                   a readable table instead of JSON lines\n"
     "  --csv FILE                also write the results as CSV\n"
@@ -384,7 +384,9 @@ int main(int argc, char** argv) {
         kv_memory_gib.push_back(g);
       }
     } else if (arg == "--kv-bytes-per-token") {
-      kv_bytes_per_token = parse_number(value(), arg, 1, 1ll << 40);
+      // Sizes the pool with --kv-memory-gib, and the host tier's loaded/stored bytes.
+      kv_bytes_per_token = parse_number(value(), arg, 0, 1ll << 40);
+      tier.kv_bytes_per_token = static_cast<std::uint64_t>(kv_bytes_per_token);
     } else if (arg == "--block-size") {
       opt.block_size = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 4096));
     } else if (arg == "--hash") {
@@ -460,9 +462,6 @@ int main(int argc, char** argv) {
       tier.policy = *policy;
     } else if (arg == "--host-selective-hits") {
       tier.selective_hits = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
-    } else if (arg == "--kv-bytes-per-token") {
-      tier.kv_bytes_per_token =
-          static_cast<std::uint64_t>(parse_number(value(), arg, 0, 1ll << 40));
     } else if (arg == "--host-gbps") {
       const std::string v = value();
       char* end = nullptr;
@@ -485,11 +484,9 @@ int main(int argc, char** argv) {
   }
   if (trace_path.has_value() == generate.has_value())
     usage_error("give exactly one of --trace and --generate");
-  if (!kv_memory_gib.empty() || kv_bytes_per_token > 0) {
+  if (!kv_memory_gib.empty()) {
     // The pool as memory (issue 36: bf16 vs FP8 at the same GPU memory).
-    if (kv_memory_gib.empty() || kv_bytes_per_token == 0) {
-      usage_error("--kv-memory-gib and --kv-bytes-per-token go together");
-    }
+    if (kv_bytes_per_token == 0) usage_error("--kv-memory-gib needs --kv-bytes-per-token");
     if (!opt.num_blocks.empty()) usage_error("give --num-blocks or --kv-memory-gib, not both");
     const long double block_bytes =
         static_cast<long double>(kv_bytes_per_token) * static_cast<long double>(opt.block_size);
