@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.hpp"
 #include "redis_servers.hpp"
 
 namespace {
@@ -23,32 +24,14 @@ namespace {
 constexpr const char* kCluster =
     "--generate agents --requests 200 --num-blocks 3000 --engines 4 --router round_robin";
 
-struct Cli {
-  int exit_code = -1;
-  std::string output;
-};
+using Cli = pagedkv::test::CliRun;
+using pagedkv::test::json_number;
 
 Cli run_replay(const std::string& args) {
-  Cli r;
-  const std::string command = std::string(PAGEDKV_REPLAY) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) r.output += buf;
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return pagedkv::test::run_cli(PAGEDKV_REPLAY, args);
 }
-
-// The number after "\"name\":" at or after `from` in the JSON line; NaN when absent.
 double number(const std::string& json, const std::string& name, std::size_t from = 0) {
-  const std::string key = "\"" + name + "\":";
-  const auto at = json.find(key, from);
-  if (at == std::string::npos) return std::nan("");
-  const char* begin = json.c_str() + at + key.size();
-  char* end = nullptr;
-  const double v = std::strtod(begin, &end);
-  return end == begin ? std::nan("") : v;
+  return json_number(json, name, from);
 }
 
 // The figures of the cluster without the shared tier (the "without_remote" object).

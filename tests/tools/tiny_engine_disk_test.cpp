@@ -19,6 +19,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.hpp"
 #include "pagedkv/remote/disk_store.hpp"
 #include "pagedkv/remote/remote_value.hpp"
 
@@ -29,46 +30,17 @@ namespace fs = std::filesystem;
 // A small agents workload: 4 sessions of 2 turns sharing a 96-token system prompt.
 constexpr const char* kWorkload = "--sessions 4 --turns 2 --system-tokens 96";
 
-struct Cli {
-  int exit_code = -1;
-  std::string output;
-};
+using Cli = pagedkv::test::CliRun;
+using pagedkv::test::json_text;
 
 Cli run_engine(const std::string& args) {
-  Cli r;
-  const std::string command = std::string(PAGEDKV_TINY_ENGINE) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) r.output += buf;
-  const int status = pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return pagedkv::test::run_cli(PAGEDKV_TINY_ENGINE, args);
 }
-
-// The unsigned integer after "\"field\":" in the JSON line, or -1 when absent.
 long long field(const std::string& json, const std::string& name) {
-  const std::string key = "\"" + name + "\":";
-  const auto at = json.find(key);
-  if (at == std::string::npos) return -1;
-  std::size_t i = at + key.size();
-  if (i >= json.size() || json[i] < '0' || json[i] > '9') return -1;
-  long long v = 0;
-  while (i < json.size() && json[i] >= '0' && json[i] <= '9') v = v * 10 + (json[i++] - '0');
-  return v;
+  return pagedkv::test::json_uint(json, name);
 }
-
-// The string value of "\"field\":\"...\"", or "" when absent.
-std::string text_field(const std::string& json, const std::string& name) {
-  const std::string key = "\"" + name + "\":\"";
-  const auto at = json.find(key);
-  if (at == std::string::npos) return "";
-  const auto end = json.find('"', at + key.size());
-  return end == std::string::npos ? "" : json.substr(at + key.size(), end - at - key.size());
-}
-
 bool has(const std::string& json, const std::string& text) {
-  return json.find(text) != std::string::npos;
+  return pagedkv::test::contains(json, text);
 }
 
 class TempDir {
@@ -116,8 +88,8 @@ void expect_same_bits(const Cli& run, const std::string& digest) {
   EXPECT_TRUE(has(j, "\"bitwise_identical_logits\":true")) << j;
   EXPECT_TRUE(has(j, "\"pass\":true")) << j;
   EXPECT_TRUE(has(j, "\"remote_drained_on\":true")) << j;
-  EXPECT_EQ(text_field(j, "results_digest_on"), digest) << j;
-  EXPECT_EQ(text_field(j, "results_digest_off"), digest) << j;
+  EXPECT_EQ(json_text(j, "results_digest_on"), digest) << j;
+  EXPECT_EQ(json_text(j, "results_digest_off"), digest) << j;
 }
 
 TEST(TinyEngineDisk, SecondProcessReusesTheDiskAndDamageIsACountedMiss) {
@@ -130,7 +102,7 @@ TEST(TinyEngineDisk, SecondProcessReusesTheDiskAndDamageIsACountedMiss) {
 
   const Cli first = run_engine(args);
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  const std::string digest = text_field(first.output, "results_digest_on");
+  const std::string digest = json_text(first.output, "results_digest_on");
   ASSERT_EQ(digest.size(), 16u) << first.output;
   expect_same_bits(first, digest);
   EXPECT_EQ(field(first.output, "remote_disk_recovered_on"), 0) << first.output;

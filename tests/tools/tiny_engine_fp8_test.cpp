@@ -12,6 +12,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.hpp"
+
 #include "calibrate.hpp"
 #include "engine.hpp"
 #include "model.hpp"
@@ -206,13 +208,9 @@ TEST(TinyEngineFp8PerTensor, DiffersFromBf16KvWithinABound) {
 }
 
 int run_cli(const std::string& args, std::string& output) {
-  const std::string command = std::string(PAGEDKV_TINY_ENGINE) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const auto run = pagedkv::test::run_cli(PAGEDKV_TINY_ENGINE, args);
+  output += run.output;
+  return run.exit_code;
 }
 
 TEST(TinyEngineFp8Cli, CompareAndVsBf16) {

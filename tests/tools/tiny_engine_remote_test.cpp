@@ -16,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.hpp"
 #include "engine.hpp"
 #include "redis_servers.hpp"
 
@@ -26,40 +27,16 @@ using Clock = std::chrono::steady_clock;
 // A small agents workload: 4 sessions of 2 turns sharing a 96-token system prompt.
 constexpr const char* kWorkload = "--sessions 4 --turns 2 --system-tokens 96";
 
-struct Cli {
-  int exit_code = -1;
-  std::string output;
-  double seconds = 0;
-};
+using Cli = pagedkv::test::CliRun;
 
 Cli run_engine(const std::string& args) {
-  Cli r;
-  const std::string command = std::string(PAGEDKV_TINY_ENGINE) + " " + args + " 2>&1";
-  const auto start = Clock::now();
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return r;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) r.output += buf;
-  const int status = pclose(pipe);
-  r.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  return pagedkv::test::run_cli(PAGEDKV_TINY_ENGINE, args);
 }
-
-// The unsigned integer after "\"field\":" in the JSON line, or -1 when absent.
 long long field(const std::string& json, const std::string& name) {
-  const std::string key = "\"" + name + "\":";
-  const auto at = json.find(key);
-  if (at == std::string::npos) return -1;
-  std::size_t i = at + key.size();
-  if (i >= json.size() || json[i] < '0' || json[i] > '9') return -1;
-  long long v = 0;
-  while (i < json.size() && json[i] >= '0' && json[i] <= '9') v = v * 10 + (json[i++] - '0');
-  return v;
+  return pagedkv::test::json_uint(json, name);
 }
-
 bool has(const std::string& json, const std::string& text) {
-  return json.find(text) != std::string::npos;
+  return pagedkv::test::contains(json, text);
 }
 
 std::string engine_args(std::uint16_t port, const std::string& ns) {

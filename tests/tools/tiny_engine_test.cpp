@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "cli_run.hpp"
+
 #include "engine.hpp"
 #include "model.hpp"
 #ifdef TINY_ENGINE_HAS_CUDA
@@ -227,13 +229,9 @@ TEST(TinyEngineCli, RejectsBadFlagsWithExitCode2) {
 
 // Runs the CLI, returns its exit status and its stdout + stderr.
 int run_cli(const std::string& args, std::string& output) {
-  const std::string command = std::string(PAGEDKV_TINY_ENGINE) + " " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) output += buf;
-  const int status = pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  const auto run = pagedkv::test::run_cli(PAGEDKV_TINY_ENGINE, args);
+  output += run.output;
+  return run.exit_code;
 }
 
 // Without a GPU (or in a build without CUDA) --device cuda fails at once with a message that
@@ -270,16 +268,10 @@ TEST(TinyEngineCli, HeadDim64OnTheCpu) {
 }
 
 TEST(TinyEngineCli, CompareJsonReportsTheProof) {
-  const std::string command = std::string(PAGEDKV_TINY_ENGINE) +
-                              " --compare --json --workload chat --sessions 3 --system-tokens 48";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe) != nullptr) out += buf;
-  const int status = pclose(pipe);
-  ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0) << out;
+  const auto run = pagedkv::test::run_cli(
+      PAGEDKV_TINY_ENGINE, "--compare --json --workload chat --sessions 3 --system-tokens 48");
+  const std::string& out = run.output;
+  EXPECT_EQ(run.exit_code, 0) << out;
   for (const char* field :
        {"\"identical_tokens\":true", "\"max_rel_logit_diff\":0,",
         "\"prefill_tokens_saved\":", "\"prefill_seconds_on\":", "\"prefill_seconds_off\":",
