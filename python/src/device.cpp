@@ -141,11 +141,26 @@ std::vector<py::ssize_t> shape_of(const py::array& a) {
   return std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim());
 }
 
+// Element counts from which a conversion releases the GIL while it runs (below it the release
+// and re-acquire cost more than the loop).
+constexpr std::size_t kReleaseGilFrom = std::size_t{1} << 14;
+
+// f is applied with the GIL released for large arrays: it touches only the two buffers, which
+// `in` and `out` keep alive (another Python thread writing into `in` meanwhile races, as with
+// numpy's own ufuncs).
 template <class Out, class In, class F>
 py::array_t<Out> map_array(const py::array_t<In>& in, F f) {
   std::vector<Out> out(static_cast<std::size_t>(in.size()));
   const In* src = in.data();
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = f(src[i]);
+  const auto loop = [&] {
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = f(src[i]);
+  };
+  if (out.size() >= kReleaseGilFrom) {
+    py::gil_scoped_release nogil;
+    loop();
+  } else {
+    loop();
+  }
   return array_owning(std::move(out), shape_of(in));
 }
 
@@ -272,8 +287,17 @@ void bind_kv_format(py::module_& m) {
         }
         std::vector<std::uint8_t> codes(static_cast<std::size_t>(in.size()));
         std::vector<float> scales(rows);
-        for (std::size_t r = 0; r < rows; ++r) {
-          scales[r] = quantize_fp8_row(f, in.data() + r * row, row, codes.data() + r * row);
+        const float* src = in.data();
+        const auto loop = [&] {
+          for (std::size_t r = 0; r < rows; ++r) {
+            scales[r] = quantize_fp8_row(f, src + r * row, row, codes.data() + r * row);
+          }
+        };
+        if (codes.size() >= kReleaseGilFrom) {
+          py::gil_scoped_release nogil;
+          loop();
+        } else {
+          loop();
         }
         std::vector<py::ssize_t> scale_shape(in.shape(), in.shape() + in.ndim() - 1);
         return py::make_tuple(array_owning(std::move(codes), shape_of(in)),

@@ -1,6 +1,7 @@
 """Block tables and slot mappings as numpy arrays (device/block_table.hpp)."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -329,3 +330,47 @@ def test_fp8_per_token_head_rows(fmt):
     # The row's largest magnitude takes the largest code.
     i = int(np.argmax(np.abs(x[0, 0])))
     assert codes[0, 0, i] & 0x7f == (0x7e if fmt == "fp8_e4m3" else 0x7b)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: pagedkv.quantize_fp8(a, "fp8_e4m3", 0.5),
+        lambda a: pagedkv.quantize_fp8_rows(a.reshape(-1, 128), "fp8_e4m3"),
+        lambda a: pagedkv.float_to_fp8_bits(a, "fp8_e5m2"),
+    ],
+    ids=["quantize_fp8", "quantize_fp8_rows", "float_to_fp8_bits"],
+)
+def test_large_fp8_conversions_release_the_gil(call):
+    """A conversion of a large array lets other Python threads run meanwhile. With the switch
+    interval raised to 10 s no thread is forced off the GIL between bytecodes, so the main thread
+    can run while the worker's call is in flight only if the call released the GIL; holding it,
+    the worker keeps it until the thread ends, after the flag is cleared."""
+    import sys
+    import threading
+
+    values = np.linspace(-500.0, 500.0, 1 << 24, dtype=np.float32)
+    started = threading.Event()
+    in_call = [False]
+    results = []
+
+    def worker():
+        in_call[0] = True
+        started.set()
+        results.append(call(values) is not None)
+        in_call[0] = False
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        t = threading.Thread(target=worker)
+        t.start()
+        started.wait()
+        seen = 0
+        while t.is_alive():
+            seen += in_call[0]
+        t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert results == [True]
+    assert seen > 0, "the main thread never ran while the conversion was in flight"
