@@ -369,6 +369,7 @@ def test_large_fp8_conversions_release_the_gil(call):
         seen = 0
         while t.is_alive():
             seen += in_call[0]
+            time.sleep(0)  # lets the worker take the GIL back as soon as its call returns
         t.join()
     finally:
         sys.setswitchinterval(interval)
