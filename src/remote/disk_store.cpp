@@ -65,6 +65,26 @@ std::size_t pread_full(int fd, std::byte* buf, std::size_t n, std::uint64_t off)
   return done;
 }
 
+// Full preadv into iov[0..n) (modified as it goes): loops over short transfers and EINTR.
+// Returns bytes done (< the iovecs' total on EOF/error, errno set on error).
+std::size_t preadv_full(int fd, iovec* iov, int n, std::uint64_t off) noexcept {
+  std::size_t done = 0;
+  int first = 0;
+  while (first < n) {
+    const ssize_t r = ::preadv(fd, iov + first, n - first, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    done += static_cast<std::size_t>(r);
+    auto left = static_cast<std::size_t>(r);
+    while (first < n && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+    if (left > 0) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+      iov[first].iov_len -= left;
+    }
+  }
+  return done;
+}
+
 bool pwrite_full(int fd, const std::byte* buf, std::size_t n, std::uint64_t off) noexcept {
   std::size_t done = 0;
   while (done < n) {
@@ -320,11 +340,9 @@ struct DiskStore::Impl {
         num_slots(num_slots_),
         value_size(kRemoteValueHeaderSize + config.value_bytes),
         index(num_slots_),
-        staging(value_size),
         use_helper(config.io_threads >= 2 && config.value_bytes >= kSplitMinBytes &&
                    num_slots_ >= 2),
         split_limit(std::min<std::size_t>(kTake, num_slots_)),
-        staging2(use_helper ? value_size : 0),
         ops(config.queue_depth),
         free_ops(config.queue_depth),
         pending(config.queue_depth),
@@ -347,13 +365,13 @@ struct DiskStore::Impl {
 
   mutable std::mutex index_mu;  // guards index against slot_offset_of()/size() readers
   SlotIndex index;
-  std::vector<std::byte> staging;  // I/O thread: one value read by a get
+  RemoteValueHeader staging{};  // I/O thread: the value header read by a get
 
   // The second thread (DiskStoreConfig::io_threads == 2, values of kSplitMinBytes or more):
-  // runs half of a run of gets or puts (run_split) on its own staging buffer.
+  // runs half of a run of gets or puts (run_split) with its own header buffer.
   bool use_helper = false;
   std::size_t split_limit = 0;  // ops per split run: <= kTake and <= num_slots
-  std::vector<std::byte> staging2;
+  RemoteValueHeader staging2{};
   std::array<Split, kTake> split{};
   std::mutex helper_mu;
   std::condition_variable helper_cv;
@@ -383,14 +401,14 @@ struct DiskStore::Impl {
   RemoteResult run_exists(const Op& op);
   RemoteResult run_get(const Op& op);
   RemoteResult run_put(const Op& op);
-  GetOutcome read_get(const Op& op, std::uint32_t slot, std::vector<std::byte>& buf) noexcept;
+  GetOutcome read_get(const Op& op, std::uint32_t slot, RemoteValueHeader& header) noexcept;
   RemoteResult finish_get(const Op& op, std::uint32_t slot, GetOutcome outcome);
   void begin_put(std::uint32_t& slot, std::uint64_t& seq) noexcept;
   int write_put(const Op& op, std::uint32_t slot, std::uint64_t seq) noexcept;
   RemoteResult commit_put(const Op& op, std::uint32_t slot, std::uint64_t seq, int err);
   bool run_split(const std::uint32_t* group, std::size_t n);
   void split_io(const std::uint32_t* group, std::size_t begin, std::size_t end,
-                std::vector<std::byte>& buf) noexcept;
+                RemoteValueHeader& header) noexcept;
   void helper_thread();
   void stop_helper() noexcept {
     {
@@ -617,27 +635,35 @@ RemoteResult DiskStore::Impl::run_exists(const Op& op) {
   return index.find(op.id.block) != kNoSlot ? RemoteResult::kHit : RemoteResult::kMiss;
 }
 
-// Reads `slot` (found for op's key), checks it and copies the payload on success. Touches no
-// index state: the caller applies the outcome (finish_get) in op order.
+// Reads `slot` (found for op's key) with one preadv: the value header into `header`, the payload
+// straight into the op's destination, where it is then checked (on any outcome but kHit the
+// destination's bytes are unspecified: remote_store.hpp). Touches no index state: the caller
+// applies the outcome (finish_get) in op order.
 DiskStore::Impl::GetOutcome DiskStore::Impl::read_get(const Op& op, std::uint32_t slot,
-                                                      std::vector<std::byte>& buf) noexcept {
+                                                      RemoteValueHeader& header) noexcept {
   if (slot == kNoSlot) return GetOutcome::kMiss;
+  std::array<iovec, 2> iov{};
+  iov[0] = {header.data(), header.size()};
+  iov[1] = {op.buf, config.value_bytes};
   errno = 0;
-  const std::size_t got =
-      pread_full(slab_fd, buf.data(), value_size, offset_of(slot) + kSlotRecordBytes);
+  const std::size_t got = preadv_full(slab_fd, iov.data(), static_cast<int>(iov.size()),
+                                      offset_of(slot) + kSlotRecordBytes);
   if (got < value_size && errno != 0) return GetOutcome::kError;
-  const auto check = check_remote_value(std::span<const std::byte>(buf.data(), got),
-                                        config.layout_fingerprint, config.value_bytes, op.id);
+  // A short read (the file ends inside the value) fails the check as a short value would.
+  const std::size_t header_got = std::min(got, header.size());
+  const auto check = check_remote_value(
+      std::span<const std::byte>(header.data(), header_got),
+      std::span<const std::byte>(op.buf, got - header_got), config.layout_fingerprint,
+      config.value_bytes, op.id);
   switch (check) {
     case RemoteValueCheck::kOk:
-      std::memcpy(op.buf, buf.data() + kRemoteValueHeaderSize, config.value_bytes);
       return GetOutcome::kHit;
     case RemoteValueCheck::kBindingMismatch: {
       bump(counters.binding_mismatches);
       // The same block under another prefix or group: a miss, and the value stays for its own
       // block's gets. A value of another block altogether (copied here, or a put torn between
       // record and value) can never serve this key: drop it.
-      const std::byte* h = buf.data();
+      const std::byte* h = header.data();
       const auto size = std::to_integer<std::size_t>(h[kRemoteValueBindingOffset]);
       const auto kb = op.id.block.padded_bytes();
       if (size == op.id.block.size() &&
@@ -815,12 +841,12 @@ bool DiskStore::Impl::run_split(const std::uint32_t* group, std::size_t n) {
 
 // The I/O part of run_split for ops [begin, end) of `group` (either thread).
 void DiskStore::Impl::split_io(const std::uint32_t* group, std::size_t begin, std::size_t end,
-                               std::vector<std::byte>& buf) noexcept {
+                               RemoteValueHeader& header) noexcept {
   for (std::size_t k = begin; k < end; ++k) {
     Split& x = split[k];
     const Op& op = ops[group[k]];
     if (op.kind == RemoteOpKind::kGet) {
-      x.outcome = read_get(op, x.slot, buf);
+      x.outcome = read_get(op, x.slot, header);
     } else {
       x.err = write_put(op, x.slot, x.seq);
     }

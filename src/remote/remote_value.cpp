@@ -103,7 +103,17 @@ RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint6
                                     std::size_t expected_payload,
                                     const RemoteValueBinding& expected) noexcept {
   if (value.size() < kRemoteValueHeaderSize) return RemoteValueCheck::kTooShort;
-  const std::byte* h = value.data();
+  return check_remote_value(value.first(kRemoteValueHeaderSize),
+                            value.subspan(kRemoteValueHeaderSize), fingerprint, expected_payload,
+                            expected);
+}
+
+RemoteValueCheck check_remote_value(std::span<const std::byte> header,
+                                    std::span<const std::byte> payload, std::uint64_t fingerprint,
+                                    std::size_t expected_payload,
+                                    const RemoteValueBinding& expected) noexcept {
+  if (header.size() != kRemoteValueHeaderSize) return RemoteValueCheck::kTooShort;
+  const std::byte* h = header.data();
   if (get_le(h, 4) != kRemoteValueMagic) return RemoteValueCheck::kBadMagic;
   if (get_le(h + 4, 2) != kRemoteValueVersion || get_le(h + 6, 2) != kRemoteValueHeaderSize ||
       get_le(h + kReserved16At, 2) != 0 || get_le(h + kReserved64At, 8) != 0) {
@@ -111,7 +121,7 @@ RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint6
   }
   if (get_le(h + 8, 8) != fingerprint) return RemoteValueCheck::kFingerprintMismatch;
   const std::uint64_t length = get_le(h + 16, 8);
-  if (length != value.size() - kRemoteValueHeaderSize || length != expected_payload) {
+  if (length != payload.size() || length != expected_payload) {
     return RemoteValueCheck::kLengthMismatch;
   }
   // The KV format, then the binding: a compare of 100 bytes against the block asked for (the
@@ -127,7 +137,6 @@ RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint6
       std::memcmp(got + 8, want.data() + 8, want.size() - 8) != 0) {
     return RemoteValueCheck::kBindingMismatch;
   }
-  const std::span<const std::byte> payload = value.subspan(kRemoteValueHeaderSize);
   if (get_le(h + 24, 8) !=
       remote_detail::payload_checksum(payload.data(), payload.size(), header_seed(h))) {
     return RemoteValueCheck::kChecksumMismatch;

@@ -374,13 +374,12 @@ TEST(DiskStore, FlippedOrTruncatedSlotsBetweenRunsAreCountedMisses) {
   DiskStore s(config_for(dir.path(), 4));
   EXPECT_EQ(s.open_stats().invalid, 1u);  // the record of 2
   EXPECT_EQ(s.open_stats().recovered, 3u);
+  // (The payload is read into the destination before it is checked: after a kInvalidValue its
+  // bytes are unspecified, remote_store.hpp; the next hit into the same buffer overwrites them.)
   std::vector<std::byte> out(kValue, std::byte{1});
-  const auto untouched = out;
   EXPECT_EQ(get1(s, 0, out), RemoteResult::kInvalidValue);
-  EXPECT_EQ(out, untouched);
   EXPECT_EQ(get1(s, 2, out), RemoteResult::kMiss);
   EXPECT_EQ(get1(s, 3, out), RemoteResult::kInvalidValue);  // the missing tail reads as zeros
-  EXPECT_EQ(out, untouched);
   ASSERT_EQ(get1(s, 1, out), RemoteResult::kHit);
   EXPECT_EQ(out, bytes_of(kValue, 1));
   auto st = s.stats();
@@ -450,8 +449,7 @@ TEST(DiskStore, AValueUnderAnotherKeyIsABindingMismatch) {
   DiskStore s(config_for(dir.path(), 4));
   EXPECT_EQ(s.open_stats().recovered, 2u);
   std::vector<std::byte> out(kValue, std::byte{3});
-  EXPECT_EQ(get1(s, 2, out), RemoteResult::kInvalidValue);
-  EXPECT_EQ(out, std::vector<std::byte>(kValue, std::byte{3}));
+  EXPECT_EQ(get1(s, 2, out), RemoteResult::kInvalidValue);  // (out's bytes: unspecified)
   EXPECT_EQ(s.stats().binding_mismatches, 1u);
   EXPECT_EQ(s.stats().checksum_failures, 0u);
   EXPECT_EQ(get1(s, 2, out), RemoteResult::kMiss);  // another block's value is dropped

@@ -15,8 +15,13 @@
 //
 // Buffers: the caller owns them (typically host-tier slot memory). A get's destination and a
 // put's source must stay alive and untouched by the caller from submission until that op's
-// completion has been returned by poll() (or the store is destroyed). A get writes its
-// destination only when the result is kHit; on any other result the destination is unchanged.
+// completion has been returned by poll() (or the store is destroyed). A get's destination holds
+// the checked payload when the result is kHit; on any other result its bytes are unspecified (a
+// store may read a value into it before checking it: DiskStore does; RedisStore writes it only on
+// kHit) and the caller must not use them. The one caller, RemoteTier (src/tier/remote_tier.cpp),
+// fills a host slot taken for the fill (TieredKVCacheManager::begin_fill_known: free, not cached,
+// read by nobody) and commits it failed on any result but kHit, which frees the slot uncached:
+// its bytes are never read before a later store or fill rewrites them.
 //
 // Faults are normal outcomes, never exceptions: a server that is down, slow, restarted or full
 // gives kError, kTimeout or kSkippedFull results, counted in stats(). Every operation completes
@@ -51,12 +56,12 @@ enum class RemoteResult : std::uint8_t {
   kHit,           // exists: the key is present; get: the checked payload was written to the buffer
   kMiss,          // exists / get: no value under the key
   kInvalidValue,  // get: a value is present but its header, fingerprint, length, binding (it
-                  // belongs to another block) or checksum did not match; a miss (the buffer is
-                  // untouched), counted in stats
+                  // belongs to another block) or checksum did not match; a miss (the buffer's
+                  // bytes are unspecified), counted in stats
   kStored,        // put: the value is stored
   kSkippedFull,   // put: the store refused it for lack of memory (e.g. Redis maxmemory +
                   // noeviction); a normal outcome, counted
-  kTimeout,       // no reply within the operation timeout; a get's buffer is untouched
+  kTimeout,       // no reply within the operation timeout (a get's buffer: unspecified)
   kError,         // the store is unreachable, refused the op (AUTH, an ACL's NOPERM) or replied
                   // an error
 };

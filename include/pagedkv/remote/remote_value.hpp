@@ -128,5 +128,11 @@ std::string_view to_string(RemoteValueCheck check) noexcept;
 RemoteValueCheck check_remote_value(std::span<const std::byte> value, std::uint64_t fingerprint,
                                     std::size_t expected_payload,
                                     const RemoteValueBinding& expected) noexcept;
+// The same check of a value whose header (kRemoteValueHeaderSize bytes; any other size is
+// kTooShort) and payload lie in separate buffers (e.g. read by one preadv into two).
+RemoteValueCheck check_remote_value(std::span<const std::byte> header,
+                                    std::span<const std::byte> payload, std::uint64_t fingerprint,
+                                    std::size_t expected_payload,
+                                    const RemoteValueBinding& expected) noexcept;
 
 }  // namespace pagedkv
