@@ -785,7 +785,7 @@ RemoteResult DiskStore::Impl::run_put(const Op& op) {
 
 // Ops [begin, end) of `group`, all gets or all puts, on two threads: the index work in op order
 // on this thread before (slots) and after (outcomes), the reads or writes with their checksums
-// and copies split between this thread and the helper (each on its own staging buffer). The
+// split between this thread and the helper (each with its own header buffer). The
 // index ends exactly as the serial path leaves it, except that two gets of one corrupted key in
 // the same run both count the failed check (serially the second one is a plain miss). Returns
 // false, having done nothing, for a run of puts that re-puts a stored key (serial path).

@@ -43,8 +43,8 @@
 //
 // Threads. One I/O thread takes the ops in submission order and does all index work (lookups,
 // slot choice, LRU, commits) in that order; with io_threads == 2 and values of 32 KiB or more, a
-// run of consecutive gets (or puts) is split in two halves whose reads (writes), checksums and
-// copies run on the I/O thread and a second thread at once, the outcomes then applied to the
+// run of consecutive gets (or puts) is split in two halves whose reads (writes) and checksums
+// run on the I/O thread and a second thread at once, the outcomes then applied to the
 // index in op order (the same index as one thread leaves, except that two gets of one corrupted
 // key in one run both count the failed check). Submissions and poll() only touch a bounded queue
 // under a mutex, never the disk. The queue holds at most `queue_depth` ops
@@ -55,9 +55,11 @@
 // index (its record zeroed): a bad header or checksum, or a value of another block; a value of the
 // same block asked for under another parent or group stays (a miss for that get only).
 //
-// Complexity: exists O(1); get/put O(value) (one pread or one pwritev, one xxh3_64 pass, a get
-// one copy from its staging buffer: the destination is written only on kHit); the
-// index is an open-addressing table (no allocation after construction); memory ~80 bytes per slot.
+// Complexity: exists O(1); get/put O(value) (a get: one preadv of the value header into the
+// store's buffer and of the payload straight into the destination, then one xxh3_64 pass over the
+// destination; on any result but kHit the destination's bytes are unspecified, remote_store.hpp;
+// a put: one xxh3_64 pass and one pwritev of record, header and source, no copy); the index is an
+// open-addressing table (no allocation after construction); memory ~80 bytes per slot.
 // Thread safety: every member may be called from any thread.
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty
 // directory or namespace, value_bytes 0, capacity below one slot or above 2^32 - 2 slots, zero
@@ -91,7 +93,7 @@ struct DiskStoreConfig {
   std::size_t queue_depth = 4096;             // ops submitted and not yet polled
   std::chrono::milliseconds op_timeout{1000};
   // 1: one I/O thread does everything. 2: runs of gets or puts of values of 32 KiB or more are
-  // split across the I/O thread and a second thread (reads, writes, checksums and copies in
+  // split across the I/O thread and a second thread (reads, writes and checksums in
   // parallel; the index work stays in op order): more throughput only where a second core is
   // free (not measurable on the loaded machine of bench/results/disk.md), a little more CPU.
   int io_threads = 1;
