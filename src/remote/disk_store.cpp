@@ -651,10 +651,9 @@ DiskStore::Impl::GetOutcome DiskStore::Impl::read_get(const Op& op, std::uint32_
   if (got < value_size && errno != 0) return GetOutcome::kError;
   // A short read (the file ends inside the value) fails the check as a short value would.
   const std::size_t header_got = std::min(got, header.size());
-  const auto check = check_remote_value(
-      std::span<const std::byte>(header.data(), header_got),
-      std::span<const std::byte>(op.buf, got - header_got), config.layout_fingerprint,
-      config.value_bytes, op.id);
+  const auto check = check_remote_value(std::span<const std::byte>(header.data(), header_got),
+                                        std::span<const std::byte>(op.buf, got - header_got),
+                                        config.layout_fingerprint, config.value_bytes, op.id);
   switch (check) {
     case RemoteValueCheck::kOk:
       return GetOutcome::kHit;
