@@ -216,6 +216,8 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::size_t blocks_arg = 0;
   int io_threads = 1;
+  std::vector<std::size_t> sizes = {std::size_t{64} << 10, std::size_t{512} << 10,
+                                    std::size_t{2} << 20};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string {
@@ -235,7 +237,15 @@ int main(int argc, char** argv) {
       batch = std::stoul(next());
     else if (a == "--io-threads")
       io_threads = std::stoi(next());
-    else if (a == "--quick")
+    else if (a == "--sizes") {  // comma-separated KiB, e.g. 64,512,2048
+      sizes.clear();
+      const std::string list = next();
+      for (std::size_t p = 0; p < list.size();) {
+        const std::size_t c = std::min(list.find(',', p), list.size());
+        sizes.push_back(std::stoul(list.substr(p, c - p)) << 10);
+        p = c + 1;
+      }
+    } else if (a == "--quick")
       quick = true;
     else {
       std::fprintf(stderr,
@@ -251,7 +261,7 @@ int main(int argc, char** argv) {
   if (rounds < 1 || batch < 1) return 2;
   fs::create_directories(dir);
   std::printf("dir %s (file system of the store and the plain file)\n", dir.c_str());
-  for (std::size_t value : {std::size_t{64} << 10, std::size_t{512} << 10, std::size_t{2} << 20}) {
+  for (std::size_t value : sizes) {
     const std::size_t blocks =
         blocks_arg != 0 ? blocks_arg : std::max<std::size_t>(1, total_bytes / value);
     run_size(dir, value, blocks, std::min(batch, blocks), rounds, io_threads);

@@ -252,14 +252,13 @@ TEST(DiskStore, TwoIoThreadsGiveWhatOneGives) {
       gets({3, 1, 25, 8});               // one miss; 3, 1, 8 promoted in this order
       puts({10, 11, 12, 13, 3, 14, 3});  // evicts the LRU; key 3 put twice in one run
       snapshot();
-      const auto off = s.slot_offset_of(key_of(8));
+      const auto off = s.payload_offset_of(key_of(8));
       if (!off) {
         ADD_FAILURE() << "key 8 is not stored";
         return t;
       }
       const std::array<std::byte, 1> flip{std::byte{0x5a}};
-      patch_file(s.slab_path(), *off + DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize + 9,
-                 flip);
+      patch_file(s.slab_path(), *off + 9, flip);
       gets({8, 1, 14, 3, 0, 12});  // 8 is corrupt: a counted miss, dropped
       snapshot();
       puts({15, 16, 17});
@@ -395,6 +394,68 @@ TEST(DiskStore, FlippedOrTruncatedSlotsBetweenRunsAreCountedMisses) {
   EXPECT_TRUE(exists1(s, 1));
 }
 
+// Values above a 4 KiB slot lie apart from their records and headers, each payload at a multiple
+// of its (power-of-two) size: the page cache then holds it in large folios. Damage to a payload,
+// a header or the file's tail is still a counted miss, and what is intact reloads.
+TEST(DiskStore, LargePayloadsLieAlignedAndDamageStaysACountedMiss) {
+  constexpr std::size_t kLarge = std::size_t{64} << 10;
+  TempDir dir;
+  DiskStoreConfig c = config_for(dir.path(), 5);
+  c.value_bytes = kLarge;
+  c.capacity_bytes = 5 * DiskStore::slot_bytes_for(kLarge);
+  EXPECT_EQ(DiskStore::slot_bytes_for(kLarge), kLarge + 256);
+  fs::path slab;
+  std::vector<std::uint64_t> meta(5), payload(5);
+  {
+    DiskStore s(c);
+    for (std::uint64_t i = 0; i < 5; ++i) {
+      ASSERT_EQ(put1(s, i, bytes_of(kLarge, i)), RemoteResult::kStored);
+      meta[i] = *s.slot_offset_of(key_of(i));
+      payload[i] = *s.payload_offset_of(key_of(i));
+      EXPECT_EQ(payload[i] % kLarge, 0u) << "key " << i;
+      EXPECT_LT(meta[i] + DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize, payload[0]);
+    }
+    std::vector<std::byte> out(kLarge);
+    for (std::uint64_t i = 0; i < 5; ++i) {
+      ASSERT_EQ(get1(s, i, out), RemoteResult::kHit);
+      EXPECT_EQ(out, bytes_of(kLarge, i));
+    }
+    slab = s.slab_path();
+  }
+  // 0: one payload byte flipped. 1: one value header byte (its checksum) flipped. 2: another
+  // payload written over it (a put cut short before its header: the old header stays).
+  auto b = read_file(slab, payload[0] + 40000, 1);
+  b[0] ^= std::byte{0x04};
+  patch_file(slab, payload[0] + 40000, b);
+  b = read_file(slab, meta[1] + DiskStore::kSlotRecordBytes + 24, 1);
+  b[0] ^= std::byte{0x01};
+  patch_file(slab, meta[1] + DiskStore::kSlotRecordBytes + 24, b);
+  patch_file(slab, payload[2], bytes_of(kLarge, 99));
+  // The file ends inside the last slot's payload (4: the slots were taken in order).
+  ASSERT_EQ(payload[4], payload[3] + kLarge);
+  fs::resize_file(slab, payload[4] + 1000);
+  DiskStore s(c);
+  EXPECT_EQ(s.open_stats().truncated, 1u);
+  EXPECT_EQ(s.open_stats().recovered, 5u);  // records and headers all still check
+  std::vector<std::byte> out(kLarge);
+  EXPECT_EQ(get1(s, 0, out), RemoteResult::kInvalidValue);
+  EXPECT_EQ(get1(s, 1, out), RemoteResult::kInvalidValue);
+  EXPECT_EQ(get1(s, 2, out), RemoteResult::kInvalidValue);
+  EXPECT_EQ(get1(s, 4, out), RemoteResult::kInvalidValue);  // the cut tail reads as zeros
+  ASSERT_EQ(get1(s, 3, out), RemoteResult::kHit);
+  EXPECT_EQ(out, bytes_of(kLarge, 3));
+  EXPECT_EQ(s.stats().checksum_failures, 4u);
+  EXPECT_EQ(s.stats().hits, 1u);
+  EXPECT_EQ(get1(s, 0, out), RemoteResult::kMiss);  // dropped at its failed get
+  // The freed slots take new values that read back.
+  for (std::uint64_t i = 10; i < 14; ++i)
+    ASSERT_EQ(put1(s, i, bytes_of(kLarge, i)), RemoteResult::kStored);
+  for (std::uint64_t i = 10; i < 14; ++i) {
+    ASSERT_EQ(get1(s, i, out), RemoteResult::kHit);
+    EXPECT_EQ(out, bytes_of(kLarge, i));
+  }
+}
+
 TEST(DiskStore, ACorruptedFileHeaderDiscardsTheSlab) {
   TempDir dir;
   fs::path slab;
@@ -493,11 +554,17 @@ TEST(DiskStore, ASecondOpenOfTheDirectoryIsRefusedWhileTheFirstHoldsIt) {
   EXPECT_EQ(again.open_stats().recovered, 1u);
 }
 
+// Both layouts: contiguous slots (kValue) and payloads apart from their headers (40 KiB, written
+// payload first, header last).
 TEST(DiskStore, AWriterKilledMidRunLosesNothingItAcknowledged) {
   TempDir dir;
   constexpr std::uint64_t kMax = 3000;
   std::mt19937_64 rng(std::random_device{}());
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < 6; ++round) {
+    const std::size_t value = round < 3 ? kValue : std::size_t{40} << 10;
+    DiskStoreConfig config = config_for(dir.path(), kMax);
+    config.value_bytes = value;
+    config.capacity_bytes = kMax * DiskStore::slot_bytes_for(value);
     fs::remove_all(dir.path());
     int fds[2];
     ASSERT_EQ(::pipe(fds), 0);
@@ -505,12 +572,12 @@ TEST(DiskStore, AWriterKilledMidRunLosesNothingItAcknowledged) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {  // the writer: puts batches, reports each acknowledged key on the pipe
       ::close(fds[0]);
-      DiskStore s(config_for(dir.path(), kMax));
+      DiskStore s(config);
       std::vector<std::vector<std::byte>> vals(8);
       for (std::uint64_t i = 0; i < kMax; i += 8) {
         std::vector<RemotePut> ops;
         for (std::uint64_t k = 0; k < 8; ++k) {
-          vals[k] = bytes_of(kValue, i + k);
+          vals[k] = bytes_of(value, i + k);
           ops.push_back({key_of(i + k), vals[k], {}, 0});
         }
         if (!s.put(ops)) ::_exit(3);
@@ -538,8 +605,8 @@ TEST(DiskStore, AWriterKilledMidRunLosesNothingItAcknowledged) {
     ::close(fds[0]);
     ASSERT_GE(acked.size(), kill_after);
 
-    DiskStore s(config_for(dir.path(), kMax));
-    std::vector<std::byte> out(kValue);
+    DiskStore s(config);
+    std::vector<std::byte> out(value);
     std::vector<bool> is_acked(kMax, false);
     for (std::uint64_t k : acked) is_acked[k] = true;
     std::size_t hits = 0;
@@ -551,7 +618,7 @@ TEST(DiskStore, AWriterKilledMidRunLosesNothingItAcknowledged) {
       }
       if (r == RemoteResult::kHit) {
         ++hits;
-        ASSERT_EQ(out, bytes_of(kValue, i)) << "wrong bytes for " << i;
+        ASSERT_EQ(out, bytes_of(value, i)) << "wrong bytes for " << i;
       } else {
         ASSERT_TRUE(r == RemoteResult::kMiss || r == RemoteResult::kInvalidValue) << i;
       }

@@ -8,11 +8,21 @@
 //             same directory, in this process or another, is refused with pagedkv::Error
 //             (kInvalidState) while the first is open. There is no shared or read-only mode.
 //   slab.pkv  a 4096-byte file header (magic, version, slot size, value size, namespace hash,
-//             checksum), then num_slots slots of slot_bytes() each (512 to 4096 bytes, a power of
-//             two, or a multiple of 4096: slot_bytes_for). A slot is a
+//             checksum), then num_slots slots of slot_bytes() each (slot_bytes_for). A slot is a
 //             64-byte record (magic, put sequence number, the key: the block hash the value is
-//             stored under, record checksum) followed by the value: remote_value.hpp's 144-byte
-//             header + payload, exactly as RedisStore stores it (encode_remote_value_header with
+//             stored under, record checksum) and the value: remote_value.hpp's 144-byte
+//             header + payload, exactly as RedisStore stores it. Two layouts, by slot size:
+//             up to 4096 bytes (file version 1) the slots follow the file header, each one
+//             record, header and payload in a row (512 to 4096 bytes, a power of two: a slot
+//             never straddles a 4 KiB page); above (version 2) the records and headers lie in a
+//             metadata region (256 bytes per slot, after the file header) and the payloads in a
+//             payload region after it, each payload at a file offset that is a multiple of the
+//             largest power of two (at most 2 MiB) dividing the payload rounded up to 4 KiB: the
+//             page cache then holds a payload in large folios, and reading or writing it costs
+//             what a plain pread/pwrite of an aligned block does (an unaligned 64 KiB payload
+//             read at half that speed: bench/results/disk.md). A slab of version 1 with slots
+//             above 4096 bytes (the layout before version 2) is discarded (open_stats().reset).
+//             A value is written and checked as (encode_remote_value_header with
 //             binding_of(put); a get loads only when check_remote_value(..., binding_of(get)) is
 //             kOk). A value stored under another key (the record says B, the value is bound to A)
 //             is kInvalidValue, counted in stats().binding_mismatches.
@@ -23,8 +33,9 @@
 // not); a put of a key already stored writes a new slot and then retires the old one (its record
 // is zeroed), so a failed or torn put never destroys the previous value.
 //
-// Durability (fsync policy). No fsync per put: a put completes kStored when its pwritev returned
-// the whole slot, i.e. the bytes are in the kernel's page cache. That survives the process being
+// Durability (fsync policy). No fsync per put: a put completes kStored when its writes returned
+// the whole slot (one pwritev; apart: the payload's pwrite, then record and header's pwritev),
+// i.e. the bytes are in the kernel's page cache. That survives the process being
 // killed (SIGKILL included: tests/remote/disk_store_test.cpp kills a writer mid-run and finds
 // every acknowledged value), not a kernel crash or power loss. The destructor calls fdatasync once
 // when sync_on_close is set. After a power loss a slot may be torn; its checksum then fails and
@@ -55,10 +66,11 @@
 // index (its record zeroed): a bad header or checksum, or a value of another block; a value of the
 // same block asked for under another parent or group stays (a miss for that get only).
 //
-// Complexity: exists O(1); get/put O(value) (a get: one preadv of the value header into the
-// store's buffer and of the payload straight into the destination, then one xxh3_64 pass over the
-// destination; on any result but kHit the destination's bytes are unspecified, remote_store.hpp;
-// a put: one xxh3_64 pass and one pwritev of record, header and source, no copy); the index is an
+// Complexity: exists O(1); get/put O(value) (a get: the value header read into the store's buffer
+// and the payload straight into the destination, one preadv or, apart, two preads; then one
+// xxh3_64 pass over the destination; on any result but kHit the destination's bytes are
+// unspecified, remote_store.hpp; a put: one xxh3_64 pass and the slot's writes from the source,
+// no copy); the index is an
 // open-addressing table (no allocation after construction); memory ~80 bytes per slot.
 // Thread safety: every member may be called from any thread.
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty
@@ -134,18 +146,23 @@ class DiskStore final : public RemoteStore {
   // Like poll(), but blocks up to max_wait until at least one completion is available.
   std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait);
 
-  // Bytes per slot: record + value header + value_bytes, rounded up to the next power of two
-  // from 512 to 4096 (a slot then never straddles a 4 KiB page of the file), above that to a
-  // multiple of 4096.
+  // Bytes per slot: record + value header + value_bytes rounded up to the next power of two from
+  // 512 when that is at most 4096 (one contiguous slot); otherwise 256 bytes of metadata plus
+  // value_bytes rounded up to a multiple of 4096 (layout apart; the file also holds up to
+  // 2 MiB of alignment padding before the payload region).
   static std::size_t slot_bytes_for(std::size_t value_bytes) noexcept;
   std::size_t slot_bytes() const noexcept;
   std::uint64_t num_slots() const noexcept;
   // Keys in the index now.
   std::uint64_t size() const;
-  // The slab file's path, and the file offset of the slot holding `key` now (nullopt: not
-  // stored). For tools and tests (e.g. to corrupt a slot on purpose).
+  // The slab file's path, and the file offset of the record of the slot holding `key` now (its
+  // value header follows; nullopt: not stored). For tools and tests (e.g. to corrupt a slot on
+  // purpose).
   std::filesystem::path slab_path() const;
   std::optional<std::uint64_t> slot_offset_of(const BlockHash& key) const;
+  // The file offset of the payload of `key`'s value now (slot_offset_of + record + value header
+  // where the slot is contiguous).
+  std::optional<std::uint64_t> payload_offset_of(const BlockHash& key) const;
 
   const DiskStoreOpenStats& open_stats() const noexcept;
   const DiskStoreConfig& config() const noexcept;
