@@ -378,11 +378,16 @@ struct DiskStore::Impl {
         use_helper(config.io_threads >= 2 && config.value_bytes >= kSplitMinBytes &&
                    num_slots_ >= 2),
         split_limit(std::min<std::size_t>(kTake, num_slots_)),
+        runs(use_helper || (apart && num_slots_ >= 2)),
         ops(config.queue_depth),
         free_ops(config.queue_depth),
         pending(config.queue_depth),
         completed(config.queue_depth) {
     for (std::size_t i = 0; i < config.queue_depth; ++i) free_ops.push(std::uint32_t(i));
+    if (apart) {
+      meta_run.resize(kTake * kMetaStride);
+      if (use_helper) meta_run2.resize(kTake * kMetaStride);
+    }
   }
   ~Impl() {
     if (slab_fd >= 0) ::close(slab_fd);
@@ -411,12 +416,16 @@ struct DiskStore::Impl {
   mutable std::mutex index_mu;  // guards index against slot_offset_of()/size() readers
   SlotIndex index;
   RemoteValueHeader staging{};  // I/O thread: the value header read by a get
+  // Layout apart: a run of gets or puts of adjacent slots reads (writes) their records and
+  // headers with one pread (pwrite) of this buffer (one per thread), not one per op.
+  std::vector<std::byte> meta_run, meta_run2;
 
   // The second thread (DiskStoreConfig::io_threads == 2, values of kSplitMinBytes or more):
   // runs half of a run of gets or puts (run_split) with its own header buffer.
   bool use_helper = false;
   std::size_t split_limit = 0;  // ops per split run: <= kTake and <= num_slots
   RemoteValueHeader staging2{};
+  bool runs = false;  // runs of gets or puts go through run_split (helper or apart)
   std::array<Split, kTake> split{};
   std::mutex helper_mu;
   std::condition_variable helper_cv;
@@ -473,7 +482,13 @@ struct DiskStore::Impl {
   RemoteResult commit_put(const Op& op, std::uint32_t slot, std::uint64_t seq, int err);
   bool run_split(const std::uint32_t* group, std::size_t n);
   void split_io(const std::uint32_t* group, std::size_t begin, std::size_t end,
-                RemoteValueHeader& header) noexcept;
+                RemoteValueHeader& header, std::vector<std::byte>& meta) noexcept;
+  void gets_apart(const std::uint32_t* group, std::size_t begin, std::size_t end,
+                  std::vector<std::byte>& meta) noexcept;
+  void puts_apart(const std::uint32_t* group, std::size_t begin, std::size_t end,
+                  std::vector<std::byte>& meta) noexcept;
+  GetOutcome check_get(const Op& op, const std::byte* header, std::size_t header_got,
+                       std::size_t payload_got) noexcept;
   void helper_thread();
   void stop_helper() noexcept {
     {
@@ -731,7 +746,15 @@ DiskStore::Impl::GetOutcome DiskStore::Impl::read_get(const Op& op, std::uint32_
     payload_got = got - header_got;
   }
   // A short read (the file ends inside the value) fails the check as a short value would.
-  const auto check = check_remote_value(std::span<const std::byte>(header.data(), header_got),
+  return check_get(op, header.data(), header_got, payload_got);
+}
+
+// Checks a value read for a get: the header (header_got bytes of it) and the payload already in
+// the op's destination (payload_got bytes of it).
+DiskStore::Impl::GetOutcome DiskStore::Impl::check_get(const Op& op, const std::byte* header,
+                                                       std::size_t header_got,
+                                                       std::size_t payload_got) noexcept {
+  const auto check = check_remote_value(std::span<const std::byte>(header, header_got),
                                         std::span<const std::byte>(op.buf, payload_got),
                                         config.layout_fingerprint, config.value_bytes, op.id);
   switch (check) {
@@ -742,7 +765,7 @@ DiskStore::Impl::GetOutcome DiskStore::Impl::read_get(const Op& op, std::uint32_
       // The same block under another prefix or group: a miss, and the value stays for its own
       // block's gets. A value of another block altogether (copied here, or a put torn between
       // record and value) can never serve this key: drop it.
-      const std::byte* h = header.data();
+      const std::byte* h = header;
       const auto size = std::to_integer<std::size_t>(h[kRemoteValueBindingOffset]);
       const auto kb = op.id.block.padded_bytes();
       if (size == op.id.block.size() &&
@@ -883,19 +906,23 @@ bool DiskStore::Impl::run_split(const std::uint32_t* group, std::size_t n) {
       }
     }
   }
-  const std::size_t half = n / 2;
-  {
-    std::lock_guard<std::mutex> lock(helper_mu);
-    helper_group = group;
-    helper_begin = half;
-    helper_end = n;
-    helper_job = true;
-  }
-  helper_cv.notify_one();
-  split_io(group, 0, half, staging);
-  {
-    std::unique_lock<std::mutex> lock(helper_mu);
-    helper_cv.wait(lock, [&] { return !helper_job; });
+  if (!use_helper) {
+    split_io(group, 0, n, staging, meta_run);
+  } else {
+    const std::size_t half = n / 2;
+    {
+      std::lock_guard<std::mutex> lock(helper_mu);
+      helper_group = group;
+      helper_begin = half;
+      helper_end = n;
+      helper_job = true;
+    }
+    helper_cv.notify_one();
+    split_io(group, 0, half, staging, meta_run);
+    {
+      std::unique_lock<std::mutex> lock(helper_mu);
+      helper_cv.wait(lock, [&] { return !helper_job; });
+    }
   }
   for (std::size_t k = 0; k < n; ++k) {
     const Split& x = split[k];
@@ -909,7 +936,14 @@ bool DiskStore::Impl::run_split(const std::uint32_t* group, std::size_t n) {
 
 // The I/O part of run_split for ops [begin, end) of `group` (either thread).
 void DiskStore::Impl::split_io(const std::uint32_t* group, std::size_t begin, std::size_t end,
-                               RemoteValueHeader& header) noexcept {
+                               RemoteValueHeader& header, std::vector<std::byte>& meta) noexcept {
+  if (apart) {
+    if (ops[group[begin]].kind == RemoteOpKind::kGet)
+      gets_apart(group, begin, end, meta);
+    else
+      puts_apart(group, begin, end, meta);
+    return;
+  }
   for (std::size_t k = begin; k < end; ++k) {
     Split& x = split[k];
     const Op& op = ops[group[k]];
@@ -921,13 +955,91 @@ void DiskStore::Impl::split_io(const std::uint32_t* group, std::size_t begin, st
   }
 }
 
+// Gets [begin, end) of a run (layout apart): the records and headers of adjacent slots (in op
+// order) are read with one pread, each payload with its own, straight into its destination.
+void DiskStore::Impl::gets_apart(const std::uint32_t* group, std::size_t begin, std::size_t end,
+                                 std::vector<std::byte>& meta) noexcept {
+  for (std::size_t k = begin; k < end;) {
+    if (split[k].slot == kNoSlot) {
+      split[k++].outcome = GetOutcome::kMiss;
+      continue;
+    }
+    std::size_t e = k + 1;
+    while (e < end && split[e].slot != kNoSlot && split[e].slot == split[e - 1].slot + 1) ++e;
+    errno = 0;
+    const std::size_t want = (e - k) * kMetaStride;
+    const std::size_t got = pread_full(slab_fd, meta.data(), want, offset_of(split[k].slot));
+    const bool failed = got < want && errno != 0;
+    for (std::size_t m = k; m < e; ++m) {
+      const Op& op = ops[group[m]];
+      if (failed) {
+        split[m].outcome = GetOutcome::kError;
+        continue;
+      }
+      // Bytes of this slot's value header that the read returned (short at the file's end).
+      const std::size_t at = (m - k) * kMetaStride + kSlotRecordBytes;
+      const std::size_t header_got = got > at ? std::min(got - at, kRemoteValueHeaderSize) : 0;
+      std::size_t payload_got = 0;
+      if (header_got == kRemoteValueHeaderSize) {
+        errno = 0;
+        payload_got =
+            pread_full(slab_fd, op.buf, config.value_bytes, payload_offset_of(split[m].slot));
+        if (payload_got < config.value_bytes && errno != 0) {
+          split[m].outcome = GetOutcome::kError;
+          continue;
+        }
+      }
+      split[m].outcome = check_get(op, meta.data() + at, header_got, payload_got);
+    }
+    k = e;
+  }
+}
+
+// Puts [begin, end) of a run (layout apart): each payload with its own pwrite from the source,
+// then the records and headers of adjacent slots (in op order) with one pwrite, after their
+// payloads (a run cut short leaves the slots' previous headers, which the new payloads fail).
+void DiskStore::Impl::puts_apart(const std::uint32_t* group, std::size_t begin, std::size_t end,
+                                 std::vector<std::byte>& meta) noexcept {
+  std::size_t first = begin;  // the pending metadata run: ops [first, k)
+  const auto flush = [&](std::size_t k) {
+    if (k == first) return;
+    iovec iov{meta.data(), (k - first) * kMetaStride};
+    if (const int err = pwritev_full(slab_fd, &iov, 1, offset_of(split[first].slot))) {
+      for (std::size_t m = first; m < k; ++m) split[m].err = err;
+    }
+  };
+  for (std::size_t k = begin; k < end; ++k) {
+    Split& x = split[k];
+    const Op& op = ops[group[k]];
+    if (k > first && x.slot != split[k - 1].slot + 1) {
+      flush(k);
+      first = k;
+    }
+    const std::span<const std::byte> src(op.buf, config.value_bytes);
+    std::byte* m = meta.data() + (k - first) * kMetaStride;
+    const SlotRecord record = encode_record(op.id.block, x.seq);
+    const RemoteValueHeader header =
+        encode_remote_value_header(config.layout_fingerprint, op.id, src);
+    std::memcpy(m, record.data(), record.size());
+    std::memcpy(m + record.size(), header.data(), header.size());
+    std::memset(m + record.size() + header.size(), 0, kMetaStride - record.size() - header.size());
+    iovec iov{op.buf, config.value_bytes};
+    x.err = pwritev_full(slab_fd, &iov, 1, payload_offset_of(x.slot));
+    if (x.err != 0) {  // its header is never written: end the metadata run before it
+      flush(k);
+      first = k + 1;
+    }
+  }
+  flush(end);
+}
+
 void DiskStore::Impl::helper_thread() {
   std::unique_lock<std::mutex> lock(helper_mu);
   while (true) {
     helper_cv.wait(lock, [&] { return helper_stop || helper_job; });
     if (helper_stop) return;
     lock.unlock();
-    split_io(helper_group, helper_begin, helper_end, staging2);
+    split_io(helper_group, helper_begin, helper_end, staging2, meta_run2);
     lock.lock();
     helper_job = false;
     helper_cv.notify_all();
@@ -952,7 +1064,7 @@ void DiskStore::Impl::io_thread() {
       // A run of gets or puts of large values: split across the two threads (at most
       // split_limit ops at a time, so the slots taken up front never exceed the store).
       std::size_t e = k + 1;
-      if (use_helper && op.kind != RemoteOpKind::kExists) {
+      if (runs && op.kind != RemoteOpKind::kExists) {
         while (e < n && e - k < split_limit && ops[taken[e]].kind == op.kind) ++e;
       }
       if (e - k >= 2 && run_split(taken.data() + k, e - k)) {

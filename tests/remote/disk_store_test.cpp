@@ -438,18 +438,29 @@ TEST(DiskStore, LargePayloadsLieAlignedAndDamageStaysACountedMiss) {
   EXPECT_EQ(s.open_stats().truncated, 1u);
   EXPECT_EQ(s.open_stats().recovered, 5u);  // records and headers all still check
   std::vector<std::byte> out(kLarge);
-  EXPECT_EQ(get1(s, 0, out), RemoteResult::kInvalidValue);
-  EXPECT_EQ(get1(s, 1, out), RemoteResult::kInvalidValue);
-  EXPECT_EQ(get1(s, 2, out), RemoteResult::kInvalidValue);
-  EXPECT_EQ(get1(s, 4, out), RemoteResult::kInvalidValue);  // the cut tail reads as zeros
-  ASSERT_EQ(get1(s, 3, out), RemoteResult::kHit);
-  EXPECT_EQ(out, bytes_of(kLarge, 3));
+  EXPECT_EQ(get1(s, 0, out), RemoteResult::kInvalidValue);  // one get alone
+  // The others in one batch (adjacent slots: one read of their headers).
+  std::vector<std::vector<std::byte>> outs(4, std::vector<std::byte>(kLarge));
+  std::vector<RemoteGet> ops;
+  for (std::uint64_t i = 1; i < 5; ++i) ops.push_back({key_of(i), outs[i - 1], {}, 0});
+  ASSERT_TRUE(s.get(ops));
+  const auto done = collect(s, ops.size());
+  ASSERT_EQ(done.size(), 4u);
+  EXPECT_EQ(done[0].result, RemoteResult::kInvalidValue);
+  EXPECT_EQ(done[1].result, RemoteResult::kInvalidValue);
+  ASSERT_EQ(done[2].result, RemoteResult::kHit);
+  EXPECT_EQ(outs[2], bytes_of(kLarge, 3));
+  EXPECT_EQ(done[3].result, RemoteResult::kInvalidValue);  // the cut tail reads as zeros
   EXPECT_EQ(s.stats().checksum_failures, 4u);
   EXPECT_EQ(s.stats().hits, 1u);
   EXPECT_EQ(get1(s, 0, out), RemoteResult::kMiss);  // dropped at its failed get
   // The freed slots take new values that read back.
-  for (std::uint64_t i = 10; i < 14; ++i)
-    ASSERT_EQ(put1(s, i, bytes_of(kLarge, i)), RemoteResult::kStored);
+  std::vector<std::vector<std::byte>> vals;
+  std::vector<RemotePut> puts;
+  for (std::uint64_t i = 10; i < 14; ++i) vals.push_back(bytes_of(kLarge, i));
+  for (std::uint64_t i = 10; i < 14; ++i) puts.push_back({key_of(i), vals[i - 10], {}, 0});
+  ASSERT_TRUE(s.put(puts));
+  for (const auto& r : collect(s, puts.size())) EXPECT_EQ(r.result, RemoteResult::kStored);
   for (std::uint64_t i = 10; i < 14; ++i) {
     ASSERT_EQ(get1(s, i, out), RemoteResult::kHit);
     EXPECT_EQ(out, bytes_of(kLarge, i));
