@@ -18,9 +18,10 @@
 //   bench_remote --value-check [--sizes ...] [--repetitions R]
 // times the reader's check of one value (no server): version 1's work (magic, version,
 // fingerprint and length compares, then xxh3_64 of the payload, seed 0: what check_remote_value
-// did before values were bound to their block, reimplemented here) against version 2's
-// check_remote_value (the same, plus the 72-byte binding compare and a seeded xxh3_64 whose seed
-// hashes the 112-byte header), alternating A and B in each repetition, plus the rejection of a
+// did before values were bound to their block, reimplemented here) against the current format's
+// (version 3) check_remote_value (the same, plus the KV format and 104-byte binding compares and
+// a seeded xxh3_64 whose seed hashes the 144-byte header), alternating A and B in each
+// repetition, plus the rejection of a
 // value bound to another block (stops at the binding compare, before hashing the payload).
 #include <sys/resource.h>
 #include <algorithm>
@@ -241,7 +242,7 @@ std::uint64_t le64(const std::byte* p) {
 }
 
 // Version 1's reader check (magic, version and header size, fingerprint, length, then xxh3_64 of
-// the payload), run on a version 2 value's fields: the work the reader did before the binding.
+// the payload), run on a version 3 value's fields: the work the reader did before the binding.
 bool check_v1_work(std::span<const std::byte> v, std::uint64_t fp, std::size_t expected) {
   if (v.size() < pagedkv::kRemoteValueHeaderSize) return false;
   const std::byte* h = v.data();
@@ -263,9 +264,10 @@ bool check_v1_work(std::span<const std::byte> v, std::uint64_t fp, std::size_t e
 int value_check_bench(const Options& o) {
   std::printf(
       "bench_remote --value-check: ns per value checked, medians over 64 x %d rounds (A/B "
-      "alternating)\n\n| payload bytes | v1 work ns | v2 check_remote_value ns | ratio v2/v1 "
+      "alternating)\n\n| payload bytes | v1 work ns | v%u check_remote_value ns | ratio v%u/v1 "
       "(median of pairs) | wrong block rejected ns |\n|---|---|---|---|---|\n",
-      o.repetitions);
+      o.repetitions, unsigned{pagedkv::kRemoteValueVersion},
+      unsigned{pagedkv::kRemoteValueVersion});
   const pagedkv::RemoteValueBinding block{key_of(5), key_of(4), 0};
   const pagedkv::RemoteValueBinding other{key_of(6), key_of(5), 0};
   const std::uint64_t fp = 42;

@@ -57,7 +57,9 @@
 // run of consecutive gets (or puts) is split in two halves whose reads (writes) and checksums
 // run on the I/O thread and a second thread at once, the outcomes then applied to the
 // index in op order (the same index as one thread leaves, except that two gets of one corrupted
-// key in one run both count the failed check). Submissions and poll() only touch a bounded queue
+// key in one run both count the failed check). Values of the layout apart (slots above 4096
+// bytes) take that path with one thread too, the records and headers of a run's adjacent slots
+// read (written) with one call. Submissions and poll() only touch a bounded queue
 // under a mutex, never the disk. The queue holds at most `queue_depth` ops
 // submitted and not yet polled; a batch that does not fit is refused whole (nullopt) and counted
 // in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout
