@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -65,19 +66,39 @@ std::uint64_t le64(const std::vector<unsigned char>& b, std::size_t at) {
   return v;
 }
 
-// Offsets of the slab's slots that hold a record (a stored value), from the file itself.
-std::vector<std::uint64_t> stored_slots(const fs::path& slab, std::uint64_t& slot_bytes) {
+// File offsets of the payloads of the slab's slots that hold a record (a stored value), from the
+// file itself (disk_store.hpp's two layouts: version 1 contiguous slots, version 2 records and
+// headers in 256-byte entries after the file header, payloads aligned in a region after them).
+std::vector<std::uint64_t> stored_payloads(const fs::path& slab, std::uint64_t& value_bytes) {
   std::vector<unsigned char> bytes(fs::file_size(slab));
   FILE* f = std::fopen(slab.c_str(), "rb");
   if (f == nullptr) return {};
   const std::size_t got = std::fread(bytes.data(), 1, bytes.size(), f);
   std::fclose(f);
-  if (got != bytes.size() || bytes.size() < pagedkv::DiskStore::kFileHeaderBytes) return {};
-  slot_bytes = le64(bytes, 16);  // the file header's slot size
+  constexpr std::uint64_t kHeader = pagedkv::DiskStore::kFileHeaderBytes;
+  if (got != bytes.size() || bytes.size() < kHeader) return {};
+  const std::uint64_t version = le64(bytes, 8) & 0xffffffffu;
+  const std::uint64_t slot_bytes = le64(bytes, 16);  // the file header's slot size
+  value_bytes = le64(bytes, 24);
+  const std::uint64_t size = bytes.size();
+  const std::uint64_t to_payload =
+      pagedkv::DiskStore::kSlotRecordBytes + pagedkv::kRemoteValueHeaderSize;
+  std::uint64_t meta_stride = slot_bytes, slots = (size - kHeader) / slot_bytes, base = 0;
+  const std::uint64_t stride = slot_bytes - 256;
+  if (version == 2) {  // the slot count whose layout ends exactly at the file's end
+    meta_stride = 256;
+    const std::uint64_t align = std::min<std::uint64_t>(stride & (~stride + 1), 2u << 20);
+    for (; slots > 0; --slots) {
+      base = (kHeader + slots * 256 + align - 1) / align * align;
+      if (base + slots * stride == size) break;
+    }
+    if (slots == 0) return {};
+  }
   std::vector<std::uint64_t> out;
-  for (std::uint64_t off = pagedkv::DiskStore::kFileHeaderBytes; off + slot_bytes <= bytes.size();
-       off += slot_bytes) {
-    if (le64(bytes, off) == 0x31544f4c53564b50ull) out.push_back(off);  // "PKVSLOT1"
+  for (std::uint64_t s = 0; s < slots; ++s) {
+    const std::uint64_t off = kHeader + s * meta_stride;
+    if (le64(bytes, off) != 0x31544f4c53564b50ull) continue;  // "PKVSLOT1"
+    out.push_back(version == 2 ? base + s * stride : off + to_payload);
   }
   return out;
 }
@@ -127,15 +148,14 @@ TEST(TinyEngineDisk, SecondProcessReusesTheDiskAndDamageIsACountedMiss) {
 
   // One payload byte flipped in every stored value: each get is a counted checksum miss.
   const fs::path slab = store / "slab.pkv";
-  std::uint64_t slot_bytes = 0;
-  const std::vector<std::uint64_t> slots = stored_slots(slab, slot_bytes);
-  ASSERT_GT(slots.size(), 1u);
+  std::uint64_t value_bytes = 0;
+  const std::vector<std::uint64_t> payloads = stored_payloads(slab, value_bytes);
+  ASSERT_GT(payloads.size(), 1u);
   {
     const int fd = ::open(slab.c_str(), O_RDWR);
     ASSERT_GE(fd, 0);
-    for (const std::uint64_t off : slots) {
-      const std::uint64_t at =
-          off + pagedkv::DiskStore::kSlotRecordBytes + pagedkv::kRemoteValueHeaderSize + 77;
+    for (const std::uint64_t off : payloads) {
+      const std::uint64_t at = off + 77;
       unsigned char b = 0;
       ASSERT_EQ(::pread(fd, &b, 1, static_cast<off_t>(at)), 1);
       b ^= 0x10;
@@ -151,10 +171,11 @@ TEST(TinyEngineDisk, SecondProcessReusesTheDiskAndDamageIsACountedMiss) {
   EXPECT_GT(field(flipped.output, "prefill_tokens_computed_on"), p2) << flipped.output;
 
   // The third process stored its blocks again; now cut the file through the middle of a value.
-  const std::vector<std::uint64_t> again = stored_slots(slab, slot_bytes);
+  std::vector<std::uint64_t> again = stored_payloads(slab, value_bytes);
   ASSERT_GT(again.size(), 1u);
+  std::sort(again.begin(), again.end());
   const std::uint64_t cut = again[again.size() / 2];
-  fs::resize_file(slab, cut + slot_bytes / 2);
+  fs::resize_file(slab, cut + value_bytes / 2);
   const Cli truncated = run_engine(args);
   ASSERT_EQ(truncated.exit_code, 0) << truncated.output;
   expect_same_bits(truncated, digest);
