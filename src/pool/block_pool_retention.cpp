@@ -79,6 +79,64 @@ struct BlockPool::Retention {
     const int lv = level_of_list(l);
     if (--level_size[lv] == 0) nonempty[lv >> 6] &= ~(std::uint64_t{1} << (lv & 63));
   }
+  // Raw list operations: links and the list's size only (no level or free counts).
+  void link_back(std::uint8_t l, BlockId id) noexcept {
+    List& q = lists[l];
+    Node& k = nodes[id];
+    k.prev = q.tail;
+    k.next = kQueueEnd;
+    if (q.tail == kQueueEnd) {
+      q.head = id;
+    } else {
+      nodes[q.tail].next = id;
+    }
+    q.tail = id;
+    ++q.size;
+    k.list = l;
+  }
+  void unlink(BlockId id) noexcept {
+    Node& k = nodes[id];
+    List& q = lists[k.list];
+    if (k.prev == kQueueEnd) {
+      q.head = k.next;
+    } else {
+      nodes[k.prev].next = k.next;
+    }
+    if (k.next == kQueueEnd) {
+      q.tail = k.prev;
+    } else {
+      nodes[k.next].prev = k.prev;
+    }
+    k.prev = kNotQueued;
+    k.next = kNotQueued;
+    --q.size;
+    k.list = kNone;
+  }
+  // A free cached block (list l != kUncached) in or out.
+  void push_back_cached(std::uint8_t l, BlockId id) noexcept {
+    assert(l != kUncached && nodes[id].list == kNone);
+    link_back(l, id);
+    const int lv = level_of_list(l);
+    if (level_size[lv]++ == 0) nonempty[lv >> 6] |= std::uint64_t{1} << (lv & 63);
+    ++free_count;
+  }
+  // A free uncached block at list 0's head (its retention already the default: reset_fast).
+  void push_front_uncached(BlockId id) noexcept {
+    List& q = lists[kUncached];
+    Node& k = nodes[id];
+    assert(k.list == kNone);
+    k.prev = kQueueEnd;
+    k.next = q.head;
+    if (q.head == kQueueEnd) {
+      q.tail = id;
+    } else {
+      nodes[q.head].prev = id;
+    }
+    q.head = id;
+    ++q.size;
+    k.list = kUncached;
+    ++free_count;
+  }
   void push_back(std::uint8_t l, BlockId id) noexcept {
     List& q = lists[l];
     Node& k = nodes[id];
@@ -143,23 +201,41 @@ struct BlockPool::Retention {
     return id;
   }
   // Moves the head of list `from` to the tail of list `to` (same level: counts unchanged).
-  void move_head(std::uint8_t from, std::uint8_t to) noexcept { push_back(to, pop_front(from)); }
+  void move_head(std::uint8_t from, std::uint8_t to) noexcept {
+    const BlockId id = lists[from].head;
+    unlink(id);
+    link_back(to, id);
+  }
 
   // Queues a free cached block at its priority's level, per the policy.
   void enqueue_cached(BlockId id) noexcept {
-    const Node& m = nodes[id];
-    const int lv = m.prio;
     switch (policy) {
       case EvictionPolicy::kLru:
-        push_back(list_of(lv, 0), id);
+        enqueue_cached_p<EvictionPolicy::kLru>(id);
+        break;
+      case EvictionPolicy::kSlru:
+        enqueue_cached_p<EvictionPolicy::kSlru>(id);
+        break;
+      case EvictionPolicy::kS3Fifo:
+        enqueue_cached_p<EvictionPolicy::kS3Fifo>(id);
+        break;
+    }
+  }
+  template <EvictionPolicy P>
+  void enqueue_cached_p(BlockId id) noexcept {
+    const Node& m = nodes[id];
+    const int lv = m.prio;
+    switch (P) {
+      case EvictionPolicy::kLru:
+        push_back_cached(list_of(lv, 0), id);
         break;
       case EvictionPolicy::kSlru: {
         if (m.hits == 0) {
-          push_back(list_of(lv, 0), id);
+          push_back_cached(list_of(lv, 0), id);
           break;
         }
         const std::uint8_t prot = list_of(lv, 1);
-        push_back(prot, id);
+        push_back_cached(prot, id);
         // Protected holds at most 80% of the level; its oldest go back to probation's tail.
         while (std::int64_t{lists[prot].size} * 5 > std::int64_t{level_size[lv]} * 4) {
           move_head(prot, list_of(lv, 0));
@@ -167,7 +243,7 @@ struct BlockPool::Retention {
         break;
       }
       case EvictionPolicy::kS3Fifo:
-        push_back(list_of(lv, m.hits == 0 ? 0 : 1), id);
+        push_back_cached(list_of(lv, m.hits == 0 ? 0 : 1), id);
         break;
     }
   }
@@ -230,6 +306,14 @@ struct BlockPool::Retention {
     set(id, kDefaultRetentionPriority, kNoExpiry, kNoExpiry);
     nodes[id].hits = 0;
   }
+  // reset(), with set() entered only when it would change something.
+  void reset_fast(BlockId id) noexcept {
+    Node& m = nodes[id];
+    if (m.prio != kDefaultRetentionPriority || m.timed) [[unlikely]] {
+      set(id, kDefaultRetentionPriority, kNoExpiry, kNoExpiry);
+    }
+    m.hits = 0;
+  }
   bool expired(BlockId id, RetentionTick now) const noexcept {
     return nodes[id].timed && now >= expires[id];
   }
@@ -241,6 +325,10 @@ struct BlockPool::Retention {
 
   // Queues a block that reached ref 0 while cached: an expired priority falls back first.
   void queue_cached(BlockId id, RetentionTick now) noexcept {
+    check_expiry(id, now);
+    enqueue_cached(id);
+  }
+  void check_expiry(BlockId id, RetentionTick now) noexcept {
     if (nodes[id].timed) [[unlikely]] {
       if (expired(id, now)) {
         expire(id);
@@ -248,7 +336,6 @@ struct BlockPool::Retention {
         note_expiry(id);
       }
     }
-    enqueue_cached(id);
   }
 
   // A hit on cached block id (held or free; if free the caller has removed it from its list).
@@ -330,8 +417,8 @@ void BlockPool::ret_release_one(BlockId id) noexcept {
   if (blocks_[static_cast<std::size_t>(id)].is_cached()) {
     r.queue_cached(id, r.timed > 0 ? read_clock(config_.retention_clock) : 0);
   } else {
-    r.reset(id);
-    r.push_front(Retention::kUncached, id);
+    r.reset_fast(id);
+    r.push_front_uncached(id);
   }
   ret_free_ = r.free_count;
 }
@@ -355,27 +442,36 @@ void BlockPool::ret_touch(std::span<const BlockId> ids) noexcept {
   for (const BlockId id : ids) {
     KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
-    if (b.ref_cnt == 0) r.remove(id);
+    if (b.ref_cnt == 0) {
+      if (r.nodes[id].list != Retention::kUncached) r.drop_level(r.nodes[id].list);
+      r.unlink(id);
+      --r.free_count;
+    }
     if (b.is_cached()) r.hit(id, now);
     ++b.ref_cnt;
   }
   ret_free_ = r.free_count;
 }
 
-void BlockPool::ret_release(std::span<const BlockId> given, bool reverse, bool marked) noexcept {
-  Retention& r = *ret_;
-  const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
+namespace {
+// ret_release()'s two passes for one policy and order (no branch on either per block).
+template <EvictionPolicy P, bool kReverse, bool kMarked, typename R>
+void release_lists(R& r, KVCacheBlock* records, std::span<const BlockId> given,
+                   RetentionTick now) noexcept {
   const std::size_t count = given.size();
-  const auto ordered = [&](std::size_t k) { return given[reverse ? count - 1 - k : k]; };
+  const auto ordered = [given, count](std::size_t k) {
+    return given[kReverse ? count - 1 - k : k];
+  };
   std::size_t first_unhashed = count, end_unhashed = 0;
   for (std::size_t k = 0; k < count; ++k) {
     const BlockId id = ordered(k);
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    KVCacheBlock& b = records[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
-    b.ref_cnt = marked ? -b.ref_cnt - 1 : b.ref_cnt - 1;
+    b.ref_cnt = kMarked ? -b.ref_cnt - 1 : b.ref_cnt - 1;
     if (b.ref_cnt == 0) {
       if (b.is_cached()) {
-        r.queue_cached(id, now);
+        r.check_expiry(id, now);
+        r.template enqueue_cached_p<P>(id);
       } else {
         first_unhashed = std::min(first_unhashed, k);
         end_unhashed = k + 1;
@@ -384,11 +480,45 @@ void BlockPool::ret_release(std::span<const BlockId> given, bool reverse, bool m
   }
   for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
     const BlockId id = ordered(k);
-    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    const KVCacheBlock& b = records[static_cast<std::size_t>(id)];
     if (!b.is_null && b.ref_cnt == 0 && !b.is_cached()) {
-      r.reset(id);
-      r.push_front(Retention::kUncached, id);
+      r.reset_fast(id);
+      r.push_front_uncached(id);
     }
+  }
+}
+
+template <EvictionPolicy P, typename R>
+void release_lists_p(R& r, KVCacheBlock* records, std::span<const BlockId> given, bool reverse,
+                     bool marked, RetentionTick now) noexcept {
+  if (reverse) {
+    if (marked) {
+      release_lists<P, true, true>(r, records, given, now);
+    } else {
+      release_lists<P, true, false>(r, records, given, now);
+    }
+  } else if (marked) {
+    release_lists<P, false, true>(r, records, given, now);
+  } else {
+    release_lists<P, false, false>(r, records, given, now);
+  }
+}
+}  // namespace
+
+void BlockPool::ret_release(std::span<const BlockId> given, bool reverse, bool marked) noexcept {
+  Retention& r = *ret_;
+  const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
+  KVCacheBlock* const records = blocks_.data();
+  switch (r.policy) {
+    case EvictionPolicy::kLru:
+      release_lists_p<EvictionPolicy::kLru>(r, records, given, reverse, marked, now);
+      break;
+    case EvictionPolicy::kSlru:
+      release_lists_p<EvictionPolicy::kSlru>(r, records, given, reverse, marked, now);
+      break;
+    case EvictionPolicy::kS3Fifo:
+      release_lists_p<EvictionPolicy::kS3Fifo>(r, records, given, reverse, marked, now);
+      break;
   }
   ret_free_ = r.free_count;
 }
@@ -407,8 +537,36 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   }
   // Pass 1: choose the victims (the lists and per-block state only); pass 2 (take_popped, with
   // the LRU path's look-ahead prefetches) evicts them and hands them out.
+  // Free uncached blocks first, in list 0's order: their retention is the default already and
+  // they evict nothing, so they are handed out straight from the list.
+  Retention::List& u = r.lists[Retention::kUncached];
+  const std::int32_t from_uncached = std::min(n, u.size);
+  if (from_uncached > 0) {
+    BlockId id = u.head;
+    for (std::int32_t i = 0; i < from_uncached; ++i) {
+      Retention::Node& k = r.nodes[id];
+      assert(k.list == Retention::kUncached && k.prio == kDefaultRetentionPriority && !k.timed);
+      const BlockId next = k.next;
+      k.prev = kNotQueued;
+      k.next = kNotQueued;
+      k.list = Retention::kNone;
+      k.hits = 0;
+      blocks_[static_cast<std::size_t>(id)].ref_cnt = 1;
+      out.push_back(id);  // reserved above: cannot throw
+      id = next;
+    }
+    u.head = id;
+    if (id == kQueueEnd) {
+      u.tail = kQueueEnd;
+    } else {
+      r.nodes[id].prev = kQueueEnd;
+    }
+    u.size -= from_uncached;
+    r.free_count -= from_uncached;
+    r.last_list = Retention::kUncached;
+  }
   const std::size_t first = out.size();
-  for (std::int32_t i = 0; i < n; ++i) {
+  for (std::int32_t i = from_uncached; i < n; ++i) {
     const BlockId id = r.pop_victim();
     if (r.last_list != Retention::kUncached) {
       const RetentionPriority p = r.nodes[id].prio;
