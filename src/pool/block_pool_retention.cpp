@@ -6,7 +6,7 @@
 // head), and each priority level has kSegs lists (segments) of free cached blocks whose use
 // depends on the policy (eviction_policy.hpp): LRU uses segment 0 alone; SLRU: 0 probation,
 // 1 protected; S3-FIFO: 0 small, 1 main. Eviction takes list 0's head, else a victim of the
-// lowest level with a free cached block (a bitmap of non-empty levels: O(1)). Links live in an
+// lowest level with a free cached block (a bitmap of levels that may be non-empty, cleared lazily: O(1) amortized). Links live in an
 // array by block id (as the LRU queue's), so every list operation is O(1) and allocation free.
 // Compiled on its own (not in the pool's unity group), so the LRU paths' code is unchanged by it:
 // they reach these functions through one test of ret_ per call.
@@ -34,10 +34,13 @@ struct BlockPool::Retention {
   static constexpr std::uint8_t kMaxHits = 3;
   static_assert(kNumLists < kNone);
 
+  // size first and 64-bit: a push stores tail and size, which the compiler would otherwise merge
+  // into one 8-byte vector store that the next push's 4-byte load of size cannot be forwarded
+  // from (perf: most of a release's time was that load).
   struct List {
+    std::int64_t size = 0;
     BlockId head = kQueueEnd;
     BlockId tail = kQueueEnd;
-    std::int32_t size = 0;
   };
   // Per block: its list links and state in one 12-byte record (one cache line per operation).
   struct Node {
@@ -59,8 +62,10 @@ struct BlockPool::Retention {
   TableVector<RetentionTick> duration;  // kNoExpiry unless timed
   TableVector<RetentionTick> expires;   // kNoExpiry unless timed
   std::array<List, kNumLists> lists{};
-  std::array<std::int32_t, kLevels> level_size{};  // free cached blocks per level
-  std::array<std::uint64_t, 2> nonempty{};         // bit per level with level_size > 0
+  // A bit per level that may hold free cached blocks: set when one of its lists gains its first
+  // block, cleared lazily by lowest_level() (a removal writes no per-level count: no chain of
+  // read-modify-writes on one counter when many blocks of a level come and go).
+  std::array<std::uint64_t, 2> nonempty{};
   std::int32_t free_count = 0;                     // blocks in all lists
   RetentionStats stats;
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
@@ -69,15 +74,16 @@ struct BlockPool::Retention {
   Retention(std::size_t n, EvictionPolicy p)
       : policy(p), nodes(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {}
 
-  void add_level(std::uint8_t l) noexcept {
-    if (l == kUncached) return;
-    const int lv = level_of_list(l);
-    if (level_size[lv]++ == 0) nonempty[lv >> 6] |= std::uint64_t{1} << (lv & 63);
+  // Free cached blocks of level lv.
+  std::int64_t level_count(int lv) const noexcept {
+    return lists[list_of(lv, 0)].size + lists[list_of(lv, 1)].size;
   }
-  void drop_level(std::uint8_t l) noexcept {
-    if (l == kUncached) return;
-    const int lv = level_of_list(l);
-    if (--level_size[lv] == 0) nonempty[lv >> 6] &= ~(std::uint64_t{1} << (lv & 63));
+  // Call before list l (cached) gains a block.
+  void mark_level(std::uint8_t l) noexcept {
+    if (lists[l].size == 0) {
+      const int lv = level_of_list(l);
+      nonempty[lv >> 6] |= std::uint64_t{1} << (lv & 63);
+    }
   }
   // Raw list operations: links and the list's size only (no level or free counts).
   void link_back(std::uint8_t l, BlockId id) noexcept {
@@ -115,9 +121,8 @@ struct BlockPool::Retention {
   // A free cached block (list l != kUncached) in or out.
   void push_back_cached(std::uint8_t l, BlockId id) noexcept {
     assert(l != kUncached && nodes[id].list == kNone);
+    mark_level(l);
     link_back(l, id);
-    const int lv = level_of_list(l);
-    if (level_size[lv]++ == 0) nonempty[lv >> 6] |= std::uint64_t{1} << (lv & 63);
     ++free_count;
   }
   // A free uncached block at list 0's head (its retention already the default: reset_fast).
@@ -138,6 +143,7 @@ struct BlockPool::Retention {
     ++free_count;
   }
   void push_back(std::uint8_t l, BlockId id) noexcept {
+    if (l != kUncached) mark_level(l);
     List& q = lists[l];
     Node& k = nodes[id];
     assert(nodes[id].list == kNone);
@@ -151,10 +157,10 @@ struct BlockPool::Retention {
     q.tail = id;
     ++q.size;
     nodes[id].list = l;
-    add_level(l);
     ++free_count;
   }
   void push_front(std::uint8_t l, BlockId id) noexcept {
+    if (l != kUncached) mark_level(l);
     List& q = lists[l];
     Node& k = nodes[id];
     assert(nodes[id].list == kNone);
@@ -168,7 +174,6 @@ struct BlockPool::Retention {
     q.head = id;
     ++q.size;
     nodes[id].list = l;
-    add_level(l);
     ++free_count;
   }
   void remove(BlockId id) noexcept {
@@ -190,7 +195,6 @@ struct BlockPool::Retention {
     k.next = kNotQueued;
     --q.size;
     nodes[id].list = kNone;
-    drop_level(l);
     --free_count;
   }
   std::uint8_t last_list = 0;
@@ -237,7 +241,7 @@ struct BlockPool::Retention {
         const std::uint8_t prot = list_of(lv, 1);
         push_back_cached(prot, id);
         // Protected holds at most 80% of the level; its oldest go back to probation's tail.
-        while (std::int64_t{lists[prot].size} * 5 > std::int64_t{level_size[lv]} * 4) {
+        while (std::int64_t{lists[prot].size} * 5 > level_count(lv) * 4) {
           move_head(prot, list_of(lv, 0));
         }
         break;
@@ -248,7 +252,7 @@ struct BlockPool::Retention {
     }
   }
 
-  // Removes and returns the block to evict from level lv (level_size[lv] > 0).
+  // Removes and returns the block to evict from level lv (level_count(lv) > 0).
   BlockId victim_at(int lv) noexcept {
     const std::uint8_t s0 = list_of(lv, 0), s1 = list_of(lv, 1);
     switch (policy) {
@@ -259,7 +263,7 @@ struct BlockPool::Retention {
       case EvictionPolicy::kS3Fifo:
         for (;;) {
           if (lists[s1].size == 0 ||
-              (lists[s0].size > 0 && std::int64_t{lists[s0].size} * 10 >= level_size[lv])) {
+              (lists[s0].size > 0 && lists[s0].size * 10 >= level_count(lv))) {
             return pop_front(s0);
           }
           const BlockId id = lists[s1].head;
@@ -271,9 +275,16 @@ struct BlockPool::Retention {
     return pop_front(s0);
   }
 
-  int lowest_level() const noexcept {
-    if (nonempty[0] != 0) return std::countr_zero(nonempty[0]);
-    return 64 + std::countr_zero(nonempty[1]);
+  // The lowest level with a free cached block (precondition: there is one); clears the bits of
+  // the levels below it that emptied since.
+  int lowest_level() noexcept {
+    for (;;) {
+      const int w = nonempty[0] != 0 ? 0 : 1;
+      assert(nonempty[w] != 0);
+      const int lv = 64 * w + std::countr_zero(nonempty[w]);
+      if (level_count(lv) > 0) return lv;
+      nonempty[w] &= ~(std::uint64_t{1} << (lv & 63));
+    }
   }
 
   // Removes and returns the next block get_new_blocks() hands out. Precondition: free_count > 0.
@@ -343,7 +354,11 @@ struct BlockPool::Retention {
     Node& m = nodes[id];
     ++stats.by_class[static_cast<std::size_t>(retention_class(m.prio))].hits;
     if (m.hits < kMaxHits) ++m.hits;
-    if (m.timed) [[unlikely]] {
+    renew(id, now);
+  }
+  // A hit's expiry part: an expired priority falls back, else it runs from now again.
+  void renew(BlockId id, RetentionTick now) noexcept {
+    if (nodes[id].timed) [[unlikely]] {
       if (expired(id, now)) {
         expire(id);
       } else {
@@ -358,7 +373,7 @@ struct BlockPool::Retention {
   void sweep(RetentionTick now) noexcept {
     RetentionTick next = kNoExpiry;
     for (int lv = 0; lv < kLevels; ++lv) {
-      if (lv == kDefaultRetentionPriority || level_size[lv] == 0) continue;
+      if (lv == kDefaultRetentionPriority || level_count(lv) == 0) continue;
       for (int s = 0; s < kSegs; ++s) {
         BlockId id = lists[list_of(lv, s)].head;
         while (id != kQueueEnd) {
@@ -439,17 +454,33 @@ void BlockPool::ret_requeue(BlockId id) noexcept {
 void BlockPool::ret_touch(std::span<const BlockId> ids) noexcept {
   Retention& r = *ret_;
   const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
+  KVCacheBlock* const records = blocks_.data();
+  // Counts kept in locals and added once (hit(), call by call: the same figures).
+  std::int32_t taken = 0;
+  std::uint64_t hits = 0, below = 0, above = 0;
   for (const BlockId id : ids) {
-    KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+    KVCacheBlock& b = records[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
+    Retention::Node& m = r.nodes[id];
     if (b.ref_cnt == 0) {
-      if (r.nodes[id].list != Retention::kUncached) r.drop_level(r.nodes[id].list);
       r.unlink(id);
-      --r.free_count;
+      ++taken;
     }
-    if (b.is_cached()) r.hit(id, now);
+    if (b.is_cached()) {
+      const RetentionPriority p = m.prio;
+      ++hits;
+      below += p < kDefaultRetentionPriority ? 1 : 0;
+      above += p > kDefaultRetentionPriority ? 1 : 0;
+      if (m.hits < Retention::kMaxHits) ++m.hits;
+      r.renew(id, now);
+    }
     ++b.ref_cnt;
   }
+  auto& by = r.stats.by_class;
+  by[static_cast<std::size_t>(RetentionClass::kBelowDefault)].hits += below;
+  by[static_cast<std::size_t>(RetentionClass::kDefault)].hits += hits - below - above;
+  by[static_cast<std::size_t>(RetentionClass::kAboveDefault)].hits += above;
+  r.free_count -= taken;
   ret_free_ = r.free_count;
 }
 
@@ -540,7 +571,7 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   // Free uncached blocks first, in list 0's order: their retention is the default already and
   // they evict nothing, so they are handed out straight from the list.
   Retention::List& u = r.lists[Retention::kUncached];
-  const std::int32_t from_uncached = std::min(n, u.size);
+  const auto from_uncached = static_cast<std::int32_t>(std::min<std::int64_t>(n, u.size));
   if (from_uncached > 0) {
     BlockId id = u.head;
     for (std::int32_t i = 0; i < from_uncached; ++i) {
@@ -611,7 +642,6 @@ void BlockPool::ret_reset() noexcept {
     u.size += q.size;
     q = Retention::List{};
   }
-  r.level_size.fill(0);
   r.nonempty.fill(0);
   for (BlockId id = u.head; id != kQueueEnd; id = r.nodes[id].next) {
     r.nodes[id].list = Retention::kUncached;
@@ -747,12 +777,12 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
   }
   if (total != r.free_count) fail("the free count does not match the lists");
   for (int lv = 0; lv < Retention::kLevels; ++lv) {
-    if (level[static_cast<std::size_t>(lv)] != r.level_size[static_cast<std::size_t>(lv)]) {
+    if (level[static_cast<std::size_t>(lv)] != r.level_count(lv)) {
       fail("level " + std::to_string(lv) + "'s size is wrong");
     }
     const bool bit = (r.nonempty[static_cast<std::size_t>(lv >> 6)] >> (lv & 63)) & 1;
-    if (bit != (level[static_cast<std::size_t>(lv)] > 0)) {
-      fail("level " + std::to_string(lv) + "'s bit is wrong");
+    if (!bit && level[static_cast<std::size_t>(lv)] > 0) {  // a set bit may be stale (lazy)
+      fail("level " + std::to_string(lv) + " has free blocks but no bit");
     }
   }
   std::array<std::int64_t, kNumRetentionClasses> by_class{};
