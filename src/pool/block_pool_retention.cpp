@@ -6,8 +6,9 @@
 // head), and each priority level has kSegs lists (segments) of free cached blocks whose use
 // depends on the policy (eviction_policy.hpp): LRU uses segment 0 alone; SLRU: 0 probation,
 // 1 protected; S3-FIFO: 0 small, 1 main. Eviction takes list 0's head, else a victim of the
-// lowest level with a free cached block (a bitmap of levels that may be non-empty, cleared lazily: O(1) amortized). Links live in an
-// array by block id (as the LRU queue's), so every list operation is O(1) and allocation free.
+// lowest level with a free cached block (a bitmap of levels that may be non-empty, cleared
+// lazily: O(1) amortized). Links live in an array by block id (as the LRU queue's), so every
+// list operation is O(1) and allocation free.
 // Compiled on its own (not in the pool's unity group), so the LRU paths' code is unchanged by it:
 // they reach these functions through one test of ret_ per call.
 
@@ -66,7 +67,7 @@ struct BlockPool::Retention {
   // block, cleared lazily by lowest_level() (a removal writes no per-level count: no chain of
   // read-modify-writes on one counter when many blocks of a level come and go).
   std::array<std::uint64_t, 2> nonempty{};
-  std::int32_t free_count = 0;                     // blocks in all lists
+  std::int32_t free_count = 0;  // blocks in all lists
   RetentionStats stats;
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
   RetentionTick next_expiry = kNoExpiry;  // <= every free timed block's expiry
