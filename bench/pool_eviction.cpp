@@ -47,7 +47,7 @@ constexpr std::uint32_t kBlockSize = 16;
   std::fprintf(stderr,
                "pool_eviction: %s\nusage: pool_eviction (--trace FILE | --generate W [--requests "
                "K] [--seed S]) --num-blocks N [N ...] [--hash sha256|xxh3_128] [--policies "
-               "lru,slru,s3fifo] [--limit K] [--rounds R]\n",
+               "lru,slru,s3fifo,lineage] [--limit K] [--rounds R]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -120,7 +120,7 @@ Outcome run_manager(const KVCacheManagerConfig& c, std::vector<Request>& request
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string trace_path, generate, hash = "xxh3_128", policies_arg = "lru,slru,s3fifo";
+  std::string trace_path, generate, hash = "xxh3_128", policies_arg = "lru,slru,s3fifo,lineage";
   std::vector<std::uint64_t> sizes;
   std::uint64_t limit = 0, rounds = 1;
   replay::GeneratorOptions gen;

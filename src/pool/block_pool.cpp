@@ -843,6 +843,9 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
       }
     }
   }
+  if (ret_ != nullptr) [[unlikely]] {
+    ret_stored(hashes, st.first_, blocks.first(cached));
+  }
   st.content_ids_.clear();  // the blocks own the references now
   spare_content_ids_ = std::move(st.content_ids_);
   if (st.event_) record(std::move(st.event_->data));

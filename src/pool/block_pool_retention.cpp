@@ -5,7 +5,9 @@
 // LRU queue: list 0 holds the free uncached blocks (handed out first, as at the LRU queue's
 // head), and each priority level has kSegs lists (segments) of free cached blocks whose use
 // depends on the policy (eviction_policy.hpp): LRU uses segment 0 alone; SLRU: 0 probation,
-// 1 protected; S3-FIFO: 0 small, 1 main. Eviction takes list 0's head, else a victim of the
+// 1 protected; S3-FIFO: 0 small, 1 main; lineage: segment r < kRanks the blocks of rank r that
+// were not hit (a bitmap of non-empty ranks per level, cleared lazily), segment kRanks the
+// protected ones. Eviction takes list 0's head, else a victim of the
 // lowest level with a free cached block (a bitmap of levels that may be non-empty, cleared
 // lazily: O(1) amortized). Links live in an array by block id (as the LRU queue's), so every
 // list operation is O(1) and allocation free.
@@ -27,13 +29,16 @@
 namespace pagedkv {
 
 struct BlockPool::Retention {
-  static constexpr int kSegs = 2;
+  static constexpr int kRanks = 64;  // lineage: the most ranks (kLineageRanks <= kRanks)
+  static constexpr int kSegs = kRanks + 1;
+  static constexpr int kProtected = kRanks;  // lineage's protected segment
   static constexpr int kLevels = kMaxRetentionPriority + 1;
   static constexpr int kNumLists = 1 + kLevels * kSegs;
-  static constexpr std::uint8_t kUncached = 0;
-  static constexpr std::uint8_t kNone = 0xff;  // not in a list (held, or the null block)
+  using ListId = std::uint16_t;
+  static constexpr ListId kUncached = 0;
+  static constexpr ListId kNone = 0xffff;  // not in a list (held, or the null block)
   static constexpr std::uint8_t kMaxHits = 3;
-  static_assert(kNumLists < kNone);
+  static_assert(kNumLists < kNone && kRanks <= 64 && kLineageRanks <= kRanks);
 
   // size first and 64-bit: a push stores tail and size, which the compiler would otherwise merge
   // into one 8-byte vector store that the next push's 4-byte load of size cannot be forwarded
@@ -47,16 +52,18 @@ struct BlockPool::Retention {
   struct Node {
     BlockId prev = kNotQueued;
     BlockId next = kNotQueued;
-    std::uint8_t list = kNone;
+    ListId list = kNone;
     RetentionPriority prio = kDefaultRetentionPriority;
     std::uint8_t hits = 0;  // hits since cached, capped at kMaxHits (S3-FIFO: spent on moves)
     bool timed = false;     // the priority has an expiry (expires[] is read only then)
+    std::uint8_t rank = 0;  // lineage: set when the block is cached (lineage_rank())
   };
 
-  static constexpr std::uint8_t list_of(int level, int seg) noexcept {
-    return static_cast<std::uint8_t>(1 + level * kSegs + seg);
+  static constexpr ListId list_of(int level, int seg) noexcept {
+    return static_cast<ListId>(1 + level * kSegs + seg);
   }
-  static constexpr int level_of_list(std::uint8_t l) noexcept { return (l - 1) / kSegs; }
+  static constexpr int level_of_list(ListId l) noexcept { return (l - 1) / kSegs; }
+  static constexpr int seg_of_list(ListId l) noexcept { return (l - 1) % kSegs; }
 
   EvictionPolicy policy;
   TableVector<Node> nodes;
@@ -67,27 +74,79 @@ struct BlockPool::Retention {
   // block, cleared lazily by lowest_level() (a removal writes no per-level count: no chain of
   // read-modify-writes on one counter when many blocks of a level come and go).
   std::array<std::uint64_t, 2> nonempty{};
+  // lineage: per level, a bit per rank whose list may be non-empty (set on its first block,
+  // cleared lazily by the victim search, as nonempty).
+  std::array<std::uint64_t, kLevels> rank_bits{};
+  // lineage: per block the tick at which it was last queued (a count of queued cached blocks),
+  // the age past which a list's oldest block counts as dead, and the rank the next victim
+  // search checks for a dead head (rotating).
+  TableVector<std::uint32_t> ticks;
+  std::uint32_t tick = 0;
+  std::uint32_t max_age = 0;
+  int cursor = 0;
   std::int32_t free_count = 0;  // blocks in all lists
   RetentionStats stats;
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
   RetentionTick next_expiry = kNoExpiry;  // <= every free timed block's expiry
 
   Retention(std::size_t n, EvictionPolicy p)
-      : policy(p), nodes(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {}
+      : policy(p), nodes(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {
+    if (p == EvictionPolicy::kLineage) {
+      ticks.assign(n, 0);
+      max_age = static_cast<std::uint32_t>(
+          std::min<std::uint64_t>(static_cast<std::uint64_t>(kLineageMaxAgePools) * n, 0x7fffffffu));
+    }
+  }
 
-  // Free cached blocks of level lv.
+  // Free cached blocks of level lv in segments 0 and 1 (all of them under LRU, SLRU, S3-FIFO).
   std::int64_t level_count(int lv) const noexcept {
     return lists[list_of(lv, 0)].size + lists[list_of(lv, 1)].size;
   }
+  // Free cached blocks of level lv, every segment (checks and sweeps only: O(kSegs)).
+  std::int64_t level_count_all(int lv) const noexcept {
+    std::int64_t n = 0;
+    for (int s = 0; s < kSegs; ++s) n += lists[list_of(lv, s)].size;
+    return n;
+  }
+  // Whether level lv has a free cached block.
+  bool level_live(int lv) noexcept {
+    if (policy != EvictionPolicy::kLineage) return level_count(lv) > 0;
+    return lowest_rank(lv) >= 0 || lists[list_of(lv, kProtected)].size > 0;
+  }
+  // lineage: the lowest rank of level lv with a free block, or -1; clears stale rank bits.
+  int lowest_rank(int lv) noexcept {
+    std::uint64_t& bits = rank_bits[static_cast<std::size_t>(lv)];
+    while (bits != 0) {
+      const int rk = std::countr_zero(bits);
+      if (lists[list_of(lv, rk)].size > 0) return rk;
+      bits &= bits - 1;
+    }
+    return -1;
+  }
+  // lineage: free cached blocks of every level (the protected share's base).
+  std::int64_t cached_free() const noexcept { return free_count - lists[kUncached].size; }
+  // lineage: links a free cached block (already counted free) at its rank list's back or front.
+  void link_rank(int lv, BlockId id, bool front) noexcept {
+    const int rk = nodes[id].rank;
+    const ListId l = list_of(lv, rk);
+    mark_level(l);
+    if (lists[l].size == 0) rank_bits[static_cast<std::size_t>(lv)] |= std::uint64_t{1} << rk;
+    if (front) {
+      --free_count;  // push_front counts it again
+      push_front(l, id);
+    } else {
+      link_back(l, id);
+    }
+  }
   // Call before list l (cached) gains a block.
-  void mark_level(std::uint8_t l) noexcept {
+  void mark_level(ListId l) noexcept {
     if (lists[l].size == 0) {
       const int lv = level_of_list(l);
       nonempty[lv >> 6] |= std::uint64_t{1} << (lv & 63);
     }
   }
   // Raw list operations: links and the list's size only (no level or free counts).
-  void link_back(std::uint8_t l, BlockId id) noexcept {
+  void link_back(ListId l, BlockId id) noexcept {
     List& q = lists[l];
     Node& k = nodes[id];
     k.prev = q.tail;
@@ -120,7 +179,7 @@ struct BlockPool::Retention {
     k.list = kNone;
   }
   // A free cached block (list l != kUncached) in or out.
-  void push_back_cached(std::uint8_t l, BlockId id) noexcept {
+  void push_back_cached(ListId l, BlockId id) noexcept {
     assert(l != kUncached && nodes[id].list == kNone);
     mark_level(l);
     link_back(l, id);
@@ -143,7 +202,7 @@ struct BlockPool::Retention {
     k.list = kUncached;
     ++free_count;
   }
-  void push_back(std::uint8_t l, BlockId id) noexcept {
+  void push_back(ListId l, BlockId id) noexcept {
     if (l != kUncached) mark_level(l);
     List& q = lists[l];
     Node& k = nodes[id];
@@ -160,7 +219,7 @@ struct BlockPool::Retention {
     nodes[id].list = l;
     ++free_count;
   }
-  void push_front(std::uint8_t l, BlockId id) noexcept {
+  void push_front(ListId l, BlockId id) noexcept {
     if (l != kUncached) mark_level(l);
     List& q = lists[l];
     Node& k = nodes[id];
@@ -178,7 +237,7 @@ struct BlockPool::Retention {
     ++free_count;
   }
   void remove(BlockId id) noexcept {
-    const std::uint8_t l = nodes[id].list;
+    const ListId l = nodes[id].list;
     assert(l != kNone);
     List& q = lists[l];
     Node& k = nodes[id];
@@ -198,15 +257,15 @@ struct BlockPool::Retention {
     nodes[id].list = kNone;
     --free_count;
   }
-  std::uint8_t last_list = 0;
-  BlockId pop_front(std::uint8_t l) noexcept {
+  ListId last_list = 0;
+  BlockId pop_front(ListId l) noexcept {
     last_list = l;
     const BlockId id = lists[l].head;
     remove(id);
     return id;
   }
   // Moves the head of list `from` to the tail of list `to` (same level: counts unchanged).
-  void move_head(std::uint8_t from, std::uint8_t to) noexcept {
+  void move_head(ListId from, ListId to) noexcept {
     const BlockId id = lists[from].head;
     unlink(id);
     link_back(to, id);
@@ -224,6 +283,9 @@ struct BlockPool::Retention {
       case EvictionPolicy::kS3Fifo:
         enqueue_cached_p<EvictionPolicy::kS3Fifo>(id);
         break;
+      case EvictionPolicy::kLineage:
+        enqueue_cached_p<EvictionPolicy::kLineage>(id);
+        break;
     }
   }
   template <EvictionPolicy P>
@@ -239,7 +301,7 @@ struct BlockPool::Retention {
           push_back_cached(list_of(lv, 0), id);
           break;
         }
-        const std::uint8_t prot = list_of(lv, 1);
+        const ListId prot = list_of(lv, 1);
         push_back_cached(prot, id);
         // Protected holds at most 80% of the level; its oldest go back to probation's tail.
         while (std::int64_t{lists[prot].size} * 5 > level_count(lv) * 4) {
@@ -250,13 +312,58 @@ struct BlockPool::Retention {
       case EvictionPolicy::kS3Fifo:
         push_back_cached(list_of(lv, m.hits == 0 ? 0 : 1), id);
         break;
+      case EvictionPolicy::kLineage: {
+        ++free_count;
+        ticks[id] = tick++;
+        if (m.hits == 0) {
+          link_rank(lv, id, false);
+          break;
+        }
+        const ListId prot = list_of(lv, kProtected);
+        mark_level(prot);
+        link_back(prot, id);
+        // Protected holds at most kLineageProtectedPercent of the free cached blocks; its
+        // oldest go back to their rank's tail.
+        while (lists[prot].size * 100 > cached_free() * kLineageProtectedPercent) {
+          const BlockId old = lists[prot].head;
+          unlink(old);
+          link_rank(lv, old, false);
+        }
+        break;
+      }
     }
   }
 
   // Removes and returns the block to evict from level lv (level_count(lv) > 0).
   BlockId victim_at(int lv) noexcept {
-    const std::uint8_t s0 = list_of(lv, 0), s1 = list_of(lv, 1);
+    const ListId s0 = list_of(lv, 0), s1 = list_of(lv, 1);
     switch (policy) {
+      case EvictionPolicy::kLineage: {
+        if (max_age != 0) {
+          // A dead lineage: the oldest block of the next rank in turn, or of protected, queued
+          // more than max_age ticks ago.
+          // The turn goes to the first non-empty rank at or after the cursor (wrapping).
+          std::uint64_t& bits = rank_bits[static_cast<std::size_t>(lv)];
+          while (bits != 0) {
+            const std::uint64_t later = cursor >= 64 ? 0 : bits & (~std::uint64_t{0} << cursor);
+            const int rk = std::countr_zero(later != 0 ? later : bits);
+            const ListId l = list_of(lv, rk);
+            if (lists[l].size == 0) {  // a stale bit
+              bits &= ~(std::uint64_t{1} << rk);
+              continue;
+            }
+            cursor = rk + 1;
+            if (tick - ticks[lists[l].head] > max_age) return pop_front(l);
+            break;
+          }
+          const ListId prot = list_of(lv, kProtected);
+          if (lists[prot].size > 0 && tick - ticks[lists[prot].head] > max_age) {
+            return pop_front(prot);
+          }
+        }
+        const int rk = lowest_rank(lv);
+        return pop_front(rk >= 0 ? list_of(lv, rk) : list_of(lv, kProtected));
+      }
       case EvictionPolicy::kLru:
         return pop_front(s0);
       case EvictionPolicy::kSlru:
@@ -283,7 +390,7 @@ struct BlockPool::Retention {
       const int w = nonempty[0] != 0 ? 0 : 1;
       assert(nonempty[w] != 0);
       const int lv = 64 * w + std::countr_zero(nonempty[w]);
-      if (level_count(lv) > 0) return lv;
+      if (level_live(lv)) return lv;
       nonempty[w] &= ~(std::uint64_t{1} << (lv & 63));
     }
   }
@@ -374,7 +481,7 @@ struct BlockPool::Retention {
   void sweep(RetentionTick now) noexcept {
     RetentionTick next = kNoExpiry;
     for (int lv = 0; lv < kLevels; ++lv) {
-      if (lv == kDefaultRetentionPriority || level_count(lv) == 0) continue;
+      if (lv == kDefaultRetentionPriority || level_count_all(lv) == 0) continue;
       for (int s = 0; s < kSegs; ++s) {
         BlockId id = lists[list_of(lv, s)].head;
         while (id != kQueueEnd) {
@@ -383,7 +490,12 @@ struct BlockPool::Retention {
             if (expired(id, now)) {
               remove(id);
               expire(id);
-              push_front(list_of(kDefaultRetentionPriority, 0), id);
+              if (policy == EvictionPolicy::kLineage) {
+                ++free_count;
+                link_rank(kDefaultRetentionPriority, id, true);
+              } else {
+                push_front(list_of(kDefaultRetentionPriority, 0), id);
+              }
             } else {
               next = std::min(next, expires[id]);
             }
@@ -551,6 +663,9 @@ void BlockPool::ret_release(std::span<const BlockId> given, bool reverse, bool m
     case EvictionPolicy::kS3Fifo:
       release_lists_p<EvictionPolicy::kS3Fifo>(r, records, given, reverse, marked, now);
       break;
+    case EvictionPolicy::kLineage:
+      release_lists_p<EvictionPolicy::kLineage>(r, records, given, reverse, marked, now);
+      break;
   }
   ret_free_ = r.free_count;
 }
@@ -616,6 +731,15 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   return true;
 }
 
+void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
+                           std::span<const BlockId> blocks) noexcept {
+  Retention& r = *ret_;
+  if (r.policy != EvictionPolicy::kLineage) return;
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    r.nodes[blocks[k]].rank = static_cast<std::uint8_t>(lineage_rank(chain, first + k));
+  }
+}
+
 void BlockPool::ret_after_evict(BlockId id) noexcept {
   Retention& r = *ret_;
   ++r.stats.by_class[static_cast<std::size_t>(retention_class(r.nodes[id].prio))].evictions;
@@ -644,6 +768,7 @@ void BlockPool::ret_reset() noexcept {
     q = Retention::List{};
   }
   r.nonempty.fill(0);
+  r.rank_bits.fill(0);
   for (BlockId id = u.head; id != kQueueEnd; id = r.nodes[id].next) {
     r.nodes[id].list = Retention::kUncached;
     r.reset(id);
@@ -679,7 +804,7 @@ void BlockPool::set_retention(std::span<const BlockId> ids, RetentionPriority pr
   for (const BlockId id : ids) {
     const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
-    const std::uint8_t list = r.nodes[id].list;
+    const Retention::ListId list = r.nodes[id].list;
     if (list == Retention::kUncached) continue;  // free and uncached: nothing to keep
     const bool free = list != Retention::kNone;
     RetentionPriority cur = r.nodes[id].prio;
@@ -757,10 +882,24 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
         fail(id_text(id) + ": in list 0 iff uncached does not hold");
       }
       if (l != Retention::kUncached) {
-        const int lv = Retention::level_of_list(static_cast<std::uint8_t>(l));
+        const auto list = static_cast<Retention::ListId>(l);
+        const int lv = Retention::level_of_list(list);
+        const int seg = Retention::seg_of_list(list);
         if (lv != r.nodes[id].prio) fail(id_text(id) + " is listed at another priority");
-        if (config_.eviction_policy == EvictionPolicy::kLru && (l - 1) % Retention::kSegs != 0) {
+        if (config_.eviction_policy == EvictionPolicy::kLru && seg != 0) {
           fail(id_text(id) + " is in a second segment under LRU");
+        }
+        if (config_.eviction_policy == EvictionPolicy::kLineage) {
+          if (seg != Retention::kProtected) {
+            if (seg != r.nodes[id].rank) fail(id_text(id) + " is listed at another rank");
+            if (((r.rank_bits[static_cast<std::size_t>(lv)] >> seg) & 1) == 0) {
+              fail(id_text(id) + "'s rank list has no bit");
+            }
+          } else if (r.nodes[id].hits == 0) {
+            fail(id_text(id) + " is protected without a hit");
+          }
+        } else if (seg > 1) {
+          fail(id_text(id) + " is in a segment its policy does not use");
         }
         ++level[static_cast<std::size_t>(lv)];
         if (r.expires[id] != kNoExpiry && r.expires[id] < r.next_expiry) {
@@ -778,7 +917,7 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
   }
   if (total != r.free_count) fail("the free count does not match the lists");
   for (int lv = 0; lv < Retention::kLevels; ++lv) {
-    if (level[static_cast<std::size_t>(lv)] != r.level_count(lv)) {
+    if (level[static_cast<std::size_t>(lv)] != r.level_count_all(lv)) {
       fail("level " + std::to_string(lv) + "'s size is wrong");
     }
     const bool bit = (r.nonempty[static_cast<std::size_t>(lv >> 6)] >> (lv & 63)) & 1;
@@ -835,6 +974,7 @@ std::size_t BlockPool::ret_memory_bytes() const noexcept {
   if (ret_ == nullptr) return 0;
   const Retention& r = *ret_;
   return sizeof(Retention) + r.nodes.capacity() * sizeof(Retention::Node) +
+         r.ticks.capacity() * sizeof(std::uint32_t) +
          (r.duration.capacity() + r.expires.capacity()) * sizeof(RetentionTick);
 }
 

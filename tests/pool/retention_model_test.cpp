@@ -18,6 +18,7 @@
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/hash/request_hasher.hpp"
 #include "pagedkv/pool/block_pool.hpp"
+#include "pagedkv/pool/eviction_policy.hpp"
 #include "test_tokens.hpp"
 
 namespace pagedkv {
@@ -32,6 +33,20 @@ RequestBlockHasher one_block(int key) {
   return seq;
 }
 
+// A chain of index + 1 blocks: a head shared by every chain up to the lineage key's depth, then
+// block kLineageKeyDepth from one of a few lineages, then blocks unique to `key`. Its block
+// `index` is the one a test caches (kLineage's rank depends on the depth and the lineage).
+RequestBlockHasher deep_chain(int key, int lineage, std::size_t index) {
+  RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "test"), kBlockSize, {});
+  for (std::size_t i = 0; i <= index; ++i) {
+    const int base = i < kLineageKeyDepth    ? 7
+                     : i == kLineageKeyDepth ? 100 + lineage
+                                             : 100000 + key * 100 + static_cast<int>(i);
+    seq.append(iota_tokens(base * 1000 + static_cast<int>(i) * kBlockSize, kBlockSize));
+  }
+  return seq;
+}
+
 struct Model {
   struct Block {
     int ref = 0;
@@ -39,20 +54,32 @@ struct Model {
     int prio = kDefaultRetentionPriority;
     RetentionTick duration = kNoExpiry, expires = kNoExpiry;
     int hits = 0;
+    int rank = 0;          // lineage
+    std::int64_t tick = 0;  // lineage: when last queued
   };
   EvictionPolicy policy;
   std::int64_t budget;
   std::vector<Block> b;
   std::deque<BlockId> uncached;
-  std::array<std::array<std::deque<BlockId>, 2>, kLevels> lv;
+  // Per level: LRU, SLRU, S3-FIFO use segments 0 and 1; lineage: segment r < kLineageRanks is
+  // rank r, segment kLineageRanks protected.
+  std::array<std::array<std::deque<BlockId>, kLineageRanks + 1>, kLevels> lv;
+  std::int64_t tick = 0, max_age = 0;
+  int cursor = 0;
   std::int64_t retained = 0;
   std::uint64_t refusals = 0, expirations = 0, forced = 0;
 
   Model(int n, EvictionPolicy p, double fraction)
       : policy(p), budget(static_cast<std::int64_t>(fraction * (n - 1))), b(n) {
+    if (p == EvictionPolicy::kLineage) max_age = std::int64_t{kLineageMaxAgePools} * n;
     for (BlockId id = 1; id < n; ++id) uncached.push_back(id);
   }
-  std::size_t level_size(int l) const { return lv[l][0].size() + lv[l][1].size(); }
+  std::size_t level_size(int l) const {
+    std::size_t n = 0;
+    for (const auto& seg : lv[l]) n += seg.size();
+    return n;
+  }
+  std::size_t cached_free() const { return static_cast<std::size_t>(num_free()) - uncached.size(); }
   std::int32_t num_free() const {
     std::size_t n = uncached.size();
     for (int l = 0; l < kLevels; ++l) n += level_size(l);
@@ -112,6 +139,21 @@ struct Model {
       case EvictionPolicy::kS3Fifo:
         lv[l][b[id].hits == 0 ? 0 : 1].push_back(id);
         break;
+      case EvictionPolicy::kLineage: {
+        b[id].tick = tick++;
+        if (b[id].hits == 0) {
+          lv[l][b[id].rank].push_back(id);
+          break;
+        }
+        auto& prot = lv[l][kLineageRanks];
+        prot.push_back(id);
+        while (prot.size() * 100 > cached_free() * kLineageProtectedPercent) {
+          const BlockId old = prot.front();
+          prot.pop_front();
+          lv[l][b[old].rank].push_back(old);
+        }
+        break;
+      }
     }
   }
   void queue_cached(BlockId id, RetentionTick now) {
@@ -140,6 +182,32 @@ struct Model {
     auto& s0 = lv[l][0];
     auto& s1 = lv[l][1];
     BlockId id = 0;
+    if (policy == EvictionPolicy::kLineage) {
+      auto& segs = lv[l];
+      const auto pop = [&](int seg) {
+        const BlockId v = segs[seg].front();
+        segs[seg].pop_front();
+        return v;
+      };
+      // One rank in turn (the first non-empty at or after the cursor, wrapping), then
+      // protected: a head queued more than max_age ago is dead and goes first.
+      int turn = -1;
+      for (int k = 0; k < kLineageRanks && turn < 0; ++k) {
+        const int rk = (cursor + k) % kLineageRanks;
+        if (!segs[rk].empty()) turn = rk;
+      }
+      if (turn >= 0) {
+        cursor = turn + 1;
+        if (tick - b[segs[turn].front()].tick > max_age) return pop(turn);
+      }
+      if (!segs[kLineageRanks].empty() && tick - b[segs[kLineageRanks].front()].tick > max_age) {
+        return pop(kLineageRanks);
+      }
+      for (int rk = 0; rk < kLineageRanks; ++rk) {
+        if (!segs[rk].empty()) return pop(rk);
+      }
+      return pop(kLineageRanks);
+    }
     if (policy == EvictionPolicy::kLru || (policy == EvictionPolicy::kSlru && !s0.empty())) {
       id = s0.front();
       s0.pop_front();
@@ -169,13 +237,15 @@ struct Model {
     // Every free block whose priority ran out: to the default level's front (lists in order).
     for (int l = 0; l < kLevels; ++l) {
       if (l == kDefaultRetentionPriority) continue;
-      for (int s = 0; s < 2; ++s) {
+      for (std::size_t s = 0; s < lv[l].size(); ++s) {
         const std::deque<BlockId> copy = lv[l][s];
         for (const BlockId id : copy) {
           if (expired(id, now)) {
             erase(lv[l][s], id);
             expire(id);
-            lv[kDefaultRetentionPriority][0].push_front(id);
+            // Lineage: the front of its rank at the default level; else probation's front.
+            const int seg = policy == EvictionPolicy::kLineage ? b[id].rank : 0;
+            lv[kDefaultRetentionPriority][seg].push_front(id);
           }
         }
       }
@@ -268,8 +338,18 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed) {
     } else if (op == 1 && !held.empty()) {  // cache a held uncached block
       const BlockId id = held[pick(static_cast<int>(held.size()))];
       if (!m.b[id].cached) {
-        const auto seq = one_block(next_key++);
-        pool.cache_full_blocks(seq.sequence(), std::vector<BlockId>{id}, 0, 1);
+        if (pick(2) == 0) {
+          const auto seq = one_block(next_key++);
+          pool.cache_full_blocks(seq.sequence(), std::vector<BlockId>{id}, 0, 1);
+          m.b[id].rank = lineage_rank(seq.block_hashes(), 0);
+        } else {  // block `index` of a deep chain (the blocks before it: the null block)
+          const std::size_t index = kLineageKeyDepth - 1 + static_cast<std::size_t>(pick(4));
+          const auto seq = deep_chain(next_key++, pick(5), index);
+          std::vector<BlockId> row(index, kNullBlockId);
+          row.push_back(id);
+          pool.cache_full_blocks(seq.sequence(), row, index, index + 1);
+          m.b[id].rank = lineage_rank(seq.block_hashes(), index);
+        }
         m.b[id].cached = true;
       }
     } else if ((op == 2 || op == 3) && !held.empty()) {  // free one or a few (distinct) refs
@@ -370,6 +450,9 @@ TEST(RetentionModel, Slru) {
 }
 TEST(RetentionModel, S3Fifo) {
   for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kS3Fifo, seed);
+}
+TEST(RetentionModel, Lineage) {
+  for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kLineage, seed);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // policies' order, on BlockPool directly.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -334,7 +335,7 @@ TEST_P(EachPolicy, RetentionEndsWithTheContent) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, EachPolicy,
                          ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru,
-                                           EvictionPolicy::kS3Fifo),
+                                           EvictionPolicy::kS3Fifo, EvictionPolicy::kLineage),
                          [](const auto& p) { return std::string(to_string(p.param)); });
 
 // Each policy's order on the same stream: 4 blocks stored and hit once, then a scan of new
@@ -369,7 +370,9 @@ TEST(EvictionPolicyOrder, SlruProtectedShare) {
   for (const BlockId id : ids) free1(pool, id);
   for (const BlockId id : ids) hit(pool, id);  // all five hit: 4 protected, 1 back in probation
   const BlockPoolSnapshot s = pool.snapshot();
-  const std::size_t prob = 1 + 2 * kDefaultRetentionPriority, prot = prob + 1;
+  // Lists: uncached, then per priority level its segments (0: probation, 1: protected).
+  const std::size_t segs = (s.eviction_lists.size() - 1) / (kMaxRetentionPriority + 1);
+  const std::size_t prob = 1 + segs * kDefaultRetentionPriority, prot = prob + 1;
   EXPECT_EQ(s.eviction_lists[prob], (std::vector<BlockId>{ids[0]}));
   EXPECT_EQ(s.eviction_lists[prot], (std::vector<BlockId>{ids[1], ids[2], ids[3], ids[4]}));
   EXPECT_EQ(allocate(pool, 2), (std::vector<BlockId>{ids[0], ids[1]}));
@@ -439,6 +442,67 @@ TEST(Retention, LruWithRetentionStateKeepsTheLruOrder) {
     kept.check_invariants();
     plain.check_invariants();
   }
+}
+
+// A cyclic workload larger than the pool: 24 lineages (a shared head of kLineageKeyDepth blocks,
+// then 8 blocks of their own) requested in turn, 10 rounds, through a 113-block pool (room for
+// the head and about 10 lineages). Each lineage comes back after 23 others' 184 blocks, so LRU
+// has lost it every time (0 hits past the head); kLineage keeps the lineages of its highest ranks
+// and hits them every round (the same ones: a stable subset). Returns the hits past the head in
+// rounds 2 to 10 and, per lineage, the rounds in which it was hit.
+struct CycleResult {
+  std::int64_t hits = 0;
+  std::vector<int> rounds_hit;
+};
+CycleResult cyclic_rounds(EvictionPolicy policy) {
+  constexpr int kLineages = 24, kOwn = 8, kRounds = 10;
+  const std::size_t len = kLineageKeyDepth + kOwn;
+  BlockPool pool(config(static_cast<std::int32_t>(kLineageKeyDepth) + 81, policy));
+  CycleResult res;
+  res.rounds_hit.assign(kLineages, 0);
+  for (int round = 0; round < kRounds; ++round) {
+    for (int l = 0; l < kLineages; ++l) {
+      RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "test"), kBlockSize, {});
+      for (std::size_t i = 0; i < len; ++i) {
+        const int base = i < kLineageKeyDepth ? 0 : 1000 + l;
+        seq.append(iota_tokens(base * 100000 + static_cast<int>(i) * kBlockSize, kBlockSize));
+      }
+      // The longest cached prefix, touched; the rest allocated, cached, then all freed.
+      std::vector<BlockId> table;
+      BlockId parent = BlockPool::kNoBlock;
+      for (std::size_t i = 0; i < len; ++i) {
+        const BlockId id = pool.match_cached_block(seq.sequence(), i, parent);
+        if (id == BlockPool::kNoBlock) break;
+        table.push_back(id);
+        parent = id;
+      }
+      pool.touch(table);
+      const std::size_t hit = table.size();
+      if (hit > kLineageKeyDepth && round > 0) {
+        res.hits += static_cast<std::int64_t>(hit - kLineageKeyDepth);
+        ++res.rounds_hit[static_cast<std::size_t>(l)];
+      }
+      std::vector<BlockId> fresh;
+      EXPECT_TRUE(pool.get_new_blocks(static_cast<std::int32_t>(len - hit), fresh));
+      table.insert(table.end(), fresh.begin(), fresh.end());
+      pool.cache_full_blocks(seq.sequence(), table, hit, len);
+      pool.free_blocks_reversed(table);
+      pool.check_invariants();
+    }
+  }
+  return res;
+}
+
+TEST(EvictionPolicyOrder, LineageKeepsAStableSubsetOfACycleLargerThanThePool) {
+  const CycleResult lru = cyclic_rounds(EvictionPolicy::kLru);
+  EXPECT_EQ(lru.hits, 0);
+  const CycleResult lin = cyclic_rounds(EvictionPolicy::kLineage);
+  // Stable: at least 5 lineages hit in every one of the 9 later rounds, and at least 45 of
+  // the 24 * 9 lineage returns hit in all.
+  const auto every_round =
+      std::count(lin.rounds_hit.begin(), lin.rounds_hit.end(), 9);
+  EXPECT_GE(every_round, 5);
+  EXPECT_GE(lin.hits, 45 * 8);
 }
 
 }  // namespace

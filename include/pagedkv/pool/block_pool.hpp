@@ -574,6 +574,9 @@ class BlockPool {
   // release_in() with retention state: the same two passes and order.
   void ret_release(std::span<const BlockId> given, bool reverse, bool marked) noexcept;
   bool ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out);
+  // commit_store() cached blocks (chain's blocks first .. first + blocks.size() - 1).
+  void ret_stored(std::span<const BlockHash> chain, std::size_t first,
+                  std::span<const BlockId> blocks) noexcept;
   void ret_after_evict(BlockId id) noexcept;  // evict_blocks() evicted block id
   void ret_reset() noexcept;                  // reset_prefix_cache() cleared every hash
   void ret_check(std::vector<char>& seen) const;
