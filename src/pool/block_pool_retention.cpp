@@ -130,7 +130,9 @@ struct BlockPool::Retention {
     const int rk = nodes[id].rank;
     const ListId l = list_of(lv, rk);
     mark_level(l);
-    if (lists[l].size == 0) rank_bits[static_cast<std::size_t>(lv)] |= std::uint64_t{1} << rk;
+    if (lists[l].tail == kQueueEnd) {
+      rank_bits[static_cast<std::size_t>(lv)] |= std::uint64_t{1} << rk;
+    }
     if (front) {
       --free_count;  // push_front counts it again
       push_front(l, id);
@@ -140,7 +142,7 @@ struct BlockPool::Retention {
   }
   // Call before list l (cached) gains a block.
   void mark_level(ListId l) noexcept {
-    if (lists[l].size == 0) {
+    if (lists[l].tail == kQueueEnd) {
       const int lv = level_of_list(l);
       nonempty[lv >> 6] |= std::uint64_t{1} << (lv & 63);
     }
@@ -288,50 +290,32 @@ struct BlockPool::Retention {
         break;
     }
   }
+  // The list a free cached block joins under policy P (its level and, for lineage, rank bits
+  // set if that list is empty; lineage also stamps its tick). The caller links it there.
   template <EvictionPolicy P>
-  void enqueue_cached_p(BlockId id) noexcept {
+  ListId target_list(BlockId id) noexcept {
     const Node& m = nodes[id];
     const int lv = m.prio;
-    switch (P) {
-      case EvictionPolicy::kLru:
-        push_back_cached(list_of(lv, 0), id);
-        break;
-      case EvictionPolicy::kSlru: {
-        if (m.hits == 0) {
-          push_back_cached(list_of(lv, 0), id);
-          break;
-        }
-        const ListId prot = list_of(lv, 1);
-        push_back_cached(prot, id);
-        // Protected holds at most 80% of the level; its oldest go back to probation's tail.
-        while (std::int64_t{lists[prot].size} * 5 > level_count(lv) * 4) {
-          move_head(prot, list_of(lv, 0));
-        }
-        break;
+    ListId l = 0;
+    if constexpr (P == EvictionPolicy::kLru) {
+      l = list_of(lv, 0);
+    } else if constexpr (P == EvictionPolicy::kLineage) {
+      ticks[id] = tick++;
+      // Protected's share is enforced when a victim is chosen (victim_at).
+      l = list_of(lv, m.hits == 0 ? m.rank : kProtected);
+      if (m.hits == 0 && lists[l].tail == kQueueEnd) {
+        rank_bits[static_cast<std::size_t>(lv)] |= std::uint64_t{1} << m.rank;
       }
-      case EvictionPolicy::kS3Fifo:
-        push_back_cached(list_of(lv, m.hits == 0 ? 0 : 1), id);
-        break;
-      case EvictionPolicy::kLineage: {
-        ++free_count;
-        ticks[id] = tick++;
-        if (m.hits == 0) {
-          link_rank(lv, id, false);
-          break;
-        }
-        const ListId prot = list_of(lv, kProtected);
-        mark_level(prot);
-        link_back(prot, id);
-        // Protected holds at most kLineageProtectedPercent of the free cached blocks; its
-        // oldest go back to their rank's tail.
-        while (lists[prot].size * 100 > cached_free() * kLineageProtectedPercent) {
-          const BlockId old = lists[prot].head;
-          unlink(old);
-          link_rank(lv, old, false);
-        }
-        break;
-      }
+    } else {  // SLRU: probation / protected (its share enforced in victim_at); S3-FIFO: small / main
+      l = list_of(lv, m.hits == 0 ? 0 : 1);
     }
+    mark_level(l);
+    return l;
+  }
+  template <EvictionPolicy P>
+  void enqueue_cached_p(BlockId id) noexcept {
+    link_back(target_list<P>(id), id);
+    ++free_count;
   }
 
   // Removes and returns the block to evict from level lv (level_count(lv) > 0).
@@ -339,6 +323,14 @@ struct BlockPool::Retention {
     const ListId s0 = list_of(lv, 0), s1 = list_of(lv, 1);
     switch (policy) {
       case EvictionPolicy::kLineage: {
+        // Protected holds at most kLineageProtectedPercent of the free cached blocks when a
+        // victim is chosen: past that its oldest go back to their rank's tail first.
+        const ListId prot = list_of(lv, kProtected);
+        while (lists[prot].size * 100 > cached_free() * kLineageProtectedPercent) {
+          const BlockId old = lists[prot].head;
+          unlink(old);
+          link_rank(lv, old, false);
+        }
         if (max_age != 0) {
           // A dead lineage: the oldest block of the next rank in turn, or of protected, queued
           // more than max_age ticks ago.
@@ -356,7 +348,6 @@ struct BlockPool::Retention {
             if (tick - ticks[lists[l].head] > max_age) return pop_front(l);
             break;
           }
-          const ListId prot = list_of(lv, kProtected);
           if (lists[prot].size > 0 && tick - ticks[lists[prot].head] > max_age) {
             return pop_front(prot);
           }
@@ -367,6 +358,9 @@ struct BlockPool::Retention {
       case EvictionPolicy::kLru:
         return pop_front(s0);
       case EvictionPolicy::kSlru:
+        // Protected holds at most 80% of the level when a victim is chosen: past that its
+        // oldest go back to probation's tail first.
+        while (lists[s1].size * 5 > level_count(lv) * 4) move_head(s1, s0);
         return pop_front(lists[s0].size > 0 ? s0 : s1);
       case EvictionPolicy::kS3Fifo:
         for (;;) {
@@ -607,6 +601,7 @@ void release_lists(R& r, KVCacheBlock* records, std::span<const BlockId> given,
     return given[kReverse ? count - 1 - k : k];
   };
   std::size_t first_unhashed = count, end_unhashed = 0;
+  std::int32_t queued = 0;
   for (std::size_t k = 0; k < count; ++k) {
     const BlockId id = ordered(k);
     KVCacheBlock& b = records[static_cast<std::size_t>(id)];
@@ -615,13 +610,15 @@ void release_lists(R& r, KVCacheBlock* records, std::span<const BlockId> given,
     if (b.ref_cnt == 0) {
       if (b.is_cached()) {
         r.check_expiry(id, now);
-        r.template enqueue_cached_p<P>(id);
+        r.link_back(r.template target_list<P>(id), id);
+        ++queued;
       } else {
         first_unhashed = std::min(first_unhashed, k);
         end_unhashed = k + 1;
       }
     }
   }
+  r.free_count += queued;
   for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
     const BlockId id = ordered(k);
     const KVCacheBlock& b = records[static_cast<std::size_t>(id)];

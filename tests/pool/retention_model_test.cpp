@@ -126,15 +126,7 @@ struct Model {
         lv[l][0].push_back(id);
         break;
       case EvictionPolicy::kSlru:
-        if (b[id].hits == 0) {
-          lv[l][0].push_back(id);
-        } else {
-          lv[l][1].push_back(id);
-          while (lv[l][1].size() * 5 > level_size(l) * 4) {
-            lv[l][0].push_back(lv[l][1].front());
-            lv[l][1].pop_front();
-          }
-        }
+        lv[l][b[id].hits == 0 ? 0 : 1].push_back(id);
         break;
       case EvictionPolicy::kS3Fifo:
         lv[l][b[id].hits == 0 ? 0 : 1].push_back(id);
@@ -145,13 +137,7 @@ struct Model {
           lv[l][b[id].rank].push_back(id);
           break;
         }
-        auto& prot = lv[l][kLineageRanks];
-        prot.push_back(id);
-        while (prot.size() * 100 > cached_free() * kLineageProtectedPercent) {
-          const BlockId old = prot.front();
-          prot.pop_front();
-          lv[l][b[old].rank].push_back(old);
-        }
+        lv[l][kLineageRanks].push_back(id);
         break;
       }
     }
@@ -189,6 +175,13 @@ struct Model {
         segs[seg].pop_front();
         return v;
       };
+      // Protected's share first: its oldest back to their rank while it is over it.
+      auto& prot = segs[kLineageRanks];
+      while (prot.size() * 100 > cached_free() * kLineageProtectedPercent) {
+        const BlockId old = prot.front();
+        prot.pop_front();
+        segs[b[old].rank].push_back(old);
+      }
       // One rank in turn (the first non-empty at or after the cursor, wrapping), then
       // protected: a head queued more than max_age ago is dead and goes first.
       int turn = -1;
@@ -207,6 +200,13 @@ struct Model {
         if (!segs[rk].empty()) return pop(rk);
       }
       return pop(kLineageRanks);
+    }
+    if (policy == EvictionPolicy::kSlru) {
+      // Protected holds at most 80% of the level when a victim is chosen.
+      while (s1.size() * 5 > level_size(l) * 4) {
+        s0.push_back(s1.front());
+        s1.pop_front();
+      }
     }
     if (policy == EvictionPolicy::kLru || (policy == EvictionPolicy::kSlru && !s0.empty())) {
       id = s0.front();
