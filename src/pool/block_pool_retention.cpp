@@ -959,10 +959,11 @@ void BlockPool::ret_snapshot(BlockPoolSnapshot& s) const {
     s.retention.push_back(BlockRetention{r.nodes[i].prio, r.duration[i], r.expires[i]});
     s.policy_hits.push_back(r.nodes[i].hits);
   }
-  for (const Retention::List& q : r.lists) {
-    std::vector<BlockId> ids;
-    for (BlockId id = q.head; id != kQueueEnd; id = r.nodes[id].next) ids.push_back(id);
-    s.eviction_lists.push_back(std::move(ids));
+  s.eviction_lists.resize(r.lists.size());  // empty lists allocate nothing
+  for (std::size_t l = 0; l < r.lists.size(); ++l) {
+    for (BlockId id = r.lists[l].head; id != kQueueEnd; id = r.nodes[id].next) {
+      s.eviction_lists[l].push_back(id);
+    }
   }
   s.retention_stats = r.stats;
 }

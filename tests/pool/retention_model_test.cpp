@@ -63,7 +63,7 @@ struct Model {
   std::deque<BlockId> uncached;
   // Per level: LRU, SLRU, S3-FIFO use segments 0 and 1; lineage: segment r < kLineageRanks is
   // rank r, segment kLineageRanks protected.
-  std::array<std::array<std::deque<BlockId>, kLineageRanks + 1>, kLevels> lv;
+  std::array<std::vector<std::deque<BlockId>>, kLevels> lv;
   std::int64_t tick = 0, max_age = 0;
   int cursor = 0;
   std::int64_t retained = 0;
@@ -72,6 +72,7 @@ struct Model {
   Model(int n, EvictionPolicy p, double fraction)
       : policy(p), budget(static_cast<std::int64_t>(fraction * (n - 1))), b(n) {
     if (p == EvictionPolicy::kLineage) max_age = std::int64_t{kLineageMaxAgePools} * n;
+    for (auto& segs : lv) segs.resize(p == EvictionPolicy::kLineage ? kLineageRanks + 1 : 2);
     for (BlockId id = 1; id < n; ++id) uncached.push_back(id);
   }
   std::size_t level_size(int l) const {
