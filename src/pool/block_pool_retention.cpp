@@ -93,8 +93,8 @@ struct BlockPool::Retention {
       : policy(p), nodes(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {
     if (p == EvictionPolicy::kLineage) {
       ticks.assign(n, 0);
-      max_age = static_cast<std::uint32_t>(
-          std::min<std::uint64_t>(static_cast<std::uint64_t>(kLineageMaxAgePools) * n, 0x7fffffffu));
+      max_age = static_cast<std::uint32_t>(std::min<std::uint64_t>(
+          static_cast<std::uint64_t>(kLineageMaxAgePools) * n, 0x7fffffffu));
     }
   }
 
@@ -306,7 +306,8 @@ struct BlockPool::Retention {
       if (m.hits == 0 && lists[l].tail == kQueueEnd) {
         rank_bits[static_cast<std::size_t>(lv)] |= std::uint64_t{1} << m.rank;
       }
-    } else {  // SLRU: probation / protected (its share enforced in victim_at); S3-FIFO: small / main
+    } else {
+      // SLRU: probation / protected (its share enforced in victim_at); S3-FIFO: small / main.
       l = list_of(lv, m.hits == 0 ? 0 : 1);
     }
     mark_level(l);

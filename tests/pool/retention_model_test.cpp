@@ -54,7 +54,7 @@ struct Model {
     int prio = kDefaultRetentionPriority;
     RetentionTick duration = kNoExpiry, expires = kNoExpiry;
     int hits = 0;
-    int rank = 0;          // lineage
+    int rank = 0;           // lineage
     std::int64_t tick = 0;  // lineage: when last queued
   };
   EvictionPolicy policy;

@@ -506,8 +506,7 @@ TEST(EvictionPolicyOrder, LineageKeepsAStableSubsetOfACycleLargerThanThePool) {
   const CycleResult lin = cyclic_rounds(EvictionPolicy::kLineage);
   // Stable: at least 5 lineages hit in every one of the 9 later rounds, and at least 45 of
   // the 24 * 9 lineage returns hit in all.
-  const auto every_round =
-      std::count(lin.rounds_hit.begin(), lin.rounds_hit.end(), 9);
+  const auto every_round = std::count(lin.rounds_hit.begin(), lin.rounds_hit.end(), 9);
   EXPECT_GE(every_round, 5);
   EXPECT_GE(lin.hits, 45 * 8);
 }
