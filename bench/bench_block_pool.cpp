@@ -389,8 +389,8 @@ void BM_MooncakeReplaySlice(benchmark::State& state) {
 }
 
 // ---- Eviction policies (issue 38): the same pool work under each BlockPoolConfig::
-// eviction_policy, range(0) = the policy (0 lru, 1 slru, 2 s3fifo), registered side by side so
-// one run compares them. LRU here is the pool's own path (no retention state).
+// eviction_policy, range(0) = the policy (0 lru, 1 slru, 2 s3fifo, 3 lineage), registered side
+// by side so one run compares them. LRU here is the pool's own path (no retention state).
 
 BlockPoolConfig policy_config(std::int32_t num_blocks, std::int64_t policy) {
   BlockPoolConfig c;
