@@ -27,6 +27,8 @@
 
 #include "fp8_kernels.hpp"
 #include "internal/cp_async.cuh"
+#include "internal/decode_tc_launch.hpp"
+#include "internal/decode_tc_layout.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/base/error.hpp"
 
@@ -565,13 +567,25 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
   }
 }
 
+bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept {
+  // Both variants cover every 16-bit shape validate_cuda_decode accepts; FP8 has its own kernel.
+  return !params.quant.fp8() &&
+         (kernel == DecodeKernel::kSimt || kernel == DecodeKernel::kTensorCore);
+}
+
 cudaError_t paged_decode_attention(const PagedDecodeParams& params, const DecodePlan& plan,
                                    void* workspace, std::size_t workspace_bytes,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, DecodeKernel kernel) {
   validate_cuda_decode(params, plan, workspace, workspace_bytes);
+  if (kernel != DecodeKernel::kSimt && kernel != DecodeKernel::kTensorCore) {
+    fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
+  }
   if (params.num_seqs == 0) return cudaSuccess;
-  // An FP8 cache: kernels/fp8_attention.cu (no split-KV; the plan is not used).
+  // An FP8 cache: kernels/fp8_attention.cu (no split-KV; the plan is not used), either variant.
   if (params.quant.fp8()) return kernels::fp8_paged_decode(params, stream);
+  if (kernel == DecodeKernel::kTensorCore) {
+    return kernels::tc_paged_decode(params, plan, workspace, stream);
+  }
   const KVLayout& layout = params.layout;
   DecodeKernelParams kp{};
   kp.q = static_cast<const std::uint16_t*>(params.q);
@@ -623,8 +637,29 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
 }
 
 cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
-                                                   DecodePlanOptions* options) {
+                                                   DecodePlanOptions* options,
+                                                   DecodeKernel kernel) {
   if (options == nullptr) fail("options is null");
+  if (kernel == DecodeKernel::kTensorCore) {
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
+      fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
+    }
+    int device = 0;
+    int sms = 0;
+    int resident = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess)
+      err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err == cudaSuccess) err = kernels::tc_decode_ctas_per_sm(dtype, head_dim, &resident);
+    if (err != cudaSuccess) return err;
+    options->num_sms = sms;
+    options->ctas_per_sm = detail::kTcPlanWaves * resident;  // waves of the variant (header)
+    options->min_chunk_tokens = detail::kTcMinChunkTokens;
+    return cudaSuccess;
+  }
+  if (kernel != DecodeKernel::kSimt) {
+    fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
+  }
   return dispatch(dtype, head_dim, [&]<typename Ops, int kHeadDim>() {
     int device = 0;
     cudaError_t err = cudaGetDevice(&device);

@@ -14,6 +14,15 @@
 // instead: one CTA per (sequence, KV head), codes decoded in registers, the row scales applied to
 // the fp32 dot product and softmax weight, fp32 accumulation; no split-KV (the plan is ignored).
 //
+// Kernel variants (DecodeKernel, chosen per call; the default is kSimt):
+//   kSimt        the kernel described above (kernels/decode_attention.cu).
+//   kTensorCore  kernels/decode_attention_tc.cu: the GQA group's query heads are the M dimension
+//                of mma.sync m16n8k16 (fp32 accumulation), 64-token key tiles split over the 4
+//                warps, each with its own cp.async pipeline and softmax state, merged once per CTA;
+//                same contract, same plan and workspace. Not yet proven on a GPU (issue 35):
+//                opt-in until scripts/gpu-check run has checked it. An FP8 cache falls back to the
+//                FP8 kernel with either variant; every 16-bit shape above runs the variant.
+//
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data, so launches can be captured in a CUDA graph. The caller owns the
 // workspace (size from decode_workspace_bytes) and must not reuse it until the launch completes.
@@ -36,6 +45,16 @@ namespace pagedkv {
 
 inline constexpr int kCudaDecodeMaxGroupSize = 16;
 
+enum class DecodeKernel : int {
+  kSimt = 0,        // CUDA-core kernel (the default)
+  kTensorCore = 1,  // tensor-core variant (opt-in; see above)
+};
+inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kSimt;
+
+// Whether `kernel` itself runs for these parameters; false when paged_decode_attention falls back
+// (an FP8 cache always runs kernels/fp8_attention.cu).
+bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept;
+
 // The host-side checks paged_decode_attention performs: validate(params) and validate(plan),
 // plus head_dim in {64, 128, 256}, group size <= 16, 16-byte aligned q / k_cache / v_cache / out,
 // q and out strides multiples of 8 elements, a large enough 16-byte aligned workspace when
@@ -47,12 +66,17 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
 // seq_lens included); `workspace` may be null when !plan.split_kv().
 cudaError_t paged_decode_attention(const PagedDecodeParams& params, const DecodePlan& plan,
                                    void* workspace, std::size_t workspace_bytes,
-                                   cudaStream_t stream);
+                                   cudaStream_t stream,
+                                   DecodeKernel kernel = kDefaultDecodeKernel);
 
 // Planner options for the current device: num_sms from the device and ctas_per_sm from the
-// kernel's occupancy for this dtype and head_dim (other options keep their defaults). Throws
-// pagedkv::Error for an unsupported head_dim; returns CUDA errors.
+// kernel's occupancy for this dtype and head_dim (other options keep their defaults). For
+// kTensorCore ctas_per_sm is twice the variant's occupancy, so the planner's one-wave target
+// fills two waves of it (its CTAs are short; two waves balance the tail), and min_chunk_tokens
+// is one 64-token tile. Throws pagedkv::Error
+// for an unsupported head_dim; returns CUDA errors.
 cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
-                                                   DecodePlanOptions* options);
+                                                   DecodePlanOptions* options,
+                                                   DecodeKernel kernel = kDefaultDecodeKernel);
 
 }  // namespace pagedkv

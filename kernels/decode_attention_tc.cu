@@ -1,0 +1,583 @@
+// Tensor-core paged decode attention (DecodeKernel::kTensorCore; contract in
+// include/pagedkv/cuda/decode_attention.hpp, layouts in kernels/internal/decode_tc_layout.hpp).
+//
+// CTA = 4 warps = one (sequence, KV head, split), as the default kernel. The GQA group's query
+// heads are the M dimension (16 rows, padded with zero rows) of mma.sync.m16n8k16 (fp16 / bf16
+// in, fp32 accumulate); q lives in A fragments in registers for the whole kernel. Keys come in
+// 64-token tiles; warp w owns keys [16 w, 16 w + 16) of every tile and runs its own pipeline: its
+// K and V slices stream through a kStages-deep ring in shared memory (16-byte cp.async, K and V in
+// separate commit groups, so QK waits only for K), with no CTA barrier inside the loop. Per tile
+// and warp: QK^T = 2 x head_dim / 16 MMAs (K through ldmatrix.x4 from a swizzled slice), the
+// scores scaled into the log2 domain (soft-cap: a compile-time branch), the running max / sum
+// updated (the output rescale skipped when no row maximum moved), the probabilities packed in
+// registers into the A operand of P x V (head_dim / 8 MMAs, V through ldmatrix.x4.trans). Every
+// loop bound is a compile-time constant (head_dim, stages, copies per lane).
+//
+// Page offsets: lanes 0..15 of a warp resolve the block-table entries of the warp's slice one
+// tile before its copies are issued (and kStages - 1 tiles before it is used) and keep them in a
+// shared-memory table, so issuing a copy is a shared load plus an add. A token past the range or
+// with a block id outside the pool is zero-filled (never read from global memory) and masked.
+//
+// At the end each warp's running state (m, l per row, O) goes through shared memory (the K/V ring
+// is reused) and the CTA merges the four warps once; the result is written directly (one split)
+// or as a normalized partial output + log2-sum-exp2 for the merge kernel (split-KV), which is the
+// same formula as kernels/decode_attention.cu's and launched with programmatic dependent launch.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "internal/cp_async.cuh"
+#include "internal/decode_tc_launch.hpp"
+#include "internal/decode_tc_layout.hpp"
+#include "pagedkv/base/error.hpp"
+
+namespace pagedkv::kernels {
+
+namespace {
+
+using detail::kTcRows;
+using detail::kTcThreads;
+using detail::kTcWarps;
+using detail::kTcWarpTokens;
+using detail::TcDecodeShape;
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct TcParams {
+  const std::uint16_t* q;  // [num_seqs, num_q_heads, head_dim]
+  std::int64_t q_stride_seq;
+  std::int64_t q_stride_head;
+  const std::uint16_t* k_cache;
+  const std::uint16_t* v_cache;
+  detail::TcPageGeometry page;  // head_offset 0; the kernel adds its KV head's
+  std::int64_t stride_head;
+  std::int32_t num_kv_heads;
+  std::int32_t num_q_heads;
+  std::int32_t group;
+  const std::int32_t* block_table;  // [num_seqs, max_blocks_per_seq]
+  std::int32_t max_blocks_per_seq;
+  const std::int32_t* seq_lens;
+  std::uint16_t* out;
+  std::int64_t out_stride_seq;
+  std::int64_t out_stride_head;
+  float score_scale;  // sm_scale x log2(e); with a soft-cap sm_scale / cap
+  float cap_log2;     // cap x log2(e) (soft-cap instantiations only)
+  std::int32_t window_size;
+  std::int32_t num_splits;
+  std::int32_t chunk;
+  float* partial_out;  // [num_seqs, num_q_heads, num_splits, head_dim]
+  float* partial_lse;  // [num_seqs, num_q_heads, num_splits]
+};
+
+__device__ __forceinline__ detail::TcSplitRange range_of(const TcParams& p, int seq, int split) {
+  const std::int64_t capacity = static_cast<std::int64_t>(p.max_blocks_per_seq) * p.page.block_size;
+  return detail::tc_split_range(__ldg(p.seq_lens + seq), capacity, p.window_size, p.num_splits,
+                                p.chunk, split);
+}
+
+template <bool kBf16>
+struct TcOps {
+  __device__ static unsigned pack2(float lo, float hi) {
+    if constexpr (kBf16) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<const unsigned*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<const unsigned*>(&h);
+    }
+  }
+  // d += a x b (m16n8k16, row.col, fp32 accumulators).
+  __device__ static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (kBf16) {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+  }
+};
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr)
+               : "memory");
+}
+
+template <bool kBf16, int kHeadDim, bool kSoftCap>
+__global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasPerSm)
+    tc_decode_kernel(const TcParams p) {
+  using S = TcDecodeShape<kHeadDim>;
+  using Ops = TcOps<kBf16>;
+  constexpr int kChunks = S::kChunks;
+  constexpr int kStages = S::kStages;
+  constexpr int kKSteps = kHeadDim / 16;  // QK MMAs per key tile of 8, over head_dim
+  constexpr int kNTiles = kHeadDim / 8;   // PV output tiles
+  extern __shared__ uint4 smem[];
+
+  const std::int64_t item = blockIdx.x;
+  const int split = static_cast<int>(item % p.num_splits);
+  const std::int64_t seq_head = item / p.num_splits;
+  const int kv_head = static_cast<int>(seq_head % p.num_kv_heads);
+  const int seq = static_cast<int>(seq_head / p.num_kv_heads);
+  const detail::TcSplitRange range = range_of(p, seq, split);
+  if (split >= range.num_active_splits) return;  // uniform over the CTA
+  const bool direct = range.num_active_splits == 1;
+  const int range_len = range.end - range.begin;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int tig = lane & 3;
+  uint4* ring = smem + warp * kStages * 2 * S::kSliceChunks;  // [stage][K slice, V slice]
+  std::int64_t* offsets =
+      reinterpret_cast<std::int64_t*>(smem + kTcWarps * kStages * 2 * S::kSliceChunks) +
+      warp * kStages * kTcWarpTokens;  // [stage][16]
+  const unsigned ring_addr = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+
+  // q as A fragments (rows past the group are zero).
+  unsigned qf[kKSteps][4];
+  const std::uint16_t* q_base =
+      p.q + seq * p.q_stride_seq + static_cast<std::int64_t>(kv_head) * p.group * p.q_stride_head;
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const detail::MmaCoord c = detail::mma_a_coord(lane, 2 * j);
+      qf[ks][j] = c.row < p.group ? __ldg(reinterpret_cast<const unsigned*>(
+                                        q_base + c.row * p.q_stride_head + ks * 16 + c.col))
+                                  : 0u;
+    }
+  }
+
+  float o[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[n][c] = 0.0f;
+  }
+  float m_run[2] = {-INFINITY, -INFINITY};  // rows lane / 4 and lane / 4 + 8
+  float l_run[2] = {0.0f, 0.0f};            // this lane's part of the row sums
+
+  detail::TcPageGeometry geo = p.page;
+  geo.head_offset = kv_head * p.stride_head;
+  const std::int32_t* table_row =
+      p.block_table + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+  const int tiles = detail::tc_warp_tiles(range_len, warp);
+
+  // Offsets of the warp's slice of `tile` into table slot `slot`.
+  const auto resolve = [&](int tile, int slot) {
+    if (lane < kTcWarpTokens) {
+      offsets[slot * kTcWarpTokens + lane] =
+          tile < tiles ? detail::tc_token_offset(
+                             geo, table_row,
+                             range.begin + detail::tc_slice_begin(tile, warp) + lane, range.end)
+                       : -1;
+    }
+  };
+  // Copies of the warp's slice of `tile` into `stage` (offsets already in slot `stage`); always
+  // commits two groups (K, then V) so the group counts stay uniform.
+  const auto issue = [&](int tile, int stage) {
+    uint4* k_slice = ring + stage * 2 * S::kSliceChunks;
+    uint4* v_slice = k_slice + S::kSliceChunks;
+    const std::int64_t* slot = offsets + stage * kTcWarpTokens;
+    if (tile < tiles) {
+#pragma unroll
+      for (int i = 0; i < S::kCopiesPerLane; ++i) {
+        const detail::MmaCoord c = detail::slice_copy(lane, i, kChunks);
+        const std::int64_t off = slot[c.row];
+        const bool fill = off >= 0;
+        cp_async_16(k_slice + detail::swizzled_chunk(c.row, c.col, kChunks),
+                    fill ? p.k_cache + off + c.col * 8 : p.k_cache, fill);
+      }
+    }
+    cp_async_commit();
+    if (tile < tiles) {
+#pragma unroll
+      for (int i = 0; i < S::kCopiesPerLane; ++i) {
+        const detail::MmaCoord c = detail::slice_copy(lane, i, kChunks);
+        const std::int64_t off = slot[c.row];
+        const bool fill = off >= 0;
+        cp_async_16(v_slice + detail::swizzled_chunk(c.row, c.col, kChunks),
+                    fill ? p.v_cache + off + c.col * 8 : p.v_cache, fill);
+      }
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) resolve(t, detail::tc_slot(t, kStages));
+  __syncwarp();
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) issue(t, detail::tc_slot(t, kStages));
+  resolve(kStages - 1, detail::tc_slot(kStages - 1, kStages));
+
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int stage = detail::tc_slot(tile, kStages);
+    // K of `tile` landed (its V and the later tiles may still be in flight); the previous
+    // tile's stage is no longer read by any lane; the offsets resolved last iteration visible.
+    cp_async_wait<detail::tc_k_wait_groups(kStages)>();
+    __syncwarp();
+    const int next = detail::tc_issue_tile(tile, kStages);
+    issue(next, detail::tc_slot(next, kStages));
+    const int ahead = detail::tc_resolve_tile(tile, kStages);
+    resolve(ahead, detail::tc_slot(ahead, kStages));  // == stage: tile's copies left long ago
+
+    const unsigned k_addr = ring_addr + stage * 2 * S::kSliceChunks * 16;
+    const unsigned v_addr = k_addr + S::kSliceChunks * 16;
+
+    // S = Q K^T for the slice's 16 keys: two 16 x 8 tiles.
+    float s[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) s[t][c] = 0.0f;
+    }
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      unsigned b[4];
+      ldmatrix_x4(b,
+                  k_addr + 16 * detail::swizzled_chunk(detail::qk_b_key(lane),
+                                                       2 * ks + detail::qk_b_chunk(lane), kChunks));
+      Ops::mma(s[0], qf[ks], b[0], b[1]);
+      Ops::mma(s[1], qf[ks], b[2], b[3]);
+    }
+
+    // Scores in the log2 domain, masked past the range; row maxima over the quad.
+    const int valid = range_len - detail::tc_slice_begin(tile, warp);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int key = t * 8 + detail::mma_c_coord(lane, c).col;
+        float v;
+        if constexpr (kSoftCap) {
+          v = p.cap_log2 * tanhf(s[t][c] * p.score_scale);
+        } else {
+          v = s[t][c] * p.score_scale;
+        }
+#ifdef PAGEDKV_TEST_DROP_KEY
+        // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
+        const bool dropped =
+            range.begin + detail::tc_slice_begin(tile, warp) + key == PAGEDKV_TEST_DROP_KEY;
+#else
+        constexpr bool dropped = false;
+#endif
+        v = key < valid && !dropped ? v : -INFINITY;
+        s[t][c] = v;
+        tile_max[c >> 1] = fmaxf(tile_max[c >> 1], v);
+      }
+    }
+    float m_use[2];
+    bool moved = false;
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+      const float m_new = fmaxf(m_run[r], tile_max[r]);
+      // Until a valid key is seen m stays -inf; subtracting 0 then keeps exp2f(-inf) = 0.
+      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[r] = exp2f(m_run[r] - m_use[r]);
+      moved = moved || m_new != m_run[r];
+      m_run[r] = m_new;
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) l_run[r] *= alpha[r];
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) o[n][c] *= alpha[c >> 1];
+      }
+    }
+    // P = 2^(S - m), packed in registers into the PV A operand (decode_tc_layout.hpp).
+    float prob[2][4];
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        prob[t][c] = exp2f(s[t][c] - m_use[c >> 1]);
+        l_run[c >> 1] += prob[t][c];
+      }
+    }
+    unsigned pa[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const detail::PvASource lo = detail::pv_a_source(2 * j);
+      const detail::PvASource hi = detail::pv_a_source(2 * j + 1);
+      pa[j] = Ops::pack2(prob[lo.tile][lo.elem], prob[hi.tile][hi.elem]);
+    }
+
+    // O += P V.
+    cp_async_wait<detail::tc_v_wait_groups(kStages)>();
+    __syncwarp();
+#pragma unroll
+    for (int dd = 0; dd < kHeadDim / 16; ++dd) {
+      unsigned b[4];
+      ldmatrix_x4_trans(
+          b, v_addr + 16 * detail::swizzled_chunk(detail::pv_b_key(lane),
+                                                  2 * dd + detail::pv_b_chunk(lane), kChunks));
+      Ops::mma(o[2 * dd], pa, b[0], b[1]);
+      Ops::mma(o[2 * dd + 1], pa, b[2], b[3]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring: reused as merge scratch below
+
+  // Row sums over the quad, then each warp's state to shared memory.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  float* scratch = reinterpret_cast<float*>(smem);               // [warp][16][kScratchStride]
+  float* ml = scratch + kTcWarps * kTcRows * S::kScratchStride;  // [warp][m x 16, l x 16]
+  float* own = scratch + warp * kTcRows * S::kScratchStride;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const detail::MmaCoord at = detail::mma_c_coord(lane, c);
+      own[at.row * S::kScratchStride + n * 8 + at.col] = o[n][c];
+    }
+  }
+  if (tig == 0) {
+    const int row = lane >> 2;
+    ml[warp * 32 + row] = m_run[0];
+    ml[warp * 32 + row + 8] = m_run[1];
+    ml[warp * 32 + 16 + row] = l_run[0];
+    ml[warp * 32 + 16 + row + 8] = l_run[1];
+  }
+  __syncthreads();
+
+  // Merge the four warps: work item = (query head of the group, 8 columns).
+  for (int w_item = static_cast<int>(threadIdx.x); w_item < p.group * kChunks;
+       w_item += kTcThreads) {
+    const int row = w_item / kChunks;
+    const int d0 = (w_item % kChunks) * 8;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kTcWarps; ++w) m_all = fmaxf(m_all, ml[w * 32 + row]);
+    const float m_ref = m_all == -INFINITY ? 0.0f : m_all;
+    float l_all = 0.0f;
+    float acc[8] = {};
+#pragma unroll
+    for (int w = 0; w < kTcWarps; ++w) {
+      const float weight = exp2f(ml[w * 32 + row] - m_ref);
+      l_all = fmaf(weight, ml[w * 32 + 16 + row], l_all);
+      const float* src = scratch + (w * kTcRows + row) * S::kScratchStride + d0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] = fmaf(weight, src[k], acc[k]);
+    }
+    const int q_head = kv_head * p.group + row;
+    if (direct) {
+      const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+      uint4 packed;
+      packed.x = Ops::pack2(acc[0] * inv, acc[1] * inv);
+      packed.y = Ops::pack2(acc[2] * inv, acc[3] * inv);
+      packed.z = Ops::pack2(acc[4] * inv, acc[5] * inv);
+      packed.w = Ops::pack2(acc[6] * inv, acc[7] * inv);
+      *reinterpret_cast<uint4*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d0) =
+          packed;
+    } else {
+      // A non-empty chunk: its maximum key has weight 1, so l_all >= 1.
+      const std::int64_t state =
+          (static_cast<std::int64_t>(seq) * p.num_q_heads + q_head) * p.num_splits + split;
+      const float inv = 1.0f / l_all;
+      float4* dst = reinterpret_cast<float4*>(p.partial_out + state * kHeadDim + d0);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (d0 == 0) p.partial_lse[state] = m_all + log2f(l_all);
+    }
+  }
+}
+
+// out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) for each (sequence, query head) that used
+// >= 2 splits. blockDim = (kHeadDim / 4, kMergeHeads).
+constexpr int kMergeHeads = 4;
+
+template <bool kBf16, int kHeadDim>
+__global__ void __launch_bounds__(kHeadDim / 4 * kMergeHeads)
+    tc_merge_kernel(const TcParams p, std::int64_t num_states) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched with programmatic stream serialization: wait for the attention grid's writes.
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  const std::int64_t state = static_cast<std::int64_t>(blockIdx.x) * kMergeHeads + threadIdx.y;
+  if (state >= num_states) return;
+  const int seq = static_cast<int>(state / p.num_q_heads);
+  const int q_head = static_cast<int>(state % p.num_q_heads);
+  const int n = range_of(p, seq, 0).num_active_splits;
+  if (n <= 1) return;  // written directly by the attention kernel
+  const float* lse = p.partial_lse + state * p.num_splits;
+  float m_all = -INFINITY;
+  for (int s = 0; s < n; ++s) m_all = fmaxf(m_all, lse[s]);
+  float weight_sum = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int d = static_cast<int>(threadIdx.x) * 4;
+  for (int s = 0; s < n; ++s) {
+    const float w = exp2f(lse[s] - m_all);
+    weight_sum += w;
+    const float4 part =
+        *reinterpret_cast<const float4*>(p.partial_out + (state * p.num_splits + s) * kHeadDim + d);
+    acc.x = fmaf(w, part.x, acc.x);
+    acc.y = fmaf(w, part.y, acc.y);
+    acc.z = fmaf(w, part.z, acc.z);
+    acc.w = fmaf(w, part.w, acc.w);
+  }
+  const float inv = 1.0f / weight_sum;
+  uint2 packed;
+  packed.x = TcOps<kBf16>::pack2(acc.x * inv, acc.y * inv);
+  packed.y = TcOps<kBf16>::pack2(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d) =
+      packed;
+}
+
+template <bool kBf16, int kHeadDim, bool kSoftCap>
+cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t stream) {
+  using S = TcDecodeShape<kHeadDim>;
+  const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap>;
+  // Set on every launch: cheap, per device, and allowed while a graph is being captured.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(S::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  const std::int64_t ctas = num_seqs * kp.num_kv_heads * kp.num_splits;
+  if (ctas == 0) return cudaSuccess;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(ctas));
+  config.blockDim = dim3(kTcThreads);
+  config.dynamicSmemBytes = S::kSmemBytes;
+  config.stream = stream;
+  err = cudaLaunchKernelEx(&config, kernel, kp);
+  if (err != cudaSuccess || kp.num_splits == 1) return err;
+
+  const std::int64_t states = num_seqs * kp.num_q_heads;
+  cudaLaunchConfig_t merge{};
+  merge.gridDim = dim3(static_cast<unsigned>((states + kMergeHeads - 1) / kMergeHeads));
+  merge.blockDim = dim3(kHeadDim / 4, kMergeHeads);
+  merge.stream = stream;
+  cudaLaunchAttribute attr[1];
+  int device = 0;
+  int major = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }
+  if (err != cudaSuccess) return err;
+  if (major >= 9) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    merge.attrs = attr;
+    merge.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&merge, tc_merge_kernel<kBf16, kHeadDim>, kp, states);
+}
+
+template <typename Fn>
+cudaError_t dispatch(KVDtype dtype, int head_dim, bool soft_cap, Fn&& fn) {
+  const bool bf16 = dtype == KVDtype::kBFloat16;
+  const auto by_cap = [&]<bool kBf16, int kHeadDim>() {
+    return soft_cap ? fn.template operator()<kBf16, kHeadDim, true>()
+                    : fn.template operator()<kBf16, kHeadDim, false>();
+  };
+  const auto by_dtype = [&]<int kHeadDim>() {
+    return bf16 ? by_cap.template operator()<true, kHeadDim>()
+                : by_cap.template operator()<false, kHeadDim>();
+  };
+  switch (head_dim) {
+    case 64:
+      return by_dtype.template operator()<64>();
+    case 128:
+      return by_dtype.template operator()<128>();
+    case 256:
+      return by_dtype.template operator()<256>();
+    default:
+      throw Error(ErrorCode::kInvalidArgument,
+                  "paged_decode_attention (CUDA, tensor cores): head_dim must be 64, 128 or 256");
+  }
+}
+
+}  // namespace
+
+cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& plan,
+                            void* workspace, cudaStream_t stream) {
+  const KVLayout& layout = params.layout;
+  TcParams kp{};
+  kp.q = static_cast<const std::uint16_t*>(params.q);
+  kp.q_stride_seq = params.q_seq_stride();
+  kp.q_stride_head = params.q_head_stride();
+  kp.k_cache = static_cast<const std::uint16_t*>(params.k_cache);
+  kp.v_cache = static_cast<const std::uint16_t*>(params.v_cache);
+  kp.page.stride_block = layout.stride_block;
+  kp.page.stride_token = layout.stride_token;
+  kp.page.head_offset = 0;
+  kp.page.num_blocks = layout.num_blocks;
+  kp.page.block_size = layout.block_size;
+  kp.page.block_shift = detail::tc_block_shift(layout.block_size);
+  kp.stride_head = layout.stride_head;
+  kp.num_kv_heads = layout.num_kv_heads;
+  kp.num_q_heads = params.num_q_heads;
+  kp.group = params.group_size();
+  kp.block_table = params.block_table;
+  kp.max_blocks_per_seq = params.max_blocks_per_seq;
+  kp.seq_lens = params.seq_lens;
+  kp.out = static_cast<std::uint16_t*>(params.out);
+  kp.out_stride_seq = params.out_seq_stride();
+  kp.out_stride_head = params.out_head_stride();
+  const bool soft_cap = params.logits_soft_cap > 0.0f;
+  if (soft_cap) {
+    kp.score_scale = params.sm_scale / params.logits_soft_cap;
+    kp.cap_log2 = params.logits_soft_cap * kLog2e;
+  } else {
+    kp.score_scale = params.sm_scale * kLog2e;
+    kp.cap_log2 = 0.0f;
+  }
+  kp.window_size = params.window_size;
+  kp.num_splits = plan.num_splits;
+  kp.chunk = plan.split_kv() ? plan.kv_chunk_size : 0;
+  if (plan.split_kv()) {
+    const DecodeWorkspaceLayout ws =
+        decode_workspace_layout(plan, params.num_seqs, params.num_q_heads, layout.head_dim);
+    auto* base = static_cast<unsigned char*>(workspace);
+    kp.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
+    kp.partial_lse = reinterpret_cast<float*>(base + ws.partial_lse_offset);
+  }
+  return dispatch(params.dtype, layout.head_dim, soft_cap,
+                  [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+                    return launch<kBf16, kHeadDim, kSoftCap>(kp, params.num_seqs, stream);
+                  });
+}
+
+cudaError_t tc_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
+  return dispatch(dtype, head_dim, false, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+    using S = TcDecodeShape<kHeadDim>;
+    const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(S::kSmemBytes));
+    int resident = 0;
+    if (err == cudaSuccess) {
+      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kTcThreads,
+                                                          S::kSmemBytes);
+    }
+    if (err != cudaSuccess) return err;
+    *ctas = resident > 0 ? resident : 1;
+    return cudaSuccess;
+  });
+}
+
+}  // namespace pagedkv::kernels
