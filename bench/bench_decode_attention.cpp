@@ -15,9 +15,19 @@
 // replays of a CUDA graph of up to 64 launches (so the launch path is not what is measured);
 // larger ones launch directly. Times are CUDA-event medians over repeats.
 //
+// R (read-only streaming) = bytes / time of one kernel that only reads 1 GiB (read_bandwidth.hpp):
+// decode only reads K/V, so R is its own ceiling, measured in the same run beside C.
+//
+// Both decode kernel variants run on every shape in the same run (DecodeKernel::kSimt, the
+// default, and kTensorCore), each with its own split plan, timed back to back (the order
+// alternates from shape to shape); each is checked against the CPU reference before anything is
+// timed.
+//
 // Target (docs/figures.md): decode >= 0.85 x C on the bandwidth-bound shapes (>= 1 GiB of K/V
-// per launch). Every figure is also printed as a RESULT / TARGET / CHECK line
-// (bench_cuda_util.hpp).
+// per launch): TARGET decode_vs_copy (the default kernel, as before), TARGET decode_vs_read
+// (against R), and the same for the variant (decode_tc_vs_copy, decode_tc_vs_read); batch 1 at
+// 4,096 tokens >= 0.5 x C (decode_b1_4k_vs_copy, decode_tc_b1_4k_vs_copy). Every figure is also
+// printed as a RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
 //
 // Usage: bench_decode_attention [--quick]   (--quick: a few small shapes, for smoke tests)
 #include <cuda_runtime_api.h>
@@ -34,16 +44,18 @@
 #include <vector>
 
 #include "bench_cuda_util.hpp"
-#include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
-#include "pagedkv/reference/decode_attention.hpp"
 #include "pagedkv/device/decode_plan.hpp"
 #include "pagedkv/device/kv_layout.hpp"
+#include "pagedkv/reference/cache_ops.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
+#include "read_bandwidth.hpp"
 
 namespace {
 
+using pagedkv::DecodeKernel;
 using pagedkv::DecodePlan;
 using pagedkv::KVDtype;
 using pagedkv::KVLayout;
@@ -58,6 +70,12 @@ constexpr int kHeadDim = 128;
 constexpr KVDtype kDtype = KVDtype::kBFloat16;
 constexpr double kTarget = 0.85;
 constexpr double kRowTolerance = 1e-2;  // bf16, as the GPU tests
+constexpr double kTargetB1 = 0.5;       // batch 1, 4,096 tokens
+constexpr DecodeKernel kKernels[] = {DecodeKernel::kSimt, DecodeKernel::kTensorCore};
+
+const char* kernel_name(DecodeKernel kernel) {
+  return kernel == DecodeKernel::kSimt ? "simt" : "tensor_core";
+}
 
 // Median milliseconds of one launch. Each repeat times `per_repeat` back-to-back calls
 // launch(call) with call = 0, 1, 2, ... continuing across repeats; the two warm-up calls are
@@ -131,7 +149,7 @@ double time_graph_ms(cudaStream_t stream, int repeats, int per_graph, int first,
 
 // Decode attention on a small random case (5 sequences of 1..1500 tokens, shuffled blocks)
 // against the CPU reference, split-KV off and planned; copy_blocks against its reference.
-bool check_against_reference(const pagedkv::DecodePlanOptions& planner, cudaStream_t stream) {
+bool check_against_reference(const pagedkv::DecodePlanOptions (&planners)[2], cudaStream_t stream) {
   bench::Random rng(2024);
   const std::vector<std::int32_t> lens = {1, 190, 777, 1500, 64};
   const int seqs = static_cast<int>(lens.size());
@@ -204,24 +222,28 @@ bool check_against_reference(const pagedkv::DecodePlanOptions& planner, cudaStre
   p.seq_lens = static_cast<const std::int32_t*>(lens_dev);
   p.out = out_dev;
   bool ok = true;
-  pagedkv::DecodePlanOptions options = planner;
-  options.min_chunk_tokens = 64;
-  for (const DecodePlan plan :
-       {DecodePlan{}, pagedkv::plan_paged_decode(lens, kKVHeads, options)}) {
-    const std::size_t ws_bytes = pagedkv::decode_workspace_bytes(plan, seqs, kQHeads, kHeadDim);
-    void* workspace = nullptr;
-    if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
-    CHECK(cudaMemsetAsync(out_dev, 0xff, q.size() * 2, stream));  // NaN: unwritten rows fail
-    CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream));
-    CHECK(cudaStreamSynchronize(stream));
-    std::vector<std::uint16_t> out(q.size());
-    CHECK(cudaMemcpy(out.data(), out_dev, out.size() * 2, cudaMemcpyDeviceToHost));
-    const double err = bench::max_row_error(bench::to_doubles(kDtype, out), ref, kHeadDim);
-    const bool pass = err <= kRowTolerance;
-    ok = ok && pass;
-    std::printf("CHECK decode_attention splits=%d max_row_error=%.3g tolerance=%.0e %s\n",
-                plan.num_splits, err, kRowTolerance, pass ? "PASS" : "FAIL");
-    if (workspace != nullptr) CHECK(cudaFree(workspace));
+  for (int kv = 0; kv < 2; ++kv) {
+    const DecodeKernel kernel = kKernels[kv];
+    pagedkv::DecodePlanOptions options = planners[kv];
+    options.min_chunk_tokens = 64;
+    for (const DecodePlan plan :
+         {DecodePlan{}, pagedkv::plan_paged_decode(lens, kKVHeads, options)}) {
+      const std::size_t ws_bytes = pagedkv::decode_workspace_bytes(plan, seqs, kQHeads, kHeadDim);
+      void* workspace = nullptr;
+      if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
+      CHECK(cudaMemsetAsync(out_dev, 0xff, q.size() * 2, stream));  // NaN: unwritten rows fail
+      CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream, kernel));
+      CHECK(cudaStreamSynchronize(stream));
+      std::vector<std::uint16_t> out(q.size());
+      CHECK(cudaMemcpy(out.data(), out_dev, out.size() * 2, cudaMemcpyDeviceToHost));
+      const double err = bench::max_row_error(bench::to_doubles(kDtype, out), ref, kHeadDim);
+      const bool pass = err <= kRowTolerance;
+      ok = ok && pass;
+      std::printf(
+          "CHECK decode_attention kernel=%s splits=%d max_row_error=%.3g tolerance=%.0e %s\n",
+          kernel_name(kernel), plan.num_splits, err, kRowTolerance, pass ? "PASS" : "FAIL");
+      if (workspace != nullptr) CHECK(cudaFree(workspace));
+    }
   }
 
   // copy_blocks over the K and V planes: forks of three blocks, bit for bit.
@@ -287,8 +309,11 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  pagedkv::DecodePlanOptions options;
-  CHECK(pagedkv::decode_plan_options_for_current_device(kDtype, kHeadDim, &options));
+  pagedkv::DecodePlanOptions options[2];
+  for (int kv = 0; kv < 2; ++kv) {
+    CHECK(pagedkv::decode_plan_options_for_current_device(kDtype, kHeadDim, &options[kv],
+                                                          kKernels[kv]));
+  }
 
   // ---- correctness first: nothing is timed unless the kernels are right here ----
   if (!check_against_reference(options, stream)) {
@@ -339,6 +364,19 @@ int main(int argc, char** argv) {
   std::printf("RESULT copy bytes=%lld ms=%.4f gbs=%.1f\n", static_cast<long long>(copy_bytes),
               copy_ms, c_gbs);
 
+  // ---- R: read-only streaming of 1 GiB (decode only reads) ----
+  unsigned* sink = nullptr;
+  CHECK(cudaMalloc(reinterpret_cast<void**>(&sink), sizeof(unsigned)));
+  const std::int64_t read_bytes = copy_bytes / 64 * 64;
+  const double read_ms = time_ms(stream, quick ? 3 : 20, 1, 0, [&](int) {
+    CHECK(bench::read_only_stream(dev.k, static_cast<std::size_t>(read_bytes), sink, stream));
+  });
+  const double r_gbs = static_cast<double>(read_bytes) / (read_ms * 1e6);
+  std::printf("# R = read-only streaming kernel: %.0f GB/s (%.3f ms per %.0f MiB)\n\n", r_gbs,
+              read_ms, static_cast<double>(read_bytes) / (1 << 20));
+  std::printf("RESULT read bytes=%lld ms=%.4f gbs=%.1f ratio_copy=%.3f\n",
+              static_cast<long long>(read_bytes), read_ms, r_gbs, r_gbs / c_gbs);
+
   // q and out, shared by every launch; q random.
   const std::int64_t max_batch = *std::max_element(batches.begin(), batches.end());
   const auto q_bytes = static_cast<std::size_t>(max_batch * kQHeads * kHeadDim * 2);
@@ -349,11 +387,14 @@ int main(int argc, char** argv) {
   bench::fill_random(q, q_bytes, kDtype, 3, kProgram);
 
   std::printf(
-      "| batch | context | block | table | splits x chunk | rotation | timed as | us | GB/s | / C "
-      "|\n");
-  std::printf("|---:|---:|---:|---|---|---:|---|---:|---:|---:|\n");
+      "| batch | context | block | table | kernel | splits x chunk | rotation | timed as | us | "
+      "GB/s | / C | / R |\n");
+  std::printf("|---:|---:|---:|---|---|---|---:|---|---:|---:|---:|---:|\n");
   std::mt19937_64 rng(1);
-  std::vector<double> bound_ratios;  // shapes with >= 1 GiB of K/V per launch
+  std::vector<double> bound_ratios[2];  // per kernel: shapes with >= 1 GiB of K/V per launch
+  std::vector<double> speedups;         // per shape: simt time / tensor-core time
+  double b1_4k[2] = {-1.0, -1.0};
+  int shape_index = 0;
   for (const int batch : batches) {
     for (const int context : contexts) {
       for (const int block_size : block_sizes) {
@@ -384,12 +425,6 @@ int main(int argc, char** argv) {
           CHECK(cudaMalloc(&lens_dev, lens.size() * sizeof(std::int32_t)));
           CHECK(cudaMemcpy(lens_dev, lens.data(), lens.size() * sizeof(std::int32_t),
                            cudaMemcpyHostToDevice));
-          const DecodePlan plan = pagedkv::plan_paged_decode(lens, kKVHeads, options);
-          const std::size_t ws_bytes =
-              pagedkv::decode_workspace_bytes(plan, batch, kQHeads, kHeadDim);
-          void* workspace = nullptr;
-          if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
-
           pagedkv::PagedDecodeParams p;
           p.dtype = kDtype;
           p.num_seqs = batch;
@@ -403,42 +438,60 @@ int main(int argc, char** argv) {
           p.out = out;
           p.sm_scale = 0.0883883f;
           const auto* table_base = static_cast<const std::int32_t*>(table);
-          const auto launch = [&](int call) {
-            p.block_table = table_base + (call % rotation) * blocks_per_call;
-            CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream));
-          };
-          const int per_repeat = static_cast<int>(std::min<std::int64_t>(rotation, 64));
-          // Small launches go through a graph; the warm-up graph reads the rotation's other
-          // copies when there are enough (else the last ones).
-          const bool graph = 2 * kv_bytes < 256 * (std::int64_t{1} << 20);
-          const int warmup_first = static_cast<int>(
-              rotation >= 2 * per_repeat ? per_repeat : std::max<std::int64_t>(0, rotation - 2));
-          const double ms =
-              graph ? time_graph_ms(stream, quick ? 3 : 15, per_repeat, 0, warmup_first, launch)
-                    : time_ms(stream, quick ? 3 : 15, per_repeat,
-                              static_cast<int>(std::max<std::int64_t>(0, rotation - 2)), launch);
-          const double bytes = 2.0 * static_cast<double>(kv_bytes) +
-                               2.0 * batch * kQHeads * kHeadDim * 2;  // K, V, q, out
-          const double gbs = bytes / (ms * 1e6);
-          char split[64];
-          if (plan.split_kv()) {
-            std::snprintf(split, sizeof(split), "%d x %d", plan.num_splits, plan.kv_chunk_size);
-          } else {
-            std::snprintf(split, sizeof(split), "none");
+          double ms_of[2] = {0.0, 0.0};
+          // A/B in one run: the order alternates from shape to shape.
+          for (int step = 0; step < 2; ++step) {
+            const int kv = (step + shape_index) % 2;
+            const DecodeKernel kernel = kKernels[kv];
+            const DecodePlan plan = pagedkv::plan_paged_decode(lens, kKVHeads, options[kv]);
+            const std::size_t ws_bytes =
+                pagedkv::decode_workspace_bytes(plan, batch, kQHeads, kHeadDim);
+            void* workspace = nullptr;
+            if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
+            const auto launch = [&](int call) {
+              p.block_table = table_base + (call % rotation) * blocks_per_call;
+              CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream, kernel));
+            };
+            const int per_repeat = static_cast<int>(std::min<std::int64_t>(rotation, 64));
+            // Small launches go through a graph; the warm-up graph reads the rotation's other
+            // copies when there are enough (else the last ones).
+            const bool graph = 2 * kv_bytes < 256 * (std::int64_t{1} << 20);
+            const int warmup_first = static_cast<int>(
+                rotation >= 2 * per_repeat ? per_repeat : std::max<std::int64_t>(0, rotation - 2));
+            const double ms =
+                graph ? time_graph_ms(stream, quick ? 3 : 15, per_repeat, 0, warmup_first, launch)
+                      : time_ms(stream, quick ? 3 : 15, per_repeat,
+                                static_cast<int>(std::max<std::int64_t>(0, rotation - 2)), launch);
+            ms_of[kv] = ms;
+            const double bytes = 2.0 * static_cast<double>(kv_bytes) +
+                                 2.0 * batch * kQHeads * kHeadDim * 2;  // K, V, q, out
+            const double gbs = bytes / (ms * 1e6);
+            char split[64];
+            if (plan.split_kv()) {
+              std::snprintf(split, sizeof(split), "%d x %d", plan.num_splits, plan.kv_chunk_size);
+            } else {
+              std::snprintf(split, sizeof(split), "none");
+            }
+            const char* timed_as = graph ? "graph" : "launches";
+            std::printf(
+                "| %d | %d | %d | %s | %s | %s | %.2f GiB | %s | %.1f | %.0f | %.2f | %.2f |\n",
+                batch, context, block_size, shuffled ? "shuffled" : "identity", kernel_name(kernel),
+                split, 2.0 * static_cast<double>(rotation * kv_bytes) / static_cast<double>(kGiB),
+                timed_as, ms * 1e3, gbs, gbs / c_gbs, gbs / r_gbs);
+            std::printf(
+                "RESULT decode kernel=%s batch=%d context=%d block=%d table=%s splits=%d "
+                "timed_as=%s us=%.2f gbs=%.1f ratio_copy=%.3f ratio_read=%.3f\n",
+                kernel_name(kernel), batch, context, block_size, shuffled ? "shuffled" : "identity",
+                plan.num_splits, timed_as, ms * 1e3, gbs, gbs / c_gbs, gbs / r_gbs);
+            std::fflush(stdout);
+            if (2 * kv_bytes >= kGiB) bound_ratios[kv].push_back(gbs / c_gbs);
+            if (batch == 1 && context == 4096 && !shuffled && block_size == 16) {
+              b1_4k[kv] = gbs / c_gbs;
+            }
+            if (workspace != nullptr) CHECK(cudaFree(workspace));
           }
-          const char* timed_as = graph ? "graph" : "launches";
-          std::printf("| %d | %d | %d | %s | %s | %.2f GiB | %s | %.1f | %.0f | %.2f |\n", batch,
-                      context, block_size, shuffled ? "shuffled" : "identity", split,
-                      2.0 * static_cast<double>(rotation * kv_bytes) / static_cast<double>(kGiB),
-                      timed_as, ms * 1e3, gbs, gbs / c_gbs);
-          std::printf(
-              "RESULT decode batch=%d context=%d block=%d table=%s splits=%d timed_as=%s "
-              "us=%.2f gbs=%.1f ratio_copy=%.3f\n",
-              batch, context, block_size, shuffled ? "shuffled" : "identity", plan.num_splits,
-              timed_as, ms * 1e3, gbs, gbs / c_gbs);
-          std::fflush(stdout);
-          if (2 * kv_bytes >= kGiB) bound_ratios.push_back(gbs / c_gbs);
-          if (workspace != nullptr) CHECK(cudaFree(workspace));
+          speedups.push_back(ms_of[0] / ms_of[1]);
+          ++shape_index;
           CHECK(cudaFree(lens_dev));
           CHECK(cudaFree(table));
         }
@@ -488,16 +541,42 @@ int main(int argc, char** argv) {
     CHECK(cudaFree(pairs_dev));
   }
 
-  // ---- the target: every bandwidth-bound shape at >= 0.85 x C ----
-  if (!bound_ratios.empty()) {
-    const double worst = *std::min_element(bound_ratios.begin(), bound_ratios.end());
-    const double best = *std::max_element(bound_ratios.begin(), bound_ratios.end());
-    std::printf(
-        "\nTARGET decode_vs_copy value=%.3f target=%.2f met=%s shapes=%zu median=%.3f "
-        "best=%.3f (worst shape with >= 1 GiB of K/V per launch)\n",
-        worst, kTarget, worst >= kTarget ? "yes" : "no", bound_ratios.size(),
-        bench::median(bound_ratios), best);
+  // ---- the targets: every bandwidth-bound shape at >= 0.85 x C (and x R), per kernel ----
+  std::printf("\n");
+  for (int kv = 0; kv < 2; ++kv) {
+    const std::vector<double>& ratios = bound_ratios[kv];
+    const char* prefix = kv == 0 ? "decode" : "decode_tc";
+    if (!ratios.empty()) {
+      const double worst = *std::min_element(ratios.begin(), ratios.end());
+      const double best = *std::max_element(ratios.begin(), ratios.end());
+      std::printf(
+          "TARGET %s_vs_copy value=%.3f target=%.2f met=%s shapes=%zu median=%.3f "
+          "best=%.3f kernel=%s (worst shape with >= 1 GiB of K/V per launch)\n",
+          prefix, worst, kTarget, worst >= kTarget ? "yes" : "no", ratios.size(),
+          bench::median(ratios), best, kernel_name(kKernels[kv]));
+      const double worst_read = worst * c_gbs / r_gbs;
+      std::printf(
+          "TARGET %s_vs_read value=%.3f target=%.2f met=%s shapes=%zu median=%.3f "
+          "kernel=%s (same shapes, against the read-only stream R = %.0f GB/s)\n",
+          prefix, worst_read, kTarget, worst_read >= kTarget ? "yes" : "no", ratios.size(),
+          bench::median(ratios) * c_gbs / r_gbs, kernel_name(kKernels[kv]), r_gbs);
+    }
+    if (b1_4k[kv] >= 0.0) {
+      std::printf(
+          "TARGET %s_b1_4k_vs_copy value=%.3f target=%.2f met=%s kernel=%s (batch 1, "
+          "4,096 tokens, block 16)\n",
+          prefix, b1_4k[kv], kTargetB1, b1_4k[kv] >= kTargetB1 ? "yes" : "no",
+          kernel_name(kKernels[kv]));
+    }
   }
+  if (!speedups.empty()) {
+    std::printf(
+        "RESULT decode_variants tensor_core_speedup_median=%.3f worst=%.3f best=%.3f shapes=%zu "
+        "(simt time / tensor-core time, same run)\n",
+        bench::median(speedups), *std::min_element(speedups.begin(), speedups.end()),
+        *std::max_element(speedups.begin(), speedups.end()), speedups.size());
+  }
+  CHECK(cudaFree(sink));
   CHECK(cudaFree(q));
   CHECK(cudaFree(out));
   CHECK(cudaFree(dev.k));

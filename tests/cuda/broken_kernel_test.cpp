@@ -1,10 +1,11 @@
 // The GPU tests' per-row comparison fails kernels that are wrong by one key. This program links
 // pagedkv_cuda_drop_key: the decode and extend kernels built with PAGEDKV_TEST_DROP_KEY=100, so
-// key position 100 of every sequence is left out (tests/CMakeLists.txt). It passes only when the
-// check the real GPU tests use (testing::check_rows, 1e-2 per row for bf16, 2e-3 for fp16)
-// rejects exactly the rows that should see key 100 and accepts the others; the whole-batch
-// Frobenius error the tests used before is printed for comparison (for the bf16 decode batch it
-// stays under 1e-2, i.e. the old check passed this broken kernel).
+// key position 100 of every sequence is left out (tests/CMakeLists.txt); the decode check runs
+// for both decode variants (kernels/decode_attention.cu and kernels/decode_attention_tc.cu). It
+// passes only when the check the real GPU tests use (testing::check_rows, 1e-2 per row for bf16,
+// 2e-3 for fp16) rejects exactly the rows that should see key 100 and accepts the others; the
+// whole-batch Frobenius error the tests used before is printed for comparison (for the bf16 decode
+// batch it stays under 1e-2, i.e. the old check passed this broken kernel).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -26,40 +27,44 @@ double tolerance(KVDtype dtype) {
 
 class CudaBrokenKernel : public testing::GpuTest {};
 
+// Both decode variants (the default and DecodeKernel::kTensorCore) are built broken.
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
-  for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
-    for (const DecodePlan plan : {DecodePlan{}, DecodePlan{5, 37}}) {
-      testing::DecodeShape s;
-      s.dtype = dtype;
-      s.num_seqs = 3;
-      s.num_kv_heads = 2;
-      s.num_q_heads = 8;
-      s.head_dim = 128;
-      s.block_size = 16;
-      s.seq_lens = {1, 190, 50};  // only the 190-token sequence has a key 100
-      const auto pb = testing::make_decode_problem(s, 3);
-      const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
-      testing::DeviceDecodeProblem dev(pb);
-      const std::size_t ws_bytes = decode_workspace_bytes(plan, 3, 8, 128);
-      testing::DeviceBuffer workspace(ws_bytes);
-      PAGEDKV_CUDA_CHECK(
-          paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, nullptr));
-      const auto out =
-          testing::to_doubles(dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
-      const double tol = tolerance(dtype);
-      const testing::RowCheck all = testing::check_rows(out, ref, 128, tol);
-      std::printf(
-          "decode %s splits=%d: whole-batch Frobenius error %.4g (old check: %s), worst "
-          "row %.4g, %zu of %zu rows rejected\n",
-          std::string(to_string(dtype)).c_str(), plan.num_splits, all.frobenius,
-          all.frobenius < tol ? "passed" : "failed", all.max_row_error, all.bad_rows, all.rows);
-      const std::span<const double> o(out);
-      const std::span<const double> r(ref);
-      EXPECT_TRUE(testing::rows_match(o.subspan(0, 1024), r.subspan(0, 1024), 128, tol));
-      EXPECT_TRUE(testing::rows_match(o.subspan(2048, 1024), r.subspan(2048, 1024), 128, tol));
-      const testing::RowCheck broken =
-          testing::check_rows(o.subspan(1024, 1024), r.subspan(1024, 1024), 128, tol);
-      EXPECT_GT(broken.bad_rows, 0u) << "the per-row check missed the dropped key";
+  for (const DecodeKernel kernel : {DecodeKernel::kSimt, DecodeKernel::kTensorCore}) {
+    for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
+      for (const DecodePlan plan : {DecodePlan{}, DecodePlan{5, 37}}) {
+        testing::DecodeShape s;
+        s.dtype = dtype;
+        s.num_seqs = 3;
+        s.num_kv_heads = 2;
+        s.num_q_heads = 8;
+        s.head_dim = 128;
+        s.block_size = 16;
+        s.seq_lens = {1, 190, 50};  // only the 190-token sequence has a key 100
+        const auto pb = testing::make_decode_problem(s, 3);
+        const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
+        testing::DeviceDecodeProblem dev(pb);
+        const std::size_t ws_bytes = decode_workspace_bytes(plan, 3, 8, 128);
+        testing::DeviceBuffer workspace(ws_bytes);
+        PAGEDKV_CUDA_CHECK(paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes,
+                                                  nullptr, kernel));
+        const auto out = testing::to_doubles(
+            dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
+        const double tol = tolerance(dtype);
+        const testing::RowCheck all = testing::check_rows(out, ref, 128, tol);
+        std::printf(
+            "decode %s %s splits=%d: whole-batch Frobenius error %.4g (old check: %s), worst "
+            "row %.4g, %zu of %zu rows rejected\n",
+            kernel == DecodeKernel::kSimt ? "simt" : "tensor-core",
+            std::string(to_string(dtype)).c_str(), plan.num_splits, all.frobenius,
+            all.frobenius < tol ? "passed" : "failed", all.max_row_error, all.bad_rows, all.rows);
+        const std::span<const double> o(out);
+        const std::span<const double> r(ref);
+        EXPECT_TRUE(testing::rows_match(o.subspan(0, 1024), r.subspan(0, 1024), 128, tol));
+        EXPECT_TRUE(testing::rows_match(o.subspan(2048, 1024), r.subspan(2048, 1024), 128, tol));
+        const testing::RowCheck broken =
+            testing::check_rows(o.subspan(1024, 1024), r.subspan(1024, 1024), 128, tol);
+        EXPECT_GT(broken.bad_rows, 0u) << "the per-row check missed the dropped key";
+      }
     }
   }
 }

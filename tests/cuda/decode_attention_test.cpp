@@ -2,7 +2,9 @@
 // head_dim 64/128/256, GQA groups 1..16, block sizes 1/3/16/64, shuffled block tables, lengths
 // that are not block multiples, NaN-poisoned unused slots, every layout kind, split-KV on and off,
 // sliding window, soft-cap, a pool of more than 2^31 elements, block ids outside the pool, the
-// three-head-group warp layout (GQA groups 9..12), and CUDA-graph capture.
+// three-head-group warp layout (GQA groups 9..12), and CUDA-graph capture. Every device test runs
+// for both kernel variants (DecodeKernel::kSimt, the default, and kTensorCore; test names end in
+// /Simt and /TensorCore), the variant's split plans from its own planner options.
 // Every output row (one query head of one sequence) must be within a relative error
 // ||out_row - ref_row|| / ||ref_row|| of 1e-2 (bf16) or 2e-3 (fp16) (testing::check_rows);
 // outputs start NaN-poisoned, so an unwritten row fails.
@@ -40,7 +42,7 @@ using testing::DeviceDecodeProblem;
 
 enum class Split { kOff, kPlanner, kForced };
 
-DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split) {
+DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split, DecodeKernel kernel) {
   switch (split) {
     case Split::kOff:
       return DecodePlan{};
@@ -50,9 +52,9 @@ DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split) {
       return DecodePlan{5, 37};
     case Split::kPlanner: {
       DecodePlanOptions options;
-      testing::cuda_check(
-          decode_plan_options_for_current_device(pb.shape.dtype, pb.shape.head_dim, &options),
-          "decode_plan_options_for_current_device");
+      testing::cuda_check(decode_plan_options_for_current_device(pb.shape.dtype, pb.shape.head_dim,
+                                                                 &options, kernel),
+                          "decode_plan_options_for_current_device");
       options.window_size = pb.shape.window_size;
       options.min_chunk_tokens = 64;  // split even the test's short sequences
       return plan_paged_decode(pb.shape.seq_lens, pb.shape.num_kv_heads, options);
@@ -62,16 +64,17 @@ DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split) {
 }
 
 // Runs one case and checks every output row against the CPU reference.
-::testing::AssertionResult run_case(const DecodeShape& shape, Split split, std::uint64_t seed) {
+::testing::AssertionResult run_case(const DecodeShape& shape, Split split, std::uint64_t seed,
+                                    DecodeKernel kernel) {
   const auto pb = testing::make_decode_problem(shape, seed);
   const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
   DeviceDecodeProblem dev(pb);
-  const DecodePlan plan = plan_for(pb, split);
+  const DecodePlan plan = plan_for(pb, split, kernel);
   const std::size_t ws_bytes =
       decode_workspace_bytes(plan, shape.num_seqs, shape.num_q_heads, shape.head_dim);
   DeviceBuffer workspace(ws_bytes);
   testing::cuda_check(
-      paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, nullptr),
+      paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, nullptr, kernel),
       "paged_decode_attention");
   testing::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   const auto out = testing::to_doubles(
@@ -82,13 +85,22 @@ DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split) {
          << "; rows are sequence x " << shape.num_q_heads << " + query head]";
 }
 
-class CudaDecodeAttention : public testing::GpuTest {};
+class CudaDecodeAttention : public testing::GpuTest,
+                            public ::testing::WithParamInterface<DecodeKernel> {};
 
-TEST_F(CudaDecodeAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
+std::string kernel_test_name(const ::testing::TestParamInfo<DecodeKernel>& param_info) {
+  return param_info.param == DecodeKernel::kSimt ? "Simt" : "TensorCore";
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaDecodeAttention,
+                         ::testing::Values(DecodeKernel::kSimt, DecodeKernel::kTensorCore),
+                         kernel_test_name);
+
+TEST_P(CudaDecodeAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
   std::uint64_t seed = 1;
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
     for (const std::int32_t head_dim : {64, 128, 256}) {
-      for (const std::int32_t group : {1, 2, 3, 4, 5, 8, 16}) {
+      for (const std::int32_t group : {1, 2, 3, 4, 5, 8, 13, 16}) {
         for (const std::int32_t block_size : {1, 3, 16, 64}) {
           for (const Split split : {Split::kOff, Split::kForced}) {
             DecodeShape s;
@@ -100,7 +112,7 @@ TEST_F(CudaDecodeAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
             s.block_size = block_size;
             s.seq_lens = {1, 190, 3 * block_size + 2};
             s.extra_table_columns = 2;
-            EXPECT_TRUE(run_case(s, split, seed++));
+            EXPECT_TRUE(run_case(s, split, seed++, GetParam()));
           }
         }
       }
@@ -108,7 +120,7 @@ TEST_F(CudaDecodeAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
   }
 }
 
-TEST_F(CudaDecodeAttention, MatchesReferenceOnRandomShapesAndLayouts) {
+TEST_P(CudaDecodeAttention, MatchesReferenceOnRandomShapesAndLayouts) {
   std::mt19937_64 rng(99);
   const auto pick = [&](std::initializer_list<std::int32_t> values) {
     std::uniform_int_distribution<std::size_t> d(0, values.size() - 1);
@@ -130,11 +142,11 @@ TEST_F(CudaDecodeAttention, MatchesReferenceOnRandomShapesAndLayouts) {
     std::uniform_int_distribution<std::int32_t> len(0, 1500);
     for (std::int32_t j = 0; j < s.num_seqs; ++j) s.seq_lens.push_back(len(rng));
     const Split split = static_cast<Split>(pick({0, 1, 2}));
-    EXPECT_TRUE(run_case(s, split, 5000 + static_cast<std::uint64_t>(i)));
+    EXPECT_TRUE(run_case(s, split, 5000 + static_cast<std::uint64_t>(i), GetParam()));
   }
 }
 
-TEST_F(CudaDecodeAttention, LongContextWithPlannedSplits) {
+TEST_P(CudaDecodeAttention, LongContextWithPlannedSplits) {
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
     DecodeShape s;
     s.dtype = dtype;
@@ -145,13 +157,13 @@ TEST_F(CudaDecodeAttention, LongContextWithPlannedSplits) {
     s.block_size = 16;
     s.seq_lens = {20000, 3001};
     const auto pb = testing::make_decode_problem(s, 77);
-    ASSERT_TRUE(plan_for(pb, Split::kPlanner).split_kv());
-    EXPECT_TRUE(run_case(s, Split::kPlanner, 77));
-    EXPECT_TRUE(run_case(s, Split::kOff, 77));
+    ASSERT_TRUE(plan_for(pb, Split::kPlanner, GetParam()).split_kv());
+    EXPECT_TRUE(run_case(s, Split::kPlanner, 77, GetParam()));
+    EXPECT_TRUE(run_case(s, Split::kOff, 77, GetParam()));
   }
 }
 
-TEST_F(CudaDecodeAttention, EmptySequencesGiveZeros) {
+TEST_P(CudaDecodeAttention, EmptySequencesGiveZeros) {
   DecodeShape s;
   s.num_seqs = 3;
   s.num_kv_heads = 2;
@@ -166,11 +178,11 @@ TEST_F(CudaDecodeAttention, EmptySequencesGiveZeros) {
     for (const std::uint16_t bits : testing::download<std::uint16_t>(dev.out.get(), 16)) {
       ASSERT_EQ(bits, 0xffff);
     }
-    const DecodePlan plan = plan_for(pb, split);
+    const DecodePlan plan = plan_for(pb, split, GetParam());
     const std::size_t ws_bytes = decode_workspace_bytes(plan, 3, 8, 128);
     DeviceBuffer workspace(ws_bytes);
-    PAGEDKV_CUDA_CHECK(
-        paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, nullptr));
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes,
+                                              nullptr, GetParam()));
     const auto out = testing::download<std::uint16_t>(dev.out.get(), pb.q.size());
     for (std::size_t i = 0; i < 8 * 128; ++i) ASSERT_EQ(out[i], 0) << i;
     for (std::size_t i = 2 * 8 * 128; i < 3 * 8 * 128; ++i) ASSERT_EQ(out[i], 0) << i;
@@ -182,7 +194,7 @@ TEST_F(CudaDecodeAttention, EmptySequencesGiveZeros) {
 
 // GQA groups 9..12 put the group's heads on three warps (heads_per_warp 3 or 4, the fourth warp
 // idle, no warps sharing a head); the random-shape test reaches this layout only by chance.
-TEST_F(CudaDecodeAttention, ThreeHeadGroupWarpLayout) {
+TEST_P(CudaDecodeAttention, ThreeHeadGroupWarpLayout) {
   std::uint64_t seed = 900;
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
     for (const std::int32_t head_dim : {64, 128, 256}) {
@@ -197,7 +209,7 @@ TEST_F(CudaDecodeAttention, ThreeHeadGroupWarpLayout) {
           s.block_size = 16;
           s.seq_lens = {1, 190, 77};
           s.extra_table_columns = 2;
-          EXPECT_TRUE(run_case(s, split, seed++));
+          EXPECT_TRUE(run_case(s, split, seed++, GetParam()));
         }
       }
     }
@@ -207,7 +219,7 @@ TEST_F(CudaDecodeAttention, ThreeHeadGroupWarpLayout) {
 // Device data is trusted but never followed out of bounds: a block id outside the pool (past its
 // end, or negative) gives that sequence a finite result (no fault, no NaN), and every other
 // sequence of the batch is exact. Run under compute-sanitizer memcheck by scripts/gpu-check.
-TEST_F(CudaDecodeAttention, BlockIdsOutsideThePool) {
+TEST_P(CudaDecodeAttention, BlockIdsOutsideThePool) {
   for (const std::int32_t bad_id : {1 << 20, -3}) {
     for (const Split split : {Split::kOff, Split::kForced}) {
       DecodeShape s;
@@ -225,10 +237,11 @@ TEST_F(CudaDecodeAttention, BlockIdsOutsideThePool) {
       const DeviceBuffer table_dev = testing::upload(table);
       PagedDecodeParams p = dev.params(pb);
       p.block_table = table_dev.get<std::int32_t>();
-      const DecodePlan plan = plan_for(pb, split);
+      const DecodePlan plan = plan_for(pb, split, GetParam());
       const std::size_t ws_bytes = decode_workspace_bytes(plan, 3, 8, 128);
       DeviceBuffer workspace(ws_bytes);
-      PAGEDKV_CUDA_CHECK(paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr));
+      PAGEDKV_CUDA_CHECK(
+          paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr, GetParam()));
       PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
       const auto out =
           testing::to_doubles(s.dtype, testing::download<std::uint16_t>(dev.out.get(), 3 * 1024));
@@ -243,7 +256,7 @@ TEST_F(CudaDecodeAttention, BlockIdsOutsideThePool) {
   }
 }
 
-TEST_F(CudaDecodeAttention, StridedQueryAndOutput) {
+TEST_P(CudaDecodeAttention, StridedQueryAndOutput) {
   DecodeShape s;
   s.dtype = KVDtype::kFloat16;
   s.num_seqs = 4;
@@ -274,7 +287,7 @@ TEST_F(CudaDecodeAttention, StridedQueryAndOutput) {
   p.out = out.get();
   p.out_stride_seq = 800;
   p.out_stride_head = 96;
-  PAGEDKV_CUDA_CHECK(paged_decode_attention(p, DecodePlan{}, nullptr, 0, nullptr));
+  PAGEDKV_CUDA_CHECK(paged_decode_attention(p, DecodePlan{}, nullptr, 0, nullptr, GetParam()));
   const auto got = testing::download<std::uint16_t>(out.get(), 4 * 800);
   std::vector<double> dense(ref.size());
   for (int seq = 0; seq < 4; ++seq) {
@@ -291,7 +304,7 @@ TEST_F(CudaDecodeAttention, StridedQueryAndOutput) {
 
 // More than 2^31 elements per plane: the sequences' blocks sit at the top of a 4.3 GB pool, so
 // every offset needs 64 bits. Also kv_append into those blocks.
-TEST_F(CudaDecodeAttention, PoolLargerThan2To31Elements) {
+TEST_P(CudaDecodeAttention, PoolLargerThan2To31Elements) {
   DecodeShape s;
   s.dtype = KVDtype::kBFloat16;
   s.num_seqs = 2;
@@ -339,10 +352,11 @@ TEST_F(CudaDecodeAttention, PoolLargerThan2To31Elements) {
   p.layout = big;
   p.block_table = table_dev.get<std::int32_t>();
   for (const Split split : {Split::kOff, Split::kForced}) {
-    const DecodePlan plan = plan_for(pb, split);
+    const DecodePlan plan = plan_for(pb, split, GetParam());
     const std::size_t ws_bytes = decode_workspace_bytes(plan, 2, 32, 128);
     DeviceBuffer workspace(ws_bytes);
-    PAGEDKV_CUDA_CHECK(paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr));
+    PAGEDKV_CUDA_CHECK(
+        paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr, GetParam()));
     const auto out =
         testing::to_doubles(s.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
     EXPECT_TRUE(testing::rows_match(out, ref, 128, tolerance(s.dtype)))
@@ -389,7 +403,7 @@ TEST_F(CudaDecodeAttention, PoolLargerThan2To31Elements) {
 
 // A captured graph replays the split-KV launch (attention + merge) correctly, and replays again
 // after seq_lens grew on the device without re-capturing.
-TEST_F(CudaDecodeAttention, GraphCaptureAndReplay) {
+TEST_P(CudaDecodeAttention, GraphCaptureAndReplay) {
   DecodeShape s;
   s.num_seqs = 2;
   s.num_kv_heads = 2;
@@ -409,7 +423,7 @@ TEST_F(CudaDecodeAttention, GraphCaptureAndReplay) {
   cudaGraphExec_t exec = nullptr;
   PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   const cudaError_t launched =
-      paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, stream);
+      paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, stream, GetParam());
   PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   PAGEDKV_CUDA_CHECK(launched);
   PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -478,6 +492,45 @@ TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
   p.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, 96);
   expect_error([&] { (void)paged_decode_attention(p, DecodePlan{}, nullptr, 0, nullptr); },
                "64, 128 or 256");
+  // The same checks for the tensor-core variant, and an unknown variant is refused.
+  expect_error(
+      [&] {
+        (void)paged_decode_attention(p, DecodePlan{}, nullptr, 0, nullptr,
+                                     DecodeKernel::kTensorCore);
+      },
+      "64, 128 or 256");
+  expect_error(
+      [&] {
+        (void)paged_decode_attention(good, DecodePlan{}, nullptr, 0, nullptr,
+                                     static_cast<DecodeKernel>(7));
+      },
+      "unknown DecodeKernel");
+  DecodePlanOptions options;
+  expect_error(
+      [&] {
+        (void)decode_plan_options_for_current_device(KVDtype::kBFloat16, 96, &options,
+                                                     DecodeKernel::kTensorCore);
+      },
+      "64, 128 or 256");
+}
+
+TEST(CudaDecodeAttentionArguments, VariantCoverage) {
+  DecodeShape s;
+  s.num_seqs = 1;
+  s.num_kv_heads = 2;
+  s.num_q_heads = 8;
+  s.head_dim = 128;
+  s.seq_lens = {40};
+  const auto pb = testing::make_decode_problem(s, 1);
+  alignas(16) static std::uint16_t out[8 * 128];
+  PagedDecodeParams p = pb.params(out);
+  EXPECT_EQ(kDefaultDecodeKernel, DecodeKernel::kSimt);  // until a GPU run proves the variant
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kSimt));
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
+  EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
+  p.quant.mode = KVScaleMode::kPerTensor;  // an FP8 cache: the FP8 kernel, either variant
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kSimt));
 }
 
 }  // namespace

@@ -2,7 +2,8 @@
 """scripts/kernel-resources: the ptxas parser on real nvcc 13.0 output captured from kernels/*.cu
 (tests/cuda/data), the spill check passing on it and failing on a synthetic spill at
 head_dim <= 128 or in a kernel without head_dim, the head_dim rule, the device-only compile
-command, and the sm_90 occupancy formula on known cases. Needs python3 and c++filt, no nvcc.
+command, the sm_90 occupancy formula on known cases, and the dynamic shared memory of the
+tensor-core decode variant (DYNAMIC_SMEM) entering its occupancy. Needs python3 and c++filt, no nvcc.
 
   kernel_resources_test.py SCRIPT DATA_DIR
 """
@@ -176,6 +177,22 @@ for regs, smem, threads, ctas, warps, limiter in OCC:
            and limiter in o["limited_by"],
            f"occupancy({regs} regs, {smem} B, {threads} threads): want {ctas} CTAs, {warps} warps "
            f"by {limiter}, got {o}")
+
+# ---- dynamic shared memory the script knows (DYNAMIC_SMEM): the tensor-core decode variant ----
+TC = "_ZN7pagedkv7kernels55_GLOBAL__N__a9d1bf7f_22_decode_attention_tc_cu_40a8c36016tc_decode_kernelILb1ELi{}ELb0EEEvNS1_8TcParamsE"
+for hd, regs, ctas, limiter in [(64, 117, 4, "shared memory"), (128, 189, 2, "shared memory"),
+                                (256, 255, 1, "shared memory")]:
+    f = {"mangled": TC.format(hd), "arch": "sm_90", "entry": True, "registers": regs,
+         "stack_frame": 0, "spill_stores": 0, "spill_loads": 0, "smem_static": 0, "barriers": 1}
+    (row,) = kr.analyse([f], {f["mangled"]: 128})
+    o = row["occupancy"]
+    expect(row["kernel"] == f"tc_decode_kernel<true, {hd}, false>" and row["head_dim"] == hd
+           and row["smem_dynamic"] == kr.DYNAMIC_SMEM["tc_decode_kernel"][hd]
+           and o["resident_ctas"] == ctas and limiter in o["limited_by"],
+           f"tc_decode_kernel head_dim {hd}: dynamic smem counted, {ctas} CTAs by {limiter}: {row}")
+    md = kr.markdown([row], 128, [])
+    expect(f"0 + {kr.DYNAMIC_SMEM['tc_decode_kernel'][hd]} dynamic" in md,
+           f"the report shows the dynamic amount: {md}")
 
 if failures:
     print(f"{len(failures)} check(s) failed")

@@ -17,6 +17,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <numeric>
 #include <random>
 #include <set>
@@ -492,6 +495,24 @@ TEST(DecodeTcLayout, RingScheduleIssuesEveryTileFromItsOwnOffsets) {
       }
     }
   }
+}
+
+// scripts/kernel-resources computes the variant's occupancy with its dynamic shared memory, which
+// ptxas does not report: its DYNAMIC_SMEM line must hold the header's sizes.
+TEST(DecodeTcLayout, KernelResourcesScriptKnowsTheSharedMemory) {
+  std::ifstream in(PAGEDKV_KERNEL_RESOURCES_SCRIPT);
+  ASSERT_TRUE(in) << PAGEDKV_KERNEL_RESOURCES_SCRIPT;
+  std::stringstream text;
+  text << in.rdbuf();
+  std::ostringstream want;
+  want << "\"tc_decode_kernel\": {64: " << detail::TcDecodeShape<64>::kSmemBytes
+       << ", 128: " << detail::TcDecodeShape<128>::kSmemBytes
+       << ", 256: " << detail::TcDecodeShape<256>::kSmemBytes << "}";
+  EXPECT_NE(text.str().find(want.str()), std::string::npos) << "missing: " << want.str();
+  // The launch bound's CTAs per SM are what shared memory allows (sm_90: 228 KiB per SM).
+  EXPECT_EQ(detail::TcDecodeShape<64>::kMinCtasPerSm, 4);
+  EXPECT_EQ(detail::TcDecodeShape<128>::kMinCtasPerSm, 2);
+  EXPECT_EQ(detail::TcDecodeShape<256>::kMinCtasPerSm, 1);
 }
 
 }  // namespace
