@@ -8,7 +8,7 @@
 //     (and a wrong reuse map is caught, so the comparison can fail);
 //   - the swizzle: a bijection per row, conflict-free ldmatrix phases;
 //   - split-KV ranges and the warps' 16-key slices cover every key exactly once; the planner with
-//     the variant's options fills the GPU with more than one wave and at most kTcPlanWaves;
+//     the variant's options fills the GPU with 1.5 to kTcPlanWaves (2) waves;
 //   - the page-offset table against KVLayout::offset for every layout kind, and the ring schedule
 //     never overwrites an offset slot before its copies are issued.
 #include <gtest/gtest.h>
@@ -389,7 +389,7 @@ TEST(DecodeTcLayout, SplitsAndWarpSlicesCoverEveryKeyOnce) {
   }
 }
 
-TEST(DecodeTcLayout, PlannedGridFillsMoreThanOneWaveAndAtMostTwo) {
+TEST(DecodeTcLayout, PlannedGridFillsBetweenOneAndAHalfAndTwoWaves) {
   // An H200: 132 SMs; the variant's resident CTAs at head_dim 128 (shared memory bound).
   const int resident = detail::TcDecodeShape<128>::kMinCtasPerSm;
   ASSERT_GE(resident, 1);
@@ -410,7 +410,9 @@ TEST(DecodeTcLayout, PlannedGridFillsMoreThanOneWaveAndAtMostTwo) {
     }
     if (std::int64_t{batch} * 8 >= detail::kTcPlanWaves * wave) continue;
     ASSERT_TRUE(plan.split_kv()) << batch << " x " << len;
-    EXPECT_GT(ctas, wave) << batch << " x " << len << ": more than one wave";
+    // The planner stays within its target, so the grid is just under kTcPlanWaves waves
+    // (512 of 528 CTAs on these shapes): at least 1.5 waves, at most 2.
+    EXPECT_GE(2 * ctas, 3 * wave) << batch << " x " << len << ": at least 1.5 waves";
     EXPECT_LE(ctas, detail::kTcPlanWaves * wave) << batch << " x " << len;
   }
 }
