@@ -11,7 +11,13 @@
 // scores scaled into the log2 domain (soft-cap: a compile-time branch), the running max / sum
 // updated (the output rescale skipped when no row maximum moved), the probabilities packed in
 // registers into the A operand of P x V (head_dim / 8 MMAs, V through ldmatrix.x4.trans). Every
-// loop bound is a compile-time constant (head_dim, stages, copies per lane).
+// loop bound is a compile-time constant (head_dim, stages, copies per lane). Templates: dtype,
+// head_dim, soft-cap on/off. The group size is not a template argument: the MMA always computes
+// 16 rows, and the group only decides which rows get q (the rest are zero) and which are written,
+// so no loop runs over heads. The block size is not either: block-table lookups happen one tile
+// ahead (below), off the copies' critical path. The decode contract has one query per sequence;
+// speculative decoding (q_len > 1) would put group x q_len <= 16 rows on the same M dimension,
+// but PagedDecodeParams has no q_len today (q_len > 1 goes through paged extend attention).
 //
 // Page offsets: lanes 0..15 of a warp resolve the block-table entries of the warp's slice one
 // tile before its copies are issued (and kStages - 1 tiles before it is used) and keep them in a
