@@ -18,11 +18,11 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <sstream>
-#include <string>
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "internal/decode_tc_layout.hpp"
