@@ -511,7 +511,8 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
   return std::span<const BlockId>(state.groups[0].blocks).subspan(result_first);
 }
 
-void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
+void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens,
+                                  std::span<const std::size_t> first_to_cache) {
   const auto where = [&request] { return "cache_blocks: " + request_text(request) + ": "; };
   check_owner(request, "cache_blocks");
   if (request.is_finished()) {
@@ -527,6 +528,11 @@ void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
     throw Error(ErrorCode::kOutOfRange, where() + std::to_string(num_tokens) +
                                             " tokens exceed its " +
                                             std::to_string(request.num_tokens()) + " known tokens");
+  }
+  if (!first_to_cache.empty() && first_to_cache.size() != num_groups()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                where() + "first_to_cache has " + std::to_string(first_to_cache.size()) +
+                    " entries for " + std::to_string(num_groups()) + " groups");
   }
   RequestBlocks& state = it->second;
   for (std::size_t g = 0; g < num_groups(); ++g) {
@@ -551,8 +557,10 @@ void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens) {
   for (std::size_t g = 0; g < num_groups(); ++g) {
     GroupBlocks& gs = state.groups[g];
     const std::size_t full = cache_tokens / groups()[g].spec.block_size;
-    if (full <= gs.num_cached_blocks) continue;
-    prepare_runs(request, g, gs.num_cached_blocks, full, gs.coarse_hashes,
+    const std::size_t from = std::max(gs.num_cached_blocks,
+                                      first_to_cache.empty() ? 0 : std::min(first_to_cache[g], full));
+    if (full <= from) continue;
+    prepare_runs(request, g, from, full, gs.coarse_hashes,
                  [&gs](std::size_t i) { return gs.blocks[i]; });
   }
   if (pool_.config().enable_kv_events) pool_.reserve_events(0, run_scratch_.size());

@@ -164,8 +164,12 @@ class KVCacheManager {
   // their K/V arrives later (e.g. loaded from a host tier), and a block must not be a hit before
   // it is written. cache_blocks() then caches the request's full blocks up to num_tokens (the
   // tokens whose K/V is in place), in every group. Errors: an unknown or freed request,
-  // num_tokens beyond the request's known tokens or its allocated slots.
-  void cache_blocks(Request& request, std::size_t num_tokens);
+  // num_tokens beyond the request's known tokens or its allocated slots, first_to_cache not one
+  // entry per group. first_to_cache (optional, one entry per group): group g's blocks before
+  // first_to_cache[g] that are not cached yet are never cached (counted as done): their K/V was
+  // not written (a host tier's window blocks it did not load, outside the window at the hit).
+  void cache_blocks(Request& request, std::size_t num_tokens,
+                    std::span<const std::size_t> first_to_cache = {});
 
   // Releases a finished request's blocks (tail first, so its chain's tail is evicted first) and
   // marks it finished. A request holding no blocks: only marked finished (see the file comment).
