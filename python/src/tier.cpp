@@ -22,7 +22,8 @@ namespace pagedkv::python {
 
 namespace {
 
-static_assert(sizeof(BlockCopy) == 2 * sizeof(std::int32_t), "BlockCopy is viewed as int32 [n, 2]");
+static_assert(sizeof(BlockCopy) == 3 * sizeof(std::int32_t) && offsetof(BlockCopy, group) == 8,
+              "BlockCopy is viewed as int32 [n, 2] (src, dst) and [n] (group), row stride 12");
 
 struct PyTierAllocation {
   std::vector<BlockId> new_blocks;
@@ -35,6 +36,14 @@ py::array_t<std::int32_t> copies_view(const std::vector<BlockCopy>& v, py::handl
       {static_cast<py::ssize_t>(v.size()), py::ssize_t{2}},
       {static_cast<py::ssize_t>(sizeof(BlockCopy)), static_cast<py::ssize_t>(sizeof(std::int32_t))},
       reinterpret_cast<const std::int32_t*>(v.data()), owner);
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+// The copies' KV-cache groups (0 for a single-group model), int32 [n].
+py::array_t<std::int32_t> groups_view(const std::vector<BlockCopy>& v, py::handle owner) {
+  py::array_t<std::int32_t> a({static_cast<py::ssize_t>(v.size())},
+                              {static_cast<py::ssize_t>(sizeof(BlockCopy))},
+                              v.empty() ? nullptr : &v.data()->group, owner);
   py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   return a;
 }
@@ -107,8 +116,22 @@ void bind_tier(py::module_& m) {
                        "The copies of one step as read-only arrays: evictions and loads run "
                        "before the forward pass (in that order), stores after it. Each stage is "
                        "int32 [n, 2] with columns (src, dst): evictions and stores copy GPU block "
-                       "-> host slot, loads host slot -> GPU block; *_ids are the uint64 ids to "
+                       "-> host slot, loads host slot -> GPU block; *_groups (int32 [n]) name each "
+                       "copy's KV-cache group (0 for one group); *_ids are the uint64 ids to "
                        "commit(), row for row. Views keep this plan alive.")
+      .def_property_readonly(
+          "eviction_groups",
+          [](py::object self) {
+            return groups_view(self.cast<const TierPlan&>().plan.evictions, self);
+          })
+      .def_property_readonly(
+          "load_groups",
+          [](py::object self) { return groups_view(self.cast<const TierPlan&>().plan.loads, self); })
+      .def_property_readonly(
+          "store_groups",
+          [](py::object self) {
+            return groups_view(self.cast<const TierPlan&>().plan.stores, self);
+          })
       .def_property_readonly("evictions",
                              [](py::object self) {
                                return copies_view(self.cast<const TierPlan&>().plan.evictions,

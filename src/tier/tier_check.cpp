@@ -50,7 +50,7 @@ void TieredKVCacheManager::check_invariants() const {
     if (owner == owners.end()) fail("a transfer of an unknown request");
     auto& c = counts[owner->second];
     ++c.second;
-    const std::span<const BlockId> held = manager_.block_ids(owner->second);
+    const std::span<const BlockId> held = manager_.block_ids(owner->second, t.group);
     if (std::find(held.begin(), held.end(), t.gpu) == held.end()) {
       fail("a transfer's GPU block " + std::to_string(t.gpu) + " is not held by its request");
     }
@@ -137,7 +137,8 @@ void TieredKVCacheManager::check_invariants() const {
     const auto ex = gpu_extra_.find(b);
     const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
     const BlockSequence seq = content_sequence(tokens, hashes, first, &extra);
-    if (!host_verified(seq, first ? 0 : 1, slot, host_chain_ ? nullptr : &gpu_identity_[k])) {
+    if (!host_verified(seq, first ? 0 : 1, slot, host_chain_ ? nullptr : &gpu_identity_[k],
+                       pool.block(b).group_id)) {
       fail("GPU block " + std::to_string(b) + " remembers host slot " + std::to_string(slot) +
            ", which does not hold its content");
     }

@@ -17,7 +17,9 @@ inline void TieredKVCacheManager::commit_load(std::size_t idx, Transfer& t, bool
   host_.free_block(t.host);  // unpinned; back at the LRU tail
   if (ok) {
     ++stats_.loaded_blocks;
-    stats_.loaded_bytes += host_config_.bytes_per_block;
+    stats_.loaded_bytes += group_bytes_[t.group];
+    ++group_stats_[t.group].loaded_blocks;
+    group_stats_[t.group].loaded_bytes += group_bytes_[t.group];
   } else {
     ++stats_.load_failures;
     st.first_failed = std::min<std::size_t>(st.first_failed, t.chain_index);
@@ -74,6 +76,7 @@ void TieredKVCacheManager::commit(std::span<const TransferId> ids, bool ok) {
   RequestState* run = nullptr;  // the request of the loads counted in run_loads
   std::uint32_t run_loads = 0;
   std::uint64_t loads = 0;
+  std::uint64_t hybrid_bytes = 0;  // hybrid models: the loads' bytes, per group's block
   const auto end_run = [&] {
     if (run == nullptr) return;
     run->loads_in_flight -= run_loads;
@@ -94,6 +97,13 @@ void TieredKVCacheManager::commit(std::span<const TransferId> ids, bool ok) {
       ++run_loads;
       if (!ok) run->first_failed = std::min<std::size_t>(run->first_failed, t.chain_index);
       ++loads;
+      if (hybrid_) [[unlikely]] {
+        hybrid_bytes += group_bytes_[t.group];
+        if (ok) {
+          ++group_stats_[t.group].loaded_blocks;
+          group_stats_[t.group].loaded_bytes += group_bytes_[t.group];
+        }
+      }
       ++t.generation;  // closed (live was cleared by the check)
       free_transfers_.push_back(static_cast<std::uint32_t>(idx));  // capacity: transfers_'s
       if (hooked && ok) hook_scratch_.emplace_back(host_slot, std::uint8_t{0});
@@ -109,7 +119,11 @@ void TieredKVCacheManager::commit(std::span<const TransferId> ids, bool ok) {
   num_live_ -= loads;
   if (ok) {
     stats_.loaded_blocks += loads;
-    stats_.loaded_bytes += loads * host_config_.bytes_per_block;
+    stats_.loaded_bytes += hybrid_ ? hybrid_bytes : loads * host_config_.bytes_per_block;
+    if (!hybrid_) {
+      group_stats_[0].loaded_blocks += loads;
+      group_stats_[0].loaded_bytes += loads * host_config_.bytes_per_block;
+    }
   } else {
     stats_.load_failures += loads;
   }
@@ -149,19 +163,22 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
     const std::size_t index = first ? 0 : 1;
     // (With prefix identities a twin of another prefix, a collision, keeps its slot: this
     // block is not cached, a miss later, never a wrong hit.)
-    const BlockId twin = host_.match_cached_block_unanchored(seq, index);
+    const BlockId twin = host_.match_cached_block_unanchored(seq, index, t.group);
     const auto s = static_cast<std::size_t>(t.host);
     if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
       const BlockId blocks[2] = {kNullBlockId, t.host};
       host_.cache_full_blocks(
-          seq, std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2), index, index + 1);
+          seq, std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2), index, index + 1,
+          t.group);
       // (The host pool stored the parent hash: the view's block 0.)
       if (!host_chain_) host_identity_[s] = transfer_identity_[idx];
       ++host_cached_ever_;
       became_cached = true;
       if (t.kind != Kind::kFill) {
         ++stats_.stored_blocks;
-        stats_.stored_bytes += host_config_.bytes_per_block;
+        stats_.stored_bytes += group_bytes_[t.group];
+        ++group_stats_[t.group].stored_blocks;
+        group_stats_[t.group].stored_bytes += group_bytes_[t.group];
       }
     }
   } else {

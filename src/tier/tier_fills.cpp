@@ -13,8 +13,18 @@
 
 namespace pagedkv {
 
+namespace {
+[[noreturn]] void throw_hybrid_below(const char* what) {
+  throw Error(ErrorCode::kInvalidArgument,
+              std::string("TieredKVCacheManager::") + what +
+                  ": not supported for hybrid models yet (a tier below the host tier serves one "
+                  "full-attention KV-cache group)");
+}
+}  // namespace
+
 std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) const {
   manager_.check_owner(request, "TieredKVCacheManager::local_prefix_blocks");
+  if (hybrid_) throw_hybrid_below("local_prefix_blocks");
   if (request.num_tokens() == 0) return 0;
   const BlockSequence seq = request.hashed_tokens().sequence();
   const std::size_t max_blocks =
@@ -40,6 +50,7 @@ std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) co
 
 bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index) const {
   manager_.check_owner(request, "TieredKVCacheManager::host_holds");
+  if (hybrid_) throw_hybrid_below("host_holds");
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) return false;
   if (host_chain_) return host_match(seq, index, nullptr) != BlockPool::kNoBlock;
@@ -50,10 +61,10 @@ bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index)
 }
 
 bool TieredKVCacheManager::host_verified(const BlockSequence& seq, std::size_t index, BlockId slot,
-                                         const BlockHash* identity) const {
+                                         const BlockHash* identity, GroupId group) const {
   // The verified lookup names this very slot, and the parent hash (or prefix identity) stored
   // with it matches.
-  return index < seq.block_hashes.size() && host_match(seq, index, identity) == slot;
+  return index < seq.block_hashes.size() && host_match(seq, index, identity, group) == slot;
 }
 
 BlockHash TieredKVCacheManager::identity_after(const BlockHash* parent, const BlockSequence& seq,
@@ -106,6 +117,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& re
                                                                std::size_t index,
                                                                const BlockHash* known_identity) {
   manager_.check_owner(request, "TieredKVCacheManager::begin_fill");
+  if (hybrid_) throw_hybrid_below("begin_fill");
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) {
     throw Error(ErrorCode::kInvalidArgument,

@@ -98,7 +98,7 @@ inline void TieredKVCacheManager::refresh(BlockId slot) {
 }
 
 inline bool TieredKVCacheManager::host_has(BlockId gpu_block, const BlockSequence& seq,
-                                           std::size_t index) {
+                                           std::size_t index, GroupId group) {
   const auto b = static_cast<std::size_t>(gpu_block);
   if (remembered_valid(b)) {
     // Verified when the block was loaded from it; the slot has not been reassigned since.
@@ -106,7 +106,7 @@ inline bool TieredKVCacheManager::host_has(BlockId gpu_block, const BlockSequenc
     if (host_.block(known).ref_cnt == 0) refresh(known);
     return true;
   }
-  const BlockId slot = host_match(seq, index, host_chain_ ? nullptr : &gpu_identity_[b]);
+  const BlockId slot = host_match(seq, index, host_chain_ ? nullptr : &gpu_identity_[b], group);
   if (slot == BlockPool::kNoBlock) return false;
   if (host_.block(slot).ref_cnt == 0) refresh(slot);
   gpu_host_slot_[b] = slot;
@@ -116,14 +116,14 @@ inline bool TieredKVCacheManager::host_has(BlockId gpu_block, const BlockSequenc
 
 inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, const BlockSequence& seq,
                                                  std::size_t index, RequestState& state,
-                                                 TierPlan& out) {
-  if (!host_has(gpu_block, seq, index))
-    store_block(gpu_block, seq, index, state, Kind::kStore, out);
+                                                 TierPlan& out, GroupId group) {
+  if (!host_has(gpu_block, seq, index, group))
+    store_block(gpu_block, seq, index, state, Kind::kStore, out, group);
 }
 
 void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& view,
                                        std::size_t index, RequestState& state, Kind kind,
-                                       TierPlan& out) {
+                                       TierPlan& out, GroupId group) {
   // secondary_offload_min_priority (host_tier_config.hpp): a GPU block below it is not stored.
   // Write-back blocks are filtered in on_evict, while the evicted block's retention is whole.
   const RetentionPriority min_priority = host_config_.secondary_offload_min_priority;
@@ -143,6 +143,7 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
   const BlockId slot = *taken;
   const TransferId id = open_transfer(kind, &state, gpu_block, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
+  transfers_[idx].group = group;
   copy_block_tokens(transfer_tokens_.data() + idx * bs_, view.tokens.data() + index * bs_, bs_);
   transfer_hash_[idx] = view.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : view.block_hashes[index - 1];
@@ -151,10 +152,10 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
   if (owned) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(*owned);
   ++host_storing_;
   if (kind == Kind::kEviction) {
-    out.plan.evictions.push_back({gpu_block, slot});
+    out.plan.evictions.push_back({gpu_block, slot, group});
     out.eviction_ids.push_back(id);
   } else {
-    out.plan.stores.push_back({gpu_block, slot});
+    out.plan.stores.push_back({gpu_block, slot, group});
     out.store_ids.push_back(id);
   }
   if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
@@ -167,6 +168,24 @@ void TieredKVCacheManager::on_evict(const BlockPool& pool, BlockId id) noexcept 
   const bool known = remembered_valid(k);
   const BlockId slot = gpu_host_slot_[k];
   gpu_host_slot_[k] = 0;  // the block's content goes; new content learns its slot anew
+  if (hybrid_) [[unlikely]] {
+    // finish_loads dropping a window block that was never loaded: it holds no K/V to store.
+    // WindowStoreRule::kRequestTail: a window block not at a request's end is not stored.
+    const bool tail = gpu_tail_[k] != 0;
+    gpu_tail_[k] = 0;
+    const GroupId group = pool.block(id).group_id;
+    if (dropping_) {
+      forget_evicted(pool, id, /*keep=*/false);
+      return;
+    }
+    if (host_config_.policy == HostPolicy::kWriteBack && !known && is_window(group) &&
+        host_config_.window_store == WindowStoreRule::kRequestTail && !tail) {
+      ++stats_.window_stores_skipped;
+      ++group_stats_[group].window_stores_skipped;
+      forget_evicted(pool, id, /*keep=*/false);
+      return;
+    }
+  }
   if (host_config_.policy == HostPolicy::kWriteBack && known) {
     // The host holds the block: its LRU refresh is the whole write-back (a pinned slot stays as
     // it is: requeue leaves it).
@@ -190,6 +209,7 @@ void TieredKVCacheManager::forget_evicted(const BlockPool& pool, BlockId id, boo
     // Write-back, the host copy unknown: looked up, and stored if missing, by allocate_slots once
     // its hit is pinned (capacity reserved there); the records and extra keys are forgotten then.
     evicted_.push_back(id);
+    if (hybrid_) evicted_group_.push_back(pool.block(id).group_id);
     if (!own_records_) {
       evicted_hash_.push_back(pool.block(id).block_hash);
       evicted_parent_.push_back(pool.stored_parent_hash(id));
@@ -216,9 +236,10 @@ void TieredKVCacheManager::store_evicted(RequestState& state, TierPlan& out) {
     const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
     const BlockSequence view = content_sequence(content_tokens_, content_hashes_, first, &extra);
     const std::size_t index = first ? 0 : 1;
-    const BlockId slot = host_match(view, index, host_chain_ ? nullptr : &gpu_identity_[k]);
+    const GroupId group = hybrid_ ? evicted_group_[e] : GroupId{0};
+    const BlockId slot = host_match(view, index, host_chain_ ? nullptr : &gpu_identity_[k], group);
     if (slot == BlockPool::kNoBlock) {
-      store_block(b, view, index, state, Kind::kEviction, out);
+      store_block(b, view, index, state, Kind::kEviction, out, group);
     } else if (host_.block(slot).ref_cnt == 0) {
       refresh(slot);
     }
@@ -229,9 +250,14 @@ void TieredKVCacheManager::store_evicted(RequestState& state, TierPlan& out) {
   evicted_hash_.clear();
   evicted_parent_.clear();
   evicted_tokens_.clear();
+  evicted_group_.clear();
 }
 
 void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& state, TierPlan& out) {
+  if (hybrid_) {
+    hybrid_record_new_blocks(request, state, out);
+    return;
+  }
   const BlockSequence seq = request.hashed_tokens().sequence();
   const bool write_through = host_config_.policy == HostPolicy::kWriteThrough;
   // With the GPU pool's material the tier keeps nothing per block but extra keys.
@@ -273,10 +299,12 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
 
 void TieredKVCacheManager::forget_loaded_slots(const Request& request, const RequestState& state,
                                                std::size_t from) {
-  const std::span<const BlockId> ids = manager_.block_ids(request.id());
-  const std::size_t end = std::min(ids.size(), state.hit_begin + state.num_loads);
-  for (std::size_t i = state.hit_begin + from; i < end; ++i) {
-    gpu_host_slot_[static_cast<std::size_t>(ids[i])] = 0;
+  for (std::size_t g = 0; g < manager_.num_groups(); ++g) {
+    const std::span<const BlockId> ids = manager_.block_ids(request.id(), g);
+    const std::size_t end = std::min(ids.size(), state.hit_begin + state.num_loads);
+    for (std::size_t i = state.hit_begin + from; i < end; ++i) {
+      gpu_host_slot_[static_cast<std::size_t>(ids[i])] = 0;  // (the null block's: unused)
+    }
   }
 }
 
@@ -287,6 +315,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     return "TieredKVCacheManager::allocate_slots: request " + std::to_string(request.id()) + ": ";
   };
   manager_.check_owner(request, "TieredKVCacheManager::allocate_slots");
+  if (hybrid_) return hybrid_allocate_slots(request, num_new_tokens, hit, num_lookahead_tokens);
   const RequestMap::iterator found = requests_.find(request.id());
   if (found != requests_.end() && found->second.loading) {
     throw Error(ErrorCode::kInvalidState,
@@ -429,7 +458,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
       t.gpu = block;
       t.host = slot;
       t.chain_index = static_cast<std::uint32_t>(i);
-      loads[i] = {slot, block};
+      loads[i] = {slot, block, 0};
       load_ids[i] = (static_cast<TransferId>(t.generation) << 32) | idx;
       // The block will hold the slot's (verified) content; kept if the load succeeds.
       const auto b = static_cast<std::size_t>(block);

@@ -44,6 +44,18 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
   host_pins_.assign(m, 0);
   content_tokens_.assign(2 * static_cast<std::size_t>(bs_), 0);
   stats_.host_slots = host.num_host_blocks;
+  const std::size_t num_groups = manager_.num_groups();
+  group_stats_.assign(num_groups, TierGroupStats{});
+  for (std::size_t g = 0; g < num_groups; ++g) {
+    const AttentionSpec& spec = manager_.group_spec(g);
+    window_blocks_.push_back(spec.kind == AttentionKind::kSlidingWindow ? spec.window_blocks()
+                                                                        : kFullGroup);
+    group_bytes_.push_back(host.group_bytes_per_block.empty() ? host.bytes_per_block
+                                                              : host.group_bytes_per_block[g]);
+  }
+  // Several groups, or one sliding-window group: the per-group path (tier_hybrid.cpp).
+  hybrid_ = num_groups > 1 || window_blocks_[0] != kFullGroup;
+  if (hybrid_) gpu_tail_.assign(n, 0);
   if (gpu.enable_kv_events) {
     manager_.set_event_sink([this](const KVEvent& e) { forward_event(e, "GPU"); });
     host_.set_event_sink([this](const KVEvent& e) { forward_event(e, "CPU"); });
@@ -77,6 +89,14 @@ void TieredKVCacheManager::set_event_sink(KVEventSink sink) {
 TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request) {
   TieredCacheHit hit;
   hit.gpu = manager_.get_computed_blocks(request);  // validates the request
+  if (hybrid_) [[unlikely]] {
+    hybrid_host_hit(request, hit);
+    ++stats_.requests;
+    stats_.queried_tokens += request.num_tokens();
+    stats_.gpu_hit_tokens += hit.gpu.num_tokens;
+    stats_.host_hit_tokens += hit.num_host_tokens;
+    return hit;
+  }
   const auto count = [this, &request](const TieredCacheHit& found) noexcept {
     ++stats_.requests;
     stats_.queried_tokens += request.num_tokens();
@@ -194,6 +214,7 @@ LoadResult TieredKVCacheManager::finish_loads(Request& request) {
     throw Error(ErrorCode::kInvalidState,
                 who() + " has " + std::to_string(st.loads_in_flight) + " loads not committed");
   }
+  if (hybrid_) return hybrid_finish_loads(request, st);
   LoadResult result;
   result.rolled_back = st.first_failed < st.num_loads;
   const std::size_t valid_blocks = st.hit_begin + st.first_failed;
@@ -225,7 +246,13 @@ void TieredKVCacheManager::free(Request& request) {
   // Blocks loaded but never cached (finish_loads not called) lose their noted slots (a hint:
   // forgetting it is always safe, even if the call below refuses).
   if (it != requests_.end() && it->second.loading) forget_loaded_slots(request, it->second, 0);
+  // Hybrid, write-back: the window groups' last blocks, marked once the release succeeded.
+  if (hybrid_ && it != requests_.end()) hybrid_mark_tail(request);
   manager_.free(request);
+  if (hybrid_ && !slot_scratch_.empty()) {
+    for (const BlockId b : slot_scratch_) gpu_tail_[static_cast<std::size_t>(b)] = 1;
+    slot_scratch_.clear();
+  }
   if (it != requests_.end()) release_state(it);
 }
 
@@ -240,7 +267,13 @@ void TieredKVCacheManager::preempt(Request& request) {
   // Blocks loaded but never cached (finish_loads not called) lose their noted slots (a hint:
   // forgetting it is always safe, even if the call below refuses).
   if (it != requests_.end() && it->second.loading) forget_loaded_slots(request, it->second, 0);
+  // Hybrid, write-back: the window groups' last blocks, marked once the release succeeded.
+  if (hybrid_ && it != requests_.end()) hybrid_mark_tail(request);
   manager_.preempt(request);
+  if (hybrid_ && !slot_scratch_.empty()) {
+    for (const BlockId b : slot_scratch_) gpu_tail_[static_cast<std::size_t>(b)] = 1;
+    slot_scratch_.clear();
+  }
   if (it != requests_.end()) release_state(it);
 }
 
@@ -255,6 +288,7 @@ bool TieredKVCacheManager::reset_prefix_cache() {
   std::fill(gpu_identity_.begin(), gpu_identity_.end(), BlockHash());
   std::fill(gpu_hits_.begin(), gpu_hits_.end(), 0u);
   std::fill(gpu_host_slot_.begin(), gpu_host_slot_.end(), 0);
+  std::fill(gpu_tail_.begin(), gpu_tail_.end(), std::uint8_t{0});
   gpu_extra_.clear();
   ++host_epoch_;  // every host slot lost its content
   host_cached_ever_ = host_.num_evictions();

@@ -61,9 +61,18 @@ namespace {
   const auto bad = [](const std::string& what) {
     throw Error(ErrorCode::kInvalidArgument, "TieredKVCacheManager: " + what);
   };
-  if (gpu.groups.size() > 1 ||
-      (gpu.groups.size() == 1 && gpu.groups[0].kind != AttentionKind::kFull)) {
-    bad("the host tier supports one full-attention KV-cache group");
+  for (const AttentionSpec& spec : gpu.groups) {
+    if (spec.block_size != gpu.groups.front().block_size) {
+      bad("hybrid models: every KV-cache group needs one block size (got " +
+          std::to_string(gpu.groups.front().block_size) + " and " +
+          std::to_string(spec.block_size) + "; groups of different block sizes are not supported)");
+    }
+  }
+  if (!host.group_bytes_per_block.empty() &&
+      host.group_bytes_per_block.size() != std::max<std::size_t>(1, gpu.groups.size())) {
+    bad("group_bytes_per_block has " + std::to_string(host.group_bytes_per_block.size()) +
+        " entries for " + std::to_string(std::max<std::size_t>(1, gpu.groups.size())) +
+        " KV-cache groups");
   }
   if (!gpu.enable_caching) bad("the host tier needs prefix caching on");
   if (host.num_host_blocks < 1 || host.num_host_blocks > 0x7ffffffe) {
@@ -170,12 +179,12 @@ inline void reserve_room(Vector& v, std::size_t n) {
 }  // namespace
 
 inline BlockId TieredKVCacheManager::host_match(const BlockSequence& seq, std::size_t index,
-                                                const BlockHash* identity) const {
+                                                const BlockHash* identity, GroupId group) const {
   // docs/hashing.md: the parent hash stored with the block must equal the request's.
-  if (host_chain_) return host_.match_cached_block_after(seq, index);
+  if (host_chain_) return host_.match_cached_block_after(seq, index, group);
   // Prefix identities: the slot's must be the request's (a chained hash proves nothing here).
   if (identity == nullptr) return BlockPool::kNoBlock;  // (callers always give one)
-  const BlockId slot = host_.match_cached_block_unanchored(seq, index);
+  const BlockId slot = host_.match_cached_block_unanchored(seq, index, group);
   if (slot == BlockPool::kNoBlock) return slot;
   return same_hash(host_identity_[static_cast<std::size_t>(slot)], *identity) ? slot
                                                                               : BlockPool::kNoBlock;
@@ -198,6 +207,7 @@ inline TransferId TieredKVCacheManager::open_transfer(Kind kind, RequestState* s
   t.gpu = gpu;
   t.host = host;
   t.chain_index = chain_index;
+  t.group = 0;
   ++num_live_;
   if (state != nullptr) {  // a fill belongs to no request's allocation
     ++state->transfers_in_flight;

@@ -13,6 +13,7 @@
 // (PAGEDKV_LIBFUZZER defined), and a plain program that replays files and directories given on the
 // command line, or `--random N` seeded random inputs; ctest runs the latter on
 // tests/fuzz/tier_corpus.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <limits>
 #include <string>
 
+#include "../tier/hybrid_episode.hpp"
 #include "../tier/tier_episode.hpp"
 #include "fuzz_replay_main.hpp"
 
@@ -54,6 +56,14 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   FuzzBytes in(data, size);
   try {
     pagedkv::tier_test::run_tier_episode(in, kMaxOps);
+    FuzzBytes hybrid(data, size);
+    const int hashing = static_cast<int>(hybrid() % 4);
+    const auto policy = static_cast<pagedkv::HostPolicy>(hybrid() % 3);
+    pagedkv::hybrid_test::run_hybrid_episode(hybrid, 0, hashing, policy,
+                                             static_cast<int>(std::min<std::size_t>(size / 8, 200)));
+  } catch (const pagedkv::hybrid_test::HybridEpisodeFailure& e) {
+    std::fprintf(stderr, "tiered_fuzz: hybrid check failed: %s\n", e.what());
+    std::abort();
   } catch (const pagedkv::tier_test::EpisodeFailure& e) {
     std::fprintf(stderr, "tiered_fuzz: check failed: %s\n", e.what());
     std::abort();

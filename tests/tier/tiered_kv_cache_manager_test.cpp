@@ -471,7 +471,11 @@ TEST(TieredKVCacheManager, RejectsWhatItCannotServe) {
   EXPECT_NO_THROW(TieredKVCacheManager(x, host_config(4)));  // prefix identities
   KVCacheManagerConfig hybrid = gpu_config(8);
   hybrid.groups = {AttentionSpec::full(4), AttentionSpec::sliding(4, 8)};
+  EXPECT_NO_THROW(TieredKVCacheManager(hybrid, host_config(4)));  // hybrid_tier_test
+  hybrid.groups = {AttentionSpec::full(4), AttentionSpec::sliding(8, 8)};  // two block sizes
   EXPECT_THROW(TieredKVCacheManager(hybrid, host_config(4)), Error);
+  hybrid.groups = {AttentionSpec::sliding(4, 8)};  // a window alone: the hybrid path
+  EXPECT_NO_THROW(TieredKVCacheManager(hybrid, host_config(4)));
   EXPECT_THROW(TieredKVCacheManager(gpu_config(8), host_config(0)), Error);
   HostTierConfig sel = host_config(4, HostPolicy::kWriteThroughSelective);
   sel.selective_hits = 0;

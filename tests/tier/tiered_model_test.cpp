@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <random>
 
+#include "hybrid_episode.hpp"
 #include "stress_flags.hpp"
 #include "tier_episode.hpp"
 
@@ -43,6 +44,29 @@ TEST(TieredModel, RandomEpisodesAgainstByteLevelReference) {
     if (g_seconds > 0 && spent.count() >= g_seconds) break;
   }
   std::printf("tiered_model: %llu episodes\n", static_cast<unsigned long long>(ran));
+}
+
+// Hybrid models (a sliding-window group beside full attention; hybrid_episode.hpp): the same
+// seeds, each with every hashing (sha256, xxh3_128, weak sha256, weak xxh3_128) in turn and the
+// three policies by seed.
+TEST(TieredModel, HybridEpisodesAgainstContentReference) {
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t ran = 0;
+  for (std::uint64_t seed = 1; seed <= g_episodes / 4; ++seed) {
+    for (int hashing = 0; hashing < 4; ++hashing) {
+      std::mt19937_64 rng(seed * 4 + static_cast<std::uint64_t>(hashing));
+      ++ran;
+      try {
+        hybrid_test::run_hybrid_episode(rng, seed, hashing, static_cast<HostPolicy>(seed % 3));
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        return;
+      }
+    }
+    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+    if (g_seconds > 0 && spent.count() >= g_seconds) break;
+  }
+  std::printf("tiered_model: %llu hybrid episodes\n", static_cast<unsigned long long>(ran));
 }
 
 // The checks can fail: when the engine commits stores as done whose bytes it corrupted (a copy

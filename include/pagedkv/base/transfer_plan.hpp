@@ -9,7 +9,10 @@
 //              before their new owner (or a load) overwrites them;
 //   loads      host slot -> device block, before the forward pass that reads them;
 //   stores     device block -> host slot, AFTER the forward pass that writes them (write-through).
-// Every copy moves one whole block: all layers, K and V (TransferLayout says where they lie).
+// Every copy moves one whole block: all layers, K and V (TransferLayout says where they lie), of
+// one KV-cache group. A hybrid model's groups have their own layers (and the engine its own
+// device layout per group): each copy names its group, and an engine runs a group's copies with
+// that group's layout (e.g. the executors on a plan filtered by group). Single-group models: 0.
 // An executor marks each stage it ran; running a stage twice throws pagedkv::Error
 // (kInvalidState) with nothing copied. Thread-compatible plain data.
 #pragma once
@@ -23,6 +26,7 @@ namespace pagedkv {
 struct BlockCopy {
   std::int32_t src = 0;  // block index on the source side (device block id or host slot)
   std::int32_t dst = 0;  // block index on the destination side
+  std::int32_t group = 0;  // the KV-cache group whose layers the block holds (0: the only one)
 
   bool operator==(const BlockCopy&) const = default;
 };
@@ -43,6 +47,19 @@ struct TransferPlan {
     return evictions.size() + loads.size() + stores.size();
   }
 };
+
+// The copies of `plan` that belong to KV-cache group `group`, as a plan of their own (stages
+// executed: none), for an executor that runs one group's layout at a time. O(copies).
+inline TransferPlan group_plan(const TransferPlan& plan, std::int32_t group) {
+  TransferPlan out;
+  for (const BlockCopy& c : plan.evictions)
+    if (c.group == group) out.evictions.push_back(c);
+  for (const BlockCopy& c : plan.loads)
+    if (c.group == group) out.loads.push_back(c);
+  for (const BlockCopy& c : plan.stores)
+    if (c.group == group) out.stores.push_back(c);
+  return out;
+}
 
 // Where one block's bytes lie. The host side is always block-first: slot s holds its layers
 // back to back, layer l at s * block_bytes() + l * chunk_bytes (a slot is one block's K/V for

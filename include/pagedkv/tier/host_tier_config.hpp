@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "pagedkv/pool/eviction_policy.hpp"
 #include "pagedkv/pool/retention.hpp"
@@ -27,6 +28,20 @@ enum class HostPolicy : std::uint8_t { kWriteThrough, kWriteThroughSelective, kW
 std::string_view to_string(HostPolicy policy) noexcept;
 // The inverse of to_string; std::nullopt for anything else.
 std::optional<HostPolicy> parse_host_policy(std::string_view text) noexcept;
+
+// Hybrid models: which blocks of a sliding-window KV-cache group the tier stores. A hit of L blocks
+// needs only the window group's blocks [L - window_blocks, L), so a window block is only worth a
+// host slot if some hit can end within window_blocks after it. Full-attention groups store every
+// block as the policy says.
+enum class WindowStoreRule : std::uint8_t {
+  // Only the blocks within window_blocks of a request's end: write-through and selective store a
+  // window block when it lies within the window of the request's tokens known then; write-back
+  // stores an evicted window block only if it was within the window of the end of a request that
+  // held it when that request was freed or preempted (where its next turn hits). Others are
+  // counted in TierStats::window_stores_skipped.
+  kRequestTail,
+  kAll,  // every window block, as a full-attention block
+};
 
 struct HostTierConfig {
   // Host slots the engine gives the tier (its pinned buffer holds that many blocks); >= 1.
@@ -41,6 +56,10 @@ struct HostTierConfig {
   RetentionPriority secondary_offload_min_priority = 0;
   // The host pool's own eviction policy (BlockPoolConfig::eviction_policy); kLru: as before.
   EvictionPolicy eviction_policy = EvictionPolicy::kLru;
+  // Hybrid models: the bytes one block of group g moves (its layers' K and V), for the byte
+  // counts; empty: bytes_per_block for every group. Else one entry per group.
+  std::vector<std::uint64_t> group_bytes_per_block;
+  WindowStoreRule window_store = WindowStoreRule::kRequestTail;
 
   // The slots a host buffer of `bytes` holds at `bytes_per_block` (0 when it holds none).
   static std::int32_t blocks_for_bytes(std::uint64_t bytes, std::uint64_t bytes_per_block);
@@ -68,6 +87,8 @@ struct TierStats {
   std::int32_t host_slots_pinned = 0;     // slots with transfers in flight (loading or storing)
   std::int32_t host_slots_storing = 0;    // of those, slots being written (not hit-able yet)
   std::uint64_t host_cached_blocks = 0;   // slots holding a hit-able block
+  // Hybrid models: window-group blocks not stored by WindowStoreRule::kRequestTail.
+  std::uint64_t window_stores_skipped = 0;
 
   double hit_rate() const noexcept {
     return queried_tokens == 0 ? 0.0
@@ -81,6 +102,13 @@ struct TierStats {
                                                  static_cast<std::uint64_t>(host_slots_storing)) /
                                  host_slots;
   }
+};
+
+// One KV-cache group's share of the copies (TieredKVCacheManager::group_stats()).
+struct TierGroupStats {
+  std::uint64_t loaded_blocks = 0, loaded_bytes = 0;  // loads committed done
+  std::uint64_t stored_blocks = 0, stored_bytes = 0;  // stores and evictions cached in the host
+  std::uint64_t window_stores_skipped = 0;            // WindowStoreRule::kRequestTail's skips
 };
 
 }  // namespace pagedkv

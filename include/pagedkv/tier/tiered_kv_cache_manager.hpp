@@ -45,7 +45,19 @@
 // unchanged) are refreshed in the host LRU on the spot; the others are looked up and stored once
 // allocate_slots has pinned its hit.
 //
-// Scope: one full-attention KV-cache group (a hybrid model is rejected at construction).
+// Hybrid models (sliding-window groups beside full attention; every group of one block size):
+// every group is offloaded and onboarded; host slots are keyed by (block hash, group), so two
+// groups' blocks of one position never alias. A hit is the GPU manager's fixed-point hit G, then
+// the longest L > G (a multiple of the groups' LCM alignment) such that every full-attention group
+// holds blocks [G, L) in the host and every window group holds [max(G, L - window_blocks), L)
+// (its blocks before that, back to L - window_blocks, are in the GPU hit); a window group loads
+// only those, its other positions of the host part are not loaded (their GPU blocks hold no K/V
+// and are never cached: finish_loads drops them from the GPU cache, and the manager releases them
+// as out of window). Each copy names its group (BlockCopy::group). Which window blocks are stored:
+// HostTierConfig::window_store. A failed load rolls back to the longest prefix still valid in
+// every group. Not yet for hybrid models: groups of different block sizes (refused at
+// construction) and the calls below the host tier (begin_fill, local_prefix_blocks, host_holds:
+// kInvalidArgument; RemoteTier refuses a hybrid tier).
 // Errors (pagedkv::Error, nothing changed): misuse of the manager calls as in KVCacheManager; a
 // request that belongs to another manager (manager/request.hpp: Ownership; every call taking a
 // request checks it before anything else, the tier's own state included); a stale host hit;
@@ -82,6 +94,9 @@ using TransferId = std::uint64_t;
 struct TieredCacheHit {
   CacheHit gpu;
   std::vector<BlockId> host_slots;  // host slot of the request's block gpu.blocks.size() + i
+  // Hybrid models: groups 1.. (group g at [g - 1]), as host_slots; 0 where the group loads
+  // nothing (a window group's positions before its window at the hit's end). Empty otherwise.
+  std::vector<std::vector<BlockId>> host_other_groups;
   std::size_t num_host_tokens = 0;  // host_slots.size() * block size
   // The tier's host epoch when the slots were verified: allocate_slots() trusts that
   // verification only while no host slot has been reassigned since, and verifies every slot
@@ -152,8 +167,8 @@ struct TieredSnapshot {
 
 class TieredKVCacheManager {
  public:
-  // Throws pagedkv::Error (kInvalidArgument) for a hybrid model, caching off, fewer than 1
-  // host block or selective_hits 0.
+  // Throws pagedkv::Error (kInvalidArgument) for groups of different block sizes, caching off,
+  // fewer than 1 host block, selective_hits 0 or group_bytes_per_block not one per group.
   TieredKVCacheManager(const KVCacheManagerConfig& gpu, const HostTierConfig& host);
   ~TieredKVCacheManager();
   TieredKVCacheManager(const TieredKVCacheManager&) = delete;
@@ -245,6 +260,8 @@ class TieredKVCacheManager {
   void set_host_hooks(HostTierHooks hooks) { hooks_ = std::move(hooks); }
 
   TierStats stats() const noexcept;
+  // Per KV-cache group: loaded and stored blocks and bytes (HostTierConfig's per-group bytes).
+  std::vector<TierGroupStats> group_stats() const { return group_stats_; }
   // KV events of both tiers in one gap-free sequence, BlockStored/BlockRemoved carrying medium
   // "GPU" or "CPU". Enabled by KVCacheManagerConfig::enable_kv_events.
   std::vector<KVEvent> take_events();
@@ -273,6 +290,7 @@ class TieredKVCacheManager {
     BlockId gpu = 0;
     BlockId host = 0;
     std::uint32_t chain_index = 0;  // kLoad: index in the request's host run
+    GroupId group = 0;              // the KV-cache group of the block copied
   };
   struct RequestState {
     RequestId id = 0;
@@ -284,6 +302,10 @@ class TieredKVCacheManager {
     std::size_t first_failed = 0;  // lowest failed load's chain index; num_loads when none
     std::size_t cache_upto = 0;    // tokens to cache when every load is done
     std::size_t scanned = 0;       // leading blocks whose caching the tier has recorded
+    // Hybrid models: the hit's end (blocks), and per group the leading blocks recorded.
+    std::size_t hit_end = 0;
+    std::vector<std::size_t> scanned_groups;
+    std::vector<BlockHash> identities;  // prefix identities of the request's blocks (hybrid)
   };
   class ContentSource;
 
@@ -304,18 +326,42 @@ class TieredKVCacheManager {
     TieredKVCacheManager& tier_;
   };
   void record_new_blocks(Request& request, RequestState& state, TierPlan& out);
+  // ---- Hybrid models (tier_hybrid.cpp) ----
+  void hybrid_host_hit(const Request& request, TieredCacheHit& hit);
+  std::optional<TierAllocation> hybrid_allocate_slots(Request& request, std::size_t num_new_tokens,
+                                                      const TieredCacheHit& hit,
+                                                      std::size_t num_lookahead_tokens);
+  LoadResult hybrid_finish_loads(Request& request, RequestState& st);
+  void hybrid_record_new_blocks(Request& request, RequestState& state, TierPlan& out);
+  // Marks the last window_blocks cached blocks of each window group's row (write-back's
+  // WindowStoreRule::kRequestTail) before the request releases them.
+  void hybrid_mark_tail(const Request& request);
+  // Whether a window group's block at `index` of a request with `num_tokens` tokens is stored
+  // (write-through and selective).
+  bool window_store_allowed(std::size_t g, std::size_t index, std::size_t num_tokens) const noexcept;
+  // st.identities extended to the request's first `end` blocks (capped at its full blocks).
+  void hybrid_identities(const BlockSequence& seq, RequestState& st, std::size_t end);
+  std::uint64_t hybrid_hit_check(const TieredCacheHit& hit, std::span<const BlockHash> hashes,
+                                 std::uint64_t request_salt) const noexcept;
+  // Group g's host slot of the hit's position i (0 when none).
+  static BlockId hit_slot(const TieredCacheHit& hit, std::size_t g, std::size_t i) noexcept {
+    return g == 0 ? hit.host_slots[i] : hit.host_other_groups[g - 1][i];
+  }
+  bool is_window(std::size_t g) const noexcept { return window_blocks_[g] != kFullGroup; }
+  static constexpr std::size_t kFullGroup = ~std::size_t{0};
   // Write-through and selective: stores seq's block `index`, cached in GPU block gpu_block, in a
   // free host slot unless the host holds it (host_has).
   void schedule_store(BlockId gpu_block, const BlockSequence& seq, std::size_t index,
-                      RequestState& state, TierPlan& out);
+                      RequestState& state, TierPlan& out, GroupId group = 0);
   // A store (kind kStore or kEviction) of view's block `index` from GPU block gpu_block into a
   // free host slot; the content is copied now. Skipped and counted when every slot is pinned.
   void store_block(BlockId gpu_block, const BlockSequence& view, std::size_t index,
-                   RequestState& state, Kind kind, TierPlan& out);
+                   RequestState& state, Kind kind, TierPlan& out, GroupId group = 0);
   // Whether the host holds seq's block `index`, cached in GPU block gpu_block (refreshing the
   // slot's LRU place): the remembered slot when still valid, else a verified lookup (then
   // remembered).
-  bool host_has(BlockId gpu_block, const BlockSequence& seq, std::size_t index);
+  bool host_has(BlockId gpu_block, const BlockSequence& seq, std::size_t index,
+                GroupId group = 0);
   // Whether gpu_host_slot_[b] names a slot that still holds the block's content.
   bool remembered_valid(std::size_t b) const noexcept;
   // Write-back's evictions kept by on_evict: verified lookup, else store.
@@ -333,7 +379,7 @@ class TieredKVCacheManager {
   // Whether `slot` is the one a verified lookup of seq's block `index` finds (identity: that
   // block's prefix identity; unused with chained-hash identities).
   bool host_verified(const BlockSequence& seq, std::size_t index, BlockId slot,
-                     const BlockHash* identity) const;
+                     const BlockHash* identity, GroupId group = 0) const;
   // The prefix identity of seq's block `index` after the identity `parent` of block index - 1
   // (nullptr for block 0).
   BlockHash identity_after(const BlockHash* parent, const BlockSequence& seq, std::size_t index,
@@ -347,7 +393,8 @@ class TieredKVCacheManager {
   // The host slot holding seq's block `index` after seq's own previous block (verified, the
   // parent hash checked; with prefix identities, the slot's identity equal to *identity, the
   // request's identity of block `index`), or kNoBlock.
-  BlockId host_match(const BlockSequence& seq, std::size_t index, const BlockHash* identity) const;
+  BlockId host_match(const BlockSequence& seq, std::size_t index, const BlockHash* identity,
+                     GroupId group = 0) const;
   // Forgets a request's loaded blocks from `from` (chain index) on: their loads did not land, so
   // the slots noted for them name content they do not hold.
   void forget_loaded_slots(const Request& request, const RequestState& state, std::size_t from);
@@ -404,6 +451,7 @@ class TieredKVCacheManager {
   std::vector<BlockId> evicted_;
   std::vector<BlockHash> evicted_hash_, evicted_parent_;
   std::vector<TokenId> evicted_tokens_;
+  std::vector<GroupId> evicted_group_;  // hybrid models: each evicted block's group
   EvictionForwarder eviction_forwarder_{*this};
 
   // Per host slot: bumped whenever the slot is taken from the free queue (it is evicted and
@@ -433,6 +481,14 @@ class TieredKVCacheManager {
   std::int32_t num_host_pins_ = 0;
   HostTierHooks hooks_;
   TierStats stats_;
+  std::vector<TierGroupStats> group_stats_;  // one per group
+  // Hybrid models (several groups): per group its window in blocks (kFullGroup: full attention),
+  // block bytes, and per GPU block whether WindowStoreRule::kRequestTail stores it (write-back).
+  bool hybrid_ = false;
+  std::vector<std::size_t> window_blocks_;
+  std::vector<std::uint64_t> group_bytes_;
+  std::vector<std::uint8_t> gpu_tail_;
+  bool dropping_ = false;  // finish_loads drops unloaded window blocks: on_evict ignores them
   std::uint64_t host_cached_ever_ = 0;  // stores cached; minus host evictions = cached now
 
   // Events.
