@@ -120,6 +120,10 @@ constexpr const char* kUsage =
     "                            draws hit rate against host size\n"
     "  --host-policy P           write_through (default), write_through_selective, write_back\n"
     "  --host-selective-hits K   write_through_selective: hits before a block is stored (2)\n"
+    "  --window-store tail|all   with --sliding-window (sequential mode): which window blocks the\n"
+    "                            tier stores: tail (default) those within the window of a\n"
+    "                            request's end, all every one; the JSON adds per-group loaded\n"
+    "                            and stored blocks and bytes (each block half a token's bytes)\n"
     "  --host-gbps G             engine mode: each step's copies (evictions, loads, stores of\n"
     "                            --kv-bytes-per-token bytes a token) take bytes / G GB/s on the\n"
     "                            simulated clock, added to the step (25); reported as\n"
@@ -461,6 +465,15 @@ int main(int argc, char** argv) {
                     p + "'");
       }
       tier.policy = *policy;
+    } else if (arg == "--window-store") {
+      const std::string w = value();
+      if (w == "tail") {
+        tier.window_store = pagedkv::WindowStoreRule::kRequestTail;
+      } else if (w == "all") {
+        tier.window_store = pagedkv::WindowStoreRule::kAll;
+      } else {
+        usage_error("--window-store: tail or all, not '" + w + "'");
+      }
     } else if (arg == "--host-selective-hits") {
       tier.selective_hits = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
     } else if (arg == "--host-gbps") {

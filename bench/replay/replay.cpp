@@ -757,9 +757,12 @@ std::string memory_utilization_table(const Trace& trace, std::uint32_t block_siz
 
 std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOptions& o,
                                               const TierReplayOptions& tier) {
-  if (o.sliding_window > 0 || !o.caching) {
-    throw Error(ErrorCode::kInvalidArgument, "--host-blocks: one full-attention group, caching on");
+  if (!o.caching) throw Error(ErrorCode::kInvalidArgument, "--host-blocks: caching on");
+  if (o.sliding_window > 0 && o.mode == Mode::kEngine) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "--host-blocks with --sliding-window: sequential mode only (not --mode engine)");
   }
+  const std::uint64_t groups = o.sliding_window > 0 ? 2 : 1;  // each group holds its own blocks
   if (o.num_blocks.empty()) throw Error(ErrorCode::kInvalidArgument, "replay: no --num-blocks");
   std::vector<TierReplayResult> out;
   for (const std::int32_t n : o.num_blocks) {
@@ -769,6 +772,12 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
       h.policy = tier.policy;
       h.selective_hits = tier.selective_hits;
       h.bytes_per_block = tier.kv_bytes_per_token * o.block_size;
+      if (groups == 2) {
+        // A hybrid model's layers split evenly between the two groups: a block of either group
+        // holds half the bytes of a token's K/V.
+        h.group_bytes_per_block = {h.bytes_per_block / 2, h.bytes_per_block / 2};
+        h.window_store = tier.window_store;
+      }
       if (o.mode == Mode::kEngine) {
         TierCache cache(manager_config(o, n), h, tier.host_gbps);
         TierReplayResult res;
@@ -799,7 +808,7 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
         ++res.base.requests;
         res.base.prompt_tokens += num_tokens;
         res.base.prompt_blocks += cdiv(num_tokens, o.block_size);
-        if (cdiv(num_tokens, o.block_size) > static_cast<std::uint64_t>(n - 1)) {
+        if (groups * cdiv(num_tokens, o.block_size) > static_cast<std::uint64_t>(n - 1)) {
           ++res.base.rejected;
           continue;
         }
@@ -839,6 +848,11 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
       res.host_evictions = s.host_evictions;
       res.loaded_bytes = s.loaded_bytes;
       res.stored_bytes = s.stored_bytes;
+      if (groups > 1) {
+        res.groups = t.group_stats();
+        res.window_stores_skipped = s.window_stores_skipped;
+        res.base.out_of_window_blocks_freed = t.gpu().num_out_of_window_blocks_freed();
+      }
       out.push_back(res);
     }
   }
@@ -863,6 +877,24 @@ std::string to_json(const TierReplayResult& r, const ReplayOptions& o,
                 (unsigned long long)r.host_evictions, (unsigned long long)tier.kv_bytes_per_token,
                 (unsigned long long)r.loaded_bytes, (unsigned long long)r.stored_bytes);
   base += buf;
+  if (!r.groups.empty()) {
+    // Per KV-cache group (0: full attention, 1: the sliding window), each block half a token's
+    // K/V bytes (the layers split evenly).
+    const auto list = [&r](auto field) {
+      std::string s = "[";
+      for (std::size_t g = 0; g < r.groups.size(); ++g) {
+        s += (g ? "," : "") + std::to_string(field(r.groups[g]));
+      }
+      return s + "]";
+    };
+    base += ",\"window_store\":\"";
+    base += tier.window_store == WindowStoreRule::kAll ? "all" : "tail";
+    base += "\",\"group_loaded_blocks\":" + list([](const TierGroupStats& g) { return g.loaded_blocks; });
+    base += ",\"group_loaded_bytes\":" + list([](const TierGroupStats& g) { return g.loaded_bytes; });
+    base += ",\"group_stored_blocks\":" + list([](const TierGroupStats& g) { return g.stored_blocks; });
+    base += ",\"group_stored_bytes\":" + list([](const TierGroupStats& g) { return g.stored_bytes; });
+    base += ",\"window_stores_skipped\":" + std::to_string(r.window_stores_skipped);
+  }
   if (o.mode == Mode::kEngine) {
     // Simulated: the step's copies at --host-gbps, added to its --step-ms (sim_makespan_ms and
     // sim_ttft_p50_ms include them).

@@ -134,6 +134,8 @@ struct TierReplayOptions {
   std::uint32_t selective_hits = 2;
   std::uint64_t kv_bytes_per_token = 0;  // bytes moved = blocks x block size x this
   double host_gbps = 25;                 // engine mode: simulated host <-> GPU bandwidth (GB/s)
+  // --sliding-window: which window blocks the tier stores (--window-store tail|all).
+  WindowStoreRule window_store = WindowStoreRule::kRequestTail;
 };
 
 struct TierReplayResult {
@@ -148,6 +150,10 @@ struct TierReplayResult {
   std::uint64_t loaded_bytes = 0;
   std::uint64_t stored_bytes = 0;
   double sim_transfer_ms = 0;  // engine mode: simulated copy time, included in sim_makespan_ms
+  // --sliding-window: per KV-cache group (0 full attention, 1 the window), and the window
+  // blocks the store rule skipped.
+  std::vector<TierGroupStats> groups;
+  std::uint64_t window_stores_skipped = 0;
 };
 
 // One result per (options.num_blocks, tier.host_blocks) pair, GPU size outer.
