@@ -135,7 +135,7 @@ struct TierReplayOptions {
   std::uint64_t kv_bytes_per_token = 0;  // bytes moved = blocks x block size x this
   double host_gbps = 25;                 // engine mode: simulated host <-> GPU bandwidth (GB/s)
   // --sliding-window: which window blocks the tier stores (--window-store tail|all).
-  WindowStoreRule window_store = WindowStoreRule::kRequestTail;
+  WindowStoreRule window_store = WindowStoreRule::kAll;
 };
 
 struct TierReplayResult {

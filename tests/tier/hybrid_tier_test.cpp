@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <random>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include "hybrid_episode.hpp"
+#include "pagedkv/remote/disk_store.hpp"
+#include "pagedkv/tier/remote_tier.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
@@ -179,6 +182,34 @@ TEST(HybridTier, BelowHostCallsAreRefusedForHybridModels) {
   EXPECT_THROW(t.begin_fill(r, 0), Error);
   EXPECT_THROW((void)t.local_prefix_blocks(r), Error);
   EXPECT_THROW((void)t.host_holds(r, 0), Error);
+}
+
+// The remote tier does not serve hybrid models yet: it says so at construction.
+TEST(HybridTier, RemoteTierRefusesAHybridTier) {
+  TieredKVCacheManager t(hybrid_config(24, 9, 0), host_config(16, HostPolicy::kWriteBack));
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() /
+      ("pagedkv-hybrid-remote-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+       "-" + std::to_string(reinterpret_cast<std::uintptr_t>(&t)));
+  {
+    DiskStoreConfig dc;
+    dc.directory = dir;
+    dc.name_space = "hybrid-test";
+    dc.value_bytes = 64;
+    dc.capacity_bytes = 1 << 20;
+    dc.preallocate = false;
+    DiskStore store(dc);
+    std::vector<std::byte> buffer(17 * 64);
+    RemoteTierConfig rc;
+    rc.bytes_per_block = 64;
+    try {
+      RemoteTier remote(t, store, buffer, rc);
+      ADD_FAILURE() << "a hybrid tier was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("hybrid"), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(HybridTier, EpisodesNeverHitWrongContentInAnyGroup) {

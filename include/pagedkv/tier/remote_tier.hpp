@@ -63,7 +63,8 @@
 // colliding key by another prefix is a counted miss, never loaded. A request's identities cost
 // O(blocks) SHA-256 once per get batch.
 //
-// Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a buffer smaller than
+// Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a hybrid tier (several
+// KV-cache groups or a sliding window: not supported yet, see docs/tiers.md), a buffer smaller than
 // (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
 // eviction_staging_blocks; add_request for a request already added (kInvalidState). Everything else
 // (a store that is down, slow, full or returns corrupt values) is a normal outcome counted in
