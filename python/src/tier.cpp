@@ -102,6 +102,7 @@ void bind_tier(py::module_& m) {
       .def_readonly("host_slots_pinned", &TierStats::host_slots_pinned)
       .def_readonly("host_slots_storing", &TierStats::host_slots_storing)
       .def_readonly("host_cached_blocks", &TierStats::host_cached_blocks)
+      .def_readonly("window_stores_skipped", &TierStats::window_stores_skipped)
       .def_property_readonly("hit_rate", &TierStats::hit_rate)
       .def_property_readonly("host_usage", &TierStats::host_usage)
       .def("__repr__", [](const TierStats& s) {

@@ -80,6 +80,9 @@ def test_host_hit_after_gpu_eviction():
     # Loads copy host slot -> GPU block: the hit's slots into the first new blocks, in order.
     assert list(loads[:, 0]) == list(hit.host_slots)
     assert list(loads[:, 1]) == list(a.new_blocks[:2])
+    # Every copy names its KV-cache group: 0 for a single-group model.
+    assert a.transfers.load_groups.dtype == np.int32 and list(a.transfers.load_groups) == [0, 0]
+    assert a.transfers.eviction_groups.shape == (len(a.transfers.evictions),)
     assert len(a.transfers.load_ids) == 2 and tier.has_unfinished_loads(r)
     with pytest.raises(pagedkv.Error):         # loads still in flight
         tier.finish_loads(r)

@@ -50,8 +50,13 @@ void TieredKVCacheManager::check_invariants() const {
     if (owner == owners.end()) fail("a transfer of an unknown request");
     auto& c = counts[owner->second];
     ++c.second;
-    const std::span<const BlockId> held = manager_.block_ids(owner->second, t.group);
-    if (std::find(held.begin(), held.end(), t.gpu) == held.end()) {
+    // (Any group's row: an eviction's block now serves its new owner, perhaps in another group.)
+    bool held = false;
+    for (std::size_t g = 0; g < manager_.num_groups() && !held; ++g) {
+      const std::span<const BlockId> row = manager_.block_ids(owner->second, g);
+      held = std::find(row.begin(), row.end(), t.gpu) != row.end();
+    }
+    if (!held) {
       fail("a transfer's GPU block " + std::to_string(t.gpu) + " is not held by its request");
     }
     if (t.kind == Kind::kLoad) {

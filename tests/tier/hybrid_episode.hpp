@@ -95,7 +95,11 @@ EpisodeResult run_hybrid_episode(Rng& rng, std::uint64_t seed, int hashing, Host
   const auto run_copies = [&](const std::vector<BlockCopy>& copies,
                               const std::vector<TransferId>& ids, bool to_host,
                               double fail_rate) {
-    for (std::size_t k = 0; k < copies.size(); ++k) {
+    // Committed in a random order (the executor's completion order is the engine's).
+    std::vector<std::size_t> order(copies.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+    for (std::size_t k = order.size(); k > 1; --k) std::swap(order[k - 1], order[pick(k)]);
+    for (const std::size_t k : order) {
       const bool ok = static_cast<double>(rng() % 1000) >= fail_rate * 1000;
       if (ok) {
         if (to_host) {
@@ -153,6 +157,7 @@ EpisodeResult run_hybrid_episode(Rng& rng, std::uint64_t seed, int hashing, Host
       if (!(t.snapshot() == before)) fail("a failed allocation changed the tier");
       continue;
     }
+    t.check_invariants();  // with the plan's transfers in flight
     res.host_hit_tokens += hit.num_host_tokens;
     res.loads += a->transfers.plan.loads.size();
     run_copies(a->transfers.plan.evictions, a->transfers.eviction_ids, true, 0.1);
@@ -163,6 +168,7 @@ EpisodeResult run_hybrid_episode(Rng& rng, std::uint64_t seed, int hashing, Host
     if (t.has_unfinished_loads(r.id())) {
       LoadResult lr = t.finish_loads(r);
       computed = lr.num_computed_tokens;
+      t.check_invariants();
       if (lr.rolled_back) ++res.rollbacks;
       after.push_back(std::move(lr.transfers));
     }
