@@ -557,8 +557,8 @@ void KVCacheManager::cache_blocks(Request& request, std::size_t num_tokens,
   for (std::size_t g = 0; g < num_groups(); ++g) {
     GroupBlocks& gs = state.groups[g];
     const std::size_t full = cache_tokens / groups()[g].spec.block_size;
-    const std::size_t from = std::max(gs.num_cached_blocks,
-                                      first_to_cache.empty() ? 0 : std::min(first_to_cache[g], full));
+    const std::size_t from = std::max(
+        gs.num_cached_blocks, first_to_cache.empty() ? 0 : std::min(first_to_cache[g], full));
     if (full <= from) continue;
     prepare_runs(request, g, from, full, gs.coarse_hashes,
                  [&gs](std::size_t i) { return gs.blocks[i]; });
