@@ -120,19 +120,19 @@ void bind_tier(py::module_& m) {
                        "-> host slot, loads host slot -> GPU block; *_groups (int32 [n]) name each "
                        "copy's KV-cache group (0 for one group); *_ids are the uint64 ids to "
                        "commit(), row for row. Views keep this plan alive.")
-      .def_property_readonly(
-          "eviction_groups",
-          [](py::object self) {
-            return groups_view(self.cast<const TierPlan&>().plan.evictions, self);
-          })
-      .def_property_readonly(
-          "load_groups",
-          [](py::object self) { return groups_view(self.cast<const TierPlan&>().plan.loads, self); })
-      .def_property_readonly(
-          "store_groups",
-          [](py::object self) {
-            return groups_view(self.cast<const TierPlan&>().plan.stores, self);
-          })
+      .def_property_readonly("eviction_groups",
+                             [](py::object self) {
+                               return groups_view(self.cast<const TierPlan&>().plan.evictions,
+                                                  self);
+                             })
+      .def_property_readonly("load_groups",
+                             [](py::object self) {
+                               return groups_view(self.cast<const TierPlan&>().plan.loads, self);
+                             })
+      .def_property_readonly("store_groups",
+                             [](py::object self) {
+                               return groups_view(self.cast<const TierPlan&>().plan.stores, self);
+                             })
       .def_property_readonly("evictions",
                              [](py::object self) {
                                return copies_view(self.cast<const TierPlan&>().plan.evictions,

@@ -18,8 +18,7 @@ constexpr GroupId kGroup = 0;
 RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
                        std::span<std::byte> host_buffer, RemoteTierConfig config)
     : tier_(tier), store_(store), host_(host_buffer), config_(config) {
-  if (tier_.gpu().num_groups() > 1 ||
-      tier_.gpu().group_spec(0).kind != AttentionKind::kFull) {
+  if (tier_.gpu().num_groups() > 1 || tier_.gpu().group_spec(0).kind != AttentionKind::kFull) {
     throw Error(ErrorCode::kInvalidArgument,
                 "RemoteTier: hybrid models (" + std::to_string(tier_.gpu().num_groups()) +
                     " KV-cache groups, or a sliding window) are not supported yet: the remote "

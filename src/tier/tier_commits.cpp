@@ -167,9 +167,9 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
     const auto s = static_cast<std::size_t>(t.host);
     if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
       const BlockId blocks[2] = {kNullBlockId, t.host};
-      host_.cache_full_blocks(
-          seq, std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2), index, index + 1,
-          t.group);
+      host_.cache_full_blocks(seq,
+                              std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2),
+                              index, index + 1, t.group);
       // (The host pool stored the parent hash: the view's block 0.)
       if (!host_chain_) host_identity_[s] = transfer_identity_[idx];
       ++host_cached_ever_;

@@ -161,9 +161,9 @@ std::optional<TierAllocation> TieredKVCacheManager::hybrid_allocate_slots(
     const std::span<const BlockHash> hashes = request.block_hashes();
     const std::size_t L = G + h;
     if (L > hashes.size()) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  where() + "stale host hit: " + std::to_string(L) + " blocks but the request has " +
-                      std::to_string(hashes.size()));
+      throw Error(ErrorCode::kInvalidArgument, where() + "stale host hit: " + std::to_string(L) +
+                                                   " blocks but the request has " +
+                                                   std::to_string(hashes.size()));
     }
     // Each group's slots: every position for full attention, exactly the window at L for a
     // window group, each a real slot.
@@ -250,9 +250,8 @@ std::optional<TierAllocation> TieredKVCacheManager::hybrid_allocate_slots(
   try {
     if (st.scanned_groups.size() != ng) st.scanned_groups.assign(ng, st.scanned);
     if (!host_chain_ && own_records_) {
-      st.identities.reserve(
-          std::min(request.block_hashes().size(),
-                   (request.num_tokens() + num_lookahead_tokens) / bs_ + 1));
+      st.identities.reserve(std::min(request.block_hashes().size(),
+                                     (request.num_tokens() + num_lookahead_tokens) / bs_ + 1));
     }
   } catch (...) {
     if (inserted) release_state(it);
@@ -263,8 +262,10 @@ std::optional<TierAllocation> TieredKVCacheManager::hybrid_allocate_slots(
     blocks = manager_.allocate_slots(request, h * bs_ + num_new_tokens, hit.gpu,
                                      num_lookahead_tokens, /*delay_cache_blocks=*/h > 0);
   } catch (...) {
-    if (inserted) release_state(it);
-    else if (old_scanned_groups != ng) st.scanned_groups.clear();
+    if (inserted)
+      release_state(it);
+    else if (old_scanned_groups != ng)
+      st.scanned_groups.clear();
     throw;
   }
   if (!blocks) {

@@ -59,8 +59,8 @@ void run_one(const std::uint8_t* data, std::size_t size) {
     FuzzBytes hybrid(data, size);
     const int hashing = static_cast<int>(hybrid() % 4);
     const auto policy = static_cast<pagedkv::HostPolicy>(hybrid() % 3);
-    pagedkv::hybrid_test::run_hybrid_episode(hybrid, 0, hashing, policy,
-                                             static_cast<int>(std::min<std::size_t>(size / 8, 200)));
+    pagedkv::hybrid_test::run_hybrid_episode(
+        hybrid, 0, hashing, policy, static_cast<int>(std::min<std::size_t>(size / 8, 200)));
   } catch (const pagedkv::hybrid_test::HybridEpisodeFailure& e) {
     std::fprintf(stderr, "tiered_fuzz: hybrid check failed: %s\n", e.what());
     std::abort();

@@ -22,7 +22,8 @@ namespace pagedkv::hybrid_test {
 
 constexpr std::uint32_t kBs = 4;
 
-inline KVCacheManagerConfig hybrid_config(std::int32_t num_blocks, std::uint32_t window, int hashing) {
+inline KVCacheManagerConfig hybrid_config(std::int32_t num_blocks, std::uint32_t window,
+                                          int hashing) {
   KVCacheManagerConfig c;
   c.num_blocks = num_blocks;
   c.groups = {AttentionSpec::full(kBs), AttentionSpec::sliding(kBs, window)};
@@ -36,7 +37,7 @@ inline KVCacheManagerConfig hybrid_config(std::int32_t num_blocks, std::uint32_t
 }
 
 inline HostTierConfig host_config(std::int32_t slots, HostPolicy policy,
-                           WindowStoreRule rule = WindowStoreRule::kRequestTail) {
+                                  WindowStoreRule rule = WindowStoreRule::kRequestTail) {
   HostTierConfig h;
   h.num_host_blocks = slots;
   h.policy = policy;
@@ -45,8 +46,8 @@ inline HostTierConfig host_config(std::int32_t slots, HostPolicy policy,
   return h;
 }
 
-
-inline std::uint64_t tag_of(std::size_t group, const std::vector<TokenId>& tokens, std::size_t block) {
+inline std::uint64_t tag_of(std::size_t group, const std::vector<TokenId>& tokens,
+                            std::size_t block) {
   // FNV-1a over (group, tokens of blocks 0 .. block): the exact prefix, no pagedkv hashing.
   std::uint64_t h = 1469598103934665603ull ^ (group + 1);
   for (std::size_t i = 0; i < (block + 1) * kBs; ++i) {
@@ -73,10 +74,10 @@ EpisodeResult run_hybrid_episode(Rng& rng, std::uint64_t seed, int hashing, Host
   const std::uint32_t window = 1 + static_cast<std::uint32_t>(pick(4 * kBs));  // wb 0..4
   const std::int32_t gpu_blocks = 20 + static_cast<std::int32_t>(pick(20));
   const std::int32_t host_slots = 8 + static_cast<std::int32_t>(pick(80));
-  TieredKVCacheManager t(hybrid_config(gpu_blocks, window, hashing),
-                         host_config(host_slots, policy,
-                                     pick(2) == 0 ? WindowStoreRule::kRequestTail
-                                                  : WindowStoreRule::kAll));
+  TieredKVCacheManager t(
+      hybrid_config(gpu_blocks, window, hashing),
+      host_config(host_slots, policy,
+                  pick(2) == 0 ? WindowStoreRule::kRequestTail : WindowStoreRule::kAll));
   const std::size_t wb = t.gpu().group_spec(1).window_blocks();
   std::vector<std::uint64_t> gpu(static_cast<std::size_t>(gpu_blocks), 0);
   std::vector<std::uint64_t> host(static_cast<std::size_t>(host_slots) + 1, 0);
@@ -89,12 +90,11 @@ EpisodeResult run_hybrid_episode(Rng& rng, std::uint64_t seed, int hashing, Host
   EpisodeResult res;
   const auto fail = [&](const std::string& what) {
     throw HybridEpisodeFailure("seed " + std::to_string(seed) + " hashing " +
-                             std::to_string(hashing) + " " + std::string(to_string(policy)) +
-                             ": " + what);
+                               std::to_string(hashing) + " " + std::string(to_string(policy)) +
+                               ": " + what);
   };
   const auto run_copies = [&](const std::vector<BlockCopy>& copies,
-                              const std::vector<TransferId>& ids, bool to_host,
-                              double fail_rate) {
+                              const std::vector<TransferId>& ids, bool to_host, double fail_rate) {
     // Committed in a random order (the executor's completion order is the engine's).
     std::vector<std::size_t> order(copies.size());
     for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
@@ -116,11 +116,12 @@ EpisodeResult run_hybrid_episode(Rng& rng, std::uint64_t seed, int hashing, Host
   for (RequestId id = 1; id <= static_cast<RequestId>(requests); ++id) {
     std::vector<TokenId>& doc = docs[pick(docs.size())];
     if (pick(3) == 0) {
-      for (std::size_t i = 0; i < 1 + pick(3 * kBs); ++i) doc.push_back(static_cast<TokenId>(pick(3)));
+      for (std::size_t i = 0; i < 1 + pick(3 * kBs); ++i)
+        doc.push_back(static_cast<TokenId>(pick(3)));
     }
-    std::vector<TokenId> prompt(doc.begin(),
-                                doc.begin() + static_cast<std::ptrdiff_t>(
-                                                  std::max<std::size_t>(1, doc.size() - pick(kBs * 3))));
+    std::vector<TokenId> prompt(
+        doc.begin(), doc.begin() + static_cast<std::ptrdiff_t>(
+                                       std::max<std::size_t>(1, doc.size() - pick(kBs * 3))));
     if (pick(4) == 0) prompt.push_back(static_cast<TokenId>(pick(3)));
     if (prompt.size() / kBs + 2 > static_cast<std::size_t>(gpu_blocks - 1) / 2) {
       prompt.resize((static_cast<std::size_t>(gpu_blocks - 1) / 2 - 2) * kBs);
@@ -178,8 +179,9 @@ EpisodeResult run_hybrid_episode(Rng& rng, std::uint64_t seed, int hashing, Host
       const std::span<const BlockId> row = t.gpu().block_ids(r.id(), g);
       const std::size_t from = g == 0 ? 0 : (cb > wb ? cb - wb : 0);
       for (std::size_t p = from; p < cb; ++p) {
-        if (row[p] == kNullBlockId) fail("group " + std::to_string(g) + " block " +
-                                         std::to_string(p) + " is null inside the window");
+        if (row[p] == kNullBlockId)
+          fail("group " + std::to_string(g) + " block " + std::to_string(p) +
+               " is null inside the window");
         if (gpu[static_cast<std::size_t>(row[p])] != tag_of(g, prompt, p)) {
           fail("wrong K/V: group " + std::to_string(g) + " block " + std::to_string(p) +
                " (GPU hit " + std::to_string(G) + ", host hit " + std::to_string(h) + ")");

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "hybrid_episode.hpp"
+#include "pagedkv/base/error.hpp"
 #include "pagedkv/remote/disk_store.hpp"
 #include "pagedkv/tier/remote_tier.hpp"
-#include "pagedkv/base/error.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
 namespace pagedkv {
@@ -77,8 +77,7 @@ TEST(HybridTier, RefusesGroupsOfDifferentBlockSizesAndBadByteCounts) {
 // Request A (10 blocks) is evicted from a small GPU pool into the host; A again: every full
 // block loads, the window group loads only its window at the hit's end.
 void window_scenario(int hashing, HostPolicy policy) {
-  SCOPED_TRACE("hashing " + std::to_string(hashing) + " policy " +
-               std::string(to_string(policy)));
+  SCOPED_TRACE("hashing " + std::to_string(hashing) + " policy " + std::string(to_string(policy)));
   const std::uint32_t window = 2 * kBs + 1;  // window_blocks = 2
   TieredKVCacheManager t(hybrid_config(24, window, hashing), host_config(256, policy));
   const std::vector<TokenId> a = tokens_of(1, 10 * kBs + 2);
@@ -189,8 +188,9 @@ TEST(HybridTier, RemoteTierRefusesAHybridTier) {
   TieredKVCacheManager t(hybrid_config(24, 9, 0), host_config(16, HostPolicy::kWriteBack));
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() /
-      ("pagedkv-hybrid-remote-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
-       "-" + std::to_string(reinterpret_cast<std::uintptr_t>(&t)));
+      ("pagedkv-hybrid-remote-" +
+       std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
+       std::to_string(reinterpret_cast<std::uintptr_t>(&t)));
   {
     DiskStoreConfig dc;
     dc.directory = dir;

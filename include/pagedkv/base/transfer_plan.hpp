@@ -24,8 +24,8 @@
 namespace pagedkv {
 
 struct BlockCopy {
-  std::int32_t src = 0;  // block index on the source side (device block id or host slot)
-  std::int32_t dst = 0;  // block index on the destination side
+  std::int32_t src = 0;    // block index on the source side (device block id or host slot)
+  std::int32_t dst = 0;    // block index on the destination side
   std::int32_t group = 0;  // the KV-cache group whose layers the block holds (0: the only one)
 
   bool operator==(const BlockCopy&) const = default;

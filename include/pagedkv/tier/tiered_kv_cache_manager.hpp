@@ -338,7 +338,8 @@ class TieredKVCacheManager {
   void hybrid_mark_tail(const Request& request);
   // Whether a window group's block at `index` of a request with `num_tokens` tokens is stored
   // (write-through and selective).
-  bool window_store_allowed(std::size_t g, std::size_t index, std::size_t num_tokens) const noexcept;
+  bool window_store_allowed(std::size_t g, std::size_t index,
+                            std::size_t num_tokens) const noexcept;
   // st.identities extended to the request's first `end` blocks (capped at its full blocks).
   void hybrid_identities(const BlockSequence& seq, RequestState& st, std::size_t end);
   std::uint64_t hybrid_hit_check(const TieredCacheHit& hit, std::span<const BlockHash> hashes,
@@ -360,8 +361,7 @@ class TieredKVCacheManager {
   // Whether the host holds seq's block `index`, cached in GPU block gpu_block (refreshing the
   // slot's LRU place): the remembered slot when still valid, else a verified lookup (then
   // remembered).
-  bool host_has(BlockId gpu_block, const BlockSequence& seq, std::size_t index,
-                GroupId group = 0);
+  bool host_has(BlockId gpu_block, const BlockSequence& seq, std::size_t index, GroupId group = 0);
   // Whether gpu_host_slot_[b] names a slot that still holds the block's content.
   bool remembered_valid(std::size_t b) const noexcept;
   // Write-back's evictions kept by on_evict: verified lookup, else store.
