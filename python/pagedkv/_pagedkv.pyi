@@ -358,6 +358,7 @@ class TierStats:
     store_failures: int
     stores_skipped_full: int
     stores_skipped_priority: int
+    window_stores_skipped: int
     loaded_bytes: int
     stored_bytes: int
     host_evictions: int
@@ -384,6 +385,12 @@ class TierPlan:
     def load_ids(self) -> npt.NDArray[np.uint64]: ...
     @property
     def store_ids(self) -> npt.NDArray[np.uint64]: ...
+    @property
+    def eviction_groups(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def load_groups(self) -> npt.NDArray[np.int32]: ...
+    @property
+    def store_groups(self) -> npt.NDArray[np.int32]: ...
     @property
     def num_copies(self) -> int: ...
     @property
