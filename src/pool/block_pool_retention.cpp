@@ -834,6 +834,28 @@ void BlockPool::set_retention(std::span<const BlockId> ids, RetentionPriority pr
   ret_free_ = r.free_count;
 }
 
+void BlockPool::raise_to_default(std::span<const BlockId> ids) {
+  for (const BlockId id : ids) (void)block(id);  // throws kOutOfRange
+  if (ret_ == nullptr) return;
+  Retention& r = *ret_;
+  if (r.stats.by_class[static_cast<std::size_t>(RetentionClass::kBelowDefault)].blocks == 0) return;
+  const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
+  for (const BlockId id : ids) {
+    if (blocks_[static_cast<std::size_t>(id)].is_null) continue;
+    const std::uint8_t list = r.nodes[id].list;
+    if (r.nodes[id].prio >= kDefaultRetentionPriority || list == Retention::kUncached) continue;
+    const bool free = list != Retention::kNone;
+    if (free) r.remove(id);
+    if (r.expired(id, now)) {
+      r.expire(id);
+    } else {
+      r.set(id, kDefaultRetentionPriority, kNoExpiry, kNoExpiry);
+    }
+    if (free) r.queue_cached(id, now);
+  }
+  ret_free_ = r.free_count;
+}
+
 BlockRetention BlockPool::retention(BlockId id) const {
   (void)block(id);
   if (ret_ == nullptr) return BlockRetention{};

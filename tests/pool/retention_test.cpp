@@ -233,6 +233,52 @@ TEST_P(EachPolicy, SharedBlockTakesTheHighestPriority) {
   pool.check_invariants();
 }
 
+// raise_to_default() lifts blocks below the default to it (no expiry; a free one to the default
+// priority's most recently used end) and leaves the others alone; set_retention() with the
+// default does not.
+TEST_P(EachPolicy, RaiseToDefaultLiftsOnlyBlocksBelowIt) {
+  FakeClock clock;
+  BlockPool pool(config(8, GetParam(), 1.0, clock.fn()));
+  const BlockId low = store(pool, 1);
+  const BlockId timed = store(pool, 2);
+  const BlockId high = store(pool, 3);
+  const BlockId plain = store(pool, 4);
+  const BlockId lapsed = store(pool, 5);
+  pool.raise_to_default(std::vector<BlockId>{low});  // nothing below the default: no-op
+  pool.set_retention(std::vector<BlockId>{low}, 10);
+  pool.set_retention(std::vector<BlockId>{timed}, 20, 50);
+  pool.set_retention(std::vector<BlockId>{high}, 90);
+  pool.set_retention(std::vector<BlockId>{lapsed}, 5, 10);
+  pool.set_retention(std::vector<BlockId>{low}, kDefaultRetentionPriority);  // not a raise
+  EXPECT_EQ(pool.retention(low).priority, 10);
+  for (const BlockId id : {low, plain, lapsed}) free1(pool, id);  // low: free, below
+  clock.set(20);  // lapsed ran out (counted once, when raised)
+  pool.raise_to_default(std::vector<BlockId>{0, low, timed, high, plain, lapsed});
+  pool.check_invariants();
+  for (const BlockId id : {low, timed, plain, lapsed})
+    EXPECT_EQ(pool.retention(id), BlockRetention{}) << id;
+  EXPECT_EQ(pool.retention(high).priority, 90);
+  RetentionStats s = pool.retention_stats();
+  EXPECT_EQ(s.by_class[0].blocks, 0);
+  EXPECT_EQ(s.expirations, 1u);
+  EXPECT_THROW(pool.raise_to_default(std::vector<BlockId>{8}), Error);
+  // low, then lapsed, moved to the default's most recently used end: after plain.
+  (void)allocate(pool, 2);  // the 2 uncached blocks
+  EXPECT_EQ(allocate(pool, 3), (std::vector<BlockId>{plain, low, lapsed}));
+  // Out of range: refused, nothing changed, while some block is below the default.
+  free1(pool, timed);
+  pool.set_retention(std::vector<BlockId>{timed}, 10);
+  expect_rejected(
+      pool,
+      [&] {
+        pool.raise_to_default(std::vector<BlockId>{timed, 8});
+      },
+      "8");
+  EXPECT_EQ(pool.retention(timed).priority, 10);
+  s = pool.retention_stats();
+  EXPECT_EQ(s.by_class[0].blocks, 1);
+}
+
 // A duration runs on the fake clock; a hit renews it; once run out the block is back at the
 // default, first among the default blocks.
 TEST_P(EachPolicy, ExpiryOnAFakeClockAndRenewalOnHit) {

@@ -425,6 +425,14 @@ class BlockPool {
   // Complexity: O(ids.size()), plus that one move.
   void set_retention(std::span<const BlockId> ids, RetentionPriority priority,
                      RetentionTick duration = kNoExpiry);
+  // Lifts blocks `ids` that are below the default priority (an expired priority is the default
+  // already) to the default priority, with no expiry: what a request that asks the default for a
+  // block it shares means (set_retention() treats an ask for the default as no ask). Blocks at or
+  // above the default, the null block and free uncached blocks are left as they are; a free
+  // block that moves goes to the default priority's most recently used end. Changes nothing
+  // when no block is below the default (no retention state, or none asked below it).
+  // Errors (nothing changes): an id out of range. Complexity: O(ids.size()).
+  void raise_to_default(std::span<const BlockId> ids);
   // Block id's retention now (an expired priority reads as the default). Errors: out of range.
   BlockRetention retention(BlockId id) const;
   // Per-class counters (retention.hpp). O(1).
