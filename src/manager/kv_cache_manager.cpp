@@ -73,7 +73,8 @@ KVCacheManager::KVCacheManager(const KVCacheManagerConfig& config)
       stats_(config.stats_window),
       max_model_len_(config.max_model_len),
       seen_bits_((static_cast<std::size_t>(pool_.num_blocks()) + 63) / 64, 0),
-      retain_from_(coordinator_.num_groups(), 0) {}
+      retain_from_(coordinator_.num_groups(), 0),
+      retain_new_from_(coordinator_.num_groups(), 0) {}
 
 void KVCacheManager::prepare_retention(const Request& request, const char* what) {
   const std::optional<RetentionConfig>& config = request.retention();
@@ -98,13 +99,29 @@ void KVCacheManager::prepare_retention(const Request& request, const char* what)
 }
 
 void KVCacheManager::apply_retention(const Request& request, const RequestBlocks& state,
-                                     std::span<const std::size_t> from) noexcept {
+                                     std::span<const std::size_t> from,
+                                     std::span<const std::size_t> new_from) noexcept {
   const std::optional<RetentionConfig>& config = request.retention();
-  if (!config) return;
+  if (!config) {
+    // A request without a config asks the default for every block: it lifts the blocks it
+    // hits that are below the default. Nothing to do unless this manager ever lowered one.
+    if (!lowered_) return;
+    for (std::size_t g = 0; g < num_groups(); ++g) {
+      const std::vector<BlockId>& row = state.groups[g].blocks;
+      const std::size_t end = new_from.empty() ? row.size() : std::min(new_from[g], row.size());
+      if (from[g] < end) {
+        // Ids in range (the manager's own table): cannot throw.
+        pool_.raise_to_default(std::span<const BlockId>(row).subspan(from[g], end - from[g]));
+      }
+    }
+    return;
+  }
   const std::size_t prompt = request.num_prompt_tokens();
   for (std::size_t g = 0; g < num_groups(); ++g) {
     const std::size_t bs = groups()[g].spec.block_size;
     const std::vector<BlockId>& row = state.groups[g].blocks;
+    // Positions from here on hold blocks this call allocated (none at a release).
+    const std::size_t fresh = new_from.empty() ? row.size() : new_from[g];
     const auto at = [&](std::size_t i) {
       return retention_ask(*config, prompt, i * bs, (i + 1) * bs);
     };
@@ -119,12 +136,26 @@ void KVCacheManager::apply_retention(const Request& request, const RequestBlocks
         next = at(j);
         if (!(next == r)) break;
       }
-      // An ask for the default changes nothing in the pool: skipped.
-      if (r.priority != kDefaultRetentionPriority) {
-        // Validated (priority <= 100, duration > 0, a clock when there is a duration) and the
-        // pool keeps retention state (prepare_retention): this cannot throw.
-        pool_.set_retention(std::span<const BlockId>(row).subspan(i, j - i), r.priority,
-                            r.duration.value_or(kNoExpiry));
+      const std::span<const BlockId> run = std::span<const BlockId>(row).subspan(i, j - i);
+      // Validated (priority <= 100, duration > 0, a clock when there is a duration), ids in
+      // range, and the pool keeps retention state (prepare_retention): nothing here throws.
+      const RetentionTick duration = r.duration.value_or(kNoExpiry);
+      if (r.priority > kDefaultRetentionPriority) {
+        pool_.set_retention(run, r.priority, duration);
+      } else if (r.priority == kDefaultRetentionPriority) {
+        // The pool treats an ask for the default as none: a shared block below it is lifted.
+        if (lowered_) pool_.raise_to_default(run);
+      } else {
+        // Below the default: a block this call allocated takes it; another one (a hit, or any
+        // block at a release) only while it is below the default already, so a block that a
+        // request asked the default or more for (or whose low priority ran out) stays up.
+        for (std::size_t k = i; k < j; ++k) {
+          const BlockId b = row[k];
+          if (b == kNullBlockId) continue;
+          if (k < fresh && pool_.retention(b).priority >= kDefaultRetentionPriority) continue;
+          pool_.set_retention(std::span<const BlockId>(&row[k], 1), r.priority, duration);
+          lowered_ = true;
+        }
       }
       i = j;
       r = next;
@@ -422,6 +453,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     const std::vector<BlockId>& hb = *hits[g];
     const std::size_t old_size = gs.blocks.size();
     retain_from_[g] = old_size;  // sized at construction: no allocation
+    retain_new_from_[g] = old_size + hb.size();
     gs.blocks.reserve(old_size + hb.size() + to_allocate[g]);
     max_skip = std::max(max_skip, skips[g]);
     if (!pool_.config().enable_caching || delay_cache_blocks) continue;
@@ -503,8 +535,10 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
       gs.num_cached_blocks = std::max(gs.num_cached_blocks, full);
     }
   }
-  apply_retention(request, state, retain_from_);  // the hits (renewed) and the new blocks
-  state.identity = request.identity_;             // noexcept (shared_ptr copies)
+  // The hits (renewed) and the new blocks; a request without a config lifts its hits that are
+  // below the default priority.
+  apply_retention(request, state, retain_from_, retain_new_from_);
+  state.identity = request.identity_;  // noexcept (shared_ptr copies)
   if (request.owner_ == nullptr) [[unlikely]]
     request.owner_ = token_;  // its first allocation
   undo.active = false;
@@ -591,7 +625,7 @@ bool KVCacheManager::release(Request& request, const char* what) {
   if (request.retention()) {  // the release is the blocks' last use: their durations restart
     prepare_retention(request, what);
     std::fill(retain_from_.begin(), retain_from_.end(), 0);
-    apply_retention(request, it->second, retain_from_);
+    apply_retention(request, it->second, retain_from_, {});
   }
   for (const GroupBlocks& gs : it->second.groups)
     pool_.release_table(gs.blocks);  // tail first; the tables are the manager's own

@@ -259,6 +259,143 @@ TEST(Retention, ASharedBlockKeepsTheHighestPriority) {
   m.check_invariants();
 }
 
+// A block's priority is the highest any request asked for it, and a request without a config
+// asks the default: a block one request asked to keep below the default (10) is at the default
+// once a request without a config shares it, whichever came first, so ordinary LRU order
+// applies to it among the default blocks (issue 38: "a block shared by requests of different
+// priorities takes the highest").
+class SharedBelowDefault : public ::testing::TestWithParam<EvictionPolicy> {
+ protected:
+  KVCacheManagerConfig cfg(std::int32_t n, RetentionTick* clock = nullptr) const {
+    KVCacheManagerConfig c = config(n, clock);
+    c.eviction_policy = GetParam();
+    return c;
+  }
+};
+
+// a (its 4 prompt blocks at 10) and then b (3 default blocks) run; then c, without a config,
+// hits a's prompt. 6 new blocks: the 3 uncached ones and 3 evictions, which must be b's (the
+// oldest default blocks), not a's (shared by a default request, used last).
+TEST_P(SharedBelowDefault, ADefaultRequestHittingTheBlockLiftsIt) {
+  KVCacheManager m(cfg(11));  // 10 usable blocks
+  std::vector<TokenId> a = iota_tokens(0, 4 * kB);
+  a.push_back(1);
+  run(m, 1, a, pin(4 * kB, 10));
+  std::vector<TokenId> b = iota_tokens(500, 3 * kB);
+  b.push_back(2);
+  run(m, 2, b);
+  Request c = m.make_request(3, a);
+  const CacheHit hit = m.get_computed_blocks(c);
+  ASSERT_EQ(hit.num_tokens, 4 * kB);
+  ASSERT_TRUE(m.allocate_slots(c, c.num_tokens() - hit.num_tokens, hit));
+  for (const BlockId id : hit.blocks) {
+    EXPECT_EQ(m.block_retention(id), BlockRetention{}) << "block " << id << " of the shared prompt";
+  }
+  m.free(c);
+  m.check_invariants();
+  EXPECT_EQ(m.retention_stats().by_class[0].blocks, 0);
+  EXPECT_EQ(run(m, 4, iota_tokens(900, 6 * kB)), 0u);
+  EXPECT_EQ(run(m, 5, a), 4 * kB);  // a's prompt survived
+  std::vector<TokenId> b_again = iota_tokens(500, 3 * kB);
+  b_again.push_back(3);
+  EXPECT_EQ(run(m, 6, b_again), 0u);  // b's went
+}
+
+// The other order: the default request cached the blocks; a request asking 10 for them hits
+// them (and releases them last): they stay at the default.
+TEST_P(SharedBelowDefault, ALowRequestHittingADefaultBlockDoesNotLowerIt) {
+  KVCacheManager m(cfg(64));
+  std::vector<TokenId> a = iota_tokens(0, 4 * kB);
+  a.push_back(1);
+  Request plain = m.make_request(1, a);
+  ASSERT_TRUE(m.allocate_slots(plain, plain.num_tokens()));
+  const std::vector<BlockId> row(m.block_ids(1).begin(), m.block_ids(1).end());
+  Request low = m.make_request(2, a);
+  low.set_retention(pin(4 * kB, 10));
+  const CacheHit hit = m.get_computed_blocks(low);
+  ASSERT_EQ(hit.num_tokens, 4 * kB);
+  ASSERT_TRUE(m.allocate_slots(low, low.num_tokens() - hit.num_tokens, hit));
+  m.free(plain);
+  m.free(low);  // its release asks 10 again: still the default
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(m.block_retention(row[i]).priority, 35) << i;
+  m.check_invariants();
+}
+
+// Shared while both hold it: the low request asked 10 for its new blocks, a default request
+// hits them before the low one is released; the release does not lower them again. Durations:
+// the lift is for ever (the default never runs out), and expiry counts nothing for it.
+TEST_P(SharedBelowDefault, ASharerLiftsTheBlocksForGoodAndDurationsStayCorrect) {
+  RetentionTick now = 0;
+  KVCacheManager m(cfg(64, &now));
+  std::vector<TokenId> a = iota_tokens(0, 4 * kB);
+  a.push_back(1);
+  Request low = m.make_request(1, a);
+  low.set_retention(pin(4 * kB, 10, 5));
+  ASSERT_TRUE(m.allocate_slots(low, low.num_tokens()));
+  const std::vector<BlockId> row(m.block_ids(1).begin(), m.block_ids(1).end());
+  EXPECT_EQ(m.block_retention(row[0]), (BlockRetention{10, 5, 5}));
+  now = 2;
+  Request plain = m.make_request(2, a);
+  const CacheHit hit = m.get_computed_blocks(plain);
+  ASSERT_EQ(hit.num_tokens, 4 * kB);
+  ASSERT_TRUE(m.allocate_slots(plain, plain.num_tokens() - hit.num_tokens, hit));
+  now = 3;
+  m.free(low);
+  m.free(plain);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(m.block_retention(row[i]), BlockRetention{}) << i;
+  now = 100;
+  // A later low request hitting them: still the default (a default request asked for them).
+  std::vector<TokenId> a2 = iota_tokens(0, 4 * kB);
+  a2.push_back(2);
+  run(m, 3, a2, pin(4 * kB, 10, 5));
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(m.block_retention(row[i]), BlockRetention{}) << i;
+  EXPECT_EQ(m.retention_stats().expirations, 0u);
+  EXPECT_EQ(m.retention_stats().by_class[0].blocks, 0);
+  m.check_invariants();
+}
+
+// Among requests below the default the highest wins; a config whose block is partly unnamed
+// asks the default for it (and lifts it); generated tokens' blocks follow the same rule.
+TEST_P(SharedBelowDefault, RangesAndGeneratedTokensFollowTheSameRule) {
+  KVCacheManager m(cfg(64));
+  std::vector<TokenId> a = iota_tokens(0, 4 * kB);
+  a.push_back(1);
+  Request low = m.make_request(1, a);
+  low.set_retention(pin(4 * kB, 10));
+  ASSERT_TRUE(m.allocate_slots(low, low.num_tokens()));
+  const std::vector<BlockId> row(m.block_ids(1).begin(), m.block_ids(1).end());
+  m.free(low);
+  std::vector<TokenId> a2 = a;
+  a2.back() = 2;
+  run(m, 2, a2, pin(kB, 20));     // block 0 at 20; blocks 1..3 asked the default
+  run(m, 3, a2, pin(4 * kB, 5));  // lower than all: changes nothing
+  EXPECT_EQ(m.block_retention(row[0]).priority, 20);
+  for (std::size_t i = 1; i < 4; ++i) EXPECT_EQ(m.block_retention(row[i]).priority, 35) << i;
+  // Generated tokens at 10, then a request without a config whose prompt is that whole text.
+  Request gen = m.make_request(4, iota_tokens(3000, 4));
+  RetentionConfig c;
+  c.decode_retention_priority = 10;
+  gen.set_retention(c);
+  ASSERT_TRUE(m.allocate_slots(gen, 4));
+  gen.set_num_computed_tokens(4);
+  gen.append_tokens(iota_tokens(4000, 8));
+  ASSERT_TRUE(m.allocate_slots(gen, 8));
+  gen.set_num_computed_tokens(12);
+  const std::vector<BlockId> grow(m.block_ids(4).begin(), m.block_ids(4).end());
+  m.free(gen);
+  EXPECT_EQ(m.block_retention(grow[1]).priority, 10);
+  std::vector<TokenId> text(gen.tokens().begin(), gen.tokens().end());
+  text.push_back(9);
+  EXPECT_EQ(run(m, 5, text), 3 * kB);
+  for (std::size_t i = 1; i < 3; ++i) EXPECT_EQ(m.block_retention(grow[i]).priority, 35) << i;
+  m.check_invariants();
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, SharedBelowDefault,
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru,
+                                           EvictionPolicy::kS3Fifo),
+                         [](const auto& p) { return std::string(to_string(p.param)); });
+
 TEST(Retention, BelowDefaultBlocksAreEvictedFirst) {
   for (const bool retain : {true, false}) {
     SCOPED_TRACE(retain ? "retained" : "plain LRU");

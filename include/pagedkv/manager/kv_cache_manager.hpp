@@ -21,8 +21,11 @@
 // (Request::set_retention) has its blocks given the config's priorities (BlockPool::set_retention)
 // when allocate_slots() allocates or hits them and again when free()/preempt() releases them, a
 // duration running from that use on the config's retention_clock (a hit by any request renews it
-// in the pool); a block shared by several requests keeps the highest. Requests without a config
-// cost nothing and change nothing (every block stays at the default priority: LRU exactly). The
+// in the pool); a block shared by several requests keeps the highest, a request without a config
+// counting as asking the default (it lifts a block it hits that another request put below the
+// default; an ask below the default lowers only a block the request just allocated or one below
+// the default already). Without any config below the default, requests without a config cost
+// nothing and change nothing (every block stays at the default priority: LRU exactly). The
 // pool's eviction policy and pin budget come from the config (eviction_policy,
 // max_retained_fraction); retention_stats() reports per priority class.
 //
@@ -262,10 +265,14 @@ class KVCacheManager {
   // apply_retention() cannot fail. Changes nothing observable but the pool's representation.
   void prepare_retention(const Request& request, const char* what);
   // Gives the request's blocks at positions [from[g], end) of each group the retention its
-  // config names (nothing without a config), durations from the current tick. Needs
-  // prepare_retention() first; cannot fail then.
+  // config names, durations from the current tick; positions from new_from[g] on hold blocks
+  // this call allocated (new_from empty: none, as at a release). An ask for the default (every
+  // block of a request without a config) lifts a block below the default to it; an ask below
+  // the default lowers only a block allocated by this call or one below the default already
+  // (docs/retention.md, "Shared blocks"). Needs prepare_retention() first; cannot fail then.
   void apply_retention(const Request& request, const RequestBlocks& state,
-                       std::span<const std::size_t> from) noexcept;
+                       std::span<const std::size_t> from,
+                       std::span<const std::size_t> new_from) noexcept;
   [[noreturn]] static void throw_foreign(const Request& request, const char* what);
   // A block (other than the null block) that `row` lists twice, or BlockPool::kNoBlock. Ids must
   // be in range. O(row) with a bitmap over the pool's blocks (sized at construction, cleared
@@ -298,6 +305,10 @@ class KVCacheManager {
   std::vector<BlockId> prefix_scratch_;                   // allocate_slots: blocks before a run
   std::vector<std::uint64_t> seen_bits_;                  // repeated_block: one bit per block
   std::vector<std::size_t> retain_from_;                  // allocate_slots: first new position
+  std::vector<std::size_t> retain_new_from_;  // allocate_slots: first newly allocated position
+  // Whether this manager ever asked the pool for a priority below the default: until then no
+  // block is below it, and a request without a retention config costs nothing.
+  bool lowered_ = false;
   std::uint64_t out_of_window_freed_ = 0;
   // This manager's identity in the requests it owns (Request::owner_); requests keep it alive,
   // so a later manager never reuses its address.

@@ -11,7 +11,9 @@
 // for ever). Durations count ticks of the manager's clock (KVCacheManagerConfig::retention_clock)
 // from the block's last use: its allocation, any hit (the pool renews it) and the request's
 // release. Blocks of higher priority are evicted only after every evictable block of lower
-// priority (the pool's rule, pool/retention.hpp); see docs/retention.md.
+// priority (the pool's rule, pool/retention.hpp). A block shared by requests takes the highest
+// priority they asked for, a request without a config asking the default (kv_cache_manager.hpp,
+// docs/retention.md "Shared blocks").
 //
 // Errors: validate() throws pagedkv::Error (kInvalidArgument / kOutOfRange) naming the problem: a
 // priority above 100, a duration that is not positive, an empty range, ranges unsorted or
