@@ -142,6 +142,8 @@ void KVCacheManager::apply_retention(const Request& request, const RequestBlocks
       const RetentionTick duration = r.duration.value_or(kNoExpiry);
       if (r.priority > kDefaultRetentionPriority) {
         pool_.set_retention(run, r.priority, duration);
+        // A block the pin budget kept where it was is still lifted to the default if below it.
+        if (lowered_) pool_.raise_to_default(run);
       } else if (r.priority == kDefaultRetentionPriority) {
         // The pool treats an ask for the default as none: a shared block below it is lifted.
         if (lowered_) pool_.raise_to_default(run);

@@ -391,6 +391,27 @@ TEST_P(SharedBelowDefault, RangesAndGeneratedTokensFollowTheSameRule) {
   m.check_invariants();
 }
 
+// A request asking 90 for a block below the default while the pin budget is full: the raise is
+// refused (and counted), but the block still takes the default, the most the budget allows.
+TEST_P(SharedBelowDefault, ARaiseRefusedByTheBudgetStillLiftsToTheDefault) {
+  KVCacheManagerConfig c = cfg(64);
+  c.max_retained_fraction = 0;  // no block may be above the default
+  KVCacheManager m(c);
+  std::vector<TokenId> a = iota_tokens(0, 4 * kB);
+  a.push_back(1);
+  Request low = m.make_request(1, a);
+  low.set_retention(pin(4 * kB, 10));
+  ASSERT_TRUE(m.allocate_slots(low, low.num_tokens()));
+  const std::vector<BlockId> row(m.block_ids(1).begin(), m.block_ids(1).end());
+  m.free(low);
+  std::vector<TokenId> a2 = a;
+  a2.back() = 2;
+  EXPECT_EQ(run(m, 2, a2, pin(4 * kB, 90)), 4 * kB);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(m.block_retention(row[i]), BlockRetention{}) << i;
+  EXPECT_GE(m.retention_stats().budget_refusals, 4u);
+  m.check_invariants();
+}
+
 INSTANTIATE_TEST_SUITE_P(Policies, SharedBelowDefault,
                          ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru,
                                            EvictionPolicy::kS3Fifo),
