@@ -16,6 +16,20 @@
 // hybrid layouts (full attention + sliding windows, one block size): hybrid hits are compared
 // for equality, group by group, with the reference's fixed point.
 //
+// Retention runs (issue 38) add random retention configs (token ranges at priorities below, at
+// and above the default, with and without durations on a fake clock, generated-token
+// priorities), a pin budget and each eviction policy. The reference then keeps its own model of
+// every block's retention (the pool's rules: the highest ask wins, an equal one extends the
+// expiry, the budget refuses raises, durations run out and hits renew them; and the manager's
+// rule for shared blocks: a request without a config asks the default, which lifts a block
+// below it; an ask below the default lowers only a block the request just allocated or one below
+// the default already) and compares, after every operation, every block's retention and the
+// retention statistics (per class blocks, hits and evictions; budget refusals, expirations,
+// forced evictions). The pool's choice of victims is checked, not copied: uncached blocks first,
+// then never a block of a higher priority while a lower one is free (and, under LRU, the oldest
+// of the lowest priority); the pin budget is never exceeded; and every block a request holds is
+// at least at the lower of its ask and the default.
+//
 // Flags (after the gtest ones): --pagedkv_ops=N operations per run (default 100000),
 // --pagedkv_seconds=S a time budget for the whole program, split evenly among its runs (default:
 // no limit).
@@ -23,6 +37,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -40,7 +55,7 @@ namespace {
 
 std::uint64_t g_ops = 100000;
 double g_seconds = 0;  // 0: no limit; else the whole program's budget, split evenly by the runs
-constexpr int kNumRuns = 9;  // run() calls of the TESTs below
+constexpr int kNumRuns = 14;  // run() calls of the TESTs below
 
 // ---- the reference model: vLLM v1 semantics, written for clarity, not speed ----
 // One pool shared by KV-cache groups of one block size (full attention and sliding windows):
@@ -64,6 +79,24 @@ struct RefModel {
   };
   std::map<RequestId, Req> reqs;
 
+  // ---- retention (ret_on): the model's own record of every block's retention ----
+  struct Ret {
+    int prio = kDefaultRetentionPriority;
+    RetentionTick dur = kNoExpiry;  // kNoExpiry unless timed
+    RetentionTick exp = kNoExpiry;  // kNoExpiry unless timed
+    std::int64_t key = 0;           // a free cached block's place in its priority's queue
+  };
+  bool ret_on = false;
+  bool active = false;  // the pool keeps retention state (non-LRU, or after a non-default ask)
+  EvictionPolicy policy = EvictionPolicy::kLru;
+  const RetentionTick* now = nullptr;
+  std::vector<Ret> ret;
+  std::int64_t back_key = 0, front_key = 0;
+  RetentionStats rs;
+  std::uint64_t lifts = 0;    // blocks lifted to the default by a default ask
+  std::uint64_t lowered = 0;  // blocks asked below the default that took it
+  std::uint64_t kept_up = 0;  // asks below the default left out (block at or above it)
+
   RefModel(int n, std::uint32_t block_size, bool enable_caching, bool with_events,
            std::optional<std::size_t> max_len, std::vector<AttentionSpec> specs)
       : bs(block_size),
@@ -80,6 +113,234 @@ struct RefModel {
   void emit(KVEvent::Data data) {
     if (events_on) events.push_back(KVEvent{next_seq++, std::move(data)});
   }
+  void enable_retention(EvictionPolicy p, double fraction, const RetentionTick* clock) {
+    ret_on = true;
+    policy = p;
+    now = clock;
+    active = p != EvictionPolicy::kLru;
+    ret.assign(ref.size(), Ret{});
+    const std::int64_t usable = static_cast<std::int64_t>(ref.size()) - 1;
+    rs.by_class[1].blocks = usable;
+    rs.retained_budget =
+        static_cast<std::int64_t>(std::floor(fraction * static_cast<double>(usable)));
+  }
+  static std::size_t cls(int p) {
+    return p < kDefaultRetentionPriority ? 0 : p == kDefaultRetentionPriority ? 1 : 2;
+  }
+  bool expired(BlockId b) const { return ret[b].exp != kNoExpiry && *now >= ret[b].exp; }
+  void set_ret(BlockId b, int p, RetentionTick d, RetentionTick e) {
+    Ret& k = ret[b];
+    --rs.by_class[cls(k.prio)].blocks;
+    ++rs.by_class[cls(p)].blocks;
+    rs.retained_blocks += (p > kDefaultRetentionPriority) - (k.prio > kDefaultRetentionPriority);
+    k.prio = p;
+    k.dur = d;
+    k.exp = e;
+  }
+  void reset_ret(BlockId b) { set_ret(b, kDefaultRetentionPriority, kNoExpiry, kNoExpiry); }
+  void expire(BlockId b) {
+    ++rs.expirations;
+    reset_ret(b);
+  }
+  // A block that reached ref 0 while cached (or a free one whose priority changed).
+  void queue_cached(BlockId b) {
+    if (expired(b)) expire(b);
+    ret[b].key = ++back_key;
+  }
+  BlockRetention effective(BlockId b) const {
+    if (!active || expired(b)) return BlockRetention{};
+    const Ret& k = ret[b];
+    return BlockRetention{static_cast<RetentionPriority>(k.prio), k.dur, k.exp};
+  }
+  // A hit (touch) on cached block b.
+  void hit_ret(BlockId b) {
+    if (active) ++rs.by_class[cls(ret[b].prio)].hits;
+    if (ret[b].exp != kNoExpiry) {
+      if (expired(b)) {
+        expire(b);
+      } else {
+        ret[b].exp = *now + ret[b].dur;
+      }
+    }
+  }
+  void evicted(BlockId b) {  // b's cached content goes
+    ++rs.by_class[cls(ret[b].prio)].evictions;
+    reset_ret(b);
+  }
+  // BlockPool::set_retention on one block (its documented rule, written out).
+  void ask_pool(BlockId b, int p, RetentionTick d) {
+    if (p == kDefaultRetentionPriority) return;
+    const RetentionTick e = d == kNoExpiry ? kNoExpiry : *now + d;
+    if (ref[b] == 0 && hash[b].empty()) return;
+    Ret& k = ret[b];
+    const bool lapsed = expired(b);
+    const int cur = lapsed ? kDefaultRetentionPriority : k.prio;
+    int np = cur;
+    RetentionTick nd = lapsed ? kNoExpiry : k.dur, ne = lapsed ? kNoExpiry : k.exp;
+    if (cur == kDefaultRetentionPriority || p > cur) {
+      const std::int64_t others = rs.retained_blocks - (k.prio > kDefaultRetentionPriority ? 1 : 0);
+      if (p > kDefaultRetentionPriority && cur <= kDefaultRetentionPriority &&
+          others >= rs.retained_budget) {
+        ++rs.budget_refusals;
+      } else {
+        np = p;
+        nd = d;
+        ne = e;
+      }
+    } else if (p == cur && ne != kNoExpiry) {
+      nd = std::max(nd, d);
+      ne = std::max(ne, e);
+    }
+    if (!lapsed && np == cur && nd == k.dur && ne == k.exp) return;
+    if (lapsed) expire(b);
+    set_ret(b, np, nd, ne);
+    if (ref[b] == 0) queue_cached(b);
+  }
+  // BlockPool::raise_to_default on one block.
+  void raise(BlockId b) {
+    if (!active || rs.by_class[0].blocks == 0 || ret[b].prio >= kDefaultRetentionPriority) return;
+    if (ref[b] == 0 && hash[b].empty()) return;
+    ++lifts;
+    if (expired(b)) {
+      expire(b);
+    } else {
+      reset_ret(b);
+    }
+    if (ref[b] == 0) queue_cached(b);
+  }
+  // What request r asks for its block at position i (block size bs): the highest priority of
+  // its tokens (a range's, the default for prompt tokens no range names, the decode priority
+  // past the prompt), of those the longest duration (kNoExpiry: none). Token by token.
+  static std::pair<int, RetentionTick> ask_of(const Request& r, std::size_t i, std::size_t bs) {
+    const RetentionConfig& c = *r.retention();
+    int p = -1;
+    RetentionTick d = 0;
+    for (std::size_t t = i * bs; t < (i + 1) * bs; ++t) {
+      int tp = kDefaultRetentionPriority;
+      RetentionTick td = kNoExpiry;
+      if (t >= r.num_prompt_tokens()) {
+        tp = c.decode_retention_priority;
+        td = c.decode_duration.value_or(kNoExpiry);
+      } else {
+        for (const TokenRangeRetention& range : c.token_ranges) {
+          if (t >= range.token_start && t < range.token_end.value_or(r.num_prompt_tokens())) {
+            tp = range.priority;
+            td = range.duration.value_or(kNoExpiry);
+          }
+        }
+      }
+      if (tp > p) {
+        p = tp;
+        d = td;
+      } else if (tp == p) {
+        d = std::max(d, td);
+      }
+    }
+    return {p, d};
+  }
+  static bool raises(const Request& r) {
+    if (!r.retention()) return false;
+    bool any = r.retention()->decode_retention_priority != kDefaultRetentionPriority;
+    for (const auto& range : r.retention()->token_ranges)
+      any = any || range.priority != kDefaultRetentionPriority;
+    return any;
+  }
+  // The manager's asks for request r's blocks at positions [from[g], end); positions from
+  // fresh[g] on were allocated by this call (fresh empty: none, a release).
+  void apply_asks(const Request& r, const std::vector<std::size_t>& from,
+                  const std::vector<std::size_t>& fresh) {
+    if (!ret_on) return;
+    const Req& q = reqs.at(r.id());
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const std::size_t new_from = fresh.empty() ? q.rows[g].size() : fresh[g];
+      for (std::size_t i = from[g]; i < q.rows[g].size(); ++i) {
+        const BlockId b = q.rows[g][i];
+        if (b == kNullBlockId) continue;
+        if (!r.retention()) {  // a request without a config asks the default: its hits
+          if (i < new_from) raise(b);
+          continue;
+        }
+        const auto [p, d] = ask_of(r, i, bs);
+        if (p > kDefaultRetentionPriority) {
+          ask_pool(b, p, d);
+          raise(b);  // refused by the budget: still at least the default
+        } else if (p == kDefaultRetentionPriority) {
+          raise(b);
+        } else if (i >= new_from || effective(b).priority < kDefaultRetentionPriority) {
+          ++lowered;
+          ask_pool(b, p, d);
+        } else {
+          ++kept_up;
+        }
+      }
+    }
+  }
+  // Before a release: a config's asks again (the release restarts durations).
+  void release_asks(const Request& r) {
+    if (!ret_on || !r.retention()) return;
+    if (raises(r)) active = true;
+    apply_asks(r, std::vector<std::size_t>(groups.size(), 0), {});
+  }
+  // Free blocks whose priority ran out: to the default's front (get_new_blocks' sweep).
+  void sweep() {
+    std::vector<BlockId> due;
+    for (const BlockId b : queue) {
+      if (!hash[b].empty() && expired(b)) due.push_back(b);
+    }
+    std::sort(due.begin(), due.end(), [&](BlockId x, BlockId y) {
+      return std::pair(ret[x].prio, ret[x].key) < std::pair(ret[y].prio, ret[y].key);
+    });
+    for (const BlockId b : due) {
+      expire(b);
+      ret[b].key = --front_key;
+    }
+  }
+  // Checks the pool's victims `v` (in its order) against the free blocks, then takes them.
+  void take_victims(const std::vector<BlockId>& v) {
+    sweep();
+    std::vector<BlockId> free_cached;
+    std::size_t uncached = 0;
+    for (const BlockId b : queue) {
+      if (hash[b].empty()) {
+        ++uncached;
+      } else {
+        free_cached.push_back(b);
+      }
+    }
+    std::sort(free_cached.begin(), free_cached.end(), [&](BlockId x, BlockId y) {
+      return std::pair(ret[x].prio, ret[x].key) < std::pair(ret[y].prio, ret[y].key);
+    });
+    std::size_t taken_uncached = 0, c = 0;
+    for (std::size_t k = 0; k < v.size(); ++k) {
+      const BlockId b = v[k];
+      ASSERT_NE(std::find(queue.begin(), queue.end(), b), queue.end())
+          << "victim " << b << " was not free";
+      if (hash[b].empty()) {
+        ASSERT_EQ(c, 0u) << "uncached victim " << b << " after a cached one";
+        ++taken_uncached;
+        continue;
+      }
+      ASSERT_EQ(taken_uncached, uncached) << "cached victim " << b << " while uncached were free";
+      ASSERT_LT(c, free_cached.size());
+      ASSERT_EQ(ret[b].prio, ret[free_cached[c]].prio)
+          << "victim " << b << " at priority " << ret[b].prio << " while block " << free_cached[c]
+          << " at " << ret[free_cached[c]].prio << " was free";
+      if (policy == EvictionPolicy::kLru) {
+        ASSERT_EQ(b, free_cached[c]) << "not the oldest of the lowest priority";
+      }
+      ++c;
+    }
+    for (const BlockId b : v) {
+      queue.erase(std::find(queue.begin(), queue.end(), b));
+      if (!hash[b].empty()) {
+        if (ret[b].prio > kDefaultRetentionPriority) ++rs.forced_evictions;
+        ++rs.by_class[cls(ret[b].prio)].evictions;
+        uncache(b);
+      }
+      reset_ret(b);
+    }
+  }
+
   void uncache(BlockId b) {
     map.erase(std::find(map.begin(), map.end(), b));
     emit(BlockRemoved{{hash[b]}, grp[b]});
@@ -162,13 +423,19 @@ struct RefModel {
       if (b == kNullBlockId) continue;
       if (--ref[b] == 0) (hash[b].empty() ? unhashed : hashed).push_back(b);
     }
+    if (ret_on) {
+      for (const BlockId b : hashed) queue_cached(b);
+      for (const BlockId b : unhashed) reset_ret(b);
+    }
     queue.insert(queue.begin(), unhashed.begin(), unhashed.end());
     queue.insert(queue.end(), hashed.begin(), hashed.end());
   }
   // Returns group 0's new blocks, or nullopt when it does not fit (nothing changed).
-  std::optional<std::vector<BlockId>> allocate(const Request& r, std::size_t n,
-                                               const std::vector<std::vector<BlockId>>& hits,
-                                               std::size_t lookahead) {
+  // With retention state, the pool's victims (each group's new blocks, `picks`) are checked
+  // (take_victims) and taken instead of the queue's head.
+  std::optional<std::vector<BlockId>> allocate(
+      const Request& r, std::size_t n, const std::vector<std::vector<BlockId>>& hits,
+      std::size_t lookahead, const std::vector<std::vector<BlockId>>* picks = nullptr) {
     const std::size_t ng = groups.size();
     const bool known = reqs.count(r.id()) != 0;
     Req cur = known ? reqs.at(r.id())
@@ -192,6 +459,7 @@ struct RefModel {
       }
     }
     if (needed > queue.size() + releasable) return std::nullopt;
+    if (ret_on && raises(r)) active = true;  // the manager's prepare_retention
     Req& st = reqs[r.id()];
     st = cur;
     for (std::size_t g = 0; g < ng; ++g) {
@@ -208,6 +476,7 @@ struct RefModel {
           if (b != kNullBlockId) {
             if (ref[b] == 0) queue.erase(std::find(queue.begin(), queue.end(), b));
             ++ref[b];
+            if (ret_on && !hash[b].empty()) hit_ret(b);
           }
           st.rows[g].push_back(b);
         }
@@ -216,10 +485,24 @@ struct RefModel {
     }
     std::vector<BlockId> fresh;
     for (std::size_t g = 0; g < ng; ++g) {
+      if (ret_on && active && alloc[g] > 0) {
+        const std::vector<BlockId>& v = (*picks)[g];
+        EXPECT_EQ(v.size(), alloc[g]);
+        take_victims(v);
+        for (const BlockId b : v) {
+          ref[b] = 1;
+          st.rows[g].push_back(b);
+          if (g == 0) fresh.push_back(b);
+        }
+        continue;
+      }
       for (std::size_t i = 0; i < alloc[g]; ++i) {
         const BlockId b = queue.front();
         queue.erase(queue.begin());
-        if (!hash[b].empty()) uncache(b);
+        if (!hash[b].empty()) {
+          if (ret_on) ++rs.by_class[cls(ret[b].prio)].evictions;
+          uncache(b);
+        }
         ref[b] = 1;
         st.rows[g].push_back(b);
         if (g == 0) fresh.push_back(b);
@@ -264,6 +547,9 @@ struct RefModel {
   }
   bool reset() {
     if (queue.size() != ref.size() - 1) return false;
+    if (ret_on) {
+      for (BlockId b = 1; b < static_cast<BlockId>(ref.size()); ++b) reset_ret(b);
+    }
     for (auto& h : hash) h = BlockHash();
     for (auto& g : grp) g = 0;
     map.clear();
@@ -272,7 +558,10 @@ struct RefModel {
   }
   void evict(const std::vector<BlockId>& ids) {
     for (const BlockId b : ids) {
-      if (!hash[b].empty()) uncache(b);
+      if (!hash[b].empty()) {
+        if (ret_on) evicted(b);
+        uncache(b);
+      }
     }
   }
 };
@@ -287,6 +576,10 @@ struct RunConfig {
   std::optional<std::size_t> max_model_len;
   std::vector<AttentionSpec> groups;  // empty: one full-attention group
   std::uint32_t seed = 1;
+  // Retention: random configs on half the requests, a fake clock, this policy and pin budget.
+  bool retention = false;
+  EvictionPolicy policy = EvictionPolicy::kLru;
+  double retained_fraction = 1.0;
 };
 
 struct Outcome {
@@ -296,6 +589,8 @@ struct Outcome {
   std::uint64_t collisions_rejected = 0;
   std::uint64_t events = 0;
   std::uint64_t window_hit_blocks = 0;  // null blocks skipped by sliding-window hits
+  RetentionStats retention;             // the last stats (retention runs)
+  std::uint64_t lifts = 0, lowered = 0, kept_up = 0;
 };
 
 Outcome run(const RunConfig& rc) {
@@ -316,6 +611,12 @@ Outcome run(const RunConfig& rc) {
   cfg.groups = rc.groups;
   cfg.hash_seed = "model";
   if (rc.weak_hash) cfg.hasher = BlockHasher::weak_for_testing(HashScheme::kSha256, "model", 8);
+  RetentionTick now = 0;  // the fake retention clock (before m, which reads it)
+  if (rc.retention) {
+    cfg.eviction_policy = rc.policy;
+    cfg.max_retained_fraction = rc.retained_fraction;
+    cfg.retention_clock = [&now] { return now; };
+  }
   KVCacheManager m(cfg);
   std::vector<AttentionSpec> specs = rc.groups;
   if (specs.empty()) specs.push_back(AttentionSpec::full(kB));
@@ -323,7 +624,35 @@ Outcome run(const RunConfig& rc) {
     if (spec.block_size != kB) throw std::logic_error("the model has one block size");
   }
   RefModel ref(rc.num_blocks, kB, rc.caching, cfg.enable_kv_events, rc.max_model_len, specs);
+  if (rc.retention) ref.enable_retention(rc.policy, rc.retained_fraction, &now);
   const std::size_t num_groups = specs.size();
+  // A random retention config for a prompt of n tokens (half the requests get none).
+  const std::vector<int> kPriorities = {0, 10, 20, 35, 35, 60, 90, 100};
+  auto random_priority = [&] {
+    return static_cast<RetentionPriority>(kPriorities[uniform(0, kPriorities.size() - 1)]);
+  };
+  auto random_duration = [&]() -> std::optional<RetentionTick> {
+    if (uniform(0, 2) != 0) return std::nullopt;
+    return static_cast<RetentionTick>(uniform(1, 30));
+  };
+  auto random_retention = [&](std::size_t n) -> std::optional<RetentionConfig> {
+    if (uniform(0, 1) == 0) return std::nullopt;
+    RetentionConfig c;
+    std::size_t at = 0;
+    for (std::size_t k = uniform(0, 2); k > 0 && at < n; --k) {
+      TokenRangeRetention t;
+      t.token_start = uniform(at, n - 1);
+      const std::size_t end = uniform(t.token_start + 1, n);
+      if (end < n || uniform(0, 1) == 0) t.token_end = end;
+      t.priority = random_priority();
+      t.duration = random_duration();
+      c.token_ranges.push_back(t);
+      at = end;
+    }
+    if (uniform(0, 1) == 0) c.decode_retention_priority = random_priority();
+    c.decode_duration = random_duration();
+    return c;
+  };
 
   // Shared prefixes (a system prompt, tool definitions, ...) and tenants.
   std::vector<std::vector<TokenId>> prefixes = {{}, {}, {}, {}};
@@ -355,12 +684,43 @@ Outcome run(const RunConfig& rc) {
         ASSERT_EQ(pool.block(b).group_id, ref.grp[b]) << "block " << b;
       }
     }
-    ASSERT_EQ(pool.free_queue().ids(), ref.queue);
+    ASSERT_EQ(pool.num_free_blocks(), static_cast<std::int32_t>(ref.queue.size()));
     for (const auto& [id, st] : ref.reqs) {
       for (std::size_t g = 0; g < num_groups; ++g) {
         const auto row = m.block_ids(id, g);
         ASSERT_EQ(std::vector<BlockId>(row.begin(), row.end()), st.rows[g]) << "request " << id;
       }
+    }
+    if (rc.retention) {
+      EXPECT_EQ(pool.retention_active(), ref.active);
+      for (BlockId b = 1; b < rc.num_blocks; ++b) {
+        ASSERT_EQ(m.block_retention(b), ref.effective(b)) << "block " << b << " at tick " << now;
+      }
+      RetentionStats want = ref.rs;
+      if (!ref.active) {  // an LRU pool without retention state counts no hits per class
+        for (auto& c : want.by_class) c.hits = 0;
+      }
+      const RetentionStats got = m.retention_stats();
+      ASSERT_EQ(got, want) << "retention stats at tick " << now;
+      ASSERT_LE(got.retained_blocks, got.retained_budget);
+      // Every block a request holds is at least at the lower of its ask and the default (the
+      // rule for shared blocks; a budget refusal still leaves the default).
+      for (const Request& r : running) {
+        if (ref.reqs.count(r.id()) == 0) continue;
+        for (std::size_t g = 0; g < num_groups; ++g) {
+          const auto& row = ref.reqs.at(r.id()).rows[g];
+          for (std::size_t i = 0; i < row.size(); ++i) {
+            if (row[i] == kNullBlockId) continue;
+            const int ask =
+                r.retention() ? RefModel::ask_of(r, i, kB).first : kDefaultRetentionPriority;
+            ASSERT_GE(int{m.block_retention(row[i]).priority},
+                      std::min(ask, int{kDefaultRetentionPriority}))
+                << "request " << r.id() << " block " << row[i] << " at position " << i;
+          }
+        }
+      }
+    } else {
+      ASSERT_EQ(pool.free_queue().ids(), ref.queue);
     }
     // The exact event stream: every BlockStored (hashes, parent, tokens, extra keys, group),
     // BlockRemoved and AllBlocksCleared, with its sequence number.
@@ -409,17 +769,26 @@ Outcome run(const RunConfig& rc) {
       was_cached[static_cast<std::size_t>(b)] = m.block_pool().block(b).is_cached();
     }
     // Each group's table length before the call plus its hit: newer positions get new blocks.
-    std::vector<std::size_t> first_new(num_groups, 0);
-    for (std::size_t g = 0; g < num_groups && rc.weak_hash; ++g) {
+    std::vector<std::size_t> first_new(num_groups, 0), old_size(num_groups, 0);
+    for (std::size_t g = 0; g < num_groups && (rc.weak_hash || rc.retention); ++g) {
       const std::size_t hit_size = g <= hit.other_groups.size() ? hit.group(g).size() : 0;
-      first_new[g] = (first ? 0 : m.block_ids(r.id(), g).size()) + hit_size;
+      old_size[g] = first ? 0 : m.block_ids(r.id(), g).size();
+      first_new[g] = old_size[g] + hit_size;
     }
     const auto got = m.allocate_slots(r, n, hit, lookahead);
     if (!rc.weak_hash) {
-      const auto want = ref.allocate(r, n, ref_hit, lookahead);
+      std::vector<std::vector<BlockId>> picks(num_groups);  // the pool's victims, per group
+      if (got && rc.retention) {
+        for (std::size_t g = 0; g < num_groups; ++g) {
+          const auto row = m.block_ids(r.id(), g);
+          picks[g].assign(row.begin() + static_cast<std::ptrdiff_t>(first_new[g]), row.end());
+        }
+      }
+      const auto want = ref.allocate(r, n, ref_hit, lookahead, &picks);
       EXPECT_EQ(got.has_value(), want.has_value());
       if (got && want) {
         EXPECT_EQ(std::vector<BlockId>(got->begin(), got->end()), *want);
+        ref.apply_asks(r, old_size, first_new);
       }
     }
     if (!got) {
@@ -451,6 +820,7 @@ Outcome run(const RunConfig& rc) {
             run_seconds) {
       break;
     }
+    if (rc.retention && uniform(0, 3) == 0) now += static_cast<RetentionTick>(uniform(0, 4));
     const std::size_t kind = uniform(0, 99);
     if (kind < 30 || running.empty()) {  // a new request (or a preempted one) arrives
       if (!waiting.empty() && uniform(0, 1) == 0) {
@@ -465,6 +835,7 @@ Outcome run(const RunConfig& rc) {
         RequestHashKeys keys;
         keys.cache_salt = salts[uniform(0, salts.size() - 1)];
         Request r = m.make_request(next_id++, tokens, keys);
+        if (rc.retention) r.set_retention(random_retention(r.num_tokens()));
         if (schedule(r, true)) running.push_back(std::move(r));
       }
     } else {
@@ -477,11 +848,17 @@ Outcome run(const RunConfig& rc) {
         schedule(r, false);
       } else if (kind < 80) {  // finished
         m.free(r);
-        if (!rc.weak_hash) ref.release(r.id());
+        if (!rc.weak_hash) {
+          ref.release_asks(r);
+          ref.release(r.id());
+        }
         running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
       } else if (kind < 88) {  // preempted
         m.preempt(r);
-        if (!rc.weak_hash) ref.release(r.id());
+        if (!rc.weak_hash) {
+          ref.release_asks(r);
+          ref.release(r.id());
+        }
         waiting.push_back(std::move(r));
         running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
         if (waiting.size() > 8) waiting.erase(waiting.begin());
@@ -500,7 +877,10 @@ Outcome run(const RunConfig& rc) {
         if (all_done) {
           for (Request& q : running) {
             m.free(q);
-            if (!rc.weak_hash) ref.release(q.id());
+            if (!rc.weak_hash) {
+              ref.release_asks(q);
+              ref.release(q.id());
+            }
           }
           running.clear();
         }
@@ -518,6 +898,10 @@ Outcome run(const RunConfig& rc) {
     }
     ++out.ops;
   }
+  out.retention = m.retention_stats();
+  out.lifts = ref.lifts;
+  out.lowered = ref.lowered;
+  out.kept_up = ref.kept_up;
   return out;
 }
 
@@ -627,6 +1011,72 @@ TEST(KVCacheManagerModel, WeakHashNeverGivesAWrongWindowHit) {
                 static_cast<unsigned long long>(o.hit_blocks),
                 static_cast<unsigned long long>(o.window_hit_blocks));
   }
+}
+
+// Retention (issue 38): random configs, durations on the fake clock, the pin budget and each
+// eviction policy, against the reference's own retention model.
+void expect_retention_exercised(const Outcome& o, bool budget_binds) {
+  const RetentionStats& s = o.retention;
+  EXPECT_GT(o.lifts, 0u) << "no shared block was lifted to the default: the test is weak";
+  EXPECT_GT(o.lowered, 0u);
+  EXPECT_GT(o.kept_up, 0u) << "no ask below the default met a default block";
+  EXPECT_GT(s.expirations, 0u);
+  EXPECT_GT(s.forced_evictions, 0u);
+  EXPECT_GT(s.by_class[0].evictions + s.by_class[2].evictions, 0u);
+  if (budget_binds) {
+    EXPECT_GT(s.budget_refusals, 0u);
+  }
+  std::printf(
+      "%llu ops: %llu hit blocks, %llu lifted, %llu lowered, %llu kept up, %llu refusals, %llu "
+      "expirations, %llu forced evictions\n",
+      static_cast<unsigned long long>(o.ops), static_cast<unsigned long long>(o.hit_blocks),
+      static_cast<unsigned long long>(o.lifts), static_cast<unsigned long long>(o.lowered),
+      static_cast<unsigned long long>(o.kept_up),
+      static_cast<unsigned long long>(s.budget_refusals),
+      static_cast<unsigned long long>(s.expirations),
+      static_cast<unsigned long long>(s.forced_evictions));
+}
+
+class RetentionModel : public ::testing::TestWithParam<EvictionPolicy> {};
+
+TEST_P(RetentionModel, MatchesReferenceWithRetention) {
+  RunConfig rc;
+  rc.retention = true;
+  rc.policy = GetParam();
+  rc.explicit_evict = true;
+  rc.seed = 21 + static_cast<std::uint32_t>(GetParam());
+  const Outcome o = run(rc);
+  EXPECT_GT(o.hit_blocks, 0u);
+  expect_retention_exercised(o, false);
+}
+
+TEST_P(RetentionModel, PinBudgetAndXxh3MatchReference) {
+  RunConfig rc;
+  rc.retention = true;
+  rc.policy = GetParam();
+  rc.retained_fraction = 0.15;
+  rc.scheme = HashScheme::kXxh3_128;
+  rc.max_model_len = 40;
+  rc.seed = 31 + static_cast<std::uint32_t>(GetParam());
+  const Outcome o = run(rc);
+  expect_retention_exercised(o, true);
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, RetentionModel,
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru),
+                         [](const auto& p) { return std::string(to_string(p.param)); });
+
+TEST(KVCacheManagerModel, HybridWithRetentionMatchesReference) {
+  RunConfig rc;
+  rc.retention = true;
+  rc.policy = EvictionPolicy::kS3Fifo;
+  rc.retained_fraction = 0.3;
+  rc.groups = {AttentionSpec::full(4), AttentionSpec::sliding(4, 7)};
+  rc.num_blocks = 64;
+  rc.explicit_evict = true;
+  rc.seed = 41;
+  const Outcome o = run(rc);
+  expect_retention_exercised(o, true);
 }
 
 }  // namespace
