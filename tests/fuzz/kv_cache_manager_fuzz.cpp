@@ -14,6 +14,10 @@
 //    observable exactly as it was: the manager's snapshot, its stats, its counters and every
 //    request's state;
 //  - check_invariants() holds;
+//  - retention (issue 38): the pin budget is never exceeded, and every block a request holds is
+//    at least at the lower of the default priority and what the request asked for it when it
+//    took the block (its config then, token by token: a request without one asks the default),
+//    so a block shared by a request of a higher priority is never below that request's ask;
 //  - hit safety: every block of a hit returned by get_computed_blocks (or accepted by
 //    allocate_slots) was allocated for the same position of a request with the same salt and the
 //    same tokens up to the end of that block. This is what verification promises, so it is
@@ -85,7 +89,33 @@ struct Tracked {
   // It holds a hit the shadow cannot vouch for (stale, foreign or corrupted, accepted under a
   // weakened hash): its KV was computed on another prefix's blocks. Until it releases them.
   bool tainted = false;
+  // Per group and position: the lowest priority the block there may have while held (the lower
+  // of the default and the request's ask when it took the block).
+  std::vector<std::vector<int>> floors;
 };
+
+// The priority request r asks for its block [begin, end): the highest of its tokens' (a token
+// range's, the default for prompt tokens no range names, the decode priority past the prompt).
+// Written token by token, independently of retention_ask().
+int asked_priority(const Request& r, std::size_t begin, std::size_t end) {
+  if (!r.retention()) return kDefaultRetentionPriority;
+  const RetentionConfig& c = *r.retention();
+  int p = 0;
+  for (std::size_t t = begin; t < end; ++t) {
+    int tp = kDefaultRetentionPriority;
+    if (t >= r.num_prompt_tokens()) {
+      tp = c.decode_retention_priority;
+    } else {
+      for (const TokenRangeRetention& range : c.token_ranges) {
+        if (t >= range.token_start && t < range.token_end.value_or(r.num_prompt_tokens())) {
+          tp = range.priority;
+        }
+      }
+    }
+    p = std::max(p, tp);
+  }
+  return p;
+}
 
 // The request position a physical block was last allocated for: its KV holds that request's
 // tokens [0, (index + 1) * group block size) once cached.
@@ -224,6 +254,33 @@ class Harness {
 
   void run(Reader& in);
 
+  // The retention properties of the file comment.
+  void check_retention() const {
+    const RetentionStats s = m_.retention_stats();
+    if (s.retained_blocks > s.retained_budget) {
+      fail("pin budget exceeded:", std::to_string(s.retained_blocks) +
+                                       " blocks above the default, " +
+                                       std::to_string(s.retained_budget) + " allowed");
+    }
+    for (const Tracked* t : active_) {
+      if (!t->held) continue;
+      for (std::size_t g = 0; g < t->floors.size(); ++g) {
+        const auto row = m_.block_ids(t->req->id(), g);
+        for (std::size_t i = 0; i < t->floors[g].size() && i < row.size(); ++i) {
+          if (row[i] == kNullBlockId) continue;
+          const int p = m_.block_retention(row[i]).priority;
+          if (p < t->floors[g][i]) {
+            fail("a held block is below its request's ask:",
+                 "request " + std::to_string(t->req->id()) + " group " + std::to_string(g) +
+                     " block " + std::to_string(i) + " -> " + std::to_string(row[i]) +
+                     " at priority " + std::to_string(p) + ", asked at least " +
+                     std::to_string(t->floors[g][i]));
+          }
+        }
+      }
+    }
+  }
+
  private:
   Tracked* pick(Reader& in) {
     return active_.empty() ? nullptr : active_[in.u8() % active_.size()];
@@ -337,6 +394,7 @@ void Harness::release(Tracked& t, bool finish) {
   if (!done) return;
   if (t.held) ++gen_;
   t.held = false;
+  t.floors.clear();
   t.tainted = false;  // its next allocation starts from its own tokens
   if (finish && expect == Expect::kValid && !r.is_finished()) fail("free: request not finished");
   if (!finish && expect == Expect::kValid && r.num_computed_tokens() != 0) {
@@ -407,8 +465,15 @@ void Harness::allocate(Reader& in) {
     t->tainted = true;
     for (Owner& o : owners_) o.tainted = o.tainted || o.t == t;
   }
+  t->floors.resize(m_.num_groups());
   for (std::size_t g = 0; g < m_.num_groups(); ++g) {
     const auto row = m_.block_ids(r.id(), g);
+    const std::size_t bs = m_.group_spec(g).block_size;
+    std::vector<int>& floors = t->floors[g];
+    floors.resize(row.size(), 0);
+    for (std::size_t i = before[g]; i < row.size(); ++i) {
+      floors[i] = std::min<int>(kDefaultRetentionPriority, asked_priority(r, i * bs, (i + 1) * bs));
+    }
     // A default CacheHit{} has no other_groups: no hit in any group.
     const std::size_t hit_blocks = g == 0                         ? hit.blocks.size()
                                    : g <= hit.other_groups.size() ? hit.group(g).size()
@@ -423,6 +488,7 @@ void Harness::allocate(Reader& in) {
 
 void Harness::run(Reader& in) {
   for (int ops = 0; !in.done() && ops < 4096; ++ops) {
+    check_retention();
     switch (in.u8() % 12) {
       case 0:
         make(in);
@@ -513,6 +579,7 @@ void Harness::run(Reader& in) {
         break;
     }
   }
+  check_retention();
 }
 
 void run_one(const std::uint8_t* data, std::size_t size) {
