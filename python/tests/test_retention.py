@@ -155,3 +155,32 @@ def test_host_tier_minimum_priority():
     assert stored(95, True) == (0, 4)
     with pytest.raises(pagedkv.Error, match="above 100"):
         pagedkv.TieredKVCacheManager(16, 16, secondary_offload_min_priority=101)
+
+
+@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo"])
+def test_a_shared_block_takes_the_highest_priority_asked(policy):
+    """A prompt one request keeps below the default (10) is at the default once a request without
+    a config shares it, in either order, and outlives older default blocks."""
+    if policy not in pagedkv.EVICTION_POLICIES:
+        pytest.skip(f"no {policy} policy in this build")
+    low = pin(priority=10)
+    # The low request first, then a request without a config hits the prompt.
+    kv = pagedkv.KVCacheManager(11, block_size=B, hash_seed="r", eviction_policy=policy)
+    run(kv, 1, PROMPT + [1], low)
+    prompt_blocks = [b for b in range(1, 11) if kv.block_retention(b).priority == 10]
+    assert len(prompt_blocks) == 4
+    run(kv, 2, list(range(500, 500 + 3 * B)) + [2])  # 3 default blocks, freed before the prompt
+    assert run(kv, 3, PROMPT + [3]) == 16
+    assert all(kv.block_retention(b).priority == 35 for b in prompt_blocks)
+    assert kv.retention_stats().by_class["below_default"].blocks == 0
+    run(kv, 4, range(900, 900 + 6 * B))  # 3 uncached blocks and 3 evictions: the older ones
+    assert run(kv, 5, PROMPT + [5]) == 16
+    kv.check_invariants()
+    # The other order: a request without a config holds the prompt; the low one shares it.
+    kv = pagedkv.KVCacheManager(64, block_size=B, hash_seed="r", eviction_policy=policy)
+    plain = kv.make_request(1, np.asarray(PROMPT + [1], dtype=np.int32))
+    assert kv.allocate_slots(plain, plain.num_tokens) is not None
+    assert run(kv, 2, PROMPT + [2], low) == 16
+    kv.free(plain)
+    assert kv.retention_stats().by_class["below_default"].blocks == 0
+    kv.check_invariants()
