@@ -31,7 +31,7 @@
 // at least at the lower of its ask and the default.
 //
 // Flags (after the gtest ones): --pagedkv_ops=N operations per run (default 100000; retention
-// runs 2/5 of it),
+// runs 1/4 of it),
 // --pagedkv_seconds=S a time budget for the whole program, split evenly among its runs (default:
 // no limit).
 #include <gtest/gtest.h>
@@ -815,8 +815,8 @@ Outcome run(const RunConfig& rc) {
 
   const auto start = std::chrono::steady_clock::now();
   const double run_seconds = g_seconds / kNumRuns;  // the budget is shared by all runs
-  // Retention runs check every block's retention after each operation: 2/5 of the operations.
-  const std::uint64_t num_ops = rc.retention ? g_ops * 2 / 5 : g_ops;
+  // Retention runs check every block's retention after each operation: 1/4 of the operations.
+  const std::uint64_t num_ops = rc.retention ? g_ops / 4 : g_ops;
   for (std::uint64_t op = 0; op < num_ops; ++op) {
     if (g_seconds > 0 && (op & 1023) == 0 &&
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
