@@ -842,7 +842,7 @@ void BlockPool::raise_to_default(std::span<const BlockId> ids) {
   const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
   for (const BlockId id : ids) {
     if (blocks_[static_cast<std::size_t>(id)].is_null) continue;
-    const std::uint8_t list = r.nodes[id].list;
+    const Retention::ListId list = r.nodes[id].list;
     if (r.nodes[id].prio >= kDefaultRetentionPriority || list == Retention::kUncached) continue;
     const bool free = list != Retention::kNone;
     if (free) r.remove(id);
