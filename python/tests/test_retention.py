@@ -157,7 +157,7 @@ def test_host_tier_minimum_priority():
         pagedkv.TieredKVCacheManager(16, 16, secondary_offload_min_priority=101)
 
 
-@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo"])
+@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "lineage"])
 def test_a_shared_block_takes_the_highest_priority_asked(policy):
     """A prompt one request keeps below the default (10) is at the default once a request without
     a config shares it, in either order, and outlives older default blocks."""

@@ -56,7 +56,7 @@ namespace {
 
 std::uint64_t g_ops = 100000;
 double g_seconds = 0;  // 0: no limit; else the whole program's budget, split evenly by the runs
-constexpr int kNumRuns = 14;  // run() calls of the TESTs below
+constexpr int kNumRuns = 16;  // run() calls of the TESTs below
 
 // ---- the reference model: vLLM v1 semantics, written for clarity, not speed ----
 // One pool shared by KV-cache groups of one block size (full attention and sliding windows):
@@ -1066,7 +1066,8 @@ TEST_P(RetentionModel, PinBudgetAndXxh3MatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Policies, RetentionModel,
-                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru),
+                         ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru,
+                                           EvictionPolicy::kLineage),
                          [](const auto& p) { return std::string(to_string(p.param)); });
 
 TEST(KVCacheManagerModel, HybridWithRetentionMatchesReference) {
