@@ -232,7 +232,8 @@ void bind_tier(py::module_& m) {
   using Tier = PyTieredKVCacheManager;
   py::class_<Tier> tiered(
       m, "TieredKVCacheManager",
-      "A KVCacheManager with a host-memory tier (one full-attention group). Per step and request: "
+      "A KVCacheManager with a host-memory tier (one full-attention group here; hybrid layouts "
+      "through the tier are C++ only for now). Per step and request: "
       "get_computed_blocks, allocate_slots (a TierPlan to run), commit every eviction and load, "
       "finish_loads if it had loads, the forward pass, the stores, commit them; free once nothing "
       "is in flight.");
