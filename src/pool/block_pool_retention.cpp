@@ -239,24 +239,8 @@ struct BlockPool::Retention {
     ++free_count;
   }
   void remove(BlockId id) noexcept {
-    const ListId l = nodes[id].list;
-    assert(l != kNone);
-    List& q = lists[l];
-    Node& k = nodes[id];
-    if (k.prev == kQueueEnd) {
-      q.head = k.next;
-    } else {
-      nodes[k.prev].next = k.next;
-    }
-    if (k.next == kQueueEnd) {
-      q.tail = k.prev;
-    } else {
-      nodes[k.next].prev = k.prev;
-    }
-    k.prev = kNotQueued;
-    k.next = kNotQueued;
-    --q.size;
-    nodes[id].list = kNone;
+    assert(nodes[id].list != kNone);
+    unlink(id);
     --free_count;
   }
   ListId last_list = 0;

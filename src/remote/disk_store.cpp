@@ -72,6 +72,16 @@ std::size_t pread_full(int fd, std::byte* buf, std::size_t n, std::uint64_t off)
   return done;
 }
 
+// Skips `bytes` just transferred from iov[first..n): whole iovecs advance `first`, a partly done
+// one is trimmed to what is left.
+void skip_done(iovec* iov, int n, int& first, std::size_t bytes) noexcept {
+  while (first < n && bytes >= iov[first].iov_len) bytes -= iov[first++].iov_len;
+  if (bytes > 0) {
+    iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + bytes;
+    iov[first].iov_len -= bytes;
+  }
+}
+
 // Full preadv into iov[0..n) (modified as it goes): loops over short transfers and EINTR.
 // Returns bytes done (< the iovecs' total on EOF/error, errno set on error).
 std::size_t preadv_full(int fd, iovec* iov, int n, std::uint64_t off) noexcept {
@@ -82,12 +92,7 @@ std::size_t preadv_full(int fd, iovec* iov, int n, std::uint64_t off) noexcept {
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) break;
     done += static_cast<std::size_t>(r);
-    auto left = static_cast<std::size_t>(r);
-    while (first < n && left >= iov[first].iov_len) left -= iov[first++].iov_len;
-    if (left > 0) {
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
-      iov[first].iov_len -= left;
-    }
+    skip_done(iov, n, first, static_cast<std::size_t>(r));
   }
   return done;
 }
@@ -102,12 +107,7 @@ int pwritev_full(int fd, iovec* iov, int n, std::uint64_t off) noexcept {
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return r < 0 ? errno : EIO;
     done += static_cast<std::size_t>(r);
-    auto left = static_cast<std::size_t>(r);
-    while (first < n && left >= iov[first].iov_len) left -= iov[first++].iov_len;
-    if (left > 0) {
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
-      iov[first].iov_len -= left;
-    }
+    skip_done(iov, n, first, static_cast<std::size_t>(r));
   }
   return 0;
 }

@@ -134,18 +134,9 @@ std::optional<TierAllocation> TieredKVCacheManager::hybrid_allocate_slots(
   const auto where = [&request] {
     return "TieredKVCacheManager::allocate_slots: request " + std::to_string(request.id()) + ": ";
   };
-  const RequestMap::iterator found = requests_.find(request.id());
-  if (found != requests_.end() && found->second.loading) {
-    throw Error(ErrorCode::kInvalidState,
-                where() + "its loads are not finished (commit them, then call finish_loads)");
-  }
+  const RequestMap::iterator found = checked_allocation_state(request, hit);
   const std::size_t ng = window_blocks_.size();
   const std::size_t h = hit.host_slots.size();
-  if (hit.num_host_tokens != h * bs_) {
-    throw Error(ErrorCode::kInvalidArgument,
-                where() + "the hit's num_host_tokens " + std::to_string(hit.num_host_tokens) +
-                    " != " + std::to_string(h) + " slots x block size");
-  }
   const std::size_t G = hit.gpu.blocks.size();
   std::size_t num_loads = 0;
   if (h > 0) {

@@ -308,14 +308,11 @@ void TieredKVCacheManager::forget_loaded_slots(const Request& request, const Req
   }
 }
 
-std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
-    Request& request, std::size_t num_new_tokens, const TieredCacheHit& hit,
-    std::size_t num_lookahead_tokens) {
+TieredKVCacheManager::RequestMap::iterator TieredKVCacheManager::checked_allocation_state(
+    const Request& request, const TieredCacheHit& hit) {
   const auto where = [&request] {
     return "TieredKVCacheManager::allocate_slots: request " + std::to_string(request.id()) + ": ";
   };
-  manager_.check_owner(request, "TieredKVCacheManager::allocate_slots");
-  if (hybrid_) return hybrid_allocate_slots(request, num_new_tokens, hit, num_lookahead_tokens);
   const RequestMap::iterator found = requests_.find(request.id());
   if (found != requests_.end() && found->second.loading) {
     throw Error(ErrorCode::kInvalidState,
@@ -327,6 +324,19 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
                 where() + "the hit's num_host_tokens " + std::to_string(hit.num_host_tokens) +
                     " != " + std::to_string(h) + " slots x block size");
   }
+  return found;
+}
+
+std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
+    Request& request, std::size_t num_new_tokens, const TieredCacheHit& hit,
+    std::size_t num_lookahead_tokens) {
+  const auto where = [&request] {
+    return "TieredKVCacheManager::allocate_slots: request " + std::to_string(request.id()) + ": ";
+  };
+  manager_.check_owner(request, "TieredKVCacheManager::allocate_slots");
+  if (hybrid_) return hybrid_allocate_slots(request, num_new_tokens, hit, num_lookahead_tokens);
+  const RequestMap::iterator found = checked_allocation_state(request, hit);
+  const std::size_t h = hit.host_slots.size();
   const std::size_t g = hit.gpu.blocks.size();
   if (h > 0) {
     if (found != requests_.end() || request.num_computed_tokens() != 0) {

@@ -476,6 +476,10 @@ class TieredKVCacheManager {
   RequestMap requests_;
   SpareNodes<RequestMap, 16> spare_requests_;  // released entries, reused (no node to allocate)
   void release_state(RequestMap::iterator it) noexcept;  // erases it, keeping the node spare
+  // allocate_slots' checks for one group and hybrid alike (kInvalidState while the request's
+  // loads are unfinished, kInvalidArgument when the hit's host tokens are not its slots' count);
+  // returns the request's state entry, end() when it has none.
+  RequestMap::iterator checked_allocation_state(const Request& request, const TieredCacheHit& hit);
   // Below the host tier: pins per host slot (pin_host_slot) and the hooks.
   std::vector<std::uint32_t> host_pins_;
   std::int32_t num_host_pins_ = 0;
