@@ -292,11 +292,15 @@ struct PlainCache {
 // the step (not overlapped with compute: an upper bound on the cost).
 struct TierCache {
   TierCache(const KVCacheManagerConfig& c, const HostTierConfig& h, double gbps)
-      : t(c, h), host_gbps(gbps), bytes_per_block(h.bytes_per_block) {}
+      : t(c, h),
+        host_gbps(gbps),
+        bytes_per_block(h.bytes_per_block),
+        group_bytes_per_block(h.group_bytes_per_block) {}
   TieredKVCacheManager t;
   double host_gbps;
   std::uint64_t bytes_per_block;
-  std::uint64_t step_blocks = 0;
+  std::vector<std::uint64_t> group_bytes_per_block;  // hybrid models: a block's bytes per group
+  std::uint64_t step_bytes = 0;
   std::uint64_t gpu_hit_tokens = 0, host_hit_tokens = 0;
   double transfer_ms = 0;
   std::vector<TransferId> stores;  // committed at the end of the step
@@ -309,7 +313,13 @@ struct TierCache {
     for (const TransferId id : p.eviction_ids) t.commit(id, true);
     for (const TransferId id : p.load_ids) t.commit(id, true);
     stores.insert(stores.end(), p.store_ids.begin(), p.store_ids.end());
-    step_blocks += p.plan.num_copies();
+    if (group_bytes_per_block.empty()) {
+      step_bytes += p.plan.num_copies() * bytes_per_block;
+      return;
+    }
+    for (const auto* stage : {&p.plan.evictions, &p.plan.loads, &p.plan.stores}) {
+      for (const BlockCopy& c : *stage) step_bytes += group_bytes_per_block[c.group];
+    }
   }
   bool allocate(Request& r, std::size_t n) {
     const auto a = t.allocate_slots(r, n);
@@ -334,9 +344,8 @@ struct TierCache {
     for (const TransferId id : stores) t.commit(id, true);
     stores.clear();
     const double ms =
-        host_gbps > 0 ? static_cast<double>(step_blocks * bytes_per_block) / (host_gbps * 1e9) * 1e3
-                      : 0.0;
-    step_blocks = 0;
+        host_gbps > 0 ? static_cast<double>(step_bytes) / (host_gbps * 1e9) * 1e3 : 0.0;
+    step_bytes = 0;
     transfer_ms += ms;
     return ms;
   }
@@ -758,10 +767,6 @@ std::string memory_utilization_table(const Trace& trace, std::uint32_t block_siz
 std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOptions& o,
                                               const TierReplayOptions& tier) {
   if (!o.caching) throw Error(ErrorCode::kInvalidArgument, "--host-blocks: caching on");
-  if (o.sliding_window > 0 && o.mode == Mode::kEngine) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "--host-blocks with --sliding-window: sequential mode only (not --mode engine)");
-  }
   const std::uint64_t groups = o.sliding_window > 0 ? 2 : 1;  // each group holds its own blocks
   if (o.num_blocks.empty()) throw Error(ErrorCode::kInvalidArgument, "replay: no --num-blocks");
   std::vector<TierReplayResult> out;
@@ -793,6 +798,11 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
         res.loaded_bytes = s.loaded_bytes;
         res.stored_bytes = s.stored_bytes;
         res.sim_transfer_ms = cache.transfer_ms;
+        if (groups > 1) {
+          res.groups = cache.t.group_stats();
+          res.window_stores_skipped = s.window_stores_skipped;
+          res.base.out_of_window_blocks_freed = cache.gpu().num_out_of_window_blocks_freed();
+        }
         out.push_back(res);
         continue;
       }

@@ -71,6 +71,22 @@ HostPolicy policy_from(py::handle obj) {
   }
 }
 
+WindowStoreRule window_store_from(py::handle obj) {
+  if (py::isinstance<py::str>(obj)) {
+    const auto text = obj.cast<std::string>();
+    if (text == "all") return WindowStoreRule::kAll;
+    if (text == "request_tail") return WindowStoreRule::kRequestTail;
+    throw Error(ErrorCode::kInvalidArgument,
+                "window_store: expected 'all' or 'request_tail', got '" + text + "'");
+  }
+  try {
+    return obj.cast<WindowStoreRule>();
+  } catch (const py::cast_error&) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "window_store: expected pagedkv.WindowStoreRule or its name");
+  }
+}
+
 bool long_call(const Request& r) {
   return r.num_tokens() >= kReleaseGilAbove;
 }
@@ -111,6 +127,24 @@ void bind_tier(py::module_& m) {
                ", host_hit_tokens=" + std::to_string(s.host_hit_tokens) +
                ", stored_blocks=" + std::to_string(s.stored_blocks) +
                ", loaded_blocks=" + std::to_string(s.loaded_blocks) + ")";
+      });
+
+  py::enum_<WindowStoreRule>(m, "WindowStoreRule",
+                            "Hybrid models: which sliding-window blocks the host tier stores.")
+      .value("ALL", WindowStoreRule::kAll)
+      .value("REQUEST_TAIL", WindowStoreRule::kRequestTail);
+
+  py::class_<TierGroupStats>(m, "TierGroupStats",
+                             "One KV-cache group's share of the tier's copies (group_stats()).")
+      .def_readonly("loaded_blocks", &TierGroupStats::loaded_blocks)
+      .def_readonly("loaded_bytes", &TierGroupStats::loaded_bytes)
+      .def_readonly("stored_blocks", &TierGroupStats::stored_blocks)
+      .def_readonly("stored_bytes", &TierGroupStats::stored_bytes)
+      .def_readonly("window_stores_skipped", &TierGroupStats::window_stores_skipped)
+      .def("__repr__", [](const TierGroupStats& s) {
+        return "TierGroupStats(loaded_blocks=" + std::to_string(s.loaded_blocks) +
+               ", stored_blocks=" + std::to_string(s.stored_blocks) +
+               ", window_stores_skipped=" + std::to_string(s.window_stores_skipped) + ")";
       });
 
   py::class_<TierPlan>(m, "TierPlan",
@@ -182,6 +216,24 @@ void bind_tier(py::module_& m) {
             return view_of(self.cast<const TieredCacheHit&>().host_slots, self);
           },
           "Host slot of the request's block len(blocks) + i (read-only int32 view).")
+      .def_property_readonly("num_groups",
+                             [](const TieredCacheHit& h) { return h.host_other_groups.size() + 1; })
+      .def(
+          "host_group",
+          [](py::object self, py::handle group_obj) {
+            const auto g =
+                static_cast<std::size_t>(to_uint64(group_obj, "TieredCacheHit.host_group: group"));
+            const TieredCacheHit& h = self.cast<const TieredCacheHit&>();
+            if (g > h.host_other_groups.size()) {
+              throw Error(ErrorCode::kOutOfRange,
+                          "TieredCacheHit.host_group: group " + std::to_string(g) +
+                              " but the hit has " + std::to_string(h.host_other_groups.size() + 1));
+            }
+            return view_of(g == 0 ? h.host_slots : h.host_other_groups[g - 1], self);
+          },
+          py::arg("group"),
+          "Group g's host slots continuing the GPU hit (read-only int32 view; group 0 is "
+          "host_slots). A sliding-window group has slot 0 where the hit needs no block.")
       .def_property_readonly("num_gpu_tokens",
                              [](const TieredCacheHit& h) { return h.gpu.num_tokens; })
       .def_readonly("num_host_tokens", &TieredCacheHit::num_host_tokens)
@@ -232,8 +284,8 @@ void bind_tier(py::module_& m) {
   using Tier = PyTieredKVCacheManager;
   py::class_<Tier> tiered(
       m, "TieredKVCacheManager",
-      "A KVCacheManager with a host-memory tier (one full-attention group here; hybrid layouts "
-      "through the tier are C++ only for now). Per step and request: "
+      "A KVCacheManager with a host-memory tier (one group, or a hybrid model's groups: full "
+      "attention and sliding windows). Per step and request: "
       "get_computed_blocks, allocate_slots (a TierPlan to run), commit every eviction and load, "
       "finish_loads if it had loads, the forward pass, the stores, commit them; free once nothing "
       "is in flight.");
@@ -245,10 +297,13 @@ void bind_tier(py::module_& m) {
                        bool enable_kv_events, std::size_t stats_window,
                        std::optional<std::size_t> max_model_len, std::string eviction_policy,
                        double max_retained_fraction, py::object secondary_offload_min_priority,
-                       std::string host_eviction_policy) {
+                       std::string host_eviction_policy,
+                       std::optional<std::vector<AttentionSpec>> groups, py::object window_store,
+                       std::optional<std::vector<std::uint64_t>> group_bytes_per_block) {
              KVCacheManagerConfig c =
                  manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
                                 enable_kv_events, stats_window, max_model_len);
+             if (groups) c.groups = *groups;
              c.eviction_policy = parse_eviction_policy(eviction_policy);
              c.max_retained_fraction = max_retained_fraction;
              HostTierConfig h;
@@ -259,6 +314,8 @@ void bind_tier(py::module_& m) {
              h.secondary_offload_min_priority = static_cast<RetentionPriority>(to_int64(
                  secondary_offload_min_priority, "secondary_offload_min_priority", 0, 255));
              h.eviction_policy = parse_eviction_policy(host_eviction_policy);
+             h.window_store = window_store_from(window_store);
+             if (group_bytes_per_block) h.group_bytes_per_block = *group_bytes_per_block;
              return std::make_unique<Tier>(c, h);
            }),
            py::arg("num_blocks"), py::arg("num_host_blocks"), py::kw_only(),
@@ -270,13 +327,29 @@ void bind_tier(py::module_& m) {
            py::arg("eviction_policy") = "lru",
            py::arg("max_retained_fraction") = kDefaultMaxRetainedFraction,
            py::arg("secondary_offload_min_priority") = 0, py::arg("host_eviction_policy") = "lru",
+           py::arg("groups") = py::none(), py::arg("window_store") = "all",
+           py::arg("group_bytes_per_block") = py::none(),
            "num_blocks: GPU pool blocks including the null block; num_host_blocks: slots of the "
-           "engine's host buffer. With xxh3_128 host hits compare SHA-256 prefix identities. "
+           "engine's host buffer (a slot holds one block of one group). With xxh3_128 host hits "
+           "compare SHA-256 prefix identities. groups: AttentionSpecs of a hybrid model (default: "
+           "one full-attention group of block_size); window_store: 'all' or 'request_tail', which "
+           "sliding-window blocks the host stores; group_bytes_per_block: per group, for the byte "
+           "counts (default bytes_per_block). "
            "secondary_offload_min_priority: GPU blocks below this retention priority are not "
            "stored in the host tier (TensorRT-LLM's name); host_eviction_policy: the host pool's "
            "eviction policy.")
       .def_property_readonly("num_blocks",
                              [](const Tier& s) { return s.tier.gpu().block_pool().num_blocks(); })
+      .def_property_readonly("num_groups", [](const Tier& s) { return s.tier.gpu().num_groups(); })
+      .def(
+          "group_spec",
+          [](const Tier& s, py::handle g) {
+            return s.tier.gpu().group_spec(
+                static_cast<std::size_t>(to_uint64(g, "group_spec: group")));
+          },
+          py::arg("group"))
+      .def_property_readonly("window_store",
+                             [](const Tier& s) { return s.tier.host_config().window_store; })
       .def_property_readonly("num_host_blocks",
                              [](const Tier& s) { return s.tier.host_config().num_host_blocks; })
       .def_property_readonly("policy", [](const Tier& s) { return s.tier.host_config().policy; })
@@ -382,11 +455,20 @@ void bind_tier(py::module_& m) {
           py::arg("request"))
       .def(
           "block_ids",
-          [](Tier& s, py::object request) {
+          [](Tier& s, py::object request, py::handle group_obj) {
+            const auto group = static_cast<std::size_t>(to_uint64(group_obj, "block_ids: group"));
             BusyGuard gm(s.busy, "TieredKVCacheManager");
-            return array_copy(s.tier.block_ids(request_id_of(request, s.tier.gpu(), "block_ids")));
+            return array_copy(
+                s.tier.gpu().block_ids(request_id_of(request, s.tier.gpu(), "block_ids"), group));
           },
-          py::arg("request"), "The request's GPU block table row (a new int32 array).")
+          py::arg("request"), py::arg("group") = 0,
+          "The request's GPU block table row of a group (a new int32 array).")
+      .def("group_stats",
+           [](Tier& s) {
+             BusyGuard gm(s.busy, "TieredKVCacheManager");
+             return s.tier.group_stats();
+           },
+           "Per KV-cache group: blocks and bytes loaded and stored (a list, one per group).")
       .def("gpu_stats", [](Tier& s) {
         BusyGuard gm(s.busy, "TieredKVCacheManager");
         return s.tier.gpu().stats();

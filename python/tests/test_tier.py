@@ -330,3 +330,69 @@ def test_tier_scalar_ids_take_only_integers(name):
     assert tier.snapshot() == before
     tier.commit(np.uint64(first))
     assert tier.num_in_flight == 1
+
+
+def make_hybrid_tier(**kw):
+    """A hybrid model: full attention beside a sliding window of 8 tokens (2 blocks of 4)."""
+    kw.setdefault("hash_seed", "hybrid")
+    groups = [pagedkv.FullAttentionSpec(4), pagedkv.SlidingWindowSpec(4, 8)]
+    return pagedkv.TieredKVCacheManager(17, 64, block_size=4, groups=groups, bytes_per_block=100,
+                                        group_bytes_per_block=[100, 60], **kw)
+
+
+def test_hybrid_tier_loads_only_the_window_of_a_sliding_group():
+    tier = make_hybrid_tier()
+    assert tier.num_groups == 2 and tier.group_spec(1).window_blocks == 2
+    assert tier.window_store == pagedkv.WindowStoreRule.ALL
+    prompt = tokens(*range(25))                  # 6 full blocks per group
+    a = run_and_store(tier, 1, prompt)
+    # Write-through stores every full block of both groups, each row naming its group.
+    assert sorted(a.transfers.store_groups.tolist()) == [0] * 6 + [1] * 6
+    run_and_store(tier, 2, np.arange(100, 125, dtype=np.int32))  # evicts prompt's GPU blocks
+    r = tier.make_request(3, prompt)
+    hit = tier.get_computed_blocks(r)
+    assert (hit.num_gpu_tokens, hit.num_host_tokens, hit.num_groups) == (0, 24, 2)
+    assert list(hit.host_group(0)) == list(hit.host_slots) and len(hit.host_slots) == 6
+    window = hit.host_group(1)
+    assert not window.flags.writeable
+    # Only the window at the hit's end (positions 4 and 5) comes from the host.
+    assert list(window[:4]) == [0, 0, 0, 0] and all(window[4:] > 0)
+    with pytest.raises(pagedkv.Error, match="group 2"):
+        hit.host_group(2)
+    a = tier.allocate_slots(r, len(prompt) - hit.num_tokens, hit)
+    plan = a.transfers
+    groups = plan.load_groups
+    assert list(groups) == [0] * 6 + [1] * 2
+    loads = plan.loads
+    assert list(loads[groups == 0, 0]) == list(hit.host_slots)
+    assert list(loads[groups == 1, 0]) == list(window[4:])
+    tier.commit_many(plan.load_ids)
+    assert tier.finish_loads(r).num_computed_tokens == 24
+    assert list(loads[groups == 0, 1]) == list(tier.block_ids(r)[:6])
+    assert list(loads[groups == 1, 1]) == list(tier.block_ids(r, 1)[4:6])
+    assert list(tier.block_ids(r, 0)) == list(tier.block_ids(r))
+    g0, g1 = tier.group_stats()
+    assert (g0.loaded_blocks, g0.loaded_bytes, g1.loaded_blocks, g1.loaded_bytes) == (6, 600, 2, 120)
+    assert (g0.stored_blocks, g0.stored_bytes, g1.stored_blocks, g1.stored_bytes) == (
+        12, 1200, 12, 720)
+    assert tier.stats().loaded_blocks == 8
+    tier.free(r)
+    tier.check_invariants()
+
+
+def test_hybrid_tier_arguments_are_checked():
+    tier = make_hybrid_tier(window_store="request_tail")
+    assert tier.window_store == pagedkv.WindowStoreRule.REQUEST_TAIL
+    with pytest.raises(pagedkv.Error, match="window_store: expected 'all' or 'request_tail'"):
+        make_hybrid_tier(window_store="tail_only")
+    with pytest.raises(pagedkv.Error, match="window_store"):
+        make_hybrid_tier(window_store=3)
+    with pytest.raises(pagedkv.Error):
+        make_hybrid_tier().block_ids(99, 1)       # an unknown request
+    tier = make_hybrid_tier()
+    r = tier.make_request(1, tokens(*range(9)))
+    tier.allocate_slots(r, 9)
+    with pytest.raises(pagedkv.Error):
+        tier.block_ids(r, 2)                     # no such group
+    with pytest.raises(pagedkv.Error):
+        tier.group_spec(2)
