@@ -140,7 +140,8 @@ struct RemoteTierStats {
   std::uint64_t probe_hit_blocks = 0;  // leading keys found present
   std::uint64_t ready_by_timeout = 0;  // requests made ready by kTimeout's deadline
   std::uint64_t fills = 0;             // gets submitted into pinned host slots
-  std::uint64_t fills_no_slot = 0;     // remote hits dropped: no free host slot
+  std::uint64_t fills_no_slot = 0;     // remote hits dropped: no free host slot (hybrid: runs
+                                       // ended there, one each)
   std::uint64_t fills_refused = 0;     // gets refused by the store's full queue
   std::uint64_t fills_shared = 0;      // remote hits another request's get in flight was fetching
                                        // already: waited for, not fetched again
