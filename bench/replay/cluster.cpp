@@ -65,7 +65,8 @@ std::string offset_endpoint(const std::string& endpoint, std::uint32_t k) {
 void write_payload(std::span<std::byte> dst, const BlockHash& h, GroupId group = 0) {
   const auto b = h.bytes();
   for (std::size_t i = 0; i < dst.size(); ++i) {
-    dst[i] = static_cast<std::byte>(b[i % b.size()] ^ static_cast<std::uint8_t>(i * 131u + group * 71u));
+    dst[i] =
+        static_cast<std::byte>(b[i % b.size()] ^ static_cast<std::uint8_t>(i * 131u + group * 71u));
   }
 }
 
@@ -504,7 +505,8 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
     if (o.sliding_window > 0) {  // per KV-cache group (0 full attention, 1 the window)
       const auto list = [](const auto& v, auto field) {
         std::string l = "[";
-        for (std::size_t g = 0; g < v.size(); ++g) l += (g ? "," : "") + std::to_string(field(v[g]));
+        for (std::size_t g = 0; g < v.size(); ++g)
+          l += (g ? "," : "") + std::to_string(field(v[g]));
         return l + "]";
       };
       out.pop_back();

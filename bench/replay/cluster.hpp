@@ -101,7 +101,7 @@ struct ClusterResult {
   std::string host_policy;
   std::uint64_t gpu_hit_tokens = 0, host_hit_tokens = 0;  // host includes remote-loaded blocks
   std::uint64_t host_evictions = 0;
-  std::uint64_t payload_mismatches = 0;  // host hits whose placeholder bytes were wrong
+  std::uint64_t payload_mismatches = 0;       // host hits whose placeholder bytes were wrong
   std::vector<GroupReplayStats> host_groups;  // --sliding-window: the host tier's, per group
   std::uint64_t window_stores_skipped = 0;
   // --remote.

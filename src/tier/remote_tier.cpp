@@ -124,9 +124,12 @@ void RemoteTier::release(PutItem& item) noexcept {
 RemoteValueBinding RemoteTier::slot_binding(BlockId slot) const {
   const BlockPool& host = tier_.host_pool();
   const KVCacheBlock& b = host.block(slot);
-  return RemoteValueBinding{group_key(b.block_hash, b.group_id), tier_.host_slot_parent(slot),
-                            b.group_id,       tier_.host_slot_identity(slot),
-                            config_.kv_dtype, config_.kv_scale_mode};
+  return RemoteValueBinding{group_key(b.block_hash, b.group_id),
+                            tier_.host_slot_parent(slot),
+                            b.group_id,
+                            tier_.host_slot_identity(slot),
+                            config_.kv_dtype,
+                            config_.kv_scale_mode};
 }
 
 BlockHash RemoteTier::group_key(const BlockHash& hash, GroupId group) const {
@@ -269,8 +272,8 @@ void RemoteTier::add_hybrid(const Request& request, Pending& p) {
     if (i == end) break;
     bool full_held = true;
     for (std::size_t g = 0; g < ng; ++g) {
-      const bool held = pool.get_cached_block(hashes[i], static_cast<GroupId>(g)) !=
-                        BlockPool::kNoBlock;
+      const bool held =
+          pool.get_cached_block(hashes[i], static_cast<GroupId>(g)) != BlockPool::kNoBlock;
       if (window_[g] == kFullGroup) {
         full_held = full_held && held;
       } else if (!held) {
@@ -325,9 +328,8 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
   for (std::size_t g = 0; g < ng; ++g) {
     for (std::size_t i = G; i < end; ++i) {
       held_[g * span + (i - G)] =
-          tier_.host_match(seq, i, identity(i), static_cast<GroupId>(g)) != BlockPool::kNoBlock
-              ? 1
-              : 0;
+          tier_.host_match(seq, i, identity(i), static_cast<GroupId>(g)) != BlockPool::kNoBlock ? 1
+                                                                                                : 0;
     }
   }
   const auto usable = [&](std::size_t g, std::size_t i) {

@@ -117,8 +117,8 @@ BlockHash TieredKVCacheManager::host_slot_parent(BlockId slot) const noexcept {
   return host_.stored_parent_hash(slot);
 }
 
-std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
-                                                         std::size_t index, GroupId group) {
+std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request, std::size_t index,
+                                                         GroupId group) {
   return begin_fill_known(request, index, nullptr, group);
 }
 

@@ -165,12 +165,12 @@ struct RemoteTierStats {
 
 // One KV-cache group's share (RemoteTier::group_stats(); one entry for a one-group model).
 struct RemoteTierGroupStats {
-  std::uint64_t probed_blocks = 0;   // keys of this group probed
-  std::uint64_t fills = 0;           // gets submitted
-  std::uint64_t loaded_blocks = 0;   // gets that loaded a checked value
-  std::uint64_t loaded_bytes = 0;    // loaded_blocks x bytes_per_block
-  std::uint64_t stored_blocks = 0;   // puts stored
-  std::uint64_t stored_bytes = 0;    // stored_blocks x bytes_per_block
+  std::uint64_t probed_blocks = 0;             // keys of this group probed
+  std::uint64_t fills = 0;                     // gets submitted
+  std::uint64_t loaded_blocks = 0;             // gets that loaded a checked value
+  std::uint64_t loaded_bytes = 0;              // loaded_blocks x bytes_per_block
+  std::uint64_t stored_blocks = 0;             // puts stored
+  std::uint64_t stored_bytes = 0;              // stored_blocks x bytes_per_block
   std::uint64_t window_blocks_not_loaded = 0;  // see RemoteTierStats
 };
 

@@ -254,8 +254,7 @@ class TieredKVCacheManager {
   // the slot receives group `group`'s block (cached under (hash, group) on commit). Errors
   // (kInvalidArgument, nothing changed): index not a full hashed block of the request, a group
   // the tier does not have.
-  std::optional<HostFill> begin_fill(const Request& request, std::size_t index,
-                                     GroupId group = 0);
+  std::optional<HostFill> begin_fill(const Request& request, std::size_t index, GroupId group = 0);
   // Keeps a cached host slot from eviction and reuse until unpin_host_slot() (a store below the
   // host reads it meanwhile). Errors (kInvalidArgument): a slot out of range or not cached (pin),
   // not pinned (unpin).
