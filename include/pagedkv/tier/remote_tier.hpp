@@ -88,13 +88,17 @@
 //   a request's tail window; its skips are TierStats::window_stores_skipped).
 //   Per-group figures: group_stats().
 //
+//   Cost: add_request O(blocks x groups) (one hash per key of a group g >= 1); the fills once
+//   the probe is answered O(blocks x groups) verified host lookups, plus O(blocks) SHA-256 for
+//   the prefix identities (xxh3_128).
+//
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) for groups of different block
-// sizes, a buffer smaller than
-// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
-// eviction_staging_blocks; add_request for a request already added (kInvalidState). Everything else
-// (a store that is down, slow, full or returns corrupt values) is a normal outcome counted in
-// stats(), never an exception from poll(). Complexity: poll is O(completions + requests waiting for
-// a probe); add_request O(blocks). Thread-compatible: the scheduler thread calls everything.
+// sizes, a buffer smaller than (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or
+// kOnHostEviction with zero eviction_staging_blocks; add_request for a request already added
+// (kInvalidState). Everything else (a store that is down, slow, full or returns corrupt values) is
+// a normal outcome counted in stats(), never an exception from poll(). Complexity: poll is
+// O(completions + requests waiting for a probe); add_request O(blocks). Thread-compatible: the
+// scheduler thread calls everything.
 #pragma once
 
 #include <chrono>
