@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "hybrid_episode.hpp"
@@ -91,12 +92,14 @@ struct RunResult {
 class HybridEngine {
  public:
   HybridEngine(std::unique_ptr<RemoteStore> store, int hashing,
-               WindowStoreRule rule = WindowStoreRule::kAll, std::int32_t host_slots = 64)
+               WindowStoreRule rule = WindowStoreRule::kAll, std::int32_t host_slots = 64,
+               bool events = false)
       : store_(std::move(store)) {
     const std::int32_t gpu_blocks = 64;
+    KVCacheManagerConfig c = hybrid_test::hybrid_config(gpu_blocks, kWindow, hashing);
+    c.enable_kv_events = events;
     tier_ = std::make_unique<TieredKVCacheManager>(
-        hybrid_test::hybrid_config(gpu_blocks, kWindow, hashing),
-        hybrid_test::host_config(host_slots, HostPolicy::kWriteThrough, rule));
+        c, hybrid_test::host_config(host_slots, HostPolicy::kWriteThrough, rule));
     gpu_.assign(static_cast<std::size_t>(gpu_blocks), 0);
     host_.assign(static_cast<std::size_t>(host_slots + 1) * kPayload, std::byte{0});
     RemoteTierConfig rc;
@@ -237,9 +240,20 @@ TEST_P(RemoteTierHybridDisk, RestartedEngineLoadsFullGroupAndOnlyTheWindow) {
     EXPECT_EQ(gs[1].stored_blocks, 10u);  // WindowStoreRule::kAll: every window block
     EXPECT_EQ(a.remote().stats().puts_failed, 0u);
   }
-  HybridEngine b(disk_store(dir.path()), GetParam());
+  HybridEngine b(disk_store(dir.path()), GetParam(), WindowStoreRule::kAll, 64, /*events=*/true);
   const RunResult rb = b.run(2, kPrompt);
   EXPECT_EQ(rb.gpu_hit_tokens, 0u);
+  // The fills' host BlockStored events carry their group: 10 blocks of group 0, the window's 2
+  // of group 1 (the host stores of the same request find them there and add none).
+  std::size_t cpu_stored[2] = {0, 0};
+  for (const KVEvent& ev : b.tier().take_events()) {
+    if (const auto* st = std::get_if<BlockStored>(&ev.data); st != nullptr && st->medium == "CPU") {
+      ASSERT_LT(st->group_id, 2u);
+      cpu_stored[st->group_id] += st->block_hashes.size();
+    }
+  }
+  EXPECT_EQ(cpu_stored[0], 10u);
+  EXPECT_EQ(cpu_stored[1], kWb);
   EXPECT_EQ(rb.host_hit_tokens, 40u);
   EXPECT_EQ(rb.computed_tokens, 2u);  // K/V checked inside run()
   const RemoteTierStats s = b.remote().stats();
