@@ -141,7 +141,8 @@ struct RemoteTierConfig {
 struct RemoteTierStats {
   std::uint64_t requests = 0;          // add_request() calls with load on
   std::uint64_t probed_blocks = 0;     // keys probed
-  std::uint64_t probe_hit_blocks = 0;  // leading keys found present
+  std::uint64_t probe_hit_blocks = 0;  // leading keys found present (hybrid: the run's blocks
+                                       // the host lacked, to fetch or wait for)
   std::uint64_t ready_by_timeout = 0;  // requests made ready by kTimeout's deadline
   std::uint64_t fills = 0;             // gets submitted into pinned host slots
   std::uint64_t fills_no_slot = 0;     // remote hits dropped: no free host slot (hybrid: runs
