@@ -61,17 +61,20 @@ std::string offset_endpoint(const std::string& endpoint, std::uint32_t k) {
 }
 
 // The placeholder payload of a block: its hash's bytes, mixed with the position.
-void write_payload(std::span<std::byte> dst, const BlockHash& h) {
+// A block's placeholder payload: its hash, and its KV-cache group (--sliding-window), spread.
+void write_payload(std::span<std::byte> dst, const BlockHash& h, GroupId group = 0) {
   const auto b = h.bytes();
   for (std::size_t i = 0; i < dst.size(); ++i) {
-    dst[i] = static_cast<std::byte>(b[i % b.size()] ^ static_cast<std::uint8_t>(i * 131u));
+    dst[i] =
+        static_cast<std::byte>(b[i % b.size()] ^ static_cast<std::uint8_t>(i * 131u + group * 71u));
   }
 }
 
-bool payload_matches(std::span<const std::byte> src, const BlockHash& h) {
+bool payload_matches(std::span<const std::byte> src, const BlockHash& h, GroupId group = 0) {
   const auto b = h.bytes();
   for (std::size_t i = 0; i < src.size(); ++i) {
-    if (src[i] != static_cast<std::byte>(b[i % b.size()] ^ static_cast<std::uint8_t>(i * 131u))) {
+    if (src[i] != static_cast<std::byte>(b[i % b.size()] ^
+                                         static_cast<std::uint8_t>(i * 131u + group * 71u))) {
       return false;
     }
   }
@@ -99,7 +102,7 @@ struct Engine {
   void commit_store(TransferId id, BlockId s) {
     tier->commit(id, true);
     const KVCacheBlock& b = tier->host_pool().block(s);
-    if (b.is_cached()) write_payload(slot(s), b.block_hash);
+    if (b.is_cached()) write_payload(slot(s), b.block_hash, b.group_id);
   }
 };
 
@@ -131,8 +134,8 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
                 "--remote: this build has no RedisStore (configure with libhiredis-dev installed)");
   }
 #endif
-  if (tiered && (o.sliding_window > 0 || !o.caching)) {
-    throw Error(ErrorCode::kInvalidArgument, "--host-blocks: one full-attention group, caching on");
+  if (tiered && !o.caching) {
+    throw Error(ErrorCode::kInvalidArgument, "--host-blocks: caching on");
   }
   KVCacheManagerConfig mc;
   mc.num_blocks = num_blocks;
@@ -142,12 +145,20 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
   mc.hash_scheme = o.hash;
   mc.hash_seed = "pagedkv-replay";  // engines and router hash alike
   mc.enable_kv_events = true;
+  if (o.sliding_window > 0) {  // a hybrid model: full attention + a sliding-window group
+    mc.groups = {AttentionSpec::full(o.block_size),
+                 AttentionSpec::sliding(o.block_size, o.sliding_window)};
+  }
   HostTierConfig hc;
   if (tiered) {
     hc.num_host_blocks = tier_opts->host_blocks.front();
     hc.policy = tier_opts->policy;
     hc.selective_hits = tier_opts->selective_hits;
     hc.bytes_per_block = tier_opts->kv_bytes_per_token * o.block_size;
+    if (o.sliding_window > 0) {  // the layers split evenly between the groups (as replay.cpp)
+      hc.group_bytes_per_block = {hc.bytes_per_block / 2, hc.bytes_per_block / 2};
+      hc.window_store = tier_opts->window_store;
+    }
   }
 
   std::vector<std::unique_ptr<Engine>> engines;
@@ -268,7 +279,9 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
     ++r.requests;
     r.prompt_tokens += n;
     r.prompt_blocks += (n + o.block_size - 1) / o.block_size;
-    if ((n + o.block_size - 1) / o.block_size > static_cast<std::uint64_t>(num_blocks - 1)) {
+    const std::uint64_t groups = o.sliding_window > 0 ? 2 : 1;  // each group holds its own blocks
+    if (groups * ((n + o.block_size - 1) / o.block_size) >
+        static_cast<std::uint64_t>(num_blocks - 1)) {
       ++r.rejected;
       continue;
     }
@@ -305,6 +318,13 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
       for (std::size_t j = 0; j < hit.host_slots.size(); ++j) {
         if (!payload_matches(eng.slot(hit.host_slots[j]), request.block_hashes()[g + j])) {
           ++res.payload_mismatches;
+        }
+        for (std::size_t k = 0; k < hit.host_other_groups.size(); ++k) {
+          const BlockId s = hit.host_other_groups[k][j];  // 0: a window group loads nothing
+          if (s != 0 && !payload_matches(eng.slot(s), request.block_hashes()[g + j],
+                                         static_cast<GroupId>(k + 1))) {
+            ++res.payload_mismatches;
+          }
         }
       }
       auto alloc = t.allocate_slots(request, n - hit.num_tokens(), hit);
@@ -379,7 +399,18 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
     t.hit_tokens += r.hit_tokens;
     t.prefill_tokens_computed += r.prefill_tokens_computed;
     t.evicted_blocks += r.evicted_blocks;
-    if (engines[k]->tier) res.host_evictions += engines[k]->tier->stats().host_evictions;
+    if (engines[k]->tier) {
+      res.host_evictions += engines[k]->tier->stats().host_evictions;
+      res.window_stores_skipped += engines[k]->tier->stats().window_stores_skipped;
+      const std::vector<TierGroupStats> tg = engines[k]->tier->group_stats();
+      res.host_groups.resize(std::max(res.host_groups.size(), tg.size()));
+      for (std::size_t g = 0; g < tg.size(); ++g) {
+        res.host_groups[g].loaded_blocks += tg[g].loaded_blocks;
+        res.host_groups[g].loaded_bytes += tg[g].loaded_bytes;
+        res.host_groups[g].stored_blocks += tg[g].stored_blocks;
+        res.host_groups[g].stored_bytes += tg[g].stored_bytes;
+      }
+    }
 #if PAGEDKV_REPLAY_REMOTE
     if (engines[k]->remote) {
       const RemoteTierStats s = engines[k]->remote->stats();
@@ -408,6 +439,16 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
       x.binding_mismatches += st.binding_mismatches;
       x.rejected_values += s.rejected_values;
       x.queue_full_drops += st.queue_full_drops;
+      x.window_blocks_not_loaded += s.window_blocks_not_loaded;
+      const std::vector<RemoteTierGroupStats> gs = engines[k]->remote->group_stats();
+      x.groups.resize(std::max(x.groups.size(), gs.size()));
+      for (std::size_t g = 0; g < gs.size(); ++g) {
+        x.groups[g].loaded_blocks += gs[g].loaded_blocks;
+        x.groups[g].loaded_bytes += gs[g].loaded_bytes;
+        x.groups[g].stored_blocks += gs[g].stored_blocks;
+        x.groups[g].stored_bytes += gs[g].stored_bytes;
+        x.groups[g].window_blocks_not_loaded += gs[g].window_blocks_not_loaded;
+      }
     }
 #endif
   }
@@ -461,6 +502,37 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
                   (unsigned long long)r.host_hit_tokens, (unsigned long long)r.host_evictions,
                   (unsigned long long)r.payload_mismatches);
     out += buf;
+    if (o.sliding_window > 0) {  // per KV-cache group (0 full attention, 1 the window)
+      const auto list = [](const auto& v, auto field) {
+        std::string l = "[";
+        for (std::size_t g = 0; g < v.size(); ++g)
+          l += (g ? "," : "") + std::to_string(field(v[g]));
+        return l + "]";
+      };
+      out.pop_back();
+      out += ",\"sliding_window\":" + std::to_string(o.sliding_window);
+      out += ",\"host_group_loaded_blocks\":" +
+             list(r.host_groups, [](const GroupReplayStats& g) { return g.loaded_blocks; });
+      out += ",\"host_group_loaded_bytes\":" +
+             list(r.host_groups, [](const GroupReplayStats& g) { return g.loaded_bytes; });
+      out += ",\"host_group_stored_blocks\":" +
+             list(r.host_groups, [](const GroupReplayStats& g) { return g.stored_blocks; });
+      out += ",\"window_stores_skipped\":" + std::to_string(r.window_stores_skipped);
+      if (r.remote) {
+        const std::vector<GroupReplayStats>& x = r.remote_stats.groups;
+        out += ",\"remote_group_loaded_blocks\":" +
+               list(x, [](const GroupReplayStats& g) { return g.loaded_blocks; });
+        out += ",\"remote_group_loaded_bytes\":" +
+               list(x, [](const GroupReplayStats& g) { return g.loaded_bytes; });
+        out += ",\"remote_group_stored_blocks\":" +
+               list(x, [](const GroupReplayStats& g) { return g.stored_blocks; });
+        out += ",\"remote_group_stored_bytes\":" +
+               list(x, [](const GroupReplayStats& g) { return g.stored_bytes; });
+        out += ",\"remote_window_blocks_not_loaded\":" +
+               std::to_string(r.remote_stats.window_blocks_not_loaded);
+      }
+      out += "}";
+    }
   }
   if (r.remote) {
     const RemoteReplayStats& x = r.remote_stats;

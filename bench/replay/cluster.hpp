@@ -59,6 +59,13 @@ struct ClusterOptions {
   bool remote_store_on_host_eviction = false;         // RemoteStorePolicy::kOnHostEviction
 };
 
+// --sliding-window: one KV-cache group's copies, summed over engines (TierGroupStats of the host
+// tier; RemoteTierGroupStats of the remote tier, whose bytes are placeholder payload bytes).
+struct GroupReplayStats {
+  std::uint64_t loaded_blocks = 0, loaded_bytes = 0, stored_blocks = 0, stored_bytes = 0;
+  std::uint64_t window_blocks_not_loaded = 0;  // remote: held by the store, not needed
+};
+
 // The shared tier's figures, summed over engines (RemoteTierStats and RemoteStoreStats).
 struct RemoteReplayStats {
   std::uint64_t probed_blocks = 0, probe_hit_blocks = 0;
@@ -74,6 +81,10 @@ struct RemoteReplayStats {
   std::uint64_t rejected_values = 0;     // gets that found a value that did not check
   std::uint64_t queue_full_drops = 0;
   double wait_seconds = 0;  // waiting for probes, gets and puts to complete (wall)
+  // --sliding-window: per KV-cache group (RemoteTier::group_stats; bytes are payload bytes), and
+  // the window-group blocks the store held but a hit did not need (not fetched).
+  std::vector<GroupReplayStats> groups;
+  std::uint64_t window_blocks_not_loaded = 0;
 };
 
 struct ClusterResult {
@@ -90,7 +101,9 @@ struct ClusterResult {
   std::string host_policy;
   std::uint64_t gpu_hit_tokens = 0, host_hit_tokens = 0;  // host includes remote-loaded blocks
   std::uint64_t host_evictions = 0;
-  std::uint64_t payload_mismatches = 0;  // host hits whose placeholder bytes were wrong
+  std::uint64_t payload_mismatches = 0;       // host hits whose placeholder bytes were wrong
+  std::vector<GroupReplayStats> host_groups;  // --sliding-window: the host tier's, per group
+  std::uint64_t window_stores_skipped = 0;
   // --remote.
   bool remote = false;
   RemoteReplayStats remote_stats;

@@ -6,24 +6,39 @@
 #include <utility>
 
 #include "pagedkv/base/error.hpp"
+#include "tiered_kv_cache_manager_internal.hpp"  // host_match (RemoteTier is a friend)
 
 namespace pagedkv {
 namespace {
 
-// The KV-cache group of the tier's blocks (it has one, full attention).
+// The KV-cache group of a one-group tier's blocks.
 constexpr GroupId kGroup = 0;
+// group_key's first token ("GRUP"): with the group and block_size - 1 zeros after it, a
+// pseudo-block one token longer than any real block.
+constexpr TokenId kGroupKeyTag = 0x47525550;
 
 }  // namespace
 
 RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
                        std::span<std::byte> host_buffer, RemoteTierConfig config)
     : tier_(tier), store_(store), host_(host_buffer), config_(config) {
-  if (tier_.gpu().num_groups() > 1 || tier_.gpu().group_spec(0).kind != AttentionKind::kFull) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "RemoteTier: hybrid models (" + std::to_string(tier_.gpu().num_groups()) +
-                    " KV-cache groups, or a sliding window) are not supported yet: the remote "
-                    "tier serves one full-attention group");
+  const std::size_t ng = tier_.gpu().num_groups();
+  for (std::size_t g = 0; g < ng; ++g) {
+    const AttentionSpec& spec = tier_.gpu().group_spec(g);
+    if (spec.block_size != tier_.block_size()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "RemoteTier: group " + std::to_string(g) + " has block size " +
+                      std::to_string(spec.block_size) + ", the tier " +
+                      std::to_string(tier_.block_size()) +
+                      ": hybrid groups of different block sizes are not supported");
+    }
+    window_.push_back(spec.kind == AttentionKind::kSlidingWindow ? spec.window_blocks()
+                                                                 : kFullGroup);
   }
+  hybrid_ = ng > 1 || window_[0] != kFullGroup;
+  group_stats_.assign(ng, RemoteTierGroupStats{});
+  key_tokens_.assign(static_cast<std::size_t>(tier_.block_size()) + 1, 0);
+  key_tokens_[0] = kGroupKeyTag;
   if (config_.bytes_per_block == 0) {
     throw Error(ErrorCode::kInvalidArgument, "RemoteTier: bytes_per_block must be > 0");
   }
@@ -106,12 +121,21 @@ void RemoteTier::release(PutItem& item) noexcept {
   if (item.staging != kNoStaging) staging_free_.push_back(item.staging);
 }
 
-RemoteValueBinding RemoteTier::slot_binding(BlockId slot) const noexcept {
+RemoteValueBinding RemoteTier::slot_binding(BlockId slot) const {
   const BlockPool& host = tier_.host_pool();
   const KVCacheBlock& b = host.block(slot);
-  return RemoteValueBinding{b.block_hash,     tier_.host_slot_parent(slot),
-                            b.group_id,       tier_.host_slot_identity(slot),
-                            config_.kv_dtype, config_.kv_scale_mode};
+  return RemoteValueBinding{group_key(b.block_hash, b.group_id),
+                            tier_.host_slot_parent(slot),
+                            b.group_id,
+                            tier_.host_slot_identity(slot),
+                            config_.kv_dtype,
+                            config_.kv_scale_mode};
+}
+
+BlockHash RemoteTier::group_key(const BlockHash& hash, GroupId group) const {
+  if (group == 0) return hash;
+  key_tokens_[1] = static_cast<TokenId>(group);
+  return tier_.gpu().hasher().hash_block(hash, key_tokens_);
 }
 
 std::span<std::byte> RemoteTier::slot_bytes(BlockId slot) const {
@@ -125,15 +149,22 @@ void RemoteTier::add_request(const Request& request, Clock::time_point now) {
     throw Error(ErrorCode::kInvalidState, "RemoteTier::add_request: request " +
                                               std::to_string(request.id()) + " was already added");
   }
+  Pending p;
+  p.request = &request;
+  p.deadline = now + config_.timeout;
+  if (hybrid_) {
+    add_hybrid(request, p);
+    p.serial = next_serial_++;
+    ++stats_.requests;
+    pending_.emplace(request.id(), std::move(p));
+    return;
+  }
   const std::size_t bs = tier_.block_size();
   const std::span<const BlockHash> hashes = request.block_hashes();
   const std::size_t max_blocks =
       request.num_tokens() == 0 ? 0 : std::min((request.num_tokens() - 1) / bs, hashes.size());
   const std::size_t start = std::min(tier_.local_prefix_blocks(request), max_blocks);
-  Pending p;
-  p.request = &request;
   p.start = start;
-  p.deadline = now + config_.timeout;
   p.serial = next_serial_++;
   ++stats_.requests;
   if (start < max_blocks) {
@@ -142,6 +173,7 @@ void RemoteTier::add_request(const Request& request, Clock::time_point now) {
       probes_.emplace(p.probe.ticket(), std::make_pair(request.id(), keys.size()));
       in_flight_ += keys.size();
       stats_.probed_blocks += keys.size();
+      group_stats_[0].probed_blocks += keys.size();
     }
   } else {
     p.phase = Phase::kDone;
@@ -177,11 +209,16 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
     }
     batch.fills.push_back(*fill);
     batch.keys.push_back(hashes[i]);
+    batch.groups.push_back(kGroup);
     // Bound to the block and its verified prefix: the previous block's chained hash.
     get_ops_.push_back({hashes[i], slot_bytes(fill->slot), i > 0 ? hashes[i - 1] : BlockHash(),
                         kGroup, identities_.empty() ? BlockHash() : identities_[i],
                         config_.kv_dtype, config_.kv_scale_mode});
   }
+  submit_fills(id, p, std::move(batch));
+}
+
+void RemoteTier::submit_fills(RequestId id, Pending& p, GetBatch&& batch) {
   for (const auto& [ticket, index] : shared_) {
     gets_.find(ticket)->second.waiters.push_back(Waiter{index, id, p.serial});
   }
@@ -201,6 +238,7 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
     return;
   }
   stats_.fills += batch.fills.size();
+  for (const GroupId g : batch.groups) ++group_stats_[g].fills;
   batch.outstanding = batch.fills.size();
   in_flight_ += batch.fills.size();
   p.phase = Phase::kLoading;
@@ -209,6 +247,169 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
     fetch_insert(batch.keys[k], ticket, static_cast<std::uint32_t>(k));
   }
   gets_.emplace(ticket, std::move(batch));
+}
+
+void RemoteTier::add_hybrid(const Request& request, Pending& p) {
+  const std::size_t bs = tier_.block_size();
+  const std::size_t ng = window_.size();
+  const std::span<const BlockHash> hashes = request.block_hashes();
+  const std::size_t end =
+      request.num_tokens() == 0 ? 0 : std::min((request.num_tokens() - 1) / bs, hashes.size());
+  // The GPU hit G (a hint, the manager's fixed-point rule over the pool's cached blocks): every
+  // full-attention group holds [0, G), every window group [G - window, G). last_gap_[g]: the
+  // window group's last position below i that the GPU does not hold, plus one (0: none).
+  const BlockPool& pool = tier_.gpu().block_pool();
+  last_gap_.assign(ng, 0);
+  std::size_t G = 0;
+  for (std::size_t i = 0; i <= end; ++i) {
+    bool ok = true;
+    for (std::size_t g = 0; g < ng && ok; ++g) {
+      if (window_[g] == kFullGroup) continue;
+      const std::size_t from = i > window_[g] ? i - window_[g] : 0;
+      ok = last_gap_[g] <= from;
+    }
+    if (ok) G = i;
+    if (i == end) break;
+    bool full_held = true;
+    for (std::size_t g = 0; g < ng; ++g) {
+      const bool held =
+          pool.get_cached_block(hashes[i], static_cast<GroupId>(g)) != BlockPool::kNoBlock;
+      if (window_[g] == kFullGroup) {
+        full_held = full_held && held;
+      } else if (!held) {
+        last_gap_[g] = i + 1;
+      }
+    }
+    if (!full_held) break;
+  }
+  p.start = G;
+  p.end = end;
+  if (G >= end) {
+    p.phase = Phase::kDone;
+    return;
+  }
+  const std::size_t span = end - G;
+  p.keys.reserve(ng * span);
+  for (std::size_t g = 0; g < ng; ++g) {
+    for (std::size_t i = G; i < end; ++i) {
+      p.keys.push_back(group_key(hashes[i], static_cast<GroupId>(g)));
+    }
+  }
+  p.present.assign(p.keys.size(), 0);
+  const std::optional<RemoteTicket> ticket = store_.exists(p.keys);
+  if (!ticket) {  // the store's queue refused the batch: nothing from the store
+    p.phase = Phase::kDone;
+    return;
+  }
+  p.hybrid_ticket = *ticket;
+  probes_.emplace(*ticket, std::make_pair(request.id(), p.keys.size()));
+  in_flight_ += p.keys.size();
+  stats_.probed_blocks += p.keys.size();
+  for (std::size_t g = 0; g < ng; ++g) group_stats_[g].probed_blocks += span;
+}
+
+void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
+  p.phase = Phase::kDone;
+  p.hybrid_ticket = 0;
+  if (!config_.load) return;
+  const Request& request = *p.request;
+  const std::size_t ng = window_.size();
+  const std::size_t G = p.start;
+  const std::size_t end = p.end;
+  const std::size_t span = end - G;
+  const std::span<const BlockHash> hashes = request.block_hashes();
+  const BlockSequence seq = request.hashed_tokens().sequence();
+  tier_.prefix_identities(request, end, identities_);
+  const auto identity = [this](std::size_t i) {
+    return identities_.empty() ? nullptr : &identities_[i];
+  };
+  // What the host holds now (verified as its hits are), per key.
+  held_.assign(ng * span, 0);
+  for (std::size_t g = 0; g < ng; ++g) {
+    for (std::size_t i = G; i < end; ++i) {
+      held_[g * span + (i - G)] =
+          tier_.host_match(seq, i, identity(i), static_cast<GroupId>(g)) != BlockPool::kNoBlock ? 1
+                                                                                                : 0;
+    }
+  }
+  const auto usable = [&](std::size_t g, std::size_t i) {
+    const std::size_t k = g * span + (i - G);
+    return held_[k] != 0 || p.present[k] == 1;
+  };
+  // The host tier's hit rule over "in the host or in the store": full-attention groups every
+  // block of [G, L), window groups every block of [max(G, L - window), L).
+  std::size_t full_end = G;
+  while (full_end < end) {
+    bool ok = true;
+    for (std::size_t g = 0; g < ng && ok; ++g) {
+      if (window_[g] == kFullGroup) ok = usable(g, full_end);
+    }
+    if (!ok) break;
+    ++full_end;
+  }
+  // last_gap_[g]: for candidate L, the last unusable position of window group g in [G, L), + 1.
+  std::size_t L = G;
+  last_gap_.assign(ng, G);
+  for (std::size_t cand = G + 1; cand <= full_end; ++cand) {
+    bool ok = true;
+    for (std::size_t g = 0; g < ng; ++g) {
+      if (window_[g] == kFullGroup) continue;
+      if (!usable(g, cand - 1)) last_gap_[g] = cand;
+      const std::size_t from = std::max(G, cand > window_[g] ? cand - window_[g] : 0);
+      ok = ok && last_gap_[g] <= from;
+    }
+    if (ok) L = cand;
+  }
+  GetBatch batch;
+  batch.request = id;
+  get_ops_.clear();
+  shared_.clear();
+  std::size_t run_blocks = 0;
+  for (std::size_t g = 0; g < ng; ++g) {
+    if (window_[g] == kFullGroup) continue;
+    const std::size_t from = std::max(G, L > window_[g] ? L - window_[g] : 0);
+    std::uint64_t skipped = 0;
+    for (std::size_t i = G; i < from; ++i) {
+      const std::size_t k = g * span + (i - G);
+      if (held_[k] == 0 && p.present[k] == 1) ++skipped;
+    }
+    stats_.window_blocks_not_loaded += skipped;
+    group_stats_[g].window_blocks_not_loaded += skipped;
+  }
+  // Fills in position order (a missing slot ends the run there for every group).
+  for (std::size_t i = G; i < L; ++i) {
+    bool stop = false;
+    for (std::size_t g = 0; g < ng && !stop; ++g) {
+      const std::size_t from =
+          window_[g] == kFullGroup ? G : std::max(G, L > window_[g] ? L - window_[g] : 0);
+      const std::size_t k = g * span + (i - G);
+      if (i < from || held_[k] != 0) continue;
+      ++run_blocks;
+      const auto group = static_cast<GroupId>(g);
+      const BlockHash& key = p.keys[k];
+      if (const FetchEntry* e = fetch_find(key); e != nullptr && gets_.count(e->ticket) != 0) {
+        shared_.emplace_back(e->ticket, e->index);  // another request's get is fetching it
+        continue;
+      }
+      if (tier_.host_match(seq, i, identity(i), group) != BlockPool::kNoBlock) continue;
+      const std::optional<HostFill> fill = tier_.begin_fill_known(request, i, identity(i), group);
+      if (!fill) {
+        ++stats_.fills_no_slot;
+        stop = true;
+        break;
+      }
+      batch.fills.push_back(*fill);
+      batch.keys.push_back(key);
+      batch.groups.push_back(group);
+      // Bound to the block's group key, its group and its verified prefix.
+      get_ops_.push_back({key, slot_bytes(fill->slot), i > 0 ? hashes[i - 1] : BlockHash(), group,
+                          identities_.empty() ? BlockHash() : identities_[i], config_.kv_dtype,
+                          config_.kv_scale_mode});
+    }
+    if (stop) break;
+  }
+  stats_.probe_hit_blocks += run_blocks;
+  submit_fills(id, p, std::move(batch));
 }
 
 RemoteTier::FetchEntry* RemoteTier::fetch_find(const BlockHash& key) noexcept {
@@ -254,7 +455,15 @@ void RemoteTier::handle(const RemoteCompletion& c) {
   if (const auto it = probes_.find(c.ticket); it != probes_.end()) {
     --in_flight_;
     const auto p = pending_.find(it->second.first);
-    if (p != pending_.end() && p->second.probe.ticket() == c.ticket) {
+    if (p != pending_.end() && p->second.hybrid_ticket == c.ticket) {
+      Pending& q = p->second;
+      if (c.index < q.present.size() && q.present[c.index] == 0) {
+        q.present[c.index] = c.kind == RemoteOpKind::kExists && c.result == RemoteResult::kHit
+                                 ? std::uint8_t{1}
+                                 : std::uint8_t{2};
+        ++q.answered;
+      }
+    } else if (p != pending_.end() && p->second.probe.ticket() == c.ticket) {
       p->second.probe.absorb(std::span<const RemoteCompletion>(&c, 1));
     }
     if (--it->second.second == 0) probes_.erase(it);
@@ -275,6 +484,9 @@ void RemoteTier::handle(const RemoteCompletion& c) {
         ++stats_.loaded_blocks;
         stats_.loaded_bytes += config_.bytes_per_block;
         stats_.remote_hit_tokens += tier_.block_size();
+        RemoteTierGroupStats& gs = group_stats_[batch.groups[c.index]];
+        ++gs.loaded_blocks;
+        gs.loaded_bytes += config_.bytes_per_block;
       } else {
         ++stats_.load_misses;
         if (c.result == RemoteResult::kInvalidValue) ++stats_.rejected_values;
@@ -301,6 +513,9 @@ void RemoteTier::handle(const RemoteCompletion& c) {
       if (c.result == RemoteResult::kStored) {
         ++stats_.stored_blocks;
         stats_.stored_bytes += config_.bytes_per_block;
+        RemoteTierGroupStats& gs = group_stats_[items[c.index].group];
+        ++gs.stored_blocks;
+        gs.stored_bytes += config_.bytes_per_block;
       } else {
         ++stats_.puts_failed;
         if (c.result == RemoteResult::kSkippedFull) ++stats_.puts_skipped_full;
@@ -316,7 +531,14 @@ void RemoteTier::poll(Clock::time_point now) {
   store_.poll(completions_);
   for (const RemoteCompletion& c : completions_) handle(c);
   for (auto& [id, p] : pending_) {
-    if (p.phase == Phase::kProbing && p.probe.ready(now)) start_fills(id, p);
+    if (p.phase == Phase::kProbing) {
+      if (hybrid_) {
+        // Every answer in (each op completes within the store's op timeout).
+        if (p.answered == p.present.size()) start_hybrid_fills(id, p);
+      } else if (p.probe.ready(now)) {
+        start_fills(id, p);
+      }
+    }
     if (p.phase != Phase::kDone && !p.timed_out && now >= p.deadline &&
         config_.policy == PrefetchPolicy::kTimeout) {
       p.timed_out = true;
@@ -391,6 +613,7 @@ void RemoteTier::on_evicted(BlockId slot) noexcept {
   staging_block_[index] = block;
   PutItem item;
   item.staging = index;
+  item.group = block.group;
   put_queue_.push_back(item);  // capacity reserved: no allocation
 }
 
@@ -404,6 +627,7 @@ void RemoteTier::queue_put(BlockId slot) {
   slot_put_[static_cast<std::size_t>(slot)] = 1;
   PutItem item;
   item.slot = slot;
+  item.group = tier_.host_pool().block(slot).group_id;
   put_queue_.push_back(item);
 }
 

@@ -17,8 +17,8 @@ namespace {
 [[noreturn]] void throw_hybrid_below(const char* what) {
   throw Error(ErrorCode::kInvalidArgument,
               std::string("TieredKVCacheManager::") + what +
-                  ": not supported for hybrid models yet (a tier below the host tier serves one "
-                  "full-attention KV-cache group)");
+                  ": not supported for hybrid models (RemoteTier computes a hybrid request's "
+                  "local hit itself)");
 }
 }  // namespace
 
@@ -48,16 +48,25 @@ std::size_t TieredKVCacheManager::local_prefix_blocks(const Request& request) co
   return i;
 }
 
-bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index) const {
+bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index,
+                                      GroupId group) const {
   manager_.check_owner(request, "TieredKVCacheManager::host_holds");
-  if (hybrid_) throw_hybrid_below("host_holds");
+  check_fill_group(group, "host_holds");
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) return false;
-  if (host_chain_) return host_match(seq, index, nullptr) != BlockPool::kNoBlock;
-  if (host_.match_cached_block_unanchored(seq, index) == BlockPool::kNoBlock) return false;
+  if (host_chain_) return host_match(seq, index, nullptr, group) != BlockPool::kNoBlock;
+  if (host_.match_cached_block_unanchored(seq, index, group) == BlockPool::kNoBlock) return false;
   std::vector<BlockHash> ids;
   sequence_identities(seq, index + 1, ids);
-  return host_match(seq, index, &ids[index]) != BlockPool::kNoBlock;
+  return host_match(seq, index, &ids[index], group) != BlockPool::kNoBlock;
+}
+
+void TieredKVCacheManager::check_fill_group(GroupId group, const char* what) const {
+  if (static_cast<std::size_t>(group) >= window_blocks_.size()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("TieredKVCacheManager::") + what + ": group " + std::to_string(group) +
+                    " of a tier with " + std::to_string(window_blocks_.size()) + " groups");
+  }
 }
 
 bool TieredKVCacheManager::host_verified(const BlockSequence& seq, std::size_t index, BlockId slot,
@@ -108,16 +117,17 @@ BlockHash TieredKVCacheManager::host_slot_parent(BlockId slot) const noexcept {
   return host_.stored_parent_hash(slot);
 }
 
-std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
-                                                         std::size_t index) {
-  return begin_fill_known(request, index, nullptr);
+std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request, std::size_t index,
+                                                         GroupId group) {
+  return begin_fill_known(request, index, nullptr, group);
 }
 
 std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& request,
                                                                std::size_t index,
-                                                               const BlockHash* known_identity) {
+                                                               const BlockHash* known_identity,
+                                                               GroupId group) {
   manager_.check_owner(request, "TieredKVCacheManager::begin_fill");
-  if (hybrid_) throw_hybrid_below("begin_fill");
+  check_fill_group(group, "begin_fill");
   const BlockSequence seq = request.hashed_tokens().sequence();
   if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -143,6 +153,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& re
   const BlockId slot = *taken;
   const TransferId id = open_transfer(Kind::kFill, nullptr, kNullBlockId, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
+  transfers_[idx].group = group;  // the slot is cached under (hash, group) when committed
   std::memcpy(transfer_tokens_.data() + idx * bs_, seq.tokens.data() + index * bs_,
               bs_ * sizeof(TokenId));
   transfer_hash_[idx] = seq.block_hashes[index];

@@ -175,16 +175,25 @@ TEST(HybridTier, ASlidingWindowGroupAloneLoadsItsWindow) {
   EXPECT_EQ(plan.plan.loads.size(), 2u);
 }
 
-TEST(HybridTier, BelowHostCallsAreRefusedForHybridModels) {
+// Below the host tier: begin_fill and host_holds take the group (one the tier has);
+// local_prefix_blocks is refused (RemoteTier computes a hybrid request's local hit itself).
+TEST(HybridTier, BelowHostCallsTakeTheGroup) {
   TieredKVCacheManager t(hybrid_config(24, 9, 0), host_config(16, HostPolicy::kWriteBack));
   Request r = t.make_request(1, tokens_of(1, 3 * kBs));
-  EXPECT_THROW(t.begin_fill(r, 0), Error);
+  EXPECT_THROW(t.begin_fill(r, 0, 2), Error);
   EXPECT_THROW((void)t.local_prefix_blocks(r), Error);
-  EXPECT_THROW((void)t.host_holds(r, 0), Error);
+  EXPECT_THROW((void)t.host_holds(r, 0, 2), Error);
+  EXPECT_FALSE(t.host_holds(r, 0, 1));
+  const std::optional<HostFill> f = t.begin_fill(r, 0, 1);
+  ASSERT_TRUE(f.has_value());
+  t.commit(f->id, true);
+  EXPECT_TRUE(t.host_holds(r, 0, 1));  // cached under (hash, group 1) only
+  EXPECT_FALSE(t.host_holds(r, 0, 0));
+  t.check_invariants();
 }
 
-// The remote tier does not serve hybrid models yet: it says so at construction.
-TEST(HybridTier, RemoteTierRefusesAHybridTier) {
+// The remote tier serves hybrid models (tests/tier/remote_tier_hybrid_test.cpp).
+TEST(HybridTier, RemoteTierAcceptsAHybridTier) {
   TieredKVCacheManager t(hybrid_config(24, 9, 0), host_config(16, HostPolicy::kWriteBack));
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() /
@@ -202,12 +211,7 @@ TEST(HybridTier, RemoteTierRefusesAHybridTier) {
     std::vector<std::byte> buffer(17 * 64);
     RemoteTierConfig rc;
     rc.bytes_per_block = 64;
-    try {
-      RemoteTier remote(t, store, buffer, rc);
-      ADD_FAILURE() << "a hybrid tier was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("hybrid"), std::string::npos) << e.what();
-    }
+    EXPECT_NO_THROW(RemoteTier(t, store, buffer, rc));
   }
   std::filesystem::remove_all(dir);
 }

@@ -63,13 +63,42 @@
 // colliding key by another prefix is a counted miss, never loaded. A request's identities cost
 // O(blocks) SHA-256 once per get batch.
 //
-// Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a hybrid tier (several
-// KV-cache groups or a sliding window: not supported yet, see docs/tiers.md), a buffer smaller than
-// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
-// eviction_staging_blocks; add_request for a request already added (kInvalidState). Everything else
-// (a store that is down, slow, full or returns corrupt values) is a normal outcome counted in
-// stats(), never an exception from poll(). Complexity: poll is O(completions + requests waiting for
-// a probe); add_request O(blocks). Thread-compatible: the scheduler thread calls everything.
+// Hybrid models (sliding-window KV-cache groups beside full attention, every group of one block
+// size; docs/tiers.md "Remote tier for hybrid models"):
+//   Keys. A value is stored per (block hash, group): group 0's key is the block hash (as for one
+//   group), group g >= 1's is group_key(hash, g), the manager's hasher applied to the block hash
+//   as parent and block_size + 1 tokens (a tag, g, zeros): a length no real block has, so with a
+//   SHA-256 hasher no group's key equals another group's or another block's. The value's
+//   binding names that key, the parent's chained hash and the group, so a value of group g is
+//   never loaded for another group (a counted miss, rejected_values) even where keys collide
+//   (xxh3_128, weak test hashers).
+//   Probing. add_request estimates the GPU hit G (the manager's fixed-point rule over the GPU
+//   pool's cached blocks: every full-attention group holds [0, G), every window group
+//   [G - window_blocks, G)) and submits one exists batch for every group's blocks [G, end). When
+//   every answer is in (each op completes within the store's op timeout), the run is the host
+//   tier's hit rule over "in the host or present in the store": the longest L such that every
+//   full-attention group has each block of [G, L) and every window group each block of
+//   [max(G, L - window_blocks), L). Only those blocks are fetched (the ones the host does not
+//   hold), each into a host slot of its group (TieredKVCacheManager::begin_fill(request, i, g)),
+//   so the next get_computed_blocks() finds them as host hits. A window group's blocks of
+//   [G, L - window_blocks) are never fetched: counted in window_blocks_not_loaded (the store held
+//   them; a tier without the window rule would have loaded them).
+//   Puts. Every host block of every group is put by the store policy; the host tier decides which
+//   window blocks it caches (HostTierConfig::window_store: kRequestTail caches, and so puts, only
+//   a request's tail window; its skips are TierStats::window_stores_skipped).
+//   Per-group figures: group_stats().
+//
+//   Cost: add_request O(blocks x groups) (one hash per key of a group g >= 1); the fills once
+//   the probe is answered O(blocks x groups) verified host lookups, plus O(blocks) SHA-256 for
+//   the prefix identities (xxh3_128).
+//
+// Errors: the constructor throws pagedkv::Error (kInvalidArgument) for groups of different block
+// sizes, a buffer smaller than (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or
+// kOnHostEviction with zero eviction_staging_blocks; add_request for a request already added
+// (kInvalidState). Everything else (a store that is down, slow, full or returns corrupt values) is
+// a normal outcome counted in stats(), never an exception from poll(). Complexity: poll is
+// O(completions + requests waiting for a probe); add_request O(blocks). Thread-compatible: the
+// scheduler thread calls everything.
 #pragma once
 
 #include <chrono>
@@ -112,10 +141,12 @@ struct RemoteTierConfig {
 struct RemoteTierStats {
   std::uint64_t requests = 0;          // add_request() calls with load on
   std::uint64_t probed_blocks = 0;     // keys probed
-  std::uint64_t probe_hit_blocks = 0;  // leading keys found present
+  std::uint64_t probe_hit_blocks = 0;  // leading keys found present (hybrid: the run's blocks
+                                       // the host lacked, to fetch or wait for)
   std::uint64_t ready_by_timeout = 0;  // requests made ready by kTimeout's deadline
   std::uint64_t fills = 0;             // gets submitted into pinned host slots
-  std::uint64_t fills_no_slot = 0;     // remote hits dropped: no free host slot
+  std::uint64_t fills_no_slot = 0;     // remote hits dropped: no free host slot (hybrid: runs
+                                       // ended there, one each)
   std::uint64_t fills_refused = 0;     // gets refused by the store's full queue
   std::uint64_t fills_shared = 0;      // remote hits another request's get in flight was fetching
                                        // already: waited for, not fetched again
@@ -131,7 +162,21 @@ struct RemoteTierStats {
   std::uint64_t eviction_puts = 0;  // of puts: blocks evicted from the host (kOnHostEviction)
   std::uint64_t puts_failed = 0;    // puts completed other than stored (full, timeout, error)
   std::uint64_t puts_skipped_full = 0;  // of puts_failed: the store was full
-  std::uint64_t remote_hit_tokens = 0;  // tokens of the loaded blocks
+  std::uint64_t remote_hit_tokens = 0;  // tokens of the loaded blocks (one per position and group)
+  // Hybrid models: window-group blocks the store held inside a remote run but before the window
+  // at its end: not fetched (a tier without the window rule would have).
+  std::uint64_t window_blocks_not_loaded = 0;
+};
+
+// One KV-cache group's share (RemoteTier::group_stats(); one entry for a one-group model).
+struct RemoteTierGroupStats {
+  std::uint64_t probed_blocks = 0;             // keys of this group probed
+  std::uint64_t fills = 0;                     // gets submitted
+  std::uint64_t loaded_blocks = 0;             // gets that loaded a checked value
+  std::uint64_t loaded_bytes = 0;              // loaded_blocks x bytes_per_block
+  std::uint64_t stored_blocks = 0;             // puts stored
+  std::uint64_t stored_bytes = 0;              // stored_blocks x bytes_per_block
+  std::uint64_t window_blocks_not_loaded = 0;  // see RemoteTierStats
 };
 
 class RemoteTier {
@@ -155,7 +200,10 @@ class RemoteTier {
   std::size_t in_flight() const noexcept { return in_flight_; }
   std::size_t pinned_for_puts() const noexcept { return put_pins_; }
   RemoteTierStats stats() const noexcept { return stats_; }
+  std::vector<RemoteTierGroupStats> group_stats() const { return group_stats_; }
   const RemoteTierConfig& config() const noexcept { return config_; }
+  // The store key of group `group`'s block `hash` (see Hybrid models): `hash` for group 0.
+  BlockHash group_key(const BlockHash& hash, GroupId group) const;
 
  private:
   enum class Phase : std::uint8_t { kProbing, kLoading, kDone };
@@ -169,6 +217,13 @@ class RemoteTier {
     std::size_t shared_waits = 0;  // fills of other requests' gets it waits for
     std::uint64_t serial = 0;      // tells this request from a later one with the same id
     bool timed_out = false;        // counted in ready_by_timeout
+    // Hybrid models: the probe of every group's blocks [start, end) (group-major keys), each
+    // key's answer (0 unknown, 1 present, 2 absent or failed).
+    std::size_t end = 0;
+    RemoteTicket hybrid_ticket = 0;
+    std::vector<BlockHash> keys;
+    std::vector<std::uint8_t> present;
+    std::size_t answered = 0;
   };
   // A request waiting for fill `index` of another request's get batch.
   struct Waiter {
@@ -182,6 +237,7 @@ class RemoteTier {
     std::size_t outstanding = 0;
     std::vector<HostFill> fills;
     std::vector<BlockHash> keys;  // by fill
+    std::vector<GroupId> groups;  // by fill
     std::vector<Waiter> waiters;
   };
   // Fills in flight by block hash: an open-addressing table (linear probing, backward-shift
@@ -198,6 +254,11 @@ class RemoteTier {
   void release_waiter(const Waiter& w) noexcept;
 
   void start_fills(RequestId id, Pending& p);
+  // Hybrid models (see the file comment).
+  void add_hybrid(const Request& request, Pending& p);
+  void start_hybrid_fills(RequestId id, Pending& p);
+  // Submits `batch` (gets in get_ops_) and the waits in shared_ for request `id`.
+  void submit_fills(RequestId id, Pending& p, GetBatch&& batch);
   void on_cached(BlockId slot, bool from_fill);
   void on_loaded(BlockId slot);
   void on_evicted(BlockId slot) noexcept;
@@ -206,13 +267,19 @@ class RemoteTier {
   void handle(const RemoteCompletion& c);
   std::span<std::byte> slot_bytes(BlockId slot) const;
   // The block a cached host slot holds, as its remote value is bound.
-  RemoteValueBinding slot_binding(BlockId slot) const noexcept;
+  RemoteValueBinding slot_binding(BlockId slot) const;
 
   TieredKVCacheManager& tier_;
   RemoteStore& store_;
   std::span<std::byte> host_;
   RemoteTierConfig config_;
   RemoteTierStats stats_;
+  std::vector<RemoteTierGroupStats> group_stats_;  // one per group
+  // Hybrid models: per group its window in blocks (kFullGroup: full attention).
+  static constexpr std::size_t kFullGroup = ~std::size_t{0};
+  bool hybrid_ = false;
+  std::vector<std::size_t> window_;
+  mutable std::vector<TokenId> key_tokens_;  // group_key's pseudo-block
 
   std::unordered_map<RequestId, Pending> pending_;
   std::uint64_t next_serial_ = 1;
@@ -223,6 +290,7 @@ class RemoteTier {
   struct PutItem {
     BlockId slot = kNullBlockId;         // pinned host slot (kNullBlockId: none)
     std::uint32_t staging = kNoStaging;  // staging buffer index (kNoStaging: none)
+    GroupId group = 0;                   // the block's KV-cache group
     bool done = false;                   // completed (released)
   };
   struct PutBatch {
@@ -251,6 +319,8 @@ class RemoteTier {
   std::vector<RemoteCompletion> completions_;
   std::vector<BlockHash> keys_;
   std::vector<BlockHash> identities_;  // start_fills: the request's prefix identities
+  std::vector<std::uint8_t> held_;     // start_hybrid_fills: per key, the host holds it
+  std::vector<std::size_t> last_gap_;  // start_hybrid_fills: per window group
   std::vector<RemoteGet> get_ops_;
   std::vector<RemotePut> put_ops_;
 };

@@ -56,8 +56,8 @@
 // as out of window). Each copy names its group (BlockCopy::group). Which window blocks are stored:
 // HostTierConfig::window_store. A failed load rolls back to the longest prefix still valid in
 // every group. Not yet for hybrid models: groups of different block sizes (refused at
-// construction) and the calls below the host tier (begin_fill, local_prefix_blocks, host_holds:
-// kInvalidArgument; RemoteTier refuses a hybrid tier).
+// construction) and local_prefix_blocks (kInvalidArgument; RemoteTier computes a hybrid request's
+// local hit itself); begin_fill and host_holds take the group.
 // Errors (pagedkv::Error, nothing changed): misuse of the manager calls as in KVCacheManager; a
 // request that belongs to another manager (manager/request.hpp: Ownership; every call taking a
 // request checks it before anything else, the tier's own state included); a stale host hit;
@@ -229,8 +229,9 @@ class TieredKVCacheManager {
   // Leading blocks of the request held by the GPU (by hash) and then the host tier (verified as
   // get_computed_blocks does), capped as a hit is. A hint: changes nothing, records no stats.
   std::size_t local_prefix_blocks(const Request& request) const;
-  // Whether the host tier holds block `index` of the request (verified, parent hash checked).
-  bool host_holds(const Request& request, std::size_t index) const;
+  // Whether the host tier holds block `index` of the request in KV-cache group `group` (verified,
+  // parent hash checked). Errors (kInvalidArgument): a group the tier does not have.
+  bool host_holds(const Request& request, std::size_t index, GroupId group = 0) const;
   // Whether the tier keeps prefix identities (the hasher is not collision resistant; see
   // Verification in the file comment).
   bool uses_prefix_identities() const noexcept { return !host_chain_; }
@@ -249,9 +250,11 @@ class TieredKVCacheManager {
   // copied now, so the request may change or go before the commit. With prefix identities it
   // costs O(index) SHA-256 blocks (the identity is computed from the request's content). commit(id,
   // true) makes the slot hit-able, as a store's commit does; commit(id, false) frees it.
-  // std::nullopt (counted in stores_skipped_full) when every host slot is pinned. Errors
-  // (kInvalidArgument, nothing changed): index not a full hashed block of the request.
-  std::optional<HostFill> begin_fill(const Request& request, std::size_t index);
+  // std::nullopt (counted in stores_skipped_full) when every host slot is pinned. Hybrid models:
+  // the slot receives group `group`'s block (cached under (hash, group) on commit). Errors
+  // (kInvalidArgument, nothing changed): index not a full hashed block of the request, a group
+  // the tier does not have.
+  std::optional<HostFill> begin_fill(const Request& request, std::size_t index, GroupId group = 0);
   // Keeps a cached host slot from eviction and reuse until unpin_host_slot() (a store below the
   // host reads it meanwhile). Errors (kInvalidArgument): a slot out of range or not cached (pin),
   // not pinned (unpin).
@@ -279,7 +282,8 @@ class TieredKVCacheManager {
   // begin_fill() with the block's prefix identity given (prefix_identities(request)[index],
   // computed by the caller for the whole run; nullptr: computed here).
   std::optional<HostFill> begin_fill_known(const Request& request, std::size_t index,
-                                           const BlockHash* known_identity);
+                                           const BlockHash* known_identity, GroupId group = 0);
+  void check_fill_group(GroupId group, const char* what) const;  // kInvalidArgument
   enum class Kind : std::uint8_t { kLoad, kEviction, kStore, kFill };
   struct RequestState;
   struct Transfer {
