@@ -143,7 +143,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& re
   const BlockId slot = *taken;
   const TransferId id = open_transfer(Kind::kFill, nullptr, kNullBlockId, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
-  std::memcpy(transfer_tokens_.data() + idx * bs_, seq.tokens.data() + index * bs_,
+  std::memcpy(transfer_tokens_.data() + idx * stride_, seq.tokens.data() + index * bs_,
               bs_ * sizeof(TokenId));
   transfer_hash_[idx] = seq.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : seq.block_hashes[index - 1];
