@@ -105,16 +105,16 @@ TEST(HybridTier, ConstructsForGroupsOfDifferentBlockSizes) {
 // Request A is evicted from a small GPU pool into the host; A again: the hit is a multiple of 32
 // (the LCM), group 0 loads every 16-token block of it, the window group only the 32-token blocks
 // of its window at the hit's end.
-void sizes_scenario(int hashing, HostPolicy policy, std::size_t prompt_tokens,
-                    std::size_t expect_host_tokens) {
+void sizes_scenario(int hashing, HostPolicy policy, std::size_t first_tokens,
+                    std::size_t prompt_tokens, std::size_t expect_host_tokens) {
   SCOPED_TRACE("hashing " + std::to_string(hashing) + " policy " + std::string(to_string(policy)) +
                " prompt " + std::to_string(prompt_tokens));
   TieredKVCacheManager t(sizes_config(48, hashing), sizes_host(512, policy));
-  const std::vector<TokenId> a = tokens_of(1, prompt_tokens);
+  const std::vector<TokenId> a = tokens_of(1, first_tokens);
   run_request(t, 1, a);
-  for (std::uint32_t d = 2; d < 8; ++d) run_request(t, d, tokens_of(d, prompt_tokens));
+  for (std::uint32_t d = 2; d < 8; ++d) run_request(t, d, tokens_of(d, first_tokens));
   TierPlan plan;
-  const TieredCacheHit hit = run_request(t, 100, a, &plan);
+  const TieredCacheHit hit = run_request(t, 100, tokens_of(1, prompt_tokens), &plan);
   EXPECT_EQ(hit.gpu.num_tokens, 0u);
   ASSERT_EQ(hit.num_host_tokens, expect_host_tokens);
   ASSERT_EQ(hit.host_slots.size(), expect_host_tokens / 16);
@@ -140,9 +140,10 @@ TEST(HybridTier, DifferentBlockSizesLoadEachGroupAtItsBlockSize) {
   for (int hashing = 0; hashing < 4; ++hashing) {
     for (const HostPolicy policy : {HostPolicy::kWriteBack, HostPolicy::kWriteThrough}) {
       // 322 tokens: at most 321 hit, 20 blocks of 16 = 10 of 32.
-      sizes_scenario(hashing, policy, 10 * 32 + 2, 320);
-      // 146 tokens: at most 145, 9 blocks of 16 (144 tokens), clamped to the LCM: 128.
-      sizes_scenario(hashing, policy, 9 * 16 + 2, 128);
+      sizes_scenario(hashing, policy, 10 * 32 + 2, 10 * 32 + 2, 320);
+      // The first 146 of those tokens (all their blocks in the host): at most 145, 9 blocks of 16
+      // (144 tokens), clamped to the LCM: 128.
+      sizes_scenario(hashing, policy, 10 * 32 + 2, 9 * 16 + 2, 128);
     }
   }
 }
