@@ -148,6 +148,34 @@ TEST(HybridTier, DifferentBlockSizesLoadEachGroupAtItsBlockSize) {
   }
 }
 
+// A hit changed by hand to a length that is not a multiple of the LCM (32), or whose window row
+// is not at the window group's block size, is refused with nothing changed.
+TEST(HybridTier, DifferentBlockSizesRefuseAHitOffTheLcm) {
+  TieredKVCacheManager t(sizes_config(48, 0), sizes_host(512, HostPolicy::kWriteBack));
+  const std::vector<TokenId> a = tokens_of(1, 10 * 32 + 2);
+  run_request(t, 1, a);
+  for (std::uint32_t d = 2; d < 8; ++d) run_request(t, d, tokens_of(d, 10 * 32 + 2));
+  Request r = t.make_request(100, a);
+  const TieredCacheHit hit = t.get_computed_blocks(r);
+  ASSERT_EQ(hit.num_host_tokens, 320u);
+  const TieredSnapshot before = t.snapshot();
+  TieredCacheHit odd = hit;  // 19 blocks of 16: 304 tokens
+  odd.host_slots.pop_back();
+  odd.num_host_tokens -= 16;
+  try {
+    (void)t.allocate_slots(r, r.num_tokens() - odd.num_tokens(), odd);
+    ADD_FAILURE() << "a hit of 304 tokens was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("LCM"), std::string::npos) << e.what();
+  }
+  TieredCacheHit rows = hit;  // the window row one block short
+  rows.host_other_groups[0].pop_back();
+  EXPECT_THROW((void)t.allocate_slots(r, r.num_tokens() - rows.num_tokens(), rows), Error);
+  EXPECT_EQ(t.snapshot(), before);
+  t.check_invariants();
+  ASSERT_TRUE(t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit).has_value());
+}
+
 // A failed load rolls back to the start of the failed block, in tokens: the start of a 32-token
 // block of the window group (whose window covers the whole hit, so every block of it loads), or
 // of a 16-token block of group 0 in the middle of a 32-token block; the request is recomputed from
