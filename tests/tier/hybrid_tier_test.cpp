@@ -148,6 +148,34 @@ TEST(HybridTier, DifferentBlockSizesLoadEachGroupAtItsBlockSize) {
   }
 }
 
+// Host events of groups of different block sizes: each group's CPU BlockStored events carry its
+// block size, its tokens per block and the GPU's keys of that group (an indexer sees one key per
+// (group, block) in both tiers).
+TEST(HybridTier, DifferentBlockSizesHostEventsCarryTheGroupsBlockSize) {
+  KVCacheManagerConfig c = sizes_config(48, 0);
+  c.enable_kv_events = true;
+  TieredKVCacheManager t(c, sizes_host(256, HostPolicy::kWriteThrough));
+  run_request(t, 1, tokens_of(1, 4 * 32 + 1));
+  std::map<int, std::vector<BlockHash>> gpu_keys, cpu_keys;
+  for (const KVEvent& e : t.take_events()) {
+    const auto* st = std::get_if<BlockStored>(&e.data);
+    if (st == nullptr) continue;
+    const std::uint32_t bs = st->group_id == 0 ? 16 : 32;
+    EXPECT_EQ(st->block_size, bs) << st->medium << " group " << int{st->group_id};
+    EXPECT_EQ(st->token_ids.size(), st->block_hashes.size() * bs);
+    auto& keys = (st->medium == "CPU" ? cpu_keys : gpu_keys)[st->group_id];
+    keys.insert(keys.end(), st->block_hashes.begin(), st->block_hashes.end());
+  }
+  EXPECT_EQ(cpu_keys[0].size(), 8u);  // 128 tokens: 8 blocks of 16
+  EXPECT_EQ(cpu_keys[1].size(), 4u);  // 4 of 32
+  for (int g = 0; g < 2; ++g) {
+    std::vector<BlockHash> gpu = gpu_keys[g], cpu = cpu_keys[g];
+    std::sort(gpu.begin(), gpu.end());
+    std::sort(cpu.begin(), cpu.end());
+    EXPECT_EQ(gpu, cpu) << "group " << g;
+  }
+}
+
 // A hit changed by hand to a length that is not a multiple of the LCM (32), or whose window row
 // is not at the window group's block size, is refused with nothing changed.
 TEST(HybridTier, DifferentBlockSizesRefuseAHitOffTheLcm) {
