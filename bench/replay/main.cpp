@@ -64,6 +64,8 @@ constexpr const char* kUsage =
     "  --sliding-window W        hybrid model: a second KV-cache group of sliding-window layers\n"
     "                            (W tokens) beside full attention; engine mode reports the KV\n"
     "                            memory freeing out-of-window blocks saves\n"
+    "  --window-block-size B     with --sliding-window (sequential mode): the window group's\n"
+    "                            block size, a multiple of --block-size (default: the same)\n"
     "  --no-verify               trust hashes without comparing stored key material (SHA-256\n"
     "                            schemes only)\n"
     "  --mode sequential|engine  sequential (default): file order, one request at a time, prompt\n"
@@ -407,6 +409,8 @@ int main(int argc, char** argv) {
       opt.caching = false;
     } else if (arg == "--sliding-window") {
       opt.sliding_window = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 30));
+    } else if (arg == "--window-block-size") {
+      opt.window_block_size = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 1 << 20));
     } else if (arg == "--no-verify") {
       opt.verify_cache_hits = false;
     } else if (arg == "--mode") {
@@ -523,6 +527,12 @@ int main(int argc, char** argv) {
   if (opt.num_blocks.empty() && !memory_table) usage_error("--num-blocks is required");
   if (opt.schedule == Schedule::kPrefix && opt.mode != Mode::kEngine) {
     usage_error("--schedule prefix: engine mode only (--mode engine)");
+  }
+  if (opt.window_block_size != 0 && (opt.sliding_window == 0 || opt.mode != Mode::kSequential ||
+                                     opt.window_block_size % opt.block_size != 0)) {
+    usage_error(
+        "--window-block-size: with --sliding-window, sequential mode, a multiple of "
+        "--block-size");
   }
   if (opt.schedule == Schedule::kPrefix && opt.sliding_window > 0) {
     usage_error("--schedule prefix: one full-attention group (no --sliding-window)");

@@ -23,6 +23,21 @@
 
 namespace pagedkv::replay {
 
+namespace {
+
+// The window group's block size (--window-block-size; --block-size when not given).
+std::uint32_t window_block_size(const ReplayOptions& o) {
+  return o.window_block_size != 0 ? o.window_block_size : o.block_size;
+}
+
+// Pool blocks a prompt of `tokens` needs: a block row per KV-cache group, each at its block size.
+std::uint64_t pool_blocks_needed(const ReplayOptions& o, std::uint64_t tokens) {
+  const auto blocks = [tokens](std::uint64_t bs) { return (tokens + bs - 1) / bs; };
+  return blocks(o.block_size) + (o.sliding_window > 0 ? blocks(window_block_size(o)) : 0);
+}
+
+}  // namespace
+
 KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blocks) {
   if (num_blocks < 2) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -37,7 +52,7 @@ KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blo
   c.hash_seed = "pagedkv-replay";  // the same for every manager of a sweep
   if (o.sliding_window > 0) {
     c.groups = {AttentionSpec::full(o.block_size),
-                AttentionSpec::sliding(o.block_size, o.sliding_window)};
+                AttentionSpec::sliding(window_block_size(o), o.sliding_window)};
   }
   c.eviction_policy = o.pool_eviction;
   return c;
@@ -216,14 +231,13 @@ std::vector<ReplayResult> run_sequential(const Trace& trace, const ReplayOptions
     Request request = pipeline.next();
     const std::uint64_t num_tokens = request.num_tokens();
     const std::uint64_t blocks_needed = cdiv(num_tokens, o.block_size);
-    const std::uint64_t groups = o.sliding_window > 0 ? 2 : 1;  // each group holds its own blocks
     for (std::size_t k = 0; k < managers.size(); ++k) {
       KVCacheManager& m = *managers[k];
       ReplayResult& res = results[k];
       ++res.requests;
       res.prompt_tokens += num_tokens;
       res.prompt_blocks += blocks_needed;
-      if (groups * blocks_needed > static_cast<std::uint64_t>(o.num_blocks[k] - 1)) {
+      if (pool_blocks_needed(o, num_tokens) > static_cast<std::uint64_t>(o.num_blocks[k] - 1)) {
         ++res.rejected;
         continue;
       }
@@ -664,6 +678,10 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
                   (unsigned long long)r.sim_lru_evicted_blocks);
     out += buf;
   }
+  // --window-block-size (only when given: the fields above unchanged).
+  if (o.window_block_size != 0) {
+    out += ",\"window_block_size\":" + std::to_string(o.window_block_size);
+  }
   out += "}";
   return out;
 }
@@ -779,8 +797,9 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
       h.bytes_per_block = tier.kv_bytes_per_token * o.block_size;
       if (groups == 2) {
         // A hybrid model's layers split evenly between the two groups: a block of either group
-        // holds half the bytes of a token's K/V.
-        h.group_bytes_per_block = {h.bytes_per_block / 2, h.bytes_per_block / 2};
+        // holds half the bytes of its tokens' K/V.
+        h.group_bytes_per_block = {h.bytes_per_block / 2,
+                                   tier.kv_bytes_per_token * window_block_size(o) / 2};
         h.window_store = tier.window_store;
       }
       if (o.mode == Mode::kEngine) {
@@ -818,7 +837,7 @@ std::vector<TierReplayResult> run_tier_replay(const Trace& trace, const ReplayOp
         ++res.base.requests;
         res.base.prompt_tokens += num_tokens;
         res.base.prompt_blocks += cdiv(num_tokens, o.block_size);
-        if (groups * cdiv(num_tokens, o.block_size) > static_cast<std::uint64_t>(n - 1)) {
+        if (pool_blocks_needed(o, num_tokens) > static_cast<std::uint64_t>(n - 1)) {
           ++res.base.rejected;
           continue;
         }
@@ -899,10 +918,14 @@ std::string to_json(const TierReplayResult& r, const ReplayOptions& o,
     };
     base += ",\"window_store\":\"";
     base += tier.window_store == WindowStoreRule::kAll ? "all" : "tail";
-    base += "\",\"group_loaded_blocks\":" + list([](const TierGroupStats& g) { return g.loaded_blocks; });
-    base += ",\"group_loaded_bytes\":" + list([](const TierGroupStats& g) { return g.loaded_bytes; });
-    base += ",\"group_stored_blocks\":" + list([](const TierGroupStats& g) { return g.stored_blocks; });
-    base += ",\"group_stored_bytes\":" + list([](const TierGroupStats& g) { return g.stored_bytes; });
+    base += "\",\"group_loaded_blocks\":" +
+            list([](const TierGroupStats& g) { return g.loaded_blocks; });
+    base +=
+        ",\"group_loaded_bytes\":" + list([](const TierGroupStats& g) { return g.loaded_bytes; });
+    base +=
+        ",\"group_stored_blocks\":" + list([](const TierGroupStats& g) { return g.stored_blocks; });
+    base +=
+        ",\"group_stored_bytes\":" + list([](const TierGroupStats& g) { return g.stored_bytes; });
     base += ",\"window_stores_skipped\":" + std::to_string(r.window_stores_skipped);
   }
   if (o.mode == Mode::kEngine) {

@@ -42,6 +42,9 @@ struct ReplayOptions {
   // Hybrid model: > 0 adds a second KV-cache group of sliding-window layers (this many tokens)
   // beside the full-attention group, e.g. half the layers with a 4096-token window.
   std::uint32_t sliding_window = 0;
+  // With sliding_window, sequential mode: the window group's block size, a multiple of
+  // block_size (0: block_size).
+  std::uint32_t window_block_size = 0;
   Mode mode = Mode::kSequential;
   // Sequential mode: 2 hashes requests on a second thread ahead of the replay (pipelined).
   std::uint32_t threads = 2;

@@ -121,27 +121,28 @@ void TieredKVCacheManager::check_invariants() const {
   }
   // A remembered host slot (host_has and on_evict trust it without a lookup) must be the one a
   // verified lookup of the GPU block's content finds.
-  std::vector<TokenId> tokens(2 * static_cast<std::size_t>(bs_), 0);
+  std::vector<TokenId> tokens(2 * static_cast<std::size_t>(stride_), 0);
   for (BlockId b = 1; b < pool.num_blocks(); ++b) {
     const auto k = static_cast<std::size_t>(b);
     const BlockId slot = gpu_host_slot_[k];
     if (!pool.block(b).is_cached() || !remembered_valid(k)) continue;
+    const std::uint32_t gbs = group_bs_[pool.block(b).group_id];
     BlockHash hashes[2];
     bool first = false;
     if (own_records_) {
-      std::memcpy(tokens.data() + bs_, gpu_tokens_.data() + k * bs_, bs_ * sizeof(TokenId));
+      std::memcpy(tokens.data() + gbs, gpu_tokens_.data() + k * stride_, gbs * sizeof(TokenId));
       hashes[0] = gpu_parent_[k];
       hashes[1] = gpu_hash_[k];
       first = gpu_first_[k] != 0;
     } else {
-      std::memcpy(tokens.data() + bs_, pool.stored_tokens(b), bs_ * sizeof(TokenId));
+      std::memcpy(tokens.data() + gbs, pool.stored_tokens(b), gbs * sizeof(TokenId));
       hashes[0] = pool.stored_parent_hash(b);
       hashes[1] = pool.block(b).block_hash;
       first = hashes[0].empty();
     }
     const auto ex = gpu_extra_.find(b);
     const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
-    const BlockSequence seq = content_sequence(tokens, hashes, first, &extra);
+    const BlockSequence seq = content_sequence(tokens, hashes, first, &extra, gbs);
     if (!host_verified(seq, first ? 0 : 1, slot, host_chain_ ? nullptr : &gpu_identity_[k],
                        pool.block(b).group_id)) {
       fail("GPU block " + std::to_string(b) + " remembers host slot " + std::to_string(slot) +

@@ -156,10 +156,12 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
     const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
     const bool first = transfer_first_[idx] != 0;
     const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
-    copy_block_tokens(content_tokens_.data() + bs_, transfer_tokens_.data() + idx * bs_, bs_);
+    const std::uint32_t gbs = group_bs_[t.group];
+    copy_block_tokens(content_tokens_.data() + gbs, transfer_tokens_.data() + idx * stride_, gbs);
     content_hashes_[0] = transfer_parent_[idx];
     content_hashes_[1] = transfer_hash_[idx];
-    const BlockSequence seq = content_sequence(content_tokens_, content_hashes_, first, &extra);
+    const BlockSequence seq =
+        content_sequence(content_tokens_, content_hashes_, first, &extra, gbs);
     const std::size_t index = first ? 0 : 1;
     // (With prefix identities a twin of another prefix, a collision, keeps its slot: this
     // block is not cached, a miss later, never a wrong hit.)

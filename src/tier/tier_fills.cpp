@@ -67,6 +67,12 @@ void TieredKVCacheManager::check_fill_group(GroupId group, const char* what) con
                 std::string("TieredKVCacheManager::") + what + ": group " + std::to_string(group) +
                     " of a tier with " + std::to_string(window_blocks_.size()) + " groups");
   }
+  if (stride_ != bs_) {
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("TieredKVCacheManager::") + what +
+                    ": not supported for hybrid groups of different block sizes yet (a tier "
+                    "below the host tier serves groups of one block size)");
+  }
 }
 
 bool TieredKVCacheManager::host_verified(const BlockSequence& seq, std::size_t index, BlockId slot,
@@ -154,7 +160,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& re
   const TransferId id = open_transfer(Kind::kFill, nullptr, kNullBlockId, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   transfers_[idx].group = group;  // the slot is cached under (hash, group) when committed
-  std::memcpy(transfer_tokens_.data() + idx * bs_, seq.tokens.data() + index * bs_,
+  std::memcpy(transfer_tokens_.data() + idx * stride_, seq.tokens.data() + index * bs_,
               bs_ * sizeof(TokenId));
   transfer_hash_[idx] = seq.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : seq.block_hashes[index - 1];

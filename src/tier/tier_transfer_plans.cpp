@@ -45,7 +45,7 @@ void TieredKVCacheManager::reserve_transfers(std::size_t more) {
   const std::size_t want = transfers_.size() + more;
   reserve_room(transfers_, want);
   reserve_room(free_transfers_, want);
-  reserve_room(transfer_tokens_, want * bs_);
+  reserve_room(transfer_tokens_, want * stride_);
   reserve_room(transfer_hash_, want);
   reserve_room(transfer_parent_, want);
   reserve_room(transfer_first_, want);
@@ -55,7 +55,7 @@ void TieredKVCacheManager::reserve_transfers(std::size_t more) {
 std::uint32_t TieredKVCacheManager::grow_transfers() {
   const auto idx = static_cast<std::uint32_t>(transfers_.size());
   transfers_.emplace_back();
-  transfer_tokens_.resize(transfer_tokens_.size() + bs_);
+  transfer_tokens_.resize(transfer_tokens_.size() + stride_);
   transfer_hash_.emplace_back();
   transfer_parent_.emplace_back();
   transfer_first_.push_back(0);
@@ -65,17 +65,18 @@ std::uint32_t TieredKVCacheManager::grow_transfers() {
 
 BlockSequence TieredKVCacheManager::content_sequence(const std::vector<TokenId>& tokens,
                                                      const BlockHash* hashes, bool first,
-                                                     const ContentSource* extra) const {
+                                                     const ContentSource* extra,
+                                                     std::uint32_t block_size) const {
   // Block 1 of a two-block view (block 0 stands for the parent: its hash, dummy tokens), or a
   // one-block view of a chain's first block.
   BlockSequence seq;
-  seq.block_size = bs_;
+  seq.block_size = block_size;
   seq.extra_keys = extra;
   if (first) {
-    seq.tokens = std::span<const TokenId>(tokens).subspan(bs_, bs_);
+    seq.tokens = std::span<const TokenId>(tokens).subspan(block_size, block_size);
     seq.block_hashes = std::span<const BlockHash>(hashes + 1, 1);
   } else {
-    seq.tokens = std::span<const TokenId>(tokens).first(2 * static_cast<std::size_t>(bs_));
+    seq.tokens = std::span<const TokenId>(tokens).first(2 * static_cast<std::size_t>(block_size));
     seq.block_hashes = std::span<const BlockHash>(hashes, 2);
   }
   return seq;
@@ -144,7 +145,8 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
   const TransferId id = open_transfer(kind, &state, gpu_block, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   transfers_[idx].group = group;
-  copy_block_tokens(transfer_tokens_.data() + idx * bs_, view.tokens.data() + index * bs_, bs_);
+  const std::uint32_t vbs = view.block_size;  // the group's block size
+  copy_block_tokens(transfer_tokens_.data() + idx * stride_, view.tokens.data() + index * vbs, vbs);
   transfer_hash_[idx] = view.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : view.block_hashes[index - 1];
   transfer_first_[idx] = index == 0 ? 1 : 0;
@@ -214,7 +216,7 @@ void TieredKVCacheManager::forget_evicted(const BlockPool& pool, BlockId id, boo
       evicted_hash_.push_back(pool.block(id).block_hash);
       evicted_parent_.push_back(pool.stored_parent_hash(id));
       const TokenId* tokens = pool.stored_tokens(id);
-      evicted_tokens_.insert(evicted_tokens_.end(), tokens, tokens + bs_);
+      evicted_tokens_.insert(evicted_tokens_.end(), tokens, tokens + stride_);  // (pool's size)
     }
     return;
   }
@@ -227,16 +229,19 @@ void TieredKVCacheManager::store_evicted(RequestState& state, TierPlan& out) {
     const BlockId b = evicted_[e];
     const auto k = static_cast<std::size_t>(b);
     const bool first = own_records_ ? gpu_first_[k] != 0 : evicted_parent_[e].empty();
+    const GroupId group = hybrid_ ? evicted_group_[e] : GroupId{0};
+    const std::uint32_t gbs = group_bs_[group];
     copy_block_tokens(
-        content_tokens_.data() + bs_,
-        own_records_ ? gpu_tokens_.data() + k * bs_ : evicted_tokens_.data() + e * bs_, bs_);
+        content_tokens_.data() + gbs,
+        own_records_ ? gpu_tokens_.data() + k * stride_ : evicted_tokens_.data() + e * stride_,
+        gbs);
     content_hashes_[0] = own_records_ ? gpu_parent_[k] : evicted_parent_[e];
     content_hashes_[1] = own_records_ ? gpu_hash_[k] : evicted_hash_[e];
     const auto ex = gpu_extra_.find(b);
     const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
-    const BlockSequence view = content_sequence(content_tokens_, content_hashes_, first, &extra);
+    const BlockSequence view =
+        content_sequence(content_tokens_, content_hashes_, first, &extra, gbs);
     const std::size_t index = first ? 0 : 1;
-    const GroupId group = hybrid_ ? evicted_group_[e] : GroupId{0};
     const BlockId slot = host_match(view, index, host_chain_ ? nullptr : &gpu_identity_[k], group);
     if (slot == BlockPool::kNoBlock) {
       store_block(b, view, index, state, Kind::kEviction, out, group);
@@ -280,7 +285,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
       gpu_hash_[k] = seq.block_hashes[i];
       gpu_first_[k] = i == 0 ? 1 : 0;
       gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
-      copy_block_tokens(gpu_tokens_.data() + k * bs_, seq.tokens.data() + i * bs_, bs_);
+      copy_block_tokens(gpu_tokens_.data() + k * stride_, seq.tokens.data() + i * bs_, bs_);
       if (!host_chain_) {
         // The block holds exactly the request's prefix up to it (computed or verified), and its
         // predecessor in the request's table is cached and recorded (recorded first).
@@ -299,10 +304,13 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
 
 void TieredKVCacheManager::forget_loaded_slots(const Request& request, const RequestState& state,
                                                std::size_t from) {
+  // (Counts of blocks of bs_: group g's blocks are factor_[g] of them. A block of a coarser group
+  // that straddles hit_begin + from did not land whole: forgotten too.)
   for (std::size_t g = 0; g < manager_.num_groups(); ++g) {
     const std::span<const BlockId> ids = manager_.block_ids(request.id(), g);
-    const std::size_t end = std::min(ids.size(), state.hit_begin + state.num_loads);
-    for (std::size_t i = state.hit_begin + from; i < end; ++i) {
+    const std::size_t f = factor_[g];
+    const std::size_t end = std::min(ids.size(), (state.hit_begin + state.num_loads) / f);
+    for (std::size_t i = (state.hit_begin + from) / f; i < end; ++i) {
       gpu_host_slot_[static_cast<std::size_t>(ids[i])] = 0;  // (the null block's: unused)
     }
   }
@@ -319,10 +327,10 @@ TieredKVCacheManager::RequestMap::iterator TieredKVCacheManager::checked_allocat
                 where() + "its loads are not finished (commit them, then call finish_loads)");
   }
   const std::size_t h = hit.host_slots.size();
-  if (hit.num_host_tokens != h * bs_) {
+  if (hit.num_host_tokens != h * group_bs_[0]) {
     throw Error(ErrorCode::kInvalidArgument,
                 where() + "the hit's num_host_tokens " + std::to_string(hit.num_host_tokens) +
-                    " != " + std::to_string(h) + " slots x block size");
+                    " != " + std::to_string(h) + " slots x group 0's block size");
   }
   return found;
 }
@@ -400,7 +408,7 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
     if (!own_records_) {
       reserve_room(evicted_hash_, bound);
       reserve_room(evicted_parent_, bound);
-      reserve_room(evicted_tokens_, bound * bs_);
+      reserve_room(evicted_tokens_, bound * stride_);
     }
   }
   auto it = found;  // requests_ has not changed since

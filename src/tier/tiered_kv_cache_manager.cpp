@@ -18,6 +18,8 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
       host_(host_pool_config(gpu, host, manager_.block_pool().config())),
       host_chain_(manager_.block_pool().config().chain_hashes_identify_prefix),
       bs_(manager_.block_size()),
+      stride_(manager_.block_pool().config().block_size),
+      coarse_keys_(manager_specs(manager_), manager_.hasher().scheme()),
       identity_hasher_(HashScheme::kSha256, std::string_view("pagedkv-prefix-identity")),
       own_records_(!manager_.block_pool().stores_chain_material() || !host_chain_),
       // Differs between tiers alive at once (the address) and, in practice, between tiers built
@@ -30,7 +32,7 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
     gpu_hash_.resize(n);
     gpu_parent_.resize(n);
     gpu_first_.assign(n, 0);
-    gpu_tokens_.assign(n * bs_, 0);
+    gpu_tokens_.assign(n * stride_, 0);
   }
   gpu_hits_.assign(n, 0);
   gpu_host_slot_.assign(n, 0);
@@ -42,7 +44,7 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
   }
   host_slot_epoch_.assign(m, 0);
   host_pins_.assign(m, 0);
-  content_tokens_.assign(2 * static_cast<std::size_t>(bs_), 0);
+  content_tokens_.assign(2 * static_cast<std::size_t>(stride_), 0);
   stats_.host_slots = host.num_host_blocks;
   const std::size_t num_groups = manager_.num_groups();
   group_stats_.assign(num_groups, TierGroupStats{});
@@ -52,7 +54,11 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
                                                                         : kFullGroup);
     group_bytes_.push_back(host.group_bytes_per_block.empty() ? host.bytes_per_block
                                                               : host.group_bytes_per_block[g]);
+    group_bs_.push_back(spec.block_size);
+    factor_.push_back(spec.block_size / bs_);
   }
+  align_ = coarse_keys_.alignment() / bs_;
+  coarse_scratch_.resize(num_groups);
   // Several groups, or one sliding-window group: the per-group path (tier_hybrid.cpp).
   hybrid_ = num_groups > 1 || window_blocks_[0] != kFullGroup;
   if (hybrid_) gpu_tail_.assign(n, 0);

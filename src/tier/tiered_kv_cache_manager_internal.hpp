@@ -61,13 +61,6 @@ namespace {
   const auto bad = [](const std::string& what) {
     throw Error(ErrorCode::kInvalidArgument, "TieredKVCacheManager: " + what);
   };
-  for (const AttentionSpec& spec : gpu.groups) {
-    if (spec.block_size != gpu.groups.front().block_size) {
-      bad("hybrid models: every KV-cache group needs one block size (got " +
-          std::to_string(gpu.groups.front().block_size) + " and " +
-          std::to_string(spec.block_size) + "; groups of different block sizes are not supported)");
-    }
-  }
   if (!host.group_bytes_per_block.empty() &&
       host.group_bytes_per_block.size() != std::max<std::size_t>(1, gpu.groups.size())) {
     bad("group_bytes_per_block has " + std::to_string(host.group_bytes_per_block.size()) +
@@ -86,6 +79,13 @@ namespace {
         std::to_string(unsigned{host.secondary_offload_min_priority}) + " is above 100");
   }
   return gpu;
+}
+
+// The GPU manager's KV-cache groups (the tier's copy of its coordinator keys coarser groups).
+[[maybe_unused]] std::vector<AttentionSpec> manager_specs(const KVCacheManager& manager) {
+  std::vector<AttentionSpec> specs;
+  for (std::size_t g = 0; g < manager.num_groups(); ++g) specs.push_back(manager.group_spec(g));
+  return specs;
 }
 
 [[maybe_unused]] BlockPoolConfig host_pool_config(const KVCacheManagerConfig& gpu,

@@ -4,7 +4,9 @@
 // out of order and failed, finish_loads with rollbacks, free/preempt, and misuse), checked byte
 // for byte against a reference independent of pagedkv's hashing and pools, with the tier's
 // invariants after every operation and every misuse required to throw pagedkv::Error and change
-// nothing. The episode runs until the input ends (at most 4,096 operations), then drains.
+// nothing. The episode runs until the input ends (at most 4,096 operations), then drains. The
+// same bytes then drive two hybrid episodes of tests/tier/hybrid_episode.hpp: a sliding-window
+// group beside full attention of one block size, then groups of different block sizes.
 //
 // Any failed check, or an exception escaping the episode (a valid call the tier refused), aborts
 // with what broke.
@@ -61,6 +63,15 @@ void run_one(const std::uint8_t* data, std::size_t size) {
     const auto policy = static_cast<pagedkv::HostPolicy>(hybrid() % 3);
     pagedkv::hybrid_test::run_hybrid_episode(
         hybrid, 0, hashing, policy, static_cast<int>(std::min<std::size_t>(size / 8, 200)));
+    // Then groups of different block sizes (hybrid_episode.hpp's layouts 1-3), from the input
+    // read again (the episodes above are unchanged).
+    FuzzBytes sizes(data, size);
+    const int layout = 1 + static_cast<int>(sizes() % (pagedkv::hybrid_test::kLayouts - 1));
+    const int sizes_hashing = static_cast<int>(sizes() % 4);
+    const auto sizes_policy = static_cast<pagedkv::HostPolicy>(sizes() % 3);
+    pagedkv::hybrid_test::run_hybrid_episode(sizes, 0, sizes_hashing, sizes_policy,
+                                             static_cast<int>(std::min<std::size_t>(size / 8, 200)),
+                                             layout);
   } catch (const pagedkv::hybrid_test::HybridEpisodeFailure& e) {
     std::fprintf(stderr, "tiered_fuzz: hybrid check failed: %s\n", e.what());
     std::abort();

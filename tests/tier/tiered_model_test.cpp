@@ -69,6 +69,33 @@ TEST(TieredModel, HybridEpisodesAgainstContentReference) {
   std::printf("tiered_model: %llu hybrid episodes\n", static_cast<unsigned long long>(ran));
 }
 
+// Hybrid models of groups of different block sizes (hybrid_episode.hpp's layouts 1-3: 4 and 8
+// tokens either way round, and three groups of 8, 4 and 16): the same checks plus the hit a
+// multiple of the groups' LCM block size and every group's host row at its own block size; per
+// seed each layout with one hashing (rotating) and the policies by seed.
+TEST(TieredModel, HybridEpisodesOfDifferentBlockSizesAgainstContentReference) {
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t ran = 0;
+  for (std::uint64_t seed = 1; seed <= g_episodes / 4; ++seed) {
+    for (int layout = 1; layout < hybrid_test::kLayouts; ++layout) {
+      const int hashing = static_cast<int>((seed + static_cast<std::uint64_t>(layout)) % 4);
+      std::mt19937_64 rng(seed * 16 + static_cast<std::uint64_t>(layout) + 1000000);
+      ++ran;
+      try {
+        hybrid_test::run_hybrid_episode(rng, seed, hashing, static_cast<HostPolicy>(seed % 3), 60,
+                                        layout);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        return;
+      }
+    }
+    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+    if (g_seconds > 0 && spent.count() >= g_seconds) break;
+  }
+  std::printf("tiered_model: %llu hybrid episodes of different block sizes\n",
+              static_cast<unsigned long long>(ran));
+}
+
 // The checks can fail: when the engine commits stores as done whose bytes it corrupted (a copy
 // that "succeeded" but wrote garbage), the byte-level reference must catch a hit on such a slot.
 TEST(TieredModel, TheReferenceCatchesStoresThatWroteGarbage) {

@@ -45,19 +45,33 @@
 // unchanged) are refreshed in the host LRU on the spot; the others are looked up and stored once
 // allocate_slots has pinned its hit.
 //
-// Hybrid models (sliding-window groups beside full attention; every group of one block size):
-// every group is offloaded and onboarded; host slots are keyed by (block hash, group), so two
-// groups' blocks of one position never alias. A hit is the GPU manager's fixed-point hit G, then
-// the longest L > G (a multiple of the groups' LCM alignment) such that every full-attention group
-// holds blocks [G, L) in the host and every window group holds [max(G, L - window_blocks), L)
-// (its blocks before that, back to L - window_blocks, are in the GPU hit); a window group loads
-// only those, its other positions of the host part are not loaded (their GPU blocks hold no K/V
-// and are never cached: finish_loads drops them from the GPU cache, and the manager releases them
-// as out of window). Each copy names its group (BlockCopy::group). Which window blocks are stored:
+// Hybrid models (sliding-window groups beside full attention, of one or of different block
+// sizes, each a multiple of the smallest, as the GPU manager takes them): every group is
+// offloaded and onboarded; host slots are keyed by (block hash, group), so two groups' blocks of
+// one position never alias, and a group's block keys are the GPU manager's at that group's block
+// size (a coarser group's block j: the digest of the fine hashes it covers, manager/
+// coordinator.hpp). A hit is the GPU manager's fixed-point hit of G tokens, then the longest
+// L > G, a multiple of the least common multiple of the group block sizes (as the GPU manager
+// clamps), such that every full-attention group holds its blocks of tokens [G, L) in the host and
+// every window group, in its own blocks of L / block_size, holds
+// [max(G_g, L_g - window_blocks), L_g) (its blocks before that, back to L_g - window_blocks, are
+// in the GPU hit); a window group loads only those, its other positions of the host part are not
+// loaded (their GPU blocks hold no K/V and are never cached: finish_loads drops them from the GPU
+// cache, and the manager releases them as out of window). Each copy names its group
+// (BlockCopy::group) and moves one block of that group. Which window blocks are stored:
 // HostTierConfig::window_store. A failed load rolls back to the longest prefix still valid in
-// every group. Not yet for hybrid models: groups of different block sizes (refused at
-// construction) and local_prefix_blocks (kInvalidArgument; RemoteTier computes a hybrid request's
-// local hit itself); begin_fill and host_holds take the group.
+// every group: the start of the earliest failed block of any group (a token count, a multiple of
+// the smallest block size), or G when a window group's window there reaches into blocks it
+// never loaded.
+// Host slot bytes: a host slot holds one block of one group, so the engine's host buffer has
+// num_host_blocks slots of one stride, at least the largest group's block bytes
+// (HostTierConfig::group_bytes_per_block, max over groups); a copy of group g moves
+// group_bytes_per_block[g] bytes at the slot's start, and the byte counts (TierStats,
+// group_stats()) count those. vLLM chooses block sizes so that every group's block has the same
+// bytes (then nothing is wasted); otherwise a smaller group's slots leave their tail unused.
+// Not yet for hybrid models: local_prefix_blocks (kInvalidArgument; RemoteTier computes a hybrid
+// request's local hit itself); begin_fill and host_holds take the group, for groups of one block
+// size only (kInvalidArgument otherwise; RemoteTier refuses groups of different block sizes).
 // Errors (pagedkv::Error, nothing changed): misuse of the manager calls as in KVCacheManager; a
 // request that belongs to another manager (manager/request.hpp: Ownership; every call taking a
 // request checks it before anything else, the tier's own state included); a stale host hit;
@@ -66,8 +80,10 @@
 // transfers in flight. A full host tier is normal: stores are skipped and counted.
 // Complexity: O(1) per block for lookups, plans and commits (plus O(block_size) per verified
 // host hit; with prefix identities one SHA-256 of a block per cached GPU block and per block a
-// host run tries). Thread-compatible: one scheduler thread. Not copyable or movable (the pools'
-// event sinks point at it).
+// host run tries; hybrid models with groups of a larger block size: the request's keys at that
+// size, one digest per block of it, per lookup as the GPU manager's and once per allocation).
+// Thread-compatible: one scheduler thread. Not copyable or movable (the pools' event sinks point
+// at it).
 #pragma once
 
 #include <cstddef>
@@ -93,11 +109,13 @@ using TransferId = std::uint64_t;
 // get_computed_blocks(): the GPU hit and the host slots continuing it.
 struct TieredCacheHit {
   CacheHit gpu;
-  std::vector<BlockId> host_slots;  // host slot of the request's block gpu.blocks.size() + i
-  // Hybrid models: groups 1.. (group g at [g - 1]), as host_slots; 0 where the group loads
-  // nothing (a window group's positions before its window at the hit's end). Empty otherwise.
+  // Host slot of the request's block gpu.blocks.size() + i (of group 0, at its block size).
+  std::vector<BlockId> host_slots;
+  // Hybrid models: groups 1.. (group g at [g - 1]), as host_slots at group g's block size (block
+  // gpu.group(g).size() + i); 0 where the group loads nothing (a window group's positions before
+  // its window at the hit's end). Empty otherwise.
   std::vector<std::vector<BlockId>> host_other_groups;
-  std::size_t num_host_tokens = 0;  // host_slots.size() * block size
+  std::size_t num_host_tokens = 0;  // host_slots.size() * group 0's block size
   // The tier's host epoch when the slots were verified: allocate_slots() trusts that
   // verification only while no host slot has been reassigned since, and verifies every slot
   // again otherwise (0, as in a hit built by hand: always verified again).
@@ -167,7 +185,7 @@ struct TieredSnapshot {
 
 class TieredKVCacheManager {
  public:
-  // Throws pagedkv::Error (kInvalidArgument) for groups of different block sizes, caching off,
+  // Throws pagedkv::Error (kInvalidArgument) for the GPU manager's refusals, caching off,
   // fewer than 1 host block, selective_hits 0 or group_bytes_per_block not one per group.
   TieredKVCacheManager(const KVCacheManagerConfig& gpu, const HostTierConfig& host);
   ~TieredKVCacheManager();
@@ -177,6 +195,7 @@ class TieredKVCacheManager {
   const KVCacheManager& gpu() const noexcept { return manager_; }
   const BlockPool& host_pool() const noexcept { return host_; }
   const HostTierConfig& host_config() const noexcept { return host_config_; }
+  // The block size requests are hashed at (the smallest group block size).
   std::uint32_t block_size() const noexcept { return manager_.block_size(); }
 
   Request make_request(RequestId id, std::span<const TokenId> prompt,
@@ -306,10 +325,15 @@ class TieredKVCacheManager {
     std::size_t first_failed = 0;  // lowest failed load's chain index; num_loads when none
     std::size_t cache_upto = 0;    // tokens to cache when every load is done
     std::size_t scanned = 0;       // leading blocks whose caching the tier has recorded
-    // Hybrid models: the hit's end (blocks), and per group the leading blocks recorded.
+    // Hybrid models: the hit's end, and per group the leading blocks recorded (its own blocks).
+    // hit_begin, hit_end, num_loads and first_failed count blocks of the smallest block size
+    // (bs_; one group's blocks when every group has one size).
     std::size_t hit_end = 0;
     std::vector<std::size_t> scanned_groups;
     std::vector<BlockHash> identities;  // prefix identities of the request's blocks (hybrid)
+    // Groups of a larger block size than bs_: the request's block keys at that size (empty for
+    // the others), extended before the manager changes state (no allocation after it).
+    std::vector<std::vector<BlockHash>> coarse;
   };
   class ContentSource;
 
@@ -346,6 +370,15 @@ class TieredKVCacheManager {
                             std::size_t num_tokens) const noexcept;
   // st.identities extended to the request's first `end` blocks (capped at its full blocks).
   void hybrid_identities(const BlockSequence& seq, RequestState& st, std::size_t end);
+  // Group g's view of the request's key material `fine` (hashed at bs_): `fine` itself, or for a
+  // coarser group the same tokens keyed at its block size (coarse[g] extended in place; coarse is
+  // only indexed for a coarser group).
+  BlockSequence group_seq(const BlockSequence& fine, std::size_t g,
+                          std::vector<std::vector<BlockHash>>& coarse) const {
+    return factor_[g] == 1 ? fine : coarse_keys_.group_sequence(fine, g, coarse[g]);
+  }
+  // st.coarse extended to every full block of `fine` in each coarser group.
+  void hybrid_coarse(const BlockSequence& fine, RequestState& st);
   std::uint64_t hybrid_hit_check(const TieredCacheHit& hit, std::span<const BlockHash> hashes,
                                  std::uint64_t request_salt) const noexcept;
   // Group g's host slot of the hit's position i (0 when none).
@@ -402,8 +435,10 @@ class TieredKVCacheManager {
   // Forgets a request's loaded blocks from `from` (chain index) on: their loads did not land, so
   // the slots noted for them name content they do not hold.
   void forget_loaded_slots(const Request& request, const RequestState& state, std::size_t from);
+  // A one- or two-block view of one stored block of `block_size` tokens (at tokens[block_size]).
   BlockSequence content_sequence(const std::vector<TokenId>& tokens, const BlockHash* hashes,
-                                 bool first, const ContentSource* extra) const;
+                                 bool first, const ContentSource* extra,
+                                 std::uint32_t block_size) const;
   TransferId open_transfer(Kind kind, RequestState* state, BlockId gpu, BlockId host,
                            std::uint32_t chain_index);
   // A slab entry for a new transfer (reserve_transfers made room); grow_transfers: a new one.
@@ -422,7 +457,17 @@ class TieredKVCacheManager {
   // hashes identify their prefix): it checks the parent hash in match_cached_block_after(). Else
   // (prefix identities) the tier looks up by tokens and extra keys and compares host_identity_.
   bool host_chain_;
-  std::uint32_t bs_;
+  std::uint32_t bs_;  // the smallest group block size (requests are hashed at it)
+  // Tokens kept per recorded block (GPU records, transfers, evictions): the largest group block
+  // size (bs_ when every group has one size).
+  std::uint32_t stride_;
+  // Per group: its block size and that over bs_; the groups' LCM block size over bs_ (a hybrid
+  // hit's length is a multiple of it, in blocks of bs_); the coarser groups' keys (a copy of the
+  // GPU manager's coordinator: the same keys).
+  std::vector<std::uint32_t> group_bs_;
+  std::vector<std::size_t> factor_;
+  std::size_t align_ = 1;
+  KVCacheCoordinator coarse_keys_;
   // Prefix identities (!host_chain_): the SHA-256 hasher of the chain, each cached GPU block's
   // identity (with own records: set with gpu_hash_), each cached host slot's, each store's.
   BlockHasher identity_hasher_;
@@ -506,7 +551,8 @@ class TieredKVCacheManager {
 
   // Scratch (no allocation in steady state).
   std::vector<BlockId> slot_scratch_;
-  std::vector<BlockId> found_slots_;  // get_computed_blocks: the host run
+  std::vector<BlockId> found_slots_;                    // get_computed_blocks: the host run
+  std::vector<std::vector<BlockHash>> coarse_scratch_;  // hybrid get_computed_blocks: per group
   std::vector<TokenId> content_tokens_;
   TierPlan copies_;  // allocate_slots, finish_loads: the evictions and stores planned (no loads)
   BlockHash content_hashes_[2];
