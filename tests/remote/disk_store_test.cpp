@@ -471,12 +471,15 @@ TEST(DiskStore, LargePayloadsLieAlignedAndDamageStaysACountedMiss) {
 // (pwritev); a value that is not a whole number of pages leaves a gap before the next payload.
 // Every value of a group lands in its own slot and destination, and damage to one stays that
 // value's counted miss.
-TEST(DiskStore, GroupedPayloadsOfAdjacentSlotsKeepTheirBytesAndDamageStaysACountedMiss) {
-  constexpr std::size_t kOdd = 5000;  // payload stride 8192: 3192 bytes of gap after each
-  constexpr std::uint64_t kN = 40;
+void grouped_payloads_keep_their_bytes(int io_threads) {
+  SCOPED_TRACE(io_threads);
+  constexpr std::size_t kOdd = 40000;  // payload stride 40960: 960 bytes of gap after each
+  constexpr std::uint64_t kStride = 40960;
+  constexpr std::uint64_t kN = 40;  // more than one group (1 MiB: 25 payloads)
   TempDir dir;
   DiskStoreConfig c = config_for(dir.path(), kN);
   c.value_bytes = kOdd;
+  c.io_threads = io_threads;  // 2: each half of a run on its own thread, with its own scratch
   c.capacity_bytes = kN * DiskStore::slot_bytes_for(kOdd);
   std::vector<std::vector<std::byte>> vals;
   for (std::uint64_t i = 0; i < kN; ++i) vals.push_back(bytes_of(kOdd, 1000 + i));
@@ -499,7 +502,7 @@ TEST(DiskStore, GroupedPayloadsOfAdjacentSlotsKeepTheirBytesAndDamageStaysACount
       meta[i] = *s.slot_offset_of(key_of(i));
       payload[i] = *s.payload_offset_of(key_of(i));
       if (i > 0) {
-        ASSERT_EQ(payload[i], payload[i - 1] + 8192) << "slots taken in order";
+        ASSERT_EQ(payload[i], payload[i - 1] + kStride) << "slots taken in order";
       }
       // The bytes on disk are the value's, at its own offset (not shifted by a neighbour's).
       ASSERT_EQ(read_file(s.slab_path(), payload[i], kOdd), vals[i]) << "key " << i;
@@ -515,9 +518,9 @@ TEST(DiskStore, GroupedPayloadsOfAdjacentSlotsKeepTheirBytesAndDamageStaysACount
   }
   // 7: a payload byte flipped; 20: a value header byte (its checksum) flipped; 33: another
   // payload written over it under the old header.
-  auto b = read_file(slab, payload[7] + 4999, 1);
+  auto b = read_file(slab, payload[7] + kOdd - 1, 1);
   b[0] ^= std::byte{0x80};
-  patch_file(slab, payload[7] + 4999, b);
+  patch_file(slab, payload[7] + kOdd - 1, b);
   b = read_file(slab, meta[20] + DiskStore::kSlotRecordBytes + 24, 1);
   b[0] ^= std::byte{0x01};
   patch_file(slab, meta[20] + DiskStore::kSlotRecordBytes + 24, b);
@@ -538,6 +541,11 @@ TEST(DiskStore, GroupedPayloadsOfAdjacentSlotsKeepTheirBytesAndDamageStaysACount
   EXPECT_EQ(s.stats().checksum_failures, 3u);
   EXPECT_EQ(s.stats().hits, kN - 3);
   EXPECT_EQ(s.size(), kN - 3);  // the damaged values were dropped
+}
+
+TEST(DiskStore, GroupedPayloadsOfAdjacentSlotsKeepTheirBytesAndDamageStaysACountedMiss) {
+  grouped_payloads_keep_their_bytes(1);
+  grouped_payloads_keep_their_bytes(2);
 }
 
 TEST(DiskStore, ACorruptedFileHeaderDiscardsTheSlab) {
