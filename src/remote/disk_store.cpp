@@ -847,14 +847,14 @@ void DiskStore::Impl::begin_put(std::uint32_t& slot, std::uint64_t& seq) noexcep
 // leaves the slot's previous header, which the new bytes fail (a counted miss at a get). Returns 0
 // or the errno of the failed write.
 int DiskStore::Impl::write_put(const Op& op, std::uint32_t slot, std::uint64_t seq) noexcept {
+  const std::span<const std::byte> src(op.buf, config.value_bytes);
+  const RemoteValueHeader header =
+      encode_remote_value_header(config.layout_fingerprint, op.id, src);
   const SlotRecord record = encode_record(op.id.block, seq);
-  RemoteValueHeader header{};
   std::array<iovec, 3> iov{};
   iov[0] = {const_cast<std::byte*>(record.data()), record.size()};
-  iov[1] = {header.data(), header.size()};
+  iov[1] = {const_cast<std::byte*>(header.data()), header.size()};
   iov[2] = {op.buf, config.value_bytes};
-  header = encode_remote_value_header(config.layout_fingerprint, op.id,
-                                      std::span<const std::byte>(op.buf, config.value_bytes));
   if (!apart) return pwritev_full(slab_fd, iov.data(), 3, offset_of(slot));
   if (const int err = pwritev_full(slab_fd, iov.data() + 2, 1, payload_offset_of(slot))) return err;
   return pwritev_full(slab_fd, iov.data(), 2, offset_of(slot));
@@ -970,7 +970,7 @@ void DiskStore::Impl::split_io(const std::uint32_t* group, std::size_t begin, st
 // Gets [begin, end) of a run (layout apart): the records and headers of adjacent slots (in op
 // order) are read with one pread; then the payloads of adjacent slots, up to kGroupBytes of them,
 // with one preadv straight into their destinations (the gaps between payloads into scratch
-// bytes), each value then checked while it is still in the CPU's cache.
+// bytes), each value then checked on its own as before.
 void DiskStore::Impl::gets_apart(const std::uint32_t* group, std::size_t begin, std::size_t end,
                                  std::vector<std::byte>& meta) noexcept {
   for (std::size_t k = begin; k < end;) {
