@@ -2,9 +2,10 @@
 // the same payload bytes on the same file system, in the same run, rounds alternating (A/B).
 //
 // Per round and value size: plain pwrite of `blocks` payloads one after another into one file,
-// then plain pread of them back; DiskStore puts of `blocks` new keys (so from the second round on
-// every put evicts the least recently used value, as a full cache does) in batches of `batch`,
-// each batch submitted and waited for, then gets of them. Throughput counts payload bytes only
+// then plain pread of them back (A); DiskStore puts of `blocks` new keys (so from the second round
+// on every put evicts the least recently used value, as a full cache does) in batches of `batch`,
+// each batch submitted and waited for, then gets of them (B); A then B in even rounds, B then A
+// in odd ones. Throughput counts payload bytes only
 // (the store also writes its 64-byte record and 144-byte value header, and checksums every
 // value). Also timed, in memory alone: the checksum pass and the copy a store get adds to a
 // read. Prints the median of each and store/plain ratios, by wall time and by the process's CPU
@@ -118,51 +119,63 @@ void run_size(const fs::path& dir, std::size_t value, std::size_t blocks, std::s
   const double gb = double(value) * double(blocks) / 1e9;
   for (int r = 0; r < rounds; ++r) {
     // A: plain sequential pwrite, then pread.
-    auto t0 = Clock::now();
-    double c0 = cpu_now();
-    for (std::size_t i = 0; i < blocks; ++i) {
-      if (::pwrite(fd, src[i % batch].data(), value, off_t(i * value)) != ssize_t(value)) {
-        die("pwrite");
+    const auto plain_side = [&] {
+      auto t0 = Clock::now();
+      double c0 = cpu_now();
+      for (std::size_t i = 0; i < blocks; ++i) {
+        if (::pwrite(fd, src[i % batch].data(), value, off_t(i * value)) != ssize_t(value)) {
+          die("pwrite");
+        }
       }
-    }
-    f.plain_write.push_back(gb / seconds_since(t0));
-    f.cpu_plain_write.push_back(gb / (cpu_now() - c0));
-    t0 = Clock::now();
-    c0 = cpu_now();
-    for (std::size_t i = 0; i < blocks; ++i) {
-      if (::pread(fd, dst[i % batch].data(), value, off_t(i * value)) != ssize_t(value)) {
-        die("pread");
+      f.plain_write.push_back(gb / seconds_since(t0));
+      f.cpu_plain_write.push_back(gb / (cpu_now() - c0));
+      t0 = Clock::now();
+      c0 = cpu_now();
+      for (std::size_t i = 0; i < blocks; ++i) {
+        if (::pread(fd, dst[i % batch].data(), value, off_t(i * value)) != ssize_t(value)) {
+          die("pread");
+        }
       }
-    }
-    f.plain_read.push_back(gb / seconds_since(t0));
-    f.cpu_plain_read.push_back(gb / (cpu_now() - c0));
+      f.plain_read.push_back(gb / seconds_since(t0));
+      f.cpu_plain_read.push_back(gb / (cpu_now() - c0));
+    };
     // B: the store, new keys each round.
-    const std::uint64_t first = std::uint64_t(r) * blocks;
-    t0 = Clock::now();
-    c0 = cpu_now();
-    for (std::size_t i = 0; i < blocks; i += batch) {
-      const std::size_t n = std::min(batch, blocks - i);
-      for (std::size_t k = 0; k < n; ++k) puts[k] = {key_of(first + i + k), src[k], {}, 0};
-      if (!store.put(std::span(puts.data(), n))) die("put refused");
-      wait_all(store, n, pagedkv::RemoteResult::kStored, buf);
+    const auto store_side = [&] {
+      const std::uint64_t first = std::uint64_t(r) * blocks;
+      auto t0 = Clock::now();
+      double c0 = cpu_now();
+      for (std::size_t i = 0; i < blocks; i += batch) {
+        const std::size_t n = std::min(batch, blocks - i);
+        for (std::size_t k = 0; k < n; ++k) puts[k] = {key_of(first + i + k), src[k], {}, 0};
+        if (!store.put(std::span(puts.data(), n))) die("put refused");
+        wait_all(store, n, pagedkv::RemoteResult::kStored, buf);
+      }
+      f.store_put.push_back(gb / seconds_since(t0));
+      f.cpu_store_put.push_back(gb / (cpu_now() - c0));
+      t0 = Clock::now();
+      c0 = cpu_now();
+      for (std::size_t i = 0; i < blocks; i += batch) {
+        const std::size_t n = std::min(batch, blocks - i);
+        for (std::size_t k = 0; k < n; ++k) gets[k] = {key_of(first + i + k), dst[k], {}, 0};
+        if (!store.get(std::span(gets.data(), n))) die("get refused");
+        wait_all(store, n, pagedkv::RemoteResult::kHit, buf);
+      }
+      f.store_get.push_back(gb / seconds_since(t0));
+      f.cpu_store_get.push_back(gb / (cpu_now() - c0));
+    };
+    // A then B in even rounds, B then A in odd ones: neither side always runs first.
+    if (r % 2 == 0) {
+      plain_side();
+      store_side();
+    } else {
+      store_side();
+      plain_side();
     }
-    f.store_put.push_back(gb / seconds_since(t0));
-    f.cpu_store_put.push_back(gb / (cpu_now() - c0));
-    t0 = Clock::now();
-    c0 = cpu_now();
-    for (std::size_t i = 0; i < blocks; i += batch) {
-      const std::size_t n = std::min(batch, blocks - i);
-      for (std::size_t k = 0; k < n; ++k) gets[k] = {key_of(first + i + k), dst[k], {}, 0};
-      if (!store.get(std::span(gets.data(), n))) die("get refused");
-      wait_all(store, n, pagedkv::RemoteResult::kHit, buf);
-    }
-    f.store_get.push_back(gb / seconds_since(t0));
-    f.cpu_store_get.push_back(gb / (cpu_now() - c0));
     // C: the extra work of a store get in memory alone: the value's checksum (the header's
     // xxh3_64 pass over the payload, as a put computes and a get verifies it), one copy.
     std::uint64_t sink = 0;
     const pagedkv::RemoteValueBinding binding{key_of(1), {}, 0};
-    t0 = Clock::now();
+    auto t0 = Clock::now();
     for (std::size_t i = 0; i < blocks; ++i) {
       sink += std::to_integer<std::uint8_t>(
           pagedkv::encode_remote_value_header(cfg.layout_fingerprint, binding, src[i % batch])[24]);

@@ -354,6 +354,14 @@ struct DiskStore::Impl {
   // A get's result before the index sees it.
   enum class GetOutcome : std::uint8_t { kMiss, kError, kHit, kKeep, kDrop };
   static constexpr std::size_t kTake = 64;  // ops taken from the queue at a time
+  // The layout apart reads (writes) the payloads of up to this many bytes of adjacent slots with
+  // one preadv (pwritev), each value checksummed just after (before) it: fewer system calls
+  // than one per value (bench/results/disk.md, 2026-12-04).
+#ifdef PAGEDKV_DISK_GROUP_BYTES  // experiments only (bench_disk_store builds of other sizes)
+  static constexpr std::size_t kGroupBytes = PAGEDKV_DISK_GROUP_BYTES;
+#else
+  static constexpr std::size_t kGroupBytes = std::size_t{1} << 20;
+#endif
   // Values at least this large are worth splitting a run across two threads (below it the
   // hand-off costs about what the second thread saves).
   static constexpr std::size_t kSplitMinBytes = std::size_t{32} << 10;
@@ -379,14 +387,16 @@ struct DiskStore::Impl {
                    num_slots_ >= 2),
         split_limit(std::min<std::size_t>(kTake, num_slots_)),
         runs(use_helper || (apart && num_slots_ >= 2)),
+        group_values(std::clamp<std::size_t>(kGroupBytes / payload_stride, 1, kTake)),
+        gap_bytes(apart ? payload_stride - config.value_bytes : 0),
         ops(config.queue_depth),
         free_ops(config.queue_depth),
         pending(config.queue_depth),
         completed(config.queue_depth) {
     for (std::size_t i = 0; i < config.queue_depth; ++i) free_ops.push(std::uint32_t(i));
-    if (apart) {
-      meta_run.resize(kTake * kMetaStride);
-      if (use_helper) meta_run2.resize(kTake * kMetaStride);
+    if (apart) {  // metadata of a run, then scratch for the gaps between grouped payloads
+      meta_run.resize(kTake * kMetaStride + gap_bytes);
+      if (use_helper) meta_run2.resize(kTake * kMetaStride + gap_bytes);
     }
   }
   ~Impl() {
@@ -425,7 +435,9 @@ struct DiskStore::Impl {
   bool use_helper = false;
   std::size_t split_limit = 0;  // ops per split run: <= kTake and <= num_slots
   RemoteValueHeader staging2{};
-  bool runs = false;  // runs of gets or puts go through run_split (helper or apart)
+  bool runs = false;             // runs of gets or puts go through run_split (helper or apart)
+  std::size_t group_values = 1;  // layout apart: payloads of adjacent slots per preadv/pwritev
+  std::size_t gap_bytes = 0;     // layout apart: bytes between one payload's end and the next
   std::array<Split, kTake> split{};
   std::mutex helper_mu;
   std::condition_variable helper_cv;
@@ -956,7 +968,9 @@ void DiskStore::Impl::split_io(const std::uint32_t* group, std::size_t begin, st
 }
 
 // Gets [begin, end) of a run (layout apart): the records and headers of adjacent slots (in op
-// order) are read with one pread, each payload with its own, straight into its destination.
+// order) are read with one pread; then the payloads of adjacent slots, up to kGroupBytes of them,
+// with one preadv straight into their destinations (the gaps between payloads into scratch
+// bytes), each value then checked on its own as before.
 void DiskStore::Impl::gets_apart(const std::uint32_t* group, std::size_t begin, std::size_t end,
                                  std::vector<std::byte>& meta) noexcept {
   for (std::size_t k = begin; k < end;) {
@@ -969,35 +983,59 @@ void DiskStore::Impl::gets_apart(const std::uint32_t* group, std::size_t begin, 
     errno = 0;
     const std::size_t want = (e - k) * kMetaStride;
     const std::size_t got = pread_full(slab_fd, meta.data(), want, offset_of(split[k].slot));
-    const bool failed = got < want && errno != 0;
-    for (std::size_t m = k; m < e; ++m) {
+    if (got < want && errno != 0) {
+      for (std::size_t m = k; m < e; ++m) split[m].outcome = GetOutcome::kError;
+      k = e;
+      continue;
+    }
+    // Bytes of op m's value header that the read returned (short at the file's end).
+    const auto header_at = [&](std::size_t m) { return (m - k) * kMetaStride + kSlotRecordBytes; };
+    const auto header_got = [&](std::size_t m) {
+      const std::size_t at = header_at(m);
+      return got > at ? std::min(got - at, kRemoteValueHeaderSize) : std::size_t{0};
+    };
+    for (std::size_t m = k; m < e;) {
       const Op& op = ops[group[m]];
-      if (failed) {
-        split[m].outcome = GetOutcome::kError;
+      if (header_got(m) < kRemoteValueHeaderSize) {  // the file ends before its payload
+        split[m].outcome = check_get(op, meta.data() + header_at(m), header_got(m), 0);
+        ++m;
         continue;
       }
-      // Bytes of this slot's value header that the read returned (short at the file's end).
-      const std::size_t at = (m - k) * kMetaStride + kSlotRecordBytes;
-      const std::size_t header_got = got > at ? std::min(got - at, kRemoteValueHeaderSize) : 0;
-      std::size_t payload_got = 0;
-      if (header_got == kRemoteValueHeaderSize) {
-        errno = 0;
-        payload_got =
-            pread_full(slab_fd, op.buf, config.value_bytes, payload_offset_of(split[m].slot));
-        if (payload_got < config.value_bytes && errno != 0) {
-          split[m].outcome = GetOutcome::kError;
-          continue;
-        }
+      // Ops [m, g): one read of their adjacent payloads.
+      std::size_t g = m + 1;
+      while (g < e && g - m < group_values && header_got(g) == kRemoteValueHeaderSize) ++g;
+      // The payloads, and the gaps between them (payload_stride - value_bytes, below a page)
+      // into the thread's scratch bytes after its metadata buffer.
+      std::array<iovec, 2 * kTake> iov{};
+      int n = 0;
+      for (std::size_t q = m; q < g; ++q) {
+        if (q > m && gap_bytes > 0) iov[n++] = {meta.data() + kTake * kMetaStride, gap_bytes};
+        iov[n++] = {ops[group[q]].buf, config.value_bytes};
       }
-      split[m].outcome = check_get(op, meta.data() + at, header_got, payload_got);
+      errno = 0;
+      const std::size_t done =
+          preadv_full(slab_fd, iov.data(), n, payload_offset_of(split[m].slot));
+      const bool failed = done < (g - m - 1) * payload_stride + config.value_bytes && errno != 0;
+      for (std::size_t q = m; q < g; ++q) {
+        const std::size_t at = (q - m) * payload_stride;
+        const std::size_t payload_got =
+            done > at ? std::min(done - at, config.value_bytes) : std::size_t{0};
+        split[q].outcome = failed && payload_got < config.value_bytes
+                               ? GetOutcome::kError
+                               : check_get(ops[group[q]], meta.data() + header_at(q),
+                                           kRemoteValueHeaderSize, payload_got);
+      }
+      m = g;
     }
     k = e;
   }
 }
 
-// Puts [begin, end) of a run (layout apart): each payload with its own pwrite from the source,
-// then the records and headers of adjacent slots (in op order) with one pwrite, after their
-// payloads (a run cut short leaves the slots' previous headers, which the new payloads fail).
+// Puts [begin, end) of a run (layout apart): the payloads of adjacent slots, up to kGroupBytes
+// of them, each checksummed, then written with one pwritev from their sources (zeros over the
+// gaps); then the records and headers of adjacent slots (in op order) with one pwrite, after
+// their payloads (a run cut short leaves the slots' previous headers, which the new payloads
+// fail).
 void DiskStore::Impl::puts_apart(const std::uint32_t* group, std::size_t begin, std::size_t end,
                                  std::vector<std::byte>& meta) noexcept {
   std::size_t first = begin;  // the pending metadata run: ops [first, k)
@@ -1008,27 +1046,42 @@ void DiskStore::Impl::puts_apart(const std::uint32_t* group, std::size_t begin, 
       for (std::size_t m = first; m < k; ++m) split[m].err = err;
     }
   };
-  for (std::size_t k = begin; k < end; ++k) {
-    Split& x = split[k];
-    const Op& op = ops[group[k]];
-    if (k > first && x.slot != split[k - 1].slot + 1) {
+  for (std::size_t k = begin; k < end;) {
+    if (k > first && split[k].slot != split[k - 1].slot + 1) {
       flush(k);
       first = k;
     }
-    const std::span<const std::byte> src(op.buf, config.value_bytes);
-    std::byte* m = meta.data() + (k - first) * kMetaStride;
-    const SlotRecord record = encode_record(op.id.block, x.seq);
-    const RemoteValueHeader header =
-        encode_remote_value_header(config.layout_fingerprint, op.id, src);
-    std::memcpy(m, record.data(), record.size());
-    std::memcpy(m + record.size(), header.data(), header.size());
-    std::memset(m + record.size() + header.size(), 0, kMetaStride - record.size() - header.size());
-    iovec iov{op.buf, config.value_bytes};
-    x.err = pwritev_full(slab_fd, &iov, 1, payload_offset_of(x.slot));
-    if (x.err != 0) {  // its header is never written: end the metadata run before it
-      flush(k);
-      first = k + 1;
+    // Ops [k, g): adjacent slots, written with one call.
+    std::size_t g = k + 1;
+    while (g < end && g - k < group_values && split[g].slot == split[g - 1].slot + 1) ++g;
+    for (std::size_t q = k; q < g; ++q) {
+      const Op& op = ops[group[q]];
+      std::byte* m = meta.data() + (q - first) * kMetaStride;
+      const SlotRecord record = encode_record(op.id.block, split[q].seq);
+      std::memcpy(m, record.data(), record.size());
+      std::memset(m + record.size() + kRemoteValueHeaderSize, 0,
+                  kMetaStride - record.size() - kRemoteValueHeaderSize);
     }
+    // The payloads, and zeros over the gaps between them (below a page each).
+    static constexpr std::array<std::byte, 4096> kZeros{};
+    std::array<iovec, 2 * kTake> iov{};
+    int n = 0;
+    for (std::size_t q = k; q < g; ++q) {
+      const Op& op = ops[group[q]];
+      const RemoteValueHeader header = encode_remote_value_header(
+          config.layout_fingerprint, op.id, std::span<const std::byte>(op.buf, config.value_bytes));
+      std::memcpy(meta.data() + (q - first) * kMetaStride + kSlotRecordBytes, header.data(),
+                  header.size());
+      if (q > k && gap_bytes > 0) iov[n++] = {const_cast<std::byte*>(kZeros.data()), gap_bytes};
+      iov[n++] = {op.buf, config.value_bytes};
+    }
+    const int err = pwritev_full(slab_fd, iov.data(), n, payload_offset_of(split[k].slot));
+    for (std::size_t q = k; q < g; ++q) split[q].err = err;
+    if (err != 0) {  // their headers are never written: end the metadata run before them
+      flush(k);
+      first = g;
+    }
+    k = g;
   }
   flush(end);
 }

@@ -467,6 +467,87 @@ TEST(DiskStore, LargePayloadsLieAlignedAndDamageStaysACountedMiss) {
   }
 }
 
+// Values of the layout apart in adjacent slots are read (written) in groups with one preadv
+// (pwritev); a value that is not a whole number of pages leaves a gap before the next payload.
+// Every value of a group lands in its own slot and destination, and damage to one stays that
+// value's counted miss.
+void grouped_payloads_keep_their_bytes(int io_threads) {
+  SCOPED_TRACE(io_threads);
+  constexpr std::size_t kOdd = 40000;  // payload stride 40960: 960 bytes of gap after each
+  constexpr std::uint64_t kStride = 40960;
+  constexpr std::uint64_t kN = 40;  // more than one group (1 MiB: 25 payloads)
+  TempDir dir;
+  DiskStoreConfig c = config_for(dir.path(), kN);
+  c.value_bytes = kOdd;
+  c.io_threads = io_threads;  // 2: each half of a run on its own thread, with its own scratch
+  c.capacity_bytes = kN * DiskStore::slot_bytes_for(kOdd);
+  std::vector<std::vector<std::byte>> vals;
+  for (std::uint64_t i = 0; i < kN; ++i) vals.push_back(bytes_of(kOdd, 1000 + i));
+  const auto get_all = [&](DiskStore& s, std::vector<std::vector<std::byte>>& outs) {
+    outs.assign(kN, std::vector<std::byte>(kOdd));
+    std::vector<RemoteGet> ops;
+    for (std::uint64_t i = 0; i < kN; ++i) ops.push_back({key_of(i), outs[i], {}, 0});
+    EXPECT_TRUE(s.get(ops));
+    return collect(s, ops.size());
+  };
+  fs::path slab;
+  std::vector<std::uint64_t> meta(kN), payload(kN);
+  {
+    DiskStore s(c);
+    std::vector<RemotePut> puts;
+    for (std::uint64_t i = 0; i < kN; ++i) puts.push_back({key_of(i), vals[i], {}, 0});
+    ASSERT_TRUE(s.put(puts));  // one batch: runs of adjacent slots
+    for (const auto& r : collect(s, puts.size())) ASSERT_EQ(r.result, RemoteResult::kStored);
+    for (std::uint64_t i = 0; i < kN; ++i) {
+      meta[i] = *s.slot_offset_of(key_of(i));
+      payload[i] = *s.payload_offset_of(key_of(i));
+      if (i > 0) {
+        ASSERT_EQ(payload[i], payload[i - 1] + kStride) << "slots taken in order";
+      }
+      // The bytes on disk are the value's, at its own offset (not shifted by a neighbour's).
+      ASSERT_EQ(read_file(s.slab_path(), payload[i], kOdd), vals[i]) << "key " << i;
+    }
+    std::vector<std::vector<std::byte>> outs;
+    const auto done = get_all(s, outs);
+    ASSERT_EQ(done.size(), kN);
+    for (std::uint64_t i = 0; i < kN; ++i) {
+      ASSERT_EQ(done[i].result, RemoteResult::kHit) << "key " << i;
+      EXPECT_EQ(outs[i], vals[i]) << "key " << i;
+    }
+    slab = s.slab_path();
+  }
+  // 7: a payload byte flipped; 20: a value header byte (its checksum) flipped; 33: another
+  // payload written over it under the old header.
+  auto b = read_file(slab, payload[7] + kOdd - 1, 1);
+  b[0] ^= std::byte{0x80};
+  patch_file(slab, payload[7] + kOdd - 1, b);
+  b = read_file(slab, meta[20] + DiskStore::kSlotRecordBytes + 24, 1);
+  b[0] ^= std::byte{0x01};
+  patch_file(slab, meta[20] + DiskStore::kSlotRecordBytes + 24, b);
+  patch_file(slab, payload[33], bytes_of(kOdd, 7));
+  DiskStore s(c);
+  EXPECT_EQ(s.open_stats().recovered, kN);
+  std::vector<std::vector<std::byte>> outs;
+  const auto done = get_all(s, outs);
+  ASSERT_EQ(done.size(), kN);
+  for (std::uint64_t i = 0; i < kN; ++i) {
+    if (i == 7 || i == 20 || i == 33) {
+      EXPECT_EQ(done[i].result, RemoteResult::kInvalidValue) << "key " << i;
+    } else {
+      ASSERT_EQ(done[i].result, RemoteResult::kHit) << "key " << i;
+      EXPECT_EQ(outs[i], vals[i]) << "key " << i;
+    }
+  }
+  EXPECT_EQ(s.stats().checksum_failures, 3u);
+  EXPECT_EQ(s.stats().hits, kN - 3);
+  EXPECT_EQ(s.size(), kN - 3);  // the damaged values were dropped
+}
+
+TEST(DiskStore, GroupedPayloadsOfAdjacentSlotsKeepTheirBytesAndDamageStaysACountedMiss) {
+  grouped_payloads_keep_their_bytes(1);
+  grouped_payloads_keep_their_bytes(2);
+}
+
 TEST(DiskStore, ACorruptedFileHeaderDiscardsTheSlab) {
   TempDir dir;
   fs::path slab;

@@ -59,8 +59,11 @@
 // index in op order (the same index as one thread leaves, except that two gets of one corrupted
 // key in one run both count the failed check). Values of the layout apart (slots above 4096
 // bytes) take that path with one thread too, the records and headers of a run's adjacent slots
-// read (written) with one call. Submissions and poll() only touch a bounded queue
-// under a mutex, never the disk. The queue holds at most `queue_depth` ops
+// read (written) with one call, and the payloads of adjacent slots, up to 1 MiB of them, with one
+// preadv (pwritev; the gaps between payloads that are not whole pages go to scratch bytes or
+// are written as zeros), each value checksummed and checked one by one as before (system calls
+// cost about 3 us each on the VM of bench/results/disk.md). Submissions and poll() only touch a
+// bounded queue under a mutex, never the disk. The queue holds at most `queue_depth` ops
 // submitted and not yet polled; a batch that does not fit is refused whole (nullopt) and counted
 // in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout
 // (a pread/pwrite already running is not interrupted). I/O errors complete kError; ENOSPC/EDQUOT
@@ -69,7 +72,8 @@
 // same block asked for under another parent or group stays (a miss for that get only).
 //
 // Complexity: exists O(1); get/put O(value) (a get: the value header read into the store's buffer
-// and the payload straight into the destination, one preadv or, apart, two preads; then one
+// and the payload straight into the destination, one preadv or, apart, a share of one pread
+// of the run's headers and of one preadv of its adjacent payloads; then one
 // xxh3_64 pass over the destination; on any result but kHit the destination's bytes are
 // unspecified, remote_store.hpp; a put: one xxh3_64 pass and the slot's writes from the source,
 // no copy); the index is an
