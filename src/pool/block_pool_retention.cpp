@@ -814,7 +814,7 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   // The eviction observer (inside take_popped) still sees each victim's retention (a tier's
   // minimum priority to store reads it); it falls back to the default afterwards.
   take_popped(std::span<const BlockId>(out).subspan(first));
-  for (std::size_t i = first; i < out.size(); ++i) r.reset(out[i]);
+  for (std::size_t i = first; i < out.size(); ++i) r.reset_fast(out[i]);
   ret_free_ = r.free_count;
   if (!events_.empty()) deliver_events();
   return true;
