@@ -259,6 +259,14 @@ struct BlockPool::Retention {
   BlockId pop_front(ListId l) noexcept {
     last_list = l;
     const BlockId id = lists[l].head;
+    // The list's next head is loaded by the unlink below; start loading the one after it, which
+    // the next pop from this list (usually the next eviction) unlinks: a victim search walks a
+    // list in link order, not memory order, and would wait for each node in turn.
+    const BlockId next = nodes[id].next;
+    if (next != kQueueEnd) {
+      const BlockId after = nodes[next].next;
+      if (after != kQueueEnd) __builtin_prefetch(&nodes[after]);
+    }
     remove(id);
     return id;
   }
