@@ -15,6 +15,9 @@
 //                 --num-blocks N [N ...] [--hash sha256|xxh3_128] [--policies lru,slru,...]
 //                 [--limit K] [--rounds R]
 //
+// A policy in --policies is a name (pagedkv::to_string) or, for lineage, lineage:D (key depth D,
+// BlockPoolConfig::lineage_key_depth) or lineage:auto (lineage_adaptive_depth).
+//
 // One JSON object per (num_blocks, round, policy) on stdout. Rounds run the policies in turn
 // (lru first, then each other), so timing ratios compare runs taken alternately.
 #include <cstdint>
@@ -47,7 +50,7 @@ constexpr std::uint32_t kBlockSize = 16;
   std::fprintf(stderr,
                "pool_eviction: %s\nusage: pool_eviction (--trace FILE | --generate W [--requests "
                "K] [--seed S]) --num-blocks N [N ...] [--hash sha256|xxh3_128] [--policies "
-               "lru,slru,s3fifo,lineage] [--limit K] [--rounds R]\n",
+               "lru,slru,s3fifo,lineage,lineage:D,lineage:auto] [--limit K] [--rounds R]\n",
                problem.c_str());
   std::exit(2);
 }
@@ -70,7 +73,9 @@ struct Outcome {
 };
 
 // The sequential replay on one pool.
-Outcome run_pool(const BlockPoolConfig& config, const std::vector<Request>& requests) {
+// `depth`: the pool's lineage key depth at the end (the learned one with adaptive depth).
+Outcome run_pool(const BlockPoolConfig& config, const std::vector<Request>& requests,
+                 std::size_t& depth) {
   BlockPool pool(config);
   std::vector<BlockId> table;
   table.reserve(static_cast<std::size_t>(config.num_blocks));
@@ -96,6 +101,7 @@ Outcome run_pool(const BlockPoolConfig& config, const std::vector<Request>& requ
   }
   o.seconds = cpu_now() - t0;
   o.evictions = pool.num_evictions();
+  depth = pool.lineage_key_depth();
   return o;
 }
 
@@ -156,11 +162,29 @@ int main(int argc, char** argv) {
   }
   if (trace_path.empty() == generate.empty()) usage("give exactly one of --trace and --generate");
   if (sizes.empty()) usage("--num-blocks is required");
-  std::vector<EvictionPolicy> policies;
+  struct Policy {
+    std::string name;
+    EvictionPolicy policy = EvictionPolicy::kLru;
+    std::size_t key_depth = kLineageKeyDepth;
+    bool adaptive = false;
+  };
+  std::vector<Policy> policies;
   try {
     std::stringstream ss(policies_arg);
     for (std::string name; std::getline(ss, name, ',');) {
-      policies.push_back(parse_eviction_policy(name));
+      Policy p{name};
+      const std::size_t colon = name.find(':');
+      p.policy = parse_eviction_policy(name.substr(0, colon));
+      if (colon != std::string::npos) {
+        const std::string depth = name.substr(colon + 1);
+        if (p.policy != EvictionPolicy::kLineage) usage("only lineage takes :D or :auto");
+        if (depth == "auto") {
+          p.adaptive = true;
+        } else {
+          p.key_depth = number("--policies lineage:", depth.c_str(), 0, kMaxLineageKeyDepth);
+        }
+      }
+      policies.push_back(p);
     }
     replay::Trace trace;
     if (!trace_path.empty()) {
@@ -190,25 +214,31 @@ int main(int argc, char** argv) {
       p.guard_chain_hashes = c.hash_scheme == HashScheme::kXxh3_128;
       const Outcome lib = run_manager(c, requests);
       for (std::uint64_t round = 1; round <= rounds; ++round) {
-        for (const EvictionPolicy policy : policies) {
+        for (const Policy& spec : policies) {
+          const EvictionPolicy policy = spec.policy;
           p.eviction_policy = policy;
-          const Outcome o = run_pool(p, requests);
+          p.lineage_key_depth = spec.key_depth;
+          p.lineage_adaptive_depth = spec.adaptive;
+          std::size_t depth = 0;
+          const Outcome o = run_pool(p, requests, depth);
           const bool checked = policy == EvictionPolicy::kLru;
           const bool agrees = o.hit_tokens == lib.hit_tokens && o.evictions == lib.evictions;
           std::printf(
               "{\"num_blocks\":%llu,\"round\":%llu,\"eviction\":\"%s\",\"requests\":%zu,"
               "\"prompt_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,\"evictions\":%llu,"
-              "\"ns_per_block\":%.2f%s}\n",
+              "\"ns_per_block\":%.2f%s%s}\n",
               static_cast<unsigned long long>(num_blocks), static_cast<unsigned long long>(round),
-              std::string(to_string(policy)).c_str(), requests.size(),
-              static_cast<unsigned long long>(prompt_tokens),
+              spec.name.c_str(), requests.size(), static_cast<unsigned long long>(prompt_tokens),
               static_cast<unsigned long long>(o.hit_tokens),
               static_cast<double>(o.hit_tokens) / static_cast<double>(prompt_tokens),
               static_cast<unsigned long long>(o.evictions),
               o.seconds / static_cast<double>(blocks) * 1e9,
               !checked ? ""
               : agrees ? ",\"manager_check\":\"equal\""
-                       : ",\"manager_check\":\"differs\"");
+                       : ",\"manager_check\":\"differs\"",
+              policy != EvictionPolicy::kLineage
+                  ? ""
+                  : (",\"lineage_key_depth\":" + std::to_string(depth)).c_str());
           std::fflush(stdout);
           if (checked && !agrees) {
             std::fprintf(stderr,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <deque>
 #include <exception>
@@ -55,6 +56,8 @@ KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blo
                 AttentionSpec::sliding(window_block_size(o), o.sliding_window)};
   }
   c.eviction_policy = o.pool_eviction;
+  c.lineage_key_depth = o.lineage_key_depth;
+  c.lineage_adaptive_depth = o.lineage_adaptive_depth;
   return c;
 }
 
@@ -73,21 +76,49 @@ void parse_eviction(const std::string& name, ReplayOptions& options) {
     options.eviction = Eviction::kBelady;
     return;
   }
+  // lineage:D (key depth D) or lineage:auto (learned depth).
+  const std::size_t colon = name.find(':');
+  const std::string policy = name.substr(0, colon);
+  std::size_t depth = kLineageKeyDepth;
+  bool adaptive = false;
   try {
-    options.pool_eviction = parse_eviction_policy(name);
-  } catch (const Error&) {
+    options.pool_eviction = parse_eviction_policy(policy);
+    if (colon != std::string::npos) {
+      const std::string d = name.substr(colon + 1);
+      char* end = nullptr;
+      const unsigned long long v = std::strtoull(d.c_str(), &end, 10);
+      if (options.pool_eviction != EvictionPolicy::kLineage) {
+        throw Error(ErrorCode::kInvalidArgument, "only lineage takes :D or :auto");
+      }
+      if (d == "auto") {
+        adaptive = true;
+      } else if (d.empty() || d[0] == '-' || *end != '\0' || v > kMaxLineageKeyDepth) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "lineage:D needs D in 0.." + std::to_string(kMaxLineageKeyDepth));
+      } else {
+        depth = static_cast<std::size_t>(v);
+      }
+    }
+  } catch (const Error& e) {
     std::string names = "belady";
     for (std::uint8_t p = 0; p < kNumEvictionPolicies; ++p) {
       names += std::string("|") + std::string(to_string(static_cast<EvictionPolicy>(p)));
     }
-    throw Error(ErrorCode::kInvalidArgument, "--eviction: " + names + ", not '" + name + "'");
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        "--eviction: " + names + "|lineage:D|lineage:auto, not '" + name + "' (" + e.what() + ")");
   }
+  options.lineage_key_depth = depth;
+  options.lineage_adaptive_depth = adaptive;
   options.eviction = Eviction::kLru;
 }
 
 std::string eviction_name(const ReplayOptions& o) {
-  return o.eviction == Eviction::kBelady ? std::string("belady")
-                                         : std::string(to_string(o.pool_eviction));
+  if (o.eviction == Eviction::kBelady) return "belady";
+  std::string name(to_string(o.pool_eviction));
+  if (o.lineage_adaptive_depth) return name + ":auto";
+  if (o.lineage_key_depth != kLineageKeyDepth) name += ":" + std::to_string(o.lineage_key_depth);
+  return name;
 }
 
 namespace {
@@ -661,9 +692,9 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
                   (unsigned long long)r.waiting_nonempty_steps,
                   r.steps ? double(r.waiting_nonempty_steps) / double(r.steps) : 0.0,
                   (unsigned long long)r.deferred, r.max_passed_over,
-                  trace.requests.empty() ? 0.0
-                                         : trace.requests.back().timestamp_ms -
-                                               trace.requests.front().timestamp_ms);
+                  trace.requests.empty()
+                      ? 0.0
+                      : trace.requests.back().timestamp_ms - trace.requests.front().timestamp_ms);
     out += buf;
   }
   // The eviction policy (--eviction): appended, the fields above unchanged.

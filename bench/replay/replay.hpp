@@ -59,6 +59,9 @@ struct ReplayOptions {
   // kLru (the library): the pool's eviction policy (KVCacheManagerConfig::eviction_policy),
   // --eviction lru|slru|...; kLru is the library as it always was.
   EvictionPolicy pool_eviction = EvictionPolicy::kLru;
+  // --eviction lineage:D / lineage:auto: KVCacheManagerConfig::lineage_key_depth / adaptive.
+  std::size_t lineage_key_depth = kLineageKeyDepth;
+  bool lineage_adaptive_depth = false;
 };
 
 // --eviction NAME: "belady" (the simulator) or a pool policy's name (pagedkv::to_string of an

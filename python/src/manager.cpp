@@ -447,7 +447,8 @@ void bind_manager(py::module_& m) {
                        py::object hash_scheme, std::optional<std::string> hash_seed,
                        bool verify_cache_hits, bool enable_kv_events, std::size_t stats_window,
                        std::optional<std::size_t> max_model_len, std::string eviction_policy,
-                       double max_retained_fraction) {
+                       double max_retained_fraction, std::size_t lineage_key_depth,
+                       bool lineage_adaptive_depth) {
              KVCacheManagerConfig c =
                  manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
                                 enable_kv_events, stats_window, max_model_len);
@@ -455,6 +456,8 @@ void bind_manager(py::module_& m) {
              c.enable_caching = enable_caching;
              c.eviction_policy = parse_eviction_policy(eviction_policy);
              c.max_retained_fraction = max_retained_fraction;
+             c.lineage_key_depth = lineage_key_depth;
+             c.lineage_adaptive_depth = lineage_adaptive_depth;
              return std::make_unique<PyKVCacheManager>(c);
            }),
            py::arg("num_blocks"), py::kw_only(), py::arg("block_size") = 16,
@@ -464,11 +467,15 @@ void bind_manager(py::module_& m) {
            py::arg("stats_window") = 1000, py::arg("max_model_len") = py::none(),
            py::arg("eviction_policy") = "lru",
            py::arg("max_retained_fraction") = kDefaultMaxRetainedFraction,
+           py::arg("lineage_key_depth") = kLineageKeyDepth,
+           py::arg("lineage_adaptive_depth") = false,
            "num_blocks: total pool blocks including the null block. groups: AttentionSpecs of a "
            "hybrid model (default: one full-attention group of block_size). eviction_policy: "
            "the pool's free-block order (pagedkv.EVICTION_POLICIES; 'lru' is vLLM's). "
            "max_retained_fraction: the pin budget, the share of the pool that may be above the "
-           "default retention priority.")
+           "default retention priority. lineage_key_depth, lineage_adaptive_depth: the 'lineage' "
+           "policy's key depth in blocks (past the prompts' shared head) and whether the pool "
+           "learns it.")
       .def_property_readonly("num_groups",
                              [](const PyKVCacheManager& s) { return s.kv.num_groups(); })
       .def_property_readonly(

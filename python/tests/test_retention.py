@@ -184,3 +184,13 @@ def test_a_shared_block_takes_the_highest_priority_asked(policy):
     kv.free(plain)
     assert kv.retention_stats().by_class["below_default"].blocks == 0
     kv.check_invariants()
+
+
+def test_lineage_key_depth_options():
+    # The lineage policy's key depth (blocks) and its learned variant are accepted; a depth past
+    # the library's bound is refused by the pool.
+    kv = pagedkv.KVCacheManager(64, block_size=B, eviction_policy="lineage", lineage_key_depth=48,
+                                lineage_adaptive_depth=True)
+    assert run(kv, 1, list(range(4 * B)) + [5]) == 0
+    with pytest.raises(pagedkv.Error, match="lineage_key_depth"):
+        pagedkv.KVCacheManager(64, eviction_policy="lineage", lineage_key_depth=100000)

@@ -37,6 +37,8 @@ BlockPoolConfig pool_config(const KVCacheManagerConfig& config,
   p.verify_cache_hits = config.verify_cache_hits;
   p.enable_kv_events = config.enable_kv_events;
   p.eviction_policy = config.eviction_policy;
+  p.lineage_key_depth = config.lineage_key_depth;
+  p.lineage_adaptive_depth = config.lineage_adaptive_depth;
   p.max_retained_fraction = config.max_retained_fraction;
   p.retention_clock = config.retention_clock;
   p.chain_hashes_identify_prefix = hasher.collision_resistant();

@@ -40,6 +40,11 @@ TableVector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
                 "BlockPool: unknown eviction policy " +
                     std::to_string(static_cast<int>(config.eviction_policy)));
   }
+  if (config.lineage_key_depth > kMaxLineageKeyDepth) {
+    throw Error(ErrorCode::kInvalidArgument, "BlockPool: lineage_key_depth must be at most " +
+                                                 std::to_string(kMaxLineageKeyDepth) + ", got " +
+                                                 std::to_string(config.lineage_key_depth));
+  }
   TableVector<KVCacheBlock> blocks(static_cast<std::size_t>(config.num_blocks));
   for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].block_id = static_cast<BlockId>(i);
   blocks[kNullBlockId].is_null = true;

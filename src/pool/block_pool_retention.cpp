@@ -19,6 +19,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -84,14 +85,25 @@ struct BlockPool::Retention {
   std::uint32_t tick = 0;
   std::uint32_t max_age = 0;
   int cursor = 0;
+  // lineage: the key depth blocks are ranked by, and its learner (lineage_adaptive_depth).
+  std::size_t key_depth = kLineageKeyDepth;
+  std::unique_ptr<LineageDepthLearner> learner;
   std::int32_t free_count = 0;  // blocks in all lists
   RetentionStats stats;
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
   RetentionTick next_expiry = kNoExpiry;  // <= every free timed block's expiry
 
-  Retention(std::size_t n, EvictionPolicy p)
-      : policy(p), nodes(n), duration(n, kNoExpiry), expires(n, kNoExpiry) {
+  Retention(std::size_t n, const BlockPoolConfig& c)
+      : policy(c.eviction_policy),
+        nodes(n),
+        duration(n, kNoExpiry),
+        expires(n, kNoExpiry),
+        key_depth(c.lineage_key_depth) {
+    const EvictionPolicy p = c.eviction_policy;
     if (p == EvictionPolicy::kLineage) {
+      if (c.lineage_adaptive_depth) {
+        learner = std::make_unique<LineageDepthLearner>(c.lineage_key_depth);
+      }
       ticks.assign(n, 0);
       max_age = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           static_cast<std::uint64_t>(kLineageMaxAgePools) * n, 0x7fffffffu));
@@ -247,6 +259,14 @@ struct BlockPool::Retention {
   BlockId pop_front(ListId l) noexcept {
     last_list = l;
     const BlockId id = lists[l].head;
+    // The list's next head is loaded by the unlink below; start loading the one after it, which
+    // the next pop from this list (usually the next eviction) unlinks: a victim search walks a
+    // list in link order, not memory order, and would wait for each node in turn.
+    const BlockId next = nodes[id].next;
+    if (next != kQueueEnd) {
+      const BlockId after = nodes[next].next;
+      if (after != kQueueEnd) __builtin_prefetch(&nodes[after]);
+    }
     remove(id);
     return id;
   }
@@ -274,29 +294,94 @@ struct BlockPool::Retention {
         break;
     }
   }
-  // The list a free cached block joins under policy P (its level and, for lineage, rank bits
-  // set if that list is empty; lineage also stamps its tick). The caller links it there.
+  // The list a free cached block joins under policy P (lineage also stamps it with tick t). Its
+  // level and rank bits are mark_list()'s.
   template <EvictionPolicy P>
-  ListId target_list(BlockId id) noexcept {
+  ListId list_for(BlockId id, std::uint32_t t) noexcept {
     const Node& m = nodes[id];
     const int lv = m.prio;
-    ListId l = 0;
     if constexpr (P == EvictionPolicy::kLru) {
-      l = list_of(lv, 0);
+      return list_of(lv, 0);
     } else if constexpr (P == EvictionPolicy::kLineage) {
-      ticks[id] = tick++;
+      ticks[id] = t;
       // Protected's share is enforced when a victim is chosen (victim_at).
-      l = list_of(lv, m.hits == 0 ? m.rank : kProtected);
-      if (m.hits == 0 && lists[l].tail == kQueueEnd) {
-        rank_bits[static_cast<std::size_t>(lv)] |= std::uint64_t{1} << m.rank;
-      }
+      return list_of(lv, m.hits == 0 ? m.rank : kProtected);
     } else {
       // SLRU: probation / protected (its share enforced in victim_at); S3-FIFO: small / main.
-      l = list_of(lv, m.hits == 0 ? 0 : 1);
+      return list_of(lv, m.hits == 0 ? 0 : 1);
     }
-    mark_level(l);
+  }
+  // Call before cached list l gains a block: if it is empty, sets its level's bit and (lineage,
+  // a rank list) its rank's bit.
+  void mark_list(ListId l) noexcept {
+    if (lists[l].tail == kQueueEnd) {
+      const int lv = level_of_list(l);
+      nonempty[lv >> 6] |= std::uint64_t{1} << (lv & 63);
+      if (policy == EvictionPolicy::kLineage) {
+        const int seg = seg_of_list(l);
+        if (seg < kProtected) rank_bits[static_cast<std::size_t>(lv)] |= std::uint64_t{1} << seg;
+      }
+    }
+  }
+  // The list a free cached block joins under policy P, marked (mark_list). The caller links it.
+  template <EvictionPolicy P>
+  ListId target_list(BlockId id) noexcept {
+    const ListId l = list_for<P>(id, tick);
+    if constexpr (P == EvictionPolicy::kLineage) ++tick;
+    mark_list(l);
     return l;
   }
+  // Links free cached blocks at list tails with the open list's tail and count in registers (as
+  // FreeBlockQueue::Appender): a run of blocks joining one list, as a request's do, makes no
+  // round trip through memory per block. The lists and the free count are stale until finish()
+  // (or destruction); nothing else may read or change them while it is open. total(): blocks
+  // appended since construction.
+  class Appender {
+   public:
+    explicit Appender(Retention& r) noexcept : r_(r), nodes_(r.nodes.data()) {}
+    Appender(const Appender&) = delete;
+    Appender& operator=(const Appender&) = delete;
+    ~Appender() { finish(); }
+    void append(ListId l, BlockId id) noexcept {
+      if (l != open_) [[unlikely]]
+        open(l);
+      Node& k = nodes_[id];
+      k.prev = tail_;
+      k.next = kQueueEnd;
+      k.list = l;
+      if (tail_ == kQueueEnd) {
+        r_.lists[l].head = id;
+      } else {
+        nodes_[tail_].next = id;
+      }
+      tail_ = id;
+      ++total_;
+    }
+    std::int64_t total() const noexcept { return total_; }
+    void finish() noexcept {
+      if (open_ == kNone) return;
+      List& q = r_.lists[open_];
+      q.tail = tail_;
+      q.size += total_ - run_start_;
+      r_.free_count += static_cast<std::int32_t>(total_ - run_start_);
+      open_ = kNone;
+    }
+
+   private:
+    void open(ListId l) noexcept {
+      finish();
+      r_.mark_list(l);
+      open_ = l;
+      tail_ = r_.lists[l].tail;
+      run_start_ = total_;
+    }
+    Retention& r_;
+    Node* const nodes_;
+    ListId open_ = kNone;
+    BlockId tail_ = kQueueEnd;
+    std::int64_t total_ = 0;
+    std::int64_t run_start_ = 0;  // total_ when the open list was opened
+  };
   template <EvictionPolicy P>
   void enqueue_cached_p(BlockId id) noexcept {
     link_back(target_list<P>(id), id);
@@ -499,8 +584,7 @@ RetentionTick read_clock(const RetentionClock& clock) {
 
 void BlockPool::ret_enable() {
   if (ret_ != nullptr) return;
-  auto r = std::unique_ptr<Retention, RetentionDeleter>(
-      new Retention(blocks_.size(), config_.eviction_policy));
+  auto r = std::unique_ptr<Retention, RetentionDeleter>(new Retention(blocks_.size(), config_));
   const std::int64_t usable = config_.num_blocks - 1;
   r->stats.by_class[static_cast<std::size_t>(RetentionClass::kDefault)].blocks = usable;
   r->stats.by_class[static_cast<std::size_t>(RetentionClass::kDefault)].evictions = num_evictions_;
@@ -543,17 +627,20 @@ void BlockPool::ret_requeue(BlockId id) noexcept {
   ret_free_ = r.free_count;
 }
 
-void BlockPool::ret_touch(std::span<const BlockId> ids) noexcept {
-  Retention& r = *ret_;
-  const RetentionTick now = r.timed > 0 ? read_clock(config_.retention_clock) : 0;
-  KVCacheBlock* const records = blocks_.data();
+namespace {
+// ret_touch()'s pass for pools with or without timed priorities (kTimed: r.timed > 0). Without
+// one no block can expire or renew, so the loop makes no call and keeps its counts in registers.
+template <bool kTimed, typename R>
+void touch_lists(R& r, KVCacheBlock* records, std::span<const BlockId> ids,
+                 RetentionTick now) noexcept {
+  auto* const nodes = r.nodes.data();
   // Counts kept in locals and added once (hit(), call by call: the same figures).
   std::int32_t taken = 0;
   std::uint64_t hits = 0, below = 0, above = 0;
   for (const BlockId id : ids) {
     KVCacheBlock& b = records[static_cast<std::size_t>(id)];
     if (b.is_null) continue;
-    Retention::Node& m = r.nodes[id];
+    auto& m = nodes[id];
     if (b.ref_cnt == 0) {
       r.unlink(id);
       ++taken;
@@ -561,10 +648,12 @@ void BlockPool::ret_touch(std::span<const BlockId> ids) noexcept {
     if (b.is_cached()) {
       const RetentionPriority p = m.prio;
       ++hits;
-      below += p < kDefaultRetentionPriority ? 1 : 0;
-      above += p > kDefaultRetentionPriority ? 1 : 0;
-      if (m.hits < Retention::kMaxHits) ++m.hits;
-      r.renew(id, now);
+      if (p != kDefaultRetentionPriority) [[unlikely]] {
+        below += p < kDefaultRetentionPriority ? 1 : 0;
+        above += p > kDefaultRetentionPriority ? 1 : 0;
+      }
+      if (m.hits < R::kMaxHits) ++m.hits;
+      if constexpr (kTimed) r.renew(id, now);
     }
     ++b.ref_cnt;
   }
@@ -573,12 +662,24 @@ void BlockPool::ret_touch(std::span<const BlockId> ids) noexcept {
   by[static_cast<std::size_t>(RetentionClass::kDefault)].hits += hits - below - above;
   by[static_cast<std::size_t>(RetentionClass::kAboveDefault)].hits += above;
   r.free_count -= taken;
+}
+}  // namespace
+
+void BlockPool::ret_touch(std::span<const BlockId> ids) noexcept {
+  Retention& r = *ret_;
+  if (r.timed > 0) {
+    touch_lists<true>(r, blocks_.data(), ids, read_clock(config_.retention_clock));
+  } else {
+    touch_lists<false>(r, blocks_.data(), ids, 0);
+  }
   ret_free_ = r.free_count;
 }
 
 namespace {
-// ret_release()'s two passes for one policy and order (no branch on either per block).
-template <EvictionPolicy P, bool kReverse, bool kMarked, typename R>
+// ret_release()'s two passes for one policy, order and timing (kTimed: some block has a timed
+// priority; without one no block can expire, so the pass makes no call): no branch on any of
+// them per block.
+template <EvictionPolicy P, bool kReverse, bool kMarked, bool kTimed, typename R>
 void release_lists(R& r, KVCacheBlock* records, std::span<const BlockId> given,
                    RetentionTick now) noexcept {
   const std::size_t count = given.size();
@@ -586,24 +687,28 @@ void release_lists(R& r, KVCacheBlock* records, std::span<const BlockId> given,
     return given[kReverse ? count - 1 - k : k];
   };
   std::size_t first_unhashed = count, end_unhashed = 0;
-  std::int32_t queued = 0;
-  for (std::size_t k = 0; k < count; ++k) {
-    const BlockId id = ordered(k);
-    KVCacheBlock& b = records[static_cast<std::size_t>(id)];
-    if (b.is_null) continue;
-    b.ref_cnt = kMarked ? -b.ref_cnt - 1 : b.ref_cnt - 1;
-    if (b.ref_cnt == 0) {
-      if (b.is_cached()) {
-        r.check_expiry(id, now);
-        r.link_back(r.template target_list<P>(id), id);
-        ++queued;
-      } else {
-        first_unhashed = std::min(first_unhashed, k);
-        end_unhashed = k + 1;
+  const std::uint32_t tick = r.tick;  // lineage: the k-th block queued here gets tick + k
+  {
+    typename R::Appender tail(r);
+    for (std::size_t k = 0; k < count; ++k) {
+      const BlockId id = ordered(k);
+      KVCacheBlock& b = records[static_cast<std::size_t>(id)];
+      if (b.is_null) continue;
+      b.ref_cnt = kMarked ? -b.ref_cnt - 1 : b.ref_cnt - 1;
+      if (b.ref_cnt == 0) {
+        if (b.is_cached()) {
+          if constexpr (kTimed) r.check_expiry(id, now);
+          tail.append(r.template list_for<P>(id, tick + static_cast<std::uint32_t>(tail.total())),
+                      id);
+        } else {
+          first_unhashed = std::min(first_unhashed, k);
+          end_unhashed = k + 1;
+        }
       }
     }
+    if constexpr (P == EvictionPolicy::kLineage)
+      r.tick = tick + static_cast<std::uint32_t>(tail.total());
   }
-  r.free_count += queued;
   for (std::size_t k = end_unhashed; k-- > first_unhashed;) {
     const BlockId id = ordered(k);
     const KVCacheBlock& b = records[static_cast<std::size_t>(id)];
@@ -614,19 +719,29 @@ void release_lists(R& r, KVCacheBlock* records, std::span<const BlockId> given,
   }
 }
 
-template <EvictionPolicy P, typename R>
-void release_lists_p(R& r, KVCacheBlock* records, std::span<const BlockId> given, bool reverse,
+template <EvictionPolicy P, bool kTimed, typename R>
+void release_lists_t(R& r, KVCacheBlock* records, std::span<const BlockId> given, bool reverse,
                      bool marked, RetentionTick now) noexcept {
   if (reverse) {
     if (marked) {
-      release_lists<P, true, true>(r, records, given, now);
+      release_lists<P, true, true, kTimed>(r, records, given, now);
     } else {
-      release_lists<P, true, false>(r, records, given, now);
+      release_lists<P, true, false, kTimed>(r, records, given, now);
     }
   } else if (marked) {
-    release_lists<P, false, true>(r, records, given, now);
+    release_lists<P, false, true, kTimed>(r, records, given, now);
   } else {
-    release_lists<P, false, false>(r, records, given, now);
+    release_lists<P, false, false, kTimed>(r, records, given, now);
+  }
+}
+
+template <EvictionPolicy P, typename R>
+void release_lists_p(R& r, KVCacheBlock* records, std::span<const BlockId> given, bool reverse,
+                     bool marked, RetentionTick now) noexcept {
+  if (r.timed > 0) {
+    release_lists_t<P, true>(r, records, given, reverse, marked, now);
+  } else {
+    release_lists_t<P, false>(r, records, given, reverse, marked, now);
   }
 }
 }  // namespace
@@ -707,7 +822,7 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   // The eviction observer (inside take_popped) still sees each victim's retention (a tier's
   // minimum priority to store reads it); it falls back to the default afterwards.
   take_popped(std::span<const BlockId>(out).subspan(first));
-  for (std::size_t i = first; i < out.size(); ++i) r.reset(out[i]);
+  for (std::size_t i = first; i < out.size(); ++i) r.reset_fast(out[i]);
   ret_free_ = r.free_count;
   if (!events_.empty()) deliver_events();
   return true;
@@ -716,10 +831,26 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
 void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
                            std::span<const BlockId> blocks) noexcept {
   Retention& r = *ret_;
-  if (r.policy != EvictionPolicy::kLineage) return;
-  for (std::size_t k = 0; k < blocks.size(); ++k) {
-    r.nodes[blocks[k]].rank = static_cast<std::uint8_t>(lineage_rank(chain, first + k));
+  if (r.policy != EvictionPolicy::kLineage || blocks.empty()) return;
+  if (r.learner != nullptr) {
+    r.learner->observe(chain.first(first + blocks.size()));
+    r.key_depth = r.learner->depth();
   }
+  // lineage_rank() for every block: the top rank above the key depth, the key's rank below it
+  // (computed once).
+  const std::size_t depth = r.key_depth;
+  const std::size_t end = first + blocks.size();
+  const auto top = static_cast<std::uint8_t>(kLineageRanks - 1);
+  const auto keyed =
+      end > depth ? static_cast<std::uint8_t>(lineage_rank_of_key(chain[depth])) : top;
+  for (std::size_t k = 0; k < blocks.size(); ++k) {
+    r.nodes[blocks[k]].rank = first + k < depth ? top : keyed;
+  }
+}
+
+std::size_t BlockPool::lineage_key_depth() const noexcept {
+  return ret_ != nullptr && ret_->policy == EvictionPolicy::kLineage ? ret_->key_depth
+                                                                     : config_.lineage_key_depth;
 }
 
 void BlockPool::ret_after_evict(BlockId id) noexcept {
@@ -980,7 +1111,11 @@ std::size_t BlockPool::ret_memory_bytes() const noexcept {
   const Retention& r = *ret_;
   return sizeof(Retention) + r.nodes.capacity() * sizeof(Retention::Node) +
          r.ticks.capacity() * sizeof(std::uint32_t) +
-         (r.duration.capacity() + r.expires.capacity()) * sizeof(RetentionTick);
+         (r.duration.capacity() + r.expires.capacity()) * sizeof(RetentionTick) +
+         (r.learner != nullptr
+              ? sizeof(LineageDepthLearner) +
+                    (kMaxLineageKeyDepth + 1) * (sizeof(BlockHash) + sizeof(std::uint64_t))
+              : 0);
 }
 
 }  // namespace pagedkv

@@ -33,6 +33,7 @@
 // target, and as a plain program (any compiler) that replays files and directories given on the
 // command line, or `--random N` seeded random inputs; ctest runs the latter on tests/fuzz/corpus.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -626,8 +627,15 @@ void run_one(const std::uint8_t* data, std::size_t size) {
   const std::uint8_t retention = in.u8();
   cfg.eviction_policy = static_cast<EvictionPolicy>(retention % kNumEvictionPolicies);
   cfg.max_retained_fraction = 0.25 * (retention / kNumEvictionPolicies % 5);
+  // The byte's rest (0..12): lineage's key depth (32, 0, 1, 2, 3, 5, 8) and whether it is learned.
+  const int rest = retention / (kNumEvictionPolicies * 5);
+  constexpr std::array<std::size_t, 7> kDepths = {kLineageKeyDepth, 0, 1, 2, 3, 5, 8};
+  cfg.lineage_key_depth = kDepths[static_cast<std::size_t>(rest / 2)];
+  cfg.lineage_adaptive_depth = rest % 2 == 1;
   g_config += ", eviction " + std::string(to_string(cfg.eviction_policy)) +
-              ", max_retained_fraction " + std::to_string(cfg.max_retained_fraction);
+              ", max_retained_fraction " + std::to_string(cfg.max_retained_fraction) +
+              ", lineage_key_depth " + std::to_string(cfg.lineage_key_depth) +
+              (cfg.lineage_adaptive_depth ? " (adaptive)" : "");
   Harness h(cfg, weak);
   h.run(in);
 }

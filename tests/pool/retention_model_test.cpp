@@ -304,7 +304,36 @@ struct Model {
   }
 };
 
-void run_stream(EvictionPolicy policy, std::uint32_t seed) {
+// kLineage's key depth as the pool should learn it (LineageDepthLearner's contract, written
+// independently: a linear scan for the divergence, a sorted copy for the median).
+struct NaiveDepth {
+  std::vector<BlockHash> ref;
+  std::vector<std::size_t> samples;
+  std::size_t depth;
+  explicit NaiveDepth(std::size_t initial) : depth(initial) {}
+  void observe(std::span<const BlockHash> chain) {
+    const std::size_t n = std::min(chain.size(), kMaxLineageKeyDepth + 1);
+    const std::size_t m = std::min(n, ref.size());
+    std::size_t l = 0;
+    while (l < m && chain[l] == ref[l]) ++l;
+    if (l == m) {  // one extends the other
+      if (n > ref.size()) ref.assign(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(n));
+      return;
+    }
+    samples.push_back(l);
+    ref.assign(chain.begin(), chain.begin() + static_cast<std::ptrdiff_t>(n));
+    if (samples.size() % kLineageDepthWindow == 0) {
+      std::vector<std::size_t> sorted = samples;
+      std::sort(sorted.begin(), sorted.end());
+      depth = sorted[(sorted.size() - 1) / 2];
+    }
+  }
+};
+
+// One random stream. key_depth / adaptive: BlockPoolConfig::lineage_key_depth and
+// lineage_adaptive_depth (kLineage only).
+void run_stream(EvictionPolicy policy, std::uint32_t seed, std::size_t key_depth = kLineageKeyDepth,
+                bool adaptive = false, int steps = 600, std::size_t* samples = nullptr) {
   const int kBlocks = seed % 3 == 0 ? 40 : 14;
   auto now = std::make_shared<RetentionTick>(0);
   BlockPoolConfig c;
@@ -314,7 +343,10 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed) {
   c.eviction_policy = policy;
   c.max_retained_fraction = (seed % 4) * 0.25;
   c.retention_clock = [now] { return *now; };
+  c.lineage_key_depth = key_depth;
+  c.lineage_adaptive_depth = adaptive;
   BlockPool pool(c);
+  NaiveDepth depth(key_depth);
   // An LRU pool keeps retention state from its first non-default ask (here: none raised), so
   // every policy runs its retention lists from the start.
   if (policy == EvictionPolicy::kLru) pool.set_retention(std::vector<BlockId>{}, 90);
@@ -324,7 +356,7 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed) {
   std::vector<BlockId> held;  // one entry per reference
   int next_key = 0;
   const std::array<int, 7> prios = {0, 10, 35, 50, 60, 90, 100};
-  for (int step = 0; step < 600; ++step) {
+  for (int step = 0; step < steps; ++step) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " step " + std::to_string(step));
     const int op = pick(10);
     if (op == 0) {  // allocate
@@ -342,14 +374,19 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed) {
         if (pick(2) == 0) {
           const auto seq = one_block(next_key++);
           pool.cache_full_blocks(seq.sequence(), std::vector<BlockId>{id}, 0, 1);
-          m.b[id].rank = lineage_rank(seq.block_hashes(), 0);
+          if (adaptive) depth.observe(seq.block_hashes());
+          m.b[id].rank = lineage_rank(seq.block_hashes(), 0, depth.depth);
         } else {  // block `index` of a deep chain (the blocks before it: the null block)
           const std::size_t index = kLineageKeyDepth - 1 + static_cast<std::size_t>(pick(4));
           const auto seq = deep_chain(next_key++, pick(5), index);
           std::vector<BlockId> row(index, kNullBlockId);
           row.push_back(id);
           pool.cache_full_blocks(seq.sequence(), row, index, index + 1);
-          m.b[id].rank = lineage_rank(seq.block_hashes(), index);
+          if (adaptive) depth.observe(seq.block_hashes());
+          m.b[id].rank = lineage_rank(seq.block_hashes(), index, depth.depth);
+        }
+        if (policy == EvictionPolicy::kLineage) {
+          ASSERT_EQ(pool.lineage_key_depth(), depth.depth);
         }
         m.b[id].cached = true;
       }
@@ -441,6 +478,7 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed) {
     ASSERT_EQ(s.expirations, m.expirations);
     ASSERT_EQ(s.forced_evictions, m.forced);
   }
+  if (samples != nullptr) *samples = depth.samples.size();
 }
 
 TEST(RetentionModel, Lru) {
@@ -454,6 +492,23 @@ TEST(RetentionModel, S3Fifo) {
 }
 TEST(RetentionModel, Lineage) {
   for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kLineage, seed);
+}
+// Key depth 33: the chains' blocks 31 and 32 take the top rank, blocks 33 and 34 the rank of
+// their own block 33.
+TEST(RetentionModel, LineageKeyDepth33) {
+  for (std::uint32_t seed = 1; seed <= 20; ++seed) {
+    run_stream(EvictionPolicy::kLineage, seed, 33);
+  }
+}
+// The learned depth (from 0 until the first kLineageDepthWindow samples: longer streams).
+TEST(RetentionModel, LineageAdaptiveDepth) {
+  std::size_t most = 0;
+  for (std::uint32_t seed = 1; seed <= 6; ++seed) {
+    std::size_t samples = 0;
+    run_stream(EvictionPolicy::kLineage, seed, 0, true, 3000, &samples);
+    most = std::max(most, samples);
+  }
+  EXPECT_GE(most, 2 * kLineageDepthWindow);  // the depth was learned (and learned again)
 }
 
 }  // namespace

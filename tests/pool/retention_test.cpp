@@ -497,27 +497,38 @@ TEST(Retention, LruWithRetentionStateKeepsTheLruOrder) {
   }
 }
 
-// A cyclic workload larger than the pool: 24 lineages (a shared head of kLineageKeyDepth blocks,
-// then 8 blocks of their own) requested in turn, 10 rounds, through a 113-block pool (room for
-// the head and about 10 lineages). Each lineage comes back after 23 others' 184 blocks, so LRU
-// has lost it every time (0 hits past the head); kLineage keeps the lineages of its highest ranks
-// and hits them every round (the same ones: a stable subset). Returns the hits past the head in
-// rounds 2 to 10 and, per lineage, the rounds in which it was hit.
+// A cyclic workload larger than the pool: 24 lineages (a shared head of `head` blocks, then `own`
+// blocks of their own) requested in turn, for `rounds` rounds, through a pool of head + 10 * own
+// + 1 blocks (room for the head and about 10 lineages). Each lineage comes back after 23 others'
+// 23 * own blocks, so LRU has lost it every time (0 hits past the head); kLineage with a key
+// depth past the head keeps the lineages of its highest ranks and hits them every round (the
+// same ones: a stable subset). Returns the hits past the head in rounds `from` to rounds - 1
+// and, per lineage, the rounds among those in which it was hit; `depth` gets the pool's key
+// depth at the end. (A round queues 24 * (head + own) blocks, the head's again each time: it
+// must stay under kLineageMaxAgePools pools' worth, or the kept lineages count as dead.)
 struct CycleResult {
+  std::size_t own = 0;
   std::int64_t hits = 0;
   std::vector<int> rounds_hit;
+  std::size_t depth = 0;
 };
-CycleResult cyclic_rounds(EvictionPolicy policy) {
-  constexpr int kLineages = 24, kOwn = 8, kRounds = 10;
-  const std::size_t len = kLineageKeyDepth + kOwn;
-  BlockPool pool(config(static_cast<std::int32_t>(kLineageKeyDepth) + 81, policy));
+CycleResult cyclic_rounds(EvictionPolicy policy, std::size_t head = kLineageKeyDepth,
+                          std::size_t key_depth = kLineageKeyDepth, bool adaptive = false,
+                          int rounds = 10, int from = 1, std::size_t own = 8) {
+  constexpr int kLineages = 24;
+  const std::size_t len = head + own;
+  BlockPoolConfig c = config(static_cast<std::int32_t>(head + 10 * own + 1), policy);
+  c.lineage_key_depth = key_depth;
+  c.lineage_adaptive_depth = adaptive;
+  BlockPool pool(c);
   CycleResult res;
+  res.own = own;
   res.rounds_hit.assign(kLineages, 0);
-  for (int round = 0; round < kRounds; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     for (int l = 0; l < kLineages; ++l) {
       RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "test"), kBlockSize, {});
       for (std::size_t i = 0; i < len; ++i) {
-        const int base = i < kLineageKeyDepth ? 0 : 1000 + l;
+        const int base = i < head ? 0 : 1000 + l;
         seq.append(iota_tokens(base * 100000 + static_cast<int>(i) * kBlockSize, kBlockSize));
       }
       // The longest cached prefix, touched; the rest allocated, cached, then all freed.
@@ -531,8 +542,8 @@ CycleResult cyclic_rounds(EvictionPolicy policy) {
       }
       pool.touch(table);
       const std::size_t hit = table.size();
-      if (hit > kLineageKeyDepth && round > 0) {
-        res.hits += static_cast<std::int64_t>(hit - kLineageKeyDepth);
+      if (hit > head && round >= from) {
+        res.hits += static_cast<std::int64_t>(hit - head);
         ++res.rounds_hit[static_cast<std::size_t>(l)];
       }
       std::vector<BlockId> fresh;
@@ -543,18 +554,114 @@ CycleResult cyclic_rounds(EvictionPolicy policy) {
       pool.check_invariants();
     }
   }
+  res.depth = pool.lineage_key_depth();
   return res;
+}
+
+// Stable: at least 5 lineages hit in every one of the 9 counted rounds, and at least 45 of the
+// 24 * 9 lineage returns hit in all.
+void expect_stable_subset(const CycleResult& r) {
+  const auto every_round = std::count(r.rounds_hit.begin(), r.rounds_hit.end(), 9);
+  EXPECT_GE(every_round, 5);
+  EXPECT_GE(r.hits, 45 * static_cast<std::int64_t>(r.own));
 }
 
 TEST(EvictionPolicyOrder, LineageKeepsAStableSubsetOfACycleLargerThanThePool) {
   const CycleResult lru = cyclic_rounds(EvictionPolicy::kLru);
   EXPECT_EQ(lru.hits, 0);
   const CycleResult lin = cyclic_rounds(EvictionPolicy::kLineage);
-  // Stable: at least 5 lineages hit in every one of the 9 later rounds, and at least 45 of
-  // the 24 * 9 lineage returns hit in all.
-  const auto every_round = std::count(lin.rounds_hit.begin(), lin.rounds_hit.end(), 9);
-  EXPECT_GE(every_round, 5);
-  EXPECT_GE(lin.hits, 45 * 8);
+  expect_stable_subset(lin);
+  EXPECT_EQ(lin.depth, kLineageKeyDepth);
+}
+
+// A shared head of 48 blocks (lineages of 24 blocks of their own) defeats the default key depth
+// (32: inside the head, so every lineage gets one rank and the order is LRU's: no hit past the
+// head); a configured depth of 48 keeps a stable subset, and so does the learned depth
+// (adaptive: 48 after its first window of samples, so rounds 5 to 13 are counted).
+TEST(EvictionPolicyOrder, LineageKeyDepthPastALongerSharedHead) {
+  constexpr std::size_t kHead = 48, kOwn = 24;
+  const CycleResult def =
+      cyclic_rounds(EvictionPolicy::kLineage, kHead, kLineageKeyDepth, false, 10, 1, kOwn);
+  EXPECT_EQ(def.hits, 0);
+  EXPECT_EQ(def.depth, kLineageKeyDepth);
+  const CycleResult set = cyclic_rounds(EvictionPolicy::kLineage, kHead, kHead, false, 10, 1, kOwn);
+  expect_stable_subset(set);
+  EXPECT_EQ(set.depth, kHead);
+  const CycleResult learned =
+      cyclic_rounds(EvictionPolicy::kLineage, kHead, kLineageKeyDepth, true, 14, 5, kOwn);
+  EXPECT_EQ(learned.depth, kHead);
+  expect_stable_subset(learned);
+  // The default depth over the same 14 rounds: still nothing past the head.
+  const CycleResult def14 =
+      cyclic_rounds(EvictionPolicy::kLineage, kHead, kLineageKeyDepth, false, 14, 5, kOwn);
+  EXPECT_EQ(def14.hits, 0);
+}
+
+// Chains of block hashes: `shared` blocks common to all, then blocks of their own (`key`).
+std::vector<BlockHash> hash_chain(std::size_t shared, std::size_t len, int key) {
+  RequestBlockHasher seq(BlockHasher(HashScheme::kSha256, "test"), kBlockSize, {});
+  for (std::size_t i = 0; i < len; ++i) {
+    const int base = i < shared ? 0 : 1000 + key;
+    seq.append(iota_tokens(base * 100000 + static_cast<int>(i) * kBlockSize, kBlockSize));
+  }
+  const auto h = seq.block_hashes();
+  return std::vector<BlockHash>(h.begin(), h.end());
+}
+
+TEST(LineageDepthLearner, LearnsTheMedianDivergenceDepth) {
+  LineageDepthLearner learner(32);
+  EXPECT_EQ(learner.depth(), 32u);
+  // Every fifth chain shares 20 blocks with the others, the rest 70: of the samples (the depth
+  // where a chain leaves its predecessor) 2 in 5 are 20 and 3 in 5 are 70, the median 70.
+  int key = 0;
+  for (int i = 0; i < 100; ++i) {
+    const std::size_t shared = i % 5 == 0 ? 20 : 70;
+    learner.observe(hash_chain(shared, 90, key++));
+  }
+  // The first chain is no sample (nothing to diverge from): 99 samples, the depth set at 64.
+  EXPECT_EQ(learner.samples(), 99u);
+  EXPECT_EQ(learner.depth(), 70u);
+}
+
+TEST(LineageDepthLearner, ExtensionsAreNoSamples) {
+  LineageDepthLearner learner(32);
+  // One request's chain stored block by block (decode) and a longer next turn: no divergence.
+  const auto chain = hash_chain(10, 200, 1);
+  for (std::size_t n = 1; n <= 120; ++n) {
+    learner.observe(std::span<const BlockHash>(chain).first(n));
+  }
+  learner.observe(chain);
+  EXPECT_EQ(learner.samples(), 0u);
+  EXPECT_EQ(learner.depth(), 32u);
+  // 64 chains that diverge from their predecessor at block 10 set the depth to 10.
+  for (int k = 2; k < 66; ++k) learner.observe(hash_chain(10, 30, k));
+  EXPECT_EQ(learner.samples(), 64u);
+  EXPECT_EQ(learner.depth(), 10u);
+}
+
+TEST(LineageDepthLearner, CapsTheDepth) {
+  LineageDepthLearner learner(kMaxLineageKeyDepth + 5);
+  EXPECT_EQ(learner.depth(), kMaxLineageKeyDepth);
+  // Chains sharing more than the cap diverge, as far as the learner sees, at the cap.
+  int key = 0;
+  for (std::uint32_t i = 0; i <= kLineageDepthWindow; ++i) {
+    learner.observe(hash_chain(kMaxLineageKeyDepth + 10, kMaxLineageKeyDepth + 20, key++));
+  }
+  EXPECT_EQ(learner.samples(), 0u);  // equal up to the cap: extensions
+  EXPECT_EQ(learner.depth(), kMaxLineageKeyDepth);
+}
+
+TEST(EvictionPolicyOrder, LineageKeyDepthIsValidated) {
+  BlockPoolConfig c = config(64, EvictionPolicy::kLineage);
+  c.lineage_key_depth = kMaxLineageKeyDepth + 1;
+  EXPECT_THROW(BlockPool{c}, Error);
+  c.lineage_key_depth = kMaxLineageKeyDepth;
+  BlockPool pool(c);
+  EXPECT_EQ(pool.lineage_key_depth(), kMaxLineageKeyDepth);
+  c.lineage_key_depth = 0;
+  c.lineage_adaptive_depth = true;
+  BlockPool adaptive(c);
+  EXPECT_EQ(adaptive.lineage_key_depth(), 0u);
 }
 
 }  // namespace

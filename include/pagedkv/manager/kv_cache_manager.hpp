@@ -97,6 +97,10 @@ struct KVCacheManagerConfig {
   std::optional<std::size_t> max_model_len;  // caps slots allocated for lookahead tokens
   // The pool's free-block queue order (BlockPoolConfig::eviction_policy; kLru: vLLM's, exactly).
   EvictionPolicy eviction_policy = EvictionPolicy::kLru;
+  // kLineage's key depth and whether the pool learns it (BlockPoolConfig::lineage_key_depth,
+  // lineage_adaptive_depth).
+  std::size_t lineage_key_depth = kLineageKeyDepth;
+  bool lineage_adaptive_depth = false;
   // The pin budget: the share of the pool's blocks that may be above the default retention
   // priority (BlockPoolConfig::max_retained_fraction); past it, retention requests get the
   // default priority and are counted.

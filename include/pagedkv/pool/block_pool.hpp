@@ -113,6 +113,12 @@ struct BlockPoolConfig {
   // Which free cached block is evicted first within one retention priority
   // (eviction_policy.hpp). kLru keeps the pool's historical code path and order exactly.
   EvictionPolicy eviction_policy = EvictionPolicy::kLru;
+  // kLineage only: the depth (blocks) of the block whose hash keys a lineage, 0 ..
+  // kMaxLineageKeyDepth; it must reach past the head that the workload's prompts share
+  // (eviction_policy.hpp). With lineage_adaptive_depth the pool learns the depth from the chains
+  // it stores (LineageDepthLearner) and uses lineage_key_depth until it has learned one.
+  std::size_t lineage_key_depth = kLineageKeyDepth;
+  bool lineage_adaptive_depth = false;
   // Pin budget: the share of usable blocks (num_blocks - 1) that may be above the default
   // retention priority at once, 0..1 (rounded down to whole blocks). Past it, set_retention()
   // leaves a block at the default and counts a budget refusal. 0.5: retention can never take
@@ -437,6 +443,9 @@ class BlockPool {
   BlockRetention retention(BlockId id) const;
   // Per-class counters (retention.hpp). O(1).
   RetentionStats retention_stats() const;
+  // kLineage: the key depth that blocks cached now are ranked by (config().lineage_key_depth,
+  // or the learned depth with lineage_adaptive_depth); other policies: config().lineage_key_depth.
+  std::size_t lineage_key_depth() const noexcept;
   // Whether the pool keeps retention state (a non-LRU policy, or retention asked for).
   bool retention_active() const noexcept { return ret_ != nullptr; }
 

@@ -16,10 +16,10 @@
 //    measured and made the Mooncake replay worse (bench/results/eviction.md).
 //  - kLineage: keeps a stable subset of prefix lineages (for reuse that comes back after more
 //    than a pool's worth of other blocks, where recency and hit counts carry no signal). When a
-//    block is cached it gets a rank, a pure function of its chain (lineage_rank() below): the
-//    blocks of one lineage (every block at depth >= kLineageKeyDepth under the same block at
-//    that depth) share one rank, drawn by a fixed hash of that block's hash; the shallow blocks
-//    above it get the top rank. A block freed without a hit since it was cached goes to its
+//    block is cached it gets a rank, a pure function of its chain and the key depth d
+//    (lineage_rank() below): the blocks of one lineage (every block at depth >= d under the same
+//    block at depth d) share one rank, drawn by a fixed hash of that block's hash; the shallow
+//    blocks above it get the top rank. A block freed without a hit since it was cached goes to its
 //    rank's list; one that was hit goes to a protected list, which holds at most
 //    kLineageProtectedPercent of the pool's free cached blocks (its oldest go back to the tail
 //    of their rank's list past that). Eviction takes the lowest non-empty rank's oldest block
@@ -27,18 +27,22 @@
 //    queued more than kLineageMaxAgePools pools' worth of queued blocks ago is evicted first
 //    (checked at one rank per eviction, in turn, and at protected: O(1)). So the pool keeps
 //    whole lineages of the highest ranks that fit, the same ones over time, instead of the most
-//    recent blocks. kLineageKeyDepth (32 blocks of 16 tokens) is the Mooncake trace's shared
-//    512-token head; a workload whose shared head is longer puts every lineage in the top rank.
+//    recent blocks. The key depth (BlockPoolConfig::lineage_key_depth, default kLineageKeyDepth:
+//    32 blocks of 16 tokens, the Mooncake trace's shared 512-token head) must be at least the
+//    length of the head that the workload's prompts share: with a longer shared head every
+//    lineage gets one rank and the policy falls back to LRU's order. With
+//    BlockPoolConfig::lineage_adaptive_depth the pool learns it (LineageDepthLearner below).
 // Free uncached blocks are handed out before any cached one under every policy; retention
 // priorities order eviction across classes before the policy orders it within one.
 // Errors: parse_eviction_policy throws pagedkv::Error (kParseError) naming the bad string.
-// Thread safety: plain values and pure functions.
+// Thread safety: plain values and pure functions, except LineageDepthLearner (not thread safe).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "pagedkv/hash/block_hash.hpp"
 
@@ -57,10 +61,43 @@ inline constexpr int kLineageProtectedPercent = 50;
 // checked at each eviction and evicted first if dead.
 inline constexpr int kLineageMaxAgePools = 8;
 
+// The largest lineage key depth a pool accepts or learns (blocks).
+inline constexpr std::size_t kMaxLineageKeyDepth = 1024;
+
 // kLineage's rank of the block at `index` of a chain whose block hashes are `chain` (index <
-// chain.size()): kLineageRanks - 1 when index < kLineageKeyDepth, else a fixed hash of
-// chain[kLineageKeyDepth] mapped to 0 .. kLineageRanks - 1 (rank 0 is evicted first).
-int lineage_rank(std::span<const BlockHash> chain, std::size_t index) noexcept;
+// chain.size()) for key depth `key_depth`: kLineageRanks - 1 when index < key_depth, else a
+// fixed hash of chain[key_depth] mapped to 0 .. kLineageRanks - 1 (rank 0 is evicted first).
+int lineage_rank(std::span<const BlockHash> chain, std::size_t index,
+                 std::size_t key_depth = kLineageKeyDepth) noexcept;
+// The rank of every block at depth >= key_depth of a chain whose block at key_depth hashes to
+// `key` (lineage_rank() is this for index >= key_depth).
+int lineage_rank_of_key(const BlockHash& key) noexcept;
+
+// Learns kLineage's key depth from the chains a pool stores: the depth at which prompts diverge.
+// Each observed chain is compared with the last one that diverged from its predecessor (a chain
+// that extends it or that it extends, as a request's next decode block or a conversation's next
+// turn, is no sample: it only extends the reference). The sample is the first depth at which the
+// two differ (found by binary search: chain hashes are prefix hashes, so equal hashes at a depth
+// mean equal prefixes up to it). Every kLineageDepthWindow samples the depth becomes the median of
+// all samples so far (capped at kMaxLineageKeyDepth); until the first window it is `initial`.
+// Complexity: observe() is O(log kMaxLineageKeyDepth) plus O(the blocks it copies into the
+// reference, at most kMaxLineageKeyDepth + 1), and O(kMaxLineageKeyDepth) once per window.
+// Memory: allocated by the constructor only (observe() never allocates).
+// Thread safety: none (the pool's).
+inline constexpr std::uint32_t kLineageDepthWindow = 64;
+class LineageDepthLearner {
+ public:
+  explicit LineageDepthLearner(std::size_t initial);
+  void observe(std::span<const BlockHash> chain) noexcept;
+  std::size_t depth() const noexcept { return depth_; }
+  std::uint64_t samples() const noexcept { return samples_; }
+
+ private:
+  std::vector<BlockHash> ref_;            // up to kMaxLineageKeyDepth + 1 hashes (reserved)
+  std::vector<std::uint64_t> histogram_;  // samples by divergence depth, 0..kMaxLineageKeyDepth
+  std::uint64_t samples_ = 0;
+  std::size_t depth_;
+};
 
 // "lru", "slru", "s3fifo", "lineage".
 std::string_view to_string(EvictionPolicy policy) noexcept;
