@@ -22,9 +22,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <set>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "internal/extend_fa2_layout.hpp"
@@ -598,6 +601,25 @@ TEST(ExtendFa2Layout, PlannerSplitsOnlyUnderfilledGrids) {
   EXPECT_EQ(detail::fa2_workspace_bytes(2, 10, 8, 128, 4), 2u * 10 * 8 * 4 * (128 * 4 + 4));
   EXPECT_EQ(detail::fa2_state(1, 2, 3, 1, 10, 8, 4), ((1 * 10 + 2) * 8 + 3) * 4 + 1);
 }
+
+#ifdef PAGEDKV_KERNEL_RESOURCES_SCRIPT
+// scripts/kernel-resources computes the variant's occupancy with its dynamic shared memory, which
+// ptxas does not report: its DYNAMIC_SMEM line must hold the header's sizes.
+TEST(ExtendFa2Layout, KernelResourcesScriptKnowsTheSharedMemory) {
+  std::ifstream in(PAGEDKV_KERNEL_RESOURCES_SCRIPT);
+  ASSERT_TRUE(in) << PAGEDKV_KERNEL_RESOURCES_SCRIPT;
+  std::stringstream text;
+  text << in.rdbuf();
+  std::ostringstream want;
+  want << "\"fa2_extend_kernel\": {(64, 4): " << detail::Fa2Shape<64, 4>::kSmemBytes
+       << ", (64, 2): " << detail::Fa2Shape<64, 2>::kSmemBytes
+       << ", (128, 4): " << detail::Fa2Shape<128, 4>::kSmemBytes
+       << ", (128, 2): " << detail::Fa2Shape<128, 2>::kSmemBytes
+       << ", (256, 4): " << detail::Fa2Shape<256, 4>::kSmemBytes
+       << ", (256, 2): " << detail::Fa2Shape<256, 2>::kSmemBytes << "}";
+  EXPECT_NE(text.str().find(want.str()), std::string::npos) << "missing: " << want.str();
+}
+#endif
 
 }  // namespace
 }  // namespace pagedkv
