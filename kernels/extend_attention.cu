@@ -417,7 +417,7 @@ KernelChoice choose(KVDtype dtype, int head_dim) {
   }
 }
 
-// Query tiles of the kFa2 variant's launch (its tile rows depend on head_dim and max_q_len x group).
+// Query tiles of the kFa2 variant's launch (its tile rows: head_dim, max_q_len x group).
 std::int64_t fa2_query_tiles(const PagedExtendParams& params) {
   const int group = params.group_size();
   const int rows =
@@ -461,9 +461,11 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
   return !params.quant.fp8() && (kernel == ExtendKernel::kMma16 || kernel == ExtendKernel::kFa2);
 }
 
-ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel,
-                                  int num_sms, int ctas_per_sm) {
-  if (num_sms < 1 || ctas_per_sm < 1) fail("plan_extend_split: num_sms and ctas_per_sm must be >= 1");
+ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
+                                  int ctas_per_sm) {
+  if (num_sms < 1 || ctas_per_sm < 1) {
+    fail("plan_extend_split: num_sms and ctas_per_sm must be >= 1");
+  }
   ExtendSplitPlan plan;
   if (kernel != ExtendKernel::kFa2 || params.num_seqs == 0 || params.max_q_len == 0) return plan;
   const std::int64_t tiles = fa2_query_tiles(params);
@@ -487,7 +489,9 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   int device = 0;
   int sms = 0;
   cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
   int resident = 1;
   if (err == cudaSuccess) {
     err = kernels::fa2_extend_ctas_per_sm(params.dtype, params.layout.head_dim,

@@ -63,9 +63,9 @@ struct Fa2Params {
   std::uint16_t* out;
   std::int64_t out_stride_token;
   std::int64_t out_stride_head;
-  float* lse;          // natural log, [num_q_tokens, num_q_heads] or null
-  float score_scale;   // folded into Q: sm_scale x log2(e); with a soft-cap sm_scale / cap
-  float cap_log2;      // cap x log2(e); 0 = no soft-cap
+  float* lse;         // natural log, [num_q_tokens, num_q_heads] or null
+  float score_scale;  // folded into Q: sm_scale x log2(e); with a soft-cap sm_scale / cap
+  float cap_log2;     // cap x log2(e); 0 = no soft-cap
   std::int32_t window_size;
   std::int32_t num_splits;
   std::int32_t rows;   // query rows per CTA (Fa2Shape::kRows of the launched kernel)
@@ -152,9 +152,10 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
   constexpr int kNTiles = kHeadDim / 8;
   constexpr int kKeyTiles = kKeys / 8;
   extern __shared__ uint4 smem[];
-  uint4* q_tile = smem;                               // [kRows][kC], swizzled
-  uint4* ring = smem + S::kQChunks;                   // [stage][K: kKeys][kC], [V: kKeys][kC]
-  auto* offsets = reinterpret_cast<std::int64_t*>(ring + 2 * kStages * S::kKVChunks);  // [slot][kKeys]
+  uint4* q_tile = smem;              // [kRows][kC], swizzled
+  uint4* ring = smem + S::kQChunks;  // [stage][K: kKeys][kC], [V: kKeys][kC]
+  auto* offsets =
+      reinterpret_cast<std::int64_t*>(ring + 2 * kStages * S::kKVChunks);  // [slot][kKeys]
   const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(q_tile));
   const unsigned ring_addr = static_cast<unsigned>(__cvta_generic_to_shared(ring));
 
@@ -188,9 +189,9 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
   const auto resolve = [&](int t) {
     if (tid < kKeys) {
       offsets[detail::fa2_slot(t, kStages) * kKeys + tid] =
-          t < tiles ? detail::tc_token_offset(page, table_row, key_first + t * kKeys + tid,
-                                              geo.kv_end)
-                    : -1;
+          t < tiles
+              ? detail::tc_token_offset(page, table_row, key_first + t * kKeys + tid, geo.kv_end)
+              : -1;
     }
   };
   // Copies of tile `t` into its stage from its offset slot; always one commit group.
@@ -219,8 +220,8 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) issue(t);
 
-  // Q: 16-byte loads, scaled into the log2 domain, rounded, into the swizzled tile (overlapping
-  // the K/V copies in flight). Rows past q_len are zero.
+    // Q: 16-byte loads, scaled into the log2 domain, rounded, into the swizzled tile (overlapping
+    // the K/V copies in flight). Rows past q_len are zero.
 #pragma unroll
   for (int i = 0; i < S::kQCopies; ++i) {
     const MmaCoord c = detail::fa2_copy(tid, i, kC, S::kRowsPerPass);
@@ -252,10 +253,10 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
     for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
       for (int mb = 0; mb < kMB; ++mb) {
-        ldmatrix_x4(qf[ks][mb],
-                    q_addr + 16 * detail::fa2_swizzled(
-                                      detail::fa2_q_row(S::kRowsPerWarp, warp, mb, lane),
-                                      detail::fa2_q_chunk(ks, lane), kC));
+        ldmatrix_x4(
+            qf[ks][mb],
+            q_addr + 16 * detail::fa2_swizzled(detail::fa2_q_row(S::kRowsPerWarp, warp, mb, lane),
+                                               detail::fa2_q_chunk(ks, lane), kC));
       }
     }
   }
@@ -417,16 +418,15 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
         for (int j = 0; j < 4; ++j) {
           const detail::PvASource lo = detail::pv_a_source(2 * j);
           const detail::PvASource hi = detail::pv_a_source(2 * j + 1);
-          pa[mb][j] =
-              O::pack2(s[mb][2 * kk + lo.tile][lo.elem], s[mb][2 * kk + hi.tile][hi.elem]);
+          pa[mb][j] = O::pack2(s[mb][2 * kk + lo.tile][lo.elem], s[mb][2 * kk + hi.tile][hi.elem]);
         }
       }
 #pragma unroll
       for (int dd = 0; dd < kHeadDim / 16; ++dd) {
         unsigned b[4];
-        ldmatrix_x4_trans(b, v_addr + 16 * detail::fa2_swizzled(kk * 16 + detail::pv_b_key(lane),
-                                                                2 * dd + detail::pv_b_chunk(lane),
-                                                                kC));
+        ldmatrix_x4_trans(
+            b, v_addr + 16 * detail::fa2_swizzled(kk * 16 + detail::pv_b_key(lane),
+                                                  2 * dd + detail::pv_b_chunk(lane), kC));
 #pragma unroll
         for (int mb = 0; mb < kMB; ++mb) {
           O::mma(o[mb][2 * dd], pa[mb], b[0], b[1]);
@@ -496,14 +496,15 @@ __global__ void __launch_bounds__(kHeadDim / 4 * kMergeRows)
   const SeqLens lens = seq_lens_of(p, seq);
   if (token >= lens.q_len) return;
   const int packed = token * p.group + q_head % p.group;
-  const detail::Fa2TileWork work = detail::fa2_tile_work(
-      lens.q_len, lens.prefix, p.group, p.window_size, packed / p.rows, p.rows, p.keys,
-      p.num_splits);
+  const detail::Fa2TileWork work =
+      detail::fa2_tile_work(lens.q_len, lens.prefix, p.group, p.window_size, packed / p.rows,
+                            p.rows, p.keys, p.num_splits);
   if (work.active <= 1) return;  // written directly by the attention kernel
   const std::int64_t state0 =
       detail::fa2_state(seq, token, q_head, 0, p.max_q_len, p.num_q_heads, p.num_splits);
   float m_all = -INFINITY;
-  for (int s = 0; s < work.active; ++s) m_all = detail::fa2_merge_max(m_all, p.partial_lse[state0 + s]);
+  for (int s = 0; s < work.active; ++s)
+    m_all = detail::fa2_merge_max(m_all, p.partial_lse[state0 + s]);
   const float m_ref = m_all == -INFINITY ? 0.0f : m_all;
   float weight_sum = 0.0f;
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -627,8 +628,8 @@ cudaError_t fa2_paged_extend(const PagedExtendParams& params, int num_splits, vo
   kp.window_size = params.window_size;
   kp.num_splits = num_splits < 1 ? 1 : num_splits;
   if (kp.num_splits > 1) {
-    const std::int64_t states = detail::fa2_states(params.num_seqs, params.max_q_len,
-                                                   params.num_q_heads, kp.num_splits);
+    const std::int64_t states =
+        detail::fa2_states(params.num_seqs, params.max_q_len, params.num_q_heads, kp.num_splits);
     auto* base = static_cast<unsigned char*>(workspace);
     kp.partial_out = reinterpret_cast<float*>(base);
     kp.partial_lse = reinterpret_cast<float*>(base + states * layout.head_dim * 4);
@@ -642,20 +643,21 @@ cudaError_t fa2_paged_extend(const PagedExtendParams& params, int num_splits, vo
 
 cudaError_t fa2_extend_ctas_per_sm(KVDtype dtype, int head_dim, int warps, int* ctas) {
   // The soft-cap instantiation uses the same shared memory and block size.
-  return dispatch(dtype, head_dim, warps, false, [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>() {
-    using S = Fa2Shape<kHeadDim, kWarps>;
-    const auto kernel = fa2_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(S::kSmemBytes));
-    int resident = 0;
-    if (err == cudaSuccess) {
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, S::kThreads,
-                                                          S::kSmemBytes);
-    }
-    if (err != cudaSuccess) return err;
-    *ctas = resident > 0 ? resident : 1;
-    return cudaSuccess;
-  });
+  return dispatch(
+      dtype, head_dim, warps, false, [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>() {
+        using S = Fa2Shape<kHeadDim, kWarps>;
+        const auto kernel = fa2_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap>;
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(S::kSmemBytes));
+        int resident = 0;
+        if (err == cudaSuccess) {
+          err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, S::kThreads,
+                                                              S::kSmemBytes);
+        }
+        if (err != cudaSuccess) return err;
+        *ctas = resident > 0 ? resident : 1;
+        return cudaSuccess;
+      });
 }
 
 }  // namespace pagedkv::kernels

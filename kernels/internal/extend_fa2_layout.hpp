@@ -12,7 +12,8 @@
 //   - the split over keys: which key tiles of a query tile each split covers, how many splits a
 //     tile really uses, the merge of their partial results, and the number of splits the host picks
 //     for a grid that under-fills the GPU;
-//   - the work-item order of the grid's z dimension (heaviest query tile first, its splits adjacent).
+//   - the work-item order of the grid's z dimension (heaviest query tile first, its splits
+//   adjacent).
 //
 // Pure O(1) functions, no errors (callers pass consistent values); usable from any thread.
 // Internal to pagedkv::cuda, not a stable API.
@@ -60,7 +61,7 @@ struct Fa2Shape {
   // the step), else by 2: fully unrolled, ptxas hoists every K fragment load of the tile and the
   // kernel spills at head_dim 128.
   static constexpr int kKStepUnroll = kQInRegisters ? kHeadDim / 16 : 2;
-  static constexpr int kRowsPerPass = kThreads / kChunks;  // rows one pass of copies covers
+  static constexpr int kRowsPerPass = kThreads / kChunks;      // rows one pass of copies covers
   static constexpr int kCopiesPerTile = kKeys / kRowsPerPass;  // per thread, for K and for V
   static constexpr int kQCopies = kRows / kRowsPerPass;
   static constexpr int kQChunks = kRows * kChunks;

@@ -126,8 +126,7 @@ void expect_case(const ExtendShape& shape, std::uint64_t seed) {
   EXPECT_TRUE(run_case(shape, seed));
 }
 
-class CudaExtendAttention : public testing::GpuTest,
-                            public ::testing::WithParamInterface<Variant> {
+class CudaExtendAttention : public testing::GpuTest, public ::testing::WithParamInterface<Variant> {
  protected:
   void SetUp() override {
     testing::GpuTest::SetUp();
@@ -653,9 +652,8 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   plan.num_splits = kCudaExtendMaxSplits + 1;
   expect_error([&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kFa2, plan); },
                "num_splits");
-  expect_error(
-      [&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(7)); },
-      "unknown ExtendKernel");
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(7)); },
+               "unknown ExtendKernel");
   PagedExtendParams p = good;
   p.q_stride_token = 1028;  // the shared checks run first for the variant too
   expect_error([&] { (void)paged_extend_attention(p, nullptr, ExtendKernel::kFa2); },

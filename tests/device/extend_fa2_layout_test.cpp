@@ -83,9 +83,10 @@ std::vector<std::vector<std::vector<float>>> model_ldmatrix(const std::vector<fl
     for (int j = 0; j < 4; ++j) {
       for (int h = 0; h < 2; ++h) {
         const MmaCoord at = detail::ldmatrix_coord(lane, h, trans);
-        r[static_cast<std::size_t>(lane)][static_cast<std::size_t>(j)][static_cast<std::size_t>(h)] =
-            smem[static_cast<std::size_t>(chunk_of_lane[8 * j + at.row]) * 8 +
-                 static_cast<std::size_t>(at.col)];
+        r[static_cast<std::size_t>(lane)][static_cast<std::size_t>(j)]
+         [static_cast<std::size_t>(h)] =
+             smem[static_cast<std::size_t>(chunk_of_lane[8 * j + at.row]) * 8 +
+                  static_cast<std::size_t>(at.col)];
       }
     }
   }
@@ -141,11 +142,13 @@ ModelError run_warp_model(int warp, std::mt19937& rng) {
   const auto regs = [](const std::vector<std::vector<std::vector<float>>>& r, int lane, int j0,
                        int j1) {
     const auto& l = r[static_cast<std::size_t>(lane)];
-    return std::vector<float>{l[static_cast<std::size_t>(j0)][0], l[static_cast<std::size_t>(j0)][1],
-                              l[static_cast<std::size_t>(j1)][0], l[static_cast<std::size_t>(j1)][1]};
+    return std::vector<float>{
+        l[static_cast<std::size_t>(j0)][0], l[static_cast<std::size_t>(j0)][1],
+        l[static_cast<std::size_t>(j1)][0], l[static_cast<std::size_t>(j1)][1]};
   };
 
-  std::vector<std::vector<Frag>> s(kMB, std::vector<Frag>(kKeyTiles, Frag(32, std::vector<float>(4, 0.0f))));
+  std::vector<std::vector<Frag>> s(
+      kMB, std::vector<Frag>(kKeyTiles, Frag(32, std::vector<float>(4, 0.0f))));
   for (int ks = 0; ks < kHeadDim / 16; ++ks) {
     std::vector<Frag> a(kMB, Frag(32, std::vector<float>(8)));
     for (int mb = 0; mb < kMB; ++mb) {
@@ -157,10 +160,12 @@ ModelError run_warp_model(int warp, std::mt19937& rng) {
       const auto r = model_ldmatrix(q_smem, addr, false);
       for (int lane = 0; lane < 32; ++lane) {
         for (int j = 0; j < 4; ++j) {
-          a[static_cast<std::size_t>(mb)][static_cast<std::size_t>(lane)][static_cast<std::size_t>(2 * j)] =
-              r[static_cast<std::size_t>(lane)][static_cast<std::size_t>(j)][0];
-          a[static_cast<std::size_t>(mb)][static_cast<std::size_t>(lane)][static_cast<std::size_t>(2 * j + 1)] =
-              r[static_cast<std::size_t>(lane)][static_cast<std::size_t>(j)][1];
+          a[static_cast<std::size_t>(mb)][static_cast<std::size_t>(lane)]
+           [static_cast<std::size_t>(2 * j)] =
+               r[static_cast<std::size_t>(lane)][static_cast<std::size_t>(j)][0];
+          a[static_cast<std::size_t>(mb)][static_cast<std::size_t>(lane)]
+           [static_cast<std::size_t>(2 * j + 1)] =
+               r[static_cast<std::size_t>(lane)][static_cast<std::size_t>(j)][1];
         }
       }
     }
@@ -177,8 +182,10 @@ ModelError run_warp_model(int warp, std::mt19937& rng) {
         b1[static_cast<std::size_t>(lane)] = regs(r, lane, 2, 3);
       }
       for (int mb = 0; mb < kMB; ++mb) {
-        model_mma(s[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * nn)], a[static_cast<std::size_t>(mb)], b0);
-        model_mma(s[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * nn + 1)], a[static_cast<std::size_t>(mb)], b1);
+        model_mma(s[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * nn)],
+                  a[static_cast<std::size_t>(mb)], b0);
+        model_mma(s[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * nn + 1)],
+                  a[static_cast<std::size_t>(mb)], b1);
       }
     }
   }
@@ -207,17 +214,19 @@ ModelError run_warp_model(int warp, std::mt19937& rng) {
   }
   // O = P V, P packed from the score accumulators through pv_a_source.
   constexpr int kNTiles = kHeadDim / 8;
-  std::vector<std::vector<Frag>> o(kMB, std::vector<Frag>(kNTiles, Frag(32, std::vector<float>(4, 0.0f))));
+  std::vector<std::vector<Frag>> o(
+      kMB, std::vector<Frag>(kNTiles, Frag(32, std::vector<float>(4, 0.0f))));
   for (int kk = 0; kk < S::kKeys / 16; ++kk) {
     std::vector<Frag> pa(kMB, Frag(32, std::vector<float>(8)));
     for (int mb = 0; mb < kMB; ++mb) {
       for (int lane = 0; lane < 32; ++lane) {
         for (int e = 0; e < 8; ++e) {
           const detail::PvASource src = detail::pv_a_source(e);
-          pa[static_cast<std::size_t>(mb)][static_cast<std::size_t>(lane)][static_cast<std::size_t>(e)] =
-              round_bf16(s[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * kk + src.tile)]
-                          [static_cast<std::size_t>(lane)][static_cast<std::size_t>(src.elem)] /
-                         64.0f);
+          pa[static_cast<std::size_t>(mb)][static_cast<std::size_t>(lane)]
+            [static_cast<std::size_t>(e)] = round_bf16(
+                s[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * kk + src.tile)]
+                 [static_cast<std::size_t>(lane)][static_cast<std::size_t>(src.elem)] /
+                64.0f);
         }
       }
     }
@@ -234,8 +243,10 @@ ModelError run_warp_model(int warp, std::mt19937& rng) {
         b1[static_cast<std::size_t>(lane)] = regs(r, lane, 2, 3);
       }
       for (int mb = 0; mb < kMB; ++mb) {
-        model_mma(o[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * dd)], pa[static_cast<std::size_t>(mb)], b0);
-        model_mma(o[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * dd + 1)], pa[static_cast<std::size_t>(mb)], b1);
+        model_mma(o[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * dd)],
+                  pa[static_cast<std::size_t>(mb)], b0);
+        model_mma(o[static_cast<std::size_t>(mb)][static_cast<std::size_t>(2 * dd + 1)],
+                  pa[static_cast<std::size_t>(mb)], b1);
       }
     }
   }
@@ -320,7 +331,8 @@ void expect_conflict_free() {
           std::set<int> qa;
           for (int l = 8 * phase; l < 8 * phase + 8; ++l) {
             qa.insert(detail::fa2_swizzled(detail::fa2_q_row(S::kRowsPerWarp, warp, mb, l),
-                                           detail::fa2_q_chunk(step, l), kC) % 8);
+                                           detail::fa2_q_chunk(step, l), kC) %
+                      8);
           }
           EXPECT_EQ(qa.size(), 8u) << "Q, head_dim " << kHeadDim;
         }
@@ -329,9 +341,11 @@ void expect_conflict_free() {
         std::set<int> kb, vb;
         for (int l = 8 * phase; l < 8 * phase + 8; ++l) {
           kb.insert(detail::fa2_swizzled(kk * 16 + detail::qk_b_key(l),
-                                         2 * step + detail::qk_b_chunk(l), kC) % 8);
+                                         2 * step + detail::qk_b_chunk(l), kC) %
+                    8);
           vb.insert(detail::fa2_swizzled(kk * 16 + detail::pv_b_key(l),
-                                         2 * step + detail::pv_b_chunk(l), kC) % 8);
+                                         2 * step + detail::pv_b_chunk(l), kC) %
+                    8);
         }
         EXPECT_EQ(kb.size(), 8u) << "K, head_dim " << kHeadDim;
         EXPECT_EQ(vb.size(), 8u) << "V, head_dim " << kHeadDim;
@@ -352,7 +366,8 @@ TEST(ExtendFa2Layout, SwizzleIsABijectionAndLdmatrixPhasesAreConflictFree) {
 template <int kHeadDim, int kWarps>
 void expect_copies_cover() {
   using S = detail::Fa2Shape<kHeadDim, kWarps>;
-  for (const auto& [rows, passes] : {std::pair{S::kRows, S::kQCopies}, std::pair{S::kKeys, S::kCopiesPerTile}}) {
+  for (const auto& [rows, passes] :
+       {std::pair{S::kRows, S::kQCopies}, std::pair{S::kKeys, S::kCopiesPerTile}}) {
     std::vector<int> seen(static_cast<std::size_t>(rows * S::kChunks), 0);
     for (int tid = 0; tid < S::kThreads; ++tid) {
       for (int i = 0; i < passes; ++i) {
@@ -419,7 +434,8 @@ TEST(ExtendFa2Layout, RingScheduleComputesOnlyLandedTilesAndNeverOverwritesLiveD
            g < groups.size(); ++g) {
         in_flight.insert(groups[g]);
       }
-      ASSERT_EQ(in_flight.count(i), 0u) << "tile " << i << " computed while its copies may be in flight";
+      ASSERT_EQ(in_flight.count(i), 0u)
+          << "tile " << i << " computed while its copies may be in flight";
       barrier = i;
       issue(detail::fa2_issue_tile(i, kStages), i);
       const int ahead = detail::fa2_resolve_tile(i, kStages);
@@ -429,8 +445,9 @@ TEST(ExtendFa2Layout, RingScheduleComputesOnlyLandedTilesAndNeverOverwritesLiveD
       ASSERT_NE(slot, detail::fa2_slot(detail::fa2_issue_tile(i, kStages), kStages));
       if (slot_holds[static_cast<std::size_t>(slot)] >= 0 &&
           slot_holds[static_cast<std::size_t>(slot)] < tiles) {
-        ASSERT_NE(std::find(groups.begin(), groups.end(), slot_holds[static_cast<std::size_t>(slot)]),
-                  groups.end());
+        ASSERT_NE(
+            std::find(groups.begin(), groups.end(), slot_holds[static_cast<std::size_t>(slot)]),
+            groups.end());
       }
       resolve(ahead, i);
       const int stage = detail::fa2_slot(i, kStages);
@@ -469,7 +486,8 @@ TEST(ExtendFa2Layout, SplitsCoverEveryVisibleKeyOfEveryRowOnce) {
                     }
                     for (int t = st.first; t < st.last; ++t) ++covered[static_cast<std::size_t>(t)];
                   }
-                  for (const int n : covered) ASSERT_EQ(n, 1) << "a key tile covered " << n << " times";
+                  for (const int n : covered)
+                    ASSERT_EQ(n, 1) << "a key tile covered " << n << " times";
                   // Every visible key of every row of the tile lies in the tile's key tiles.
                   for (int r = tile * rows; r < std::min((tile + 1) * rows, q_len * group); ++r) {
                     const int pos = prefix + r / group;
@@ -521,7 +539,8 @@ TEST(ExtendFa2Layout, MergedSplitsEqualTheFullSoftmax) {
     for (int sp = 0; sp < w.active; ++sp) {
       const detail::Fa2SplitTiles st = detail::fa2_split_tiles(w, sp);
       float m = ninf;
-      for (int i = st.first * keys; i < st.last * keys; ++i) m = std::max(m, s[static_cast<std::size_t>(i)]);
+      for (int i = st.first * keys; i < st.last * keys; ++i)
+        m = std::max(m, s[static_cast<std::size_t>(i)]);
       const float m_use = m == ninf ? 0.0f : m;
       double l = 0.0;
       double o = 0.0;
@@ -544,7 +563,8 @@ TEST(ExtendFa2Layout, MergedSplitsEqualTheFullSoftmax) {
       acc += wt * part[i];
     }
     double full_m = -1e300;
-    for (int i = 0; i < visible; ++i) full_m = std::max(full_m, double{s[static_cast<std::size_t>(i)]});
+    for (int i = 0; i < visible; ++i)
+      full_m = std::max(full_m, double{s[static_cast<std::size_t>(i)]});
     double full_l = 0.0;
     double full_o = 0.0;
     for (int i = 0; i < visible; ++i) {
@@ -591,7 +611,7 @@ TEST(ExtendFa2Layout, PlannerSplitsOnlyUnderfilledGrids) {
     if (n < 64) {
       EXPECT_GE(ctas * n, target) << ctas;  // fills the target (unless capped)
     }
-    EXPECT_LT(ctas * (n - 1), target) << ctas;        // and not more than needed
+    EXPECT_LT(ctas * (n - 1), target) << ctas;  // and not more than needed
   }
   EXPECT_LE(detail::fa2_num_splits(100, 60000, 1 << 30, 16) * 60000, 65535);
   EXPECT_EQ(detail::fa2_warps(64, 1), 2);

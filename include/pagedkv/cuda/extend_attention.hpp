@@ -91,8 +91,8 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 // split when query tiles x sequences x KV heads fill two waves, else enough splits to fill them
 // (at most kCudaExtendMaxSplits). Pure, host only; kMma16 always gets 1. Throws pagedkv::Error for
 // num_sms or ctas_per_sm < 1.
-ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel,
-                                  int num_sms, int ctas_per_sm);
+ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
+                                  int ctas_per_sm);
 
 // The same with num_sms and the variant's occupancy (dtype, head_dim, CTA size) of the current
 // device. Returns CUDA errors; throws as validate_cuda_extend for bad params.
