@@ -152,26 +152,29 @@ struct Variant {
   pagedkv::ExtendKernel kernel = pagedkv::ExtendKernel::kMma16;
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
-  int last_splits = 1;  // the plan of the last run (printed beside its figure)
+  pagedkv::ExtendSplitPlan plan;  // of the current shape (printed beside its figure)
 };
 
-cudaError_t launch(const pagedkv::PagedExtendParams& p, cudaStream_t stream, Variant& variant) {
-  if (variant.kernel == pagedkv::ExtendKernel::kMma16) {
-    return pagedkv::paged_extend_attention(p, stream);
-  }
-  pagedkv::ExtendSplitPlan plan;
-  cudaError_t err = pagedkv::extend_split_plan_for_current_device(p, variant.kernel, &plan);
-  if (err != cudaSuccess) return err;
-  const std::size_t need = pagedkv::extend_workspace_bytes(p, plan);
+// Plans the shape's split and grows the workspace: once per shape, before anything is timed.
+void prepare(const pagedkv::PagedExtendParams& p, Variant& variant) {
+  variant.plan = pagedkv::ExtendSplitPlan{};
+  if (variant.kernel == pagedkv::ExtendKernel::kMma16) return;
+  CHECK(pagedkv::extend_split_plan_for_current_device(p, variant.kernel, &variant.plan));
+  const std::size_t need = pagedkv::extend_workspace_bytes(p, variant.plan);
   if (need > variant.workspace_bytes) {
-    // Only the first (untimed) call of a shape can get here: the plan depends on the shape alone.
     if (variant.workspace != nullptr) CHECK(cudaFree(variant.workspace));
     CHECK(cudaMalloc(&variant.workspace, need));
     variant.workspace_bytes = need;
   }
-  variant.last_splits = plan.num_splits;
-  return pagedkv::paged_extend_attention(p, stream, variant.kernel, plan, variant.workspace,
-                                         variant.workspace_bytes);
+}
+
+cudaError_t launch(const pagedkv::PagedExtendParams& p, cudaStream_t stream,
+                   const Variant& variant) {
+  if (variant.kernel == pagedkv::ExtendKernel::kMma16) {
+    return pagedkv::paged_extend_attention(p, stream);
+  }
+  return pagedkv::paged_extend_attention(p, stream, variant.kernel, variant.plan,
+                                         variant.workspace, variant.workspace_bytes);
 }
 
 double run_shape(const Workspace& ws, const Shape& shape, cudaStream_t stream, int repeats,
@@ -214,8 +217,7 @@ double run_shape(const Workspace& ws, const Shape& shape, cudaStream_t stream, i
   pagedkv::PagedExtendParams warm = p;
   warm.q = static_cast<const unsigned char*>(ws.q) + ws.q_half_bytes;
   warm.block_table = ws.table + cells;
-  CHECK(launch(warm, stream, variant));  // sizes the workspace before anything is timed
-  CHECK(cudaStreamSynchronize(stream));
+  prepare(p, variant);
   return median_ms(
       stream, repeats, 3, [&] { CHECK(launch(warm, stream, variant)); },
       [&] { CHECK(launch(p, stream, variant)); });
@@ -416,7 +418,7 @@ int main(int argc, char** argv) {
         if (shuffled) std::snprintf(ratio, sizeof(ratio), "%.3f", ms / identity_ms);
         std::printf("| %d | %d | %d | %s | %.3f | %.1f | %.2f | %s | %.3f | %.2f | %d | %.3f |\n",
                     num_seqs, prompt, shape.cached, shuffled ? "paged" : "identity", ms, tflops,
-                    tflops / g, ratio, fa2_ms, fa2_tflops / g, fa2.last_splits, fa2_ms / ms);
+                    tflops / g, ratio, fa2_ms, fa2_tflops / g, fa2.plan.num_splits, fa2_ms / ms);
         std::printf(
             "RESULT extend seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f "
             "ratio_gemm=%.3f\n",
@@ -426,7 +428,7 @@ int main(int argc, char** argv) {
             "RESULT extend_fa2 seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f "
             "ratio_gemm=%.3f splits=%d time_vs_default=%.3f\n",
             num_seqs, prompt, shape.cached, shuffled ? "paged" : "identity", fa2_ms, fa2_tflops,
-            fa2_tflops / g, fa2.last_splits, fa2_ms / ms);
+            fa2_tflops / g, fa2.plan.num_splits, fa2_ms / ms);
         ratios.push_back(tflops / g);
         fa2_ratios.push_back(fa2_tflops / g);
         fa2_times.push_back(fa2_ms / ms);
@@ -462,7 +464,7 @@ int main(int argc, char** argv) {
     std::printf(
         "RESULT extend_fa2_saved prompt=%d cached=%d ms=%.4f tflops=%.1f ratio_gemm=%.3f "
         "splits=%d time_vs_default=%.3f\n",
-        prompt, shape.cached, fa2_ms, fa2_tflops, fa2_tflops / g, fa2.last_splits, fa2_ms / ms);
+        prompt, shape.cached, fa2_ms, fa2_tflops, fa2_tflops / g, fa2.plan.num_splits, fa2_ms / ms);
     std::fflush(stdout);
   }
 
