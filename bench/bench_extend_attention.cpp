@@ -173,8 +173,8 @@ cudaError_t launch(const pagedkv::PagedExtendParams& p, cudaStream_t stream,
   if (variant.kernel == pagedkv::ExtendKernel::kMma16) {
     return pagedkv::paged_extend_attention(p, stream);
   }
-  return pagedkv::paged_extend_attention(p, stream, variant.kernel, variant.plan,
-                                         variant.workspace, variant.workspace_bytes);
+  return pagedkv::paged_extend_attention(p, stream, variant.kernel, variant.plan, variant.workspace,
+                                         variant.workspace_bytes);
 }
 
 double run_shape(const Workspace& ws, const Shape& shape, cudaStream_t stream, int repeats,
