@@ -519,8 +519,8 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
     fail("query tiles x num_splits = " + std::to_string(fa2_query_tiles(params) * plan.num_splits) +
          " exceed " + std::to_string(kMaxGridYZ));
   }
-  if (plan.num_splits > 1 && !params.quant.fp8()) {
-    const std::size_t needed = extend_workspace_bytes(params, plan);
+  const std::size_t needed = params.quant.fp8() ? 0 : extend_workspace_bytes(params, plan);
+  if (needed > 0) {  // a split of a non-empty batch
     if (workspace == nullptr || workspace_bytes < needed) {
       fail("the split plan needs a workspace of " + std::to_string(needed) + " bytes, got " +
            std::to_string(workspace == nullptr ? 0 : workspace_bytes));

@@ -654,6 +654,13 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
                "num_splits");
   expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(7)); },
                "unknown ExtendKernel");
+  // An empty batch needs no workspace, even with a split plan (nothing is launched).
+  plan.num_splits = 4;
+  PagedExtendParams empty = good;
+  empty.num_seqs = 0;
+  EXPECT_EQ(extend_workspace_bytes(empty, plan), 0u);
+  EXPECT_EQ(paged_extend_attention(empty, nullptr, ExtendKernel::kFa2, plan, nullptr, 0),
+            cudaSuccess);
   PagedExtendParams p = good;
   p.q_stride_token = 1028;  // the shared checks run first for the variant too
   expect_error([&] { (void)paged_extend_attention(p, nullptr, ExtendKernel::kFa2); },
