@@ -20,6 +20,12 @@
 // Target (docs/figures.md): extend >= 0.45 x G on table 1's shapes. Every figure is also printed
 // as a RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
 //
+// Variants (issue 35, step A): every shape is timed with the default kernel and, right after on
+// the same tables, with ExtendKernel::kFa2 and the planner's split for this device
+// (extend_split_plan_for_current_device; its workspace allocated before timing). Both are checked
+// against the CPU reference first (kFa2 also with 3 forced splits). TARGET extend_fa2_vs_gemm is
+// the variant's worst table-1 ratio; RESULT extend_variants its time relative to the default.
+//
 // Usage: bench_extend_attention [--quick]   (--quick: a 1k prompt, for smoke tests)
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -140,8 +146,39 @@ struct Shape {
   bool shuffled = true;
 };
 
+// The kernel variant a run times: the default (ExtendKernel::kMma16) or kFa2 with the planner's
+// split for this device (its workspace grown outside the timed calls).
+struct Variant {
+  pagedkv::ExtendKernel kernel = pagedkv::ExtendKernel::kMma16;
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+  pagedkv::ExtendSplitPlan plan;  // of the current shape (printed beside its figure)
+};
+
+// Plans the shape's split and grows the workspace: once per shape, before anything is timed.
+void prepare(const pagedkv::PagedExtendParams& p, Variant& variant) {
+  variant.plan = pagedkv::ExtendSplitPlan{};
+  if (variant.kernel == pagedkv::ExtendKernel::kMma16) return;
+  CHECK(pagedkv::extend_split_plan_for_current_device(p, variant.kernel, &variant.plan));
+  const std::size_t need = pagedkv::extend_workspace_bytes(p, variant.plan);
+  if (need > variant.workspace_bytes) {
+    if (variant.workspace != nullptr) CHECK(cudaFree(variant.workspace));
+    CHECK(cudaMalloc(&variant.workspace, need));
+    variant.workspace_bytes = need;
+  }
+}
+
+cudaError_t launch(const pagedkv::PagedExtendParams& p, cudaStream_t stream,
+                   const Variant& variant) {
+  if (variant.kernel == pagedkv::ExtendKernel::kMma16) {
+    return pagedkv::paged_extend_attention(p, stream);
+  }
+  return pagedkv::paged_extend_attention(p, stream, variant.kernel, variant.plan, variant.workspace,
+                                         variant.workspace_bytes);
+}
+
 double run_shape(const Workspace& ws, const Shape& shape, cudaStream_t stream, int repeats,
-                 std::mt19937_64& rng) {
+                 std::mt19937_64& rng, Variant& variant) {
   const int blocks_per_seq = (shape.prompt + kBlockSize - 1) / kBlockSize;
   const auto cells = static_cast<std::size_t>(shape.num_seqs) * blocks_per_seq;
   // Two tables of distinct blocks: the timed one, then the warm-up's.
@@ -180,14 +217,15 @@ double run_shape(const Workspace& ws, const Shape& shape, cudaStream_t stream, i
   pagedkv::PagedExtendParams warm = p;
   warm.q = static_cast<const unsigned char*>(ws.q) + ws.q_half_bytes;
   warm.block_table = ws.table + cells;
+  prepare(p, variant);
   return median_ms(
-      stream, repeats, 3, [&] { CHECK(pagedkv::paged_extend_attention(warm, stream)); },
-      [&] { CHECK(pagedkv::paged_extend_attention(p, stream)); });
+      stream, repeats, 3, [&] { CHECK(launch(warm, stream, variant)); },
+      [&] { CHECK(launch(p, stream, variant)); });
 }
 
 // Extend attention on a small random case (3 sequences: a plain prefill, a cached prefix ending
 // mid-block, one new token after a long prefix; shuffled blocks) against the CPU reference.
-bool check_against_reference(cudaStream_t stream) {
+bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, int splits) {
   bench::Random rng(2025);
   const std::vector<std::int32_t> prefix = {0, 37, 700};
   const std::vector<std::int32_t> fresh = {150, 90, 1};
@@ -258,14 +296,22 @@ bool check_against_reference(cudaStream_t stream) {
   p.block_table = static_cast<const std::int32_t*>(ptrs[4]);
   p.q_indptr = static_cast<const std::int32_t*>(ptrs[5]);
   p.seq_lens = static_cast<const std::int32_t*>(ptrs[6]);
-  CHECK(pagedkv::paged_extend_attention(p, stream));
+  pagedkv::ExtendSplitPlan plan;
+  plan.num_splits = splits;
+  void* workspace = nullptr;
+  const std::size_t workspace_bytes = pagedkv::extend_workspace_bytes(p, plan);
+  if (workspace_bytes > 0) CHECK(cudaMalloc(&workspace, workspace_bytes));
+  CHECK(pagedkv::paged_extend_attention(p, stream, kernel, plan, workspace, workspace_bytes));
   CHECK(cudaStreamSynchronize(stream));
   std::vector<std::uint16_t> out(q.size());
   CHECK(cudaMemcpy(out.data(), ptrs[3], sizes[3], cudaMemcpyDeviceToHost));
   for (void* ptr : ptrs) CHECK(cudaFree(ptr));
+  if (workspace != nullptr) CHECK(cudaFree(workspace));
   const double err = bench::max_row_error(bench::to_doubles(kDtype, out), ref.out, kHeadDim);
   const bool pass = err <= kRowTolerance;
-  std::printf("CHECK extend_attention max_row_error=%.3g tolerance=%.0e %s\n", err, kRowTolerance,
+  const bool fa2 = kernel == pagedkv::ExtendKernel::kFa2;
+  std::printf("CHECK extend_attention%s%s max_row_error=%.3g tolerance=%.0e %s\n",
+              fa2 ? "_fa2" : "", fa2 && splits > 1 ? "_split" : "", err, kRowTolerance,
               pass ? "PASS" : "FAIL");
   return pass;
 }
@@ -304,7 +350,10 @@ int main(int argc, char** argv) {
   CHECK(cublasSetStream(cublas, stream));
 
   // ---- correctness first: nothing is timed unless the kernel is right here ----
-  if (!check_against_reference(stream)) {
+  bool checked = check_against_reference(stream, pagedkv::ExtendKernel::kMma16, 1);
+  checked = check_against_reference(stream, pagedkv::ExtendKernel::kFa2, 1) && checked;
+  checked = check_against_reference(stream, pagedkv::ExtendKernel::kFa2, 3) && checked;
+  if (!checked) {
     std::printf(
         "bench_extend_attention: the check against the CPU reference failed; "
         "nothing timed\n");
@@ -343,27 +392,46 @@ int main(int argc, char** argv) {
   bench::fill_random(ws.q, 2 * q_bytes, kDtype, 13, kProgram);
   std::mt19937_64 rng(1);
 
-  std::printf("| seqs | prompt | cached | table | ms | TFLOP/s | / G | paged / identity time |\n");
-  std::printf("|---:|---:|---:|---|---:|---:|---:|---:|\n");
-  std::vector<double> ratios;  // table 1: the target's shapes
+  // Both variants on every shape, alternately in this run (A/B): the default, then kFa2.
+  Variant mma16;
+  Variant fa2;
+  fa2.kernel = pagedkv::ExtendKernel::kFa2;
+  std::printf(
+      "| seqs | prompt | cached | table | ms | TFLOP/s | / G | paged / identity time | fa2 ms | "
+      "fa2 / G | fa2 splits | fa2 / default time |\n");
+  std::printf("|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+  std::vector<double> ratios;      // table 1: the target's shapes
+  std::vector<double> fa2_ratios;  // the same for kFa2
+  std::vector<double> fa2_times;   // kFa2 time / default time, every shape of both tables
   for (const int num_seqs : quick ? std::vector<int>{1} : std::vector<int>{1, 4}) {
     for (const double cached_fraction : {0.0, 0.25, 0.5}) {
       double identity_ms = 0.0;
       for (const bool shuffled : {false, true}) {
         const Shape shape{num_seqs, prompt, static_cast<int>(cached_fraction * prompt), shuffled};
-        const double ms = run_shape(ws, shape, stream, repeats, rng);
+        std::mt19937_64 fa2_rng = rng;  // the same tables for both variants
+        const double ms = run_shape(ws, shape, stream, repeats, rng, mma16);
+        const double fa2_ms = run_shape(ws, shape, stream, repeats, fa2_rng, fa2);
         if (!shuffled) identity_ms = ms;
         const double tflops = attention_tflops(shape, ms);
+        const double fa2_tflops = attention_tflops(shape, fa2_ms);
         char ratio[32] = "";
         if (shuffled) std::snprintf(ratio, sizeof(ratio), "%.3f", ms / identity_ms);
-        std::printf("| %d | %d | %d | %s | %.3f | %.1f | %.2f | %s |\n", num_seqs, prompt,
-                    shape.cached, shuffled ? "paged" : "identity", ms, tflops, tflops / g, ratio);
+        std::printf("| %d | %d | %d | %s | %.3f | %.1f | %.2f | %s | %.3f | %.2f | %d | %.3f |\n",
+                    num_seqs, prompt, shape.cached, shuffled ? "paged" : "identity", ms, tflops,
+                    tflops / g, ratio, fa2_ms, fa2_tflops / g, fa2.plan.num_splits, fa2_ms / ms);
         std::printf(
             "RESULT extend seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f "
             "ratio_gemm=%.3f\n",
             num_seqs, prompt, shape.cached, shuffled ? "paged" : "identity", ms, tflops,
             tflops / g);
+        std::printf(
+            "RESULT extend_fa2 seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f "
+            "ratio_gemm=%.3f splits=%d time_vs_default=%.3f\n",
+            num_seqs, prompt, shape.cached, shuffled ? "paged" : "identity", fa2_ms, fa2_tflops,
+            fa2_tflops / g, fa2.plan.num_splits, fa2_ms / ms);
         ratios.push_back(tflops / g);
+        fa2_ratios.push_back(fa2_tflops / g);
+        fa2_times.push_back(fa2_ms / ms);
         std::fflush(stdout);
       }
     }
@@ -377,7 +445,10 @@ int main(int argc, char** argv) {
   double full_ms = 0.0;
   for (int tenth = 0; tenth <= 9; ++tenth) {
     const Shape shape{1, prompt, prompt * tenth / 10, true};
-    const double ms = run_shape(ws, shape, stream, repeats, rng);
+    std::mt19937_64 fa2_rng = rng;
+    const double ms = run_shape(ws, shape, stream, repeats, rng, mma16);
+    const double fa2_ms = run_shape(ws, shape, stream, repeats, fa2_rng, fa2);
+    fa2_times.push_back(fa2_ms / ms);
     if (tenth == 0) full_ms = ms;
     const double tflops = attention_tflops(shape, ms);
     std::printf("| %.1f | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.2f |\n", tenth / 10.0,
@@ -389,6 +460,11 @@ int main(int argc, char** argv) {
         "tflops=%.1f ratio_gemm=%.3f\n",
         prompt, shape.cached, ms, ms / full_ms,
         visible_pairs(prompt, shape.cached) / visible_pairs(prompt, 0), tflops, tflops / g);
+    const double fa2_tflops = attention_tflops(shape, fa2_ms);
+    std::printf(
+        "RESULT extend_fa2_saved prompt=%d cached=%d ms=%.4f tflops=%.1f ratio_gemm=%.3f "
+        "splits=%d time_vs_default=%.3f\n",
+        prompt, shape.cached, fa2_ms, fa2_tflops, fa2_tflops / g, fa2.plan.num_splits, fa2_ms / ms);
     std::fflush(stdout);
   }
 
@@ -399,6 +475,18 @@ int main(int argc, char** argv) {
       "best=%.3f (worst of table 1's shapes)\n",
       worst, kTarget, worst >= kTarget ? "yes" : "no", ratios.size(), bench::median(ratios),
       *std::max_element(ratios.begin(), ratios.end()));
+  const double fa2_worst = *std::min_element(fa2_ratios.begin(), fa2_ratios.end());
+  std::printf(
+      "TARGET extend_fa2_vs_gemm value=%.3f target=%.2f met=%s shapes=%zu median=%.3f "
+      "best=%.3f (ExtendKernel::kFa2, worst of table 1's shapes)\n",
+      fa2_worst, kTarget, fa2_worst >= kTarget ? "yes" : "no", fa2_ratios.size(),
+      bench::median(fa2_ratios), *std::max_element(fa2_ratios.begin(), fa2_ratios.end()));
+  std::printf(
+      "RESULT extend_variants fa2_time_vs_default median=%.3f worst=%.3f best=%.3f shapes=%zu "
+      "(same run, alternating; < 1 = kFa2 faster)\n",
+      bench::median(fa2_times), *std::max_element(fa2_times.begin(), fa2_times.end()),
+      *std::min_element(fa2_times.begin(), fa2_times.end()), fa2_times.size());
+  if (fa2.workspace != nullptr) CHECK(cudaFree(fa2.workspace));
 
   CHECK(cudaFree(ws.k));
   CHECK(cudaFree(ws.v));

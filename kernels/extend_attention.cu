@@ -28,6 +28,8 @@
 #include "pagedkv/cuda/extend_attention.hpp"
 #include "pagedkv/base/error.hpp"
 #include "internal/extend_attention_tiles.hpp"
+#include "internal/extend_fa2_launch.hpp"
+#include "internal/extend_fa2_layout.hpp"
 
 namespace pagedkv {
 
@@ -388,10 +390,10 @@ bool aligned_to(const void* ptr, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(ptr) % bytes == 0;
 }
 
-using ExtendKernel = void (*)(ExtendKernelParams);
+using KernelFn = void (*)(ExtendKernelParams);
 
 struct KernelChoice {
-  ExtendKernel kernel = nullptr;
+  KernelFn kernel = nullptr;
   std::size_t smem_bytes = 0;
 };
 
@@ -413,6 +415,14 @@ KernelChoice choose(KVDtype dtype, int head_dim) {
     default:
       fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
   }
+}
+
+// Query tiles of the kFa2 variant's launch (its tile rows: head_dim, max_q_len x group).
+std::int64_t fa2_query_tiles(const PagedExtendParams& params) {
+  const int group = params.group_size();
+  const int rows =
+      detail::fa2_tile_rows(params.layout.head_dim, detail::fa2_warps(params.max_q_len, group));
+  return (static_cast<std::int64_t>(params.max_q_len) * group + rows - 1) / rows;
 }
 
 std::int64_t num_query_tiles(const PagedExtendParams& params) {
@@ -444,6 +454,82 @@ void validate_cuda_extend(const PagedExtendParams& params) {
                                     params.out_token_stride(), params.out_head_stride()}) {
     if (stride % 8 != 0) fail("q and out strides must be multiples of 8 elements");
   }
+}
+
+bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) noexcept {
+  // Both variants cover every 16-bit shape validate_cuda_extend accepts; FP8 has its own kernel.
+  return !params.quant.fp8() && (kernel == ExtendKernel::kMma16 || kernel == ExtendKernel::kFa2);
+}
+
+ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
+                                  int ctas_per_sm) {
+  if (num_sms < 1 || ctas_per_sm < 1) {
+    fail("plan_extend_split: num_sms and ctas_per_sm must be >= 1");
+  }
+  ExtendSplitPlan plan;
+  if (kernel != ExtendKernel::kFa2 || params.num_seqs == 0 || params.max_q_len == 0) return plan;
+  const std::int64_t tiles = fa2_query_tiles(params);
+  const std::int64_t ctas = tiles * params.num_seqs * params.layout.num_kv_heads;
+  plan.num_splits = detail::fa2_num_splits(
+      ctas, tiles, static_cast<std::int64_t>(num_sms) * ctas_per_sm * detail::kFa2PlanWaves,
+      kCudaExtendMaxSplits);
+  return plan;
+}
+
+std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan) {
+  return detail::fa2_workspace_bytes(params.num_seqs, params.max_q_len, params.num_q_heads,
+                                     params.layout.head_dim, plan.num_splits);
+}
+
+cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params,
+                                                 ExtendKernel kernel, ExtendSplitPlan* plan) {
+  validate_cuda_extend(params);
+  *plan = ExtendSplitPlan{};
+  if (kernel != ExtendKernel::kFa2 || params.quant.fp8()) return cudaSuccess;
+  int device = 0;
+  int sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  }
+  int resident = 1;
+  if (err == cudaSuccess) {
+    err = kernels::fa2_extend_ctas_per_sm(params.dtype, params.layout.head_dim,
+                                          detail::fa2_warps(params.max_q_len, params.group_size()),
+                                          &resident);
+  }
+  if (err != cudaSuccess) return err;
+  *plan = plan_extend_split(params, kernel, sms, resident);
+  return cudaSuccess;
+}
+
+cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream,
+                                   ExtendKernel kernel, const ExtendSplitPlan& plan,
+                                   void* workspace, std::size_t workspace_bytes) {
+  if (kernel == ExtendKernel::kMma16) return paged_extend_attention(params, stream);
+  if (kernel != ExtendKernel::kFa2) {
+    fail("unknown ExtendKernel " + std::to_string(static_cast<int>(kernel)));
+  }
+  validate_cuda_extend(params);
+  if (plan.num_splits < 1 || plan.num_splits > kCudaExtendMaxSplits) {
+    fail("plan.num_splits must be in [1, " + std::to_string(kCudaExtendMaxSplits) + "], got " +
+         std::to_string(plan.num_splits));
+  }
+  if (fa2_query_tiles(params) * plan.num_splits > kMaxGridYZ) {
+    fail("query tiles x num_splits = " + std::to_string(fa2_query_tiles(params) * plan.num_splits) +
+         " exceed " + std::to_string(kMaxGridYZ));
+  }
+  const std::size_t needed = params.quant.fp8() ? 0 : extend_workspace_bytes(params, plan);
+  if (needed > 0) {  // a split of a non-empty batch
+    if (workspace == nullptr || workspace_bytes < needed) {
+      fail("the split plan needs a workspace of " + std::to_string(needed) + " bytes, got " +
+           std::to_string(workspace == nullptr ? 0 : workspace_bytes));
+    }
+    if (!aligned_to(workspace, 16)) fail("workspace must be 16-byte aligned");
+  }
+  if (params.quant.fp8()) return kernels::fp8_paged_extend(params, stream);
+  if (params.num_seqs == 0 || params.max_q_len == 0) return cudaSuccess;
+  return kernels::fa2_paged_extend(params, plan.num_splits, workspace, stream);
 }
 
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream) {

@@ -10,6 +10,11 @@
 // ||out_row - ref_row|| / ||ref_row|| of 1e-2 (bf16) or 2e-3 (fp16) (testing::check_rows);
 // outputs start NaN-poisoned, so an unwritten row fails.
 //
+// Every device test runs for each kernel variant (test names end in /Mma16, the default
+// ExtendKernel::kMma16; /Fa2, ExtendKernel::kFa2 with the planner's split for the current device;
+// /Fa2Split3, kFa2 forced to 3 splits over keys with its workspace, so the partial rows and the
+// merge are checked on every shape, including tiles whose splits see no key).
+//
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
 
@@ -74,12 +79,45 @@ using testing::DeviceExtendProblem;
   return ::testing::AssertionSuccess();
 }
 
+// ---- the kernel variant under test (set by the fixture for each parameterized test) ----
+enum class Variant { kMma16, kFa2, kFa2Split3 };
+Variant g_variant = Variant::kMma16;
+DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
+
+ExtendSplitPlan plan_of(const PagedExtendParams& p) {
+  ExtendSplitPlan plan;
+  if (g_variant == Variant::kFa2) {
+    testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kFa2, &plan),
+                        "extend_split_plan_for_current_device");
+  } else if (g_variant == Variant::kFa2Split3) {
+    plan.num_splits = 3;
+  }
+  return plan;
+}
+
+// Allocates the workspace the launch will need (outside a graph capture).
+void reserve_workspace(const PagedExtendParams& p) {
+  const std::size_t bytes = extend_workspace_bytes(p, plan_of(p));
+  if (bytes > g_workspace.bytes()) g_workspace = DeviceBuffer(bytes);
+}
+
+// paged_extend_attention with the variant under test.
+cudaError_t launch_extend(const PagedExtendParams& p, cudaStream_t stream) {
+  if (g_variant == Variant::kMma16) {
+    return paged_extend_attention(p, stream, ExtendKernel::kMma16);
+  }
+  const ExtendSplitPlan plan = plan_of(p);
+  reserve_workspace(p);
+  return paged_extend_attention(p, stream, ExtendKernel::kFa2, plan, g_workspace.get(),
+                                g_workspace.bytes());
+}
+
 // Runs one case and checks it against the CPU reference.
 ::testing::AssertionResult run_case(const ExtendShape& shape, std::uint64_t seed) {
   const auto pb = testing::make_extend_problem(shape, seed);
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
   DeviceExtendProblem dev(pb);
-  testing::cuda_check(paged_extend_attention(dev.params(pb), nullptr), "paged_extend_attention");
+  testing::cuda_check(launch_extend(dev.params(pb), nullptr), "paged_extend_attention");
   testing::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   return check_outputs(pb, dev, ref);
 }
@@ -88,11 +126,37 @@ void expect_case(const ExtendShape& shape, std::uint64_t seed) {
   EXPECT_TRUE(run_case(shape, seed));
 }
 
-class CudaExtendAttention : public testing::GpuTest {};
+class CudaExtendAttention : public testing::GpuTest, public ::testing::WithParamInterface<Variant> {
+ protected:
+  void SetUp() override {
+    testing::GpuTest::SetUp();
+    g_variant = GetParam();
+  }
+  void TearDown() override {
+    g_workspace = DeviceBuffer();
+    g_variant = Variant::kMma16;
+  }
+};
+
+std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
+  switch (info.param) {
+    case Variant::kMma16:
+      return "Mma16";
+    case Variant::kFa2:
+      return "Fa2";
+    case Variant::kFa2Split3:
+      return "Fa2Split3";
+  }
+  return "Unknown";
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
+                         ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3),
+                         variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
 // from a block boundary, and one new token after a long prefix, batched together (varlen).
-TEST_F(CudaExtendAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
+TEST_P(CudaExtendAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
   std::uint64_t seed = 1;
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
     for (const std::int32_t head_dim : {64, 128, 256}) {
@@ -108,7 +172,7 @@ TEST_F(CudaExtendAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
   }
 }
 
-TEST_F(CudaExtendAttention, MatchesReferenceOnRandomShapesAndLayouts) {
+TEST_P(CudaExtendAttention, MatchesReferenceOnRandomShapesAndLayouts) {
   std::mt19937_64 rng(99);
   const auto pick = [&](std::initializer_list<std::int32_t> values) {
     std::uniform_int_distribution<std::size_t> d(0, values.size() - 1);
@@ -141,7 +205,7 @@ TEST_F(CudaExtendAttention, MatchesReferenceOnRandomShapesAndLayouts) {
   }
 }
 
-TEST_F(CudaExtendAttention, SlidingWindowAndSoftCap) {
+TEST_P(CudaExtendAttention, SlidingWindowAndSoftCap) {
   std::uint64_t seed = 70;
   for (const std::int32_t window : {1, 16, 17, 64, 65, 130, 5000}) {
     for (const float cap : {0.0f, 30.0f}) {
@@ -158,7 +222,7 @@ TEST_F(CudaExtendAttention, SlidingWindowAndSoftCap) {
 }
 
 // Long prompts: many query tiles per sequence (scheduled heaviest first), GQA 8, 0-50% cached.
-TEST_F(CudaExtendAttention, LongPromptsWithCachedPrefixes) {
+TEST_P(CudaExtendAttention, LongPromptsWithCachedPrefixes) {
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
     ExtendShape s =
         testing::make_extend_shape(dtype, 128, 2, 8, 16, {0, 1000, 777}, {2048, 1048, 1});
@@ -167,7 +231,7 @@ TEST_F(CudaExtendAttention, LongPromptsWithCachedPrefixes) {
 }
 
 // One new token per sequence: extend equals decode attention of that token, CUDA against CUDA.
-TEST_F(CudaExtendAttention, OneNewTokenAgreesWithCudaDecode) {
+TEST_P(CudaExtendAttention, OneNewTokenAgreesWithCudaDecode) {
   std::uint64_t seed = 300;
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
     for (const std::int32_t head_dim : {64, 128, 256}) {
@@ -176,7 +240,7 @@ TEST_F(CudaExtendAttention, OneNewTokenAgreesWithCudaDecode) {
       s.cache.window_size = head_dim == 128 ? 100 : 0;
       const auto pb = testing::make_extend_problem(s, seed++);
       DeviceExtendProblem dev(pb);
-      PAGEDKV_CUDA_CHECK(paged_extend_attention(dev.params(pb), nullptr));
+      PAGEDKV_CUDA_CHECK(launch_extend(dev.params(pb), nullptr));
       const DeviceBuffer decode_out(pb.q.size() * sizeof(std::uint16_t));
       PagedDecodeParams d = pb.cache.params(decode_out.get());
       d.q = dev.q.get();
@@ -202,7 +266,7 @@ TEST_F(CudaExtendAttention, OneNewTokenAgreesWithCudaDecode) {
 
 // The engine's order of operations on the device: kv_append the new tokens into their (NaN)
 // slots, then extend attention; without the append the new slots would poison every row.
-TEST_F(CudaExtendAttention, AfterDeviceKvAppend) {
+TEST_P(CudaExtendAttention, AfterDeviceKvAppend) {
   ExtendShape s =
       testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {21, 0, 64}, {40, 33, 17});
   auto pb = testing::make_extend_problem(s, 41, /*append=*/false);
@@ -215,20 +279,20 @@ TEST_F(CudaExtendAttention, AfterDeviceKvAppend) {
   a.value = new_v.get();
   a.slot_mapping = slots.get<std::int64_t>();
   PAGEDKV_CUDA_CHECK(kv_append(a, nullptr));
-  PAGEDKV_CUDA_CHECK(paged_extend_attention(dev.params(pb), nullptr));
+  PAGEDKV_CUDA_CHECK(launch_extend(dev.params(pb), nullptr));
   reference_kv_append(pb.append_params());  // the host copy catches up
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
   EXPECT_TRUE(check_outputs(pb, dev, ref));
 }
 
-TEST_F(CudaExtendAttention, EmptySequencesAndNoLse) {
+TEST_P(CudaExtendAttention, EmptySequencesAndNoLse) {
   ExtendShape s =
       testing::make_extend_shape(KVDtype::kFloat16, 64, 2, 2, 16, {10, 0, 33, 0}, {0, 0, 70, 5});
   const auto pb = testing::make_extend_problem(s, 19);
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
   DeviceExtendProblem dev(pb);
   PAGEDKV_CUDA_CHECK(cudaMemset(dev.lse.get(), 0x7f, dev.lse.bytes()));
-  PAGEDKV_CUDA_CHECK(paged_extend_attention(dev.params(pb, /*with_lse=*/false), nullptr));
+  PAGEDKV_CUDA_CHECK(launch_extend(dev.params(pb, /*with_lse=*/false), nullptr));
   const auto out = testing::to_doubles(
       s.cache.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
   EXPECT_TRUE(testing::rows_match(out, ref.out, 64, tolerance(s.cache.dtype)));
@@ -239,14 +303,14 @@ TEST_F(CudaExtendAttention, EmptySequencesAndNoLse) {
   // An empty batch and a batch of empty sequences launch nothing.
   PagedExtendParams p = dev.params(pb);
   p.num_seqs = 0;
-  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(launch_extend(p, nullptr));
   p = dev.params(pb);
   p.max_q_len = 0;
-  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(launch_extend(p, nullptr));
   PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-TEST_F(CudaExtendAttention, StridedQueryAndOutput) {
+TEST_P(CudaExtendAttention, StridedQueryAndOutput) {
   ExtendShape s = testing::make_extend_shape(KVDtype::kFloat16, 64, 2, 4, 16, {100, 0}, {17, 40});
   const auto pb = testing::make_extend_problem(s, 8);
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
@@ -273,7 +337,7 @@ TEST_F(CudaExtendAttention, StridedQueryAndOutput) {
   p.out = out.get();
   p.out_stride_token = 800;
   p.out_stride_head = 96;
-  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(launch_extend(p, nullptr));
   const auto got =
       testing::download<std::uint16_t>(out.get(), static_cast<std::size_t>(tokens) * 800);
   std::vector<double> dense(ref.out.size());
@@ -291,7 +355,7 @@ TEST_F(CudaExtendAttention, StridedQueryAndOutput) {
 
 // A captured graph replays correctly when the batch's data (lengths, offsets) change on the
 // device within the captured max_q_len.
-TEST_F(CudaExtendAttention, GraphCaptureAndReplay) {
+TEST_P(CudaExtendAttention, GraphCaptureAndReplay) {
   ExtendShape s =
       testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {300, 0}, {200, 260});
   s.extra_max_q_len = 40;
@@ -301,8 +365,9 @@ TEST_F(CudaExtendAttention, GraphCaptureAndReplay) {
   PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  reserve_workspace(dev.params(pb));
   PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const cudaError_t launched = paged_extend_attention(dev.params(pb), stream);
+  const cudaError_t launched = launch_extend(dev.params(pb), stream);
   PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   PAGEDKV_CUDA_CHECK(launched);
   PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -326,7 +391,7 @@ TEST_F(CudaExtendAttention, GraphCaptureAndReplay) {
 
 // GQA groups above 16 (the decode kernel's limit): a query tile of 64 packed rows then holds
 // fewer than 4 tokens, or part of one token's heads.
-TEST_F(CudaExtendAttention, GqaGroupsAbove16) {
+TEST_P(CudaExtendAttention, GqaGroupsAbove16) {
   std::uint64_t seed = 600;
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
     for (const std::int32_t head_dim : {64, 128, 256}) {
@@ -342,7 +407,7 @@ TEST_F(CudaExtendAttention, GqaGroupsAbove16) {
 
 // More than 2^31 elements per plane: the sequences' blocks sit at the top of a 4.3 GB pool, so
 // every K/V offset needs 64 bits.
-TEST_F(CudaExtendAttention, PoolLargerThan2To31Elements) {
+TEST_P(CudaExtendAttention, PoolLargerThan2To31Elements) {
   ExtendShape s =
       testing::make_extend_shape(KVDtype::kBFloat16, 128, 8, 4, 16, {700, 0, 33}, {200, 333, 64});
   const auto pb = testing::make_extend_problem(s, 22);
@@ -384,7 +449,7 @@ TEST_F(CudaExtendAttention, PoolLargerThan2To31Elements) {
   p.v_cache = v.get();
   p.layout = big;
   p.block_table = table_dev.get<std::int32_t>();
-  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(launch_extend(p, nullptr));
   PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_TRUE(check_outputs(pb, dev, ref));
 }
@@ -392,7 +457,7 @@ TEST_F(CudaExtendAttention, PoolLargerThan2To31Elements) {
 // A block id outside the pool (past its end, or negative) is never followed: its keys and values
 // read as zeros, exactly as if the table named an all-zero block. The other sequences are exact.
 // Run under compute-sanitizer memcheck by scripts/gpu-check.
-TEST_F(CudaExtendAttention, BlockIdsOutsideThePoolReadZeros) {
+TEST_P(CudaExtendAttention, BlockIdsOutsideThePoolReadZeros) {
   for (const std::int32_t bad_id : {1 << 20, -5}) {
     ExtendShape s =
         testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 100, 0}, {9, 30, 50});
@@ -406,7 +471,7 @@ TEST_F(CudaExtendAttention, BlockIdsOutsideThePoolReadZeros) {
     const DeviceBuffer table_dev = testing::upload(table);
     PagedExtendParams p = dev.params(pb);
     p.block_table = table_dev.get<std::int32_t>();
-    PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+    PAGEDKV_CUDA_CHECK(launch_extend(p, nullptr));
     PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
     // Host reference: the same cell names a spare block filled with zeros.
     std::vector<bool> used(static_cast<std::size_t>(pb.cache.layout.num_blocks), false);
@@ -436,7 +501,7 @@ TEST_F(CudaExtendAttention, BlockIdsOutsideThePoolReadZeros) {
 // q_len > max_q_len in device data (validate_extend_metadata rejects it on the host): the kernel
 // clamps q_len to max_q_len, so the rows past it stay untouched and nothing faults; the other
 // sequences are exact.
-TEST_F(CudaExtendAttention, DeviceQLenAboveMaxQLenLeavesTheRestUntouched) {
+TEST_P(CudaExtendAttention, DeviceQLenAboveMaxQLenLeavesTheRestUntouched) {
   ExtendShape s = testing::make_extend_shape(KVDtype::kFloat16, 64, 2, 4, 16, {30, 0}, {12, 40});
   const auto pb = testing::make_extend_problem(s, 24);
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
@@ -447,7 +512,7 @@ TEST_F(CudaExtendAttention, DeviceQLenAboveMaxQLenLeavesTheRestUntouched) {
   DeviceExtendProblem dev(pb);
   PagedExtendParams p = dev.params(pb);
   p.max_q_len = 20;  // sequence 1 has 40 new tokens
-  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(launch_extend(p, nullptr));
   PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
   const std::size_t row = 8 * 64;  // one token's heads
   const auto out = testing::download<std::uint16_t>(dev.out.get(), pb.q.size());
@@ -464,7 +529,7 @@ TEST_F(CudaExtendAttention, DeviceQLenAboveMaxQLenLeavesTheRestUntouched) {
 // q_len > seq_len in device data (validate_extend_metadata rejects it on the host): the tokens
 // that would sit before position 0 get zero rows and lse -inf; token j >= q_len - seq_len sits
 // at position j - (q_len - seq_len) and attends like a prefill of seq_len tokens.
-TEST_F(CudaExtendAttention, DeviceQLenAboveSeqLenGivesZeroRows) {
+TEST_P(CudaExtendAttention, DeviceQLenAboveSeqLenGivesZeroRows) {
   ExtendShape s = testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {0}, {8});
   const auto pb = testing::make_extend_problem(s, 25);
   const std::vector<std::int32_t> short_lens = {5};
@@ -476,7 +541,7 @@ TEST_F(CudaExtendAttention, DeviceQLenAboveSeqLenGivesZeroRows) {
   const DeviceBuffer lens = testing::upload(short_lens);
   PagedExtendParams p = dev.params(pb);
   p.seq_lens = lens.get<std::int32_t>();
-  PAGEDKV_CUDA_CHECK(paged_extend_attention(p, nullptr));
+  PAGEDKV_CUDA_CHECK(launch_extend(p, nullptr));
   PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
   // Expected: tokens 3..7 as the 5 new tokens of a 5-token prefill (their q rows, same pool).
   PagedExtendParams e = pb.params(nullptr);
@@ -547,6 +612,59 @@ TEST(CudaExtendAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
   p = good;
   p.q_stride_token = 1028;
   expect_error([&] { (void)paged_extend_attention(p, nullptr); }, "multiples of 8");
+}
+
+// The variant selector's own checks and the split planner (host only).
+TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
+  const ExtendShape s =
+      testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50});
+  const auto pb = testing::make_extend_problem(s, 1);
+  alignas(16) static std::uint16_t out[58 * 8 * 128];
+  alignas(16) static float lse[58 * 8 + 1];
+  const PagedExtendParams good = pb.params(out, lse);
+  EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kMma16));
+  EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kFa2));
+  EXPECT_FALSE(extend_kernel_runs(good, static_cast<ExtendKernel>(7)));
+  EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kMma16);
+
+  // Planner: 2 sequences x 2 KV heads x 1 query tile (max_q_len 50 x group 4 = 200 rows -> 2
+  // tiles of 128) on 132 SMs x 2 CTAs -> splits to fill two waves, capped at 16.
+  EXPECT_EQ(plan_extend_split(good, ExtendKernel::kMma16, 132, 2).num_splits, 1);
+  EXPECT_EQ(plan_extend_split(good, ExtendKernel::kFa2, 132, 2).num_splits, kCudaExtendMaxSplits);
+  EXPECT_EQ(plan_extend_split(good, ExtendKernel::kFa2, 2, 1).num_splits, 1);  // 8 CTAs fill 4
+  expect_error([&] { (void)plan_extend_split(good, ExtendKernel::kFa2, 0, 1); }, "num_sms");
+
+  ExtendSplitPlan plan;
+  plan.num_splits = 4;
+  const std::size_t need = extend_workspace_bytes(good, plan);
+  EXPECT_EQ(need, 2u * 50 * 8 * 4 * (128 * 4 + 4));
+  EXPECT_EQ(extend_workspace_bytes(good, ExtendSplitPlan{}), 0u);
+  expect_error(
+      [&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kFa2, plan, nullptr, 0); },
+      "workspace");
+  alignas(16) static unsigned char small[64];
+  expect_error(
+      [&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kFa2, plan, small, 64); },
+      "workspace");
+  plan.num_splits = 0;
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kFa2, plan); },
+               "num_splits");
+  plan.num_splits = kCudaExtendMaxSplits + 1;
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kFa2, plan); },
+               "num_splits");
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(7)); },
+               "unknown ExtendKernel");
+  // An empty batch needs no workspace, even with a split plan (nothing is launched).
+  plan.num_splits = 4;
+  PagedExtendParams empty = good;
+  empty.num_seqs = 0;
+  EXPECT_EQ(extend_workspace_bytes(empty, plan), 0u);
+  EXPECT_EQ(paged_extend_attention(empty, nullptr, ExtendKernel::kFa2, plan, nullptr, 0),
+            cudaSuccess);
+  PagedExtendParams p = good;
+  p.q_stride_token = 1028;  // the shared checks run first for the variant too
+  expect_error([&] { (void)paged_extend_attention(p, nullptr, ExtendKernel::kFa2); },
+               "multiples of 8");
 }
 
 }  // namespace

@@ -22,9 +22,22 @@
 // scales applied to the fp32 dot product and softmax weight, fp32 accumulation (correctness
 // first; a tensor-core FP8 path is future work).
 //
+// Kernel variants (ExtendKernel, chosen per call; the default is kMma16, the kernel above):
+//   kMma16  the kernel described above (kernels/extend_attention.cu).
+//   kFa2    kernels/extend_attention_fa2.cu (issue 35, step A; FlashAttention-2 parity): 32 query
+//           rows per warp (16 at head_dim 256), 128-row tiles of 4 warps (64-row tiles of 2 warps
+//           when max_q_len x group <= 64), the score scale folded into Q (Q fragments in registers
+//           at head_dim 64), a 3-stage cp.async ring with each tile's page offsets resolved two
+//           tiles ahead, the output rescale skipped when no row maximum moved, and an optional
+//           split over keys (ExtendSplitPlan) for grids that under-fill the GPU (heavily cached
+//           prompts): each split writes partial rows to the caller's workspace and a merge kernel
+//           combines them. Same contract and tolerances. Not yet proven on a GPU: opt-in until
+//           scripts/gpu-check run has checked it. An FP8 cache falls back to the FP8 kernel with
+//           either variant; every 16-bit shape runs the variant.
+//
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data (max_q_len sizes the grid), so launches can be captured in a CUDA
-// graph.
+// graph. The caller owns the split workspace and must not reuse it until the launch completes.
 //
 // Errors: argument problems detectable on the host throw pagedkv::Error before anything is
 // enqueued; CUDA errors are returned. Device data is trusted but clamped: seq_lens to the table
@@ -35,6 +48,9 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
 
 #include "pagedkv/reference/extend_attention.hpp"
 
@@ -52,5 +68,46 @@ void validate_cuda_extend(const PagedExtendParams& params);
 // Enqueues extend attention for one layer. `params` points to device memory (q_indptr,
 // block_table and seq_lens included).
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream);
+
+enum class ExtendKernel : int {
+  kMma16 = 0,  // 16 rows per warp, 2-stage ring, no split (the default)
+  kFa2 = 1,    // FlashAttention-2-style variant with an optional split over keys (opt-in)
+};
+inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kMma16;
+
+// The split over keys of a kFa2 launch: each query tile's visible keys are cut into num_splits
+// contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no split, no
+// workspace. kMma16 and FP8 caches ignore it.
+struct ExtendSplitPlan {
+  std::int32_t num_splits = 1;
+};
+inline constexpr std::int32_t kCudaExtendMaxSplits = 16;
+
+// Whether `kernel` itself runs for these parameters; false when paged_extend_attention falls
+// back (an FP8 cache always runs kernels/fp8_attention.cu).
+bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) noexcept;
+
+// The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no
+// split when query tiles x sequences x KV heads fill two waves, else enough splits to fill them
+// (at most kCudaExtendMaxSplits). Pure, host only; kMma16 always gets 1. Throws pagedkv::Error for
+// num_sms or ctas_per_sm < 1.
+ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
+                                  int ctas_per_sm);
+
+// The same with num_sms and the variant's occupancy (dtype, head_dim, CTA size) of the current
+// device. Returns CUDA errors; throws as validate_cuda_extend for bad params.
+cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params,
+                                                 ExtendKernel kernel, ExtendSplitPlan* plan);
+
+// Workspace bytes a launch with `plan` needs (0 without a split): float partial rows and their
+// log-sum-exp for num_seqs x max_q_len x num_q_heads x num_splits states.
+std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan);
+
+// Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2:
+// 1 <= plan.num_splits <= kCudaExtendMaxSplits, query tiles x num_splits <= 65535, and with a split
+// a 16-byte aligned workspace of at least extend_workspace_bytes. Throws pagedkv::Error.
+cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream,
+                                   ExtendKernel kernel, const ExtendSplitPlan& plan = {},
+                                   void* workspace = nullptr, std::size_t workspace_bytes = 0);
 
 }  // namespace pagedkv

@@ -1,0 +1,663 @@
+// FlashAttention-2-style paged extend attention (ExtendKernel::kFa2; contract in
+// include/pagedkv/cuda/extend_attention.hpp, layouts and schedules in
+// kernels/internal/extend_fa2_layout.hpp, checked on the host by
+// tests/device/extend_fa2_layout_test.cpp). Issue 35, step A.
+//
+// CTA = kWarps warps (4, or 2 for short prompts) = one (query tile, sequence, KV head, split).
+// Query rows are packed token-major over the GQA group, as the default kernel's. Each warp owns
+// 32 rows (two m16 blocks; 16 at head_dim 256), so every K and V fragment loaded with ldmatrix
+// feeds two mma.sync.m16n8k16 (fp16 / bf16 in, fp32 accumulate).
+//   Q       loaded once with 16-byte loads, multiplied by the score scale (sm_scale x log2 e, or
+//           sm_scale / cap with a soft-cap) and rounded back to 16 bits on its way into a swizzled
+//           shared tile: the scores come out of the MMA already in the log2 domain. At head_dim
+//           64 the A fragments then stay in registers; above, they are re-read with ldmatrix.
+//   K/V     tiles of kKeys keys stream through a 3-stage cp.async ring (one commit group per
+//           tile, one CTA barrier per tile). The page offsets of each key are resolved from the
+//           block table two tiles before the tile's copies are issued (one thread per key) into a
+//           shared-memory slot, so issuing a copy is a shared load plus an add; a key past the
+//           range or with a block id outside the pool is zero-filled, never read.
+//   softmax online, in registers, per row; the output rescale is skipped when no row maximum of
+//           the warp moved. Only key tiles crossing the causal diagonal or the window edge (or
+//           the range's end) are masked. Soft-cap: cap x log2 e x tanh(score).
+//   split   over keys (grid z = query tiles x splits, heaviest tile first): split s of a query
+//           tile covers a contiguous run of its key tiles; with more than one active split each
+//           writes normalized partial rows and their log2-sum-exp2 to the caller's workspace and
+//           fa2_merge_kernel combines them (the decode variant's merge formula).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "internal/cp_async.cuh"
+#include "internal/extend_fa2_launch.hpp"
+#include "internal/extend_fa2_layout.hpp"
+#include "pagedkv/base/error.hpp"
+
+namespace pagedkv::kernels {
+
+namespace {
+
+using detail::Fa2Shape;
+using detail::MmaCoord;
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct Fa2Params {
+  const std::uint16_t* q;  // [num_q_tokens, num_q_heads, head_dim]
+  std::int64_t q_stride_token;
+  std::int64_t q_stride_head;
+  const std::uint16_t* k_cache;
+  const std::uint16_t* v_cache;
+  detail::TcPageGeometry page;  // head_offset 0; the kernel adds its KV head's
+  std::int64_t stride_head;
+  std::int32_t num_q_heads;
+  std::int32_t group;
+  const std::int32_t* q_indptr;
+  std::int32_t max_q_len;
+  const std::int32_t* block_table;
+  std::int32_t max_blocks_per_seq;
+  const std::int32_t* seq_lens;
+  std::uint16_t* out;
+  std::int64_t out_stride_token;
+  std::int64_t out_stride_head;
+  float* lse;         // natural log, [num_q_tokens, num_q_heads] or null
+  float score_scale;  // folded into Q: sm_scale x log2(e); with a soft-cap sm_scale / cap
+  float cap_log2;     // cap x log2(e); 0 = no soft-cap
+  std::int32_t window_size;
+  std::int32_t num_splits;
+  std::int32_t rows;   // query rows per CTA (Fa2Shape::kRows of the launched kernel)
+  std::int32_t keys;   // keys per K/V tile
+  float* partial_out;  // [states][head_dim]
+  float* partial_lse;  // [states], log2
+};
+
+// The sequence's clamped lengths (the default kernel's rules).
+struct SeqLens {
+  int q_begin;
+  int q_len;
+  int prefix;
+};
+__device__ __forceinline__ SeqLens seq_lens_of(const Fa2Params& p, int seq) {
+  SeqLens s{};
+  s.q_begin = __ldg(p.q_indptr + seq);
+  const std::int64_t raw_q = static_cast<std::int64_t>(__ldg(p.q_indptr + seq + 1)) - s.q_begin;
+  s.q_len = static_cast<int>(raw_q < 0 ? 0 : (raw_q > p.max_q_len ? p.max_q_len : raw_q));
+  const std::int64_t capacity = static_cast<std::int64_t>(p.max_blocks_per_seq) * p.page.block_size;
+  const std::int64_t raw_kv = __ldg(p.seq_lens + seq);
+  const int kv_len = static_cast<int>(raw_kv < 0 ? 0 : (raw_kv > capacity ? capacity : raw_kv));
+  s.prefix = kv_len - s.q_len;
+  return s;
+}
+
+template <bool kBf16>
+struct Ops {
+  __device__ static unsigned pack2(float lo, float hi) {
+    if constexpr (kBf16) {
+      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<const unsigned*>(&h);
+    } else {
+      const __half2 h = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<const unsigned*>(&h);
+    }
+  }
+  __device__ static float2 unpack2(unsigned v) {
+    if constexpr (kBf16) {
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+    } else {
+      return __half22float2(*reinterpret_cast<const __half2*>(&v));
+    }
+  }
+  __device__ static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    if constexpr (kBf16) {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+  }
+};
+
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr)
+               : "memory");
+}
+
+template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
+__global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
+                                  Fa2Shape<kHeadDim, kWarps>::kMinCtasPerSm)
+    fa2_extend_kernel(const Fa2Params p) {
+  using S = Fa2Shape<kHeadDim, kWarps>;
+  using O = Ops<kBf16>;
+  constexpr int kC = S::kChunks;
+  constexpr int kKeys = S::kKeys;
+  constexpr int kStages = S::kStages;
+  constexpr int kMB = S::kMBlocks;
+  constexpr int kKSteps = kHeadDim / 16;
+  constexpr int kNTiles = kHeadDim / 8;
+  constexpr int kKeyTiles = kKeys / 8;
+  extern __shared__ uint4 smem[];
+  uint4* q_tile = smem;              // [kRows][kC], swizzled
+  uint4* ring = smem + S::kQChunks;  // [stage][K: kKeys][kC], [V: kKeys][kC]
+  auto* offsets =
+      reinterpret_cast<std::int64_t*>(ring + 2 * kStages * S::kKVChunks);  // [slot][kKeys]
+  const unsigned q_addr = static_cast<unsigned>(__cvta_generic_to_shared(q_tile));
+  const unsigned ring_addr = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+
+  // ---- what this CTA covers ----
+  const int kv_head = static_cast<int>(blockIdx.x);
+  const int seq = static_cast<int>(blockIdx.y);
+  const SeqLens lens = seq_lens_of(p, seq);
+  const int num_tiles = detail::extend_num_tiles(lens.q_len, p.group, S::kRows);
+  const detail::Fa2WorkItem item =
+      detail::fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, p.num_splits);
+  if (item.tile < 0) return;  // uniform over the CTA
+  const detail::Fa2TileWork work = detail::fa2_tile_work(
+      lens.q_len, lens.prefix, p.group, p.window_size, item.tile, S::kRows, kKeys, p.num_splits);
+  if (item.split >= work.active) return;
+  const detail::Fa2SplitTiles split = detail::fa2_split_tiles(work, item.split);
+  const bool direct = work.active == 1;
+  const detail::ExtendTileGeometry& geo = work.geo;
+  const int key_first = geo.kv_begin + split.first * kKeys;  // first key of the split
+  const int tiles = split.last - split.first;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  detail::TcPageGeometry page = p.page;
+  page.head_offset = static_cast<std::int64_t>(kv_head) * p.stride_head;
+  const std::int32_t* table_row =
+      p.block_table + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+
+  // Offsets of tile `t`'s keys into slot fa2_slot(t): one thread per key.
+  const auto resolve = [&](int t) {
+    if (tid < kKeys) {
+      offsets[detail::fa2_slot(t, kStages) * kKeys + tid] =
+          t < tiles
+              ? detail::tc_token_offset(page, table_row, key_first + t * kKeys + tid, geo.kv_end)
+              : -1;
+    }
+  };
+  // Copies of tile `t` into its stage from its offset slot; always one commit group.
+  const auto issue = [&](int t) {
+    if (t < tiles) {
+      const int stage = detail::fa2_slot(t, kStages);
+      uint4* k_dst = ring + stage * 2 * S::kKVChunks;
+      uint4* v_dst = k_dst + S::kKVChunks;
+      const std::int64_t* slot = offsets + stage * kKeys;
+#pragma unroll
+      for (int i = 0; i < S::kCopiesPerTile; ++i) {
+        const MmaCoord c = detail::fa2_copy(tid, i, kC, S::kRowsPerPass);
+        const std::int64_t off = slot[c.row];
+        const bool fill = off >= 0;
+        const int at = detail::fa2_swizzled(c.row, c.col, kC);
+        cp_async_16(k_dst + at, fill ? p.k_cache + off + c.col * 8 : p.k_cache, fill);
+        cp_async_16(v_dst + at, fill ? p.v_cache + off + c.col * 8 : p.v_cache, fill);
+      }
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int t = 0; t < kStages; ++t) resolve(t);
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) issue(t);
+
+    // Q: 16-byte loads, scaled into the log2 domain, rounded, into the swizzled tile (overlapping
+    // the K/V copies in flight). Rows past q_len are zero.
+#pragma unroll
+  for (int i = 0; i < S::kQCopies; ++i) {
+    const MmaCoord c = detail::fa2_copy(tid, i, kC, S::kRowsPerPass);
+    const int packed = geo.row0 + c.row;
+    const int token = packed / p.group;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (token < lens.q_len) {
+      const std::int64_t at =
+          (static_cast<std::int64_t>(lens.q_begin) + token) * p.q_stride_token +
+          static_cast<std::int64_t>(kv_head * p.group + packed % p.group) * p.q_stride_head +
+          c.col * 8;
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p.q + at));
+      const unsigned in[4] = {raw.x, raw.y, raw.z, raw.w};
+      unsigned scaled[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = O::unpack2(in[j]);
+        scaled[j] = O::pack2(f.x * p.score_scale, f.y * p.score_scale);
+      }
+      v = make_uint4(scaled[0], scaled[1], scaled[2], scaled[3]);
+    }
+    q_tile[detail::fa2_swizzled(c.row, c.col, kC)] = v;
+  }
+  __syncthreads();
+
+  [[maybe_unused]] unsigned qf[S::kQInRegisters ? kKSteps : 1][kMB][4];
+  if constexpr (S::kQInRegisters) {
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+      for (int mb = 0; mb < kMB; ++mb) {
+        ldmatrix_x4(
+            qf[ks][mb],
+            q_addr + 16 * detail::fa2_swizzled(detail::fa2_q_row(S::kRowsPerWarp, warp, mb, lane),
+                                               detail::fa2_q_chunk(ks, lane), kC));
+      }
+    }
+  }
+
+  // ---- per-lane row state: element c of m16 block mb is row fa2_acc_row(warp, mb, lane, c) ----
+  int row_pos[kMB][2];  // visible keys are <= row_pos; -1 for padding rows
+#pragma unroll
+  for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int token =
+          (geo.row0 + detail::fa2_acc_row(S::kRowsPerWarp, warp, mb, lane, 2 * h)) / p.group;
+      row_pos[mb][h] = token < lens.q_len ? lens.prefix + token : -1;
+    }
+  }
+  float o[kMB][kNTiles][4];
+#pragma unroll
+  for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[mb][n][c] = 0.0f;
+    }
+  }
+  float m_run[kMB][2];
+  float l_run[kMB][2];
+#pragma unroll
+  for (int mb = 0; mb < kMB; ++mb) {
+    m_run[mb][0] = m_run[mb][1] = -INFINITY;
+    l_run[mb][0] = l_run[mb][1] = 0.0f;
+  }
+
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<detail::fa2_wait_groups(kStages)>();
+    __syncthreads();  // tile t visible to all; every warp is done with tile t - 1's stage
+    issue(detail::fa2_issue_tile(t, kStages));
+    resolve(detail::fa2_resolve_tile(t, kStages));  // slot of tile t: its copies left long ago
+    const int stage = detail::fa2_slot(t, kStages);
+    const unsigned k_addr = ring_addr + stage * 2 * S::kKVChunks * 16;
+    const unsigned v_addr = k_addr + S::kKVChunks * 16;
+    const int key0 = key_first + t * kKeys;
+
+    // S = Q K^T (already scaled): each K fragment feeds both m16 blocks.
+    float s[kMB][kKeyTiles][4];
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[mb][n][c] = 0.0f;
+      }
+    }
+#pragma unroll S::kKStepUnroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      unsigned a[kMB][4];
+#pragma unroll
+      for (int mb = 0; mb < kMB; ++mb) {
+        if constexpr (S::kQInRegisters) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[mb][j] = qf[ks][mb][j];
+        } else {
+          ldmatrix_x4(a[mb], q_addr + 16 * detail::fa2_swizzled(
+                                               detail::fa2_q_row(S::kRowsPerWarp, warp, mb, lane),
+                                               detail::fa2_q_chunk(ks, lane), kC));
+        }
+      }
+#pragma unroll
+      for (int nn = 0; nn < kKeys / 16; ++nn) {
+        unsigned b[4];
+        ldmatrix_x4(b, k_addr + 16 * detail::fa2_swizzled(nn * 16 + detail::qk_b_key(lane),
+                                                          2 * ks + detail::qk_b_chunk(lane), kC));
+#pragma unroll
+        for (int mb = 0; mb < kMB; ++mb) {
+          O::mma(s[mb][2 * nn], a[mb], b[0], b[1]);
+          O::mma(s[mb][2 * nn + 1], a[mb], b[2], b[3]);
+        }
+      }
+    }
+
+    // Soft-cap, masks (only tiles that cross the diagonal, the window edge or the end).
+    const bool need_mask = detail::extend_tile_needs_mask(geo, key0, kKeys, p.window_size) ||
+                           key0 + kKeys > geo.kv_end;
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          float x = s[mb][n][c];
+          if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x);
+          const int key = key0 + n * 8 + detail::mma_c_coord(lane, c).col;
+          if (need_mask && !detail::extend_key_visible(row_pos[mb][c >> 1], key, p.window_size)) {
+            x = -INFINITY;
+          }
+#ifdef PAGEDKV_TEST_DROP_KEY
+          // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
+          if (key == PAGEDKV_TEST_DROP_KEY) x = -INFINITY;
+#endif
+          s[mb][n][c] = x;
+        }
+      }
+    }
+
+    // Online softmax: a row's columns live in the 4 lanes of its quad.
+    float m_use[kMB][2];
+    float alpha[kMB][2];
+    bool moved = false;
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+          tile_max = fmaxf(tile_max, fmaxf(s[mb][n][2 * h], s[mb][n][2 * h + 1]));
+        }
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+        const float m_new = fmaxf(m_run[mb][h], tile_max);
+        // Until a visible key is seen m stays -inf; subtracting 0 keeps exp2f(-inf) = 0.
+        m_use[mb][h] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[mb][h] = exp2f(m_run[mb][h] - m_use[mb][h]);
+        moved = moved || m_new != m_run[mb][h];
+        m_run[mb][h] = m_new;
+      }
+    }
+    if (__any_sync(0xffffffffu, moved)) {  // else every alpha of the warp is 1
+#pragma unroll
+      for (int mb = 0; mb < kMB; ++mb) {
+        l_run[mb][0] *= alpha[mb][0];
+        l_run[mb][1] *= alpha[mb][1];
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) o[mb][n][c] *= alpha[mb][c >> 1];
+        }
+      }
+    }
+#pragma unroll
+    for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+      for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          s[mb][n][c] = exp2f(s[mb][n][c] - m_use[mb][c >> 1]);
+          l_run[mb][c >> 1] += s[mb][n][c];
+        }
+      }
+    }
+
+    // O += P V: two adjacent 8-key score tiles are the A operand of one k16 step
+    // (decode_tc_layout.hpp's pv_a_source); each V fragment feeds both m16 blocks.
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      unsigned pa[kMB][4];
+#pragma unroll
+      for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const detail::PvASource lo = detail::pv_a_source(2 * j);
+          const detail::PvASource hi = detail::pv_a_source(2 * j + 1);
+          pa[mb][j] = O::pack2(s[mb][2 * kk + lo.tile][lo.elem], s[mb][2 * kk + hi.tile][hi.elem]);
+        }
+      }
+#pragma unroll
+      for (int dd = 0; dd < kHeadDim / 16; ++dd) {
+        unsigned b[4];
+        ldmatrix_x4_trans(
+            b, v_addr + 16 * detail::fa2_swizzled(kk * 16 + detail::pv_b_key(lane),
+                                                  2 * dd + detail::pv_b_chunk(lane), kC));
+#pragma unroll
+        for (int mb = 0; mb < kMB; ++mb) {
+          O::mma(o[mb][2 * dd], pa[mb], b[0], b[1]);
+          O::mma(o[mb][2 * dd + 1], pa[mb], b[2], b[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // nothing may be in flight when the CTA exits
+
+  // ---- epilogue: this lane's rows, directly or as a split partial ----
+  const int quad_col = lane & 3;
+#pragma unroll
+  for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_run[mb][h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int packed = geo.row0 + detail::fa2_acc_row(S::kRowsPerWarp, warp, mb, lane, 2 * h);
+      const int token = packed / p.group;
+      if (token >= lens.q_len) continue;
+      const int head = kv_head * p.group + packed % p.group;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float lse2 = l > 0.0f ? m_run[mb][h] + log2f(l) : -INFINITY;
+      if (direct) {
+        const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
+        std::uint16_t* dst =
+            p.out + q_row * p.out_stride_token + head * p.out_stride_head + quad_col * 2;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+          *reinterpret_cast<unsigned*>(dst + n * 8) =
+              O::pack2(o[mb][n][2 * h] * inv, o[mb][n][2 * h + 1] * inv);
+        }
+        if (p.lse != nullptr && quad_col == 0) {
+          p.lse[q_row * p.num_q_heads + head] = l > 0.0f ? lse2 * kLn2 : -INFINITY;
+        }
+      } else {
+        const std::int64_t state = detail::fa2_state(seq, token, head, item.split, p.max_q_len,
+                                                     p.num_q_heads, p.num_splits);
+        float* dst = p.partial_out + state * kHeadDim + quad_col * 2;
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+          *reinterpret_cast<float2*>(dst + n * 8) =
+              make_float2(o[mb][n][2 * h] * inv, o[mb][n][2 * h + 1] * inv);
+        }
+        if (quad_col == 0) p.partial_lse[state] = lse2;
+      }
+    }
+  }
+}
+
+// Combines the split partials of each (sequence, new token, query head) whose query tile used
+// more than one split: out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), lse = M + log2(sum).
+// blockDim = (kHeadDim / 4, kMergeRows).
+constexpr int kMergeRows = 4;
+
+template <bool kBf16, int kHeadDim>
+__global__ void __launch_bounds__(kHeadDim / 4 * kMergeRows)
+    fa2_merge_kernel(const Fa2Params p, std::int64_t num_rows) {
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kMergeRows + threadIdx.y;
+  if (row >= num_rows) return;
+  const int q_head = static_cast<int>(row % p.num_q_heads);
+  const std::int64_t seq_token = row / p.num_q_heads;
+  const int token = static_cast<int>(seq_token % p.max_q_len);
+  const int seq = static_cast<int>(seq_token / p.max_q_len);
+  const SeqLens lens = seq_lens_of(p, seq);
+  if (token >= lens.q_len) return;
+  const int packed = token * p.group + q_head % p.group;
+  const detail::Fa2TileWork work =
+      detail::fa2_tile_work(lens.q_len, lens.prefix, p.group, p.window_size, packed / p.rows,
+                            p.rows, p.keys, p.num_splits);
+  if (work.active <= 1) return;  // written directly by the attention kernel
+  const std::int64_t state0 =
+      detail::fa2_state(seq, token, q_head, 0, p.max_q_len, p.num_q_heads, p.num_splits);
+  float m_all = -INFINITY;
+  for (int s = 0; s < work.active; ++s)
+    m_all = detail::fa2_merge_max(m_all, p.partial_lse[state0 + s]);
+  const float m_ref = m_all == -INFINITY ? 0.0f : m_all;
+  float weight_sum = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const int d = static_cast<int>(threadIdx.x) * 4;
+  for (int s = 0; s < work.active; ++s) {
+    const float w = exp2f(p.partial_lse[state0 + s] - m_ref);  // 0 for a split that saw no key
+    weight_sum += w;
+    const float4 part =
+        *reinterpret_cast<const float4*>(p.partial_out + (state0 + s) * kHeadDim + d);
+    acc.x = fmaf(w, part.x, acc.x);
+    acc.y = fmaf(w, part.y, acc.y);
+    acc.z = fmaf(w, part.z, acc.z);
+    acc.w = fmaf(w, part.w, acc.w);
+  }
+  const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
+  const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
+  uint2 packed2;
+  packed2.x = Ops<kBf16>::pack2(acc.x * inv, acc.y * inv);
+  packed2.y = Ops<kBf16>::pack2(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(p.out + q_row * p.out_stride_token + q_head * p.out_stride_head + d) =
+      packed2;
+  if (p.lse != nullptr && d == 0) {
+    p.lse[q_row * p.num_q_heads + q_head] =
+        weight_sum > 0.0f ? (m_ref + log2f(weight_sum)) * kLn2 : -INFINITY;
+  }
+}
+
+template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
+cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
+  using S = Fa2Shape<kHeadDim, kWarps>;
+  const auto kernel = fa2_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap>;
+  // Set on every launch: cheap, per device, and allowed while a graph is being captured.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(S::kSmemBytes));
+  if (err != cudaSuccess) return err;
+  kp.rows = S::kRows;
+  kp.keys = S::kKeys;
+  const std::int64_t tiles =
+      (static_cast<std::int64_t>(kp.max_q_len) * kp.group + S::kRows - 1) / S::kRows;
+  if (tiles == 0) return cudaSuccess;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
+                        static_cast<unsigned>(tiles * kp.num_splits));
+  config.blockDim = dim3(S::kThreads);
+  config.dynamicSmemBytes = S::kSmemBytes;
+  config.stream = stream;
+  err = cudaLaunchKernelEx(&config, kernel, kp);
+  if (err != cudaSuccess || kp.num_splits == 1) return err;
+  const std::int64_t rows = static_cast<std::int64_t>(num_seqs) * kp.max_q_len * kp.num_q_heads;
+  cudaLaunchConfig_t merge{};
+  merge.gridDim = dim3(static_cast<unsigned>((rows + kMergeRows - 1) / kMergeRows));
+  merge.blockDim = dim3(kHeadDim / 4, kMergeRows);
+  merge.stream = stream;
+  return cudaLaunchKernelEx(&merge, fa2_merge_kernel<kBf16, kHeadDim>, kp, rows);
+}
+
+template <typename Fn>
+cudaError_t dispatch(KVDtype dtype, int head_dim, int warps, bool soft_cap, Fn&& fn) {
+  const bool bf16 = dtype == KVDtype::kBFloat16;
+  const auto by_cap = [&]<bool kBf16, int kHeadDim, int kWarps>() {
+    return soft_cap ? fn.template operator()<kBf16, kHeadDim, kWarps, true>()
+                    : fn.template operator()<kBf16, kHeadDim, kWarps, false>();
+  };
+  const auto by_warps = [&]<bool kBf16, int kHeadDim>() {
+    return warps == 2 ? by_cap.template operator()<kBf16, kHeadDim, 2>()
+                      : by_cap.template operator()<kBf16, kHeadDim, 4>();
+  };
+  const auto by_dtype = [&]<int kHeadDim>() {
+    return bf16 ? by_warps.template operator()<true, kHeadDim>()
+                : by_warps.template operator()<false, kHeadDim>();
+  };
+  switch (head_dim) {
+    case 64:
+      return by_dtype.template operator()<64>();
+    case 128:
+      return by_dtype.template operator()<128>();
+    case 256:
+      return by_dtype.template operator()<256>();
+    default:
+      throw Error(ErrorCode::kInvalidArgument,
+                  "paged_extend_attention (CUDA, FA2 variant): head_dim must be 64, 128 or 256");
+  }
+}
+
+}  // namespace
+
+cudaError_t fa2_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
+                             cudaStream_t stream) {
+  const KVLayout& layout = params.layout;
+  Fa2Params kp{};
+  kp.q = static_cast<const std::uint16_t*>(params.q);
+  kp.q_stride_token = params.q_token_stride();
+  kp.q_stride_head = params.q_head_stride();
+  kp.k_cache = static_cast<const std::uint16_t*>(params.k_cache);
+  kp.v_cache = static_cast<const std::uint16_t*>(params.v_cache);
+  kp.page.stride_block = layout.stride_block;
+  kp.page.stride_token = layout.stride_token;
+  kp.page.head_offset = 0;
+  kp.page.num_blocks = layout.num_blocks;
+  kp.page.block_size = layout.block_size;
+  kp.page.block_shift = detail::tc_block_shift(layout.block_size);
+  kp.stride_head = layout.stride_head;
+  kp.num_q_heads = params.num_q_heads;
+  kp.group = params.group_size();
+  kp.q_indptr = params.q_indptr;
+  kp.max_q_len = params.max_q_len;
+  kp.block_table = params.block_table;
+  kp.max_blocks_per_seq = params.max_blocks_per_seq;
+  kp.seq_lens = params.seq_lens;
+  kp.out = static_cast<std::uint16_t*>(params.out);
+  kp.out_stride_token = params.out_token_stride();
+  kp.out_stride_head = params.out_head_stride();
+  kp.lse = params.lse;
+  if (params.logits_soft_cap > 0.0f) {
+    kp.score_scale = params.sm_scale / params.logits_soft_cap;
+    kp.cap_log2 = params.logits_soft_cap * kLog2e;
+  } else {
+    kp.score_scale = params.sm_scale * kLog2e;
+    kp.cap_log2 = 0.0f;
+  }
+  kp.window_size = params.window_size;
+  kp.num_splits = num_splits < 1 ? 1 : num_splits;
+  if (kp.num_splits > 1) {
+    const std::int64_t states =
+        detail::fa2_states(params.num_seqs, params.max_q_len, params.num_q_heads, kp.num_splits);
+    auto* base = static_cast<unsigned char*>(workspace);
+    kp.partial_out = reinterpret_cast<float*>(base);
+    kp.partial_lse = reinterpret_cast<float*>(base + states * layout.head_dim * 4);
+  }
+  return dispatch(params.dtype, layout.head_dim, detail::fa2_warps(params.max_q_len, kp.group),
+                  kp.cap_log2 > 0.0f, [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>() {
+                    return launch<kBf16, kHeadDim, kWarps, kSoftCap>(kp, layout.num_kv_heads,
+                                                                     params.num_seqs, stream);
+                  });
+}
+
+cudaError_t fa2_extend_ctas_per_sm(KVDtype dtype, int head_dim, int warps, int* ctas) {
+  // The soft-cap instantiation uses the same shared memory and block size.
+  return dispatch(
+      dtype, head_dim, warps, false, [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>() {
+        using S = Fa2Shape<kHeadDim, kWarps>;
+        const auto kernel = fa2_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap>;
+        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(S::kSmemBytes));
+        int resident = 0;
+        if (err == cudaSuccess) {
+          err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, S::kThreads,
+                                                              S::kSmemBytes);
+        }
+        if (err != cudaSuccess) return err;
+        *ctas = resident > 0 ? resident : 1;
+        return cudaSuccess;
+      });
+}
+
+}  // namespace pagedkv::kernels
