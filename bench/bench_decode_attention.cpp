@@ -18,16 +18,17 @@
 // R (read-only streaming) = bytes / time of one kernel that only reads 1 GiB (read_bandwidth.hpp):
 // decode only reads K/V, so R is its own ceiling, measured in the same run beside C.
 //
-// Both decode kernel variants run on every shape in the same run (DecodeKernel::kSimt, the
-// default, and kTensorCore), each with its own split plan, timed back to back (the order
-// alternates from shape to shape); each is checked against the CPU reference before anything is
-// timed.
+// Both decode kernel variants run on every shape in the same run (DecodeKernel::kSimt and
+// kTensorCore, the default since the 2026-12-04 GPU run), each with its own split plan, timed
+// back to back (the order alternates from shape to shape); each is checked against the CPU
+// reference before anything is timed.
 //
 // Target (docs/figures.md): decode >= 0.85 x C on the bandwidth-bound shapes (>= 1 GiB of K/V
-// per launch): TARGET decode_vs_copy (the default kernel, as before), TARGET decode_vs_read
-// (against R), and the same for the variant (decode_tc_vs_copy, decode_tc_vs_read); batch 1 at
-// 4,096 tokens >= 0.5 x C (decode_b1_4k_vs_copy, decode_tc_b1_4k_vs_copy). Every figure is also
-// printed as a RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
+// per launch): TARGET decode_vs_copy (the default kernel, kDefaultDecodeKernel), TARGET
+// decode_vs_read (against R), and the same for the other variant under its name
+// (decode_simt_vs_copy / decode_simt_vs_read, or decode_tc_* while kSimt is the default); batch 1
+// at 4,096 tokens >= 0.5 x C (decode_b1_4k_vs_copy, decode_simt_b1_4k_vs_copy). Every figure is
+// also printed as a RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
 //
 // Usage: bench_decode_attention [--quick]   (--quick: a few small shapes, for smoke tests)
 #include <cuda_runtime_api.h>
@@ -545,7 +546,10 @@ int main(int argc, char** argv) {
   std::printf("\n");
   for (int kv = 0; kv < 2; ++kv) {
     const std::vector<double>& ratios = bound_ratios[kv];
-    const char* prefix = kv == 0 ? "decode" : "decode_tc";
+    // The default kernel keeps the plain names; the other variant is named.
+    const char* prefix = kKernels[kv] == kDefaultDecodeKernel  ? "decode"
+                         : kKernels[kv] == DecodeKernel::kSimt ? "decode_simt"
+                                                               : "decode_tc";
     if (!ratios.empty()) {
       const double worst = *std::min_element(ratios.begin(), ratios.end());
       const double best = *std::max_element(ratios.begin(), ratios.end());

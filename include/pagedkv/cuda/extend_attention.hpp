@@ -26,14 +26,14 @@
 //   kMma16  the kernel described above (kernels/extend_attention.cu).
 //   kFa2    kernels/extend_attention_fa2.cu (issue 35, step A; FlashAttention-2 parity): 32 query
 //           rows per warp (16 at head_dim 256), 128-row tiles of 4 warps (64-row tiles of 2 warps
-//           when max_q_len x group <= 64), the score scale folded into Q (Q fragments in registers
-//           at head_dim 64), a 3-stage cp.async ring with each tile's page offsets resolved two
-//           tiles ahead, the output rescale skipped when no row maximum moved, and an optional
-//           split over keys (ExtendSplitPlan) for grids that under-fill the GPU (heavily cached
-//           prompts): each split writes partial rows to the caller's workspace and a merge kernel
-//           combines them. Same contract and tolerances. Not yet proven on a GPU: opt-in until
-//           scripts/gpu-check run has checked it. An FP8 cache falls back to the FP8 kernel with
-//           either variant; every 16-bit shape runs the variant.
+//           when max_q_len x group <= 64), the score scale applied to the fp32 scores (Q fragments
+//           in registers at head_dim 64), a 3-stage cp.async ring with each tile's page offsets
+//           resolved two tiles ahead, the output rescale skipped when no row maximum moved, and an
+//           optional split over keys (ExtendSplitPlan) for grids that under-fill the GPU (heavily
+//           cached prompts): each split writes partial rows to the caller's workspace and a merge
+//           kernel combines them. Same contract and tolerances. Opt-in: the default stays kMma16
+//           until a scripts/gpu-check run proves this one correct and faster. An FP8 cache falls
+//           back to the FP8 kernel with either variant; every 16-bit shape runs the variant.
 //
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data (max_q_len sizes the grid), so launches can be captured in a CUDA
