@@ -66,7 +66,7 @@ struct Fa2Params {
   std::int64_t out_stride_token;
   std::int64_t out_stride_head;
   float* lse;         // natural log, [num_q_tokens, num_q_heads] or null
-  float score_scale;  // applied to the fp32 scores: sm_scale x log2(e); with a soft-cap sm_scale / cap
+  float score_scale;  // times the fp32 scores: sm_scale x log2(e); with a soft-cap sm_scale / cap
   float cap_log2;     // cap x log2(e); 0 = no soft-cap
   std::int32_t window_size;
   std::int32_t num_splits;

@@ -1,14 +1,16 @@
 // pagedkv/cuda/decode_attention.hpp: paged decode attention on the GPU (target pagedkv::cuda).
 //
-// Same contract as the CPU reference in pagedkv/reference/decode_attention.hpp, on device buffers. fp16 and
-// bf16 values, fp32 accumulation and softmax; head_dim 64, 128 or 256; GQA group sizes 1..16;
-// block sizes 1..256 with any strides KVLayout accepts; 64-bit address arithmetic throughout.
+// Same contract as the CPU reference in pagedkv/reference/decode_attention.hpp, on device buffers.
+// fp16 and bf16 values, fp32 accumulation and softmax; head_dim 64, 128 or 256; GQA group
+// sizes 1..16; block sizes 1..256 with any strides KVLayout accepts; 64-bit address arithmetic
+// throughout.
 //
-// Launch geometry: one CTA (4 warps) per (sequence, KV head, split) serves every query head of
-// the KV head's group, so each K/V byte is read from memory once per group. K/V tiles stream
-// through a 3-stage cp.async pipeline in shared memory with 16-byte accesses. With a split-KV plan
-// (pagedkv/device/decode_plan.hpp) each CTA writes its chunk's output and log-sum-exp to the workspace
-// and a second kernel merges them; sequences that need one chunk are written directly.
+// Launch geometry (kSimt; kTensorCore below): one CTA (4 warps) per (sequence, KV head, split)
+// serves every query head of the KV head's group, so each K/V byte is read from memory once per
+// group. K/V tiles stream through a 3-stage cp.async pipeline in shared memory with 16-byte
+// accesses. With a split-KV plan (pagedkv/device/decode_plan.hpp) each CTA writes its chunk's
+// output and log-sum-exp to the workspace and a second kernel merges them; sequences that need one
+// chunk are written directly.
 //
 // An FP8 cache (params.quant.fp8(); pagedkv/device/kv_quant.hpp) runs kernels/fp8_attention.cu
 // instead: one CTA per (sequence, KV head), codes decoded in registers, the row scales applied to
@@ -41,8 +43,8 @@
 
 #include <cstddef>
 
-#include "pagedkv/reference/decode_attention.hpp"
 #include "pagedkv/device/decode_plan.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
 
 namespace pagedkv {
 
@@ -69,8 +71,7 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
 // seq_lens included); `workspace` may be null when !plan.split_kv().
 cudaError_t paged_decode_attention(const PagedDecodeParams& params, const DecodePlan& plan,
                                    void* workspace, std::size_t workspace_bytes,
-                                   cudaStream_t stream,
-                                   DecodeKernel kernel = kDefaultDecodeKernel);
+                                   cudaStream_t stream, DecodeKernel kernel = kDefaultDecodeKernel);
 
 // Planner options for the current device: num_sms from the device and ctas_per_sm from the
 // kernel's occupancy for this dtype and head_dim (other options keep their defaults). For

@@ -1,8 +1,8 @@
 // pagedkv/cuda/extend_attention.hpp: paged extend (prefix-hit prefill) attention on the GPU
 // (target pagedkv::cuda).
 //
-// Same contract as the CPU reference in pagedkv/reference/extend_attention.hpp, on device buffers: fp16
-// and bf16 values with fp32 accumulation and softmax; head_dim 64, 128 or 256; any GQA group;
+// Same contract as the CPU reference in pagedkv/reference/extend_attention.hpp, on device buffers:
+// fp16 and bf16 values with fp32 accumulation and softmax; head_dim 64, 128 or 256; any GQA group;
 // block sizes 1..256 with any strides KVLayout accepts; 64-bit address arithmetic.
 //
 // Design (FlashAttention-2 style, tensor cores through mma.sync m16n8k16): one CTA of 4 warps
