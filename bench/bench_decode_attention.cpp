@@ -547,9 +547,9 @@ int main(int argc, char** argv) {
   for (int kv = 0; kv < 2; ++kv) {
     const std::vector<double>& ratios = bound_ratios[kv];
     // The default kernel keeps the plain names; the other variant is named.
-    const char* prefix = kKernels[kv] == kDefaultDecodeKernel  ? "decode"
-                         : kKernels[kv] == DecodeKernel::kSimt ? "decode_simt"
-                                                               : "decode_tc";
+    const char* prefix = kKernels[kv] == pagedkv::kDefaultDecodeKernel ? "decode"
+                         : kKernels[kv] == DecodeKernel::kSimt         ? "decode_simt"
+                                                                       : "decode_tc";
     if (!ratios.empty()) {
       const double worst = *std::min_element(ratios.begin(), ratios.end());
       const double best = *std::max_element(ratios.begin(), ratios.end());
