@@ -19,11 +19,11 @@
 #include "backend.hpp"
 #include "engine.hpp"
 #include "model.hpp"
-#include "pagedkv/device/block_table.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
+#include "pagedkv/device/block_table.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
 
 namespace tiny_engine {
@@ -235,6 +235,8 @@ class CudaBackend final : public ForwardBackend {
 
   const Model& model_;
   pagedkv::KVDtype dtype_;  // of q, the new K/V and attention outputs (bf16 with an FP8 cache)
+  pagedkv::DecodeKernel decode_kernel_;  // EngineConfig::decode_kernel
+  pagedkv::ExtendKernel extend_kernel_;  // EngineConfig::extend_kernel (no split over keys)
   pagedkv::KVQuant quant_;  // FP8 KV: per-(token, KV head) or per-tensor scales, as the CPU path
   std::vector<float> k_scales_, v_scales_;  // per-tensor: [num_layers]
   pagedkv::KVLayout layout_;
@@ -249,9 +251,21 @@ class CudaBackend final : public ForwardBackend {
   std::vector<float> cos_host_, sin_host_;
 };
 
+static_assert(static_cast<int>(pagedkv::DecodeKernel::kSimt) == 0 &&
+                  static_cast<int>(pagedkv::DecodeKernel::kTensorCore) == 1 &&
+                  static_cast<int>(pagedkv::ExtendKernel::kMma16) == 0 &&
+                  static_cast<int>(pagedkv::ExtendKernel::kFa2) == 1,
+              "EngineConfig::decode_kernel / extend_kernel use these values");
+
 CudaBackend::CudaBackend(const Model& model, const EngineConfig& config)
     : model_(model),
-      dtype_(pagedkv::is_fp8(config.kv_dtype) ? pagedkv::KVDtype::kBFloat16 : config.kv_dtype) {
+      dtype_(pagedkv::is_fp8(config.kv_dtype) ? pagedkv::KVDtype::kBFloat16 : config.kv_dtype),
+      decode_kernel_(config.decode_kernel < 0
+                         ? pagedkv::kDefaultDecodeKernel
+                         : static_cast<pagedkv::DecodeKernel>(config.decode_kernel)),
+      extend_kernel_(config.extend_kernel < 0
+                         ? pagedkv::kDefaultExtendKernel
+                         : static_cast<pagedkv::ExtendKernel>(config.extend_kernel)) {
   const ModelConfig& m = model.config();
   if (m.head_dim != 64 && m.head_dim != 128 && m.head_dim != 256) {
     throw std::invalid_argument(
@@ -435,8 +449,8 @@ void CudaBackend::forward(const ForwardBatch& batch, std::vector<float>& logits)
       attention.out = attn_bits;
       attention.sm_scale = sm_scale;
       // No split-KV: a sequence's result must not depend on the rest of the batch.
-      TE_CUDA_CHECK(
-          pagedkv::paged_decode_attention(attention, pagedkv::DecodePlan{}, nullptr, 0, nullptr));
+      TE_CUDA_CHECK(pagedkv::paged_decode_attention(attention, pagedkv::DecodePlan{}, nullptr, 0,
+                                                    nullptr, decode_kernel_));
     } else {
       pagedkv::PagedExtendParams attention;
       attention.dtype = dtype_;
@@ -454,7 +468,8 @@ void CudaBackend::forward(const ForwardBatch& batch, std::vector<float>& logits)
       attention.seq_lens = seq_lens;
       attention.out = attn_bits;
       attention.sm_scale = sm_scale;
-      TE_CUDA_CHECK(pagedkv::paged_extend_attention(attention, nullptr));
+      // No split over keys either (the same reason).
+      TE_CUDA_CHECK(pagedkv::paged_extend_attention(attention, nullptr, extend_kernel_));
     }
     from_bits_kernel<<<blocks_for(n(rows, qd)), kThreads>>>(
         attn_bits, static_cast<std::int64_t>(n(rows, qd)), bf16, attn);

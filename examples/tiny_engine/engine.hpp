@@ -72,6 +72,10 @@ struct EngineConfig {
   pagedkv::KVScaleMode kv_scale_mode = pagedkv::KVScaleMode::kPerTokenHead;
   std::vector<float> k_scales;
   std::vector<float> v_scales;
+  // --device cuda only: the attention kernel variants, as pagedkv::DecodeKernel /
+  // pagedkv::ExtendKernel values (pagedkv/cuda/*_attention.hpp); -1 = the library's default.
+  int decode_kernel = -1;
+  int extend_kernel = -1;
   std::uint32_t max_num_batched_tokens = 128;  // token budget per step (prefill is chunked)
   std::uint32_t max_num_seqs = 16;             // running requests at most
   // Host-memory tier (kv_driver.hpp): host slots behind the KV pool, 0 for none. CPU path, with

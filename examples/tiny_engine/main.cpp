@@ -81,6 +81,10 @@ kernels, and reports what prefix caching saved.
                          calibration pass (256 seeded random tokens through the model in fp32,
                          each layer's largest |K| and |V| / the FP8 largest finite; values beyond
                          saturate); the blocks then hold codes only
+  --decode-kernel NAME   with --device cuda: tensor_core or simt (pagedkv::DecodeKernel; default:
+                         the library's default, tensor_core)
+  --extend-kernel NAME   with --device cuda: mma16 or fa2 (pagedkv::ExtendKernel; default: the
+                         library's default, mma16)
   --vs-bf16              with an FP8 --kv-dtype: also serve the workload with bf16 KV, forced
                          onto the FP8 run's token streams, and report the logit difference
   --head-dim N           attention head size, a multiple of 8 up to 256 (default 32 on the CPU,
@@ -236,6 +240,24 @@ Options parse(int argc, char** argv) {
         usage_error("--kv-scale-mode: expected per_token_head or per_tensor, got '" + v + "'");
       }
       o.kv_scale_mode_given = true;
+    } else if (a == "--decode-kernel") {
+      const std::string v(value());
+      if (v == "simt") {
+        o.engine.decode_kernel = 0;
+      } else if (v == "tensor_core") {
+        o.engine.decode_kernel = 1;
+      } else {
+        usage_error("--decode-kernel: expected simt or tensor_core, got '" + v + "'");
+      }
+    } else if (a == "--extend-kernel") {
+      const std::string v(value());
+      if (v == "mma16") {
+        o.engine.extend_kernel = 0;
+      } else if (v == "fa2") {
+        o.engine.extend_kernel = 1;
+      } else {
+        usage_error("--extend-kernel: expected mma16 or fa2, got '" + v + "'");
+      }
     } else if (a == "--vs-bf16") {
       o.vs_bf16 = true;
     } else if (a == "--model-seed") {
@@ -252,6 +274,10 @@ Options parse(int argc, char** argv) {
   }
   if (o.vs_bf16 && !pagedkv::is_fp8(o.engine.kv_dtype)) {
     usage_error("--vs-bf16 needs an FP8 --kv-dtype (fp8_e4m3 or fp8_e5m2)");
+  }
+  if ((o.engine.decode_kernel >= 0 || o.engine.extend_kernel >= 0) &&
+      o.engine.device != tiny_engine::Device::kCuda) {
+    usage_error("--decode-kernel and --extend-kernel need --device cuda");
   }
   if (o.check_against_cpu && o.engine.device != tiny_engine::Device::kCuda) {
     usage_error("--check-against-cpu needs --device cuda");
@@ -315,9 +341,9 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
     << "\":" << s.prefill_tokens << ",\"decode_tokens" << sfx << "\":" << s.decode_tokens
     << ",\"prefix_hit_tokens" << sfx << "\":" << s.hit_tokens << ",\"hit_rate" << sfx
     << "\":" << num(s.cache.hit_rate()) << ",\"preemptions" << sfx << "\":" << s.preemptions
-    << ",\"evictions" << sfx << "\":" << s.cache.evictions << ",\"steps" << sfx << "\":" << s.steps << ",\"kv_event_batches" << sfx
-    << "\":" << s.kv_event_batches
-    << ",\"max_running" << sfx << "\":" << s.max_running;
+    << ",\"evictions" << sfx << "\":" << s.cache.evictions << ",\"steps" << sfx << "\":" << s.steps
+    << ",\"kv_event_batches" << sfx << "\":" << s.kv_event_batches << ",\"max_running" << sfx
+    << "\":" << s.max_running;
   if (s.host) {
     j << ",\"host_hit_tokens" << sfx << "\":" << s.host_hit_tokens << ",\"host_loaded_blocks" << sfx
       << "\":" << s.host->loaded_blocks << ",\"host_stored_blocks" << sfx
