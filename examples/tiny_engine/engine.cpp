@@ -57,8 +57,6 @@ void EngineConfig::validate() const {
           "decode_kernel must be -1 (default), 0 (simt) or 1 (tensor_core)");
   require(extend_kernel >= -1 && extend_kernel <= 1,
           "extend_kernel must be -1 (default), 0 (mma16) or 1 (fa2)");
-  require((decode_kernel < 0 && extend_kernel < 0) || device == Device::kCuda,
-          "decode_kernel and extend_kernel choose CUDA kernels: they need device cuda");
 }
 
 // A request in flight: pagedkv's view (tokens, hashes, computed tokens) plus the engine's.

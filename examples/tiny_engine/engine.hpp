@@ -72,8 +72,9 @@ struct EngineConfig {
   pagedkv::KVScaleMode kv_scale_mode = pagedkv::KVScaleMode::kPerTokenHead;
   std::vector<float> k_scales;
   std::vector<float> v_scales;
-  // --device cuda only: the attention kernel variants, as pagedkv::DecodeKernel /
-  // pagedkv::ExtendKernel values (pagedkv/cuda/*_attention.hpp); -1 = the library's default.
+  // The CUDA path's attention kernel variants, as pagedkv::DecodeKernel / pagedkv::ExtendKernel
+  // values (pagedkv/cuda/*_attention.hpp); -1 = the library's default. The CPU path ignores them
+  // (--check-against-cpu runs it with the CUDA run's config).
   int decode_kernel = -1;
   int extend_kernel = -1;
   std::uint32_t max_num_batched_tokens = 128;  // token budget per step (prefill is chunked)
