@@ -31,9 +31,11 @@
 //           resolved two tiles ahead, the output rescale skipped when no row maximum moved, and an
 //           optional split over keys (ExtendSplitPlan) for grids that under-fill the GPU (heavily
 //           cached prompts): each split writes partial rows to the caller's workspace and a merge
-//           kernel combines them. Same contract and tolerances. Opt-in: the default stays kMma16
-//           until a scripts/gpu-check run proves this one correct and faster. An FP8 cache falls
-//           back to the FP8 kernel with either variant; every 16-bit shape runs the variant.
+//           kernel combines them. Same contract and tolerances. Opt-in: correct in every kernel
+//           check and 0.83x kMma16's time on the H200 (bench/results/gpu.md, 2026-12-04), not
+//           yet the default (the tiny engine's caching on/off check flips at a near-tie with it).
+//           An FP8 cache falls back to the FP8 kernel with either variant; every 16-bit shape
+//           runs the variant.
 //
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data (max_q_len sizes the grid), so launches can be captured in a CUDA
