@@ -38,6 +38,7 @@
 #include "internal/cp_async.cuh"
 #include "internal/decode_tc_launch.hpp"
 #include "internal/decode_tc_layout.hpp"
+#include "internal/mma_sync.cuh"
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv::kernels {
@@ -84,51 +85,11 @@ __device__ __forceinline__ detail::TcSplitRange range_of(const TcParams& p, int 
                                 p.chunk, split);
 }
 
-template <bool kBf16>
-struct TcOps {
-  __device__ static unsigned pack2(float lo, float hi) {
-    if constexpr (kBf16) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-      return *reinterpret_cast<const unsigned*>(&h);
-    } else {
-      const __half2 h = __floats2half2_rn(lo, hi);
-      return *reinterpret_cast<const unsigned*>(&h);
-    }
-  }
-  // d += a x b (m16n8k16, row.col, fp32 accumulators).
-  __device__ static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if constexpr (kBf16) {
-      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-  }
-};
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem_addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr)
-               : "memory");
-}
-
 template <bool kBf16, int kHeadDim, bool kSoftCap>
 __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasPerSm)
     tc_decode_kernel(const TcParams p) {
   using S = TcDecodeShape<kHeadDim>;
-  using Ops = TcOps<kBf16>;
+  using Ops = MmaOps<kBf16>;
   constexpr int kChunks = S::kChunks;
   constexpr int kStages = S::kStages;
   constexpr int kKSteps = kHeadDim / 16;  // QK MMAs per key tile of 8, over head_dim
@@ -448,8 +409,8 @@ __global__ void __launch_bounds__(kHeadDim / 4 * kMergeHeads)
   }
   const float inv = 1.0f / weight_sum;
   uint2 packed;
-  packed.x = TcOps<kBf16>::pack2(acc.x * inv, acc.y * inv);
-  packed.y = TcOps<kBf16>::pack2(acc.z * inv, acc.w * inv);
+  packed.x = MmaOps<kBf16>::pack2(acc.x * inv, acc.y * inv);
+  packed.y = MmaOps<kBf16>::pack2(acc.z * inv, acc.w * inv);
   *reinterpret_cast<uint2*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d) =
       packed;
 }

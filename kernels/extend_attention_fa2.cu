@@ -35,6 +35,7 @@
 #include "internal/cp_async.cuh"
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
+#include "internal/mma_sync.cuh"
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv::kernels {
@@ -94,58 +95,12 @@ __device__ __forceinline__ SeqLens seq_lens_of(const Fa2Params& p, int seq) {
   return s;
 }
 
-template <bool kBf16>
-struct Ops {
-  __device__ static unsigned pack2(float lo, float hi) {
-    if constexpr (kBf16) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-      return *reinterpret_cast<const unsigned*>(&h);
-    } else {
-      const __half2 h = __floats2half2_rn(lo, hi);
-      return *reinterpret_cast<const unsigned*>(&h);
-    }
-  }
-  __device__ static float2 unpack2(unsigned v) {
-    if constexpr (kBf16) {
-      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-    } else {
-      return __half22float2(*reinterpret_cast<const __half2*>(&v));
-    }
-  }
-  __device__ static void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    if constexpr (kBf16) {
-      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    } else {
-      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-          "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    }
-  }
-};
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], unsigned smem_addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned smem_addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr)
-               : "memory");
-}
-
 template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
 __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
                                   Fa2Shape<kHeadDim, kWarps>::kMinCtasPerSm)
     fa2_extend_kernel(const Fa2Params p) {
   using S = Fa2Shape<kHeadDim, kWarps>;
-  using O = Ops<kBf16>;
+  using O = MmaOps<kBf16>;
   constexpr int kC = S::kChunks;
   constexpr int kKeys = S::kKeys;
   constexpr int kStages = S::kStages;
@@ -517,8 +472,8 @@ __global__ void __launch_bounds__(kHeadDim / 4 * kMergeRows)
   const float inv = weight_sum > 0.0f ? 1.0f / weight_sum : 0.0f;
   const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
   uint2 packed2;
-  packed2.x = Ops<kBf16>::pack2(acc.x * inv, acc.y * inv);
-  packed2.y = Ops<kBf16>::pack2(acc.z * inv, acc.w * inv);
+  packed2.x = MmaOps<kBf16>::pack2(acc.x * inv, acc.y * inv);
+  packed2.y = MmaOps<kBf16>::pack2(acc.z * inv, acc.w * inv);
   *reinterpret_cast<uint2*>(p.out + q_row * p.out_stride_token + q_head * p.out_stride_head + d) =
       packed2;
   if (p.lse != nullptr && d == 0) {
