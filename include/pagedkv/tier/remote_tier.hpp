@@ -256,6 +256,8 @@ class RemoteTier {
   void start_fills(RequestId id, Pending& p);
   // Hybrid models (see the file comment).
   void add_hybrid(const Request& request, Pending& p);
+  void group_views(const Request& request);             // views_ of the request
+  void key_offsets(std::size_t start, std::size_t end);  // key_offset_ of a Pending's keys
   void start_hybrid_fills(RequestId id, Pending& p);
   // Submits `batch` (gets in get_ops_) and the waits in shared_ for request `id`.
   void submit_fills(RequestId id, Pending& p, GetBatch&& batch);
@@ -277,9 +279,19 @@ class RemoteTier {
   std::vector<RemoteTierGroupStats> group_stats_;  // one per group
   // Hybrid models: per group its window in blocks (kFullGroup: full attention).
   static constexpr std::size_t kFullGroup = ~std::size_t{0};
+  // Per group its block size and that over the tier's (the smallest); align_: the groups' LCM
+  // block size over the smallest (a hybrid hit ends on a multiple of it).
   bool hybrid_ = false;
   std::vector<std::size_t> window_;
+  std::vector<std::uint32_t> group_bs_;
+  std::vector<std::size_t> factor_;
+  std::size_t align_ = 1;
   mutable std::vector<TokenId> key_tokens_;  // group_key's pseudo-block
+  // Scratch (hybrid): each group's view of a request (its own blocks and keys, coarse_ holding a
+  // coarser group's), and the first key of each group in a Pending's keys.
+  std::vector<std::vector<BlockHash>> coarse_;
+  std::vector<BlockSequence> views_;
+  std::vector<std::size_t> key_offset_;
 
   std::unordered_map<RequestId, Pending> pending_;
   std::uint64_t next_serial_ = 1;
