@@ -339,8 +339,8 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
         const std::size_t g = hit.gpu.num_tokens / group_bs[grp];
         for (std::size_t j = 0; j < row.size(); ++j) {
           const BlockId s = row[j];  // 0: a window group loads nothing
-          if (s != 0 && !payload_matches(eng.slot(s), view.block_hashes[g + j],
-                                         static_cast<GroupId>(grp))) {
+          if (s != 0 &&
+              !payload_matches(eng.slot(s), view.block_hashes[g + j], static_cast<GroupId>(grp))) {
             ++res.payload_mismatches;
           }
         }

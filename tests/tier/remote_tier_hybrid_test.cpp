@@ -701,7 +701,7 @@ TEST(RemoteTierHybridSizesTier, BelowHostCallsServeACoarserGroup) {
     KVCacheManagerConfig c = hybrid_test::hybrid_config(64, kFull16Window32.window, hashing);
     c.groups = {AttentionSpec::full(16), AttentionSpec::sliding(32, kFull16Window32.window)};
     TieredKVCacheManager t(c, hybrid_test::host_config(16, HostPolicy::kWriteBack));
-    Request r = t.make_request(1, kLongPrompt);  // 20 blocks of 16, 10 of 32
+    Request r = t.make_request(1, kLongPrompt);   // 20 blocks of 16, 10 of 32
     EXPECT_THROW(t.begin_fill(r, 10, 1), Error);  // group 1 has no full block 10
     EXPECT_FALSE(t.host_holds(r, 10, 1));
     EXPECT_FALSE(t.host_holds(r, 9, 1));

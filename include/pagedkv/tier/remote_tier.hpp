@@ -109,12 +109,12 @@
 //   the prefix identities (xxh3_128).
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a group block size that is
-// not a multiple of the tier's (the GPU manager refuses those first), a buffer smaller than (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or
-// kOnHostEviction with zero eviction_staging_blocks; add_request for a request already added
-// (kInvalidState). Everything else (a store that is down, slow, full or returns corrupt values) is
-// a normal outcome counted in stats(), never an exception from poll(). Complexity: poll is
-// O(completions + requests waiting for a probe); add_request O(blocks). Thread-compatible: the
-// scheduler thread calls everything.
+// not a multiple of the tier's (the GPU manager refuses those first), a buffer smaller than
+// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
+// eviction_staging_blocks; add_request for a request already added (kInvalidState). Everything else
+// (a store that is down, slow, full or returns corrupt values) is a normal outcome counted in
+// stats(), never an exception from poll(). Complexity: poll is O(completions + requests waiting for
+// a probe); add_request O(blocks). Thread-compatible: the scheduler thread calls everything.
 #pragma once
 
 #include <chrono>
@@ -272,7 +272,7 @@ class RemoteTier {
   void start_fills(RequestId id, Pending& p);
   // Hybrid models (see the file comment).
   void add_hybrid(const Request& request, Pending& p);
-  void group_views(const Request& request);             // views_ of the request
+  void group_views(const Request& request);              // views_ of the request
   void key_offsets(std::size_t start, std::size_t end);  // key_offset_ of a Pending's keys
   void start_hybrid_fills(RequestId id, Pending& p);
   // Submits `batch` (gets in get_ops_) and the waits in shared_ for request `id`.
