@@ -453,7 +453,7 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
       }
       if (tier_.host_match(views_[g], q, identity(g, q), group) != BlockPool::kNoBlock) continue;
       const std::optional<HostFill> fill =
-          tier_.begin_fill_known(request, q, identity(g, q), group);
+          tier_.begin_fill_known(request, q, identity(g, q), group, &views_[g]);
       if (!fill) {
         ++stats_.fills_no_slot;
         stop = true;

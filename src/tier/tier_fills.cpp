@@ -132,14 +132,16 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
 std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& request,
                                                                std::size_t index,
                                                                const BlockHash* known_identity,
-                                                               GroupId group) {
+                                                               GroupId group,
+                                                               const BlockSequence* group_view) {
   manager_.check_owner(request, "TieredKVCacheManager::begin_fill");
   check_fill_group(group, "begin_fill");
   const BlockSequence fine = request.hashed_tokens().sequence();
   // Group `group`'s view: its own blocks, keyed as the GPU manager keys them.
+  // (RemoteTier passes the view it computed once per request: no O(blocks) keys per fill.)
   const std::size_t f = factor_[group];
-  std::vector<std::vector<BlockHash>> coarse(f > 1 ? factor_.size() : 0);
-  const BlockSequence seq = group_seq(fine, group, coarse);
+  std::vector<std::vector<BlockHash>> coarse(f > 1 && group_view == nullptr ? factor_.size() : 0);
+  const BlockSequence seq = group_view != nullptr ? *group_view : group_seq(fine, group, coarse);
   const std::uint32_t gbs = seq.block_size;
   if (index >= seq.block_hashes.size() || (index + 1) * gbs > seq.tokens.size()) {
     throw Error(ErrorCode::kInvalidArgument,

@@ -305,9 +305,11 @@ class TieredKVCacheManager {
   friend class RemoteTier;  // begin_fill_known: the identities it computed for its gets
   // begin_fill() with the block's prefix identity given (prefix_identities(request)[j] for the
   // fine block j the group's block `index` ends with, (index + 1) x factor - 1; computed by the
-  // caller for the whole run; nullptr: computed here).
+  // caller for the whole run; nullptr: computed here) and, optionally, the group's view of the
+  // request (group_seq's: its keys at its block size; nullptr: computed here, O(blocks)).
   std::optional<HostFill> begin_fill_known(const Request& request, std::size_t index,
-                                           const BlockHash* known_identity, GroupId group = 0);
+                                           const BlockHash* known_identity, GroupId group = 0,
+                                           const BlockSequence* group_view = nullptr);
   void check_fill_group(GroupId group, const char* what) const;  // kInvalidArgument
   enum class Kind : std::uint8_t { kLoad, kEviction, kStore, kFill };
   struct RequestState;
