@@ -104,9 +104,10 @@
 //   a request's tail window; its skips are TierStats::window_stores_skipped).
 //   Per-group figures: group_stats().
 //
-//   Cost: add_request O(blocks x groups) (one hash per key of a group g >= 1); the fills once
-//   the probe is answered O(blocks x groups) verified host lookups, plus O(blocks) SHA-256 for
-//   the prefix identities (xxh3_128).
+//   Cost: add_request O(blocks x groups) (one hash per key of a group g >= 1, one digest per
+//   block of a coarser group); the fills once the probe is answered O(blocks x groups) verified
+//   host lookups (the coarser groups' keys computed again, once), plus O(blocks) SHA-256 for the
+//   prefix identities (xxh3_128).
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a group block size that is
 // not a multiple of the tier's (the GPU manager refuses those first), a buffer smaller than
