@@ -145,9 +145,11 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
   mc.hash_scheme = o.hash;
   mc.hash_seed = "pagedkv-replay";  // engines and router hash alike
   mc.enable_kv_events = true;
+  // The window group's block size (--window-block-size; --block-size when not given).
+  const std::uint32_t window_bs = o.window_block_size != 0 ? o.window_block_size : o.block_size;
   if (o.sliding_window > 0) {  // a hybrid model: full attention + a sliding-window group
     mc.groups = {AttentionSpec::full(o.block_size),
-                 AttentionSpec::sliding(o.block_size, o.sliding_window)};
+                 AttentionSpec::sliding(window_bs, o.sliding_window)};
   }
   HostTierConfig hc;
   if (tiered) {
@@ -156,7 +158,8 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
     hc.selective_hits = tier_opts->selective_hits;
     hc.bytes_per_block = tier_opts->kv_bytes_per_token * o.block_size;
     if (o.sliding_window > 0) {  // the layers split evenly between the groups (as replay.cpp)
-      hc.group_bytes_per_block = {hc.bytes_per_block / 2, hc.bytes_per_block / 2};
+      hc.group_bytes_per_block = {hc.bytes_per_block / 2,
+                                  tier_opts->kv_bytes_per_token * window_bs / 2};
       hc.window_store = tier_opts->window_store;
     }
   }
@@ -222,6 +225,15 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
                    publishers.back()->endpoint().c_str());
     }
   }
+  // Each group's block keys at its block size (the replay's payload check of host hits).
+  std::vector<AttentionSpec> specs;
+  std::vector<std::uint32_t> group_bs;
+  for (std::size_t g = 0; g < engines[0]->gpu().num_groups(); ++g) {
+    specs.push_back(engines[0]->gpu().group_spec(g));
+    group_bs.push_back(specs.back().block_size);
+  }
+  const KVCacheCoordinator group_keys(specs, engines[0]->gpu().hasher().scheme());
+  std::vector<BlockHash> coarse_keys;
   events::KVRouter router(indexer, c.weights);
   const events::WireOptions wire;
 
@@ -279,9 +291,10 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
     ++r.requests;
     r.prompt_tokens += n;
     r.prompt_blocks += (n + o.block_size - 1) / o.block_size;
-    const std::uint64_t groups = o.sliding_window > 0 ? 2 : 1;  // each group holds its own blocks
-    if (groups * ((n + o.block_size - 1) / o.block_size) >
-        static_cast<std::uint64_t>(num_blocks - 1)) {
+    // Each group holds its own blocks, at its block size.
+    const std::uint64_t needed = (n + o.block_size - 1) / o.block_size +
+                                 (o.sliding_window > 0 ? (n + window_bs - 1) / window_bs : 0);
+    if (needed > static_cast<std::uint64_t>(num_blocks - 1)) {
       ++r.rejected;
       continue;
     }
@@ -314,15 +327,20 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
       }
 #endif
       const TieredCacheHit hit = t.get_computed_blocks(request);
-      const std::size_t g = hit.gpu.blocks.size();
-      for (std::size_t j = 0; j < hit.host_slots.size(); ++j) {
-        if (!payload_matches(eng.slot(hit.host_slots[j]), request.block_hashes()[g + j])) {
-          ++res.payload_mismatches;
-        }
-        for (std::size_t k = 0; k < hit.host_other_groups.size(); ++k) {
-          const BlockId s = hit.host_other_groups[k][j];  // 0: a window group loads nothing
-          if (s != 0 && !payload_matches(eng.slot(s), request.block_hashes()[g + j],
-                                         static_cast<GroupId>(k + 1))) {
+      // Each group's host slots hold that group's blocks at its block size: checked against
+      // the group's key of the block (a coarser group's: the GPU manager's digest).
+      const BlockSequence fine = request.hashed_tokens().sequence();
+      for (std::size_t grp = 0; grp < group_bs.size(); ++grp) {
+        const std::vector<BlockId>& row =
+            grp == 0 ? hit.host_slots : hit.host_other_groups[grp - 1];
+        if (row.empty()) continue;
+        coarse_keys.clear();
+        const BlockSequence view = group_keys.group_sequence(fine, grp, coarse_keys);
+        const std::size_t g = hit.gpu.num_tokens / group_bs[grp];
+        for (std::size_t j = 0; j < row.size(); ++j) {
+          const BlockId s = row[j];  // 0: a window group loads nothing
+          if (s != 0 &&
+              !payload_matches(eng.slot(s), view.block_hashes[g + j], static_cast<GroupId>(grp))) {
             ++res.payload_mismatches;
           }
         }
@@ -511,6 +529,9 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
       };
       out.pop_back();
       out += ",\"sliding_window\":" + std::to_string(o.sliding_window);
+      if (o.window_block_size != 0) {  // only when given: the fields above unchanged
+        out += ",\"window_block_size\":" + std::to_string(o.window_block_size);
+      }
       out += ",\"host_group_loaded_blocks\":" +
              list(r.host_groups, [](const GroupReplayStats& g) { return g.loaded_blocks; });
       out += ",\"host_group_loaded_bytes\":" +

@@ -1,6 +1,7 @@
 #include "pagedkv/tier/remote_tier.hpp"
 
 #include <algorithm>
+#include <numeric>
 #include <string>
 #include <thread>
 #include <utility>
@@ -23,21 +24,31 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
                        std::span<std::byte> host_buffer, RemoteTierConfig config)
     : tier_(tier), store_(store), host_(host_buffer), config_(config) {
   const std::size_t ng = tier_.gpu().num_groups();
+  const std::uint32_t bs = tier_.block_size();
+  std::uint32_t max_bs = bs;
+  align_ = 1;
   for (std::size_t g = 0; g < ng; ++g) {
     const AttentionSpec& spec = tier_.gpu().group_spec(g);
-    if (spec.block_size != tier_.block_size()) {
+    if (spec.block_size == 0 || spec.block_size % bs != 0) {  // (the GPU manager refuses these)
       throw Error(ErrorCode::kInvalidArgument,
                   "RemoteTier: group " + std::to_string(g) + " has block size " +
-                      std::to_string(spec.block_size) + ", the tier " +
-                      std::to_string(tier_.block_size()) +
-                      ": hybrid groups of different block sizes are not supported");
+                      std::to_string(spec.block_size) + ", not a multiple of the tier's " +
+                      std::to_string(bs));
     }
     window_.push_back(spec.kind == AttentionKind::kSlidingWindow ? spec.window_blocks()
                                                                  : kFullGroup);
+    group_bs_.push_back(spec.block_size);
+    factor_.push_back(spec.block_size / bs);
+    align_ = std::lcm(align_, factor_.back());
+    max_bs = std::max(max_bs, spec.block_size);
   }
   hybrid_ = ng > 1 || window_[0] != kFullGroup;
   group_stats_.assign(ng, RemoteTierGroupStats{});
-  key_tokens_.assign(static_cast<std::size_t>(tier_.block_size()) + 1, 0);
+  coarse_.resize(ng);
+  views_.resize(ng);
+  key_offset_.resize(ng + 1);
+  // One token longer than the largest group's block: a length no real block of any group has.
+  key_tokens_.assign(static_cast<std::size_t>(max_bs) + 1, 0);
   key_tokens_[0] = kGroupKeyTag;
   if (config_.bytes_per_block == 0) {
     throw Error(ErrorCode::kInvalidArgument, "RemoteTier: bytes_per_block must be > 0");
@@ -249,35 +260,61 @@ void RemoteTier::submit_fills(RequestId id, Pending& p, GetBatch&& batch) {
   gets_.emplace(ticket, std::move(batch));
 }
 
+void RemoteTier::group_views(const Request& request) {
+  const BlockSequence fine = request.hashed_tokens().sequence();
+  for (std::size_t g = 0; g < window_.size(); ++g) {
+    if (factor_[g] > 1) coarse_[g].clear();
+    views_[g] = tier_.group_seq(fine, g, coarse_);
+  }
+}
+
+void RemoteTier::key_offsets(std::size_t G, std::size_t end) {
+  // Group-major keys: group g's blocks [G / f, end / f) (f: its factor) from key_offset_[g].
+  key_offset_[0] = 0;
+  for (std::size_t g = 0; g < window_.size(); ++g) {
+    key_offset_[g + 1] = key_offset_[g] + (end - G) / factor_[g];
+  }
+}
+
 void RemoteTier::add_hybrid(const Request& request, Pending& p) {
   const std::size_t bs = tier_.block_size();
   const std::size_t ng = window_.size();
   const std::span<const BlockHash> hashes = request.block_hashes();
-  const std::size_t end =
+  // Positions in blocks of the smallest block size; a hit ends on a multiple of align_ (the
+  // groups' LCM block size over it), so `end` is one. Group g's block q covers positions
+  // [q * f, (q + 1) * f) (f = factor_[g]) and is keyed as the GPU manager keys it (views_).
+  const std::size_t max_blocks =
       request.num_tokens() == 0 ? 0 : std::min((request.num_tokens() - 1) / bs, hashes.size());
-  // The GPU hit G (a hint, the manager's fixed-point rule over the pool's cached blocks): every
-  // full-attention group holds [0, G), every window group [G - window, G). last_gap_[g]: the
-  // window group's last position below i that the GPU does not hold, plus one (0: none).
+  const std::size_t end = max_blocks / align_ * align_;
+  group_views(request);
+  // The GPU hit G (a hint, the manager's fixed-point rule over the pool's cached blocks, at a
+  // multiple of align_): every full-attention group holds its blocks [0, G_g), every window group
+  // [G_g - window, G_g) (x_g = x / f). last_gap_[g]: the window group's last block below the
+  // scanned end that the GPU does not hold, plus one (0: none).
   const BlockPool& pool = tier_.gpu().block_pool();
   last_gap_.assign(ng, 0);
   std::size_t G = 0;
-  for (std::size_t i = 0; i <= end; ++i) {
+  for (std::size_t c = 0; c <= end; c += align_) {
     bool ok = true;
     for (std::size_t g = 0; g < ng && ok; ++g) {
       if (window_[g] == kFullGroup) continue;
-      const std::size_t from = i > window_[g] ? i - window_[g] : 0;
+      const std::size_t cg = c / factor_[g];
+      const std::size_t from = cg > window_[g] ? cg - window_[g] : 0;
       ok = last_gap_[g] <= from;
     }
-    if (ok) G = i;
-    if (i == end) break;
+    if (ok) G = c;
+    if (c == end) break;
     bool full_held = true;
     for (std::size_t g = 0; g < ng; ++g) {
-      const bool held =
-          pool.get_cached_block(hashes[i], static_cast<GroupId>(g)) != BlockPool::kNoBlock;
-      if (window_[g] == kFullGroup) {
-        full_held = full_held && held;
-      } else if (!held) {
-        last_gap_[g] = i + 1;
+      const std::size_t f = factor_[g];
+      for (std::size_t q = c / f; q < (c + align_) / f; ++q) {
+        const bool held = pool.get_cached_block(views_[g].block_hashes[q],
+                                                static_cast<GroupId>(g)) != BlockPool::kNoBlock;
+        if (window_[g] == kFullGroup) {
+          full_held = full_held && held;
+        } else if (!held) {
+          last_gap_[g] = q + 1;
+        }
       }
     }
     if (!full_held) break;
@@ -288,11 +325,12 @@ void RemoteTier::add_hybrid(const Request& request, Pending& p) {
     p.phase = Phase::kDone;
     return;
   }
-  const std::size_t span = end - G;
-  p.keys.reserve(ng * span);
+  key_offsets(G, end);
+  p.keys.reserve(key_offset_[ng]);
   for (std::size_t g = 0; g < ng; ++g) {
-    for (std::size_t i = G; i < end; ++i) {
-      p.keys.push_back(group_key(hashes[i], static_cast<GroupId>(g)));
+    const std::size_t f = factor_[g];
+    for (std::size_t q = G / f; q < end / f; ++q) {
+      p.keys.push_back(group_key(views_[g].block_hashes[q], static_cast<GroupId>(g)));
     }
   }
   p.present.assign(p.keys.size(), 0);
@@ -305,7 +343,9 @@ void RemoteTier::add_hybrid(const Request& request, Pending& p) {
   probes_.emplace(*ticket, std::make_pair(request.id(), p.keys.size()));
   in_flight_ += p.keys.size();
   stats_.probed_blocks += p.keys.size();
-  for (std::size_t g = 0; g < ng; ++g) group_stats_[g].probed_blocks += span;
+  for (std::size_t g = 0; g < ng; ++g) {
+    group_stats_[g].probed_blocks += key_offset_[g + 1] - key_offset_[g];
+  }
 }
 
 void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
@@ -314,52 +354,70 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
   if (!config_.load) return;
   const Request& request = *p.request;
   const std::size_t ng = window_.size();
+  // Positions in blocks of the smallest block size (see add_hybrid); G and end multiples of
+  // align_; group g's blocks x / f.
   const std::size_t G = p.start;
   const std::size_t end = p.end;
-  const std::size_t span = end - G;
-  const std::span<const BlockHash> hashes = request.block_hashes();
-  const BlockSequence seq = request.hashed_tokens().sequence();
+  group_views(request);
+  key_offsets(G, end);
   tier_.prefix_identities(request, end, identities_);
-  const auto identity = [this](std::size_t i) {
-    return identities_.empty() ? nullptr : &identities_[i];
+  // A group's block carries the prefix identity of the fine block it ends with.
+  const auto identity = [this](std::size_t g, std::size_t q) {
+    return identities_.empty() ? nullptr : &identities_[(q + 1) * factor_[g] - 1];
+  };
+  const auto key_index = [this, G](std::size_t g, std::size_t q) {
+    return key_offset_[g] + (q - G / factor_[g]);
   };
   // What the host holds now (verified as its hits are), per key.
-  held_.assign(ng * span, 0);
+  held_.assign(key_offset_[ng], 0);
   for (std::size_t g = 0; g < ng; ++g) {
-    for (std::size_t i = G; i < end; ++i) {
-      held_[g * span + (i - G)] =
-          tier_.host_match(seq, i, identity(i), static_cast<GroupId>(g)) != BlockPool::kNoBlock ? 1
-                                                                                                : 0;
+    const std::size_t f = factor_[g];
+    for (std::size_t q = G / f; q < end / f; ++q) {
+      held_[key_index(g, q)] = tier_.host_match(views_[g], q, identity(g, q),
+                                                static_cast<GroupId>(g)) != BlockPool::kNoBlock
+                                   ? 1
+                                   : 0;
     }
   }
-  const auto usable = [&](std::size_t g, std::size_t i) {
-    const std::size_t k = g * span + (i - G);
+  const auto usable = [&](std::size_t g, std::size_t q) {
+    const std::size_t k = key_index(g, q);
     return held_[k] != 0 || p.present[k] == 1;
   };
-  // The host tier's hit rule over "in the host or in the store": full-attention groups every
-  // block of [G, L), window groups every block of [max(G, L - window), L).
-  std::size_t full_end = G;
-  while (full_end < end) {
-    bool ok = true;
-    for (std::size_t g = 0; g < ng && ok; ++g) {
-      if (window_[g] == kFullGroup) ok = usable(g, full_end);
-    }
-    if (!ok) break;
-    ++full_end;
-  }
-  // last_gap_[g]: for candidate L, the last unusable position of window group g in [G, L), + 1.
+  // The host tier's hit rule over "in the host or in the store": the longest L, a multiple of
+  // align_ past G, such that full-attention groups have every block of [G_g, L_g), window groups
+  // every block of [max(G_g, L_g - window), L_g). last_gap_[g]: for candidate L, the last
+  // unusable block of window group g in [G_g, L_g), + 1.
   std::size_t L = G;
-  last_gap_.assign(ng, G);
-  for (std::size_t cand = G + 1; cand <= full_end; ++cand) {
+  last_gap_.assign(ng, 0);
+  for (std::size_t g = 0; g < ng; ++g) last_gap_[g] = G / factor_[g];
+  for (std::size_t c = G + align_; c <= end; c += align_) {
+    bool full_ok = true;
+    for (std::size_t g = 0; g < ng && full_ok; ++g) {
+      if (window_[g] != kFullGroup) continue;
+      const std::size_t f = factor_[g];
+      for (std::size_t q = (c - align_) / f; q < c / f && full_ok; ++q) full_ok = usable(g, q);
+    }
+    if (!full_ok) break;
     bool ok = true;
     for (std::size_t g = 0; g < ng; ++g) {
       if (window_[g] == kFullGroup) continue;
-      if (!usable(g, cand - 1)) last_gap_[g] = cand;
-      const std::size_t from = std::max(G, cand > window_[g] ? cand - window_[g] : 0);
+      const std::size_t f = factor_[g];
+      const std::size_t cg = c / f;
+      for (std::size_t q = (c - align_) / f; q < cg; ++q) {
+        if (!usable(g, q)) last_gap_[g] = q + 1;
+      }
+      const std::size_t from = std::max(G / f, cg > window_[g] ? cg - window_[g] : 0);
       ok = ok && last_gap_[g] <= from;
     }
-    if (ok) L = cand;
+    if (ok) L = c;
   }
+  // Per group, its first block to fetch: G_g, or a window group's window at L.
+  const auto first_needed = [this, G, L](std::size_t g) {
+    const std::size_t f = factor_[g];
+    const std::size_t Lg = L / f;
+    return window_[g] == kFullGroup ? G / f
+                                    : std::max(G / f, Lg > window_[g] ? Lg - window_[g] : 0);
+  };
   GetBatch batch;
   batch.request = id;
   get_ops_.clear();
@@ -367,23 +425,25 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
   std::size_t run_blocks = 0;
   for (std::size_t g = 0; g < ng; ++g) {
     if (window_[g] == kFullGroup) continue;
-    const std::size_t from = std::max(G, L > window_[g] ? L - window_[g] : 0);
+    const std::size_t from = first_needed(g);
     std::uint64_t skipped = 0;
-    for (std::size_t i = G; i < from; ++i) {
-      const std::size_t k = g * span + (i - G);
+    for (std::size_t q = G / factor_[g]; q < from; ++q) {
+      const std::size_t k = key_index(g, q);
       if (held_[k] == 0 && p.present[k] == 1) ++skipped;
     }
     stats_.window_blocks_not_loaded += skipped;
     group_stats_[g].window_blocks_not_loaded += skipped;
   }
-  // Fills in position order (a missing slot ends the run there for every group).
+  // Fills in position order, each group's block at the position it starts (a missing slot ends
+  // the run there for every group).
   for (std::size_t i = G; i < L; ++i) {
     bool stop = false;
     for (std::size_t g = 0; g < ng && !stop; ++g) {
-      const std::size_t from =
-          window_[g] == kFullGroup ? G : std::max(G, L > window_[g] ? L - window_[g] : 0);
-      const std::size_t k = g * span + (i - G);
-      if (i < from || held_[k] != 0) continue;
+      const std::size_t f = factor_[g];
+      if (i % f != 0) continue;
+      const std::size_t q = i / f;
+      const std::size_t k = key_index(g, q);
+      if (q < first_needed(g) || held_[k] != 0) continue;
       ++run_blocks;
       const auto group = static_cast<GroupId>(g);
       const BlockHash& key = p.keys[k];
@@ -391,8 +451,9 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
         shared_.emplace_back(e->ticket, e->index);  // another request's get is fetching it
         continue;
       }
-      if (tier_.host_match(seq, i, identity(i), group) != BlockPool::kNoBlock) continue;
-      const std::optional<HostFill> fill = tier_.begin_fill_known(request, i, identity(i), group);
+      if (tier_.host_match(views_[g], q, identity(g, q), group) != BlockPool::kNoBlock) continue;
+      const std::optional<HostFill> fill =
+          tier_.begin_fill_known(request, q, identity(g, q), group, &views_[g]);
       if (!fill) {
         ++stats_.fills_no_slot;
         stop = true;
@@ -401,9 +462,11 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
       batch.fills.push_back(*fill);
       batch.keys.push_back(key);
       batch.groups.push_back(group);
-      // Bound to the block's group key, its group and its verified prefix.
-      get_ops_.push_back({key, slot_bytes(fill->slot), i > 0 ? hashes[i - 1] : BlockHash(), group,
-                          identities_.empty() ? BlockHash() : identities_[i], config_.kv_dtype,
+      // Bound to the block's group key, its group, the group's previous block (the parent its
+      // host slot stores) and its verified prefix.
+      const std::span<const BlockHash> own = views_[g].block_hashes;
+      get_ops_.push_back({key, slot_bytes(fill->slot), q > 0 ? own[q - 1] : BlockHash(), group,
+                          identities_.empty() ? BlockHash() : *identity(g, q), config_.kv_dtype,
                           config_.kv_scale_mode});
     }
     if (stop) break;
@@ -483,7 +546,7 @@ void RemoteTier::handle(const RemoteCompletion& c) {
       if (ok) {
         ++stats_.loaded_blocks;
         stats_.loaded_bytes += config_.bytes_per_block;
-        stats_.remote_hit_tokens += tier_.block_size();
+        stats_.remote_hit_tokens += group_bs_[batch.groups[c.index]];
         RemoteTierGroupStats& gs = group_stats_[batch.groups[c.index]];
         ++gs.loaded_blocks;
         gs.loaded_bytes += config_.bytes_per_block;

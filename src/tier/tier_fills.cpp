@@ -52,13 +52,20 @@ bool TieredKVCacheManager::host_holds(const Request& request, std::size_t index,
                                       GroupId group) const {
   manager_.check_owner(request, "TieredKVCacheManager::host_holds");
   check_fill_group(group, "host_holds");
-  const BlockSequence seq = request.hashed_tokens().sequence();
-  if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) return false;
+  const BlockSequence fine = request.hashed_tokens().sequence();
+  // Group `group`'s view: its own blocks, keyed as the GPU manager keys them.
+  const std::size_t f = factor_[group];
+  std::vector<std::vector<BlockHash>> coarse(f > 1 ? factor_.size() : 0);
+  const BlockSequence seq = group_seq(fine, group, coarse);
+  if (index >= seq.block_hashes.size() || (index + 1) * seq.block_size > seq.tokens.size()) {
+    return false;
+  }
   if (host_chain_) return host_match(seq, index, nullptr, group) != BlockPool::kNoBlock;
   if (host_.match_cached_block_unanchored(seq, index, group) == BlockPool::kNoBlock) return false;
+  // The identity of the fine block the group's block ends with (as the tier stores it).
   std::vector<BlockHash> ids;
-  sequence_identities(seq, index + 1, ids);
-  return host_match(seq, index, &ids[index], group) != BlockPool::kNoBlock;
+  sequence_identities(fine, (index + 1) * f, ids);
+  return host_match(seq, index, &ids[(index + 1) * f - 1], group) != BlockPool::kNoBlock;
 }
 
 void TieredKVCacheManager::check_fill_group(GroupId group, const char* what) const {
@@ -66,12 +73,6 @@ void TieredKVCacheManager::check_fill_group(GroupId group, const char* what) con
     throw Error(ErrorCode::kInvalidArgument,
                 std::string("TieredKVCacheManager::") + what + ": group " + std::to_string(group) +
                     " of a tier with " + std::to_string(window_blocks_.size()) + " groups");
-  }
-  if (stride_ != bs_) {
-    throw Error(ErrorCode::kInvalidArgument,
-                std::string("TieredKVCacheManager::") + what +
-                    ": not supported for hybrid groups of different block sizes yet (a tier "
-                    "below the host tier serves groups of one block size)");
   }
 }
 
@@ -131,23 +132,34 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill(const Request& request,
 std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& request,
                                                                std::size_t index,
                                                                const BlockHash* known_identity,
-                                                               GroupId group) {
+                                                               GroupId group,
+                                                               const BlockSequence* group_view) {
   manager_.check_owner(request, "TieredKVCacheManager::begin_fill");
   check_fill_group(group, "begin_fill");
-  const BlockSequence seq = request.hashed_tokens().sequence();
-  if (index >= seq.block_hashes.size() || (index + 1) * bs_ > seq.tokens.size()) {
+  const BlockSequence fine = request.hashed_tokens().sequence();
+  // Group `group`'s view: its own blocks, keyed as the GPU manager keys them.
+  // (RemoteTier passes the view it computed once per request: no O(blocks) keys per fill.)
+  const std::size_t f = factor_[group];
+  std::vector<std::vector<BlockHash>> coarse(f > 1 && group_view == nullptr ? factor_.size() : 0);
+  const BlockSequence seq = group_view != nullptr ? *group_view : group_seq(fine, group, coarse);
+  const std::uint32_t gbs = seq.block_size;
+  if (index >= seq.block_hashes.size() || (index + 1) * gbs > seq.tokens.size()) {
     throw Error(ErrorCode::kInvalidArgument,
                 "TieredKVCacheManager::begin_fill: request " + std::to_string(request.id()) +
-                    " has no full hashed block " + std::to_string(index));
+                    " has no full hashed block " + std::to_string(index) +
+                    (f > 1 ? " of group " + std::to_string(group) + " (block size " +
+                                 std::to_string(gbs) + ")"
+                           : std::string()));
   }
   std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, index, mm_scratch_);
+  // The prefix identity of the fine block the group's block ends with (as the tier stores it).
   BlockHash identity;
   if (!host_chain_ && known_identity != nullptr) {
     identity = *known_identity;
   } else if (!host_chain_) {
     std::vector<BlockHash> ids;
-    sequence_identities(seq, index + 1, ids);
-    identity = ids[index];
+    sequence_identities(fine, (index + 1) * f, ids);
+    identity = ids[(index + 1) * f - 1];
   }
   reserve_transfers(1);
   bool evicted = false;  // the slot held a cached block, evicted now
@@ -160,8 +172,8 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& re
   const TransferId id = open_transfer(Kind::kFill, nullptr, kNullBlockId, slot, 0);
   const auto idx = static_cast<std::size_t>(id & kIndexMask);
   transfers_[idx].group = group;  // the slot is cached under (hash, group) when committed
-  std::memcpy(transfer_tokens_.data() + idx * stride_, seq.tokens.data() + index * bs_,
-              bs_ * sizeof(TokenId));
+  std::memcpy(transfer_tokens_.data() + idx * stride_, seq.tokens.data() + index * gbs,
+              gbs * sizeof(TokenId));
   transfer_hash_[idx] = seq.block_hashes[index];
   transfer_parent_[idx] = index == 0 ? BlockHash() : seq.block_hashes[index - 1];
   transfer_first_[idx] = index == 0 ? 1 : 0;

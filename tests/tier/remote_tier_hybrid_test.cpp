@@ -19,6 +19,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <variant>
 #include <vector>
 
@@ -41,6 +42,23 @@ namespace fs = std::filesystem;
 
 constexpr std::uint32_t kWindow = 8;  // tokens: window_blocks = ceil(7 / 4) = 2
 constexpr std::size_t kWb = 2;
+
+// The model: group 0 full attention, group 1 a sliding window, each at its block size.
+struct Layout {
+  std::uint32_t bs[2] = {kBs, kBs};
+  std::uint32_t window = kWindow;  // tokens
+  std::size_t wb = kWb;            // window_blocks of group 1
+};
+const Layout kOneSize{};
+// Groups of different block sizes: a full-attention group at 16 tokens beside a window group at
+// 32 (window_blocks 2), and full attention at 32 beside a window at 16 (group 0 not the smallest).
+const Layout kFull16Window32{{16, 32}, 2 * 32 + 1, 2};
+const Layout kFull32Window16{{32, 16}, 2 * 16 + 1, 2};
+// The same with a window covering the whole 322-token prompt: every block of both groups is
+// fetched, so a failed block of either group shows the rollback to the longest prefix valid in
+// every group.
+const Layout kFull16WideWindow32{{16, 32}, 10 * 32 + 1, 10};
+const Layout kFull32WideWindow16{{32, 16}, 20 * 16 + 1, 20};
 constexpr std::uint64_t kFingerprint = 0x4859425249440001ull;
 constexpr std::size_t kPayload = sizeof(std::uint64_t);  // a block's tag
 
@@ -93,10 +111,12 @@ class HybridEngine {
  public:
   HybridEngine(std::unique_ptr<RemoteStore> store, int hashing,
                WindowStoreRule rule = WindowStoreRule::kAll, std::int32_t host_slots = 64,
-               bool events = false)
-      : store_(std::move(store)) {
+               bool events = false, const Layout& layout = kOneSize)
+      : store_(std::move(store)), layout_(layout) {
     const std::int32_t gpu_blocks = 64;
-    KVCacheManagerConfig c = hybrid_test::hybrid_config(gpu_blocks, kWindow, hashing);
+    KVCacheManagerConfig c = hybrid_test::hybrid_config(gpu_blocks, layout.window, hashing);
+    c.groups = {AttentionSpec::full(layout.bs[0]),
+                AttentionSpec::sliding(layout.bs[1], layout.window)};
     c.enable_kv_events = events;
     tier_ = std::make_unique<TieredKVCacheManager>(
         c, hybrid_test::host_config(host_slots, HostPolicy::kWriteThrough, rule));
@@ -161,22 +181,29 @@ class HybridEngine {
       computed = lr.num_computed_tokens;
       after.push_back(std::move(lr.transfers));
     }
-    // Every position the request's attention reads at `computed` holds its group's tag.
-    const std::size_t cb = computed / kBs;
+    // Every position the request's attention reads at `computed` holds its group's tag (each
+    // group's blocks at its block size).
     for (std::size_t g = 0; g < 2; ++g) {
+      const std::size_t gbs = layout_.bs[g];
+      const std::size_t cb = computed / gbs;
       const std::span<const BlockId> row = tier_->gpu().block_ids(r.id(), g);
-      for (std::size_t p = g == 0 ? 0 : (cb > kWb ? cb - kWb : 0); p < cb; ++p) {
+      for (std::size_t p = g == 0 ? 0 : (cb > layout_.wb ? cb - layout_.wb : 0); p < cb; ++p) {
+        EXPECT_LT(p, row.size()) << "group " << g << " block " << p;
+        if (p >= row.size()) break;
         EXPECT_NE(row[p], kNullBlockId) << "group " << g << " block " << p;
         if (row[p] == kNullBlockId) continue;
-        EXPECT_EQ(gpu_[static_cast<std::size_t>(row[p])], tag_of(g, prompt, p))
+        EXPECT_EQ(gpu_[static_cast<std::size_t>(row[p])], tag_of(g, prompt, p, gbs))
             << "wrong K/V: request " << id << " group " << g << " block " << p;
       }
     }
     r.set_num_computed_tokens(computed);
     for (std::size_t g = 0; g < 2; ++g) {
+      const std::size_t gbs = layout_.bs[g];
       const std::span<const BlockId> row = tier_->gpu().block_ids(r.id(), g);
-      for (std::size_t p = cb; p < prompt.size() / kBs && p < row.size(); ++p) {
-        if (row[p] != kNullBlockId) gpu_[static_cast<std::size_t>(row[p])] = tag_of(g, prompt, p);
+      for (std::size_t p = computed / gbs; p < prompt.size() / gbs && p < row.size(); ++p) {
+        if (row[p] != kNullBlockId) {
+          gpu_[static_cast<std::size_t>(row[p])] = tag_of(g, prompt, p, gbs);
+        }
       }
     }
     r.set_num_computed_tokens(r.num_tokens());
@@ -203,6 +230,7 @@ class HybridEngine {
 
  private:
   std::unique_ptr<RemoteStore> store_;
+  Layout layout_;
   std::unique_ptr<TieredKVCacheManager> tier_;
   std::vector<std::uint64_t> gpu_;
   std::vector<std::byte> host_;
@@ -404,6 +432,337 @@ TEST(RemoteTierHybridCollisions, WeakHashersNeverLoadAnotherPrefixOrGroup) {
 TEST(RemoteTierHybridConfig, ConstructsForAHybridTier) {
   TempDir dir;
   EXPECT_NO_THROW(HybridEngine(disk_store(dir.path()), 0));
+}
+
+// ---- Groups of different block sizes (16 and 32 tokens) ----
+
+// 322 tokens: a hit is capped at 321, 20 blocks of 16 = 10 of 32 (the LCM clamps it to 320).
+const std::vector<TokenId> kLongPrompt = tokens(3, 10 * 32 + 2);
+constexpr std::size_t kLongHit = 320;
+
+// The store key of group g's block q of `prompt` (group 0's: its block hash at its block size,
+// a coarser group's the GPU manager's digest of the fine hashes it covers).
+BlockHash group_block_key(HybridEngine& e, const std::vector<TokenId>& prompt, std::size_t g,
+                          std::size_t q, BlockHash* parent) {
+  const Request r = e.tier().make_request(9999, prompt);
+  std::vector<AttentionSpec> specs;
+  for (std::size_t h = 0; h < e.tier().gpu().num_groups(); ++h) {
+    specs.push_back(e.tier().gpu().group_spec(h));
+  }
+  const KVCacheCoordinator keys(specs, e.tier().gpu().hasher().scheme());
+  std::vector<BlockHash> coarse;
+  const BlockSequence seq = keys.group_sequence(r.hashed_tokens().sequence(), g, coarse);
+  *parent = q > 0 ? seq.block_hashes[q - 1] : BlockHash();
+  return e.remote().group_key(seq.block_hashes[q], static_cast<GroupId>(g));
+}
+
+// A store over another whose value of the n-th get of one group vanishes (as if evicted between
+// the probe and the get): that get completes kMiss.
+class VanishingStore final : public RemoteStore {
+ public:
+  VanishingStore(std::unique_ptr<RemoteStore> inner, GroupId group, std::size_t nth)
+      : inner_(std::move(inner)), group_(group), nth_(nth) {}
+  std::optional<RemoteTicket> exists(std::span<const BlockHash> keys) override {
+    return inner_->exists(keys);
+  }
+  std::optional<RemoteTicket> get(std::span<const RemoteGet> ops) override {
+    const std::optional<RemoteTicket> t = inner_->get(ops);
+    if (!t) return t;
+    for (std::size_t k = 0; k < ops.size(); ++k) {
+      if (ops[k].group == group_ && seen_++ == nth_) vanish_ = {*t, static_cast<std::uint32_t>(k)};
+    }
+    return t;
+  }
+  std::optional<RemoteTicket> put(std::span<const RemotePut> ops) override {
+    return inner_->put(ops);
+  }
+  std::size_t poll(std::vector<RemoteCompletion>& out) override {
+    const std::size_t before = out.size();
+    const std::size_t n = inner_->poll(out);
+    for (std::size_t k = before; k < out.size(); ++k) {
+      if (out[k].kind == RemoteOpKind::kGet && out[k].ticket == vanish_.first &&
+          out[k].index == vanish_.second) {
+        out[k].result = RemoteResult::kMiss;
+        ++vanished_;
+      }
+    }
+    return n;
+  }
+  std::size_t in_flight() const override { return inner_->in_flight(); }
+  RemoteStoreStats stats() const override { return inner_->stats(); }
+  std::string_view name_space() const noexcept override { return inner_->name_space(); }
+  std::size_t vanished() const noexcept { return vanished_; }
+
+ private:
+  std::unique_ptr<RemoteStore> inner_;
+  GroupId group_;
+  std::size_t nth_;
+  std::size_t seen_ = 0;
+  std::pair<RemoteTicket, std::uint32_t> vanish_{0, 0};
+  std::size_t vanished_ = 0;
+};
+
+std::string layout_name(const Layout& l) {
+  return "full" + std::to_string(l.bs[0]) + "_window" + std::to_string(l.bs[1]) + "x" +
+         std::to_string(l.wb);
+}
+
+// hashing (0 sha256, 1 xxh3_128) x layout (0: full 16 + window 32, 1: full 32 + window 16).
+class RemoteTierHybridSizes : public ::testing::TestWithParam<std::tuple<int, int>> {
+ protected:
+  int hashing() const { return std::get<0>(GetParam()); }
+  const Layout& layout() const {
+    return std::get<1>(GetParam()) == 0 ? kFull16Window32 : kFull32Window16;
+  }
+  const Layout& wide() const {
+    return std::get<1>(GetParam()) == 0 ? kFull16WideWindow32 : kFull32WideWindow16;
+  }
+};
+
+// Blocks of group g in `tokens` tokens under layout l.
+std::size_t blocks_of(const Layout& l, std::size_t g, std::size_t tokens) {
+  return tokens / l.bs[g];
+}
+
+// A restarted engine on the same directory loads the prompt from the disk store: every block of
+// the full-attention group at its block size, of the window group only the window at the hit's
+// end (at its block size); the exact tags of both groups land (checked in run()).
+TEST_P(RemoteTierHybridSizes, RestartedEngineLoadsEachGroupAtItsBlockSize) {
+  SCOPED_TRACE(layout_name(layout()));
+  const Layout& l = layout();
+  TempDir dir;
+  {
+    HybridEngine a(disk_store(dir.path()), hashing(), WindowStoreRule::kAll, 64, false, l);
+    EXPECT_EQ(a.run(1, kLongPrompt).computed_tokens, kLongPrompt.size());
+    ASSERT_TRUE(a.drain());
+    const std::vector<RemoteTierGroupStats> gs = a.remote().group_stats();
+    EXPECT_EQ(gs[0].stored_blocks, blocks_of(l, 0, kLongHit));
+    EXPECT_EQ(gs[1].stored_blocks, blocks_of(l, 1, kLongHit));
+    EXPECT_EQ(a.remote().stats().puts_failed, 0u);
+  }
+  HybridEngine b(disk_store(dir.path()), hashing(), WindowStoreRule::kAll, 64, true, l);
+  const RunResult rb = b.run(2, kLongPrompt);
+  EXPECT_EQ(rb.gpu_hit_tokens, 0u);
+  EXPECT_EQ(rb.host_hit_tokens, kLongHit);
+  EXPECT_EQ(rb.computed_tokens, kLongPrompt.size() - kLongHit);
+  // The fills' host events carry their group, at its block size.
+  std::size_t cpu_stored[2] = {0, 0};
+  for (const KVEvent& ev : b.tier().take_events()) {
+    if (const auto* st = std::get_if<BlockStored>(&ev.data); st != nullptr && st->medium == "CPU") {
+      ASSERT_LT(st->group_id, 2u);
+      cpu_stored[st->group_id] += st->block_hashes.size();
+      EXPECT_EQ(st->block_size, l.bs[st->group_id]);
+    }
+  }
+  EXPECT_EQ(cpu_stored[0], blocks_of(l, 0, kLongHit));
+  EXPECT_EQ(cpu_stored[1], l.wb);
+  const RemoteTierStats s = b.remote().stats();
+  const std::vector<RemoteTierGroupStats> gs = b.remote().group_stats();
+  EXPECT_EQ(gs[0].probed_blocks, blocks_of(l, 0, kLongHit));
+  EXPECT_EQ(gs[1].probed_blocks, blocks_of(l, 1, kLongHit));
+  EXPECT_EQ(gs[0].loaded_blocks, blocks_of(l, 0, kLongHit));
+  EXPECT_EQ(gs[1].loaded_blocks, l.wb);
+  EXPECT_EQ(gs[1].window_blocks_not_loaded, blocks_of(l, 1, kLongHit) - l.wb);
+  EXPECT_EQ(s.loaded_blocks, blocks_of(l, 0, kLongHit) + l.wb);
+  EXPECT_EQ(s.remote_hit_tokens, kLongHit + l.wb * l.bs[1]);
+  EXPECT_EQ(s.load_misses, 0u);
+  EXPECT_EQ(s.rejected_values, 0u);
+  const std::vector<TierGroupStats> tg = b.tier().group_stats();
+  EXPECT_EQ(tg[0].loaded_blocks, blocks_of(l, 0, kLongHit));
+  EXPECT_EQ(tg[1].loaded_blocks, l.wb);
+}
+
+// One engine: its prompt is stored, then evicted from the GPU and the host by other prompts, then
+// fetched back from the store; a branch that leaves the prompt mid-way hits up to the last LCM
+// boundary before it.
+TEST_P(RemoteTierHybridSizes, EvictedPromptComesBackFromTheStore) {
+  SCOPED_TRACE(layout_name(layout()));
+  const Layout& l = layout();
+  TempDir dir;
+  HybridEngine e(disk_store(dir.path()), hashing(), WindowStoreRule::kAll, 40, false, l);
+  e.run(1, kLongPrompt);
+  ASSERT_TRUE(e.drain());
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    e.run(10 + k, tokens(20 + k, kLongPrompt.size()));
+    ASSERT_TRUE(e.drain());
+  }
+  const Request probe = e.tier().make_request(98, kLongPrompt);
+  for (std::size_t g = 0; g < 2; ++g) {
+    EXPECT_FALSE(e.tier().host_holds(probe, 0, static_cast<GroupId>(g))) << "group " << g;
+  }
+  const RemoteTierStats before = e.remote().stats();
+  const RunResult r = e.run(2, kLongPrompt);
+  EXPECT_EQ(r.gpu_hit_tokens, 0u);
+  EXPECT_EQ(r.host_hit_tokens, kLongHit);
+  const RemoteTierStats after = e.remote().stats();
+  EXPECT_EQ(after.loaded_blocks - before.loaded_blocks, blocks_of(l, 0, kLongHit) + l.wb);
+  EXPECT_EQ(after.load_misses, 0u);
+  // A branch: 7 blocks of 16 (112 tokens) shared, then other tokens; the hit stops at 96 (the
+  // LCM 32's multiple below 112), the window group loads its window before 96.
+  for (std::uint32_t k = 0; k < 4; ++k) {
+    e.run(30 + k, tokens(40 + k, kLongPrompt.size()));
+    ASSERT_TRUE(e.drain());
+  }
+  std::vector<TokenId> branch(kLongPrompt.begin(), kLongPrompt.begin() + 112);
+  const std::vector<TokenId> tail = tokens(9, 50);
+  branch.insert(branch.end(), tail.begin(), tail.end());
+  const RemoteTierGroupStats g1 = e.remote().group_stats()[1];
+  const RunResult rb = e.run(3, branch);
+  EXPECT_EQ(rb.gpu_hit_tokens, 0u);
+  EXPECT_EQ(rb.host_hit_tokens, 96u);
+  EXPECT_EQ(e.remote().group_stats()[1].loaded_blocks - g1.loaded_blocks, l.wb);
+}
+
+// A corrupted value (a value bound to another block, as a torn or hostile write leaves it) of
+// either group is a counted miss, and the hit rolls back to the longest prefix valid in every
+// group: the last multiple of the LCM (32 tokens) before the failed block.
+TEST_P(RemoteTierHybridSizes, ACorruptValueOfEitherGroupRollsBackToAValidPrefix) {
+  const Layout& l = wide();
+  SCOPED_TRACE(layout_name(l));
+  TempDir dir;
+  {
+    HybridEngine a(disk_store(dir.path()), hashing(), WindowStoreRule::kAll, 64, false, l);
+    a.run(1, kLongPrompt);
+    ASSERT_TRUE(a.drain());
+  }
+  // (group, its block): the failed block starts at 208 tokens (group 0 at 16) or 96 (group 1 at
+  // 32) for full 16 + window 32; at 160 (group 0 at 32) or 208 (group 1 at 16) otherwise.
+  const bool fine0 = l.bs[0] == 16;
+  const std::pair<std::size_t, std::size_t> cases[2] = {{0, fine0 ? 13 : 5}, {1, fine0 ? 3 : 13}};
+  for (const auto& [g, q] : cases) {
+    SCOPED_TRACE("corrupt group " + std::to_string(g) + " block " + std::to_string(q));
+    TempDir copy;
+    fs::copy(dir.path(), copy.path(), fs::copy_options::recursive);
+    HybridEngine b(disk_store(copy.path()), hashing(), WindowStoreRule::kAll, 64, false, l);
+    RemotePut op;
+    op.key = group_block_key(b, kLongPrompt, g, q, &op.parent);
+    op.parent = op.key;  // bound to another block
+    op.group = static_cast<GroupId>(g);
+    const std::uint64_t tag = 12345;
+    std::array<std::byte, kPayload> bytes{};
+    std::memcpy(bytes.data(), &tag, kPayload);
+    op.src = bytes;
+    put_raw(b.store(), op);
+    const RunResult rb = b.run(2, kLongPrompt);  // K/V checked inside run()
+    const std::size_t fail_token = q * l.bs[g];
+    EXPECT_EQ(rb.host_hit_tokens, fail_token / 32 * 32);
+    EXPECT_EQ(rb.computed_tokens, kLongPrompt.size() - fail_token / 32 * 32);
+    const RemoteTierStats s = b.remote().stats();
+    EXPECT_EQ(s.load_misses, 1u);
+    EXPECT_EQ(s.rejected_values, 1u);
+    EXPECT_EQ(b.store().stats().binding_mismatches, 1u);
+    EXPECT_EQ(s.loaded_blocks, blocks_of(l, 0, kLongHit) + blocks_of(l, 1, kLongHit) - 1);
+  }
+}
+
+// A value of either group that vanishes between the probe and the get (kMiss) is a counted miss
+// with the same rollback.
+TEST_P(RemoteTierHybridSizes, AMissingValueOfEitherGroupRollsBackToAValidPrefix) {
+  const Layout& l = wide();
+  SCOPED_TRACE(layout_name(l));
+  TempDir dir;
+  {
+    HybridEngine a(disk_store(dir.path()), hashing(), WindowStoreRule::kAll, 64, false, l);
+    a.run(1, kLongPrompt);
+    ASSERT_TRUE(a.drain());
+  }
+  const bool fine0 = l.bs[0] == 16;
+  const std::pair<std::size_t, std::size_t> cases[2] = {{0, fine0 ? 13 : 5}, {1, fine0 ? 3 : 13}};
+  for (const auto& [g, q] : cases) {
+    SCOPED_TRACE("missing group " + std::to_string(g) + " block " + std::to_string(q));
+    auto vanishing =
+        std::make_unique<VanishingStore>(disk_store(dir.path()), static_cast<GroupId>(g), q);
+    VanishingStore& v = *vanishing;
+    HybridEngine b(std::move(vanishing), hashing(), WindowStoreRule::kAll, 64, false, l);
+    const RunResult rb = b.run(static_cast<RequestId>(2 + g), kLongPrompt);
+    EXPECT_EQ(v.vanished(), 1u);
+    const std::size_t fail_token = q * l.bs[g];
+    EXPECT_EQ(rb.host_hit_tokens, fail_token / 32 * 32);
+    const RemoteTierStats s = b.remote().stats();
+    EXPECT_EQ(s.load_misses, 1u);
+    EXPECT_EQ(s.rejected_values, 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HashesAndLayouts, RemoteTierHybridSizes,
+                         ::testing::Combine(::testing::Values(0, 1), ::testing::Values(0, 1)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int>>& i) {
+                           return std::string(std::get<0>(i.param) == 0 ? "sha256" : "xxh3_128") +
+                                  (std::get<1>(i.param) == 0 ? "_full16_window32"
+                                                             : "_full32_window16");
+                         });
+
+// The tier's calls below the host at a coarser group's block size: the index is in that
+// group's own blocks, the slot is cached under its key and token span, verified as the host
+// tier verifies that group's slots (every hash scheme, weak hashers included).
+TEST(RemoteTierHybridSizesTier, BelowHostCallsServeACoarserGroup) {
+  for (int hashing = 0; hashing < 4; ++hashing) {
+    SCOPED_TRACE("hashing " + std::to_string(hashing));
+    KVCacheManagerConfig c = hybrid_test::hybrid_config(64, kFull16Window32.window, hashing);
+    c.groups = {AttentionSpec::full(16), AttentionSpec::sliding(32, kFull16Window32.window)};
+    TieredKVCacheManager t(c, hybrid_test::host_config(16, HostPolicy::kWriteBack));
+    Request r = t.make_request(1, kLongPrompt);   // 20 blocks of 16, 10 of 32
+    EXPECT_THROW(t.begin_fill(r, 10, 1), Error);  // group 1 has no full block 10
+    EXPECT_FALSE(t.host_holds(r, 10, 1));
+    EXPECT_FALSE(t.host_holds(r, 9, 1));
+    const std::optional<HostFill> f = t.begin_fill(r, 9, 1);  // tokens [288, 320)
+    ASSERT_TRUE(f.has_value());
+    t.commit(f->id, true);
+    EXPECT_TRUE(t.host_holds(r, 9, 1));
+    EXPECT_FALSE(t.host_holds(r, 9, 0));
+    EXPECT_FALSE(t.host_holds(r, 19, 1));
+    EXPECT_FALSE(t.host_holds(r, 8, 1));
+    // Another request sharing tokens [0, 304) but not [304, 320): not the same block of 32.
+    std::vector<TokenId> other = kLongPrompt;
+    other[310] += 1;
+    Request r2 = t.make_request(2, other);
+    EXPECT_FALSE(t.host_holds(r2, 9, 1));
+    // The same block 9 after another prefix (token 5 differs): a different key (and, with weak
+    // hashers, a different prefix identity), never held.
+    std::vector<TokenId> moved = kLongPrompt;
+    moved[5] += 1;
+    Request r3 = t.make_request(3, moved);
+    EXPECT_FALSE(t.host_holds(r3, 9, 1));
+    t.check_invariants();
+  }
+}
+
+// Weak hashers (2-bit digests) at block sizes 16 and 32: values of other prefixes or groups under
+// a colliding key are rejected (counted), never loaded (K/V checked at every position in run()).
+TEST(RemoteTierHybridSizesCollisions, WeakHashersNeverLoadAnotherPrefixOrGroup) {
+  for (const Layout* l : {&kFull16Window32, &kFull32Window16}) {
+    for (const int hashing : {2, 3}) {
+      SCOPED_TRACE(layout_name(*l) + " hashing " + std::to_string(hashing));
+      TempDir dir;
+      std::vector<std::vector<TokenId>> prompts;
+      std::mt19937 rng(11u + static_cast<unsigned>(hashing));
+      std::vector<TokenId> base(12 * 32);
+      for (TokenId& t : base) t = static_cast<TokenId>(rng() % 3);
+      for (int k = 0; k < 8; ++k) {
+        std::vector<TokenId> p(base.begin(), base.begin() + (2 + rng() % 10) * 32);
+        for (std::size_t i = 0; i < 3 + rng() % 40; ++i) {
+          p.push_back(static_cast<TokenId>(rng() % 3));
+        }
+        prompts.push_back(p);
+      }
+      {
+        HybridEngine a(disk_store(dir.path()), hashing, WindowStoreRule::kAll, 64, false, *l);
+        for (std::size_t k = 0; k < prompts.size(); k += 2) {
+          a.run(static_cast<RequestId>(k + 1), prompts[k]);
+          ASSERT_TRUE(a.drain());
+        }
+      }
+      HybridEngine b(disk_store(dir.path()), hashing, WindowStoreRule::kAll, 64, false, *l);
+      for (std::size_t k = 0; k < prompts.size(); ++k) {
+        b.run(static_cast<RequestId>(100 + k), prompts[k]);
+        ASSERT_TRUE(b.drain());
+      }
+      const RemoteTierStats s = b.remote().stats();
+      EXPECT_GT(s.rejected_values, 0u) << "no collision was exercised";
+      EXPECT_GT(s.loaded_blocks, 0u);
+      EXPECT_EQ(s.rejected_values, b.store().stats().binding_mismatches);
+    }
+  }
 }
 
 #if PAGEDKV_TEST_REDIS

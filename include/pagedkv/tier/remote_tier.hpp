@@ -63,42 +63,59 @@
 // colliding key by another prefix is a counted miss, never loaded. A request's identities cost
 // O(blocks) SHA-256 once per get batch.
 //
-// Hybrid models (sliding-window KV-cache groups beside full attention, every group of one block
-// size; docs/tiers.md "Remote tier for hybrid models"):
+// Hybrid models (sliding-window KV-cache groups beside full attention, of one block size or of
+// different block sizes, each a multiple of the smallest; docs/tiers.md "Remote tier for hybrid
+// models"):
 //   Keys. A value is stored per (block hash, group): group 0's key is the block hash (as for one
 //   group), group g >= 1's is group_key(hash, g), the manager's hasher applied to the block hash
-//   as parent and block_size + 1 tokens (a tag, g, zeros): a length no real block has, so with a
-//   SHA-256 hasher no group's key equals another group's or another block's. The value's
+//   as parent and max_block_size + 1 tokens (a tag, g, zeros; the largest group block size + 1):
+//   a length no real block has, so with a SHA-256 hasher no group's key equals another group's
+//   or another block's. The value's
 //   binding names that key, the parent's chained hash and the group, so a value of group g is
 //   never loaded for another group (a counted miss, rejected_values) even where keys collide
 //   (xxh3_128, weak test hashers).
+//   Block sizes. Each group's blocks are at its own block size: a group of f times the smallest
+//   keys its block j as the GPU manager does (the digest of the f fine hashes it covers,
+//   manager/coordinator.hpp; group_key is applied to that), its value holds its own f x
+//   block_size tokens' bytes and is bound to the group's previous block key and (prefix
+//   identities) the identity of the fine block it ends with, as the host tier verifies that
+//   group's slots. Positions below (G, L, end) count blocks of the smallest size, multiples of
+//   the LCM of the group block sizes over it (the GPU manager's clamp); group g's are x / f.
 //   Probing. add_request estimates the GPU hit G (the manager's fixed-point rule over the GPU
 //   pool's cached blocks: every full-attention group holds [0, G), every window group
-//   [G - window_blocks, G)) and submits one exists batch for every group's blocks [G, end). When
+//   [G - window_blocks, G)) and submits one exists batch for every group's blocks [G, end)
+//   (end: the full blocks below the last token, rounded down to the LCM). When
 //   every answer is in (each op completes within the store's op timeout), the run is the host
-//   tier's hit rule over "in the host or present in the store": the longest L such that every
+//   tier's hit rule over "in the host or present in the store": the longest L (a multiple of the
+//   LCM) such that every
 //   full-attention group has each block of [G, L) and every window group each block of
 //   [max(G, L - window_blocks), L). Only those blocks are fetched (the ones the host does not
 //   hold), each into a host slot of its group (TieredKVCacheManager::begin_fill(request, i, g)),
 //   so the next get_computed_blocks() finds them as host hits. A window group's blocks of
 //   [G, L - window_blocks) are never fetched: counted in window_blocks_not_loaded (the store held
 //   them; a tier without the window rule would have loaded them).
+//   Rollback. A get that does not load (missing, corrupt, bound to another block, timeout)
+//   commits its fill failed (the slot is freed): the next get_computed_blocks() finds the longest
+//   prefix valid in every group over what landed (for a failed full-attention block at token t,
+//   at most the last LCM multiple <= t). Planned once: the window blocks a shorter hit would need
+//   are not fetched then (the hit may fall back to the GPU hit).
 //   Puts. Every host block of every group is put by the store policy; the host tier decides which
 //   window blocks it caches (HostTierConfig::window_store: kRequestTail caches, and so puts, only
 //   a request's tail window; its skips are TierStats::window_stores_skipped).
 //   Per-group figures: group_stats().
 //
-//   Cost: add_request O(blocks x groups) (one hash per key of a group g >= 1); the fills once
-//   the probe is answered O(blocks x groups) verified host lookups, plus O(blocks) SHA-256 for
-//   the prefix identities (xxh3_128).
+//   Cost: add_request O(blocks x groups) (one hash per key of a group g >= 1, one digest per
+//   block of a coarser group); the fills once the probe is answered O(blocks x groups) verified
+//   host lookups (the coarser groups' keys computed again, once), plus O(blocks) SHA-256 for the
+//   prefix identities (xxh3_128).
 //
-// Errors: the constructor throws pagedkv::Error (kInvalidArgument) for groups of different block
-// sizes, a buffer smaller than (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or
-// kOnHostEviction with zero eviction_staging_blocks; add_request for a request already added
-// (kInvalidState). Everything else (a store that is down, slow, full or returns corrupt values) is
-// a normal outcome counted in stats(), never an exception from poll(). Complexity: poll is
-// O(completions + requests waiting for a probe); add_request O(blocks). Thread-compatible: the
-// scheduler thread calls everything.
+// Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a group block size that is
+// not a multiple of the tier's (the GPU manager refuses those first), a buffer smaller than
+// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
+// eviction_staging_blocks; add_request for a request already added (kInvalidState). Everything else
+// (a store that is down, slow, full or returns corrupt values) is a normal outcome counted in
+// stats(), never an exception from poll(). Complexity: poll is O(completions + requests waiting for
+// a probe); add_request O(blocks). Thread-compatible: the scheduler thread calls everything.
 #pragma once
 
 #include <chrono>
@@ -256,6 +273,8 @@ class RemoteTier {
   void start_fills(RequestId id, Pending& p);
   // Hybrid models (see the file comment).
   void add_hybrid(const Request& request, Pending& p);
+  void group_views(const Request& request);              // views_ of the request
+  void key_offsets(std::size_t start, std::size_t end);  // key_offset_ of a Pending's keys
   void start_hybrid_fills(RequestId id, Pending& p);
   // Submits `batch` (gets in get_ops_) and the waits in shared_ for request `id`.
   void submit_fills(RequestId id, Pending& p, GetBatch&& batch);
@@ -277,9 +296,19 @@ class RemoteTier {
   std::vector<RemoteTierGroupStats> group_stats_;  // one per group
   // Hybrid models: per group its window in blocks (kFullGroup: full attention).
   static constexpr std::size_t kFullGroup = ~std::size_t{0};
+  // Per group its block size and that over the tier's (the smallest); align_: the groups' LCM
+  // block size over the smallest (a hybrid hit ends on a multiple of it).
   bool hybrid_ = false;
   std::vector<std::size_t> window_;
+  std::vector<std::uint32_t> group_bs_;
+  std::vector<std::size_t> factor_;
+  std::size_t align_ = 1;
   mutable std::vector<TokenId> key_tokens_;  // group_key's pseudo-block
+  // Scratch (hybrid): each group's view of a request (its own blocks and keys, coarse_ holding a
+  // coarser group's), and the first key of each group in a Pending's keys.
+  std::vector<std::vector<BlockHash>> coarse_;
+  std::vector<BlockSequence> views_;
+  std::vector<std::size_t> key_offset_;
 
   std::unordered_map<RequestId, Pending> pending_;
   std::uint64_t next_serial_ = 1;

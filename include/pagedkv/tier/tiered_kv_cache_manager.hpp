@@ -69,9 +69,10 @@
 // group_bytes_per_block[g] bytes at the slot's start, and the byte counts (TierStats,
 // group_stats()) count those. vLLM chooses block sizes so that every group's block has the same
 // bytes (then nothing is wasted); otherwise a smaller group's slots leave their tail unused.
-// Not yet for hybrid models: local_prefix_blocks (kInvalidArgument; RemoteTier computes a hybrid
-// request's local hit itself); begin_fill and host_holds take the group, for groups of one block
-// size only (kInvalidArgument otherwise; RemoteTier refuses groups of different block sizes).
+// Below the host tier (RemoteTier): begin_fill and host_holds take the group and an index in that
+// group's own blocks (a coarser group's block j covers tokens [j * its block size, ...), keyed and
+// verified as the host tier's slots of that group). Not yet for hybrid models:
+// local_prefix_blocks (kInvalidArgument; RemoteTier computes a hybrid request's local hit itself).
 // Errors (pagedkv::Error, nothing changed): misuse of the manager calls as in KVCacheManager; a
 // request that belongs to another manager (manager/request.hpp: Ownership; every call taking a
 // request checks it before anything else, the tier's own state included); a stale host hit;
@@ -249,7 +250,9 @@ class TieredKVCacheManager {
   // get_computed_blocks does), capped as a hit is. A hint: changes nothing, records no stats.
   std::size_t local_prefix_blocks(const Request& request) const;
   // Whether the host tier holds block `index` of the request in KV-cache group `group` (verified,
-  // parent hash checked). Errors (kInvalidArgument): a group the tier does not have.
+  // parent hash checked; `index` in the group's own blocks, at its block size: false past its
+  // full blocks). With prefix identities O(index x factor) SHA-256 blocks. Errors
+  // (kInvalidArgument): a group the tier does not have.
   bool host_holds(const Request& request, std::size_t index, GroupId group = 0) const;
   // Whether the tier keeps prefix identities (the hasher is not collision resistant; see
   // Verification in the file comment).
@@ -270,9 +273,11 @@ class TieredKVCacheManager {
   // costs O(index) SHA-256 blocks (the identity is computed from the request's content). commit(id,
   // true) makes the slot hit-able, as a store's commit does; commit(id, false) frees it.
   // std::nullopt (counted in stores_skipped_full) when every host slot is pinned. Hybrid models:
-  // the slot receives group `group`'s block (cached under (hash, group) on commit). Errors
-  // (kInvalidArgument, nothing changed): index not a full hashed block of the request, a group
-  // the tier does not have.
+  // the slot receives group `group`'s block `index` (in that group's own blocks: a coarser
+  // group's key, its own block size of tokens, its previous block's key as parent and the prefix
+  // identity of the fine block it ends with; cached under (key, group) on commit). Errors
+  // (kInvalidArgument, nothing changed): index not a full block of the request in that group, a
+  // group the tier does not have.
   std::optional<HostFill> begin_fill(const Request& request, std::size_t index, GroupId group = 0);
   // Keeps a cached host slot from eviction and reuse until unpin_host_slot() (a store below the
   // host reads it meanwhile). Errors (kInvalidArgument): a slot out of range or not cached (pin),
@@ -298,10 +303,13 @@ class TieredKVCacheManager {
 
  private:
   friend class RemoteTier;  // begin_fill_known: the identities it computed for its gets
-  // begin_fill() with the block's prefix identity given (prefix_identities(request)[index],
-  // computed by the caller for the whole run; nullptr: computed here).
+  // begin_fill() with the block's prefix identity given (prefix_identities(request)[j] for the
+  // fine block j the group's block `index` ends with, (index + 1) x factor - 1; computed by the
+  // caller for the whole run; nullptr: computed here) and, optionally, the group's view of the
+  // request (group_seq's: its keys at its block size; nullptr: computed here, O(blocks)).
   std::optional<HostFill> begin_fill_known(const Request& request, std::size_t index,
-                                           const BlockHash* known_identity, GroupId group = 0);
+                                           const BlockHash* known_identity, GroupId group = 0,
+                                           const BlockSequence* group_view = nullptr);
   void check_fill_group(GroupId group, const char* what) const;  // kInvalidArgument
   enum class Kind : std::uint8_t { kLoad, kEviction, kStore, kFill };
   struct RequestState;
