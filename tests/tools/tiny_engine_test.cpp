@@ -225,6 +225,14 @@ TEST(TinyEngineCli, RejectsBadFlagsWithExitCode2) {
   EXPECT_EQ(exit_code("--check-against-cpu"), 2);  // needs --device cuda
   EXPECT_EQ(exit_code("--head-dim 12"), 2);
   EXPECT_EQ(exit_code("--head-dim 264"), 2);
+  // The attention-kernel flags (their messages: tiny_engine_cli_rejects_*_kernel_* ctests).
+  EXPECT_EQ(exit_code("--decode-kernel foo"), 2);
+  EXPECT_EQ(exit_code("--extend-kernel foo"), 2);
+  EXPECT_EQ(exit_code("--device cuda --extend-kernel foo"), 2);
+  EXPECT_EQ(exit_code("--decode-kernel"), 2);
+  EXPECT_EQ(exit_code("--extend-kernel"), 2);
+  EXPECT_EQ(exit_code("--decode-kernel simt"), 2);  // the CPU path: needs --device cuda
+  EXPECT_EQ(exit_code("--extend-kernel fa2 --device cpu"), 2);
 }
 
 // Runs the CLI, returns its exit status and its stdout + stderr.
@@ -273,11 +281,14 @@ TEST(TinyEngineCli, CompareJsonReportsTheProof) {
   const std::string& out = run.output;
   EXPECT_EQ(run.exit_code, 0) << out;
   for (const char* field :
-       {"\"identical_tokens\":true", "\"max_rel_logit_diff\":0,",
-        "\"prefill_tokens_saved\":", "\"prefill_seconds_on\":", "\"prefill_seconds_off\":",
-        "\"ttft_p50_on\":", "\"ttft_p50_off\":", "\"pass\":true"}) {
+       {"\"identical_tokens\":true", "\"max_rel_logit_diff\":0,", "\"caching_rule\":\"exact\"",
+        "\"caching_decided_by\":\"free_running\"", "\"caching_pass\":true",
+        "\"caching_forced_run\":false", "\"prefill_tokens_saved\":", "\"prefill_seconds_on\":",
+        "\"prefill_seconds_off\":", "\"ttft_p50_on\":", "\"ttft_p50_off\":", "\"pass\":true"}) {
     EXPECT_NE(out.find(field), std::string::npos) << field << " missing from " << out;
   }
+  // The CPU rule is exact: no forced run, so no forced figures.
+  EXPECT_EQ(out.find("caching_forced_steps"), std::string::npos) << out;
   EXPECT_EQ(out.front(), '{');
   EXPECT_EQ(out.find('\n'), out.size() - 1);  // one line, one object
 }
