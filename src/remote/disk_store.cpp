@@ -17,6 +17,7 @@
 #include <system_error>
 #include <thread>
 
+#include "op_queue.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/remote/latency_histogram.hpp"
 #include "pagedkv/remote/remote_value.hpp"
@@ -202,42 +203,8 @@ bool value_header_plausible(const std::byte* h, std::uint64_t fingerprint,
          get_le(h + 16, 8) == value_bytes;
 }
 
-class IndexRing {  // fixed-capacity FIFO of op slots; never allocates after construction
- public:
-  explicit IndexRing(std::size_t capacity) : buf_(capacity) {}
-  bool empty() const noexcept { return size_ == 0; }
-  std::size_t size() const noexcept { return size_; }
-  std::uint32_t front() const noexcept { return buf_[head_]; }
-  void push(std::uint32_t v) noexcept {
-    buf_[(head_ + size_) % buf_.size()] = v;
-    ++size_;
-  }
-  std::uint32_t pop() noexcept {
-    const std::uint32_t v = buf_[head_];
-    head_ = (head_ + 1) % buf_.size();
-    --size_;
-    return v;
-  }
-
- private:
-  std::vector<std::uint32_t> buf_;
-  std::size_t head_ = 0;
-  std::size_t size_ = 0;
-};
-
-struct Op {
-  RemoteOpKind kind = RemoteOpKind::kExists;
-  RemoteResult result = RemoteResult::kError;
-  std::uint32_t index = 0;
-  RemoteTicket ticket = 0;
-  RemoteValueBinding id;     // id.block: the key
-  std::byte* buf = nullptr;  // get: destination; put: source (never written)
-  Clock::time_point submitted{};
-  Clock::time_point deadline{};
-};
-
+using Op = remote_detail::StoreOp;
 using remote_detail::bump;
-using Counters = remote_detail::StoreCounters;
 
 // Which blocks are in which slots, and their LRU order. Owned by the I/O thread (and the
 // constructor); slot_offset_of()/size() read it under index_mu.
@@ -350,7 +317,7 @@ class SlotIndex {
 
 }  // namespace
 
-struct DiskStore::Impl {
+struct DiskStore::Impl : remote_detail::OpQueue {
   // A get's result before the index sees it.
   enum class GetOutcome : std::uint8_t { kMiss, kError, kHit, kKeep, kDrop };
   static constexpr std::size_t kTake = 64;  // ops taken from the queue at a time
@@ -373,7 +340,8 @@ struct DiskStore::Impl {
   };
 
   Impl(DiskStoreConfig c, std::size_t slot_bytes_, std::uint32_t num_slots_)
-      : config(std::move(c)),
+      : OpQueue(c.queue_depth),
+        config(std::move(c)),
         slot_bytes(slot_bytes_),
         num_slots(num_slots_),
         value_size(kRemoteValueHeaderSize + config.value_bytes),
@@ -388,12 +356,7 @@ struct DiskStore::Impl {
         split_limit(std::min<std::size_t>(kTake, num_slots_)),
         runs(use_helper || (apart && num_slots_ >= 2)),
         group_values(std::clamp<std::size_t>(kGroupBytes / payload_stride, 1, kTake)),
-        gap_bytes(apart ? payload_stride - config.value_bytes : 0),
-        ops(config.queue_depth),
-        free_ops(config.queue_depth),
-        pending(config.queue_depth),
-        completed(config.queue_depth) {
-    for (std::size_t i = 0; i < config.queue_depth; ++i) free_ops.push(std::uint32_t(i));
+        gap_bytes(apart ? payload_stride - config.value_bytes : 0) {
     if (apart) {  // metadata of a run, then scratch for the gaps between grouped payloads
       meta_run.resize(kTake * kMetaStride + gap_bytes);
       if (use_helper) meta_run2.resize(kTake * kMetaStride + gap_bytes);
@@ -446,16 +409,11 @@ struct DiskStore::Impl {
   bool helper_job = false, helper_stop = false;
   std::thread helper;
 
-  std::vector<Op> ops;  // one per op in flight
-  IndexRing free_ops, pending, completed;
+  // The op queue's rings and records (remote_detail::OpQueue, the base) are guarded by mu.
   mutable std::mutex mu;  // guards the rings, op ownership transfer, next_ticket, stop
   std::condition_variable work_cv, done_cv;
-  RemoteTicket next_ticket = 1;
   bool stop = false;
   std::thread thread;
-
-  Counters counters;
-  LatencyHistogram exists_latency, get_latency, put_latency;
 
   // The payload region starts at a multiple of the largest power of two (at most 2 MiB) that
   // divides the payload stride, so every payload lies at such a multiple.
@@ -512,85 +470,15 @@ struct DiskStore::Impl {
   }
   void retire(std::uint32_t slot) noexcept;
 
-  void account(Op& s, RemoteResult r, Clock::time_point now) noexcept {
-    s.result = r;
-    if (r == RemoteResult::kTimeout) bump(counters.timeouts);
-    if (r == RemoteResult::kError) bump(counters.errors);
-    switch (s.kind) {
-      case RemoteOpKind::kExists:
-        bump(counters.probes);
-        if (r == RemoteResult::kHit) bump(counters.probe_hits);
-        exists_latency.record(now - s.submitted);
-        break;
-      case RemoteOpKind::kGet:
-        bump(counters.gets);
-        if (r == RemoteResult::kHit) {
-          bump(counters.hits);
-          bump(counters.bytes_in, config.value_bytes);
-        }
-        if (r == RemoteResult::kMiss || r == RemoteResult::kInvalidValue) bump(counters.misses);
-        get_latency.record(now - s.submitted);
-        break;
-      case RemoteOpKind::kPut:
-        bump(counters.puts);
-        if (r == RemoteResult::kStored) {
-          bump(counters.stored);
-          bump(counters.bytes_out, config.value_bytes);
-        }
-        if (r == RemoteResult::kSkippedFull) bump(counters.skipped_full);
-        put_latency.record(now - s.submitted);
-        break;
-    }
-  }
-
-  bool expire_locked(Clock::time_point now) noexcept {  // requires mu
-    bool any = false;
-    while (!pending.empty() && ops[pending.front()].deadline <= now) {
-      const std::uint32_t i = pending.pop();
-      account(ops[i], RemoteResult::kTimeout, now);
-      completed.push(i);
-      any = true;
-    }
-    return any;
-  }
-
-  std::size_t drain_locked(std::vector<RemoteCompletion>& out) {
-    out.reserve(out.size() + completed.size());  // may throw: nothing taken yet
-    const std::size_t n = completed.size();
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::uint32_t i = completed.pop();
-      const Op& s = ops[i];
-      out.push_back(RemoteCompletion{s.ticket, s.index, s.kind, s.result});
-      free_ops.push(i);
-    }
-    return n;
-  }
-
   template <class Fill>
   std::optional<RemoteTicket> submit(RemoteOpKind kind, std::size_t n, Fill&& fill) {
     const auto now = Clock::now();
-    RemoteTicket ticket = 0;
+    std::optional<RemoteTicket> ticket;
     {
       std::lock_guard<std::mutex> lock(mu);
-      expire_locked(now);
-      if (free_ops.size() < n) {
-        bump(counters.queue_full_drops, n);
-        return std::nullopt;
-      }
-      ticket = next_ticket++;
-      for (std::size_t k = 0; k < n; ++k) {
-        const std::uint32_t i = free_ops.pop();
-        Op& s = ops[i];
-        s.kind = kind;
-        s.index = static_cast<std::uint32_t>(k);
-        s.ticket = ticket;
-        s.submitted = now;
-        s.deadline = now + config.op_timeout;
-        fill(s, k);
-        pending.push(i);
-      }
+      ticket = submit_locked(kind, n, now, config.op_timeout, fill);
     }
-    if (n > 0) work_cv.notify_one();
+    if (ticket && n > 0) work_cv.notify_one();
     return ticket;
   }
 };
@@ -1221,6 +1109,7 @@ std::optional<RemoteTicket> DiskStore::exists(std::span<const BlockHash> keys) {
   return impl_->submit(RemoteOpKind::kExists, keys.size(), [&](Op& s, std::size_t k) {
     s.id = RemoteValueBinding{keys[k], BlockHash(), 0};
     s.buf = nullptr;
+    s.len = 0;
   });
 }
 
@@ -1232,6 +1121,7 @@ std::optional<RemoteTicket> DiskStore::get(std::span<const RemoteGet> ops) {
   return impl_->submit(RemoteOpKind::kGet, ops.size(), [&](Op& s, std::size_t k) {
     s.id = binding_of(ops[k]);
     s.buf = ops[k].dest.data();
+    s.len = ops[k].dest.size();
   });
 }
 
@@ -1243,6 +1133,7 @@ std::optional<RemoteTicket> DiskStore::put(std::span<const RemotePut> ops) {
   return impl_->submit(RemoteOpKind::kPut, ops.size(), [&](Op& s, std::size_t k) {
     s.id = binding_of(ops[k]);
     s.buf = const_cast<std::byte*>(ops[k].src.data());  // only read (pwritev)
+    s.len = ops[k].src.size();
   });
 }
 
@@ -1274,8 +1165,7 @@ std::size_t DiskStore::in_flight() const {
 }
 
 RemoteStoreStats DiskStore::stats() const {
-  return remote_detail::stats_of(impl_->counters, impl_->exists_latency, impl_->get_latency,
-                                 impl_->put_latency);
+  return impl_->stats();
 }
 
 std::string_view DiskStore::name_space() const noexcept {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "op_queue.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/remote/latency_histogram.hpp"
 #include "pagedkv/remote/remote_value.hpp"
@@ -38,41 +39,7 @@ timeval to_timeval(std::chrono::microseconds us) {
   return tv;
 }
 
-// A fixed-capacity FIFO of slot indices; never allocates after construction.
-class IndexRing {
- public:
-  explicit IndexRing(std::size_t capacity) : buf_(capacity) {}
-  bool empty() const noexcept { return size_ == 0; }
-  std::size_t size() const noexcept { return size_; }
-  std::uint32_t front() const noexcept { return buf_[head_]; }
-  void push(std::uint32_t v) noexcept {  // callers never exceed the capacity (one per slot)
-    buf_[(head_ + size_) % buf_.size()] = v;
-    ++size_;
-  }
-  std::uint32_t pop() noexcept {
-    const std::uint32_t v = buf_[head_];
-    head_ = (head_ + 1) % buf_.size();
-    --size_;
-    return v;
-  }
-
- private:
-  std::vector<std::uint32_t> buf_;
-  std::size_t head_ = 0;
-  std::size_t size_ = 0;
-};
-
-struct Slot {
-  RemoteOpKind kind = RemoteOpKind::kExists;
-  RemoteResult result = RemoteResult::kError;
-  std::uint32_t index = 0;
-  RemoteTicket ticket = 0;
-  RemoteValueBinding id;     // id.block: the key; a get checks the value against all of it
-  std::byte* buf = nullptr;  // get: destination; put: source (never written)
-  std::size_t len = 0;
-  Clock::time_point submitted{};
-  Clock::time_point deadline{};
-};
+using Slot = remote_detail::StoreOp;
 
 using remote_detail::bump;
 using Counters = remote_detail::StoreCounters;
@@ -93,117 +60,31 @@ void append_bulk(std::string& out, std::string_view s) {
 
 }  // namespace
 
-struct RedisStore::Impl {
-  explicit Impl(RedisStoreConfig c)
-      : config(std::move(c)),
-        slots(config.queue_depth),
-        free_slots(config.queue_depth),
-        pending(config.queue_depth),
-        completed(config.queue_depth) {
-    for (std::size_t i = 0; i < config.queue_depth; ++i) free_slots.push(std::uint32_t(i));
-  }
+struct RedisStore::Impl : remote_detail::OpQueue {
+  explicit Impl(RedisStoreConfig c) : OpQueue(c.queue_depth), config(std::move(c)) {}
 
   RedisStoreConfig config;
-  std::vector<Slot> slots;  // sized at construction: one per op in flight
-  IndexRing free_slots;     // slots not in use
-  IndexRing pending;        // submitted, not yet taken by an I/O thread (FIFO: deadlines ascend)
-  IndexRing completed;      // done, not yet polled
-  mutable std::mutex mu;    // guards the rings, slot ownership transfer, next_ticket, stop
+  // The op queue's rings and records (remote_detail::OpQueue, the base) are guarded by mu.
+  mutable std::mutex mu;            // guards the rings, op ownership transfer, next_ticket, stop
   std::condition_variable work_cv;  // I/O threads: pending non-empty or stop
   std::condition_variable done_cv;  // wait(): completed non-empty
-  RemoteTicket next_ticket = 1;
   bool stop = false;
   std::vector<std::thread> threads;
   // I/O threads holding a connection. A thread in reconnect backoff leaves queued ops to them
   // rather than failing the ops at once; only when none is connected does it fail them promptly.
   std::atomic<unsigned> connected{0};
 
-  Counters counters;
-  LatencyHistogram exists_latency, get_latency, put_latency;
-
-  // Counts a finished op (any thread; atomics only). Caller then moves the slot to `completed`.
-  void account(Slot& s, RemoteResult r, Clock::time_point now) noexcept {
-    s.result = r;
-    if (r == RemoteResult::kTimeout) bump(counters.timeouts);
-    if (r == RemoteResult::kError) bump(counters.errors);
-    switch (s.kind) {
-      case RemoteOpKind::kExists:
-        bump(counters.probes);
-        if (r == RemoteResult::kHit) bump(counters.probe_hits);
-        exists_latency.record(now - s.submitted);
-        break;
-      case RemoteOpKind::kGet:
-        bump(counters.gets);
-        if (r == RemoteResult::kHit) {
-          bump(counters.hits);
-          bump(counters.bytes_in, s.len);
-        }
-        if (r == RemoteResult::kMiss || r == RemoteResult::kInvalidValue) bump(counters.misses);
-        get_latency.record(now - s.submitted);
-        break;
-      case RemoteOpKind::kPut:
-        bump(counters.puts);
-        if (r == RemoteResult::kStored) {
-          bump(counters.stored);
-          bump(counters.bytes_out, s.len);
-        }
-        if (r == RemoteResult::kSkippedFull) bump(counters.skipped_full);
-        put_latency.record(now - s.submitted);
-        break;
-    }
-  }
-
-  // Completes queued ops whose deadline has passed. Requires mu.
-  bool expire_locked(Clock::time_point now) noexcept {
-    bool any = false;
-    while (!pending.empty() && slots[pending.front()].deadline <= now) {
-      const std::uint32_t i = pending.pop();
-      account(slots[i], RemoteResult::kTimeout, now);
-      completed.push(i);
-      any = true;
-    }
-    return any;
-  }
-
-  std::size_t drain_locked(std::vector<RemoteCompletion>& out) {
-    out.reserve(out.size() + completed.size());  // may throw: nothing taken yet
-    const std::size_t n = completed.size();
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::uint32_t i = completed.pop();
-      const Slot& s = slots[i];
-      out.push_back(RemoteCompletion{s.ticket, s.index, s.kind, s.result});
-      free_slots.push(i);
-    }
-    return n;
-  }
-
   template <class Fill>
   std::optional<RemoteTicket> submit(RemoteOpKind kind, std::size_t n, Fill&& fill) {
     const auto now = Clock::now();
-    RemoteTicket ticket = 0;
+    std::optional<RemoteTicket> ticket;
     {
       std::lock_guard<std::mutex> lock(mu);
-      expire_locked(now);
-      if (free_slots.size() < n) {
-        bump(counters.queue_full_drops, n);
-        return std::nullopt;
-      }
-      ticket = next_ticket++;
-      for (std::size_t k = 0; k < n; ++k) {
-        const std::uint32_t i = free_slots.pop();
-        Slot& s = slots[i];
-        s.kind = kind;
-        s.index = static_cast<std::uint32_t>(k);
-        s.ticket = ticket;
-        s.submitted = now;
-        s.deadline = now + config.op_timeout;
-        fill(s, k);
-        pending.push(i);
-      }
+      ticket = submit_locked(kind, n, now, config.op_timeout, fill);
     }
     // All: a thread waiting out its reconnect backoff must not absorb the wakeup meant for a
     // connected one.
-    if (n > 0) work_cv.notify_all();
+    if (ticket && n > 0) work_cv.notify_all();
     return ticket;
   }
 
@@ -649,7 +530,7 @@ void RedisStore::Impl::io_thread() {
       // A connection that went stale while idle (the server restarted) fails before any reply:
       // rerun the batch once on a fresh connection instead of failing ops a live server would
       // answer.
-      if (conn.run(batch, slots, results) && try_connect()) conn.run(batch, slots, results);
+      if (conn.run(batch, ops, results) && try_connect()) conn.run(batch, ops, results);
       if (!conn.connected() && backoff.count() == 0) {
         next_attempt = Clock::now();  // dropped: retry at once next time
       }
@@ -657,7 +538,7 @@ void RedisStore::Impl::io_thread() {
       results.assign(batch.size(), RemoteResult::kError);  // no connection up: fail at once
     }
     const auto now = Clock::now();
-    for (std::size_t k = 0; k < batch.size(); ++k) account(slots[batch[k]], results[k], now);
+    for (std::size_t k = 0; k < batch.size(); ++k) account(ops[batch[k]], results[k], now);
     {
       // Under mu: a thread waiting out its backoff either saw `connected` before this thread's
       // drop and is now waiting (woken below), or sees the new count.
@@ -824,7 +705,7 @@ std::size_t RedisStore::wait(std::vector<RemoteCompletion>& out,
     if (!impl_->completed.empty() || now >= end) return impl_->drain_locked(out);
     auto until = end;
     if (!impl_->pending.empty()) {
-      until = std::min(until, impl_->slots[impl_->pending.front()].deadline);
+      until = std::min(until, impl_->ops[impl_->pending.front()].deadline);
     }
     impl_->done_cv.wait_until(lock, until);
   }
@@ -832,12 +713,11 @@ std::size_t RedisStore::wait(std::vector<RemoteCompletion>& out,
 
 std::size_t RedisStore::in_flight() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->config.queue_depth - impl_->free_slots.size();
+  return impl_->config.queue_depth - impl_->free_ops.size();
 }
 
 RemoteStoreStats RedisStore::stats() const {
-  return remote_detail::stats_of(impl_->counters, impl_->exists_latency, impl_->get_latency,
-                                 impl_->put_latency);
+  return impl_->stats();
 }
 
 std::string_view RedisStore::name_space() const noexcept {
