@@ -409,9 +409,8 @@ struct DiskStore::Impl : remote_detail::OpQueue {
   bool helper_job = false, helper_stop = false;
   std::thread helper;
 
-  // The op queue's rings and records (remote_detail::OpQueue, the base) are guarded by mu.
-  mutable std::mutex mu;  // guards the rings, op ownership transfer, next_ticket, stop
-  std::condition_variable work_cv, done_cv;
+  // The op queue (remote_detail::OpQueue, the base): its mu also guards stop; done_cv wakes wait().
+  std::condition_variable work_cv;
   bool stop = false;
   std::thread thread;
 
@@ -1138,30 +1137,16 @@ std::optional<RemoteTicket> DiskStore::put(std::span<const RemotePut> ops) {
 }
 
 std::size_t DiskStore::poll(std::vector<RemoteCompletion>& out) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->expire_locked(Clock::now());
-  return impl_->drain_locked(out);
+  return impl_->poll(out);
 }
 
 std::size_t DiskStore::wait(std::vector<RemoteCompletion>& out,
                             std::chrono::microseconds max_wait) {
-  const auto end = Clock::now() + max_wait;
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  while (true) {
-    const auto now = Clock::now();
-    impl_->expire_locked(now);
-    if (!impl_->completed.empty() || now >= end) return impl_->drain_locked(out);
-    auto until = end;
-    if (!impl_->pending.empty()) {
-      until = std::min(until, impl_->ops[impl_->pending.front()].deadline);
-    }
-    impl_->done_cv.wait_until(lock, until);
-  }
+  return impl_->wait(out, max_wait);
 }
 
 std::size_t DiskStore::in_flight() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->config.queue_depth - impl_->free_ops.size();
+  return impl_->in_flight();
 }
 
 RemoteStoreStats DiskStore::stats() const {

@@ -6,15 +6,19 @@
 // FIFOs of record indices: free_ops -> pending (submitted, deadlines ascending) -> taken by an
 // I/O thread (in no ring) -> completed (done, not yet polled) -> free_ops. Nothing allocates after
 // construction except drain_locked()'s reserve of the caller's vector (before anything is taken).
-// Thread safety: the rings, the records' ownership and next_ticket are guarded by the backend's
-// own mutex (the *_locked calls require it held); account() touches only the op it is given and
-// relaxed atomics, so it runs on any thread. Errors: none (a full queue is a nullopt and a
-// counted drop).
+// Thread safety: the rings, the records' ownership and next_ticket are guarded by `mu` (the
+// *_locked calls require it held; the backend also guards its own stop flag with it); account()
+// touches only the op it is given and relaxed atomics, so it runs on any thread; poll(), wait()
+// and in_flight() lock mu themselves. Whoever pushes to `completed` notifies done_cv. Errors: none
+// (a full queue is a nullopt and a counted drop).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -156,6 +160,29 @@ class OpQueue {
     return ticket;
   }
 
+  // RemoteStore::poll, wait and in_flight (remote_store.hpp).
+  std::size_t poll(std::vector<RemoteCompletion>& out) {
+    std::lock_guard<std::mutex> lock(mu);
+    expire_locked(OpClock::now());
+    return drain_locked(out);
+  }
+  std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait) {
+    const auto end = OpClock::now() + max_wait;
+    std::unique_lock<std::mutex> lock(mu);
+    while (true) {
+      const auto now = OpClock::now();
+      expire_locked(now);
+      if (!completed.empty() || now >= end) return drain_locked(out);
+      auto until = end;
+      if (!pending.empty()) until = std::min(until, ops[pending.front()].deadline);
+      done_cv.wait_until(lock, until);
+    }
+  }
+  std::size_t in_flight() const {
+    std::lock_guard<std::mutex> lock(mu);
+    return ops.size() - free_ops.size();
+  }
+
   RemoteStoreStats stats() const {
     return stats_of(counters, exists_latency, get_latency, put_latency);
   }
@@ -165,6 +192,8 @@ class OpQueue {
   IndexRing pending;         // submitted, not yet taken by an I/O thread (FIFO: deadlines ascend)
   IndexRing completed;       // done, not yet polled
   RemoteTicket next_ticket = 1;
+  mutable std::mutex mu;            // guards the above (and the backend's stop flag)
+  std::condition_variable done_cv;  // wait(): completed non-empty
   StoreCounters counters;
   LatencyHistogram exists_latency, get_latency, put_latency;
 };

@@ -64,10 +64,8 @@ struct RedisStore::Impl : remote_detail::OpQueue {
   explicit Impl(RedisStoreConfig c) : OpQueue(c.queue_depth), config(std::move(c)) {}
 
   RedisStoreConfig config;
-  // The op queue's rings and records (remote_detail::OpQueue, the base) are guarded by mu.
-  mutable std::mutex mu;            // guards the rings, op ownership transfer, next_ticket, stop
+  // The op queue (remote_detail::OpQueue, the base): its mu also guards stop; done_cv wakes wait().
   std::condition_variable work_cv;  // I/O threads: pending non-empty or stop
-  std::condition_variable done_cv;  // wait(): completed non-empty
   bool stop = false;
   std::vector<std::thread> threads;
   // I/O threads holding a connection. A thread in reconnect backoff leaves queued ops to them
@@ -690,30 +688,16 @@ std::optional<RemoteTicket> RedisStore::put(std::span<const RemotePut> ops) {
 }
 
 std::size_t RedisStore::poll(std::vector<RemoteCompletion>& out) {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  impl_->expire_locked(Clock::now());
-  return impl_->drain_locked(out);
+  return impl_->poll(out);
 }
 
 std::size_t RedisStore::wait(std::vector<RemoteCompletion>& out,
                              std::chrono::microseconds max_wait) {
-  const auto end = Clock::now() + max_wait;
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  while (true) {
-    const auto now = Clock::now();
-    impl_->expire_locked(now);
-    if (!impl_->completed.empty() || now >= end) return impl_->drain_locked(out);
-    auto until = end;
-    if (!impl_->pending.empty()) {
-      until = std::min(until, impl_->ops[impl_->pending.front()].deadline);
-    }
-    impl_->done_cv.wait_until(lock, until);
-  }
+  return impl_->wait(out, max_wait);
 }
 
 std::size_t RedisStore::in_flight() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->config.queue_depth - impl_->free_ops.size();
+  return impl_->in_flight();
 }
 
 RemoteStoreStats RedisStore::stats() const {
