@@ -380,6 +380,43 @@ def test_hybrid_tier_loads_only_the_window_of_a_sliding_group():
     tier.check_invariants()
 
 
+def test_hybrid_tier_with_groups_of_different_block_sizes():
+    """Full attention in blocks of 4 tokens beside a 16-token window in blocks of 8 tokens."""
+    groups = [pagedkv.FullAttentionSpec(4), pagedkv.SlidingWindowSpec(8, 16)]
+    tier = pagedkv.TieredKVCacheManager(17, 64, block_size=4, groups=groups, bytes_per_block=100,
+                                        group_bytes_per_block=[50, 100], hash_seed="sizes")
+    assert tier.group_spec(1).block_size == 8 and tier.group_spec(1).window_blocks == 2
+    prompt = tokens(*range(33))                  # 8 full blocks of 4, 4 full blocks of 8
+    a = run_and_store(tier, 1, prompt)
+    assert sorted(a.transfers.store_groups.tolist()) == [0] * 8 + [1] * 4
+    run_and_store(tier, 2, np.arange(100, 133, dtype=np.int32))  # evict the prompt's GPU blocks
+    run_and_store(tier, 4, np.arange(200, 233, dtype=np.int32))
+    r = tier.make_request(3, prompt)
+    hit = tier.get_computed_blocks(r)
+    assert (hit.num_gpu_tokens, hit.num_host_tokens, hit.num_groups) == (0, 32, 2)
+    assert len(hit.host_group(0)) == 8 and all(hit.host_group(0) > 0)
+    window = hit.host_group(1)                   # in the window group's own blocks of 8 tokens
+    # The window at the hit's end: tokens [16, 32) = the group's blocks 2 and 3, nothing before.
+    assert len(window) == 4 and list(window[:2]) == [0, 0] and all(window[2:] > 0)
+    a = tier.allocate_slots(r, len(prompt) - hit.num_tokens, hit)
+    plan = a.transfers
+    groups = plan.load_groups
+    assert list(groups) == [0] * 8 + [1] * 2
+    loads = plan.loads
+    assert list(loads[groups == 0, 0]) == list(hit.host_group(0))
+    assert list(loads[groups == 1, 0]) == list(window[2:])
+    tier.commit_many(plan.load_ids)
+    assert tier.finish_loads(r).num_computed_tokens == 32
+    assert list(loads[groups == 0, 1]) == list(tier.block_ids(r, 0)[:8])
+    assert list(loads[groups == 1, 1]) == list(tier.block_ids(r, 1)[2:4])
+    g0, g1 = tier.group_stats()
+    # A copy of group g moves group_bytes_per_block[g] bytes.
+    assert (g0.loaded_blocks, g0.loaded_bytes, g1.loaded_blocks, g1.loaded_bytes) == (8, 400, 2, 200)
+    assert (g0.stored_blocks, g1.stored_blocks) == (24, 12)
+    tier.free(r)
+    tier.check_invariants()
+
+
 def test_hybrid_tier_arguments_are_checked():
     tier = make_hybrid_tier(window_store="request_tail")
     assert tier.window_store == pagedkv.WindowStoreRule.REQUEST_TAIL
