@@ -64,8 +64,8 @@ constexpr const char* kUsage =
     "  --sliding-window W        hybrid model: a second KV-cache group of sliding-window layers\n"
     "                            (W tokens) beside full attention; engine mode reports the KV\n"
     "                            memory freeing out-of-window blocks saves\n"
-    "  --window-block-size B     with --sliding-window (sequential mode): the window group's\n"
-    "                            block size, a multiple of --block-size (default: the same)\n"
+    "  --window-block-size B     with --sliding-window: the window group's block size, a\n"
+    "                            multiple of --block-size (default: the same)\n"
     "  --no-verify               trust hashes without comparing stored key material (SHA-256\n"
     "                            schemes only)\n"
     "  --mode sequential|engine  sequential (default): file order, one request at a time, prompt\n"
@@ -530,11 +530,9 @@ int main(int argc, char** argv) {
   if (opt.schedule == Schedule::kPrefix && opt.mode != Mode::kEngine) {
     usage_error("--schedule prefix: engine mode only (--mode engine)");
   }
-  if (opt.window_block_size != 0 && (opt.sliding_window == 0 || opt.mode != Mode::kSequential ||
-                                     opt.window_block_size % opt.block_size != 0)) {
-    usage_error(
-        "--window-block-size: with --sliding-window, sequential mode, a multiple of "
-        "--block-size");
+  if (opt.window_block_size != 0 &&
+      (opt.sliding_window == 0 || opt.window_block_size % opt.block_size != 0)) {
+    usage_error("--window-block-size: with --sliding-window, a multiple of --block-size");
   }
   if (opt.schedule == Schedule::kPrefix && opt.sliding_window > 0) {
     usage_error("--schedule prefix: one full-attention group (no --sliding-window)");

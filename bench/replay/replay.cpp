@@ -447,8 +447,7 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
     }
     while (next_arrival < n && trace.requests[next_arrival].timestamp_ms <= now) {
       const TraceRequest& tr = trace.requests[next_arrival];
-      const std::uint64_t groups = o.sliding_window > 0 ? 2 : 1;
-      if (groups * cdiv(std::uint64_t{tr.input_length} + tr.output_length, o.block_size) >
+      if (pool_blocks_needed(o, std::uint64_t{tr.input_length} + tr.output_length) >
           static_cast<std::uint64_t>(num_blocks - 1)) {
         ++res.rejected;
       } else {
@@ -560,13 +559,16 @@ ReplayResult run_engine(const Trace& trace, const ReplayOptions& o, std::int32_t
     res.pool_seconds += seconds_since(t1);
     if (o.sliding_window > 0) {
       // Group 1 is the window group: its rows hold the null block where blocks were released.
+      // Pool blocks of every group hold the same bytes (a coarser group's block covers more
+      // tokens of fewer layers), so blocks are the unit.
       const AttentionSpec& window = m.gpu().group_spec(1);
       for (const auto& a : running) {
+        const std::size_t full_row = m.gpu().block_ids(a->request.id(), 0).size();
         const std::size_t row = m.gpu().block_ids(a->request.id(), 1).size();
         const std::size_t released = std::min<std::size_t>(
             window.num_skipped_tokens(a->request.num_computed_tokens()) / window.block_size, row);
-        window_held += 2 * row - released;  // both groups' rows are equally long
-        window_without += 2 * row;
+        window_held += full_row + row - released;
+        window_without += full_row + row;
       }
     }
 
