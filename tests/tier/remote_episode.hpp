@@ -17,8 +17,12 @@
 // values evicted between probe and get, and hostile values (bytes flipped, values moved under
 // other keys, of another length, another layout or KV format).
 //
-// Also checked: the tier's invariants after every operation; each RemoteTier's ops in flight are
-// its store's; a duplicate add_request and a stale host hit are refused with nothing changed;
+// Also checked: the tier's invariants and its KV event stream (gap-free; per medium exactly the
+// blocks each pool caches, fills included: tier_episode.hpp's EventModel) after every operation;
+// every hit a multiple of the groups' LCM block size, below the last token, each group's host row
+// covering it (a window group: exactly its window); each RemoteTier's ops in flight are its
+// store's; a duplicate add_request, a stale host hit and a refused reset_prefix_cache change
+// nothing;
 // after the final drain every get and put completed and the tier's counters agree with the
 // store's (loads = the store's hits, rejected values = the store's kInvalidValue answers, stored
 // blocks = the store's stored puts).
@@ -42,6 +46,7 @@
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/tier/remote_tier.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+#include "tier_episode.hpp"
 
 namespace pagedkv::remote_test {
 
@@ -173,6 +178,7 @@ class RemoteEpisode {
     std::vector<Arrived> arrived;
     std::size_t ng = 1;
     std::vector<std::size_t> gbs, gwb;
+    tier_test::EventModel events;  // the KV event stream, as a router sees it
     ~Engine() {
       remote.reset();
       store.reset();
@@ -201,6 +207,7 @@ class RemoteEpisode {
     KVCacheManagerConfig c = hybrid_test::hybrid_config(e->gpu_blocks, window_, hashing_,
                                                         layout_ >= 2 ? layout_ - 2 : 0);
     if (layout_ < 2) c.groups = {AttentionSpec::full(hybrid_test::kBs * (layout_ == 1 ? 2 : 1))};
+    c.enable_kv_events = true;
     HostTierConfig h = hybrid_test::host_config(
         e->host_slots, pick(2) == 0 ? HostPolicy::kWriteThrough : static_cast<HostPolicy>(pick(3)),
         pick(2) == 0 ? WindowStoreRule::kRequestTail : WindowStoreRule::kAll,
@@ -291,6 +298,11 @@ class RemoteEpisode {
 
   void check(Engine& e) {
     e.tier->check_invariants();
+    try {
+      e.events.check(*e.tier);  // gap-free; per medium exactly the blocks each pool caches
+    } catch (const tier_test::EpisodeFailure& f) {
+      fail(f.what());
+    }
     if (e.remote->in_flight() != e.store->in_flight())
       fail("the remote tier's ops in flight are not its store's");
   }
@@ -384,6 +396,20 @@ class RemoteEpisode {
     if (hit.gpu.num_tokens % lcm_ != 0 || hit.num_tokens() % lcm_ != 0)
       fail("a hit that is not a multiple of the groups' LCM block size");
     res_.host_hit_tokens += hit.num_host_tokens;
+    // Each group's host row covers the host tokens at its block size: every block for full
+    // attention, exactly the window at the hit's end for a window group.
+    if (hit.host_other_groups.size() != e.ng - 1) fail("a host hit without a row per group");
+    for (std::size_t g = 0; g < e.ng; ++g) {
+      const std::vector<BlockId>& row = g == 0 ? hit.host_slots : hit.host_other_groups[g - 1];
+      const std::size_t bs = e.gbs[g];
+      if (row.size() * bs != hit.num_host_tokens) fail("a group's host row does not cover the hit");
+      const std::size_t gg = hit.gpu.num_tokens / bs;
+      const std::size_t lg = hit.num_tokens() / bs;
+      for (std::size_t k = 0; k < row.size(); ++k) {
+        if (e.gwb[g] == kFull ? row[k] == 0 : (row[k] != 0) != (gg + k + e.gwb[g] >= lg))
+          fail("group " + std::to_string(g) + "'s host row is not its hit");
+      }
+    }
     const TieredSnapshot before = t.snapshot();
     // A stale host hit (a slot moved) is refused with nothing changed.
     if (!hit.host_slots.empty() && pick(5) == 0) {
