@@ -104,10 +104,12 @@ struct FaultBackend {
     ++hostile;
   }
   // Another layout's or KV format's value of the same block: the binding (parsed from the value's
-  // own header) kept, the fingerprint or the format changed, the payload garbage, the checksum
-  // valid: only the fingerprint / format check can reject it.
+  // own header) kept, the fingerprint made another than `fingerprint` (the engines') or the KV
+  // dtype one no engine writes (`foreign_dtype`), the payload garbage, the checksum valid: only
+  // the fingerprint / format check can reject it. (Never a value every check passes: that would
+  // be a forgery, which the value format does not defend against; remote_value.hpp.)
   template <typename R>
-  void restamp(R& rng) {
+  void restamp(R& rng, std::uint64_t fingerprint, std::uint8_t foreign_dtype) {
     if (values.empty()) return;
     std::vector<std::byte>& v = values[rng() % values.size()].second;
     if (v.size() <= kRemoteValueHeaderSize) return;
@@ -126,15 +128,10 @@ struct FaultBackend {
     b.identity = hash_at(104, u8(35));
     b.kv_dtype = u8(36);
     b.kv_scale_mode = u8(37);
-    std::uint64_t fingerprint = 0;
-    for (int i = 0; i < 8; ++i)
-      fingerprint |= std::uint64_t{u8(8 + static_cast<std::size_t>(i))} << (8 * i);
     if (rng() % 2 == 0) {
       fingerprint ^= 1 + rng() % 255;
-    } else if (rng() % 2 == 0) {
-      b.kv_dtype = static_cast<std::uint8_t>(b.kv_dtype ^ (1 + rng() % 7));
     } else {
-      b.kv_scale_mode = static_cast<std::uint8_t>((b.kv_scale_mode + 1 + rng() % 2) % 3);
+      b.kv_dtype = foreign_dtype;
     }
     for (std::size_t i = kRemoteValueHeaderSize; i < v.size(); ++i)
       v[i] = static_cast<std::byte>(rng());

@@ -64,10 +64,12 @@ constexpr std::uint64_t kFingerprint = 0x52454d4f54450001ull;
 
 using Words = std::array<std::uint64_t, kWords>;
 
+// `format`: the engine's KV format (dtype << 8 | scale mode): the same tokens' K/V in another
+// format are other bytes.
 inline Words words_of(std::size_t group, const std::vector<TokenId>& tokens, std::size_t block,
-                      std::size_t block_size) {
+                      std::size_t block_size, std::uint64_t format) {
   const std::uint64_t t = hybrid_test::tag_of(group, tokens, block, block_size);
-  return {t, (t ^ 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull};
+  return {t ^ (format << 48), (t ^ 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull};
 }
 
 // Totals of an episode, summed by the test to show that the faults and paths were exercised.
@@ -89,6 +91,9 @@ class RemoteEpisode {
 
   RemoteEpisodeResult run(int max_ops) {
     backend_.capacity = 8 + pick(200);
+    kv_dtype_ = pick(2) == 0 ? kKVDtypeBFloat16Value : static_cast<std::uint8_t>(1 + pick(4));
+    kv_scale_ =
+        kv_dtype_ == kKVDtypeBFloat16Value ? kKVScaleNone : static_cast<std::uint8_t>(pick(3));
     window_ = 1 + static_cast<std::uint32_t>(pick(4 * hybrid_test::kBs));
     const bool hostile = pick(4) != 0;
     const std::size_t engines = pick(4) == 0 ? 1 : 2;
@@ -151,7 +156,8 @@ class RemoteEpisode {
             backend_.resize_value(rng_);
             break;
           default:
-            backend_.restamp(rng_);
+            // A KV dtype no engine writes (they write 1 to 4).
+            backend_.restamp(rng_, kFingerprint, static_cast<std::uint8_t>(0xf0 | pick(16)));
             break;
         }
       }
@@ -179,6 +185,7 @@ class RemoteEpisode {
     std::size_t ng = 1;
     std::vector<std::size_t> gbs, gwb;
     tier_test::EventModel events;  // the KV event stream, as a router sees it
+    std::uint64_t format = 0;      // its KV format (kv_dtype << 8 | kv_scale_mode)
     ~Engine() {
       remote.reset();
       store.reset();
@@ -239,6 +246,15 @@ class RemoteEpisode {
     rc.policy = static_cast<PrefetchPolicy>(pick(3));
     rc.timeout = std::chrono::milliseconds(5 + pick(60));
     rc.bytes_per_block = kPayload;
+    // The episode's KV format, or (one engine in six) another one writing to the same namespace:
+    // its values are never loaded by the others, nor theirs by it (format mismatches).
+    rc.kv_dtype = kv_dtype_;
+    rc.kv_scale_mode = kv_scale_;
+    if (pick(6) == 0) {
+      rc.kv_dtype = static_cast<std::uint8_t>(1 + pick(4));
+      rc.kv_scale_mode = static_cast<std::uint8_t>(pick(3));
+    }
+    e->format = std::uint64_t{rc.kv_dtype} << 8 | rc.kv_scale_mode;
     rc.load = pick(8) != 0;
     rc.store = pick(8) != 0;
     rc.store_policy =
@@ -455,12 +471,12 @@ class RemoteEpisode {
           fail("group " + std::to_string(g) + " block " + std::to_string(q) +
                " missing inside the attended range");
         }
-        if (e.gpu[static_cast<std::size_t>(row[q])] != words_of(g, p, q, bs)) {
-          fail("wrong K/V (a wrong hit): request " + std::to_string(r.id()) + " group " +
-               std::to_string(g) + " block " + std::to_string(q) + " (GPU hit " +
-               std::to_string(hit.gpu.num_tokens) + " tokens, host hit " +
-               std::to_string(hit.num_host_tokens) + ", computed " + std::to_string(computed) +
-               ")");
+        if (e.gpu[static_cast<std::size_t>(row[q])] != words_of(g, p, q, bs, e.format)) {
+          fail("wrong K/V (a wrong hit): engine format " + std::to_string(e.format) + " request " +
+               std::to_string(r.id()) + " group " + std::to_string(g) + " block " +
+               std::to_string(q) + " (GPU hit " + std::to_string(hit.gpu.num_tokens) +
+               " tokens, host hit " + std::to_string(hit.num_host_tokens) + ", computed " +
+               std::to_string(computed) + ")");
         }
       }
     }
@@ -470,7 +486,8 @@ class RemoteEpisode {
       const std::size_t bs = e.gbs[g];
       const std::span<const BlockId> row = t.gpu().block_ids(r.id(), g);
       for (std::size_t q = computed / bs; q < p.size() / bs && q < row.size(); ++q) {
-        if (row[q] != kNullBlockId) e.gpu[static_cast<std::size_t>(row[q])] = words_of(g, p, q, bs);
+        if (row[q] != kNullBlockId)
+          e.gpu[static_cast<std::size_t>(row[q])] = words_of(g, p, q, bs, e.format);
       }
     }
     r.set_num_computed_tokens(r.num_tokens());
@@ -490,6 +507,7 @@ class RemoteEpisode {
   FaultBackend backend_;  // outlives the engines (declared first)
   std::vector<std::unique_ptr<Engine>> engines_;
   std::uint32_t window_ = 1;
+  std::uint8_t kv_dtype_ = kKVDtypeBFloat16Value, kv_scale_ = kKVScaleNone;
   std::size_t lcm_ = hybrid_test::kBs;
   std::vector<std::vector<TokenId>> docs_ = std::vector<std::vector<TokenId>>(6);
   std::vector<std::vector<TokenId>> recent_;  // prompts run lately
