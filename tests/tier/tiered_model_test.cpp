@@ -2,8 +2,10 @@
 // tier_episode.hpp (an engine loop that moves K/V through the CPU reference executor, with
 // transfers committed late and out of order, failed loads and stores, preemption and misuse,
 // checked byte for byte against a reference independent of pagedkv's hashing and pools, the
-// tier's invariants after every operation). tests/fuzz/tiered_fuzz.cpp drives the same episodes
-// from fuzz inputs.
+// tier's invariants after every operation), hybrid episodes (hybrid_episode.hpp), and remote
+// episodes (remote_episode.hpp: a RemoteTier below the host tier over a faulty store, zero wrong
+// hits under faults, hostile values and colliding keys). tests/fuzz/tiered_fuzz.cpp drives the
+// same episodes from fuzz inputs.
 //
 // Flags (after the gtest ones), for the CI stress stage: --pagedkv_episodes=N episodes (seeds
 // 1..N, default 400), --pagedkv_seconds=S a time budget (default: none); the program prints how
