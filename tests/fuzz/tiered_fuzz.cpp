@@ -6,7 +6,10 @@
 // invariants after every operation and every misuse required to throw pagedkv::Error and change
 // nothing. The episode runs until the input ends (at most 4,096 operations), then drains. The
 // same bytes then drive two hybrid episodes of tests/tier/hybrid_episode.hpp: a sliding-window
-// group beside full attention of one block size, then groups of different block sizes.
+// group beside full attention of one block size, then groups of different block sizes, then a
+// remote episode of tests/tier/remote_episode.hpp (a RemoteTier below the host tier of one or two
+// engines over a faulty store, fault_store.hpp: zero wrong hits under faults, hostile values and
+// colliding keys).
 //
 // Any failed check, or an exception escaping the episode (a valid call the tier refused), aborts
 // with what broke.
@@ -24,6 +27,7 @@
 #include <string>
 
 #include "../tier/hybrid_episode.hpp"
+#include "../tier/remote_episode.hpp"
 #include "../tier/tier_episode.hpp"
 #include "fuzz_replay_main.hpp"
 
@@ -72,6 +76,18 @@ void run_one(const std::uint8_t* data, std::size_t size) {
     pagedkv::hybrid_test::run_hybrid_episode(sizes, 0, sizes_hashing, sizes_policy,
                                              static_cast<int>(std::min<std::size_t>(size / 8, 200)),
                                              layout);
+    // Then the remote tier below the host tier over a faulty store (remote_episode.hpp): one or
+    // two engines, a layout (one group or hybrid) and a hashing (sha256, xxh3_128, weak) chosen
+    // by the input read once more.
+    FuzzBytes remote(data, size);
+    const int remote_layout = static_cast<int>(remote() % pagedkv::remote_test::kRemoteLayouts);
+    const int remote_hashing = static_cast<int>(remote() % 4);
+    pagedkv::remote_test::run_remote_episode(remote, remote_hashing, remote_layout,
+                                             static_cast<int>(std::min<std::size_t>(size / 4, 400)),
+                                             "fuzz");
+  } catch (const pagedkv::remote_test::RemoteEpisodeFailure& e) {
+    std::fprintf(stderr, "tiered_fuzz: remote check failed: %s\n", e.what());
+    std::abort();
   } catch (const pagedkv::hybrid_test::HybridEpisodeFailure& e) {
     std::fprintf(stderr, "tiered_fuzz: hybrid check failed: %s\n", e.what());
     std::abort();

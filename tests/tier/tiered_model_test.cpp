@@ -2,8 +2,10 @@
 // tier_episode.hpp (an engine loop that moves K/V through the CPU reference executor, with
 // transfers committed late and out of order, failed loads and stores, preemption and misuse,
 // checked byte for byte against a reference independent of pagedkv's hashing and pools, the
-// tier's invariants after every operation). tests/fuzz/tiered_fuzz.cpp drives the same episodes
-// from fuzz inputs.
+// tier's invariants after every operation), hybrid episodes (hybrid_episode.hpp), and remote
+// episodes (remote_episode.hpp: a RemoteTier below the host tier over a faulty store, zero wrong
+// hits under faults, hostile values and colliding keys). tests/fuzz/tiered_fuzz.cpp drives the
+// same episodes from fuzz inputs.
 //
 // Flags (after the gtest ones), for the CI stress stage: --pagedkv_episodes=N episodes (seeds
 // 1..N, default 400), --pagedkv_seconds=S a time budget (default: none); the program prints how
@@ -16,6 +18,7 @@
 #include <random>
 
 #include "hybrid_episode.hpp"
+#include "remote_episode.hpp"
 #include "stress_flags.hpp"
 #include "tier_episode.hpp"
 
@@ -94,6 +97,82 @@ TEST(TieredModel, HybridEpisodesOfDifferentBlockSizesAgainstContentReference) {
   }
   std::printf("tiered_model: %llu hybrid episodes of different block sizes\n",
               static_cast<unsigned long long>(ran));
+}
+
+// The remote tier below the host tier (remote_episode.hpp): one or two engines, each a tier + a
+// RemoteTier over a FaultStore (fault_store.hpp: errors, timeouts, a full store, full queues, late
+// and reordered completions, evictions between probe and get, hostile values), both stores on one
+// backend. Per seed every layout (one group of two block sizes, full + window, groups of different
+// block sizes) with one hashing each (rotating over sha256, xxh3_128 and the weak test hashers
+// whose keys collide). Zero wrong hits: every block a request reads after its loads holds its own
+// prefix's words. The sums show that the paths were taken: remote loads under every hashing,
+// values rejected, fills shared between requests, hostile values injected.
+TEST(TieredModel, RemoteTierEpisodesOverAFaultyStore) {
+  const auto start = std::chrono::steady_clock::now();
+  std::uint64_t ran = 0;
+  remote_test::RemoteEpisodeResult sum;
+  std::uint64_t loaded_by_hashing[4] = {0, 0, 0, 0};
+  std::uint64_t loaded_by_layout[remote_test::kRemoteLayouts] = {};
+  for (std::uint64_t seed = 1; seed <= g_episodes / 2; ++seed) {
+    for (int layout = 0; layout < remote_test::kRemoteLayouts; ++layout) {
+      const int hashing = static_cast<int>((seed + static_cast<std::uint64_t>(layout)) % 4);
+      std::mt19937_64 rng(seed * 16 + static_cast<std::uint64_t>(layout) + 2000000);
+      ++ran;
+      try {
+        const remote_test::RemoteEpisodeResult r = remote_test::run_remote_episode(
+            rng, hashing, layout, 300, "seed " + std::to_string(seed));
+        sum.requests += r.requests;
+        sum.loaded_blocks += r.loaded_blocks;
+        sum.rejected_values += r.rejected_values;
+        sum.fills_shared += r.fills_shared;
+        sum.stored_blocks += r.stored_blocks;
+        sum.puts_failed += r.puts_failed;
+        sum.hostile += r.hostile;
+        sum.remote_hit_tokens += r.remote_hit_tokens;
+        sum.probed_blocks += r.probed_blocks;
+        sum.probe_hit_blocks += r.probe_hit_blocks;
+        sum.fills += r.fills;
+        sum.fills_refused += r.fills_refused;
+        sum.fills_no_slot += r.fills_no_slot;
+        sum.host_hit_tokens += r.host_hit_tokens;
+        loaded_by_hashing[hashing] += r.loaded_blocks;
+        loaded_by_layout[layout] += r.loaded_blocks;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << e.what();
+        return;
+      }
+    }
+    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+    if (g_seconds > 0 && spent.count() >= g_seconds) break;
+  }
+  std::printf(
+      "remote: probed %llu, present %llu, fills %llu, refused %llu, no slot %llu, host hit "
+      "tokens %llu\n",
+      static_cast<unsigned long long>(sum.probed_blocks),
+      static_cast<unsigned long long>(sum.probe_hit_blocks),
+      static_cast<unsigned long long>(sum.fills),
+      static_cast<unsigned long long>(sum.fills_refused),
+      static_cast<unsigned long long>(sum.fills_no_slot),
+      static_cast<unsigned long long>(sum.host_hit_tokens));
+  std::printf(
+      "tiered_model: %llu remote episodes, %llu requests, %llu blocks loaded from the store, "
+      "%llu values rejected, %llu fills shared, %llu stored, %llu puts failed, %llu hostile\n",
+      static_cast<unsigned long long>(ran), static_cast<unsigned long long>(sum.requests),
+      static_cast<unsigned long long>(sum.loaded_blocks),
+      static_cast<unsigned long long>(sum.rejected_values),
+      static_cast<unsigned long long>(sum.fills_shared),
+      static_cast<unsigned long long>(sum.stored_blocks),
+      static_cast<unsigned long long>(sum.puts_failed),
+      static_cast<unsigned long long>(sum.hostile));
+  if (g_episodes / 2 >= 16) {  // enough episodes for every path
+    for (int h = 0; h < 4; ++h) EXPECT_GT(loaded_by_hashing[h], 0u) << "hashing " << h;
+    for (int l = 0; l < remote_test::kRemoteLayouts; ++l)
+      EXPECT_GT(loaded_by_layout[l], 0u) << "layout " << l;
+    EXPECT_GT(sum.rejected_values, 0u);
+    EXPECT_GT(sum.fills_shared, 0u);
+    EXPECT_GT(sum.puts_failed, 0u);
+    EXPECT_GT(sum.hostile, 0u);
+  }
 }
 
 // The checks can fail: when the engine commits stores as done whose bytes it corrupted (a copy
