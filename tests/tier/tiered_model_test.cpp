@@ -8,8 +8,9 @@
 // same episodes from fuzz inputs.
 //
 // Flags (after the gtest ones), for the CI stress stage: --pagedkv_episodes=N episodes (seeds
-// 1..N, default 400), --pagedkv_seconds=S a time budget (default: none); the program prints how
-// many episodes ran.
+// 1..N, default 400), --pagedkv_seconds=S a time budget for the whole program (default: none),
+// split evenly across the kBudgetedTests tests that take it; the program prints how many
+// episodes each ran.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,6 +30,14 @@ double g_seconds = 0;  // 0: no time budget
 
 namespace {
 
+// The tests below that stop at their share of --pagedkv_seconds.
+constexpr int kBudgetedTests = 4;
+
+bool budget_spent(std::chrono::steady_clock::time_point start) {
+  const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+  return g_seconds > 0 && spent.count() >= g_seconds / kBudgetedTests;
+}
+
 constexpr int kOpsPerEpisode = 220;
 
 TEST(TieredModel, RandomEpisodesAgainstByteLevelReference) {
@@ -43,8 +52,7 @@ TEST(TieredModel, RandomEpisodesAgainstByteLevelReference) {
       ADD_FAILURE() << "seed " << seed << ": " << e.what();
       break;
     }
-    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
-    if (g_seconds > 0 && spent.count() >= g_seconds) break;
+    if (budget_spent(start)) break;
   }
   std::printf("tiered_model: %llu episodes\n", static_cast<unsigned long long>(ran));
 }
@@ -66,8 +74,7 @@ TEST(TieredModel, HybridEpisodesAgainstContentReference) {
         return;
       }
     }
-    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
-    if (g_seconds > 0 && spent.count() >= g_seconds) break;
+    if (budget_spent(start)) break;
   }
   std::printf("tiered_model: %llu hybrid episodes\n", static_cast<unsigned long long>(ran));
 }
@@ -92,8 +99,7 @@ TEST(TieredModel, HybridEpisodesOfDifferentBlockSizesAgainstContentReference) {
         return;
       }
     }
-    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
-    if (g_seconds > 0 && spent.count() >= g_seconds) break;
+    if (budget_spent(start)) break;
   }
   std::printf("tiered_model: %llu hybrid episodes of different block sizes\n",
               static_cast<unsigned long long>(ran));
@@ -142,8 +148,7 @@ TEST(TieredModel, RemoteTierEpisodesOverAFaultyStore) {
         return;
       }
     }
-    const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
-    if (g_seconds > 0 && spent.count() >= g_seconds) break;
+    if (budget_spent(start)) break;
   }
   std::printf(
       "remote: probed %llu, present %llu, fills %llu, refused %llu, no slot %llu, host hit "
