@@ -29,6 +29,106 @@
 
 namespace pagedkv {
 
+// adaptive: two ghost FIFOs of the fingerprints of recently evicted blocks (B1: evicted from
+// probation, B2: from protected), each holding at most `cap` entries, and an open-addressing
+// table (linear probing, backward-shift deletion, load <= 1/2) from a fingerprint to its FIFO
+// slot. A fingerprint is in at most one FIFO once. Allocated by the constructor only.
+namespace {
+class AdaptiveGhosts {
+ public:
+  explicit AdaptiveGhosts(std::size_t cap)
+      : cap_(static_cast<std::uint32_t>(std::max<std::size_t>(cap, 1))),
+        ring_(2 * static_cast<std::size_t>(cap_), 0),
+        table_(std::bit_ceil(4 * static_cast<std::size_t>(cap_))),
+        mask_(table_.size() - 1) {}
+
+  // A block's fingerprint: 64 bits of its hash mixed with its group; never 0 (an empty slot).
+  static std::uint64_t fingerprint(const BlockHash& h, GroupId g) noexcept {
+    std::uint64_t x = h.hash_code() ^ (static_cast<std::uint64_t>(g) * 0x9e3779b97f4a7c15ull);
+    return x != 0 ? x : 1;
+  }
+  std::uint32_t size(int which) const noexcept { return live_[which]; }
+
+  // Records fp as evicted from FIFO `which` (0: B1, 1: B2), dropping that FIFO's oldest entry
+  // when it is full and any earlier entry of fp.
+  void record(int which, std::uint64_t fp) noexcept {
+    (void)take(fp);
+    const std::uint32_t pos = head_[which];
+    std::uint64_t& slot = ring_[static_cast<std::size_t>(which) * cap_ + pos];
+    if (slot != 0) {
+      erase_at(find(slot));
+      --live_[which];
+    }
+    slot = fp;
+    insert(fp, static_cast<std::uint32_t>(which) * cap_ + pos);
+    ++live_[which];
+    head_[which] = pos + 1 == cap_ ? 0 : pos + 1;
+  }
+  // If fp is in a FIFO, removes it and returns the FIFO (0 or 1); else -1.
+  int take(std::uint64_t fp) noexcept {
+    const std::size_t i = find(fp);
+    if (table_[i].fp == 0) return -1;
+    const std::uint32_t at = table_[i].at;
+    const int which = at >= cap_ ? 1 : 0;
+    ring_[at] = 0;
+    --live_[which];
+    erase_at(i);
+    return which;
+  }
+  void clear() noexcept {
+    std::fill(ring_.begin(), ring_.end(), 0);
+    std::fill(table_.begin(), table_.end(), Slot{});
+    head_ = {0, 0};
+    live_ = {0, 0};
+  }
+  std::size_t memory_bytes() const noexcept {
+    return ring_.capacity() * sizeof(std::uint64_t) + table_.capacity() * sizeof(Slot);
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t fp = 0;  // 0: empty
+    std::uint32_t at = 0;  // index into ring_
+  };
+  std::size_t home(std::uint64_t fp) const noexcept {
+    return static_cast<std::size_t>((fp * 0xff51afd7ed558ccdull) >> 32) & mask_;
+  }
+  // The slot holding fp, or the empty slot where it would go.
+  std::size_t find(std::uint64_t fp) const noexcept {
+    std::size_t i = home(fp);
+    while (table_[i].fp != 0 && table_[i].fp != fp) i = (i + 1) & mask_;
+    return i;
+  }
+  void insert(std::uint64_t fp, std::uint32_t at) noexcept {
+    const std::size_t i = find(fp);
+    table_[i] = Slot{fp, at};
+  }
+  void erase_at(std::size_t i) noexcept {
+    // Backward-shift deletion: later entries of the probe run move into the hole when their
+    // home does not lie cyclically in (hole, their slot].
+    std::size_t hole = i;
+    std::size_t j = i;
+    for (;;) {
+      j = (j + 1) & mask_;
+      if (table_[j].fp == 0) break;
+      const std::size_t h = home(table_[j].fp);
+      if (((j - h) & mask_) >= ((j - hole) & mask_)) {
+        table_[hole] = table_[j];
+        hole = j;
+      }
+    }
+    table_[hole] = Slot{};
+  }
+
+  std::uint32_t cap_;
+  TableVector<std::uint64_t> ring_;  // B1 at [0, cap_), B2 at [cap_, 2 cap_); 0: no entry
+  TableVector<Slot> table_;
+  std::size_t mask_;
+  std::array<std::uint32_t, 2> head_{};  // the next slot each FIFO writes (its oldest when full)
+  std::array<std::uint32_t, 2> live_{};
+};
+}  // namespace
+
 struct BlockPool::Retention {
   static constexpr int kRanks = 64;  // lineage: the most ranks (kLineageRanks <= kRanks)
   static constexpr int kSegs = kRanks + 1;
@@ -88,6 +188,12 @@ struct BlockPool::Retention {
   // lineage: the key depth blocks are ranked by, and its learner (lineage_adaptive_depth).
   std::size_t key_depth = kLineageKeyDepth;
   std::unique_ptr<LineageDepthLearner> learner;
+  // adaptive: the ghosts, and protected's target share of a level's free cached blocks in
+  // units of 1 / kAdaptiveScale (steered by ghost hits: adapt()); step_unit: one block's worth
+  // of the pool in those units.
+  std::unique_ptr<AdaptiveGhosts> ghosts;
+  std::int64_t target = 0;
+  std::int64_t pool_blocks = 1;
   std::int32_t free_count = 0;  // blocks in all lists
   RetentionStats stats;
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
@@ -108,6 +214,23 @@ struct BlockPool::Retention {
       max_age = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           static_cast<std::uint64_t>(kLineageMaxAgePools) * n, 0x7fffffffu));
     }
+    if (p == EvictionPolicy::kAdaptive) {
+      ghosts = std::make_unique<AdaptiveGhosts>(n * kAdaptiveGhostPercent / 100);
+      target = kAdaptiveScale * kAdaptiveInitialPercent / 100;
+      pool_blocks = static_cast<std::int64_t>(std::max<std::size_t>(n, 1));
+    }
+  }
+  // adaptive: a block cached again was in ghost FIFO `which` (0: evicted without a hit since it
+  // was cached: keeping such blocks longer would have hit it, so protected's target falls; 1:
+  // evicted after a hit: it rises), by ARC's step: the other ghost's size over this one's, at
+  // least 1, in blocks of the pool.
+  void adapt(int which) noexcept {
+    const std::int64_t mine = std::max<std::int64_t>(ghosts->size(which), 1);
+    const std::int64_t other = ghosts->size(1 - which);
+    const std::int64_t blocks = std::max<std::int64_t>(other / mine, 1);
+    const std::int64_t step = std::max<std::int64_t>(blocks * kAdaptiveScale / pool_blocks, 1);
+    target = which == 0 ? std::max<std::int64_t>(target - step, 0)
+                        : std::min<std::int64_t>(target + step, kAdaptiveScale);
   }
 
   // Free cached blocks of level lv in segments 0 and 1 (all of them under LRU, SLRU, S3-FIFO).
@@ -292,6 +415,9 @@ struct BlockPool::Retention {
       case EvictionPolicy::kLineage:
         enqueue_cached_p<EvictionPolicy::kLineage>(id);
         break;
+      case EvictionPolicy::kAdaptive:
+        enqueue_cached_p<EvictionPolicy::kAdaptive>(id);
+        break;
     }
   }
   // The list a free cached block joins under policy P (lineage also stamps it with tick t). Its
@@ -307,7 +433,8 @@ struct BlockPool::Retention {
       // Protected's share is enforced when a victim is chosen (victim_at).
       return list_of(lv, m.hits == 0 ? m.rank : kProtected);
     } else {
-      // SLRU: probation / protected (its share enforced in victim_at); S3-FIFO: small / main.
+      // SLRU, adaptive: probation / protected (its share enforced in victim_at); S3-FIFO: small /
+      // main.
       return list_of(lv, m.hits == 0 ? 0 : 1);
     }
   }
@@ -431,6 +558,10 @@ struct BlockPool::Retention {
         // Protected holds at most 80% of the level when a victim is chosen: past that its
         // oldest go back to probation's tail first.
         while (lists[s1].size * 5 > level_count(lv) * 4) move_head(s1, s0);
+        return pop_front(lists[s0].size > 0 ? s0 : s1);
+      case EvictionPolicy::kAdaptive:
+        // As SLRU, with protected's share the adapted target.
+        while (lists[s1].size * kAdaptiveScale > level_count(lv) * target) move_head(s1, s0);
         return pop_front(lists[s0].size > 0 ? s0 : s1);
       case EvictionPolicy::kS3Fifo:
         for (;;) {
@@ -763,6 +894,9 @@ void BlockPool::ret_release(std::span<const BlockId> given, bool reverse, bool m
     case EvictionPolicy::kLineage:
       release_lists_p<EvictionPolicy::kLineage>(r, records, given, reverse, marked, now);
       break;
+    case EvictionPolicy::kAdaptive:
+      release_lists_p<EvictionPolicy::kAdaptive>(r, records, given, reverse, marked, now);
+      break;
   }
   ret_free_ = r.free_count;
 }
@@ -810,12 +944,18 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     r.last_list = Retention::kUncached;
   }
   const std::size_t first = out.size();
+  AdaptiveGhosts* const ghosts = r.ghosts.get();
   for (std::int32_t i = from_uncached; i < n; ++i) {
     const BlockId id = r.pop_victim();
     if (r.last_list != Retention::kUncached) {
       const RetentionPriority p = r.nodes[id].prio;
       ++r.stats.by_class[static_cast<std::size_t>(retention_class(p))].evictions;
       if (p > kDefaultRetentionPriority) ++r.stats.forced_evictions;
+      if (ghosts != nullptr) {  // adaptive: remember the victim's hash and its segment
+        const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+        ghosts->record(r.nodes[id].hits > 0 ? 1 : 0,
+                       AdaptiveGhosts::fingerprint(b.block_hash, b.group_id));
+      }
     }
     out.push_back(id);  // reserved above: cannot throw
   }
@@ -831,6 +971,15 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
 void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
                            std::span<const BlockId> blocks) noexcept {
   Retention& r = *ret_;
+  if (r.ghosts != nullptr) {
+    // adaptive: a block cached again after its eviction steers protected's target.
+    for (const BlockId id : blocks) {
+      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
+      const int which = r.ghosts->take(AdaptiveGhosts::fingerprint(b.block_hash, b.group_id));
+      if (which >= 0) r.adapt(which);
+    }
+    return;
+  }
   if (r.policy != EvictionPolicy::kLineage || blocks.empty()) return;
   if (r.learner != nullptr) {
     r.learner->observe(chain.first(first + blocks.size()));
@@ -887,6 +1036,7 @@ void BlockPool::ret_reset() noexcept {
     r.reset(id);
   }
   r.next_expiry = kNoExpiry;
+  if (r.ghosts != nullptr) r.ghosts->clear();  // no hash is cached any more, nor comes back
   ret_free_ = r.free_count;
 }
 
@@ -1112,6 +1262,7 @@ std::size_t BlockPool::ret_memory_bytes() const noexcept {
   return sizeof(Retention) + r.nodes.capacity() * sizeof(Retention::Node) +
          r.ticks.capacity() * sizeof(std::uint32_t) +
          (r.duration.capacity() + r.expires.capacity()) * sizeof(RetentionTick) +
+         (r.ghosts != nullptr ? sizeof(AdaptiveGhosts) + r.ghosts->memory_bytes() : 0) +
          (r.learner != nullptr
               ? sizeof(LineageDepthLearner) +
                     (kMaxLineageKeyDepth + 1) * (sizeof(BlockHash) + sizeof(std::uint64_t))

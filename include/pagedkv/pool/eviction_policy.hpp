@@ -48,8 +48,14 @@
 
 namespace pagedkv {
 
-enum class EvictionPolicy : std::uint8_t { kLru = 0, kSlru = 1, kS3Fifo = 2, kLineage = 3 };
-inline constexpr std::uint8_t kNumEvictionPolicies = 4;
+enum class EvictionPolicy : std::uint8_t {
+  kLru = 0,
+  kSlru = 1,
+  kS3Fifo = 2,
+  kLineage = 3,
+  kAdaptive = 4
+};
+inline constexpr std::uint8_t kNumEvictionPolicies = 5;
 
 // kLineage's parameters (bench/results/eviction.md, 2026-12-04: tuned on the first 2,000
 // Mooncake requests).
@@ -60,6 +66,14 @@ inline constexpr int kLineageProtectedPercent = 50;
 // dead (its lineage stopped coming back): one rank's head (in turn) and protected's head are
 // checked at each eviction and evicted first if dead.
 inline constexpr int kLineageMaxAgePools = 8;
+
+// kAdaptive's parameters (bench/results/eviction.md, 2026-12-04 evening: tuned on the first
+// 2,000 Mooncake requests and the agents workload): protected's target share starts at
+// kAdaptiveInitialPercent of a level's free cached blocks and moves in units of
+// 1 / kAdaptiveScale of it; each ghost FIFO holds kAdaptiveGhostPercent of the pool's blocks.
+inline constexpr std::int64_t kAdaptiveScale = std::int64_t{1} << 24;
+inline constexpr std::int64_t kAdaptiveInitialPercent = 80;
+inline constexpr std::size_t kAdaptiveGhostPercent = 25;
 
 // The largest lineage key depth a pool accepts or learns (blocks).
 inline constexpr std::size_t kMaxLineageKeyDepth = 1024;
