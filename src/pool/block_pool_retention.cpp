@@ -29,11 +29,15 @@
 
 namespace pagedkv {
 
-// adaptive: two ghost FIFOs of the fingerprints of recently evicted blocks (B1: evicted from
-// probation, B2: from protected), each holding at most `cap` entries, and an open-addressing
-// table (linear probing, backward-shift deletion, load <= 1/2) from a fingerprint to its FIFO
-// slot. A fingerprint is in at most one FIFO once. Allocated by the constructor only.
 namespace {
+// adaptive: two ghost FIFOs of the fingerprints of recently evicted cached blocks (B1: evicted
+// without a hit since cached, B2: evicted after one), each holding at most `cap` entries (the
+// oldest is dropped past that), and an open-addressing table (linear probing, backward-shift
+// deletion, load <= 1/2) with one slot per FIFO entry: a 32-bit tag of its fingerprint and its
+// FIFO position. A fingerprint is in at most one entry. An entry leaves its FIFO `cap` records
+// into that FIFO after its own, or when taken. take() matches tags only: a false match (two
+// fingerprints that share their table run and tag) only moves the target by one step. Allocated by
+// the constructor only; every operation is O(1) expected and allocation free.
 class AdaptiveGhosts {
  public:
   explicit AdaptiveGhosts(std::size_t cap)
@@ -42,36 +46,58 @@ class AdaptiveGhosts {
         table_(std::bit_ceil(4 * static_cast<std::size_t>(cap_))),
         mask_(table_.size() - 1) {}
 
-  // A block's fingerprint: 64 bits of its hash mixed with its group; never 0 (an empty slot).
+  // A block's fingerprint: 64 bits of its hash mixed with its group; never 0 (an empty entry).
   static std::uint64_t fingerprint(const BlockHash& h, GroupId g) noexcept {
-    std::uint64_t x = h.hash_code() ^ (static_cast<std::uint64_t>(g) * 0x9e3779b97f4a7c15ull);
+    const std::uint64_t x = h.hash_code() ^ (static_cast<std::uint64_t>(g) * 0x9e3779b97f4a7c15ull);
     return x != 0 ? x : 1;
   }
-  std::uint32_t size(int which) const noexcept { return live_[which]; }
+  // Entries in FIFO `which`.
+  std::uint32_t size(int which) const noexcept { return live_[static_cast<std::size_t>(which)]; }
+  std::uint32_t capacity() const noexcept { return cap_; }
 
-  // Records fp as evicted from FIFO `which` (0: B1, 1: B2), dropping that FIFO's oldest entry
-  // when it is full and any earlier entry of fp.
-  void record(int which, std::uint64_t fp) noexcept {
-    (void)take(fp);
-    const std::uint32_t pos = head_[which];
-    std::uint64_t& slot = ring_[static_cast<std::size_t>(which) * cap_ + pos];
-    if (slot != 0) {
-      erase_at(find(slot));
-      --live_[which];
-    }
-    slot = fp;
-    insert(fp, static_cast<std::uint32_t>(which) * cap_ + pos);
-    ++live_[which];
-    head_[which] = pos + 1 == cap_ ? 0 : pos + 1;
+  // Starts loading what take(fp) reads.
+  void prefetch(std::uint64_t fp) const noexcept { __builtin_prefetch(&table_[home(fp)]); }
+  // Starts loading what the k-th next record() into FIFO `which` reads besides fp's run.
+  void prefetch_oldest(int which, std::uint32_t k) const noexcept {
+    const std::uint32_t pos = (head_[static_cast<std::size_t>(which)] + k) % cap_;
+    const std::uint64_t old = ring_[static_cast<std::size_t>(which) * cap_ + pos];
+    if (old != 0) __builtin_prefetch(&table_[home(old)]);
   }
-  // If fp is in a FIFO, removes it and returns the FIFO (0 or 1); else -1.
+
+  // Records fp as evicted into FIFO `which` (0: B1, 1: B2), in place of an entry of fp in either
+  // FIFO (blocks of one hash cached at once: the last eviction counts), dropping that FIFO's
+  // oldest entry when it is full.
+  void record(int which, std::uint64_t fp) noexcept {
+    (void)take(fp);  // fp's table run: the one the insert below probes
+    const auto w = static_cast<std::size_t>(which);
+    const std::uint32_t at = static_cast<std::uint32_t>(w) * cap_ + head_[w];
+    std::uint64_t& entry = ring_[at];
+    if (entry != 0) {
+      std::size_t i = home(entry);
+      const std::uint32_t t = tag(entry);
+      while (table_[i].tag != t || table_[i].at != at) i = (i + 1) & mask_;
+      erase_at(i);
+      --live_[w];
+    }
+    entry = fp;
+    std::size_t i = home(fp);
+    while (table_[i].tag != 0) i = (i + 1) & mask_;
+    table_[i] = Slot{tag(fp), at};
+    ++live_[w];
+    head_[w] = head_[w] + 1 == cap_ ? 0 : head_[w] + 1;
+  }
+  // If fp is in a FIFO, removes it (one entry) and returns the FIFO (0 or 1); else -1.
   int take(std::uint64_t fp) noexcept {
-    const std::size_t i = find(fp);
-    if (table_[i].fp == 0) return -1;
+    const std::uint32_t t = tag(fp);
+    std::size_t i = home(fp);
+    while (table_[i].tag != t) {
+      if (table_[i].tag == 0) return -1;
+      i = (i + 1) & mask_;
+    }
     const std::uint32_t at = table_[i].at;
     const int which = at >= cap_ ? 1 : 0;
     ring_[at] = 0;
-    --live_[which];
+    --live_[static_cast<std::size_t>(which)];
     erase_at(i);
     return which;
   }
@@ -87,31 +113,21 @@ class AdaptiveGhosts {
 
  private:
   struct Slot {
-    std::uint64_t fp = 0;  // 0: empty
-    std::uint32_t at = 0;  // index into ring_
+    std::uint32_t tag = 0;  // 0: empty
+    std::uint32_t at = 0;   // the entry's index in ring_
   };
+  static std::uint32_t tag(std::uint64_t fp) noexcept {
+    return static_cast<std::uint32_t>(fp >> 32) | 1;
+  }
   std::size_t home(std::uint64_t fp) const noexcept {
-    return static_cast<std::size_t>((fp * 0xff51afd7ed558ccdull) >> 32) & mask_;
-  }
-  // The slot holding fp, or the empty slot where it would go.
-  std::size_t find(std::uint64_t fp) const noexcept {
-    std::size_t i = home(fp);
-    while (table_[i].fp != 0 && table_[i].fp != fp) i = (i + 1) & mask_;
-    return i;
-  }
-  void insert(std::uint64_t fp, std::uint32_t at) noexcept {
-    const std::size_t i = find(fp);
-    table_[i] = Slot{fp, at};
+    return static_cast<std::size_t>(fp * 0xff51afd7ed558ccdull >> 40) & mask_;
   }
   void erase_at(std::size_t i) noexcept {
-    // Backward-shift deletion: later entries of the probe run move into the hole when their
-    // home does not lie cyclically in (hole, their slot].
+    // Backward-shift deletion: each later slot of the run moves into the hole unless its home
+    // lies cyclically in (hole, slot]. A slot's home is recomputed from its ring entry.
     std::size_t hole = i;
-    std::size_t j = i;
-    for (;;) {
-      j = (j + 1) & mask_;
-      if (table_[j].fp == 0) break;
-      const std::size_t h = home(table_[j].fp);
+    for (std::size_t j = (i + 1) & mask_; table_[j].tag != 0; j = (j + 1) & mask_) {
+      const std::size_t h = home(ring_[table_[j].at]);
       if (((j - h) & mask_) >= ((j - hole) & mask_)) {
         table_[hole] = table_[j];
         hole = j;
@@ -124,7 +140,7 @@ class AdaptiveGhosts {
   TableVector<std::uint64_t> ring_;  // B1 at [0, cap_), B2 at [cap_, 2 cap_); 0: no entry
   TableVector<Slot> table_;
   std::size_t mask_;
-  std::array<std::uint32_t, 2> head_{};  // the next slot each FIFO writes (its oldest when full)
+  std::array<std::uint32_t, 2> head_{};  // the slot each FIFO writes next (its oldest when full)
   std::array<std::uint32_t, 2> live_{};
 };
 }  // namespace
@@ -708,6 +724,9 @@ void BlockPool::RetentionDeleter::operator()(Retention* r) const noexcept {
 }
 
 namespace {
+// adaptive: how many blocks ahead the ghost table is prefetched.
+constexpr std::size_t kGhostAhead = 8;
+
 RetentionTick read_clock(const RetentionClock& clock) {
   return clock ? clock() : 0;
 }
@@ -944,21 +963,16 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     r.last_list = Retention::kUncached;
   }
   const std::size_t first = out.size();
-  AdaptiveGhosts* const ghosts = r.ghosts.get();
   for (std::int32_t i = from_uncached; i < n; ++i) {
     const BlockId id = r.pop_victim();
     if (r.last_list != Retention::kUncached) {
       const RetentionPriority p = r.nodes[id].prio;
       ++r.stats.by_class[static_cast<std::size_t>(retention_class(p))].evictions;
       if (p > kDefaultRetentionPriority) ++r.stats.forced_evictions;
-      if (ghosts != nullptr) {  // adaptive: remember the victim's hash and its segment
-        const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-        ghosts->record(r.nodes[id].hits > 0 ? 1 : 0,
-                       AdaptiveGhosts::fingerprint(b.block_hash, b.group_id));
-      }
     }
     out.push_back(id);  // reserved above: cannot throw
   }
+  if (r.ghosts != nullptr) ret_record_ghosts(std::span<const BlockId>(out).subspan(first));
   // The eviction observer (inside take_popped) still sees each victim's retention (a tier's
   // minimum priority to store reads it); it falls back to the default afterwards.
   take_popped(std::span<const BlockId>(out).subspan(first));
@@ -972,10 +986,17 @@ void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
                            std::span<const BlockId> blocks) noexcept {
   Retention& r = *ret_;
   if (r.ghosts != nullptr) {
-    // adaptive: a block cached again after its eviction steers protected's target.
-    for (const BlockId id : blocks) {
-      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(id)];
-      const int which = r.ghosts->take(AdaptiveGhosts::fingerprint(b.block_hash, b.group_id));
+    // adaptive: a block cached again after its eviction steers protected's target. The table
+    // runs are loaded kGhostAhead blocks ahead (each is a cache miss, mostly).
+    AdaptiveGhosts& g = *r.ghosts;
+    const auto fp = [&](std::size_t k) {
+      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(blocks[k])];
+      return AdaptiveGhosts::fingerprint(b.block_hash, b.group_id);
+    };
+    for (std::size_t k = 0; k < std::min(blocks.size(), kGhostAhead); ++k) g.prefetch(fp(k));
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+      if (k + kGhostAhead < blocks.size()) g.prefetch(fp(k + kGhostAhead));
+      const int which = g.take(fp(k));
       if (which >= 0) r.adapt(which);
     }
     return;
@@ -995,6 +1016,38 @@ void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     r.nodes[blocks[k]].rank = first + k < depth ? top : keyed;
   }
+}
+
+void BlockPool::ret_record_ghosts(std::span<const BlockId> victims) noexcept {
+  // adaptive: each cached victim's fingerprint into B1 (evicted without a hit since cached) or B2
+  // (after one); the table runs it and the FIFO's dropped entry touch are loaded kGhostAhead
+  // victims ahead. The victims still hold their hashes and hit counts (take_popped follows).
+  Retention& r = *ret_;
+  AdaptiveGhosts& g = *r.ghosts;
+  const auto fp = [&](std::size_t k) {
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(victims[k])];
+    return AdaptiveGhosts::fingerprint(b.block_hash, b.group_id);
+  };
+  const auto fifo = [&](std::size_t k) { return r.nodes[victims[k]].hits > 0 ? 1 : 0; };
+  std::array<std::uint32_t, 2> ahead{};  // records into each FIFO before the prefetched one
+  const auto prefetch = [&](std::size_t k) {
+    if (!blocks_[static_cast<std::size_t>(victims[k])].is_cached()) return;
+    const int w = fifo(k);
+    g.prefetch(fp(k));
+    g.prefetch_oldest(w, ahead[static_cast<std::size_t>(w)]++);
+  };
+  for (std::size_t k = 0; k < std::min(victims.size(), kGhostAhead); ++k) prefetch(k);
+  for (std::size_t k = 0; k < victims.size(); ++k) {
+    if (k + kGhostAhead < victims.size()) prefetch(k + kGhostAhead);
+    if (!blocks_[static_cast<std::size_t>(victims[k])].is_cached()) continue;
+    const int w = fifo(k);
+    --ahead[static_cast<std::size_t>(w)];
+    g.record(w, fp(k));
+  }
+}
+
+std::int64_t BlockPool::adaptive_protected_target() const noexcept {
+  return ret_ != nullptr && ret_->ghosts != nullptr ? ret_->target : -1;
 }
 
 std::size_t BlockPool::lineage_key_depth() const noexcept {
