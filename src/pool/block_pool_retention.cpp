@@ -35,7 +35,7 @@ namespace {
 // oldest is dropped past that), and an open-addressing table (linear probing, backward-shift
 // deletion, load <= 1/2) with one slot per FIFO entry: a 32-bit tag of its fingerprint and its
 // FIFO position. A fingerprint is in at most one entry. An entry leaves its FIFO `cap` records
-// into that FIFO after its own, or when taken. take() matches tags only: a false match (two
+// into that FIFO after its own, or when taken. take() and record() match tags only: a false match (two
 // fingerprints that share their table run and tag) only moves the target by one step. Allocated by
 // the constructor only; every operation is O(1) expected and allocation free.
 class AdaptiveGhosts {
@@ -116,18 +116,20 @@ class AdaptiveGhosts {
     std::uint32_t tag = 0;  // 0: empty
     std::uint32_t at = 0;   // the entry's index in ring_
   };
+  // A slot's tag: 32 bits of a mix of the fingerprint, never 0 (an empty slot); its home slot is
+  // the tag's low bits, so a slot's home is known without its fingerprint.
   static std::uint32_t tag(std::uint64_t fp) noexcept {
-    return static_cast<std::uint32_t>(fp >> 32) | 1;
+    const auto t = static_cast<std::uint32_t>(fp * 0xff51afd7ed558ccdull >> 32);
+    return t != 0 ? t : 1;
   }
-  std::size_t home(std::uint64_t fp) const noexcept {
-    return static_cast<std::size_t>(fp * 0xff51afd7ed558ccdull >> 40) & mask_;
-  }
+  std::size_t home_of(std::uint32_t t) const noexcept { return t & mask_; }
+  std::size_t home(std::uint64_t fp) const noexcept { return home_of(tag(fp)); }
   void erase_at(std::size_t i) noexcept {
     // Backward-shift deletion: each later slot of the run moves into the hole unless its home
-    // lies cyclically in (hole, slot]. A slot's home is recomputed from its ring entry.
+    // lies cyclically in (hole, slot].
     std::size_t hole = i;
     for (std::size_t j = (i + 1) & mask_; table_[j].tag != 0; j = (j + 1) & mask_) {
-      const std::size_t h = home(ring_[table_[j].at]);
+      const std::size_t h = home_of(table_[j].tag);
       if (((j - h) & mask_) >= ((j - hole) & mask_)) {
         table_[hole] = table_[j];
         hole = j;
