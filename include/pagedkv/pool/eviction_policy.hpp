@@ -32,6 +32,15 @@
 //    length of the head that the workload's prompts share: with a longer shared head every
 //    lineage gets one rank and the policy falls back to LRU's order. With
 //    BlockPoolConfig::lineage_adaptive_depth the pool learns it (LineageDepthLearner below).
+//  - kAdaptive: SLRU whose protected share is a target p adapted online, ARC-style, between LRU
+//    (p = 0) and SLRU-like behaviour. Two ghost FIFOs hold the 64-bit fingerprints of recently
+//    evicted cached blocks (B1: evicted without a hit since cached, B2: after one), each the last
+//    kAdaptiveGhostPercent of the pool's block count evictions into it. When the pool caches a
+//    block whose fingerprint is in B1, p falls; in B2, p rises; by ARC's step (max(1, |other
+//    ghost| / |its ghost|) blocks of the pool), clamped to [0, kAdaptiveScale]. Lookups change
+//    nothing. Eviction as kSlru with share p instead of 80% (BlockPool::
+//    adaptive_protected_target() reports p). O(1) expected per block; the ghosts are allocated
+//    at pool construction (12 to 20 bytes per block).
 // Free uncached blocks are handed out before any cached one under every policy; retention
 // priorities order eviction across classes before the policy orders it within one.
 // Errors: parse_eviction_policy throws pagedkv::Error (kParseError) naming the bad string.
@@ -113,7 +122,7 @@ class LineageDepthLearner {
   std::size_t depth_;
 };
 
-// "lru", "slru", "s3fifo", "lineage".
+// "lru", "slru", "s3fifo", "lineage", "adaptive".
 std::string_view to_string(EvictionPolicy policy) noexcept;
 // The policy named by to_string(). Throws pagedkv::Error (kParseError) naming `name` otherwise.
 EvictionPolicy parse_eviction_policy(std::string_view name);
