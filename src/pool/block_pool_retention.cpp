@@ -35,9 +35,9 @@ namespace {
 // oldest is dropped past that), and an open-addressing table (linear probing, backward-shift
 // deletion, load <= 1/2) with one slot per FIFO entry: a 32-bit tag of its fingerprint and its
 // FIFO position. A fingerprint is in at most one entry. An entry leaves its FIFO `cap` records
-// into that FIFO after its own, or when taken. take() and record() match tags only: a false match (two
-// fingerprints that share their table run and tag) only moves the target by one step. Allocated by
-// the constructor only; every operation is O(1) expected and allocation free.
+// into that FIFO after its own, or when taken. take() and record() match tags only: a false match
+// (two fingerprints that share their table run and tag) only moves the target by one step.
+// Allocated by the constructor only; every operation is O(1) expected and allocation free.
 class AdaptiveGhosts {
  public:
   explicit AdaptiveGhosts(std::size_t cap)
@@ -1288,6 +1288,12 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
     }
   }
   if (r.nodes[0].list != Retention::kNone) fail("the null block is listed");
+  if (r.ghosts != nullptr) {
+    if (r.target < 0 || r.target > kAdaptiveScale) fail("adaptive's target is out of range");
+    for (int w = 0; w < 2; ++w) {
+      if (r.ghosts->size(w) > r.ghosts->capacity()) fail("a ghost FIFO holds too many entries");
+    }
+  }
   for (std::size_t c = 0; c < kNumRetentionClasses; ++c) {
     if (by_class[c] != r.stats.by_class[c].blocks) fail("a class's block count is wrong");
   }
