@@ -413,7 +413,7 @@ void BM_PolicyGetNewBlocksAndFree(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * 256);
 }
-BENCHMARK(BM_PolicyGetNewBlocksAndFree)->Arg(0)->Arg(1)->Arg(2)->Arg(3);
+BENCHMARK(BM_PolicyGetNewBlocksAndFree)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4);
 
 // touch() of 256 free cached blocks then free_blocks() again (hits).
 void BM_PolicyTouchAndFree(benchmark::State& state) {
@@ -431,7 +431,7 @@ void BM_PolicyTouchAndFree(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * 256);
 }
-BENCHMARK(BM_PolicyTouchAndFree)->Arg(0)->Arg(1)->Arg(2)->Arg(3);
+BENCHMARK(BM_PolicyTouchAndFree)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4);
 
 // The eviction-heavy request cycle on a 32,769-block pool: a 1,024-block prompt whose first 64
 // blocks are a shared prefix (a verified hit, touched) and the rest new (960 blocks allocated,
@@ -466,7 +466,7 @@ void BM_PolicyEvictingCycle(benchmark::State& state) {
   state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kBlocks));
   state.counters["evictions"] = static_cast<double>(pool.num_evictions());
 }
-BENCHMARK(BM_PolicyEvictingCycle)->Arg(0)->Arg(1)->Arg(2)->Arg(3);
+BENCHMARK(BM_PolicyEvictingCycle)->Arg(0)->Arg(1)->Arg(2)->Arg(3)->Arg(4);
 
 // The first 1,000 Mooncake requests (xxh3_128, 32,769 blocks) replayed sequentially straight
 // into a BlockPool of each policy (bench/pool_eviction.cpp's driver); each iteration a fresh
@@ -536,6 +536,7 @@ int main(int argc, char** argv) {
         ->Arg(1)
         ->Arg(2)
         ->Arg(3)
+        ->Arg(4)
         ->Unit(benchmark::kMillisecond);
   } else {
     std::fprintf(stderr,

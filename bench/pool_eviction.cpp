@@ -47,11 +47,12 @@ double cpu_now() {
 constexpr std::uint32_t kBlockSize = 16;
 
 [[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "pool_eviction: %s\nusage: pool_eviction (--trace FILE | --generate W [--requests "
-               "K] [--seed S]) --num-blocks N [N ...] [--hash sha256|xxh3_128] [--policies "
-               "lru,slru,s3fifo,lineage,lineage:D,lineage:auto] [--limit K] [--rounds R]\n",
-               problem.c_str());
+  std::fprintf(
+      stderr,
+      "pool_eviction: %s\nusage: pool_eviction (--trace FILE | --generate W [--requests "
+      "K] [--seed S]) --num-blocks N [N ...] [--hash sha256|xxh3_128] [--policies "
+      "lru,slru,s3fifo,lineage,adaptive,lineage:D,lineage:auto] [--limit K] [--rounds R]\n",
+      problem.c_str());
   std::exit(2);
 }
 

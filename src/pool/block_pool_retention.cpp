@@ -29,6 +29,124 @@
 
 namespace pagedkv {
 
+namespace {
+// adaptive: two ghost FIFOs of the fingerprints of recently evicted cached blocks (B1: evicted
+// without a hit since cached, B2: evicted after one), each holding at most `cap` entries (the
+// oldest is dropped past that), and an open-addressing table (linear probing, backward-shift
+// deletion, load <= 1/2) with one slot per FIFO entry: a 32-bit tag of its fingerprint and its
+// FIFO position. A fingerprint is in at most one entry. An entry leaves its FIFO `cap` records
+// into that FIFO after its own, or when taken. take() and record() match tags only: a false match
+// (two fingerprints that share their table run and tag) only moves the target by one step.
+// Allocated by the constructor only; every operation is O(1) expected and allocation free.
+class AdaptiveGhosts {
+ public:
+  explicit AdaptiveGhosts(std::size_t cap)
+      : cap_(static_cast<std::uint32_t>(std::max<std::size_t>(cap, 1))),
+        ring_(2 * static_cast<std::size_t>(cap_), 0),
+        table_(std::bit_ceil(4 * static_cast<std::size_t>(cap_))),
+        mask_(table_.size() - 1) {}
+
+  // A block's fingerprint: 64 bits of its hash mixed with its group; never 0 (an empty entry).
+  static std::uint64_t fingerprint(const BlockHash& h, GroupId g) noexcept {
+    const std::uint64_t x = h.hash_code() ^ (static_cast<std::uint64_t>(g) * 0x9e3779b97f4a7c15ull);
+    return x != 0 ? x : 1;
+  }
+  // Entries in FIFO `which`.
+  std::uint32_t size(int which) const noexcept { return live_[static_cast<std::size_t>(which)]; }
+  std::uint32_t capacity() const noexcept { return cap_; }
+
+  // Starts loading what take(fp) reads.
+  void prefetch(std::uint64_t fp) const noexcept { __builtin_prefetch(&table_[home(fp)]); }
+  // Starts loading what the k-th next record() into FIFO `which` reads besides fp's run.
+  void prefetch_oldest(int which, std::uint32_t k) const noexcept {
+    const std::uint32_t pos = (head_[static_cast<std::size_t>(which)] + k) % cap_;
+    const std::uint64_t old = ring_[static_cast<std::size_t>(which) * cap_ + pos];
+    if (old != 0) __builtin_prefetch(&table_[home(old)]);
+  }
+
+  // Records fp as evicted into FIFO `which` (0: B1, 1: B2), in place of an entry of fp in either
+  // FIFO (blocks of one hash cached at once: the last eviction counts), dropping that FIFO's
+  // oldest entry when it is full.
+  void record(int which, std::uint64_t fp) noexcept {
+    (void)take(fp);  // fp's table run: the one the insert below probes
+    const auto w = static_cast<std::size_t>(which);
+    const std::uint32_t at = static_cast<std::uint32_t>(w) * cap_ + head_[w];
+    std::uint64_t& entry = ring_[at];
+    if (entry != 0) {
+      std::size_t i = home(entry);
+      const std::uint32_t t = tag(entry);
+      while (table_[i].tag != t || table_[i].at != at) i = (i + 1) & mask_;
+      erase_at(i);
+      --live_[w];
+    }
+    entry = fp;
+    std::size_t i = home(fp);
+    while (table_[i].tag != 0) i = (i + 1) & mask_;
+    table_[i] = Slot{tag(fp), at};
+    ++live_[w];
+    head_[w] = head_[w] + 1 == cap_ ? 0 : head_[w] + 1;
+  }
+  // If fp is in a FIFO, removes it (one entry) and returns the FIFO (0 or 1); else -1.
+  int take(std::uint64_t fp) noexcept {
+    const std::uint32_t t = tag(fp);
+    std::size_t i = home(fp);
+    while (table_[i].tag != t) {
+      if (table_[i].tag == 0) return -1;
+      i = (i + 1) & mask_;
+    }
+    const std::uint32_t at = table_[i].at;
+    const int which = at >= cap_ ? 1 : 0;
+    ring_[at] = 0;
+    --live_[static_cast<std::size_t>(which)];
+    erase_at(i);
+    return which;
+  }
+  void clear() noexcept {
+    std::fill(ring_.begin(), ring_.end(), 0);
+    std::fill(table_.begin(), table_.end(), Slot{});
+    head_ = {0, 0};
+    live_ = {0, 0};
+  }
+  std::size_t memory_bytes() const noexcept {
+    return ring_.capacity() * sizeof(std::uint64_t) + table_.capacity() * sizeof(Slot);
+  }
+
+ private:
+  struct Slot {
+    std::uint32_t tag = 0;  // 0: empty
+    std::uint32_t at = 0;   // the entry's index in ring_
+  };
+  // A slot's tag: 32 bits of a mix of the fingerprint, never 0 (an empty slot); its home slot is
+  // the tag's low bits, so a slot's home is known without its fingerprint.
+  static std::uint32_t tag(std::uint64_t fp) noexcept {
+    const auto t = static_cast<std::uint32_t>(fp * 0xff51afd7ed558ccdull >> 32);
+    return t != 0 ? t : 1;
+  }
+  std::size_t home_of(std::uint32_t t) const noexcept { return t & mask_; }
+  std::size_t home(std::uint64_t fp) const noexcept { return home_of(tag(fp)); }
+  void erase_at(std::size_t i) noexcept {
+    // Backward-shift deletion: each later slot of the run moves into the hole unless its home
+    // lies cyclically in (hole, slot].
+    std::size_t hole = i;
+    for (std::size_t j = (i + 1) & mask_; table_[j].tag != 0; j = (j + 1) & mask_) {
+      const std::size_t h = home_of(table_[j].tag);
+      if (((j - h) & mask_) >= ((j - hole) & mask_)) {
+        table_[hole] = table_[j];
+        hole = j;
+      }
+    }
+    table_[hole] = Slot{};
+  }
+
+  std::uint32_t cap_;
+  TableVector<std::uint64_t> ring_;  // B1 at [0, cap_), B2 at [cap_, 2 cap_); 0: no entry
+  TableVector<Slot> table_;
+  std::size_t mask_;
+  std::array<std::uint32_t, 2> head_{};  // the slot each FIFO writes next (its oldest when full)
+  std::array<std::uint32_t, 2> live_{};
+};
+}  // namespace
+
 struct BlockPool::Retention {
   static constexpr int kRanks = 64;  // lineage: the most ranks (kLineageRanks <= kRanks)
   static constexpr int kSegs = kRanks + 1;
@@ -88,6 +206,12 @@ struct BlockPool::Retention {
   // lineage: the key depth blocks are ranked by, and its learner (lineage_adaptive_depth).
   std::size_t key_depth = kLineageKeyDepth;
   std::unique_ptr<LineageDepthLearner> learner;
+  // adaptive: the ghosts, and protected's target share of a level's free cached blocks in
+  // units of 1 / kAdaptiveScale (steered by ghost hits: adapt()); step_unit: one block's worth
+  // of the pool in those units.
+  std::unique_ptr<AdaptiveGhosts> ghosts;
+  std::int64_t target = 0;
+  std::int64_t pool_blocks = 1;
   std::int32_t free_count = 0;  // blocks in all lists
   RetentionStats stats;
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
@@ -108,6 +232,23 @@ struct BlockPool::Retention {
       max_age = static_cast<std::uint32_t>(std::min<std::uint64_t>(
           static_cast<std::uint64_t>(kLineageMaxAgePools) * n, 0x7fffffffu));
     }
+    if (p == EvictionPolicy::kAdaptive) {
+      ghosts = std::make_unique<AdaptiveGhosts>(n * kAdaptiveGhostPercent / 100);
+      target = kAdaptiveScale * kAdaptiveInitialPercent / 100;
+      pool_blocks = static_cast<std::int64_t>(std::max<std::size_t>(n, 1));
+    }
+  }
+  // adaptive: a block cached again was in ghost FIFO `which` (0: evicted without a hit since it
+  // was cached: keeping such blocks longer would have hit it, so protected's target falls; 1:
+  // evicted after a hit: it rises), by ARC's step: the other ghost's size over this one's, at
+  // least 1, in blocks of the pool.
+  void adapt(int which) noexcept {
+    const std::int64_t mine = std::max<std::int64_t>(ghosts->size(which), 1);
+    const std::int64_t other = ghosts->size(1 - which);
+    const std::int64_t blocks = std::max<std::int64_t>(other / mine, 1);
+    const std::int64_t step = std::max<std::int64_t>(blocks * kAdaptiveScale / pool_blocks, 1);
+    target = which == 0 ? std::max<std::int64_t>(target - step, 0)
+                        : std::min<std::int64_t>(target + step, kAdaptiveScale);
   }
 
   // Free cached blocks of level lv in segments 0 and 1 (all of them under LRU, SLRU, S3-FIFO).
@@ -292,6 +433,9 @@ struct BlockPool::Retention {
       case EvictionPolicy::kLineage:
         enqueue_cached_p<EvictionPolicy::kLineage>(id);
         break;
+      case EvictionPolicy::kAdaptive:
+        enqueue_cached_p<EvictionPolicy::kAdaptive>(id);
+        break;
     }
   }
   // The list a free cached block joins under policy P (lineage also stamps it with tick t). Its
@@ -307,7 +451,8 @@ struct BlockPool::Retention {
       // Protected's share is enforced when a victim is chosen (victim_at).
       return list_of(lv, m.hits == 0 ? m.rank : kProtected);
     } else {
-      // SLRU: probation / protected (its share enforced in victim_at); S3-FIFO: small / main.
+      // SLRU, adaptive: probation / protected (its share enforced in victim_at); S3-FIFO: small /
+      // main.
       return list_of(lv, m.hits == 0 ? 0 : 1);
     }
   }
@@ -431,6 +576,10 @@ struct BlockPool::Retention {
         // Protected holds at most 80% of the level when a victim is chosen: past that its
         // oldest go back to probation's tail first.
         while (lists[s1].size * 5 > level_count(lv) * 4) move_head(s1, s0);
+        return pop_front(lists[s0].size > 0 ? s0 : s1);
+      case EvictionPolicy::kAdaptive:
+        // As SLRU, with protected's share the adapted target.
+        while (lists[s1].size * kAdaptiveScale > level_count(lv) * target) move_head(s1, s0);
         return pop_front(lists[s0].size > 0 ? s0 : s1);
       case EvictionPolicy::kS3Fifo:
         for (;;) {
@@ -577,6 +726,9 @@ void BlockPool::RetentionDeleter::operator()(Retention* r) const noexcept {
 }
 
 namespace {
+// adaptive: how many blocks ahead the ghost table is prefetched.
+constexpr std::size_t kGhostAhead = 8;
+
 RetentionTick read_clock(const RetentionClock& clock) {
   return clock ? clock() : 0;
 }
@@ -763,6 +915,9 @@ void BlockPool::ret_release(std::span<const BlockId> given, bool reverse, bool m
     case EvictionPolicy::kLineage:
       release_lists_p<EvictionPolicy::kLineage>(r, records, given, reverse, marked, now);
       break;
+    case EvictionPolicy::kAdaptive:
+      release_lists_p<EvictionPolicy::kAdaptive>(r, records, given, reverse, marked, now);
+      break;
   }
   ret_free_ = r.free_count;
 }
@@ -819,6 +974,7 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
     }
     out.push_back(id);  // reserved above: cannot throw
   }
+  if (r.ghosts != nullptr) ret_record_ghosts(std::span<const BlockId>(out).subspan(first));
   // The eviction observer (inside take_popped) still sees each victim's retention (a tier's
   // minimum priority to store reads it); it falls back to the default afterwards.
   take_popped(std::span<const BlockId>(out).subspan(first));
@@ -831,6 +987,22 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
 void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
                            std::span<const BlockId> blocks) noexcept {
   Retention& r = *ret_;
+  if (r.ghosts != nullptr) {
+    // adaptive: a block cached again after its eviction steers protected's target. The table
+    // runs are loaded kGhostAhead blocks ahead (each is a cache miss, mostly).
+    AdaptiveGhosts& g = *r.ghosts;
+    const auto fp = [&](std::size_t k) {
+      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(blocks[k])];
+      return AdaptiveGhosts::fingerprint(b.block_hash, b.group_id);
+    };
+    for (std::size_t k = 0; k < std::min(blocks.size(), kGhostAhead); ++k) g.prefetch(fp(k));
+    for (std::size_t k = 0; k < blocks.size(); ++k) {
+      if (k + kGhostAhead < blocks.size()) g.prefetch(fp(k + kGhostAhead));
+      const int which = g.take(fp(k));
+      if (which >= 0) r.adapt(which);
+    }
+    return;
+  }
   if (r.policy != EvictionPolicy::kLineage || blocks.empty()) return;
   if (r.learner != nullptr) {
     r.learner->observe(chain.first(first + blocks.size()));
@@ -846,6 +1018,38 @@ void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
   for (std::size_t k = 0; k < blocks.size(); ++k) {
     r.nodes[blocks[k]].rank = first + k < depth ? top : keyed;
   }
+}
+
+void BlockPool::ret_record_ghosts(std::span<const BlockId> victims) noexcept {
+  // adaptive: each cached victim's fingerprint into B1 (evicted without a hit since cached) or B2
+  // (after one); the table runs it and the FIFO's dropped entry touch are loaded kGhostAhead
+  // victims ahead. The victims still hold their hashes and hit counts (take_popped follows).
+  Retention& r = *ret_;
+  AdaptiveGhosts& g = *r.ghosts;
+  const auto fp = [&](std::size_t k) {
+    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(victims[k])];
+    return AdaptiveGhosts::fingerprint(b.block_hash, b.group_id);
+  };
+  const auto fifo = [&](std::size_t k) { return r.nodes[victims[k]].hits > 0 ? 1 : 0; };
+  std::array<std::uint32_t, 2> ahead{};  // records into each FIFO before the prefetched one
+  const auto prefetch = [&](std::size_t k) {
+    if (!blocks_[static_cast<std::size_t>(victims[k])].is_cached()) return;
+    const int w = fifo(k);
+    g.prefetch(fp(k));
+    g.prefetch_oldest(w, ahead[static_cast<std::size_t>(w)]++);
+  };
+  for (std::size_t k = 0; k < std::min(victims.size(), kGhostAhead); ++k) prefetch(k);
+  for (std::size_t k = 0; k < victims.size(); ++k) {
+    if (k + kGhostAhead < victims.size()) prefetch(k + kGhostAhead);
+    if (!blocks_[static_cast<std::size_t>(victims[k])].is_cached()) continue;
+    const int w = fifo(k);
+    --ahead[static_cast<std::size_t>(w)];
+    g.record(w, fp(k));
+  }
+}
+
+std::int64_t BlockPool::adaptive_protected_target() const noexcept {
+  return ret_ != nullptr && ret_->ghosts != nullptr ? ret_->target : -1;
 }
 
 std::size_t BlockPool::lineage_key_depth() const noexcept {
@@ -887,6 +1091,7 @@ void BlockPool::ret_reset() noexcept {
     r.reset(id);
   }
   r.next_expiry = kNoExpiry;
+  if (r.ghosts != nullptr) r.ghosts->clear();  // no hash is cached any more, nor comes back
   ret_free_ = r.free_count;
 }
 
@@ -1083,6 +1288,12 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
     }
   }
   if (r.nodes[0].list != Retention::kNone) fail("the null block is listed");
+  if (r.ghosts != nullptr) {
+    if (r.target < 0 || r.target > kAdaptiveScale) fail("adaptive's target is out of range");
+    for (int w = 0; w < 2; ++w) {
+      if (r.ghosts->size(w) > r.ghosts->capacity()) fail("a ghost FIFO holds too many entries");
+    }
+  }
   for (std::size_t c = 0; c < kNumRetentionClasses; ++c) {
     if (by_class[c] != r.stats.by_class[c].blocks) fail("a class's block count is wrong");
   }
@@ -1112,6 +1323,7 @@ std::size_t BlockPool::ret_memory_bytes() const noexcept {
   return sizeof(Retention) + r.nodes.capacity() * sizeof(Retention::Node) +
          r.ticks.capacity() * sizeof(std::uint32_t) +
          (r.duration.capacity() + r.expires.capacity()) * sizeof(RetentionTick) +
+         (r.ghosts != nullptr ? sizeof(AdaptiveGhosts) + r.ghosts->memory_bytes() : 0) +
          (r.learner != nullptr
               ? sizeof(LineageDepthLearner) +
                     (kMaxLineageKeyDepth + 1) * (sizeof(BlockHash) + sizeof(std::uint64_t))

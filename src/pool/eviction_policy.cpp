@@ -17,6 +17,8 @@ std::string_view to_string(EvictionPolicy policy) noexcept {
       return "s3fifo";
     case EvictionPolicy::kLineage:
       return "lineage";
+    case EvictionPolicy::kAdaptive:
+      return "adaptive";
   }
   return "unknown";
 }
@@ -27,7 +29,7 @@ EvictionPolicy parse_eviction_policy(std::string_view name) {
     if (to_string(p) == name) return p;
   }
   throw Error(ErrorCode::kParseError, "unknown eviction policy \"" + std::string(name) +
-                                          "\" (expected lru, slru, s3fifo or lineage)");
+                                          "\" (expected lru, slru, s3fifo, lineage or adaptive)");
 }
 
 int lineage_rank_of_key(const BlockHash& key) noexcept {

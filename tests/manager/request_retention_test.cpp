@@ -414,7 +414,8 @@ TEST_P(SharedBelowDefault, ARaiseRefusedByTheBudgetStillLiftsToTheDefault) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, SharedBelowDefault,
                          ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru,
-                                           EvictionPolicy::kS3Fifo, EvictionPolicy::kLineage),
+                                           EvictionPolicy::kS3Fifo, EvictionPolicy::kLineage,
+                                           EvictionPolicy::kAdaptive),
                          [](const auto& p) { return std::string(to_string(p.param)); });
 
 TEST(Retention, BelowDefaultBlocksAreEvictedFirst) {

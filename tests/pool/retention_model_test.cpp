@@ -68,9 +68,25 @@ struct Model {
   int cursor = 0;
   std::int64_t retained = 0;
   std::uint64_t refusals = 0, expirations = 0, forced = 0;
+  // adaptive: per block the fingerprint of its hash (set when cached), the ghost FIFOs (B1:
+  // evicted without a hit since cached, B2: after one; newest at the back: the last ghost_cap
+  // evictions into each, 0 for one cached again since), and protected's target share (units of
+  // 1 / kAdaptiveScale).
+  std::vector<std::uint64_t> fp;
+  std::array<std::deque<std::uint64_t>, 2> ghost;
+  std::size_t ghost_cap = 1;
+  std::int64_t target = kAdaptiveScale * kAdaptiveInitialPercent / 100;
+  std::int64_t n_blocks;
+  std::array<int, 2> moves{};  // ghost hits in B1, B2
 
   Model(int n, EvictionPolicy p, double fraction)
-      : policy(p), budget(static_cast<std::int64_t>(fraction * (n - 1))), b(n) {
+      : policy(p),
+        budget(static_cast<std::int64_t>(fraction * (n - 1))),
+        b(n),
+        fp(static_cast<std::size_t>(n)),
+        ghost_cap(
+            std::max<std::size_t>(static_cast<std::size_t>(n) * kAdaptiveGhostPercent / 100, 1)),
+        n_blocks(n) {
     if (p == EvictionPolicy::kLineage) max_age = std::int64_t{kLineageMaxAgePools} * n;
     for (auto& segs : lv) segs.resize(p == EvictionPolicy::kLineage ? kLineageRanks + 1 : 2);
     for (BlockId id = 1; id < n; ++id) uncached.push_back(id);
@@ -127,6 +143,7 @@ struct Model {
         lv[l][0].push_back(id);
         break;
       case EvictionPolicy::kSlru:
+      case EvictionPolicy::kAdaptive:
         lv[l][b[id].hits == 0 ? 0 : 1].push_back(id);
         break;
       case EvictionPolicy::kS3Fifo:
@@ -202,6 +219,7 @@ struct Model {
       }
       return pop(kLineageRanks);
     }
+    const bool slru = policy == EvictionPolicy::kSlru || policy == EvictionPolicy::kAdaptive;
     if (policy == EvictionPolicy::kSlru) {
       // Protected holds at most 80% of the level when a victim is chosen.
       while (s1.size() * 5 > level_size(l) * 4) {
@@ -209,10 +227,18 @@ struct Model {
         s1.pop_front();
       }
     }
-    if (policy == EvictionPolicy::kLru || (policy == EvictionPolicy::kSlru && !s0.empty())) {
+    if (policy == EvictionPolicy::kAdaptive) {
+      // Protected holds at most the target share of the level when a victim is chosen.
+      while (static_cast<std::int64_t>(s1.size()) * kAdaptiveScale >
+             static_cast<std::int64_t>(level_size(l)) * target) {
+        s0.push_back(s1.front());
+        s1.pop_front();
+      }
+    }
+    if (policy == EvictionPolicy::kLru || (slru && !s0.empty())) {
       id = s0.front();
       s0.pop_front();
-    } else if (policy == EvictionPolicy::kSlru) {
+    } else if (slru) {
       id = s1.front();
       s1.pop_front();
     } else {
@@ -262,6 +288,14 @@ struct Model {
         while (level_size(l) == 0) ++l;
         if (l > kDefaultRetentionPriority) ++forced;
         id = victim_at(l);
+        if (policy == EvictionPolicy::kAdaptive) {  // into a ghost, its oldest out past capacity
+          // One entry per fingerprint: an earlier one (a block of the same hash) leaves.
+          const std::uint64_t f = fp[static_cast<std::size_t>(id)];
+          for (auto& q : ghost) std::replace(q.begin(), q.end(), f, std::uint64_t{0});
+          auto& g = ghost[b[id].hits > 0 ? 1 : 0];
+          g.push_back(f);
+          if (g.size() > ghost_cap) g.pop_front();
+        }
         b[id].cached = false;
       }
       reset(id);
@@ -269,6 +303,33 @@ struct Model {
       out.push_back(id);
     }
     return out;
+  }
+  // adaptive: block id is cached under hash h (group 0): a ghost entry of it moves the target
+  // (B1: down, B2: up) by max(1, |other ghost| / |its ghost|) blocks of the pool (at least one
+  // unit), clamped to [0, kAdaptiveScale].
+  void cached(BlockId id, const BlockHash& h) {
+    b[id].cached = true;
+    if (policy != EvictionPolicy::kAdaptive) return;
+    std::uint64_t f = h.hash_code();
+    if (f == 0) f = 1;
+    fp[static_cast<std::size_t>(id)] = f;
+    for (int w = 0; w < 2; ++w) {
+      auto& g = ghost[static_cast<std::size_t>(w)];
+      const auto it = std::find(g.begin(), g.end(), f);
+      if (it == g.end()) continue;
+      *it = 0;  // a hole: the entries after it still leave after ghost_cap records each
+      const auto live = [](const std::deque<std::uint64_t>& q) {
+        return static_cast<std::int64_t>(q.size()) - std::count(q.begin(), q.end(), 0);
+      };
+      const auto mine = std::max<std::int64_t>(live(g), 1);
+      const auto other = live(ghost[static_cast<std::size_t>(1 - w)]);
+      const std::int64_t step = std::max<std::int64_t>(
+          std::max<std::int64_t>(other / mine, 1) * kAdaptiveScale / n_blocks, 1);
+      target = w == 0 ? std::max<std::int64_t>(target - step, 0)
+                      : std::min(target + step, kAdaptiveScale);
+      ++moves[static_cast<std::size_t>(w)];
+      return;
+    }
   }
   void set_retention(const std::vector<BlockId>& ids, int p, RetentionTick d, RetentionTick now) {
     if (p == kDefaultRetentionPriority) return;
@@ -333,7 +394,8 @@ struct NaiveDepth {
 // One random stream. key_depth / adaptive: BlockPoolConfig::lineage_key_depth and
 // lineage_adaptive_depth (kLineage only).
 void run_stream(EvictionPolicy policy, std::uint32_t seed, std::size_t key_depth = kLineageKeyDepth,
-                bool adaptive = false, int steps = 600, std::size_t* samples = nullptr) {
+                bool adaptive = false, int steps = 600, std::size_t* samples = nullptr,
+                std::array<int, 2>* ghost_hits = nullptr) {
   const int kBlocks = seed % 3 == 0 ? 40 : 14;
   auto now = std::make_shared<RetentionTick>(0);
   BlockPoolConfig c;
@@ -355,6 +417,8 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed, std::size_t key_depth
   const auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<std::uint32_t>(n)); };
   std::vector<BlockId> held;  // one entry per reference
   int next_key = 0;
+  std::vector<int> key_of(static_cast<std::size_t>(kBlocks), -1);  // one_block key cached
+  std::vector<int> evicted_keys;  // keys of single blocks an allocation evicted, in order
   const std::array<int, 7> prios = {0, 10, 35, 50, 60, 90, 100};
   for (int step = 0; step < steps; ++step) {
     SCOPED_TRACE("seed " + std::to_string(seed) + " step " + std::to_string(step));
@@ -366,16 +430,37 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed, std::size_t key_depth
       ASSERT_EQ(ok, n <= m.num_free());
       if (ok) {
         ASSERT_EQ(got, m.take(n, *now));
-        for (const BlockId id : got) held.push_back(id);
+        for (const BlockId id : got) {
+          held.push_back(id);
+          if (key_of[static_cast<std::size_t>(id)] >= 0) {
+            evicted_keys.push_back(key_of[static_cast<std::size_t>(id)]);
+            key_of[static_cast<std::size_t>(id)] = -1;
+          }
+        }
       }
     } else if (op == 1 && !held.empty()) {  // cache a held uncached block
       const BlockId id = held[pick(static_cast<int>(held.size()))];
       if (!m.b[id].cached) {
-        if (pick(2) == 0) {
-          const auto seq = one_block(next_key++);
+        // adaptive: mostly the key of a recently evicted single block again, when no block
+        // caches it now (so that evicted blocks come back: the ghosts' signal).
+        int again = -1;
+        if (policy == EvictionPolicy::kAdaptive && !evicted_keys.empty() && pick(4) != 0) {
+          const int k = evicted_keys[evicted_keys.size() - 1 -
+                                     static_cast<std::size_t>(pick(
+                                         std::min<int>(static_cast<int>(evicted_keys.size()), 6)))];
+          bool cached_now = false;
+          for (BlockId o = 1; o < kBlocks; ++o) cached_now |= m.b[o].cached && key_of[o] == k;
+          if (!cached_now) again = k;
+        }
+        BlockHash hash;
+        if (again >= 0 || pick(2) == 0) {
+          const int key = again >= 0 ? again : next_key++;
+          const auto seq = one_block(key);
           pool.cache_full_blocks(seq.sequence(), std::vector<BlockId>{id}, 0, 1);
           if (adaptive) depth.observe(seq.block_hashes());
           m.b[id].rank = lineage_rank(seq.block_hashes(), 0, depth.depth);
+          hash = seq.block_hashes()[0];
+          key_of[id] = key;
         } else {  // block `index` of a deep chain (the blocks before it: the null block)
           const std::size_t index = kLineageKeyDepth - 1 + static_cast<std::size_t>(pick(4));
           const auto seq = deep_chain(next_key++, pick(5), index);
@@ -384,11 +469,15 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed, std::size_t key_depth
           pool.cache_full_blocks(seq.sequence(), row, index, index + 1);
           if (adaptive) depth.observe(seq.block_hashes());
           m.b[id].rank = lineage_rank(seq.block_hashes(), index, depth.depth);
+          hash = seq.block_hashes()[index];
+          key_of[id] = -1;
         }
         if (policy == EvictionPolicy::kLineage) {
           ASSERT_EQ(pool.lineage_key_depth(), depth.depth);
         }
-        m.b[id].cached = true;
+        m.cached(id, hash);
+        ASSERT_EQ(pool.adaptive_protected_target(),
+                  policy == EvictionPolicy::kAdaptive ? m.target : -1);
       }
     } else if ((op == 2 || op == 3) && !held.empty()) {  // free one or a few (distinct) refs
       const int n = std::min<int>(1 + pick(3), static_cast<int>(held.size()));
@@ -479,6 +568,7 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed, std::size_t key_depth
     ASSERT_EQ(s.forced_evictions, m.forced);
   }
   if (samples != nullptr) *samples = depth.samples.size();
+  if (ghost_hits != nullptr) *ghost_hits = m.moves;
 }
 
 TEST(RetentionModel, Lru) {
@@ -489,6 +579,18 @@ TEST(RetentionModel, Slru) {
 }
 TEST(RetentionModel, S3Fifo) {
   for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kS3Fifo, seed);
+}
+TEST(RetentionModel, Adaptive) {
+  std::array<int, 2> total{};
+  for (std::uint32_t seed = 1; seed <= 40; ++seed) {
+    std::array<int, 2> hits{};
+    run_stream(EvictionPolicy::kAdaptive, seed, kLineageKeyDepth, false, 600, nullptr, &hits);
+    total[0] += hits[0];
+    total[1] += hits[1];
+  }
+  // The streams moved the target both ways (so the model checked the adaptation).
+  EXPECT_GE(total[0], 20);
+  EXPECT_GE(total[1], 20);
 }
 TEST(RetentionModel, Lineage) {
   for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kLineage, seed);

@@ -1,6 +1,7 @@
 // Retention priorities, expiry (a fake clock), the pin budget, wedge freedom and the eviction
 // policies' order, on BlockPool directly.
 #include <gtest/gtest.h>
+#include <cstdio>
 
 #include <algorithm>
 #include <cmath>
@@ -381,7 +382,8 @@ TEST_P(EachPolicy, RetentionEndsWithTheContent) {
 
 INSTANTIATE_TEST_SUITE_P(Policies, EachPolicy,
                          ::testing::Values(EvictionPolicy::kLru, EvictionPolicy::kSlru,
-                                           EvictionPolicy::kS3Fifo, EvictionPolicy::kLineage),
+                                           EvictionPolicy::kS3Fifo, EvictionPolicy::kLineage,
+                                           EvictionPolicy::kAdaptive),
                          [](const auto& p) { return std::string(to_string(p.param)); });
 
 // Each policy's order on the same stream: 4 blocks stored and hit once, then a scan of new
@@ -429,6 +431,87 @@ TEST(EvictionPolicyOrder, SlruProtectedShare) {
   const BlockPoolSnapshot t = pool.snapshot();
   EXPECT_EQ(t.eviction_lists[prob], (std::vector<BlockId>{}));
   EXPECT_EQ(t.eviction_lists[prot], (std::vector<BlockId>{ids[2], ids[3], ids[4]}));
+}
+
+// Requests key's block: a hit (touched and freed) if it is cached, else stored and freed.
+bool request(BlockPool& pool, int key) {
+  const auto seq = one_block(key);
+  const BlockId id = pool.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock);
+  if (id != BlockPool::kNoBlock) {
+    hit(pool, id);
+    return true;
+  }
+  free1(pool, store(pool, key));
+  return false;
+}
+
+// Hit rates of the second half of each phase on one pool of 101 blocks: a recency phase (each
+// new block comes back once, 16 steps later: blocks that were hit never come back), then a
+// frequency phase (60 hot blocks, each stored and hit once, then requested in turn, each
+// followed by 3 new blocks that never come back), then the recency phase again.
+struct PhaseRates {
+  double recency = 0, frequency = 0, recency_again = 0;
+  std::int64_t target_after_recency = 0;
+};
+PhaseRates phases(EvictionPolicy policy) {
+  BlockPool pool(config(101, policy));
+  int next = 1000;
+  constexpr int kSteps = 800, kGap = 16, kHot = 60, kScan = 3;
+  const auto recency = [&] {
+    const int base = next;
+    next += kSteps;
+    int hits = 0;
+    for (int t = 0; t < kSteps; ++t) {
+      (void)request(pool, base + t);
+      if (t >= kGap && request(pool, base + t - kGap) && t >= kSteps / 2) ++hits;
+    }
+    return hits / static_cast<double>(kSteps / 2);
+  };
+  const auto frequency = [&] {
+    const int hot = next;
+    next += kHot;
+    for (int k = 0; k < kHot; ++k) {  // each hot block stored and hit once
+      (void)request(pool, hot + k);
+      (void)request(pool, hot + k);
+    }
+    int hits = 0;
+    for (int t = 0; t < kSteps; ++t) {
+      if (request(pool, hot + t % kHot) && t >= kSteps / 2) ++hits;
+      for (int k = 0; k < kScan; ++k) (void)request(pool, next++);
+    }
+    return hits / static_cast<double>(kSteps / 2);
+  };
+  PhaseRates r;
+  r.recency = recency();
+  r.target_after_recency = pool.adaptive_protected_target();
+  r.frequency = frequency();
+  r.recency_again = recency();
+  pool.check_invariants();
+  return r;
+}
+
+// kAdaptive follows the better of LRU and SLRU on both kinds of workload, in turn on one pool:
+// protected's target falls while blocks evicted without a hit come back (the frequency phase
+// then keeps its hot blocks at the lower share; the model test checks the rise on B2 hits).
+TEST(EvictionPolicyOrder, AdaptiveFollowsTheBetterOfLruAndSlru) {
+  const PhaseRates lru = phases(EvictionPolicy::kLru);
+  const PhaseRates slru = phases(EvictionPolicy::kSlru);
+  const PhaseRates ad = phases(EvictionPolicy::kAdaptive);
+  // The workloads do what they are for: LRU wins the recency phases, SLRU the frequency one.
+  EXPECT_GT(lru.recency, slru.recency + 0.3);
+  EXPECT_GT(lru.recency_again, slru.recency_again + 0.3);
+  EXPECT_GT(slru.frequency, lru.frequency + 0.3);
+  EXPECT_GE(ad.recency, lru.recency - 0.05);
+  EXPECT_GE(ad.frequency, slru.frequency - 0.05);
+  EXPECT_GE(ad.recency_again, lru.recency_again - 0.05);
+  EXPECT_LT(ad.target_after_recency, kAdaptiveScale * kAdaptiveInitialPercent / 100);
+  EXPECT_EQ(lru.target_after_recency, -1);
+  std::printf(
+      "recency / frequency / recency hit rates: lru %.3f %.3f %.3f, slru %.3f %.3f %.3f, "
+      "adaptive %.3f %.3f %.3f (target after the first recency phase %.3f)\n",
+      lru.recency, lru.frequency, lru.recency_again, slru.recency, slru.frequency,
+      slru.recency_again, ad.recency, ad.frequency, ad.recency_again,
+      static_cast<double>(ad.target_after_recency) / kAdaptiveScale);
 }
 
 // S3-FIFO: main's oldest block is moved to main's tail once per hit it has left.

@@ -446,6 +446,9 @@ class BlockPool {
   // kLineage: the key depth that blocks cached now are ranked by (config().lineage_key_depth,
   // or the learned depth with lineage_adaptive_depth); other policies: config().lineage_key_depth.
   std::size_t lineage_key_depth() const noexcept;
+  // kAdaptive: protected's target share of a level's free cached blocks now, in units of
+  // 1 / kAdaptiveScale (0 .. kAdaptiveScale); other policies: -1. O(1).
+  std::int64_t adaptive_protected_target() const noexcept;
   // Whether the pool keeps retention state (a non-LRU policy, or retention asked for).
   bool retention_active() const noexcept { return ret_ != nullptr; }
 
@@ -594,6 +597,7 @@ class BlockPool {
   // commit_store() cached blocks (chain's blocks first .. first + blocks.size() - 1).
   void ret_stored(std::span<const BlockHash> chain, std::size_t first,
                   std::span<const BlockId> blocks) noexcept;
+  void ret_record_ghosts(std::span<const BlockId> victims) noexcept;  // adaptive: the ghosts
   void ret_after_evict(BlockId id) noexcept;  // evict_blocks() evicted block id
   void ret_reset() noexcept;                  // reset_prefix_cache() cleared every hash
   void ret_check(std::vector<char>& seen) const;

@@ -32,6 +32,15 @@
 //    length of the head that the workload's prompts share: with a longer shared head every
 //    lineage gets one rank and the policy falls back to LRU's order. With
 //    BlockPoolConfig::lineage_adaptive_depth the pool learns it (LineageDepthLearner below).
+//  - kAdaptive: SLRU whose protected share is a target p adapted online, ARC-style, between LRU
+//    (p = 0) and SLRU-like behaviour. Two ghost FIFOs hold the 64-bit fingerprints of recently
+//    evicted cached blocks (B1: evicted without a hit since cached, B2: after one), each the last
+//    kAdaptiveGhostPercent of the pool's block count evictions into it. When the pool caches a
+//    block whose fingerprint is in B1, p falls; in B2, p rises; by ARC's step (max(1, |other
+//    ghost| / |its ghost|) blocks of the pool), clamped to [0, kAdaptiveScale]. Lookups change
+//    nothing. Eviction as kSlru with share p instead of 80% (BlockPool::
+//    adaptive_protected_target() reports p). O(1) expected per block; the ghosts are allocated
+//    at pool construction (12 to 20 bytes per block).
 // Free uncached blocks are handed out before any cached one under every policy; retention
 // priorities order eviction across classes before the policy orders it within one.
 // Errors: parse_eviction_policy throws pagedkv::Error (kParseError) naming the bad string.
@@ -48,8 +57,14 @@
 
 namespace pagedkv {
 
-enum class EvictionPolicy : std::uint8_t { kLru = 0, kSlru = 1, kS3Fifo = 2, kLineage = 3 };
-inline constexpr std::uint8_t kNumEvictionPolicies = 4;
+enum class EvictionPolicy : std::uint8_t {
+  kLru = 0,
+  kSlru = 1,
+  kS3Fifo = 2,
+  kLineage = 3,
+  kAdaptive = 4
+};
+inline constexpr std::uint8_t kNumEvictionPolicies = 5;
 
 // kLineage's parameters (bench/results/eviction.md, 2026-12-04: tuned on the first 2,000
 // Mooncake requests).
@@ -60,6 +75,14 @@ inline constexpr int kLineageProtectedPercent = 50;
 // dead (its lineage stopped coming back): one rank's head (in turn) and protected's head are
 // checked at each eviction and evicted first if dead.
 inline constexpr int kLineageMaxAgePools = 8;
+
+// kAdaptive's parameters (bench/results/eviction.md, 2026-12-04 evening: tuned on the first
+// 2,000 Mooncake requests and the agents workload): protected's target share starts at
+// kAdaptiveInitialPercent of a level's free cached blocks and moves in units of
+// 1 / kAdaptiveScale of it; each ghost FIFO holds kAdaptiveGhostPercent of the pool's blocks.
+inline constexpr std::int64_t kAdaptiveScale = std::int64_t{1} << 24;
+inline constexpr std::int64_t kAdaptiveInitialPercent = 80;
+inline constexpr std::size_t kAdaptiveGhostPercent = 25;
 
 // The largest lineage key depth a pool accepts or learns (blocks).
 inline constexpr std::size_t kMaxLineageKeyDepth = 1024;
@@ -99,7 +122,7 @@ class LineageDepthLearner {
   std::size_t depth_;
 };
 
-// "lru", "slru", "s3fifo", "lineage".
+// "lru", "slru", "s3fifo", "lineage", "adaptive".
 std::string_view to_string(EvictionPolicy policy) noexcept;
 // The policy named by to_string(). Throws pagedkv::Error (kParseError) naming `name` otherwise.
 EvictionPolicy parse_eviction_policy(std::string_view name);
