@@ -121,7 +121,7 @@ def test_pin_budget_and_eviction_policy_on_the_manager():
         pagedkv.KVCacheManager(16, eviction_policy="nosuch")
 
 
-@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo"])
+@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "lineage", "adaptive"])
 def test_every_policy_keeps_the_pinned_prompt(policy):
     if policy not in pagedkv.EVICTION_POLICIES:
         pytest.skip(f"no {policy} policy in this build")
@@ -157,7 +157,7 @@ def test_host_tier_minimum_priority():
         pagedkv.TieredKVCacheManager(16, 16, secondary_offload_min_priority=101)
 
 
-@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "lineage"])
+@pytest.mark.parametrize("policy", ["lru", "slru", "s3fifo", "lineage", "adaptive"])
 def test_a_shared_block_takes_the_highest_priority_asked(policy):
     """A prompt one request keeps below the default (10) is at the default once a request without
     a config shares it, in either order, and outlives older default blocks."""
