@@ -17,6 +17,7 @@ plot 'bench/results/eviction_sweep.dat' using 1:2 with linespoints lw 2 title 'l
      '' using 1:3 with linespoints lw 2 title 'slru', \
      '' using 1:4 with linespoints lw 2 title 's3fifo', \
      '' using 1:5 with linespoints lw 2 title 'lineage', \
+     '' using 1:7 with linespoints lw 3 lc rgb 'black' title 'adaptive', \
      '' using 1:6 with linespoints lw 2 dt 2 title 'belady (offline bound)'
 set title 'generated agents workload (1,000 requests, seed 1)'
 set xrange [1800:70000]
@@ -26,5 +27,6 @@ plot 'bench/results/eviction_agents_sweep.dat' using 1:2 with linespoints lw 2 t
      '' using 1:3 with linespoints lw 2 title 'slru', \
      '' using 1:4 with linespoints lw 2 title 's3fifo', \
      '' using 1:5 with linespoints lw 2 title 'lineage', \
+     '' using 1:7 with linespoints lw 3 lc rgb 'black' title 'adaptive', \
      '' using 1:6 with linespoints lw 2 dt 2 title 'belady (offline bound)'
 unset multiplot
