@@ -23,6 +23,24 @@
 
 namespace pagedkv::hybrid_test {
 
+// Misuse: `hit` with its first host slot moved to another slot (a stale hit) must be refused
+// with the tier exactly as `before`. Calls fail(message) otherwise (fail must not return).
+template <class Fail>
+void expect_stale_hit_refused(TieredKVCacheManager& t, Request& r, const TieredCacheHit& hit,
+                              std::int32_t host_slots, const TieredSnapshot& before, Fail&& fail) {
+  TieredCacheHit bad = hit;
+  bad.host_slots[0] = bad.host_slots[0] % host_slots + 1;
+  bad.host_check = 0;
+  bool threw = false;
+  try {
+    (void)t.allocate_slots(r, r.num_tokens() - bad.num_tokens(), bad);
+  } catch (const Error&) {
+    threw = true;
+  }
+  if (!threw) fail("a stale host hit was accepted");
+  if (!(t.snapshot() == before)) fail("a refused allocation changed the tier");
+}
+
 constexpr std::uint32_t kBs = 4;
 
 // The groups of an episode's model. Layout 0: full attention and a window group, both of kBs
@@ -201,19 +219,7 @@ EpisodeResult run_hybrid_episode(Rng& rng, std::uint64_t seed, int hashing, Host
     }
     const TieredSnapshot before = t.snapshot();
     // Misuse: a stale hit (a host slot moved) is refused with nothing changed.
-    if (h > 0 && pick(5) == 0) {
-      TieredCacheHit bad = hit;
-      bad.host_slots[0] = bad.host_slots[0] % host_slots + 1;
-      bad.host_check = 0;
-      bool threw = false;
-      try {
-        (void)t.allocate_slots(r, r.num_tokens() - bad.num_tokens(), bad);
-      } catch (const Error&) {
-        threw = true;
-      }
-      if (!threw) fail("a stale host hit was accepted");
-      if (!(t.snapshot() == before)) fail("a refused allocation changed the tier");
-    }
+    if (h > 0 && pick(5) == 0) expect_stale_hit_refused(t, r, hit, host_slots, before, fail);
     auto a = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
     if (!a) {
       if (!(t.snapshot() == before)) fail("a failed allocation changed the tier");

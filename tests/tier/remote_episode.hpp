@@ -429,17 +429,8 @@ class RemoteEpisode {
     const TieredSnapshot before = t.snapshot();
     // A stale host hit (a slot moved) is refused with nothing changed.
     if (!hit.host_slots.empty() && pick(5) == 0) {
-      TieredCacheHit bad = hit;
-      bad.host_slots[0] = bad.host_slots[0] % e.host_slots + 1;
-      bad.host_check = 0;
-      bool threw = false;
-      try {
-        (void)t.allocate_slots(r, r.num_tokens() - bad.num_tokens(), bad);
-      } catch (const Error&) {
-        threw = true;
-      }
-      if (!threw) fail("a stale host hit was accepted");
-      if (!(t.snapshot() == before)) fail("a refused allocation changed the tier");
+      hybrid_test::expect_stale_hit_refused(t, r, hit, e.host_slots, before,
+                                            [this](const std::string& w) { fail(w); });
     }
     auto alloc = t.allocate_slots(r, r.num_tokens() - hit.num_tokens(), hit);
     ++res_.scheduled;
