@@ -517,6 +517,19 @@ class RemoteTierHybridSizes : public ::testing::TestWithParam<std::tuple<int, in
   const Layout& wide() const {
     return std::get<1>(GetParam()) == 0 ? kFull16WideWindow32 : kFull32WideWindow16;
   }
+  // The rollback tests: a first engine stores kLongPrompt under wide() in `dir`.
+  void store_long_prompt(const fs::path& dir) const {
+    HybridEngine a(disk_store(dir), hashing(), WindowStoreRule::kAll, 64, false, wide());
+    a.run(1, kLongPrompt);
+    ASSERT_TRUE(a.drain());
+  }
+  // (group, its block) whose value fails: the failed block starts at 208 tokens (group 0 at 16)
+  // or 96 (group 1 at 32) for full 16 + window 32; at 160 (group 0 at 32) or 208 (group 1 at 16)
+  // otherwise.
+  std::array<std::pair<std::size_t, std::size_t>, 2> failing_blocks() const {
+    const bool fine0 = wide().bs[0] == 16;
+    return {{{0, fine0 ? 13 : 5}, {1, fine0 ? 3 : 13}}};
+  }
 };
 
 // Blocks of group g in `tokens` tokens under layout l.
@@ -620,16 +633,8 @@ TEST_P(RemoteTierHybridSizes, ACorruptValueOfEitherGroupRollsBackToAValidPrefix)
   const Layout& l = wide();
   SCOPED_TRACE(layout_name(l));
   TempDir dir;
-  {
-    HybridEngine a(disk_store(dir.path()), hashing(), WindowStoreRule::kAll, 64, false, l);
-    a.run(1, kLongPrompt);
-    ASSERT_TRUE(a.drain());
-  }
-  // (group, its block): the failed block starts at 208 tokens (group 0 at 16) or 96 (group 1 at
-  // 32) for full 16 + window 32; at 160 (group 0 at 32) or 208 (group 1 at 16) otherwise.
-  const bool fine0 = l.bs[0] == 16;
-  const std::pair<std::size_t, std::size_t> cases[2] = {{0, fine0 ? 13 : 5}, {1, fine0 ? 3 : 13}};
-  for (const auto& [g, q] : cases) {
+  ASSERT_NO_FATAL_FAILURE(store_long_prompt(dir.path()));
+  for (const auto& [g, q] : failing_blocks()) {
     SCOPED_TRACE("corrupt group " + std::to_string(g) + " block " + std::to_string(q));
     TempDir copy;
     fs::copy(dir.path(), copy.path(), fs::copy_options::recursive);
@@ -661,14 +666,8 @@ TEST_P(RemoteTierHybridSizes, AMissingValueOfEitherGroupRollsBackToAValidPrefix)
   const Layout& l = wide();
   SCOPED_TRACE(layout_name(l));
   TempDir dir;
-  {
-    HybridEngine a(disk_store(dir.path()), hashing(), WindowStoreRule::kAll, 64, false, l);
-    a.run(1, kLongPrompt);
-    ASSERT_TRUE(a.drain());
-  }
-  const bool fine0 = l.bs[0] == 16;
-  const std::pair<std::size_t, std::size_t> cases[2] = {{0, fine0 ? 13 : 5}, {1, fine0 ? 3 : 13}};
-  for (const auto& [g, q] : cases) {
+  ASSERT_NO_FATAL_FAILURE(store_long_prompt(dir.path()));
+  for (const auto& [g, q] : failing_blocks()) {
     SCOPED_TRACE("missing group " + std::to_string(g) + " block " + std::to_string(q));
     auto vanishing =
         std::make_unique<VanishingStore>(disk_store(dir.path()), static_cast<GroupId>(g), q);
