@@ -18,16 +18,17 @@
 // R (read-only streaming) = bytes / time of one kernel that only reads 1 GiB (read_bandwidth.hpp):
 // decode only reads K/V, so R is its own ceiling, measured in the same run beside C.
 //
-// Both decode kernel variants run on every shape in the same run (DecodeKernel::kSimt and
-// kTensorCore, the default since the 2026-12-04 GPU run), each with its own split plan, timed
-// back to back (the order alternates from shape to shape); each is checked against the CPU
-// reference before anything is timed.
+// Every decode kernel variant runs on every shape in the same run (DecodeKernel::kSimt,
+// kTensorCore, the default since the 2026-12-04 GPU run, and kTensorCoreWideMerge), each with its
+// own split plan, timed back to back (the order rotates from shape to shape); each is checked
+// against the CPU reference before anything is timed. RESULT decode_variants gives simt /
+// tensor-core time over every shape and tensor-core / wide-merge time over the split-KV shapes.
 //
 // Target (docs/figures.md): decode >= 0.85 x C on the bandwidth-bound shapes (>= 1 GiB of K/V
 // per launch): TARGET decode_vs_copy (the default kernel, kDefaultDecodeKernel), TARGET
 // decode_vs_read (against R), and the same for the other variant under its name
-// (decode_simt_vs_copy / decode_simt_vs_read, or decode_tc_* while kSimt is the default); batch 1
-// at 4,096 tokens >= 0.5 x C (decode_b1_4k_vs_copy, decode_simt_b1_4k_vs_copy). Every figure is
+// (decode_simt_*, decode_tc_* while another kernel is the default, decode_wide_merge_*); batch 1
+// at 4,096 tokens >= 0.5 x C (decode_b1_4k_vs_copy and each variant's). Every figure is
 // also printed as a RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
 //
 // Usage: bench_decode_attention [--quick]   (--quick: a few small shapes, for smoke tests)
@@ -72,10 +73,20 @@ constexpr KVDtype kDtype = KVDtype::kBFloat16;
 constexpr double kTarget = 0.85;
 constexpr double kRowTolerance = 1e-2;  // bf16, as the GPU tests
 constexpr double kTargetB1 = 0.5;       // batch 1, 4,096 tokens
-constexpr DecodeKernel kKernels[] = {DecodeKernel::kSimt, DecodeKernel::kTensorCore};
+constexpr DecodeKernel kKernels[] = {DecodeKernel::kSimt, DecodeKernel::kTensorCore,
+                                     DecodeKernel::kTensorCoreWideMerge};
+constexpr int kNumKernels = 3;
 
 const char* kernel_name(DecodeKernel kernel) {
-  return kernel == DecodeKernel::kSimt ? "simt" : "tensor_core";
+  switch (kernel) {
+    case DecodeKernel::kSimt:
+      return "simt";
+    case DecodeKernel::kTensorCore:
+      return "tensor_core";
+    case DecodeKernel::kTensorCoreWideMerge:
+      return "tensor_core_wide_merge";
+  }
+  return "unknown";
 }
 
 // Median milliseconds of one launch. Each repeat times `per_repeat` back-to-back calls
@@ -150,7 +161,8 @@ double time_graph_ms(cudaStream_t stream, int repeats, int per_graph, int first,
 
 // Decode attention on a small random case (5 sequences of 1..1500 tokens, shuffled blocks)
 // against the CPU reference, split-KV off and planned; copy_blocks against its reference.
-bool check_against_reference(const pagedkv::DecodePlanOptions (&planners)[2], cudaStream_t stream) {
+bool check_against_reference(const pagedkv::DecodePlanOptions (&planners)[kNumKernels],
+                             cudaStream_t stream) {
   bench::Random rng(2024);
   const std::vector<std::int32_t> lens = {1, 190, 777, 1500, 64};
   const int seqs = static_cast<int>(lens.size());
@@ -223,7 +235,7 @@ bool check_against_reference(const pagedkv::DecodePlanOptions (&planners)[2], cu
   p.seq_lens = static_cast<const std::int32_t*>(lens_dev);
   p.out = out_dev;
   bool ok = true;
-  for (int kv = 0; kv < 2; ++kv) {
+  for (int kv = 0; kv < kNumKernels; ++kv) {
     const DecodeKernel kernel = kKernels[kv];
     pagedkv::DecodePlanOptions options = planners[kv];
     options.min_chunk_tokens = 64;
@@ -310,8 +322,8 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   cudaStream_t stream = nullptr;
   CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  pagedkv::DecodePlanOptions options[2];
-  for (int kv = 0; kv < 2; ++kv) {
+  pagedkv::DecodePlanOptions options[kNumKernels];
+  for (int kv = 0; kv < kNumKernels; ++kv) {
     CHECK(pagedkv::decode_plan_options_for_current_device(kDtype, kHeadDim, &options[kv],
                                                           kKernels[kv]));
   }
@@ -392,9 +404,10 @@ int main(int argc, char** argv) {
       "GB/s | / C | / R |\n");
   std::printf("|---:|---:|---:|---|---|---|---:|---|---:|---:|---:|---:|\n");
   std::mt19937_64 rng(1);
-  std::vector<double> bound_ratios[2];  // per kernel: shapes with >= 1 GiB of K/V per launch
-  std::vector<double> speedups;         // per shape: simt time / tensor-core time
-  double b1_4k[2] = {-1.0, -1.0};
+  std::vector<double> bound_ratios[kNumKernels];  // per kernel: shapes with >= 1 GiB of K/V
+  std::vector<double> speedups;                   // per shape: simt time / tensor-core time
+  std::vector<double> wide_speedups;  // per split-KV shape: tensor-core time / wide-merge time
+  double b1_4k[kNumKernels] = {-1.0, -1.0, -1.0};
   int shape_index = 0;
   for (const int batch : batches) {
     for (const int context : contexts) {
@@ -439,12 +452,20 @@ int main(int argc, char** argv) {
           p.out = out;
           p.sm_scale = 0.0883883f;
           const auto* table_base = static_cast<const std::int32_t*>(table);
-          double ms_of[2] = {0.0, 0.0};
-          // A/B in one run: the order alternates from shape to shape.
-          for (int step = 0; step < 2; ++step) {
-            const int kv = (step + shape_index) % 2;
+          double ms_of[kNumKernels] = {0.0, 0.0, 0.0};
+          bool split_of[kNumKernels] = {false, false, false};
+          // A/B/C in one run: the order rotates from shape to shape.
+          // Batch 1, identity tables: one more step, the wide merge with a two-wave plan (the
+          // plan kTensorCore uses), so the run separates the plan's effect from the merge's.
+          const bool plan_probe = batch == 1 && !shuffled;
+          for (int step = 0; step < kNumKernels + (plan_probe ? 1 : 0); ++step) {
+            const bool probe = step == kNumKernels;
+            const int kv = probe ? 2 : (step + shape_index) % kNumKernels;
             const DecodeKernel kernel = kKernels[kv];
-            const DecodePlan plan = pagedkv::plan_paged_decode(lens, kKVHeads, options[kv]);
+            pagedkv::DecodePlanOptions plan_options = options[kv];
+            if (probe) plan_options.ctas_per_sm *= 2;
+            const char* label = probe ? "tensor_core_wide_merge_2waves" : kernel_name(kernel);
+            const DecodePlan plan = pagedkv::plan_paged_decode(lens, kKVHeads, plan_options);
             const std::size_t ws_bytes =
                 pagedkv::decode_workspace_bytes(plan, batch, kQHeads, kHeadDim);
             void* workspace = nullptr;
@@ -463,7 +484,10 @@ int main(int argc, char** argv) {
                 graph ? time_graph_ms(stream, quick ? 3 : 15, per_repeat, 0, warmup_first, launch)
                       : time_ms(stream, quick ? 3 : 15, per_repeat,
                                 static_cast<int>(std::max<std::int64_t>(0, rotation - 2)), launch);
-            ms_of[kv] = ms;
+            if (!probe) {
+              ms_of[kv] = ms;
+              split_of[kv] = plan.split_kv();
+            }
             const double bytes = 2.0 * static_cast<double>(kv_bytes) +
                                  2.0 * batch * kQHeads * kHeadDim * 2;  // K, V, q, out
             const double gbs = bytes / (ms * 1e6);
@@ -476,22 +500,23 @@ int main(int argc, char** argv) {
             const char* timed_as = graph ? "graph" : "launches";
             std::printf(
                 "| %d | %d | %d | %s | %s | %s | %.2f GiB | %s | %.1f | %.0f | %.2f | %.2f |\n",
-                batch, context, block_size, shuffled ? "shuffled" : "identity", kernel_name(kernel),
-                split, 2.0 * static_cast<double>(rotation * kv_bytes) / static_cast<double>(kGiB),
+                batch, context, block_size, shuffled ? "shuffled" : "identity", label, split,
+                2.0 * static_cast<double>(rotation * kv_bytes) / static_cast<double>(kGiB),
                 timed_as, ms * 1e3, gbs, gbs / c_gbs, gbs / r_gbs);
             std::printf(
                 "RESULT decode kernel=%s batch=%d context=%d block=%d table=%s splits=%d "
                 "timed_as=%s us=%.2f gbs=%.1f ratio_copy=%.3f ratio_read=%.3f\n",
-                kernel_name(kernel), batch, context, block_size, shuffled ? "shuffled" : "identity",
+                label, batch, context, block_size, shuffled ? "shuffled" : "identity",
                 plan.num_splits, timed_as, ms * 1e3, gbs, gbs / c_gbs, gbs / r_gbs);
             std::fflush(stdout);
-            if (2 * kv_bytes >= kGiB) bound_ratios[kv].push_back(gbs / c_gbs);
-            if (batch == 1 && context == 4096 && !shuffled && block_size == 16) {
+            if (!probe && 2 * kv_bytes >= kGiB) bound_ratios[kv].push_back(gbs / c_gbs);
+            if (!probe && batch == 1 && context == 4096 && !shuffled && block_size == 16) {
               b1_4k[kv] = gbs / c_gbs;
             }
             if (workspace != nullptr) CHECK(cudaFree(workspace));
           }
           speedups.push_back(ms_of[0] / ms_of[1]);
+          if (split_of[1] || split_of[2]) wide_speedups.push_back(ms_of[1] / ms_of[2]);
           ++shape_index;
           CHECK(cudaFree(lens_dev));
           CHECK(cudaFree(table));
@@ -544,12 +569,13 @@ int main(int argc, char** argv) {
 
   // ---- the targets: every bandwidth-bound shape at >= 0.85 x C (and x R), per kernel ----
   std::printf("\n");
-  for (int kv = 0; kv < 2; ++kv) {
+  for (int kv = 0; kv < kNumKernels; ++kv) {
     const std::vector<double>& ratios = bound_ratios[kv];
-    // The default kernel keeps the plain names; the other variant is named.
+    // The default kernel keeps the plain names; the other variants are named.
     const char* prefix = kKernels[kv] == pagedkv::kDefaultDecodeKernel ? "decode"
                          : kKernels[kv] == DecodeKernel::kSimt         ? "decode_simt"
-                                                                       : "decode_tc";
+                         : kKernels[kv] == DecodeKernel::kTensorCore   ? "decode_tc"
+                                                                       : "decode_wide_merge";
     if (!ratios.empty()) {
       const double worst = *std::min_element(ratios.begin(), ratios.end());
       const double best = *std::max_element(ratios.begin(), ratios.end());
@@ -579,6 +605,13 @@ int main(int argc, char** argv) {
         "(simt time / tensor-core time, same run)\n",
         bench::median(speedups), *std::min_element(speedups.begin(), speedups.end()),
         *std::max_element(speedups.begin(), speedups.end()), speedups.size());
+  }
+  if (!wide_speedups.empty()) {
+    std::printf(
+        "RESULT decode_variants wide_merge_speedup_median=%.3f worst=%.3f best=%.3f shapes=%zu "
+        "(tensor-core time / wide-merge time, same run, shapes where either splits)\n",
+        bench::median(wide_speedups), *std::min_element(wide_speedups.begin(), wide_speedups.end()),
+        *std::max_element(wide_speedups.begin(), wide_speedups.end()), wide_speedups.size());
   }
   CHECK(cudaFree(sink));
   CHECK(cudaFree(q));

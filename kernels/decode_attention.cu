@@ -29,8 +29,8 @@
 #include "internal/cp_async.cuh"
 #include "internal/decode_tc_launch.hpp"
 #include "internal/decode_tc_layout.hpp"
-#include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/cuda/decode_attention.hpp"
 
 namespace pagedkv {
 
@@ -557,6 +557,11 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
          " CTAs exceeds 2^31 - 1");
   }
   if (plan.split_kv()) {
+    // The merge kernels' grids: kTensorCoreWideMerge launches one CTA per (sequence, query head).
+    const std::int64_t states = static_cast<std::int64_t>(params.num_seqs) * params.num_q_heads;
+    if (states > std::numeric_limits<std::int32_t>::max()) {
+      fail("num_seqs x num_q_heads = " + std::to_string(states) + " merge states exceeds 2^31 - 1");
+    }
     const std::size_t needed =
         decode_workspace_bytes(plan, params.num_seqs, params.num_q_heads, head_dim);
     if (workspace == nullptr || workspace_bytes < needed) {
@@ -570,21 +575,24 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
 bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept {
   // Both variants cover every 16-bit shape validate_cuda_decode accepts; FP8 has its own kernel.
   return !params.quant.fp8() &&
-         (kernel == DecodeKernel::kSimt || kernel == DecodeKernel::kTensorCore);
+         (kernel == DecodeKernel::kSimt || kernel == DecodeKernel::kTensorCore ||
+          kernel == DecodeKernel::kTensorCoreWideMerge);
 }
 
 cudaError_t paged_decode_attention(const PagedDecodeParams& params, const DecodePlan& plan,
                                    void* workspace, std::size_t workspace_bytes,
                                    cudaStream_t stream, DecodeKernel kernel) {
   validate_cuda_decode(params, plan, workspace, workspace_bytes);
-  if (kernel != DecodeKernel::kSimt && kernel != DecodeKernel::kTensorCore) {
+  if (kernel != DecodeKernel::kSimt && kernel != DecodeKernel::kTensorCore &&
+      kernel != DecodeKernel::kTensorCoreWideMerge) {
     fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
   }
   if (params.num_seqs == 0) return cudaSuccess;
   // An FP8 cache: kernels/fp8_attention.cu (no split-KV; the plan is not used), either variant.
   if (params.quant.fp8()) return kernels::fp8_paged_decode(params, stream);
-  if (kernel == DecodeKernel::kTensorCore) {
-    return kernels::tc_paged_decode(params, plan, workspace, stream);
+  if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge) {
+    return kernels::tc_paged_decode(params, plan, workspace, stream,
+                                    kernel == DecodeKernel::kTensorCoreWideMerge);
   }
   const KVLayout& layout = params.layout;
   DecodeKernelParams kp{};
@@ -640,7 +648,7 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
                                                    DecodePlanOptions* options,
                                                    DecodeKernel kernel) {
   if (options == nullptr) fail("options is null");
-  if (kernel == DecodeKernel::kTensorCore) {
+  if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge) {
     if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
       fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
     }
@@ -653,7 +661,11 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
     if (err == cudaSuccess) err = kernels::tc_decode_ctas_per_sm(dtype, head_dim, &resident);
     if (err != cudaSuccess) return err;
     options->num_sms = sms;
-    options->ctas_per_sm = detail::kTcPlanWaves * resident;  // waves of the variant (header)
+    // Waves of the kernel (decode_tc_layout.hpp): two for kTensorCore, one for the wide merge.
+    options->ctas_per_sm =
+        (kernel == DecodeKernel::kTensorCoreWideMerge ? detail::kTcWideMergePlanWaves
+                                                      : detail::kTcPlanWaves) *
+        resident;
     options->min_chunk_tokens = detail::kTcMinChunkTokens;
     return cudaSuccess;
   }

@@ -85,7 +85,7 @@ __device__ __forceinline__ detail::TcSplitRange range_of(const TcParams& p, int 
                                 p.chunk, split);
 }
 
-template <bool kBf16, int kHeadDim, bool kSoftCap>
+template <bool kBf16, int kHeadDim, bool kSoftCap, bool kEarlyTrigger>
 __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasPerSm)
     tc_decode_kernel(const TcParams p) {
   using S = TcDecodeShape<kHeadDim>;
@@ -103,6 +103,14 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
   const int seq = static_cast<int>(seq_head / p.num_kv_heads);
   const detail::TcSplitRange range = range_of(p, seq, split);
   if (split >= range.num_active_splits) return;  // uniform over the CTA
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kEarlyTrigger) {
+    // kTensorCoreWideMerge: let the merge grid launch now (its CTAs wait in griddepcontrol.wait
+    // until this grid has completed and its writes are visible), so its launch is not on the
+    // critical path. A CTA that returned above counts as triggered.
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+  }
+#endif
   const bool direct = range.num_active_splits == 1;
   const int range_len = range.end - range.begin;
 
@@ -415,10 +423,88 @@ __global__ void __launch_bounds__(kHeadDim / 4 * kMergeHeads)
       packed;
 }
 
-template <bool kBf16, int kHeadDim, bool kSoftCap>
+// kTensorCoreWideMerge's merge, the same formula as tc_merge_kernel with the splits in parallel:
+// one CTA per (sequence, query head) that used >= 2 splits. The CTA's threads first reduce the
+// maximum log-sum-exp (each reads splits t, t + 256, ...), then thread (row, lane) accumulates
+// lane's 4 columns over splits row, row + kRows, ... (independent loads, unrolled), and row 0
+// sums the rows. The serial chain is a few loads long instead of 2 x num_splits.
+constexpr int kWideMergeThreads = 256;
+
+template <bool kBf16, int kHeadDim>
+__global__ void __launch_bounds__(kWideMergeThreads) tc_wide_merge_kernel(const TcParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+  constexpr int kLanes = kHeadDim / 4;  // float4 columns
+  constexpr int kRows = kWideMergeThreads / kLanes;
+  constexpr int kWarpsHere = kWideMergeThreads / 32;
+  static_assert(kRows * kLanes == kWideMergeThreads, "rows x lanes cover the CTA");
+  __shared__ float4 row_acc[kRows][kLanes];
+  __shared__ float row_weight[kRows];
+  __shared__ float warp_max[kWarpsHere];
+
+  const std::int64_t state = blockIdx.x;
+  const int seq = static_cast<int>(state / p.num_q_heads);
+  const int q_head = static_cast<int>(state % p.num_q_heads);
+  const int n = range_of(p, seq, 0).num_active_splits;
+  if (n <= 1) return;  // written directly by the attention kernel; uniform over the CTA
+  const int t = static_cast<int>(threadIdx.x);
+  const float* lse = p.partial_lse + state * p.num_splits;
+  float m = -INFINITY;
+  for (int s = t; s < n; s += kWideMergeThreads) m = fmaxf(m, lse[s]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  }
+  if (t % 32 == 0) warp_max[t / 32] = m;
+  __syncthreads();
+  float m_all = warp_max[0];
+#pragma unroll
+  for (int w = 1; w < kWarpsHere; ++w) m_all = fmaxf(m_all, warp_max[w]);
+
+  const int row = t / kLanes;
+  const int lane = t % kLanes;
+  const float* part = p.partial_out + state * p.num_splits * kHeadDim + lane * 4;
+  float weight_sum = 0.0f;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+  for (int s = row; s < n; s += kRows) {
+    const float w = exp2f(lse[s] - m_all);
+    const float4 v =
+        *reinterpret_cast<const float4*>(part + static_cast<std::int64_t>(s) * kHeadDim);
+    weight_sum += w;
+    acc.x = fmaf(w, v.x, acc.x);
+    acc.y = fmaf(w, v.y, acc.y);
+    acc.z = fmaf(w, v.z, acc.z);
+    acc.w = fmaf(w, v.w, acc.w);
+  }
+  row_acc[row][lane] = acc;
+  if (lane == 0) row_weight[row] = weight_sum;
+  __syncthreads();
+  if (row != 0) return;
+  float total_weight = row_weight[0];
+#pragma unroll
+  for (int r = 1; r < kRows; ++r) {
+    const float4 v = row_acc[r][lane];
+    total_weight += row_weight[r];
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  // The largest split has weight 1, so total_weight >= 1.
+  const float inv = 1.0f / total_weight;
+  uint2 packed;
+  packed.x = MmaOps<kBf16>::pack2(acc.x * inv, acc.y * inv);
+  packed.y = MmaOps<kBf16>::pack2(acc.z * inv, acc.w * inv);
+  *reinterpret_cast<uint2*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head +
+                            lane * 4) = packed;
+}
+
+template <bool kBf16, int kHeadDim, bool kSoftCap, bool kWideMerge>
 cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t stream) {
   using S = TcDecodeShape<kHeadDim>;
-  const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap>;
+  const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap, kWideMerge>;
   // Set on every launch: cheap, per device, and allowed while a graph is being captured.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(S::kSmemBytes));
@@ -435,8 +521,13 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
 
   const std::int64_t states = num_seqs * kp.num_q_heads;
   cudaLaunchConfig_t merge{};
-  merge.gridDim = dim3(static_cast<unsigned>((states + kMergeHeads - 1) / kMergeHeads));
-  merge.blockDim = dim3(kHeadDim / 4, kMergeHeads);
+  if constexpr (kWideMerge) {
+    merge.gridDim = dim3(static_cast<unsigned>(states));
+    merge.blockDim = dim3(kWideMergeThreads);
+  } else {
+    merge.gridDim = dim3(static_cast<unsigned>((states + kMergeHeads - 1) / kMergeHeads));
+    merge.blockDim = dim3(kHeadDim / 4, kMergeHeads);
+  }
   merge.stream = stream;
   cudaLaunchAttribute attr[1];
   int device = 0;
@@ -452,7 +543,11 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
     merge.attrs = attr;
     merge.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&merge, tc_merge_kernel<kBf16, kHeadDim>, kp, states);
+  if constexpr (kWideMerge) {
+    return cudaLaunchKernelEx(&merge, tc_wide_merge_kernel<kBf16, kHeadDim>, kp);
+  } else {
+    return cudaLaunchKernelEx(&merge, tc_merge_kernel<kBf16, kHeadDim>, kp, states);
+  }
 }
 
 template <typename Fn>
@@ -482,7 +577,7 @@ cudaError_t dispatch(KVDtype dtype, int head_dim, bool soft_cap, Fn&& fn) {
 }  // namespace
 
 cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& plan,
-                            void* workspace, cudaStream_t stream) {
+                            void* workspace, cudaStream_t stream, bool wide_merge) {
   const KVLayout& layout = params.layout;
   TcParams kp{};
   kp.q = static_cast<const std::uint16_t*>(params.q);
@@ -524,16 +619,17 @@ cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& p
     kp.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
     kp.partial_lse = reinterpret_cast<float*>(base + ws.partial_lse_offset);
   }
-  return dispatch(params.dtype, layout.head_dim, soft_cap,
-                  [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-                    return launch<kBf16, kHeadDim, kSoftCap>(kp, params.num_seqs, stream);
-                  });
+  return dispatch(
+      params.dtype, layout.head_dim, soft_cap, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+        return wide_merge ? launch<kBf16, kHeadDim, kSoftCap, true>(kp, params.num_seqs, stream)
+                          : launch<kBf16, kHeadDim, kSoftCap, false>(kp, params.num_seqs, stream);
+      });
 }
 
 cudaError_t tc_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
   return dispatch(dtype, head_dim, false, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
     using S = TcDecodeShape<kHeadDim>;
-    const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap>;
+    const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap, false>;
     cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(S::kSmemBytes));
     int resident = 0;

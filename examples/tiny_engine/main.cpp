@@ -90,9 +90,10 @@ kernels, and reports what prefix caching saved.
                          calibration pass (256 seeded random tokens through the model in fp32,
                          each layer's largest |K| and |V| / the FP8 largest finite; values beyond
                          saturate); the blocks then hold codes only
-  --decode-kernel NAME   with --device cuda: tensor_core or simt (pagedkv::DecodeKernel; default:
-                         the library's default, tensor_core); rejected without --device cuda (the
-                         CPU path has one implementation, the references)
+  --decode-kernel NAME   with --device cuda: tensor_core, simt or tensor_core_wide_merge
+                         (pagedkv::DecodeKernel; default: the library's default, tensor_core);
+                         rejected without --device cuda (the CPU path has one implementation,
+                         the references)
   --extend-kernel NAME   with --device cuda: mma16 or fa2 (pagedkv::ExtendKernel; default: the
                          library's default, mma16); rejected without --device cuda
   --vs-bf16              with an FP8 --kv-dtype: also serve the workload with bf16 KV, forced
@@ -258,8 +259,11 @@ Options parse(int argc, char** argv) {
         o.engine.decode_kernel = 0;
       } else if (v == "tensor_core") {
         o.engine.decode_kernel = 1;
+      } else if (v == "tensor_core_wide_merge") {
+        o.engine.decode_kernel = 2;
       } else {
-        usage_error("--decode-kernel: expected simt or tensor_core, got '" + v + "'");
+        usage_error("--decode-kernel: expected simt, tensor_core or tensor_core_wide_merge, got '" +
+                    v + "'");
       }
     } else if (a == "--extend-kernel") {
       const std::string v(value());

@@ -209,6 +209,9 @@ PAGEDKV_HOST_DEVICE constexpr int tc_v_wait_groups(int stages) {
 // kTcPlanWaves x the variant's occupancy as ctas_per_sm, so the planner's one-wave target is
 // kTcPlanWaves waves of this kernel ...
 inline constexpr int kTcPlanWaves = 2;
+// kTensorCoreWideMerge plans one wave: a CTA's tiles then share one pipeline fill instead of
+// paying it once per wave (batch 1 at 4,096 tokens: 32 chunks of 128 tokens, not 64 of 64).
+inline constexpr int kTcWideMergePlanWaves = 1;
 // ... and min_chunk_tokens = one 64-token tile (a CTA's fixed cost is one pipeline fill), so a
 // single 4k-token sequence can still fill the GPU.
 inline constexpr int kTcMinChunkTokens = kTcTileTokens;

@@ -29,9 +29,11 @@ double tolerance(KVDtype dtype) {
 
 class CudaBrokenKernel : public testing::GpuTest {};
 
-// Both decode variants (the default and DecodeKernel::kTensorCore) are built broken.
+// Every decode variant (kSimt, kTensorCore, the default, and kTensorCoreWideMerge) is built
+// broken.
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
-  for (const DecodeKernel kernel : {DecodeKernel::kSimt, DecodeKernel::kTensorCore}) {
+  for (const DecodeKernel kernel :
+       {DecodeKernel::kSimt, DecodeKernel::kTensorCore, DecodeKernel::kTensorCoreWideMerge}) {
     for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
       for (const DecodePlan plan : {DecodePlan{}, DecodePlan{5, 37}}) {
         testing::DecodeShape s;
@@ -56,7 +58,9 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
         std::printf(
             "decode %s %s splits=%d: whole-batch Frobenius error %.4g (old check: %s), worst "
             "row %.4g, %zu of %zu rows rejected\n",
-            kernel == DecodeKernel::kSimt ? "simt" : "tensor-core",
+            kernel == DecodeKernel::kSimt         ? "simt"
+            : kernel == DecodeKernel::kTensorCore ? "tensor-core"
+                                                  : "tensor-core-wide-merge",
             std::string(to_string(dtype)).c_str(), plan.num_splits, all.frobenius,
             all.frobenius < tol ? "passed" : "failed", all.max_row_error, all.bad_rows, all.rows);
         const std::span<const double> o(out);

@@ -3,8 +3,9 @@
 // that are not block multiples, NaN-poisoned unused slots, every layout kind, split-KV on and off,
 // sliding window, soft-cap, a pool of more than 2^31 elements, block ids outside the pool, the
 // three-head-group warp layout (GQA groups 9..12), and CUDA-graph capture. Every device test runs
-// for both kernel variants (DecodeKernel::kSimt, the default, and kTensorCore; test names end in
-// /Simt and /TensorCore), the variant's split plans from its own planner options.
+// for every kernel variant (DecodeKernel::kSimt, kTensorCore, the default, and
+// kTensorCoreWideMerge; test names end in /Simt, /TensorCore and /TensorCoreWideMerge), the
+// variant's split plans from its own planner options.
 // Every output row (one query head of one sequence) must be within a relative error
 // ||out_row - ref_row|| / ||ref_row|| of 1e-2 (bf16) or 2e-3 (fp16) (testing::check_rows);
 // outputs start NaN-poisoned, so an unwritten row fails.
@@ -40,7 +41,7 @@ double tolerance(KVDtype dtype) {
 
 using testing::DeviceDecodeProblem;
 
-enum class Split { kOff, kPlanner, kForced };
+enum class Split { kOff, kPlanner, kForced, kMany };
 
 DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split, DecodeKernel kernel) {
   switch (split) {
@@ -50,6 +51,10 @@ DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split, DecodeKer
       // Chunks of 37 tokens (not a tile or block multiple), at most 5 per sequence: the last
       // chunk of a long sequence takes the rest.
       return DecodePlan{5, 37};
+    case Split::kMany:
+      // 300 chunks of 64 tokens: more splits than the wide merge's threads (256) and rows, and a
+      // count that is a multiple of neither; the last chunk takes the rest.
+      return DecodePlan{300, 64};
     case Split::kPlanner: {
       DecodePlanOptions options;
       testing::cuda_check(decode_plan_options_for_current_device(pb.shape.dtype, pb.shape.head_dim,
@@ -89,12 +94,41 @@ class CudaDecodeAttention : public testing::GpuTest,
                             public ::testing::WithParamInterface<DecodeKernel> {};
 
 std::string kernel_test_name(const ::testing::TestParamInfo<DecodeKernel>& param_info) {
-  return param_info.param == DecodeKernel::kSimt ? "Simt" : "TensorCore";
+  switch (param_info.param) {
+    case DecodeKernel::kSimt:
+      return "Simt";
+    case DecodeKernel::kTensorCore:
+      return "TensorCore";
+    case DecodeKernel::kTensorCoreWideMerge:
+      return "TensorCoreWideMerge";
+  }
+  return "Unknown";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaDecodeAttention,
-                         ::testing::Values(DecodeKernel::kSimt, DecodeKernel::kTensorCore),
+                         ::testing::Values(DecodeKernel::kSimt, DecodeKernel::kTensorCore,
+                                           DecodeKernel::kTensorCoreWideMerge),
                          kernel_test_name);
+
+// Many splits per sequence (300 of 64 tokens, the last one longer), every head_dim and dtype, a
+// short sequence that uses fewer splits beside a long one: the merge's reduction over splits
+// (serial in the default merge, spread over threads and rows in the wide merge).
+TEST_P(CudaDecodeAttention, ManySplitsMerged) {
+  std::uint64_t seed = 900;
+  for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
+    for (const int head_dim : {64, 128, 256}) {
+      DecodeShape s;
+      s.dtype = dtype;
+      s.num_seqs = 3;
+      s.num_kv_heads = 2;
+      s.num_q_heads = 8;
+      s.head_dim = head_dim;
+      s.block_size = 16;
+      s.seq_lens = {20000, 600, 70};
+      EXPECT_TRUE(run_case(s, Split::kMany, seed++, GetParam()));
+    }
+  }
+}
 
 TEST_P(CudaDecodeAttention, MatchesReferenceOverDtypesDimsGroupsBlockSizes) {
   std::uint64_t seed = 1;
@@ -487,6 +521,14 @@ TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
   expect_error([&] { validate_cuda_decode(good, split, nullptr, need); }, "workspace of");
   expect_error([&] { validate_cuda_decode(good, split, workspace + 4, need); }, "16-byte aligned");
   expect_error([&] { validate_cuda_decode(good, DecodePlan{0, 0}, nullptr, 0); }, "num_splits");
+  {
+    // Split-KV's merge grid (one CTA per sequence x query head in kTensorCoreWideMerge) must
+    // fit, even where the attention grid (sequences x KV heads x splits) does.
+    PagedDecodeParams many = good;
+    many.num_seqs = 1 << 27;
+    many.num_q_heads = 32;  // group 16 over the layout's 2 KV heads
+    expect_error([&] { validate_cuda_decode(many, split, workspace, need); }, "merge states");
+  }
   // paged_decode_attention itself checks first and throws before touching the device.
   p = good;
   p.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, 96);
@@ -528,10 +570,12 @@ TEST(CudaDecodeAttentionArguments, VariantCoverage) {
   EXPECT_EQ(kDefaultDecodeKernel, DecodeKernel::kTensorCore);
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kSimt));
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
   EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
   p.quant.mode = KVScaleMode::kPerTensor;  // an FP8 cache: the FP8 kernel, either variant
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kSimt));
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
 }
 
 }  // namespace

@@ -24,6 +24,12 @@
 //                2026-12-04 (bench/results/gpu.md: every correctness check and sanitizer clean,
 //                0.92 x copy bandwidth on the worst >= 1 GiB shape, 2.7x the kSimt kernel's
 //                speed at the median shape).
+//   kTensorCoreWideMerge  (opt-in until a GPU run proves it) the kTensorCore attention kernel
+//                with a one-wave split plan (decode_plan_options_for_current_device) and a merge
+//                kernel that is parallel over the splits (one CTA per (sequence, query head)
+//                instead of one thread looping over every split), launched early through
+//                programmatic dependent launch. Aimed at few long sequences (batch 1), where the
+//                merge's serial chain dominates; without split-KV it is kTensorCore.
 //   kSimt        the CUDA-core kernel described above (kernels/decode_attention.cu), the default
 //                before; kept for comparison. An FP8 cache falls back to the FP8 kernel with
 //                either variant; every 16-bit shape above runs either variant.
@@ -51,8 +57,9 @@ namespace pagedkv {
 inline constexpr int kCudaDecodeMaxGroupSize = 16;
 
 enum class DecodeKernel : int {
-  kSimt = 0,        // CUDA-core kernel (the default before 2026-12-04)
-  kTensorCore = 1,  // tensor-core kernel (the default; see above)
+  kSimt = 0,                 // CUDA-core kernel (the default before 2026-12-04)
+  kTensorCore = 1,           // tensor-core kernel (the default; see above)
+  kTensorCoreWideMerge = 2,  // kTensorCore with a one-wave plan and a parallel merge (see above)
 };
 inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTensorCore;
 
@@ -63,7 +70,8 @@ bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) no
 // The host-side checks paged_decode_attention performs: validate(params) and validate(plan),
 // plus head_dim in {64, 128, 256}, group size <= 16, 16-byte aligned q / k_cache / v_cache / out,
 // q and out strides multiples of 8 elements, a large enough 16-byte aligned workspace when
-// splitting, and a grid of at most 2^31 - 1 CTAs. Throws pagedkv::Error.
+// splitting, a grid of at most 2^31 - 1 CTAs, and when splitting num_seqs x num_q_heads <=
+// 2^31 - 1 (the merge grid). Throws pagedkv::Error.
 void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& plan,
                           const void* workspace, std::size_t workspace_bytes);
 
@@ -77,8 +85,8 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
 // kernel's occupancy for this dtype and head_dim (other options keep their defaults). For
 // kTensorCore ctas_per_sm is twice the variant's occupancy, so the planner's one-wave target
 // fills two waves of it (its CTAs are short; two waves balance the tail), and min_chunk_tokens
-// is one 64-token tile. Throws pagedkv::Error
-// for an unsupported head_dim; returns CUDA errors.
+// is one 64-token tile; kTensorCoreWideMerge plans one wave with the same minimum chunk. Throws
+// pagedkv::Error for an unsupported head_dim; returns CUDA errors.
 cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
                                                    DecodePlanOptions* options,
                                                    DecodeKernel kernel = kDefaultDecodeKernel);
