@@ -455,16 +455,22 @@ int main(int argc, char** argv) {
           double ms_of[kNumKernels] = {0.0, 0.0, 0.0};
           bool split_of[kNumKernels] = {false, false, false};
           // A/B/C in one run: the order rotates from shape to shape.
-          // Batch 1, identity tables: one more step, the wide merge with a two-wave plan (the
-          // plan kTensorCore uses), so the run separates the plan's effect from the merge's.
+          // Batch 1, identity tables: two more steps, the wide merge with a plan of twice its
+          // target (two waves, as kTensorCore plans) and of half (longer chunks), so the run
+          // separates the plan's effect from the merge's and shows the neighbouring plans.
           const bool plan_probe = batch == 1 && !shuffled;
-          for (int step = 0; step < kNumKernels + (plan_probe ? 1 : 0); ++step) {
-            const bool probe = step == kNumKernels;
+          for (int step = 0; step < kNumKernels + (plan_probe ? 2 : 0); ++step) {
+            const bool probe = step >= kNumKernels;
             const int kv = probe ? 2 : (step + shape_index) % kNumKernels;
             const DecodeKernel kernel = kKernels[kv];
             pagedkv::DecodePlanOptions plan_options = options[kv];
-            if (probe) plan_options.ctas_per_sm *= 2;
-            const char* label = probe ? "tensor_core_wide_merge_2waves" : kernel_name(kernel);
+            if (step == kNumKernels) plan_options.ctas_per_sm *= 2;
+            if (step == kNumKernels + 1) {
+              plan_options.ctas_per_sm = std::max(1, plan_options.ctas_per_sm / 2);
+            }
+            const char* label = !probe                ? kernel_name(kernel)
+                                : step == kNumKernels ? "tensor_core_wide_merge_plan_x2"
+                                                      : "tensor_core_wide_merge_plan_half";
             const DecodePlan plan = pagedkv::plan_paged_decode(lens, kKVHeads, plan_options);
             const std::size_t ws_bytes =
                 pagedkv::decode_workspace_bytes(plan, batch, kQHeads, kHeadDim);

@@ -28,6 +28,14 @@
 // is reused) and the CTA merges the four warps once; the result is written directly (one split)
 // or as a normalized partial output + log2-sum-exp2 for the merge kernel (split-KV), which is the
 // same formula as kernels/decode_attention.cu's and launched with programmatic dependent launch.
+//
+// DecodeKernel::kTensorCoreWideMerge (the default) runs the same attention kernel (template
+// argument kWideMerge: a griddepcontrol.wait before its first read, since it is itself launched
+// with programmatic stream serialization, and a griddepcontrol.launch_dependents right after, so
+// the merge grid launches while it runs) with a one-wave plan, and a merge kernel with one CTA
+// per (sequence, query head) whose threads split the splits (tc_wide_merge_kernel below): the
+// old merge's serial chain of 2 x num_splits dependent loads per thread dominated batch-1 decode
+// (H200, batch 1, 4,096 tokens: 22.5 us -> 11.0 us; bench/results/gpu.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -85,7 +93,7 @@ __device__ __forceinline__ detail::TcSplitRange range_of(const TcParams& p, int 
                                 p.chunk, split);
 }
 
-template <bool kBf16, int kHeadDim, bool kSoftCap, bool kEarlyTrigger>
+template <bool kBf16, int kHeadDim, bool kSoftCap, bool kWideMerge>
 __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasPerSm)
     tc_decode_kernel(const TcParams p) {
   using S = TcDecodeShape<kHeadDim>;
@@ -101,10 +109,18 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
   const std::int64_t seq_head = item / p.num_splits;
   const int kv_head = static_cast<int>(seq_head % p.num_kv_heads);
   const int seq = static_cast<int>(seq_head / p.num_kv_heads);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kWideMerge) {
+    // kTensorCoreWideMerge is launched with programmatic stream serialization: the CTAs may be
+    // resident before the previous kernel in the stream has finished (its launch latency
+    // hidden); nothing it wrote (q, K/V, the block table, seq_lens) is read before this wait.
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  }
+#endif
   const detail::TcSplitRange range = range_of(p, seq, split);
   if (split >= range.num_active_splits) return;  // uniform over the CTA
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kEarlyTrigger) {
+  if constexpr (kWideMerge) {
     // kTensorCoreWideMerge: let the merge grid launch now (its CTAs wait in griddepcontrol.wait
     // until this grid has completed and its writes are visible), so its launch is not on the
     // critical path. A CTA that returned above counts as triggered.
@@ -434,6 +450,9 @@ template <bool kBf16, int kHeadDim>
 __global__ void __launch_bounds__(kWideMergeThreads) tc_wide_merge_kernel(const TcParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  // The next kernel in the stream, if launched with programmatic serialization (the next
+  // layer's decode attention), may become resident now; it waits for this grid's completion.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   constexpr int kLanes = kHeadDim / 4;  // float4 columns
   constexpr int kRows = kWideMergeThreads / kLanes;
@@ -511,11 +530,27 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
   if (err != cudaSuccess) return err;
   const std::int64_t ctas = num_seqs * kp.num_kv_heads * kp.num_splits;
   if (ctas == 0) return cudaSuccess;
+  int device = 0;
+  int major = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) {
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  }
+  if (err != cudaSuccess) return err;
+  // Programmatic dependent launch (sm_90): the merge after the attention kernel, and with the
+  // wide merge the attention kernel after whatever precedes it (it waits in griddepcontrol.wait).
+  cudaLaunchAttribute pdl[1];
+  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(ctas));
   config.blockDim = dim3(kTcThreads);
   config.dynamicSmemBytes = S::kSmemBytes;
   config.stream = stream;
+  if (kWideMerge && major >= 9) {
+    config.attrs = pdl;
+    config.numAttrs = 1;
+  }
   err = cudaLaunchKernelEx(&config, kernel, kp);
   if (err != cudaSuccess || kp.num_splits == 1) return err;
 
@@ -529,18 +564,8 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
     merge.blockDim = dim3(kHeadDim / 4, kMergeHeads);
   }
   merge.stream = stream;
-  cudaLaunchAttribute attr[1];
-  int device = 0;
-  int major = 0;
-  err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  }
-  if (err != cudaSuccess) return err;
   if (major >= 9) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    merge.attrs = attr;
+    merge.attrs = pdl;
     merge.numAttrs = 1;
   }
   if constexpr (kWideMerge) {

@@ -25,11 +25,11 @@
 
 #include "fp8_kernels.hpp"
 #include "internal/cp_async.cuh"
-#include "pagedkv/cuda/extend_attention.hpp"
-#include "pagedkv/base/error.hpp"
 #include "internal/extend_attention_tiles.hpp"
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
+#include "pagedkv/base/error.hpp"
+#include "pagedkv/cuda/extend_attention.hpp"
 
 namespace pagedkv {
 
@@ -503,10 +503,14 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   return cudaSuccess;
 }
 
+namespace {
+cudaError_t mma16_paged_extend(const PagedExtendParams& params, cudaStream_t stream);
+}  // namespace
+
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream,
                                    ExtendKernel kernel, const ExtendSplitPlan& plan,
                                    void* workspace, std::size_t workspace_bytes) {
-  if (kernel == ExtendKernel::kMma16) return paged_extend_attention(params, stream);
+  if (kernel == ExtendKernel::kMma16) return mma16_paged_extend(params, stream);
   if (kernel != ExtendKernel::kFa2) {
     fail("unknown ExtendKernel " + std::to_string(static_cast<int>(kernel)));
   }
@@ -533,6 +537,13 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
 }
 
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream) {
+  return paged_extend_attention(params, stream, kDefaultExtendKernel);
+}
+
+namespace {
+
+// ExtendKernel::kMma16 (kernels/extend_attention.cu's kernel above).
+cudaError_t mma16_paged_extend(const PagedExtendParams& params, cudaStream_t stream) {
   validate_cuda_extend(params);
   // An FP8 cache: kernels/fp8_attention.cu.
   if (params.quant.fp8()) return kernels::fp8_paged_extend(params, stream);
@@ -586,5 +597,7 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
   config.stream = stream;
   return cudaLaunchKernelEx(&config, choice.kernel, kp);
 }
+
+}  // namespace
 
 }  // namespace pagedkv

@@ -90,12 +90,13 @@ kernels, and reports what prefix caching saved.
                          calibration pass (256 seeded random tokens through the model in fp32,
                          each layer's largest |K| and |V| / the FP8 largest finite; values beyond
                          saturate); the blocks then hold codes only
-  --decode-kernel NAME   with --device cuda: tensor_core, simt or tensor_core_wide_merge
-                         (pagedkv::DecodeKernel; default: the library's default, tensor_core);
+  --decode-kernel NAME   with --device cuda: tensor_core_wide_merge, tensor_core or simt
+                         (pagedkv::DecodeKernel; default: the library's default,
+                         tensor_core_wide_merge);
                          rejected without --device cuda (the CPU path has one implementation,
                          the references)
   --extend-kernel NAME   with --device cuda: mma16 or fa2 (pagedkv::ExtendKernel; default: the
-                         library's default, mma16); rejected without --device cuda
+                         library's default, fa2); rejected without --device cuda
   --vs-bf16              with an FP8 --kv-dtype: also serve the workload with bf16 KV, forced
                          onto the FP8 run's token streams, and report the logit difference
   --head-dim N           attention head size, a multiple of 8 up to 256 (default 32 on the CPU,

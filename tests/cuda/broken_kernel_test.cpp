@@ -29,7 +29,7 @@ double tolerance(KVDtype dtype) {
 
 class CudaBrokenKernel : public testing::GpuTest {};
 
-// Every decode variant (kSimt, kTensorCore, the default, and kTensorCoreWideMerge) is built
+// Every decode variant (kSimt, kTensorCore and kTensorCoreWideMerge, the default) is built
 // broken.
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
   for (const DecodeKernel kernel :

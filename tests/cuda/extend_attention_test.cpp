@@ -625,7 +625,8 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kMma16));
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kFa2));
   EXPECT_FALSE(extend_kernel_runs(good, static_cast<ExtendKernel>(7)));
-  EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kMma16);
+  // The default since the H200 run of 2026-12-04, evening (bench/results/gpu.md).
+  EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kFa2);
 
   // Planner: 2 sequences x 2 KV heads x 1 query tile (max_q_len 50 x group 4 = 200 rows -> 2
   // tiles of 128) on 132 SMs x 2 CTAs -> splits to fill two waves, capped at 16.

@@ -16,23 +16,26 @@
 // instead: one CTA per (sequence, KV head), codes decoded in registers, the row scales applied to
 // the fp32 dot product and softmax weight, fp32 accumulation; no split-KV (the plan is ignored).
 //
-// Kernel variants (DecodeKernel, chosen per call; the default is kTensorCore):
+// Kernel variants (DecodeKernel, chosen per call; the default is kTensorCoreWideMerge):
 //   kTensorCore  kernels/decode_attention_tc.cu: the GQA group's query heads are the M dimension
 //                of mma.sync m16n8k16 (fp32 accumulation), 64-token key tiles split over the 4
 //                warps, each with its own cp.async pipeline and softmax state, merged once per CTA;
-//                same contract, same plan and workspace. The default since the GPU run of
-//                2026-12-04 (bench/results/gpu.md: every correctness check and sanitizer clean,
-//                0.92 x copy bandwidth on the worst >= 1 GiB shape, 2.7x the kSimt kernel's
-//                speed at the median shape).
-//   kTensorCoreWideMerge  (opt-in until a GPU run proves it) the kTensorCore attention kernel
-//                with a one-wave split plan (decode_plan_options_for_current_device) and a merge
-//                kernel that is parallel over the splits (one CTA per (sequence, query head)
-//                instead of one thread looping over every split), launched early through
-//                programmatic dependent launch. Aimed at few long sequences (batch 1), where the
-//                merge's serial chain dominates; without split-KV it is kTensorCore.
+//                same contract, same plan and workspace. The default from the GPU run of
+//                2026-12-04 (0.92 x copy bandwidth on the worst >= 1 GiB shape, 2.7x the kSimt
+//                kernel's speed at the median shape) until the next one.
+//   kTensorCoreWideMerge  (the default since the GPU run of 2026-12-04, evening;
+//                bench/results/gpu.md) the kTensorCore attention kernel with a one-wave split plan
+//                (decode_plan_options_for_current_device) and a merge kernel that is parallel over
+//                the splits (one CTA per (sequence, query head) instead of one thread looping over
+//                every split); the merge is launched through programmatic dependent launch
+//                and triggered at the attention kernel's start, and the attention kernel itself
+//                is launched with programmatic stream serialization (it reads nothing before
+//                griddepcontrol.wait, so stream order holds; only its launch latency overlaps
+//                the previous kernel). Same contract, plan and workspace. Without split-KV it
+//                runs kTensorCore's attention kernel.
 //   kSimt        the CUDA-core kernel described above (kernels/decode_attention.cu), the default
-//                before; kept for comparison. An FP8 cache falls back to the FP8 kernel with
-//                either variant; every 16-bit shape above runs either variant.
+//                before 2026-12-04; kept for comparison. An FP8 cache falls back to the FP8
+//                kernel with any variant; every 16-bit shape above runs every variant.
 //
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data, so launches can be captured in a CUDA graph. The caller owns the
@@ -58,10 +61,10 @@ inline constexpr int kCudaDecodeMaxGroupSize = 16;
 
 enum class DecodeKernel : int {
   kSimt = 0,                 // CUDA-core kernel (the default before 2026-12-04)
-  kTensorCore = 1,           // tensor-core kernel (the default; see above)
-  kTensorCoreWideMerge = 2,  // kTensorCore with a one-wave plan and a parallel merge (see above)
+  kTensorCore = 1,           // tensor-core kernel
+  kTensorCoreWideMerge = 2,  // kTensorCore, one-wave plan, parallel merge (the default)
 };
-inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTensorCore;
+inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTensorCoreWideMerge;
 
 // Whether `kernel` itself runs for these parameters; false when paged_decode_attention falls back
 // (an FP8 cache always runs kernels/fp8_attention.cu).

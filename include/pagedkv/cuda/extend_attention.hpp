@@ -22,8 +22,9 @@
 // scales applied to the fp32 dot product and softmax weight, fp32 accumulation (correctness
 // first; a tensor-core FP8 path is future work).
 //
-// Kernel variants (ExtendKernel, chosen per call; the default is kMma16, the kernel above):
-//   kMma16  the kernel described above (kernels/extend_attention.cu).
+// Kernel variants (ExtendKernel, chosen per call; the default is kFa2):
+//   kMma16  the kernel described above (kernels/extend_attention.cu), the default until the GPU
+//           run of 2026-12-04 (evening).
 //   kFa2    kernels/extend_attention_fa2.cu (issue 35, step A; FlashAttention-2 parity): 32 query
 //           rows per warp (16 at head_dim 256), 128-row tiles of 4 warps (64-row tiles of 2 warps
 //           when max_q_len x group <= 64), the score scale applied to the fp32 scores (Q fragments
@@ -31,9 +32,10 @@
 //           resolved two tiles ahead, the output rescale skipped when no row maximum moved, and an
 //           optional split over keys (ExtendSplitPlan) for grids that under-fill the GPU (heavily
 //           cached prompts): each split writes partial rows to the caller's workspace and a merge
-//           kernel combines them. Same contract and tolerances. Opt-in: correct in every kernel
-//           check and 0.83x kMma16's time on the H200 (bench/results/gpu.md, 2026-12-04), not
-//           yet the default (the tiny engine's caching on/off check flips at a near-tie with it).
+//           kernel combines them. Same contract and tolerances. The default since the GPU run
+//           of 2026-12-04 (evening; bench/results/gpu.md): correct in every kernel check and
+//           sanitizer, 0.83x kMma16's time on the H200, and the tiny engine on CUDA passes its
+//           caching on/off check (near-tie aware) with it over workload seeds 1-4.
 //           An FP8 cache falls back to the FP8 kernel with either variant; every 16-bit shape
 //           runs the variant.
 //
@@ -67,15 +69,15 @@ inline constexpr int kCudaExtendTileRows = 64;
 // ceil(max_q_len x group / kCudaExtendTileRows), at most 65535 each. Throws pagedkv::Error.
 void validate_cuda_extend(const PagedExtendParams& params);
 
-// Enqueues extend attention for one layer. `params` points to device memory (q_indptr,
-// block_table and seq_lens included).
+// Enqueues extend attention for one layer with kDefaultExtendKernel and no split over keys (so
+// no workspace). `params` points to device memory (q_indptr, block_table and seq_lens included).
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream);
 
 enum class ExtendKernel : int {
-  kMma16 = 0,  // 16 rows per warp, 2-stage ring, no split (the default)
-  kFa2 = 1,    // FlashAttention-2-style variant with an optional split over keys (opt-in)
+  kMma16 = 0,  // 16 rows per warp, 2-stage ring, no split
+  kFa2 = 1,    // FlashAttention-2-style variant with an optional split over keys (the default)
 };
-inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kMma16;
+inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
 // The split over keys of a kFa2 launch: each query tile's visible keys are cut into num_splits
 // contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no split, no
