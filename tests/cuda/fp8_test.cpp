@@ -301,107 +301,121 @@ TEST_F(CudaFp8, DecodeAndExtendMatchTheReference) {
 // a wrong conversion, swizzle or fragment map, a dropped K or V scale, a V scale applied to the
 // softmax sum, or a missed R rescale (decode_attention_tc_fp8.cu's top) moves whole rows far past
 // 1e-2; a wrong split range or merge breaks the split plans only; rows of the wrong query head
-// show at group > 1; a stage or offset-table race shows at the non-power-of-two block sizes.
+// show at group > 1; a wrong page offset shows at the block sizes that are not powers of two
+// (the kernel's division path) or in HND; a key not skipped in a block outside the pool breaks
+// the bad-block rows. (The sanitizer runs of scripts/gpu-check look for races.)
 struct TcCase {
   Case c;
   KVDtype dtype;  // q / out
   std::int32_t group;
+  std::int32_t kv_heads;
   std::int32_t block_size;
   float soft_cap;
   std::int32_t window;
   // The last sequence's last block gets an id outside the pool (bad_id): the FP8 kernels skip
   // those keys, so its row equals the reference over the sequence cut at that block's start.
   bool bad_last_block;
-  std::int32_t bad_id;  // -1 or past the pool (a placeholder: num_blocks + bad_id)
+  std::int32_t bad_id;  // < 0: that id; > 0: the id num_blocks + bad_id - 1 (past the pool)
 };
 
 std::string name(const TcCase& t) {
   return name(t.c) + "/" + std::string(to_string(t.dtype)) + "/g" + std::to_string(t.group) +
-         "/bs" + std::to_string(t.block_size) + (t.soft_cap > 0 ? "/cap" : "") +
-         (t.window > 0 ? "/window" : "") + (t.bad_last_block ? "/bad-block" : "");
+         "/kv" + std::to_string(t.kv_heads) + "/bs" + std::to_string(t.block_size) +
+         (t.soft_cap > 0 ? "/cap" : "") + (t.window > 0 ? "/window" : "") +
+         (t.bad_last_block ? "/bad-block" : "");
 }
 
 const TcCase kTcCases[] = {
-    {{KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 128},
-     KVDtype::kBFloat16,
-     4,
-     16,
-     0,
-     0,
-     false,
-     0},
-    {{KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, true, 64},
-     KVDtype::kFloat16,
-     8,
-     1,
-     0,
-     0,
-     false,
-     0},
-    {{KVDtype::kFp8E5M2, KVScaleMode::kPerTokenHead, false, 256},
-     KVDtype::kBFloat16,
-     1,
-     7,
-     0,
-     0,
-     false,
-     0},
-    {{KVDtype::kFp8E4M3, KVScaleMode::kPerTensor, false, 64},
-     KVDtype::kFloat16,
-     16,
-     16,
-     5.0f,
-     0,
-     false,
-     0},
-    {{KVDtype::kFp8E5M2, KVScaleMode::kPerTensor, true, 128},
-     KVDtype::kFloat16,
-     4,
-     24,
-     0,
-     50,
-     false,
-     0},
-    {{KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, true, 256},
-     KVDtype::kFloat16,
-     8,
-     16,
-     5.0f,
-     70,
-     false,
-     0},
-    {{KVDtype::kFp8E5M2, KVScaleMode::kPerTokenHead, false, 128},
-     KVDtype::kFloat16,
-     1,
-     256,
-     0,
-     0,
-     true,
-     3},
-    {{KVDtype::kFp8E4M3, KVScaleMode::kPerTensor, false, 256},
-     KVDtype::kBFloat16,
-     16,
-     5,
-     0,
-     0,
-     true,
-     -1},
-    {{KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 64},
-     KVDtype::kBFloat16,
-     4,
-     1,
-     0,
-     0,
-     true,
-     1},
-    {{KVDtype::kFp8E5M2, KVScaleMode::kPerTensor, true, 64},
-     KVDtype::kBFloat16,
-     8,
-     32,
-     5.0f,
-     100,
-     false,
-     0},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 128},
+     .dtype = KVDtype::kBFloat16,
+     .group = 4,
+     .kv_heads = 2,
+     .block_size = 16,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, true, 64},
+     .dtype = KVDtype::kFloat16,
+     .group = 8,
+     .kv_heads = 2,
+     .block_size = 1,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E5M2, KVScaleMode::kPerTokenHead, false, 256},
+     .dtype = KVDtype::kBFloat16,
+     .group = 1,
+     .kv_heads = 3,
+     .block_size = 7,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTensor, false, 64},
+     .dtype = KVDtype::kFloat16,
+     .group = 16,
+     .kv_heads = 1,
+     .block_size = 16,
+     .soft_cap = 5.0f,
+     .window = 0,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E5M2, KVScaleMode::kPerTensor, true, 128},
+     .dtype = KVDtype::kFloat16,
+     .group = 4,
+     .kv_heads = 2,
+     .block_size = 24,
+     .soft_cap = 0,
+     .window = 50,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, true, 256},
+     .dtype = KVDtype::kFloat16,
+     .group = 8,
+     .kv_heads = 2,
+     .block_size = 16,
+     .soft_cap = 5.0f,
+     .window = 70,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E5M2, KVScaleMode::kPerTokenHead, false, 128},
+     .dtype = KVDtype::kFloat16,
+     .group = 1,
+     .kv_heads = 2,
+     .block_size = 256,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = true,
+     .bad_id = 3},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTensor, false, 256},
+     .dtype = KVDtype::kBFloat16,
+     .group = 16,
+     .kv_heads = 1,
+     .block_size = 5,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = true,
+     .bad_id = -1},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 64},
+     .dtype = KVDtype::kBFloat16,
+     .group = 4,
+     .kv_heads = 2,
+     .block_size = 1,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = true,
+     .bad_id = 1},
+    {.c = {KVDtype::kFp8E5M2, KVScaleMode::kPerTensor, true, 64},
+     .dtype = KVDtype::kBFloat16,
+     .group = 8,
+     .kv_heads = 2,
+     .block_size = 32,
+     .soft_cap = 5.0f,
+     .window = 100,
+     .bad_last_block = false,
+     .bad_id = 0},
 };
 
 TEST_F(CudaFp8, TensorCoreDecodeMatchesTheReference) {
@@ -410,8 +424,7 @@ TEST_F(CudaFp8, TensorCoreDecodeMatchesTheReference) {
   std::uint64_t seed = 10;
   for (const TcCase& t : kTcCases) {
     SCOPED_TRACE(name(t));
-    const std::int32_t kv_heads = 2;
-    Pool p = make_pool(t.c, lens, seed++, t.block_size, kv_heads * t.group, kv_heads);
+    Pool p = make_pool(t.c, lens, seed++, t.block_size, t.kv_heads * t.group, t.kv_heads);
     // The reference's view: with a bad last block, the last sequence ends where that block starts.
     std::vector<std::int32_t> ref_lens = p.lens;
     std::vector<std::int32_t> table = p.table;
