@@ -85,6 +85,8 @@ const char* kernel_name(DecodeKernel kernel) {
       return "tensor_core";
     case DecodeKernel::kTensorCoreWideMerge:
       return "tensor_core_wide_merge";
+    case DecodeKernel::kTensorCoreFp8:
+      return "tensor_core_fp8";
   }
   return "unknown";
 }

@@ -14,6 +14,9 @@
 // head_dim 128, E4M3 + per-(token, head) scales), batch 64 and 256, context 4k and 16k, block 16,
 // shuffled block tables; every shape reads at least 256 MiB per launch, so L2 cannot hold it.
 // Targets: TARGET decode_fp8_vs_copy >= 0.85 (median over the shapes of bandwidth / C);
+// TARGET decode_fp8_tc_vs_copy, the same for DecodeKernel::kTensorCoreFp8 (opt-in; the same
+// shapes and byte count, its split plan from plan_paged_decode with
+// decode_plan_options_for_current_device(..., kTensorCoreFp8); its rows checked first too);
 // TARGET extend_fp8_vs_bf16 >= 1.0 (median over shapes of time(bf16) / time(FP8)).
 // Times are CUDA-event medians over repeats.
 //
@@ -256,6 +259,25 @@ bool run_checks() {
     const std::vector<double> got = bench::to_doubles(KVDtype::kBFloat16, download(dout, q.size()));
     ok &= line(("fp8_decode_" + tag).c_str(),
                bench::max_row_error(got, ref, static_cast<std::size_t>(p.dim)), 1e-2);
+    // The same with DecodeKernel::kTensorCoreFp8, without split-KV and with a forced plan.
+    for (const pagedkv::DecodePlan tc_plan : {pagedkv::DecodePlan{}, pagedkv::DecodePlan{5, 37}}) {
+      const std::size_t ws_bytes =
+          tc_plan.split_kv()
+              ? pagedkv::decode_workspace_bytes(tc_plan, d.num_seqs, d.num_q_heads, p.dim)
+              : 0;
+      void* ws = nullptr;
+      if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+      check(cudaMemset(dout, 0xff, q.size() * 2), "memset out");
+      check(pagedkv::paged_decode_attention(d, tc_plan, ws, ws_bytes, nullptr,
+                                            pagedkv::DecodeKernel::kTensorCoreFp8),
+            "fp8 tc decode");
+      check(cudaDeviceSynchronize(), "fp8 tc decode");
+      if (ws != nullptr) check(cudaFree(ws), "free");
+      const std::vector<double> tc_got =
+          bench::to_doubles(KVDtype::kBFloat16, download(dout, q.size()));
+      ok &= line(("fp8_decode_tc_" + tag + (tc_plan.split_kv() ? "_split" : "")).c_str(),
+                 bench::max_row_error(tc_got, ref, static_cast<std::size_t>(p.dim)), 1e-2);
+    }
     // Extend: the last 9, 37, 100 and 1 tokens are new.
     const std::vector<std::int32_t> q_lens = {1, 37, 100, 9};
     std::vector<std::int32_t> indptr = {0};
@@ -361,6 +383,7 @@ int main(int argc, char** argv) {
       quick ? std::vector<std::pair<int, int>>{{8, 1024}}
             : std::vector<std::pair<int, int>>{{64, 4096}, {64, 16384}, {256, 4096}};
   std::vector<double> ratios;
+  std::vector<double> tc_ratios;
   for (const auto& [batch, context] : shapes) {
     Problem p =
         make_problem(quant, std::vector<std::int32_t>(static_cast<std::size_t>(batch), context), 32,
@@ -388,6 +411,32 @@ int main(int argc, char** argv) {
     std::printf(
         "RESULT decode_fp8 batch=%d context=%d bytes=%.0f us=%.2f gbs=%.1f ratio_copy=%.3f\n",
         batch, context, bytes, ms * 1e3, gbs, gbs / copy_gbs);
+    // A / B: DecodeKernel::kTensorCoreFp8 on the same shape and bytes, with its planner's split.
+    pagedkv::DecodePlanOptions options;
+    check(pagedkv::decode_plan_options_for_current_device(d.dtype, p.dim, &options,
+                                                          pagedkv::DecodeKernel::kTensorCoreFp8),
+          "plan options");
+    const pagedkv::DecodePlan tc_plan = pagedkv::plan_paged_decode(p.lens, p.kv_heads, options);
+    const std::size_t ws_bytes = tc_plan.split_kv() ? pagedkv::decode_workspace_bytes(
+                                                          tc_plan, d.num_seqs, d.num_q_heads, p.dim)
+                                                    : 0;
+    void* ws = nullptr;
+    if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+    const double tc_ms = time_ms(
+        [&] {
+          check(pagedkv::paged_decode_attention(d, tc_plan, ws, ws_bytes, nullptr,
+                                                pagedkv::DecodeKernel::kTensorCoreFp8),
+                "tc decode");
+        },
+        quick ? 3 : 10);
+    const double tc_gbs = bytes / (tc_ms * 1e6);
+    tc_ratios.push_back(tc_gbs / copy_gbs);
+    std::printf(
+        "RESULT decode_fp8_tc batch=%d context=%d splits=%d chunk=%d bytes=%.0f us=%.2f gbs=%.1f "
+        "ratio_copy=%.3f speedup=%.2f\n",
+        batch, context, tc_plan.num_splits, tc_plan.kv_chunk_size, bytes, tc_ms * 1e3, tc_gbs,
+        tc_gbs / copy_gbs, ms / tc_ms);
+    if (ws != nullptr) check(cudaFree(ws), "free");
     for (void* ptr : std::initializer_list<void*>{table, lens, dq, dout})
       check(cudaFree(ptr), "free");
     free_problem(p);
@@ -395,6 +444,9 @@ int main(int argc, char** argv) {
   const double decode_ratio = bench::median(ratios);
   std::printf("TARGET decode_fp8_vs_copy value=%.3f target=0.85 met=%s shapes=%zu\n", decode_ratio,
               decode_ratio >= 0.85 ? "yes" : "no", ratios.size());
+  const double tc_decode_ratio = bench::median(tc_ratios);
+  std::printf("TARGET decode_fp8_tc_vs_copy value=%.3f target=0.85 met=%s shapes=%zu\n",
+              tc_decode_ratio, tc_decode_ratio >= 0.85 ? "yes" : "no", tc_ratios.size());
 
   // ---- extend: FP8 against bf16 on the same shapes ----
   std::vector<std::pair<int, int>> eshapes =

@@ -573,10 +573,14 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
 }
 
 bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept {
-  // Both variants cover every 16-bit shape validate_cuda_decode accepts; FP8 has its own kernel.
-  return !params.quant.fp8() &&
-         (kernel == DecodeKernel::kSimt || kernel == DecodeKernel::kTensorCore ||
-          kernel == DecodeKernel::kTensorCoreWideMerge);
+  // The 16-bit variants cover every 16-bit shape validate_cuda_decode accepts; FP8 has its own
+  // kernels (kTensorCoreFp8's needs 16-byte strides).
+  if (params.quant.fp8()) {
+    return kernel == DecodeKernel::kTensorCoreFp8 &&
+           kernels::tc_fp8_decode_supported(params.layout);
+  }
+  return kernel == DecodeKernel::kSimt || kernel == DecodeKernel::kTensorCore ||
+         kernel == DecodeKernel::kTensorCoreWideMerge;
 }
 
 cudaError_t paged_decode_attention(const PagedDecodeParams& params, const DecodePlan& plan,
@@ -584,12 +588,19 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
                                    cudaStream_t stream, DecodeKernel kernel) {
   validate_cuda_decode(params, plan, workspace, workspace_bytes);
   if (kernel != DecodeKernel::kSimt && kernel != DecodeKernel::kTensorCore &&
-      kernel != DecodeKernel::kTensorCoreWideMerge) {
+      kernel != DecodeKernel::kTensorCoreWideMerge && kernel != DecodeKernel::kTensorCoreFp8) {
     fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
   }
   if (params.num_seqs == 0) return cudaSuccess;
-  // An FP8 cache: kernels/fp8_attention.cu (no split-KV; the plan is not used), either variant.
-  if (params.quant.fp8()) return kernels::fp8_paged_decode(params, stream);
+  if (params.quant.fp8()) {
+    // kTensorCoreFp8: kernels/decode_attention_tc_fp8.cu with the plan; otherwise (or for a
+    // layout with 8-byte strides) kernels/fp8_attention.cu (no split-KV; the plan is not used).
+    if (kernel == DecodeKernel::kTensorCoreFp8 && kernels::tc_fp8_decode_supported(params.layout)) {
+      return kernels::tc_fp8_paged_decode(params, plan, workspace, stream);
+    }
+    return kernels::fp8_paged_decode(params, stream);
+  }
+  if (kernel == DecodeKernel::kTensorCoreFp8) kernel = DecodeKernel::kTensorCore;
   if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge) {
     return kernels::tc_paged_decode(params, plan, workspace, stream,
                                     kernel == DecodeKernel::kTensorCoreWideMerge);
@@ -648,7 +659,8 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
                                                    DecodePlanOptions* options,
                                                    DecodeKernel kernel) {
   if (options == nullptr) fail("options is null");
-  if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge) {
+  if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
+      kernel == DecodeKernel::kTensorCoreFp8) {
     if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
       fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
     }
@@ -658,10 +670,15 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess)
       err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess) err = kernels::tc_decode_ctas_per_sm(dtype, head_dim, &resident);
+    if (err == cudaSuccess) {
+      err = kernel == DecodeKernel::kTensorCoreFp8
+                ? kernels::tc_fp8_decode_ctas_per_sm(dtype, head_dim, &resident)
+                : kernels::tc_decode_ctas_per_sm(dtype, head_dim, &resident);
+    }
     if (err != cudaSuccess) return err;
     options->num_sms = sms;
-    // Waves of the kernel (decode_tc_layout.hpp): two for kTensorCore, one for the wide merge.
+    // Waves of the kernel (decode_tc_layout.hpp): two for kTensorCore and kTensorCoreFp8, one
+    // for the wide merge.
     options->ctas_per_sm =
         (kernel == DecodeKernel::kTensorCoreWideMerge ? detail::kTcWideMergePlanWaves
                                                       : detail::kTcPlanWaves) *

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "pagedkv/cuda/cache_ops.hpp"
+#include "pagedkv/device/decode_plan.hpp"
 #include "pagedkv/device/kv_layout.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
@@ -26,6 +27,19 @@ cudaError_t fp8_copy_blocks(std::span<void* const> planes, const KVLayout& layou
 // head_dim 64, 128 or 256; 1-byte codes, 8-byte loads.
 cudaError_t fp8_paged_decode(const PagedDecodeParams& params, cudaStream_t stream);
 cudaError_t fp8_paged_extend(const PagedExtendParams& params, cudaStream_t stream);
+
+// DecodeKernel::kTensorCoreFp8 (kernels/decode_attention_tc_fp8.cu): whether the tensor-core FP8
+// decode kernel takes this layout (every stride a multiple of 16 bytes; otherwise
+// paged_decode_attention runs fp8_paged_decode).
+bool tc_fp8_decode_supported(const KVLayout& layout) noexcept;
+// Validated params (validate_cuda_decode) with params.quant.fp8() and tc_fp8_decode_supported,
+// and plan; the workspace as validate_cuda_decode checked it. Enqueues the attention kernel and,
+// with split-KV, the merge kernel (programmatic dependent launch on sm_90).
+cudaError_t tc_fp8_paged_decode(const PagedDecodeParams& params, const DecodePlan& plan,
+                                void* workspace, cudaStream_t stream);
+// CTAs of that attention kernel resident per SM on the current device for this q / out dtype and
+// head_dim (the soft-cap-free instantiation; the soft-cap one uses the same shared memory).
+cudaError_t tc_fp8_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas);
 
 #if defined(__CUDACC__)
 // Device-side KVLayout addressing (KVLayout's constexpr members are host functions).

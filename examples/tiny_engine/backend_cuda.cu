@@ -254,6 +254,7 @@ class CudaBackend final : public ForwardBackend {
 static_assert(static_cast<int>(pagedkv::DecodeKernel::kSimt) == 0 &&
                   static_cast<int>(pagedkv::DecodeKernel::kTensorCore) == 1 &&
                   static_cast<int>(pagedkv::DecodeKernel::kTensorCoreWideMerge) == 2 &&
+                  static_cast<int>(pagedkv::DecodeKernel::kTensorCoreFp8) == 3 &&
                   static_cast<int>(pagedkv::ExtendKernel::kMma16) == 0 &&
                   static_cast<int>(pagedkv::ExtendKernel::kFa2) == 1,
               "EngineConfig::decode_kernel / extend_kernel use these values");

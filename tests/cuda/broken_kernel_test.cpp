@@ -1,7 +1,8 @@
 // The GPU tests' per-row comparison fails kernels that are wrong by one key. This program links
 // pagedkv_cuda_drop_key: the decode and extend kernels built with PAGEDKV_TEST_DROP_KEY=100, so
 // key position 100 of every sequence is left out (tests/CMakeLists.txt); the decode check runs
-// for both decode variants (kernels/decode_attention.cu and kernels/decode_attention_tc.cu), the
+// for the decode variants (kernels/decode_attention.cu, kernels/decode_attention_tc.cu and, over an
+// FP8 cache, kernels/decode_attention_tc_fp8.cu), the
 // extend check for both extend variants (kernels/extend_attention.cu and
 // kernels/extend_attention_fa2.cu, the latter also with a split over keys). It
 // passes only when the check the real GPU tests use (testing::check_rows, 1e-2 per row for bf16,
@@ -11,7 +12,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "cuda_attention_test_util.hpp"
@@ -19,6 +23,9 @@
 #include "kv_test_util.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
+#include "pagedkv/device/kv_quant.hpp"
+#include "pagedkv/reference/cache_ops.hpp"
+#include "pagedkv/reference/decode_attention.hpp"
 
 namespace pagedkv {
 namespace {
@@ -113,6 +120,109 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
           testing::check_rows(o.subspan(row, 40 * row), r.subspan(row, 40 * row), 128, tol);
       EXPECT_GT(broken.bad_rows, 0u)
           << "the per-row check missed the dropped key (variant " << variant << ")";
+    }
+  }
+}
+
+// DecodeKernel::kTensorCoreFp8 (kernels/decode_attention_tc_fp8.cu) is built broken too: the FP8
+// decode check of tests/cuda/fp8_test.cpp (1e-2 per row against the reference over the same FP8
+// cache) must reject the rows that should see key 100, with and without split-KV. (The FP8
+// CUDA-core kernel, kernels/fp8_attention.cu, has no such switch.)
+TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
+  const std::int32_t num_kv_heads = 2, num_q_heads = 8, head_dim = 128, block_size = 16;
+  const std::vector<std::int32_t> lens = {1, 190, 50};  // only the 190-token sequence has key 100
+  const std::int32_t max_blocks = (190 + block_size - 1) / block_size;
+  const std::int64_t num_blocks = 3 * max_blocks;
+  for (const KVScaleMode mode : {KVScaleMode::kPerTokenHead, KVScaleMode::kPerTensor}) {
+    const KVLayout layout =
+        mode == KVScaleMode::kPerTokenHead
+            ? KVLayout::nhd_scaled(num_blocks, block_size, num_kv_heads, head_dim)
+            : KVLayout::nhd(num_blocks, block_size, num_kv_heads, head_dim);
+    KVQuant quant;
+    quant.mode = mode;
+    quant.dtype = KVDtype::kFp8E4M3;
+    quant.k_scale = 0.01f;
+    quant.v_scale = 0.01f;
+    // Sequence s uses blocks s x max_blocks ..; its rows come from the host FP8 append.
+    std::vector<std::int32_t> table(3 * static_cast<std::size_t>(max_blocks));
+    std::vector<std::int64_t> slots;
+    for (std::size_t s = 0; s < lens.size(); ++s) {
+      for (std::int32_t b = 0; b < max_blocks; ++b) {
+        table[s * static_cast<std::size_t>(max_blocks) + static_cast<std::size_t>(b)] =
+            static_cast<std::int32_t>(s) * max_blocks + b;
+      }
+      for (std::int32_t t = 0; t < lens[s]; ++t) {
+        slots.push_back((static_cast<std::int64_t>(s) * max_blocks + t / block_size) * block_size +
+                        t % block_size);
+      }
+    }
+    std::mt19937_64 rng(7);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    const std::size_t values = slots.size() * num_kv_heads * head_dim;
+    std::vector<std::uint16_t> key(values), value(values);
+    for (auto& x : key) x = float_to_bf16_bits(unit(rng));
+    for (auto& x : value) x = float_to_bf16_bits(unit(rng));
+    const auto plane = static_cast<std::size_t>(layout.plane_elements());
+    std::vector<std::uint8_t> k_plane(plane, 0), v_plane(plane, 0);
+    KVAppendParams a;
+    a.dtype = KVDtype::kBFloat16;
+    a.quant = quant;
+    a.num_tokens = static_cast<std::int64_t>(slots.size());
+    a.key = key.data();
+    a.value = value.data();
+    a.slot_mapping = slots.data();
+    a.k_cache = k_plane.data();
+    a.v_cache = v_plane.data();
+    a.layout = layout;
+    reference_kv_append(a);
+    std::vector<std::uint16_t> q(lens.size() * num_q_heads * head_dim);
+    for (auto& x : q) x = float_to_bf16_bits(unit(rng));
+
+    PagedDecodeParams hp;
+    hp.dtype = KVDtype::kBFloat16;
+    hp.quant = quant;
+    hp.num_seqs = static_cast<std::int32_t>(lens.size());
+    hp.num_q_heads = num_q_heads;
+    hp.k_cache = k_plane.data();
+    hp.v_cache = v_plane.data();
+    hp.layout = layout;
+    hp.block_table = table.data();
+    hp.max_blocks_per_seq = max_blocks;
+    hp.seq_lens = lens.data();
+    hp.sm_scale = 0.125f;
+    hp.q = q.data();
+    const std::vector<double> ref = reference_paged_decode_attention_f64(hp);
+
+    const testing::DeviceBuffer dk = testing::upload(k_plane), dv = testing::upload(v_plane),
+                                dtable = testing::upload(table), dlens = testing::upload(lens),
+                                dq = testing::upload(q);
+    testing::DeviceBuffer dout(q.size() * 2);
+    PagedDecodeParams dp = hp;
+    dp.k_cache = dk.get();
+    dp.v_cache = dv.get();
+    dp.block_table = dtable.get<std::int32_t>();
+    dp.seq_lens = dlens.get<std::int32_t>();
+    dp.q = dq.get();
+    dp.out = dout.get();
+    for (const DecodePlan plan : {DecodePlan{}, DecodePlan{5, 37}}) {
+      const std::size_t ws_bytes = decode_workspace_bytes(plan, dp.num_seqs, num_q_heads, head_dim);
+      testing::DeviceBuffer workspace(ws_bytes);
+      PAGEDKV_CUDA_CHECK(paged_decode_attention(dp, plan, workspace.get(), ws_bytes, nullptr,
+                                                DecodeKernel::kTensorCoreFp8));
+      const auto out = testing::to_doubles(KVDtype::kBFloat16,
+                                           testing::download<std::uint16_t>(dout.get(), q.size()));
+      const testing::RowCheck all = testing::check_rows(out, ref, head_dim, 1e-2);
+      std::printf("decode tensor-core-fp8 %s splits=%d: worst row %.4g, %zu of %zu rows rejected\n",
+                  std::string(to_string(mode)).c_str(), plan.num_splits, all.max_row_error,
+                  all.bad_rows, all.rows);
+      const std::span<const double> o(out);
+      const std::span<const double> r(ref);
+      EXPECT_TRUE(testing::rows_match(o.subspan(0, 1024), r.subspan(0, 1024), head_dim, 1e-2));
+      EXPECT_TRUE(
+          testing::rows_match(o.subspan(2048, 1024), r.subspan(2048, 1024), head_dim, 1e-2));
+      const testing::RowCheck broken =
+          testing::check_rows(o.subspan(1024, 1024), r.subspan(1024, 1024), head_dim, 1e-2);
+      EXPECT_GT(broken.bad_rows, 0u) << "the FP8 per-row check missed the dropped key";
     }
   }
 }

@@ -101,6 +101,8 @@ std::string kernel_test_name(const ::testing::TestParamInfo<DecodeKernel>& param
       return "TensorCore";
     case DecodeKernel::kTensorCoreWideMerge:
       return "TensorCoreWideMerge";
+    case DecodeKernel::kTensorCoreFp8:  // FP8 caches only: tests/cuda/fp8_test.cpp
+      return "TensorCoreFp8";
   }
   return "Unknown";
 }
@@ -572,10 +574,16 @@ TEST(CudaDecodeAttentionArguments, VariantCoverage) {
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
   EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));  // 16-bit: kTensorCore runs
   p.quant.mode = KVScaleMode::kPerTensor;  // an FP8 cache: the FP8 kernel, either variant
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kSimt));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
+  EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
+  // ... except kTensorCoreFp8, on layouts whose strides are multiples of 16 bytes.
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));
+  p.layout.stride_head = p.layout.head_dim + 8;
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));
 }
 
 }  // namespace

@@ -17,7 +17,9 @@
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
+#include "pagedkv/device/decode_plan.hpp"
 #include "pagedkv/device/fp8.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
@@ -60,9 +62,13 @@ struct Pool {
   DeviceBuffer k, v;
 };
 
-Pool make_pool(const Case& c, std::vector<std::int32_t> lens, std::uint64_t seed) {
+Pool make_pool(const Case& c, std::vector<std::int32_t> lens, std::uint64_t seed,
+               std::int32_t block_size = 16, std::int32_t q_heads = 8, std::int32_t kv_heads = 2) {
   Pool p;
   p.c = c;
+  p.block_size = block_size;
+  p.q_heads = q_heads;
+  p.kv_heads = kv_heads;
   p.quant.mode = c.mode;
   p.quant.dtype = c.fp8;
   p.quant.k_scale = 0.02f;
@@ -158,12 +164,12 @@ PagedKVParams kv_params(const Pool& p, const void* k, const void* v, const std::
 }
 
 double worst_row_error(const std::vector<std::uint16_t>& got, const std::vector<double>& ref,
-                       std::size_t row) {
+                       std::size_t row, KVDtype dtype = KVDtype::kBFloat16) {
   double worst = 0;
   for (std::size_t r = 0; r + row <= ref.size(); r += row) {
     double diff = 0, norm = 0;
     for (std::size_t i = r; i < r + row; ++i) {
-      const double x = bf16_bits_to_float(got[i]);
+      const double x = dtype_bits_to_float(dtype, got[i]);
       if (!std::isfinite(x)) return INFINITY;
       diff += (x - ref[i]) * (x - ref[i]);
       norm += ref[i] * ref[i];
@@ -282,6 +288,295 @@ TEST_F(CudaFp8, DecodeAndExtendMatchTheReference) {
       ASSERT_NEAR(lse[i], ref.lse[i], 1e-3 * (1 + std::abs(ref.lse[i]))) << i;
     }
   }
+}
+
+// DecodeKernel::kTensorCoreFp8 (kernels/decode_attention_tc_fp8.cu) beside the default path (the
+// FP8 CUDA-core kernel, which ignores the plan), each without split-KV, with a forced plan of 5
+// chunks of 37 tokens (chunks that start mid-tile and mid-block; long sequences put the rest in
+// the last chunk) and with 40 chunks of 64 tokens (many active splits for the 700-token
+// sequence, few for the short ones, direct writes for 1-chunk sequences), over both FP8 types,
+// both scale modes, NHD / HND, fp16 / bf16 q and out, head_dim 64 / 128 / 256, GQA groups 1 to
+// 16, block sizes 1 to 256 (powers of two and not), soft-cap and sliding window. Every output
+// row is compared with the CPU reference over the same FP8 cache. What a broken piece does:
+// a wrong conversion, swizzle or fragment map, a dropped K or V scale, a V scale applied to the
+// softmax sum, or a missed R rescale (decode_attention_tc_fp8.cu's top) moves whole rows far past
+// 1e-2; a wrong split range or merge breaks the split plans only; rows of the wrong query head
+// show at group > 1; a wrong page offset shows at the block sizes that are not powers of two
+// (the kernel's division path) or in HND; a key not skipped in a block outside the pool breaks
+// the bad-block rows. (The sanitizer runs of scripts/gpu-check look for races.)
+struct TcCase {
+  Case c;
+  KVDtype dtype;  // q / out
+  std::int32_t group;
+  std::int32_t kv_heads;
+  std::int32_t block_size;
+  float soft_cap;
+  std::int32_t window;
+  // The last sequence's last block gets an id outside the pool (bad_id): the FP8 kernels skip
+  // those keys, so its row equals the reference over the sequence cut at that block's start.
+  bool bad_last_block;
+  std::int32_t bad_id;  // < 0: that id; > 0: the id num_blocks + bad_id - 1 (past the pool)
+};
+
+std::string name(const TcCase& t) {
+  return name(t.c) + "/" + std::string(to_string(t.dtype)) + "/g" + std::to_string(t.group) +
+         "/kv" + std::to_string(t.kv_heads) + "/bs" + std::to_string(t.block_size) +
+         (t.soft_cap > 0 ? "/cap" : "") + (t.window > 0 ? "/window" : "") +
+         (t.bad_last_block ? "/bad-block" : "");
+}
+
+const TcCase kTcCases[] = {
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 128},
+     .dtype = KVDtype::kBFloat16,
+     .group = 4,
+     .kv_heads = 2,
+     .block_size = 16,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, true, 64},
+     .dtype = KVDtype::kFloat16,
+     .group = 8,
+     .kv_heads = 2,
+     .block_size = 1,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E5M2, KVScaleMode::kPerTokenHead, false, 256},
+     .dtype = KVDtype::kBFloat16,
+     .group = 1,
+     .kv_heads = 3,
+     .block_size = 7,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTensor, false, 64},
+     .dtype = KVDtype::kFloat16,
+     .group = 16,
+     .kv_heads = 1,
+     .block_size = 16,
+     .soft_cap = 5.0f,
+     .window = 0,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E5M2, KVScaleMode::kPerTensor, true, 128},
+     .dtype = KVDtype::kFloat16,
+     .group = 4,
+     .kv_heads = 2,
+     .block_size = 24,
+     .soft_cap = 0,
+     .window = 50,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, true, 256},
+     .dtype = KVDtype::kFloat16,
+     .group = 8,
+     .kv_heads = 2,
+     .block_size = 16,
+     .soft_cap = 5.0f,
+     .window = 70,
+     .bad_last_block = false,
+     .bad_id = 0},
+    {.c = {KVDtype::kFp8E5M2, KVScaleMode::kPerTokenHead, false, 128},
+     .dtype = KVDtype::kFloat16,
+     .group = 1,
+     .kv_heads = 2,
+     .block_size = 256,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = true,
+     .bad_id = 3},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTensor, false, 256},
+     .dtype = KVDtype::kBFloat16,
+     .group = 16,
+     .kv_heads = 1,
+     .block_size = 5,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = true,
+     .bad_id = -1},
+    {.c = {KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 64},
+     .dtype = KVDtype::kBFloat16,
+     .group = 4,
+     .kv_heads = 2,
+     .block_size = 1,
+     .soft_cap = 0,
+     .window = 0,
+     .bad_last_block = true,
+     .bad_id = 1},
+    {.c = {KVDtype::kFp8E5M2, KVScaleMode::kPerTensor, true, 64},
+     .dtype = KVDtype::kBFloat16,
+     .group = 8,
+     .kv_heads = 2,
+     .block_size = 32,
+     .soft_cap = 5.0f,
+     .window = 100,
+     .bad_last_block = false,
+     .bad_id = 0},
+};
+
+TEST_F(CudaFp8, TensorCoreDecodeMatchesTheReference) {
+  const std::vector<std::int32_t> lens = {1, 33, 130, 16, 700};
+  const DecodePlan plans[] = {DecodePlan{}, DecodePlan{5, 37}, DecodePlan{40, 64}};
+  std::uint64_t seed = 10;
+  for (const TcCase& t : kTcCases) {
+    SCOPED_TRACE(name(t));
+    Pool p = make_pool(t.c, lens, seed++, t.block_size, t.kv_heads * t.group, t.kv_heads);
+    // The reference's view: with a bad last block, the last sequence ends where that block starts.
+    std::vector<std::int32_t> ref_lens = p.lens;
+    std::vector<std::int32_t> table = p.table;
+    if (t.bad_last_block) {
+      const std::int32_t len = p.lens.back();
+      const std::int32_t last = (len - 1) / t.block_size;
+      ASSERT_GT(last, 0);
+      table[(p.lens.size() - 1) * static_cast<std::size_t>(p.max_blocks) +
+            static_cast<std::size_t>(last)] =
+          t.bad_id < 0 ? t.bad_id : static_cast<std::int32_t>(p.layout.num_blocks) + t.bad_id - 1;
+      ref_lens.back() = last * t.block_size;
+    }
+    const DeviceBuffer dtable = testing::upload(table), dlens = testing::upload(p.lens);
+    std::mt19937_64 rng(seed++);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    const auto dim = static_cast<std::size_t>(t.c.head_dim);
+    std::vector<std::uint16_t> q(p.lens.size() * static_cast<std::size_t>(p.q_heads) * dim);
+    for (auto& x : q) x = float_to_dtype_bits(t.dtype, unit(rng));
+    const DeviceBuffer dq = testing::upload(q);
+
+    PagedDecodeParams d;
+    static_cast<PagedKVParams&>(d) =
+        kv_params(p, p.k.get(), p.v.get(), dtable.get<std::int32_t>(), dlens.get<std::int32_t>());
+    d.dtype = t.dtype;
+    d.logits_soft_cap = t.soft_cap;
+    d.window_size = t.window;
+    d.q = dq.get();
+    PagedDecodeParams hd = d;
+    static_cast<PagedKVParams&>(hd) =
+        kv_params(p, p.host_k.data(), p.host_v.data(), p.table.data(), ref_lens.data());
+    hd.dtype = t.dtype;
+    hd.logits_soft_cap = t.soft_cap;
+    hd.window_size = t.window;
+    hd.q = q.data();
+    const std::vector<double> ref = reference_paged_decode_attention_f64(hd);
+
+    EXPECT_TRUE(decode_kernel_runs(d, DecodeKernel::kTensorCoreFp8));
+    EXPECT_FALSE(decode_kernel_runs(d, DecodeKernel::kTensorCore));
+    for (const DecodeKernel kernel : {DecodeKernel::kTensorCore, DecodeKernel::kTensorCoreFp8}) {
+      for (const DecodePlan& plan : plans) {
+        SCOPED_TRACE(std::string(kernel == DecodeKernel::kTensorCoreFp8 ? "tc-fp8" : "default") +
+                     " plan " + std::to_string(plan.num_splits) + "x" +
+                     std::to_string(plan.kv_chunk_size));
+        const std::size_t ws_bytes =
+            plan.split_kv() ? decode_workspace_bytes(plan, d.num_seqs, d.num_q_heads, t.c.head_dim)
+                            : 0;
+        DeviceBuffer ws(std::max<std::size_t>(ws_bytes, 16));  // poisoned: NaN partials
+        DeviceBuffer dout(q.size() * 2);                       // poisoned: NaN outputs
+        d.out = dout.get();
+        PAGEDKV_CUDA_CHECK(paged_decode_attention(d, plan, plan.split_kv() ? ws.get() : nullptr,
+                                                  ws_bytes, nullptr, kernel));
+        PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = testing::download<std::uint16_t>(dout.get(), q.size());
+        EXPECT_LE(worst_row_error(got, ref, dim, t.dtype), 1e-2);
+      }
+    }
+  }
+}
+
+// The plan the bench and an engine would use: plan_paged_decode with the options for
+// kTensorCoreFp8 (the FP8 kernel's occupancy), on a batch of long sequences, one per KV-head
+// count; and a layout the kernel does not take (8-byte strides) falls back to the FP8 CUDA-core
+// kernel and still matches.
+TEST_F(CudaFp8, TensorCoreDecodeWithThePlannerAndFallback) {
+  const Case c{KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 128};
+  Pool p = make_pool(c, {3000, 5, 257}, 31, 16, 8, 2);
+  const DeviceBuffer table = testing::upload(p.table), lens = testing::upload(p.lens);
+  std::mt19937_64 rng(32);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const auto dim = static_cast<std::size_t>(c.head_dim);
+  std::vector<std::uint16_t> q(p.lens.size() * static_cast<std::size_t>(p.q_heads) * dim);
+  for (auto& x : q) x = float_to_bf16_bits(unit(rng));
+  const DeviceBuffer dq = testing::upload(q);
+  PagedDecodeParams d;
+  static_cast<PagedKVParams&>(d) =
+      kv_params(p, p.k.get(), p.v.get(), table.get<std::int32_t>(), lens.get<std::int32_t>());
+  d.q = dq.get();
+  PagedDecodeParams hd = d;
+  static_cast<PagedKVParams&>(hd) =
+      kv_params(p, p.host_k.data(), p.host_v.data(), p.table.data(), p.lens.data());
+  hd.q = q.data();
+  const std::vector<double> ref = reference_paged_decode_attention_f64(hd);
+
+  DecodePlanOptions options;
+  PAGEDKV_CUDA_CHECK(decode_plan_options_for_current_device(d.dtype, c.head_dim, &options,
+                                                            DecodeKernel::kTensorCoreFp8));
+  EXPECT_GT(options.ctas_per_sm, 0);
+  const DecodePlan plan = plan_paged_decode(p.lens, p.kv_heads, options);
+  EXPECT_TRUE(plan.split_kv()) << "a 3,000-token sequence on " << options.num_sms << " SMs";
+  const std::size_t ws_bytes =
+      plan.split_kv() ? decode_workspace_bytes(plan, d.num_seqs, d.num_q_heads, c.head_dim) : 0;
+  DeviceBuffer ws(std::max<std::size_t>(ws_bytes, 16));
+  DeviceBuffer dout(q.size() * 2);
+  d.out = dout.get();
+  PAGEDKV_CUDA_CHECK(
+      paged_decode_attention(d, plan, ws.get(), ws_bytes, nullptr, DecodeKernel::kTensorCoreFp8));
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LE(worst_row_error(testing::download<std::uint16_t>(dout.get(), q.size()), ref, dim),
+            1e-2);
+
+  // The same cache seen through a layout with 8-byte-multiple strides: a second pool built in
+  // that layout (NHD with each token row padded by 8 bytes is not expressible with scales, so
+  // per-tensor codes with stride_head = head_dim + 8).
+  const Case pc{KVDtype::kFp8E4M3, KVScaleMode::kPerTensor, false, 64};
+  Pool pp = make_pool(pc, {200, 9}, 33, 16, 4, 2);
+  // Re-lay the host planes with stride_head = 72, stride_token = 144, stride_block = 16 x 144.
+  KVLayout padded = pp.layout;
+  padded.stride_head = 72;
+  padded.stride_token = 144;
+  padded.stride_block = 16 * 144;
+  ASSERT_NO_THROW(padded.validate());
+  std::vector<std::uint8_t> hk(static_cast<std::size_t>(padded.plane_elements()), 0),
+      hv(hk.size(), 0);
+  for (std::int64_t b = 0; b < pp.layout.num_blocks; ++b) {
+    for (std::int32_t tok = 0; tok < pp.layout.block_size; ++tok) {
+      for (std::int32_t h = 0; h < pp.layout.num_kv_heads; ++h) {
+        for (std::int32_t i = 0; i < pc.head_dim; ++i) {
+          hk[static_cast<std::size_t>(padded.offset(b, tok, h) + i)] =
+              pp.host_k[static_cast<std::size_t>(pp.layout.offset(b, tok, h) + i)];
+          hv[static_cast<std::size_t>(padded.offset(b, tok, h) + i)] =
+              pp.host_v[static_cast<std::size_t>(pp.layout.offset(b, tok, h) + i)];
+        }
+      }
+    }
+  }
+  const DeviceBuffer dk = testing::upload(hk), dv = testing::upload(hv);
+  const DeviceBuffer ptable = testing::upload(pp.table), plens = testing::upload(pp.lens);
+  std::vector<std::uint16_t> pq(pp.lens.size() * static_cast<std::size_t>(pp.q_heads) * 64);
+  for (auto& x : pq) x = float_to_bf16_bits(unit(rng));
+  const DeviceBuffer dpq = testing::upload(pq);
+  PagedDecodeParams pd;
+  static_cast<PagedKVParams&>(pd) =
+      kv_params(pp, dk.get(), dv.get(), ptable.get<std::int32_t>(), plens.get<std::int32_t>());
+  pd.layout = padded;
+  pd.q = dpq.get();
+  EXPECT_FALSE(decode_kernel_runs(pd, DecodeKernel::kTensorCoreFp8));
+  DeviceBuffer pout(pq.size() * 2);
+  pd.out = pout.get();
+  const DecodePlan split{4, 64};
+  const std::size_t pws_bytes = decode_workspace_bytes(split, pd.num_seqs, pd.num_q_heads, 64);
+  DeviceBuffer pws(pws_bytes);
+  PAGEDKV_CUDA_CHECK(paged_decode_attention(pd, split, pws.get(), pws_bytes, nullptr,
+                                            DecodeKernel::kTensorCoreFp8));
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  PagedDecodeParams phd = pd;
+  static_cast<PagedKVParams&>(phd) =
+      kv_params(pp, hk.data(), hv.data(), pp.table.data(), pp.lens.data());
+  phd.layout = padded;
+  phd.q = pq.data();
+  EXPECT_LE(worst_row_error(testing::download<std::uint16_t>(pout.get(), pq.size()),
+                            reference_paged_decode_attention_f64(phd), 64),
+            1e-2);
 }
 
 }  // namespace

@@ -14,7 +14,8 @@
 //
 // An FP8 cache (params.quant.fp8(); pagedkv/device/kv_quant.hpp) runs kernels/fp8_attention.cu
 // instead: one CTA per (sequence, KV head), codes decoded in registers, the row scales applied to
-// the fp32 dot product and softmax weight, fp32 accumulation; no split-KV (the plan is ignored).
+// the fp32 dot product and softmax weight, fp32 accumulation; no split-KV (the plan is ignored),
+// unless the caller chose kTensorCoreFp8 (below).
 //
 // Kernel variants (DecodeKernel, chosen per call; the default is kTensorCoreWideMerge):
 //   kTensorCore  kernels/decode_attention_tc.cu: the GQA group's query heads are the M dimension
@@ -33,6 +34,14 @@
 //                griddepcontrol.wait, so stream order holds; only its launch latency overlaps
 //                the previous kernel). Same contract, plan and workspace. Without split-KV it
 //                runs kTensorCore's attention kernel.
+//   kTensorCoreFp8  (opt-in until a GPU run proves it) for an FP8 cache,
+//                kernels/decode_attention_tc_fp8.cu: kTensorCore's geometry with the FP8 codes
+//                staged in shared memory and converted exactly to q's 16-bit type there (no
+//                scale applied to values: K scales multiply the scores, V scales the
+//                probabilities of the PV product, not the softmax sum), with the plan's split-KV
+//                and a merge parallel over the splits. Layouts whose strides are not multiples of
+//                16 bytes run the FP8 kernel above instead (decode_kernel_runs says so). For a
+//                16-bit cache it behaves as kTensorCore.
 //   kSimt        the CUDA-core kernel described above (kernels/decode_attention.cu), the default
 //                before 2026-12-04; kept for comparison. An FP8 cache falls back to the FP8
 //                kernel with any variant; every 16-bit shape above runs every variant.
@@ -63,11 +72,13 @@ enum class DecodeKernel : int {
   kSimt = 0,                 // CUDA-core kernel (the default before 2026-12-04)
   kTensorCore = 1,           // tensor-core kernel
   kTensorCoreWideMerge = 2,  // kTensorCore, one-wave plan, parallel merge (the default)
+  kTensorCoreFp8 = 3,        // FP8 caches on tensor cores (opt-in; see above)
 };
 inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTensorCoreWideMerge;
 
 // Whether `kernel` itself runs for these parameters; false when paged_decode_attention falls back
-// (an FP8 cache always runs kernels/fp8_attention.cu).
+// (an FP8 cache runs kernels/fp8_attention.cu except with kTensorCoreFp8 on a layout whose
+// strides are multiples of 16 bytes; kTensorCoreFp8 on a 16-bit cache runs kTensorCore: false).
 bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept;
 
 // The host-side checks paged_decode_attention performs: validate(params) and validate(plan),
@@ -88,7 +99,9 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
 // kernel's occupancy for this dtype and head_dim (other options keep their defaults). For
 // kTensorCore ctas_per_sm is twice the variant's occupancy, so the planner's one-wave target
 // fills two waves of it (its CTAs are short; two waves balance the tail), and min_chunk_tokens
-// is one 64-token tile; kTensorCoreWideMerge plans one wave with the same minimum chunk. Throws
+// is one 64-token tile; kTensorCoreWideMerge plans one wave with the same minimum chunk;
+// kTensorCoreFp8 plans like kTensorCore with the FP8 tensor-core kernel's occupancy (dtype is
+// q's 16-bit type; use kTensorCore's options for a 16-bit cache). Throws
 // pagedkv::Error for an unsupported head_dim; returns CUDA errors.
 cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
                                                    DecodePlanOptions* options,
