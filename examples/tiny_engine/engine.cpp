@@ -53,8 +53,9 @@ void EngineConfig::validate() const {
   for (const float s : v_scales) {
     require(pagedkv::fp8_scale_is_valid(s), "v_scales must be finite and > 0");
   }
-  require(decode_kernel >= -1 && decode_kernel <= 1,
-          "decode_kernel must be -1 (default), 0 (simt) or 1 (tensor_core)");
+  require(decode_kernel >= -1 && decode_kernel <= 3,
+          "decode_kernel must be -1 (default), 0 (simt), 1 (tensor_core), 2 "
+          "(tensor_core_wide_merge) or 3 (tensor_core_fp8)");
   require(extend_kernel >= -1 && extend_kernel <= 1,
           "extend_kernel must be -1 (default), 0 (mma16) or 1 (fa2)");
 }

@@ -235,6 +235,34 @@ TEST(TinyEngineCli, RejectsBadFlagsWithExitCode2) {
   EXPECT_EQ(exit_code("--extend-kernel fa2 --device cpu"), 2);
 }
 
+// EngineConfig's kernel variants are pagedkv::DecodeKernel / ExtendKernel values (every one the
+// library has: the CUDA path casts them) or -1; anything else is refused with a message.
+TEST(TinyEngineConfig, KernelVariantValues) {
+  for (const int decode : {-1, 0, 1, 2, 3}) {
+    EngineConfig c;
+    c.decode_kernel = decode;
+    EXPECT_NO_THROW(c.validate()) << "decode_kernel " << decode;
+  }
+  for (const int extend : {-1, 0, 1}) {
+    EngineConfig c;
+    c.extend_kernel = extend;
+    EXPECT_NO_THROW(c.validate()) << "extend_kernel " << extend;
+  }
+  for (const int bad : {-2, 4}) {
+    EngineConfig c;
+    c.decode_kernel = bad;
+    try {
+      c.validate();
+      ADD_FAILURE() << "decode_kernel " << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("tensor_core_fp8"), std::string::npos) << e.what();
+    }
+    EngineConfig x;
+    x.extend_kernel = bad == 4 ? 2 : bad;
+    EXPECT_THROW(x.validate(), std::invalid_argument);
+  }
+}
+
 // Runs the CLI, returns its exit status and its stdout + stderr.
 int run_cli(const std::string& args, std::string& output) {
   const auto run = pagedkv::test::run_cli(PAGEDKV_TINY_ENGINE, args);
