@@ -46,6 +46,7 @@
 #include "internal/cp_async.cuh"
 #include "internal/decode_tc_launch.hpp"
 #include "internal/decode_tc_layout.hpp"
+#include "internal/decode_wide_merge.cuh"
 #include "internal/mma_sync.cuh"
 #include "pagedkv/base/error.hpp"
 
@@ -440,11 +441,8 @@ __global__ void __launch_bounds__(kHeadDim / 4 * kMergeHeads)
 }
 
 // kTensorCoreWideMerge's merge, the same formula as tc_merge_kernel with the splits in parallel:
-// one CTA per (sequence, query head) that used >= 2 splits. The CTA's threads first reduce the
-// maximum log-sum-exp (each reads splits t, t + 256, ...), then thread (row, lane) accumulates
-// lane's 4 columns over splits row, row + kRows, ... (independent loads, unrolled), and row 0
-// sums the rows. The serial chain is a few loads long instead of 2 x num_splits.
-constexpr int kWideMergeThreads = 256;
+// one CTA per (sequence, query head) that used >= 2 splits
+// (kernels/internal/decode_wide_merge.cuh).
 
 template <bool kBf16, int kHeadDim>
 __global__ void __launch_bounds__(kWideMergeThreads) tc_wide_merge_kernel(const TcParams p) {
@@ -454,70 +452,12 @@ __global__ void __launch_bounds__(kWideMergeThreads) tc_wide_merge_kernel(const 
   // layer's decode attention), may become resident now; it waits for this grid's completion.
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-  constexpr int kLanes = kHeadDim / 4;  // float4 columns
-  constexpr int kRows = kWideMergeThreads / kLanes;
-  constexpr int kWarpsHere = kWideMergeThreads / 32;
-  static_assert(kRows * kLanes == kWideMergeThreads, "rows x lanes cover the CTA");
-  __shared__ float4 row_acc[kRows][kLanes];
-  __shared__ float row_weight[kRows];
-  __shared__ float warp_max[kWarpsHere];
-
   const std::int64_t state = blockIdx.x;
   const int seq = static_cast<int>(state / p.num_q_heads);
   const int q_head = static_cast<int>(state % p.num_q_heads);
   const int n = range_of(p, seq, 0).num_active_splits;
   if (n <= 1) return;  // written directly by the attention kernel; uniform over the CTA
-  const int t = static_cast<int>(threadIdx.x);
-  const float* lse = p.partial_lse + state * p.num_splits;
-  float m = -INFINITY;
-  for (int s = t; s < n; s += kWideMergeThreads) m = fmaxf(m, lse[s]);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  }
-  if (t % 32 == 0) warp_max[t / 32] = m;
-  __syncthreads();
-  float m_all = warp_max[0];
-#pragma unroll
-  for (int w = 1; w < kWarpsHere; ++w) m_all = fmaxf(m_all, warp_max[w]);
-
-  const int row = t / kLanes;
-  const int lane = t % kLanes;
-  const float* part = p.partial_out + state * p.num_splits * kHeadDim + lane * 4;
-  float weight_sum = 0.0f;
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-  for (int s = row; s < n; s += kRows) {
-    const float w = exp2f(lse[s] - m_all);
-    const float4 v =
-        *reinterpret_cast<const float4*>(part + static_cast<std::int64_t>(s) * kHeadDim);
-    weight_sum += w;
-    acc.x = fmaf(w, v.x, acc.x);
-    acc.y = fmaf(w, v.y, acc.y);
-    acc.z = fmaf(w, v.z, acc.z);
-    acc.w = fmaf(w, v.w, acc.w);
-  }
-  row_acc[row][lane] = acc;
-  if (lane == 0) row_weight[row] = weight_sum;
-  __syncthreads();
-  if (row != 0) return;
-  float total_weight = row_weight[0];
-#pragma unroll
-  for (int r = 1; r < kRows; ++r) {
-    const float4 v = row_acc[r][lane];
-    total_weight += row_weight[r];
-    acc.x += v.x;
-    acc.y += v.y;
-    acc.z += v.z;
-    acc.w += v.w;
-  }
-  // The largest split has weight 1, so total_weight >= 1.
-  const float inv = 1.0f / total_weight;
-  uint2 packed;
-  packed.x = MmaOps<kBf16>::pack2(acc.x * inv, acc.y * inv);
-  packed.y = MmaOps<kBf16>::pack2(acc.z * inv, acc.w * inv);
-  *reinterpret_cast<uint2*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head +
-                            lane * 4) = packed;
+  wide_merge_state<kBf16, kHeadDim, false>(p, state, seq, q_head, n);
 }
 
 template <bool kBf16, int kHeadDim, bool kSoftCap, bool kWideMerge>
