@@ -44,6 +44,7 @@
 #include <cstdint>
 
 #include "internal/cp_async.cuh"
+#include "internal/decode_tc_host.hpp"
 #include "internal/decode_tc_launch.hpp"
 #include "internal/decode_tc_layout.hpp"
 #include "internal/decode_wide_merge.cuh"
@@ -61,6 +62,7 @@ using detail::kTcWarpTokens;
 using detail::TcDecodeShape;
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr const char* kWho = "paged_decode_attention (CUDA, tensor cores)";
 
 struct TcParams {
   const std::uint16_t* q;  // [num_seqs, num_q_heads, head_dim]
@@ -470,26 +472,20 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
   if (err != cudaSuccess) return err;
   const std::int64_t ctas = num_seqs * kp.num_kv_heads * kp.num_splits;
   if (ctas == 0) return cudaSuccess;
-  int device = 0;
-  int major = 0;
-  err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  }
-  if (err != cudaSuccess) return err;
   // Programmatic dependent launch (sm_90): the merge after the attention kernel, and with the
   // wide merge the attention kernel after whatever precedes it (it waits in griddepcontrol.wait).
   cudaLaunchAttribute pdl[1];
-  pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  pdl[0].val.programmaticStreamSerializationAllowed = 1;
+  unsigned num_pdl = 0;
+  err = programmatic_launch_attr(pdl, &num_pdl);
+  if (err != cudaSuccess) return err;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(ctas));
   config.blockDim = dim3(kTcThreads);
   config.dynamicSmemBytes = S::kSmemBytes;
   config.stream = stream;
-  if (kWideMerge && major >= 9) {
+  if constexpr (kWideMerge) {
     config.attrs = pdl;
-    config.numAttrs = 1;
+    config.numAttrs = num_pdl;
   }
   err = cudaLaunchKernelEx(&config, kernel, kp);
   if (err != cudaSuccess || kp.num_splits == 1) return err;
@@ -504,38 +500,12 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
     merge.blockDim = dim3(kHeadDim / 4, kMergeHeads);
   }
   merge.stream = stream;
-  if (major >= 9) {
-    merge.attrs = pdl;
-    merge.numAttrs = 1;
-  }
+  merge.attrs = pdl;
+  merge.numAttrs = num_pdl;
   if constexpr (kWideMerge) {
     return cudaLaunchKernelEx(&merge, tc_wide_merge_kernel<kBf16, kHeadDim>, kp);
   } else {
     return cudaLaunchKernelEx(&merge, tc_merge_kernel<kBf16, kHeadDim>, kp, states);
-  }
-}
-
-template <typename Fn>
-cudaError_t dispatch(KVDtype dtype, int head_dim, bool soft_cap, Fn&& fn) {
-  const bool bf16 = dtype == KVDtype::kBFloat16;
-  const auto by_cap = [&]<bool kBf16, int kHeadDim>() {
-    return soft_cap ? fn.template operator()<kBf16, kHeadDim, true>()
-                    : fn.template operator()<kBf16, kHeadDim, false>();
-  };
-  const auto by_dtype = [&]<int kHeadDim>() {
-    return bf16 ? by_cap.template operator()<true, kHeadDim>()
-                : by_cap.template operator()<false, kHeadDim>();
-  };
-  switch (head_dim) {
-    case 64:
-      return by_dtype.template operator()<64>();
-    case 128:
-      return by_dtype.template operator()<128>();
-    case 256:
-      return by_dtype.template operator()<256>();
-    default:
-      throw Error(ErrorCode::kInvalidArgument,
-                  "paged_decode_attention (CUDA, tensor cores): head_dim must be 64, 128 or 256");
   }
 }
 
@@ -584,28 +554,20 @@ cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& p
     kp.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
     kp.partial_lse = reinterpret_cast<float*>(base + ws.partial_lse_offset);
   }
-  return dispatch(
-      params.dtype, layout.head_dim, soft_cap, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+  return dispatch_tc_decode(
+      params.dtype, layout.head_dim, soft_cap, kWho,
+      [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
         return wide_merge ? launch<kBf16, kHeadDim, kSoftCap, true>(kp, params.num_seqs, stream)
                           : launch<kBf16, kHeadDim, kSoftCap, false>(kp, params.num_seqs, stream);
       });
 }
 
 cudaError_t tc_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
-  return dispatch(dtype, head_dim, false, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-    using S = TcDecodeShape<kHeadDim>;
-    const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap, false>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(S::kSmemBytes));
-    int resident = 0;
-    if (err == cudaSuccess) {
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kTcThreads,
-                                                          S::kSmemBytes);
-    }
-    if (err != cudaSuccess) return err;
-    *ctas = resident > 0 ? resident : 1;
-    return cudaSuccess;
-  });
+  return dispatch_tc_decode(
+      dtype, head_dim, false, kWho, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+        return resident_ctas_per_sm(tc_decode_kernel<kBf16, kHeadDim, kSoftCap, false>, kTcThreads,
+                                    TcDecodeShape<kHeadDim>::kSmemBytes, ctas);
+      });
 }
 
 }  // namespace pagedkv::kernels

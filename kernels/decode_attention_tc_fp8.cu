@@ -39,6 +39,7 @@
 #include "fp8_kernels.hpp"
 #include "internal/cp_async.cuh"
 #include "internal/decode_tc_fp8_layout.hpp"
+#include "internal/decode_tc_host.hpp"
 #include "internal/decode_tc_layout.hpp"
 #include "internal/decode_wide_merge.cuh"
 #include "internal/mma_sync.cuh"
@@ -56,6 +57,7 @@ using detail::kTcWarpTokens;
 using detail::TcFp8DecodeShape;
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr const char* kWho = "paged_decode_attention (CUDA, FP8 tensor cores)";
 
 struct TcFp8Params {
   const std::uint16_t* q;  // [num_seqs, num_q_heads, head_dim]
@@ -566,45 +568,12 @@ cudaError_t launch(const TcFp8Params& kp, std::int64_t num_seqs, cudaStream_t st
   merge.blockDim = dim3(kWideMergeThreads);
   merge.stream = stream;
   cudaLaunchAttribute attr[1];
-  int device = 0;
-  int major = 0;
-  err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  }
+  unsigned num_attrs = 0;
+  err = programmatic_launch_attr(attr, &num_attrs);
   if (err != cudaSuccess) return err;
-  if (major >= 9) {
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    merge.attrs = attr;
-    merge.numAttrs = 1;
-  }
+  merge.attrs = attr;
+  merge.numAttrs = num_attrs;
   return cudaLaunchKernelEx(&merge, tc_fp8_merge_kernel<kBf16, kHeadDim>, kp);
-}
-
-template <typename Fn>
-cudaError_t dispatch(KVDtype dtype, int head_dim, bool soft_cap, Fn&& fn) {
-  const bool bf16 = dtype == KVDtype::kBFloat16;
-  const auto by_cap = [&]<bool kBf16, int kHeadDim>() {
-    return soft_cap ? fn.template operator()<kBf16, kHeadDim, true>()
-                    : fn.template operator()<kBf16, kHeadDim, false>();
-  };
-  const auto by_dtype = [&]<int kHeadDim>() {
-    return bf16 ? by_cap.template operator()<true, kHeadDim>()
-                : by_cap.template operator()<false, kHeadDim>();
-  };
-  switch (head_dim) {
-    case 64:
-      return by_dtype.template operator()<64>();
-    case 128:
-      return by_dtype.template operator()<128>();
-    case 256:
-      return by_dtype.template operator()<256>();
-    default:
-      throw Error(ErrorCode::kInvalidArgument,
-                  "paged_decode_attention (CUDA, FP8 tensor cores): head_dim must be 64, 128 or "
-                  "256");
-  }
 }
 
 }  // namespace
@@ -661,27 +630,18 @@ cudaError_t tc_fp8_paged_decode(const PagedDecodeParams& params, const DecodePla
     kp.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
     kp.partial_lse = reinterpret_cast<float*>(base + ws.partial_lse_offset);
   }
-  return dispatch(params.dtype, layout.head_dim, soft_cap,
-                  [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-                    return launch<kBf16, kHeadDim, kSoftCap>(kp, params.num_seqs, stream);
-                  });
+  return dispatch_tc_decode(params.dtype, layout.head_dim, soft_cap, kWho,
+                            [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+                              return launch<kBf16, kHeadDim, kSoftCap>(kp, params.num_seqs, stream);
+                            });
 }
 
 cudaError_t tc_fp8_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
-  return dispatch(dtype, head_dim, false, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-    using S = TcFp8DecodeShape<kHeadDim>;
-    const auto kernel = tc_fp8_decode_kernel<kBf16, kHeadDim, kSoftCap>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(S::kSmemBytes));
-    int resident = 0;
-    if (err == cudaSuccess) {
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kTcThreads,
-                                                          S::kSmemBytes);
-    }
-    if (err != cudaSuccess) return err;
-    *ctas = resident > 0 ? resident : 1;
-    return cudaSuccess;
-  });
+  return dispatch_tc_decode(
+      dtype, head_dim, false, kWho, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+        return resident_ctas_per_sm(tc_fp8_decode_kernel<kBf16, kHeadDim, kSoftCap>, kTcThreads,
+                                    TcFp8DecodeShape<kHeadDim>::kSmemBytes, ctas);
+      });
 }
 
 }  // namespace pagedkv::kernels
