@@ -45,6 +45,14 @@ TableVector<KVCacheBlock> make_blocks(const BlockPoolConfig& config) {
                                                  std::to_string(kMaxLineageKeyDepth) + ", got " +
                                                  std::to_string(config.lineage_key_depth));
   }
+  if (config.adaptive_ghost_sample_shift < -1 ||
+      config.adaptive_ghost_sample_shift > kAdaptiveGhostMaxSampleShift) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockPool: adaptive_ghost_sample_shift must be -1 (chosen by the pool's size) "
+                "or 0 .. " +
+                    std::to_string(kAdaptiveGhostMaxSampleShift) + ", got " +
+                    std::to_string(config.adaptive_ghost_sample_shift));
+  }
   TableVector<KVCacheBlock> blocks(static_cast<std::size_t>(config.num_blocks));
   for (std::size_t i = 0; i < blocks.size(); ++i) blocks[i].block_id = static_cast<BlockId>(i);
   blocks[kNullBlockId].is_null = true;

@@ -145,6 +145,13 @@ class AdaptiveGhosts {
   std::array<std::uint32_t, 2> head_{};  // the slot each FIFO writes next (its oldest when full)
   std::array<std::uint32_t, 2> live_{};
 };
+
+// adaptive: whether the ghosts track fingerprint fp: the bits of `mask` (the top s bits, for 1 in
+// 2^s tracked; none for all) of a mix that neither the ghost table's tag nor its home slot uses
+// alone are zero.
+bool ghost_sampled(std::uint64_t fp, std::uint64_t mask) noexcept {
+  return (fp * 0xc4ceb9fe1a85ec53ull & mask) == 0;
+}
 }  // namespace
 
 struct BlockPool::Retention {
@@ -167,7 +174,7 @@ struct BlockPool::Retention {
     BlockId head = kQueueEnd;
     BlockId tail = kQueueEnd;
   };
-  // Per block: its list links and state in one 12-byte record (one cache line per operation).
+  // Per block: its list links and state in one 16-byte record (one cache line per operation).
   struct Node {
     BlockId prev = kNotQueued;
     BlockId next = kNotQueued;
@@ -176,7 +183,11 @@ struct BlockPool::Retention {
     std::uint8_t hits = 0;  // hits since cached, capped at kMaxHits (S3-FIFO: spent on moves)
     bool timed = false;     // the priority has an expiry (expires[] is read only then)
     std::uint8_t rank = 0;  // lineage: set when the block is cached (lineage_rank())
+    // adaptive: set when the block is cached, to whether the ghosts track its fingerprint
+    // (ghost_sampled()); stale once it is uncached (readers check is_cached()).
+    bool ghost = false;
   };
+  static_assert(sizeof(Node) == 16);
 
   static constexpr ListId list_of(int level, int seg) noexcept {
     return static_cast<ListId>(1 + level * kSegs + seg);
@@ -209,10 +220,14 @@ struct BlockPool::Retention {
   // adaptive: the ghosts, and protected's target share of a level's free cached blocks in
   // units of 1 / kAdaptiveScale (steered by ghost hits: adapt()); step_unit: one block's worth
   // of the pool in those units.
+  // The ghosts see only a sample of fingerprints, 1 in 2^ghost_shift (ghost_sampled()), so
+  // that a block of the rest costs no table access at its eviction or its store.
   std::unique_ptr<AdaptiveGhosts> ghosts;
   std::int64_t target = 0;
   std::int64_t pool_blocks = 1;
-  std::int32_t free_count = 0;  // blocks in all lists
+  int ghost_shift = 0;
+  std::uint64_t ghost_mask = 0;  // ghost_sampled()'s mask: the top ghost_shift bits
+  std::int32_t free_count = 0;   // blocks in all lists
   RetentionStats stats;
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
   RetentionTick next_expiry = kNoExpiry;  // <= every free timed block's expiry
@@ -233,7 +248,11 @@ struct BlockPool::Retention {
           static_cast<std::uint64_t>(kLineageMaxAgePools) * n, 0x7fffffffu));
     }
     if (p == EvictionPolicy::kAdaptive) {
-      ghosts = std::make_unique<AdaptiveGhosts>(n * kAdaptiveGhostPercent / 100);
+      const std::size_t cap = n * kAdaptiveGhostPercent / 100;
+      ghost_shift = c.adaptive_ghost_sample_shift >= 0 ? c.adaptive_ghost_sample_shift
+                                                       : pagedkv::adaptive_ghost_sample_shift(cap);
+      ghost_mask = ghost_shift == 0 ? 0 : ~std::uint64_t{0} << (64 - ghost_shift);
+      ghosts = std::make_unique<AdaptiveGhosts>(cap >> ghost_shift);
       target = kAdaptiveScale * kAdaptiveInitialPercent / 100;
       pool_blocks = static_cast<std::int64_t>(std::max<std::size_t>(n, 1));
     }
@@ -241,11 +260,12 @@ struct BlockPool::Retention {
   // adaptive: a block cached again was in ghost FIFO `which` (0: evicted without a hit since it
   // was cached: keeping such blocks longer would have hit it, so protected's target falls; 1:
   // evicted after a hit: it rises), by ARC's step: the other ghost's size over this one's, at
-  // least 1, in blocks of the pool.
+  // least 1, in blocks of the pool, times 2^ghost_shift (each sampled ghost hit stands for
+  // that many).
   void adapt(int which) noexcept {
     const std::int64_t mine = std::max<std::int64_t>(ghosts->size(which), 1);
     const std::int64_t other = ghosts->size(1 - which);
-    const std::int64_t blocks = std::max<std::int64_t>(other / mine, 1);
+    const std::int64_t blocks = std::max<std::int64_t>(other / mine, 1) << ghost_shift;
     const std::int64_t step = std::max<std::int64_t>(blocks * kAdaptiveScale / pool_blocks, 1);
     target = which == 0 ? std::max<std::int64_t>(target - step, 0)
                         : std::min<std::int64_t>(target + step, kAdaptiveScale);
@@ -726,8 +746,10 @@ void BlockPool::RetentionDeleter::operator()(Retention* r) const noexcept {
 }
 
 namespace {
-// adaptive: how many blocks ahead the ghost table is prefetched.
+// adaptive: how many records or takes ahead the ghost table is prefetched, and how many sampled
+// fingerprints a chunk holds.
 constexpr std::size_t kGhostAhead = 8;
+constexpr std::size_t kGhostChunk = 64;
 
 RetentionTick read_clock(const RetentionClock& clock) {
   return clock ? clock() : 0;
@@ -988,18 +1010,33 @@ void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
                            std::span<const BlockId> blocks) noexcept {
   Retention& r = *ret_;
   if (r.ghosts != nullptr) {
-    // adaptive: a block cached again after its eviction steers protected's target. The table
-    // runs are loaded kGhostAhead blocks ahead (each is a cache miss, mostly).
+    // adaptive: a block cached again after its eviction steers protected's target. Only
+    // sampled fingerprints touch the table: in chunks, a scan marks each block's node and keeps
+    // them, then each is taken with its table run loaded kGhostAhead takes ahead (each is a
+    // cache miss, mostly). The blocks hold chain[first ..] and one group (a store's).
+    if (blocks.empty()) return;
     AdaptiveGhosts& g = *r.ghosts;
-    const auto fp = [&](std::size_t k) {
-      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(blocks[k])];
-      return AdaptiveGhosts::fingerprint(b.block_hash, b.group_id);
-    };
-    for (std::size_t k = 0; k < std::min(blocks.size(), kGhostAhead); ++k) g.prefetch(fp(k));
-    for (std::size_t k = 0; k < blocks.size(); ++k) {
-      if (k + kGhostAhead < blocks.size()) g.prefetch(fp(k + kGhostAhead));
-      const int which = g.take(fp(k));
-      if (which >= 0) r.adapt(which);
+    const std::uint64_t mask = r.ghost_mask;
+    const GroupId group = blocks_[static_cast<std::size_t>(blocks[0])].group_id;
+    const BlockHash* hashes = chain.data() + first;
+    Retention::Node* nodes = r.nodes.data();
+    std::array<std::uint64_t, kGhostChunk> fps;
+    std::size_t k = 0;
+    while (k < blocks.size()) {
+      std::size_t m = 0;
+      for (; k < blocks.size() && m < kGhostChunk; ++k) {
+        const std::uint64_t f = AdaptiveGhosts::fingerprint(hashes[k], group);
+        const bool tracked = ghost_sampled(f, mask);
+        nodes[blocks[k]].ghost = tracked;
+        fps[m] = f;
+        m += tracked ? 1 : 0;
+      }
+      for (std::size_t j = 0; j < std::min(m, kGhostAhead); ++j) g.prefetch(fps[j]);
+      for (std::size_t j = 0; j < m; ++j) {
+        if (j + kGhostAhead < m) g.prefetch(fps[j + kGhostAhead]);
+        const int which = g.take(fps[j]);
+        if (which >= 0) r.adapt(which);
+      }
     }
     return;
   }
@@ -1021,35 +1058,54 @@ void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
 }
 
 void BlockPool::ret_record_ghosts(std::span<const BlockId> victims) noexcept {
-  // adaptive: each cached victim's fingerprint into B1 (evicted without a hit since cached) or B2
-  // (after one); the table runs it and the FIFO's dropped entry touch are loaded kGhostAhead
-  // victims ahead. The victims still hold their hashes and hit counts (take_popped follows).
+  // adaptive: each cached victim's fingerprint, if sampled, into B1 (evicted without a hit since
+  // cached) or B2 (after one). The victims still hold their hashes and hit counts (take_popped
+  // follows). In chunks: a scan of the victims' nodes (just popped: in cache) keeps the tracked
+  // ones and loads their block records (cold: the oldest blocks); then their fingerprints; then
+  // the records into the table, each record's table run and its FIFO's dropped entry loaded
+  // kGhostAhead records ahead. An untracked victim costs a node read.
   Retention& r = *ret_;
   AdaptiveGhosts& g = *r.ghosts;
-  const auto fp = [&](std::size_t k) {
-    const KVCacheBlock& b = blocks_[static_cast<std::size_t>(victims[k])];
-    return AdaptiveGhosts::fingerprint(b.block_hash, b.group_id);
-  };
-  const auto fifo = [&](std::size_t k) { return r.nodes[victims[k]].hits > 0 ? 1 : 0; };
-  std::array<std::uint32_t, 2> ahead{};  // records into each FIFO before the prefetched one
-  const auto prefetch = [&](std::size_t k) {
-    if (!blocks_[static_cast<std::size_t>(victims[k])].is_cached()) return;
-    const int w = fifo(k);
-    g.prefetch(fp(k));
-    g.prefetch_oldest(w, ahead[static_cast<std::size_t>(w)]++);
-  };
-  for (std::size_t k = 0; k < std::min(victims.size(), kGhostAhead); ++k) prefetch(k);
-  for (std::size_t k = 0; k < victims.size(); ++k) {
-    if (k + kGhostAhead < victims.size()) prefetch(k + kGhostAhead);
-    if (!blocks_[static_cast<std::size_t>(victims[k])].is_cached()) continue;
-    const int w = fifo(k);
-    --ahead[static_cast<std::size_t>(w)];
-    g.record(w, fp(k));
+  const std::size_t n = victims.size();
+  std::array<BlockId, kGhostChunk> ids;
+  std::array<std::uint64_t, kGhostChunk> fps;
+  std::array<std::uint8_t, kGhostChunk> fifos;
+  std::size_t k = 0;
+  while (k < n) {
+    std::size_t m = 0;
+    for (; k < n && m < kGhostChunk; ++k) {
+      const BlockId id = victims[k];
+      if (!r.nodes[id].ghost) continue;
+      __builtin_prefetch(&blocks_[static_cast<std::size_t>(id)]);
+      ids[m++] = id;
+    }
+    std::size_t t = 0;
+    for (std::size_t j = 0; j < m; ++j) {
+      const KVCacheBlock& b = blocks_[static_cast<std::size_t>(ids[j])];
+      fps[t] = AdaptiveGhosts::fingerprint(b.block_hash, b.group_id);
+      fifos[t] = r.nodes[ids[j]].hits > 0 ? 1 : 0;
+      t += b.is_cached() ? 1 : 0;
+    }
+    std::array<std::uint32_t, 2> ahead{};  // records into each FIFO before the prefetched one
+    const auto prefetch = [&](std::size_t j) {
+      g.prefetch(fps[j]);
+      g.prefetch_oldest(fifos[j], ahead[fifos[j]]++);
+    };
+    for (std::size_t j = 0; j < std::min(t, kGhostAhead); ++j) prefetch(j);
+    for (std::size_t j = 0; j < t; ++j) {
+      if (j + kGhostAhead < t) prefetch(j + kGhostAhead);
+      --ahead[fifos[j]];
+      g.record(fifos[j], fps[j]);
+    }
   }
 }
 
 std::int64_t BlockPool::adaptive_protected_target() const noexcept {
   return ret_ != nullptr && ret_->ghosts != nullptr ? ret_->target : -1;
+}
+
+int BlockPool::adaptive_ghost_sample_shift() const noexcept {
+  return ret_ != nullptr && ret_->ghosts != nullptr ? ret_->ghost_shift : -1;
 }
 
 std::size_t BlockPool::lineage_key_depth() const noexcept {

@@ -78,15 +78,20 @@ struct Model {
   std::int64_t target = kAdaptiveScale * kAdaptiveInitialPercent / 100;
   std::int64_t n_blocks;
   std::array<int, 2> moves{};  // ghost hits in B1, B2
+  // adaptive: the ghosts track the fingerprints whose product with 0xc4ceb9fe1a85ec53 has its
+  // top ghost_shift bits zero (all of them at 0); each tracked ghost hit counts 2^ghost_shift.
+  int ghost_shift = 0;
 
-  Model(int n, EvictionPolicy p, double fraction)
+  // shift: BlockPoolConfig::adaptive_ghost_sample_shift (-1: the pool's choice by its size).
+  Model(int n, EvictionPolicy p, double fraction, int shift = -1)
       : policy(p),
         budget(static_cast<std::int64_t>(fraction * (n - 1))),
         b(n),
         fp(static_cast<std::size_t>(n)),
-        ghost_cap(
-            std::max<std::size_t>(static_cast<std::size_t>(n) * kAdaptiveGhostPercent / 100, 1)),
         n_blocks(n) {
+    const std::size_t cap = static_cast<std::size_t>(n) * kAdaptiveGhostPercent / 100;
+    ghost_shift = shift >= 0 ? shift : adaptive_ghost_sample_shift(cap);
+    ghost_cap = std::max<std::size_t>(cap >> ghost_shift, 1);
     if (p == EvictionPolicy::kLineage) max_age = std::int64_t{kLineageMaxAgePools} * n;
     for (auto& segs : lv) segs.resize(p == EvictionPolicy::kLineage ? kLineageRanks + 1 : 2);
     for (BlockId id = 1; id < n; ++id) uncached.push_back(id);
@@ -104,6 +109,9 @@ struct Model {
   }
   static void erase(std::deque<BlockId>& q, BlockId id) {
     q.erase(std::find(q.begin(), q.end(), id));
+  }
+  bool tracked(std::uint64_t f) const {
+    return ghost_shift == 0 || (f * 0xc4ceb9fe1a85ec53ull) >> (64 - ghost_shift) == 0;
   }
   // Removes a free block from wherever it is.
   void unlist(BlockId id) {
@@ -288,7 +296,9 @@ struct Model {
         while (level_size(l) == 0) ++l;
         if (l > kDefaultRetentionPriority) ++forced;
         id = victim_at(l);
-        if (policy == EvictionPolicy::kAdaptive) {  // into a ghost, its oldest out past capacity
+        if (policy == EvictionPolicy::kAdaptive &&
+            tracked(fp[static_cast<std::size_t>(id)])) {  // into a ghost, its oldest out past
+                                                          // capacity
           // One entry per fingerprint: an earlier one (a block of the same hash) leaves.
           const std::uint64_t f = fp[static_cast<std::size_t>(id)];
           for (auto& q : ghost) std::replace(q.begin(), q.end(), f, std::uint64_t{0});
@@ -313,6 +323,7 @@ struct Model {
     std::uint64_t f = h.hash_code();
     if (f == 0) f = 1;
     fp[static_cast<std::size_t>(id)] = f;
+    if (!tracked(f)) return;
     for (int w = 0; w < 2; ++w) {
       auto& g = ghost[static_cast<std::size_t>(w)];
       const auto it = std::find(g.begin(), g.end(), f);
@@ -324,7 +335,7 @@ struct Model {
       const auto mine = std::max<std::int64_t>(live(g), 1);
       const auto other = live(ghost[static_cast<std::size_t>(1 - w)]);
       const std::int64_t step = std::max<std::int64_t>(
-          std::max<std::int64_t>(other / mine, 1) * kAdaptiveScale / n_blocks, 1);
+          (std::max<std::int64_t>(other / mine, 1) << ghost_shift) * kAdaptiveScale / n_blocks, 1);
       target = w == 0 ? std::max<std::int64_t>(target - step, 0)
                       : std::min(target + step, kAdaptiveScale);
       ++moves[static_cast<std::size_t>(w)];
@@ -393,9 +404,10 @@ struct NaiveDepth {
 
 // One random stream. key_depth / adaptive: BlockPoolConfig::lineage_key_depth and
 // lineage_adaptive_depth (kLineage only).
+// ghost_shift: BlockPoolConfig::adaptive_ghost_sample_shift (kAdaptive only).
 void run_stream(EvictionPolicy policy, std::uint32_t seed, std::size_t key_depth = kLineageKeyDepth,
                 bool adaptive = false, int steps = 600, std::size_t* samples = nullptr,
-                std::array<int, 2>* ghost_hits = nullptr) {
+                std::array<int, 2>* ghost_hits = nullptr, int ghost_shift = -1) {
   const int kBlocks = seed % 3 == 0 ? 40 : 14;
   auto now = std::make_shared<RetentionTick>(0);
   BlockPoolConfig c;
@@ -407,12 +419,15 @@ void run_stream(EvictionPolicy policy, std::uint32_t seed, std::size_t key_depth
   c.retention_clock = [now] { return *now; };
   c.lineage_key_depth = key_depth;
   c.lineage_adaptive_depth = adaptive;
+  c.adaptive_ghost_sample_shift = ghost_shift;
   BlockPool pool(c);
   NaiveDepth depth(key_depth);
   // An LRU pool keeps retention state from its first non-default ask (here: none raised), so
   // every policy runs its retention lists from the start.
   if (policy == EvictionPolicy::kLru) pool.set_retention(std::vector<BlockId>{}, 90);
-  Model m(kBlocks, policy, c.max_retained_fraction);
+  Model m(kBlocks, policy, c.max_retained_fraction, ghost_shift);
+  ASSERT_EQ(pool.adaptive_ghost_sample_shift(),
+            policy == EvictionPolicy::kAdaptive ? m.ghost_shift : -1);
   std::mt19937 rng(seed);
   const auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<std::uint32_t>(n)); };
   std::vector<BlockId> held;  // one entry per reference
@@ -591,6 +606,25 @@ TEST(RetentionModel, Adaptive) {
   // The streams moved the target both ways (so the model checked the adaptation).
   EXPECT_GE(total[0], 20);
   EXPECT_GE(total[1], 20);
+}
+// The ghosts tracking a sample of fingerprints (1 in 2, 1 in 4), as large pools do.
+TEST(RetentionModel, AdaptiveSampledGhosts) {
+  for (const int shift : {1, 2}) {
+    SCOPED_TRACE("sample shift " + std::to_string(shift));
+    std::array<int, 2> total{};
+    // Fewer fingerprints tracked, fewer ghost hits: more streams at 1 in 4.
+    const std::uint32_t seeds = shift == 1 ? 40 : 80;
+    for (std::uint32_t seed = 1; seed <= seeds; ++seed) {
+      std::array<int, 2> hits{};
+      run_stream(EvictionPolicy::kAdaptive, seed, kLineageKeyDepth, false, 600, nullptr, &hits,
+                 shift);
+      total[0] += hits[0];
+      total[1] += hits[1];
+    }
+    std::printf("sample shift %d: ghost hits %d in B1, %d in B2\n", shift, total[0], total[1]);
+    EXPECT_GE(total[0], 5);
+    EXPECT_GE(total[1], 5);
+  }
 }
 TEST(RetentionModel, Lineage) {
   for (std::uint32_t seed = 1; seed <= 40; ++seed) run_stream(EvictionPolicy::kLineage, seed);

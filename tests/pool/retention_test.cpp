@@ -747,5 +747,39 @@ TEST(EvictionPolicyOrder, LineageKeyDepthIsValidated) {
   EXPECT_EQ(adaptive.lineage_key_depth(), 0u);
 }
 
+// kAdaptive's ghost sample: the largest shift up to the maximum that leaves each ghost FIFO
+// kAdaptiveGhostMinSampled entries; pools choose it by their size unless configured; a bad
+// shift is refused, naming the setting.
+TEST(EvictionPolicyOrder, AdaptiveGhostSampleShift) {
+  constexpr std::size_t kMin = kAdaptiveGhostMinSampled;
+  EXPECT_EQ(adaptive_ghost_sample_shift(0), 0);
+  EXPECT_EQ(adaptive_ghost_sample_shift(2 * kMin - 1), 0);
+  EXPECT_EQ(adaptive_ghost_sample_shift(2 * kMin), 1);
+  EXPECT_EQ(adaptive_ghost_sample_shift(8 * kMin - 1), 2);
+  EXPECT_EQ(adaptive_ghost_sample_shift(8 * kMin), 3);
+  EXPECT_EQ(adaptive_ghost_sample_shift(std::size_t{1} << 40), kAdaptiveGhostMaxSampleShift);
+
+  // A 32,769-block pool: ghost FIFOs of 8,192 entries before sampling.
+  BlockPoolConfig c = config(32769, EvictionPolicy::kAdaptive);
+  EXPECT_EQ(BlockPool(c).adaptive_ghost_sample_shift(),
+            adaptive_ghost_sample_shift(32769 * kAdaptiveGhostPercent / 100));
+  EXPECT_EQ(BlockPool(config(64, EvictionPolicy::kAdaptive)).adaptive_ghost_sample_shift(), 0);
+  EXPECT_EQ(BlockPool(config(64, EvictionPolicy::kSlru)).adaptive_ghost_sample_shift(), -1);
+  c.adaptive_ghost_sample_shift = 0;
+  EXPECT_EQ(BlockPool(c).adaptive_ghost_sample_shift(), 0);
+  c.adaptive_ghost_sample_shift = kAdaptiveGhostMaxSampleShift;
+  EXPECT_EQ(BlockPool(c).adaptive_ghost_sample_shift(), kAdaptiveGhostMaxSampleShift);
+  for (const int bad : {-2, kAdaptiveGhostMaxSampleShift + 1}) {
+    c.adaptive_ghost_sample_shift = bad;
+    try {
+      BlockPool pool(c);
+      ADD_FAILURE() << "shift " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("adaptive_ghost_sample_shift"), std::string::npos);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagedkv

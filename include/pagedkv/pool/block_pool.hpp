@@ -119,6 +119,10 @@ struct BlockPoolConfig {
   // it stores (LineageDepthLearner) and uses lineage_key_depth until it has learned one.
   std::size_t lineage_key_depth = kLineageKeyDepth;
   bool lineage_adaptive_depth = false;
+  // kAdaptive only: the ghosts track 1 in 2^s fingerprints, s = this value (0 ..
+  // kAdaptiveGhostMaxSampleShift; 0: every one), or -1: chosen by the pool's size
+  // (adaptive_ghost_sample_shift() in eviction_policy.hpp).
+  int adaptive_ghost_sample_shift = -1;
   // Pin budget: the share of usable blocks (num_blocks - 1) that may be above the default
   // retention priority at once, 0..1 (rounded down to whole blocks). Past it, set_retention()
   // leaves a block at the default and counts a budget refusal. 0.5: retention can never take
@@ -449,6 +453,9 @@ class BlockPool {
   // kAdaptive: protected's target share of a level's free cached blocks now, in units of
   // 1 / kAdaptiveScale (0 .. kAdaptiveScale); other policies: -1. O(1).
   std::int64_t adaptive_protected_target() const noexcept;
+  // kAdaptive: the sample shift s in use (the ghosts track 1 in 2^s fingerprints); other
+  // policies: -1. O(1).
+  int adaptive_ghost_sample_shift() const noexcept;
   // Whether the pool keeps retention state (a non-LRU policy, or retention asked for).
   bool retention_active() const noexcept { return ret_ != nullptr; }
 

@@ -37,10 +37,12 @@
 //    evicted cached blocks (B1: evicted without a hit since cached, B2: after one), each the last
 //    kAdaptiveGhostPercent of the pool's block count evictions into it. When the pool caches a
 //    block whose fingerprint is in B1, p falls; in B2, p rises; by ARC's step (max(1, |other
-//    ghost| / |its ghost|) blocks of the pool), clamped to [0, kAdaptiveScale]. Lookups change
-//    nothing. Eviction as kSlru with share p instead of 80% (BlockPool::
-//    adaptive_protected_target() reports p). O(1) expected per block; the ghosts are allocated
-//    at pool construction (12 to 20 bytes per block).
+//    ghost| / |its ghost|) blocks of the pool), clamped to [0, kAdaptiveScale]. In pools
+//    large enough, the ghosts keep a fixed sample of fingerprints only (1 in 2^s, s <= 4: see
+//    adaptive_ghost_sample_shift) and each sampled ghost hit moves p 2^s steps, so most blocks
+//    cost no ghost-table access. Lookups change nothing. Eviction as kSlru with share p instead
+//    of 80% (BlockPool::adaptive_protected_target() reports p). O(1) expected per block; the
+//    ghosts are allocated at pool construction (12 to 20 bytes per block, divided by 2^s).
 // Free uncached blocks are handed out before any cached one under every policy; retention
 // priorities order eviction across classes before the policy orders it within one.
 // Errors: parse_eviction_policy throws pagedkv::Error (kParseError) naming the bad string.
@@ -83,6 +85,17 @@ inline constexpr int kLineageMaxAgePools = 8;
 inline constexpr std::int64_t kAdaptiveScale = std::int64_t{1} << 24;
 inline constexpr std::int64_t kAdaptiveInitialPercent = 80;
 inline constexpr std::size_t kAdaptiveGhostPercent = 25;
+// The ghosts track a fixed sample of fingerprints, 1 in 2^s, with s the largest value up to
+// kAdaptiveGhostMaxSampleShift that leaves each FIFO at least kAdaptiveGhostMinSampled entries
+// (0 for small pools: every fingerprint). Each sampled ghost hit moves the target 2^s steps.
+inline constexpr std::size_t kAdaptiveGhostMinSampled = 512;
+inline constexpr int kAdaptiveGhostMaxSampleShift = 4;
+// kAdaptive's sample shift s for ghost FIFOs of `cap` entries (see above).
+constexpr int adaptive_ghost_sample_shift(std::size_t cap) noexcept {
+  int s = 0;
+  while (s < kAdaptiveGhostMaxSampleShift && (cap >> (s + 1)) >= kAdaptiveGhostMinSampled) ++s;
+  return s;
+}
 
 // The largest lineage key depth a pool accepts or learns (blocks).
 inline constexpr std::size_t kMaxLineageKeyDepth = 1024;
