@@ -230,7 +230,9 @@ class KVCacheManager:
                  hash_scheme: SchemeLike = "sha256", hash_seed: Optional[str] = None,
                  verify_cache_hits: bool = True, enable_kv_events: bool = False,
                  stats_window: int = 1000, max_model_len: Optional[int] = None,
-                 eviction_policy: str = "lru", max_retained_fraction: float = 0.5) -> None: ...
+                 eviction_policy: str = "lru", max_retained_fraction: float = 0.5,
+                 lineage_key_depth: int = 32, lineage_adaptive_depth: bool = False,
+                 adaptive_ghost_sample_shift: int = -1) -> None: ...
     @property
     def block_size(self) -> int: ...
     @property

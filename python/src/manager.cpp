@@ -448,7 +448,7 @@ void bind_manager(py::module_& m) {
                        bool verify_cache_hits, bool enable_kv_events, std::size_t stats_window,
                        std::optional<std::size_t> max_model_len, std::string eviction_policy,
                        double max_retained_fraction, std::size_t lineage_key_depth,
-                       bool lineage_adaptive_depth) {
+                       bool lineage_adaptive_depth, int adaptive_ghost_sample_shift) {
              KVCacheManagerConfig c =
                  manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
                                 enable_kv_events, stats_window, max_model_len);
@@ -458,6 +458,7 @@ void bind_manager(py::module_& m) {
              c.max_retained_fraction = max_retained_fraction;
              c.lineage_key_depth = lineage_key_depth;
              c.lineage_adaptive_depth = lineage_adaptive_depth;
+             c.adaptive_ghost_sample_shift = adaptive_ghost_sample_shift;
              return std::make_unique<PyKVCacheManager>(c);
            }),
            py::arg("num_blocks"), py::kw_only(), py::arg("block_size") = 16,
@@ -468,14 +469,15 @@ void bind_manager(py::module_& m) {
            py::arg("eviction_policy") = "lru",
            py::arg("max_retained_fraction") = kDefaultMaxRetainedFraction,
            py::arg("lineage_key_depth") = kLineageKeyDepth,
-           py::arg("lineage_adaptive_depth") = false,
+           py::arg("lineage_adaptive_depth") = false, py::arg("adaptive_ghost_sample_shift") = -1,
            "num_blocks: total pool blocks including the null block. groups: AttentionSpecs of a "
            "hybrid model (default: one full-attention group of block_size). eviction_policy: "
            "the pool's free-block order (pagedkv.EVICTION_POLICIES; 'lru' is vLLM's). "
            "max_retained_fraction: the pin budget, the share of the pool that may be above the "
            "default retention priority. lineage_key_depth, lineage_adaptive_depth: the 'lineage' "
            "policy's key depth in blocks (past the prompts' shared head) and whether the pool "
-           "learns it.")
+           "learns it. adaptive_ghost_sample_shift: the 'adaptive' policy's ghosts track 1 in "
+           "2**s block fingerprints (0: all; -1: s chosen by the pool's size).")
       .def_property_readonly("num_groups",
                              [](const PyKVCacheManager& s) { return s.kv.num_groups(); })
       .def_property_readonly(

@@ -194,3 +194,15 @@ def test_lineage_key_depth_options():
     assert run(kv, 1, list(range(4 * B)) + [5]) == 0
     with pytest.raises(pagedkv.Error, match="lineage_key_depth"):
         pagedkv.KVCacheManager(64, eviction_policy="lineage", lineage_key_depth=100000)
+
+
+def test_adaptive_ghost_sample_shift_option():
+    # The adaptive policy's ghost sample (1 in 2**s fingerprints) is accepted from 0 to 4 and -1
+    # (by the pool's size); other values are refused by the pool, naming the setting.
+    for shift in (-1, 0, 2, 4):
+        kv = pagedkv.KVCacheManager(64, block_size=B, eviction_policy="adaptive",
+                                    adaptive_ghost_sample_shift=shift)
+        assert run(kv, 1, list(range(4 * B)) + [5]) == 0
+    for bad in (-2, 5):
+        with pytest.raises(pagedkv.Error, match="adaptive_ghost_sample_shift"):
+            pagedkv.KVCacheManager(64, eviction_policy="adaptive", adaptive_ghost_sample_shift=bad)

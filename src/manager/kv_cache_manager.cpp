@@ -39,6 +39,7 @@ BlockPoolConfig pool_config(const KVCacheManagerConfig& config,
   p.eviction_policy = config.eviction_policy;
   p.lineage_key_depth = config.lineage_key_depth;
   p.lineage_adaptive_depth = config.lineage_adaptive_depth;
+  p.adaptive_ghost_sample_shift = config.adaptive_ghost_sample_shift;
   p.max_retained_fraction = config.max_retained_fraction;
   p.retention_clock = config.retention_clock;
   p.chain_hashes_identify_prefix = hasher.collision_resistant();

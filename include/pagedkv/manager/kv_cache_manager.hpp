@@ -101,6 +101,9 @@ struct KVCacheManagerConfig {
   // lineage_adaptive_depth).
   std::size_t lineage_key_depth = kLineageKeyDepth;
   bool lineage_adaptive_depth = false;
+  // kAdaptive's ghost sample (BlockPoolConfig::adaptive_ghost_sample_shift: -1 by the pool's
+  // size, 0 every fingerprint, s: 1 in 2^s).
+  int adaptive_ghost_sample_shift = -1;
   // The pin budget: the share of the pool's blocks that may be above the default retention
   // priority (BlockPoolConfig::max_retained_fraction); past it, retention requests get the
   // default priority and are counted.
