@@ -510,7 +510,7 @@ struct BlockPool::Retention {
     Appender(const Appender&) = delete;
     Appender& operator=(const Appender&) = delete;
     ~Appender() { finish(); }
-    void append(ListId l, BlockId id) noexcept {
+    [[gnu::always_inline]] void append(ListId l, BlockId id) noexcept {
       if (l != open_) [[unlikely]]
         open(l);
       Node& k = nodes_[id];
