@@ -229,8 +229,7 @@ struct BlockPool::Retention {
   std::int64_t target = 0;
   std::int64_t pool_blocks = 1;
   int ghost_shift = 0;
-  std::uint64_t ghost_mask = 0;  // ghost_sampled()'s mask: the top ghost_shift bits
-  std::int32_t free_count = 0;   // blocks in all lists
+  std::int32_t free_count = 0;  // blocks in all lists
   RetentionStats stats;
   std::int64_t timed = 0;                 // blocks whose priority has an expiry
   RetentionTick next_expiry = kNoExpiry;  // <= every free timed block's expiry
@@ -254,7 +253,6 @@ struct BlockPool::Retention {
       const std::size_t cap = n * kAdaptiveGhostPercent / 100;
       ghost_shift = c.adaptive_ghost_sample_shift >= 0 ? c.adaptive_ghost_sample_shift
                                                        : pagedkv::adaptive_ghost_sample_shift(cap);
-      ghost_mask = ghost_shift == 0 ? 0 : ~std::uint64_t{0} << (64 - ghost_shift);
       ghosts = std::make_unique<AdaptiveGhosts>(cap >> ghost_shift);
       target = kAdaptiveScale * kAdaptiveInitialPercent / 100;
       pool_blocks = static_cast<std::int64_t>(std::max<std::size_t>(n, 1));
@@ -1019,7 +1017,8 @@ void BlockPool::ret_stored(std::span<const BlockHash> chain, std::size_t first,
     // cache miss, mostly). The blocks hold chain[first ..] and one group (a store's).
     if (blocks.empty()) return;
     AdaptiveGhosts& g = *r.ghosts;
-    const std::uint64_t mask = r.ghost_mask;
+    // ghost_sampled()'s mask: the top ghost_shift bits.
+    const std::uint64_t mask = r.ghost_shift == 0 ? 0 : ~std::uint64_t{0} << (64 - r.ghost_shift);
     const GroupId group = blocks_[static_cast<std::size_t>(blocks[0])].group_id;
     const BlockHash* hashes = chain.data() + first;
     Retention::Node* nodes = r.nodes.data();
