@@ -123,16 +123,20 @@ class LruPool {
   std::uint32_t free_;
 };
 
-// Belady: empty blocks first, then the evictable cached block with the largest next use.
+// Belady: empty blocks first, then the evictable cached block with the largest next use. With
+// `reuse_only` (the reuse oracle), the rank is whether a block is used again, not when: blocks
+// never used again first, then the rest, each in LRU order (the order of their frees).
 class BeladyPool {
  public:
-  BeladyPool(std::uint32_t n, std::uint32_t distinct)
+  BeladyPool(std::uint32_t n, std::uint32_t distinct, bool reuse_only)
       : ref_(n, 0),
         hash_(n, kNone),
         key_(n, kNever),
         stamp_(n, 0),
+        freed_at_(n, 0),
         cached_(distinct, kNone),
-        n_(n) {
+        n_(n),
+        reuse_only_(reuse_only) {
     for (std::uint32_t b = n - 1; b >= 1; --b) empty_.push_back(b);  // block 1 used first
   }
 
@@ -188,6 +192,7 @@ class BeladyPool {
         empty_.push_back(b);
       } else {
         ++evictable_;
+        freed_at_[b] = ++clock_;
         push(b);
       }
     }
@@ -200,9 +205,16 @@ class BeladyPool {
     std::uint32_t stamp;
     bool operator<(const Entry& o) const { return key != o.key ? key < o.key : block < o.block; }
   };
+  // The heap's key: the next use (Belady), or for the reuse oracle 2^63 for a block never used
+  // again plus (2^63 - 1 - the free's number): unused first, then the oldest free.
+  std::uint64_t rank(std::uint32_t b) const {
+    if (!reuse_only_) return key_[b];
+    constexpr std::uint64_t kUnused = std::uint64_t{1} << 63;
+    return (key_[b] == kNever ? kUnused : 0) + (kUnused - 1 - freed_at_[b]);
+  }
   void push(std::uint32_t b) {
     ++stamp_[b];
-    heap_.push_back(Entry{key_[b], b, stamp_[b]});
+    heap_.push_back(Entry{rank(b), b, stamp_[b]});
     std::push_heap(heap_.begin(), heap_.end());
     if (heap_.size() > 4 * static_cast<std::size_t>(n_) + 1024) compact();
   }
@@ -213,10 +225,14 @@ class BeladyPool {
 
   std::vector<std::uint32_t> ref_, hash_;
   std::vector<std::uint64_t> key_;
-  std::vector<std::uint32_t> stamp_, cached_, empty_;
+  std::vector<std::uint32_t> stamp_;
+  std::vector<std::uint64_t> freed_at_;  // the reuse oracle's LRU order: the number of the free
+  std::vector<std::uint32_t> cached_, empty_;
   std::vector<Entry> heap_;
   std::uint32_t evictable_ = 0;
   std::uint32_t n_;
+  std::uint64_t clock_ = 0;  // frees of cached blocks so far
+  bool reuse_only_;
 };
 
 // next[p]: the position of the next occurrence of ids[p]'s hash after p that could be a hit
@@ -343,7 +359,7 @@ ReplayResult simulate(const BlockTrace& t, std::int32_t num_blocks, Eviction evi
     run(t, n, pool, nullptr, res);
   } else {
     const std::vector<std::uint64_t> next = next_uses(t, n - 1);
-    BeladyPool pool(n, t.distinct);
+    BeladyPool pool(n, t.distinct, eviction == Eviction::kReuseOracle);
     run(t, n, pool, &next, res);
   }
   res.pool_cpu_seconds = thread_cpu_seconds() - c0;
@@ -354,7 +370,8 @@ ReplayResult simulate(const BlockTrace& t, std::int32_t num_blocks, Eviction evi
 std::vector<ReplayResult> run_eviction_replay(const Trace& trace, const ReplayOptions& options) {
   if (options.mode != Mode::kSequential || !options.caching || options.sliding_window != 0) {
     throw Error(ErrorCode::kInvalidArgument,
-                "--eviction belady: sequential mode, caching on, one full-attention group");
+                std::string("--eviction ") + to_string(options.eviction) +
+                    ": sequential mode, caching on, one full-attention group");
   }
   const auto t0 = Clock::now();
   const double c0 = thread_cpu_seconds();

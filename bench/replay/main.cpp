@@ -79,7 +79,8 @@ constexpr const char* kUsage =
     "  --max-candidates C        --schedule prefix: the C earliest waiting requests are\n"
     "                            considered each step (128; 0: all)\n"
     "  --arrival-rate-scale X    arrivals X times as fast (timestamps divided by X; 1)\n"
-    "  --eviction lru|slru|s3fifo|lineage|adaptive|belady   lru (default): the library's pool;\n"
+    "  --eviction lru|slru|s3fifo|lineage|adaptive|belady|reuse-oracle   lru (default): the\n"
+    "                            library's pool;\n"
     "                            slru, s3fifo, lineage, adaptive:\n"
     "                            the library's pool with that eviction policy (BlockPoolConfig::\n"
     "                            eviction_policy); lineage:D: key depth D (lineage_key_depth,\n"
@@ -87,8 +88,11 @@ constexpr const char* kUsage =
     "                            depth); belady: the\n"
     "                            clairvoyant bound, simulated in the replay (not the library):\n"
     "                            the cached block used farthest ahead in the trace is evicted;\n"
-    "                            an offline reference, not a policy an engine can run\n"
-    "                            (sequential mode; no tiers, --engines or --plot)\n"
+    "                            an offline reference, not a policy an engine can run;\n"
+    "                            reuse-oracle: simulated too, LRU told which blocks will be used\n"
+    "                            again (not when): those never used again go first, the bound\n"
+    "                            of any policy that only predicts reuse\n"
+    "                            (both: sequential mode; no tiers, --engines or --plot)\n"
     "  --threads 1|2             sequential mode: 2 (default) hashes requests on a second thread\n"
     "                            ahead of the replay; 1 does everything on one thread\n"
     "cluster (built with pagedkv::events):\n"
@@ -537,22 +541,23 @@ int main(int argc, char** argv) {
   if (opt.schedule == Schedule::kPrefix && opt.sliding_window > 0) {
     usage_error("--schedule prefix: one full-attention group (no --sliding-window)");
   }
-  if (opt.eviction == Eviction::kBelady) {
+  if (opt.eviction != Eviction::kLru) {  // the replay's simulator (belady.hpp)
+    const std::string name = to_string(opt.eviction);
     if (opt.mode != Mode::kSequential || !opt.caching || opt.sliding_window > 0 ||
         !tier.host_blocks.empty() || png) {
-      usage_error(
-          "--eviction belady: sequential mode only, with caching, without "
-          "--sliding-window, --host-blocks or --plot");
+      usage_error("--eviction " + name +
+                  ": sequential mode only, with caching, without "
+                  "--sliding-window, --host-blocks or --plot");
     }
 #if PAGEDKV_REPLAY_CLUSTER
-    if (cluster) usage_error("--eviction belady: not with --engines");
+    if (cluster) usage_error("--eviction " + name + ": not with --engines");
 #endif
   }
   if (generate && *generate == "flood") {
-    if (opt.mode != Mode::kSequential || opt.eviction == Eviction::kBelady ||
+    if (opt.mode != Mode::kSequential || opt.eviction != Eviction::kLru ||
         !tier.host_blocks.empty() || opt.sliding_window > 0 || png || csv || table) {
       usage_error(
-          "--generate flood: sequential mode, a pool policy (not belady), without "
+          "--generate flood: sequential mode, a pool policy (not belady or reuse-oracle), without "
           "--host-blocks, --sliding-window, --plot, --csv or --table");
     }
 #if PAGEDKV_REPLAY_CLUSTER
@@ -614,8 +619,8 @@ int main(int argc, char** argv) {
 #endif
 
     if (!tier.host_blocks.empty()) return run_with_host_tier(trace, opt, tier, csv, png);
-    const auto results = opt.eviction == Eviction::kBelady ? run_eviction_replay(trace, opt)
-                                                           : run_replay(trace, opt);
+    const auto results =
+        opt.eviction != Eviction::kLru ? run_eviction_replay(trace, opt) : run_replay(trace, opt);
     if (table) {
       write_table(results, opt);
     } else {

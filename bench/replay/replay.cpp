@@ -64,16 +64,26 @@ KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blo
 Eviction parse_eviction(const std::string& name) {
   if (name == "lru") return Eviction::kLru;
   if (name == "belady") return Eviction::kBelady;
-  throw Error(ErrorCode::kInvalidArgument, "--eviction: lru or belady, not '" + name + "'");
+  if (name == "reuse-oracle") return Eviction::kReuseOracle;
+  throw Error(ErrorCode::kInvalidArgument,
+              "--eviction: lru, belady or reuse-oracle, not '" + name + "'");
 }
 
 const char* to_string(Eviction e) noexcept {
-  return e == Eviction::kBelady ? "belady" : "lru";
+  switch (e) {
+    case Eviction::kBelady:
+      return "belady";
+    case Eviction::kReuseOracle:
+      return "reuse-oracle";
+    case Eviction::kLru:
+      break;
+  }
+  return "lru";
 }
 
 void parse_eviction(const std::string& name, ReplayOptions& options) {
-  if (name == "belady") {
-    options.eviction = Eviction::kBelady;
+  if (name == "belady" || name == "reuse-oracle") {
+    options.eviction = parse_eviction(name);
     return;
   }
   // lineage:D (key depth D) or lineage:auto (learned depth).
@@ -100,7 +110,7 @@ void parse_eviction(const std::string& name, ReplayOptions& options) {
       }
     }
   } catch (const Error& e) {
-    std::string names = "belady";
+    std::string names = "belady|reuse-oracle";
     for (std::uint8_t p = 0; p < kNumEvictionPolicies; ++p) {
       names += std::string("|") + std::string(to_string(static_cast<EvictionPolicy>(p)));
     }
@@ -114,7 +124,7 @@ void parse_eviction(const std::string& name, ReplayOptions& options) {
 }
 
 std::string eviction_name(const ReplayOptions& o) {
-  if (o.eviction == Eviction::kBelady) return "belady";
+  if (o.eviction != Eviction::kLru) return to_string(o.eviction);
   std::string name(to_string(o.pool_eviction));
   if (o.lineage_adaptive_depth) return name + ":auto";
   if (o.lineage_key_depth != kLineageKeyDepth) name += ":" + std::to_string(o.lineage_key_depth);
@@ -702,7 +712,7 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
   // The eviction policy (--eviction): appended, the fields above unchanged.
   out.pop_back();
   out += ",\"eviction\":\"" + eviction_name(o) + "\"";
-  if (o.eviction == Eviction::kBelady) {
+  if (o.eviction != Eviction::kLru) {
     std::snprintf(buf, sizeof buf,
                   ",\"sim_lru_hit_tokens\":%llu,\"sim_lru_hit_rate\":%.6f,"
                   "\"sim_lru_evicted_blocks\":%llu",

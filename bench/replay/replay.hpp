@@ -22,9 +22,11 @@ enum class Schedule {
 
 // Which block the prefix cache evicts: kLru is the library (BlockPool's free-block queue, the
 // default, every other mode); kBelady is the clairvoyant reference of belady.hpp (sequential
-// semantics, simulated in the replay, not the library).
-enum class Eviction { kLru, kBelady };
-// "lru" or "belady"; anything else throws pagedkv::Error (kInvalidArgument) naming it.
+// semantics, simulated in the replay, not the library); kReuseOracle is LRU told which blocks will
+// be used again but not when (belady.hpp): the bound of every policy that only predicts reuse.
+enum class Eviction { kLru, kBelady, kReuseOracle };
+// "lru", "belady" or "reuse-oracle"; anything else throws pagedkv::Error (kInvalidArgument) naming
+// it.
 Eviction parse_eviction(const std::string& name);
 const char* to_string(Eviction e) noexcept;
 
@@ -55,7 +57,7 @@ struct ReplayOptions {
   Schedule schedule = Schedule::kFcfs;
   std::uint32_t max_passed_over = 256;  // kPrefix: the aging bound, in steps
   std::uint32_t max_candidates = 128;   // kPrefix: earliest arrivals considered per step (0: all)
-  Eviction eviction = Eviction::kLru;   // reported in the JSON; kBelady: run_eviction_replay
+  Eviction eviction = Eviction::kLru;   // reported in the JSON; else: run_eviction_replay
   // kLru (the library): the pool's eviction policy (KVCacheManagerConfig::eviction_policy),
   // --eviction lru|slru|...; kLru is the library as it always was.
   EvictionPolicy pool_eviction = EvictionPolicy::kLru;
@@ -64,11 +66,12 @@ struct ReplayOptions {
   bool lineage_adaptive_depth = false;
 };
 
-// --eviction NAME: "belady" (the simulator) or a pool policy's name (pagedkv::to_string of an
-// EvictionPolicy: the library with that policy). Throws pagedkv::Error (kInvalidArgument) naming
-// anything else.
+// --eviction NAME: "belady" or "reuse-oracle" (the simulator) or a pool policy's name
+// (pagedkv::to_string of an EvictionPolicy: the library with that policy). Throws pagedkv::Error
+// (kInvalidArgument) naming anything else.
 void parse_eviction(const std::string& name, ReplayOptions& options);
-// What the JSON's "eviction" field says: "belady" or the pool policy's name ("lru", ...).
+// What the JSON's "eviction" field says: "belady", "reuse-oracle" or the pool policy's name
+// ("lru", ...).
 std::string eviction_name(const ReplayOptions& options);
 
 struct ReplayResult {
@@ -110,7 +113,8 @@ struct ReplayResult {
   // would hold without freeing, summed over steps and running requests).
   std::uint64_t out_of_window_blocks_freed = 0;
   double window_memory_saved_ratio = 0;
-  // --eviction belady: the replay's simulator in LRU mode on the same blocks (belady.hpp), which
+  // --eviction belady / reuse-oracle: the replay's simulator in LRU mode on the same blocks
+  // (belady.hpp), which
   // equals the library's LRU (hit_tokens, evicted_blocks) when the simulator is right.
   std::uint64_t sim_lru_hit_tokens = 0;
   std::uint64_t sim_lru_evicted_blocks = 0;

@@ -1,6 +1,7 @@
 // pagedkv-replay --eviction (bench/replay/belady.hpp): the replay-only prefix-cache simulator in
 // LRU mode equals the library's sequential replay (hit tokens, evictions, rejections, peak usage);
-// Belady's choices on hand-made traces; Belady against LRU on generated traces. The tests that
+// Belady's and the reuse oracle's choices on hand-made traces; both against LRU on generated
+// traces. The tests that
 // read the recorded Mooncake trace are in the suite EvictionTraces (ctest: replay_eviction_traces,
 // skipped when the trace is missing).
 #include <gtest/gtest.h>
@@ -122,6 +123,35 @@ TEST(EvictionSim, BeladyEvictsTheFarthestAndLeavesBeforeParents) {
   EXPECT_EQ(lru.hit_tokens, 2u);
 }
 
+// The reuse oracle knows whether a block is used again, not when. On the trace of
+// BeladyKeepsTheBlockUsedSoonest it evicts the blocks never used again (u0, u1 for C's request; B,
+// the oldest of those left, for the last one) and keeps A: Belady's hit. Both evict 3 blocks.
+TEST(EvictionSim, ReuseOracleEvictsBlocksNeverUsedAgainFirst) {
+  enum : std::uint32_t { A, B, C, u0, u1, u2, u3, kIds };
+  const BlockTrace t = tiny(kIds, {{A, u0}, {B, u1}, {C, u2}, {A, u3}});
+  const ReplayResult oracle = simulate(t, 5, Eviction::kReuseOracle);
+  EXPECT_EQ(oracle.hit_tokens, 1u);  // A; LRU gets 0
+  EXPECT_EQ(oracle.evicted_blocks, 3u);
+  EXPECT_EQ(simulate(t, 5, Eviction::kLru).hit_tokens, 0u);
+}
+
+// Between blocks that are both used again the oracle evicts the older (LRU), where Belady evicts
+// the one used later. Three usable blocks: [A u0] [B u1] [C u2] [A u3] [D E u4] [B u5]. C's
+// request evicts u1 (never used again) and then A (older than B) under the oracle, B (used after
+// A) under Belady; [D E u4] needs the whole pool, so B, kept by the oracle, is evicted before its
+// use, while Belady's A hits at [A u3].
+TEST(EvictionSim, ReuseOracleKeepsTheLeastRecentlyUsedOfTheBlocksUsedAgain) {
+  enum : std::uint32_t { A, B, C, D, E, u0, u1, u2, u3, u4, u5, kIds };
+  const BlockTrace t = tiny(kIds, {{A, u0}, {B, u1}, {C, u2}, {A, u3}, {D, E, u4}, {B, u5}});
+  const ReplayResult oracle = simulate(t, 4, Eviction::kReuseOracle);
+  const ReplayResult opt = simulate(t, 4, Eviction::kBelady);
+  EXPECT_EQ(oracle.hit_tokens, 0u);
+  // u0 | u1, A | u2, C | B, A, u3 (all three for D E u4) | two of D, E, u4.
+  EXPECT_EQ(oracle.evicted_blocks, 1u + 2u + 2u + 3u + 2u);
+  EXPECT_EQ(opt.hit_tokens, 1u);  // A
+  EXPECT_EQ(opt.evicted_blocks, 1u + 2u + 1u + 3u + 2u);
+}
+
 TEST(EvictionSim, WithoutEvictionBeladyAndLruAgree) {
   GeneratorOptions g;
   g.requests = 200;
@@ -137,7 +167,7 @@ TEST(EvictionSim, WithoutEvictionBeladyAndLruAgree) {
 }
 
 // Not a theorem (requests hold blocks together and a miss ends the prefix, so Belady is a
-// heuristic reference here): checked on these traces and sizes only.
+// heuristic reference here): checked on these traces and sizes only. The reuse oracle between.
 TEST(EvictionSim, BeladyHitsAtLeastLruOnGeneratedTraces) {
   for (const Workload w : {Workload::kAgents, Workload::kChat, Workload::kTenants}) {
     for (const std::uint32_t seed : {1u, 2u, 3u}) {
@@ -154,9 +184,13 @@ TEST(EvictionSim, BeladyHitsAtLeastLruOnGeneratedTraces) {
                      std::to_string(n));
         const ReplayResult lru = simulate(bt, n, Eviction::kLru);
         const ReplayResult opt = simulate(bt, n, Eviction::kBelady);
+        const ReplayResult oracle = simulate(bt, n, Eviction::kReuseOracle);
         EXPECT_EQ(opt.rejected, lru.rejected);
         EXPECT_EQ(opt.queried_tokens, lru.queried_tokens);
+        EXPECT_EQ(oracle.queried_tokens, lru.queried_tokens);
         EXPECT_GE(opt.hit_tokens, lru.hit_tokens);
+        EXPECT_GE(oracle.hit_tokens, lru.hit_tokens);
+        EXPECT_LE(oracle.hit_tokens, opt.hit_tokens);
       }
     }
   }
@@ -165,7 +199,10 @@ TEST(EvictionSim, BeladyHitsAtLeastLruOnGeneratedTraces) {
 TEST(EvictionSim, OptionsAndJson) {
   EXPECT_EQ(parse_eviction("lru"), Eviction::kLru);
   EXPECT_EQ(parse_eviction("belady"), Eviction::kBelady);
+  EXPECT_EQ(parse_eviction("reuse-oracle"), Eviction::kReuseOracle);
+  EXPECT_STREQ(to_string(Eviction::kReuseOracle), "reuse-oracle");
   EXPECT_THROW(parse_eviction("foo"), Error);
+  EXPECT_THROW(parse_eviction("reuse"), Error);
   EXPECT_THROW(parse_eviction(""), Error);
   GeneratorOptions g;
   g.workload = Workload::kChat;
@@ -190,6 +227,18 @@ TEST(EvictionSim, OptionsAndJson) {
             std::string::npos)
       << bj;
   EXPECT_EQ(json.find("sim_lru"), std::string::npos) << json;  // lru lines: only the field added
+  ReplayOptions ro = o;
+  parse_eviction("reuse-oracle", ro);
+  EXPECT_EQ(ro.eviction, Eviction::kReuseOracle);
+  EXPECT_EQ(eviction_name(ro), "reuse-oracle");
+  const auto ora = run_eviction_replay(trace, ro);
+  ASSERT_EQ(ora.size(), 1u);
+  EXPECT_EQ(ora[0].sim_lru_hit_tokens, lib[0].hit_tokens);
+  EXPECT_GE(ora[0].hit_tokens, lib[0].hit_tokens);
+  EXPECT_LE(ora[0].hit_tokens, opt[0].hit_tokens);
+  EXPECT_NE(
+      to_json(ora[0], ro, trace).find(",\"eviction\":\"reuse-oracle\",\"sim_lru_hit_tokens\":"),
+      std::string::npos);
   o.mode = Mode::kEngine;
   EXPECT_THROW(run_eviction_replay(trace, o), Error);
   EXPECT_THROW(simulate(block_trace(trace, ReplayOptions{}), 1, Eviction::kBelady), Error);
@@ -222,6 +271,9 @@ TEST(EvictionTraces, LruModeEqualsTheLibraryOnTheFirstThousandMooncakeRequests) 
     const ReplayResult opt = simulate(bt, o.num_blocks[k], Eviction::kBelady);
     EXPECT_GE(opt.hit_tokens, sim.hit_tokens);  // checked on this trace, not a theorem
     EXPECT_LE(opt.hit_tokens, hits[2]);         // never above the unbounded cache
+    const ReplayResult oracle = simulate(bt, o.num_blocks[k], Eviction::kReuseOracle);
+    EXPECT_GE(oracle.hit_tokens, sim.hit_tokens);  // checked on this trace, not a theorem
+    EXPECT_LE(oracle.hit_tokens, opt.hit_tokens);
   }
 }
 
