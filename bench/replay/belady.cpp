@@ -123,20 +123,22 @@ class LruPool {
   std::uint32_t free_;
 };
 
-// Belady: empty blocks first, then the evictable cached block with the largest next use. With
-// `reuse_only` (the reuse oracle), the rank is whether a block is used again, not when: blocks
-// never used again first, then the rest, each in LRU order (the order of their frees).
+// Belady: empty blocks first, then the evictable cached block with the largest next use. The
+// reuse oracles rank by whether a block is used again, not when: blocks never used again first,
+// oldest free first; then the others, oldest free first (kReuseOracle: LRU) or newest free first
+// (kReuseOracleMru: the blocks waiting longest for their next use are kept).
 class BeladyPool {
  public:
-  BeladyPool(std::uint32_t n, std::uint32_t distinct, bool reuse_only)
+  BeladyPool(std::uint32_t n, std::uint32_t distinct, Eviction rule)
       : ref_(n, 0),
         hash_(n, kNone),
         key_(n, kNever),
         stamp_(n, 0),
         freed_at_(n, 0),
+        request_freed_at_(n, 0),
         cached_(distinct, kNone),
         n_(n),
-        reuse_only_(reuse_only) {
+        rule_(rule) {
     for (std::uint32_t b = n - 1; b >= 1; --b) empty_.push_back(b);  // block 1 used first
   }
 
@@ -186,13 +188,17 @@ class BeladyPool {
     if (ref_[c] == 0) push(c);  // an evictable copy (its parent was missing): re-keyed
   }
   void free(const std::vector<std::uint32_t>& blocks) {
+    ++requests_freed_;
+    std::uint32_t k = 0;  // the block's place in this free (the table's tail first)
     for (const std::uint32_t b : blocks) {
+      ++k;
       if (--ref_[b] != 0) continue;
       if (hash_[b] == kNone) {
         empty_.push_back(b);
       } else {
         ++evictable_;
         freed_at_[b] = ++clock_;
+        request_freed_at_[b] = (requests_freed_ << 32) | (0xffffffffu - k);
         push(b);
       }
     }
@@ -205,12 +211,24 @@ class BeladyPool {
     std::uint32_t stamp;
     bool operator<(const Entry& o) const { return key != o.key ? key < o.key : block < o.block; }
   };
-  // The heap's key: the next use (Belady), or for the reuse oracle 2^63 for a block never used
-  // again plus (2^63 - 1 - the free's number): unused first, then the oldest free.
+  // The heap's key (the largest is evicted): the next use (Belady); for the reuse oracles 2^63
+  // plus (2^63 - 1 - the free's number) for a block never used again, and for the others that
+  // (LRU: the oldest free first) or the request's free number and then the place in it (MRU:
+  // the most recent request's blocks first, its table's tail first, so that a parent never goes
+  // before its children).
   std::uint64_t rank(std::uint32_t b) const {
-    if (!reuse_only_) return key_[b];
     constexpr std::uint64_t kUnused = std::uint64_t{1} << 63;
-    return (key_[b] == kNever ? kUnused : 0) + (kUnused - 1 - freed_at_[b]);
+    const std::uint64_t oldest_first = kUnused - 1 - freed_at_[b];
+    switch (rule_) {
+      case Eviction::kReuseOracle:
+        return key_[b] == kNever ? kUnused + oldest_first : oldest_first;
+      case Eviction::kReuseOracleMru:
+        return key_[b] == kNever ? kUnused + oldest_first : request_freed_at_[b];
+      case Eviction::kBelady:
+      case Eviction::kLru:
+        break;
+    }
+    return key_[b];
   }
   void push(std::uint32_t b) {
     ++stamp_[b];
@@ -227,12 +245,14 @@ class BeladyPool {
   std::vector<std::uint64_t> key_;
   std::vector<std::uint32_t> stamp_;
   std::vector<std::uint64_t> freed_at_;  // the reuse oracle's LRU order: the number of the free
+  std::vector<std::uint64_t> request_freed_at_;  // its MRU order (requests_freed_ << 32 | 2^32-1-k)
   std::vector<std::uint32_t> cached_, empty_;
   std::vector<Entry> heap_;
   std::uint32_t evictable_ = 0;
   std::uint32_t n_;
-  std::uint64_t clock_ = 0;  // frees of cached blocks so far
-  bool reuse_only_;
+  std::uint64_t clock_ = 0;           // frees of cached blocks so far
+  std::uint64_t requests_freed_ = 0;  // free() calls so far (one per request)
+  Eviction rule_;                     // kBelady, kReuseOracle or kReuseOracleMru
 };
 
 // next[p]: the position of the next occurrence of ids[p]'s hash after p that could be a hit
@@ -359,7 +379,7 @@ ReplayResult simulate(const BlockTrace& t, std::int32_t num_blocks, Eviction evi
     run(t, n, pool, nullptr, res);
   } else {
     const std::vector<std::uint64_t> next = next_uses(t, n - 1);
-    BeladyPool pool(n, t.distinct, eviction == Eviction::kReuseOracle);
+    BeladyPool pool(n, t.distinct, eviction);
     run(t, n, pool, &next, res);
   }
   res.pool_cpu_seconds = thread_cpu_seconds() - c0;

@@ -79,8 +79,8 @@ constexpr const char* kUsage =
     "  --max-candidates C        --schedule prefix: the C earliest waiting requests are\n"
     "                            considered each step (128; 0: all)\n"
     "  --arrival-rate-scale X    arrivals X times as fast (timestamps divided by X; 1)\n"
-    "  --eviction lru|slru|s3fifo|lineage|adaptive|belady|reuse-oracle   lru (default): the\n"
-    "                            library's pool;\n"
+    "  --eviction lru|slru|s3fifo|lineage|adaptive|belady|reuse-oracle|reuse-oracle-mru\n"
+    "                            lru (default): the library's pool;\n"
     "                            slru, s3fifo, lineage, adaptive:\n"
     "                            the library's pool with that eviction policy (BlockPoolConfig::\n"
     "                            eviction_policy); lineage:D: key depth D (lineage_key_depth,\n"
@@ -90,9 +90,12 @@ constexpr const char* kUsage =
     "                            the cached block used farthest ahead in the trace is evicted;\n"
     "                            an offline reference, not a policy an engine can run;\n"
     "                            reuse-oracle: simulated too, LRU told which blocks will be used\n"
-    "                            again (not when): those never used again go first, the bound\n"
-    "                            of any policy that only predicts reuse\n"
-    "                            (both: sequential mode; no tiers, --engines or --plot)\n"
+    "                            again (not when): those never used again go first (what a\n"
+    "                            perfect prediction of reuse alone would buy LRU);\n"
+    "                            reuse-oracle-mru: the same, but of the blocks used again those\n"
+    "                            of the request freed last go first (tail first): the\n"
+    "                            longest-waiting are kept\n"
+    "                            (all three: sequential mode; no tiers, --engines or --plot)\n"
     "  --threads 1|2             sequential mode: 2 (default) hashes requests on a second thread\n"
     "                            ahead of the replay; 1 does everything on one thread\n"
     "cluster (built with pagedkv::events):\n"
@@ -557,7 +560,7 @@ int main(int argc, char** argv) {
     if (opt.mode != Mode::kSequential || opt.eviction != Eviction::kLru ||
         !tier.host_blocks.empty() || opt.sliding_window > 0 || png || csv || table) {
       usage_error(
-          "--generate flood: sequential mode, a pool policy (not belady or reuse-oracle), without "
+          "--generate flood: sequential mode, a pool policy (not a simulated one), without "
           "--host-blocks, --sliding-window, --plot, --csv or --table");
     }
 #if PAGEDKV_REPLAY_CLUSTER

@@ -65,8 +65,9 @@ Eviction parse_eviction(const std::string& name) {
   if (name == "lru") return Eviction::kLru;
   if (name == "belady") return Eviction::kBelady;
   if (name == "reuse-oracle") return Eviction::kReuseOracle;
+  if (name == "reuse-oracle-mru") return Eviction::kReuseOracleMru;
   throw Error(ErrorCode::kInvalidArgument,
-              "--eviction: lru, belady or reuse-oracle, not '" + name + "'");
+              "--eviction: lru, belady, reuse-oracle or reuse-oracle-mru, not '" + name + "'");
 }
 
 const char* to_string(Eviction e) noexcept {
@@ -75,6 +76,8 @@ const char* to_string(Eviction e) noexcept {
       return "belady";
     case Eviction::kReuseOracle:
       return "reuse-oracle";
+    case Eviction::kReuseOracleMru:
+      return "reuse-oracle-mru";
     case Eviction::kLru:
       break;
   }
@@ -82,7 +85,7 @@ const char* to_string(Eviction e) noexcept {
 }
 
 void parse_eviction(const std::string& name, ReplayOptions& options) {
-  if (name == "belady" || name == "reuse-oracle") {
+  if (name == "belady" || name == "reuse-oracle" || name == "reuse-oracle-mru") {
     options.eviction = parse_eviction(name);
     return;
   }
@@ -110,7 +113,7 @@ void parse_eviction(const std::string& name, ReplayOptions& options) {
       }
     }
   } catch (const Error& e) {
-    std::string names = "belady|reuse-oracle";
+    std::string names = "belady|reuse-oracle|reuse-oracle-mru";
     for (std::uint8_t p = 0; p < kNumEvictionPolicies; ++p) {
       names += std::string("|") + std::string(to_string(static_cast<EvictionPolicy>(p)));
     }

@@ -22,11 +22,13 @@ enum class Schedule {
 
 // Which block the prefix cache evicts: kLru is the library (BlockPool's free-block queue, the
 // default, every other mode); kBelady is the clairvoyant reference of belady.hpp (sequential
-// semantics, simulated in the replay, not the library); kReuseOracle is LRU told which blocks will
-// be used again but not when (belady.hpp): the bound of every policy that only predicts reuse.
-enum class Eviction { kLru, kBelady, kReuseOracle };
-// "lru", "belady" or "reuse-oracle"; anything else throws pagedkv::Error (kInvalidArgument) naming
-// it.
+// semantics, simulated in the replay, not the library); kReuseOracle / kReuseOracleMru are told
+// which blocks will be used again but not when (belady.hpp): those never used again are evicted
+// first, then the others in LRU order / newest free first. Offline references like Belady: what
+// a perfect prediction of reuse alone would buy LRU / a policy that keeps the longest-waiting.
+enum class Eviction { kLru, kBelady, kReuseOracle, kReuseOracleMru };
+// "lru", "belady", "reuse-oracle" or "reuse-oracle-mru"; anything else throws pagedkv::Error
+// (kInvalidArgument) naming it.
 Eviction parse_eviction(const std::string& name);
 const char* to_string(Eviction e) noexcept;
 
@@ -66,12 +68,13 @@ struct ReplayOptions {
   bool lineage_adaptive_depth = false;
 };
 
-// --eviction NAME: "belady" or "reuse-oracle" (the simulator) or a pool policy's name
+// --eviction NAME: "belady", "reuse-oracle" or "reuse-oracle-mru" (the simulator) or a pool
+// policy's name
 // (pagedkv::to_string of an EvictionPolicy: the library with that policy). Throws pagedkv::Error
 // (kInvalidArgument) naming anything else.
 void parse_eviction(const std::string& name, ReplayOptions& options);
-// What the JSON's "eviction" field says: "belady", "reuse-oracle" or the pool policy's name
-// ("lru", ...).
+// What the JSON's "eviction" field says: the simulator's rule (to_string(Eviction)) or the pool
+// policy's name ("lru", ...).
 std::string eviction_name(const ReplayOptions& options);
 
 struct ReplayResult {
@@ -113,7 +116,7 @@ struct ReplayResult {
   // would hold without freeing, summed over steps and running requests).
   std::uint64_t out_of_window_blocks_freed = 0;
   double window_memory_saved_ratio = 0;
-  // --eviction belady / reuse-oracle: the replay's simulator in LRU mode on the same blocks
+  // --eviction belady / reuse-oracle(-mru): the replay's simulator in LRU mode on the same blocks
   // (belady.hpp), which
   // equals the library's LRU (hit_tokens, evicted_blocks) when the simulator is right.
   std::uint64_t sim_lru_hit_tokens = 0;

@@ -152,6 +152,28 @@ TEST(EvictionSim, ReuseOracleKeepsTheLeastRecentlyUsedOfTheBlocksUsedAgain) {
   EXPECT_EQ(opt.evicted_blocks, 1u + 2u + 1u + 3u + 2u);
 }
 
+// The MRU variant keeps the blocks used again that were freed first: on the trace above it keeps
+// A (freed before B) for C's request, as Belady does, and A hits.
+TEST(EvictionSim, ReuseOracleMruKeepsTheLongestWaitingOfTheBlocksUsedAgain) {
+  enum : std::uint32_t { A, B, C, D, E, u0, u1, u2, u3, u4, u5, kIds };
+  const BlockTrace t = tiny(kIds, {{A, u0}, {B, u1}, {C, u2}, {A, u3}, {D, E, u4}, {B, u5}});
+  const ReplayResult mru = simulate(t, 4, Eviction::kReuseOracleMru);
+  EXPECT_EQ(mru.hit_tokens, 1u);  // A
+  EXPECT_EQ(mru.evicted_blocks, 1u + 2u + 1u + 3u + 2u);
+  // Blocks never used again still go first, oldest first (the trace of the first oracle test).
+  enum : std::uint32_t { P, Q, R, v0, v1, v2, v3, kIds2 };
+  const BlockTrace t2 = tiny(kIds2, {{P, v0}, {Q, v1}, {R, v2}, {P, v3}});
+  EXPECT_EQ(simulate(t2, 5, Eviction::kReuseOracleMru).hit_tokens, 1u);
+  // Within one request's blocks the table's tail goes first: [P1 P2 u0] [Z Y u1] [P1 P2 u2] with
+  // four usable blocks. [Z Y u1] evicts u0 and then one of the chain: P2 (P1 first would leave
+  // P2 unreachable). [P1 P2 u2] hits P1 and evicts u1, Y (never used again, oldest first).
+  enum : std::uint32_t { P1, P2, Z, Y, w0, w1, w2, kIds3 };
+  const BlockTrace t3 = tiny(kIds3, {{P1, P2, w0}, {Z, Y, w1}, {P1, P2, w2}});
+  const ReplayResult chain = simulate(t3, 5, Eviction::kReuseOracleMru);
+  EXPECT_EQ(chain.hit_tokens, 1u);
+  EXPECT_EQ(chain.evicted_blocks, 4u);
+}
+
 TEST(EvictionSim, WithoutEvictionBeladyAndLruAgree) {
   GeneratorOptions g;
   g.requests = 200;
@@ -185,7 +207,10 @@ TEST(EvictionSim, BeladyHitsAtLeastLruOnGeneratedTraces) {
         const ReplayResult lru = simulate(bt, n, Eviction::kLru);
         const ReplayResult opt = simulate(bt, n, Eviction::kBelady);
         const ReplayResult oracle = simulate(bt, n, Eviction::kReuseOracle);
+        const ReplayResult mru = simulate(bt, n, Eviction::kReuseOracleMru);
         EXPECT_EQ(opt.rejected, lru.rejected);
+        EXPECT_EQ(mru.queried_tokens, lru.queried_tokens);
+        EXPECT_LE(mru.hit_tokens, opt.hit_tokens);
         EXPECT_EQ(opt.queried_tokens, lru.queried_tokens);
         EXPECT_EQ(oracle.queried_tokens, lru.queried_tokens);
         EXPECT_GE(opt.hit_tokens, lru.hit_tokens);
@@ -201,6 +226,8 @@ TEST(EvictionSim, OptionsAndJson) {
   EXPECT_EQ(parse_eviction("belady"), Eviction::kBelady);
   EXPECT_EQ(parse_eviction("reuse-oracle"), Eviction::kReuseOracle);
   EXPECT_STREQ(to_string(Eviction::kReuseOracle), "reuse-oracle");
+  EXPECT_EQ(parse_eviction("reuse-oracle-mru"), Eviction::kReuseOracleMru);
+  EXPECT_STREQ(to_string(Eviction::kReuseOracleMru), "reuse-oracle-mru");
   EXPECT_THROW(parse_eviction("foo"), Error);
   EXPECT_THROW(parse_eviction("reuse"), Error);
   EXPECT_THROW(parse_eviction(""), Error);
