@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""How predictable reuse is in a hash-id trace (bench/results/eviction.md, 2026-12-05).
+
+Links each request to the earlier request whose blocks it extends (its longest prefix of
+already-seen hash ids, when that prefix is 2 or more ids: the first id of the Mooncake trace is
+shared by every request) and prints, per turn number and per prompt length, the share of
+requests that get a next turn; then the gaps between uses of a hash id, in requests (log2 bins).
+
+  python3 bench/trace_turns.py data/traces/mooncake/conversation_trace.jsonl.gz
+"""
+import collections
+import gzip
+import json
+import sys
+
+
+def main(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        reqs = [json.loads(line) for line in f if line.strip()]
+    owner = {}  # hash id -> the request that first had it
+    turn = [1] * len(reqs)
+    has_next = [False] * len(reqs)
+    last = {}
+    gaps = collections.Counter()
+    for i, r in enumerate(reqs):
+        ids = r["hash_ids"]
+        h = 0
+        while h < len(ids) and ids[h] in owner:
+            h += 1
+        if h >= 2:
+            parent = owner[ids[h - 1]]
+            turn[i] = turn[parent] + 1
+            has_next[parent] = True
+        for b in ids:
+            owner.setdefault(b, i)
+        for b in set(ids):
+            if b in last:
+                gaps[(i - last[b]).bit_length() - 1] += 1
+            last[b] = i
+    by_turn = collections.defaultdict(lambda: [0, 0])
+    by_len = collections.defaultdict(lambda: [0, 0])
+    for i, r in enumerate(reqs):
+        for table, key in ((by_turn, min(turn[i], 8)), (by_len, min(r["input_length"] // 4000, 8))):
+            table[key][0] += 1
+            table[key][1] += has_next[i]
+    print("turn  requests  P(next turn)   (8: 8 or more)")
+    for k in sorted(by_turn):
+        n, c = by_turn[k]
+        print(f"{k:4d}  {n:8d}  {c / n:.3f}")
+    print("prompt tokens  requests  P(next turn)   (all turns)")
+    for k in sorted(by_len):
+        n, c = by_len[k]
+        label = f"{k * 4000}-{k * 4000 + 3999}" if k < 8 else f"{k * 4000}+"
+        print(f"{label:>13}  {n:8d}  {c / n:.3f}")
+    print("gap between uses of a hash id (requests)  uses")
+    for k in sorted(gaps):
+        print(f"{2 ** k:>10}-{2 ** (k + 1) - 1:<10}  {gaps[k]:8d}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: trace_turns.py TRACE.jsonl[.gz]")
+    main(sys.argv[1])
