@@ -96,6 +96,8 @@ constexpr const char* kUsage =
     "                            of the request freed last go first (tail first): the\n"
     "                            longest-waiting are kept\n"
     "                            (all three: sequential mode; no tiers, --engines or --plot)\n"
+    "  --adaptive-ghost-sample-shift S   adaptive: its ghosts track 1 in 2^S block fingerprints\n"
+    "                            (0: all; -1, the default: by the pool's size; at most 4)\n"
     "  --threads 1|2             sequential mode: 2 (default) hashes requests on a second thread\n"
     "                            ahead of the replay; 1 does everything on one thread\n"
     "cluster (built with pagedkv::events):\n"
@@ -464,6 +466,9 @@ int main(int argc, char** argv) {
       } catch (const pagedkv::Error& e) {
         usage_error(e.what());
       }
+    } else if (arg == "--adaptive-ghost-sample-shift") {
+      opt.adaptive_ghost_sample_shift =
+          static_cast<int>(parse_number(value(), arg, -1, pagedkv::kAdaptiveGhostMaxSampleShift));
     } else if (arg == "--threads") {
       opt.threads = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 2));
     } else if (arg == "--host-blocks") {
@@ -555,6 +560,10 @@ int main(int argc, char** argv) {
 #if PAGEDKV_REPLAY_CLUSTER
     if (cluster) usage_error("--eviction " + name + ": not with --engines");
 #endif
+  }
+  if (opt.adaptive_ghost_sample_shift != -1 &&
+      (opt.eviction != Eviction::kLru || opt.pool_eviction != pagedkv::EvictionPolicy::kAdaptive)) {
+    usage_error("--adaptive-ghost-sample-shift: only with --eviction adaptive");
   }
   if (generate && *generate == "flood") {
     if (opt.mode != Mode::kSequential || opt.eviction != Eviction::kLru ||

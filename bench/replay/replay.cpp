@@ -58,6 +58,7 @@ KVCacheManagerConfig manager_config(const ReplayOptions& o, std::int32_t num_blo
   c.eviction_policy = o.pool_eviction;
   c.lineage_key_depth = o.lineage_key_depth;
   c.lineage_adaptive_depth = o.lineage_adaptive_depth;
+  c.adaptive_ghost_sample_shift = o.adaptive_ghost_sample_shift;
   return c;
 }
 
@@ -723,6 +724,10 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
                   r.queried_tokens ? double(r.sim_lru_hit_tokens) / double(r.queried_tokens) : 0.0,
                   (unsigned long long)r.sim_lru_evicted_blocks);
     out += buf;
+  }
+  // --adaptive-ghost-sample-shift (only when given: the fields above unchanged).
+  if (o.adaptive_ghost_sample_shift != -1) {
+    out += ",\"adaptive_ghost_sample_shift\":" + std::to_string(o.adaptive_ghost_sample_shift);
   }
   // --window-block-size (only when given: the fields above unchanged).
   if (o.window_block_size != 0) {

@@ -66,6 +66,9 @@ struct ReplayOptions {
   // --eviction lineage:D / lineage:auto: KVCacheManagerConfig::lineage_key_depth / adaptive.
   std::size_t lineage_key_depth = kLineageKeyDepth;
   bool lineage_adaptive_depth = false;
+  // --adaptive-ghost-sample-shift S: KVCacheManagerConfig::adaptive_ghost_sample_shift (-1: by the
+  // pool's size; 0: exact ghosts; 1..kAdaptiveGhostMaxSampleShift: 1 in 2^S fingerprints).
+  int adaptive_ghost_sample_shift = -1;
 };
 
 // --eviction NAME: "belady", "reuse-oracle" or "reuse-oracle-mru" (the simulator) or a pool

@@ -276,6 +276,33 @@ TEST(EvictionSim, OptionsAndJson) {
   EXPECT_THROW(bad.add(16, {1}), Error);  // id >= distinct
 }
 
+// --adaptive-ghost-sample-shift reaches the pool: at 8,001 blocks each ghost FIFO holds 2,000
+// entries, so the pool's own choice (-1) is 1 (the largest shift leaving 512 or more); the same
+// replay with 1 set gives the same hits, 0 (exact ghosts) and 4 other ones. The JSON names the
+// setting only when it is given.
+TEST(ReplayPolicy, AdaptiveGhostSampleShiftReachesThePool) {
+  GeneratorOptions g;
+  g.workload = Workload::kAgents;
+  g.requests = 1000;
+  const Trace trace = generate(g);
+  ReplayOptions o;
+  o.hash = HashScheme::kXxh3_128;
+  o.num_blocks = {8001};
+  parse_eviction("adaptive", o);
+  std::uint64_t hits[6] = {};
+  for (int s = -1; s <= 4; ++s) {
+    o.adaptive_ghost_sample_shift = s;
+    const auto r = run_replay(trace, o);
+    ASSERT_EQ(r.size(), 1u);
+    hits[s + 1] = r[0].hit_tokens;
+    const std::string json = to_json(r[0], o, trace);
+    EXPECT_EQ(json.find("adaptive_ghost_sample_shift") == std::string::npos, s == -1) << json;
+  }
+  EXPECT_EQ(hits[0], hits[2]);  // -1 chose 1
+  EXPECT_NE(hits[1], hits[2]);  // 0 is not 1
+  EXPECT_NE(hits[1], hits[5]);  // 0 is not 4
+}
+
 // data/traces/README.md, reference figures (first 1,000 requests), and the library replay.
 TEST(EvictionTraces, LruModeEqualsTheLibraryOnTheFirstThousandMooncakeRequests) {
   if (!std::filesystem::exists(kMooncakeTrace)) GTEST_SKIP() << "missing " << kMooncakeTrace;
