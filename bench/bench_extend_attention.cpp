@@ -27,6 +27,10 @@
 // default kernel's worst table-1 ratio (kFa2 since 2026-12-04, evening), TARGET
 // extend_mma16_vs_gemm the other's; RESULT extend_variants gives kFa2's time over kMma16's.
 // RESULT extend / extend_saved lines are kMma16's, RESULT extend_fa2 / extend_fa2_saved kFa2's.
+// ExtendKernel::kWgmma (issue 35 step B, sm_90a, opt-in) is checked on its own (CHECK
+// extend_attention_wgmma; a failure skips only its timing) and timed after kFa2 on every shape:
+// RESULT extend_wgmma / extend_wgmma_saved (time_vs_fa2), TARGET extend_wgmma_vs_gemm and RESULT
+// extend_variants wgmma_time_vs_fa2; RESULT extend_wgmma_runs says whether its kernel ran here.
 //
 // Usage: bench_extend_attention [--quick]   (--quick: a 1k prompt, for smoke tests)
 #include <cublas_v2.h>
@@ -305,6 +309,10 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   if (workspace_bytes > 0) CHECK(cudaMalloc(&workspace, workspace_bytes));
   CHECK(pagedkv::paged_extend_attention(p, stream, kernel, plan, workspace, workspace_bytes));
   CHECK(cudaStreamSynchronize(stream));
+  if (kernel == pagedkv::ExtendKernel::kWgmma) {
+    std::printf("RESULT extend_wgmma_runs kernel=%s (no: its kFa2 fallback ran and is timed)\n",
+                pagedkv::extend_kernel_runs(p, kernel) ? "yes" : "no");
+  }
   std::vector<std::uint16_t> out(q.size());
   CHECK(cudaMemcpy(out.data(), ptrs[3], sizes[3], cudaMemcpyDeviceToHost));
   for (void* ptr : ptrs) CHECK(cudaFree(ptr));
@@ -312,9 +320,9 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   const double err = bench::max_row_error(bench::to_doubles(kDtype, out), ref.out, kHeadDim);
   const bool pass = err <= kRowTolerance;
   const bool fa2 = kernel == pagedkv::ExtendKernel::kFa2;
-  std::printf("CHECK extend_attention%s%s max_row_error=%.3g tolerance=%.0e %s\n",
-              fa2 ? "_fa2" : "", fa2 && splits > 1 ? "_split" : "", err, kRowTolerance,
-              pass ? "PASS" : "FAIL");
+  const char* name = fa2 ? "_fa2" : (kernel == pagedkv::ExtendKernel::kWgmma ? "_wgmma" : "");
+  std::printf("CHECK extend_attention%s%s max_row_error=%.3g tolerance=%.0e %s\n", name,
+              fa2 && splits > 1 ? "_split" : "", err, kRowTolerance, pass ? "PASS" : "FAIL");
   return pass;
 }
 
@@ -361,6 +369,9 @@ int main(int argc, char** argv) {
         "nothing timed\n");
     return 1;
   }
+  // ExtendKernel::kWgmma (issue 35 step B, not the default): checked on its own; when its check
+  // fails the run goes on without it (its CHECK line says FAIL and nothing of it is timed).
+  const bool wgmma = check_against_reference(stream, pagedkv::ExtendKernel::kWgmma, 1);
 
   const int repeats = quick ? 3 : 11;
   const int prompt = quick ? 1024 : 8192;
@@ -398,6 +409,10 @@ int main(int argc, char** argv) {
   Variant mma16;
   Variant fa2;
   fa2.kernel = pagedkv::ExtendKernel::kFa2;
+  Variant wg;
+  wg.kernel = pagedkv::ExtendKernel::kWgmma;
+  std::vector<double> wgmma_ratios;  // table 1, kWgmma
+  std::vector<double> wgmma_times;   // kWgmma time / kFa2 time, every shape of both tables
   std::printf(
       "| seqs | prompt | cached | table | ms | TFLOP/s | / G | paged / identity time | fa2 ms | "
       "fa2 / G | fa2 splits | fa2 / default time |\n");
@@ -410,9 +425,21 @@ int main(int argc, char** argv) {
       double identity_ms = 0.0;
       for (const bool shuffled : {false, true}) {
         const Shape shape{num_seqs, prompt, static_cast<int>(cached_fraction * prompt), shuffled};
-        std::mt19937_64 fa2_rng = rng;  // the same tables for both variants
+        std::mt19937_64 fa2_rng = rng;  // the same tables for every variant
+        std::mt19937_64 wgmma_rng = rng;
         const double ms = run_shape(ws, shape, stream, repeats, rng, mma16);
         const double fa2_ms = run_shape(ws, shape, stream, repeats, fa2_rng, fa2);
+        if (wgmma) {
+          const double wg_ms = run_shape(ws, shape, stream, repeats, wgmma_rng, wg);
+          const double wg_tflops = attention_tflops(shape, wg_ms);
+          std::printf(
+              "RESULT extend_wgmma seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f "
+              "ratio_gemm=%.3f time_vs_fa2=%.3f\n",
+              num_seqs, prompt, shape.cached, shuffled ? "paged" : "identity", wg_ms, wg_tflops,
+              wg_tflops / g, wg_ms / fa2_ms);
+          wgmma_ratios.push_back(wg_tflops / g);
+          wgmma_times.push_back(wg_ms / fa2_ms);
+        }
         if (!shuffled) identity_ms = ms;
         const double tflops = attention_tflops(shape, ms);
         const double fa2_tflops = attention_tflops(shape, fa2_ms);
@@ -448,8 +475,18 @@ int main(int argc, char** argv) {
   for (int tenth = 0; tenth <= 9; ++tenth) {
     const Shape shape{1, prompt, prompt * tenth / 10, true};
     std::mt19937_64 fa2_rng = rng;
+    std::mt19937_64 wgmma_rng = rng;
     const double ms = run_shape(ws, shape, stream, repeats, rng, mma16);
     const double fa2_ms = run_shape(ws, shape, stream, repeats, fa2_rng, fa2);
+    if (wgmma) {
+      const double wg_ms = run_shape(ws, shape, stream, repeats, wgmma_rng, wg);
+      const double wg_tflops = attention_tflops(shape, wg_ms);
+      std::printf(
+          "RESULT extend_wgmma_saved prompt=%d cached=%d ms=%.4f tflops=%.1f ratio_gemm=%.3f "
+          "time_vs_fa2=%.3f\n",
+          prompt, shape.cached, wg_ms, wg_tflops, wg_tflops / g, wg_ms / fa2_ms);
+      wgmma_times.push_back(wg_ms / fa2_ms);
+    }
     fa2_times.push_back(fa2_ms / ms);
     if (tenth == 0) full_ms = ms;
     const double tflops = attention_tflops(shape, ms);
@@ -496,6 +533,16 @@ int main(int argc, char** argv) {
       "(same run, alternating; < 1 = kFa2 faster)\n",
       bench::median(fa2_times), *std::max_element(fa2_times.begin(), fa2_times.end()),
       *std::min_element(fa2_times.begin(), fa2_times.end()), fa2_times.size());
+  if (wgmma && !wgmma_ratios.empty()) {
+    target_line("extend_wgmma_vs_gemm", wgmma_ratios,
+                "ExtendKernel::kWgmma, not the default; on this device its kernel runs: see "
+                "RESULT extend_wgmma_runs");
+    std::printf(
+        "RESULT extend_variants wgmma_time_vs_fa2 median=%.3f worst=%.3f best=%.3f shapes=%zu "
+        "(same run; < 1 = kWgmma faster)\n",
+        bench::median(wgmma_times), *std::max_element(wgmma_times.begin(), wgmma_times.end()),
+        *std::min_element(wgmma_times.begin(), wgmma_times.end()), wgmma_times.size());
+  }
   if (fa2.workspace != nullptr) CHECK(cudaFree(fa2.workspace));
 
   CHECK(cudaFree(ws.k));

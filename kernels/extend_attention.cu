@@ -28,6 +28,7 @@
 #include "internal/extend_attention_tiles.hpp"
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
+#include "internal/extend_wgmma_launch.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
 
@@ -457,7 +458,14 @@ void validate_cuda_extend(const PagedExtendParams& params) {
 }
 
 bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) noexcept {
-  // Both variants cover every 16-bit shape validate_cuda_extend accepts; FP8 has its own kernel.
+  // kMma16 and kFa2 cover every 16-bit shape validate_cuda_extend accepts; FP8 has its own kernel.
+  if (kernel == ExtendKernel::kWgmma) {
+#ifdef PAGEDKV_HAS_SM90A
+    return kernels::wgmma_extend_runs(params);
+#else
+    return false;
+#endif
+  }
   return !params.quant.fp8() && (kernel == ExtendKernel::kMma16 || kernel == ExtendKernel::kFa2);
 }
 
@@ -511,6 +519,15 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
                                    ExtendKernel kernel, const ExtendSplitPlan& plan,
                                    void* workspace, std::size_t workspace_bytes) {
   if (kernel == ExtendKernel::kMma16) return mma16_paged_extend(params, stream);
+  if (kernel == ExtendKernel::kWgmma) {
+    validate_cuda_extend(params);
+#ifdef PAGEDKV_HAS_SM90A
+    if (params.num_seqs > 0 && params.max_q_len > 0 && kernels::wgmma_extend_runs(params)) {
+      return kernels::wgmma_paged_extend(params, stream);
+    }
+#endif
+    kernel = ExtendKernel::kFa2;  // the fallback, with the caller's plan
+  }
   if (kernel != ExtendKernel::kFa2) {
     fail("unknown ExtendKernel " + std::to_string(static_cast<int>(kernel)));
   }

@@ -35,6 +35,7 @@
 #include "internal/cp_async.cuh"
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
+#include "internal/extend_fa2_params.cuh"
 #include "internal/mma_sync.cuh"
 #include "pagedkv/base/error.hpp"
 
@@ -45,55 +46,10 @@ namespace {
 using detail::Fa2Shape;
 using detail::MmaCoord;
 
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-
-struct Fa2Params {
-  const std::uint16_t* q;  // [num_q_tokens, num_q_heads, head_dim]
-  std::int64_t q_stride_token;
-  std::int64_t q_stride_head;
-  const std::uint16_t* k_cache;
-  const std::uint16_t* v_cache;
-  detail::TcPageGeometry page;  // head_offset 0; the kernel adds its KV head's
-  std::int64_t stride_head;
-  std::int32_t num_q_heads;
-  std::int32_t group;
-  const std::int32_t* q_indptr;
-  std::int32_t max_q_len;
-  const std::int32_t* block_table;
-  std::int32_t max_blocks_per_seq;
-  const std::int32_t* seq_lens;
-  std::uint16_t* out;
-  std::int64_t out_stride_token;
-  std::int64_t out_stride_head;
-  float* lse;         // natural log, [num_q_tokens, num_q_heads] or null
-  float score_scale;  // times the fp32 scores: sm_scale x log2(e); with a soft-cap sm_scale / cap
-  float cap_log2;     // cap x log2(e); 0 = no soft-cap
-  std::int32_t window_size;
-  std::int32_t num_splits;
-  std::int32_t rows;   // query rows per CTA (Fa2Shape::kRows of the launched kernel)
-  std::int32_t keys;   // keys per K/V tile
-  float* partial_out;  // [states][head_dim]
-  float* partial_lse;  // [states], log2
-};
-
-// The sequence's clamped lengths (the default kernel's rules).
-struct SeqLens {
-  int q_begin;
-  int q_len;
-  int prefix;
-};
-__device__ __forceinline__ SeqLens seq_lens_of(const Fa2Params& p, int seq) {
-  SeqLens s{};
-  s.q_begin = __ldg(p.q_indptr + seq);
-  const std::int64_t raw_q = static_cast<std::int64_t>(__ldg(p.q_indptr + seq + 1)) - s.q_begin;
-  s.q_len = static_cast<int>(raw_q < 0 ? 0 : (raw_q > p.max_q_len ? p.max_q_len : raw_q));
-  const std::int64_t capacity = static_cast<std::int64_t>(p.max_blocks_per_seq) * p.page.block_size;
-  const std::int64_t raw_kv = __ldg(p.seq_lens + seq);
-  const int kv_len = static_cast<int>(raw_kv < 0 ? 0 : (raw_kv > capacity ? capacity : raw_kv));
-  s.prefix = kv_len - s.q_len;
-  return s;
-}
+using fa2::Fa2Params;
+using fa2::kLn2;
+using fa2::seq_lens_of;
+using fa2::SeqLens;
 
 template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
 __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
@@ -544,46 +500,7 @@ cudaError_t dispatch(KVDtype dtype, int head_dim, int warps, bool soft_cap, Fn&&
 cudaError_t fa2_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
                              cudaStream_t stream) {
   const KVLayout& layout = params.layout;
-  Fa2Params kp{};
-  kp.q = static_cast<const std::uint16_t*>(params.q);
-  kp.q_stride_token = params.q_token_stride();
-  kp.q_stride_head = params.q_head_stride();
-  kp.k_cache = static_cast<const std::uint16_t*>(params.k_cache);
-  kp.v_cache = static_cast<const std::uint16_t*>(params.v_cache);
-  kp.page.stride_block = layout.stride_block;
-  kp.page.stride_token = layout.stride_token;
-  kp.page.head_offset = 0;
-  kp.page.num_blocks = layout.num_blocks;
-  kp.page.block_size = layout.block_size;
-  kp.page.block_shift = detail::tc_block_shift(layout.block_size);
-  kp.stride_head = layout.stride_head;
-  kp.num_q_heads = params.num_q_heads;
-  kp.group = params.group_size();
-  kp.q_indptr = params.q_indptr;
-  kp.max_q_len = params.max_q_len;
-  kp.block_table = params.block_table;
-  kp.max_blocks_per_seq = params.max_blocks_per_seq;
-  kp.seq_lens = params.seq_lens;
-  kp.out = static_cast<std::uint16_t*>(params.out);
-  kp.out_stride_token = params.out_token_stride();
-  kp.out_stride_head = params.out_head_stride();
-  kp.lse = params.lse;
-  if (params.logits_soft_cap > 0.0f) {
-    kp.score_scale = params.sm_scale / params.logits_soft_cap;
-    kp.cap_log2 = params.logits_soft_cap * kLog2e;
-  } else {
-    kp.score_scale = params.sm_scale * kLog2e;
-    kp.cap_log2 = 0.0f;
-  }
-  kp.window_size = params.window_size;
-  kp.num_splits = num_splits < 1 ? 1 : num_splits;
-  if (kp.num_splits > 1) {
-    const std::int64_t states =
-        detail::fa2_states(params.num_seqs, params.max_q_len, params.num_q_heads, kp.num_splits);
-    auto* base = static_cast<unsigned char*>(workspace);
-    kp.partial_out = reinterpret_cast<float*>(base);
-    kp.partial_lse = reinterpret_cast<float*>(base + states * layout.head_dim * 4);
-  }
+  const Fa2Params kp = fa2::make_fa2_params(params, num_splits, workspace);
   return dispatch(params.dtype, layout.head_dim, detail::fa2_warps(params.max_q_len, kp.group),
                   kp.cap_log2 > 0.0f, [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>() {
                     return launch<kBf16, kHeadDim, kWarps, kSoftCap>(kp, layout.num_kv_heads,

@@ -152,6 +152,34 @@ PAGEDKV_HOST_DEVICE constexpr std::uint32_t mn_major_step_start(std::uint32_t ti
   return tile + static_cast<std::uint32_t>(step) * 2u * kSw128AtomBytes;
 }
 
+// ---- the tiles of ExtendKernel::kWgmma (kernels/extend_attention_wgmma.cu), head_dim 128 ----
+// Q (rows x 128) and K (keys x 128) K-major as two 64-column blocks (block b holds columns
+// 64 b .. 64 b + 63, rows x 128 bytes); V (keys x 128) N-major as two atom columns. Byte offset of
+// 16-byte chunk c (columns 8 c .. 8 c + 7) of row / key r.
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t wgmma_kmajor_chunk_offset(int r, int c, int rows) {
+  return static_cast<std::uint32_t>(c / 8) * static_cast<std::uint32_t>(rows) * kSw128RowBytes +
+         sw128_k_major_offset(r, (c % 8) * 8);
+}
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t wgmma_v_chunk_offset(int key, int c, int keys) {
+  return sw128_mn_major_offset(key, c * 8, keys);
+}
+// Descriptors of k step ks (16 columns of head_dim) for rows 64 g .. 64 g + 63 of a K-major tile
+// of `rows` rows (Q: g = the warpgroup; K: g = 0, rows = keys).
+PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_kmajor_step_desc(std::uint32_t tile, int rows,
+                                                                   int g, int ks) {
+  const std::uint32_t block =
+      static_cast<std::uint32_t>(ks / 4) * static_cast<std::uint32_t>(rows) * kSw128RowBytes;
+  return wgmma_descriptor(
+      k_major_step_start(tile + block + static_cast<std::uint32_t>(g) * 64u * kSw128RowBytes,
+                         ks % 4),
+      16, kKMajorSbo, WgmmaSwizzle::k128B);
+}
+// Descriptor of k step kk (keys 16 kk .. 16 kk + 15) of the V tile.
+PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_v_step_desc(std::uint32_t tile, int keys,
+                                                              int kk) {
+  return mn_major_descriptor(mn_major_step_start(tile, kk), keys, kMnMajorKGroupsInLbo);
+}
+
 // Accumulator D of wgmma.m64nNk16 with fp32 accumulators: thread t (0..127) element j
 // (0..N/2-1).
 PAGEDKV_HOST_DEVICE constexpr MmaCoord wgmma_d_coord(int t, int j) {
@@ -163,6 +191,13 @@ PAGEDKV_HOST_DEVICE constexpr MmaCoord wgmma_d_coord(int t, int j) {
 PAGEDKV_HOST_DEVICE constexpr MmaCoord wgmma_a_coord(int t, int e) {
   const MmaCoord c = mma_a_coord(t & 31, e);
   return {16 * (t >> 5) + c.row, c.col};
+}
+
+// P as the A operand of O += P V: half e (0, 1) of A register r (0..3) at k step kk (keys
+// 16 kk .. 16 kk + 15) is the score accumulator element wgmma_p_source(kk, r, e) of the same thread
+// (the same row and key: checked in tests/device/wgmma_layout_test.cpp).
+PAGEDKV_HOST_DEVICE constexpr int wgmma_p_source(int kk, int r, int e) {
+  return 8 * kk + 2 * r + e;
 }
 
 }  // namespace pagedkv::detail

@@ -13,7 +13,9 @@
 // Every device test runs for each kernel variant (test names end in /Mma16, the default
 // ExtendKernel::kMma16; /Fa2, ExtendKernel::kFa2 with the planner's split for the current device;
 // /Fa2Split3, kFa2 forced to 3 splits over keys with its workspace, so the partial rows and the
-// merge are checked on every shape, including tiles whose splits see no key).
+// merge are checked on every shape, including tiles whose splits see no key; /Wgmma,
+// ExtendKernel::kWgmma, which runs its sm_90a kernel at head_dim 128 on compute capability 9.0 and
+// falls back to kFa2 elsewhere).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -80,7 +82,7 @@ using testing::DeviceExtendProblem;
 }
 
 // ---- the kernel variant under test (set by the fixture for each parameterized test) ----
-enum class Variant { kMma16, kFa2, kFa2Split3 };
+enum class Variant { kMma16, kFa2, kFa2Split3, kWgmma };
 Variant g_variant = Variant::kMma16;
 DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
 
@@ -105,6 +107,9 @@ void reserve_workspace(const PagedExtendParams& p) {
 cudaError_t launch_extend(const PagedExtendParams& p, cudaStream_t stream) {
   if (g_variant == Variant::kMma16) {
     return paged_extend_attention(p, stream, ExtendKernel::kMma16);
+  }
+  if (g_variant == Variant::kWgmma) {
+    return paged_extend_attention(p, stream, ExtendKernel::kWgmma);
   }
   const ExtendSplitPlan plan = plan_of(p);
   reserve_workspace(p);
@@ -146,12 +151,15 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "Fa2";
     case Variant::kFa2Split3:
       return "Fa2Split3";
+    case Variant::kWgmma:
+      return "Wgmma";
   }
   return "Unknown";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
-                         ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3),
+                         ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3,
+                                           Variant::kWgmma),
                          variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
@@ -625,6 +633,21 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kMma16));
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kFa2));
   EXPECT_FALSE(extend_kernel_runs(good, static_cast<ExtendKernel>(7)));
+  // kWgmma: its kernel only at head_dim 128 on a device of compute capability 9.0 (in a build
+  // with sm_90a code); never for another head_dim.
+  bool cc90 = false;
+  if (cuda_device_count() > 0) {
+    int dev = 0;
+    cudaDeviceProp prop{};
+    testing::cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+    testing::cuda_check(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties");
+    cc90 = prop.major == 9 && prop.minor == 0;
+  }
+  EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmma), cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
+  PagedExtendParams dim64 = good;
+  dim64.layout.head_dim = 64;
+  EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmma));
+  EXPECT_EQ(plan_extend_split(good, ExtendKernel::kWgmma, 132, 2).num_splits, 1);
   // The default since the H200 run of 2026-12-04, evening (bench/results/gpu.md).
   EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kFa2);
 

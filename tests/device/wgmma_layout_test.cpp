@@ -7,10 +7,16 @@
 //     store (the model of the hardware's addressing in the header), K-major and N-major;
 //   - the N-major descriptor encoded one way and read the other addresses other bytes, so the
 //     probe's two readings cannot both match;
-//   - the accumulator and A-register fragment maps cover their tiles once each.
+//   - the accumulator and A-register fragment maps cover their tiles once each, and P's repacking
+//     into A registers (wgmma_p_source) keeps every score at its row and key;
+//   - ExtendKernel::kWgmma's tiles (head_dim 128): Q, K and V stored chunk by chunk with the
+//     kernel's offsets and read back through the kernel's descriptors at every k step (the
+//     model's addressing) give S = Q K^T and O = P V exactly, for both warpgroups.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <set>
 #include <utility>
 #include <vector>
@@ -138,6 +144,97 @@ TEST(WgmmaLayout, FragmentMapsCoverTheirTilesOnce) {
       const MmaCoord m = mma_c_coord(t & 31, j & 3);
       EXPECT_EQ(c.row, 16 * (t / 32) + m.row);
       EXPECT_EQ(c.col, 8 * (j / 4) + m.col);
+    }
+  }
+}
+
+TEST(WgmmaLayout, PRepackKeepsRowAndKey) {
+  for (int t = 0; t < 128; ++t) {
+    for (int kk = 0; kk < 4; ++kk) {
+      for (int r = 0; r < 4; ++r) {
+        for (int e = 0; e < 2; ++e) {
+          const MmaCoord a = wgmma_a_coord(t, 2 * r + e);
+          const MmaCoord d = wgmma_d_coord(t, wgmma_p_source(kk, r, e));
+          ASSERT_EQ(a.row, d.row) << t << " " << kk << " " << r << " " << e;
+          ASSERT_EQ(16 * kk + a.col, d.col) << t << " " << kk << " " << r << " " << e;
+        }
+      }
+    }
+  }
+}
+
+// The kernel's tiles in a byte array (16-bit values as small integers held in int16).
+struct Tile {
+  std::vector<std::int16_t> bytes;  // indexed by byte offset / 2
+  explicit Tile(std::size_t size) : bytes(size / 2, 0) {}
+  void put(std::uint32_t off, int v) { bytes[off / 2] = static_cast<std::int16_t>(v); }
+  int at(std::uint32_t off) const { return bytes[off / 2]; }
+};
+
+TEST(WgmmaLayout, ExtendKernelTilesGiveQKAndPV) {
+  constexpr int kD = 128, kRows = 128, kKeys = 64;
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> v(-9, 9);
+  std::vector<int> q(kRows * kD), k(kKeys * kD), val(kKeys * kD), p(kRows * kKeys);
+  for (int& x : q) x = v(rng);
+  for (int& x : k) x = v(rng);
+  for (int& x : val) x = v(rng);
+  for (int& x : p) x = v(rng);
+  // Stored as the kernel stores them: chunk (r, c) at its offset, 8 elements each.
+  const std::uint32_t q_base = 0, k_base = 0x10000, v_base = 0x20000;
+  Tile smem(0x30000);
+  for (int r = 0; r < kRows; ++r) {
+    for (int c = 0; c < kD / 8; ++c) {
+      for (int e = 0; e < 8; ++e) {
+        smem.put(q_base + wgmma_kmajor_chunk_offset(r, c, kRows) + 2u * e, q[r * kD + 8 * c + e]);
+      }
+    }
+  }
+  for (int key = 0; key < kKeys; ++key) {
+    for (int c = 0; c < kD / 8; ++c) {
+      for (int e = 0; e < 8; ++e) {
+        smem.put(k_base + wgmma_kmajor_chunk_offset(key, c, kKeys) + 2u * e,
+                 k[key * kD + 8 * c + e]);
+        smem.put(v_base + wgmma_v_chunk_offset(key, c, kKeys) + 2u * e, val[key * kD + 8 * c + e]);
+      }
+    }
+  }
+  EXPECT_LE(wgmma_kmajor_chunk_offset(kRows - 1, kD / 8 - 1, kRows) + 16u, 0x10000u);
+  EXPECT_LE(wgmma_v_chunk_offset(kKeys - 1, kD / 8 - 1, kKeys) + 16u, 0x4000u);
+  for (int g = 0; g < 2; ++g) {
+    // S through the descriptors: 8 k steps of 16 columns.
+    for (int m = 0; m < 64; ++m) {
+      for (int n = 0; n < kKeys; ++n) {
+        long got = 0, want = 0;
+        for (int ks = 0; ks < kD / 16; ++ks) {
+          const std::uint64_t qd = wgmma_kmajor_step_desc(q_base, kRows, g, ks);
+          const std::uint64_t kd = wgmma_kmajor_step_desc(k_base, kKeys, 0, ks);
+          for (int kk = 0; kk < 16; ++kk) {
+            got += static_cast<long>(smem.at(model_k_major_address(qd, m, kk))) *
+                   smem.at(model_k_major_address(kd, n, kk));
+          }
+        }
+        for (int d = 0; d < kD; ++d)
+          want += static_cast<long>(q[(64 * g + m) * kD + d]) * k[n * kD + d];
+        ASSERT_EQ(got, want) << "warpgroup " << g << " row " << m << " key " << n;
+      }
+    }
+    // O = P V through the V descriptors: 4 k steps of 16 keys.
+    for (int m = 0; m < 64; ++m) {
+      for (int d = 0; d < kD; ++d) {
+        long got = 0, want = 0;
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          const std::uint64_t vd = wgmma_v_step_desc(v_base, kKeys, kk);
+          for (int key = 0; key < 16; ++key) {
+            got += static_cast<long>(p[(64 * g + m) * kKeys + 16 * kk + key]) *
+                   smem.at(model_mn_major_address(vd, key, d, kMnMajorKGroupsInLbo));
+          }
+        }
+        for (int key = 0; key < kKeys; ++key) {
+          want += static_cast<long>(p[(64 * g + m) * kKeys + key]) * val[key * kD + d];
+        }
+        ASSERT_EQ(got, want) << "warpgroup " << g << " row " << m << " dim " << d;
+      }
     }
   }
 }

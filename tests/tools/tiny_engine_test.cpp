@@ -243,7 +243,7 @@ TEST(TinyEngineConfig, KernelVariantValues) {
     c.decode_kernel = decode;
     EXPECT_NO_THROW(c.validate()) << "decode_kernel " << decode;
   }
-  for (const int extend : {-1, 0, 1}) {
+  for (const int extend : {-1, 0, 1, 2}) {
     EngineConfig c;
     c.extend_kernel = extend;
     EXPECT_NO_THROW(c.validate()) << "extend_kernel " << extend;
@@ -258,7 +258,7 @@ TEST(TinyEngineConfig, KernelVariantValues) {
       EXPECT_NE(std::string(e.what()).find("tensor_core_fp8"), std::string::npos) << e.what();
     }
     EngineConfig x;
-    x.extend_kernel = bad == 4 ? 2 : bad;
+    x.extend_kernel = bad == 4 ? 3 : bad;
     EXPECT_THROW(x.validate(), std::invalid_argument);
   }
 }

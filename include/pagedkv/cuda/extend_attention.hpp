@@ -36,8 +36,16 @@
 //           of 2026-12-04 (evening; bench/results/gpu.md): correct in every kernel check and
 //           sanitizer, 0.83x kMma16's time on the H200, and the tiny engine on CUDA passes its
 //           caching on/off check (near-tie aware) with it over workload seeds 1-4.
-//           An FP8 cache falls back to the FP8 kernel with either variant; every 16-bit shape
-//           runs the variant.
+//   kWgmma  kernels/extend_attention_wgmma.cu (issue 35, step B, first cut; sm_90a code): Hopper's
+//           warpgroup MMA (wgmma) on kFa2's tile geometry, two warpgroups of 64 query rows each,
+//           64-key tiles in 128-byte-swizzled shared layouts, P fed from registers, no warp
+//           specialization and no split over keys yet (the plan is ignored). It runs for 16-bit
+//           caches at head_dim 128 on a device of compute capability 9.0 in a build with sm_90a
+//           code (CUDA 12+); anything else falls back to kFa2 with the given plan
+//           (extend_kernel_runs says which). NOT YET RUN ON A GPU: opt-in only, never the default
+//           until a GPU run of scripts/gpu-check proves it correct and faster.
+//           An FP8 cache falls back to the FP8 kernel with every variant; every 16-bit shape runs
+//           kMma16 and kFa2.
 //
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data (max_q_len sizes the grid), so launches can be captured in a CUDA
@@ -76,19 +84,20 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
 enum class ExtendKernel : int {
   kMma16 = 0,  // 16 rows per warp, 2-stage ring, no split
   kFa2 = 1,    // FlashAttention-2-style variant with an optional split over keys (the default)
+  kWgmma = 2,  // sm_90a warpgroup-MMA variant (head_dim 128, compute capability 9.0; else kFa2)
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
 // The split over keys of a kFa2 launch: each query tile's visible keys are cut into num_splits
 // contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no split, no
-// workspace. kMma16 and FP8 caches ignore it.
+// workspace. kMma16, kWgmma and FP8 caches ignore it (kWgmma's fallback to kFa2 uses it).
 struct ExtendSplitPlan {
   std::int32_t num_splits = 1;
 };
 inline constexpr std::int32_t kCudaExtendMaxSplits = 16;
 
-// Whether `kernel` itself runs for these parameters; false when paged_extend_attention falls
-// back (an FP8 cache always runs kernels/fp8_attention.cu).
+// Whether `kernel` itself runs for these parameters (for kWgmma: on the current device); false
+// when paged_extend_attention falls back (an FP8 cache always runs kernels/fp8_attention.cu).
 bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) noexcept;
 
 // The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no

@@ -1,0 +1,424 @@
+// Warpgroup-MMA paged extend attention (ExtendKernel::kWgmma; contract in
+// include/pagedkv/cuda/extend_attention.hpp). Issue 35, step B, first cut: Hopper's wgmma on the
+// FA2 kernel's tile geometry, without warp specialization yet. Compiled for sm_90a only (the CMake
+// object library pagedkv_cuda_sm90a); paged_extend_attention runs it only on compute capability
+// 9.0, for 16-bit caches at head_dim 128, and falls back to kFa2 elsewhere. Not yet run on a GPU:
+// it is built on the layouts the warpgroup-MMA probe (kernels/wgmma_probe.cu) checks.
+//
+// CTA = two warpgroups (256 threads) = 128 query rows (token-major over the GQA group, as kFa2)
+// of one (sequence, KV head); warpgroup g owns rows 64 g .. 64 g + 63.
+//   Q       16-byte loads into a 128-byte-swizzled K-major tile (two 64-element column blocks).
+//   K/V     64-key tiles through kFa2's 3-stage cp.async ring (page offsets resolved two tiles
+//           ahead, zero-fill past the range or for a block id outside the pool): K K-major (the B
+//           operand of S = Q K^T), V N-major (the B operand of O += P V, imm-trans-b 1).
+//   S       wgmma.m64n64k16, both operands from shared memory, 8 k steps over head_dim 128.
+//   softmax online in registers on the accumulators (whose per-warp layout is mma.sync's C
+//           fragment: a row's 64 keys live in the 4 lanes of a quad); output rescale skipped when
+//           no row maximum of the warp moved.
+//   O       wgmma.m64n128k16, P from registers (the accumulators packed to 16 bits), V from
+//           shared memory, 4 k steps.
+// No split over keys (the ExtendSplitPlan is ignored, as by kMma16).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "internal/cp_async.cuh"
+#include "internal/extend_fa2_params.cuh"
+#include "internal/extend_wgmma_launch.hpp"
+#include "internal/wgmma_layout.hpp"
+#include "pagedkv/cuda/device.hpp"
+
+namespace pagedkv::kernels {
+
+namespace {
+
+using detail::MmaCoord;
+using fa2::Fa2Params;
+
+constexpr int kHeadDim = 128;
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kRows = 128;
+constexpr int kKeys = 64;
+constexpr int kStages = 3;
+constexpr int kChunks = kHeadDim / 8;                     // 16-byte chunks per row
+constexpr std::uint32_t kQBytes = kRows * kHeadDim * 2;   // 32 KiB
+constexpr std::uint32_t kKVBytes = kKeys * kHeadDim * 2;  // K or V of one stage, 16 KiB
+constexpr std::uint32_t kStageBytes = 2 * kKVBytes;
+constexpr std::uint32_t kOffsetBytes = sizeof(std::int64_t) * kStages * kKeys;
+constexpr std::uint32_t kSmemBytes = kQBytes + kStages * kStageBytes + kOffsetBytes + 1024;
+static_assert(kThreads * 8 == kRows * kChunks && kThreads * 4 == kKeys * kChunks,
+              "Q: 8 chunks per thread; K and V: 4 each");
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PAGEDKV_WGMMA_EXTEND_DEVICE 1
+
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accesses of accumulator registers across the asynchronous MMA
+// (issued before, waited for after).
+template <int kN>
+__device__ __forceinline__ void reg_fence(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// d (m64n64, fp32) = (accumulate ? d : 0) + A x B (A and B K-major in shared memory).
+__device__ __forceinline__ void wgmma_ss_m64n64(float (&d)[32], std::uint64_t a_desc,
+                                                std::uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+      "%30, %31 "
+      "}, "
+      "%32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a_desc), "l"(b_desc), "r"(accumulate)
+      : "memory");
+}
+
+// d (m64n128, fp32) = (accumulate ? d : 0) + A x B (A from registers, B N-major: imm-trans-b 1).
+__device__ __forceinline__ void wgmma_rs_m64n128_trans_b(float (&d)[64], const unsigned (&a)[4],
+                                                         std::uint64_t b_desc, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+      "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+      "%58, %59, %60, %61, %62, %63 "
+      "}, "
+      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
+      : "memory");
+}
+
+#endif  // sm_90a
+
+template <bool kBf16>
+__device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+  } else {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&h);
+  }
+}
+
+template <bool kBf16, bool kSoftCap>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Params p) {
+#ifdef PAGEDKV_WGMMA_EXTEND_DEVICE
+  using namespace pagedkv::detail;
+  extern __shared__ unsigned char smem_raw[];
+  const auto raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const std::uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* const smem = smem_raw + pad;
+  const std::uint32_t q_addr = raw_addr + pad;
+  const std::uint32_t ring_addr = q_addr + kQBytes;
+  unsigned char* const ring = smem + kQBytes;
+  auto* offsets = reinterpret_cast<std::int64_t*>(ring + kStages * kStageBytes);
+
+  // ---- what this CTA covers ----
+  const int kv_head = static_cast<int>(blockIdx.x);
+  const int seq = static_cast<int>(blockIdx.y);
+  const fa2::SeqLens lens = fa2::seq_lens_of(p, seq);
+  const int num_tiles = extend_num_tiles(lens.q_len, p.group, kRows);
+  const Fa2WorkItem item = fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, 1);
+  if (item.tile < 0) return;  // uniform over the CTA
+  const Fa2TileWork work =
+      fa2_tile_work(lens.q_len, lens.prefix, p.group, p.window_size, item.tile, kRows, kKeys, 1);
+  if (work.active < 1) return;
+  const Fa2SplitTiles split = fa2_split_tiles(work, 0);
+  const ExtendTileGeometry& geo = work.geo;
+  const int key_first = geo.kv_begin + split.first * kKeys;
+  const int tiles = split.last - split.first;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wg = tid / 128;  // warpgroup
+  const int wt = tid % 128;  // thread within the warpgroup
+  const int lane = tid % 32;
+  const int quad_col = lane & 3;
+
+  TcPageGeometry page = p.page;
+  page.head_offset = static_cast<std::int64_t>(kv_head) * p.stride_head;
+  const std::int32_t* table_row =
+      p.block_table + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+
+  const auto resolve = [&](int t) {
+    if (tid < kKeys) {
+      offsets[fa2_slot(t, kStages) * kKeys + tid] =
+          t < tiles ? tc_token_offset(page, table_row, key_first + t * kKeys + tid, geo.kv_end)
+                    : -1;
+    }
+  };
+  // Copies of tile `t`: chunk (key, c) of K to its K-major place, of V to its N-major place.
+  const auto issue = [&](int t) {
+    if (t < tiles) {
+      const int stage = fa2_slot(t, kStages);
+      unsigned char* k_dst = ring + stage * kStageBytes;
+      unsigned char* v_dst = k_dst + kKVBytes;
+      const std::int64_t* slot = offsets + stage * kKeys;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int chunk = tid + i * kThreads;
+        const int key = chunk / kChunks;
+        const int c = chunk % kChunks;
+        const std::int64_t off = slot[key];
+        const bool fill = off >= 0;
+        const std::uint32_t k_at = wgmma_kmajor_chunk_offset(key, c, kKeys);
+        const std::uint32_t v_at = wgmma_v_chunk_offset(key, c, kKeys);
+        cp_async_16(k_dst + k_at, fill ? p.k_cache + off + c * 8 : p.k_cache, fill);
+        cp_async_16(v_dst + v_at, fill ? p.v_cache + off + c * 8 : p.v_cache, fill);
+      }
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int t = 0; t < kStages; ++t) resolve(t);
+  __syncthreads();
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) issue(t);
+
+    // Q, unscaled; rows past q_len are zero.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int chunk = tid + i * kThreads;
+    const int row = chunk / kChunks;
+    const int c = chunk % kChunks;
+    const int packed = geo.row0 + row;
+    const int token = packed / p.group;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (token < lens.q_len) {
+      const std::int64_t at =
+          (static_cast<std::int64_t>(lens.q_begin) + token) * p.q_stride_token +
+          static_cast<std::int64_t>(kv_head * p.group + packed % p.group) * p.q_stride_head + c * 8;
+      v = __ldg(reinterpret_cast<const uint4*>(p.q + at));
+    }
+    *reinterpret_cast<uint4*>(smem + wgmma_kmajor_chunk_offset(row, c, kRows)) = v;
+  }
+
+  // ---- this thread's two rows (h = 0, 1) within the CTA's 128 ----
+  int row_pos[2];
+  int tile_row[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_row[h] = 64 * wg + wgmma_d_coord(wt, 2 * h).row;
+    const int token = (geo.row0 + tile_row[h]) / p.group;
+    row_pos[h] = token < lens.q_len ? lens.prefix + token : -1;
+  }
+  float o[kHeadDim / 2];
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 2; ++j) o[j] = 0.0f;
+  float m_run[2] = {-INFINITY, -INFINITY};
+  float l_run[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<fa2_wait_groups(kStages)>();
+    fence_proxy_async_shared();  // this thread's copies (and Q stores) before the async proxy
+    __syncthreads();  // tile t visible to all; every warpgroup is done with tile t - 1's stage
+    issue(fa2_issue_tile(t, kStages));
+    resolve(fa2_resolve_tile(t, kStages));
+    const int stage = fa2_slot(t, kStages);
+    const std::uint32_t k_addr = ring_addr + static_cast<std::uint32_t>(stage) * kStageBytes;
+    const std::uint32_t v_addr = k_addr + kKVBytes;
+    const int key0 = key_first + t * kKeys;
+
+    // S = Q K^T over 8 k steps (two 64-column blocks of 4).
+    float s[kKeys / 2];
+    reg_fence(s);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const std::uint64_t qd = wgmma_kmajor_step_desc(q_addr, kRows, wg, ks);
+      const std::uint64_t kd = wgmma_kmajor_step_desc(k_addr, kKeys, 0, ks);
+      wgmma_ss_m64n64(s, qd, kd, ks > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    reg_fence(s);
+
+    const bool need_mask =
+        extend_tile_needs_mask(geo, key0, kKeys, p.window_size) || key0 + kKeys > geo.kv_end;
+#pragma unroll
+    for (int j = 0; j < kKeys / 2; ++j) {
+      float x = s[j] * p.score_scale;
+      if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x);
+      const int key = key0 + wgmma_d_coord(wt, j).col;
+      if (need_mask && !extend_key_visible(row_pos[(j >> 1) & 1], key, p.window_size)) {
+        x = -INFINITY;
+      }
+#ifdef PAGEDKV_TEST_DROP_KEY
+      if (key == PAGEDKV_TEST_DROP_KEY) x = -INFINITY;
+#endif
+      s[j] = x;
+    }
+
+    float m_use[2];
+    float alpha[2];
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+        tile_max = fmaxf(tile_max, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_new = fmaxf(m_run[h], tile_max);
+      m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[h] = exp2f(m_run[h] - m_use[h]);
+      moved = moved || m_new != m_run[h];
+      m_run[h] = m_new;
+    }
+    if (__any_sync(0xffffffffu, moved)) {
+      l_run[0] *= alpha[0];
+      l_run[1] *= alpha[1];
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= alpha[(j >> 1) & 1];
+    }
+    unsigned pa[kKeys / 16][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 2; ++j) {
+      s[j] = exp2f(s[j] - m_use[(j >> 1) & 1]);
+      l_run[(j >> 1) & 1] += s[j];
+    }
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+        pa[kk][r] = pack2<kBf16>(s[wgmma_p_source(kk, r, 0)], s[wgmma_p_source(kk, r, 1)]);
+    }
+
+    // O += P V over 4 k steps of 16 keys.
+    reg_fence(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const std::uint64_t vd = wgmma_v_step_desc(v_addr, kKeys, kk);
+      wgmma_rs_m64n128_trans_b(o, pa[kk], vd, 1);
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    reg_fence(o);
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: this thread's two rows ----
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float l = l_run[h];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int packed = geo.row0 + tile_row[h];
+    const int token = packed / p.group;
+    if (token >= lens.q_len) continue;
+    const int head = kv_head * p.group + packed % p.group;
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
+    std::uint16_t* dst =
+        p.out + q_row * p.out_stride_token + head * p.out_stride_head + quad_col * 2;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      *reinterpret_cast<unsigned*>(dst + n * 8) =
+          pack2<kBf16>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+    }
+    if (p.lse != nullptr && quad_col == 0) {
+      p.lse[q_row * p.num_q_heads + head] =
+          l > 0.0f ? (m_run[h] + log2f(l)) * fa2::kLn2 : -INFINITY;
+    }
+  }
+#else
+  (void)p;
+  __trap();  // built for sm_90a only; the host checks the device before launching
+#endif
+}
+
+template <bool kBf16, bool kSoftCap>
+cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
+  const auto kernel = wgmma_extend_kernel<kBf16, kSoftCap>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmemBytes));
+  if (err != cudaSuccess) return err;
+  kp.rows = kRows;
+  kp.keys = kKeys;
+  const std::int64_t tiles =
+      (static_cast<std::int64_t>(kp.max_q_len) * kp.group + kRows - 1) / kRows;
+  if (tiles == 0) return cudaSuccess;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
+                        static_cast<unsigned>(tiles));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, kernel, kp);
+}
+
+}  // namespace
+
+bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
+  if (params.quant.fp8() || params.layout.head_dim != kHeadDim) return false;
+  try {
+    if (cuda_device_count() == 0) return false;
+  } catch (...) {
+    return false;
+  }
+  int dev = 0;
+  int major = 0;
+  int minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major == 9 && minor == 0;
+}
+
+cudaError_t wgmma_paged_extend(const PagedExtendParams& params, cudaStream_t stream) {
+  const Fa2Params kp = fa2::make_fa2_params(params, 1, nullptr);
+  const bool bf16 = params.dtype == KVDtype::kBFloat16;
+  const bool cap = kp.cap_log2 > 0.0f;
+  const int heads = params.layout.num_kv_heads;
+  if (bf16) {
+    return cap ? launch<true, true>(kp, heads, params.num_seqs, stream)
+               : launch<true, false>(kp, heads, params.num_seqs, stream);
+  }
+  return cap ? launch<false, true>(kp, heads, params.num_seqs, stream)
+             : launch<false, false>(kp, heads, params.num_seqs, stream);
+}
+
+}  // namespace pagedkv::kernels
