@@ -28,6 +28,8 @@
 #include "internal/cp_async.cuh"
 #include "internal/extend_fa2_params.cuh"
 #include "internal/extend_wgmma_launch.hpp"
+#include "internal/mma_sync.cuh"
+#include "internal/wgmma.cuh"
 #include "internal/wgmma_layout.hpp"
 #include "pagedkv/cuda/device.hpp"
 
@@ -55,87 +57,7 @@ static_assert(kThreads * 8 == kRows * kChunks && kThreads * 4 == kKeys * kChunks
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PAGEDKV_WGMMA_EXTEND_DEVICE 1
 
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-// Keeps the compiler from moving accesses of accumulator registers across the asynchronous MMA
-// (issued before, waited for after).
-template <int kN>
-__device__ __forceinline__ void reg_fence(float (&r)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-// d (m64n64, fp32) = (accumulate ? d : 0) + A x B (A and B K-major in shared memory).
-__device__ __forceinline__ void wgmma_ss_m64n64(float (&d)[32], std::uint64_t a_desc,
-                                                std::uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-      "%30, %31 "
-      "}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate)
-      : "memory");
-}
-
-// d (m64n128, fp32) = (accumulate ? d : 0) + A x B (A from registers, B N-major: imm-trans-b 1).
-__device__ __forceinline__ void wgmma_rs_m64n128_trans_b(float (&d)[64], const unsigned (&a)[4],
-                                                         std::uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-      "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
-      "%58, %59, %60, %61, %62, %63 "
-      "}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
-      : "memory");
-}
-
 #endif  // sm_90a
-
-template <bool kBf16>
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  if constexpr (kBf16) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&h);
-  } else {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&h);
-  }
-}
 
 template <bool kBf16, bool kSoftCap>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Params p) {
@@ -247,7 +169,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
 
   for (int t = 0; t < tiles; ++t) {
     cp_async_wait<fa2_wait_groups(kStages)>();
-    fence_proxy_async_shared();  // this thread's copies (and Q stores) before the async proxy
+    wgmma::fence_proxy_async_shared();  // this thread's copies (and Q stores) before the async
+                                        // proxy
     __syncthreads();  // tile t visible to all; every warpgroup is done with tile t - 1's stage
     issue(fa2_issue_tile(t, kStages));
     resolve(fa2_resolve_tile(t, kStages));
@@ -258,17 +181,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
 
     // S = Q K^T over 8 k steps (two 64-column blocks of 4).
     float s[kKeys / 2];
-    reg_fence(s);
-    wgmma_fence();
+    wgmma::reg_fence(s);
+    wgmma::fence();
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const std::uint64_t qd = wgmma_kmajor_step_desc(q_addr, kRows, wg, ks);
       const std::uint64_t kd = wgmma_kmajor_step_desc(k_addr, kKeys, 0, ks);
-      wgmma_ss_m64n64(s, qd, kd, ks > 0 ? 1 : 0);
+      wgmma::ss_m64n64<kBf16>(s, qd, kd, ks > 0 ? 1 : 0);
     }
-    wgmma_commit();
-    wgmma_wait_all();
-    reg_fence(s);
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::reg_fence(s);
 
     const bool need_mask =
         extend_tile_needs_mask(geo, key0, kKeys, p.window_size) || key0 + kKeys > geo.kv_end;
@@ -320,20 +243,20 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
     for (int kk = 0; kk < kKeys / 16; ++kk) {
 #pragma unroll
       for (int r = 0; r < 4; ++r)
-        pa[kk][r] = pack2<kBf16>(s[wgmma_p_source(kk, r, 0)], s[wgmma_p_source(kk, r, 1)]);
+        pa[kk][r] = MmaOps<kBf16>::pack2(s[wgmma_p_source(kk, r, 0)], s[wgmma_p_source(kk, r, 1)]);
     }
 
     // O += P V over 4 k steps of 16 keys.
-    reg_fence(o);
-    wgmma_fence();
+    wgmma::reg_fence(o);
+    wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
       const std::uint64_t vd = wgmma_v_step_desc(v_addr, kKeys, kk);
-      wgmma_rs_m64n128_trans_b(o, pa[kk], vd, 1);
+      wgmma::rs_m64n128_trans_b<kBf16>(o, pa[kk], vd, 1);
     }
-    wgmma_commit();
-    wgmma_wait_all();
-    reg_fence(o);
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::reg_fence(o);
   }
   cp_async_wait<0>();
 
@@ -354,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
 #pragma unroll
     for (int n = 0; n < kHeadDim / 8; ++n) {
       *reinterpret_cast<unsigned*>(dst + n * 8) =
-          pack2<kBf16>(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+          MmaOps<kBf16>::pack2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
     }
     if (p.lse != nullptr && quad_col == 0) {
       p.lse[q_row * p.num_q_heads + head] =

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "internal/wgmma.cuh"
 #include "internal/wgmma_layout.hpp"
 #include "internal/wgmma_probe.hpp"
 #include "pagedkv/base/error.hpp"
@@ -19,93 +20,10 @@ namespace pagedkv::cuda::detail {
 namespace {
 
 using pagedkv::detail::MmaCoord;
+namespace wgmma = pagedkv::kernels::wgmma;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PAGEDKV_WGMMA_PROBE_DEVICE 1
-
-__device__ __forceinline__ void wgmma_fence() {
-  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_commit() {
-  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wgmma_wait_all() {
-  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-// Generic-proxy stores to shared memory made visible to the async proxy (wgmma reads).
-__device__ __forceinline__ void fence_proxy_async_shared() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// d (m64n64, fp32) = (accumulate ? d : 0) + A x B (A and B K-major in shared memory).
-__device__ __forceinline__ void wgmma_ss_m64n64(float (&d)[32], std::uint64_t a_desc,
-                                                std::uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-      "%30, %31 "
-      "}, "
-      "%32, %33, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "l"(a_desc), "l"(b_desc), "r"(accumulate)
-      : "memory");
-}
-
-// d (m64n64, fp32) = (accumulate ? d : 0) + A x B (A from registers, B N-major: imm-trans-b 1).
-__device__ __forceinline__ void wgmma_rs_m64n64(float (&d)[32], const unsigned (&a)[4],
-                                                std::uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-      "%30, %31 "
-      "}, "
-      "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
-      : "memory");
-}
-
-// d (m64n128, fp32) = (accumulate ? d : 0) + A x B (A from registers, B N-major: imm-trans-b 1).
-__device__ __forceinline__ void wgmma_rs_m64n128_trans_b(float (&d)[64], const unsigned (&a)[4],
-                                                         std::uint64_t b_desc, int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-      "{"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
-      "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
-      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
-      "%58, %59, %60, %61, %62, %63 "
-      "}, "
-      "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate)
-      : "memory");
-}
 
 #endif  // sm_90a
 
@@ -161,13 +79,14 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  fence_proxy_async_shared();
+  wgmma::fence_proxy_async_shared();
   __syncthreads();
 
   float acc[kN / 2];
 #pragma unroll
   for (int j = 0; j < kN / 2; ++j) acc[j] = 0.f;
-  wgmma_fence();
+  wgmma::reg_fence(acc);
+  wgmma::fence();
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
     if constexpr (kCase == WgmmaProbeCase::kSmemAKMajorB) {
@@ -175,19 +94,20 @@ __global__ void __launch_bounds__(kThreads)
           wgmma_descriptor(k_major_step_start(a_tile, s), 16, kKMajorSbo, WgmmaSwizzle::k128B);
       const std::uint64_t bd =
           wgmma_descriptor(k_major_step_start(b_tile, s), 16, kKMajorSbo, WgmmaSwizzle::k128B);
-      wgmma_ss_m64n64(acc, ad, bd, s > 0 ? 1 : 0);
+      wgmma::ss_m64n64<true>(acc, ad, bd, s > 0 ? 1 : 0);
     } else if constexpr (kCase == WgmmaProbeCase::kRegAKMajorB) {
       const std::uint64_t bd =
           wgmma_descriptor(k_major_step_start(b_tile, s), 16, kKMajorSbo, WgmmaSwizzle::k128B);
-      wgmma_rs_m64n64(acc, a_frag[s], bd, s > 0 ? 1 : 0);
+      wgmma::rs_m64n64<true>(acc, a_frag[s], bd, s > 0 ? 1 : 0);
     } else {
       const std::uint64_t bd =
           mn_major_descriptor(mn_major_step_start(b_tile, s), kK, k_groups_in_lbo != 0);
-      wgmma_rs_m64n128_trans_b(acc, a_frag[s], bd, s > 0 ? 1 : 0);
+      wgmma::rs_m64n128_trans_b<true>(acc, a_frag[s], bd, s > 0 ? 1 : 0);
     }
   }
-  wgmma_commit();
-  wgmma_wait_all();
+  wgmma::commit();
+  wgmma::wait_all();
+  wgmma::reg_fence(acc);
 #pragma unroll
   for (int j = 0; j < kN / 2; ++j) {
     const MmaCoord c = wgmma_d_coord(t, j);
