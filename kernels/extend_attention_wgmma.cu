@@ -31,7 +31,7 @@
 #include "internal/mma_sync.cuh"
 #include "internal/wgmma.cuh"
 #include "internal/wgmma_layout.hpp"
-#include "pagedkv/cuda/device.hpp"
+#include "internal/wgmma_probe.hpp"
 
 namespace pagedkv::kernels {
 
@@ -315,20 +315,10 @@ cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t st
 bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
   if (params.quant.fp8() || params.layout.head_dim != kHeadDim) return false;
   try {
-    if (cuda_device_count() == 0) return false;
+    return cuda::detail::wgmma_probe_supported();  // compute capability 9.0: the sm_90a code
   } catch (...) {
     return false;
   }
-  int dev = 0;
-  int major = 0;
-  int minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;
 }
 
 cudaError_t wgmma_paged_extend(const PagedExtendParams& params, cudaStream_t stream) {
