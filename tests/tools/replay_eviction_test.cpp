@@ -140,7 +140,7 @@ TEST(EvictionSim, ReuseOracleEvictsBlocksNeverUsedAgainFirst) {
 // request evicts u1 (never used again) and then A (older than B) under the oracle, B (used after
 // A) under Belady; [D E u4] needs the whole pool, so B, kept by the oracle, is evicted before its
 // use, while Belady's A hits at [A u3].
-TEST(EvictionSim, ReuseOracleKeepsTheLeastRecentlyUsedOfTheBlocksUsedAgain) {
+TEST(EvictionSim, ReuseOracleEvictsTheLeastRecentlyUsedOfTheBlocksUsedAgain) {
   enum : std::uint32_t { A, B, C, D, E, u0, u1, u2, u3, u4, u5, kIds };
   const BlockTrace t = tiny(kIds, {{A, u0}, {B, u1}, {C, u2}, {A, u3}, {D, E, u4}, {B, u5}});
   const ReplayResult oracle = simulate(t, 4, Eviction::kReuseOracle);
