@@ -93,20 +93,9 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
   const int warp = tid / 32;
   const int lane = tid % 32;
 
-  detail::TcPageGeometry page = p.page;
-  page.head_offset = static_cast<std::int64_t>(kv_head) * p.stride_head;
-  const std::int32_t* table_row =
-      p.block_table + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
-
+  const fa2::Fa2KeyPages pages = fa2::fa2_key_pages(p, seq, kv_head, key_first, geo.kv_end, tiles);
   // Offsets of tile `t`'s keys into slot fa2_slot(t): one thread per key.
-  const auto resolve = [&](int t) {
-    if (tid < kKeys) {
-      offsets[detail::fa2_slot(t, kStages) * kKeys + tid] =
-          t < tiles
-              ? detail::tc_token_offset(page, table_row, key_first + t * kKeys + tid, geo.kv_end)
-              : -1;
-    }
-  };
+  const auto resolve = [&](int t) { pages.resolve<kKeys, kStages>(offsets, t, tid); };
   // Copies of tile `t` into its stage from its offset slot; always one commit group.
   const auto issue = [&](int t) {
     if (t < tiles) {

@@ -55,9 +55,8 @@ static_assert(kThreads * 8 == kRows * kChunks && kThreads * 4 == kKeys * kChunks
               "Q: 8 chunks per thread; K and V: 4 each");
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define PAGEDKV_WGMMA_EXTEND_DEVICE 1
-
-#endif  // sm_90a
+#define PAGEDKV_WGMMA_EXTEND_DEVICE 1  // the device pass with wgmma (sm_90a)
+#endif
 
 template <bool kBf16, bool kSoftCap>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Params p) {
@@ -93,18 +92,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
   const int lane = tid % 32;
   const int quad_col = lane & 3;
 
-  TcPageGeometry page = p.page;
-  page.head_offset = static_cast<std::int64_t>(kv_head) * p.stride_head;
-  const std::int32_t* table_row =
-      p.block_table + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
-
-  const auto resolve = [&](int t) {
-    if (tid < kKeys) {
-      offsets[fa2_slot(t, kStages) * kKeys + tid] =
-          t < tiles ? tc_token_offset(page, table_row, key_first + t * kKeys + tid, geo.kv_end)
-                    : -1;
-    }
-  };
+  const fa2::Fa2KeyPages pages = fa2::fa2_key_pages(p, seq, kv_head, key_first, geo.kv_end, tiles);
+  const auto resolve = [&](int t) { pages.resolve<kKeys, kStages>(offsets, t, tid); };
   // Copies of tile `t`: chunk (key, c) of K to its K-major place, of V to its N-major place.
   const auto issue = [&](int t) {
     if (t < tiles) {

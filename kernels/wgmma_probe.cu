@@ -23,9 +23,8 @@ using pagedkv::detail::MmaCoord;
 namespace wgmma = pagedkv::kernels::wgmma;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define PAGEDKV_WGMMA_PROBE_DEVICE 1
-
-#endif  // sm_90a
+#define PAGEDKV_WGMMA_PROBE_DEVICE 1  // the device pass with wgmma (sm_90a)
+#endif
 
 constexpr int kThreads = 128;
 constexpr int kATileBytes = 64 * 64 * 2;

@@ -2,7 +2,8 @@
 // on the FA2 tile geometry (kernels/extend_attention_fa2.cu, ExtendKernel::kFa2, and
 // kernels/extend_attention_wgmma.cu, ExtendKernel::kWgmma): the flat struct a launch passes by
 // value, the clamped lengths of a sequence (the default kernel's rules), and its construction from
-// validated PagedExtendParams. Internal to pagedkv::cuda.
+// validated PagedExtendParams, and where a CTA's keys live (Fa2KeyPages: the page offsets its
+// K/V ring is filled from). Internal to pagedkv::cuda.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -63,6 +64,35 @@ __device__ __forceinline__ SeqLens seq_lens_of(const Fa2Params& p, int seq) {
   const int kv_len = static_cast<int>(raw_kv < 0 ? 0 : (raw_kv > capacity ? capacity : raw_kv));
   s.prefix = kv_len - s.q_len;
   return s;
+}
+
+// Where a CTA's keys live: its (sequence, KV head) page geometry and block-table row, and its
+// split's keys (key_first + t x keys + i of key tile t, up to kv_end).
+struct Fa2KeyPages {
+  detail::TcPageGeometry page;
+  const std::int32_t* table_row;
+  int key_first;
+  int kv_end;
+  int tiles;  // key tiles of the split
+
+  // The element offsets of tile t's keys into slot fa2_slot(t, kStages) of `offsets`
+  // ([kStages][kKeys]): thread tid < kKeys resolves key tid; -1 (zero-fill) for a tile past the
+  // split, a key past kv_end or a block id outside the pool.
+  template <int kKeys, int kStages>
+  __device__ __forceinline__ void resolve(std::int64_t* offsets, int t, int tid) const {
+    if (tid < kKeys) {
+      offsets[detail::fa2_slot(t, kStages) * kKeys + tid] =
+          t < tiles ? detail::tc_token_offset(page, table_row, key_first + t * kKeys + tid, kv_end)
+                    : -1;
+    }
+  }
+};
+__device__ __forceinline__ Fa2KeyPages fa2_key_pages(const Fa2Params& p, int seq, int kv_head,
+                                                     int key_first, int kv_end, int tiles) {
+  detail::TcPageGeometry page = p.page;
+  page.head_offset = static_cast<std::int64_t>(kv_head) * p.stride_head;
+  return {page, p.block_table + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq, key_first,
+          kv_end, tiles};
 }
 
 // Validated params (16-bit cache); num_splits >= 1 and, when > 1, a workspace of
