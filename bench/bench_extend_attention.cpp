@@ -28,8 +28,9 @@
 // extend_mma16_vs_gemm the other's; RESULT extend_variants gives kFa2's time over kMma16's.
 // RESULT extend / extend_saved lines are kMma16's, RESULT extend_fa2 / extend_fa2_saved kFa2's.
 // ExtendKernel::kWgmma (issue 35 step B, sm_90a, opt-in) runs last, after every figure above is
-// printed: checked on its own (CHECK extend_attention_wgmma; a failure skips only its timing),
-// then every shape again with the same tables, against kFa2's time from the tables:
+// printed: checked on its own without and with 3 forced splits (CHECK extend_attention_wgmma and
+// extend_attention_wgmma_split; a failure skips only its timing), then every shape again with the
+// same tables and the planner's split for its kernel, against kFa2's time from the tables:
 // RESULT extend_wgmma / extend_wgmma_saved (time_vs_fa2), TARGET extend_wgmma_vs_gemm and RESULT
 // extend_variants wgmma_time_vs_fa2; RESULT extend_wgmma_runs says whether its kernel ran here.
 //
@@ -323,7 +324,7 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   const bool fa2 = kernel == pagedkv::ExtendKernel::kFa2;
   const char* name = fa2 ? "_fa2" : (kernel == pagedkv::ExtendKernel::kWgmma ? "_wgmma" : "");
   std::printf("CHECK extend_attention%s%s max_row_error=%.3g tolerance=%.0e %s\n", name,
-              fa2 && splits > 1 ? "_split" : "", err, kRowTolerance, pass ? "PASS" : "FAIL");
+              splits > 1 ? "_split" : "", err, kRowTolerance, pass ? "PASS" : "FAIL");
   return pass;
 }
 
@@ -521,7 +522,8 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   // ---- ExtendKernel::kWgmma (issue 35 step B, opt-in): checked, then every shape again ----
-  if (check_against_reference(stream, pagedkv::ExtendKernel::kWgmma, 1)) {
+  const bool wgmma_checked = check_against_reference(stream, pagedkv::ExtendKernel::kWgmma, 1);
+  if (check_against_reference(stream, pagedkv::ExtendKernel::kWgmma, 3) && wgmma_checked) {
     Variant wg;
     wg.kernel = pagedkv::ExtendKernel::kWgmma;
     std::vector<double> wgmma_ratios;  // table 1
@@ -531,10 +533,10 @@ int main(int argc, char** argv) {
       const double wg_tflops = attention_tflops(l.shape, wg_ms);
       std::printf(
           "RESULT %s seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f ratio_gemm=%.3f "
-          "time_vs_fa2=%.3f\n",
+          "splits=%d time_vs_fa2=%.3f\n",
           l.table1 ? "extend_wgmma" : "extend_wgmma_saved", l.shape.num_seqs, l.shape.prompt,
           l.shape.cached, l.shape.shuffled ? "paged" : "identity", wg_ms, wg_tflops, wg_tflops / g,
-          wg_ms / l.fa2_ms);
+          wg.plan.num_splits, wg_ms / l.fa2_ms);
       if (l.table1) wgmma_ratios.push_back(wg_tflops / g);
       wgmma_times.push_back(wg_ms / l.fa2_ms);
       std::fflush(stdout);

@@ -426,6 +426,13 @@ std::int64_t fa2_query_tiles(const PagedExtendParams& params) {
   return (static_cast<std::int64_t>(params.max_q_len) * group + rows - 1) / rows;
 }
 
+// Query tiles of the kWgmma kernel's launch (128 rows).
+std::int64_t wgmma_query_tiles(const PagedExtendParams& params) {
+  return (static_cast<std::int64_t>(params.max_q_len) * params.group_size() +
+          kernels::kWgmmaExtendRows - 1) /
+         kernels::kWgmmaExtendRows;
+}
+
 std::int64_t num_query_tiles(const PagedExtendParams& params) {
   return (static_cast<std::int64_t>(params.max_q_len) * params.group_size() + kRows - 1) / kRows;
 }
@@ -475,8 +482,12 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
     fail("plan_extend_split: num_sms and ctas_per_sm must be >= 1");
   }
   ExtendSplitPlan plan;
-  if (kernel != ExtendKernel::kFa2 || params.num_seqs == 0 || params.max_q_len == 0) return plan;
-  const std::int64_t tiles = fa2_query_tiles(params);
+  if ((kernel != ExtendKernel::kFa2 && kernel != ExtendKernel::kWgmma) || params.num_seqs == 0 ||
+      params.max_q_len == 0) {
+    return plan;
+  }
+  const std::int64_t tiles =
+      kernel == ExtendKernel::kWgmma ? wgmma_query_tiles(params) : fa2_query_tiles(params);
   const std::int64_t ctas = tiles * params.num_seqs * params.layout.num_kv_heads;
   plan.num_splits = detail::fa2_num_splits(
       ctas, tiles, static_cast<std::int64_t>(num_sms) * ctas_per_sm * detail::kFa2PlanWaves,
@@ -493,7 +504,13 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
                                                  ExtendKernel kernel, ExtendSplitPlan* plan) {
   validate_cuda_extend(params);
   *plan = ExtendSplitPlan{};
-  if (kernel != ExtendKernel::kFa2 || params.quant.fp8()) return cudaSuccess;
+  if ((kernel != ExtendKernel::kFa2 && kernel != ExtendKernel::kWgmma) || params.quant.fp8()) {
+    return cudaSuccess;
+  }
+  // kWgmma where its kernel does not run: the plan of its fallback, kFa2.
+  if (kernel == ExtendKernel::kWgmma && !extend_kernel_runs(params, kernel)) {
+    kernel = ExtendKernel::kFa2;
+  }
   int device = 0;
   int sms = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -502,9 +519,16 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   }
   int resident = 1;
   if (err == cudaSuccess) {
-    err = kernels::fa2_extend_ctas_per_sm(params.dtype, params.layout.head_dim,
-                                          detail::fa2_warps(params.max_q_len, params.group_size()),
-                                          &resident);
+#ifdef PAGEDKV_HAS_SM90A
+    if (kernel == ExtendKernel::kWgmma) {
+      err = kernels::wgmma_extend_ctas_per_sm(&resident);
+    } else
+#endif
+    {
+      err = kernels::fa2_extend_ctas_per_sm(
+          params.dtype, params.layout.head_dim,
+          detail::fa2_warps(params.max_q_len, params.group_size()), &resident);
+    }
   }
   if (err != cudaSuccess) return err;
   *plan = plan_extend_split(params, kernel, sms, resident);
@@ -519,18 +543,11 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
                                    ExtendKernel kernel, const ExtendSplitPlan& plan,
                                    void* workspace, std::size_t workspace_bytes) {
   if (kernel == ExtendKernel::kMma16) return mma16_paged_extend(params, stream);
-  if (kernel == ExtendKernel::kWgmma) {
-    validate_cuda_extend(params);
-#ifdef PAGEDKV_HAS_SM90A
-    if (params.num_seqs > 0 && params.max_q_len > 0 && kernels::wgmma_extend_runs(params)) {
-      return kernels::wgmma_paged_extend(params, stream);
-    }
-#endif
-    kernel = ExtendKernel::kFa2;  // the fallback, with the caller's plan
-  }
-  if (kernel != ExtendKernel::kFa2) {
+  if (kernel != ExtendKernel::kFa2 && kernel != ExtendKernel::kWgmma) {
     fail("unknown ExtendKernel " + std::to_string(static_cast<int>(kernel)));
   }
+  // kFa2 and kWgmma (whose fallback is kFa2 with the same plan): the same checks, so a plan is
+  // valid for both (kFa2's query tiles are never fewer than kWgmma's).
   validate_cuda_extend(params);
   if (plan.num_splits < 1 || plan.num_splits > kCudaExtendMaxSplits) {
     fail("plan.num_splits must be in [1, " + std::to_string(kCudaExtendMaxSplits) + "], got " +
@@ -550,6 +567,11 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
   }
   if (params.quant.fp8()) return kernels::fp8_paged_extend(params, stream);
   if (params.num_seqs == 0 || params.max_q_len == 0) return cudaSuccess;
+#ifdef PAGEDKV_HAS_SM90A
+  if (kernel == ExtendKernel::kWgmma && kernels::wgmma_extend_runs(params)) {
+    return kernels::wgmma_paged_extend(params, plan.num_splits, workspace, stream);
+  }
+#endif
   return kernels::fa2_paged_extend(params, plan.num_splits, workspace, stream);
 }
 

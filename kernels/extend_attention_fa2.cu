@@ -427,6 +427,16 @@ __global__ void __launch_bounds__(kHeadDim / 4 * kMergeRows)
   }
 }
 
+template <bool kBf16, int kHeadDim>
+cudaError_t launch_merge(const Fa2Params& kp, int num_seqs, cudaStream_t stream) {
+  const std::int64_t rows = static_cast<std::int64_t>(num_seqs) * kp.max_q_len * kp.num_q_heads;
+  cudaLaunchConfig_t merge{};
+  merge.gridDim = dim3(static_cast<unsigned>((rows + kMergeRows - 1) / kMergeRows));
+  merge.blockDim = dim3(kHeadDim / 4, kMergeRows);
+  merge.stream = stream;
+  return cudaLaunchKernelEx(&merge, fa2_merge_kernel<kBf16, kHeadDim>, kp, rows);
+}
+
 template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
 cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
   using S = Fa2Shape<kHeadDim, kWarps>;
@@ -448,12 +458,7 @@ cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t st
   config.stream = stream;
   err = cudaLaunchKernelEx(&config, kernel, kp);
   if (err != cudaSuccess || kp.num_splits == 1) return err;
-  const std::int64_t rows = static_cast<std::int64_t>(num_seqs) * kp.max_q_len * kp.num_q_heads;
-  cudaLaunchConfig_t merge{};
-  merge.gridDim = dim3(static_cast<unsigned>((rows + kMergeRows - 1) / kMergeRows));
-  merge.blockDim = dim3(kHeadDim / 4, kMergeRows);
-  merge.stream = stream;
-  return cudaLaunchKernelEx(&merge, fa2_merge_kernel<kBf16, kHeadDim>, kp, rows);
+  return launch_merge<kBf16, kHeadDim>(kp, num_seqs, stream);
 }
 
 template <typename Fn>
@@ -495,6 +500,24 @@ cudaError_t fa2_paged_extend(const PagedExtendParams& params, int num_splits, vo
                     return launch<kBf16, kHeadDim, kWarps, kSoftCap>(kp, layout.num_kv_heads,
                                                                      params.num_seqs, stream);
                   });
+}
+
+cudaError_t fa2_merge_splits(const fa2::Fa2Params& kp, bool bf16, int head_dim, int num_seqs,
+                             cudaStream_t stream) {
+  if (kp.num_splits <= 1 || num_seqs <= 0 || kp.max_q_len <= 0) return cudaSuccess;
+  switch (head_dim) {
+    case 64:
+      return bf16 ? launch_merge<true, 64>(kp, num_seqs, stream)
+                  : launch_merge<false, 64>(kp, num_seqs, stream);
+    case 128:
+      return bf16 ? launch_merge<true, 128>(kp, num_seqs, stream)
+                  : launch_merge<false, 128>(kp, num_seqs, stream);
+    case 256:
+      return bf16 ? launch_merge<true, 256>(kp, num_seqs, stream)
+                  : launch_merge<false, 256>(kp, num_seqs, stream);
+    default:
+      throw Error(ErrorCode::kInvalidArgument, "fa2_merge_splits: head_dim must be 64, 128 or 256");
+  }
 }
 
 cudaError_t fa2_extend_ctas_per_sm(KVDtype dtype, int head_dim, int warps, int* ctas) {

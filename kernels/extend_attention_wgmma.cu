@@ -17,7 +17,10 @@
 //           no row maximum of the warp moved.
 //   O       wgmma.m64n128k16, P from registers (the accumulators packed to 16 bits), V from
 //           shared memory, 4 k steps.
-// No split over keys (the ExtendSplitPlan is ignored, as by kMma16).
+//   split   over keys as kFa2 (grid z = query tiles x splits, heaviest tile first; the same
+//           Fa2TileWork / fa2_split_tiles rules with 128 rows and 64 keys): a query tile with more
+//           than one active split writes normalized partial rows and their log2-sum-exp2 to the
+//           workspace, and kFa2's merge kernel (fa2_merge_splits) combines them.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -26,6 +29,7 @@
 #include <cstdint>
 
 #include "internal/cp_async.cuh"
+#include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_params.cuh"
 #include "internal/extend_wgmma_launch.hpp"
 #include "internal/mma_sync.cuh"
@@ -42,7 +46,7 @@ using fa2::Fa2Params;
 
 constexpr int kHeadDim = 128;
 constexpr int kThreads = 256;  // two warpgroups
-constexpr int kRows = 128;
+constexpr int kRows = kWgmmaExtendRows;
 constexpr int kKeys = 64;
 constexpr int kStages = 3;
 constexpr int kChunks = kHeadDim / 8;                     // 16-byte chunks per row
@@ -76,12 +80,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
   const int seq = static_cast<int>(blockIdx.y);
   const fa2::SeqLens lens = fa2::seq_lens_of(p, seq);
   const int num_tiles = extend_num_tiles(lens.q_len, p.group, kRows);
-  const Fa2WorkItem item = fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, 1);
+  const Fa2WorkItem item = fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, p.num_splits);
   if (item.tile < 0) return;  // uniform over the CTA
-  const Fa2TileWork work =
-      fa2_tile_work(lens.q_len, lens.prefix, p.group, p.window_size, item.tile, kRows, kKeys, 1);
-  if (work.active < 1) return;
-  const Fa2SplitTiles split = fa2_split_tiles(work, 0);
+  const Fa2TileWork work = fa2_tile_work(lens.q_len, lens.prefix, p.group, p.window_size, item.tile,
+                                         kRows, kKeys, p.num_splits);
+  if (item.split >= work.active) return;
+  const Fa2SplitTiles split = fa2_split_tiles(work, item.split);
+  const bool direct = work.active == 1;
   const ExtendTileGeometry& geo = work.geo;
   const int key_first = geo.kv_begin + split.first * kKeys;
   const int tiles = split.last - split.first;
@@ -249,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
   }
   cp_async_wait<0>();
 
-  // ---- epilogue: this thread's two rows ----
+  // ---- epilogue: this thread's two rows, directly or as a split partial ----
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     float l = l_run[h];
@@ -260,17 +265,29 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
     if (token >= lens.q_len) continue;
     const int head = kv_head * p.group + packed % p.group;
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
-    std::uint16_t* dst =
-        p.out + q_row * p.out_stride_token + head * p.out_stride_head + quad_col * 2;
+    const float lse2 = l > 0.0f ? m_run[h] + log2f(l) : -INFINITY;
+    if (direct) {
+      const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
+      std::uint16_t* dst =
+          p.out + q_row * p.out_stride_token + head * p.out_stride_head + quad_col * 2;
 #pragma unroll
-    for (int n = 0; n < kHeadDim / 8; ++n) {
-      *reinterpret_cast<unsigned*>(dst + n * 8) =
-          MmaOps<kBf16>::pack2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-    }
-    if (p.lse != nullptr && quad_col == 0) {
-      p.lse[q_row * p.num_q_heads + head] =
-          l > 0.0f ? (m_run[h] + log2f(l)) * fa2::kLn2 : -INFINITY;
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        *reinterpret_cast<unsigned*>(dst + n * 8) =
+            MmaOps<kBf16>::pack2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      }
+      if (p.lse != nullptr && quad_col == 0) {
+        p.lse[q_row * p.num_q_heads + head] = l > 0.0f ? lse2 * fa2::kLn2 : -INFINITY;
+      }
+    } else {
+      const std::int64_t state =
+          fa2_state(seq, token, head, item.split, p.max_q_len, p.num_q_heads, p.num_splits);
+      float* dst = p.partial_out + state * kHeadDim + quad_col * 2;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) {
+        *reinterpret_cast<float2*>(dst + n * 8) =
+            make_float2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+      }
+      if (quad_col == 0) p.partial_lse[state] = lse2;
     }
   }
 #else
@@ -292,11 +309,13 @@ cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t st
   if (tiles == 0) return cudaSuccess;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
-                        static_cast<unsigned>(tiles));
+                        static_cast<unsigned>(tiles * kp.num_splits));
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
-  return cudaLaunchKernelEx(&config, kernel, kp);
+  err = cudaLaunchKernelEx(&config, kernel, kp);
+  if (err != cudaSuccess || kp.num_splits == 1) return err;
+  return fa2_merge_splits(kp, kBf16, kHeadDim, num_seqs, stream);
 }
 
 }  // namespace
@@ -310,8 +329,22 @@ bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
   }
 }
 
-cudaError_t wgmma_paged_extend(const PagedExtendParams& params, cudaStream_t stream) {
-  const Fa2Params kp = fa2::make_fa2_params(params, 1, nullptr);
+cudaError_t wgmma_extend_ctas_per_sm(int* ctas) {
+  const auto kernel = wgmma_extend_kernel<true, false>;  // every instantiation: same size
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmemBytes));
+  int resident = 0;
+  if (err == cudaSuccess) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, kSmemBytes);
+  }
+  if (err != cudaSuccess) return err;
+  *ctas = resident > 0 ? resident : 1;
+  return cudaSuccess;
+}
+
+cudaError_t wgmma_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
+                               cudaStream_t stream) {
+  const Fa2Params kp = fa2::make_fa2_params(params, num_splits, workspace);
   const bool bf16 = params.dtype == KVDtype::kBFloat16;
   const bool cap = kp.cap_log2 > 0.0f;
   const int heads = params.layout.num_kv_heads;

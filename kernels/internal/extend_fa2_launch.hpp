@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "internal/extend_fa2_params.cuh"
 #include "pagedkv/reference/extend_attention.hpp"
 
 namespace pagedkv::kernels {
@@ -15,6 +16,13 @@ namespace pagedkv::kernels {
 // when > 1, a workspace of fa2_workspace_bytes. Enqueues the attention kernel and, with splits,
 // the merge kernel.
 cudaError_t fa2_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
+                             cudaStream_t stream);
+
+// Enqueues the merge of split partials (kp.num_splits > 1, kp.rows and kp.keys those of the
+// attention kernel that wrote them, which may be another variant on the same tile rules, as
+// kWgmma): each (sequence, new token, query head) whose query tile used more than one split gets
+// its output row (and log-sum-exp) from the partials. Nothing for kp.num_splits <= 1.
+cudaError_t fa2_merge_splits(const fa2::Fa2Params& kp, bool bf16, int head_dim, int num_seqs,
                              cudaStream_t stream);
 
 // CTAs of the attention kernel resident per SM on the current device for this dtype, head_dim

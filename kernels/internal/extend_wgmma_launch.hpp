@@ -10,12 +10,20 @@
 
 namespace pagedkv::kernels {
 
+// Query rows per CTA (two warpgroups of 64): the split planner counts query tiles of this size.
+inline constexpr int kWgmmaExtendRows = 128;
+
 // Whether the kernel runs these (validated) params on the current device: a 16-bit cache,
 // head_dim 128, compute capability 9.0. Never throws (false on any error).
 bool wgmma_extend_runs(const PagedExtendParams& params) noexcept;
 
-// Validated params for which wgmma_extend_runs() holds, num_seqs > 0. Enqueues the kernel (no
-// split over keys).
-cudaError_t wgmma_paged_extend(const PagedExtendParams& params, cudaStream_t stream);
+// Validated params for which wgmma_extend_runs() holds, num_seqs > 0, num_splits >= 1 and, when
+// > 1, a workspace of extend_workspace_bytes (kFa2's layout). Enqueues the kernel and, with splits,
+// kFa2's merge kernel.
+cudaError_t wgmma_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
+                               cudaStream_t stream);
+
+// CTAs of the kernel resident per SM on the current device (the same for every instantiation).
+cudaError_t wgmma_extend_ctas_per_sm(int* ctas);
 
 }  // namespace pagedkv::kernels

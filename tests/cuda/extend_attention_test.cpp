@@ -14,8 +14,9 @@
 // ExtendKernel::kMma16; /Fa2, ExtendKernel::kFa2 with the planner's split for the current device;
 // /Fa2Split3, kFa2 forced to 3 splits over keys with its workspace, so the partial rows and the
 // merge are checked on every shape, including tiles whose splits see no key; /Wgmma,
-// ExtendKernel::kWgmma, which runs its sm_90a kernel at head_dim 128 on compute capability 9.0 and
-// falls back to kFa2 elsewhere).
+// ExtendKernel::kWgmma with the planner's split for the current device, which runs its sm_90a
+// kernel at head_dim 128 on compute capability 9.0 and falls back to kFa2 elsewhere; /WgmmaSplit3,
+// kWgmma forced to 3 splits, its partial rows through kFa2's merge).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -82,7 +83,7 @@ using testing::DeviceExtendProblem;
 }
 
 // ---- the kernel variant under test (set by the fixture for each parameterized test) ----
-enum class Variant { kMma16, kFa2, kFa2Split3, kWgmma };
+enum class Variant { kMma16, kFa2, kFa2Split3, kWgmma, kWgmmaSplit3 };
 Variant g_variant = Variant::kMma16;
 DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
 
@@ -91,7 +92,10 @@ ExtendSplitPlan plan_of(const PagedExtendParams& p) {
   if (g_variant == Variant::kFa2) {
     testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kFa2, &plan),
                         "extend_split_plan_for_current_device");
-  } else if (g_variant == Variant::kFa2Split3) {
+  } else if (g_variant == Variant::kWgmma) {
+    testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kWgmma, &plan),
+                        "extend_split_plan_for_current_device");
+  } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3) {
     plan.num_splits = 3;
   }
   return plan;
@@ -108,13 +112,11 @@ cudaError_t launch_extend(const PagedExtendParams& p, cudaStream_t stream) {
   if (g_variant == Variant::kMma16) {
     return paged_extend_attention(p, stream, ExtendKernel::kMma16);
   }
-  if (g_variant == Variant::kWgmma) {
-    return paged_extend_attention(p, stream, ExtendKernel::kWgmma);
-  }
   const ExtendSplitPlan plan = plan_of(p);
   reserve_workspace(p);
-  return paged_extend_attention(p, stream, ExtendKernel::kFa2, plan, g_workspace.get(),
-                                g_workspace.bytes());
+  const bool wgmma = g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaSplit3;
+  return paged_extend_attention(p, stream, wgmma ? ExtendKernel::kWgmma : ExtendKernel::kFa2, plan,
+                                g_workspace.get(), g_workspace.bytes());
 }
 
 // Runs one case and checks it against the CPU reference.
@@ -153,13 +155,15 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "Fa2Split3";
     case Variant::kWgmma:
       return "Wgmma";
+    case Variant::kWgmmaSplit3:
+      return "WgmmaSplit3";
   }
   return "Unknown";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
                          ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3,
-                                           Variant::kWgmma),
+                                           Variant::kWgmma, Variant::kWgmmaSplit3),
                          variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
@@ -647,7 +651,14 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   PagedExtendParams dim64 = good;
   dim64.layout.head_dim = 64;
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmma));
-  EXPECT_EQ(plan_extend_split(good, ExtendKernel::kWgmma, 132, 2).num_splits, 1);
+  // kWgmma splits as kFa2, over its own 128-row query tiles: at head_dim 256 kFa2's tiles are 64
+  // rows (16 per warp), so 200 rows are 4 tiles for kFa2 (16 CTAs) and 2 for kWgmma (8 CTAs).
+  EXPECT_EQ(plan_extend_split(good, ExtendKernel::kWgmma, 132, 2).num_splits, kCudaExtendMaxSplits);
+  EXPECT_EQ(plan_extend_split(good, ExtendKernel::kWgmma, 4, 1).num_splits, 1);  // 8 CTAs fill 8
+  PagedExtendParams dim256 = good;
+  dim256.layout.head_dim = 256;
+  EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kFa2, 3, 2).num_splits, 1);    // 16 >= 12
+  EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmma, 3, 2).num_splits, 2);  // 8 -> 12
   // The default since the H200 run of 2026-12-04, evening (bench/results/gpu.md).
   EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kFa2);
 
@@ -678,6 +689,16 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
                "num_splits");
   expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(7)); },
                "unknown ExtendKernel");
+  // kWgmma checks the plan and workspace as kFa2 does, whether its kernel or the fallback runs.
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmma, plan); },
+               "num_splits");
+  plan.num_splits = 4;
+  expect_error(
+      [&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmma, plan, nullptr, 0); },
+      "workspace");
+  expect_error(
+      [&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmma, plan, small, 64); },
+      "workspace");
   // An empty batch needs no workspace, even with a split plan (nothing is launched).
   plan.num_splits = 4;
   PagedExtendParams empty = good;

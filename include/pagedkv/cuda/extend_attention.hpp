@@ -38,10 +38,11 @@
 //           caching on/off check (near-tie aware) with it over workload seeds 1-4.
 //   kWgmma  kernels/extend_attention_wgmma.cu (issue 35, step B, first cut; sm_90a code): Hopper's
 //           warpgroup MMA (wgmma) on kFa2's tile geometry, two warpgroups of 64 query rows each,
-//           64-key tiles in 128-byte-swizzled shared layouts, P fed from registers, no warp
-//           specialization and no split over keys yet (the plan is ignored). It runs for 16-bit
-//           caches at head_dim 128 on a device of compute capability 9.0 in a build with sm_90a
-//           code (CUDA 12+); anything else falls back to kFa2 with the given plan
+//           64-key tiles in 128-byte-swizzled shared layouts, P fed from registers, the split
+//           over keys of kFa2 (same plan, workspace and merge kernel; its planner counts query
+//           tiles of 128 rows and its own occupancy), no warp specialization yet. It runs for
+//           16-bit caches at head_dim 128 on a device of compute capability 9.0 in a build with
+//           sm_90a code (CUDA 12+); anything else falls back to kFa2 with the given plan
 //           (extend_kernel_runs says which). NOT YET RUN ON A GPU: opt-in only, never the default
 //           until a GPU run of scripts/gpu-check proves it correct and faster.
 //           An FP8 cache falls back to the FP8 kernel with every variant; every 16-bit shape runs
@@ -88,9 +89,9 @@ enum class ExtendKernel : int {
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
-// The split over keys of a kFa2 launch: each query tile's visible keys are cut into num_splits
-// contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no split, no
-// workspace. kMma16, kWgmma and FP8 caches ignore it (kWgmma's fallback to kFa2 uses it).
+// The split over keys of a kFa2 or kWgmma launch: each query tile's visible keys are cut into
+// num_splits contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no split,
+// no workspace. kMma16 and FP8 caches ignore it; kWgmma's fallback to kFa2 uses it.
 struct ExtendSplitPlan {
   std::int32_t num_splits = 1;
 };
@@ -102,13 +103,15 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 
 // The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no
 // split when query tiles x sequences x KV heads fill two waves, else enough splits to fill them
-// (at most kCudaExtendMaxSplits). Pure, host only; kMma16 always gets 1. Throws pagedkv::Error for
-// num_sms or ctas_per_sm < 1.
+// (at most kCudaExtendMaxSplits). Query tiles are the variant's: kFa2's 64 or 128 rows, kWgmma's
+// 128 (its kernel's, whether or not it runs here). Pure, host only; kMma16 always gets 1. Throws
+// pagedkv::Error for num_sms or ctas_per_sm < 1.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
 // The same with num_sms and the variant's occupancy (dtype, head_dim, CTA size) of the current
-// device. Returns CUDA errors; throws as validate_cuda_extend for bad params.
+// device; for kWgmma where its kernel does not run (extend_kernel_runs), kFa2's plan (its
+// fallback's). Returns CUDA errors; throws as validate_cuda_extend for bad params.
 cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params,
                                                  ExtendKernel kernel, ExtendSplitPlan* plan);
 
@@ -116,9 +119,10 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
 // log-sum-exp for num_seqs x max_q_len x num_q_heads x num_splits states.
 std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan);
 
-// Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2:
-// 1 <= plan.num_splits <= kCudaExtendMaxSplits, query tiles x num_splits <= 65535, and with a split
-// a 16-byte aligned workspace of at least extend_workspace_bytes. Throws pagedkv::Error.
+// Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2
+// and kWgmma: 1 <= plan.num_splits <= kCudaExtendMaxSplits, kFa2's query tiles x num_splits <=
+// 65535, and with a split a 16-byte aligned workspace of at least extend_workspace_bytes. Throws
+// pagedkv::Error.
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream,
                                    ExtendKernel kernel, const ExtendSplitPlan& plan = {},
                                    void* workspace = nullptr, std::size_t workspace_bytes = 0);
