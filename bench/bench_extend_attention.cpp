@@ -27,12 +27,13 @@
 // default kernel's worst table-1 ratio (kFa2 since 2026-12-04, evening), TARGET
 // extend_mma16_vs_gemm the other's; RESULT extend_variants gives kFa2's time over kMma16's.
 // RESULT extend / extend_saved lines are kMma16's, RESULT extend_fa2 / extend_fa2_saved kFa2's.
-// ExtendKernel::kWgmma (issue 35 step B, sm_90a, opt-in) runs last, after every figure above is
-// printed: checked on its own without and with 3 forced splits (CHECK extend_attention_wgmma and
-// extend_attention_wgmma_split; a failure skips only its timing), then every shape again with the
-// same tables and the planner's split for its kernel, against kFa2's time from the tables:
-// RESULT extend_wgmma / extend_wgmma_saved (time_vs_fa2), TARGET extend_wgmma_vs_gemm and RESULT
-// extend_variants wgmma_time_vs_fa2; RESULT extend_wgmma_runs says whether its kernel ran here.
+// ExtendKernel::kWgmma and kWgmmaPipelined (issue 35 step B, sm_90a, opt-in) run last, after every
+// figure above is printed, each checked on its own without and with 3 forced splits (CHECK
+// extend_attention_wgmma[_split], a failure skips only that variant's timing), then every shape
+// again with the same tables and the planner's split for its kernel, against kFa2's time from the
+// tables: RESULT extend_wgmma[_pipelined] / ..._saved (time_vs_fa2), TARGET
+// extend_wgmma[_pipelined]_vs_gemm and RESULT extend_variants wgmma[_pipelined]_time_vs_fa2;
+// RESULT extend_wgmma[_pipelined]_runs says whether each one's sm_90a kernel ran here.
 //
 // Usage: bench_extend_attention [--quick]   (--quick: a 1k prompt, for smoke tests)
 #include <cublas_v2.h>
@@ -311,8 +312,11 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   if (workspace_bytes > 0) CHECK(cudaMalloc(&workspace, workspace_bytes));
   CHECK(pagedkv::paged_extend_attention(p, stream, kernel, plan, workspace, workspace_bytes));
   CHECK(cudaStreamSynchronize(stream));
-  if (kernel == pagedkv::ExtendKernel::kWgmma) {
-    std::printf("RESULT extend_wgmma_runs kernel=%s (no: its kFa2 fallback ran and is timed)\n",
+  const bool wgmma = kernel == pagedkv::ExtendKernel::kWgmma;
+  const bool pipelined = kernel == pagedkv::ExtendKernel::kWgmmaPipelined;
+  if ((wgmma || pipelined) && splits == 1) {
+    std::printf("RESULT extend_%s_runs kernel=%s (no: its kFa2 fallback ran and is timed)\n",
+                pipelined ? "wgmma_pipelined" : "wgmma",
                 pagedkv::extend_kernel_runs(p, kernel) ? "yes" : "no");
   }
   std::vector<std::uint16_t> out(q.size());
@@ -322,7 +326,7 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   const double err = bench::max_row_error(bench::to_doubles(kDtype, out), ref.out, kHeadDim);
   const bool pass = err <= kRowTolerance;
   const bool fa2 = kernel == pagedkv::ExtendKernel::kFa2;
-  const char* name = fa2 ? "_fa2" : (kernel == pagedkv::ExtendKernel::kWgmma ? "_wgmma" : "");
+  const char* name = fa2 ? "_fa2" : (wgmma ? "_wgmma" : (pipelined ? "_wgmma_pipelined" : ""));
   std::printf("CHECK extend_attention%s%s max_row_error=%.3g tolerance=%.0e %s\n", name,
               splits > 1 ? "_split" : "", err, kRowTolerance, pass ? "PASS" : "FAIL");
   return pass;
@@ -521,34 +525,46 @@ int main(int argc, char** argv) {
       *std::min_element(fa2_times.begin(), fa2_times.end()), fa2_times.size());
   std::fflush(stdout);
 
-  // ---- ExtendKernel::kWgmma (issue 35 step B, opt-in): checked, then every shape again ----
-  const bool wgmma_checked = check_against_reference(stream, pagedkv::ExtendKernel::kWgmma, 1);
-  if (check_against_reference(stream, pagedkv::ExtendKernel::kWgmma, 3) && wgmma_checked) {
+  // ---- the kWgmma variants (issue 35 step B, opt-in): each checked, then every shape again on
+  // the same tables (a copy of each shape's random state) ----
+  struct WgmmaRun {
+    pagedkv::ExtendKernel kernel;
+    const char* name;  // RESULT / TARGET names: extend_<name>, extend_<name>_saved, ...
+  };
+  for (const WgmmaRun& run :
+       {WgmmaRun{pagedkv::ExtendKernel::kWgmma, "wgmma"},
+        WgmmaRun{pagedkv::ExtendKernel::kWgmmaPipelined, "wgmma_pipelined"}}) {
+    const bool plain = check_against_reference(stream, run.kernel, 1);
+    if (!(check_against_reference(stream, run.kernel, 3) && plain)) continue;
     Variant wg;
-    wg.kernel = pagedkv::ExtendKernel::kWgmma;
+    wg.kernel = run.kernel;
     std::vector<double> wgmma_ratios;  // table 1
-    std::vector<double> wgmma_times;   // kWgmma time / kFa2 time, every shape
-    for (Later& l : later) {
-      const double wg_ms = run_shape(ws, l.shape, stream, repeats, l.rng, wg);
+    std::vector<double> wgmma_times;   // this variant's time / kFa2's, every shape
+    for (const Later& l : later) {
+      std::mt19937_64 shape_rng = l.rng;
+      const double wg_ms = run_shape(ws, l.shape, stream, repeats, shape_rng, wg);
       const double wg_tflops = attention_tflops(l.shape, wg_ms);
       std::printf(
-          "RESULT %s seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f ratio_gemm=%.3f "
-          "splits=%d time_vs_fa2=%.3f\n",
-          l.table1 ? "extend_wgmma" : "extend_wgmma_saved", l.shape.num_seqs, l.shape.prompt,
-          l.shape.cached, l.shape.shuffled ? "paged" : "identity", wg_ms, wg_tflops, wg_tflops / g,
+          "RESULT extend_%s%s seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f "
+          "ratio_gemm=%.3f splits=%d time_vs_fa2=%.3f\n",
+          run.name, l.table1 ? "" : "_saved", l.shape.num_seqs, l.shape.prompt, l.shape.cached,
+          l.shape.shuffled ? "paged" : "identity", wg_ms, wg_tflops, wg_tflops / g,
           wg.plan.num_splits, wg_ms / l.fa2_ms);
       if (l.table1) wgmma_ratios.push_back(wg_tflops / g);
       wgmma_times.push_back(wg_ms / l.fa2_ms);
       std::fflush(stdout);
     }
-    target_line("extend_wgmma_vs_gemm", wgmma_ratios,
-                "ExtendKernel::kWgmma, not the default; whether its kernel ran here: RESULT "
-                "extend_wgmma_runs");
+    const std::string target = std::string("extend_") + run.name + "_vs_gemm";
+    target_line(target.c_str(), wgmma_ratios,
+                "a kWgmma variant, not the default; whether its kernel ran here: RESULT "
+                "extend_wgmma[_pipelined]_runs");
     std::printf(
-        "RESULT extend_variants wgmma_time_vs_fa2 median=%.3f worst=%.3f best=%.3f shapes=%zu "
-        "(kFa2's times from the tables above; < 1 = kWgmma faster)\n",
-        bench::median(wgmma_times), *std::max_element(wgmma_times.begin(), wgmma_times.end()),
+        "RESULT extend_variants %s_time_vs_fa2 median=%.3f worst=%.3f best=%.3f shapes=%zu "
+        "(kFa2's times from the tables above; < 1 = faster)\n",
+        run.name, bench::median(wgmma_times),
+        *std::max_element(wgmma_times.begin(), wgmma_times.end()),
         *std::min_element(wgmma_times.begin(), wgmma_times.end()), wgmma_times.size());
+    if (wg.workspace != nullptr) CHECK(cudaFree(wg.workspace));
   }
   if (fa2.workspace != nullptr) CHECK(cudaFree(fa2.workspace));
 

@@ -426,7 +426,13 @@ std::int64_t fa2_query_tiles(const PagedExtendParams& params) {
   return (static_cast<std::int64_t>(params.max_q_len) * group + rows - 1) / rows;
 }
 
-// Query tiles of the kWgmma kernel's launch (128 rows).
+// The variants that take an ExtendSplitPlan: kFa2 and the kWgmma variants.
+bool splits_over_keys(ExtendKernel kernel) {
+  return kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kWgmma ||
+         kernel == ExtendKernel::kWgmmaPipelined;
+}
+
+// Query tiles of the kWgmma kernels' launch (128 rows).
 std::int64_t wgmma_query_tiles(const PagedExtendParams& params) {
   return (static_cast<std::int64_t>(params.max_q_len) * params.group_size() +
           kernels::kWgmmaExtendRows - 1) /
@@ -466,7 +472,7 @@ void validate_cuda_extend(const PagedExtendParams& params) {
 
 bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) noexcept {
   // kMma16 and kFa2 cover every 16-bit shape validate_cuda_extend accepts; FP8 has its own kernel.
-  if (kernel == ExtendKernel::kWgmma) {
+  if (kernel == ExtendKernel::kWgmma || kernel == ExtendKernel::kWgmmaPipelined) {
 #ifdef PAGEDKV_HAS_SM90A
     return kernels::wgmma_extend_runs(params);
 #else
@@ -482,12 +488,9 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
     fail("plan_extend_split: num_sms and ctas_per_sm must be >= 1");
   }
   ExtendSplitPlan plan;
-  if ((kernel != ExtendKernel::kFa2 && kernel != ExtendKernel::kWgmma) || params.num_seqs == 0 ||
-      params.max_q_len == 0) {
-    return plan;
-  }
+  if (!splits_over_keys(kernel) || params.num_seqs == 0 || params.max_q_len == 0) return plan;
   const std::int64_t tiles =
-      kernel == ExtendKernel::kWgmma ? wgmma_query_tiles(params) : fa2_query_tiles(params);
+      kernel == ExtendKernel::kFa2 ? fa2_query_tiles(params) : wgmma_query_tiles(params);
   const std::int64_t ctas = tiles * params.num_seqs * params.layout.num_kv_heads;
   plan.num_splits = detail::fa2_num_splits(
       ctas, tiles, static_cast<std::int64_t>(num_sms) * ctas_per_sm * detail::kFa2PlanWaves,
@@ -504,11 +507,9 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
                                                  ExtendKernel kernel, ExtendSplitPlan* plan) {
   validate_cuda_extend(params);
   *plan = ExtendSplitPlan{};
-  if ((kernel != ExtendKernel::kFa2 && kernel != ExtendKernel::kWgmma) || params.quant.fp8()) {
-    return cudaSuccess;
-  }
-  // kWgmma where its kernel does not run: the plan of its fallback, kFa2.
-  if (kernel == ExtendKernel::kWgmma && !extend_kernel_runs(params, kernel)) {
+  if (!splits_over_keys(kernel) || params.quant.fp8()) return cudaSuccess;
+  // A kWgmma variant where its kernel does not run: the plan of its fallback, kFa2.
+  if (kernel != ExtendKernel::kFa2 && !extend_kernel_runs(params, kernel)) {
     kernel = ExtendKernel::kFa2;
   }
   int device = 0;
@@ -520,8 +521,8 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   int resident = 1;
   if (err == cudaSuccess) {
 #ifdef PAGEDKV_HAS_SM90A
-    if (kernel == ExtendKernel::kWgmma) {
-      err = kernels::wgmma_extend_ctas_per_sm(&resident);
+    if (kernel != ExtendKernel::kFa2) {
+      err = kernels::wgmma_extend_ctas_per_sm(kernel == ExtendKernel::kWgmmaPipelined, &resident);
     } else
 #endif
     {
@@ -543,11 +544,11 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
                                    ExtendKernel kernel, const ExtendSplitPlan& plan,
                                    void* workspace, std::size_t workspace_bytes) {
   if (kernel == ExtendKernel::kMma16) return mma16_paged_extend(params, stream);
-  if (kernel != ExtendKernel::kFa2 && kernel != ExtendKernel::kWgmma) {
+  if (!splits_over_keys(kernel)) {
     fail("unknown ExtendKernel " + std::to_string(static_cast<int>(kernel)));
   }
-  // kFa2 and kWgmma (whose fallback is kFa2 with the same plan): the same checks, so a plan is
-  // valid for both (kFa2's query tiles are never fewer than kWgmma's).
+  // kFa2 and the kWgmma variants (whose fallback is kFa2 with the same plan): the same checks, so
+  // a plan is valid for all (kFa2's query tiles are never fewer than kWgmma's).
   validate_cuda_extend(params);
   if (plan.num_splits < 1 || plan.num_splits > kCudaExtendMaxSplits) {
     fail("plan.num_splits must be in [1, " + std::to_string(kCudaExtendMaxSplits) + "], got " +
@@ -568,8 +569,9 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
   if (params.quant.fp8()) return kernels::fp8_paged_extend(params, stream);
   if (params.num_seqs == 0 || params.max_q_len == 0) return cudaSuccess;
 #ifdef PAGEDKV_HAS_SM90A
-  if (kernel == ExtendKernel::kWgmma && kernels::wgmma_extend_runs(params)) {
-    return kernels::wgmma_paged_extend(params, plan.num_splits, workspace, stream);
+  if (kernel != ExtendKernel::kFa2 && kernels::wgmma_extend_runs(params)) {
+    return kernels::wgmma_paged_extend(params, kernel == ExtendKernel::kWgmmaPipelined,
+                                       plan.num_splits, workspace, stream);
   }
 #endif
   return kernels::fa2_paged_extend(params, plan.num_splits, workspace, stream);

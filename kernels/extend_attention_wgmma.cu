@@ -17,6 +17,11 @@
 //           no row maximum of the warp moved.
 //   O       wgmma.m64n128k16, P from registers (the accumulators packed to 16 bits), V from
 //           shared memory, 4 k steps.
+//   kWgmmaPipelined: the same CTA with a 4-stage ring; iteration t issues tile t's S GEMM, then
+//           tile t - 1's PV GEMM, waits for the first only and runs tile t's softmax while the
+//           PV GEMM runs (FlashAttention-3's intra-warpgroup overlap); O is rescaled and P
+//           packed after the second wait. ptxas would serialize the wgmma if a register it
+//           writes were touched in flight: scripts/kernel-resources fails on that advisory.
 //   split   over keys as kFa2 (grid z = query tiles x splits, heaviest tile first; the same
 //           Fa2TileWork / fa2_split_tiles rules with 128 rows and 64 keys): a query tile with more
 //           than one active split writes normalized partial rows and their log2-sum-exp2 to the
@@ -48,24 +53,43 @@ constexpr int kHeadDim = 128;
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kRows = kWgmmaExtendRows;
 constexpr int kKeys = 64;
-constexpr int kStages = 3;
 constexpr int kChunks = kHeadDim / 8;                     // 16-byte chunks per row
 constexpr std::uint32_t kQBytes = kRows * kHeadDim * 2;   // 32 KiB
 constexpr std::uint32_t kKVBytes = kKeys * kHeadDim * 2;  // K or V of one stage, 16 KiB
 constexpr std::uint32_t kStageBytes = 2 * kKVBytes;
-constexpr std::uint32_t kOffsetBytes = sizeof(std::int64_t) * kStages * kKeys;
-constexpr std::uint32_t kSmemBytes = kQBytes + kStages * kStageBytes + kOffsetBytes + 1024;
 static_assert(kThreads * 8 == kRows * kChunks && kThreads * 4 == kKeys * kChunks,
               "Q: 8 chunks per thread; K and V: 4 each");
+
+// The ring: kFa2's schedule for 3 stages (iteration t waits for tile t with one group pending,
+// issues tile t + 2 and resolves tile t + 3's offsets). The pipelined kernel runs tile t - 1's PV
+// GEMM during iteration t, so tile t - 1's stage is still read while tile t + 2 is issued: it
+// needs a 4th stage, with the same issue and resolve distances.
+constexpr int kRingStages = 3;  // the distances' ring (fa2_issue_tile, fa2_resolve_tile)
+template <bool kPipelined>
+constexpr int kStagesOf = kPipelined ? 4 : 3;
+static_assert(detail::fa2_issue_tile(0, kRingStages) == 2 &&
+                  detail::fa2_resolve_tile(0, kRingStages) == 3,
+              "issue 2 tiles ahead, resolve 3: with 4 stages, tile t + 2 takes tile t - 2's stage "
+              "(free after iteration t's barrier) and tile t + 3's offsets tile t - 1's slot");
+// Q, the K/V stages, their offset slots and the 1 KiB the base is aligned up by.
+constexpr std::uint32_t smem_bytes(int stages) {
+  return kQBytes + static_cast<std::uint32_t>(stages) * kStageBytes +
+         static_cast<std::uint32_t>(sizeof(std::int64_t) * stages * kKeys) + 1024;
+}
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PAGEDKV_WGMMA_EXTEND_DEVICE 1  // the device pass with wgmma (sm_90a)
 #endif
 
-template <bool kBf16, bool kSoftCap>
+// kPipelined (ExtendKernel::kWgmmaPipelined): iteration t issues tile t's S GEMM and then tile
+// t - 1's PV GEMM, waits for the first only, runs tile t's softmax while the PV GEMM runs on the
+// tensor cores, then waits for it, rescales O and packs P (FlashAttention-3's intra-warpgroup
+// overlap). Otherwise each tile's S GEMM, softmax and PV GEMM run in sequence.
+template <bool kBf16, bool kSoftCap, bool kPipelined>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Params p) {
 #ifdef PAGEDKV_WGMMA_EXTEND_DEVICE
   using namespace pagedkv::detail;
+  constexpr int kStages = kStagesOf<kPipelined>;
   extern __shared__ unsigned char smem_raw[];
   const auto raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
   const std::uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
@@ -122,11 +146,12 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
     cp_async_commit();
   };
 
+  // Prologue: offsets of tiles 0 .. 2, copies of tiles 0 and 1 (the ring's distances).
 #pragma unroll
-  for (int t = 0; t < kStages; ++t) resolve(t);
+  for (int t = 0; t < kRingStages; ++t) resolve(t);
   __syncthreads();
 #pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) issue(t);
+  for (int t = 0; t < kRingStages - 1; ++t) issue(t);
 
     // Q, unscaled; rows past q_len are zero.
 #pragma unroll
@@ -161,32 +186,41 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
   float m_run[2] = {-INFINITY, -INFINITY};
   float l_run[2] = {0.0f, 0.0f};
 
-  for (int t = 0; t < tiles; ++t) {
-    cp_async_wait<fa2_wait_groups(kStages)>();
+  // Copies of tile t done and visible (its stage, to the async proxy too); the next copies and
+  // offsets issued. The barrier also means every warpgroup is done with the stage issued into.
+  const auto begin_tile = [&](int t) {
+    cp_async_wait<fa2_wait_groups(kRingStages)>();
     wgmma::fence_proxy_async_shared();  // this thread's copies (and Q stores) before the async
                                         // proxy
-    __syncthreads();  // tile t visible to all; every warpgroup is done with tile t - 1's stage
-    issue(fa2_issue_tile(t, kStages));
-    resolve(fa2_resolve_tile(t, kStages));
-    const int stage = fa2_slot(t, kStages);
-    const std::uint32_t k_addr = ring_addr + static_cast<std::uint32_t>(stage) * kStageBytes;
-    const std::uint32_t v_addr = k_addr + kKVBytes;
-    const int key0 = key_first + t * kKeys;
-
-    // S = Q K^T over 8 k steps (two 64-column blocks of 4).
-    float s[kKeys / 2];
-    wgmma::reg_fence(s);
-    wgmma::fence();
+    __syncthreads();  // tile t visible to all; every warpgroup is done with the stage issued next
+    issue(fa2_issue_tile(t, kRingStages));
+    resolve(fa2_resolve_tile(t, kRingStages));
+  };
+  const auto k_addr_of = [&](int t) {
+    return ring_addr + static_cast<std::uint32_t>(fa2_slot(t, kStages)) * kStageBytes;
+  };
+  // S = Q K^T over 8 k steps (two 64-column blocks of 4), issued (no fence, commit or wait).
+  const auto issue_qk = [&](float(&s)[kKeys / 2], std::uint32_t k_addr) {
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       const std::uint64_t qd = wgmma_kmajor_step_desc(q_addr, kRows, wg, ks);
       const std::uint64_t kd = wgmma_kmajor_step_desc(k_addr, kKeys, 0, ks);
       wgmma::ss_m64n64<kBf16>(s, qd, kd, ks > 0 ? 1 : 0);
     }
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::reg_fence(s);
-
+  };
+  // O += P V over 4 k steps of 16 keys, issued.
+  const auto issue_pv = [&](const unsigned(&pa)[kKeys / 16][4], std::uint32_t v_addr) {
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) {
+      const std::uint64_t vd = wgmma_v_step_desc(v_addr, kKeys, kk);
+      wgmma::rs_m64n128_trans_b<kBf16>(o, pa[kk], vd, 1);
+    }
+  };
+  // The online softmax of one tile's scores: scale (soft-cap), mask, the new row maxima, the
+  // rescale factor alpha of what came before, l rescaled (and O too unless kPipelined, whose O is
+  // still being written by the previous tile's PV GEMM: its caller rescales it after the wait),
+  // s turned into exp2(s - m) and added to l. Returns whether any row maximum of the warp moved.
+  const auto softmax = [&](float(&s)[kKeys / 2], int key0, float(&alpha)[2]) {
     const bool need_mask =
         extend_tile_needs_mask(geo, key0, kKeys, p.window_size) || key0 + kKeys > geo.kv_end;
 #pragma unroll
@@ -204,7 +238,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
     }
 
     float m_use[2];
-    float alpha[2];
     bool moved = false;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -221,33 +254,90 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
       moved = moved || m_new != m_run[h];
       m_run[h] = m_new;
     }
-    if (__any_sync(0xffffffffu, moved)) {
+    const bool any_moved = __any_sync(0xffffffffu, moved);
+    if (any_moved) {
       l_run[0] *= alpha[0];
       l_run[1] *= alpha[1];
+      if constexpr (!kPipelined) {
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= alpha[(j >> 1) & 1];
+        for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= alpha[(j >> 1) & 1];
+      }
     }
-    unsigned pa[kKeys / 16][4];
 #pragma unroll
     for (int j = 0; j < kKeys / 2; ++j) {
       s[j] = exp2f(s[j] - m_use[(j >> 1) & 1]);
       l_run[(j >> 1) & 1] += s[j];
     }
+    return any_moved;
+  };
+  // P (16-bit) as the A operand of the PV GEMM, from the exponentiated scores.
+  const auto pack_p = [&](const float(&s)[kKeys / 2], unsigned(&pa)[kKeys / 16][4]) {
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk) {
 #pragma unroll
       for (int r = 0; r < 4; ++r)
         pa[kk][r] = MmaOps<kBf16>::pack2(s[wgmma_p_source(kk, r, 0)], s[wgmma_p_source(kk, r, 1)]);
     }
+  };
 
-    // O += P V over 4 k steps of 16 keys.
+  if constexpr (!kPipelined) {
+    for (int t = 0; t < tiles; ++t) {
+      begin_tile(t);
+      const std::uint32_t k_addr = k_addr_of(t);
+      float s[kKeys / 2];
+      wgmma::reg_fence(s);
+      wgmma::fence();
+      issue_qk(s, k_addr);
+      wgmma::commit();
+      wgmma::wait_all();
+      wgmma::reg_fence(s);
+      float alpha[2];
+      (void)softmax(s, key_first + t * kKeys, alpha);  // O rescaled in it
+      unsigned pa[kKeys / 16][4];
+      pack_p(s, pa);
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      issue_pv(pa, k_addr + kKVBytes);
+      wgmma::commit();
+      wgmma::wait_all();
+      wgmma::reg_fence(o);
+    }
+  } else if (tiles > 0) {  // uniform over the CTA
+    float s[kKeys / 2];
+    unsigned pa[kKeys / 16][4];  // P of the tile before the one being scored
+    float alpha[2];
+    begin_tile(0);
+    wgmma::reg_fence(s);
+    wgmma::fence();
+    issue_qk(s, k_addr_of(0));
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::reg_fence(s);
+    (void)softmax(s, key_first, alpha);  // O is still zero: nothing to rescale
+    pack_p(s, pa);
+    for (int t = 1; t < tiles; ++t) {
+      begin_tile(t);
+      wgmma::reg_fence(s);
+      wgmma::reg_fence(o);
+      wgmma::fence();
+      issue_qk(s, k_addr_of(t));
+      wgmma::commit();
+      issue_pv(pa, k_addr_of(t - 1) + kKVBytes);  // tile t - 1's stage: not reissued until t + 2
+      wgmma::commit();
+      wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
+      wgmma::reg_fence(s);
+      const bool any_moved = softmax(s, key_first + t * kKeys, alpha);
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      if (any_moved) {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= alpha[(j >> 1) & 1];
+      }
+      pack_p(s, pa);
+    }
     wgmma::reg_fence(o);
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const std::uint64_t vd = wgmma_v_step_desc(v_addr, kKeys, kk);
-      wgmma::rs_m64n128_trans_b<kBf16>(o, pa[kk], vd, 1);
-    }
+    issue_pv(pa, k_addr_of(tiles - 1) + kKVBytes);
     wgmma::commit();
     wgmma::wait_all();
     wgmma::reg_fence(o);
@@ -296,9 +386,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
 #endif
 }
 
-template <bool kBf16, bool kSoftCap>
+template <bool kBf16, bool kSoftCap, bool kPipelined>
 cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
-  const auto kernel = wgmma_extend_kernel<kBf16, kSoftCap>;
+  const auto kernel = wgmma_extend_kernel<kBf16, kSoftCap, kPipelined>;
+  constexpr std::uint32_t kSmemBytes = smem_bytes(kStagesOf<kPipelined>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kSmemBytes));
   if (err != cudaSuccess) return err;
@@ -318,19 +409,10 @@ cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t st
   return fa2_merge_splits(kp, kBf16, kHeadDim, num_seqs, stream);
 }
 
-}  // namespace
-
-bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
-  if (params.quant.fp8() || params.layout.head_dim != kHeadDim) return false;
-  try {
-    return cuda::detail::wgmma_probe_supported();  // compute capability 9.0: the sm_90a code
-  } catch (...) {
-    return false;
-  }
-}
-
-cudaError_t wgmma_extend_ctas_per_sm(int* ctas) {
-  const auto kernel = wgmma_extend_kernel<true, false>;  // every instantiation: same size
+template <bool kPipelined>
+cudaError_t ctas_per_sm(int* ctas) {
+  const auto kernel = wgmma_extend_kernel<true, false, kPipelined>;  // dtype, cap: same size
+  constexpr std::uint32_t kSmemBytes = smem_bytes(kStagesOf<kPipelined>);
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kSmemBytes));
   int resident = 0;
@@ -342,18 +424,40 @@ cudaError_t wgmma_extend_ctas_per_sm(int* ctas) {
   return cudaSuccess;
 }
 
-cudaError_t wgmma_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
-                               cudaStream_t stream) {
+template <bool kPipelined>
+cudaError_t dispatch(const PagedExtendParams& params, int num_splits, void* workspace,
+                     cudaStream_t stream) {
   const Fa2Params kp = fa2::make_fa2_params(params, num_splits, workspace);
   const bool bf16 = params.dtype == KVDtype::kBFloat16;
   const bool cap = kp.cap_log2 > 0.0f;
   const int heads = params.layout.num_kv_heads;
   if (bf16) {
-    return cap ? launch<true, true>(kp, heads, params.num_seqs, stream)
-               : launch<true, false>(kp, heads, params.num_seqs, stream);
+    return cap ? launch<true, true, kPipelined>(kp, heads, params.num_seqs, stream)
+               : launch<true, false, kPipelined>(kp, heads, params.num_seqs, stream);
   }
-  return cap ? launch<false, true>(kp, heads, params.num_seqs, stream)
-             : launch<false, false>(kp, heads, params.num_seqs, stream);
+  return cap ? launch<false, true, kPipelined>(kp, heads, params.num_seqs, stream)
+             : launch<false, false, kPipelined>(kp, heads, params.num_seqs, stream);
+}
+
+}  // namespace
+
+bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
+  if (params.quant.fp8() || params.layout.head_dim != kHeadDim) return false;
+  try {
+    return cuda::detail::wgmma_probe_supported();  // compute capability 9.0: the sm_90a code
+  } catch (...) {
+    return false;
+  }
+}
+
+cudaError_t wgmma_extend_ctas_per_sm(bool pipelined, int* ctas) {
+  return pipelined ? ctas_per_sm<true>(ctas) : ctas_per_sm<false>(ctas);
+}
+
+cudaError_t wgmma_paged_extend(const PagedExtendParams& params, bool pipelined, int num_splits,
+                               void* workspace, cudaStream_t stream) {
+  return pipelined ? dispatch<true>(params, num_splits, workspace, stream)
+                   : dispatch<false>(params, num_splits, workspace, stream);
 }
 
 }  // namespace pagedkv::kernels

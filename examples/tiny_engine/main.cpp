@@ -96,9 +96,10 @@ kernels, and reports what prefix caching saved.
                          tensor_core_wide_merge);
                          rejected without --device cuda (the CPU path has one implementation,
                          the references)
-  --extend-kernel NAME   with --device cuda: mma16, fa2 or wgmma (pagedkv::ExtendKernel;
-                         default: the library's default, fa2; wgmma falls back to fa2 off
-                         sm_90 or at another head_dim than 128); rejected without --device cuda
+  --extend-kernel NAME   with --device cuda: mma16, fa2, wgmma or wgmma_pipelined
+                         (pagedkv::ExtendKernel; default: the library's default, fa2; the
+                         wgmma ones fall back to fa2 off sm_90 or at another head_dim than
+                         128); rejected without --device cuda
   --vs-bf16              with an FP8 --kv-dtype: also serve the workload with bf16 KV, forced
                          onto the FP8 run's token streams, and report the logit difference
   --head-dim N           attention head size, a multiple of 8 up to 256 (default 32 on the CPU,
@@ -280,8 +281,11 @@ Options parse(int argc, char** argv) {
         o.engine.extend_kernel = 1;
       } else if (v == "wgmma") {
         o.engine.extend_kernel = 2;
+      } else if (v == "wgmma_pipelined") {
+        o.engine.extend_kernel = 3;
       } else {
-        usage_error("--extend-kernel: expected mma16, fa2 or wgmma, got '" + v + "'");
+        usage_error("--extend-kernel: expected mma16, fa2, wgmma or wgmma_pipelined, got '" + v +
+                    "'");
       }
     } else if (a == "--vs-bf16") {
       o.vs_bf16 = true;

@@ -1,7 +1,7 @@
 // kernels/internal/extend_wgmma_launch.hpp: host entry points of the warpgroup-MMA paged extend
-// kernel (kernels/extend_attention_wgmma.cu, ExtendKernel::kWgmma, sm_90a), internal to
-// pagedkv::cuda. Declared only where the build has sm_90a code (PAGEDKV_HAS_SM90A); the caller
-// validates the parameters first.
+// kernels (kernels/extend_attention_wgmma.cu, ExtendKernel::kWgmma and kWgmmaPipelined, sm_90a),
+// internal to pagedkv::cuda. Defined only where the build has sm_90a code (PAGEDKV_HAS_SM90A);
+// the caller validates the parameters first.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,10 +20,13 @@ bool wgmma_extend_runs(const PagedExtendParams& params) noexcept;
 // Validated params for which wgmma_extend_runs() holds, num_seqs > 0, num_splits >= 1 and, when
 // > 1, a workspace of extend_workspace_bytes (kFa2's layout). Enqueues the kernel and, with splits,
 // kFa2's merge kernel.
-cudaError_t wgmma_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
-                               cudaStream_t stream);
+// pipelined: ExtendKernel::kWgmmaPipelined's kernel (a tile's softmax runs while the previous
+// tile's PV GEMM does), else kWgmma's.
+cudaError_t wgmma_paged_extend(const PagedExtendParams& params, bool pipelined, int num_splits,
+                               void* workspace, cudaStream_t stream);
 
-// CTAs of the kernel resident per SM on the current device (the same for every instantiation).
-cudaError_t wgmma_extend_ctas_per_sm(int* ctas);
+// CTAs of the (pipelined or plain) kernel resident per SM on the current device (the same for
+// every dtype and soft-cap).
+cudaError_t wgmma_extend_ctas_per_sm(bool pipelined, int* ctas);
 
 }  // namespace pagedkv::kernels

@@ -45,6 +45,13 @@ __device__ __forceinline__ void commit() {
 __device__ __forceinline__ void wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
+// Waits until at most kPending of this warpgroup's committed groups are pending (groups complete
+// in commit order): wait<1> after committing an S GEMM and then a PV GEMM waits for the first.
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  static_assert(kPending >= 0, "a count of pending groups");
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 // Generic-proxy writes to shared memory (stores, cp.async) made visible to the async proxy that
 // wgmma reads shared memory through; each writing thread runs it before the barrier.
 __device__ __forceinline__ void fence_proxy_async_shared() {

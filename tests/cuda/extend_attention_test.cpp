@@ -16,7 +16,8 @@
 // merge are checked on every shape, including tiles whose splits see no key; /Wgmma,
 // ExtendKernel::kWgmma with the planner's split for the current device, which runs its sm_90a
 // kernel at head_dim 128 on compute capability 9.0 and falls back to kFa2 elsewhere; /WgmmaSplit3,
-// kWgmma forced to 3 splits, its partial rows through kFa2's merge).
+// kWgmma forced to 3 splits, its partial rows through kFa2's merge; /WgmmaPipelined,
+// ExtendKernel::kWgmmaPipelined with the planner's split, the same shapes and fallback).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -83,17 +84,33 @@ using testing::DeviceExtendProblem;
 }
 
 // ---- the kernel variant under test (set by the fixture for each parameterized test) ----
-enum class Variant { kMma16, kFa2, kFa2Split3, kWgmma, kWgmmaSplit3 };
+enum class Variant { kMma16, kFa2, kFa2Split3, kWgmma, kWgmmaSplit3, kWgmmaPipelined };
 Variant g_variant = Variant::kMma16;
 DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
+
+ExtendKernel kernel_of(Variant v) {
+  switch (v) {
+    case Variant::kMma16:
+      return ExtendKernel::kMma16;
+    case Variant::kFa2:
+    case Variant::kFa2Split3:
+      return ExtendKernel::kFa2;
+    case Variant::kWgmma:
+    case Variant::kWgmmaSplit3:
+      return ExtendKernel::kWgmma;
+    case Variant::kWgmmaPipelined:
+      return ExtendKernel::kWgmmaPipelined;
+  }
+  return ExtendKernel::kFa2;
+}
 
 ExtendSplitPlan plan_of(const PagedExtendParams& p) {
   ExtendSplitPlan plan;
   if (g_variant == Variant::kFa2) {
     testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kFa2, &plan),
                         "extend_split_plan_for_current_device");
-  } else if (g_variant == Variant::kWgmma) {
-    testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kWgmma, &plan),
+  } else if (g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaPipelined) {
+    testing::cuda_check(extend_split_plan_for_current_device(p, kernel_of(g_variant), &plan),
                         "extend_split_plan_for_current_device");
   } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3) {
     plan.num_splits = 3;
@@ -114,9 +131,8 @@ cudaError_t launch_extend(const PagedExtendParams& p, cudaStream_t stream) {
   }
   const ExtendSplitPlan plan = plan_of(p);
   reserve_workspace(p);
-  const bool wgmma = g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaSplit3;
-  return paged_extend_attention(p, stream, wgmma ? ExtendKernel::kWgmma : ExtendKernel::kFa2, plan,
-                                g_workspace.get(), g_workspace.bytes());
+  return paged_extend_attention(p, stream, kernel_of(g_variant), plan, g_workspace.get(),
+                                g_workspace.bytes());
 }
 
 // Runs one case and checks it against the CPU reference.
@@ -157,13 +173,16 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "Wgmma";
     case Variant::kWgmmaSplit3:
       return "WgmmaSplit3";
+    case Variant::kWgmmaPipelined:
+      return "WgmmaPipelined";
   }
   return "Unknown";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
                          ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3,
-                                           Variant::kWgmma, Variant::kWgmmaSplit3),
+                                           Variant::kWgmma, Variant::kWgmmaSplit3,
+                                           Variant::kWgmmaPipelined),
                          variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
@@ -648,9 +667,12 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
     cc90 = prop.major == 9 && prop.minor == 0;
   }
   EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmma), cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
+  EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmmaPipelined),
+            cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
   PagedExtendParams dim64 = good;
   dim64.layout.head_dim = 64;
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmma));
+  EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaPipelined));
   // kWgmma splits as kFa2, over its own 128-row query tiles: at head_dim 256 kFa2's tiles are 64
   // rows (16 per warp), so 200 rows are 4 tiles for kFa2 (16 CTAs) and 2 for kWgmma (8 CTAs).
   EXPECT_EQ(plan_extend_split(good, ExtendKernel::kWgmma, 132, 2).num_splits, kCudaExtendMaxSplits);
@@ -659,6 +681,7 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   dim256.layout.head_dim = 256;
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kFa2, 3, 2).num_splits, 1);    // 16 >= 12
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmma, 3, 2).num_splits, 2);  // 8 -> 12
+  EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaPipelined, 3, 2).num_splits, 2);
   // The default since the H200 run of 2026-12-04, evening (bench/results/gpu.md).
   EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kFa2);
 
@@ -699,6 +722,13 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   expect_error(
       [&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmma, plan, small, 64); },
       "workspace");
+  expect_error(
+      [&] {
+        (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmmaPipelined, plan, small, 64);
+      },
+      "workspace");
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(4)); },
+               "unknown ExtendKernel");
   // An empty batch needs no workspace, even with a split plan (nothing is launched).
   plan.num_splits = 4;
   PagedExtendParams empty = good;

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/kernel-resources: the ptxas parser on real nvcc 13.0 output captured from kernels/*.cu
 (tests/cuda/data), the spill check passing on it and failing on a synthetic spill at
-head_dim <= 128 or in a kernel without head_dim, the head_dim rule, the device-only compile
+head_dim <= 128 or in a kernel without head_dim, the wgmma check failing on real output in which
+ptxas serialized a kernel's wgmma, the head_dim rule, the device-only compile
 command, the sm_90 occupancy formula on known cases, and the dynamic shared memory of the
 tensor-core decode variant (DYNAMIC_SMEM) entering its occupancy. Needs python3 and c++filt, no nvcc.
 
@@ -193,6 +194,40 @@ for hd, regs, ctas, limiter in [(64, 117, 4, "shared memory"), (128, 189, 2, "sh
     md = kr.markdown([row], 128, [])
     expect(f"0 + {kr.DYNAMIC_SMEM['tc_decode_kernel'][hd]} dynamic" in md,
            f"the report shows the dynamic amount: {md}")
+
+# ---- the wgmma rule, on real output: ptxas serializing a pipelined kernel's wgmma ----
+# nvcc 13.0 (-cubin --resource-usage, sm_90a) on a copy of kernels/extend_attention_wgmma.cu whose
+# pipelined kernel (kPipelined = true) reads an O accumulator while the PV GEMM is in flight:
+# ptxas serializes the wgmma of those four instantiations; the other four are as built.
+serial_log = (DATA / "ptxas-wgmma-serialized-sm90a-cuda13.0.log").read_text()
+functions = kr.parse_ptxas(serial_log, default_arch="sm_90a")
+flagged = [f for f in functions if f["wgmma_serialized"]]
+expect(len(functions) == 8 and len(flagged) == 4
+       and all("ELb1EEEv" in f["mangled"] for f in flagged)
+       and all(f["wgmma_serialized"].startswith("insufficient register resources")
+               for f in flagged),
+       f"8 functions, the 4 pipelined ones serialized: "
+       f"{[(f['mangled'][-40:], f['wgmma_serialized']) for f in functions]}")
+rc, out, report = run_check(serial_log)
+expect(rc == 1 and "serialized the wgmma of 4 kernel(s)" in out and report is not None
+       and report["wgmma_check"] == "FAIL" and len(report["wgmma_serialized"]) == 4
+       and report["spill_check"] == "PASS",
+       f"a serialized wgmma fails the check (exit 1), spills aside: rc={rc} {out}")
+unserial = "\n".join(l for l in serial_log.splitlines() if "Potential Performance Loss" not in l)
+rc, out, report = run_check(unserial)
+expect(rc == 0 and report["wgmma_check"] == "PASS" and "no serialized wgmma" in out,
+       f"the same output without the advisories passes: rc={rc} {out}")
+rc, out, report = run_check(sample)
+expect(report is not None and report["wgmma_check"] == "PASS" and not report["wgmma_serialized"],
+       f"the real sample has no serialized wgmma: {out}")
+orphan = ("ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are "
+          "serialized due to the presence of Extern calls in the function '_Z6absentv'\n" + sample)
+rc, out, _ = run_check(orphan)
+expect(rc == 2 and "_Z6absentv" in out,
+       f"an advisory for a function ptxas reports nothing else for is a parse error: rc={rc} {out}")
+md = kr.markdown(kr.analyse(functions, {}), 128, [])
+expect("wgmma check: FAIL" in md and "insufficient register resources" in md,
+       f"the report names the serialized kernels and the reason: {md[-400:]}")
 
 if failures:
     print(f"{len(failures)} check(s) failed")

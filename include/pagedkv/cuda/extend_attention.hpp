@@ -45,6 +45,10 @@
 //           sm_90a code (CUDA 12+); anything else falls back to kFa2 with the given plan
 //           (extend_kernel_runs says which). NOT YET RUN ON A GPU: opt-in only, never the default
 //           until a GPU run of scripts/gpu-check proves it correct and faster.
+//   kWgmmaPipelined  kWgmma's kernel with FlashAttention-3's intra-warpgroup overlap: iteration t
+//           issues tile t's S GEMM, then tile t - 1's PV GEMM, and runs tile t's softmax while the
+//           PV GEMM is in flight (a 4-stage K/V ring, 167 KiB of shared memory). Same shapes,
+//           plan, fallback and status (not yet run on a GPU).
 //           An FP8 cache falls back to the FP8 kernel with every variant; every 16-bit shape runs
 //           kMma16 and kFa2.
 //
@@ -86,12 +90,14 @@ enum class ExtendKernel : int {
   kMma16 = 0,  // 16 rows per warp, 2-stage ring, no split
   kFa2 = 1,    // FlashAttention-2-style variant with an optional split over keys (the default)
   kWgmma = 2,  // sm_90a warpgroup-MMA variant (head_dim 128, compute capability 9.0; else kFa2)
+  kWgmmaPipelined = 3,  // kWgmma with a tile's softmax overlapping the previous tile's PV GEMM
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
-// The split over keys of a kFa2 or kWgmma launch: each query tile's visible keys are cut into
-// num_splits contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no split,
-// no workspace. kMma16 and FP8 caches ignore it; kWgmma's fallback to kFa2 uses it.
+// The split over keys of a kFa2, kWgmma or kWgmmaPipelined launch: each query tile's visible keys
+// are cut into num_splits contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1
+// = no split, no workspace. kMma16 and FP8 caches ignore it; the kWgmma variants' fallback to kFa2
+// uses it.
 struct ExtendSplitPlan {
   std::int32_t num_splits = 1;
 };
@@ -103,15 +109,15 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 
 // The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no
 // split when query tiles x sequences x KV heads fill two waves, else enough splits to fill them
-// (at most kCudaExtendMaxSplits). Query tiles are the variant's: kFa2's 64 or 128 rows, kWgmma's
-// 128 (its kernel's, whether or not it runs here). Pure, host only; kMma16 always gets 1. Throws
-// pagedkv::Error for num_sms or ctas_per_sm < 1.
+// (at most kCudaExtendMaxSplits). Query tiles are the variant's: kFa2's 64 or 128 rows, the
+// kWgmma variants' 128 (their kernels', whether or not they run here). Pure, host only; kMma16
+// always gets 1. Throws pagedkv::Error for num_sms or ctas_per_sm < 1.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
 // The same with num_sms and the variant's occupancy (dtype, head_dim, CTA size) of the current
-// device; for kWgmma where its kernel does not run (extend_kernel_runs), kFa2's plan (its
-// fallback's). Returns CUDA errors; throws as validate_cuda_extend for bad params.
+// device; for a kWgmma variant whose kernel does not run here (extend_kernel_runs), kFa2's plan
+// (its fallback's). Returns CUDA errors; throws as validate_cuda_extend for bad params.
 cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params,
                                                  ExtendKernel kernel, ExtendSplitPlan* plan);
 
@@ -120,9 +126,9 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
 std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan);
 
 // Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2
-// and kWgmma: 1 <= plan.num_splits <= kCudaExtendMaxSplits, kFa2's query tiles x num_splits <=
-// 65535, and with a split a 16-byte aligned workspace of at least extend_workspace_bytes. Throws
-// pagedkv::Error.
+// and the kWgmma variants: 1 <= plan.num_splits <= kCudaExtendMaxSplits, kFa2's query tiles x
+// num_splits <= 65535, and with a split a 16-byte aligned workspace of at least
+// extend_workspace_bytes. Throws pagedkv::Error.
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream,
                                    ExtendKernel kernel, const ExtendSplitPlan& plan = {},
                                    void* workspace = nullptr, std::size_t workspace_bytes = 0);
