@@ -85,6 +85,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int j = 0; j < kN / 2; ++j) acc[j] = 0.f;
   wgmma::reg_fence(acc);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) wgmma::reg_fence(a_frag[s]);  // A written before the fence
   wgmma::fence();
 #pragma unroll
   for (int s = 0; s < kSteps; ++s) {
@@ -107,6 +109,8 @@ __global__ void __launch_bounds__(kThreads)
   wgmma::commit();
   wgmma::wait_all();
   wgmma::reg_fence(acc);
+#pragma unroll
+  for (int s = 0; s < kSteps; ++s) wgmma::reg_fence(a_frag[s]);
 #pragma unroll
   for (int j = 0; j < kN / 2; ++j) {
     const MmaCoord c = wgmma_d_coord(t, j);

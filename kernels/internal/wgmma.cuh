@@ -64,6 +64,14 @@ __device__ __forceinline__ void reg_fence(float (&r)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
+// The same for A fragments in registers: their last writes (packing) stay before fence() (the ISA
+// requires wgmma.fence between a register's write and a wgmma.mma_async reading it as A), and
+// they stay untouched until the wait.
+template <int kN>
+__device__ __forceinline__ void reg_fence(unsigned (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+r"(r[i])::"memory");
+}
 
 // d (m64n64) = (accumulate ? d : 0) + A x B, A and B K-major in shared memory.
 template <bool kBf16>

@@ -7,18 +7,18 @@
 //   - where our tiles put element (row, k) of a K-major operand (Q for QK^T, K as its B operand)
 //     and element (k, n) of an MN-major one (V as the B operand of PV, imm-trans-b = 1), 16-bit
 //     elements, 64 of them (128 bytes) per swizzle row, chunk c of row r at c ^ (r mod 8);
-//   - a model of how the tensor core finds an element through a descriptor (as this header reads
-//     the ISA: core matrices of 8 rows x 16 bytes, 8-row groups SBO apart for K-major, the
+//   - a model of how the tensor core finds an element through a descriptor (the ISA's canonical
+//     layouts: core matrices of 8 rows x 16 bytes, 8-row groups SBO apart for K-major; for
+//     MN-major 64-element atoms along N LBO apart and 8-row groups along K SBO apart; the
 //     128-byte swizzle XORing address bits 4-6 with bits 7-9 of the shared address, which needs
 //     1,024-byte-aligned tiles; k steps of 16 advance the start address by 32 bytes), so the
-//     host tests check that the descriptors the probe issues address our layouts;
+//     host tests check that the descriptors the probe and the kernel issue address our layouts;
 //   - the register fragments of wgmma.m64nNk16: the accumulator D (thread t, element j) and the
 //     A operand from registers (thread t, half e), each warp w of the warpgroup holding rows
 //     16 w .. 16 w + 15 in mma.sync m16n8k16's fragment layout.
-// The MN-major descriptor has a choice the ISA text leaves open to reading (which of LBO / SBO is
-// the stride between 8-row groups along K and which between 64-element atoms along N):
-// kMnMajorKGroupsInLbo states the reading the probe asserts; it runs the other one too and reports
-// which matches the hardware.
+// The MN-major descriptor's LBO / SBO follow the ISA's canonical layouts (PTX ISA 9.7.15.5.1.2.1):
+// LBO is the stride between 64-element atoms along N, SBO the stride between 8-row groups along K
+// (kMnMajorKGroupsInLbo = false); the probe runs the other reading too and requires it to fail.
 //
 // Pure O(1) functions, no errors (callers pass consistent values); usable from any thread.
 // Internal to pagedkv::cuda, not a stable API.
@@ -105,11 +105,15 @@ PAGEDKV_HOST_DEVICE constexpr std::uint32_t mn_major_k_group_stride() {
 PAGEDKV_HOST_DEVICE constexpr std::uint32_t mn_major_n_atom_stride(int keys) {
   return static_cast<std::uint32_t>(keys) / 8u * kSw128AtomBytes;
 }
-// The reading asserted by the probe: the K-direction stride (between 8-key groups) goes in LBO
-// and the N-direction stride (between 64-element atom columns) in SBO ("MN-major, swizzled: LBO
-// = the offset from the first (swizzle bytes / 16) rows to the next ones; SBO = the offset from
-// the first 8 columns to the next 8", rows being K and columns 16-byte units of N).
-inline constexpr bool kMnMajorKGroupsInLbo = true;
+// Which offset carries which stride, as the ISA defines them for an MN-major swizzled operand
+// (PTX ISA 9.7.15.5.1.2.1: LBO "offset from the first (swizzle-byte-size/16) rows to the next
+// (swizzle-byte-size/16) rows", SBO "offset from the first 8 columns to the next 8 columns", rows
+// of the 128-bit-normalized matrix running along MN and columns along K; canonical layout of the
+// 128-byte swizzle ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)), T = 8 16-bit elements): the N-direction
+// stride (between 64-element atom columns) goes in LBO and the K-direction stride (between 8-key
+// groups) in SBO, as CuTe's make_gmma_desc<Major::MN> encodes it. false: K groups in SBO. The
+// probe runs both readings; this one must match the hardware and the other must not.
+inline constexpr bool kMnMajorKGroupsInLbo = false;
 PAGEDKV_HOST_DEVICE constexpr std::uint64_t mn_major_descriptor(std::uint32_t smem_addr, int keys,
                                                                 bool k_groups_in_lbo) {
   const std::uint32_t kg = mn_major_k_group_stride();
@@ -128,17 +132,16 @@ PAGEDKV_HOST_DEVICE constexpr std::uint32_t model_k_major_address(std::uint64_t 
   return sw128(f.start_bytes + (mm >> 3) * f.sbo_bytes + (mm & 7u) * kSw128RowBytes +
                (kk >> 3) * 16u + (kk & 7u) * 2u);
 }
-// The same for element (k, n) of an MN-major B operand (k < 16, n < N), reading
-// kMnMajorKGroupsInLbo's way (k_groups_in_lbo) or the other.
-PAGEDKV_HOST_DEVICE constexpr std::uint32_t model_mn_major_address(std::uint64_t desc, int k, int n,
-                                                                   bool k_groups_in_lbo) {
+// The same for element (k, n) of an MN-major B operand (k < 16, n < N), as the ISA's canonical
+// layout reads the descriptor: 64-element atoms along N LBO apart, 8-row groups along K SBO apart.
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t model_mn_major_address(std::uint64_t desc, int k,
+                                                                   int n) {
   const WgmmaDescriptorFields f = wgmma_descriptor_fields(desc);
-  const std::uint32_t kg = k_groups_in_lbo ? f.lbo_bytes : f.sbo_bytes;
-  const std::uint32_t na = k_groups_in_lbo ? f.sbo_bytes : f.lbo_bytes;
   const auto kk = static_cast<std::uint32_t>(k);
   const auto nn = static_cast<std::uint32_t>(n);
-  return sw128(f.start_bytes + (kk >> 3) * kg + (kk & 7u) * kSw128RowBytes +
-               (nn / kSw128RowElems) * na + ((nn % kSw128RowElems) >> 3) * 16u + (nn & 7u) * 2u);
+  return sw128(f.start_bytes + (kk >> 3) * f.sbo_bytes + (kk & 7u) * kSw128RowBytes +
+               (nn / kSw128RowElems) * f.lbo_bytes + ((nn % kSw128RowElems) >> 3) * 16u +
+               (nn & 7u) * 2u);
 }
 
 // Descriptor start address of k step `step` (16 elements) of a K-major tile at `tile` (1,024-byte

@@ -5,8 +5,10 @@
 //   - the tiles' swizzled layouts are bijections onto their bytes, with 16-byte chunks whole;
 //   - the descriptors the probe issues at every k step address exactly the elements our layouts
 //     store (the model of the hardware's addressing in the header), K-major and N-major;
-//   - the N-major descriptor encoded one way and read the other addresses other bytes, so the
-//     probe's two readings cannot both match;
+//   - the header's model of the hardware's addressing is the ISA's canonical layouts of the
+//     128-byte swizzle, written here as the ISA writes them (CuTe shapes and strides);
+//   - the N-major descriptor encoded the other way (LBO and SBO swapped) addresses other bytes, so
+//     the probe's two readings cannot both match;
 //   - the accumulator and A-register fragment maps cover their tiles once each, and P's repacking
 //     into A registers (wgmma_p_source) keeps every score at its row and key;
 //   - ExtendKernel::kWgmma's tiles (head_dim 128): Q, K and V stored chunk by chunk with the
@@ -86,25 +88,89 @@ TEST(WgmmaLayout, KMajorDescriptorsAddressTheTile) {
   }
 }
 
+// The ISA's canonical layouts of the 128-byte swizzle for 16-bit elements (PTX ISA
+// 9.7.15.5.1.2.1.3, T = 128 / 16 = 8), in elements, the descriptor's fields decoded from their bits
+// (9.7.15.5.1.2.2), Swizzle<3,4,3> applied to the byte address: written apart from the header's
+// model, which must agree with them.
+struct IsaFields {
+  std::uint32_t start, lbo, sbo;
+};
+IsaFields isa_fields(std::uint64_t desc) {
+  return {static_cast<std::uint32_t>(desc & 0x3fffu) << 4,
+          static_cast<std::uint32_t>((desc >> 16) & 0x3fffu) << 4,
+          static_cast<std::uint32_t>((desc >> 32) & 0x3fffu) << 4};
+}
+std::uint32_t isa_swizzle_343(std::uint32_t x) {
+  return x ^ ((x & (7u << 7)) >> 3);
+}
+// K-major: ((8,m),(T,2k)):((8T,SBO),(1,T)) over (row, k).
+std::uint32_t isa_k_major(std::uint64_t desc, int row, int k) {
+  constexpr std::uint32_t t = 8;
+  const IsaFields f = isa_fields(desc);
+  const auto r = static_cast<std::uint32_t>(row);
+  const auto c = static_cast<std::uint32_t>(k);
+  const std::uint32_t elem = (r % 8) * 8 * t + (r / 8) * (f.sbo / 2) + (c % t) + (c / t) * t;
+  return isa_swizzle_343(f.start + 2 * elem);
+}
+// MN-major: ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)) over (n, k).
+std::uint32_t isa_mn_major(std::uint64_t desc, int k, int n) {
+  constexpr std::uint32_t t = 8;
+  const IsaFields f = isa_fields(desc);
+  const auto c = static_cast<std::uint32_t>(k);
+  const auto nn = static_cast<std::uint32_t>(n);
+  const std::uint32_t elem = (nn % t) + (nn / t % 8) * t + (nn / (8 * t)) * (f.lbo / 2) +
+                             (c % 8) * 8 * t + (c / 8) * (f.sbo / 2);
+  return isa_swizzle_343(f.start + 2 * elem);
+}
+
+TEST(WgmmaLayout, ModelIsTheIsaCanonicalLayout) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<std::uint32_t> unit(1, 1023);  // 16-byte units
+  for (int trial = 0; trial < 64; ++trial) {
+    const std::uint32_t tile = 1024u * (unit(rng) % 128u);
+    const std::uint32_t lbo = 16u * unit(rng);
+    const std::uint32_t sbo = 16u * unit(rng);
+    for (int step = 0; step < 4; ++step) {
+      const std::uint64_t kd =
+          wgmma_descriptor(k_major_step_start(tile, step), lbo, sbo, WgmmaSwizzle::k128B);
+      for (int m = 0; m < 64; ++m) {
+        for (int k = 0; k < 16; ++k) {
+          ASSERT_EQ(model_k_major_address(kd, m, k), isa_k_major(kd, m, k))
+              << "K-major tile " << tile << " sbo " << sbo << " step " << step;
+        }
+      }
+    }
+    const std::uint64_t nd = wgmma_descriptor(tile, lbo, sbo, WgmmaSwizzle::k128B);
+    for (int k = 0; k < 16; ++k) {
+      for (int n = 0; n < 256; ++n) {
+        ASSERT_EQ(model_mn_major_address(nd, k, n), isa_mn_major(nd, k, n))
+            << "MN-major tile " << tile << " lbo " << lbo << " sbo " << sbo << " k " << k << " n "
+            << n;
+      }
+    }
+  }
+}
+
+// The N-major descriptors (kMnMajorKGroupsInLbo's encoding) at every step address our layout;
+// encoded the other way they do not.
 TEST(WgmmaLayout, NMajorDescriptorsAddressTheTileAndTheOtherReadingDoesNot) {
   const std::uint32_t tile = 0x4000;
   for (const int keys : {32, 64}) {
-    for (const bool lbo : {true, false}) {
-      for (int step = 0; step < keys / 16; ++step) {
-        const std::uint64_t d = mn_major_descriptor(mn_major_step_start(tile, step), keys, lbo);
-        int other_differs = 0;
-        for (int k = 0; k < 16; ++k) {
-          for (int n = 0; n < 128; ++n) {
-            const std::uint32_t want = tile + sw128_mn_major_offset(16 * step + k, n, keys);
-            ASSERT_EQ(model_mn_major_address(d, k, n, lbo), want)
-                << "keys " << keys << " lbo " << lbo << " step " << step << " k " << k << " n "
-                << n;
-            other_differs += model_mn_major_address(d, k, n, !lbo) != want ? 1 : 0;
-          }
+    for (int step = 0; step < keys / 16; ++step) {
+      const std::uint32_t start = mn_major_step_start(tile, step);
+      const std::uint64_t d = mn_major_descriptor(start, keys, kMnMajorKGroupsInLbo);
+      const std::uint64_t other = mn_major_descriptor(start, keys, !kMnMajorKGroupsInLbo);
+      int other_differs = 0;
+      for (int k = 0; k < 16; ++k) {
+        for (int n = 0; n < 128; ++n) {
+          const std::uint32_t want = tile + sw128_mn_major_offset(16 * step + k, n, keys);
+          ASSERT_EQ(model_mn_major_address(d, k, n), want)
+              << "keys " << keys << " step " << step << " k " << k << " n " << n;
+          other_differs += model_mn_major_address(other, k, n) != want ? 1 : 0;
         }
-        EXPECT_GT(other_differs, 0) << "both readings address the same bytes: the probe could "
-                                       "not tell them apart";
       }
+      EXPECT_GT(other_differs, 0) << "both readings address the same bytes: the probe could "
+                                     "not tell them apart";
     }
   }
 }
@@ -227,7 +293,7 @@ TEST(WgmmaLayout, ExtendKernelTilesGiveQKAndPV) {
           const std::uint64_t vd = wgmma_v_step_desc(v_base, kKeys, kk);
           for (int key = 0; key < 16; ++key) {
             got += static_cast<long>(p[(64 * g + m) * kKeys + 16 * kk + key]) *
-                   smem.at(model_mn_major_address(vd, key, d, kMnMajorKGroupsInLbo));
+                   smem.at(model_mn_major_address(vd, key, d));
           }
         }
         for (int key = 0; key < kKeys; ++key) {
