@@ -280,6 +280,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
     }
   };
 
+  // P's registers pinned around the PV GEMM that reads them (the packing must not move between
+  // wgmma.fence and the MMA, nor the next packing before the wait: PTX ISA, wgmma.fence).
+  const auto fence_p = [](unsigned(&pa)[kKeys / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma::reg_fence(pa[kk]);
+  };
+
   if constexpr (!kPipelined) {
     for (int t = 0; t < tiles; ++t) {
       begin_tile(t);
@@ -296,11 +303,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
       unsigned pa[kKeys / 16][4];
       pack_p(s, pa);
       wgmma::reg_fence(o);
+      fence_p(pa);
       wgmma::fence();
       issue_pv(pa, k_addr + kKVBytes);
       wgmma::commit();
       wgmma::wait_all();
       wgmma::reg_fence(o);
+      fence_p(pa);
     }
   } else if (tiles > 0) {  // uniform over the CTA
     float s[kKeys / 2];
@@ -319,6 +328,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
       begin_tile(t);
       wgmma::reg_fence(s);
       wgmma::reg_fence(o);
+      fence_p(pa);
       wgmma::fence();
       issue_qk(s, k_addr_of(t));
       wgmma::commit();
@@ -329,6 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
       const bool any_moved = softmax(s, key_first + t * kKeys, alpha);
       wgmma::wait<0>();
       wgmma::reg_fence(o);
+      fence_p(pa);
       if (any_moved) {
 #pragma unroll
         for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= alpha[(j >> 1) & 1];
@@ -336,6 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
       pack_p(s, pa);
     }
     wgmma::reg_fence(o);
+    fence_p(pa);
     wgmma::fence();
     issue_pv(pa, k_addr_of(tiles - 1) + kKVBytes);
     wgmma::commit();
