@@ -27,13 +27,13 @@
 // default kernel's worst table-1 ratio (kFa2 since 2026-12-04, evening), TARGET
 // extend_mma16_vs_gemm the other's; RESULT extend_variants gives kFa2's time over kMma16's.
 // RESULT extend / extend_saved lines are kMma16's, RESULT extend_fa2 / extend_fa2_saved kFa2's.
-// ExtendKernel::kWgmma and kWgmmaPipelined (issue 35 step B, sm_90a, opt-in) run last, after every
-// figure above is printed, each checked on its own without and with 3 forced splits (CHECK
-// extend_attention_wgmma[_split], a failure skips only that variant's timing), then every shape
-// again with the same tables and the planner's split for its kernel, against kFa2's time from the
-// tables: RESULT extend_wgmma[_pipelined] / ..._saved (time_vs_fa2), TARGET
-// extend_wgmma[_pipelined]_vs_gemm and RESULT extend_variants wgmma[_pipelined]_time_vs_fa2;
-// RESULT extend_wgmma[_pipelined]_runs says whether each one's sm_90a kernel ran here.
+// ExtendKernel::kWgmma, kWgmmaPipelined and kWgmmaWarpSpecialized (issue 35 step B, sm_90a,
+// opt-in; names wgmma, wgmma_pipelined, wgmma_ws) run last, after every figure above is printed,
+// each checked on its own without and with 3 forced splits (CHECK extend_attention_<name>[_split],
+// a failure skips only that variant's timing), then every shape again with the same tables and
+// the planner's split for its kernel, against kFa2's time from the tables: RESULT extend_<name> /
+// extend_<name>_saved (time_vs_fa2), TARGET extend_<name>_vs_gemm and RESULT extend_variants
+// <name>_time_vs_fa2; RESULT extend_<name>_runs says whether its sm_90a kernel ran here.
 //
 // Usage: bench_extend_attention [--quick]   (--quick: a 1k prompt, for smoke tests)
 #include <cublas_v2.h>
@@ -234,6 +234,22 @@ double run_shape(const Workspace& ws, const Shape& shape, cudaStream_t stream, i
 
 // Extend attention on a small random case (3 sequences: a plain prefill, a cached prefix ending
 // mid-block, one new token after a long prefix; shuffled blocks) against the CPU reference.
+// The suffix of a variant's RESULT / CHECK names ("" for kMma16, the first kernel).
+const char* variant_suffix(pagedkv::ExtendKernel kernel) {
+  switch (kernel) {
+    case pagedkv::ExtendKernel::kFa2:
+      return "_fa2";
+    case pagedkv::ExtendKernel::kWgmma:
+      return "_wgmma";
+    case pagedkv::ExtendKernel::kWgmmaPipelined:
+      return "_wgmma_pipelined";
+    case pagedkv::ExtendKernel::kWgmmaWarpSpecialized:
+      return "_wgmma_ws";
+    default:
+      return "";
+  }
+}
+
 bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, int splits) {
   bench::Random rng(2025);
   const std::vector<std::int32_t> prefix = {0, 37, 700};
@@ -312,11 +328,11 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   if (workspace_bytes > 0) CHECK(cudaMalloc(&workspace, workspace_bytes));
   CHECK(pagedkv::paged_extend_attention(p, stream, kernel, plan, workspace, workspace_bytes));
   CHECK(cudaStreamSynchronize(stream));
-  const bool wgmma = kernel == pagedkv::ExtendKernel::kWgmma;
-  const bool pipelined = kernel == pagedkv::ExtendKernel::kWgmmaPipelined;
-  if ((wgmma || pipelined) && splits == 1) {
-    std::printf("RESULT extend_%s_runs kernel=%s (no: its kFa2 fallback ran and is timed)\n",
-                pipelined ? "wgmma_pipelined" : "wgmma",
+  const char* name = variant_suffix(kernel);
+  const bool sm90a =
+      kernel != pagedkv::ExtendKernel::kMma16 && kernel != pagedkv::ExtendKernel::kFa2;
+  if (sm90a && splits == 1) {
+    std::printf("RESULT extend%s_runs kernel=%s (no: its kFa2 fallback ran and is timed)\n", name,
                 pagedkv::extend_kernel_runs(p, kernel) ? "yes" : "no");
   }
   std::vector<std::uint16_t> out(q.size());
@@ -325,8 +341,6 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   if (workspace != nullptr) CHECK(cudaFree(workspace));
   const double err = bench::max_row_error(bench::to_doubles(kDtype, out), ref.out, kHeadDim);
   const bool pass = err <= kRowTolerance;
-  const bool fa2 = kernel == pagedkv::ExtendKernel::kFa2;
-  const char* name = fa2 ? "_fa2" : (wgmma ? "_wgmma" : (pipelined ? "_wgmma_pipelined" : ""));
   std::printf("CHECK extend_attention%s%s max_row_error=%.3g tolerance=%.0e %s\n", name,
               splits > 1 ? "_split" : "", err, kRowTolerance, pass ? "PASS" : "FAIL");
   return pass;
@@ -531,9 +545,9 @@ int main(int argc, char** argv) {
     pagedkv::ExtendKernel kernel;
     const char* name;  // RESULT / TARGET names: extend_<name>, extend_<name>_saved, ...
   };
-  for (const WgmmaRun& run :
-       {WgmmaRun{pagedkv::ExtendKernel::kWgmma, "wgmma"},
-        WgmmaRun{pagedkv::ExtendKernel::kWgmmaPipelined, "wgmma_pipelined"}}) {
+  for (const WgmmaRun& run : {WgmmaRun{pagedkv::ExtendKernel::kWgmma, "wgmma"},
+                              WgmmaRun{pagedkv::ExtendKernel::kWgmmaPipelined, "wgmma_pipelined"},
+                              WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecialized, "wgmma_ws"}}) {
     const bool plain = check_against_reference(stream, run.kernel, 1);
     if (!(check_against_reference(stream, run.kernel, 3) && plain)) continue;
     Variant wg;

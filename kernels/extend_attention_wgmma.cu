@@ -39,6 +39,7 @@
 #include "internal/extend_wgmma_launch.hpp"
 #include "internal/mma_sync.cuh"
 #include "internal/wgmma.cuh"
+#include "internal/wgmma_extend_rows.cuh"
 #include "internal/wgmma_layout.hpp"
 #include "internal/wgmma_probe.hpp"
 
@@ -46,13 +47,15 @@ namespace pagedkv::kernels {
 
 namespace {
 
-using detail::MmaCoord;
 using fa2::Fa2Params;
 
-constexpr int kHeadDim = 128;
+using wgmma_extend::fence_p;
+using wgmma_extend::kHeadDim;
+using wgmma_extend::kKeys;
+using wgmma_extend::kScores;
+using wgmma_extend::PFragments;
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kRows = kWgmmaExtendRows;
-constexpr int kKeys = 64;
 constexpr int kChunks = kHeadDim / 8;                     // 16-byte chunks per row
 constexpr std::uint32_t kQBytes = kRows * kHeadDim * 2;   // 32 KiB
 constexpr std::uint32_t kKVBytes = kKeys * kHeadDim * 2;  // K or V of one stage, 16 KiB
@@ -118,8 +121,6 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / 128;  // warpgroup
   const int wt = tid % 128;  // thread within the warpgroup
-  const int lane = tid % 32;
-  const int quad_col = lane & 3;
 
   const fa2::Fa2KeyPages pages = fa2::fa2_key_pages(p, seq, kv_head, key_first, geo.kv_end, tiles);
   const auto resolve = [&](int t) { pages.resolve<kKeys, kStages>(offsets, t, tid); };
@@ -171,20 +172,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
     *reinterpret_cast<uint4*>(smem + wgmma_kmajor_chunk_offset(row, c, kRows)) = v;
   }
 
-  // ---- this thread's two rows (h = 0, 1) within the CTA's 128 ----
-  int row_pos[2];
-  int tile_row[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    tile_row[h] = 64 * wg + wgmma_d_coord(wt, 2 * h).row;
-    const int token = (geo.row0 + tile_row[h]) / p.group;
-    row_pos[h] = token < lens.q_len ? lens.prefix + token : -1;
-  }
-  float o[kHeadDim / 2];
-#pragma unroll
-  for (int j = 0; j < kHeadDim / 2; ++j) o[j] = 0.0f;
-  float m_run[2] = {-INFINITY, -INFINITY};
-  float l_run[2] = {0.0f, 0.0f};
+  wgmma_extend::Rows<kBf16, kSoftCap> rows(p, lens, geo, wg, wt);
 
   // Copies of tile t done and visible (its stage, to the async proxy too); the next copies and
   // offsets issued. The barrier also means every warpgroup is done with the stage issued into.
@@ -199,199 +187,75 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
   const auto k_addr_of = [&](int t) {
     return ring_addr + static_cast<std::uint32_t>(fa2_slot(t, kStages)) * kStageBytes;
   };
-  // S = Q K^T over 8 k steps (two 64-column blocks of 4), issued (no fence, commit or wait).
-  const auto issue_qk = [&](float(&s)[kKeys / 2], std::uint32_t k_addr) {
-#pragma unroll
-    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      const std::uint64_t qd = wgmma_kmajor_step_desc(q_addr, kRows, wg, ks);
-      const std::uint64_t kd = wgmma_kmajor_step_desc(k_addr, kKeys, 0, ks);
-      wgmma::ss_m64n64<kBf16>(s, qd, kd, ks > 0 ? 1 : 0);
-    }
-  };
-  // O += P V over 4 k steps of 16 keys, issued.
-  const auto issue_pv = [&](const unsigned(&pa)[kKeys / 16][4], std::uint32_t v_addr) {
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      const std::uint64_t vd = wgmma_v_step_desc(v_addr, kKeys, kk);
-      wgmma::rs_m64n128_trans_b<kBf16>(o, pa[kk], vd, 1);
-    }
-  };
-  // The online softmax of one tile's scores: scale (soft-cap), mask, the new row maxima, the
-  // rescale factor alpha of what came before, l rescaled (and O too unless kPipelined, whose O is
-  // still being written by the previous tile's PV GEMM: its caller rescales it after the wait),
-  // s turned into exp2(s - m) and added to l. Returns whether any row maximum of the warp moved.
-  const auto softmax = [&](float(&s)[kKeys / 2], int key0, float(&alpha)[2]) {
-    const bool need_mask =
-        extend_tile_needs_mask(geo, key0, kKeys, p.window_size) || key0 + kKeys > geo.kv_end;
-#pragma unroll
-    for (int j = 0; j < kKeys / 2; ++j) {
-      float x = s[j] * p.score_scale;
-      if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x);
-      const int key = key0 + wgmma_d_coord(wt, j).col;
-      if (need_mask && !extend_key_visible(row_pos[(j >> 1) & 1], key, p.window_size)) {
-        x = -INFINITY;
-      }
-#ifdef PAGEDKV_TEST_DROP_KEY
-      if (key == PAGEDKV_TEST_DROP_KEY) x = -INFINITY;
-#endif
-      s[j] = x;
-    }
-
-    float m_use[2];
-    bool moved = false;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kKeys / 8; ++n) {
-        tile_max = fmaxf(tile_max, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
-      }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float m_new = fmaxf(m_run[h], tile_max);
-      m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[h] = exp2f(m_run[h] - m_use[h]);
-      moved = moved || m_new != m_run[h];
-      m_run[h] = m_new;
-    }
-    const bool any_moved = __any_sync(0xffffffffu, moved);
-    if (any_moved) {
-      l_run[0] *= alpha[0];
-      l_run[1] *= alpha[1];
-      if constexpr (!kPipelined) {
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= alpha[(j >> 1) & 1];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kKeys / 2; ++j) {
-      s[j] = exp2f(s[j] - m_use[(j >> 1) & 1]);
-      l_run[(j >> 1) & 1] += s[j];
-    }
-    return any_moved;
-  };
-  // P (16-bit) as the A operand of the PV GEMM, from the exponentiated scores.
-  const auto pack_p = [&](const float(&s)[kKeys / 2], unsigned(&pa)[kKeys / 16][4]) {
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-        pa[kk][r] = MmaOps<kBf16>::pack2(s[wgmma_p_source(kk, r, 0)], s[wgmma_p_source(kk, r, 1)]);
-    }
-  };
-
-  // P's registers pinned around the PV GEMM that reads them (the packing must not move between
-  // wgmma.fence and the MMA, nor the next packing before the wait: PTX ISA, wgmma.fence).
-  const auto fence_p = [](unsigned(&pa)[kKeys / 16][4]) {
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) wgmma::reg_fence(pa[kk]);
-  };
 
   if constexpr (!kPipelined) {
     for (int t = 0; t < tiles; ++t) {
       begin_tile(t);
       const std::uint32_t k_addr = k_addr_of(t);
-      float s[kKeys / 2];
+      float s[kScores];
       wgmma::reg_fence(s);
       wgmma::fence();
-      issue_qk(s, k_addr);
+      rows.issue_qk(s, q_addr, kRows, k_addr);
       wgmma::commit();
       wgmma::wait_all();
       wgmma::reg_fence(s);
       float alpha[2];
-      (void)softmax(s, key_first + t * kKeys, alpha);  // O rescaled in it
-      unsigned pa[kKeys / 16][4];
-      pack_p(s, pa);
-      wgmma::reg_fence(o);
+      (void)rows.template softmax<true>(s, key_first + t * kKeys, alpha);  // O rescaled in it
+      PFragments pa;
+      rows.pack_p(s, pa);
+      wgmma::reg_fence(rows.o);
       fence_p(pa);
       wgmma::fence();
-      issue_pv(pa, k_addr + kKVBytes);
+      rows.issue_pv(pa, k_addr + kKVBytes);
       wgmma::commit();
       wgmma::wait_all();
-      wgmma::reg_fence(o);
+      wgmma::reg_fence(rows.o);
       fence_p(pa);
     }
   } else if (tiles > 0) {  // uniform over the CTA
-    float s[kKeys / 2];
-    unsigned pa[kKeys / 16][4];  // P of the tile before the one being scored
+    float s[kScores];
+    PFragments pa;  // P of the tile before the one being scored
     float alpha[2];
     begin_tile(0);
     wgmma::reg_fence(s);
     wgmma::fence();
-    issue_qk(s, k_addr_of(0));
+    rows.issue_qk(s, q_addr, kRows, k_addr_of(0));
     wgmma::commit();
     wgmma::wait_all();
     wgmma::reg_fence(s);
-    (void)softmax(s, key_first, alpha);  // O is still zero: nothing to rescale
-    pack_p(s, pa);
+    (void)rows.template softmax<false>(s, key_first, alpha);  // O is still zero
+    rows.pack_p(s, pa);
     for (int t = 1; t < tiles; ++t) {
       begin_tile(t);
       wgmma::reg_fence(s);
-      wgmma::reg_fence(o);
+      wgmma::reg_fence(rows.o);
       fence_p(pa);
       wgmma::fence();
-      issue_qk(s, k_addr_of(t));
+      rows.issue_qk(s, q_addr, kRows, k_addr_of(t));
       wgmma::commit();
-      issue_pv(pa, k_addr_of(t - 1) + kKVBytes);  // tile t - 1's stage: not reissued until t + 2
+      rows.issue_pv(pa, k_addr_of(t - 1) + kKVBytes);  // tile t - 1's stage: reissued at t + 2
       wgmma::commit();
       wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
       wgmma::reg_fence(s);
-      const bool any_moved = softmax(s, key_first + t * kKeys, alpha);
+      const bool any_moved = rows.template softmax<false>(s, key_first + t * kKeys, alpha);
       wgmma::wait<0>();
-      wgmma::reg_fence(o);
+      wgmma::reg_fence(rows.o);
       fence_p(pa);
-      if (any_moved) {
-#pragma unroll
-        for (int j = 0; j < kHeadDim / 2; ++j) o[j] *= alpha[(j >> 1) & 1];
-      }
-      pack_p(s, pa);
+      if (any_moved) rows.rescale_o(alpha);
+      rows.pack_p(s, pa);
     }
-    wgmma::reg_fence(o);
+    wgmma::reg_fence(rows.o);
     fence_p(pa);
     wgmma::fence();
-    issue_pv(pa, k_addr_of(tiles - 1) + kKVBytes);
+    rows.issue_pv(pa, k_addr_of(tiles - 1) + kKVBytes);
     wgmma::commit();
     wgmma::wait_all();
-    wgmma::reg_fence(o);
+    wgmma::reg_fence(rows.o);
   }
   cp_async_wait<0>();
 
   // ---- epilogue: this thread's two rows, directly or as a split partial ----
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float l = l_run[h];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    const int packed = geo.row0 + tile_row[h];
-    const int token = packed / p.group;
-    if (token >= lens.q_len) continue;
-    const int head = kv_head * p.group + packed % p.group;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const float lse2 = l > 0.0f ? m_run[h] + log2f(l) : -INFINITY;
-    if (direct) {
-      const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
-      std::uint16_t* dst =
-          p.out + q_row * p.out_stride_token + head * p.out_stride_head + quad_col * 2;
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        *reinterpret_cast<unsigned*>(dst + n * 8) =
-            MmaOps<kBf16>::pack2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-      }
-      if (p.lse != nullptr && quad_col == 0) {
-        p.lse[q_row * p.num_q_heads + head] = l > 0.0f ? lse2 * fa2::kLn2 : -INFINITY;
-      }
-    } else {
-      const std::int64_t state =
-          fa2_state(seq, token, head, item.split, p.max_q_len, p.num_q_heads, p.num_splits);
-      float* dst = p.partial_out + state * kHeadDim + quad_col * 2;
-#pragma unroll
-      for (int n = 0; n < kHeadDim / 8; ++n) {
-        *reinterpret_cast<float2*>(dst + n * 8) =
-            make_float2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
-      }
-      if (quad_col == 0) p.partial_lse[state] = lse2;
-    }
-  }
+  rows.epilogue(lens, seq, kv_head, direct, item.split);
 #else
   (void)p;
   __trap();  // built for sm_90a only; the host checks the device before launching

@@ -5,10 +5,10 @@
 #include "backend.hpp"
 #include "engine.hpp"
 #include "model.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
-#include "pagedkv/device/kv_dtype.hpp"
 
 namespace tiny_engine {
 

@@ -249,6 +249,28 @@ PAGEDKV_HOST_DEVICE std::int64_t tc_token_offset(const TcPageGeometry& g,
   return block * g.stride_block + in_block * g.stride_token + g.head_offset;
 }
 
+// tc_token_offset in two steps, so a kernel can load a block id ahead of its use: the block id
+// of token t (-1 at or past `end`; not yet checked against the pool), then t's offset in it (-1
+// for a block id of -1 or outside [0, num_blocks)). tc_token_block_offset(g, t,
+// tc_token_block(g, table_row, t, end)) == tc_token_offset(g, table_row, t, end).
+PAGEDKV_HOST_DEVICE std::int64_t tc_token_block(const TcPageGeometry& g,
+                                                const std::int32_t* table_row, int t, int end) {
+  if (t >= end) return -1;
+  const int block_index = g.block_shift >= 0 ? t >> g.block_shift : t / g.block_size;
+#ifdef __CUDA_ARCH__
+  return __ldg(table_row + block_index);
+#else
+  return table_row[block_index];
+#endif
+}
+PAGEDKV_HOST_DEVICE std::int64_t tc_token_block_offset(const TcPageGeometry& g, int t,
+                                                       std::int64_t block) {
+  if (block < 0 || block >= g.num_blocks) return -1;
+  const int in_block =
+      g.block_shift >= 0 ? t & (g.block_size - 1) : t - (t / g.block_size) * g.block_size;
+  return block * g.stride_block + in_block * g.stride_token + g.head_offset;
+}
+
 PAGEDKV_HOST_DEVICE constexpr int tc_block_shift(int block_size) {
   for (int shift = 0; shift < 31; ++shift) {
     if ((1 << shift) == block_size) return shift;

@@ -85,9 +85,9 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
 // Every extend variant is built broken: kMma16, kFa2 without and with a split over keys (3
 // splits: the dropped key sits in one split's partial rows), kWgmma without and with 3 splits
 // (variants 4 and 5; its sm_90a kernel on compute capability 9.0, else its kFa2 fallback) and
-// kWgmmaPipelined without and with 3 splits (variants 6 and 7).
+// kWgmmaPipelined and kWgmmaWarpSpecialized without and with 3 splits (variants 6-7 and 8-9).
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
-  for (const int variant : {0, 1, 3, 4, 5, 6, 7}) {
+  for (const int variant : {0, 1, 3, 4, 5, 6, 7, 8, 9}) {
     for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
       // Sequence 1's new tokens sit at positions 150..189 and see key 100; the others do not.
       const testing::ExtendShape s =
@@ -96,10 +96,11 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
       const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
       testing::DeviceExtendProblem dev(pb);
       ExtendSplitPlan plan;
-      plan.num_splits = variant == 3 || variant == 5 || variant == 7 ? 3 : 1;
+      plan.num_splits = variant == 3 || variant == 5 || variant == 7 || variant == 9 ? 3 : 1;
       const testing::DeviceBuffer workspace(extend_workspace_bytes(dev.params(pb), plan));
       PAGEDKV_CUDA_CHECK(paged_extend_attention(dev.params(pb), nullptr,
                                                 variant == 0   ? ExtendKernel::kMma16
+                                                : variant >= 8 ? ExtendKernel::kWgmmaWarpSpecialized
                                                 : variant >= 6 ? ExtendKernel::kWgmmaPipelined
                                                 : variant >= 4 ? ExtendKernel::kWgmma
                                                                : ExtendKernel::kFa2,
@@ -114,6 +115,7 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
           "rows "
           "rejected\n",
           variant == 0   ? "mma16"
+          : variant >= 8 ? "wgmma-warp-specialized"
           : variant >= 6 ? "wgmma-pipelined"
           : variant >= 4 ? "wgmma"
                          : "fa2",

@@ -17,7 +17,8 @@
 // ExtendKernel::kWgmma with the planner's split for the current device, which runs its sm_90a
 // kernel at head_dim 128 on compute capability 9.0 and falls back to kFa2 elsewhere; /WgmmaSplit3,
 // kWgmma forced to 3 splits, its partial rows through kFa2's merge; /WgmmaPipelined,
-// ExtendKernel::kWgmmaPipelined with the planner's split, the same shapes and fallback).
+// ExtendKernel::kWgmmaPipelined with the planner's split, the same shapes and fallback;
+// /WgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecialized likewise).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -84,7 +85,15 @@ using testing::DeviceExtendProblem;
 }
 
 // ---- the kernel variant under test (set by the fixture for each parameterized test) ----
-enum class Variant { kMma16, kFa2, kFa2Split3, kWgmma, kWgmmaSplit3, kWgmmaPipelined };
+enum class Variant {
+  kMma16,
+  kFa2,
+  kFa2Split3,
+  kWgmma,
+  kWgmmaSplit3,
+  kWgmmaPipelined,
+  kWgmmaWarpSpecialized
+};
 Variant g_variant = Variant::kMma16;
 DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
 
@@ -100,6 +109,8 @@ ExtendKernel kernel_of(Variant v) {
       return ExtendKernel::kWgmma;
     case Variant::kWgmmaPipelined:
       return ExtendKernel::kWgmmaPipelined;
+    case Variant::kWgmmaWarpSpecialized:
+      return ExtendKernel::kWgmmaWarpSpecialized;
   }
   return ExtendKernel::kFa2;
 }
@@ -109,7 +120,8 @@ ExtendSplitPlan plan_of(const PagedExtendParams& p) {
   if (g_variant == Variant::kFa2) {
     testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kFa2, &plan),
                         "extend_split_plan_for_current_device");
-  } else if (g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaPipelined) {
+  } else if (g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaPipelined ||
+             g_variant == Variant::kWgmmaWarpSpecialized) {
     testing::cuda_check(extend_split_plan_for_current_device(p, kernel_of(g_variant), &plan),
                         "extend_split_plan_for_current_device");
   } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3) {
@@ -175,6 +187,8 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "WgmmaSplit3";
     case Variant::kWgmmaPipelined:
       return "WgmmaPipelined";
+    case Variant::kWgmmaWarpSpecialized:
+      return "WgmmaWarpSpecialized";
   }
   return "Unknown";
 }
@@ -182,7 +196,8 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
                          ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3,
                                            Variant::kWgmma, Variant::kWgmmaSplit3,
-                                           Variant::kWgmmaPipelined),
+                                           Variant::kWgmmaPipelined,
+                                           Variant::kWgmmaWarpSpecialized),
                          variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
@@ -669,10 +684,13 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmma), cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
   EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmmaPipelined),
             cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
+  EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmmaWarpSpecialized),
+            cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
   PagedExtendParams dim64 = good;
   dim64.layout.head_dim = 64;
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmma));
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaPipelined));
+  EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaWarpSpecialized));
   // kWgmma splits as kFa2, over its own 128-row query tiles: at head_dim 256 kFa2's tiles are 64
   // rows (16 per warp), so 200 rows are 4 tiles for kFa2 (16 CTAs) and 2 for kWgmma (8 CTAs).
   EXPECT_EQ(plan_extend_split(good, ExtendKernel::kWgmma, 132, 2).num_splits, kCudaExtendMaxSplits);
@@ -682,6 +700,7 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kFa2, 3, 2).num_splits, 1);    // 16 >= 12
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmma, 3, 2).num_splits, 2);  // 8 -> 12
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaPipelined, 3, 2).num_splits, 2);
+  EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaWarpSpecialized, 3, 2).num_splits, 2);
   // The default since the H200 run of 2026-12-04, evening (bench/results/gpu.md).
   EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kFa2);
 
@@ -727,7 +746,13 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
         (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmmaPipelined, plan, small, 64);
       },
       "workspace");
-  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(4)); },
+  expect_error(
+      [&] {
+        (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmmaWarpSpecialized, plan,
+                                     nullptr, 0);
+      },
+      "workspace");
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(5)); },
                "unknown ExtendKernel");
   // An empty batch needs no workspace, even with a split plan (nothing is launched).
   plan.num_splits = 4;

@@ -447,6 +447,11 @@ TEST(DecodeTcLayout, PageOffsetTableMatchesTheLayout) {
           }
           ASSERT_EQ(detail::tc_token_offset(g, row.data(), t, end), want)
               << "block size " << block_size << " kind " << kind << " head " << head << " t " << t;
+          // The two-step form (block id loaded ahead, offset later) gives the same offset.
+          ASSERT_EQ(
+              detail::tc_token_block_offset(g, t, detail::tc_token_block(g, row.data(), t, end)),
+              want)
+              << "two-step: block size " << block_size << " kind " << kind << " t " << t;
         }
       }
     }

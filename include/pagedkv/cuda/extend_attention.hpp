@@ -49,6 +49,12 @@
 //           issues tile t's S GEMM, then tile t - 1's PV GEMM, and runs tile t's softmax while the
 //           PV GEMM is in flight (a 4-stage K/V ring, 167 KiB of shared memory). Same shapes,
 //           plan, fallback and status (not yet run on a GPU).
+//   kWgmmaWarpSpecialized  kernels/extend_attention_wgmma_ws.cu: FlashAttention-3's structure. A
+//           producer warpgroup (registers cut to 40 with setmaxnreg) gathers the paged K/V with
+//           cp.async into a 4-stage ring whose stages are handed over by mbarriers; two consumer
+//           warpgroups (232 registers) each run kWgmmaPipelined's loop on their 64 rows with no
+//           CTA-wide barrier, so one's softmax can run under the other's GEMMs. Same shapes,
+//           plan, fallback and status (not yet run on a GPU).
 //           An FP8 cache falls back to the FP8 kernel with every variant; every 16-bit shape runs
 //           kMma16 and kFa2.
 //
@@ -91,6 +97,7 @@ enum class ExtendKernel : int {
   kFa2 = 1,    // FlashAttention-2-style variant with an optional split over keys (the default)
   kWgmma = 2,  // sm_90a warpgroup-MMA variant (head_dim 128, compute capability 9.0; else kFa2)
   kWgmmaPipelined = 3,  // kWgmma with a tile's softmax overlapping the previous tile's PV GEMM
+  kWgmmaWarpSpecialized = 4,  // kWgmmaPipelined's consumers fed by a producer warpgroup
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 

@@ -1,0 +1,316 @@
+// Warp-specialized warpgroup-MMA paged extend attention (ExtendKernel::kWgmmaWarpSpecialized;
+// contract in include/pagedkv/cuda/extend_attention.hpp). Issue 35, step B: FlashAttention-3's
+// structure on the tile geometry of kWgmma (kernels/extend_attention_wgmma.cu), with the paged K/V
+// gathered by a producer warpgroup instead of by every thread between CTA barriers. Compiled for
+// sm_90a only (the CMake object library pagedkv_cuda_sm90a); paged_extend_attention runs it only
+// on compute capability 9.0, for 16-bit caches at head_dim 128, and falls back to kFa2 elsewhere.
+// Not yet run on a GPU.
+//
+// CTA = three warpgroups (384 threads) = 128 query rows of one (sequence, KV head, query tile,
+// split), as kWgmma:
+//   producer  warpgroup 0, its registers cut to kProducerRegs (setmaxnreg.dec): for each 64-key
+//             tile, waits until the consumers have freed its stage (empty[s]), gathers K (K-major)
+//             and V (N-major) through the block table with cp.async, and has each copy's
+//             completion counted on full[s] (cp.async.mbarrier.arrive.noinc: 128 arrivals, one
+//             per producer thread). Page offsets come from a 2-slot table in shared memory,
+//             written one tile ahead between producer-only barriers (bar.sync 1, 128), from block
+//             ids loaded from the block table two tiles ahead into registers, so the table's
+//             latency is off the copies' path.
+//   consumers warpgroups 1 and 2 (rows 0-63 and 64-127), registers raised to kConsumerRegs
+//             (setmaxnreg.inc): each loads its Q rows, then runs kWgmmaPipelined's loop on its
+//             own, synchronized only through the stages' barriers: wait full[s] for tile t; issue
+//             tile t's S GEMM and tile t - 1's PV GEMM; softmax of tile t while the PV GEMM runs;
+//             wait; free tile t - 1's stage (empty[s], 256 arrivals: every consumer thread);
+//             rescale O; pack P. No CTA-wide barrier after the prologue, so the two warpgroups
+//             drift and one's softmax runs under the other's GEMMs.
+//   ring      kStages stages of K + V (32 KiB each), full[s] / empty[s] mbarriers, phases by round.
+//   split     over keys as kFa2 and kWgmma (same plan, workspace and merge kernel).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "internal/cp_async.cuh"
+#include "internal/extend_fa2_launch.hpp"
+#include "internal/extend_fa2_params.cuh"
+#include "internal/extend_wgmma_launch.hpp"
+#include "internal/mbarrier.cuh"
+#include "internal/wgmma.cuh"
+#include "internal/wgmma_extend_rows.cuh"
+#include "internal/wgmma_layout.hpp"
+
+namespace pagedkv::kernels {
+
+namespace {
+
+using fa2::Fa2Params;
+using wgmma_extend::fence_p;
+using wgmma_extend::kHeadDim;
+using wgmma_extend::kKeys;
+using wgmma_extend::kScores;
+using wgmma_extend::PFragments;
+
+constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
+constexpr int kRows = kWgmmaExtendRows;
+constexpr int kStages = 4;
+constexpr int kChunks = kHeadDim / 8;                     // 16-byte chunks per row
+constexpr std::uint32_t kQBytes = kRows * kHeadDim * 2;   // 32 KiB
+constexpr std::uint32_t kKVBytes = kKeys * kHeadDim * 2;  // K or V of one stage, 16 KiB
+constexpr std::uint32_t kStageBytes = 2 * kKVBytes;
+constexpr std::uint32_t kOffsetBytes = 2 * kKeys * sizeof(std::int64_t);
+constexpr std::uint32_t kBarrierBytes = 2 * kStages * sizeof(std::uint64_t);
+constexpr std::uint32_t kSmemBytes =
+    kQBytes + kStages * kStageBytes + kOffsetBytes + kBarrierBytes + 1024;
+static_assert(128 * 8 == kKeys * kChunks, "K and V: 8 chunks per producer thread each");
+static_assert(128 * 8 == 64 * kChunks, "Q: 8 chunks per consumer thread");
+
+// Registers: the launch reserves 65,536 / 384 = 170, allocated per warp in units of 8 per thread
+// (168); the producer gives back 168 - kProducerRegs per thread, the consumers take
+// kConsumerRegs - 168 each, which must fit in what was given back (or setmaxnreg.inc waits).
+constexpr int kLaunchRegs = 168;
+constexpr int kProducerRegs = 40;
+constexpr int kConsumerRegs = 232;
+static_assert(128 * (kLaunchRegs - kProducerRegs) >= 256 * (kConsumerRegs - kLaunchRegs),
+              "the consumers' raise must fit in the producer's cut");
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "one SM's registers");
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define PAGEDKV_WGMMA_WS_DEVICE 1  // the device pass with wgmma and setmaxnreg (sm_90a)
+#endif
+
+template <bool kBf16, bool kSoftCap>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2Params p) {
+#ifdef PAGEDKV_WGMMA_WS_DEVICE
+  using namespace pagedkv::detail;
+  extern __shared__ unsigned char smem_raw[];
+  const auto raw_addr = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const std::uint32_t pad = (1024u - (raw_addr & 1023u)) & 1023u;
+  unsigned char* const smem = smem_raw + pad;
+  const std::uint32_t q_addr = raw_addr + pad;
+  const std::uint32_t ring_addr = q_addr + kQBytes;
+  unsigned char* const ring = smem + kQBytes;
+  auto* offsets = reinterpret_cast<std::int64_t*>(ring + kStages * kStageBytes);  // [2][kKeys]
+  auto* full = reinterpret_cast<std::uint64_t*>(ring + kStages * kStageBytes + kOffsetBytes);
+  std::uint64_t* const empty = full + kStages;
+
+  // ---- what this CTA covers (as kWgmma) ----
+  const int kv_head = static_cast<int>(blockIdx.x);
+  const int seq = static_cast<int>(blockIdx.y);
+  const fa2::SeqLens lens = fa2::seq_lens_of(p, seq);
+  const int num_tiles = extend_num_tiles(lens.q_len, p.group, kRows);
+  const Fa2WorkItem item = fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, p.num_splits);
+  if (item.tile < 0) return;  // uniform over the CTA
+  const Fa2TileWork work = fa2_tile_work(lens.q_len, lens.prefix, p.group, p.window_size, item.tile,
+                                         kRows, kKeys, p.num_splits);
+  if (item.split >= work.active) return;
+  const Fa2SplitTiles split = fa2_split_tiles(work, item.split);
+  const bool direct = work.active == 1;
+  const ExtendTileGeometry& geo = work.geo;
+  const int key_first = geo.kv_begin + split.first * kKeys;
+  const int tiles = split.last - split.first;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform, as setmaxnreg needs
+  const int wt = tid % 128;
+
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbar::init(&full[s], 128);   // one cp.async-completion arrival per producer thread
+      mbar::init(&empty[s], 256);  // one arrival per consumer thread
+    }
+  }
+  __syncthreads();  // the barriers initialized before anyone arrives or waits
+
+  if (wg == 0) {
+    // ---- producer ----
+    mbar::setmaxnreg_dec<kProducerRegs>();
+    const fa2::Fa2KeyPages pages =
+        fa2::fa2_key_pages(p, seq, kv_head, key_first, geo.kv_end, tiles);
+    // Key wt (< kKeys) of tile t: its block id (loaded ahead), then its offset (-1: zero-fill).
+    const auto block_of = [&](int t) -> std::int64_t {
+      return t < tiles ? tc_token_block(pages.page, pages.table_row, key_first + t * kKeys + wt,
+                                        geo.kv_end)
+                       : -1;
+    };
+    const auto offset_of = [&](int t, std::int64_t block) {
+      return tc_token_block_offset(pages.page, key_first + t * kKeys + wt, block);
+    };
+    std::int64_t next_block = -1;  // tile t + 1's, at iteration t
+    if (wt < kKeys) {
+      offsets[wt] = offset_of(0, block_of(0));
+      next_block = block_of(1);
+    }
+    mbar::named_sync(1, 128);
+    for (int t = 0; t < tiles; ++t) {
+      const int s = t % kStages;
+      mbar::wait_parity(&empty[s], static_cast<std::uint32_t>(((t / kStages) & 1) ^ 1));
+      unsigned char* k_dst = ring + s * kStageBytes;
+      unsigned char* v_dst = k_dst + kKVBytes;
+      const std::int64_t* slot = offsets + (t & 1) * kKeys;
+      // Unrolled by 4, not 8: fully unrolled, the hoisted addresses need about 90 registers and
+      // spill at kProducerRegs (ptxas; scripts/kernel-resources would fail).
+#pragma unroll 4
+      for (int i = 0; i < 8; ++i) {
+        const int chunk = wt + i * 128;
+        const int key = chunk / kChunks;
+        const int c = chunk % kChunks;
+        const std::int64_t off = slot[key];
+        const bool fill = off >= 0;
+        cp_async_16(k_dst + wgmma_kmajor_chunk_offset(key, c, kKeys),
+                    fill ? p.k_cache + off + c * 8 : p.k_cache, fill);
+        cp_async_16(v_dst + wgmma_v_chunk_offset(key, c, kKeys),
+                    fill ? p.v_cache + off + c * 8 : p.v_cache, fill);
+      }
+      mbar::arrive_on_cp_async(&full[s]);
+      // Tile t + 1's offsets into the other slot (read last by tile t - 1's copies, before the
+      // previous barrier), from the block ids loaded an iteration ago; tile t + 2's loaded now.
+      if (wt < kKeys) {
+        offsets[((t + 1) & 1) * kKeys + wt] = offset_of(t + 1, next_block);
+        next_block = block_of(t + 2);
+      }
+      mbar::named_sync(1, 128);
+    }
+    mbar::cp_async_wait_all();  // nothing in flight when the producer exits
+    return;
+  }
+
+  // ---- consumers: warpgroup c = wg - 1 owns rows 64 c .. 64 c + 63 ----
+  mbar::setmaxnreg_inc<kConsumerRegs>();
+  const int c = wg - 1;
+  // Q, unscaled; rows past q_len are zero.
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int chunk = wt + i * 128;
+    const int row = 64 * c + chunk / kChunks;
+    const int col = chunk % kChunks;
+    const int packed = geo.row0 + row;
+    const int token = packed / p.group;
+    uint4 v = make_uint4(0u, 0u, 0u, 0u);
+    if (token < lens.q_len) {
+      const std::int64_t at =
+          (static_cast<std::int64_t>(lens.q_begin) + token) * p.q_stride_token +
+          static_cast<std::int64_t>(kv_head * p.group + packed % p.group) * p.q_stride_head +
+          col * 8;
+      v = __ldg(reinterpret_cast<const uint4*>(p.q + at));
+    }
+    *reinterpret_cast<uint4*>(smem + wgmma_kmajor_chunk_offset(row, col, kRows)) = v;
+  }
+  wgmma::fence_proxy_async_shared();  // the Q stores before the async proxy reads them
+  mbar::named_sync(2 + c, 128);       // the warpgroup's Q rows all written
+
+  wgmma_extend::Rows<kBf16, kSoftCap> rows(p, lens, geo, c, wt);
+  const auto k_addr_of = [&](int t) {
+    return ring_addr + static_cast<std::uint32_t>(t % kStages) * kStageBytes;
+  };
+  // Tile t's K and V have landed (the producer's copies, counted on full[s]).
+  const auto wait_full = [&](int t) {
+    mbar::wait_parity(&full[t % kStages], static_cast<std::uint32_t>((t / kStages) & 1));
+    wgmma::fence_proxy_async_shared();  // the landed copies before the async proxy reads them
+  };
+  // Every read of tile t's stage by this thread's warpgroup is complete (after a wgmma wait).
+  const auto release = [&](int t) { mbar::arrive(&empty[t % kStages]); };
+
+  if (tiles > 0) {  // uniform over the CTA
+    float s[kScores];
+    PFragments pa;  // P of the tile before the one being scored
+    float alpha[2];
+    wait_full(0);
+    wgmma::reg_fence(s);
+    wgmma::fence();
+    rows.issue_qk(s, q_addr, kRows, k_addr_of(0));
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::reg_fence(s);
+    (void)rows.template softmax<false>(s, key_first, alpha);  // O is still zero
+    rows.pack_p(s, pa);
+    for (int t = 1; t < tiles; ++t) {
+      wait_full(t);
+      wgmma::reg_fence(s);
+      wgmma::reg_fence(rows.o);
+      fence_p(pa);
+      wgmma::fence();
+      rows.issue_qk(s, q_addr, kRows, k_addr_of(t));
+      wgmma::commit();
+      rows.issue_pv(pa, k_addr_of(t - 1) + kKVBytes);
+      wgmma::commit();
+      wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
+      wgmma::reg_fence(s);
+      const bool any_moved = rows.template softmax<false>(s, key_first + t * kKeys, alpha);
+      wgmma::wait<0>();
+      wgmma::reg_fence(rows.o);
+      fence_p(pa);
+      release(t - 1);  // its K (S GEMM, iteration t - 1) and V (PV GEMM, just now) are read
+      if (any_moved) rows.rescale_o(alpha);
+      rows.pack_p(s, pa);
+    }
+    wgmma::reg_fence(rows.o);
+    fence_p(pa);
+    wgmma::fence();
+    rows.issue_pv(pa, k_addr_of(tiles - 1) + kKVBytes);
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::reg_fence(rows.o);
+  }
+
+  // ---- epilogue: this thread's two rows, directly or as a split partial ----
+  rows.epilogue(lens, seq, kv_head, direct, item.split);
+#else
+  (void)p;
+  __trap();  // built for sm_90a only; the host checks the device before launching
+#endif
+}
+
+template <bool kBf16, bool kSoftCap>
+cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
+  const auto kernel = wgmma_ws_extend_kernel<kBf16, kSoftCap>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmemBytes));
+  if (err != cudaSuccess) return err;
+  kp.rows = kRows;
+  kp.keys = kKeys;
+  const std::int64_t tiles =
+      (static_cast<std::int64_t>(kp.max_q_len) * kp.group + kRows - 1) / kRows;
+  if (tiles == 0) return cudaSuccess;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
+                        static_cast<unsigned>(tiles * kp.num_splits));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  err = cudaLaunchKernelEx(&config, kernel, kp);
+  if (err != cudaSuccess || kp.num_splits == 1) return err;
+  return fa2_merge_splits(kp, kBf16, kHeadDim, num_seqs, stream);
+}
+
+}  // namespace
+
+cudaError_t wgmma_ws_extend_ctas_per_sm(int* ctas) {
+  const auto kernel = wgmma_ws_extend_kernel<true, false>;  // dtype, soft-cap: same size
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmemBytes));
+  int resident = 0;
+  if (err == cudaSuccess) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, kSmemBytes);
+  }
+  if (err != cudaSuccess) return err;
+  *ctas = resident > 0 ? resident : 1;
+  return cudaSuccess;
+}
+
+cudaError_t wgmma_ws_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
+                                  cudaStream_t stream) {
+  const Fa2Params kp = fa2::make_fa2_params(params, num_splits, workspace);
+  const bool bf16 = params.dtype == KVDtype::kBFloat16;
+  const bool cap = kp.cap_log2 > 0.0f;
+  const int heads = params.layout.num_kv_heads;
+  if (bf16) {
+    return cap ? launch<true, true>(kp, heads, params.num_seqs, stream)
+               : launch<true, false>(kp, heads, params.num_seqs, stream);
+  }
+  return cap ? launch<false, true>(kp, heads, params.num_seqs, stream)
+             : launch<false, false>(kp, heads, params.num_seqs, stream);
+}
+
+}  // namespace pagedkv::kernels

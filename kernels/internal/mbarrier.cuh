@@ -1,0 +1,82 @@
+// kernels/internal/mbarrier.cuh: shared-memory barriers (mbarrier, sm_80+; parity waits), cp.async
+// completion tracked by an mbarrier, named CTA barriers and the warpgroup register reallocation of
+// sm_90a (setmaxnreg) for the warp-specialized kernels. Thin wrappers over PTX; internal to
+// pagedkv::cuda.
+//
+// The phase protocol used with them: a barrier initialized with count N completes its current
+// phase when N arrivals have happened, then starts the next; wait_parity(bar, parity) returns
+// once the phase of that parity has completed. A consumer of stage s in round r (the r-th time
+// the ring comes back to s) waits on full[s] with parity r & 1; a producer about to refill s for
+// round r waits on empty[s] with parity (r & 1) ^ 1, which a fresh barrier passes at once (round
+// 0: nothing to wait for).
+#pragma once
+
+#include <cstdint>
+
+namespace pagedkv::kernels::mbar {
+
+__device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// One thread initializes; the CTA then synchronizes before anyone uses the barrier.
+__device__ __forceinline__ void init(std::uint64_t* bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+
+// One arrival (release semantics: the thread's earlier writes are visible to whoever observes
+// the phase completing).
+__device__ __forceinline__ void arrive(std::uint64_t* bar) {
+  asm volatile(
+      "{\n\t.reg .b64 state;\n\t"
+      "mbarrier.arrive.shared::cta.b64 state, [%0];\n\t}\n" ::"r"(smem_addr(bar))
+      : "memory");
+}
+
+// An arrival triggered when every cp.async this thread issued before it has completed; counted
+// in the barrier's expected count (.noinc).
+__device__ __forceinline__ void arrive_on_cp_async(std::uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
+               : "memory");
+}
+
+// Blocks until the phase of parity `parity` has completed (acquire semantics).
+__device__ __forceinline__ void wait_parity(std::uint64_t* bar, std::uint32_t parity) {
+  const std::uint32_t addr = smem_addr(bar);
+  std::uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+// Waits for every cp.async this thread issued (committed in groups or not).
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
+// A barrier among `threads` threads (whole warps) of the CTA, id 1..15 (0 is __syncthreads).
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Warpgroup register reallocation (sm_90a): every warp of the warpgroup runs it; the per-thread
+// limit becomes kRegs (a multiple of 8 in [24, 256]).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes 24..256 by 8");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg takes 24..256 by 8");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+}  // namespace pagedkv::kernels::mbar

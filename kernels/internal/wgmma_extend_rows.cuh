@@ -1,0 +1,206 @@
+// kernels/internal/wgmma_extend_rows.cuh: one warpgroup's 64 query rows of the warpgroup-MMA
+// paged extend kernels (kernels/extend_attention_wgmma.cu, ExtendKernel::kWgmma and
+// kWgmmaPipelined; kernels/extend_attention_wgmma_ws.cu, kWgmmaWarpSpecialized): the online
+// softmax state in registers (O accumulators, running maxima and sums), the two GEMMs of a 64-key
+// tile issued on Hopper's wgmma, the softmax on the score accumulators, P packed as the PV GEMM's
+// A operand, and the epilogue (the output rows directly, or a split's partial rows for kFa2's
+// merge). The kernels own the K/V ring and its synchronization; this holds what a warpgroup does
+// with a tile once its K and V are in shared memory. Included only by sources compiled for sm_90a
+// alone (the CMake object library pagedkv_cuda_sm90a); internal to pagedkv::cuda.
+//
+// Layouts (kernels/internal/wgmma_layout.hpp): the CTA's Q tile (128 rows) and each K stage are
+// 128-byte-swizzled K-major tiles, each V stage N-major; the warpgroup's rows are 64 g .. 64 g + 63
+// of the Q tile. A thread's accumulators follow wgmma's D fragment: its two rows h = 0, 1
+// (wgmma_d_coord(wt, 2 h).row), a row's 64 keys spread over the 4 lanes of a quad.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "internal/extend_fa2_params.cuh"
+#include "internal/mma_sync.cuh"
+#include "internal/wgmma.cuh"
+#include "internal/wgmma_layout.hpp"
+
+namespace pagedkv::kernels::wgmma_extend {
+
+inline constexpr int kHeadDim = 128;
+inline constexpr int kKeys = 64;            // keys per K/V tile
+inline constexpr int kScores = kKeys / 2;   // score accumulators per thread (m64n64)
+inline constexpr int kOut = kHeadDim / 2;   // output accumulators per thread (m64n128)
+inline constexpr int kPSteps = kKeys / 16;  // k steps of the PV GEMM
+using PFragments = unsigned[kPSteps][4];    // P as the PV GEMM's A operand, per k step
+
+// P's registers pinned around the PV GEMM that reads them (the packing must not move between
+// wgmma.fence and the MMA, nor the next packing before the wait: PTX ISA, wgmma.fence).
+__device__ __forceinline__ void fence_p(PFragments& pa) {
+#pragma unroll
+  for (int kk = 0; kk < kPSteps; ++kk) wgmma::reg_fence(pa[kk]);
+}
+
+template <bool kBf16, bool kSoftCap>
+struct Rows {
+  const fa2::Fa2Params& p;
+  const detail::ExtendTileGeometry& geo;
+  int wg;           // warpgroup whose rows these are: rows 64 wg .. 64 wg + 63 of the Q tile
+  int wt;           // thread within the warpgroup
+  int row_pos[2];   // position of the thread's rows in the sequence, -1 past q_len
+  int tile_row[2];  // the rows within the Q tile
+  float o[kOut];
+  float m_run[2];
+  float l_run[2];
+
+  __device__ __forceinline__ Rows(const fa2::Fa2Params& params, const fa2::SeqLens& lens,
+                                  const detail::ExtendTileGeometry& g, int warpgroup, int thread)
+      : p(params), geo(g), wg(warpgroup), wt(thread) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_row[h] = 64 * wg + detail::wgmma_d_coord(wt, 2 * h).row;
+      const int token = (geo.row0 + tile_row[h]) / p.group;
+      row_pos[h] = token < lens.q_len ? lens.prefix + token : -1;
+    }
+#pragma unroll
+    for (int j = 0; j < kOut; ++j) o[j] = 0.0f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.0f;
+  }
+
+  // S = Q K^T over 8 k steps (two 64-column blocks of 4), issued (no fence, commit or wait).
+  // q_addr: the Q tile (q_rows rows); k_addr: the K stage.
+  __device__ __forceinline__ void issue_qk(float (&s)[kScores], std::uint32_t q_addr, int q_rows,
+                                           std::uint32_t k_addr) const {
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      const std::uint64_t qd = detail::wgmma_kmajor_step_desc(q_addr, q_rows, wg, ks);
+      const std::uint64_t kd = detail::wgmma_kmajor_step_desc(k_addr, kKeys, 0, ks);
+      wgmma::ss_m64n64<kBf16>(s, qd, kd, ks > 0 ? 1 : 0);
+    }
+  }
+
+  // O += P V over 4 k steps of 16 keys, issued. v_addr: the V stage.
+  __device__ __forceinline__ void issue_pv(const PFragments& pa, std::uint32_t v_addr) {
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+      const std::uint64_t vd = detail::wgmma_v_step_desc(v_addr, kKeys, kk);
+      wgmma::rs_m64n128_trans_b<kBf16>(o, pa[kk], vd, 1);
+    }
+  }
+
+  // The online softmax of one tile's scores (keys key0 ..): scale (soft-cap), mask, the new row
+  // maxima, the rescale factor alpha of what came before, l rescaled (and O too with kRescaleO;
+  // a pipelined caller whose O is still being written by the previous tile's PV GEMM rescales
+  // it after the wait, rescale_o), s turned into exp2(s - m) and added to l. Returns whether any
+  // row maximum of the warp moved (O needs the rescale only then).
+  template <bool kRescaleO>
+  __device__ __forceinline__ bool softmax(float (&s)[kScores], int key0, float (&alpha)[2]) {
+    const bool need_mask = detail::extend_tile_needs_mask(geo, key0, kKeys, p.window_size) ||
+                           key0 + kKeys > geo.kv_end;
+#pragma unroll
+    for (int j = 0; j < kScores; ++j) {
+      float x = s[j] * p.score_scale;
+      if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x);
+      const int key = key0 + detail::wgmma_d_coord(wt, j).col;
+      if (need_mask && !detail::extend_key_visible(row_pos[(j >> 1) & 1], key, p.window_size)) {
+        x = -INFINITY;
+      }
+#ifdef PAGEDKV_TEST_DROP_KEY
+      if (key == PAGEDKV_TEST_DROP_KEY) x = -INFINITY;
+#endif
+      s[j] = x;
+    }
+
+    float m_use[2];
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kKeys / 8; ++n) {
+        tile_max = fmaxf(tile_max, fmaxf(s[4 * n + 2 * h], s[4 * n + 2 * h + 1]));
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float m_new = fmaxf(m_run[h], tile_max);
+      m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
+      alpha[h] = exp2f(m_run[h] - m_use[h]);
+      moved = moved || m_new != m_run[h];
+      m_run[h] = m_new;
+    }
+    const bool any_moved = __any_sync(0xffffffffu, moved);
+    if (any_moved) {
+      l_run[0] *= alpha[0];
+      l_run[1] *= alpha[1];
+      if constexpr (kRescaleO) rescale_o(alpha);
+    }
+#pragma unroll
+    for (int j = 0; j < kScores; ++j) {
+      s[j] = exp2f(s[j] - m_use[(j >> 1) & 1]);
+      l_run[(j >> 1) & 1] += s[j];
+    }
+    return any_moved;
+  }
+
+  __device__ __forceinline__ void rescale_o(const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < kOut; ++j) o[j] *= alpha[(j >> 1) & 1];
+  }
+
+  // P (16-bit) as the A operand of the PV GEMM, from the exponentiated scores.
+  __device__ __forceinline__ static void pack_p(const float (&s)[kScores], PFragments& pa) {
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        pa[kk][r] = MmaOps<kBf16>::pack2(s[detail::wgmma_p_source(kk, r, 0)],
+                                         s[detail::wgmma_p_source(kk, r, 1)]);
+      }
+    }
+  }
+
+  // The thread's two rows: written directly (direct: the query tile had one active split), or as
+  // split `split`'s normalized partial rows and log2-sum-exp2 for fa2_merge_splits.
+  __device__ __forceinline__ void epilogue(const fa2::SeqLens& lens, int seq, int kv_head,
+                                           bool direct, int split) {
+    const int quad_col = wt & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_run[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int packed = geo.row0 + tile_row[h];
+      const int token = packed / p.group;
+      if (token >= lens.q_len) continue;
+      const int head = kv_head * p.group + packed % p.group;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float lse2 = l > 0.0f ? m_run[h] + log2f(l) : -INFINITY;
+      if (direct) {
+        const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
+        std::uint16_t* dst =
+            p.out + q_row * p.out_stride_token + head * p.out_stride_head + quad_col * 2;
+#pragma unroll
+        for (int n = 0; n < kHeadDim / 8; ++n) {
+          *reinterpret_cast<unsigned*>(dst + n * 8) =
+              MmaOps<kBf16>::pack2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+        }
+        if (p.lse != nullptr && quad_col == 0) {
+          p.lse[q_row * p.num_q_heads + head] = l > 0.0f ? lse2 * fa2::kLn2 : -INFINITY;
+        }
+      } else {
+        const std::int64_t state =
+            detail::fa2_state(seq, token, head, split, p.max_q_len, p.num_q_heads, p.num_splits);
+        float* dst = p.partial_out + state * kHeadDim + quad_col * 2;
+#pragma unroll
+        for (int n = 0; n < kHeadDim / 8; ++n) {
+          *reinterpret_cast<float2*>(dst + n * 8) =
+              make_float2(o[4 * n + 2 * h] * inv, o[4 * n + 2 * h + 1] * inv);
+        }
+        if (quad_col == 0) p.partial_lse[state] = lse2;
+      }
+    }
+  }
+};
+
+}  // namespace pagedkv::kernels::wgmma_extend
