@@ -39,6 +39,7 @@
 #include "internal/wgmma.cuh"
 #include "internal/wgmma_extend_rows.cuh"
 #include "internal/wgmma_layout.hpp"
+#include "internal/wgmma_ws_ring.hpp"
 
 namespace pagedkv::kernels {
 
@@ -53,7 +54,7 @@ using wgmma_extend::PFragments;
 
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kRows = kWgmmaExtendRows;
-constexpr int kStages = 4;
+constexpr int kStages = detail::kWsStages;
 constexpr int kChunks = kHeadDim / 8;                     // 16-byte chunks per row
 constexpr std::uint32_t kQBytes = kRows * kHeadDim * 2;   // 32 KiB
 constexpr std::uint32_t kKVBytes = kKeys * kHeadDim * 2;  // K or V of one stage, 16 KiB
@@ -139,16 +140,16 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
     };
     std::int64_t next_block = -1;  // tile t + 1's, at iteration t
     if (wt < kKeys) {
-      offsets[wt] = offset_of(0, block_of(0));
+      offsets[ws_offset_slot(0) * kKeys + wt] = offset_of(0, block_of(0));
       next_block = block_of(1);
     }
     mbar::named_sync(1, 128);
     for (int t = 0; t < tiles; ++t) {
-      const int s = t % kStages;
-      mbar::wait_parity(&empty[s], static_cast<std::uint32_t>(((t / kStages) & 1) ^ 1));
+      const int s = ws_stage(t);
+      mbar::wait_parity(&empty[s], ws_empty_parity(t));
       unsigned char* k_dst = ring + s * kStageBytes;
       unsigned char* v_dst = k_dst + kKVBytes;
-      const std::int64_t* slot = offsets + (t & 1) * kKeys;
+      const std::int64_t* slot = offsets + ws_offset_slot(t) * kKeys;
       // Unrolled by 4, not 8: fully unrolled, the hoisted addresses need about 90 registers and
       // spill at kProducerRegs (ptxas; scripts/kernel-resources would fail).
 #pragma unroll 4
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
       // Tile t + 1's offsets into the other slot (read last by tile t - 1's copies, before the
       // previous barrier), from the block ids loaded an iteration ago; tile t + 2's loaded now.
       if (wt < kKeys) {
-        offsets[((t + 1) & 1) * kKeys + wt] = offset_of(t + 1, next_block);
+        offsets[ws_offset_slot(t + 1) * kKeys + wt] = offset_of(t + 1, next_block);
         next_block = block_of(t + 2);
       }
       mbar::named_sync(1, 128);
@@ -202,15 +203,15 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
 
   wgmma_extend::Rows<kBf16, kSoftCap> rows(p, lens, geo, c, wt);
   const auto k_addr_of = [&](int t) {
-    return ring_addr + static_cast<std::uint32_t>(t % kStages) * kStageBytes;
+    return ring_addr + static_cast<std::uint32_t>(ws_stage(t)) * kStageBytes;
   };
   // Tile t's K and V have landed (the producer's copies, counted on full[s]).
   const auto wait_full = [&](int t) {
-    mbar::wait_parity(&full[t % kStages], static_cast<std::uint32_t>((t / kStages) & 1));
+    mbar::wait_parity(&full[ws_stage(t)], ws_full_parity(t));
     wgmma::fence_proxy_async_shared();  // the landed copies before the async proxy reads them
   };
   // Every read of tile t's stage by this thread's warpgroup is complete (after a wgmma wait).
-  const auto release = [&](int t) { mbar::arrive(&empty[t % kStages]); };
+  const auto release = [&](int t) { mbar::arrive(&empty[ws_stage(t)]); };
 
   if (tiles > 0) {  // uniform over the CTA
     float s[kScores];
@@ -241,6 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
       wgmma::wait<0>();
       wgmma::reg_fence(rows.o);
       fence_p(pa);
+      static_assert(ws_release_iteration(0) == 1, "tile t - 1 is freed in iteration t");
       release(t - 1);  // its K (S GEMM, iteration t - 1) and V (PV GEMM, just now) are read
       if (any_moved) rows.rescale_o(alpha);
       rows.pack_p(s, pa);

@@ -1,0 +1,46 @@
+// kernels/internal/wgmma_ws_ring.hpp: the K/V ring schedule of the warp-specialized extend kernel
+// (kernels/extend_attention_wgmma_ws.cu, ExtendKernel::kWgmmaWarpSpecialized), host and device,
+// so host tests can check the protocol the kernel runs (tests/device/wgmma_ws_ring_test.cpp).
+// Internal to pagedkv::cuda.
+//
+// Tile t of a CTA's keys lives in stage ws_stage(t); its round is t / kWsStages (how many times
+// the ring has come back to that stage). full[s] (one arrival per producer thread, each triggered
+// by the completion of its copies) completes one phase per round; a consumer waits for tile t with
+// parity ws_full_parity(t). empty[s] (one arrival per consumer thread) completes one phase each
+// time both consumer warpgroups have freed the stage; the producer waits before refilling it for
+// tile t with parity ws_empty_parity(t), which a fresh barrier passes at once (round 0). A consumer
+// frees tile t's stage at iteration ws_release_iteration(t) of its loop, once tile t's PV GEMM,
+// issued in that iteration, has completed; the last tile's stage is never freed (nothing waits
+// for it). The producer reads tile t's page offsets from slot ws_offset_slot(t) of a 2-slot table
+// it writes one tile ahead.
+#pragma once
+
+#include <cstdint>
+
+#ifdef __CUDACC__
+#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define PAGEDKV_HOST_DEVICE inline
+#endif
+
+namespace pagedkv::detail {
+
+inline constexpr int kWsStages = 4;
+
+PAGEDKV_HOST_DEVICE constexpr int ws_stage(int tile) {
+  return tile % kWsStages;
+}
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_full_parity(int tile) {
+  return static_cast<std::uint32_t>((tile / kWsStages) & 1);
+}
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_empty_parity(int tile) {
+  return static_cast<std::uint32_t>(((tile / kWsStages) & 1) ^ 1);
+}
+PAGEDKV_HOST_DEVICE constexpr int ws_release_iteration(int tile) {
+  return tile + 1;
+}
+PAGEDKV_HOST_DEVICE constexpr int ws_offset_slot(int tile) {
+  return tile & 1;
+}
+
+}  // namespace pagedkv::detail
