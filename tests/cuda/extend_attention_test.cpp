@@ -682,6 +682,23 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kFa2, 3, 2).num_splits, 1);    // 16 >= 12
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmma, 3, 2).num_splits, 2);  // 8 -> 12
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaPipelined, 3, 2).num_splits, 2);
+  // Whatever the planner returns, paged_extend_attention takes it for the same variant: its grid
+  // check counts kFa2's query tiles (what the kWgmma variants fall back to), which at head_dim 256
+  // are twice kWgmma's. 160,000 tokens x group 4 = 10,000 kFa2 tiles, 5,000 kWgmma tiles; on a
+  // large enough (hypothetical) GPU kWgmma's tiles alone would allow 13 splits, kFa2's only 6.
+  // With no workspace the only complaint left must be the workspace's.
+  for (const std::int32_t head_dim : {64, 128, 256}) {
+    PagedExtendParams big = good;
+    big.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, head_dim);
+    big.max_q_len = 160000;
+    for (const ExtendKernel k :
+         {ExtendKernel::kFa2, ExtendKernel::kWgmma, ExtendKernel::kWgmmaPipelined}) {
+      const ExtendSplitPlan wide = plan_extend_split(big, k, 100000, 1);
+      EXPECT_GT(wide.num_splits, 1) << "head_dim " << head_dim;
+      expect_error([&] { (void)paged_extend_attention(big, nullptr, k, wide, nullptr, 0); },
+                   "workspace");
+    }
+  }
   // The default since the H200 run of 2026-12-04, evening (bench/results/gpu.md).
   EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kFa2);
 

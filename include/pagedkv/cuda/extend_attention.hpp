@@ -110,8 +110,10 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 // The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no
 // split when query tiles x sequences x KV heads fill two waves, else enough splits to fill them
 // (at most kCudaExtendMaxSplits). Query tiles are the variant's: kFa2's 64 or 128 rows, the
-// kWgmma variants' 128 (their kernels', whether or not they run here). Pure, host only; kMma16
-// always gets 1. Throws pagedkv::Error for num_sms or ctas_per_sm < 1.
+// kWgmma variants' 128 (their kernels', whether or not they run here); the splits are capped so
+// that kFa2's query tiles x num_splits stay within the grid limit paged_extend_attention checks,
+// so the plan is valid for the variant whichever kernel runs. Pure, host only; kMma16 always
+// gets 1. Throws pagedkv::Error for num_sms or ctas_per_sm < 1.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
