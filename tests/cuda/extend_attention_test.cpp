@@ -17,7 +17,10 @@
 // ExtendKernel::kWgmma with the planner's split for the current device, which runs its sm_90a
 // kernel at head_dim 128 on compute capability 9.0 and falls back to kFa2 elsewhere; /WgmmaSplit3,
 // kWgmma forced to 3 splits, its partial rows through kFa2's merge; /WgmmaPipelined,
-// ExtendKernel::kWgmmaPipelined with the planner's split, the same shapes and fallback).
+// ExtendKernel::kWgmmaPipelined with the planner's split, the same shapes and fallback;
+// /WgmmaPipelinedSplit3, kWgmmaPipelined forced to 3 splits: on a GPU the planner splits small
+// batches 16 ways (1 or 2 key tiles per split) and long ones not at all, so only forced splits
+// give the pipelined kernel partial rows from splits long enough to wrap its 4-stage ring).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -84,7 +87,15 @@ using testing::DeviceExtendProblem;
 }
 
 // ---- the kernel variant under test (set by the fixture for each parameterized test) ----
-enum class Variant { kMma16, kFa2, kFa2Split3, kWgmma, kWgmmaSplit3, kWgmmaPipelined };
+enum class Variant {
+  kMma16,
+  kFa2,
+  kFa2Split3,
+  kWgmma,
+  kWgmmaSplit3,
+  kWgmmaPipelined,
+  kWgmmaPipelinedSplit3
+};
 Variant g_variant = Variant::kMma16;
 DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
 
@@ -99,6 +110,7 @@ ExtendKernel kernel_of(Variant v) {
     case Variant::kWgmmaSplit3:
       return ExtendKernel::kWgmma;
     case Variant::kWgmmaPipelined:
+    case Variant::kWgmmaPipelinedSplit3:
       return ExtendKernel::kWgmmaPipelined;
   }
   return ExtendKernel::kFa2;
@@ -112,7 +124,8 @@ ExtendSplitPlan plan_of(const PagedExtendParams& p) {
   } else if (g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaPipelined) {
     testing::cuda_check(extend_split_plan_for_current_device(p, kernel_of(g_variant), &plan),
                         "extend_split_plan_for_current_device");
-  } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3) {
+  } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3 ||
+             g_variant == Variant::kWgmmaPipelinedSplit3) {
     plan.num_splits = 3;
   }
   return plan;
@@ -175,6 +188,8 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "WgmmaSplit3";
     case Variant::kWgmmaPipelined:
       return "WgmmaPipelined";
+    case Variant::kWgmmaPipelinedSplit3:
+      return "WgmmaPipelinedSplit3";
   }
   return "Unknown";
 }
@@ -182,7 +197,8 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
                          ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3,
                                            Variant::kWgmma, Variant::kWgmmaSplit3,
-                                           Variant::kWgmmaPipelined),
+                                           Variant::kWgmmaPipelined,
+                                           Variant::kWgmmaPipelinedSplit3),
                          variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
