@@ -47,8 +47,8 @@
 //           until a GPU run of scripts/gpu-check proves it correct and faster.
 //   kWgmmaPipelined  kWgmma's kernel with FlashAttention-3's intra-warpgroup overlap: iteration t
 //           issues tile t's S GEMM, then tile t - 1's PV GEMM, and runs tile t's softmax while the
-//           PV GEMM is in flight (a 4-stage K/V ring, 167 KiB of shared memory). Same shapes,
-//           plan, fallback and status (not yet run on a GPU).
+//           PV GEMM is in flight (a 4-stage K/V ring, 166,912 B = 163 KiB of shared memory). Same
+//           shapes, plan, fallback and status (not yet run on a GPU).
 //           An FP8 cache falls back to the FP8 kernel with every variant; every 16-bit shape runs
 //           kMma16 and kFa2.
 //
