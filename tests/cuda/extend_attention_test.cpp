@@ -116,9 +116,14 @@ ExtendKernel kernel_of(Variant v) {
   return ExtendKernel::kFa2;
 }
 
+// > 0: the plan of every variant that splits over keys (a test's own), else the variant's.
+int g_forced_splits = 0;
+
 ExtendSplitPlan plan_of(const PagedExtendParams& p) {
   ExtendSplitPlan plan;
-  if (g_variant == Variant::kFa2) {
+  if (g_forced_splits > 0) {
+    plan.num_splits = g_forced_splits;
+  } else if (g_variant == Variant::kFa2) {
     testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kFa2, &plan),
                         "extend_split_plan_for_current_device");
   } else if (g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaPipelined) {
@@ -171,6 +176,7 @@ class CudaExtendAttention : public testing::GpuTest, public ::testing::WithParam
   void TearDown() override {
     g_workspace = DeviceBuffer();
     g_variant = Variant::kMma16;
+    g_forced_splits = 0;
   }
 };
 
@@ -277,6 +283,25 @@ TEST_P(CudaExtendAttention, LongPromptsWithCachedPrefixes) {
         testing::make_extend_shape(dtype, 128, 2, 8, 16, {0, 1000, 777}, {2048, 1048, 1});
     expect_case(s, 123);
   }
+}
+
+// Every key-tile count of a CTA around the kWgmma kernels' rings (64-key tiles; 3 stages for
+// kWgmma, 4 for kWgmmaPipelined, whose 4th is used from 4 tiles on and which wraps from 5): one
+// 32-row query tile per sequence seeing 1 .. 9 and 17 key tiles, at head_dim 128 (where the sm_90a
+// kernels run), with the variant's plan and without a split (on a GPU the planner splits so few
+// CTAs 16 ways, 1 or 2 key tiles each). Small enough for racecheck and synccheck (gpu-check).
+TEST_P(CudaExtendAttention, KeyTileCountsAroundTheRing) {
+  std::uint64_t seed = 900;
+  for (const int forced : {0, 1}) {
+    g_forced_splits = forced;
+    for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
+      ExtendShape s = testing::make_extend_shape(dtype, 128, 1, 4, 16,
+                                                 {0, 64, 128, 192, 256, 320, 384, 448, 512, 1024},
+                                                 std::vector<std::int32_t>(10, 8));
+      expect_case(s, seed++);
+    }
+  }
+  g_forced_splits = 0;
 }
 
 // One new token per sequence: extend equals decode attention of that token, CUDA against CUDA.
