@@ -196,7 +196,8 @@ class CtaModel {
   std::vector<std::string> hazards_;
 };
 
-// kernels/extend_attention_wgmma.cu's wgmma_extend_kernel, its ring and GEMM events in order
+// kernels/extend_attention_wgmma.cu's wgmma_extend_kernel, its ring and GEMM events in order (keep
+// in step with the kernel's loop: a change of its order is made here too)
 // (pv_tile: which tile's PV GEMM an iteration issues, the kernel's unless a test says otherwise).
 using PvTile = int (*)(int iteration, bool pipelined);
 void run_kernel(CtaModel& m, int tiles, bool pipelined, PvTile pv_tile = detail::wgmma_pv_tile) {
