@@ -493,8 +493,12 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
   const std::int64_t tiles =
       kernel == ExtendKernel::kFa2 ? fa2_query_tiles(params) : wgmma_query_tiles(params);
   const std::int64_t ctas = tiles * params.num_seqs * params.layout.num_kv_heads;
+  // The grid limit as paged_extend_attention checks it, for every variant: kFa2's query tiles
+  // (the kWgmma variants' fallback launches those; never fewer than kWgmma's 128-row tiles), so
+  // the plan is accepted whichever kernel runs.
   plan.num_splits = detail::fa2_num_splits(
-      ctas, tiles, static_cast<std::int64_t>(num_sms) * ctas_per_sm * detail::kFa2PlanWaves,
+      ctas, fa2_query_tiles(params),
+      static_cast<std::int64_t>(num_sms) * ctas_per_sm * detail::kFa2PlanWaves,
       kCudaExtendMaxSplits);
   return plan;
 }

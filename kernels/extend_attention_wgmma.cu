@@ -37,6 +37,7 @@
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_params.cuh"
 #include "internal/extend_wgmma_launch.hpp"
+#include "internal/extend_wgmma_schedule.hpp"
 #include "internal/mma_sync.cuh"
 #include "internal/wgmma.cuh"
 #include "internal/wgmma_extend_rows.cuh"
@@ -63,17 +64,14 @@ constexpr std::uint32_t kStageBytes = 2 * kKVBytes;
 static_assert(kThreads * 8 == kRows * kChunks && kThreads * 4 == kKeys * kChunks,
               "Q: 8 chunks per thread; K and V: 4 each");
 
-// The ring: kFa2's schedule for 3 stages (iteration t waits for tile t with one group pending,
-// issues tile t + 2 and resolves tile t + 3's offsets). The pipelined kernel runs tile t - 1's PV
-// GEMM during iteration t, so tile t - 1's stage is still read while tile t + 2 is issued: it
-// needs a 4th stage, with the same issue and resolve distances.
-constexpr int kRingStages = 3;  // the distances' ring (fa2_issue_tile, fa2_resolve_tile)
+// The ring (internal/extend_wgmma_schedule.hpp; tests/device/extend_wgmma_schedule_test.cpp
+// replays this kernel's schedule on it): kFa2's distances for 3 stages (iteration t waits for tile
+// t with one group pending, issues tile t + 2 and resolves tile t + 3's offsets). The pipelined
+// kernel runs tile t - 1's PV GEMM during iteration t, so tile t - 1's stage is still read while
+// tile t + 2 is issued: it needs a 4th stage, with the same issue and resolve distances.
+constexpr int kRingStages = detail::kWgmmaRingDistances;
 template <bool kPipelined>
-constexpr int kStagesOf = kPipelined ? 4 : 3;
-static_assert(detail::fa2_issue_tile(0, kRingStages) == 2 &&
-                  detail::fa2_resolve_tile(0, kRingStages) == 3,
-              "issue 2 tiles ahead, resolve 3: with 4 stages, tile t + 2 takes tile t - 2's stage "
-              "(free after iteration t's barrier) and tile t + 3's offsets tile t - 1's slot");
+constexpr int kStagesOf = detail::wgmma_extend_stages(kPipelined);
 // Q, the K/V stages, their offset slots and the 1 KiB the base is aligned up by.
 constexpr std::uint32_t smem_bytes(int stages) {
   return kQBytes + static_cast<std::uint32_t>(stages) * kStageBytes +
@@ -206,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
       wgmma::reg_fence(rows.o);
       fence_p(pa);
       wgmma::fence();
-      rows.issue_pv(pa, k_addr + kKVBytes);
+      rows.issue_pv(pa, k_addr_of(wgmma_pv_tile(t, false)) + kKVBytes);
       wgmma::commit();
       wgmma::wait_all();
       wgmma::reg_fence(rows.o);
@@ -233,7 +231,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
       wgmma::fence();
       rows.issue_qk(s, q_addr, kRows, k_addr_of(t));
       wgmma::commit();
-      rows.issue_pv(pa, k_addr_of(t - 1) + kKVBytes);  // tile t - 1's stage: reissued at t + 2
+      // Tile t - 1's stage: reissued at t + 2.
+      rows.issue_pv(pa, k_addr_of(wgmma_pv_tile(t, true)) + kKVBytes);
       wgmma::commit();
       wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
       wgmma::reg_fence(s);
@@ -247,7 +246,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
     wgmma::reg_fence(rows.o);
     fence_p(pa);
     wgmma::fence();
-    rows.issue_pv(pa, k_addr_of(tiles - 1) + kKVBytes);
+    rows.issue_pv(pa, k_addr_of(wgmma_pv_tile(tiles, true)) + kKVBytes);
     wgmma::commit();
     wgmma::wait_all();
     wgmma::reg_fence(rows.o);

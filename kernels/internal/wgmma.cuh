@@ -45,8 +45,11 @@ __device__ __forceinline__ void commit() {
 __device__ __forceinline__ void wait_all() {
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 }
-// Waits until at most kPending of this warpgroup's committed groups are pending (groups complete
-// in commit order): wait<1> after committing an S GEMM and then a PV GEMM waits for the first.
+// Waits until at most the kPending most recent of this warpgroup's committed groups are pending and
+// every earlier one is complete (PTX ISA, wgmma.wait_group: "wait until only N or fewer of the
+// most recent wgmma-groups are pending and all the prior wgmma-groups committed by the executing
+// threads are complete"; wgmma.commit_group makes one group per warpgroup): wait<1> after
+// committing an S GEMM and then a PV GEMM waits for the S GEMM, whatever order they finish in.
 template <int kPending>
 __device__ __forceinline__ void wait() {
   static_assert(kPending >= 0, "a count of pending groups");

@@ -44,3 +44,5 @@ PAGEDKV_HOST_DEVICE constexpr int ws_offset_slot(int tile) {
 }
 
 }  // namespace pagedkv::detail
+
+#undef PAGEDKV_HOST_DEVICE

@@ -18,7 +18,10 @@
 // kernel at head_dim 128 on compute capability 9.0 and falls back to kFa2 elsewhere; /WgmmaSplit3,
 // kWgmma forced to 3 splits, its partial rows through kFa2's merge; /WgmmaPipelined,
 // ExtendKernel::kWgmmaPipelined with the planner's split, the same shapes and fallback;
-// /WgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecialized likewise).
+// /WgmmaPipelinedSplit3, kWgmmaPipelined forced to 3 splits: on a GPU the planner splits small
+// batches 16 ways (1 or 2 key tiles per split) and long ones not at all, so only forced splits
+// give the pipelined kernel partial rows from splits long enough to wrap its 4-stage ring;
+// /WgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecialized with the planner's split).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -92,6 +95,7 @@ enum class Variant {
   kWgmma,
   kWgmmaSplit3,
   kWgmmaPipelined,
+  kWgmmaPipelinedSplit3,
   kWgmmaWarpSpecialized
 };
 Variant g_variant = Variant::kMma16;
@@ -108,6 +112,7 @@ ExtendKernel kernel_of(Variant v) {
     case Variant::kWgmmaSplit3:
       return ExtendKernel::kWgmma;
     case Variant::kWgmmaPipelined:
+    case Variant::kWgmmaPipelinedSplit3:
       return ExtendKernel::kWgmmaPipelined;
     case Variant::kWgmmaWarpSpecialized:
       return ExtendKernel::kWgmmaWarpSpecialized;
@@ -115,16 +120,22 @@ ExtendKernel kernel_of(Variant v) {
   return ExtendKernel::kFa2;
 }
 
+// > 0: the plan of every variant that splits over keys (a test's own), else the variant's.
+int g_forced_splits = 0;
+
 ExtendSplitPlan plan_of(const PagedExtendParams& p) {
   ExtendSplitPlan plan;
-  if (g_variant == Variant::kFa2) {
+  if (g_forced_splits > 0) {
+    plan.num_splits = g_forced_splits;
+  } else if (g_variant == Variant::kFa2) {
     testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kFa2, &plan),
                         "extend_split_plan_for_current_device");
   } else if (g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaPipelined ||
              g_variant == Variant::kWgmmaWarpSpecialized) {
     testing::cuda_check(extend_split_plan_for_current_device(p, kernel_of(g_variant), &plan),
                         "extend_split_plan_for_current_device");
-  } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3) {
+  } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3 ||
+             g_variant == Variant::kWgmmaPipelinedSplit3) {
     plan.num_splits = 3;
   }
   return plan;
@@ -170,6 +181,7 @@ class CudaExtendAttention : public testing::GpuTest, public ::testing::WithParam
   void TearDown() override {
     g_workspace = DeviceBuffer();
     g_variant = Variant::kMma16;
+    g_forced_splits = 0;
   }
 };
 
@@ -187,6 +199,8 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "WgmmaSplit3";
     case Variant::kWgmmaPipelined:
       return "WgmmaPipelined";
+    case Variant::kWgmmaPipelinedSplit3:
+      return "WgmmaPipelinedSplit3";
     case Variant::kWgmmaWarpSpecialized:
       return "WgmmaWarpSpecialized";
   }
@@ -196,7 +210,7 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
                          ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3,
                                            Variant::kWgmma, Variant::kWgmmaSplit3,
-                                           Variant::kWgmmaPipelined,
+                                           Variant::kWgmmaPipelined, Variant::kWgmmaPipelinedSplit3,
                                            Variant::kWgmmaWarpSpecialized),
                          variant_name);
 
@@ -251,11 +265,13 @@ TEST_P(CudaExtendAttention, MatchesReferenceOnRandomShapesAndLayouts) {
   }
 }
 
+// Head_dim 128 too: the only one the kWgmma kernels run (their soft-cap instantiations and
+// windows whose first visible key is not a multiple of their 64-key tiles).
 TEST_P(CudaExtendAttention, SlidingWindowAndSoftCap) {
   std::uint64_t seed = 70;
   for (const std::int32_t window : {1, 16, 17, 64, 65, 130, 5000}) {
     for (const float cap : {0.0f, 30.0f}) {
-      for (const std::int32_t head_dim : {64, 256}) {
+      for (const std::int32_t head_dim : {64, 128, 256}) {
         ExtendShape s = testing::make_extend_shape(KVDtype::kBFloat16, head_dim, 2, 4, 16,
                                                    {45, 0, 200}, {130, 200, 3});
         s.cache.window_size = window;
@@ -274,6 +290,25 @@ TEST_P(CudaExtendAttention, LongPromptsWithCachedPrefixes) {
         testing::make_extend_shape(dtype, 128, 2, 8, 16, {0, 1000, 777}, {2048, 1048, 1});
     expect_case(s, 123);
   }
+}
+
+// Every key-tile count of a CTA around the kWgmma kernels' rings (64-key tiles; 3 stages for
+// kWgmma, 4 for kWgmmaPipelined, whose 4th is used from 4 tiles on and which wraps from 5): one
+// 32-row query tile per sequence seeing 1 .. 9 and 17 key tiles, at head_dim 128 (where the sm_90a
+// kernels run), with the variant's plan and without a split (on a GPU the planner splits so few
+// CTAs 16 ways, 1 or 2 key tiles each). Small enough for racecheck and synccheck (gpu-check).
+TEST_P(CudaExtendAttention, KeyTileCountsAroundTheRing) {
+  std::uint64_t seed = 900;
+  for (const int forced : {0, 1}) {
+    g_forced_splits = forced;
+    for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
+      ExtendShape s = testing::make_extend_shape(dtype, 128, 1, 4, 16,
+                                                 {0, 64, 128, 192, 256, 320, 384, 448, 512, 1024},
+                                                 std::vector<std::int32_t>(10, 8));
+      expect_case(s, seed++);
+    }
+  }
+  g_forced_splits = 0;
 }
 
 // One new token per sequence: extend equals decode attention of that token, CUDA against CUDA.
@@ -701,6 +736,24 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmma, 3, 2).num_splits, 2);  // 8 -> 12
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaPipelined, 3, 2).num_splits, 2);
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaWarpSpecialized, 3, 2).num_splits, 2);
+  // Whatever the planner returns, paged_extend_attention takes it for the same variant: its grid
+  // check counts kFa2's query tiles (what the kWgmma variants fall back to), which at head_dim 256
+  // are twice kWgmma's. 160,000 tokens x group 4 = 10,000 kFa2 tiles, 5,000 kWgmma tiles; on a
+  // large enough (hypothetical) GPU kWgmma's tiles alone would allow 13 splits, kFa2's only 6.
+  // With no workspace the only complaint left must be the workspace's.
+  for (const std::int32_t head_dim : {64, 128, 256}) {
+    PagedExtendParams big = good;
+    big.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, head_dim);
+    big.max_q_len = 160000;
+    for (const ExtendKernel k :
+         {ExtendKernel::kFa2, ExtendKernel::kWgmma, ExtendKernel::kWgmmaPipelined,
+          ExtendKernel::kWgmmaWarpSpecialized}) {
+      const ExtendSplitPlan wide = plan_extend_split(big, k, 100000, 1);
+      EXPECT_GT(wide.num_splits, 1) << "head_dim " << head_dim;
+      expect_error([&] { (void)paged_extend_attention(big, nullptr, k, wide, nullptr, 0); },
+                   "workspace");
+    }
+  }
   // The default since the H200 run of 2026-12-04, evening (bench/results/gpu.md).
   EXPECT_EQ(kDefaultExtendKernel, ExtendKernel::kFa2);
 

@@ -47,8 +47,8 @@
 //           until a GPU run of scripts/gpu-check proves it correct and faster.
 //   kWgmmaPipelined  kWgmma's kernel with FlashAttention-3's intra-warpgroup overlap: iteration t
 //           issues tile t's S GEMM, then tile t - 1's PV GEMM, and runs tile t's softmax while the
-//           PV GEMM is in flight (a 4-stage K/V ring, 167 KiB of shared memory). Same shapes,
-//           plan, fallback and status (not yet run on a GPU).
+//           PV GEMM is in flight (a 4-stage K/V ring, 166,912 B = 163 KiB of shared memory). Same
+//           shapes, plan, fallback and status (not yet run on a GPU).
 //   kWgmmaWarpSpecialized  kernels/extend_attention_wgmma_ws.cu: FlashAttention-3's structure. A
 //           producer warpgroup (registers cut to 40 with setmaxnreg) gathers the paged K/V with
 //           cp.async into a 4-stage ring whose stages are handed over by mbarriers; two consumer
@@ -117,8 +117,10 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 // The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no
 // split when query tiles x sequences x KV heads fill two waves, else enough splits to fill them
 // (at most kCudaExtendMaxSplits). Query tiles are the variant's: kFa2's 64 or 128 rows, the
-// kWgmma variants' 128 (their kernels', whether or not they run here). Pure, host only; kMma16
-// always gets 1. Throws pagedkv::Error for num_sms or ctas_per_sm < 1.
+// kWgmma variants' 128 (their kernels', whether or not they run here); the splits are capped so
+// that kFa2's query tiles x num_splits stay within the grid limit paged_extend_attention checks,
+// so the plan is valid for the variant whichever kernel runs. Pure, host only; kMma16 always
+// gets 1. Throws pagedkv::Error for num_sms or ctas_per_sm < 1.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
