@@ -75,6 +75,10 @@ constexpr int kConsumerRegs = 232;
 static_assert(128 * (kLaunchRegs - kProducerRegs) >= 256 * (kConsumerRegs - kLaunchRegs),
               "the consumers' raise must fit in the producer's cut");
 static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "one SM's registers");
+// The split above holds only if the kernel starts at kLaunchRegs: from fewer, the producer's cut
+// would not cover the consumers' raise and setmaxnreg.inc would wait forever (a hang, not an
+// error). ptxas pins a kernel that uses setmaxnreg at its __launch_bounds__ maximum (168 at -O3,
+// with -maxrregcount=128 and with -G, nvcc 13.0); the launch checks it anyway (launch below).
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define PAGEDKV_WGMMA_WS_DEVICE 1  // the device pass with wgmma and setmaxnreg (sm_90a)
@@ -121,6 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
       mbar::init(&full[s], 128);   // one cp.async-completion arrival per producer thread
       mbar::init(&empty[s], 256);  // one arrival per consumer thread
     }
+    mbar::fence_init();
   }
   __syncthreads();  // the barriers initialized before anyone arrives or waits
 
@@ -267,8 +272,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
 template <bool kBf16, bool kSoftCap>
 cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
   const auto kernel = wgmma_ws_extend_kernel<kBf16, kSoftCap>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kSmemBytes));
+  cudaFuncAttributes attr{};
+  cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+  if (err != cudaSuccess) return err;
+  // Started at another per-thread count than the register split assumes, the consumers' setmaxnreg
+  // could never be satisfied: refuse rather than hang.
+  if (attr.numRegs != kLaunchRegs) return cudaErrorLaunchOutOfResources;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kSmemBytes));
   if (err != cudaSuccess) return err;
   kp.rows = kRows;
   kp.keys = kKeys;

@@ -25,13 +25,17 @@ __device__ __forceinline__ void init(std::uint64_t* bar, std::uint32_t count) {
                : "memory");
 }
 
+// After the inits, by the initializing thread, before the CTA barrier that publishes them: orders
+// the inits before later arrivals, including the asynchronous ones of cp.async.mbarrier.arrive
+// (as CUTLASS's pipelines do after every barrier init).
+__device__ __forceinline__ void fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
 // One arrival (release semantics: the thread's earlier writes are visible to whoever observes
-// the phase completing).
+// the phase completing). The phase token is not needed (parity waits): sink.
 __device__ __forceinline__ void arrive(std::uint64_t* bar) {
-  asm volatile(
-      "{\n\t.reg .b64 state;\n\t"
-      "mbarrier.arrive.shared::cta.b64 state, [%0];\n\t}\n" ::"r"(smem_addr(bar))
-      : "memory");
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
 
 // An arrival triggered when every cp.async this thread issued before it has completed; counted

@@ -101,10 +101,10 @@ enum class ExtendKernel : int {
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
-// The split over keys of a kFa2, kWgmma or kWgmmaPipelined launch: each query tile's visible keys
-// are cut into num_splits contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1
-// = no split, no workspace. kMma16 and FP8 caches ignore it; the kWgmma variants' fallback to kFa2
-// uses it.
+// The split over keys of a kFa2 or kWgmma-variant launch (kWgmma, kWgmmaPipelined,
+// kWgmmaWarpSpecialized): each query tile's visible keys are cut into num_splits contiguous runs
+// of key tiles (fewer where a tile has fewer key tiles). 1 = no split, no workspace. kMma16 and
+// FP8 caches ignore it; the kWgmma variants' fallback to kFa2 uses it.
 struct ExtendSplitPlan {
   std::int32_t num_splits = 1;
 };
