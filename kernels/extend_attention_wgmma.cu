@@ -210,46 +210,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
       wgmma::reg_fence(rows.o);
       fence_p(pa);
     }
-  } else if (tiles > 0) {  // uniform over the CTA
-    float s[kScores];
-    PFragments pa;  // P of the tile before the one being scored
-    float alpha[2];
-    begin_tile(0);
-    wgmma::reg_fence(s);
-    wgmma::fence();
-    rows.issue_qk(s, q_addr, kRows, k_addr_of(0));
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::reg_fence(s);
-    (void)rows.template softmax<false>(s, key_first, alpha);  // O is still zero
-    rows.pack_p(s, pa);
-    for (int t = 1; t < tiles; ++t) {
-      begin_tile(t);
-      wgmma::reg_fence(s);
-      wgmma::reg_fence(rows.o);
-      fence_p(pa);
-      wgmma::fence();
-      rows.issue_qk(s, q_addr, kRows, k_addr_of(t));
-      wgmma::commit();
-      // Tile t - 1's stage: reissued at t + 2.
-      rows.issue_pv(pa, k_addr_of(wgmma_pv_tile(t, true)) + kKVBytes);
-      wgmma::commit();
-      wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
-      wgmma::reg_fence(s);
-      const bool any_moved = rows.template softmax<false>(s, key_first + t * kKeys, alpha);
-      wgmma::wait<0>();
-      wgmma::reg_fence(rows.o);
-      fence_p(pa);
-      if (any_moved) rows.rescale_o(alpha);
-      rows.pack_p(s, pa);
-    }
-    wgmma::reg_fence(rows.o);
-    fence_p(pa);
-    wgmma::fence();
-    rows.issue_pv(pa, k_addr_of(wgmma_pv_tile(tiles, true)) + kKVBytes);
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::reg_fence(rows.o);
+  } else {
+    rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, begin_tile, k_addr_of,
+                       [](int) {});  // the CTA barrier of begin_tile hands stages back
   }
   cp_async_wait<0>();
 

@@ -46,11 +46,8 @@ namespace pagedkv::kernels {
 namespace {
 
 using fa2::Fa2Params;
-using wgmma_extend::fence_p;
 using wgmma_extend::kHeadDim;
 using wgmma_extend::kKeys;
-using wgmma_extend::kScores;
-using wgmma_extend::PFragments;
 
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
 constexpr int kRows = kWgmmaExtendRows;
@@ -218,48 +215,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
   // Every read of tile t's stage by this thread's warpgroup is complete (after a wgmma wait).
   const auto release = [&](int t) { mbar::arrive(&empty[ws_stage(t)]); };
 
-  if (tiles > 0) {  // uniform over the CTA
-    float s[kScores];
-    PFragments pa;  // P of the tile before the one being scored
-    float alpha[2];
-    wait_full(0);
-    wgmma::reg_fence(s);
-    wgmma::fence();
-    rows.issue_qk(s, q_addr, kRows, k_addr_of(0));
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::reg_fence(s);
-    (void)rows.template softmax<false>(s, key_first, alpha);  // O is still zero
-    rows.pack_p(s, pa);
-    for (int t = 1; t < tiles; ++t) {
-      wait_full(t);
-      wgmma::reg_fence(s);
-      wgmma::reg_fence(rows.o);
-      fence_p(pa);
-      wgmma::fence();
-      rows.issue_qk(s, q_addr, kRows, k_addr_of(t));
-      wgmma::commit();
-      rows.issue_pv(pa, k_addr_of(t - 1) + kKVBytes);
-      wgmma::commit();
-      wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
-      wgmma::reg_fence(s);
-      const bool any_moved = rows.template softmax<false>(s, key_first + t * kKeys, alpha);
-      wgmma::wait<0>();
-      wgmma::reg_fence(rows.o);
-      fence_p(pa);
-      static_assert(ws_release_iteration(0) == 1, "tile t - 1 is freed in iteration t");
-      release(t - 1);  // its K (S GEMM, iteration t - 1) and V (PV GEMM, just now) are read
-      if (any_moved) rows.rescale_o(alpha);
-      rows.pack_p(s, pa);
-    }
-    wgmma::reg_fence(rows.o);
-    fence_p(pa);
-    wgmma::fence();
-    rows.issue_pv(pa, k_addr_of(tiles - 1) + kKVBytes);
-    wgmma::commit();
-    wgmma::wait_all();
-    wgmma::reg_fence(rows.o);
-  }
+  static_assert(ws_release_iteration(wgmma_pv_tile(1, true)) == 1,
+                "the pipelined loop frees a tile's stage in the iteration the ring expects");
+  rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, wait_full, k_addr_of, release);
 
   // ---- epilogue: this thread's two rows, directly or as a split partial ----
   rows.epilogue(lens, seq, kv_head, direct, item.split);

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "internal/extend_fa2_params.cuh"
+#include "internal/extend_wgmma_schedule.hpp"
 #include "internal/mma_sync.cuh"
 #include "internal/wgmma.cuh"
 #include "internal/wgmma_layout.hpp"
@@ -158,6 +159,63 @@ struct Rows {
                                          s[detail::wgmma_p_source(kk, r, 1)]);
       }
     }
+  }
+
+  // The pipelined loop (ExtendKernel::kWgmmaPipelined and the consumers of kWgmmaWarpSpecialized)
+  // over a CTA's `tiles` key tiles, keys key_first ..: iteration t issues tile t's S GEMM and then
+  // the PV GEMM of tile wgmma_pv_tile(t, true) (t - 1), waits for the first only, runs tile t's
+  // softmax while the PV GEMM runs, waits for it, rescales O and packs P; the last tile's PV GEMM
+  // after the loop. The kernels differ only in how a tile becomes readable and its stage is handed
+  // back: begin_tile(t) runs before tile t's S GEMM (the CTA ring's wait, barrier and next copies;
+  // or the wait on the stage's full barrier), release(u) once this warpgroup's reads of tile u's
+  // stage are complete (after its PV GEMM; never for the last tile). k_addr_of(t): tile t's K stage
+  // (V at + v_offset). Uniform over the warpgroup; tiles == 0 does nothing.
+  template <typename BeginTile, typename StageAddr, typename Release>
+  __device__ __forceinline__ void run_pipelined(int tiles, int key_first, std::uint32_t q_addr,
+                                                int q_rows, std::uint32_t v_offset,
+                                                BeginTile&& begin_tile, StageAddr&& k_addr_of,
+                                                Release&& release) {
+    if (tiles <= 0) return;
+    float s[kScores];
+    PFragments pa;  // P of the tile before the one being scored
+    float alpha[2];
+    begin_tile(0);
+    wgmma::reg_fence(s);
+    wgmma::fence();
+    issue_qk(s, q_addr, q_rows, k_addr_of(0));
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::reg_fence(s);
+    (void)softmax<false>(s, key_first, alpha);  // O is still zero
+    pack_p(s, pa);
+    for (int t = 1; t < tiles; ++t) {
+      begin_tile(t);
+      wgmma::reg_fence(s);
+      wgmma::reg_fence(o);
+      fence_p(pa);
+      wgmma::fence();
+      issue_qk(s, q_addr, q_rows, k_addr_of(t));
+      wgmma::commit();
+      const int pv_tile = detail::wgmma_pv_tile(t, true);
+      issue_pv(pa, k_addr_of(pv_tile) + v_offset);
+      wgmma::commit();
+      wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
+      wgmma::reg_fence(s);
+      const bool any_moved = softmax<false>(s, key_first + t * kKeys, alpha);
+      wgmma::wait<0>();
+      wgmma::reg_fence(o);
+      fence_p(pa);
+      release(pv_tile);  // its K (S GEMM, an iteration ago) and V (PV GEMM, just now) are read
+      if (any_moved) rescale_o(alpha);
+      pack_p(s, pa);
+    }
+    wgmma::reg_fence(o);
+    fence_p(pa);
+    wgmma::fence();
+    issue_pv(pa, k_addr_of(detail::wgmma_pv_tile(tiles, true)) + v_offset);
+    wgmma::commit();
+    wgmma::wait_all();
+    wgmma::reg_fence(o);
   }
 
   // The thread's two rows: written directly (direct: the query tile had one active split), or as
