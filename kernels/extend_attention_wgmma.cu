@@ -34,8 +34,8 @@
 #include <cstdint>
 
 #include "internal/cp_async.cuh"
-#include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_params.cuh"
+#include "internal/extend_wgmma_grid.cuh"
 #include "internal/extend_wgmma_launch.hpp"
 #include "internal/extend_wgmma_schedule.hpp"
 #include "internal/mma_sync.cuh"
@@ -56,7 +56,7 @@ using wgmma_extend::kKeys;
 using wgmma_extend::kScores;
 using wgmma_extend::PFragments;
 constexpr int kThreads = 256;  // two warpgroups
-constexpr int kRows = kWgmmaExtendRows;
+using wgmma_extend::kRows;
 constexpr int kChunks = kHeadDim / 8;                     // 16-byte chunks per row
 constexpr std::uint32_t kQBytes = kRows * kHeadDim * 2;   // 32 KiB
 constexpr std::uint32_t kKVBytes = kKeys * kHeadDim * 2;  // K or V of one stage, 16 KiB
@@ -101,20 +101,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
   auto* offsets = reinterpret_cast<std::int64_t*>(ring + kStages * kStageBytes);
 
   // ---- what this CTA covers ----
-  const int kv_head = static_cast<int>(blockIdx.x);
-  const int seq = static_cast<int>(blockIdx.y);
-  const fa2::SeqLens lens = fa2::seq_lens_of(p, seq);
-  const int num_tiles = extend_num_tiles(lens.q_len, p.group, kRows);
-  const Fa2WorkItem item = fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, p.num_splits);
-  if (item.tile < 0) return;  // uniform over the CTA
-  const Fa2TileWork work = fa2_tile_work(lens.q_len, lens.prefix, p.group, p.window_size, item.tile,
-                                         kRows, kKeys, p.num_splits);
-  if (item.split >= work.active) return;
-  const Fa2SplitTiles split = fa2_split_tiles(work, item.split);
-  const bool direct = work.active == 1;
-  const ExtendTileGeometry& geo = work.geo;
-  const int key_first = geo.kv_begin + split.first * kKeys;
-  const int tiles = split.last - split.first;
+  wgmma_extend::CtaWork cw;
+  if (!wgmma_extend::cta_work(p, cw)) return;  // uniform over the CTA
+  const int kv_head = cw.kv_head;
+  const int seq = cw.seq;
+  const fa2::SeqLens& lens = cw.lens;
+  const ExtendTileGeometry& geo = cw.work.geo;
+  const int key_first = cw.key_first;
+  const int tiles = cw.tiles;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = tid / 128;  // warpgroup
@@ -217,64 +211,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
   cp_async_wait<0>();
 
   // ---- epilogue: this thread's two rows, directly or as a split partial ----
-  rows.epilogue(lens, seq, kv_head, direct, item.split);
+  rows.epilogue(lens, seq, kv_head, cw.direct, cw.item.split);
 #else
   (void)p;
   __trap();  // built for sm_90a only; the host checks the device before launching
 #endif
-}
-
-template <bool kBf16, bool kSoftCap, bool kPipelined>
-cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
-  const auto kernel = wgmma_extend_kernel<kBf16, kSoftCap, kPipelined>;
-  constexpr std::uint32_t kSmemBytes = smem_bytes(kStagesOf<kPipelined>);
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kSmemBytes));
-  if (err != cudaSuccess) return err;
-  kp.rows = kRows;
-  kp.keys = kKeys;
-  const std::int64_t tiles =
-      (static_cast<std::int64_t>(kp.max_q_len) * kp.group + kRows - 1) / kRows;
-  if (tiles == 0) return cudaSuccess;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
-                        static_cast<unsigned>(tiles * kp.num_splits));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  err = cudaLaunchKernelEx(&config, kernel, kp);
-  if (err != cudaSuccess || kp.num_splits == 1) return err;
-  return fa2_merge_splits(kp, kBf16, kHeadDim, num_seqs, stream);
-}
-
-template <bool kPipelined>
-cudaError_t ctas_per_sm(int* ctas) {
-  const auto kernel = wgmma_extend_kernel<true, false, kPipelined>;  // dtype, cap: same size
-  constexpr std::uint32_t kSmemBytes = smem_bytes(kStagesOf<kPipelined>);
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kSmemBytes));
-  int resident = 0;
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, kSmemBytes);
-  }
-  if (err != cudaSuccess) return err;
-  *ctas = resident > 0 ? resident : 1;
-  return cudaSuccess;
-}
-
-template <bool kPipelined>
-cudaError_t dispatch(const PagedExtendParams& params, int num_splits, void* workspace,
-                     cudaStream_t stream) {
-  const Fa2Params kp = fa2::make_fa2_params(params, num_splits, workspace);
-  const bool bf16 = params.dtype == KVDtype::kBFloat16;
-  const bool cap = kp.cap_log2 > 0.0f;
-  const int heads = params.layout.num_kv_heads;
-  if (bf16) {
-    return cap ? launch<true, true, kPipelined>(kp, heads, params.num_seqs, stream)
-               : launch<true, false, kPipelined>(kp, heads, params.num_seqs, stream);
-  }
-  return cap ? launch<false, true, kPipelined>(kp, heads, params.num_seqs, stream)
-             : launch<false, false, kPipelined>(kp, heads, params.num_seqs, stream);
 }
 
 }  // namespace
@@ -289,13 +230,24 @@ bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
 }
 
 cudaError_t wgmma_extend_ctas_per_sm(bool pipelined, int* ctas) {
-  return pipelined ? ctas_per_sm<true>(ctas) : ctas_per_sm<false>(ctas);
+  return pipelined ? wgmma_extend::ctas_per_sm(wgmma_extend_kernel<true, false, true>, kThreads,
+                                               smem_bytes(kStagesOf<true>), ctas)
+                   : wgmma_extend::ctas_per_sm(wgmma_extend_kernel<true, false, false>, kThreads,
+                                               smem_bytes(kStagesOf<false>), ctas);
 }
 
 cudaError_t wgmma_paged_extend(const PagedExtendParams& params, bool pipelined, int num_splits,
                                void* workspace, cudaStream_t stream) {
-  return pipelined ? dispatch<true>(params, num_splits, workspace, stream)
-                   : dispatch<false>(params, num_splits, workspace, stream);
+  const int heads = params.layout.num_kv_heads;
+  const auto go = [&]<bool kPipelined>() {
+    return wgmma_extend::dispatch(
+        params, num_splits, workspace, [&]<bool kBf16, bool kSoftCap>(const Fa2Params& kp) {
+          return wgmma_extend::launch_grid(wgmma_extend_kernel<kBf16, kSoftCap, kPipelined>,
+                                           kThreads, smem_bytes(kStagesOf<kPipelined>), kp, kBf16,
+                                           heads, params.num_seqs, stream);
+        });
+  };
+  return pipelined ? go.template operator()<true>() : go.template operator()<false>();
 }
 
 }  // namespace pagedkv::kernels

@@ -32,8 +32,8 @@
 #include <cstdint>
 
 #include "internal/cp_async.cuh"
-#include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_params.cuh"
+#include "internal/extend_wgmma_grid.cuh"
 #include "internal/extend_wgmma_launch.hpp"
 #include "internal/mbarrier.cuh"
 #include "internal/wgmma.cuh"
@@ -50,7 +50,7 @@ using wgmma_extend::kHeadDim;
 using wgmma_extend::kKeys;
 
 constexpr int kThreads = 384;  // producer warpgroup + two consumer warpgroups
-constexpr int kRows = kWgmmaExtendRows;
+using wgmma_extend::kRows;
 constexpr int kStages = detail::kWsStages;
 constexpr int kChunks = kHeadDim / 8;                     // 16-byte chunks per row
 constexpr std::uint32_t kQBytes = kRows * kHeadDim * 2;   // 32 KiB
@@ -96,21 +96,15 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
   auto* full = reinterpret_cast<std::uint64_t*>(ring + kStages * kStageBytes + kOffsetBytes);
   std::uint64_t* const empty = full + kStages;
 
-  // ---- what this CTA covers (as kWgmma) ----
-  const int kv_head = static_cast<int>(blockIdx.x);
-  const int seq = static_cast<int>(blockIdx.y);
-  const fa2::SeqLens lens = fa2::seq_lens_of(p, seq);
-  const int num_tiles = extend_num_tiles(lens.q_len, p.group, kRows);
-  const Fa2WorkItem item = fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, p.num_splits);
-  if (item.tile < 0) return;  // uniform over the CTA
-  const Fa2TileWork work = fa2_tile_work(lens.q_len, lens.prefix, p.group, p.window_size, item.tile,
-                                         kRows, kKeys, p.num_splits);
-  if (item.split >= work.active) return;
-  const Fa2SplitTiles split = fa2_split_tiles(work, item.split);
-  const bool direct = work.active == 1;
-  const ExtendTileGeometry& geo = work.geo;
-  const int key_first = geo.kv_begin + split.first * kKeys;
-  const int tiles = split.last - split.first;
+  // ---- what this CTA covers ----
+  wgmma_extend::CtaWork cw;
+  if (!wgmma_extend::cta_work(p, cw)) return;  // uniform over the CTA
+  const int kv_head = cw.kv_head;
+  const int seq = cw.seq;
+  const fa2::SeqLens& lens = cw.lens;
+  const ExtendTileGeometry& geo = cw.work.geo;
+  const int key_first = cw.key_first;
+  const int tiles = cw.tiles;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);  // warp-uniform, as setmaxnreg needs
@@ -220,68 +214,34 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
   rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, wait_full, k_addr_of, release);
 
   // ---- epilogue: this thread's two rows, directly or as a split partial ----
-  rows.epilogue(lens, seq, kv_head, direct, item.split);
+  rows.epilogue(lens, seq, kv_head, cw.direct, cw.item.split);
 #else
   (void)p;
   __trap();  // built for sm_90a only; the host checks the device before launching
 #endif
 }
 
-template <bool kBf16, bool kSoftCap>
-cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
-  const auto kernel = wgmma_ws_extend_kernel<kBf16, kSoftCap>;
-  cudaFuncAttributes attr{};
-  cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
-  if (err != cudaSuccess) return err;
-  // Started at another per-thread count than the register split assumes, the consumers' setmaxnreg
-  // could never be satisfied: refuse rather than hang.
-  if (attr.numRegs != kLaunchRegs) return cudaErrorLaunchOutOfResources;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(kSmemBytes));
-  if (err != cudaSuccess) return err;
-  kp.rows = kRows;
-  kp.keys = kKeys;
-  const std::int64_t tiles =
-      (static_cast<std::int64_t>(kp.max_q_len) * kp.group + kRows - 1) / kRows;
-  if (tiles == 0) return cudaSuccess;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
-                        static_cast<unsigned>(tiles * kp.num_splits));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
-  config.stream = stream;
-  err = cudaLaunchKernelEx(&config, kernel, kp);
-  if (err != cudaSuccess || kp.num_splits == 1) return err;
-  return fa2_merge_splits(kp, kBf16, kHeadDim, num_seqs, stream);
-}
-
 }  // namespace
 
 cudaError_t wgmma_ws_extend_ctas_per_sm(int* ctas) {
-  const auto kernel = wgmma_ws_extend_kernel<true, false>;  // dtype, soft-cap: same size
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kSmemBytes));
-  int resident = 0;
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, kThreads, kSmemBytes);
-  }
-  if (err != cudaSuccess) return err;
-  *ctas = resident > 0 ? resident : 1;
-  return cudaSuccess;
+  return wgmma_extend::ctas_per_sm(wgmma_ws_extend_kernel<true, false>, kThreads, kSmemBytes, ctas);
 }
 
 cudaError_t wgmma_ws_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
                                   cudaStream_t stream) {
-  const Fa2Params kp = fa2::make_fa2_params(params, num_splits, workspace);
-  const bool bf16 = params.dtype == KVDtype::kBFloat16;
-  const bool cap = kp.cap_log2 > 0.0f;
   const int heads = params.layout.num_kv_heads;
-  if (bf16) {
-    return cap ? launch<true, true>(kp, heads, params.num_seqs, stream)
-               : launch<true, false>(kp, heads, params.num_seqs, stream);
-  }
-  return cap ? launch<false, true>(kp, heads, params.num_seqs, stream)
-             : launch<false, false>(kp, heads, params.num_seqs, stream);
+  return wgmma_extend::dispatch(
+      params, num_splits, workspace, [&]<bool kBf16, bool kSoftCap>(const Fa2Params& kp) {
+        const auto kernel = wgmma_ws_extend_kernel<kBf16, kSoftCap>;
+        cudaFuncAttributes attr{};
+        const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
+        if (err != cudaSuccess) return err;
+        // Started at another per-thread count than the register split assumes, the consumers'
+        // setmaxnreg could never be satisfied: refuse rather than hang.
+        if (attr.numRegs != kLaunchRegs) return cudaErrorLaunchOutOfResources;
+        return wgmma_extend::launch_grid(kernel, kThreads, kSmemBytes, kp, kBf16, heads,
+                                         params.num_seqs, stream);
+      });
 }
 
 }  // namespace pagedkv::kernels

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "internal/extend_fa2_params.cuh"
+#include "internal/extend_wgmma_grid.cuh"
 #include "internal/extend_wgmma_schedule.hpp"
 #include "internal/mma_sync.cuh"
 #include "internal/wgmma.cuh"
@@ -28,8 +29,6 @@
 
 namespace pagedkv::kernels::wgmma_extend {
 
-inline constexpr int kHeadDim = 128;
-inline constexpr int kKeys = 64;            // keys per K/V tile
 inline constexpr int kScores = kKeys / 2;   // score accumulators per thread (m64n64)
 inline constexpr int kOut = kHeadDim / 2;   // output accumulators per thread (m64n128)
 inline constexpr int kPSteps = kKeys / 16;  // k steps of the PV GEMM

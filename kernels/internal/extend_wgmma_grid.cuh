@@ -1,0 +1,111 @@
+// kernels/internal/extend_wgmma_grid.cuh: the grid of the warpgroup-MMA paged extend kernels
+// (kernels/extend_attention_wgmma.cu, kernels/extend_attention_wgmma_ws.cu), host and device:
+// what one CTA covers (cta_work: KV head x sequence x query tile x split, kFa2's tile rules with
+// 128 rows and 64-key tiles), the launch with the split's merge, the occupancy query and the
+// dispatch over dtype and soft-cap. Included only by sources compiled for sm_90a alone (the CMake
+// object library pagedkv_cuda_sm90a); internal to pagedkv::cuda.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "internal/extend_fa2_launch.hpp"
+#include "internal/extend_fa2_layout.hpp"
+#include "internal/extend_fa2_params.cuh"
+#include "internal/extend_wgmma_launch.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
+
+namespace pagedkv::kernels::wgmma_extend {
+
+inline constexpr int kHeadDim = 128;            // the only head_dim the kernels take
+inline constexpr int kRows = kWgmmaExtendRows;  // query rows per CTA (two warpgroups of 64)
+inline constexpr int kKeys = 64;                // keys per K/V tile
+
+// What this CTA covers: grid x = KV head, y = sequence, z = query tile x split (heaviest tile
+// first), as kFa2 with 128-row query tiles.
+struct CtaWork {
+  int kv_head;
+  int seq;
+  fa2::SeqLens lens;
+  detail::Fa2WorkItem item;
+  detail::Fa2TileWork work;
+  bool direct;    // the query tile has one active split: rows written directly, no merge
+  int key_first;  // the split's first key
+  int tiles;      // the split's key tiles (0 for a tile that sees no key)
+};
+
+// Fills w; false when the CTA has nothing to do (past its sequence's query tiles, or a split past
+// the active ones). Uniform over the CTA, so a kernel returns before any barrier.
+__device__ __forceinline__ bool cta_work(const fa2::Fa2Params& p, CtaWork& w) {
+  w.kv_head = static_cast<int>(blockIdx.x);
+  w.seq = static_cast<int>(blockIdx.y);
+  w.lens = fa2::seq_lens_of(p, w.seq);
+  const int num_tiles = detail::extend_num_tiles(w.lens.q_len, p.group, kRows);
+  w.item = detail::fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, p.num_splits);
+  if (w.item.tile < 0) return false;
+  w.work = detail::fa2_tile_work(w.lens.q_len, w.lens.prefix, p.group, p.window_size, w.item.tile,
+                                 kRows, kKeys, p.num_splits);
+  if (w.item.split >= w.work.active) return false;
+  const detail::Fa2SplitTiles split = detail::fa2_split_tiles(w.work, w.item.split);
+  w.direct = w.work.active == 1;
+  w.key_first = w.work.geo.kv_begin + split.first * kKeys;
+  w.tiles = split.last - split.first;
+  return true;
+}
+
+// Launches `kernel` (threads per CTA, dynamic shared memory) over the grid of kp's batch and,
+// with a split over keys, kFa2's merge of the partial rows. kp.rows / kp.keys are set here.
+template <typename Kernel>
+cudaError_t launch_grid(Kernel kernel, int threads, std::uint32_t smem_bytes, fa2::Fa2Params kp,
+                        bool bf16, int num_kv_heads, int num_seqs, cudaStream_t stream) {
+  // Set on every launch: cheap, per device, and allowed while a graph is being captured.
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem_bytes));
+  if (err != cudaSuccess) return err;
+  kp.rows = kRows;
+  kp.keys = kKeys;
+  const std::int64_t tiles =
+      (static_cast<std::int64_t>(kp.max_q_len) * kp.group + kRows - 1) / kRows;
+  if (tiles == 0) return cudaSuccess;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
+                        static_cast<unsigned>(tiles * kp.num_splits));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  err = cudaLaunchKernelEx(&config, kernel, kp);
+  if (err != cudaSuccess || kp.num_splits == 1) return err;
+  return fa2_merge_splits(kp, bf16, kHeadDim, num_seqs, stream);
+}
+
+// CTAs of `kernel` resident per SM on the current device (at least 1).
+template <typename Kernel>
+cudaError_t ctas_per_sm(Kernel kernel, int threads, std::uint32_t smem_bytes, int* ctas) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem_bytes));
+  int resident = 0;
+  if (err == cudaSuccess) {
+    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, smem_bytes);
+  }
+  if (err != cudaSuccess) return err;
+  *ctas = resident > 0 ? resident : 1;
+  return cudaSuccess;
+}
+
+// Validated params, num_splits >= 1 (a workspace of extend_workspace_bytes when > 1): calls
+// launch.template operator()<kBf16, kSoftCap>(kp) with the kernel parameters.
+template <typename Launch>
+cudaError_t dispatch(const PagedExtendParams& params, int num_splits, void* workspace,
+                     Launch&& launch) {
+  const fa2::Fa2Params kp = fa2::make_fa2_params(params, num_splits, workspace);
+  const bool cap = kp.cap_log2 > 0.0f;
+  if (params.dtype == KVDtype::kBFloat16) {
+    return cap ? launch.template operator()<true, true>(kp)
+               : launch.template operator()<true, false>(kp);
+  }
+  return cap ? launch.template operator()<false, true>(kp)
+             : launch.template operator()<false, false>(kp);
+}
+
+}  // namespace pagedkv::kernels::wgmma_extend
