@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbar::init(&full[s], 128);   // one cp.async-completion arrival per producer thread
-      mbar::init(&empty[s], 256);  // one arrival per consumer thread
+      mbar::init(&full[s], kWsFullArrivals);    // a cp.async-completion per producer thread
+      mbar::init(&empty[s], kWsEmptyArrivals);  // one arrival per consumer thread
     }
     mbar::fence_init();
   }

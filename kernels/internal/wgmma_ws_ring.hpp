@@ -26,6 +26,11 @@
 namespace pagedkv::detail {
 
 inline constexpr int kWsStages = 4;
+inline constexpr int kWsWarpgroupThreads = 128;
+// Expected arrivals per phase: full[s] one per producer thread (its copies' completion), empty[s]
+// one per thread of the two consumer warpgroups.
+inline constexpr int kWsFullArrivals = kWsWarpgroupThreads;
+inline constexpr int kWsEmptyArrivals = 2 * kWsWarpgroupThreads;
 
 PAGEDKV_HOST_DEVICE constexpr int ws_stage(int tile) {
   return tile % kWsStages;

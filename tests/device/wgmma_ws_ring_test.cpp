@@ -4,16 +4,17 @@
 //
 // The model: one producer and two consumer warpgroups, each an actor that runs the kernel's
 // sequence of barrier operations (threads of a warpgroup act alike, so a warpgroup's 128 arrivals
-// are one here: full[s] expects 1, empty[s] 2). A barrier completes its current phase when its
-// expected arrivals have come, then starts the next; wait_parity(P) passes once the phase of
-// parity P has completed (a fresh barrier: phase 0 running, so parity 1 passes). The producer's
-// copies land asynchronously: filling a stage marks it in flight, and a separate event, taken at
-// a random later point, lands it and arrives on full[s]. A random scheduler interleaves the
-// actors and the landing events. Checked at every step: a consumer reads a stage only when it
-// holds its tile, landed (for the S GEMM of tile t, and for the PV GEMM of tile t - 1 one
-// iteration later); the producer never refills a stage a consumer will still read; and every
-// run ends (no deadlock) with both consumers having read every tile. The consumers' loop order
-// (wait full, S GEMM of t, PV GEMM of t - 1, free t - 1, a last PV GEMM) mirrors the kernel's.
+// are one here: the kernel's init counts kWsFullArrivals and kWsEmptyArrivals, divided by 128). A
+// barrier completes its current phase when its expected arrivals have come, then starts the next;
+// wait_parity(P) passes once the phase of parity P has completed (a fresh barrier: phase 0 running,
+// so parity 1 passes). The producer's copies land asynchronously: filling a stage marks it in
+// flight, and a separate event, taken at a random later point, lands it and arrives on full[s]. A
+// random scheduler interleaves the actors and the landing events. Checked at every step: a consumer
+// reads a stage only when it holds its tile, landed (for the S GEMM of tile t, and for the PV GEMM
+// of tile t - 1 one iteration later); the producer never refills a stage a consumer will still
+// read; and every run ends (no deadlock) with both consumers having read every tile. The consumers'
+// loop order (wait full, S GEMM of t, PV GEMM of t - 1, free t - 1, a last PV GEMM) mirrors the
+// kernel's.
 #include "internal/wgmma_ws_ring.hpp"
 
 #include <gtest/gtest.h>
@@ -53,9 +54,11 @@ struct Stage {
 // One run: returns "" or what went wrong.
 std::string run_protocol(int tiles, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
+  // The kernel's init counts, in warpgroups (each actor's arrival stands for its 128 threads').
   std::array<Barrier, kWsStages> full{};
   std::array<Barrier, kWsStages> empty{};
-  for (auto& b : empty) b.expected = 2;  // both consumer warpgroups
+  for (auto& b : full) b.expected = detail::kWsFullArrivals / detail::kWsWarpgroupThreads;
+  for (auto& b : empty) b.expected = detail::kWsEmptyArrivals / detail::kWsWarpgroupThreads;
   std::array<Stage, kWsStages> stages{};
   std::vector<int> in_flight;  // tiles issued, not landed
 
