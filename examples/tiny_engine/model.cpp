@@ -97,8 +97,14 @@ std::string Model::describe() const {
 // Not instrumented by the sanitizers: the model's dense products are example code, not the
 // library, and were 84% of every tiny-engine test's time in CI's ASan + UBSan build (22 s -> 5 s
 // for one test); everything around them, the library's calls included, stays instrumented.
+// Optimized at -O3 with GCC whatever the build's level (as in the Release build): at CI's
+// sanitizer -O1 they were still half of those tests' time (docs/testing.md, "CI"). The loops
+// keep their order of additions (-ffp-contract=off, no reassociation), so the bits do not change.
 #if defined(__GNUC__) || defined(__clang__)
 __attribute__((no_sanitize("address", "undefined")))
+#endif
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
 #endif
 void matmul(const float* x, std::int64_t rows, std::int32_t in, const float* w, std::int32_t out,
             float* y) {
