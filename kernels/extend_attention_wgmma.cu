@@ -34,6 +34,7 @@
 #include <cstdint>
 
 #include "internal/cp_async.cuh"
+#include "internal/decode_tc_host.hpp"
 #include "internal/extend_fa2_params.cuh"
 #include "internal/extend_wgmma_grid.cuh"
 #include "internal/extend_wgmma_launch.hpp"
@@ -230,10 +231,10 @@ bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
 }
 
 cudaError_t wgmma_extend_ctas_per_sm(bool pipelined, int* ctas) {
-  return pipelined ? wgmma_extend::ctas_per_sm(wgmma_extend_kernel<true, false, true>, kThreads,
-                                               smem_bytes(kStagesOf<true>), ctas)
-                   : wgmma_extend::ctas_per_sm(wgmma_extend_kernel<true, false, false>, kThreads,
-                                               smem_bytes(kStagesOf<false>), ctas);
+  return pipelined ? resident_ctas_per_sm(wgmma_extend_kernel<true, false, true>, kThreads,
+                                          smem_bytes(kStagesOf<true>), ctas)
+                   : resident_ctas_per_sm(wgmma_extend_kernel<true, false, false>, kThreads,
+                                          smem_bytes(kStagesOf<false>), ctas);
 }
 
 cudaError_t wgmma_paged_extend(const PagedExtendParams& params, bool pipelined, int num_splits,

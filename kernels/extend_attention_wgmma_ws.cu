@@ -32,6 +32,7 @@
 #include <cstdint>
 
 #include "internal/cp_async.cuh"
+#include "internal/decode_tc_host.hpp"
 #include "internal/extend_fa2_params.cuh"
 #include "internal/extend_wgmma_grid.cuh"
 #include "internal/extend_wgmma_launch.hpp"
@@ -224,7 +225,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
 }  // namespace
 
 cudaError_t wgmma_ws_extend_ctas_per_sm(int* ctas) {
-  return wgmma_extend::ctas_per_sm(wgmma_ws_extend_kernel<true, false>, kThreads, kSmemBytes, ctas);
+  return resident_ctas_per_sm(wgmma_ws_extend_kernel<true, false>, kThreads, kSmemBytes, ctas);
 }
 
 cudaError_t wgmma_ws_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,

@@ -1,9 +1,10 @@
 // kernels/internal/extend_wgmma_grid.cuh: the grid of the warpgroup-MMA paged extend kernels
 // (kernels/extend_attention_wgmma.cu, kernels/extend_attention_wgmma_ws.cu), host and device:
 // what one CTA covers (cta_work: KV head x sequence x query tile x split, kFa2's tile rules with
-// 128 rows and 64-key tiles), the launch with the split's merge, the occupancy query and the
-// dispatch over dtype and soft-cap. Included only by sources compiled for sm_90a alone (the CMake
-// object library pagedkv_cuda_sm90a); internal to pagedkv::cuda.
+// 128 rows and 64-key tiles), the launch with the split's merge and the dispatch over dtype and
+// soft-cap (the occupancy query is decode_tc_host.hpp's resident_ctas_per_sm). Included only by
+// sources compiled for sm_90a alone (the CMake object library pagedkv_cuda_sm90a); internal to
+// pagedkv::cuda.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -77,20 +78,6 @@ cudaError_t launch_grid(Kernel kernel, int threads, std::uint32_t smem_bytes, fa
   err = cudaLaunchKernelEx(&config, kernel, kp);
   if (err != cudaSuccess || kp.num_splits == 1) return err;
   return fa2_merge_splits(kp, bf16, kHeadDim, num_seqs, stream);
-}
-
-// CTAs of `kernel` resident per SM on the current device (at least 1).
-template <typename Kernel>
-cudaError_t ctas_per_sm(Kernel kernel, int threads, std::uint32_t smem_bytes, int* ctas) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem_bytes));
-  int resident = 0;
-  if (err == cudaSuccess) {
-    err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, smem_bytes);
-  }
-  if (err != cudaSuccess) return err;
-  *ctas = resident > 0 ? resident : 1;
-  return cudaSuccess;
 }
 
 // Validated params, num_splits >= 1 (a workspace of extend_workspace_bytes when > 1): calls
