@@ -1,4 +1,5 @@
-// kernels/internal/mbarrier.cuh: shared-memory barriers (mbarrier, sm_80+; parity waits), cp.async
+// kernels/internal/mbarrier.cuh: shared-memory barriers (mbarrier; the parity waits use
+// try_wait, sm_90+, bounded in time so a deadlock traps instead of hanging), cp.async
 // completion tracked by an mbarrier, named CTA barriers and the warpgroup register reallocation of
 // sm_90a (setmaxnreg) for the warp-specialized kernels. Thin wrappers over PTX; internal to
 // pagedkv::cuda.
@@ -45,19 +46,56 @@ __device__ __forceinline__ void arrive_on_cp_async(std::uint64_t* bar) {
                : "memory");
 }
 
-// Blocks until the phase of parity `parity` has completed (acquire semantics).
+// How long one wait may last before it is taken for a deadlock (a barrier that will never
+// complete: a wrong arrival count, parity or stage, a warpgroup that exited early) and the kernel
+// traps, in milliseconds of %globaltimer; 0 waits forever. A trap ends the grid with an error the
+// launch's stream reports (cudaErrorLaunchFailure; the context is then unusable, as after any
+// device-side fault) instead of a hang no error ever reports. The longest honest wait is one
+// stage's copies, microseconds (milliseconds under compute-sanitizer), so 10 s never fires on a
+// working kernel; the build may set it (the CMake cache variable PAGEDKV_CUDA_WAIT_LIMIT_MS, 0
+// under a debugger that stops warps at breakpoints while the timer runs).
+#ifndef PAGEDKV_CUDA_WAIT_LIMIT_MS
+#define PAGEDKV_CUDA_WAIT_LIMIT_MS 10000
+#endif
+inline constexpr std::uint64_t kWaitLimitNs =
+    static_cast<std::uint64_t>(PAGEDKV_CUDA_WAIT_LIMIT_MS) * 1000000ull;
+
+// The global nanosecond timer (%globaltimer; its resolution is about a microsecond).
+__device__ __forceinline__ std::uint64_t global_timer_ns() {
+  std::uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+// One try: true once the phase of parity `parity` has completed (acquire semantics), false when
+// the hardware's time-limited wait ran out first.
+__device__ __forceinline__ bool try_wait_parity(std::uint32_t addr, std::uint32_t parity) {
+  std::uint32_t done = 0;
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+      "selp.u32 %0, 1, 0, p;\n\t}\n"
+      : "=r"(done)
+      : "r"(addr), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Blocks until the phase of parity `parity` has completed (acquire semantics); traps when that
+// takes longer than kLimitNs (0: never). The timer is read only after a try has failed.
+template <std::uint64_t kLimitNs = kWaitLimitNs>
 __device__ __forceinline__ void wait_parity(std::uint64_t* bar, std::uint32_t parity) {
   const std::uint32_t addr = smem_addr(bar);
-  std::uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\t"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}\n"
-        : "=r"(done)
-        : "r"(addr), "r"(parity)
-        : "memory");
-  } while (done == 0);
+  if (try_wait_parity(addr, parity)) return;
+  if constexpr (kLimitNs == 0) {
+    while (!try_wait_parity(addr, parity)) {
+    }
+  } else {
+    const std::uint64_t start = global_timer_ns();
+    while (!try_wait_parity(addr, parity)) {
+      if (global_timer_ns() - start > kLimitNs) __trap();
+    }
+  }
 }
 
 // Waits for every cp.async this thread issued (committed in groups or not).
