@@ -21,9 +21,12 @@
 //             own, synchronized only through the stages' barriers: wait full[s] for tile t; issue
 //             tile t's S GEMM and tile t - 1's PV GEMM; softmax of tile t while the PV GEMM runs;
 //             wait; free tile t - 1's stage (empty[s], 256 arrivals: every consumer thread);
-//             rescale O; pack P. No CTA-wide barrier after the prologue, so the two warpgroups
-//             drift and one's softmax runs under the other's GEMMs.
-//   ring      kStages stages of K + V (32 KiB each), full[s] / empty[s] mbarriers, phases by round.
+//             rescale O; pack P. No CTA-wide barrier after the prologue. Ping-pong
+//             (kWsPingPong): the two take turns issuing their GEMMs on two more mbarriers
+//             (turn[c]: wait for mine, issue, arrive on the other's), consumer 0 first, so one's
+//             softmax runs under the other's GEMMs (kernels/internal/wgmma_ws_ring.hpp).
+//   ring      kStages stages of K + V (32 KiB each), full[s] / empty[s] mbarriers, phases by round;
+//             every mbarrier wait traps after PAGEDKV_CUDA_WAIT_LIMIT_MS (a deadlock is an error).
 //   split     over keys as kFa2 and kWgmma (same plan, workspace and merge kernel).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -58,7 +61,7 @@ constexpr std::uint32_t kQBytes = kRows * kHeadDim * 2;   // 32 KiB
 constexpr std::uint32_t kKVBytes = kKeys * kHeadDim * 2;  // K or V of one stage, 16 KiB
 constexpr std::uint32_t kStageBytes = 2 * kKVBytes;
 constexpr std::uint32_t kOffsetBytes = 2 * kKeys * sizeof(std::int64_t);
-constexpr std::uint32_t kBarrierBytes = 2 * kStages * sizeof(std::uint64_t);
+constexpr std::uint32_t kBarrierBytes = (2 * kStages + 2) * sizeof(std::uint64_t);
 constexpr std::uint32_t kSmemBytes =
     kQBytes + kStages * kStageBytes + kOffsetBytes + kBarrierBytes + 1024;
 static_assert(128 * 8 == kKeys * kChunks, "K and V: 8 chunks per producer thread each");
@@ -96,6 +99,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
   auto* offsets = reinterpret_cast<std::int64_t*>(ring + kStages * kStageBytes);  // [2][kKeys]
   auto* full = reinterpret_cast<std::uint64_t*>(ring + kStages * kStageBytes + kOffsetBytes);
   std::uint64_t* const empty = full + kStages;
+  std::uint64_t* const turn = empty + kStages;  // [2]: the consumers' ping-pong
 
   // ---- what this CTA covers ----
   wgmma_extend::CtaWork cw;
@@ -117,6 +121,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
       mbar::init(&full[s], kWsFullArrivals);    // a cp.async-completion per producer thread
       mbar::init(&empty[s], kWsEmptyArrivals);  // one arrival per consumer thread
     }
+    mbar::init(&turn[0], kWsTurnArrivals);  // one arrival per thread of the other consumer
+    mbar::init(&turn[1], kWsTurnArrivals);
     mbar::fence_init();
   }
   __syncthreads();  // the barriers initialized before anyone arrives or waits
@@ -177,7 +183,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
   // ---- consumers: warpgroup c = wg - 1 owns rows 64 c .. 64 c + 63 ----
   mbar::setmaxnreg_inc<kConsumerRegs>();
   const int c = wg - 1;
-  // Q, unscaled; rows past q_len are zero.
+  if (kWsPingPong && ws_turn_primed(c)) mbar::arrive(&turn[0]);  // consumer 0 issues first
+    // Q, unscaled; rows past q_len are zero.
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int chunk = wt + i * 128;
@@ -212,7 +219,22 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
 
   static_assert(ws_release_iteration(wgmma_pv_tile(1, true)) == 1,
                 "the pipelined loop frees a tile's stage in the iteration the ring expects");
-  rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, wait_full, k_addr_of, release);
+  if constexpr (kWsPingPong) {
+    // Turn k: wait until the other consumer has issued its GEMMs of turn k - 1 (consumer 1: of
+    // turn k), issue ours, hand the turn over.
+    struct Turns {
+      std::uint64_t* mine;
+      std::uint64_t* other;
+      __device__ __forceinline__ void begin(int k) const {
+        mbar::wait_parity(mine, ws_turn_parity(k));
+      }
+      __device__ __forceinline__ void end(int) const { mbar::arrive(other); }
+    };
+    rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, wait_full, k_addr_of, release,
+                       Turns{&turn[c], &turn[1 - c]});
+  } else {
+    rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, wait_full, k_addr_of, release);
+  }
 
   // ---- epilogue: this thread's two rows, directly or as a split partial ----
   rows.epilogue(lens, seq, kv_head, cw.direct, cw.item.split);

@@ -41,6 +41,12 @@ __device__ __forceinline__ void fence_p(PFragments& pa) {
   for (int kk = 0; kk < kPSteps; ++kk) wgmma::reg_fence(pa[kk]);
 }
 
+// run_pipelined's turns when the warpgroups do not take turns issuing GEMMs.
+struct NoTurns {
+  __device__ __forceinline__ void begin(int) const {}
+  __device__ __forceinline__ void end(int) const {}
+};
+
 template <bool kBf16, bool kSoftCap>
 struct Rows {
   const fa2::Fa2Params& p;
@@ -168,27 +174,33 @@ struct Rows {
   // back: begin_tile(t) runs before tile t's S GEMM (the CTA ring's wait, barrier and next copies;
   // or the wait on the stage's full barrier), release(u) once this warpgroup's reads of tile u's
   // stage are complete (after its PV GEMM; never for the last tile). k_addr_of(t): tile t's K stage
-  // (V at + v_offset). Uniform over the warpgroup; tiles == 0 does nothing.
-  template <typename BeginTile, typename StageAddr, typename Release>
+  // (V at + v_offset). turns.begin(k) / turns.end(k) bracket the k-th of the tiles + 1 points
+  // where GEMMs are issued (the warp-specialized kernel's ping-pong between its consumers,
+  // kernels/internal/wgmma_ws_ring.hpp; NoTurns elsewhere). Uniform over the warpgroup;
+  // tiles == 0 does nothing.
+  template <typename BeginTile, typename StageAddr, typename Release, typename Turns = NoTurns>
   __device__ __forceinline__ void run_pipelined(int tiles, int key_first, std::uint32_t q_addr,
                                                 int q_rows, std::uint32_t v_offset,
                                                 BeginTile&& begin_tile, StageAddr&& k_addr_of,
-                                                Release&& release) {
+                                                Release&& release, Turns&& turns = Turns{}) {
     if (tiles <= 0) return;
     float s[kScores];
     PFragments pa;  // P of the tile before the one being scored
     float alpha[2];
     begin_tile(0);
+    turns.begin(0);
     wgmma::reg_fence(s);
     wgmma::fence();
     issue_qk(s, q_addr, q_rows, k_addr_of(0));
     wgmma::commit();
+    turns.end(0);
     wgmma::wait_all();
     wgmma::reg_fence(s);
     (void)softmax<false>(s, key_first, alpha);  // O is still zero
     pack_p(s, pa);
     for (int t = 1; t < tiles; ++t) {
       begin_tile(t);
+      turns.begin(t);
       wgmma::reg_fence(s);
       wgmma::reg_fence(o);
       fence_p(pa);
@@ -198,6 +210,7 @@ struct Rows {
       const int pv_tile = detail::wgmma_pv_tile(t, true);
       issue_pv(pa, k_addr_of(pv_tile) + v_offset);
       wgmma::commit();
+      turns.end(t);
       wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
       wgmma::reg_fence(s);
       const bool any_moved = softmax<false>(s, key_first + t * kKeys, alpha);
@@ -208,11 +221,13 @@ struct Rows {
       if (any_moved) rescale_o(alpha);
       pack_p(s, pa);
     }
+    turns.begin(tiles);
     wgmma::reg_fence(o);
     fence_p(pa);
     wgmma::fence();
     issue_pv(pa, k_addr_of(detail::wgmma_pv_tile(tiles, true)) + v_offset);
     wgmma::commit();
+    turns.end(tiles);
     wgmma::wait_all();
     wgmma::reg_fence(o);
   }

@@ -12,9 +12,10 @@
 // random scheduler interleaves the actors and the landing events. Checked at every step: a consumer
 // reads a stage only when it holds its tile, landed (for the S GEMM of tile t, and for the PV GEMM
 // of tile t - 1 one iteration later); the producer never refills a stage a consumer will still
-// read; and every run ends (no deadlock) with both consumers having read every tile. The consumers'
-// loop order (wait full, S GEMM of t, PV GEMM of t - 1, free t - 1, a last PV GEMM) mirrors the
-// kernel's.
+// read; every run ends (no deadlock) with both consumers having read every tile; with ping-pong,
+// the consumers' GEMM issues alternate strictly, consumer 0 first. The consumers' loop order (wait
+// full, wait the turn, S GEMM of t, PV GEMM of t - 1, hand the turn over, free t - 1; a last PV
+// GEMM in its own turn) mirrors the kernel's.
 #include "internal/wgmma_ws_ring.hpp"
 
 #include <gtest/gtest.h>
@@ -51,28 +52,38 @@ struct Stage {
   bool landed = false;  // those copies have completed
 };
 
-// One run: returns "" or what went wrong.
-std::string run_protocol(int tiles, std::uint64_t seed) {
+// One run: returns "" or what went wrong. ping_pong: the consumers take turns issuing GEMMs on
+// the turn barriers (detail::kWsPingPong, the kernel's setting, and the other).
+std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
   std::mt19937_64 rng(seed);
   // The kernel's init counts, in warpgroups (each actor's arrival stands for its 128 threads').
   std::array<Barrier, kWsStages> full{};
   std::array<Barrier, kWsStages> empty{};
+  std::array<Barrier, 2> turn{};
   for (auto& b : full) b.expected = detail::kWsFullArrivals / detail::kWsWarpgroupThreads;
   for (auto& b : empty) b.expected = detail::kWsEmptyArrivals / detail::kWsWarpgroupThreads;
+  for (auto& b : turn) b.expected = detail::kWsTurnArrivals / detail::kWsWarpgroupThreads;
   std::array<Stage, kWsStages> stages{};
   std::vector<int> in_flight;  // tiles issued, not landed
 
   int producer_t = 0;  // the producer's next tile
-  // A consumer's position: the tile it is at, and its step within the iteration.
+  // A consumer's position: the GEMM-issue point t it is at (0 .. tiles: tile t's S GEMM and tile
+  // t - 1's PV GEMM; t == tiles only the last PV GEMM, after the loop), and its step there.
   struct Consumer {
     int t = 0;
-    int step = 0;  // 0: wait full(t); 1: S GEMM(t) + PV GEMM(t - 1) + free(t - 1); 2: done
+    int step = 0;  // 0: wait full(t) (t < tiles); 1: wait its turn; 2: issue; 3: done
     int last_pv_done = -1;
     std::vector<int> read;  // tiles whose S GEMM it ran
   };
   std::array<Consumer, 2> consumers{};
+  std::vector<int> issue_order;  // which consumer issued, at every issue point
   if (tiles == 0) {
-    for (Consumer& k : consumers) k.step = 2;  // the kernel's consumers skip the loop
+    for (Consumer& k : consumers) k.step = 3;  // the kernel's consumers skip the loop
+  }
+  if (ping_pong) {
+    for (int c = 0; c < 2; ++c) {
+      if (detail::ws_turn_primed(c)) turn[0].arrive();  // before the consumers' loops
+    }
   }
 
   const auto check_holds = [&](int tile, const char* what) -> std::string {
@@ -94,16 +105,21 @@ std::string run_protocol(int tiles, std::uint64_t seed) {
     }
     for (int c = 0; c < 2; ++c) {
       const Consumer& k = consumers[static_cast<std::size_t>(c)];
-      if (k.step == 2) continue;
-      if (k.step == 0 && !full[static_cast<std::size_t>(detail::ws_stage(k.t))].passes(
-                             detail::ws_full_parity(k.t))) {
+      if (k.step == 3) continue;
+      if (k.step == 0 && k.t < tiles &&
+          !full[static_cast<std::size_t>(detail::ws_stage(k.t))].passes(
+              detail::ws_full_parity(k.t))) {
+        continue;
+      }
+      if (k.step == 1 && ping_pong &&
+          !turn[static_cast<std::size_t>(c)].passes(detail::ws_turn_parity(k.t))) {
         continue;
       }
       movers.push_back(1 + c);
     }
     if (!in_flight.empty()) movers.push_back(3);
-    const bool finished = producer_t == tiles && in_flight.empty() && consumers[0].step == 2 &&
-                          consumers[1].step == 2;
+    const bool finished = producer_t == tiles && in_flight.empty() && consumers[0].step == 3 &&
+                          consumers[1].step == 3;
     if (finished) break;
     if (movers.empty()) {
       return "deadlock: producer at tile " + std::to_string(producer_t) + ", consumers at " +
@@ -132,44 +148,60 @@ std::string run_protocol(int tiles, std::uint64_t seed) {
       stages[static_cast<std::size_t>(detail::ws_stage(tile))].landed = true;
       full[static_cast<std::size_t>(detail::ws_stage(tile))].arrive();
     } else {
-      Consumer& k = consumers[static_cast<std::size_t>(who - 1)];
-      if (k.step == 0) {
-        k.step = 1;  // full(t) passed
-      } else {
-        // S GEMM of tile t, PV GEMM of tile t - 1, then free the stage of the tile whose release
-        // iteration this is.
+      const int c = who - 1;
+      Consumer& k = consumers[static_cast<std::size_t>(c)];
+      if (k.step < 2) {
+        ++k.step;  // full(t) passed (or none to wait for, at the last PV GEMM); then its turn
+        continue;
+      }
+      // Issue: S GEMM of tile t (t < tiles), PV GEMM of tile t - 1, hand the turn over, then free
+      // the stage of the tile whose release iteration this is (the loop's iterations only: the
+      // last tile's stage is never freed).
+      if (k.t < tiles) {
         if (std::string e = check_holds(k.t, "S GEMM"); !e.empty()) return e;
         k.read.push_back(k.t);
-        if (k.t > 0) {
-          if (std::string e = check_holds(k.t - 1, "PV GEMM"); !e.empty()) return e;
-          k.last_pv_done = k.t - 1;
-        }
-        for (int u = 0; u <= k.t; ++u) {  // the stages the schedule frees in this iteration
+      }
+      if (k.t > 0) {
+        if (std::string e = check_holds(k.t - 1, "PV GEMM"); !e.empty()) return e;
+        k.last_pv_done = k.t - 1;
+      }
+      issue_order.push_back(c);
+      if (ping_pong) turn[static_cast<std::size_t>(1 - c)].arrive();
+      if (k.t < tiles) {
+        for (int u = 0; u <= k.t; ++u) {
           if (detail::ws_release_iteration(u) == k.t) {
             empty[static_cast<std::size_t>(detail::ws_stage(u))].arrive();
           }
         }
-        if (++k.t == tiles) {  // the last PV GEMM; its stage is never freed
-          if (std::string e = check_holds(k.t - 1, "last PV GEMM"); !e.empty()) return e;
-          k.last_pv_done = k.t - 1;
-          k.step = 2;
-        } else {
-          k.step = 0;
-        }
       }
+      k.step = ++k.t > tiles ? 3 : 0;
     }
   }
   for (const Consumer& k : consumers) {
     if (static_cast<int>(k.read.size()) != tiles) return "a consumer did not read every tile";
   }
+  if (ping_pong) {
+    // Strict alternation, consumer 0 first: tiles + 1 issue points each.
+    const std::size_t points = tiles == 0 ? 0 : 2 * static_cast<std::size_t>(tiles + 1);
+    if (issue_order.size() != points) return "wrong number of issue points";
+    for (std::size_t i = 0; i < issue_order.size(); ++i) {
+      if (issue_order[i] != static_cast<int>(i % 2)) {
+        return "issue " + std::to_string(i) + " by consumer " + std::to_string(issue_order[i]) +
+               ": the consumers do not alternate, consumer 0 first";
+      }
+    }
+  }
   return "";
 }
 
 TEST(WgmmaWsRing, EveryInterleavingReadsEachTileFromItsStageAndEnds) {
-  for (int tiles = 0; tiles <= 13; ++tiles) {
-    for (std::uint64_t seed = 1; seed <= 300; ++seed) {
-      const std::string e = run_protocol(tiles, seed * 7919 + static_cast<std::uint64_t>(tiles));
-      ASSERT_EQ(e, "") << tiles << " tiles, seed " << seed;
+  for (const bool ping_pong : {detail::kWsPingPong, !detail::kWsPingPong}) {
+    for (int tiles = 0; tiles <= 13; ++tiles) {
+      for (std::uint64_t seed = 1; seed <= 300; ++seed) {
+        const std::string e =
+            run_protocol(tiles, seed * 7919 + static_cast<std::uint64_t>(tiles), ping_pong);
+        ASSERT_EQ(e, "") << tiles << " tiles, seed " << seed << ", ping-pong " << ping_pong;
+      }
     }
   }
 }
@@ -189,6 +221,10 @@ TEST(WgmmaWsRing, ScheduleFunctions) {
   Barrier fresh;
   EXPECT_TRUE(fresh.passes(detail::ws_empty_parity(0)));
   EXPECT_FALSE(fresh.passes(detail::ws_full_parity(0)));
+  // Turns: a consumer's first turn (parity 0) needs an arrival, so exactly one consumer is primed.
+  EXPECT_FALSE(fresh.passes(detail::ws_turn_parity(0)));
+  EXPECT_NE(detail::ws_turn_primed(0), detail::ws_turn_primed(1));
+  for (int k = 0; k < 8; ++k) EXPECT_NE(detail::ws_turn_parity(k), detail::ws_turn_parity(k + 1));
 }
 
 }  // namespace
