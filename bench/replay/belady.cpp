@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <ctime>
 #include <limits>
 #include <string>
@@ -123,13 +124,30 @@ class LruPool {
   std::uint32_t free_;
 };
 
+// A standard normal value that depends only on `key` (SplitMix64, then Box-Muller): the same
+// request gets the same draw in every run and at every use.
+double normal_of(std::uint64_t key) {
+  const auto mix = [](std::uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  const std::uint64_t a = mix(key);
+  const std::uint64_t b = mix(a);
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+
 // Belady: empty blocks first, then the evictable cached block with the largest next use. The
 // reuse oracles rank by whether a block is used again, not when: blocks never used again first,
 // oldest free first; then the others, oldest free first (kReuseOracle: LRU) or newest free first
 // (kReuseOracleMru: the blocks waiting longest for their next use are kept).
 class BeladyPool {
  public:
-  BeladyPool(std::uint32_t n, std::uint32_t distinct, Eviction rule)
+  BeladyPool(std::uint32_t n, std::uint32_t distinct, Eviction rule, double noise_sigma,
+             const std::vector<std::uint64_t>& offsets)
       : ref_(n, 0),
         hash_(n, kNone),
         key_(n, kNever),
@@ -138,7 +156,9 @@ class BeladyPool {
         request_freed_at_(n, 0),
         cached_(distinct, kNone),
         n_(n),
-        rule_(rule) {
+        rule_(rule),
+        sigma_(noise_sigma),
+        offsets_(offsets) {
     for (std::uint32_t b = n - 1; b >= 1; --b) empty_.push_back(b);  // block 1 used first
   }
 
@@ -175,8 +195,10 @@ class BeladyPool {
     return true;
   }
   // The block `b` (held) gets the hash `id` unless it is cached already; either way the cached
-  // block's next use becomes `next_use`.
-  void use(std::uint32_t b, std::uint32_t id, std::uint64_t next_use) {
+  // block's next use becomes `next_use` (the block is at trace position `pos`; kBeladyNoisy keys
+  // it by a noisy estimate of that next use instead).
+  void use(std::uint32_t b, std::uint32_t id, std::uint64_t next_use, std::uint64_t pos) {
+    if (rule_ == Eviction::kBeladyNoisy) next_use = noisy(next_use, pos);
     const std::uint32_t c = cached_[id];
     if (c == kNone) {
       cached_[id] = b;
@@ -216,6 +238,21 @@ class BeladyPool {
   // (LRU: the oldest free first) or the request's free number and then the place in it (MRU:
   // the most recent request's blocks first, its table's tail first, so that a parent never goes
   // before its children).
+  // kBeladyNoisy: the next use's distance from pos multiplied by exp(sigma z), z standard normal
+  // (log-normal noise: a predictor off by a factor e^sigma at one standard deviation), at least 1;
+  // "never used again" stays exact. z belongs to the request of the next use (one draw per
+  // request, from its index): a predictor errs on when a request comes, and every block that
+  // request will reuse shares the error, so a parent stays keyed just before its children (an
+  // independent draw per block would evict random blocks inside a chain and cut it).
+  std::uint64_t noisy(std::uint64_t next_use, std::uint64_t pos) const {
+    if (next_use == kNever || sigma_ == 0.0) return next_use;
+    const auto at = std::upper_bound(offsets_.begin(), offsets_.end(), next_use);
+    const auto request = static_cast<std::uint64_t>(at - offsets_.begin() - 1);
+    const double d = static_cast<double>(next_use - pos) * std::exp(sigma_ * normal_of(request));
+    constexpr double kFar = 1e18;  // below kNever: a block used again is never keyed "never"
+    return pos + static_cast<std::uint64_t>(std::clamp(std::llround(std::min(d, kFar)), 1LL,
+                                                       static_cast<long long>(kFar)));
+  }
   std::uint64_t rank(std::uint32_t b) const {
     constexpr std::uint64_t kUnused = std::uint64_t{1} << 63;
     const std::uint64_t oldest_first = kUnused - 1 - freed_at_[b];
@@ -225,6 +262,7 @@ class BeladyPool {
       case Eviction::kReuseOracleMru:
         return key_[b] == kNever ? kUnused + oldest_first : request_freed_at_[b];
       case Eviction::kBelady:
+      case Eviction::kBeladyNoisy:
       case Eviction::kLru:
         break;
     }
@@ -252,7 +290,9 @@ class BeladyPool {
   std::uint32_t n_;
   std::uint64_t clock_ = 0;           // frees of cached blocks so far
   std::uint64_t requests_freed_ = 0;  // free() calls so far (one per request)
-  Eviction rule_;                     // kBelady, kReuseOracle or kReuseOracleMru
+  Eviction rule_;                     // kBelady, kBeladyNoisy, kReuseOracle or kReuseOracleMru
+  double sigma_;                      // kBeladyNoisy: the log-normal noise's sigma
+  const std::vector<std::uint64_t>& offsets_;  // the trace's: position -> request
 };
 
 // next[p]: the position of the next occurrence of ids[p]'s hash after p that could be a hit
@@ -308,7 +348,7 @@ void run(const BlockTrace& t, std::uint32_t n, Pool& pool, const std::vector<std
     res.peak_usage = std::max(res.peak_usage, 1.0 - double(pool.num_free()) / double(usable));
     for (std::uint64_t j = 0; j < full; ++j) {
       if constexpr (std::is_same_v<Pool, BeladyPool>) {
-        pool.use(table[j], t.ids[base + j], (*next)[base + j]);
+        pool.use(table[j], t.ids[base + j], (*next)[base + j], base + j);
       } else if (j >= hit) {
         pool.cache(table[j], t.ids[base + j]);
       }
@@ -361,10 +401,16 @@ BlockTrace block_trace(const Trace& trace, const ReplayOptions& options) {
   return t;
 }
 
-ReplayResult simulate(const BlockTrace& t, std::int32_t num_blocks, Eviction eviction) {
+ReplayResult simulate(const BlockTrace& t, std::int32_t num_blocks, Eviction eviction,
+                      double noise_sigma) {
   if (num_blocks < 2) {
     throw Error(ErrorCode::kInvalidArgument,
                 "--num-blocks " + std::to_string(num_blocks) + ": at least 2 (null block + 1)");
+  }
+  if (!(noise_sigma >= 0.0 && noise_sigma <= kMaxBeladyNoise)) {
+    throw Error(ErrorCode::kInvalidArgument, "simulate: noise sigma " +
+                                                 std::to_string(noise_sigma) + " outside 0.." +
+                                                 std::to_string(kMaxBeladyNoise));
   }
   if (t.offsets.size() != t.size() + 1 || t.block_size == 0) {
     throw Error(ErrorCode::kInvalidArgument, "simulate: inconsistent BlockTrace");
@@ -379,7 +425,7 @@ ReplayResult simulate(const BlockTrace& t, std::int32_t num_blocks, Eviction evi
     run(t, n, pool, nullptr, res);
   } else {
     const std::vector<std::uint64_t> next = next_uses(t, n - 1);
-    BeladyPool pool(n, t.distinct, eviction);
+    BeladyPool pool(n, t.distinct, eviction, noise_sigma, t.offsets);
     run(t, n, pool, &next, res);
   }
   res.pool_cpu_seconds = thread_cpu_seconds() - c0;
@@ -400,7 +446,7 @@ std::vector<ReplayResult> run_eviction_replay(const Trace& trace, const ReplayOp
   const double hash_wall = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<ReplayResult> out;
   for (const std::int32_t n : options.num_blocks) {
-    ReplayResult r = simulate(bt, n, options.eviction);
+    ReplayResult r = simulate(bt, n, options.eviction, options.belady_noise);
     const ReplayResult lru = simulate(bt, n, Eviction::kLru);
     r.sim_lru_hit_tokens = lru.hit_tokens;
     r.sim_lru_evicted_blocks = lru.evicted_blocks;

@@ -22,6 +22,12 @@
 //    Ties are broken by the larger block id. Because a hash's occurrence implies its parent's one
 //    position earlier in the same request, a cached parent's next use is always before its
 //    children's (or both are never), so this rule evicts leaves before their parents.
+//  - kBeladyNoisy: Belady keyed by an estimate of each next use: the distance to it multiplied by
+//    exp(sigma z), z standard normal, drawn at every use (seeded: deterministic); whether a block
+//    is used again at all stays exact. How well a policy must predict reuse times to get Belady's
+//    hits: sigma = 1 is a predictor off by a factor e at one standard deviation. Noise can key a
+//    parent after its child, so a parent may go first (its children become unreachable), as with
+//    any real predictor.
 //
 // Complexity: block_trace() hashes every prompt once (the replay's hashing) and maps each block
 // hash to a dense id (memory: one hash map entry per distinct hash, 4 bytes per block). simulate()
@@ -61,7 +67,9 @@ BlockTrace block_trace(const Trace& trace, const ReplayOptions& options);
 // One replay on a pool of num_blocks blocks (including the null block). Fills requests,
 // rejected, prompt_tokens, queried_tokens, hit_tokens, prefill_tokens_computed, prompt_blocks,
 // evicted_blocks, peak_usage and pool_seconds / pool_cpu_seconds (the simulation's time).
-ReplayResult simulate(const BlockTrace& trace, std::int32_t num_blocks, Eviction eviction);
+// noise_sigma: kBeladyNoisy's sigma (0..kMaxBeladyNoise; ignored by the other rules).
+ReplayResult simulate(const BlockTrace& trace, std::int32_t num_blocks, Eviction eviction,
+                      double noise_sigma = 0.0);
 
 // block_trace() once, then simulate() for each options.num_blocks entry with options.eviction,
 // and in LRU mode as well (sim_lru_hit_tokens, sim_lru_evicted_blocks: the same pool size and

@@ -67,8 +67,10 @@ Eviction parse_eviction(const std::string& name) {
   if (name == "belady") return Eviction::kBelady;
   if (name == "reuse-oracle") return Eviction::kReuseOracle;
   if (name == "reuse-oracle-mru") return Eviction::kReuseOracleMru;
+  if (name == "belady-noisy") return Eviction::kBeladyNoisy;
   throw Error(ErrorCode::kInvalidArgument,
-              "--eviction: lru, belady, reuse-oracle or reuse-oracle-mru, not '" + name + "'");
+              "--eviction: lru, belady, reuse-oracle, reuse-oracle-mru or belady-noisy, not '" +
+                  name + "'");
 }
 
 const char* to_string(Eviction e) noexcept {
@@ -79,6 +81,8 @@ const char* to_string(Eviction e) noexcept {
       return "reuse-oracle";
     case Eviction::kReuseOracleMru:
       return "reuse-oracle-mru";
+    case Eviction::kBeladyNoisy:
+      return "belady-noisy";
     case Eviction::kLru:
       break;
   }
@@ -88,6 +92,19 @@ const char* to_string(Eviction e) noexcept {
 void parse_eviction(const std::string& name, ReplayOptions& options) {
   if (name == "belady" || name == "reuse-oracle" || name == "reuse-oracle-mru") {
     options.eviction = parse_eviction(name);
+    return;
+  }
+  if (name.rfind("belady-noisy:", 0) == 0) {  // belady-noisy:S, S a decimal sigma
+    const std::string v = name.substr(std::string("belady-noisy:").size());
+    char* end = nullptr;
+    const double sigma = std::strtod(v.c_str(), &end);
+    if (v.empty() || *end != '\0' || !(sigma >= 0.0 && sigma <= kMaxBeladyNoise)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--eviction belady-noisy:S needs S a number in 0.." +
+                      std::to_string(static_cast<int>(kMaxBeladyNoise)) + ", not '" + v + "'");
+    }
+    options.eviction = Eviction::kBeladyNoisy;
+    options.belady_noise = sigma;
     return;
   }
   // lineage:D (key depth D) or lineage:auto (learned depth).
@@ -114,7 +131,7 @@ void parse_eviction(const std::string& name, ReplayOptions& options) {
       }
     }
   } catch (const Error& e) {
-    std::string names = "belady|reuse-oracle|reuse-oracle-mru";
+    std::string names = "belady|reuse-oracle|reuse-oracle-mru|belady-noisy:S";
     for (std::uint8_t p = 0; p < kNumEvictionPolicies; ++p) {
       names += std::string("|") + std::string(to_string(static_cast<EvictionPolicy>(p)));
     }
@@ -128,6 +145,11 @@ void parse_eviction(const std::string& name, ReplayOptions& options) {
 }
 
 std::string eviction_name(const ReplayOptions& o) {
+  if (o.eviction == Eviction::kBeladyNoisy) {
+    char sigma[32];
+    std::snprintf(sigma, sizeof sigma, "%g", o.belady_noise);
+    return std::string(to_string(o.eviction)) + ":" + sigma;
+  }
   if (o.eviction != Eviction::kLru) return to_string(o.eviction);
   std::string name(to_string(o.pool_eviction));
   if (o.lineage_adaptive_depth) return name + ":auto";

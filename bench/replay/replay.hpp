@@ -26,9 +26,12 @@ enum class Schedule {
 // which blocks will be used again but not when (belady.hpp): those never used again are evicted
 // first, then the others in LRU order / newest free first. Offline references like Belady: what
 // a perfect prediction of reuse alone would buy LRU / a policy that keeps the longest-waiting.
-enum class Eviction { kLru, kBelady, kReuseOracle, kReuseOracleMru };
-// "lru", "belady", "reuse-oracle" or "reuse-oracle-mru"; anything else throws pagedkv::Error
-// (kInvalidArgument) naming it.
+// kBeladyNoisy is Belady keyed by noisy next uses (belady.hpp): how exactly a policy would have to
+// predict when a block returns to get Belady's hits.
+enum class Eviction { kLru, kBelady, kReuseOracle, kReuseOracleMru, kBeladyNoisy };
+inline constexpr double kMaxBeladyNoise = 8.0;  // the largest sigma belady-noisy:S takes
+// "lru", "belady", "reuse-oracle", "reuse-oracle-mru" or "belady-noisy"; anything else throws
+// pagedkv::Error (kInvalidArgument) naming it.
 Eviction parse_eviction(const std::string& name);
 const char* to_string(Eviction e) noexcept;
 
@@ -69,10 +72,12 @@ struct ReplayOptions {
   // --adaptive-ghost-sample-shift S: KVCacheManagerConfig::adaptive_ghost_sample_shift (-1: by the
   // pool's size; 0: exact ghosts; 1..kAdaptiveGhostMaxSampleShift: 1 in 2^S fingerprints).
   int adaptive_ghost_sample_shift = -1;
+  // --eviction belady-noisy:S: the noise's sigma (Eviction::kBeladyNoisy).
+  double belady_noise = 0.0;
 };
 
-// --eviction NAME: "belady", "reuse-oracle" or "reuse-oracle-mru" (the simulator) or a pool
-// policy's name
+// --eviction NAME: "belady", "reuse-oracle", "reuse-oracle-mru" or "belady-noisy:S" (S in
+// 0..kMaxBeladyNoise; the simulator) or a pool policy's name
 // (pagedkv::to_string of an EvictionPolicy: the library with that policy). Throws pagedkv::Error
 // (kInvalidArgument) naming anything else.
 void parse_eviction(const std::string& name, ReplayOptions& options);
