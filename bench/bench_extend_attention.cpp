@@ -27,8 +27,9 @@
 // default kernel's worst table-1 ratio (kFa2 since 2026-12-04, evening), TARGET
 // extend_mma16_vs_gemm the other's; RESULT extend_variants gives kFa2's time over kMma16's.
 // RESULT extend / extend_saved lines are kMma16's, RESULT extend_fa2 / extend_fa2_saved kFa2's.
-// ExtendKernel::kWgmma, kWgmmaPipelined and kWgmmaWarpSpecialized (issue 35 step B, sm_90a,
-// opt-in; names wgmma, wgmma_pipelined, wgmma_ws) run last, after every figure above is printed,
+// ExtendKernel::kWgmma, kWgmmaPipelined, kWgmmaWarpSpecialized and kWgmmaWarpSpecializedPingPong
+// (issue 35 step B, sm_90a, opt-in; names wgmma, wgmma_pipelined, wgmma_ws, wgmma_ws_pingpong)
+// run last, after every figure above is printed,
 // each checked on its own without and with 3 forced splits (CHECK extend_attention_<name>[_split],
 // a failure skips only that variant's timing), then every shape again with the same tables and
 // the planner's split for its kernel, against kFa2's time from the tables: RESULT extend_<name> /
@@ -245,6 +246,8 @@ const char* variant_suffix(pagedkv::ExtendKernel kernel) {
       return "_wgmma_pipelined";
     case pagedkv::ExtendKernel::kWgmmaWarpSpecialized:
       return "_wgmma_ws";
+    case pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong:
+      return "_wgmma_ws_pingpong";
     default:
       return "";
   }
@@ -545,9 +548,11 @@ int main(int argc, char** argv) {
     pagedkv::ExtendKernel kernel;
     const char* name;  // RESULT / TARGET names: extend_<name>, extend_<name>_saved, ...
   };
-  for (const WgmmaRun& run : {WgmmaRun{pagedkv::ExtendKernel::kWgmma, "wgmma"},
-                              WgmmaRun{pagedkv::ExtendKernel::kWgmmaPipelined, "wgmma_pipelined"},
-                              WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecialized, "wgmma_ws"}}) {
+  for (const WgmmaRun& run :
+       {WgmmaRun{pagedkv::ExtendKernel::kWgmma, "wgmma"},
+        WgmmaRun{pagedkv::ExtendKernel::kWgmmaPipelined, "wgmma_pipelined"},
+        WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecialized, "wgmma_ws"},
+        WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong, "wgmma_ws_pingpong"}}) {
     const bool plain = check_against_reference(stream, run.kernel, 1);
     if (!(check_against_reference(stream, run.kernel, 3) && plain)) continue;
     Variant wg;

@@ -426,10 +426,22 @@ std::int64_t fa2_query_tiles(const PagedExtendParams& params) {
   return (static_cast<std::int64_t>(params.max_q_len) * group + rows - 1) / rows;
 }
 
+// The sm_90a variants (each falls back to kFa2 where its kernel does not run).
+bool wgmma_variant(ExtendKernel kernel) {
+  return kernel == ExtendKernel::kWgmma || kernel == ExtendKernel::kWgmmaPipelined ||
+         kernel == ExtendKernel::kWgmmaWarpSpecialized ||
+         kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong;
+}
+
+// The warp-specialized ones (kernels/extend_attention_wgmma_ws.cu).
+bool warp_specialized(ExtendKernel kernel) {
+  return kernel == ExtendKernel::kWgmmaWarpSpecialized ||
+         kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong;
+}
+
 // The variants that take an ExtendSplitPlan: kFa2 and the kWgmma variants.
 bool splits_over_keys(ExtendKernel kernel) {
-  return kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kWgmma ||
-         kernel == ExtendKernel::kWgmmaPipelined || kernel == ExtendKernel::kWgmmaWarpSpecialized;
+  return kernel == ExtendKernel::kFa2 || wgmma_variant(kernel);
 }
 
 // Query tiles of the kWgmma kernels' launch (128 rows).
@@ -472,8 +484,7 @@ void validate_cuda_extend(const PagedExtendParams& params) {
 
 bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) noexcept {
   // kMma16 and kFa2 cover every 16-bit shape validate_cuda_extend accepts; FP8 has its own kernel.
-  if (kernel == ExtendKernel::kWgmma || kernel == ExtendKernel::kWgmmaPipelined ||
-      kernel == ExtendKernel::kWgmmaWarpSpecialized) {
+  if (wgmma_variant(kernel)) {
 #ifdef PAGEDKV_HAS_SM90A
     return kernels::wgmma_extend_runs(params);
 #else
@@ -526,7 +537,7 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   int resident = 1;
   if (err == cudaSuccess) {
 #ifdef PAGEDKV_HAS_SM90A
-    if (kernel == ExtendKernel::kWgmmaWarpSpecialized) {
+    if (warp_specialized(kernel)) {
       err = kernels::wgmma_ws_extend_ctas_per_sm(&resident);
     } else if (kernel != ExtendKernel::kFa2) {
       err = kernels::wgmma_extend_ctas_per_sm(kernel == ExtendKernel::kWgmmaPipelined, &resident);
@@ -577,8 +588,10 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
   if (params.num_seqs == 0 || params.max_q_len == 0) return cudaSuccess;
 #ifdef PAGEDKV_HAS_SM90A
   if (kernel != ExtendKernel::kFa2 && kernels::wgmma_extend_runs(params)) {
-    if (kernel == ExtendKernel::kWgmmaWarpSpecialized) {
-      return kernels::wgmma_ws_paged_extend(params, plan.num_splits, workspace, stream);
+    if (warp_specialized(kernel)) {
+      return kernels::wgmma_ws_paged_extend(params,
+                                            kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong,
+                                            plan.num_splits, workspace, stream);
     }
     return kernels::wgmma_paged_extend(params, kernel == ExtendKernel::kWgmmaPipelined,
                                        plan.num_splits, workspace, stream);

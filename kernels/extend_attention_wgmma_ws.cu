@@ -1,5 +1,6 @@
-// Warp-specialized warpgroup-MMA paged extend attention (ExtendKernel::kWgmmaWarpSpecialized;
-// contract in include/pagedkv/cuda/extend_attention.hpp). Issue 35, step B: FlashAttention-3's
+// Warp-specialized warpgroup-MMA paged extend attention (ExtendKernel::kWgmmaWarpSpecialized and,
+// with ping-pong, kWgmmaWarpSpecializedPingPong; contract in
+// include/pagedkv/cuda/extend_attention.hpp). Issue 35, step B: FlashAttention-3's
 // structure on the tile geometry of kWgmma (kernels/extend_attention_wgmma.cu), with the paged K/V
 // gathered by a producer warpgroup instead of by every thread between CTA barriers. Compiled for
 // sm_90a only (the CMake object library pagedkv_cuda_sm90a); paged_extend_attention runs it only
@@ -22,7 +23,7 @@
 //             tile t's S GEMM and tile t - 1's PV GEMM; softmax of tile t while the PV GEMM runs;
 //             wait; free tile t - 1's stage (empty[s], 256 arrivals: every consumer thread);
 //             rescale O; pack P. No CTA-wide barrier after the prologue. Ping-pong
-//             (kWsPingPong): the two take turns issuing their GEMMs on two more mbarriers
+//             (kPingPong): the two take turns issuing their GEMMs on two more mbarriers
 //             (turn[c]: wait for mine, issue, arrive on the other's), consumer 0 first, so one's
 //             softmax runs under the other's GEMMs (kernels/internal/wgmma_ws_ring.hpp).
 //   ring      kStages stages of K + V (32 KiB each), full[s] / empty[s] mbarriers, phases by round;
@@ -85,7 +86,7 @@ static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 65536, "one SM's regi
 #define PAGEDKV_WGMMA_WS_DEVICE 1  // the device pass with wgmma and setmaxnreg (sm_90a)
 #endif
 
-template <bool kBf16, bool kSoftCap>
+template <bool kBf16, bool kSoftCap, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2Params p) {
 #ifdef PAGEDKV_WGMMA_WS_DEVICE
   using namespace pagedkv::detail;
@@ -183,7 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
   // ---- consumers: warpgroup c = wg - 1 owns rows 64 c .. 64 c + 63 ----
   mbar::setmaxnreg_inc<kConsumerRegs>();
   const int c = wg - 1;
-  if (kWsPingPong && ws_turn_primed(c)) mbar::arrive(&turn[0]);  // consumer 0 issues first
+  if (kPingPong && ws_turn_primed(c)) mbar::arrive(&turn[0]);  // consumer 0 issues first
     // Q, unscaled; rows past q_len are zero.
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
 
   static_assert(ws_release_iteration(wgmma_pv_tile(1, true)) == 1,
                 "the pipelined loop frees a tile's stage in the iteration the ring expects");
-  if constexpr (kWsPingPong) {
+  if constexpr (kPingPong) {
     // Turn k: wait until the other consumer has issued its GEMMs of turn k - 1 (consumer 1: of
     // turn k), issue ours, hand the turn over.
     struct Turns {
@@ -247,15 +248,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
 }  // namespace
 
 cudaError_t wgmma_ws_extend_ctas_per_sm(int* ctas) {
-  return resident_ctas_per_sm(wgmma_ws_extend_kernel<true, false>, kThreads, kSmemBytes, ctas);
+  return resident_ctas_per_sm(wgmma_ws_extend_kernel<true, false, false>, kThreads, kSmemBytes,
+                              ctas);
 }
 
-cudaError_t wgmma_ws_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
-                                  cudaStream_t stream) {
+cudaError_t wgmma_ws_paged_extend(const PagedExtendParams& params, bool ping_pong, int num_splits,
+                                  void* workspace, cudaStream_t stream) {
   const int heads = params.layout.num_kv_heads;
   return wgmma_extend::dispatch(
       params, num_splits, workspace, [&]<bool kBf16, bool kSoftCap>(const Fa2Params& kp) {
-        const auto kernel = wgmma_ws_extend_kernel<kBf16, kSoftCap>;
+        const auto kernel = ping_pong ? wgmma_ws_extend_kernel<kBf16, kSoftCap, true>
+                                      : wgmma_ws_extend_kernel<kBf16, kSoftCap, false>;
         cudaFuncAttributes attr{};
         const cudaError_t err = cudaFuncGetAttributes(&attr, kernel);
         if (err != cudaSuccess) return err;

@@ -96,7 +96,8 @@ kernels, and reports what prefix caching saved.
                          tensor_core_wide_merge);
                          rejected without --device cuda (the CPU path has one implementation,
                          the references)
-  --extend-kernel NAME   with --device cuda: mma16, fa2, wgmma, wgmma_pipelined or wgmma_ws
+  --extend-kernel NAME   with --device cuda: mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws or
+                         wgmma_ws_pingpong
                          (pagedkv::ExtendKernel; default: the library's default, fa2; the
                          wgmma ones fall back to fa2 off sm_90 or at another head_dim than
                          128); rejected without --device cuda
@@ -285,10 +286,13 @@ Options parse(int argc, char** argv) {
         o.engine.extend_kernel = 3;
       } else if (v == "wgmma_ws") {
         o.engine.extend_kernel = 4;
+      } else if (v == "wgmma_ws_pingpong") {
+        o.engine.extend_kernel = 5;
       } else {
         usage_error(
-            "--extend-kernel: expected mma16, fa2, wgmma, wgmma_pipelined or wgmma_ws, got '" + v +
-            "'");
+            "--extend-kernel: expected mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws or "
+            "wgmma_ws_pingpong, got '" +
+            v + "'");
       }
     } else if (a == "--vs-bf16") {
       o.vs_bf16 = true;

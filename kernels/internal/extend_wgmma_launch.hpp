@@ -1,6 +1,7 @@
 // kernels/internal/extend_wgmma_launch.hpp: host entry points of the warpgroup-MMA paged extend
 // kernels (kernels/extend_attention_wgmma.cu, ExtendKernel::kWgmma and kWgmmaPipelined, and
-// kernels/extend_attention_wgmma_ws.cu, kWgmmaWarpSpecialized; sm_90a),
+// kernels/extend_attention_wgmma_ws.cu, kWgmmaWarpSpecialized and kWgmmaWarpSpecializedPingPong;
+// sm_90a),
 // internal to pagedkv::cuda. Defined only where the build has sm_90a code (PAGEDKV_HAS_SM90A);
 // the caller validates the parameters first.
 #pragma once
@@ -27,10 +28,11 @@ cudaError_t wgmma_paged_extend(const PagedExtendParams& params, bool pipelined, 
                                void* workspace, cudaStream_t stream);
 
 // ExtendKernel::kWgmmaWarpSpecialized (kernels/extend_attention_wgmma_ws.cu): the same contract
-// as wgmma_paged_extend, with a producer warpgroup and two consumer warpgroups.
-cudaError_t wgmma_ws_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
-                                  cudaStream_t stream);
-cudaError_t wgmma_ws_extend_ctas_per_sm(int* ctas);
+// as wgmma_paged_extend, with a producer warpgroup and two consumer warpgroups; ping_pong: the
+// consumers take turns issuing their GEMMs (kWgmmaWarpSpecializedPingPong).
+cudaError_t wgmma_ws_paged_extend(const PagedExtendParams& params, bool ping_pong, int num_splits,
+                                  void* workspace, cudaStream_t stream);
+cudaError_t wgmma_ws_extend_ctas_per_sm(int* ctas);  // either kernel (same threads and smem)
 
 // CTAs of the (pipelined or plain) kernel resident per SM on the current device (the same for
 // every dtype and soft-cap).

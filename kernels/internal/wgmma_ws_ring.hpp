@@ -14,14 +14,14 @@
 // for it). The producer reads tile t's page offsets from slot ws_offset_slot(t) of a 2-slot table
 // it writes one tile ahead.
 //
-// Ping-pong (kWsPingPong): the consumers take turns issuing their GEMMs, so one warpgroup's softmax
-// runs while the other's GEMMs occupy the tensor cores (FlashAttention-3's inter-warpgroup
-// overlap). A consumer issues GEMMs at tiles + 1 points (turn 0: tile 0's S GEMM; turn k, 0 < k <
-// tiles: tile k's S GEMM and tile k - 1's PV GEMM; turn tiles: the last PV GEMM). Consumer c's
-// turn k waits on turn[c] for parity ws_turn_parity(k), and once its GEMMs are issued, arrives on
-// turn[1 - c] (kWsTurnArrivals: its 128 threads). Before anything else, consumer 1 arrives once on
-// turn[0] (ws_turn_primed), so consumer 0 goes first: the issues alternate 0, 1, 0, 1, ...; the
-// last arrival completes a phase of turn[0] that nobody waits for.
+// Ping-pong (ExtendKernel::kWgmmaWarpSpecializedPingPong): the consumers take turns issuing their
+// GEMMs, so one warpgroup's softmax runs while the other's GEMMs occupy the tensor cores
+// (FlashAttention-3's inter-warpgroup overlap). A consumer issues GEMMs at tiles + 1 points (turn
+// 0: tile 0's S GEMM; turn k, 0 < k < tiles: tile k's S GEMM and tile k - 1's PV GEMM; turn tiles:
+// the last PV GEMM). Consumer c's turn k waits on turn[c] for parity ws_turn_parity(k), and once
+// its GEMMs are issued, arrives on turn[1 - c] (kWsTurnArrivals: its 128 threads). Before anything
+// else, consumer 1 arrives once on turn[0] (ws_turn_primed), so consumer 0 goes first: the issues
+// alternate 0, 1, 0, 1, ...; the last arrival completes a phase of turn[0] that nobody waits for.
 #pragma once
 
 #include <cstdint>
@@ -41,7 +41,6 @@ inline constexpr int kWsWarpgroupThreads = 128;
 inline constexpr int kWsFullArrivals = kWsWarpgroupThreads;
 inline constexpr int kWsEmptyArrivals = 2 * kWsWarpgroupThreads;
 
-inline constexpr bool kWsPingPong = true;
 inline constexpr int kWsTurnArrivals = kWsWarpgroupThreads;
 
 PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_turn_parity(int turn) {

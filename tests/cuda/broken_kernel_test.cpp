@@ -85,9 +85,10 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
 // Every extend variant is built broken: kMma16, kFa2 without and with a split over keys (3
 // splits: the dropped key sits in one split's partial rows), kWgmma without and with 3 splits
 // (variants 4 and 5; its sm_90a kernel on compute capability 9.0, else its kFa2 fallback) and
-// kWgmmaPipelined and kWgmmaWarpSpecialized without and with 3 splits (variants 6-7 and 8-9).
+// kWgmmaPipelined, kWgmmaWarpSpecialized and kWgmmaWarpSpecializedPingPong without and with 3
+// splits (variants 6-7, 8-9 and 10-11).
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
-  for (const int variant : {0, 1, 3, 4, 5, 6, 7, 8, 9}) {
+  for (const int variant : {0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11}) {
     for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
       // Sequence 1's new tokens sit at positions 150..189 and see key 100; the others do not.
       const testing::ExtendShape s =
@@ -96,10 +97,12 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
       const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
       testing::DeviceExtendProblem dev(pb);
       ExtendSplitPlan plan;
-      plan.num_splits = variant == 3 || variant == 5 || variant == 7 || variant == 9 ? 3 : 1;
+      plan.num_splits = variant >= 3 && variant % 2 == 1 ? 3 : 1;
       const testing::DeviceBuffer workspace(extend_workspace_bytes(dev.params(pb), plan));
       PAGEDKV_CUDA_CHECK(paged_extend_attention(dev.params(pb), nullptr,
-                                                variant == 0   ? ExtendKernel::kMma16
+                                                variant == 0 ? ExtendKernel::kMma16
+                                                : variant >= 10
+                                                    ? ExtendKernel::kWgmmaWarpSpecializedPingPong
                                                 : variant >= 8 ? ExtendKernel::kWgmmaWarpSpecialized
                                                 : variant >= 6 ? ExtendKernel::kWgmmaPipelined
                                                 : variant >= 4 ? ExtendKernel::kWgmma
@@ -114,11 +117,12 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
           "extend (%s, %d splits) %s: whole-batch Frobenius error %.4g, worst row %.4g, %zu of %zu "
           "rows "
           "rejected\n",
-          variant == 0   ? "mma16"
-          : variant >= 8 ? "wgmma-warp-specialized"
-          : variant >= 6 ? "wgmma-pipelined"
-          : variant >= 4 ? "wgmma"
-                         : "fa2",
+          variant == 0    ? "mma16"
+          : variant >= 10 ? "wgmma-warp-specialized-ping-pong"
+          : variant >= 8  ? "wgmma-warp-specialized"
+          : variant >= 6  ? "wgmma-pipelined"
+          : variant >= 4  ? "wgmma"
+                          : "fa2",
           plan.num_splits, std::string(to_string(dtype)).c_str(), all.frobenius, all.max_row_error,
           all.bad_rows, all.rows);
       const std::size_t row = 8 * 128;  // one token's heads

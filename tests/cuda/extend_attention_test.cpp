@@ -21,7 +21,8 @@
 // /WgmmaPipelinedSplit3, kWgmmaPipelined forced to 3 splits: on a GPU the planner splits small
 // batches 16 ways (1 or 2 key tiles per split) and long ones not at all, so only forced splits
 // give the pipelined kernel partial rows from splits long enough to wrap its 4-stage ring;
-// /WgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecialized with the planner's split).
+// /WgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecialized with the planner's split;
+// /WgmmaWarpSpecializedPingPong, kWgmmaWarpSpecializedPingPong likewise).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -96,7 +97,8 @@ enum class Variant {
   kWgmmaSplit3,
   kWgmmaPipelined,
   kWgmmaPipelinedSplit3,
-  kWgmmaWarpSpecialized
+  kWgmmaWarpSpecialized,
+  kWgmmaWarpSpecializedPingPong
 };
 Variant g_variant = Variant::kMma16;
 DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
@@ -116,6 +118,8 @@ ExtendKernel kernel_of(Variant v) {
       return ExtendKernel::kWgmmaPipelined;
     case Variant::kWgmmaWarpSpecialized:
       return ExtendKernel::kWgmmaWarpSpecialized;
+    case Variant::kWgmmaWarpSpecializedPingPong:
+      return ExtendKernel::kWgmmaWarpSpecializedPingPong;
   }
   return ExtendKernel::kFa2;
 }
@@ -131,7 +135,8 @@ ExtendSplitPlan plan_of(const PagedExtendParams& p) {
     testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kFa2, &plan),
                         "extend_split_plan_for_current_device");
   } else if (g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaPipelined ||
-             g_variant == Variant::kWgmmaWarpSpecialized) {
+             g_variant == Variant::kWgmmaWarpSpecialized ||
+             g_variant == Variant::kWgmmaWarpSpecializedPingPong) {
     testing::cuda_check(extend_split_plan_for_current_device(p, kernel_of(g_variant), &plan),
                         "extend_split_plan_for_current_device");
   } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3 ||
@@ -203,6 +208,8 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "WgmmaPipelinedSplit3";
     case Variant::kWgmmaWarpSpecialized:
       return "WgmmaWarpSpecialized";
+    case Variant::kWgmmaWarpSpecializedPingPong:
+      return "WgmmaWarpSpecializedPingPong";
   }
   return "Unknown";
 }
@@ -211,7 +218,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
                          ::testing::Values(Variant::kMma16, Variant::kFa2, Variant::kFa2Split3,
                                            Variant::kWgmma, Variant::kWgmmaSplit3,
                                            Variant::kWgmmaPipelined, Variant::kWgmmaPipelinedSplit3,
-                                           Variant::kWgmmaWarpSpecialized),
+                                           Variant::kWgmmaWarpSpecialized,
+                                           Variant::kWgmmaWarpSpecializedPingPong),
                          variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
@@ -721,11 +729,14 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
             cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
   EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmmaWarpSpecialized),
             cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
+  EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmmaWarpSpecializedPingPong),
+            cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
   PagedExtendParams dim64 = good;
   dim64.layout.head_dim = 64;
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmma));
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaPipelined));
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaWarpSpecialized));
+  EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaWarpSpecializedPingPong));
   // kWgmma splits as kFa2, over its own 128-row query tiles: at head_dim 256 kFa2's tiles are 64
   // rows (16 per warp), so 200 rows are 4 tiles for kFa2 (16 CTAs) and 2 for kWgmma (8 CTAs).
   EXPECT_EQ(plan_extend_split(good, ExtendKernel::kWgmma, 132, 2).num_splits, kCudaExtendMaxSplits);
@@ -736,6 +747,8 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmma, 3, 2).num_splits, 2);  // 8 -> 12
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaPipelined, 3, 2).num_splits, 2);
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaWarpSpecialized, 3, 2).num_splits, 2);
+  EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaWarpSpecializedPingPong, 3, 2).num_splits,
+            2);
   // Whatever the planner returns, paged_extend_attention takes it for the same variant: its grid
   // check counts kFa2's query tiles (what the kWgmma variants fall back to), which at head_dim 256
   // are twice kWgmma's. 160,000 tokens x group 4 = 10,000 kFa2 tiles, 5,000 kWgmma tiles; on a
@@ -747,7 +760,7 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
     big.max_q_len = 160000;
     for (const ExtendKernel k :
          {ExtendKernel::kFa2, ExtendKernel::kWgmma, ExtendKernel::kWgmmaPipelined,
-          ExtendKernel::kWgmmaWarpSpecialized}) {
+          ExtendKernel::kWgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecializedPingPong}) {
       const ExtendSplitPlan wide = plan_extend_split(big, k, 100000, 1);
       EXPECT_GT(wide.num_splits, 1) << "head_dim " << head_dim;
       expect_error([&] { (void)paged_extend_attention(big, nullptr, k, wide, nullptr, 0); },
@@ -805,7 +818,13 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
                                      nullptr, 0);
       },
       "workspace");
-  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(5)); },
+  expect_error(
+      [&] {
+        (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmmaWarpSpecializedPingPong,
+                                     plan, nullptr, 0);
+      },
+      "workspace");
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(6)); },
                "unknown ExtendKernel");
   // An empty batch needs no workspace, even with a split plan (nothing is launched).
   plan.num_splits = 4;

@@ -53,7 +53,7 @@ struct Stage {
 };
 
 // One run: returns "" or what went wrong. ping_pong: the consumers take turns issuing GEMMs on
-// the turn barriers (detail::kWsPingPong, the kernel's setting, and the other).
+// the turn barriers (kWgmmaWarpSpecializedPingPong's kernel; kWgmmaWarpSpecialized's without).
 std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
   std::mt19937_64 rng(seed);
   // The kernel's init counts, in warpgroups (each actor's arrival stands for its 128 threads').
@@ -195,7 +195,7 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
 }
 
 TEST(WgmmaWsRing, EveryInterleavingReadsEachTileFromItsStageAndEnds) {
-  for (const bool ping_pong : {detail::kWsPingPong, !detail::kWsPingPong}) {
+  for (const bool ping_pong : {true, false}) {
     for (int tiles = 0; tiles <= 13; ++tiles) {
       for (std::uint64_t seed = 1; seed <= 300; ++seed) {
         const std::string e =

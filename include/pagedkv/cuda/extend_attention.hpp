@@ -55,6 +55,11 @@
 //           warpgroups (232 registers) each run kWgmmaPipelined's loop on their 64 rows with no
 //           CTA-wide barrier, so one's softmax can run under the other's GEMMs. Same shapes,
 //           plan, fallback and status (not yet run on a GPU).
+//   kWgmmaWarpSpecializedPingPong  the same kernel with the consumers taking turns issuing their
+//           GEMMs (two more mbarriers; consumer 0 first), so one's softmax runs while the
+//           other's GEMMs occupy the tensor cores by construction, not by drift
+//           (FlashAttention-3's inter-warpgroup ping-pong). Same shapes, plan, fallback and
+//           status (not yet run on a GPU).
 //           An FP8 cache falls back to the FP8 kernel with every variant; every 16-bit shape runs
 //           kMma16 and kFa2.
 //
@@ -97,14 +102,16 @@ enum class ExtendKernel : int {
   kFa2 = 1,    // FlashAttention-2-style variant with an optional split over keys (the default)
   kWgmma = 2,  // sm_90a warpgroup-MMA variant (head_dim 128, compute capability 9.0; else kFa2)
   kWgmmaPipelined = 3,  // kWgmma with a tile's softmax overlapping the previous tile's PV GEMM
-  kWgmmaWarpSpecialized = 4,  // kWgmmaPipelined's consumers fed by a producer warpgroup
+  kWgmmaWarpSpecialized = 4,          // kWgmmaPipelined's consumers fed by a producer warpgroup
+  kWgmmaWarpSpecializedPingPong = 5,  // kWgmmaWarpSpecialized, the consumers' GEMMs alternating
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
 // The split over keys of a kFa2 or kWgmma-variant launch (kWgmma, kWgmmaPipelined,
-// kWgmmaWarpSpecialized): each query tile's visible keys are cut into num_splits contiguous runs
-// of key tiles (fewer where a tile has fewer key tiles). 1 = no split, no workspace. kMma16 and
-// FP8 caches ignore it; the kWgmma variants' fallback to kFa2 uses it.
+// kWgmmaWarpSpecialized, kWgmmaWarpSpecializedPingPong): each query tile's visible keys are cut
+// into num_splits contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no
+// split, no workspace. kMma16 and FP8 caches ignore it; the kWgmma variants' fallback to kFa2 uses
+// it.
 struct ExtendSplitPlan {
   std::int32_t num_splits = 1;
 };
