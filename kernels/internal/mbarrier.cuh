@@ -53,13 +53,13 @@ __device__ __forceinline__ void arrive_on_cp_async(std::uint64_t* bar) {
 // traps: kWaitLimitNs and the rule wait_expired (kernels/internal/wait_limit.hpp), in
 // nanoseconds of %globaltimer; 0 waits forever. A trap ends the grid with a sticky error the
 // launch's stream reports (the ISA says only "abort execution and generate an interrupt to the
-// host CPU"; public reports show cudaErrorIllegalInstruction; the context is then unusable, as
-// after any device-side fault) instead of a hang no error ever reports. The longest honest wait
-// lasts a few tiles' work of another warpgroup (the producer's wait on empty[s] spans up to
-// kStages - 1 consumer iterations), microseconds (milliseconds under compute-sanitizer), so 10 s
-// never fires on a working kernel; the build may set it (the CMake cache variable
-// PAGEDKV_CUDA_WAIT_LIMIT_MS, 0 under a debugger that stops warps at breakpoints while the timer
-// runs).
+// host CPU"; a public report, ROCm/hip#233, saw cudaErrorIllegalInstruction under nvcc; the
+// context is then unusable, as after any device-side fault) instead of a hang no error ever
+// reports. The longest honest wait lasts a few tiles' work of another warpgroup (the producer's
+// wait on empty[s] spans up to kStages - 1 consumer iterations), microseconds (milliseconds under
+// compute-sanitizer), so 10 s never fires on a working kernel; the build may set it (the CMake
+// cache variable PAGEDKV_CUDA_WAIT_LIMIT_MS, 0 under a debugger that stops warps at breakpoints
+// while the timer runs).
 
 // The global nanosecond timer (%globaltimer; its resolution is about a microsecond).
 __device__ __forceinline__ std::uint64_t global_timer_ns() {
