@@ -184,8 +184,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
   // ---- consumers: warpgroup c = wg - 1 owns rows 64 c .. 64 c + 63 ----
   mbar::setmaxnreg_inc<kConsumerRegs>();
   const int c = wg - 1;
-  if (kPingPong && ws_turn_primed(c)) mbar::arrive(&turn[0]);  // consumer 0 issues first
-    // Q, unscaled; rows past q_len are zero.
+  if (kPingPong && ws_turn_primed(c)) {
+    mbar::arrive(&turn[0]);  // ping-pong: consumer 1 hands consumer 0 the first turn
+  }
+  // Q, unscaled; rows past q_len are zero.
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const int chunk = wt + i * 128;

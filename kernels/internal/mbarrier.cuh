@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "wait_limit.hpp"
+
 namespace pagedkv::kernels::mbar {
 
 __device__ __forceinline__ std::uint32_t smem_addr(const void* p) {
@@ -48,17 +50,16 @@ __device__ __forceinline__ void arrive_on_cp_async(std::uint64_t* bar) {
 
 // How long one wait may last before it is taken for a deadlock (a barrier that will never
 // complete: a wrong arrival count, parity or stage, a warpgroup that exited early) and the kernel
-// traps, in milliseconds of %globaltimer; 0 waits forever. A trap ends the grid with an error the
-// launch's stream reports (cudaErrorLaunchFailure; the context is then unusable, as after any
-// device-side fault) instead of a hang no error ever reports. The longest honest wait is one
-// stage's copies, microseconds (milliseconds under compute-sanitizer), so 10 s never fires on a
-// working kernel; the build may set it (the CMake cache variable PAGEDKV_CUDA_WAIT_LIMIT_MS, 0
-// under a debugger that stops warps at breakpoints while the timer runs).
-#ifndef PAGEDKV_CUDA_WAIT_LIMIT_MS
-#define PAGEDKV_CUDA_WAIT_LIMIT_MS 10000
-#endif
-inline constexpr std::uint64_t kWaitLimitNs =
-    static_cast<std::uint64_t>(PAGEDKV_CUDA_WAIT_LIMIT_MS) * 1000000ull;
+// traps: kWaitLimitNs and the rule wait_expired (kernels/internal/wait_limit.hpp), in
+// nanoseconds of %globaltimer; 0 waits forever. A trap ends the grid with a sticky error the
+// launch's stream reports (the ISA says only "abort execution and generate an interrupt to the
+// host CPU"; a public report, ROCm/hip#233, saw cudaErrorIllegalInstruction under nvcc; the
+// context is then unusable, as after any device-side fault) instead of a hang no error ever
+// reports. The longest honest wait lasts a few tiles' work of another warpgroup (the producer's
+// wait on empty[s] spans up to kStages - 1 consumer iterations), microseconds (milliseconds under
+// compute-sanitizer), so 10 s never fires on a working kernel; the build may set it (the CMake
+// cache variable PAGEDKV_CUDA_WAIT_LIMIT_MS, 0 under a debugger that stops warps at breakpoints
+// while the timer runs).
 
 // The global nanosecond timer (%globaltimer; its resolution is about a microsecond).
 __device__ __forceinline__ std::uint64_t global_timer_ns() {
@@ -93,7 +94,7 @@ __device__ __forceinline__ void wait_parity(std::uint64_t* bar, std::uint32_t pa
   } else {
     const std::uint64_t start = global_timer_ns();
     while (!try_wait_parity(addr, parity)) {
-      if (global_timer_ns() - start > kLimitNs) __trap();
+      if (wait_expired(start, global_timer_ns(), kLimitNs)) __trap();
     }
   }
 }

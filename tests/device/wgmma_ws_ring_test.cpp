@@ -4,18 +4,22 @@
 //
 // The model: one producer and two consumer warpgroups, each an actor that runs the kernel's
 // sequence of barrier operations (threads of a warpgroup act alike, so a warpgroup's 128 arrivals
-// are one here: the kernel's init counts kWsFullArrivals and kWsEmptyArrivals, divided by 128). A
-// barrier completes its current phase when its expected arrivals have come, then starts the next;
-// wait_parity(P) passes once the phase of parity P has completed (a fresh barrier: phase 0 running,
-// so parity 1 passes). The producer's copies land asynchronously: filling a stage marks it in
-// flight, and a separate event, taken at a random later point, lands it and arrives on full[s]. A
-// random scheduler interleaves the actors and the landing events. Checked at every step: a consumer
-// reads a stage only when it holds its tile, landed (for the S GEMM of tile t, and for the PV GEMM
-// of tile t - 1 one iteration later); the producer never refills a stage a consumer will still
-// read; every run ends (no deadlock) with both consumers having read every tile; with ping-pong,
-// the consumers' GEMM issues alternate strictly, consumer 0 first. The consumers' loop order (wait
-// full, wait the turn, S GEMM of t, PV GEMM of t - 1, hand the turn over, free t - 1; a last PV
-// GEMM in its own turn) mirrors the kernel's.
+// are one here: the kernel's init counts divided by 128), and again with each consumer warp an
+// actor of its own (a warp's 32 arrivals one: the counts divided by 32), since the warps of a
+// warpgroup are not kept together between barriers and a lagging warp is where a parity wait could
+// see its barrier two phases ahead (ABA). A barrier completes its current phase when its expected
+// arrivals have come, then starts the next; wait_parity(P) passes once the phase of parity P has
+// completed (a fresh barrier: phase 0 running, so parity 1 passes). The producer's copies land
+// asynchronously: filling a stage marks it in flight, and a separate event, taken at a random later
+// point, lands it and arrives on full[s]. A random scheduler interleaves the actors and the landing
+// events. Checked at every step: a consumer reads a stage only when it holds its tile, landed (for
+// the S GEMM of tile t, and for the PV GEMM of tile t - 1 one iteration later); the producer never
+// refills a stage a consumer will still read; every run ends (no deadlock) with both consumers
+// having read every tile; with ping-pong, the consumers' GEMM issues alternate strictly, consumer 0
+// first (per warp: at consumer 0's turn t every warp of consumer 1 has issued exactly t turns, at
+// consumer 1's t + 1 every warp of consumer 0). The consumers' loop order (wait full, wait the
+// turn, S GEMM of t, PV GEMM of t - 1, hand the turn over, free t - 1; a last PV GEMM in its own
+// turn) mirrors the kernel's.
 #include "internal/wgmma_ws_ring.hpp"
 
 #include <gtest/gtest.h>
@@ -54,35 +58,44 @@ struct Stage {
 
 // One run: returns "" or what went wrong. ping_pong: the consumers take turns issuing GEMMs on
 // the turn barriers (kWgmmaWarpSpecializedPingPong's kernel; kWgmmaWarpSpecialized's without).
-std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
+// warps: actors per
+// consumer warpgroup (1: the warpgroup acts as one; 4: each warp is an actor of its own, as on
+// the hardware, where nothing keeps a warpgroup's warps together between barriers, so one warp
+// can lag behind its warpgroup's arrivals: the case in which a parity wait could alias a phase
+// two completions ahead).
+std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong, int warps) {
   std::mt19937_64 rng(seed);
-  // The kernel's init counts, in warpgroups (each actor's arrival stands for its 128 threads').
+  // The kernel's init counts in the model's units: the producer's copies land as one event per
+  // tile (kWsFullArrivals / 128); a consumer actor's arrival stands for its 128 / warps threads'.
+  const int threads_per_actor = detail::kWsWarpgroupThreads / warps;
   std::array<Barrier, kWsStages> full{};
   std::array<Barrier, kWsStages> empty{};
   std::array<Barrier, 2> turn{};
   for (auto& b : full) b.expected = detail::kWsFullArrivals / detail::kWsWarpgroupThreads;
-  for (auto& b : empty) b.expected = detail::kWsEmptyArrivals / detail::kWsWarpgroupThreads;
-  for (auto& b : turn) b.expected = detail::kWsTurnArrivals / detail::kWsWarpgroupThreads;
+  for (auto& b : empty) b.expected = detail::kWsEmptyArrivals / threads_per_actor;
+  for (auto& b : turn) b.expected = detail::kWsTurnArrivals / threads_per_actor;
   std::array<Stage, kWsStages> stages{};
   std::vector<int> in_flight;  // tiles issued, not landed
 
   int producer_t = 0;  // the producer's next tile
-  // A consumer's position: the GEMM-issue point t it is at (0 .. tiles: tile t's S GEMM and tile
-  // t - 1's PV GEMM; t == tiles only the last PV GEMM, after the loop), and its step there.
+  // A consumer actor's position: the GEMM-issue point t it is at (0 .. tiles: tile t's S GEMM and
+  // tile t - 1's PV GEMM; t == tiles only the last PV GEMM, after the loop), and its step there.
   struct Consumer {
+    int c = 0;  // its warpgroup: consumer 0 or 1
     int t = 0;
     int step = 0;  // 0: wait full(t) (t < tiles); 1: wait its turn; 2: issue; 3: done
     int last_pv_done = -1;
     std::vector<int> read;  // tiles whose S GEMM it ran
   };
-  std::array<Consumer, 2> consumers{};
-  std::vector<int> issue_order;  // which consumer issued, at every issue point
-  if (tiles == 0) {
-    for (Consumer& k : consumers) k.step = 3;  // the kernel's consumers skip the loop
+  std::vector<Consumer> consumers(static_cast<std::size_t>(2 * warps));
+  for (std::size_t i = 0; i < consumers.size(); ++i) {
+    consumers[i].c = static_cast<int>(i) / warps;
+    if (tiles == 0) consumers[i].step = 3;  // the kernel's consumers skip the loop
   }
+  std::vector<int> issue_order;  // which consumer issued, at every issue point (warps == 1)
   if (ping_pong) {
-    for (int c = 0; c < 2; ++c) {
-      if (detail::ws_turn_primed(c)) turn[0].arrive();  // before the consumers' loops
+    for (const Consumer& k : consumers) {
+      if (detail::ws_turn_primed(k.c)) turn[0].arrive();  // before the consumers' loops
     }
   }
 
@@ -95,35 +108,36 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
     }
     return "";
   };
+  const int landing = 1 + 2 * warps;  // the mover id of a landing event
 
-  for (int guard = 0; guard < 100000; ++guard) {
+  for (int guard = 0; guard < 1000000; ++guard) {
     // What can move now.
-    std::vector<int> movers;  // 0: producer, 1/2: consumers, 3: a landing
+    std::vector<int> movers;  // 0: producer, 1 .. 2 warps: consumer actors, then a landing
     if (producer_t < tiles && empty[static_cast<std::size_t>(detail::ws_stage(producer_t))].passes(
                                   detail::ws_empty_parity(producer_t))) {
       movers.push_back(0);
     }
-    for (int c = 0; c < 2; ++c) {
-      const Consumer& k = consumers[static_cast<std::size_t>(c)];
+    bool all_done = true;
+    for (std::size_t i = 0; i < consumers.size(); ++i) {
+      const Consumer& k = consumers[i];
       if (k.step == 3) continue;
+      all_done = false;
       if (k.step == 0 && k.t < tiles &&
           !full[static_cast<std::size_t>(detail::ws_stage(k.t))].passes(
               detail::ws_full_parity(k.t))) {
         continue;
       }
       if (k.step == 1 && ping_pong &&
-          !turn[static_cast<std::size_t>(c)].passes(detail::ws_turn_parity(k.t))) {
+          !turn[static_cast<std::size_t>(k.c)].passes(detail::ws_turn_parity(k.t))) {
         continue;
       }
-      movers.push_back(1 + c);
+      movers.push_back(1 + static_cast<int>(i));
     }
-    if (!in_flight.empty()) movers.push_back(3);
-    const bool finished = producer_t == tiles && in_flight.empty() && consumers[0].step == 3 &&
-                          consumers[1].step == 3;
-    if (finished) break;
+    if (!in_flight.empty()) movers.push_back(landing);
+    if (producer_t == tiles && in_flight.empty() && all_done) break;
     if (movers.empty()) {
-      return "deadlock: producer at tile " + std::to_string(producer_t) + ", consumers at " +
-             std::to_string(consumers[0].t) + " / " + std::to_string(consumers[1].t);
+      return "deadlock: producer at tile " + std::to_string(producer_t) + ", consumer actors at " +
+             std::to_string(consumers.front().t) + " .. " + std::to_string(consumers.back().t);
     }
     const int who = movers[std::uniform_int_distribution<std::size_t>(0, movers.size() - 1)(rng)];
     if (who == 0) {  // refill the stage with tile producer_t (copies in flight)
@@ -140,7 +154,7 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
       st.landed = false;
       in_flight.push_back(producer_t);
       ++producer_t;
-    } else if (who == 3) {  // some issued tile's copies land; their completion arrives on full
+    } else if (who == landing) {  // some issued tile's copies land; their completion arrives
       const std::size_t i =
           std::uniform_int_distribution<std::size_t>(0, in_flight.size() - 1)(rng);
       const int tile = in_flight[i];
@@ -148,8 +162,7 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
       stages[static_cast<std::size_t>(detail::ws_stage(tile))].landed = true;
       full[static_cast<std::size_t>(detail::ws_stage(tile))].arrive();
     } else {
-      const int c = who - 1;
-      Consumer& k = consumers[static_cast<std::size_t>(c)];
+      Consumer& k = consumers[static_cast<std::size_t>(who - 1)];
       if (k.step < 2) {
         ++k.step;  // full(t) passed (or none to wait for, at the last PV GEMM); then its turn
         continue;
@@ -165,8 +178,22 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
         if (std::string e = check_holds(k.t - 1, "PV GEMM"); !e.empty()) return e;
         k.last_pv_done = k.t - 1;
       }
-      issue_order.push_back(c);
-      if (ping_pong) turn[static_cast<std::size_t>(1 - c)].arrive();
+      if (ping_pong) {
+        // Strict alternation of the warpgroups, consumer 0 first: at consumer 0's turn t, every
+        // actor of consumer 1 has issued exactly t turns (0 .. t - 1); at consumer 1's turn t,
+        // every actor of consumer 0 exactly t + 1.
+        for (const Consumer& o : consumers) {
+          if (o.c == k.c) continue;
+          const int issued = o.step == 3 ? tiles + 1 : o.t;
+          if (issued != k.t + k.c) {
+            return "consumer " + std::to_string(k.c) + " issued turn " + std::to_string(k.t) +
+                   " while an actor of consumer " + std::to_string(o.c) + " had issued " +
+                   std::to_string(issued) + " turns: the warpgroups do not alternate";
+          }
+        }
+      }
+      issue_order.push_back(k.c);
+      if (ping_pong) turn[static_cast<std::size_t>(1 - k.c)].arrive();
       if (k.t < tiles) {
         for (int u = 0; u <= k.t; ++u) {
           if (detail::ws_release_iteration(u) == k.t) {
@@ -180,7 +207,7 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong) {
   for (const Consumer& k : consumers) {
     if (static_cast<int>(k.read.size()) != tiles) return "a consumer did not read every tile";
   }
-  if (ping_pong) {
+  if (ping_pong && warps == 1) {
     // Strict alternation, consumer 0 first: tiles + 1 issue points each.
     const std::size_t points = tiles == 0 ? 0 : 2 * static_cast<std::size_t>(tiles + 1);
     if (issue_order.size() != points) return "wrong number of issue points";
@@ -199,7 +226,23 @@ TEST(WgmmaWsRing, EveryInterleavingReadsEachTileFromItsStageAndEnds) {
     for (int tiles = 0; tiles <= 13; ++tiles) {
       for (std::uint64_t seed = 1; seed <= 300; ++seed) {
         const std::string e =
-            run_protocol(tiles, seed * 7919 + static_cast<std::uint64_t>(tiles), ping_pong);
+            run_protocol(tiles, seed * 7919 + static_cast<std::uint64_t>(tiles), ping_pong, 1);
+        ASSERT_EQ(e, "") << tiles << " tiles, seed " << seed << ", ping-pong " << ping_pong;
+      }
+    }
+  }
+}
+
+// The same with every consumer warp an actor of its own (the warps of a warpgroup drift apart
+// between barriers): no deadlock, no stage read early or refilled late, and the warpgroups still
+// take strict turns, so no parity wait ever sees its barrier two phases ahead.
+TEST(WgmmaWsRing, EveryInterleavingOfTheConsumerWarpsAlternatesAndEnds) {
+  constexpr int kWarps = detail::kWsWarpgroupThreads / 32;
+  for (const bool ping_pong : {true, false}) {
+    for (int tiles = 0; tiles <= 9; ++tiles) {
+      for (std::uint64_t seed = 1; seed <= 200; ++seed) {
+        const std::string e = run_protocol(tiles, seed * 104729 + static_cast<std::uint64_t>(tiles),
+                                           ping_pong, kWarps);
         ASSERT_EQ(e, "") << tiles << " tiles, seed " << seed << ", ping-pong " << ping_pong;
       }
     }

@@ -68,10 +68,14 @@
 // graph. The caller owns the split workspace and must not reuse it until the launch completes.
 //
 // Errors: argument problems detectable on the host throw pagedkv::Error before anything is
-// enqueued; CUDA errors are returned. Device data is trusted but clamped: seq_lens to the table
-// row, q_len_i to [0, max_q_len]; a block id outside the pool reads zeros instead of faulting; a
-// sequence with q_len_i > seq_lens[i] gets zero rows (lse -inf) for the tokens that would sit
-// before position 0. validate_block_table() and the CPU reference check the host copies.
+// enqueued; CUDA errors are returned. The warp-specialized variants (kWgmmaWarpSpecialized,
+// kWgmmaWarpSpecializedPingPong) hand stages over on shared-memory barriers: a barrier wait longer
+// than PAGEDKV_CUDA_WAIT_LIMIT_MS (a build option, 10 s; 0: no limit) traps instead of hanging,
+// and the launch then fails with a sticky error (the context is unusable, as after any device
+// fault); a working kernel never waits that long. Device data is trusted but clamped: seq_lens
+// to the table row, q_len_i to [0, max_q_len]; a block id outside the pool reads zeros instead of
+// faulting; a sequence with q_len_i > seq_lens[i] gets zero rows (lse -inf) for the tokens that
+// would sit before position 0. validate_block_table() and the CPU reference check the host copies.
 // Thread-safety: any number of host threads may launch concurrently.
 #pragma once
 
