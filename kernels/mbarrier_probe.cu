@@ -9,8 +9,8 @@
 
 #include "internal/mbarrier.cuh"
 #include "internal/mbarrier_probe.hpp"
+#include "internal/wgmma_probe.hpp"
 #include "pagedkv/base/error.hpp"
-#include "pagedkv/cuda/device.hpp"
 
 namespace pagedkv::cuda::detail {
 namespace {
@@ -73,18 +73,9 @@ __global__ void __launch_bounds__(kThreads) mbarrier_probe_kernel(int* passed) {
 
 }  // namespace
 
+// The device check of every sm_90a object (compute capability 9.0), as the extend kernels use it.
 bool mbarrier_probe_supported() {
-  if (cuda_device_count() == 0) return false;
-  int dev = 0;
-  int major = 0;
-  int minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return major == 9 && minor == 0;
+  return wgmma_probe_supported();
 }
 
 MbarrierProbeResult run_mbarrier_probe(MbarrierProbeCase c) {
