@@ -7,7 +7,12 @@ set(args -S "${PAGEDKV_SOURCE_DIR}/tests/consumer" -B "${WORK_DIR}/build"
          "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}"
          "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}"
          "-DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}")
-if(BUILD_TYPE)
+# The package consumer is built as the tree was. The subdirectory consumer compiles the library
+# again, without a build type (CMake's default: no optimization flags), as a consumer may configure
+# it: the tree that runs this test compiles every source with its own flags, and the build type
+# changes no target's wiring (the CMake files use no $<CONFIG> expression). 176 s of CPU instead
+# of 225 s in a Release tree with CUDA (the kernels' device code is optimized either way).
+if(BUILD_TYPE AND MODE STREQUAL "package")
   list(APPEND args -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
 endif()
 
