@@ -1363,6 +1363,8 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
 
 void BlockPool::ret_snapshot(BlockPoolSnapshot& s) const {
   const Retention& r = *ret_;
+  s.retention.reserve(blocks_.size());
+  s.policy_hits.reserve(blocks_.size());
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     s.retention.push_back(BlockRetention{r.nodes[i].prio, r.duration[i], r.expires[i]});
     s.policy_hits.push_back(r.nodes[i].hits);
