@@ -308,6 +308,18 @@ void BlockPool::check_guards(std::vector<std::uint32_t>& refs) const {
 
 BlockPoolSnapshot BlockPool::snapshot() const {
   BlockPoolSnapshot s;
+  // Each per-block vector allocated once (harnesses take a snapshot per operation; under ASan
+  // every allocation is filled and quarantined).
+  const std::size_t n = blocks_.size();
+  s.ref_cnts.reserve(n);
+  s.block_hashes.reserve(n);
+  s.group_ids.reserve(n);
+  if (chain_identity_ || verifying()) {
+    s.block_tokens.reserve(n * config_.block_size);
+    s.extra_keys.reserve(n);
+    s.parent_identities.reserve(n);
+    s.identities.reserve(n);
+  }
   for (const KVCacheBlock& b : blocks_) {
     s.ref_cnts.push_back(b.ref_cnt);
     s.block_hashes.push_back(b.block_hash);
@@ -333,6 +345,7 @@ BlockPoolSnapshot BlockPool::snapshot() const {
       s.identities.push_back(b.block_hash);
     }
     if (guarded_) {
+      s.children.reserve(guards_.size());
       for (const Guard& g : guards_) s.children.push_back(g.children);
       for (const OrphanTable::Entry& e : orphans_->entries) {
         if (e.children == 0) continue;  // a free entry

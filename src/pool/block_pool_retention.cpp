@@ -168,6 +168,7 @@ struct BlockPool::Retention {
   static constexpr ListId kNone = 0xffff;  // not in a list (held, or the null block)
   static constexpr std::uint8_t kMaxHits = 3;
   static_assert(kNumLists < kNone && kRanks <= 64 && kLineageRanks <= kRanks);
+  static_assert(kSegs == BlockPoolSnapshot::kEvictionSegments);
 
   // size first and 64-bit: a push stores tail and size, which the compiler would otherwise merge
   // into one 8-byte vector store that the next push's 4-byte load of size cannot be forwarded
@@ -1362,12 +1363,17 @@ void BlockPool::ret_check(std::vector<char>& seen) const {
 
 void BlockPool::ret_snapshot(BlockPoolSnapshot& s) const {
   const Retention& r = *ret_;
+  s.retention.reserve(blocks_.size());
+  s.policy_hits.reserve(blocks_.size());
   for (std::size_t i = 0; i < blocks_.size(); ++i) {
     s.retention.push_back(BlockRetention{r.nodes[i].prio, r.duration[i], r.expires[i]});
     s.policy_hits.push_back(r.nodes[i].hits);
   }
-  s.eviction_lists.resize(r.lists.size());  // empty lists allocate nothing
-  for (std::size_t l = 0; l < r.lists.size(); ++l) {
+  // Up to the last non-empty list (block_pool.hpp): one vector per list would be 6,566 of them.
+  std::size_t n = r.lists.size();
+  while (n > 0 && r.lists[n - 1].head == kQueueEnd) --n;
+  s.eviction_lists.resize(n);  // empty lists allocate nothing
+  for (std::size_t l = 0; l < n; ++l) {
     for (BlockId id = r.lists[l].head; id != kQueueEnd; id = r.nodes[id].next) {
       s.eviction_lists[l].push_back(id);
     }

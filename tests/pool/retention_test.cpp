@@ -420,17 +420,23 @@ TEST(EvictionPolicyOrder, SlruProtectedShare) {
   for (const BlockId id : ids) free1(pool, id);
   for (const BlockId id : ids) hit(pool, id);  // all five hit: all protected until an eviction
   const BlockPoolSnapshot s = pool.snapshot();
-  // Lists: uncached, then per priority level its segments (0: probation, 1: protected).
-  const std::size_t segs = (s.eviction_lists.size() - 1) / (kMaxRetentionPriority + 1);
-  const std::size_t prob = 1 + segs * kDefaultRetentionPriority, prot = prob + 1;
+  // Lists: uncached, then per priority level its segments (0: probation, 1: protected), up to
+  // the last non-empty one.
+  const std::size_t prob = 1 + BlockPoolSnapshot::kEvictionSegments * kDefaultRetentionPriority;
+  const std::size_t prot = prob + 1;
+  ASSERT_EQ(s.eviction_lists.size(), prot + 1);
   EXPECT_EQ(s.eviction_lists[prob], (std::vector<BlockId>{}));
   EXPECT_EQ(s.eviction_lists[prot], (std::vector<BlockId>{ids[0], ids[1], ids[2], ids[3], ids[4]}));
   // First victim: 5 of 5 protected is over 80%: ids[0] back to probation, evicted; second:
   // 4 of 4, ids[1] likewise.
   EXPECT_EQ(allocate(pool, 2), (std::vector<BlockId>{ids[0], ids[1]}));
   const BlockPoolSnapshot t = pool.snapshot();
+  ASSERT_EQ(t.eviction_lists.size(), prot + 1);
   EXPECT_EQ(t.eviction_lists[prob], (std::vector<BlockId>{}));
   EXPECT_EQ(t.eviction_lists[prot], (std::vector<BlockId>{ids[2], ids[3], ids[4]}));
+  // Every block held: no list is left.
+  EXPECT_EQ(allocate(pool, 3), (std::vector<BlockId>{ids[2], ids[3], ids[4]}));
+  EXPECT_EQ(pool.snapshot().eviction_lists, (std::vector<std::vector<BlockId>>{}));
 }
 
 // Requests key's block: a hit (touched and freed) if it is cached, else stored and freed.

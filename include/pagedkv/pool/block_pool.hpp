@@ -159,7 +159,13 @@ struct BlockPoolSnapshot {
   std::uint64_t num_evictions = 0;
   // Pools that keep retention state (a non-LRU policy, or an LRU pool after a non-default
   // set_retention()); empty otherwise. Per block its retention and the policy's hit count; the
-  // free blocks' lists (uncached first, then per priority and segment), each head first.
+  // free blocks' lists, each head first: list 0 the uncached blocks, then priority p's segment g
+  // at 1 + p * kEvictionSegments + g (LRU: 0; SLRU: 0 probation, 1 protected; S3-FIFO: 0 small,
+  // 1 main; lineage: rank g's blocks not hit, kLineageRanks the protected ones;
+  // eviction_policy.hpp). Only up to the last non-empty list: one at or past the end is empty
+  // (equal pools still give equal snapshots, and a snapshot does not hold a vector for each of the
+  // 6,566 lists).
+  static constexpr std::size_t kEvictionSegments = 65;
   std::vector<BlockRetention> retention;
   std::vector<std::uint8_t> policy_hits;
   std::vector<std::vector<BlockId>> eviction_lists;
