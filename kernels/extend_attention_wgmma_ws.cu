@@ -122,8 +122,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
       mbar::init(&full[s], kWsFullArrivals);    // a cp.async-completion per producer thread
       mbar::init(&empty[s], kWsEmptyArrivals);  // one arrival per consumer thread
     }
-    mbar::init(&turn[0], kWsTurnArrivals);  // one arrival per thread of the other consumer
-    mbar::init(&turn[1], kWsTurnArrivals);
+    if (kPingPong) {
+      mbar::init(&turn[0], kWsTurnArrivals);  // one arrival per thread of the other consumer
+      mbar::init(&turn[1], kWsTurnArrivals);
+    }
     mbar::fence_init();
   }
   __syncthreads();  // the barriers initialized before anyone arrives or waits
@@ -222,22 +224,25 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_ws_extend_kernel(const Fa2P
 
   static_assert(ws_release_iteration(wgmma_pv_tile(1, true)) == 1,
                 "the pipelined loop frees a tile's stage in the iteration the ring expects");
-  if constexpr (kPingPong) {
-    // Turn k: wait until the other consumer has issued its GEMMs of turn k - 1 (consumer 1: of
-    // turn k), issue ours, hand the turn over.
-    struct Turns {
-      std::uint64_t* mine;
-      std::uint64_t* other;
-      __device__ __forceinline__ void begin(int k) const {
-        mbar::wait_parity(mine, ws_turn_parity(k));
-      }
-      __device__ __forceinline__ void end(int) const { mbar::arrive(other); }
-    };
-    rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, wait_full, k_addr_of, release,
-                       Turns{&turn[c], &turn[1 - c]});
-  } else {
-    rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, wait_full, k_addr_of, release);
-  }
+  // Ping-pong turn k: wait until the other consumer has issued its GEMMs of turn k - 1
+  // (consumer 1: of turn k), issue ours, hand the turn over.
+  struct Turns {
+    std::uint64_t* mine;
+    std::uint64_t* other;
+    __device__ __forceinline__ void begin(int k) const {
+      mbar::wait_parity(mine, ws_turn_parity(k));
+    }
+    __device__ __forceinline__ void end(int) const { mbar::arrive(other); }
+  };
+  const auto turns = [&] {
+    if constexpr (kPingPong) {
+      return Turns{&turn[c], &turn[1 - c]};
+    } else {
+      return wgmma_extend::NoTurns{};
+    }
+  }();
+  rows.run_pipelined(tiles, key_first, q_addr, kRows, kKVBytes, wait_full, k_addr_of, release,
+                     turns);
 
   // ---- epilogue: this thread's two rows, directly or as a split partial ----
   rows.epilogue(lens, seq, kv_head, cw.direct, cw.item.split);

@@ -22,7 +22,7 @@ namespace mbar = pagedkv::kernels::mbar;
 #endif
 
 constexpr int kThreads = 128;
-constexpr std::uint64_t kMs = 1000000ull;
+using mbar::kNsPerMs;
 
 template <MbarrierProbeCase kCase>
 __global__ void __launch_bounds__(kThreads) mbarrier_probe_kernel(int* passed) {
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads) mbarrier_probe_kernel(int* passed) {
     }
     __syncthreads();  // thread 0's tries before anyone arrives
     mbar::arrive(&bar);
-    mbar::wait_parity<kCompletingLimitMs * kMs>(&bar, 0);
+    mbar::wait_parity<kCompletingLimitMs * kNsPerMs>(&bar, 0);
     if (t == 0) {
       passed[2] = mbar::try_wait_parity(addr, 0) ? 1 : 0;
       passed[3] = mbar::try_wait_parity(addr, 1) ? 1 : 0;
@@ -53,16 +53,16 @@ __global__ void __launch_bounds__(kThreads) mbarrier_probe_kernel(int* passed) {
   } else if constexpr (kCase == MbarrierProbeCase::kLateArrival) {
     if (t == 32) {
       const std::uint64_t start = mbar::global_timer_ns();
-      while (mbar::global_timer_ns() - start < kLateArrivalMs * kMs) {
+      while (mbar::global_timer_ns() - start < kLateArrivalMs * kNsPerMs) {
       }
       mbar::arrive(&bar);
     } else if (t < 32) {
-      mbar::wait_parity<kCompletingLimitMs * kMs>(&bar, 0);
+      mbar::wait_parity<kCompletingLimitMs * kNsPerMs>(&bar, 0);
       if (t == 0) passed[0] = 1;
     }
   } else {
     if (t == 0) mbar::arrive(&bar);  // one of the two arrivals the phase needs
-    mbar::wait_parity<kDeadlockLimitMs * kMs>(&bar, 0);
+    mbar::wait_parity<kDeadlockLimitMs * kNsPerMs>(&bar, 0);
     if (t == 0) passed[0] = 1;  // never reached: the wait traps
   }
 #else

@@ -20,12 +20,7 @@
 #include <cstdint>
 
 #include "decode_tc_layout.hpp"
-
-#ifdef __CUDACC__
-#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PAGEDKV_HOST_DEVICE inline
-#endif
+#include "internal/host_device.hpp"
 
 namespace pagedkv::detail {
 
@@ -125,5 +120,3 @@ PAGEDKV_HOST_DEVICE TcFp8TokenOffsets tc_fp8_token_offsets(const TcPageGeometry&
 }
 
 }  // namespace pagedkv::detail
-
-#undef PAGEDKV_HOST_DEVICE

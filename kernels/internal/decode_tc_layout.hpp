@@ -18,11 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PAGEDKV_HOST_DEVICE inline
-#endif
+#include "internal/host_device.hpp"
 
 namespace pagedkv::detail {
 
@@ -279,5 +275,3 @@ PAGEDKV_HOST_DEVICE constexpr int tc_block_shift(int block_size) {
 }
 
 }  // namespace pagedkv::detail
-
-#undef PAGEDKV_HOST_DEVICE

@@ -1,6 +1,6 @@
-// kernels/internal/extend_attention_tiles.hpp: the work decomposition of the CUDA extend attention kernel
-// (which query rows a CTA owns, which keys it must visit, which key tiles need a mask), as plain
-// host/device functions so the host tests can check it exhaustively without a GPU.
+// kernels/internal/extend_attention_tiles.hpp: the work decomposition of the CUDA extend attention
+// kernel (which query rows a CTA owns, which keys it must visit, which key tiles need a mask), as
+// plain host/device functions so the host tests can check it exhaustively without a GPU.
 //
 // Query rows of one (sequence, KV head) are packed token-major over the GQA group:
 // row r = token x group + head_in_group. Tile t covers rows [t x rows, (t + 1) x rows). New token
@@ -11,11 +11,7 @@
 // nothing); usable from any thread. Internal to pagedkv::cuda, not a stable API.
 #pragma once
 
-#ifdef __CUDACC__
-#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PAGEDKV_HOST_DEVICE inline
-#endif
+#include "internal/host_device.hpp"
 
 namespace pagedkv::detail {
 
@@ -63,5 +59,3 @@ PAGEDKV_HOST_DEVICE bool extend_tile_needs_mask(const ExtendTileGeometry& g, int
 }
 
 }  // namespace pagedkv::detail
-
-#undef PAGEDKV_HOST_DEVICE

@@ -24,12 +24,7 @@
 
 #include "internal/decode_tc_layout.hpp"
 #include "internal/extend_attention_tiles.hpp"
-
-#ifdef __CUDACC__
-#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PAGEDKV_HOST_DEVICE inline
-#endif
+#include "internal/host_device.hpp"
 
 namespace pagedkv::detail {
 
@@ -258,5 +253,3 @@ PAGEDKV_HOST_DEVICE constexpr std::size_t fa2_workspace_bytes(int num_seqs, int 
 }
 
 }  // namespace pagedkv::detail
-
-#undef PAGEDKV_HOST_DEVICE

@@ -16,12 +16,7 @@
 #pragma once
 
 #include "internal/extend_fa2_layout.hpp"
-
-#ifdef __CUDACC__
-#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PAGEDKV_HOST_DEVICE inline
-#endif
+#include "internal/host_device.hpp"
 
 namespace pagedkv::detail {
 
@@ -54,5 +49,3 @@ static_assert(fa2_issue_tile(0, kWgmmaRingDistances) == 2 &&
               "the distances the stage counts are sized for");
 
 }  // namespace pagedkv::detail
-
-#undef PAGEDKV_HOST_DEVICE

@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "wait_limit.hpp"
+#include "internal/wait_limit.hpp"
 
 namespace pagedkv::kernels::mbar {
 

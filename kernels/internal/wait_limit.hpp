@@ -14,11 +14,7 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PAGEDKV_HOST_DEVICE inline
-#endif
+#include "internal/host_device.hpp"
 
 // Milliseconds one wait may last before the kernel traps; 0: no limit (the CMake cache variable
 // PAGEDKV_CUDA_WAIT_LIMIT_MS sets it for the sm_90a objects).
@@ -28,8 +24,9 @@
 
 namespace pagedkv::kernels::mbar {
 
+inline constexpr std::uint64_t kNsPerMs = 1000000;
 inline constexpr std::uint64_t kWaitLimitNs =
-    static_cast<std::uint64_t>(PAGEDKV_CUDA_WAIT_LIMIT_MS) * 1000000ull;
+    static_cast<std::uint64_t>(PAGEDKV_CUDA_WAIT_LIMIT_MS) * kNsPerMs;
 
 // Whether a wait that began at start_ns (%globaltimer) has, at now_ns, lasted longer than
 // limit_ns (<= 2^63 - 1; the configure step caps the limit at an hour).
@@ -39,5 +36,3 @@ PAGEDKV_HOST_DEVICE constexpr bool wait_expired(std::uint64_t start_ns, std::uin
 }
 
 }  // namespace pagedkv::kernels::mbar
-
-#undef PAGEDKV_HOST_DEVICE

@@ -27,12 +27,7 @@
 #include <cstdint>
 
 #include "internal/decode_tc_layout.hpp"
-
-#ifdef __CUDACC__
-#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PAGEDKV_HOST_DEVICE inline
-#endif
+#include "internal/host_device.hpp"
 
 namespace pagedkv::detail {
 
@@ -204,5 +199,3 @@ PAGEDKV_HOST_DEVICE constexpr int wgmma_p_source(int kk, int r, int e) {
 }
 
 }  // namespace pagedkv::detail
-
-#undef PAGEDKV_HOST_DEVICE

@@ -26,11 +26,7 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define PAGEDKV_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define PAGEDKV_HOST_DEVICE inline
-#endif
+#include "internal/host_device.hpp"
 
 namespace pagedkv::detail {
 
@@ -68,5 +64,3 @@ PAGEDKV_HOST_DEVICE constexpr int ws_offset_slot(int tile) {
 }
 
 }  // namespace pagedkv::detail
-
-#undef PAGEDKV_HOST_DEVICE
