@@ -127,14 +127,8 @@ class LruPool {
 // A standard normal value that depends only on `key` (SplitMix64, then Box-Muller): the same
 // request gets the same draw in every run and at every use.
 double normal_of(std::uint64_t key) {
-  const auto mix = [](std::uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  };
-  const std::uint64_t a = mix(key);
-  const std::uint64_t b = mix(a);
+  const std::uint64_t a = splitmix64_mix(key);
+  const std::uint64_t b = splitmix64_mix(a);
   const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
   const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;          // [0, 1)
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);

@@ -246,13 +246,9 @@ Trace read_lines(const std::string& path, const LoadOptions& options, bool has_h
   return trace;
 }
 
-// A 31-bit token from a 64-bit key: SplitMix64 finalizer.
+// A 31-bit token from a 64-bit key.
 TokenId mix_token(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return static_cast<TokenId>(x & 0x7fffffff);
+  return static_cast<TokenId>(splitmix64_mix(x) & 0x7fffffff);
 }
 
 }  // namespace

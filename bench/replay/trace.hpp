@@ -11,6 +11,15 @@
 
 namespace pagedkv::replay {
 
+// SplitMix64's finalizer: a fixed, portable 64-bit mix (token synthesis, the replay's seeded
+// draws).
+constexpr std::uint64_t splitmix64_mix(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
 struct TraceRequest {
   double timestamp_ms = 0;
   std::uint32_t input_length = 0;   // prompt tokens
