@@ -19,15 +19,18 @@
 // decode only reads K/V, so R is its own ceiling, measured in the same run beside C.
 //
 // Every decode kernel variant runs on every shape in the same run (DecodeKernel::kSimt,
-// kTensorCore, the default since the 2026-12-04 GPU run, and kTensorCoreWideMerge), each with its
-// own split plan, timed back to back (the order rotates from shape to shape); each is checked
-// against the CPU reference before anything is timed. RESULT decode_variants gives simt /
-// tensor-core time over every shape and tensor-core / wide-merge time over the split-KV shapes.
+// kTensorCore, kTensorCoreWideMerge, the default since the 2026-12-04 evening run, and
+// kTensorCoreFusedMerge), each with its own split plan, timed back to back (the order rotates
+// from shape to shape); each is checked against the CPU reference before anything is timed (the
+// fused merge's split counters zeroed once per shape and checked zero again after the check).
+// RESULT decode_variants gives simt / tensor-core time over every shape, tensor-core /
+// wide-merge time and wide-merge / fused-merge time over the split-KV shapes.
 //
 // Target (docs/figures.md): decode >= 0.85 x C on the bandwidth-bound shapes (>= 1 GiB of K/V
 // per launch): TARGET decode_vs_copy (the default kernel, kDefaultDecodeKernel), TARGET
 // decode_vs_read (against R), and the same for the other variant under its name
-// (decode_simt_*, decode_tc_* while another kernel is the default, decode_wide_merge_*); batch 1
+// (decode_simt_*, decode_tc_*, decode_wide_merge_* while another kernel is the default,
+// decode_fused_merge_*); batch 1
 // at 4,096 tokens >= 0.5 x C (decode_b1_4k_vs_copy and each variant's). Every figure is
 // also printed as a RESULT / TARGET / CHECK line (bench_cuda_util.hpp).
 //
@@ -74,8 +77,33 @@ constexpr double kTarget = 0.85;
 constexpr double kRowTolerance = 1e-2;  // bf16, as the GPU tests
 constexpr double kTargetB1 = 0.5;       // batch 1, 4,096 tokens
 constexpr DecodeKernel kKernels[] = {DecodeKernel::kSimt, DecodeKernel::kTensorCore,
-                                     DecodeKernel::kTensorCoreWideMerge};
-constexpr int kNumKernels = 3;
+                                     DecodeKernel::kTensorCoreWideMerge,
+                                     DecodeKernel::kTensorCoreFusedMerge};
+constexpr int kNumKernels = 4;
+constexpr int kWideMergeIndex = 2;  // kKernels[2]: the plan probes below vary its plan
+constexpr int kFusedMergeIndex = 3;
+
+// kTensorCoreFusedMerge's split counters for `states` (sequence, KV head) states, zeroed once;
+// every launch leaves them zero (checked after the reference check).
+struct SplitCounters {
+  explicit SplitCounters(std::int64_t states) : count(states) {
+    CHECK(cudaMalloc(reinterpret_cast<void**>(&data),
+                     static_cast<std::size_t>(states) * sizeof(std::uint32_t)));
+    CHECK(cudaMemset(data, 0, static_cast<std::size_t>(states) * sizeof(std::uint32_t)));
+  }
+  SplitCounters(const SplitCounters&) = delete;
+  SplitCounters& operator=(const SplitCounters&) = delete;
+  ~SplitCounters() { (void)cudaFree(data); }
+  pagedkv::DecodeSplitCounters get() const { return {data, count}; }
+  bool all_zero() const {
+    std::vector<std::uint32_t> host(static_cast<std::size_t>(count));
+    CHECK(
+        cudaMemcpy(host.data(), data, host.size() * sizeof(std::uint32_t), cudaMemcpyDeviceToHost));
+    return std::all_of(host.begin(), host.end(), [](std::uint32_t c) { return c == 0; });
+  }
+  std::uint32_t* data = nullptr;
+  std::int64_t count = 0;
+};
 
 const char* kernel_name(DecodeKernel kernel) {
   switch (kernel) {
@@ -87,6 +115,8 @@ const char* kernel_name(DecodeKernel kernel) {
       return "tensor_core_wide_merge";
     case DecodeKernel::kTensorCoreFp8:
       return "tensor_core_fp8";
+    case DecodeKernel::kTensorCoreFusedMerge:
+      return "tensor_core_fused_merge";
   }
   return "unknown";
 }
@@ -237,6 +267,7 @@ bool check_against_reference(const pagedkv::DecodePlanOptions (&planners)[kNumKe
   p.seq_lens = static_cast<const std::int32_t*>(lens_dev);
   p.out = out_dev;
   bool ok = true;
+  const SplitCounters counters(std::int64_t{seqs} * kKVHeads);
   for (int kv = 0; kv < kNumKernels; ++kv) {
     const DecodeKernel kernel = kKernels[kv];
     pagedkv::DecodePlanOptions options = planners[kv];
@@ -247,16 +278,20 @@ bool check_against_reference(const pagedkv::DecodePlanOptions (&planners)[kNumKe
       void* workspace = nullptr;
       if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
       CHECK(cudaMemsetAsync(out_dev, 0xff, q.size() * 2, stream));  // NaN: unwritten rows fail
-      CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream, kernel));
+      CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream, kernel,
+                                            counters.get()));
       CHECK(cudaStreamSynchronize(stream));
       std::vector<std::uint16_t> out(q.size());
       CHECK(cudaMemcpy(out.data(), out_dev, out.size() * 2, cudaMemcpyDeviceToHost));
       const double err = bench::max_row_error(bench::to_doubles(kDtype, out), ref, kHeadDim);
-      const bool pass = err <= kRowTolerance;
+      const bool reset = counters.all_zero();
+      const bool pass = err <= kRowTolerance && reset;
       ok = ok && pass;
       std::printf(
-          "CHECK decode_attention kernel=%s splits=%d max_row_error=%.3g tolerance=%.0e %s\n",
-          kernel_name(kernel), plan.num_splits, err, kRowTolerance, pass ? "PASS" : "FAIL");
+          "CHECK decode_attention kernel=%s splits=%d max_row_error=%.3g tolerance=%.0e "
+          "split_counters=%s %s\n",
+          kernel_name(kernel), plan.num_splits, err, kRowTolerance, reset ? "zero" : "NOT-RESET",
+          pass ? "PASS" : "FAIL");
       if (workspace != nullptr) CHECK(cudaFree(workspace));
     }
   }
@@ -408,8 +443,9 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(1);
   std::vector<double> bound_ratios[kNumKernels];  // per kernel: shapes with >= 1 GiB of K/V
   std::vector<double> speedups;                   // per shape: simt time / tensor-core time
-  std::vector<double> wide_speedups;  // per split-KV shape: tensor-core time / wide-merge time
-  double b1_4k[kNumKernels] = {-1.0, -1.0, -1.0};
+  std::vector<double> wide_speedups;   // per split-KV shape: tensor-core time / wide-merge time
+  std::vector<double> fused_speedups;  // per split-KV shape: wide-merge time / fused-merge time
+  double b1_4k[kNumKernels] = {-1.0, -1.0, -1.0, -1.0};
   int shape_index = 0;
   for (const int batch : batches) {
     for (const int context : contexts) {
@@ -454,8 +490,9 @@ int main(int argc, char** argv) {
           p.out = out;
           p.sm_scale = 0.0883883f;
           const auto* table_base = static_cast<const std::int32_t*>(table);
-          double ms_of[kNumKernels] = {0.0, 0.0, 0.0};
-          bool split_of[kNumKernels] = {false, false, false};
+          double ms_of[kNumKernels] = {};
+          bool split_of[kNumKernels] = {};
+          const SplitCounters counters(std::int64_t{batch} * kKVHeads);  // zeroed once
           // A/B/C in one run: the order rotates from shape to shape.
           // Batch 1, identity tables: two more steps, the wide merge with a plan of twice its
           // target (two waves, as kTensorCore plans) and of half (longer chunks), so the run
@@ -463,7 +500,7 @@ int main(int argc, char** argv) {
           const bool plan_probe = batch == 1 && !shuffled;
           for (int step = 0; step < kNumKernels + (plan_probe ? 2 : 0); ++step) {
             const bool probe = step >= kNumKernels;
-            const int kv = probe ? 2 : (step + shape_index) % kNumKernels;
+            const int kv = probe ? kWideMergeIndex : (step + shape_index) % kNumKernels;
             const DecodeKernel kernel = kKernels[kv];
             pagedkv::DecodePlanOptions plan_options = options[kv];
             if (step == kNumKernels) plan_options.ctas_per_sm *= 2;
@@ -480,7 +517,8 @@ int main(int argc, char** argv) {
             if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
             const auto launch = [&](int call) {
               p.block_table = table_base + (call % rotation) * blocks_per_call;
-              CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream, kernel));
+              CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream, kernel,
+                                                    counters.get()));
             };
             const int per_repeat = static_cast<int>(std::min<std::int64_t>(rotation, 64));
             // Small launches go through a graph; the warm-up graph reads the rotation's other
@@ -524,7 +562,17 @@ int main(int argc, char** argv) {
             if (workspace != nullptr) CHECK(cudaFree(workspace));
           }
           speedups.push_back(ms_of[0] / ms_of[1]);
-          if (split_of[1] || split_of[2]) wide_speedups.push_back(ms_of[1] / ms_of[2]);
+          if (split_of[1] || split_of[kWideMergeIndex]) {
+            wide_speedups.push_back(ms_of[1] / ms_of[kWideMergeIndex]);
+          }
+          if (split_of[kWideMergeIndex] || split_of[kFusedMergeIndex]) {
+            fused_speedups.push_back(ms_of[kWideMergeIndex] / ms_of[kFusedMergeIndex]);
+          }
+          if (!counters.all_zero()) {
+            std::printf("CHECK decode_split_counters batch=%d context=%d FAIL (not reset)\n", batch,
+                        context);
+            return 1;
+          }
           ++shape_index;
           CHECK(cudaFree(lens_dev));
           CHECK(cudaFree(table));
@@ -583,7 +631,9 @@ int main(int argc, char** argv) {
     const char* prefix = kKernels[kv] == pagedkv::kDefaultDecodeKernel ? "decode"
                          : kKernels[kv] == DecodeKernel::kSimt         ? "decode_simt"
                          : kKernels[kv] == DecodeKernel::kTensorCore   ? "decode_tc"
-                                                                       : "decode_wide_merge";
+                         : kKernels[kv] == DecodeKernel::kTensorCoreFusedMerge
+                             ? "decode_fused_merge"
+                             : "decode_wide_merge";
     if (!ratios.empty()) {
       const double worst = *std::min_element(ratios.begin(), ratios.end());
       const double best = *std::max_element(ratios.begin(), ratios.end());
@@ -620,6 +670,14 @@ int main(int argc, char** argv) {
         "(tensor-core time / wide-merge time, same run, shapes where either splits)\n",
         bench::median(wide_speedups), *std::min_element(wide_speedups.begin(), wide_speedups.end()),
         *std::max_element(wide_speedups.begin(), wide_speedups.end()), wide_speedups.size());
+  }
+  if (!fused_speedups.empty()) {
+    std::printf(
+        "RESULT decode_variants fused_merge_speedup_median=%.3f worst=%.3f best=%.3f shapes=%zu "
+        "(wide-merge time / fused-merge time, same run, shapes where either splits)\n",
+        bench::median(fused_speedups),
+        *std::min_element(fused_speedups.begin(), fused_speedups.end()),
+        *std::max_element(fused_speedups.begin(), fused_speedups.end()), fused_speedups.size());
   }
   CHECK(cudaFree(sink));
   CHECK(cudaFree(q));

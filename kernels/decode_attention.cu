@@ -580,16 +580,35 @@ bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) no
            kernels::tc_fp8_decode_supported(params.layout);
   }
   return kernel == DecodeKernel::kSimt || kernel == DecodeKernel::kTensorCore ||
-         kernel == DecodeKernel::kTensorCoreWideMerge;
+         kernel == DecodeKernel::kTensorCoreWideMerge ||
+         kernel == DecodeKernel::kTensorCoreFusedMerge;
 }
 
 cudaError_t paged_decode_attention(const PagedDecodeParams& params, const DecodePlan& plan,
                                    void* workspace, std::size_t workspace_bytes,
-                                   cudaStream_t stream, DecodeKernel kernel) {
+                                   cudaStream_t stream, DecodeKernel kernel,
+                                   DecodeSplitCounters split_counters) {
   validate_cuda_decode(params, plan, workspace, workspace_bytes);
   if (kernel != DecodeKernel::kSimt && kernel != DecodeKernel::kTensorCore &&
-      kernel != DecodeKernel::kTensorCoreWideMerge && kernel != DecodeKernel::kTensorCoreFp8) {
+      kernel != DecodeKernel::kTensorCoreWideMerge && kernel != DecodeKernel::kTensorCoreFp8 &&
+      kernel != DecodeKernel::kTensorCoreFusedMerge) {
     fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
+  }
+  if (kernel == DecodeKernel::kTensorCoreFusedMerge && plan.split_kv() && !params.quant.fp8()) {
+    // One counter per (sequence, KV head); validate_cuda_decode bounded both factors.
+    const std::int64_t needed =
+        static_cast<std::int64_t>(params.num_seqs) * params.layout.num_kv_heads;
+    if (split_counters.data == nullptr || split_counters.count < needed) {
+      fail(
+          "kTensorCoreFusedMerge with split-KV needs split counters for num_seqs x "
+          "num_kv_heads = " +
+          std::to_string(needed) + " (sequence, KV head) states, got " +
+          (split_counters.data == nullptr ? std::string("none")
+                                          : std::to_string(split_counters.count)));
+    }
+    if (reinterpret_cast<std::uintptr_t>(split_counters.data) % alignof(std::uint32_t) != 0) {
+      fail("split counters must be 4-byte aligned");
+    }
   }
   if (params.num_seqs == 0) return cudaSuccess;
   if (params.quant.fp8()) {
@@ -601,9 +620,13 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
     return kernels::fp8_paged_decode(params, stream);
   }
   if (kernel == DecodeKernel::kTensorCoreFp8) kernel = DecodeKernel::kTensorCore;
-  if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge) {
-    return kernels::tc_paged_decode(params, plan, workspace, stream,
-                                    kernel == DecodeKernel::kTensorCoreWideMerge);
+  if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
+      kernel == DecodeKernel::kTensorCoreFusedMerge) {
+    const kernels::TcDecodeMerge merge =
+        kernel == DecodeKernel::kTensorCoreWideMerge    ? kernels::TcDecodeMerge::kWide
+        : kernel == DecodeKernel::kTensorCoreFusedMerge ? kernels::TcDecodeMerge::kFused
+                                                        : kernels::TcDecodeMerge::kSerial;
+    return kernels::tc_paged_decode(params, plan, workspace, stream, merge, split_counters.data);
   }
   const KVLayout& layout = params.layout;
   DecodeKernelParams kp{};
@@ -660,7 +683,7 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
                                                    DecodeKernel kernel) {
   if (options == nullptr) fail("options is null");
   if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
-      kernel == DecodeKernel::kTensorCoreFp8) {
+      kernel == DecodeKernel::kTensorCoreFp8 || kernel == DecodeKernel::kTensorCoreFusedMerge) {
     if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
       fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
     }
@@ -678,11 +701,11 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
     if (err != cudaSuccess) return err;
     options->num_sms = sms;
     // Waves of the kernel (decode_tc_layout.hpp): two for kTensorCore and kTensorCoreFp8, one
-    // for the wide merge.
+    // for the wide and the fused merge.
+    const bool one_wave = kernel == DecodeKernel::kTensorCoreWideMerge ||
+                          kernel == DecodeKernel::kTensorCoreFusedMerge;
     options->ctas_per_sm =
-        (kernel == DecodeKernel::kTensorCoreWideMerge ? detail::kTcWideMergePlanWaves
-                                                      : detail::kTcPlanWaves) *
-        resident;
+        (one_wave ? detail::kTcWideMergePlanWaves : detail::kTcPlanWaves) * resident;
     options->min_chunk_tokens = detail::kTcMinChunkTokens;
     return cudaSuccess;
   }

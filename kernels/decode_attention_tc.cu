@@ -36,6 +36,12 @@
 // per (sequence, query head) whose threads split the splits (tc_wide_merge_kernel below): the
 // old merge's serial chain of 2 x num_splits dependent loads per thread dominated batch-1 decode
 // (H200, batch 1, 4,096 tokens: 22.5 us -> 11.0 us; bench/results/gpu.md).
+//
+// DecodeKernel::kTensorCoreFusedMerge (opt-in) runs the same attention kernel as the wide merge
+// (TcDecodeMerge::kFused: the same programmatic launch and one-wave plan) and no merge kernel:
+// after writing its partials each CTA of a split state arrives on the state's counter, and the last
+// one merges the group's query heads (kernels/internal/decode_fused_merge.cuh), so the merge
+// starts when the state's last chunk ends instead of after the whole grid has drained.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -44,6 +50,7 @@
 #include <cstdint>
 
 #include "internal/cp_async.cuh"
+#include "internal/decode_fused_merge.cuh"
 #include "internal/decode_tc_host.hpp"
 #include "internal/decode_tc_launch.hpp"
 #include "internal/decode_tc_layout.hpp"
@@ -86,8 +93,9 @@ struct TcParams {
   std::int32_t window_size;
   std::int32_t num_splits;
   std::int32_t chunk;
-  float* partial_out;  // [num_seqs, num_q_heads, num_splits, head_dim]
-  float* partial_lse;  // [num_seqs, num_q_heads, num_splits]
+  float* partial_out;        // [num_seqs, num_q_heads, num_splits, head_dim]
+  float* partial_lse;        // [num_seqs, num_q_heads, num_splits]
+  unsigned* split_counters;  // [num_seqs, num_kv_heads] (kFused with split-KV only)
 };
 
 __device__ __forceinline__ detail::TcSplitRange range_of(const TcParams& p, int seq, int split) {
@@ -96,9 +104,13 @@ __device__ __forceinline__ detail::TcSplitRange range_of(const TcParams& p, int 
                                 p.chunk, split);
 }
 
-template <bool kBf16, int kHeadDim, bool kSoftCap, bool kWideMerge>
+// kMerge (internal/decode_tc_launch.hpp): kSerial and kWide are merged by a second kernel
+// (tc_merge_kernel, tc_wide_merge_kernel), kFused by each state's last CTA; kWide and kFused are
+// launched with programmatic stream serialization.
+template <bool kBf16, int kHeadDim, bool kSoftCap, TcDecodeMerge kMerge>
 __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasPerSm)
     tc_decode_kernel(const TcParams p) {
+  constexpr bool kWideMerge = kMerge != TcDecodeMerge::kSerial;  // launched programmatically
   using S = TcDecodeShape<kHeadDim>;
   using Ops = MmaOps<kBf16>;
   constexpr int kChunks = S::kChunks;
@@ -126,7 +138,8 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
   if constexpr (kWideMerge) {
     // kTensorCoreWideMerge: let the merge grid launch now (its CTAs wait in griddepcontrol.wait
     // until this grid has completed and its writes are visible), so its launch is not on the
-    // critical path. A CTA that returned above counts as triggered.
+    // critical path; kTensorCoreFusedMerge: the next kernel in the stream, likewise. A CTA that
+    // returned above counts as triggered.
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
   }
 #endif
@@ -399,6 +412,17 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
       if (d0 == 0) p.partial_lse[state] = m_all + log2f(l_all);
     }
   }
+  if constexpr (kMerge == TcDecodeMerge::kFused) {
+    if (!direct) {
+      // The first word of `scratch` serves as the arrival's flag: the merge loop's reads of it
+      // are done at the arrival's first barrier, before thread 0 writes it.
+      unsigned* flag = reinterpret_cast<unsigned*>(smem);
+      if (fused_merge_arrive(p.split_counters + seq_head,
+                             static_cast<unsigned>(range.num_active_splits), flag)) {
+        fused_merge_group<kBf16, kHeadDim, kTcWarps>(p, seq, kv_head, range.num_active_splits);
+      }
+    }
+  }
 }
 
 // out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) for each (sequence, query head) that used
@@ -462,10 +486,11 @@ __global__ void __launch_bounds__(kWideMergeThreads) tc_wide_merge_kernel(const 
   wide_merge_state<kBf16, kHeadDim, false>(p, state, seq, q_head, n);
 }
 
-template <bool kBf16, int kHeadDim, bool kSoftCap, bool kWideMerge>
+template <bool kBf16, int kHeadDim, bool kSoftCap, TcDecodeMerge kMerge>
 cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t stream) {
   using S = TcDecodeShape<kHeadDim>;
-  const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap, kWideMerge>;
+  constexpr bool kWideMerge = kMerge != TcDecodeMerge::kSerial;
+  const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap, kMerge>;
   // Set on every launch: cheap, per device, and allowed while a graph is being captured.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(S::kSmemBytes));
@@ -488,6 +513,7 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
     config.numAttrs = num_pdl;
   }
   err = cudaLaunchKernelEx(&config, kernel, kp);
+  if constexpr (kMerge == TcDecodeMerge::kFused) return err;  // each state's last CTA merges
   if (err != cudaSuccess || kp.num_splits == 1) return err;
 
   const std::int64_t states = num_seqs * kp.num_q_heads;
@@ -512,7 +538,8 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
 }  // namespace
 
 cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& plan,
-                            void* workspace, cudaStream_t stream, bool wide_merge) {
+                            void* workspace, cudaStream_t stream, TcDecodeMerge merge,
+                            std::uint32_t* split_counters) {
   const KVLayout& layout = params.layout;
   TcParams kp{};
   kp.q = static_cast<const std::uint16_t*>(params.q);
@@ -553,20 +580,31 @@ cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& p
     auto* base = static_cast<unsigned char*>(workspace);
     kp.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
     kp.partial_lse = reinterpret_cast<float*>(base + ws.partial_lse_offset);
+    kp.split_counters = split_counters;
   }
-  return dispatch_tc_decode(
-      params.dtype, layout.head_dim, soft_cap, kWho,
-      [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-        return wide_merge ? launch<kBf16, kHeadDim, kSoftCap, true>(kp, params.num_seqs, stream)
-                          : launch<kBf16, kHeadDim, kSoftCap, false>(kp, params.num_seqs, stream);
-      });
+  return dispatch_tc_decode(params.dtype, layout.head_dim, soft_cap, kWho,
+                            [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+                              switch (merge) {
+                                case TcDecodeMerge::kWide:
+                                  return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kWide>(
+                                      kp, params.num_seqs, stream);
+                                case TcDecodeMerge::kFused:
+                                  return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kFused>(
+                                      kp, params.num_seqs, stream);
+                                case TcDecodeMerge::kSerial:
+                                  break;
+                              }
+                              return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kSerial>(
+                                  kp, params.num_seqs, stream);
+                            });
 }
 
 cudaError_t tc_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
   return dispatch_tc_decode(
       dtype, head_dim, false, kWho, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-        return resident_ctas_per_sm(tc_decode_kernel<kBf16, kHeadDim, kSoftCap, false>, kTcThreads,
-                                    TcDecodeShape<kHeadDim>::kSmemBytes, ctas);
+        return resident_ctas_per_sm(
+            tc_decode_kernel<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kSerial>, kTcThreads,
+            TcDecodeShape<kHeadDim>::kSmemBytes, ctas);
       });
 }
 

@@ -36,11 +36,12 @@ double tolerance(KVDtype dtype) {
 
 class CudaBrokenKernel : public testing::GpuTest {};
 
-// Every decode variant (kSimt, kTensorCore and kTensorCoreWideMerge, the default) is built
-// broken.
+// Every decode variant (kSimt, kTensorCore, kTensorCoreWideMerge, the default, and
+// kTensorCoreFusedMerge) is built broken.
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
   for (const DecodeKernel kernel :
-       {DecodeKernel::kSimt, DecodeKernel::kTensorCore, DecodeKernel::kTensorCoreWideMerge}) {
+       {DecodeKernel::kSimt, DecodeKernel::kTensorCore, DecodeKernel::kTensorCoreWideMerge,
+        DecodeKernel::kTensorCoreFusedMerge}) {
     for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
       for (const DecodePlan plan : {DecodePlan{}, DecodePlan{5, 37}}) {
         testing::DecodeShape s;
@@ -56,8 +57,11 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
         testing::DeviceDecodeProblem dev(pb);
         const std::size_t ws_bytes = decode_workspace_bytes(plan, 3, 8, 128);
         testing::DeviceBuffer workspace(ws_bytes);
+        testing::DeviceBuffer counters(3 * 2 * sizeof(std::uint32_t));  // (sequence, KV head)
+        PAGEDKV_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
         PAGEDKV_CUDA_CHECK(paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes,
-                                                  nullptr, kernel));
+                                                  nullptr, kernel,
+                                                  {counters.get<std::uint32_t>(), 3 * 2}));
         const auto out = testing::to_doubles(
             dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
         const double tol = tolerance(dtype);
@@ -65,9 +69,10 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
         std::printf(
             "decode %s %s splits=%d: whole-batch Frobenius error %.4g (old check: %s), worst "
             "row %.4g, %zu of %zu rows rejected\n",
-            kernel == DecodeKernel::kSimt         ? "simt"
-            : kernel == DecodeKernel::kTensorCore ? "tensor-core"
-                                                  : "tensor-core-wide-merge",
+            kernel == DecodeKernel::kSimt                  ? "simt"
+            : kernel == DecodeKernel::kTensorCore          ? "tensor-core"
+            : kernel == DecodeKernel::kTensorCoreWideMerge ? "tensor-core-wide-merge"
+                                                           : "tensor-core-fused-merge",
             std::string(to_string(dtype)).c_str(), plan.num_splits, all.frobenius,
             all.frobenius < tol ? "passed" : "failed", all.max_row_error, all.bad_rows, all.rows);
         const std::span<const double> o(out);

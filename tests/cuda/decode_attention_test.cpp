@@ -3,9 +3,11 @@
 // that are not block multiples, NaN-poisoned unused slots, every layout kind, split-KV on and off,
 // sliding window, soft-cap, a pool of more than 2^31 elements, block ids outside the pool, the
 // three-head-group warp layout (GQA groups 9..12), and CUDA-graph capture. Every device test runs
-// for every kernel variant (DecodeKernel::kSimt, kTensorCore and kTensorCoreWideMerge, the
-// default; test names end in /Simt, /TensorCore and /TensorCoreWideMerge), the
-// variant's split plans from its own planner options.
+// for every kernel variant (DecodeKernel::kSimt, kTensorCore, kTensorCoreWideMerge, the default,
+// and kTensorCoreFusedMerge; test names end in /Simt, /TensorCore, /TensorCoreWideMerge and
+// /TensorCoreFusedMerge), the variant's split plans from its own planner options. Every launch
+// gets zeroed split counters (only kTensorCoreFusedMerge reads them), and after it they must be
+// zero again: each state's last CTA resets its counter.
 // Every output row (one query head of one sequence) must be within a relative error
 // ||out_row - ref_row|| / ||ref_row|| of 1e-2 (bf16) or 2e-3 (fp16) (testing::check_rows);
 // outputs start NaN-poisoned, so an unwritten row fails.
@@ -40,6 +42,34 @@ double tolerance(KVDtype dtype) {
 }
 
 using testing::DeviceDecodeProblem;
+
+// Split counters for `states` (sequence, KV head) states, zeroed as the contract asks
+// (include/pagedkv/cuda/decode_attention.hpp).
+class SplitCounters {
+ public:
+  explicit SplitCounters(std::int64_t states)
+      : states_(states), buffer_(static_cast<std::size_t>(states) * sizeof(std::uint32_t)) {
+    PAGEDKV_CUDA_CHECK(cudaMemset(buffer_.get(), 0, buffer_.bytes()));
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  DecodeSplitCounters get() const { return {buffer_.get<std::uint32_t>(), states_}; }
+  // Every launch that completed left them zero (call after synchronizing).
+  ::testing::AssertionResult all_zero() const {
+    const auto values =
+        testing::download<std::uint32_t>(buffer_.get(), static_cast<std::size_t>(states_));
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      if (values[i] != 0) {
+        return ::testing::AssertionFailure()
+               << "split counter " << i << " left at " << values[i] << " (not reset)";
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+ private:
+  std::int64_t states_;
+  DeviceBuffer buffer_;
+};
 
 enum class Split { kOff, kPlanner, kForced, kMany };
 
@@ -78,10 +108,12 @@ DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split, DecodeKer
   const std::size_t ws_bytes =
       decode_workspace_bytes(plan, shape.num_seqs, shape.num_q_heads, shape.head_dim);
   DeviceBuffer workspace(ws_bytes);
-  testing::cuda_check(
-      paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, nullptr, kernel),
-      "paged_decode_attention");
+  const SplitCounters counters(static_cast<std::int64_t>(shape.num_seqs) * shape.num_kv_heads);
+  testing::cuda_check(paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes,
+                                             nullptr, kernel, counters.get()),
+                      "paged_decode_attention");
   testing::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  if (::testing::AssertionResult zero = counters.all_zero(); !zero) return zero;
   const auto out = testing::to_doubles(
       shape.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
   return testing::rows_match(out, ref, static_cast<std::size_t>(shape.head_dim),
@@ -103,13 +135,16 @@ std::string kernel_test_name(const ::testing::TestParamInfo<DecodeKernel>& param
       return "TensorCoreWideMerge";
     case DecodeKernel::kTensorCoreFp8:  // FP8 caches only: tests/cuda/fp8_test.cpp
       return "TensorCoreFp8";
+    case DecodeKernel::kTensorCoreFusedMerge:
+      return "TensorCoreFusedMerge";
   }
   return "Unknown";
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, CudaDecodeAttention,
                          ::testing::Values(DecodeKernel::kSimt, DecodeKernel::kTensorCore,
-                                           DecodeKernel::kTensorCoreWideMerge),
+                                           DecodeKernel::kTensorCoreWideMerge,
+                                           DecodeKernel::kTensorCoreFusedMerge),
                          kernel_test_name);
 
 // Many splits per sequence (300 of 64 tokens, the last one longer), every head_dim and dtype, a
@@ -217,9 +252,11 @@ TEST_P(CudaDecodeAttention, EmptySequencesGiveZeros) {
     const DecodePlan plan = plan_for(pb, split, GetParam());
     const std::size_t ws_bytes = decode_workspace_bytes(plan, 3, 8, 128);
     DeviceBuffer workspace(ws_bytes);
+    const SplitCounters counters(3 * 2);
     PAGEDKV_CUDA_CHECK(paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes,
-                                              nullptr, GetParam()));
+                                              nullptr, GetParam(), counters.get()));
     const auto out = testing::download<std::uint16_t>(dev.out.get(), pb.q.size());
+    EXPECT_TRUE(counters.all_zero());
     for (std::size_t i = 0; i < 8 * 128; ++i) ASSERT_EQ(out[i], 0) << i;
     for (std::size_t i = 2 * 8 * 128; i < 3 * 8 * 128; ++i) ASSERT_EQ(out[i], 0) << i;
     EXPECT_TRUE(
@@ -276,9 +313,11 @@ TEST_P(CudaDecodeAttention, BlockIdsOutsideThePool) {
       const DecodePlan plan = plan_for(pb, split, GetParam());
       const std::size_t ws_bytes = decode_workspace_bytes(plan, 3, 8, 128);
       DeviceBuffer workspace(ws_bytes);
-      PAGEDKV_CUDA_CHECK(
-          paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr, GetParam()));
+      const SplitCounters counters(3 * 2);
+      PAGEDKV_CUDA_CHECK(paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr,
+                                                GetParam(), counters.get()));
       PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(counters.all_zero());
       const auto out =
           testing::to_doubles(s.dtype, testing::download<std::uint16_t>(dev.out.get(), 3 * 1024));
       const std::span<const double> o(out);
@@ -323,19 +362,29 @@ TEST_P(CudaDecodeAttention, StridedQueryAndOutput) {
   p.out = out.get();
   p.out_stride_seq = 800;
   p.out_stride_head = 96;
-  PAGEDKV_CUDA_CHECK(paged_decode_attention(p, DecodePlan{}, nullptr, 0, nullptr, GetParam()));
-  const auto got = testing::download<std::uint16_t>(out.get(), 4 * 800);
-  std::vector<double> dense(ref.size());
-  for (int seq = 0; seq < 4; ++seq) {
-    for (int h = 0; h < 8; ++h) {
-      for (int d = 0; d < 64; ++d) {
-        dense[static_cast<std::size_t>((seq * 8 + h) * 64 + d)] =
-            fp16_bits_to_float(got[static_cast<std::size_t>(seq * 800 + h * 96 + d)]);
+  // Without split-KV, and with four 64-token chunks (so the merges write the strided output).
+  for (const DecodePlan plan : {DecodePlan{}, DecodePlan{4, 64}}) {
+    const std::size_t ws_bytes = decode_workspace_bytes(plan, 4, 8, 64);
+    DeviceBuffer workspace(ws_bytes);
+    const SplitCounters counters(4 * 2);
+    PAGEDKV_CUDA_CHECK(cudaMemset(out.get(), 0x5a, out.bytes()));  // a pattern, not zeros
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr,
+                                              GetParam(), counters.get()));
+    const auto got = testing::download<std::uint16_t>(out.get(), 4 * 800);
+    std::vector<double> dense(ref.size());
+    for (int seq = 0; seq < 4; ++seq) {
+      for (int h = 0; h < 8; ++h) {
+        for (int d = 0; d < 64; ++d) {
+          dense[static_cast<std::size_t>((seq * 8 + h) * 64 + d)] =
+              fp16_bits_to_float(got[static_cast<std::size_t>(seq * 800 + h * 96 + d)]);
+        }
       }
     }
+    EXPECT_TRUE(testing::rows_match(dense, ref, 64, tolerance(s.dtype)))
+        << "splits " << plan.num_splits;
+    EXPECT_EQ(got[64], 0x5a5a) << "splits " << plan.num_splits;  // the gap after head 0
+    EXPECT_TRUE(counters.all_zero());
   }
-  EXPECT_TRUE(testing::rows_match(dense, ref, 64, tolerance(s.dtype)));
-  EXPECT_EQ(got[64], 0x5a5a);  // the gap after head 0 is untouched
 }
 
 // More than 2^31 elements per plane: the sequences' blocks sit at the top of a 4.3 GB pool, so
@@ -391,8 +440,11 @@ TEST_P(CudaDecodeAttention, PoolLargerThan2To31Elements) {
     const DecodePlan plan = plan_for(pb, split, GetParam());
     const std::size_t ws_bytes = decode_workspace_bytes(plan, 2, 32, 128);
     DeviceBuffer workspace(ws_bytes);
-    PAGEDKV_CUDA_CHECK(
-        paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr, GetParam()));
+    const SplitCounters counters(2 * 8);
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr,
+                                              GetParam(), counters.get()));
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_TRUE(counters.all_zero());
     const auto out =
         testing::to_doubles(s.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
     EXPECT_TRUE(testing::rows_match(out, ref, 128, tolerance(s.dtype)))
@@ -438,7 +490,8 @@ TEST_P(CudaDecodeAttention, PoolLargerThan2To31Elements) {
 }
 
 // A captured graph replays the split-KV launch (attention + merge) correctly, and replays again
-// after seq_lens grew on the device without re-capturing.
+// after seq_lens grew on the device without re-capturing (kTensorCoreFusedMerge: on the same split
+// counters, which each replay leaves zero for the next).
 TEST_P(CudaDecodeAttention, GraphCaptureAndReplay) {
   DecodeShape s;
   s.num_seqs = 2;
@@ -451,6 +504,7 @@ TEST_P(CudaDecodeAttention, GraphCaptureAndReplay) {
   const DecodePlan plan{8, 256};
   const std::size_t ws_bytes = decode_workspace_bytes(plan, 2, 8, 128);
   DeviceBuffer workspace(ws_bytes);
+  const SplitCounters counters(2 * 2);
   cudaStream_t stream = nullptr;
   PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const std::vector<std::int32_t> capture_lens = {2000, 900};
@@ -458,8 +512,8 @@ TEST_P(CudaDecodeAttention, GraphCaptureAndReplay) {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   PAGEDKV_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const cudaError_t launched =
-      paged_decode_attention(dev.params(pb), plan, workspace.get(), ws_bytes, stream, GetParam());
+  const cudaError_t launched = paged_decode_attention(dev.params(pb), plan, workspace.get(),
+                                                      ws_bytes, stream, GetParam(), counters.get());
   PAGEDKV_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
   PAGEDKV_CUDA_CHECK(launched);
   PAGEDKV_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
@@ -476,10 +530,64 @@ TEST_P(CudaDecodeAttention, GraphCaptureAndReplay) {
     const auto out =
         testing::to_doubles(s.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
     EXPECT_TRUE(testing::rows_match(out, ref, 128, tolerance(s.dtype)));
+    EXPECT_TRUE(counters.all_zero());
   }
   PAGEDKV_CUDA_CHECK(cudaGraphExecDestroy(exec));
   PAGEDKV_CUDA_CHECK(cudaGraphDestroy(graph));
   PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// kTensorCoreFusedMerge: one counter array, zeroed once, serves launches of different batches,
+// plans, head_dims and groups in a row (each launch leaves it zero for the next); every output
+// row matches the CPU reference. A counter left non-zero would make the next launch merge early
+// (a wrong row), skip the merge (a NaN-poisoned row), or trap.
+class CudaDecodeFusedMerge : public testing::GpuTest {};
+
+TEST_F(CudaDecodeFusedMerge, OneZeroedCounterArrayServesEveryLaunch) {
+  struct Step {
+    KVDtype dtype;
+    std::int32_t num_kv_heads;
+    std::int32_t group;
+    std::int32_t head_dim;
+    std::vector<std::int32_t> seq_lens;
+    DecodePlan plan;
+  };
+  const std::vector<Step> steps = {
+      {KVDtype::kFloat16, 4, 2, 128, {3000, 64, 900, 1}, DecodePlan{8, 256}},
+      {KVDtype::kBFloat16, 4, 4, 64, {5000}, DecodePlan{40, 128}},
+      {KVDtype::kFloat16, 2, 8, 256, {700, 2100}, DecodePlan{3, 64}},
+      {KVDtype::kBFloat16, 4, 16, 128, {4096, 4096, 100, 2500}, DecodePlan{32, 128}},
+      {KVDtype::kFloat16, 4, 2, 128, {3000, 64, 900, 1}, DecodePlan{8, 256}},
+  };
+  const SplitCounters counters(4 * 4);  // the largest batch: 4 sequences x 4 KV heads
+  std::uint64_t seed = 1200;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const Step& step = steps[i];
+    DecodeShape s;
+    s.dtype = step.dtype;
+    s.num_seqs = static_cast<std::int32_t>(step.seq_lens.size());
+    s.num_kv_heads = step.num_kv_heads;
+    s.num_q_heads = step.num_kv_heads * step.group;
+    s.head_dim = step.head_dim;
+    s.block_size = 16;
+    s.seq_lens = step.seq_lens;
+    const auto pb = testing::make_decode_problem(s, seed++);
+    const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
+    DeviceDecodeProblem dev(pb);
+    const std::size_t ws_bytes =
+        decode_workspace_bytes(step.plan, s.num_seqs, s.num_q_heads, s.head_dim);
+    DeviceBuffer workspace(ws_bytes);
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(dev.params(pb), step.plan, workspace.get(), ws_bytes,
+                                              nullptr, DecodeKernel::kTensorCoreFusedMerge,
+                                              counters.get()));
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto out =
+        testing::to_doubles(s.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
+    EXPECT_TRUE(
+        testing::rows_match(out, ref, static_cast<std::size_t>(s.head_dim), tolerance(s.dtype)))
+        << "step " << i << " [" << testing::describe(s) << "]";
+    ASSERT_TRUE(counters.all_zero()) << "after step " << i;
+  }
 }
 
 // ---- host-side argument checks: no device needed ----
@@ -556,6 +664,17 @@ TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
                                                      DecodeKernel::kTensorCore);
       },
       "64, 128 or 256");
+  // kTensorCoreFusedMerge with split-KV needs num_seqs x num_kv_heads = 4 aligned counters.
+  alignas(16) static std::uint32_t counters[8];
+  const auto fused = [&](DecodeSplitCounters c) {
+    (void)paged_decode_attention(good, split, workspace, need, nullptr,
+                                 DecodeKernel::kTensorCoreFusedMerge, c);
+  };
+  expect_error([&] { fused({}); }, "split counters for num_seqs x num_kv_heads = 4");
+  expect_error([&] { fused({nullptr, 8}); }, "got none");
+  expect_error([&] { fused({counters, 3}); }, "states, got 3");
+  auto* odd = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(counters) + 2);
+  expect_error([&] { fused({odd, 4}); }, "4-byte aligned");
 }
 
 TEST(CudaDecodeAttentionArguments, VariantCoverage) {
@@ -573,12 +692,14 @@ TEST(CudaDecodeAttentionArguments, VariantCoverage) {
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kSimt));
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFusedMerge));
   EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));  // 16-bit: kTensorCore runs
   p.quant.mode = KVScaleMode::kPerTensor;  // an FP8 cache: the FP8 kernel, either variant
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kSimt));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFusedMerge));
   EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
   // ... except kTensorCoreFp8, on layouts whose strides are multiples of 16 bytes.
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));

@@ -133,6 +133,10 @@ expect(kr.head_dim_of("void pagedkv::(anonymous namespace)::k(P)") == (None, "k"
 expect(kr.head_dim_of("void k<Ops, (unsigned short)128>(int)")[0] == 128, "cast form")
 expect(kr.head_dim_of("void k<Ops, true>(int)")[0] is None, "a bool is not head_dim")
 expect(kr.head_dim_of("void k<Ops, 128u>(int)")[0] == 128, "unsigned literal")
+expect(kr.head_dim_of("void pagedkv::k<true, 128, (pagedkv::kernels::Merge)2>(P)") ==
+       (128, "k<true, 128, (Merge)2>"), "an enum argument: its cast kept, namespaces dropped")
+expect(kr.head_dim_of("void k<pagedkv::Ops<pagedkv::X, 2>, 64>(P)")[1] == "k<Ops<X, 2>, 64>",
+       "namespaces dropped inside a nested argument")
 try:
     kr.head_dim_of("void pagedkv::k<Ops, 128, 16>(P)")
     expect(False, "two integer template arguments without a HEAD_DIM_ARG entry are an error")

@@ -42,6 +42,13 @@
 //                and a merge parallel over the splits. Layouts whose strides are not multiples of
 //                16 bytes run the FP8 kernel above instead (decode_kernel_runs says so). For a
 //                16-bit cache it behaves as kTensorCore.
+//   kTensorCoreFusedMerge  (opt-in until a GPU run proves it) kTensorCoreWideMerge without the
+//                merge kernel: the last CTA of each (sequence, KV head) to finish merges the
+//                group's query heads itself (kernels/internal/decode_fused_merge.cuh), so batch-1
+//                decode pays one grid's drain instead of two. It counts the CTAs done per
+//                (sequence, KV head) in caller-owned split counters (DecodeSplitCounters below);
+//                same plan (one wave), workspace and contract otherwise. Without split-KV it
+//                runs kTensorCore's attention kernel and touches no counter.
 //   kSimt        the CUDA-core kernel described above (kernels/decode_attention.cu), the default
 //                before 2026-12-04; kept for comparison. An FP8 cache falls back to the FP8
 //                kernel with any variant; every 16-bit shape above runs every variant.
@@ -60,6 +67,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "pagedkv/device/decode_plan.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
@@ -69,12 +77,28 @@ namespace pagedkv {
 inline constexpr int kCudaDecodeMaxGroupSize = 16;
 
 enum class DecodeKernel : int {
-  kSimt = 0,                 // CUDA-core kernel (the default before 2026-12-04)
-  kTensorCore = 1,           // tensor-core kernel
-  kTensorCoreWideMerge = 2,  // kTensorCore, one-wave plan, parallel merge (the default)
-  kTensorCoreFp8 = 3,        // FP8 caches on tensor cores (opt-in; see above)
+  kSimt = 0,                  // CUDA-core kernel (the default before 2026-12-04)
+  kTensorCore = 1,            // tensor-core kernel
+  kTensorCoreWideMerge = 2,   // kTensorCore, one-wave plan, parallel merge (the default)
+  kTensorCoreFp8 = 3,         // FP8 caches on tensor cores (opt-in; see above)
+  kTensorCoreFusedMerge = 4,  // kTensorCoreWideMerge, merged by each state's last CTA (opt-in)
 };
 inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTensorCoreWideMerge;
+
+// kTensorCoreFusedMerge's arrival counters: device memory the caller owns, one std::uint32_t per
+// (sequence, KV head) of a batch (count >= num_seqs x num_kv_heads; counter seq x num_kv_heads +
+// kv_head). They must be zero before the first launch that uses them (cudaMemsetAsync once, after
+// allocating them); every launch that completes leaves them zero again (a state's last CTA resets
+// its counter), so one zeroed array serves every later launch, plan and batch on the stream, and
+// CUDA-graph replays. Other variants neither read nor write them; no two launches in flight may
+// share them (as with the workspace). A counter found at or above its sequence's split count is not
+// a zeroed counter: the kernel executes `trap` (the launch fails with a CUDA error; the context is
+// lost) rather than write a wrong result. One below it, left by memory that was never zeroed, is
+// not detectable: zero the array once.
+struct DecodeSplitCounters {
+  std::uint32_t* data = nullptr;
+  std::int64_t count = 0;
+};
 
 // Whether `kernel` itself runs for these parameters; false when paged_decode_attention falls back
 // (an FP8 cache runs kernels/fp8_attention.cu except with kTensorCoreFp8 on a layout whose
@@ -90,16 +114,20 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
                           const void* workspace, std::size_t workspace_bytes);
 
 // Enqueues decode attention for one layer. `params` points to device memory (block_table and
-// seq_lens included); `workspace` may be null when !plan.split_kv().
+// seq_lens included); `workspace` may be null when !plan.split_kv(). `split_counters` is read only
+// by kTensorCoreFusedMerge with a split-KV plan, which throws pagedkv::Error (before enqueuing
+// anything) unless it holds at least num_seqs x num_kv_heads 4-byte aligned counters.
 cudaError_t paged_decode_attention(const PagedDecodeParams& params, const DecodePlan& plan,
                                    void* workspace, std::size_t workspace_bytes,
-                                   cudaStream_t stream, DecodeKernel kernel = kDefaultDecodeKernel);
+                                   cudaStream_t stream, DecodeKernel kernel = kDefaultDecodeKernel,
+                                   DecodeSplitCounters split_counters = {});
 
 // Planner options for the current device: num_sms from the device and ctas_per_sm from the
 // kernel's occupancy for this dtype and head_dim (other options keep their defaults). For
 // kTensorCore ctas_per_sm is twice the variant's occupancy, so the planner's one-wave target
 // fills two waves of it (its CTAs are short; two waves balance the tail), and min_chunk_tokens
-// is one 64-token tile; kTensorCoreWideMerge plans one wave with the same minimum chunk;
+// is one 64-token tile; kTensorCoreWideMerge and kTensorCoreFusedMerge plan one wave with the
+// same minimum chunk;
 // kTensorCoreFp8 plans like kTensorCore with the FP8 tensor-core kernel's occupancy (dtype is
 // q's 16-bit type; use kTensorCore's options for a 16-bit cache). Throws
 // pagedkv::Error for an unsupported head_dim; returns CUDA errors.
