@@ -598,7 +598,7 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
     // One counter per (sequence, KV head); validate_cuda_decode bounded both factors.
     const std::int64_t needed =
         static_cast<std::int64_t>(params.num_seqs) * params.layout.num_kv_heads;
-    if (split_counters.data == nullptr || split_counters.count < needed) {
+    if (needed > 0 && (split_counters.data == nullptr || split_counters.count < needed)) {
       fail(
           "kTensorCoreFusedMerge with split-KV needs split counters for num_seqs x "
           "num_kv_heads = " +
