@@ -606,7 +606,8 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
           (split_counters.data == nullptr ? std::string("none")
                                           : std::to_string(split_counters.count)));
     }
-    if (reinterpret_cast<std::uintptr_t>(split_counters.data) % alignof(std::uint32_t) != 0) {
+    if (needed > 0 &&
+        reinterpret_cast<std::uintptr_t>(split_counters.data) % alignof(std::uint32_t) != 0) {
       fail("split counters must be 4-byte aligned");
     }
   }

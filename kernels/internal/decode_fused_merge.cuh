@@ -4,13 +4,14 @@
 //
 // Protocol. Each CTA of a (sequence, KV head) writes its chunk's partial results (normalized
 // output and log2-sum-exp2 per query head of the group), then arrives on the state's counter
-// (fused_merge_arrive): every thread fences its writes, the CTA synchronizes, and thread 0
-// fences again (a fence is cumulative: it orders what the barrier made it observe) and
-// increments the counter with atomicInc(counter, n - 1), which wraps to 0 on the n-th arrival.
-// The CTA that reads n - 1 back is the last one: every other CTA's partial writes are visible to
-// it after a fence on the reading side (the fence-then-count pattern of the CUDA programming
-// guide's threadfence reduction, there with one writer per CTA), it merges, and the counter is
-// already 0 again for the next launch.
+// (fused_merge_arrive): the CTA synchronizes, and thread 0 fences and increments the counter with
+// atomicInc(counter, n - 1), which wraps to 0 on the n-th arrival. Fence then atomic is a release
+// pattern in the PTX memory model, and a fence is cumulative: it also releases the writes other
+// threads made before the barrier (CUTLASS's cutlass/barrier.h arrives the same way). The CTA
+// whose thread 0 reads n - 1 back is the last one: its atomic then fence is an acquire pattern
+// over the chain of the other CTAs' increments, the barrier after it hands that order to the
+// CTA's other threads, and they read every other CTA's partials (through L2, below). It merges,
+// and the counter is already 0 again for the next launch.
 // A counter read back >= n was not zeroed before the first launch (the public contract,
 // include/pagedkv/cuda/decode_attention.hpp): the kernel traps instead of merging garbage.
 //
@@ -40,19 +41,16 @@ namespace pagedkv::kernels {
 // returns (uniformly) whether this CTA is the last one. `flag`: one word of shared memory that no
 // thread reads or writes around the call.
 __device__ __forceinline__ bool fused_merge_arrive(unsigned* counter, unsigned n, unsigned* flag) {
-  __threadfence();  // this thread's partial writes, before the count
-  __syncthreads();
+  __syncthreads();  // every thread's partial writes, before thread 0's release
   if (threadIdx.x == 0) {
-    __threadfence();  // cumulative: the CTA's writes ordered before the barrier, then the count
+    __threadfence();  // release (cumulative: the CTA's writes ordered before the barrier)
     const unsigned seen = atomicInc(counter, n - 1);
     if (seen >= n) __trap();  // the counters were not zeroed before the first launch
-    __threadfence();          // the count, before this CTA's reads of the other CTAs' writes
+    __threadfence();          // acquire: the other CTAs' writes, before this CTA's reads
     *flag = seen == n - 1 ? 1u : 0u;
   }
-  __syncthreads();
-  const bool last = *flag != 0;
-  if (last) __threadfence();  // the other CTAs' partial writes, before this thread's reads
-  return last;
+  __syncthreads();  // thread 0's acquire, before every thread's reads
+  return *flag != 0;
 }
 
 // Chunks whose loads one lane issues before it uses any of them.

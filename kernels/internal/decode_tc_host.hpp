@@ -1,9 +1,9 @@
 // kernels/internal/decode_tc_host.hpp: host-side pieces the tensor-core decode launchers share
 // (kernels/decode_attention_tc.cu, kernels/decode_attention_tc_fp8.cu), internal to pagedkv::cuda:
 // the (dtype, head_dim, soft-cap) dispatch onto template instantiations, the programmatic
-// dependent launch attribute where the device has it (sm_90+), and a kernel's resident CTAs per
-// SM. No device code; errors as CUDA error codes, except an unsupported head_dim, which throws
-// pagedkv::Error (kInvalidArgument) naming `who`.
+// dependent launch attribute where the device and the kernel's code have it (sm_90+), and a
+// kernel's resident CTAs per SM. No device code; errors as CUDA error codes, except an unsupported
+// head_dim, which throws pagedkv::Error (kInvalidArgument) naming `who`.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -42,18 +42,26 @@ cudaError_t dispatch_tc_decode(KVDtype dtype, int head_dim, bool soft_cap, const
   }
 }
 
-// Programmatic stream serialization for a launch on the current device: *attr filled and
-// *num_attrs = 1 on sm_90+, *num_attrs = 0 before.
-inline cudaError_t programmatic_launch_attr(cudaLaunchAttribute* attr, unsigned* num_attrs) {
+// Programmatic stream serialization for a launch of `kernel` on the current device: *attr
+// filled and *num_attrs = 1 on an sm_90+ device running code compiled for sm_90+ (the kernels'
+// griddepcontrol.wait exists only there: a build for an older architecture, JIT-compiled on a
+// Hopper GPU, must not be launched programmatically), *num_attrs = 0 otherwise.
+template <typename Kernel>
+cudaError_t programmatic_launch_attr(Kernel kernel, cudaLaunchAttribute* attr,
+                                     unsigned* num_attrs) {
   int device = 0;
   int major = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) {
     err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   }
+  cudaFuncAttributes compiled{};
+  if (err == cudaSuccess && major >= 9) {
+    err = cudaFuncGetAttributes(&compiled, kernel);
+  }
   if (err != cudaSuccess) return err;
   *num_attrs = 0;
-  if (major >= 9) {
+  if (major >= 9 && compiled.ptxVersion >= 90) {
     attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr->val.programmaticStreamSerializationAllowed = 1;
     *num_attrs = 1;

@@ -7,7 +7,9 @@
 // and kTensorCoreFusedMerge; test names end in /Simt, /TensorCore, /TensorCoreWideMerge and
 // /TensorCoreFusedMerge), the variant's split plans from its own planner options. Every launch
 // gets zeroed split counters (only kTensorCoreFusedMerge reads them), and after it they must be
-// zero again: each state's last CTA resets its counter.
+// zero again: each state's last CTA resets its counter. kTensorCoreFusedMerge alone: one counter
+// array across launches of different shapes, and back-to-back launches on one stream that must be
+// exact and bitwise repeatable (CudaDecodeFusedMerge).
 // Every output row (one query head of one sequence) must be within a relative error
 // ||out_row - ref_row|| / ||ref_row|| of 1e-2 (bf16) or 2e-3 (fp16) (testing::check_rows);
 // outputs start NaN-poisoned, so an unwritten row fails.
@@ -17,9 +19,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -524,6 +528,10 @@ TEST_P(CudaDecodeAttention, GraphCaptureAndReplay) {
     pb.shape.seq_lens = lens;
     PAGEDKV_CUDA_CHECK(cudaMemcpyAsync(dev.lens.get(), lens.data(), lens.size() * 4,
                                        cudaMemcpyHostToDevice, stream));
+    // The previous replay's partial results and output poisoned: a replay that merged before its
+    // own chunks were written, or wrote no row, would show it.
+    PAGEDKV_CUDA_CHECK(cudaMemsetAsync(workspace.get(), 0xff, ws_bytes, stream));
+    PAGEDKV_CUDA_CHECK(cudaMemsetAsync(dev.out.get(), 0xff, dev.out.bytes(), stream));
     PAGEDKV_CUDA_CHECK(cudaGraphLaunch(exec, stream));
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
@@ -587,6 +595,96 @@ TEST_F(CudaDecodeFusedMerge, OneZeroedCounterArrayServesEveryLaunch) {
         testing::rows_match(out, ref, static_cast<std::size_t>(s.head_dim), tolerance(s.dtype)))
         << "step " << i << " [" << testing::describe(s) << "]";
     ASSERT_TRUE(counters.all_zero()) << "after step " << i;
+  }
+}
+
+// kTensorCoreFusedMerge launched back to back on one stream, as an engine launches one layer after
+// another: two problems alternate on one workspace and one counter array (each launch's CTAs wait
+// in griddepcontrol.wait for the previous one, on sm_90), each launch into its own output, one
+// synchronization at the end. Then the same problem 64 times more with the workspace poisoned
+// before each launch. The merged result does not depend on which CTA merges (the chunks are folded
+// in a fixed order), so every launch of a problem must give the same bits: a merge that ran
+// before every chunk's partials were visible (a missing fence, a wrong count, an overlap with the
+// previous launch) would read a previous launch's partials or the poison and differ.
+TEST_F(CudaDecodeFusedMerge, BackToBackLaunchesAreExactAndBitwiseRepeatable) {
+  std::mt19937_64 rng(77);
+  DecodeShape a;  // many states with many splits
+  a.dtype = KVDtype::kBFloat16;
+  a.num_seqs = 48;
+  a.num_kv_heads = 8;
+  a.num_q_heads = 32;
+  a.head_dim = 128;
+  a.block_size = 16;
+  std::uniform_int_distribution<std::int32_t> len(1, 3000);
+  for (int i = 0; i < a.num_seqs; ++i) a.seq_lens.push_back(len(rng));
+  DecodeShape b;  // few states, wide groups, another head_dim
+  b.dtype = KVDtype::kFloat16;
+  b.num_seqs = 3;
+  b.num_kv_heads = 2;
+  b.num_q_heads = 16;
+  b.head_dim = 64;
+  b.block_size = 16;
+  b.seq_lens = {5000, 70, 900};
+  const auto pa = testing::make_decode_problem(a, 1300);
+  const auto pb = testing::make_decode_problem(b, 1301);
+  const auto ref_a = reference_paged_decode_attention_f64(pa.params(nullptr));
+  const auto ref_b = reference_paged_decode_attention_f64(pb.params(nullptr));
+  DeviceDecodeProblem da(pa);
+  DeviceDecodeProblem db(pb);
+  const DecodePlan plan_a{48, 64};
+  const DecodePlan plan_b{40, 128};
+  const std::size_t ws_bytes = std::max(decode_workspace_bytes(plan_a, 48, 32, 128),
+                                        decode_workspace_bytes(plan_b, 3, 16, 64));
+  DeviceBuffer workspace(ws_bytes);
+  const SplitCounters counters(48 * 8);
+  constexpr int kRounds = 8;
+  constexpr int kRepeats = 64;
+  const std::size_t out_a = pa.q.size();
+  const std::size_t out_b = pb.q.size();
+  DeviceBuffer outs_a((kRounds + kRepeats) * out_a * sizeof(std::uint16_t));
+  DeviceBuffer outs_b(kRounds * out_b * sizeof(std::uint16_t));
+  cudaStream_t stream = nullptr;
+  PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  PagedDecodeParams p_a = da.params(pa);
+  PagedDecodeParams p_b = db.params(pb);
+  for (int r = 0; r < kRounds; ++r) {
+    p_a.out = outs_a.get<std::uint16_t>() + r * out_a;
+    p_b.out = outs_b.get<std::uint16_t>() + r * out_b;
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(p_a, plan_a, workspace.get(), ws_bytes, stream,
+                                              DecodeKernel::kTensorCoreFusedMerge, counters.get()));
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(p_b, plan_b, workspace.get(), ws_bytes, stream,
+                                              DecodeKernel::kTensorCoreFusedMerge, counters.get()));
+  }
+  for (int r = 0; r < kRepeats; ++r) {
+    PAGEDKV_CUDA_CHECK(cudaMemsetAsync(workspace.get(), 0xff, ws_bytes, stream));
+    p_a.out = outs_a.get<std::uint16_t>() + (kRounds + r) * out_a;
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(p_a, plan_a, workspace.get(), ws_bytes, stream,
+                                              DecodeKernel::kTensorCoreFusedMerge, counters.get()));
+  }
+  PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+  PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));
+  ASSERT_TRUE(counters.all_zero());
+  const auto got_a = testing::download<std::uint16_t>(outs_a.get(), (kRounds + kRepeats) * out_a);
+  const auto got_b = testing::download<std::uint16_t>(outs_b.get(), kRounds * out_b);
+  const std::span<const std::uint16_t> all_a(got_a);
+  const std::span<const std::uint16_t> all_b(got_b);
+  EXPECT_TRUE(testing::rows_match(
+      testing::to_doubles(a.dtype,
+                          std::vector<std::uint16_t>(got_a.begin(), got_a.begin() + out_a)),
+      ref_a, 128, tolerance(a.dtype)));
+  EXPECT_TRUE(testing::rows_match(
+      testing::to_doubles(b.dtype,
+                          std::vector<std::uint16_t>(got_b.begin(), got_b.begin() + out_b)),
+      ref_b, 64, tolerance(b.dtype)));
+  for (int r = 1; r < kRounds + kRepeats; ++r) {
+    const auto launch = all_a.subspan(r * out_a, out_a);
+    ASSERT_TRUE(std::equal(launch.begin(), launch.end(), all_a.begin()))
+        << "problem A, launch " << r << " differs from launch 0";
+  }
+  for (int r = 1; r < kRounds; ++r) {
+    const auto launch = all_b.subspan(r * out_b, out_b);
+    ASSERT_TRUE(std::equal(launch.begin(), launch.end(), all_b.begin()))
+        << "problem B, launch " << r << " differs from launch 0";
   }
 }
 
@@ -675,6 +773,14 @@ TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
   expect_error([&] { fused({counters, 3}); }, "states, got 3");
   auto* odd = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(counters) + 2);
   expect_error([&] { fused({odd, 4}); }, "4-byte aligned");
+  // An empty batch needs none (nothing is launched: this returns before touching the device).
+  PagedDecodeParams empty = good;
+  empty.num_seqs = 0;
+  for (const DecodeSplitCounters c : {DecodeSplitCounters{}, DecodeSplitCounters{odd, 0}}) {
+    EXPECT_EQ(paged_decode_attention(empty, split, workspace, need, nullptr,
+                                     DecodeKernel::kTensorCoreFusedMerge, c),
+              cudaSuccess);
+  }
 }
 
 TEST(CudaDecodeAttentionArguments, VariantCoverage) {

@@ -48,7 +48,8 @@
 //                decode pays one grid's drain instead of two. It counts the CTAs done per
 //                (sequence, KV head) in caller-owned split counters (DecodeSplitCounters below);
 //                same plan (one wave), workspace and contract otherwise. Without split-KV it
-//                runs kTensorCore's attention kernel and touches no counter.
+//                runs as kTensorCoreWideMerge does without split-KV (the attention kernel alone,
+//                launched programmatically) and touches no counter.
 //   kSimt        the CUDA-core kernel described above (kernels/decode_attention.cu), the default
 //                before 2026-12-04; kept for comparison. An FP8 cache falls back to the FP8
 //                kernel with any variant; every 16-bit shape above runs every variant.
@@ -90,11 +91,17 @@ inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTensorCoreWi
 // kv_head). They must be zero before the first launch that uses them (cudaMemsetAsync once, after
 // allocating them); every launch that completes leaves them zero again (a state's last CTA resets
 // its counter), so one zeroed array serves every later launch, plan and batch on the stream, and
-// CUDA-graph replays. Other variants neither read nor write them; no two launches in flight may
-// share them (as with the workspace). A counter found at or above its sequence's split count is not
-// a zeroed counter: the kernel executes `trap` (the launch fails with a CUDA error; the context is
-// lost) rather than write a wrong result. One below it, left by memory that was never zeroed, is
-// not detectable: zero the array once.
+// CUDA-graph replays. Other variants neither read nor write them. Launches that share them must
+// run one after another, as launches that share a workspace must: consecutive launches on one
+// stream do (the next one's CTAs wait in griddepcontrol.wait before touching either), but a
+// kernel enqueued between them with programmatic stream serialization that never waits for its
+// predecessor would let them overlap. A counter found at or above its sequence's split count is
+// not a zeroed counter: the kernel executes `trap` (the launch fails with a CUDA error; the
+// context is lost) rather than write a wrong result. A counter left between 1 and the split
+// count minus 1 is not detectable and stays wrong for every later launch (each merges before all
+// its chunks are written): memory that was never zeroed, seq_lens changed on the device while a
+// launch ran (every CTA of a sequence must see the same length), or a launch aborted midway.
+// Zero the array again (cudaMemsetAsync) after any of these.
 struct DecodeSplitCounters {
   std::uint32_t* data = nullptr;
   std::int64_t count = 0;
