@@ -501,7 +501,7 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
   // wide merge the attention kernel after whatever precedes it (it waits in griddepcontrol.wait).
   cudaLaunchAttribute pdl[1];
   unsigned num_pdl = 0;
-  err = programmatic_launch_attr(kernel, pdl, &num_pdl);
+  err = programmatic_launch_attr(pdl, &num_pdl);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(ctas));

@@ -569,7 +569,7 @@ cudaError_t launch(const TcFp8Params& kp, std::int64_t num_seqs, cudaStream_t st
   merge.stream = stream;
   cudaLaunchAttribute attr[1];
   unsigned num_attrs = 0;
-  err = programmatic_launch_attr(kernel, attr, &num_attrs);
+  err = programmatic_launch_attr(attr, &num_attrs);
   if (err != cudaSuccess) return err;
   merge.attrs = attr;
   merge.numAttrs = num_attrs;

@@ -42,26 +42,37 @@ cudaError_t dispatch_tc_decode(KVDtype dtype, int head_dim, bool soft_cap, const
   }
 }
 
-// Programmatic stream serialization for a launch of `kernel` on the current device: *attr
-// filled and *num_attrs = 1 on an sm_90+ device running code compiled for sm_90+ (the kernels'
-// griddepcontrol.wait exists only there: a build for an older architecture, JIT-compiled on a
-// Hopper GPU, must not be launched programmatically), *num_attrs = 0 otherwise.
-template <typename Kernel>
-cudaError_t programmatic_launch_attr(Kernel kernel, cudaLaunchAttribute* attr,
-                                     unsigned* num_attrs) {
+// Whether every architecture this translation unit is compiled for is sm_90 or newer
+// (__CUDA_ARCH_LIST__, nvcc 11.5+), so whatever code a Hopper GPU runs from it has the kernels'
+// griddepcontrol.wait: a build that also targets an older architecture may run that code's PTX,
+// JIT-compiled, on a newer GPU, where a programmatic launch would not wait for its predecessor.
+// Internal linkage (static), like programmatic_launch_attr below: the answer belongs to each
+// translation unit (the sm_90a objects are compiled for another list than the rest).
+static constexpr bool kCompiledForSm90AndUp = [] {
+#ifdef __CUDA_ARCH_LIST__
+  constexpr int kArchs[] = {__CUDA_ARCH_LIST__};
+  for (const int arch : kArchs) {
+    if (arch < 900) return false;
+  }
+  return true;
+#else
+  return false;
+#endif
+}();
+
+// Programmatic stream serialization for a launch on the current device: *attr filled and
+// *num_attrs = 1 on an sm_90+ device when kCompiledForSm90AndUp, *num_attrs = 0 otherwise.
+static inline cudaError_t programmatic_launch_attr(cudaLaunchAttribute* attr, unsigned* num_attrs) {
+  *num_attrs = 0;
+  if (!kCompiledForSm90AndUp) return cudaSuccess;
   int device = 0;
   int major = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) {
     err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
   }
-  cudaFuncAttributes compiled{};
-  if (err == cudaSuccess && major >= 9) {
-    err = cudaFuncGetAttributes(&compiled, kernel);
-  }
   if (err != cudaSuccess) return err;
-  *num_attrs = 0;
-  if (major >= 9 && compiled.ptxVersion >= 90) {
+  if (major >= 9) {
     attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr->val.programmaticStreamSerializationAllowed = 1;
     *num_attrs = 1;
