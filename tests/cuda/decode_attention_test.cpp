@@ -25,6 +25,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_attention_test_util.hpp"
@@ -551,6 +552,20 @@ TEST_P(CudaDecodeAttention, GraphCaptureAndReplay) {
 // (a wrong row), skip the merge (a NaN-poisoned row), or trap.
 class CudaDecodeFusedMerge : public testing::GpuTest {};
 
+// A shape of block size 16 with num_kv_heads x group query heads, one sequence per length.
+DecodeShape fused_shape(KVDtype dtype, std::int32_t num_kv_heads, std::int32_t group,
+                        std::int32_t head_dim, std::vector<std::int32_t> seq_lens) {
+  DecodeShape s;
+  s.dtype = dtype;
+  s.num_seqs = static_cast<std::int32_t>(seq_lens.size());
+  s.num_kv_heads = num_kv_heads;
+  s.num_q_heads = num_kv_heads * group;
+  s.head_dim = head_dim;
+  s.block_size = 16;
+  s.seq_lens = std::move(seq_lens);
+  return s;
+}
+
 TEST_F(CudaDecodeFusedMerge, OneZeroedCounterArrayServesEveryLaunch) {
   struct Step {
     KVDtype dtype;
@@ -571,14 +586,8 @@ TEST_F(CudaDecodeFusedMerge, OneZeroedCounterArrayServesEveryLaunch) {
   std::uint64_t seed = 1200;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const Step& step = steps[i];
-    DecodeShape s;
-    s.dtype = step.dtype;
-    s.num_seqs = static_cast<std::int32_t>(step.seq_lens.size());
-    s.num_kv_heads = step.num_kv_heads;
-    s.num_q_heads = step.num_kv_heads * step.group;
-    s.head_dim = step.head_dim;
-    s.block_size = 16;
-    s.seq_lens = step.seq_lens;
+    const DecodeShape s =
+        fused_shape(step.dtype, step.num_kv_heads, step.group, step.head_dim, step.seq_lens);
     const auto pb = testing::make_decode_problem(s, seed++);
     const auto ref = reference_paged_decode_attention_f64(pb.params(nullptr));
     DeviceDecodeProblem dev(pb);
@@ -608,23 +617,12 @@ TEST_F(CudaDecodeFusedMerge, OneZeroedCounterArrayServesEveryLaunch) {
 // previous launch) would read a previous launch's partials or the poison and differ.
 TEST_F(CudaDecodeFusedMerge, BackToBackLaunchesAreExactAndBitwiseRepeatable) {
   std::mt19937_64 rng(77);
-  DecodeShape a;  // many states with many splits
-  a.dtype = KVDtype::kBFloat16;
-  a.num_seqs = 48;
-  a.num_kv_heads = 8;
-  a.num_q_heads = 32;
-  a.head_dim = 128;
-  a.block_size = 16;
   std::uniform_int_distribution<std::int32_t> len(1, 3000);
-  for (int i = 0; i < a.num_seqs; ++i) a.seq_lens.push_back(len(rng));
-  DecodeShape b;  // few states, wide groups, another head_dim
-  b.dtype = KVDtype::kFloat16;
-  b.num_seqs = 3;
-  b.num_kv_heads = 2;
-  b.num_q_heads = 16;
-  b.head_dim = 64;
-  b.block_size = 16;
-  b.seq_lens = {5000, 70, 900};
+  std::vector<std::int32_t> lens_a(48);
+  for (std::int32_t& l : lens_a) l = len(rng);
+  // A: many states with many splits; B: few states, wide groups, another head_dim.
+  const DecodeShape a = fused_shape(KVDtype::kBFloat16, 8, 4, 128, lens_a);
+  const DecodeShape b = fused_shape(KVDtype::kFloat16, 2, 8, 64, {5000, 70, 900});
   const auto pa = testing::make_decode_problem(a, 1300);
   const auto pb = testing::make_decode_problem(b, 1301);
   const auto ref_a = reference_paged_decode_attention_f64(pa.params(nullptr));
