@@ -4,7 +4,9 @@
 Links each request to the earlier request whose blocks it extends (its longest prefix of
 already-seen hash ids, when that prefix is 2 or more ids: the first id of the Mooncake trace is
 shared by every request) and prints, per turn number and per prompt length, the share of
-requests that get a next turn; then the gaps between uses of a hash id, in requests (log2 bins).
+requests that get a next turn, and the same per output length and per time since the request it
+extends (what an engine knows when a request ends: could either predict the next turn?); then
+the gaps between uses of a hash id, in requests (log2 bins).
 
   python3 bench/trace_turns.py data/traces/mooncake/conversation_trace.jsonl.gz
 """
@@ -21,6 +23,7 @@ def main(path):
     owner = {}  # hash id -> the request that first had it
     turn = [1] * len(reqs)
     has_next = [False] * len(reqs)
+    parent = [-1] * len(reqs)
     last = {}
     gaps = collections.Counter()
     for i, r in enumerate(reqs):
@@ -29,9 +32,9 @@ def main(path):
         while h < len(ids) and ids[h] in owner:
             h += 1
         if h >= 2:
-            parent = owner[ids[h - 1]]
-            turn[i] = turn[parent] + 1
-            has_next[parent] = True
+            parent[i] = owner[ids[h - 1]]
+            turn[i] = turn[parent[i]] + 1
+            has_next[parent[i]] = True
         for b in ids:
             owner.setdefault(b, i)
         for b in set(ids):
@@ -40,8 +43,15 @@ def main(path):
             last[b] = i
     by_turn = collections.defaultdict(lambda: [0, 0])
     by_len = collections.defaultdict(lambda: [0, 0])
+    by_output = collections.defaultdict(lambda: [0, 0])
+    by_wait = collections.defaultdict(lambda: [0, 0])  # later turns: log2 of seconds since parent
     for i, r in enumerate(reqs):
-        for table, key in ((by_turn, min(turn[i], 8)), (by_len, min(r["input_length"] // 4000, 8))):
+        keys = [(by_turn, min(turn[i], 8)), (by_len, min(r["input_length"] // 4000, 8)),
+                (by_output, min(r["output_length"] // 256, 4))]
+        if parent[i] >= 0:
+            seconds = max(0, r["timestamp"] - reqs[parent[i]]["timestamp"]) // 1000
+            keys.append((by_wait, min(seconds.bit_length(), 10)))
+        for table, key in keys:
             table[key][0] += 1
             table[key][1] += has_next[i]
     print("turn  requests  P(next turn)   (8: 8 or more)")
@@ -53,6 +63,16 @@ def main(path):
         n, c = by_len[k]
         label = f"{k * 4000}-{k * 4000 + 3999}" if k < 8 else f"{k * 4000}+"
         print(f"{label:>13}  {n:8d}  {c / n:.3f}")
+    print("output tokens  requests  P(next turn)")
+    for k in sorted(by_output):
+        n, c = by_output[k]
+        label = f"{k * 256}-{k * 256 + 255}" if k < 4 else f"{k * 256}+"
+        print(f"{label:>13}  {n:8d}  {c / n:.3f}")
+    print("seconds since the turn it extends  requests  P(next turn)   (turns 2 and later)")
+    for k in sorted(by_wait):
+        n, c = by_wait[k]
+        label = "0" if k == 0 else f"{2 ** (k - 1)}-{2 ** k - 1}" if k < 10 else f"{2 ** 9}+"
+        print(f"{label:>33}  {n:8d}  {c / n:.3f}")
     print("gap between uses of a hash id (requests)  uses")
     for k in sorted(gaps):
         print(f"{2 ** k:>10}-{2 ** (k + 1) - 1:<10}  {gaps[k]:8d}")
