@@ -23,11 +23,11 @@
 //    position earlier in the same request, a cached parent's next use is always before its
 //    children's (or both are never), so this rule evicts leaves before their parents.
 //  - kBeladyNoisy: Belady keyed by an estimate of each next use: the distance to it multiplied by
-//    exp(sigma z), z standard normal, drawn at every use (seeded: deterministic); whether a block
-//    is used again at all stays exact. How well a policy must predict reuse times to get Belady's
-//    hits: sigma = 1 is a predictor off by a factor e at one standard deviation. Noise can key a
-//    parent after its child, so a parent may go first (its children become unreachable), as with
-//    any real predictor.
+//    exp(sigma z), z standard normal, one draw per request of that next use (a hash of the
+//    request's index: deterministic), so every block that request reuses shares the error and a
+//    parent stays keyed just before its children; whether a block is used again at all stays
+//    exact. How well a policy must predict reuse times to get Belady's hits: sigma = 1 is a
+//    predictor off by a factor e at one standard deviation.
 //
 // Complexity: block_trace() hashes every prompt once (the replay's hashing) and maps each block
 // hash to a dense id (memory: one hash map entry per distinct hash, 4 bytes per block). simulate()
