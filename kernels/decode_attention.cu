@@ -598,17 +598,18 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
     // One counter per (sequence, KV head); validate_cuda_decode bounded both factors.
     const std::int64_t needed =
         static_cast<std::int64_t>(params.num_seqs) * params.layout.num_kv_heads;
-    if (needed > 0 && (split_counters.data == nullptr || split_counters.count < needed)) {
-      fail(
-          "kTensorCoreFusedMerge with split-KV needs split counters for num_seqs x "
-          "num_kv_heads = " +
-          std::to_string(needed) + " (sequence, KV head) states, got " +
-          (split_counters.data == nullptr ? std::string("none")
-                                          : std::to_string(split_counters.count)));
-    }
-    if (needed > 0 &&
-        reinterpret_cast<std::uintptr_t>(split_counters.data) % alignof(std::uint32_t) != 0) {
-      fail("split counters must be 4-byte aligned");
+    if (needed > 0) {  // an empty batch launches nothing
+      if (split_counters.data == nullptr || split_counters.count < needed) {
+        fail(
+            "kTensorCoreFusedMerge with split-KV needs split counters for num_seqs x "
+            "num_kv_heads = " +
+            std::to_string(needed) + " (sequence, KV head) states, got " +
+            (split_counters.data == nullptr ? std::string("none")
+                                            : std::to_string(split_counters.count)));
+      }
+      if (reinterpret_cast<std::uintptr_t>(split_counters.data) % alignof(std::uint32_t) != 0) {
+        fail("split counters must be 4-byte aligned");
+      }
     }
   }
   if (params.num_seqs == 0) return cudaSuccess;
