@@ -23,6 +23,12 @@
 // kTensorCoreFusedMerge), each with its own split plan, timed back to back (the order rotates
 // from shape to shape); each is checked against the CPU reference before anything is timed (the
 // fused merge's split counters zeroed once per shape and checked zero again after the check).
+// And after it is timed on a shape, each variant runs once more on that shape (the rotation's
+// first copy, the same workspace and split counters, output and workspace poisoned first), and
+// the last sequence's rows are checked against the CPU reference computed from the device's own
+// blocks (CHECK decode_after_timing, one line per variant and shape and a summary; the counters
+// are checked zero after every shape): so every timed shape is checked, at its own length, block
+// size and table, in the state the timing left. A failure there exits 1 after the report.
 // RESULT decode_variants gives simt / tensor-core time over every shape, tensor-core /
 // wide-merge time and wide-merge / fused-merge time over the split-KV shapes.
 //
@@ -43,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <future>
 #include <numeric>
 #include <random>
 #include <string>
@@ -76,6 +83,7 @@ constexpr KVDtype kDtype = KVDtype::kBFloat16;
 constexpr double kTarget = 0.85;
 constexpr double kRowTolerance = 1e-2;  // bf16, as the GPU tests
 constexpr double kTargetB1 = 0.5;       // batch 1, 4,096 tokens
+constexpr float kSmScale = 0.0883883f;  // 1 / sqrt(head_dim)
 constexpr DecodeKernel kKernels[] = {DecodeKernel::kSimt, DecodeKernel::kTensorCore,
                                      DecodeKernel::kTensorCoreWideMerge,
                                      DecodeKernel::kTensorCoreFusedMerge};
@@ -240,7 +248,7 @@ bool check_against_reference(const pagedkv::DecodePlanOptions (&planners)[kNumKe
   p.block_table = table.data();
   p.max_blocks_per_seq = static_cast<std::int32_t>(max_blocks);
   p.seq_lens = lens.data();
-  p.sm_scale = 0.0883883f;
+  p.sm_scale = kSmScale;
   const std::vector<double> ref = pagedkv::reference_paged_decode_attention_f64(p);
 
   void* k_dev = nullptr;
@@ -334,6 +342,54 @@ struct Device {
   unsigned char* k = nullptr;  // K planes (one big allocation, reused by every shape)
   unsigned char* v = nullptr;
   std::int64_t bytes = 0;  // of each
+};
+
+// One sequence of a timed shape copied back from the device: its `num_blocks` blocks (physical
+// ids `ids` of the NHD layout `layout` on the device, packed in order) and its q rows, so that
+// exact() attends it on the CPU (reference_paged_decode_attention_f64 through an identity table)
+// and returns its [num_q_heads, head_dim] outputs. The copies are made on the calling thread;
+// exact() touches only host memory, so it may run on another thread while the GPU is timed.
+struct SampledSequence {
+  SampledSequence(const Device& dev, const KVLayout& device_layout, const void* q, int seq,
+                  const std::int32_t* ids, std::int64_t num_blocks, std::int32_t seq_len)
+      : layout(KVLayout::nhd(num_blocks, device_layout.block_size, device_layout.num_kv_heads,
+                             device_layout.head_dim)),
+        len(seq_len) {
+    const auto block_elems = static_cast<std::size_t>(device_layout.stride_block);  // = layout's
+    k.resize(static_cast<std::size_t>(layout.plane_elements()));
+    v.resize(k.size());
+    for (std::int64_t b = 0; b < num_blocks; ++b) {
+      const std::size_t src = static_cast<std::size_t>(ids[b]) * block_elems * 2;
+      const std::size_t dst = static_cast<std::size_t>(b) * block_elems;
+      CHECK(cudaMemcpy(k.data() + dst, dev.k + src, block_elems * 2, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(v.data() + dst, dev.v + src, block_elems * 2, cudaMemcpyDeviceToHost));
+    }
+    const std::size_t q_row = std::size_t{kQHeads} * kHeadDim;
+    q_rows.resize(q_row);
+    CHECK(cudaMemcpy(q_rows.data(), static_cast<const std::uint16_t*>(q) + seq * q_row, q_row * 2,
+                     cudaMemcpyDeviceToHost));
+  }
+  std::vector<double> exact() const {
+    std::vector<std::int32_t> table(static_cast<std::size_t>(layout.num_blocks));
+    std::iota(table.begin(), table.end(), 0);
+    const std::vector<std::int32_t> lens = {len};
+    pagedkv::PagedDecodeParams p;
+    p.dtype = kDtype;
+    p.num_seqs = 1;
+    p.num_q_heads = kQHeads;
+    p.q = q_rows.data();
+    p.k_cache = k.data();
+    p.v_cache = v.data();
+    p.layout = layout;
+    p.block_table = table.data();
+    p.max_blocks_per_seq = static_cast<std::int32_t>(layout.num_blocks);
+    p.seq_lens = lens.data();
+    p.sm_scale = kSmScale;
+    return pagedkv::reference_paged_decode_attention_f64(p);
+  }
+  KVLayout layout;
+  std::int32_t len;
+  std::vector<std::uint16_t> k, v, q_rows;
 };
 
 }  // namespace
@@ -436,6 +492,9 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&out, q_bytes));
   bench::fill_random(q, q_bytes, kDtype, 3, kProgram);
 
+  const std::size_t q_row = std::size_t{kQHeads} * kHeadDim;  // one sequence's q or out values
+  int after_checks = 0;
+  int after_failures = 0;
   std::printf(
       "| batch | context | block | table | kernel | splits x chunk | rotation | timed as | us | "
       "GB/s | / C | / R |\n");
@@ -488,11 +547,21 @@ int main(int argc, char** argv) {
           p.max_blocks_per_seq = static_cast<std::int32_t>(blocks_per_seq);
           p.seq_lens = static_cast<const std::int32_t*>(lens_dev);
           p.out = out;
-          p.sm_scale = 0.0883883f;
+          p.sm_scale = kSmScale;
           const auto* table_base = static_cast<const std::int32_t*>(table);
           double ms_of[kNumKernels] = {};
           bool split_of[kNumKernels] = {};
           const SplitCounters counters(std::int64_t{batch} * kKVHeads);  // zeroed once
+          // The sequence every variant's output is checked on after its timing: the last one.
+          const int sample = batch - 1;
+          // Its blocks are copied back now; its reference is computed on another host thread
+          // while the first variant is timed (the GPU's timing does not wait for it).
+          const SampledSequence sampled(dev, layout, q, sample,
+                                        ids.data() + std::int64_t{sample} * blocks_per_seq,
+                                        blocks_per_seq, context);
+          std::future<std::vector<double>> sample_future =
+              std::async(std::launch::async, [&sampled] { return sampled.exact(); });
+          std::vector<double> sample_ref;
           // A/B/C in one run: the order rotates from shape to shape.
           // Batch 1, identity tables: two more steps, the wide merge with a plan of twice its
           // target (two waves, as kTensorCore plans) and of half (longer chunks), so the run
@@ -530,6 +599,28 @@ int main(int argc, char** argv) {
                 graph ? time_graph_ms(stream, quick ? 3 : 15, per_repeat, 0, warmup_first, launch)
                       : time_ms(stream, quick ? 3 : 15, per_repeat,
                                 static_cast<int>(std::max<std::int64_t>(0, rotation - 2)), launch);
+            // After timing: once more on the rotation's first copy, through the same workspace
+            // and counters, with the output and workspace poisoned (NaN) first, so a row or a
+            // partial result left over from the timed launches fails; the sampled sequence's
+            // rows against its CPU reference.
+            CHECK(cudaMemsetAsync(out, 0xff, q_bytes, stream));
+            if (ws_bytes > 0) CHECK(cudaMemsetAsync(workspace, 0xff, ws_bytes, stream));
+            launch(0);
+            CHECK(cudaStreamSynchronize(stream));
+            if (sample_future.valid()) sample_ref = sample_future.get();
+            std::vector<std::uint16_t> rows(q_row);
+            CHECK(cudaMemcpy(rows.data(), static_cast<const std::uint16_t*>(out) + sample * q_row,
+                             q_row * 2, cudaMemcpyDeviceToHost));
+            const double after_err =
+                bench::max_row_error(bench::to_doubles(kDtype, rows), sample_ref, kHeadDim);
+            const bool after_pass = after_err <= kRowTolerance;
+            ++after_checks;
+            if (!after_pass) ++after_failures;
+            std::printf(
+                "CHECK decode_after_timing kernel=%s batch=%d context=%d block=%d table=%s "
+                "splits=%d seq=%d max_row_error=%.3g tolerance=%.0e %s\n",
+                label, batch, context, block_size, shuffled ? "shuffled" : "identity",
+                plan.num_splits, sample, after_err, kRowTolerance, after_pass ? "PASS" : "FAIL");
             if (!probe) {
               ms_of[kv] = ms;
               split_of[kv] = plan.split_kv();
@@ -679,11 +770,15 @@ int main(int argc, char** argv) {
         *std::min_element(fused_speedups.begin(), fused_speedups.end()),
         *std::max_element(fused_speedups.begin(), fused_speedups.end()), fused_speedups.size());
   }
+  std::printf(
+      "CHECK decode_after_timing checks=%d failures=%d (every variant on every shape, once more "
+      "after its timing, sampled sequence against the CPU reference) %s\n",
+      after_checks, after_failures, after_failures == 0 ? "PASS" : "FAIL");
   CHECK(cudaFree(sink));
   CHECK(cudaFree(q));
   CHECK(cudaFree(out));
   CHECK(cudaFree(dev.k));
   CHECK(cudaFree(dev.v));
   CHECK(cudaStreamDestroy(stream));
-  return 0;
+  return after_failures == 0 ? 0 : 1;
 }

@@ -3,7 +3,12 @@
 //
 // Before anything is timed, a small random case (3 sequences, cached prefixes, shuffled blocks)
 // is checked against the CPU reference: every output row within 1e-2 relative (bf16); a failed
-// check exits 1 without timing.
+// check exits 1 without timing. And after each variant is timed on a shape, it runs once more on
+// that shape (its timed table, the same split workspace, output and workspace poisoned first),
+// and the last sequence's first and last two new rows are checked against the CPU reference
+// computed from the device's own blocks and q (CHECK extend_after_timing, one line per variant
+// and shape and a summary): every timed shape is checked, in the state its timing left. A
+// failure there exits 1 after the report.
 //
 // G = cuBLAS bf16 GEMM rate (fp32 accumulation, 8192^3, random inputs: a GEMM on constant data
 // runs faster and would inflate the baseline): 2 m n k / time. Attention rate =
@@ -46,6 +51,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <future>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -81,6 +88,7 @@ constexpr int kBlockSize = 16;
 constexpr KVDtype kDtype = KVDtype::kBFloat16;
 constexpr double kTarget = 0.45;
 constexpr double kRowTolerance = 1e-2;  // bf16, as the GPU tests
+constexpr float kSmScale = 0.0883883f;  // 1 / sqrt(head_dim)
 
 // Median over `repeats` of the per-call milliseconds of `calls` back-to-back launches; `warmup`
 // runs first (on other inputs than `launch`).
@@ -187,8 +195,114 @@ cudaError_t launch(const pagedkv::PagedExtendParams& p, cudaStream_t stream,
                                          variant.workspace_bytes);
 }
 
+// The suffix of a variant's RESULT / CHECK names ("" for kMma16, the first kernel).
+const char* variant_suffix(pagedkv::ExtendKernel kernel) {
+  switch (kernel) {
+    case pagedkv::ExtendKernel::kFa2:
+      return "_fa2";
+    case pagedkv::ExtendKernel::kWgmma:
+      return "_wgmma";
+    case pagedkv::ExtendKernel::kWgmmaPipelined:
+      return "_wgmma_pipelined";
+    case pagedkv::ExtendKernel::kWgmmaWarpSpecialized:
+      return "_wgmma_ws";
+    case pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong:
+      return "_wgmma_ws_pingpong";
+    default:
+      return "";
+  }
+}
+
+// The after-timing check of a shape: the last sequence's first and last kSampleRows new rows,
+// attended on the CPU from the device's own blocks and q. The reference depends only on the
+// shape and its table, which every variant's run of the shape reproduces (the same random
+// state), so it is computed once per shape and reused while the sampled sequence's block ids
+// stay the same (recomputed when they differ).
+constexpr int kSampleRows = 2;
+
+struct ExtendSample {
+  std::vector<std::int32_t> ids;   // the sampled sequence's row of the timed table
+  std::vector<std::int32_t> rows;  // the sampled rows' indices among the batch's new rows
+  std::vector<double> ref;         // [rows, q heads, head_dim]
+};
+
+// Counts of the after-timing checks (every variant, every shape).
+struct AfterTiming {
+  int checks = 0;
+  int failures = 0;
+};
+
+// The sampled sequence (`ids`: its blocks in the timed table) and its sampled q rows, copied back
+// from the device on the calling thread; compute() touches only host memory (it may run on
+// another thread while the GPU is timed) and returns the sample with its CPU reference: two
+// one-sequence problems over the sequence's blocks, its first kSampleRows new rows (keys
+// [0, cached + row]) and its last kSampleRows (keys [0, prompt)).
+struct SampleInput {
+  SampleInput(const Workspace& ws, const Shape& shape, const std::vector<std::int32_t>& ids)
+      : layout(
+            KVLayout::nhd(static_cast<std::int64_t>(ids.size()), kBlockSize, kKVHeads, kHeadDim)) {
+    sample.ids = ids;
+    const int fresh = shape.prompt - shape.cached;
+    const int seq = shape.num_seqs - 1;
+    first = std::min(kSampleRows, fresh);
+    last = std::min(kSampleRows, fresh - first);
+    cached = shape.cached;
+    prompt = shape.prompt;
+    for (int r = 0; r < first; ++r) sample.rows.push_back(seq * fresh + r);
+    for (int r = fresh - last; r < fresh; ++r) sample.rows.push_back(seq * fresh + r);
+    const auto block_elems = static_cast<std::size_t>(ws.layout.stride_block);  // = layout's
+    k.resize(static_cast<std::size_t>(layout.plane_elements()));
+    v.resize(k.size());
+    for (std::size_t b = 0; b < ids.size(); ++b) {
+      const std::size_t src = static_cast<std::size_t>(ids[b]) * block_elems;
+      CHECK(cudaMemcpy(k.data() + b * block_elems, static_cast<const std::uint16_t*>(ws.k) + src,
+                       block_elems * 2, cudaMemcpyDeviceToHost));
+      CHECK(cudaMemcpy(v.data() + b * block_elems, static_cast<const std::uint16_t*>(ws.v) + src,
+                       block_elems * 2, cudaMemcpyDeviceToHost));
+    }
+    const std::size_t q_row = std::size_t{kQHeads} * kHeadDim;
+    q.resize(sample.rows.size() * q_row);
+    for (std::size_t i = 0; i < sample.rows.size(); ++i) {
+      CHECK(cudaMemcpy(q.data() + i * q_row,
+                       static_cast<const std::uint16_t*>(ws.q) +
+                           static_cast<std::size_t>(sample.rows[i]) * q_row,
+                       q_row * 2, cudaMemcpyDeviceToHost));
+    }
+  }
+  ExtendSample compute() const {
+    const auto num_blocks = static_cast<std::int32_t>(layout.num_blocks);
+    std::vector<std::int32_t> table(2 * static_cast<std::size_t>(num_blocks));
+    for (std::size_t b = 0; b < table.size(); ++b) {
+      table[b] = static_cast<std::int32_t>(b % static_cast<std::size_t>(num_blocks));
+    }
+    const std::vector<std::int32_t> indptr = {0, first, first + last};
+    const std::vector<std::int32_t> lens = {cached + first, prompt};
+    pagedkv::PagedExtendParams p;
+    p.dtype = kDtype;
+    p.num_seqs = 2;
+    p.num_q_heads = kQHeads;
+    p.q_indptr = indptr.data();
+    p.max_q_len = std::max(first, last);
+    p.q = q.data();
+    p.k_cache = k.data();
+    p.v_cache = v.data();
+    p.layout = layout;
+    p.block_table = table.data();
+    p.max_blocks_per_seq = num_blocks;
+    p.seq_lens = lens.data();
+    p.sm_scale = kSmScale;
+    ExtendSample out = sample;
+    out.ref = pagedkv::reference_paged_extend_attention_f64(p).out;
+    return out;
+  }
+  KVLayout layout;
+  ExtendSample sample;  // ids and rows; ref filled by compute()
+  int first = 0, last = 0, cached = 0, prompt = 0;
+  std::vector<std::uint16_t> k, v, q;
+};
+
 double run_shape(const Workspace& ws, const Shape& shape, cudaStream_t stream, int repeats,
-                 std::mt19937_64& rng, Variant& variant) {
+                 std::mt19937_64& rng, Variant& variant, ExtendSample& sample, AfterTiming& after) {
   const int blocks_per_seq = (shape.prompt + kBlockSize - 1) / kBlockSize;
   const auto cells = static_cast<std::size_t>(shape.num_seqs) * blocks_per_seq;
   // Two tables of distinct blocks: the timed one, then the warm-up's.
@@ -223,36 +337,57 @@ double run_shape(const Workspace& ws, const Shape& shape, cudaStream_t stream, i
   p.max_blocks_per_seq = blocks_per_seq;
   p.seq_lens = ws.lens;
   p.out = ws.out;
-  p.sm_scale = 0.0883883f;
+  p.sm_scale = kSmScale;
   pagedkv::PagedExtendParams warm = p;
   warm.q = static_cast<const unsigned char*>(ws.q) + ws.q_half_bytes;
   warm.block_table = ws.table + cells;
   prepare(p, variant);
-  return median_ms(
+  // The sample's reference (once per shape) is computed on another host thread while the GPU
+  // is timed.
+  const auto sampled =
+      ids.begin() + static_cast<std::ptrdiff_t>(shape.num_seqs - 1) * blocks_per_seq;
+  const std::vector<std::int32_t> sample_ids(sampled, sampled + blocks_per_seq);
+  std::unique_ptr<const SampleInput> input;
+  std::future<ExtendSample> next;
+  if (sample.ids != sample_ids) {
+    input = std::make_unique<const SampleInput>(ws, shape, sample_ids);
+    next = std::async(std::launch::async, [&input] { return input->compute(); });
+  }
+  const double ms = median_ms(
       stream, repeats, 3, [&] { CHECK(launch(warm, stream, variant)); },
       [&] { CHECK(launch(p, stream, variant)); });
+  if (next.valid()) sample = next.get();
+  // After timing: once more, through the same workspace, with the output and workspace
+  // poisoned (NaN) first, so a row or partial result left from the timed launches fails.
+  CHECK(cudaMemsetAsync(ws.out, 0xff, ws.q_half_bytes, stream));
+  if (variant.workspace != nullptr) {
+    CHECK(cudaMemsetAsync(variant.workspace, 0xff, variant.workspace_bytes, stream));
+  }
+  CHECK(launch(p, stream, variant));
+  CHECK(cudaStreamSynchronize(stream));
+  const std::size_t q_row = std::size_t{kQHeads} * kHeadDim;
+  std::vector<std::uint16_t> out(sample.rows.size() * q_row);
+  for (std::size_t i = 0; i < sample.rows.size(); ++i) {
+    CHECK(cudaMemcpy(out.data() + i * q_row,
+                     static_cast<const std::uint16_t*>(ws.out) +
+                         static_cast<std::size_t>(sample.rows[i]) * q_row,
+                     q_row * 2, cudaMemcpyDeviceToHost));
+  }
+  const double err = bench::max_row_error(bench::to_doubles(kDtype, out), sample.ref, kHeadDim);
+  const bool pass = err <= kRowTolerance;
+  ++after.checks;
+  if (!pass) ++after.failures;
+  std::printf(
+      "CHECK extend_after_timing%s seqs=%d prompt=%d cached=%d table=%s splits=%d rows=%zu "
+      "max_row_error=%.3g tolerance=%.0e %s\n",
+      variant_suffix(variant.kernel), shape.num_seqs, shape.prompt, shape.cached,
+      shape.shuffled ? "paged" : "identity", variant.plan.num_splits, sample.rows.size(), err,
+      kRowTolerance, pass ? "PASS" : "FAIL");
+  return ms;
 }
 
 // Extend attention on a small random case (3 sequences: a plain prefill, a cached prefix ending
 // mid-block, one new token after a long prefix; shuffled blocks) against the CPU reference.
-// The suffix of a variant's RESULT / CHECK names ("" for kMma16, the first kernel).
-const char* variant_suffix(pagedkv::ExtendKernel kernel) {
-  switch (kernel) {
-    case pagedkv::ExtendKernel::kFa2:
-      return "_fa2";
-    case pagedkv::ExtendKernel::kWgmma:
-      return "_wgmma";
-    case pagedkv::ExtendKernel::kWgmmaPipelined:
-      return "_wgmma_pipelined";
-    case pagedkv::ExtendKernel::kWgmmaWarpSpecialized:
-      return "_wgmma_ws";
-    case pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong:
-      return "_wgmma_ws_pingpong";
-    default:
-      return "";
-  }
-}
-
 bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, int splits) {
   bench::Random rng(2025);
   const std::vector<std::int32_t> prefix = {0, 37, 700};
@@ -304,7 +439,7 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   p.block_table = table.data();
   p.max_blocks_per_seq = max_blocks;
   p.seq_lens = lens.data();
-  p.sm_scale = 0.0883883f;
+  p.sm_scale = kSmScale;
   const pagedkv::ExtendReference ref = pagedkv::reference_paged_extend_attention_f64(p);
 
   void* ptrs[7] = {};
@@ -436,7 +571,9 @@ int main(int argc, char** argv) {
     std::mt19937_64 rng;
     double fa2_ms;
     bool table1;
+    ExtendSample sample;  // the after-timing check's rows and reference
   };
+  AfterTiming after;
   std::vector<Later> later;
   std::printf(
       "| seqs | prompt | cached | table | ms | TFLOP/s | / G | paged / identity time | fa2 ms | "
@@ -450,10 +587,11 @@ int main(int argc, char** argv) {
       double identity_ms = 0.0;
       for (const bool shuffled : {false, true}) {
         const Shape shape{num_seqs, prompt, static_cast<int>(cached_fraction * prompt), shuffled};
-        std::mt19937_64 fa2_rng = rng;             // the same tables for every variant
-        later.push_back({shape, rng, 0.0, true});  // kWgmma's run, at the end
-        const double ms = run_shape(ws, shape, stream, repeats, rng, mma16);
-        const double fa2_ms = run_shape(ws, shape, stream, repeats, fa2_rng, fa2);
+        std::mt19937_64 fa2_rng = rng;                 // the same tables for every variant
+        later.push_back({shape, rng, 0.0, true, {}});  // kWgmma's run, at the end
+        ExtendSample& sample = later.back().sample;
+        const double ms = run_shape(ws, shape, stream, repeats, rng, mma16, sample, after);
+        const double fa2_ms = run_shape(ws, shape, stream, repeats, fa2_rng, fa2, sample, after);
         later.back().fa2_ms = fa2_ms;
         if (!shuffled) identity_ms = ms;
         const double tflops = attention_tflops(shape, ms);
@@ -490,9 +628,10 @@ int main(int argc, char** argv) {
   for (int tenth = 0; tenth <= 9; ++tenth) {
     const Shape shape{1, prompt, prompt * tenth / 10, true};
     std::mt19937_64 fa2_rng = rng;
-    later.push_back({shape, rng, 0.0, false});
-    const double ms = run_shape(ws, shape, stream, repeats, rng, mma16);
-    const double fa2_ms = run_shape(ws, shape, stream, repeats, fa2_rng, fa2);
+    later.push_back({shape, rng, 0.0, false, {}});
+    ExtendSample& sample = later.back().sample;
+    const double ms = run_shape(ws, shape, stream, repeats, rng, mma16, sample, after);
+    const double fa2_ms = run_shape(ws, shape, stream, repeats, fa2_rng, fa2, sample, after);
     later.back().fa2_ms = fa2_ms;
     fa2_times.push_back(fa2_ms / ms);
     if (tenth == 0) full_ms = ms;
@@ -559,9 +698,9 @@ int main(int argc, char** argv) {
     wg.kernel = run.kernel;
     std::vector<double> wgmma_ratios;  // table 1
     std::vector<double> wgmma_times;   // this variant's time / kFa2's, every shape
-    for (const Later& l : later) {
+    for (Later& l : later) {
       std::mt19937_64 shape_rng = l.rng;
-      const double wg_ms = run_shape(ws, l.shape, stream, repeats, shape_rng, wg);
+      const double wg_ms = run_shape(ws, l.shape, stream, repeats, shape_rng, wg, l.sample, after);
       const double wg_tflops = attention_tflops(l.shape, wg_ms);
       std::printf(
           "RESULT extend_%s%s seqs=%d prompt=%d cached=%d table=%s ms=%.4f tflops=%.1f "
@@ -586,6 +725,10 @@ int main(int argc, char** argv) {
     if (wg.workspace != nullptr) CHECK(cudaFree(wg.workspace));
   }
   if (fa2.workspace != nullptr) CHECK(cudaFree(fa2.workspace));
+  std::printf(
+      "CHECK extend_after_timing checks=%d failures=%d (every variant on every shape, once more "
+      "after its timing, sampled rows against the CPU reference) %s\n",
+      after.checks, after.failures, after.failures == 0 ? "PASS" : "FAIL");
 
   CHECK(cudaFree(ws.k));
   CHECK(cudaFree(ws.v));
@@ -596,5 +739,5 @@ int main(int argc, char** argv) {
   CHECK(cudaFree(ws.lens));
   CHECK(cublasDestroy(cublas));
   CHECK(cudaStreamDestroy(stream));
-  return 0;
+  return after.failures == 0 ? 0 : 1;
 }
