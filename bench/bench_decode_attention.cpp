@@ -64,6 +64,7 @@
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
 #include "read_bandwidth.hpp"
+#include "reference_by_head.hpp"
 
 namespace {
 
@@ -346,9 +347,11 @@ struct Device {
 
 // One sequence of a timed shape copied back from the device: its `num_blocks` blocks (physical
 // ids `ids` of the NHD layout `layout` on the device, packed in order) and its q rows, so that
-// exact() attends it on the CPU (reference_paged_decode_attention_f64 through an identity table)
+// exact() attends it on the CPU (reference_paged_decode_attention_f64 through an identity table,
+// one thread per KV head: reference_by_head.hpp)
 // and returns its [num_q_heads, head_dim] outputs. The copies are made on the calling thread;
-// exact() touches only host memory, so it may run on another thread while the GPU is timed.
+// exact() touches only host memory (one thread per KV head), so it may run while the GPU is
+// timed.
 struct SampledSequence {
   SampledSequence(const Device& dev, const KVLayout& device_layout, const void* q, int seq,
                   const std::int32_t* ids, std::int64_t num_blocks, std::int32_t seq_len)
@@ -385,7 +388,7 @@ struct SampledSequence {
     p.max_blocks_per_seq = static_cast<std::int32_t>(layout.num_blocks);
     p.seq_lens = lens.data();
     p.sm_scale = kSmScale;
-    return pagedkv::reference_paged_decode_attention_f64(p);
+    return bench::decode_reference_by_kv_head(p);
   }
   KVLayout layout;
   std::int32_t len;

@@ -62,6 +62,7 @@
 #include "pagedkv/cuda/extend_attention.hpp"
 #include "pagedkv/device/kv_layout.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
+#include "reference_by_head.hpp"
 
 namespace {
 
@@ -233,10 +234,10 @@ struct AfterTiming {
 };
 
 // The sampled sequence (`ids`: its blocks in the timed table) and its sampled q rows, copied back
-// from the device on the calling thread; compute() touches only host memory (it may run on
-// another thread while the GPU is timed) and returns the sample with its CPU reference: two
-// one-sequence problems over the sequence's blocks, its first kSampleRows new rows (keys
-// [0, cached + row]) and its last kSampleRows (keys [0, prompt)).
+// from the device on the calling thread; compute() touches only host memory (one thread per KV
+// head, reference_by_head.hpp; it may run while the GPU is timed) and returns the sample with its
+// CPU reference: two one-sequence problems over the sequence's blocks, its first kSampleRows new
+// rows (keys [0, cached + row]) and its last kSampleRows (keys [0, prompt)).
 struct SampleInput {
   SampleInput(const Workspace& ws, const Shape& shape, const std::vector<std::int32_t>& ids)
       : layout(
@@ -292,7 +293,7 @@ struct SampleInput {
     p.seq_lens = lens.data();
     p.sm_scale = kSmScale;
     ExtendSample out = sample;
-    out.ref = pagedkv::reference_paged_extend_attention_f64(p).out;
+    out.ref = bench::extend_reference_by_kv_head(p);
     return out;
   }
   KVLayout layout;
