@@ -8,12 +8,15 @@
 // C (copy bandwidth) = 2 x bytes / time of one cudaMemcpyAsync device-to-device of 1 GiB (each
 // byte is read once and written once). Decode attention bandwidth = (unique K/V bytes read + q +
 // out) / time. Shapes like Llama-3-8B (32 query heads, 8 KV heads, head_dim 128, bf16); batch 1, 8,
-// 64, 256; context 1k..32k; block size 16 and 64; identity and shuffled block tables; K/V, q are
-// random. Every timed launch reads a different copy of the batch's blocks (at least 1 GiB in
-// rotation), so L2 never serves K/V from a previous launch; the warm-up launches read copies the
-// timed launches reach last (or never). Shapes with under 256 MiB of K/V per launch are timed as
-// replays of a CUDA graph of up to 64 launches (so the launch path is not what is measured);
-// larger ones launch directly. Times are CUDA-event medians over repeats.
+// 64, 256; context 1k..32k; block size 16 and 64; identity and shuffled block tables; and
+// mixed-length batches (8, 64, 256 sequences of 256..32,768 tokens drawn log-uniformly, shuffled
+// tables, context "mixed"; their bytes are their tokens', and those with >= 1 GiB count toward
+// the target like the others); K/V, q are random. Every timed launch reads a different copy of
+// the batch's blocks (at least 1 GiB in rotation), so L2 never serves K/V from a previous launch;
+// the warm-up launches read copies the timed launches reach last (or never). Shapes with under 256
+// MiB of K/V per launch are timed as replays of a CUDA graph of up to 64 launches (so the launch
+// path is not what is measured); larger ones launch directly. Times are CUDA-event medians over
+// repeats.
 //
 // R (read-only streaming) = bytes / time of one kernel that only reads 1 GiB (read_bandwidth.hpp):
 // decode only reads K/V, so R is its own ceiling, measured in the same run beside C.
@@ -44,6 +47,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -509,169 +513,199 @@ int main(int argc, char** argv) {
   std::vector<double> fused_speedups;  // per split-KV shape: wide-merge time / fused-merge time
   double b1_4k[kNumKernels] = {-1.0, -1.0, -1.0, -1.0};
   int shape_index = 0;
+  // One shape: `lens` (one length per sequence; `context` names it in the tables: the length,
+  // or "mixed"), every variant timed, then checked again. False if the split counters were not
+  // left zero (the caller stops).
+  const auto run_shape = [&](const std::vector<std::int32_t>& lens, const char* context,
+                             int block_size, bool shuffled) -> bool {
+    const int batch = static_cast<int>(lens.size());
+    const std::int32_t max_len = *std::max_element(lens.begin(), lens.end());
+    const std::int64_t blocks_per_seq = (max_len + block_size - 1) / block_size;
+    const std::int64_t blocks_per_call = batch * blocks_per_seq;  // table cells of one launch
+    std::int64_t tokens = 0;  // a launch reads each sequence's tokens once per KV head
+    for (const std::int32_t len : lens) tokens += len;
+    const std::int64_t kv_bytes = tokens * token_bytes;  // per plane
+    const std::int64_t pool_blocks = dev.bytes / (token_bytes * block_size);
+    if (blocks_per_call > pool_blocks) {
+      std::printf("| %d | %s | %d | %s | skipped: needs %.1f GiB per plane | | | | | |\n", batch,
+                  context, block_size, shuffled ? "shuffled" : "identity",
+                  static_cast<double>(blocks_per_call * block_size * token_bytes) /
+                      static_cast<double>(kGiB));
+      return true;
+    }
+    const std::int64_t rotation = std::max<std::int64_t>(
+        1, std::min<std::int64_t>(kGiB / kv_bytes + 1, pool_blocks / blocks_per_call));
+    const KVLayout layout = KVLayout::nhd(pool_blocks, block_size, kKVHeads, kHeadDim);
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(rotation * blocks_per_call));
+    std::iota(ids.begin(), ids.end(), 0);
+    if (shuffled) std::shuffle(ids.begin(), ids.end(), rng);
+    void* table = nullptr;
+    CHECK(cudaMalloc(&table, ids.size() * sizeof(std::int32_t)));
+    CHECK(cudaMemcpy(table, ids.data(), ids.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+    void* lens_dev = nullptr;
+    CHECK(cudaMalloc(&lens_dev, lens.size() * sizeof(std::int32_t)));
+    CHECK(cudaMemcpy(lens_dev, lens.data(), lens.size() * sizeof(std::int32_t),
+                     cudaMemcpyHostToDevice));
+    pagedkv::PagedDecodeParams p;
+    p.dtype = kDtype;
+    p.num_seqs = batch;
+    p.num_q_heads = kQHeads;
+    p.q = q;
+    p.k_cache = dev.k;
+    p.v_cache = dev.v;
+    p.layout = layout;
+    p.max_blocks_per_seq = static_cast<std::int32_t>(blocks_per_seq);
+    p.seq_lens = static_cast<const std::int32_t*>(lens_dev);
+    p.out = out;
+    p.sm_scale = kSmScale;
+    const auto* table_base = static_cast<const std::int32_t*>(table);
+    double ms_of[kNumKernels] = {};
+    bool split_of[kNumKernels] = {};
+    const SplitCounters counters(std::int64_t{batch} * kKVHeads);  // zeroed once
+    // The sequence every variant's output is checked on after its timing: the last one.
+    const int sample = batch - 1;
+    const std::int32_t sample_len = lens[static_cast<std::size_t>(sample)];
+    // Its blocks are copied back now; its reference is computed on other host threads while the
+    // first variant is timed (the GPU's timing does not wait for it).
+    const SampledSequence sampled(dev, layout, q, sample,
+                                  ids.data() + std::int64_t{sample} * blocks_per_seq,
+                                  (sample_len + block_size - 1) / block_size, sample_len);
+    std::future<std::vector<double>> sample_future =
+        std::async(std::launch::async, [&sampled] { return sampled.exact(); });
+    std::vector<double> sample_ref;
+    // A/B/C in one run: the order rotates from shape to shape.
+    // Batch 1, identity tables: two more steps, the wide merge with a plan of twice its target
+    // (two waves, as kTensorCore plans) and of half (longer chunks), so the run separates the
+    // plan's effect from the merge's and shows the neighbouring plans.
+    const bool plan_probe = batch == 1 && !shuffled;
+    for (int step = 0; step < kNumKernels + (plan_probe ? 2 : 0); ++step) {
+      const bool probe = step >= kNumKernels;
+      const int kv = probe ? kWideMergeIndex : (step + shape_index) % kNumKernels;
+      const DecodeKernel kernel = kKernels[kv];
+      pagedkv::DecodePlanOptions plan_options = options[kv];
+      if (step == kNumKernels) plan_options.ctas_per_sm *= 2;
+      if (step == kNumKernels + 1) {
+        plan_options.ctas_per_sm = std::max(1, plan_options.ctas_per_sm / 2);
+      }
+      const char* label = !probe                ? kernel_name(kernel)
+                          : step == kNumKernels ? "tensor_core_wide_merge_plan_x2"
+                                                : "tensor_core_wide_merge_plan_half";
+      const DecodePlan plan = pagedkv::plan_paged_decode(lens, kKVHeads, plan_options);
+      const std::size_t ws_bytes = pagedkv::decode_workspace_bytes(plan, batch, kQHeads, kHeadDim);
+      void* workspace = nullptr;
+      if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
+      const auto launch = [&](int call) {
+        p.block_table = table_base + (call % rotation) * blocks_per_call;
+        CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream, kernel,
+                                              counters.get()));
+      };
+      const int per_repeat = static_cast<int>(std::min<std::int64_t>(rotation, 64));
+      // Small launches go through a graph; the warm-up graph reads the rotation's other copies
+      // when there are enough (else the last ones).
+      const bool graph = 2 * kv_bytes < 256 * (std::int64_t{1} << 20);
+      const int warmup_first = static_cast<int>(
+          rotation >= 2 * per_repeat ? per_repeat : std::max<std::int64_t>(0, rotation - 2));
+      const double ms =
+          graph ? time_graph_ms(stream, quick ? 3 : 15, per_repeat, 0, warmup_first, launch)
+                : time_ms(stream, quick ? 3 : 15, per_repeat,
+                          static_cast<int>(std::max<std::int64_t>(0, rotation - 2)), launch);
+      // After timing: once more on the rotation's first copy, through the same workspace and
+      // counters, with the output and workspace poisoned (NaN) first, so a row or a partial
+      // result left over from the timed launches fails; the sampled sequence's rows against its
+      // CPU reference.
+      CHECK(cudaMemsetAsync(out, 0xff, q_bytes, stream));
+      if (ws_bytes > 0) CHECK(cudaMemsetAsync(workspace, 0xff, ws_bytes, stream));
+      launch(0);
+      CHECK(cudaStreamSynchronize(stream));
+      if (sample_future.valid()) sample_ref = sample_future.get();
+      std::vector<std::uint16_t> rows(q_row);
+      CHECK(cudaMemcpy(rows.data(), static_cast<const std::uint16_t*>(out) + sample * q_row,
+                       q_row * 2, cudaMemcpyDeviceToHost));
+      const double after_err =
+          bench::max_row_error(bench::to_doubles(kDtype, rows), sample_ref, kHeadDim);
+      const bool after_pass = after_err <= kRowTolerance;
+      ++after_checks;
+      if (!after_pass) ++after_failures;
+      std::printf(
+          "CHECK decode_after_timing kernel=%s batch=%d context=%s block=%d table=%s splits=%d "
+          "seq=%d len=%d max_row_error=%.3g tolerance=%.0e %s\n",
+          label, batch, context, block_size, shuffled ? "shuffled" : "identity", plan.num_splits,
+          sample, sample_len, after_err, kRowTolerance, after_pass ? "PASS" : "FAIL");
+      if (!probe) {
+        ms_of[kv] = ms;
+        split_of[kv] = plan.split_kv();
+      }
+      const double bytes = 2.0 * static_cast<double>(kv_bytes) +
+                           2.0 * batch * kQHeads * kHeadDim * 2;  // K, V, q, out
+      const double gbs = bytes / (ms * 1e6);
+      char split[64];
+      if (plan.split_kv()) {
+        std::snprintf(split, sizeof(split), "%d x %d", plan.num_splits, plan.kv_chunk_size);
+      } else {
+        std::snprintf(split, sizeof(split), "none");
+      }
+      const char* timed_as = graph ? "graph" : "launches";
+      std::printf("| %d | %s | %d | %s | %s | %s | %.2f GiB | %s | %.1f | %.0f | %.2f | %.2f |\n",
+                  batch, context, block_size, shuffled ? "shuffled" : "identity", label, split,
+                  2.0 * static_cast<double>(rotation * kv_bytes) / static_cast<double>(kGiB),
+                  timed_as, ms * 1e3, gbs, gbs / c_gbs, gbs / r_gbs);
+      std::printf(
+          "RESULT decode kernel=%s batch=%d context=%s block=%d table=%s splits=%d "
+          "kv_mib=%.0f timed_as=%s us=%.2f gbs=%.1f ratio_copy=%.3f ratio_read=%.3f\n",
+          label, batch, context, block_size, shuffled ? "shuffled" : "identity", plan.num_splits,
+          2.0 * static_cast<double>(kv_bytes) / (1 << 20), timed_as, ms * 1e3, gbs, gbs / c_gbs,
+          gbs / r_gbs);
+      std::fflush(stdout);
+      if (!probe && 2 * kv_bytes >= kGiB) bound_ratios[kv].push_back(gbs / c_gbs);
+      if (!probe && std::strcmp(context, "4096") == 0 && batch == 1 && !shuffled &&
+          block_size == 16) {
+        b1_4k[kv] = gbs / c_gbs;
+      }
+      if (workspace != nullptr) CHECK(cudaFree(workspace));
+    }
+    speedups.push_back(ms_of[0] / ms_of[1]);
+    if (split_of[1] || split_of[kWideMergeIndex]) {
+      wide_speedups.push_back(ms_of[1] / ms_of[kWideMergeIndex]);
+    }
+    if (split_of[kWideMergeIndex] || split_of[kFusedMergeIndex]) {
+      fused_speedups.push_back(ms_of[kWideMergeIndex] / ms_of[kFusedMergeIndex]);
+    }
+    ++shape_index;
+    CHECK(cudaFree(lens_dev));
+    CHECK(cudaFree(table));
+    if (!counters.all_zero()) {
+      std::printf("CHECK decode_split_counters batch=%d context=%s FAIL (not reset)\n", batch,
+                  context);
+      return false;
+    }
+    return true;
+  };
   for (const int batch : batches) {
     for (const int context : contexts) {
       for (const int block_size : block_sizes) {
         for (const bool shuffled : {false, true}) {
           if (quick && shuffled) continue;
-          const std::int64_t kv_bytes = std::int64_t{batch} * context * token_bytes;  // per plane
-          const std::int64_t rotation = std::max<std::int64_t>(
-              1, std::min<std::int64_t>(kGiB / kv_bytes + 1, dev.bytes / kv_bytes));
-          if (kv_bytes > dev.bytes) {
-            std::printf("| %d | %d | %d | %s | skipped: needs %.1f GiB per plane | | | | | |\n",
-                        batch, context, block_size, shuffled ? "shuffled" : "identity",
-                        static_cast<double>(kv_bytes) / static_cast<double>(kGiB));
-            continue;
-          }
-          const std::int64_t blocks_per_seq = (context + block_size - 1) / block_size;
-          const std::int64_t blocks_per_call = batch * blocks_per_seq;
-          const KVLayout layout =
-              KVLayout::nhd(dev.bytes / (token_bytes * block_size), block_size, kKVHeads, kHeadDim);
-          std::vector<std::int32_t> ids(static_cast<std::size_t>(rotation * blocks_per_call));
-          std::iota(ids.begin(), ids.end(), 0);
-          if (shuffled) std::shuffle(ids.begin(), ids.end(), rng);
-          void* table = nullptr;
-          CHECK(cudaMalloc(&table, ids.size() * sizeof(std::int32_t)));
-          CHECK(cudaMemcpy(table, ids.data(), ids.size() * sizeof(std::int32_t),
-                           cudaMemcpyHostToDevice));
-          const std::vector<std::int32_t> lens(static_cast<std::size_t>(batch), context);
-          void* lens_dev = nullptr;
-          CHECK(cudaMalloc(&lens_dev, lens.size() * sizeof(std::int32_t)));
-          CHECK(cudaMemcpy(lens_dev, lens.data(), lens.size() * sizeof(std::int32_t),
-                           cudaMemcpyHostToDevice));
-          pagedkv::PagedDecodeParams p;
-          p.dtype = kDtype;
-          p.num_seqs = batch;
-          p.num_q_heads = kQHeads;
-          p.q = q;
-          p.k_cache = dev.k;
-          p.v_cache = dev.v;
-          p.layout = layout;
-          p.max_blocks_per_seq = static_cast<std::int32_t>(blocks_per_seq);
-          p.seq_lens = static_cast<const std::int32_t*>(lens_dev);
-          p.out = out;
-          p.sm_scale = kSmScale;
-          const auto* table_base = static_cast<const std::int32_t*>(table);
-          double ms_of[kNumKernels] = {};
-          bool split_of[kNumKernels] = {};
-          const SplitCounters counters(std::int64_t{batch} * kKVHeads);  // zeroed once
-          // The sequence every variant's output is checked on after its timing: the last one.
-          const int sample = batch - 1;
-          // Its blocks are copied back now; its reference is computed on another host thread
-          // while the first variant is timed (the GPU's timing does not wait for it).
-          const SampledSequence sampled(dev, layout, q, sample,
-                                        ids.data() + std::int64_t{sample} * blocks_per_seq,
-                                        blocks_per_seq, context);
-          std::future<std::vector<double>> sample_future =
-              std::async(std::launch::async, [&sampled] { return sampled.exact(); });
-          std::vector<double> sample_ref;
-          // A/B/C in one run: the order rotates from shape to shape.
-          // Batch 1, identity tables: two more steps, the wide merge with a plan of twice its
-          // target (two waves, as kTensorCore plans) and of half (longer chunks), so the run
-          // separates the plan's effect from the merge's and shows the neighbouring plans.
-          const bool plan_probe = batch == 1 && !shuffled;
-          for (int step = 0; step < kNumKernels + (plan_probe ? 2 : 0); ++step) {
-            const bool probe = step >= kNumKernels;
-            const int kv = probe ? kWideMergeIndex : (step + shape_index) % kNumKernels;
-            const DecodeKernel kernel = kKernels[kv];
-            pagedkv::DecodePlanOptions plan_options = options[kv];
-            if (step == kNumKernels) plan_options.ctas_per_sm *= 2;
-            if (step == kNumKernels + 1) {
-              plan_options.ctas_per_sm = std::max(1, plan_options.ctas_per_sm / 2);
-            }
-            const char* label = !probe                ? kernel_name(kernel)
-                                : step == kNumKernels ? "tensor_core_wide_merge_plan_x2"
-                                                      : "tensor_core_wide_merge_plan_half";
-            const DecodePlan plan = pagedkv::plan_paged_decode(lens, kKVHeads, plan_options);
-            const std::size_t ws_bytes =
-                pagedkv::decode_workspace_bytes(plan, batch, kQHeads, kHeadDim);
-            void* workspace = nullptr;
-            if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
-            const auto launch = [&](int call) {
-              p.block_table = table_base + (call % rotation) * blocks_per_call;
-              CHECK(pagedkv::paged_decode_attention(p, plan, workspace, ws_bytes, stream, kernel,
-                                                    counters.get()));
-            };
-            const int per_repeat = static_cast<int>(std::min<std::int64_t>(rotation, 64));
-            // Small launches go through a graph; the warm-up graph reads the rotation's other
-            // copies when there are enough (else the last ones).
-            const bool graph = 2 * kv_bytes < 256 * (std::int64_t{1} << 20);
-            const int warmup_first = static_cast<int>(
-                rotation >= 2 * per_repeat ? per_repeat : std::max<std::int64_t>(0, rotation - 2));
-            const double ms =
-                graph ? time_graph_ms(stream, quick ? 3 : 15, per_repeat, 0, warmup_first, launch)
-                      : time_ms(stream, quick ? 3 : 15, per_repeat,
-                                static_cast<int>(std::max<std::int64_t>(0, rotation - 2)), launch);
-            // After timing: once more on the rotation's first copy, through the same workspace
-            // and counters, with the output and workspace poisoned (NaN) first, so a row or a
-            // partial result left over from the timed launches fails; the sampled sequence's
-            // rows against its CPU reference.
-            CHECK(cudaMemsetAsync(out, 0xff, q_bytes, stream));
-            if (ws_bytes > 0) CHECK(cudaMemsetAsync(workspace, 0xff, ws_bytes, stream));
-            launch(0);
-            CHECK(cudaStreamSynchronize(stream));
-            if (sample_future.valid()) sample_ref = sample_future.get();
-            std::vector<std::uint16_t> rows(q_row);
-            CHECK(cudaMemcpy(rows.data(), static_cast<const std::uint16_t*>(out) + sample * q_row,
-                             q_row * 2, cudaMemcpyDeviceToHost));
-            const double after_err =
-                bench::max_row_error(bench::to_doubles(kDtype, rows), sample_ref, kHeadDim);
-            const bool after_pass = after_err <= kRowTolerance;
-            ++after_checks;
-            if (!after_pass) ++after_failures;
-            std::printf(
-                "CHECK decode_after_timing kernel=%s batch=%d context=%d block=%d table=%s "
-                "splits=%d seq=%d max_row_error=%.3g tolerance=%.0e %s\n",
-                label, batch, context, block_size, shuffled ? "shuffled" : "identity",
-                plan.num_splits, sample, after_err, kRowTolerance, after_pass ? "PASS" : "FAIL");
-            if (!probe) {
-              ms_of[kv] = ms;
-              split_of[kv] = plan.split_kv();
-            }
-            const double bytes = 2.0 * static_cast<double>(kv_bytes) +
-                                 2.0 * batch * kQHeads * kHeadDim * 2;  // K, V, q, out
-            const double gbs = bytes / (ms * 1e6);
-            char split[64];
-            if (plan.split_kv()) {
-              std::snprintf(split, sizeof(split), "%d x %d", plan.num_splits, plan.kv_chunk_size);
-            } else {
-              std::snprintf(split, sizeof(split), "none");
-            }
-            const char* timed_as = graph ? "graph" : "launches";
-            std::printf(
-                "| %d | %d | %d | %s | %s | %s | %.2f GiB | %s | %.1f | %.0f | %.2f | %.2f |\n",
-                batch, context, block_size, shuffled ? "shuffled" : "identity", label, split,
-                2.0 * static_cast<double>(rotation * kv_bytes) / static_cast<double>(kGiB),
-                timed_as, ms * 1e3, gbs, gbs / c_gbs, gbs / r_gbs);
-            std::printf(
-                "RESULT decode kernel=%s batch=%d context=%d block=%d table=%s splits=%d "
-                "timed_as=%s us=%.2f gbs=%.1f ratio_copy=%.3f ratio_read=%.3f\n",
-                label, batch, context, block_size, shuffled ? "shuffled" : "identity",
-                plan.num_splits, timed_as, ms * 1e3, gbs, gbs / c_gbs, gbs / r_gbs);
-            std::fflush(stdout);
-            if (!probe && 2 * kv_bytes >= kGiB) bound_ratios[kv].push_back(gbs / c_gbs);
-            if (!probe && batch == 1 && context == 4096 && !shuffled && block_size == 16) {
-              b1_4k[kv] = gbs / c_gbs;
-            }
-            if (workspace != nullptr) CHECK(cudaFree(workspace));
-          }
-          speedups.push_back(ms_of[0] / ms_of[1]);
-          if (split_of[1] || split_of[kWideMergeIndex]) {
-            wide_speedups.push_back(ms_of[1] / ms_of[kWideMergeIndex]);
-          }
-          if (split_of[kWideMergeIndex] || split_of[kFusedMergeIndex]) {
-            fused_speedups.push_back(ms_of[kWideMergeIndex] / ms_of[kFusedMergeIndex]);
-          }
-          if (!counters.all_zero()) {
-            std::printf("CHECK decode_split_counters batch=%d context=%d FAIL (not reset)\n", batch,
-                        context);
+          const std::string name = std::to_string(context);
+          if (!run_shape(std::vector<std::int32_t>(static_cast<std::size_t>(batch), context),
+                         name.c_str(), block_size, shuffled)) {
             return 1;
           }
-          ++shape_index;
-          CHECK(cudaFree(lens_dev));
-          CHECK(cudaFree(table));
         }
       }
+    }
+  }
+  // Mixed-length batches (shuffled tables): lengths drawn log-uniformly from [256, 32768], so a
+  // batch holds short and long sequences as a serving engine's does and the split plan must
+  // balance them.
+  std::mt19937_64 mixed_rng(7);
+  for (const int batch : quick ? std::vector<int>{8} : std::vector<int>{8, 64, 256}) {
+    std::vector<std::int32_t> lens(static_cast<std::size_t>(batch));
+    for (auto& len : lens) {
+      const double u = static_cast<double>(mixed_rng() >> 11) * 0x1.0p-53;
+      len = static_cast<std::int32_t>(std::exp(std::log(256.0) + u * std::log(128.0)));
+    }
+    for (const int block_size : block_sizes) {
+      if (!run_shape(lens, "mixed", block_size, true)) return 1;
     }
   }
 
