@@ -3,7 +3,9 @@
 // Same contract as the CPU reference in pagedkv/reference/decode_attention.hpp, on device buffers.
 // fp16 and bf16 values, fp32 accumulation and softmax; head_dim 64, 128 or 256; GQA group
 // sizes 1..16; block sizes 1..256 with any strides KVLayout accepts; 64-bit address arithmetic
-// throughout.
+// throughout. One query per sequence: several (speculative decoding's draft tokens, appended to
+// the cache first) go through paged_extend_attention (pagedkv/cuda/extend_attention.hpp) with
+// each sequence's q_len new tokens, which gives each its causal limit.
 //
 // Launch geometry (kSimt; kTensorCore below): one CTA (4 warps) per (sequence, KV head, split)
 // serves every query head of the KV head's group, so each K/V byte is read from memory once per
