@@ -125,16 +125,18 @@ std::vector<double> by_kv_head(const Params& p, std::size_t q_rows, Attend atten
 
 }  // namespace by_head_detail
 
-// reference_paged_decode_attention_f64(params), one KV head per thread: [num_seqs, num_q_heads,
-// head_dim].
+// reference_paged_decode_attention_f64(params), one KV head per thread: [num_seqs, q_len,
+// num_q_heads, head_dim].
 inline std::vector<double> decode_reference_by_kv_head(const pagedkv::PagedDecodeParams& params) {
-  by_head_detail::require_packed(params, params.q_stride_seq == 0 && params.q_stride_head == 0,
-                                 "decode_reference_by_kv_head");
+  by_head_detail::require_packed(
+      params, params.q_stride_seq == 0 && params.q_stride_token == 0 && params.q_stride_head == 0,
+      "decode_reference_by_kv_head");
   pagedkv::validate(params);
-  return by_head_detail::by_kv_head(params, static_cast<std::size_t>(params.num_seqs),
-                                    [](const pagedkv::PagedDecodeParams& one) {
-                                      return pagedkv::reference_paged_decode_attention_f64(one);
-                                    });
+  return by_head_detail::by_kv_head(
+      params, static_cast<std::size_t>(params.num_seqs) * static_cast<std::size_t>(params.q_len),
+      [](const pagedkv::PagedDecodeParams& one) {
+        return pagedkv::reference_paged_decode_attention_f64(one);
+      });
 }
 
 // reference_paged_extend_attention_f64(params).out, one KV head per thread: [num_q_tokens,

@@ -546,8 +546,9 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
     fail("q, k_cache, v_cache and out must be 16-byte aligned");
   }
   if (params.out == nullptr) fail("out is null");
-  for (const std::int64_t stride : {params.q_seq_stride(), params.q_head_stride(),
-                                    params.out_seq_stride(), params.out_head_stride()}) {
+  for (const std::int64_t stride :
+       {params.q_seq_stride(), params.q_token_stride(), params.q_head_stride(),
+        params.out_seq_stride(), params.out_token_stride(), params.out_head_stride()}) {
     if (stride % 8 != 0) fail("q and out strides must be multiples of 8 elements");
   }
   const std::int64_t ctas =
@@ -557,13 +558,16 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
          " CTAs exceeds 2^31 - 1");
   }
   if (plan.split_kv()) {
-    // The merge kernels' grids: kTensorCoreWideMerge launches one CTA per (sequence, query head).
-    const std::int64_t states = static_cast<std::int64_t>(params.num_seqs) * params.num_q_heads;
+    // The merge kernels' grids: kTensorCoreWideMerge launches one CTA per (sequence, query
+    // token, query head).
+    const std::int64_t states =
+        static_cast<std::int64_t>(params.num_seqs) * params.q_len * params.num_q_heads;
     if (states > std::numeric_limits<std::int32_t>::max()) {
-      fail("num_seqs x num_q_heads = " + std::to_string(states) + " merge states exceeds 2^31 - 1");
+      fail("num_seqs x q_len x num_q_heads = " + std::to_string(states) +
+           " merge states exceeds 2^31 - 1");
     }
     const std::size_t needed =
-        decode_workspace_bytes(plan, params.num_seqs, params.num_q_heads, head_dim);
+        decode_workspace_bytes(plan, params.num_seqs, params.num_q_heads, head_dim, params.q_len);
     if (workspace == nullptr || workspace_bytes < needed) {
       fail("the split-KV plan needs a workspace of " + std::to_string(needed) + " bytes, got " +
            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
@@ -593,6 +597,11 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
       kernel != DecodeKernel::kTensorCoreWideMerge && kernel != DecodeKernel::kTensorCoreFp8 &&
       kernel != DecodeKernel::kTensorCoreFusedMerge) {
     fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
+  }
+  if (params.q_len > 1) {
+    fail(
+        "q_len > 1 (several query tokens per sequence) is not supported by the CUDA decode "
+        "kernels; use paged_extend_attention");
   }
   if (kernel == DecodeKernel::kTensorCoreFusedMerge && plan.split_kv() && !params.quant.fp8()) {
     // One counter per (sequence, KV head); validate_cuda_decode bounded both factors.

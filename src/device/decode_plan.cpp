@@ -104,16 +104,18 @@ DecodePlan plan_paged_decode(std::span<const std::int32_t> seq_lens, std::int32_
 }
 
 DecodeWorkspaceLayout decode_workspace_layout(const DecodePlan& plan, std::int32_t num_seqs,
-                                              std::int32_t num_q_heads, std::int32_t head_dim) {
+                                              std::int32_t num_q_heads, std::int32_t head_dim,
+                                              std::int32_t q_len) {
   validate(plan);
-  if (num_seqs < 0 || num_q_heads <= 0 || head_dim <= 0) {
+  if (num_seqs < 0 || num_q_heads <= 0 || head_dim <= 0 || q_len <= 0) {
     fail("decode_workspace_layout: bad shape (num_seqs " + std::to_string(num_seqs) +
          ", num_q_heads " + std::to_string(num_q_heads) + ", head_dim " + std::to_string(head_dim) +
-         ")");
+         ", q_len " + std::to_string(q_len) + ")");
   }
   DecodeWorkspaceLayout layout;
   if (!plan.split_kv()) return layout;
-  const auto states = static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(num_q_heads) *
+  const auto states = static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(q_len) *
+                      static_cast<std::size_t>(num_q_heads) *
                       static_cast<std::size_t>(plan.num_splits);
   if (states > std::numeric_limits<std::size_t>::max() / sizeof(float) /
                    (static_cast<std::size_t>(head_dim) + 1)) {
@@ -127,8 +129,9 @@ DecodeWorkspaceLayout decode_workspace_layout(const DecodePlan& plan, std::int32
 }
 
 std::size_t decode_workspace_bytes(const DecodePlan& plan, std::int32_t num_seqs,
-                                   std::int32_t num_q_heads, std::int32_t head_dim) {
-  return decode_workspace_layout(plan, num_seqs, num_q_heads, head_dim).total_bytes;
+                                   std::int32_t num_q_heads, std::int32_t head_dim,
+                                   std::int32_t q_len) {
+  return decode_workspace_layout(plan, num_seqs, num_q_heads, head_dim, q_len).total_bytes;
 }
 
 }  // namespace pagedkv

@@ -167,6 +167,11 @@ TEST(DecodePlan, WorkspaceSize) {
   const DecodeWorkspaceLayout odd = decode_workspace_layout(DecodePlan{3, 64}, 1, 1, 64);
   EXPECT_EQ(odd.partial_lse_offset, 768u);
   EXPECT_EQ(odd.total_bytes, 1024u);
+  // q_len query tokens per sequence: q_len times the states.
+  const DecodeWorkspaceLayout four = decode_workspace_layout(plan, 1, 32, 128, 4);
+  EXPECT_EQ(four.partial_lse_offset, 4u * 32 * 64 * 128 * 4);
+  EXPECT_EQ(four.total_bytes, 4u * (32 * 64 * 128 * 4 + 32 * 64 * 4));
+  EXPECT_EQ(decode_workspace_bytes(plan, 3, 32, 128, 4), decode_workspace_bytes(plan, 12, 32, 128));
 }
 
 template <typename Fn>
@@ -190,6 +195,7 @@ TEST(DecodePlan, RejectsBadInput) {
   expect_error([] { (void)decode_workspace_bytes(DecodePlan{0, 0}, 1, 1, 64); }, "num_splits");
   expect_error([] { (void)decode_workspace_bytes(DecodePlan{4, 0}, 1, 1, 64); }, "kv_chunk_size");
   expect_error([] { (void)decode_workspace_bytes(DecodePlan{4, 64}, 1, 0, 64); }, "bad shape");
+  expect_error([] { (void)decode_workspace_bytes(DecodePlan{4, 64}, 1, 1, 64, 0); }, "q_len 0");
 }
 
 }  // namespace

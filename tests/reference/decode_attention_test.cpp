@@ -13,6 +13,7 @@
 #include "expect_error.hpp"
 #include "kv_test_util.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
 
 namespace pagedkv {
 namespace {
@@ -211,6 +212,139 @@ void expect_error(const PagedDecodeParams& p, ErrorCode code, const std::string&
   testing::expect_error([&] { reference_paged_decode_attention(p); }, code, fragment);
 }
 
+// Decode with q_len query tokens per sequence (speculative decoding) is extend attention with
+// those tokens new: the same cache (their K/V appended), the same q rows. The two references are
+// written independently, so each checks the other.
+testing::HostExtendProblem several_tokens_problem(std::int32_t kv_heads, std::int32_t group,
+                                                  std::int32_t block_size, std::int32_t q_len,
+                                                  const std::vector<std::int32_t>& prefixes,
+                                                  std::uint64_t seed) {
+  const std::vector<std::int32_t> q_lens(prefixes.size(), q_len);
+  return testing::make_extend_problem(
+      testing::make_extend_shape(KVDtype::kBFloat16, 64, kv_heads, group, block_size, prefixes,
+                                 q_lens),
+      seed);
+}
+
+PagedDecodeParams decode_params_of(const testing::HostExtendProblem& pb, std::int32_t q_len) {
+  PagedDecodeParams d = pb.cache.params(nullptr);
+  d.q = pb.q.data();  // [num_seqs x q_len tokens, num_q_heads, head_dim]
+  d.q_len = q_len;
+  return d;
+}
+
+TEST(DecodeAttentionReference, SeveralQueryTokensEqualExtendWithThoseTokensNew) {
+  std::uint64_t seed = 300;
+  int cases = 0;
+  for (const std::int32_t q_len : {1, 2, 3, 4, 7}) {
+    for (const std::int32_t group : {1, 4}) {
+      for (const std::int32_t block_size : {1, 16}) {
+        for (const std::int32_t window : {0, 5, 40}) {
+          for (const float cap : {0.0f, 20.0f}) {
+            auto pb = several_tokens_problem(2, group, block_size, q_len, {0, 1, 37, 120}, seed);
+            pb.shape.cache.window_size = window;
+            pb.cache.shape.window_size = window;
+            pb.shape.cache.soft_cap = cap;
+            pb.cache.shape.soft_cap = cap;
+            const PagedDecodeParams d = decode_params_of(pb, q_len);
+            const auto decode = reference_paged_decode_attention_f64(d);
+            const auto extend = reference_paged_extend_attention_f64(pb.params(nullptr)).out;
+            ASSERT_EQ(decode.size(), extend.size());
+            for (const double x : decode) ASSERT_TRUE(std::isfinite(x));
+            EXPECT_LT(testing::relative_error(decode, extend), 1e-12)
+                << "q_len " << q_len << " group " << group << " block " << block_size << " window "
+                << window << " cap " << cap;
+            ++seed;
+            ++cases;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(cases, 120);
+}
+
+TEST(DecodeAttentionReference, SeveralQueryTokensAreCausalAmongThemselves) {
+  // Token i sees exactly one key more than token i - 1: changing the last key's value changes
+  // only the last query token's output.
+  auto pb = several_tokens_problem(1, 2, 16, 3, {10}, 7);
+  const PagedDecodeParams d = decode_params_of(pb, 3);
+  const auto before = reference_paged_decode_attention_f64(d);
+  const std::int32_t last = 10 + 3 - 1;  // position of the last query token
+  const std::int32_t block = pb.cache.seq_blocks[0][static_cast<std::size_t>(last / 16)];
+  for (std::int32_t dim = 0; dim < 64; ++dim) {
+    // The buffer index HostDecodeProblem::value reads.
+    const auto at =
+        static_cast<std::size_t>(pb.cache.addressing.offset(true, block, last % 16, 0, dim));
+    pb.cache.v_buffer[at] = float_to_dtype_bits(KVDtype::kBFloat16, 0.75f);
+  }
+  const auto after = reference_paged_decode_attention_f64(decode_params_of(pb, 3));
+  const std::size_t token = 2 * 64;  // [q_len = 3][heads = 2][64]
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    if (i < 2 * token) {
+      EXPECT_EQ(before[i], after[i]) << "value " << i << " of tokens 0 and 1";
+    }
+  }
+  double changed = 0.0;
+  for (std::size_t i = 2 * token; i < before.size(); ++i) {
+    changed = std::max(changed, std::abs(before[i] - after[i]));
+  }
+  EXPECT_GT(changed, 1e-6);
+}
+
+TEST(DecodeAttentionReference, SeveralQueryTokensStridedAndShortSequences) {
+  // q and out with gaps between tokens and sequences give the dense result; a sequence shorter
+  // than q_len gives zeros for the tokens that have no position.
+  auto pb = several_tokens_problem(2, 2, 16, 3, {5, 30}, 11);
+  PagedDecodeParams dense = decode_params_of(pb, 3);
+  const auto want = reference_paged_decode_attention_f64(dense);
+  const std::int64_t row = 4 * 64;  // num_q_heads x head_dim
+  std::vector<std::uint16_t> q(2 * 3 * (row + 64) + 2 * 128, 0);
+  for (std::int64_t s = 0; s < 2; ++s) {
+    for (std::int64_t i = 0; i < 3; ++i) {
+      for (std::int64_t x = 0; x < row; ++x) {
+        q[static_cast<std::size_t>(s * (3 * (row + 64) + 128) + i * (row + 64) + x)] =
+            pb.q[static_cast<std::size_t>((s * 3 + i) * row + x)];
+      }
+    }
+  }
+  PagedDecodeParams strided = dense;
+  strided.q = q.data();
+  strided.q_stride_token = row + 64;
+  strided.q_stride_seq = 3 * (row + 64) + 128;
+  std::vector<std::uint16_t> out(q.size(), 0x1234);
+  strided.out = out.data();
+  strided.out_stride_token = row + 64;
+  strided.out_stride_seq = 3 * (row + 64) + 128;
+  reference_paged_decode_attention(strided);
+  for (std::int64_t s = 0; s < 2; ++s) {
+    for (std::int64_t i = 0; i < 3; ++i) {
+      for (std::int64_t x = 0; x < row; ++x) {
+        const double got = dtype_bits_to_float(
+            KVDtype::kBFloat16,
+            out[static_cast<std::size_t>(s * (3 * (row + 64) + 128) + i * (row + 64) + x)]);
+        const double exact = want[static_cast<std::size_t>((s * 3 + i) * row + x)];
+        EXPECT_NEAR(got, exact, 1e-2 * (std::abs(exact) + 1e-3));
+      }
+      // The gap after each token is not written.
+      EXPECT_EQ(out[static_cast<std::size_t>(s * (3 * (row + 64) + 128) + i * (row + 64) + row)],
+                0x1234);
+    }
+  }
+  // Sequence 0 with 2 cached tokens and q_len 3: token 0 has position -1 (no keys): zeros;
+  // tokens 1 and 2 see 1 and 2 keys.
+  std::vector<std::int32_t> lens = {2, 33};
+  PagedDecodeParams shorter = dense;
+  shorter.seq_lens = lens.data();
+  const auto got = reference_paged_decode_attention_f64(shorter);
+  for (std::int64_t x = 0; x < row; ++x) EXPECT_EQ(got[static_cast<std::size_t>(x)], 0.0);
+  double token1 = 0.0;
+  for (std::int64_t x = row; x < 2 * row; ++x) {
+    token1 = std::max(token1, std::abs(got[static_cast<std::size_t>(x)]));
+  }
+  EXPECT_GT(token1, 0.0);
+}
+
 TEST(DecodeAttentionReference, RejectsBadParameters) {
   BadInputFixture f;
   const PagedDecodeParams good = f.pb.params(f.out.data());
@@ -226,6 +360,19 @@ TEST(DecodeAttentionReference, RejectsBadParameters) {
   expect_error(p, ErrorCode::kInvalidArgument, "out is null");
   p = good;
   p.q_stride_head = 32;  // rows of 64 would overlap
+  expect_error(p, ErrorCode::kInvalidArgument, "overlap");
+  p = good;
+  p.q_len = 0;
+  expect_error(p, ErrorCode::kInvalidArgument, "q_len must be in [1, 64], got 0");
+  p.q_len = kMaxDecodeQueryLen + 1;
+  expect_error(p, ErrorCode::kInvalidArgument, "q_len must be in [1, 64], got 65");
+  p = good;
+  p.q_len = 2;
+  p.q_stride_token = 3 * 64;  // 4 heads of 64 per token would run into the next token
+  expect_error(p, ErrorCode::kInvalidArgument, "overlap");
+  p = good;
+  p.q_len = 2;
+  p.out_stride_seq = 4 * 64;  // one token's worth per sequence: the second token overlaps
   expect_error(p, ErrorCode::kInvalidArgument, "overlap");
   // Nothing was written by any failed call.
   for (const auto x : f.out) EXPECT_EQ(x, 0x1234);

@@ -1,4 +1,5 @@
-// pagedkv/device/decode_plan.hpp: the host-side planner of paged decode attention (split-KV or not).
+// pagedkv/device/decode_plan.hpp: the host-side planner of paged decode attention (split-KV or
+// not).
 //
 // Decode attention gives each (sequence, KV head) one CTA. With few sequences that is too few
 // CTAs to keep every SM streaming K/V, so the planner splits each sequence's keys into chunks of
@@ -53,22 +54,27 @@ DecodePlan plan_paged_decode(std::span<const std::int32_t> seq_lens, std::int32_
                              const DecodePlanOptions& options);
 
 // Where the split-KV partial results live in the workspace (byte offsets; 256-byte aligned):
-//   partial_out  float [num_seqs, num_q_heads, num_splits, head_dim]  (normalized chunk outputs)
-//   partial_lse  float [num_seqs, num_q_heads, num_splits]            (log2-sum-exp2 of scores)
+//   partial_out  float [num_seqs, q_len, num_q_heads, num_splits, head_dim]  (normalized chunk
+//                                                                          outputs)
+//   partial_lse  float [num_seqs, q_len, num_q_heads, num_splits]            (log2-sum-exp2)
+// q_len: query tokens per sequence (PagedDecodeParams::q_len; 1 for plain decode).
 struct DecodeWorkspaceLayout {
   std::size_t partial_out_offset = 0;
   std::size_t partial_lse_offset = 0;
   std::size_t total_bytes = 0;  // 0 without split-KV
 };
 
-// Throws for a plan with num_splits < 1 (or no chunk size when splitting) or non-positive shapes.
+// Throws for a plan with num_splits < 1 (or no chunk size when splitting) or non-positive shapes
+// (num_seqs may be 0).
 DecodeWorkspaceLayout decode_workspace_layout(const DecodePlan& plan, std::int32_t num_seqs,
-                                              std::int32_t num_q_heads, std::int32_t head_dim);
+                                              std::int32_t num_q_heads, std::int32_t head_dim,
+                                              std::int32_t q_len = 1);
 
 // Workspace bytes paged_decode_attention needs for this plan: 0 without split-KV, else about
-// num_seqs x num_q_heads x num_splits x (head_dim + 1) floats. Throws like the layout.
+// num_seqs x q_len x num_q_heads x num_splits x (head_dim + 1) floats. Throws like the layout.
 std::size_t decode_workspace_bytes(const DecodePlan& plan, std::int32_t num_seqs,
-                                   std::int32_t num_q_heads, std::int32_t head_dim);
+                                   std::int32_t num_q_heads, std::int32_t head_dim,
+                                   std::int32_t q_len = 1);
 
 // Throws pagedkv::Error unless num_splits >= 1 and, when splitting, kv_chunk_size > 0.
 void validate(const DecodePlan& plan);
