@@ -578,7 +578,14 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
 
 bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept {
   // The 16-bit variants cover every 16-bit shape validate_cuda_decode accepts; FP8 has its own
-  // kernels (kTensorCoreFp8's needs 16-byte strides).
+  // kernels (kTensorCoreFp8's needs 16-byte strides). Several query tokens per sequence: the
+  // tensor-core variants of a 16-bit cache, up to 16 rows (paged_decode_attention refuses the
+  // rest).
+  if (params.q_len > 1) {
+    return !params.quant.fp8() && params.group_size() * params.q_len <= kCudaDecodeMaxQueryRows &&
+           (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
+            kernel == DecodeKernel::kTensorCoreFusedMerge);
+  }
   if (params.quant.fp8()) {
     return kernel == DecodeKernel::kTensorCoreFp8 &&
            kernels::tc_fp8_decode_supported(params.layout);
@@ -599,9 +606,28 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
     fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
   }
   if (params.q_len > 1) {
-    fail(
-        "q_len > 1 (several query tokens per sequence) is not supported by the CUDA decode "
-        "kernels; use paged_extend_attention");
+    // Several query tokens per sequence: the tensor-core kernels of a 16-bit cache put the group's
+    // heads times the tokens on the MMA's 16 rows (kernels/decode_attention_tc.cu).
+    const bool tensor_core =
+        kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
+        kernel == DecodeKernel::kTensorCoreFusedMerge || kernel == DecodeKernel::kTensorCoreFp8;
+    if (params.quant.fp8() || !tensor_core) {
+      fail(std::string("q_len > 1 runs on the tensor-core kernels of a 16-bit cache "
+                       "(kTensorCore, kTensorCoreWideMerge, kTensorCoreFusedMerge), not ") +
+           (params.quant.fp8() ? "an FP8 cache" : "DecodeKernel::kSimt") +
+           "; paged_extend_attention takes any number of new tokens");
+    }
+    if (params.group_size() * params.q_len > kCudaDecodeMaxQueryRows) {
+      fail("q_len x group = " + std::to_string(params.q_len) + " x " +
+           std::to_string(params.group_size()) + " exceeds " +
+           std::to_string(kCudaDecodeMaxQueryRows) +
+           " query rows per KV head; paged_extend_attention takes any number of new tokens");
+    }
+    if (plan.split_kv() && plan.kv_chunk_size < kCudaDecodeMaxQueryRows) {
+      fail("q_len > 1 with split-KV needs kv_chunk_size >= " +
+           std::to_string(kCudaDecodeMaxQueryRows) + " (every token's first key in chunk 0), got " +
+           std::to_string(plan.kv_chunk_size));
+    }
   }
   if (kernel == DecodeKernel::kTensorCoreFusedMerge && plan.split_kv() && !params.quant.fp8()) {
     // One counter per (sequence, KV head); validate_cuda_decode bounded both factors.

@@ -15,9 +15,16 @@
 // head_dim, soft-cap on/off. The group size is not a template argument: the MMA always computes
 // 16 rows, and the group only decides which rows get q (the rest are zero) and which are written,
 // so no loop runs over heads. The block size is not either: block-table lookups happen one tile
-// ahead (below), off the copies' critical path. The decode contract has one query per sequence;
-// speculative decoding (q_len > 1) would put group x q_len <= 16 rows on the same M dimension,
-// but PagedDecodeParams has no q_len today (q_len > 1 goes through paged extend attention).
+// ahead (below), off the copies' critical path.
+//
+// Several query tokens per sequence (PagedDecodeParams::q_len > 1, speculative decoding;
+// template argument kMultiQuery, so the q_len = 1 instantiations are the code they were): the
+// group's query heads times the query tokens are the M dimension, row r = token r / group, head
+// r % group, group x q_len <= 16 rows. The CTA's key range is the union of the tokens' ranges (the
+// window widened by q_len - 1); each row masks the keys after its own position (and before its
+// window), so token i sees one key more than token i - 1. A row may see no key of a chunk (the
+// last chunk ends before an early token's position, or the first begins after a late token's
+// window): its partial result is 0 with log2-sum-exp2 -inf, which every merge weighs 0.
 //
 // Page offsets: lanes 0..15 of a warp resolve the block-table entries of the warp's slice one
 // tile before its copies are issued (and kStages - 1 tiles before it is used) and keep them in a
@@ -72,7 +79,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr const char* kWho = "paged_decode_attention (CUDA, tensor cores)";
 
 struct TcParams {
-  const std::uint16_t* q;  // [num_seqs, num_q_heads, head_dim]
+  const std::uint16_t* q;  // [num_seqs, q_len, num_q_heads, head_dim]
   std::int64_t q_stride_seq;
   std::int64_t q_stride_head;
   const std::uint16_t* k_cache;
@@ -88,14 +95,21 @@ struct TcParams {
   std::uint16_t* out;
   std::int64_t out_stride_seq;
   std::int64_t out_stride_head;
-  float score_scale;  // sm_scale x log2(e); with a soft-cap sm_scale / cap
-  float cap_log2;     // cap x log2(e) (soft-cap instantiations only)
-  std::int32_t window_size;
+  float score_scale;         // sm_scale x log2(e); with a soft-cap sm_scale / cap
+  float cap_log2;            // cap x log2(e) (soft-cap instantiations only)
+  std::int32_t window_size;  // of the CTA's key range: the tokens' window widened by q_len - 1
   std::int32_t num_splits;
   std::int32_t chunk;
-  float* partial_out;        // [num_seqs, num_q_heads, num_splits, head_dim]
-  float* partial_lse;        // [num_seqs, num_q_heads, num_splits]
+  float* partial_out;        // [num_seqs, q_len, num_q_heads, num_splits, head_dim]
+  float* partial_lse;        // [num_seqs, q_len, num_q_heads, num_splits]
   unsigned* split_counters;  // [num_seqs, num_kv_heads] (kFused with split-KV only)
+  // Several query tokens per sequence (kMultiQuery; last, so that the fields above keep the
+  // parameter offsets they had).
+  std::int64_t q_stride_token;
+  std::int64_t out_stride_token;
+  std::int32_t row_window;  // of one query token
+  std::int32_t q_len;       // query tokens per sequence (1 unless kMultiQuery)
+  std::int32_t rows;        // group x q_len <= 16: the M rows that hold queries
 };
 
 __device__ __forceinline__ detail::TcSplitRange range_of(const TcParams& p, int seq, int split) {
@@ -106,8 +120,8 @@ __device__ __forceinline__ detail::TcSplitRange range_of(const TcParams& p, int 
 
 // kMerge (internal/decode_tc_launch.hpp): kSerial and kWide are merged by a second kernel
 // (tc_merge_kernel, tc_wide_merge_kernel), kFused by each state's last CTA; kWide and kFused are
-// launched with programmatic stream serialization.
-template <bool kBf16, int kHeadDim, bool kSoftCap, TcDecodeMerge kMerge>
+// launched with programmatic stream serialization. kMultiQuery: q_len > 1 (above).
+template <bool kBf16, int kHeadDim, bool kSoftCap, TcDecodeMerge kMerge, bool kMultiQuery>
 __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasPerSm)
     tc_decode_kernel(const TcParams p) {
   constexpr bool kWideMerge = kMerge != TcDecodeMerge::kSerial;  // launched programmatically
@@ -164,9 +178,37 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const detail::MmaCoord c = detail::mma_a_coord(lane, 2 * j);
-      qf[ks][j] = c.row < p.group ? __ldg(reinterpret_cast<const unsigned*>(
-                                        q_base + c.row * p.q_stride_head + ks * 16 + c.col))
-                                  : 0u;
+      if constexpr (kMultiQuery) {
+        // Row r: query token r / group, head r % group of the KV head's group.
+        qf[ks][j] = c.row < p.rows ? __ldg(reinterpret_cast<const unsigned*>(
+                                         q_base + (c.row / p.group) * p.q_stride_token +
+                                         (c.row % p.group) * p.q_stride_head + ks * 16 + c.col))
+                                   : 0u;
+      } else {
+        qf[ks][j] = c.row < p.group ? __ldg(reinterpret_cast<const unsigned*>(
+                                          q_base + c.row * p.q_stride_head + ks * 16 + c.col))
+                                    : 0u;
+      }
+    }
+  }
+  // kMultiQuery: the keys each of this lane's two rows (lane / 4 and lane / 4 + 8) sees,
+  // relative to the range's begin: [row_lo, row_hi). Token i of a sequence of len keys sits at
+  // len - q_len + i. Rows past the queries take the last token's keys (they are never written).
+  [[maybe_unused]] int row_lo[2] = {0, 0};
+  [[maybe_unused]] int row_hi[2] = {range_len, range_len};
+  if constexpr (kMultiQuery) {
+    const std::int64_t capacity =
+        static_cast<std::int64_t>(p.max_blocks_per_seq) * p.page.block_size;
+    const std::int64_t raw = __ldg(p.seq_lens + seq);
+    const int len = static_cast<int>(raw < 0 ? 0 : (raw > capacity ? capacity : raw));
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = (lane >> 2) + 8 * r;
+      const int token = row < p.rows ? row / p.group : p.q_len - 1;
+      const int end = len - (p.q_len - 1 - token);  // one past the token's position
+      const int lo = p.row_window > 0 ? max(0, end - p.row_window) : 0;
+      row_hi[r] = min(range_len, end - range.begin);
+      row_lo[r] = lo - range.begin;
     }
   }
 
@@ -284,7 +326,12 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
 #else
         constexpr bool dropped = false;
 #endif
-        v = key < valid && !dropped ? v : -INFINITY;
+        if constexpr (kMultiQuery) {
+          const int rel = detail::tc_slice_begin(tile, warp) + key;
+          v = rel < row_hi[c >> 1] && rel >= row_lo[c >> 1] && !dropped ? v : -INFINITY;
+        } else {
+          v = key < valid && !dropped ? v : -INFINITY;
+        }
         s[t][c] = v;
         tile_max[c >> 1] = fmaxf(tile_max[c >> 1], v);
       }
@@ -372,8 +419,10 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
   }
   __syncthreads();
 
-  // Merge the four warps: work item = (query head of the group, 8 columns).
-  for (int w_item = static_cast<int>(threadIdx.x); w_item < p.group * kChunks;
+  // Merge the four warps: work item = (row: query head of the group, times query token with
+  // kMultiQuery; 8 columns).
+  const int num_rows = kMultiQuery ? p.rows : p.group;
+  for (int w_item = static_cast<int>(threadIdx.x); w_item < num_rows * kChunks;
        w_item += kTcThreads) {
     const int row = w_item / kChunks;
     const int d0 = (w_item % kChunks) * 8;
@@ -391,7 +440,8 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc[k] = fmaf(weight, src[k], acc[k]);
     }
-    const int q_head = kv_head * p.group + row;
+    [[maybe_unused]] const int token = kMultiQuery ? row / p.group : 0;
+    const int q_head = kv_head * p.group + (kMultiQuery ? row % p.group : row);
     if (direct) {
       const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
       uint4 packed;
@@ -399,8 +449,21 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
       packed.y = Ops::pack2(acc[2] * inv, acc[3] * inv);
       packed.z = Ops::pack2(acc[4] * inv, acc[5] * inv);
       packed.w = Ops::pack2(acc[6] * inv, acc[7] * inv);
-      *reinterpret_cast<uint4*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d0) =
-          packed;
+      std::uint16_t* dst = p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d0;
+      if constexpr (kMultiQuery) dst += token * p.out_stride_token;
+      *reinterpret_cast<uint4*>(dst) = packed;
+    } else if constexpr (kMultiQuery) {
+      // A row may see no key of this chunk (l_all 0): output 0, lse -inf, weight 0 in the merge.
+      const std::int64_t state =
+          ((static_cast<std::int64_t>(seq) * p.q_len + token) * p.num_q_heads + q_head) *
+              p.num_splits +
+          split;
+      const bool any = l_all > 0.0f;
+      const float inv = any ? 1.0f / l_all : 0.0f;
+      float4* dst = reinterpret_cast<float4*>(p.partial_out + state * kHeadDim + d0);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (d0 == 0) p.partial_lse[state] = any ? m_all + log2f(l_all) : -INFINITY;
     } else {
       // A non-empty chunk: its maximum key has weight 1, so l_all >= 1.
       const std::int64_t state =
@@ -419,17 +482,20 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
       unsigned* flag = reinterpret_cast<unsigned*>(smem);
       if (fused_merge_arrive(p.split_counters + seq_head,
                              static_cast<unsigned>(range.num_active_splits), flag)) {
-        fused_merge_group<kBf16, kHeadDim, kTcWarps>(p, seq, kv_head, range.num_active_splits);
+        fused_merge_group<kBf16, kHeadDim, kTcWarps, kMultiQuery>(p, seq, kv_head,
+                                                                  range.num_active_splits);
       }
     }
   }
 }
 
 // out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M) for each (sequence, query head) that used
-// >= 2 splits. blockDim = (kHeadDim / 4, kMergeHeads).
+// >= 2 splits (kMultiQuery: each (sequence, query token, query head); a chunk a row saw no key of
+// has lse -inf, weight 0, and at least the first chunk holds a key). blockDim = (kHeadDim / 4,
+// kMergeHeads).
 constexpr int kMergeHeads = 4;
 
-template <bool kBf16, int kHeadDim>
+template <bool kBf16, int kHeadDim, bool kMultiQuery>
 __global__ void __launch_bounds__(kHeadDim / 4 * kMergeHeads)
     tc_merge_kernel(const TcParams p, std::int64_t num_states) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -438,7 +504,8 @@ __global__ void __launch_bounds__(kHeadDim / 4 * kMergeHeads)
 #endif
   const std::int64_t state = static_cast<std::int64_t>(blockIdx.x) * kMergeHeads + threadIdx.y;
   if (state >= num_states) return;
-  const int seq = static_cast<int>(state / p.num_q_heads);
+  const std::int64_t seq_token = state / p.num_q_heads;
+  const int seq = static_cast<int>(kMultiQuery ? seq_token / p.q_len : seq_token);
   const int q_head = static_cast<int>(state % p.num_q_heads);
   const int n = range_of(p, seq, 0).num_active_splits;
   if (n <= 1) return;  // written directly by the attention kernel
@@ -462,15 +529,16 @@ __global__ void __launch_bounds__(kHeadDim / 4 * kMergeHeads)
   uint2 packed;
   packed.x = MmaOps<kBf16>::pack2(acc.x * inv, acc.y * inv);
   packed.y = MmaOps<kBf16>::pack2(acc.z * inv, acc.w * inv);
-  *reinterpret_cast<uint2*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d) =
-      packed;
+  std::uint16_t* dst = p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d;
+  if constexpr (kMultiQuery) dst += (seq_token % p.q_len) * p.out_stride_token;
+  *reinterpret_cast<uint2*>(dst) = packed;
 }
 
 // kTensorCoreWideMerge's merge, the same formula as tc_merge_kernel with the splits in parallel:
 // one CTA per (sequence, query head) that used >= 2 splits
 // (kernels/internal/decode_wide_merge.cuh).
 
-template <bool kBf16, int kHeadDim>
+template <bool kBf16, int kHeadDim, bool kMultiQuery>
 __global__ void __launch_bounds__(kWideMergeThreads) tc_wide_merge_kernel(const TcParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -479,18 +547,25 @@ __global__ void __launch_bounds__(kWideMergeThreads) tc_wide_merge_kernel(const 
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
   const std::int64_t state = blockIdx.x;
-  const int seq = static_cast<int>(state / p.num_q_heads);
+  const std::int64_t seq_token = state / p.num_q_heads;
+  const int seq = static_cast<int>(kMultiQuery ? seq_token / p.q_len : seq_token);
   const int q_head = static_cast<int>(state % p.num_q_heads);
   const int n = range_of(p, seq, 0).num_active_splits;
   if (n <= 1) return;  // written directly by the attention kernel; uniform over the CTA
-  wide_merge_state<kBf16, kHeadDim, false>(p, state, seq, q_head, n);
+  if constexpr (kMultiQuery) {
+    // A chunk a row saw no key of has lse -inf (weight 0); the first chunk holds one.
+    wide_merge_state<kBf16, kHeadDim, true>(p, state, seq, q_head, n,
+                                            (seq_token % p.q_len) * p.out_stride_token);
+  } else {
+    wide_merge_state<kBf16, kHeadDim, false>(p, state, seq, q_head, n);
+  }
 }
 
-template <bool kBf16, int kHeadDim, bool kSoftCap, TcDecodeMerge kMerge>
+template <bool kBf16, int kHeadDim, bool kSoftCap, TcDecodeMerge kMerge, bool kMultiQuery>
 cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t stream) {
   using S = TcDecodeShape<kHeadDim>;
   constexpr bool kWideMerge = kMerge != TcDecodeMerge::kSerial;
-  const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap, kMerge>;
+  const auto kernel = tc_decode_kernel<kBf16, kHeadDim, kSoftCap, kMerge, kMultiQuery>;
   // Set on every launch: cheap, per device, and allowed while a graph is being captured.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(S::kSmemBytes));
@@ -516,7 +591,7 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
   if constexpr (kMerge == TcDecodeMerge::kFused) return err;  // each state's last CTA merges
   if (err != cudaSuccess || kp.num_splits == 1) return err;
 
-  const std::int64_t states = num_seqs * kp.num_q_heads;
+  const std::int64_t states = num_seqs * kp.q_len * kp.num_q_heads;
   cudaLaunchConfig_t merge{};
   if constexpr (kWideMerge) {
     merge.gridDim = dim3(static_cast<unsigned>(states));
@@ -529,9 +604,9 @@ cudaError_t launch(const TcParams& kp, std::int64_t num_seqs, cudaStream_t strea
   merge.attrs = pdl;
   merge.numAttrs = num_pdl;
   if constexpr (kWideMerge) {
-    return cudaLaunchKernelEx(&merge, tc_wide_merge_kernel<kBf16, kHeadDim>, kp);
+    return cudaLaunchKernelEx(&merge, tc_wide_merge_kernel<kBf16, kHeadDim, kMultiQuery>, kp);
   } else {
-    return cudaLaunchKernelEx(&merge, tc_merge_kernel<kBf16, kHeadDim>, kp, states);
+    return cudaLaunchKernelEx(&merge, tc_merge_kernel<kBf16, kHeadDim, kMultiQuery>, kp, states);
   }
 }
 
@@ -545,6 +620,7 @@ cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& p
   kp.q = static_cast<const std::uint16_t*>(params.q);
   kp.q_stride_seq = params.q_seq_stride();
   kp.q_stride_head = params.q_head_stride();
+  kp.q_stride_token = params.q_token_stride();
   kp.k_cache = static_cast<const std::uint16_t*>(params.k_cache);
   kp.v_cache = static_cast<const std::uint16_t*>(params.v_cache);
   kp.page.stride_block = layout.stride_block;
@@ -563,6 +639,7 @@ cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& p
   kp.out = static_cast<std::uint16_t*>(params.out);
   kp.out_stride_seq = params.out_seq_stride();
   kp.out_stride_head = params.out_head_stride();
+  kp.out_stride_token = params.out_token_stride();
   const bool soft_cap = params.logits_soft_cap > 0.0f;
   if (soft_cap) {
     kp.score_scale = params.sm_scale / params.logits_soft_cap;
@@ -571,39 +648,50 @@ cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& p
     kp.score_scale = params.sm_scale * kLog2e;
     kp.cap_log2 = 0.0f;
   }
-  kp.window_size = params.window_size;
+  // The CTA's keys: the union of the query tokens' ranges (each token's window ends one key after
+  // the previous token's).
+  kp.q_len = params.q_len;
+  kp.rows = params.group_size() * params.q_len;
+  kp.row_window = params.window_size;
+  kp.window_size = params.window_size > 0 ? params.window_size + params.q_len - 1 : 0;
   kp.num_splits = plan.num_splits;
   kp.chunk = plan.split_kv() ? plan.kv_chunk_size : 0;
   if (plan.split_kv()) {
-    const DecodeWorkspaceLayout ws =
-        decode_workspace_layout(plan, params.num_seqs, params.num_q_heads, layout.head_dim);
+    const DecodeWorkspaceLayout ws = decode_workspace_layout(
+        plan, params.num_seqs, params.num_q_heads, layout.head_dim, params.q_len);
     auto* base = static_cast<unsigned char*>(workspace);
     kp.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
     kp.partial_lse = reinterpret_cast<float*>(base + ws.partial_lse_offset);
     kp.split_counters = split_counters;
   }
-  return dispatch_tc_decode(params.dtype, layout.head_dim, soft_cap, kWho,
-                            [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-                              switch (merge) {
-                                case TcDecodeMerge::kWide:
-                                  return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kWide>(
-                                      kp, params.num_seqs, stream);
-                                case TcDecodeMerge::kFused:
-                                  return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kFused>(
-                                      kp, params.num_seqs, stream);
-                                case TcDecodeMerge::kSerial:
-                                  break;
-                              }
-                              return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kSerial>(
-                                  kp, params.num_seqs, stream);
-                            });
+  const bool multi_query = params.q_len > 1;
+  return dispatch_tc_decode(
+      params.dtype, layout.head_dim, soft_cap, kWho,
+      [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+        const auto by_merge = [&]<bool kMultiQuery>() {
+          switch (merge) {
+            case TcDecodeMerge::kWide:
+              return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kWide, kMultiQuery>(
+                  kp, params.num_seqs, stream);
+            case TcDecodeMerge::kFused:
+              return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kFused, kMultiQuery>(
+                  kp, params.num_seqs, stream);
+            case TcDecodeMerge::kSerial:
+              break;
+          }
+          return launch<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kSerial, kMultiQuery>(
+              kp, params.num_seqs, stream);
+        };
+        return multi_query ? by_merge.template operator()<true>()
+                           : by_merge.template operator()<false>();
+      });
 }
 
 cudaError_t tc_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
   return dispatch_tc_decode(
       dtype, head_dim, false, kWho, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
         return resident_ctas_per_sm(
-            tc_decode_kernel<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kSerial>, kTcThreads,
+            tc_decode_kernel<kBf16, kHeadDim, kSoftCap, TcDecodeMerge::kSerial, false>, kTcThreads,
             TcDecodeShape<kHeadDim>::kSmemBytes, ctas);
       });
 }

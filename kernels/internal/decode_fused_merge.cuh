@@ -83,15 +83,26 @@ __device__ __forceinline__ void load_cg(const float* src, float (&v)[kPer]) {
 
 // Merges the n >= 2 chunks of every query head of (seq, kv_head)'s group into p.out; kWarps: the
 // CTA's warps. Params: the kernel's parameters (partial_lse, partial_out, num_splits, num_q_heads,
-// group, out, out_stride_seq, out_stride_head).
-template <bool kBf16, int kHeadDim, int kWarps, typename Params>
+// group, out, out_stride_seq, out_stride_head; with kMultiQuery also rows = group x q_len, q_len,
+// out_stride_token: row r is query token r / group, head r % group, and a chunk the row saw no key
+// of has lse -inf and output 0, which add nothing once chunk 0, which holds a key of every row,
+// is added).
+template <bool kBf16, int kHeadDim, int kWarps, bool kMultiQuery, typename Params>
 __device__ __forceinline__ void fused_merge_group(const Params& p, int seq, int kv_head, int n) {
   constexpr int kPer = FusedMergeColumns<kHeadDim>::kPer;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  for (int r = warp; r < p.group; r += kWarps) {
-    const int q_head = kv_head * p.group + r;
-    const std::int64_t state = static_cast<std::int64_t>(seq) * p.num_q_heads + q_head;
+  int num_rows = p.group;
+  if constexpr (kMultiQuery) num_rows = p.rows;
+  for (int r = warp; r < num_rows; r += kWarps) {
+    int token = 0;
+    int q_head = kv_head * p.group + r;
+    std::int64_t state = static_cast<std::int64_t>(seq) * p.num_q_heads + q_head;
+    if constexpr (kMultiQuery) {
+      token = r / p.group;
+      q_head = kv_head * p.group + r % p.group;
+      state = (static_cast<std::int64_t>(seq) * p.q_len + token) * p.num_q_heads + q_head;
+    }
     const float* lse = p.partial_lse + state * p.num_splits;
     const float* part = p.partial_out + state * p.num_splits * kHeadDim + lane * kPer;
     detail::OnlineChunkMerge<kPer> merge;
@@ -116,6 +127,7 @@ __device__ __forceinline__ void fused_merge_group(const Params& p, int seq, int 
     }
     const float inv = merge.inverse_weight();  // <= 1: the largest chunk has weight 1
     std::uint16_t* dst = p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + lane * kPer;
+    if constexpr (kMultiQuery) dst += token * p.out_stride_token;
     unsigned packed[kPer / 2];
 #pragma unroll
     for (int i = 0; i < kPer / 2; ++i) {

@@ -26,10 +26,11 @@ namespace pagedkv::kernels {
 inline constexpr int kWideMergeThreads = 256;
 
 // Merges state (sequence seq, query head q_head) of n >= 2 chunks; Params: the kernel's parameters
-// (partial_lse, partial_out, num_splits, out, out_stride_seq, out_stride_head).
+// (partial_lse, partial_out, num_splits, out, out_stride_seq, out_stride_head). out_offset: added
+// to the output row's offset (a query token's, with several per sequence).
 template <bool kBf16, int kHeadDim, bool kMaybeEmpty, typename Params>
 __device__ __forceinline__ void wide_merge_state(const Params& p, std::int64_t state, int seq,
-                                                 int q_head, int n) {
+                                                 int q_head, int n, std::int64_t out_offset = 0) {
   constexpr int kLanes = kHeadDim / 4;  // float4 columns
   constexpr int kRows = kWideMergeThreads / kLanes;
   constexpr int kWarpsHere = kWideMergeThreads / 32;
@@ -93,7 +94,7 @@ __device__ __forceinline__ void wide_merge_state(const Params& p, std::int64_t s
   packed.x = MmaOps<kBf16>::pack2(acc.x * inv, acc.y * inv);
   packed.y = MmaOps<kBf16>::pack2(acc.z * inv, acc.w * inv);
   *reinterpret_cast<uint2*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head +
-                            lane * 4) = packed;
+                            out_offset + lane * 4) = packed;
 }
 
 }  // namespace pagedkv::kernels

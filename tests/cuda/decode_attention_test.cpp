@@ -2,7 +2,8 @@
 // head_dim 64/128/256, GQA groups 1..16, block sizes 1/3/16/64, shuffled block tables, lengths
 // that are not block multiples, NaN-poisoned unused slots, every layout kind, split-KV on and off,
 // sliding window, soft-cap, a pool of more than 2^31 elements, block ids outside the pool, the
-// three-head-group warp layout (GQA groups 9..12), and CUDA-graph capture. Every device test runs
+// three-head-group warp layout (GQA groups 9..12), CUDA-graph capture, and several query tokens
+// per sequence (q_len > 1, the tensor-core variants). Every device test runs
 // for every kernel variant (DecodeKernel::kSimt, kTensorCore, kTensorCoreWideMerge, the default,
 // and kTensorCoreFusedMerge; test names end in /Simt, /TensorCore, /TensorCoreWideMerge and
 // /TensorCoreFusedMerge), the variant's split plans from its own planner options. Every launch
@@ -236,6 +237,131 @@ TEST_P(CudaDecodeAttention, LongContextWithPlannedSplits) {
     ASSERT_TRUE(plan_for(pb, Split::kPlanner, GetParam()).split_kv());
     EXPECT_TRUE(run_case(s, Split::kPlanner, 77, GetParam()));
     EXPECT_TRUE(run_case(s, Split::kOff, 77, GetParam()));
+  }
+}
+
+// Several query tokens per sequence (q_len > 1, speculative decoding) on the tensor-core
+// variants: against the CPU reference (itself checked against the extend reference,
+// tests/reference/decode_attention_test.cpp), every dtype and head_dim, group x q_len up to 16,
+// windows that end inside a chunk, soft-cap, split-KV off, forced (chunks of 37: last chunks too
+// short for the early tokens), planned and many (300 chunks), sequences shorter than q_len, and
+// strided q / out with gaps between tokens. kSimt refuses q_len > 1 (host check below).
+::testing::AssertionResult run_multi_query(KVDtype dtype, std::int32_t head_dim, std::int32_t group,
+                                           std::int32_t q_len, std::int32_t block_size,
+                                           std::int32_t window, float cap,
+                                           const std::vector<std::int32_t>& prefixes, Split split,
+                                           bool strided, std::uint64_t seed, DecodeKernel kernel) {
+  const std::vector<std::int32_t> q_lens(prefixes.size(), q_len);
+  auto shape = testing::make_extend_shape(dtype, head_dim, 2, group, block_size, prefixes, q_lens);
+  shape.cache.window_size = window;
+  shape.cache.soft_cap = cap;
+  const auto pb = testing::make_extend_problem(shape, seed);
+  PagedDecodeParams host = pb.cache.params(nullptr);
+  host.q = pb.q.data();
+  host.q_len = q_len;
+  const auto ref = reference_paged_decode_attention_f64(host);
+  testing::DeviceExtendProblem dev(pb);
+  const auto num_seqs = static_cast<std::int32_t>(prefixes.size());
+  const std::int32_t num_q_heads = 2 * group;
+  const std::int64_t row = static_cast<std::int64_t>(num_q_heads) * head_dim;
+  // Strided: 8 elements after each token's heads and 16 more after each sequence's tokens.
+  const std::int64_t token_stride = strided ? row + 8 : row;
+  const std::int64_t seq_stride = strided ? q_len * token_stride + 16 : q_len * row;
+  std::vector<std::uint16_t> q_host(static_cast<std::size_t>(num_seqs * seq_stride), 0);
+  for (std::int64_t s = 0; s < num_seqs; ++s) {
+    for (std::int64_t i = 0; i < q_len; ++i) {
+      std::copy_n(pb.q.begin() + (s * q_len + i) * row, row,
+                  q_host.begin() + s * seq_stride + i * token_stride);
+    }
+  }
+  const DeviceBuffer q(testing::upload(q_host));
+  const DeviceBuffer out(q_host.size() * sizeof(std::uint16_t));  // NaN-poisoned
+  PagedDecodeParams p = host;
+  p.q = q.get();
+  p.k_cache = dev.k.get();
+  p.v_cache = dev.v_plane(pb);
+  p.block_table = dev.table.get<std::int32_t>();
+  p.seq_lens = dev.lens.get<std::int32_t>();
+  p.out = out.get();
+  if (strided) {
+    p.q_stride_token = p.out_stride_token = token_stride;
+    p.q_stride_seq = p.out_stride_seq = seq_stride;
+  }
+  DecodePlan plan;
+  if (split == Split::kForced) plan = DecodePlan{5, 37};
+  if (split == Split::kMany) plan = DecodePlan{300, 64};
+  if (split == Split::kPlanner) {
+    DecodePlanOptions options;
+    testing::cuda_check(decode_plan_options_for_current_device(dtype, head_dim, &options, kernel),
+                        "decode_plan_options_for_current_device");
+    options.window_size = window;
+    options.min_chunk_tokens = 64;
+    plan = plan_paged_decode(pb.shape.cache.seq_lens, 2, options);
+  }
+  const std::size_t ws_bytes = decode_workspace_bytes(plan, num_seqs, num_q_heads, head_dim, q_len);
+  DeviceBuffer workspace(ws_bytes);
+  const SplitCounters counters(static_cast<std::int64_t>(num_seqs) * 2);
+  testing::cuda_check(
+      paged_decode_attention(p, plan, workspace.get(), ws_bytes, nullptr, kernel, counters.get()),
+      "paged_decode_attention");
+  testing::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  if (::testing::AssertionResult zero = counters.all_zero(); !zero) return zero;
+  const auto all = testing::download<std::uint16_t>(out.get(), q_host.size());
+  std::vector<std::uint16_t> dense(static_cast<std::size_t>(num_seqs * q_len * row));
+  for (std::int64_t s = 0; s < num_seqs; ++s) {
+    for (std::int64_t i = 0; i < q_len; ++i) {
+      std::copy_n(all.begin() + s * seq_stride + i * token_stride, row,
+                  dense.begin() + (s * q_len + i) * row);
+      if (strided &&
+          all[static_cast<std::size_t>(s * seq_stride + i * token_stride + row)] != 0xffff) {
+        return ::testing::AssertionFailure() << "the gap after a token's heads was written";
+      }
+    }
+  }
+  return testing::rows_match(testing::to_doubles(dtype, dense), ref,
+                             static_cast<std::size_t>(head_dim), tolerance(dtype))
+         << " [q_len " << q_len << " group " << group << " head_dim " << head_dim << " block "
+         << block_size << " window " << window << " cap " << cap << " split "
+         << static_cast<int>(split) << (strided ? " strided" : "")
+         << "; rows are (sequence x q_len + token) x " << num_q_heads << " + query head]";
+}
+
+TEST_P(CudaDecodeAttention, SeveralQueryTokensMatchTheReference) {
+  if (GetParam() == DecodeKernel::kSimt) GTEST_SKIP() << "kSimt takes one query token";
+  std::uint64_t seed = 7000;
+  for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
+    for (const std::int32_t head_dim : {64, 128, 256}) {
+      for (const auto& [group, q_len] :
+           std::vector<std::pair<int, int>>{{1, 2}, {1, 16}, {2, 4}, {3, 5}, {4, 3}, {8, 2}}) {
+        for (const Split split : {Split::kOff, Split::kForced, Split::kPlanner}) {
+          EXPECT_TRUE(run_multi_query(dtype, head_dim, group, q_len, 16, 0, 0.0f, {0, 1, 190, 700},
+                                      split, false, seed++, GetParam()));
+        }
+      }
+    }
+  }
+  // Windows (ending inside a chunk; one token's window a chunk away from another's), soft-cap,
+  // block size 1 and 64, 300 chunks, strided q / out, sequences shorter than q_len.
+  for (const std::int32_t window : {1, 5, 40, 100}) {
+    for (const Split split : {Split::kOff, Split::kForced, Split::kMany}) {
+      EXPECT_TRUE(run_multi_query(KVDtype::kBFloat16, 128, 2, 6, 1, window, 0.0f, {3, 120, 20000},
+                                  split, false, seed++, GetParam()));
+      EXPECT_TRUE(run_multi_query(KVDtype::kFloat16, 64, 4, 4, 64, window, 10.0f, {0, 77, 900},
+                                  split, true, seed++, GetParam()));
+    }
+  }
+}
+
+// A few of the cases above, small enough for compute-sanitizer (scripts/gpu-check's memcheck,
+// racecheck and synccheck lines): split and not, a window, strided q / out, a sequence shorter
+// than q_len.
+TEST_P(CudaDecodeAttention, SeveralQueryTokensFewCases) {
+  if (GetParam() == DecodeKernel::kSimt) GTEST_SKIP() << "kSimt takes one query token";
+  for (const Split split : {Split::kOff, Split::kForced}) {
+    EXPECT_TRUE(run_multi_query(KVDtype::kBFloat16, 128, 4, 4, 16, 0, 0.0f, {2, 150}, split, true,
+                                7500, GetParam()));
+    EXPECT_TRUE(run_multi_query(KVDtype::kFloat16, 64, 2, 8, 16, 20, 0.0f, {90}, split, false, 7501,
+                                GetParam()));
   }
 }
 
@@ -720,7 +846,7 @@ TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
   expect_error([&] { validate_cuda_decode(p, DecodePlan{}, nullptr, 0); }, "at most 16");
   const DecodePlan split{4, 64};
   const std::size_t need = decode_workspace_bytes(split, 2, 8, 128);
-  alignas(16) static unsigned char workspace[1 << 16];
+  alignas(16) static unsigned char workspace[1 << 17];
   ASSERT_LE(need, sizeof(workspace));
   EXPECT_NO_THROW(validate_cuda_decode(good, split, workspace, need));
   expect_error([&] { validate_cuda_decode(good, split, workspace, need - 1); }, "workspace of");
@@ -771,6 +897,49 @@ TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
   expect_error([&] { fused({counters, 3}); }, "states, got 3");
   auto* odd = reinterpret_cast<std::uint32_t*>(reinterpret_cast<unsigned char*>(counters) + 2);
   expect_error([&] { fused({odd, 4}); }, "4-byte aligned");
+  // Several query tokens per sequence: the tensor-core variants of a 16-bit cache, group x q_len
+  // <= 16 rows, a split plan's chunks >= 16 tokens, and the workspace for q_len times the states.
+  {
+    PagedDecodeParams mq = good;  // group 4
+    mq.q_len = 2;
+    const std::size_t need2 = decode_workspace_bytes(split, 2, 8, 128, 2);
+    ASSERT_LE(need2, sizeof(workspace));
+    expect_error([&] { validate_cuda_decode(mq, split, workspace, need); }, "workspace of");
+    EXPECT_NO_THROW(validate_cuda_decode(mq, split, workspace, need2));
+    expect_error(
+        [&] {
+          (void)paged_decode_attention(mq, split, workspace, need2, nullptr, DecodeKernel::kSimt);
+        },
+        "not DecodeKernel::kSimt");
+    PagedDecodeParams fp8 = mq;
+    fp8.quant.mode = KVScaleMode::kPerTensor;
+    expect_error(
+        [&] {
+          (void)paged_decode_attention(fp8, split, workspace, need2, nullptr,
+                                       DecodeKernel::kTensorCoreFp8);
+        },
+        "not an FP8 cache");
+    mq.q_len = 5;  // 4 x 5 = 20 rows
+    expect_error(
+        [&] {
+          (void)paged_decode_attention(mq, DecodePlan{}, nullptr, 0, nullptr,
+                                       DecodeKernel::kTensorCore);
+        },
+        "q_len x group = 5 x 4 exceeds 16");
+    mq.q_len = 2;
+    const DecodePlan small{4, 8};
+    const std::size_t need_small = decode_workspace_bytes(small, 2, 8, 128, 2);
+    ASSERT_LE(need_small, sizeof(workspace));
+    expect_error(
+        [&] {
+          (void)paged_decode_attention(mq, small, workspace, need_small, nullptr,
+                                       DecodeKernel::kTensorCoreWideMerge);
+        },
+        "kv_chunk_size >= 16");
+    mq.q_stride_token = 8 * 128 + 4;  // not a multiple of 8 elements
+    mq.q_stride_seq = 2 * (8 * 128 + 8);
+    expect_error([&] { validate_cuda_decode(mq, DecodePlan{}, nullptr, 0); }, "multiples of 8");
+  }
   // An empty batch needs none (nothing is launched: this returns before touching the device).
   PagedDecodeParams empty = good;
   empty.num_seqs = 0;
@@ -799,6 +968,16 @@ TEST(CudaDecodeAttentionArguments, VariantCoverage) {
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFusedMerge));
   EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));  // 16-bit: kTensorCore runs
+  // Several query tokens per sequence (group 4 here): the tensor-core variants, up to 16 rows.
+  p.q_len = 4;
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kSimt));
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFusedMerge));
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));
+  p.q_len = 5;  // 20 rows
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
+  p.q_len = 1;
   p.quant.mode = KVScaleMode::kPerTensor;  // an FP8 cache: the FP8 kernel, either variant
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kSimt));

@@ -3,9 +3,12 @@
 // Same contract as the CPU reference in pagedkv/reference/decode_attention.hpp, on device buffers.
 // fp16 and bf16 values, fp32 accumulation and softmax; head_dim 64, 128 or 256; GQA group
 // sizes 1..16; block sizes 1..256 with any strides KVLayout accepts; 64-bit address arithmetic
-// throughout. One query per sequence: several (speculative decoding's draft tokens, appended to
-// the cache first) go through paged_extend_attention (pagedkv/cuda/extend_attention.hpp) with
-// each sequence's q_len new tokens, which gives each its causal limit.
+// throughout. Several query tokens per sequence (q_len > 1: speculative decoding's draft tokens,
+// appended to the cache first, each attending up to its own position) on the tensor-core
+// variants of a 16-bit cache, group x q_len <= 16 (kCudaDecodeMaxQueryRows), with a split plan's
+// chunks of at least 16 tokens; kSimt and FP8 caches take one (Error otherwise).
+// paged_extend_attention (pagedkv/cuda/extend_attention.hpp) takes any number of new tokens with
+// the same result.
 //
 // Launch geometry (kSimt; kTensorCore below): one CTA (4 warps) per (sequence, KV head, split)
 // serves every query head of the KV head's group, so each K/V byte is read from memory once per
@@ -78,6 +81,9 @@
 namespace pagedkv {
 
 inline constexpr int kCudaDecodeMaxGroupSize = 16;
+// Several query tokens per sequence (PagedDecodeParams::q_len > 1): at most this many query rows
+// (group x q_len) per KV head, on the tensor-core kernels.
+inline constexpr int kCudaDecodeMaxQueryRows = 16;
 
 enum class DecodeKernel : int {
   kSimt = 0,                  // CUDA-core kernel (the default before 2026-12-04)
@@ -111,14 +117,17 @@ struct DecodeSplitCounters {
 
 // Whether `kernel` itself runs for these parameters; false when paged_decode_attention falls back
 // (an FP8 cache runs kernels/fp8_attention.cu except with kTensorCoreFp8 on a layout whose
-// strides are multiples of 16 bytes; kTensorCoreFp8 on a 16-bit cache runs kTensorCore: false).
+// strides are multiples of 16 bytes; kTensorCoreFp8 on a 16-bit cache runs kTensorCore: false)
+// or refuses them (q_len > 1 beyond the tensor-core variants of a 16-bit cache with group x
+// q_len <= 16).
 bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept;
 
 // The host-side checks paged_decode_attention performs: validate(params) and validate(plan),
 // plus head_dim in {64, 128, 256}, group size <= 16, 16-byte aligned q / k_cache / v_cache / out,
 // q and out strides multiples of 8 elements, a large enough 16-byte aligned workspace when
-// splitting, a grid of at most 2^31 - 1 CTAs, and when splitting num_seqs x num_q_heads <=
-// 2^31 - 1 (the merge grid). Throws pagedkv::Error.
+// splitting (decode_workspace_bytes with params.q_len), a grid of at most 2^31 - 1 CTAs, and when
+// splitting num_seqs x q_len x num_q_heads <= 2^31 - 1 (the merge grid). The checks of q_len > 1
+// that depend on the kernel (above) are paged_decode_attention's. Throws pagedkv::Error.
 void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& plan,
                           const void* workspace, std::size_t workspace_bytes);
 
