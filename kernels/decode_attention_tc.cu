@@ -203,12 +203,10 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
     const int len = static_cast<int>(raw < 0 ? 0 : (raw > capacity ? capacity : raw));
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const int row = (lane >> 2) + 8 * r;
-      const int token = row < p.rows ? row / p.group : p.q_len - 1;
-      const int end = len - (p.q_len - 1 - token);  // one past the token's position
-      const int lo = p.row_window > 0 ? max(0, end - p.row_window) : 0;
-      row_hi[r] = min(range_len, end - range.begin);
-      row_lo[r] = lo - range.begin;
+      const detail::TcRowKeys keys = detail::tc_row_keys(len, p.q_len, p.group, p.rows,
+                                                         p.row_window, (lane >> 2) + 8 * r, range);
+      row_lo[r] = keys.lo;
+      row_hi[r] = keys.hi;
     }
   }
 
@@ -653,7 +651,7 @@ cudaError_t tc_paged_decode(const PagedDecodeParams& params, const DecodePlan& p
   kp.q_len = params.q_len;
   kp.rows = params.group_size() * params.q_len;
   kp.row_window = params.window_size;
-  kp.window_size = params.window_size > 0 ? params.window_size + params.q_len - 1 : 0;
+  kp.window_size = detail::tc_union_window(params.window_size, params.q_len);
   kp.num_splits = plan.num_splits;
   kp.chunk = plan.split_kv() ? plan.kv_chunk_size : 0;
   if (plan.split_kv()) {

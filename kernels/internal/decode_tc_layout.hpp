@@ -166,6 +166,33 @@ PAGEDKV_HOST_DEVICE constexpr TcSplitRange tc_split_range(std::int64_t raw_len,
   return r;
 }
 
+// ---- several query tokens per sequence (q_len > 1; kernels/decode_attention_tc.cu) ----
+// The window of the CTA's key range: the union of the tokens' ranges, each token's window ending
+// one key after the previous token's (0 = none). Pass it to tc_split_range.
+PAGEDKV_HOST_DEVICE constexpr int tc_union_window(int window, int q_len) {
+  return window > 0 ? window + q_len - 1 : 0;
+}
+
+// The keys MMA row `row` sees in `range` (a tc_split_range of the union window), relative to the
+// range's begin: [lo, hi), hi <= the range's length, empty when hi <= lo. Row r holds query token
+// r / group (rows >= `rows` = group x q_len hold no query: the last token's keys); token i sits
+// at len - q_len + i (len: the clamped length) and sees the keys up to itself within
+// `row_window` (0 = none).
+struct TcRowKeys {
+  int lo;
+  int hi;
+};
+PAGEDKV_HOST_DEVICE constexpr TcRowKeys tc_row_keys(int len, int q_len, int group, int rows,
+                                                    int row_window, int row,
+                                                    const TcSplitRange& range) {
+  const int token = row < rows ? row / group : q_len - 1;
+  const int end = len - (q_len - 1 - token);  // one past the token's position
+  const int lo = row_window > 0 && end - row_window > 0 ? end - row_window : 0;
+  const int range_len = range.end - range.begin;
+  const int hi = end - range.begin;
+  return {lo - range.begin, hi < range_len ? hi : range_len};
+}
+
 // Tiles a warp visits in a range: those whose 16-key slice holds at least one key.
 PAGEDKV_HOST_DEVICE constexpr int tc_warp_tiles(int range_len, int warp) {
   const int rest = range_len - warp * kTcWarpTokens;

@@ -346,6 +346,71 @@ TEST(DecodeTcLayout, SwizzleIsABijectionAndLdmatrixPhasesAreConflictFree) {
   }
 }
 
+// Several query tokens per sequence: over the chunks of the union window's split, every MMA row
+// sees exactly its token's keys (the reference's [max(0, pos + 1 - window), pos], none when
+// pos < 0), each once, through the warp slices the kernel visits; rows past group x q_len see the
+// last token's; with chunks of at least 16 tokens chunk 0 holds a key of every token that has
+// one (the serial and fused merges need a finite first chunk).
+TEST(DecodeTcLayout, SeveralQueryTokensRowsSeeTheirOwnKeys) {
+  const int capacity = 3000;
+  int checked = 0;
+  for (const int raw_len : {0, 1, 2, 5, 15, 16, 17, 40, 64, 65, 129, 700, 2999, 3000}) {
+    for (const auto& [group, q_len] :
+         std::vector<std::pair<int, int>>{{1, 2}, {1, 16}, {2, 8}, {3, 5}, {4, 4}, {16, 1}}) {
+      for (const int window : {0, 1, 5, 40}) {
+        for (const auto& [splits, chunk] :
+             std::vector<std::pair<int, int>>{{1, 0}, {5, 37}, {300, 16}, {3, 64}}) {
+          const int rows = group * q_len;
+          const int union_window = detail::tc_union_window(window, q_len);
+          const int len = std::clamp(raw_len, 0, capacity);
+          const detail::TcSplitRange r0 =
+              detail::tc_split_range(raw_len, capacity, union_window, splits, chunk, 0);
+          for (int row = 0; row < detail::kTcRows; ++row) {
+            const int token = row < rows ? row / group : q_len - 1;
+            const int pos = len - q_len + token;
+            std::vector<int> seen(static_cast<std::size_t>(capacity), 0);
+            bool in_chunk0 = false;
+            for (int split = 0; split < r0.num_active_splits; ++split) {
+              const detail::TcSplitRange r =
+                  detail::tc_split_range(raw_len, capacity, union_window, splits, chunk, split);
+              const detail::TcRowKeys keys =
+                  detail::tc_row_keys(len, q_len, group, rows, window, row, r);
+              const int range_len = r.end - r.begin;
+              ASSERT_LE(keys.hi, range_len);
+              // The kernel's mask, over the keys its warps visit.
+              for (int w = 0; w < detail::kTcWarps; ++w) {
+                for (int t = 0; t < detail::tc_warp_tiles(range_len, w); ++t) {
+                  const int b = detail::tc_slice_begin(t, w);
+                  for (int rel = b; rel < std::min(range_len, b + detail::kTcWarpTokens); ++rel) {
+                    if (rel < keys.hi && rel >= keys.lo) {
+                      ++seen[static_cast<std::size_t>(r.begin + rel)];
+                      in_chunk0 = in_chunk0 || split == 0;
+                    }
+                  }
+                }
+              }
+            }
+            const int first = window > 0 ? std::max(0, pos + 1 - window) : 0;
+            for (int key = 0; key < capacity; ++key) {
+              const int want = pos >= 0 && key >= first && key <= pos ? 1 : 0;
+              ASSERT_EQ(seen[static_cast<std::size_t>(key)], want)
+                  << "len " << raw_len << " group " << group << " q_len " << q_len << " window "
+                  << window << " splits " << splits << "x" << chunk << " row " << row << " key "
+                  << key;
+            }
+            if (pos >= 0 && r0.num_active_splits > 1 && chunk >= 16) {
+              EXPECT_TRUE(in_chunk0) << "row " << row << " sees no key of chunk 0 (len " << raw_len
+                                     << ", window " << window << ")";
+            }
+            ++checked;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 14 * 6 * 4 * 4 * 16);
+}
+
 TEST(DecodeTcLayout, SplitsAndWarpSlicesCoverEveryKeyOnce) {
   for (const int capacity : {5000}) {
     for (const int raw_len : {0, 1, 15, 16, 17, 63, 64, 65, 100, 1000, 4097, 6000, -3}) {
