@@ -297,13 +297,4 @@ void run_one(const std::uint8_t* data, std::size_t size) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  run_one(data, size);
-  return 0;
-}
-
-#ifndef PAGEDKV_LIBFUZZER
-int main(int argc, char** argv) {
-  return pagedkv::fuzz::replay_main(argc, argv, "disk_store_fuzz", run_one, 256);
-}
-#endif
+PAGEDKV_FUZZ_ENTRY_POINTS("disk_store_fuzz", run_one, 256)

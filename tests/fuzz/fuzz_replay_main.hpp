@@ -1,6 +1,8 @@
 // tests/fuzz/fuzz_replay_main.hpp: main() of a fuzz harness built as a plain program (without
 // libFuzzer): replays the files and directories given on the command line, or `--random N`
 // seeded random inputs (`--seed S`, `--save DIR` to keep them), through the harness's run_one.
+// PAGEDKV_FUZZ_ENTRY_POINTS defines a harness's entry points: libFuzzer's, and main() unless
+// built as a libFuzzer target (PAGEDKV_LIBFUZZER).
 #pragma once
 
 #include <cstdint>
@@ -66,3 +68,20 @@ int replay_main(int argc, char** argv, const char* name, RunOne run_one,
 }
 
 }  // namespace pagedkv::fuzz
+
+// LLVMFuzzerTestOneInput calling run_one(data, size), and without PAGEDKV_LIBFUZZER a main()
+// replaying files and random inputs (replay_main above) under `name`.
+#ifdef PAGEDKV_LIBFUZZER
+#define PAGEDKV_FUZZ_MAIN(name, run_one, max_random_extra)
+#else
+#define PAGEDKV_FUZZ_MAIN(name, run_one, max_random_extra)                          \
+  int main(int argc, char** argv) {                                                 \
+    return pagedkv::fuzz::replay_main(argc, argv, name, run_one, max_random_extra); \
+  }
+#endif
+#define PAGEDKV_FUZZ_ENTRY_POINTS(name, run_one, max_random_extra)                    \
+  extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) { \
+    run_one(data, size);                                                              \
+    return 0;                                                                         \
+  }                                                                                   \
+  PAGEDKV_FUZZ_MAIN(name, run_one, max_random_extra)
