@@ -11,12 +11,15 @@
 // 64, 256; context 1k..32k; block size 16 and 64; identity and shuffled block tables; and
 // mixed-length batches (8, 64, 256 sequences of 256..32,768 tokens drawn log-uniformly, shuffled
 // tables, context "mixed"; their bytes are their tokens', and those with >= 1 GiB count toward
-// the target like the others); K/V, q are random. Every timed launch reads a different copy of
-// the batch's blocks (at least 1 GiB in rotation), so L2 never serves K/V from a previous launch;
-// the warm-up launches read copies the timed launches reach last (or never). Shapes with under 256
-// MiB of K/V per launch are timed as replays of a CUDA graph of up to 64 launches (so the launch
-// path is not what is measured); larger ones launch directly. Times are CUDA-event medians over
-// repeats.
+// the target like the others); and several query tokens per sequence (q_len 2 and 4:
+// speculative decoding's drafts, the tensor-core variants; batch 1, 8 and 64, shuffled tables,
+// block 16; RESULT decode_multi_query gives each one's time against the same shape's one-token
+// time; not counted toward the targets); K/V, q are random. Every timed launch reads a
+// different copy of the batch's blocks (at least 1 GiB in rotation), so L2 never serves K/V from
+// a previous launch; the warm-up launches read copies the timed launches reach last (or never).
+// Shapes with under 256 MiB of K/V per launch are timed as replays of a CUDA graph of up to 64
+// launches (so the launch path is not what is measured); larger ones launch directly. Times are
+// CUDA-event medians over repeats.
 //
 // R (read-only streaming) = bytes / time of one kernel that only reads 1 GiB (read_bandwidth.hpp):
 // decode only reads K/V, so R is its own ceiling, measured in the same run beside C.
@@ -47,6 +50,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -54,6 +58,7 @@
 #include <cstring>
 #include <exception>
 #include <future>
+#include <map>
 #include <numeric>
 #include <random>
 #include <string>
@@ -89,6 +94,7 @@ constexpr double kTarget = 0.85;
 constexpr double kRowTolerance = 1e-2;  // bf16, as the GPU tests
 constexpr double kTargetB1 = 0.5;       // batch 1, 4,096 tokens
 constexpr float kSmScale = 0.0883883f;  // 1 / sqrt(head_dim)
+constexpr int kMaxBenchQueryLen = 4;    // query tokens per sequence of the multi-query shapes
 constexpr DecodeKernel kKernels[] = {DecodeKernel::kSimt, DecodeKernel::kTensorCore,
                                      DecodeKernel::kTensorCoreWideMerge,
                                      DecodeKernel::kTensorCoreFusedMerge};
@@ -358,10 +364,12 @@ struct Device {
 // timed.
 struct SampledSequence {
   SampledSequence(const Device& dev, const KVLayout& device_layout, const void* q, int seq,
-                  const std::int32_t* ids, std::int64_t num_blocks, std::int32_t seq_len)
+                  const std::int32_t* ids, std::int64_t num_blocks, std::int32_t seq_len,
+                  std::int32_t tokens)
       : layout(KVLayout::nhd(num_blocks, device_layout.block_size, device_layout.num_kv_heads,
                              device_layout.head_dim)),
-        len(seq_len) {
+        len(seq_len),
+        q_len(tokens) {
     const auto block_elems = static_cast<std::size_t>(device_layout.stride_block);  // = layout's
     k.resize(static_cast<std::size_t>(layout.plane_elements()));
     v.resize(k.size());
@@ -371,10 +379,10 @@ struct SampledSequence {
       CHECK(cudaMemcpy(k.data() + dst, dev.k + src, block_elems * 2, cudaMemcpyDeviceToHost));
       CHECK(cudaMemcpy(v.data() + dst, dev.v + src, block_elems * 2, cudaMemcpyDeviceToHost));
     }
-    const std::size_t q_row = std::size_t{kQHeads} * kHeadDim;
-    q_rows.resize(q_row);
-    CHECK(cudaMemcpy(q_rows.data(), static_cast<const std::uint16_t*>(q) + seq * q_row, q_row * 2,
-                     cudaMemcpyDeviceToHost));
+    const std::size_t q_rows_n = std::size_t{kQHeads} * kHeadDim * static_cast<std::size_t>(q_len);
+    q_rows.resize(q_rows_n);
+    CHECK(cudaMemcpy(q_rows.data(), static_cast<const std::uint16_t*>(q) + seq * q_rows_n,
+                     q_rows_n * 2, cudaMemcpyDeviceToHost));
   }
   std::vector<double> exact() const {
     std::vector<std::int32_t> table(static_cast<std::size_t>(layout.num_blocks));
@@ -384,6 +392,7 @@ struct SampledSequence {
     p.dtype = kDtype;
     p.num_seqs = 1;
     p.num_q_heads = kQHeads;
+    p.q_len = q_len;
     p.q = q_rows.data();
     p.k_cache = k.data();
     p.v_cache = v.data();
@@ -396,6 +405,7 @@ struct SampledSequence {
   }
   KVLayout layout;
   std::int32_t len;
+  std::int32_t q_len;  // query tokens per sequence
   std::vector<std::uint16_t> k, v, q_rows;
 };
 
@@ -492,7 +502,8 @@ int main(int argc, char** argv) {
 
   // q and out, shared by every launch; q random.
   const std::int64_t max_batch = *std::max_element(batches.begin(), batches.end());
-  const auto q_bytes = static_cast<std::size_t>(max_batch * kQHeads * kHeadDim * 2);
+  const auto q_bytes =
+      static_cast<std::size_t>(max_batch * kMaxBenchQueryLen * kQHeads * kHeadDim * 2);
   void* q = nullptr;
   void* out = nullptr;
   CHECK(cudaMalloc(&q, q_bytes));
@@ -516,8 +527,15 @@ int main(int argc, char** argv) {
   // One shape: `lens` (one length per sequence; `context` names it in the tables: the length,
   // or "mixed"), every variant timed, then checked again. False if the split counters were not
   // left zero (the caller stops).
+  // Single-query times of the shuffled shapes, by (batch, context, block, kernel): the
+  // multi-query shapes below report their time against them.
+  std::map<std::string, double> single_query_ms;
+  const auto shape_key = [](int batch, const char* context, int block_size, int kv) {
+    return std::to_string(batch) + "/" + context + "/" + std::to_string(block_size) + "/" +
+           std::to_string(kv);
+  };
   const auto run_shape = [&](const std::vector<std::int32_t>& lens, const char* context,
-                             int block_size, bool shuffled) -> bool {
+                             int block_size, bool shuffled, int q_len = 1) -> bool {
     const int batch = static_cast<int>(lens.size());
     const std::int32_t max_len = *std::max_element(lens.begin(), lens.end());
     const std::int64_t blocks_per_seq = (max_len + block_size - 1) / block_size;
@@ -550,6 +568,7 @@ int main(int argc, char** argv) {
     p.dtype = kDtype;
     p.num_seqs = batch;
     p.num_q_heads = kQHeads;
+    p.q_len = q_len;
     p.q = q;
     p.k_cache = dev.k;
     p.v_cache = dev.v;
@@ -569,7 +588,7 @@ int main(int argc, char** argv) {
     // first variant is timed (the GPU's timing does not wait for it).
     const SampledSequence sampled(dev, layout, q, sample,
                                   ids.data() + std::int64_t{sample} * blocks_per_seq,
-                                  (sample_len + block_size - 1) / block_size, sample_len);
+                                  (sample_len + block_size - 1) / block_size, sample_len, q_len);
     std::future<std::vector<double>> sample_future =
         std::async(std::launch::async, [&sampled] { return sampled.exact(); });
     std::vector<double> sample_ref;
@@ -582,6 +601,7 @@ int main(int argc, char** argv) {
       const bool probe = step >= kNumKernels;
       const int kv = probe ? kWideMergeIndex : (step + shape_index) % kNumKernels;
       const DecodeKernel kernel = kKernels[kv];
+      if (q_len > 1 && kernel == DecodeKernel::kSimt) continue;  // one query token only
       pagedkv::DecodePlanOptions plan_options = options[kv];
       if (step == kNumKernels) plan_options.ctas_per_sm *= 2;
       if (step == kNumKernels + 1) {
@@ -591,7 +611,8 @@ int main(int argc, char** argv) {
                           : step == kNumKernels ? "tensor_core_wide_merge_plan_x2"
                                                 : "tensor_core_wide_merge_plan_half";
       const DecodePlan plan = pagedkv::plan_paged_decode(lens, kKVHeads, plan_options);
-      const std::size_t ws_bytes = pagedkv::decode_workspace_bytes(plan, batch, kQHeads, kHeadDim);
+      const std::size_t ws_bytes =
+          pagedkv::decode_workspace_bytes(plan, batch, kQHeads, kHeadDim, q_len);
       void* workspace = nullptr;
       if (ws_bytes > 0) CHECK(cudaMalloc(&workspace, ws_bytes));
       const auto launch = [&](int call) {
@@ -618,25 +639,27 @@ int main(int argc, char** argv) {
       launch(0);
       CHECK(cudaStreamSynchronize(stream));
       if (sample_future.valid()) sample_ref = sample_future.get();
-      std::vector<std::uint16_t> rows(q_row);
-      CHECK(cudaMemcpy(rows.data(), static_cast<const std::uint16_t*>(out) + sample * q_row,
-                       q_row * 2, cudaMemcpyDeviceToHost));
+      const std::size_t out_rows = q_row * static_cast<std::size_t>(q_len);
+      std::vector<std::uint16_t> rows(out_rows);
+      CHECK(cudaMemcpy(rows.data(), static_cast<const std::uint16_t*>(out) + sample * out_rows,
+                       out_rows * 2, cudaMemcpyDeviceToHost));
       const double after_err =
           bench::max_row_error(bench::to_doubles(kDtype, rows), sample_ref, kHeadDim);
       const bool after_pass = after_err <= kRowTolerance;
       ++after_checks;
       if (!after_pass) ++after_failures;
       std::printf(
-          "CHECK decode_after_timing kernel=%s batch=%d context=%s block=%d table=%s splits=%d "
-          "seq=%d len=%d max_row_error=%.3g tolerance=%.0e %s\n",
-          label, batch, context, block_size, shuffled ? "shuffled" : "identity", plan.num_splits,
-          sample, sample_len, after_err, kRowTolerance, after_pass ? "PASS" : "FAIL");
+          "CHECK decode_after_timing kernel=%s batch=%d context=%s q_len=%d block=%d table=%s "
+          "splits=%d seq=%d len=%d max_row_error=%.3g tolerance=%.0e %s\n",
+          label, batch, context, q_len, block_size, shuffled ? "shuffled" : "identity",
+          plan.num_splits, sample, sample_len, after_err, kRowTolerance,
+          after_pass ? "PASS" : "FAIL");
       if (!probe) {
         ms_of[kv] = ms;
         split_of[kv] = plan.split_kv();
       }
       const double bytes = 2.0 * static_cast<double>(kv_bytes) +
-                           2.0 * batch * kQHeads * kHeadDim * 2;  // K, V, q, out
+                           2.0 * batch * q_len * kQHeads * kHeadDim * 2;  // K, V, q, out
       const double gbs = bytes / (ms * 1e6);
       char split[64];
       if (plan.split_kv()) {
@@ -645,25 +668,39 @@ int main(int argc, char** argv) {
         std::snprintf(split, sizeof(split), "none");
       }
       const char* timed_as = graph ? "graph" : "launches";
+      std::string context_q = context;
+      if (q_len > 1) context_q += " (q_len " + std::to_string(q_len) + ")";
       std::printf("| %d | %s | %d | %s | %s | %s | %.2f GiB | %s | %.1f | %.0f | %.2f | %.2f |\n",
-                  batch, context, block_size, shuffled ? "shuffled" : "identity", label, split,
-                  2.0 * static_cast<double>(rotation * kv_bytes) / static_cast<double>(kGiB),
+                  batch, context_q.c_str(), block_size, shuffled ? "shuffled" : "identity", label,
+                  split, 2.0 * static_cast<double>(rotation * kv_bytes) / static_cast<double>(kGiB),
                   timed_as, ms * 1e3, gbs, gbs / c_gbs, gbs / r_gbs);
       std::printf(
-          "RESULT decode kernel=%s batch=%d context=%s block=%d table=%s splits=%d "
+          "RESULT decode kernel=%s batch=%d context=%s q_len=%d block=%d table=%s splits=%d "
           "kv_mib=%.0f timed_as=%s us=%.2f gbs=%.1f ratio_copy=%.3f ratio_read=%.3f\n",
-          label, batch, context, block_size, shuffled ? "shuffled" : "identity", plan.num_splits,
-          2.0 * static_cast<double>(kv_bytes) / (1 << 20), timed_as, ms * 1e3, gbs, gbs / c_gbs,
-          gbs / r_gbs);
+          label, batch, context, q_len, block_size, shuffled ? "shuffled" : "identity",
+          plan.num_splits, 2.0 * static_cast<double>(kv_bytes) / (1 << 20), timed_as, ms * 1e3, gbs,
+          gbs / c_gbs, gbs / r_gbs);
+      if (q_len > 1 && !probe) {
+        const auto one = single_query_ms.find(shape_key(batch, context, block_size, kv));
+        if (one != single_query_ms.end()) {
+          std::printf(
+              "RESULT decode_multi_query kernel=%s batch=%d context=%s q_len=%d block=%d "
+              "time_vs_q_len_1=%.3f (the same shape's one-token time in this run)\n",
+              label, batch, context, q_len, block_size, ms / one->second);
+        }
+      }
       std::fflush(stdout);
-      if (!probe && 2 * kv_bytes >= kGiB) bound_ratios[kv].push_back(gbs / c_gbs);
-      if (!probe && std::strcmp(context, "4096") == 0 && batch == 1 && !shuffled &&
+      if (q_len == 1 && !probe && shuffled) {
+        single_query_ms[shape_key(batch, context, block_size, kv)] = ms;
+      }
+      if (q_len == 1 && !probe && 2 * kv_bytes >= kGiB) bound_ratios[kv].push_back(gbs / c_gbs);
+      if (q_len == 1 && !probe && std::strcmp(context, "4096") == 0 && batch == 1 && !shuffled &&
           block_size == 16) {
         b1_4k[kv] = gbs / c_gbs;
       }
       if (workspace != nullptr) CHECK(cudaFree(workspace));
     }
-    speedups.push_back(ms_of[0] / ms_of[1]);
+    if (q_len == 1) speedups.push_back(ms_of[0] / ms_of[1]);  // kSimt takes one token only
     if (split_of[1] || split_of[kWideMergeIndex]) {
       wide_speedups.push_back(ms_of[1] / ms_of[kWideMergeIndex]);
     }
@@ -706,6 +743,18 @@ int main(int argc, char** argv) {
     }
     for (const int block_size : block_sizes) {
       if (!run_shape(lens, "mixed", block_size, true)) return 1;
+    }
+  }
+  // Several query tokens per sequence (speculative decoding's drafts; the tensor-core variants):
+  // shuffled tables, block 16, against the same shapes' one-token times above.
+  for (const auto& [batch, context, q_len] :
+       quick ? std::vector<std::array<int, 3>>{{1, 1024, 4}}
+             : std::vector<std::array<int, 3>>{
+                   {1, 4096, 2}, {1, 4096, 4}, {64, 4096, 4}, {8, 16384, 4}}) {
+    const std::string name = std::to_string(context);
+    if (!run_shape(std::vector<std::int32_t>(static_cast<std::size_t>(batch), context),
+                   name.c_str(), 16, true, q_len)) {
+      return 1;
     }
   }
 
