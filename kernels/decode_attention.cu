@@ -576,16 +576,34 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
   }
 }
 
+namespace {
+
+// Why `kernel` cannot take params' q_len > 1 query tokens per sequence (kNone: it can, or
+// q_len is 1). The tensor-core kernels of a 16-bit cache put the group's heads times the tokens on
+// the MMA's 16 rows (kernels/decode_attention_tc.cu); kTensorCoreFp8 on a 16-bit cache runs
+// kTensorCore.
+enum class MultiQueryRefusal { kNone, kNotTensorCore, kTooManyRows };
+
+MultiQueryRefusal multi_query_refusal(const PagedDecodeParams& params,
+                                      DecodeKernel kernel) noexcept {
+  if (params.q_len <= 1) return MultiQueryRefusal::kNone;
+  const bool tensor_core =
+      kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
+      kernel == DecodeKernel::kTensorCoreFusedMerge || kernel == DecodeKernel::kTensorCoreFp8;
+  if (params.quant.fp8() || !tensor_core) return MultiQueryRefusal::kNotTensorCore;
+  if (params.group_size() * params.q_len > kCudaDecodeMaxQueryRows) {
+    return MultiQueryRefusal::kTooManyRows;
+  }
+  return MultiQueryRefusal::kNone;
+}
+
+}  // namespace
+
 bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept {
   // The 16-bit variants cover every 16-bit shape validate_cuda_decode accepts; FP8 has its own
-  // kernels (kTensorCoreFp8's needs 16-byte strides). Several query tokens per sequence: the
-  // tensor-core variants of a 16-bit cache, up to 16 rows (paged_decode_attention refuses the
-  // rest).
-  if (params.q_len > 1) {
-    return !params.quant.fp8() && params.group_size() * params.q_len <= kCudaDecodeMaxQueryRows &&
-           (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
-            kernel == DecodeKernel::kTensorCoreFusedMerge);
-  }
+  // kernels (kTensorCoreFp8's needs 16-byte strides). Several query tokens per sequence: what
+  // multi_query_refusal accepts (paged_decode_attention refuses the rest).
+  if (multi_query_refusal(params, kernel) != MultiQueryRefusal::kNone) return false;
   if (params.quant.fp8()) {
     return kernel == DecodeKernel::kTensorCoreFp8 &&
            kernels::tc_fp8_decode_supported(params.layout);
@@ -605,24 +623,21 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
       kernel != DecodeKernel::kTensorCoreFusedMerge) {
     fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
   }
-  if (params.q_len > 1) {
-    // Several query tokens per sequence: the tensor-core kernels of a 16-bit cache put the group's
-    // heads times the tokens on the MMA's 16 rows (kernels/decode_attention_tc.cu).
-    const bool tensor_core =
-        kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
-        kernel == DecodeKernel::kTensorCoreFusedMerge || kernel == DecodeKernel::kTensorCoreFp8;
-    if (params.quant.fp8() || !tensor_core) {
+  switch (multi_query_refusal(params, kernel)) {
+    case MultiQueryRefusal::kNotTensorCore:
       fail(std::string("q_len > 1 runs on the tensor-core kernels of a 16-bit cache "
                        "(kTensorCore, kTensorCoreWideMerge, kTensorCoreFusedMerge), not ") +
            (params.quant.fp8() ? "an FP8 cache" : "DecodeKernel::kSimt") +
            "; paged_extend_attention takes any number of new tokens");
-    }
-    if (params.group_size() * params.q_len > kCudaDecodeMaxQueryRows) {
+    case MultiQueryRefusal::kTooManyRows:
       fail("q_len x group = " + std::to_string(params.q_len) + " x " +
            std::to_string(params.group_size()) + " exceeds " +
            std::to_string(kCudaDecodeMaxQueryRows) +
            " query rows per KV head; paged_extend_attention takes any number of new tokens");
-    }
+    case MultiQueryRefusal::kNone:
+      break;
+  }
+  if (params.q_len > 1) {
     if (plan.split_kv() && plan.kv_chunk_size < kCudaDecodeMaxQueryRows) {
       fail("q_len > 1 with split-KV needs kv_chunk_size >= " +
            std::to_string(kCudaDecodeMaxQueryRows) + " (every token's first key in chunk 0), got " +

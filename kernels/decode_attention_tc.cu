@@ -197,10 +197,9 @@ __global__ void __launch_bounds__(kTcThreads, TcDecodeShape<kHeadDim>::kMinCtasP
   [[maybe_unused]] int row_lo[2] = {0, 0};
   [[maybe_unused]] int row_hi[2] = {range_len, range_len};
   if constexpr (kMultiQuery) {
-    const std::int64_t capacity =
-        static_cast<std::int64_t>(p.max_blocks_per_seq) * p.page.block_size;
-    const std::int64_t raw = __ldg(p.seq_lens + seq);
-    const int len = static_cast<int>(raw < 0 ? 0 : (raw > capacity ? capacity : raw));
+    const int len =
+        detail::tc_clamped_len(__ldg(p.seq_lens + seq),
+                               static_cast<std::int64_t>(p.max_blocks_per_seq) * p.page.block_size);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const detail::TcRowKeys keys = detail::tc_row_keys(len, p.q_len, p.group, p.rows,

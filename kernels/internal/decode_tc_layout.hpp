@@ -147,12 +147,18 @@ struct TcSplitRange {
   int num_active_splits;  // >= 1
 };
 
-// Sequence of raw length `raw_len` (clamped to [0, capacity]), sliding window (0 = none), a grid
-// of num_splits chunks of `chunk` tokens; the range of `split` (< num_active_splits to be used).
+// A sequence's length as the kernels use it: seq_lens' value clamped to [0, capacity] (the keys
+// its table row can hold).
+PAGEDKV_HOST_DEVICE constexpr int tc_clamped_len(std::int64_t raw_len, std::int64_t capacity) {
+  return static_cast<int>(raw_len < 0 ? 0 : (raw_len > capacity ? capacity : raw_len));
+}
+
+// Sequence of raw length `raw_len` (tc_clamped_len), sliding window (0 = none), a grid of
+// num_splits chunks of `chunk` tokens; the range of `split` (< num_active_splits to be used).
 PAGEDKV_HOST_DEVICE constexpr TcSplitRange tc_split_range(std::int64_t raw_len,
                                                           std::int64_t capacity, int window,
                                                           int num_splits, int chunk, int split) {
-  const int len = static_cast<int>(raw_len < 0 ? 0 : (raw_len > capacity ? capacity : raw_len));
+  const int len = tc_clamped_len(raw_len, capacity);
   const int first = window > 0 && len > window ? len - window : 0;
   TcSplitRange r{first, len, 1};
   if (num_splits > 1) {
@@ -176,7 +182,7 @@ PAGEDKV_HOST_DEVICE constexpr int tc_union_window(int window, int q_len) {
 // The keys MMA row `row` sees in `range` (a tc_split_range of the union window), relative to the
 // range's begin: [lo, hi), hi <= the range's length, empty when hi <= lo. Row r holds query token
 // r / group (rows >= `rows` = group x q_len hold no query: the last token's keys); token i sits
-// at len - q_len + i (len: the clamped length) and sees the keys up to itself within
+// at len - q_len + i (len: tc_clamped_len) and sees the keys up to itself within
 // `row_window` (0 = none).
 struct TcRowKeys {
   int lo;
