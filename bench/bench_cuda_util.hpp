@@ -104,6 +104,22 @@ inline std::vector<double> to_doubles(pagedkv::KVDtype dtype,
   return out;
 }
 
+// The blocks ids[0], ..., ids[n - 1] of a device plane of 16-bit values (blocks of block_elems
+// values), copied to the host in that order: the packed plane an identity block table reads.
+inline std::vector<std::uint16_t> download_blocks(const void* plane, std::size_t block_elems,
+                                                  const std::int32_t* ids, std::size_t n,
+                                                  const char* program) {
+  std::vector<std::uint16_t> host(n * block_elems);
+  const auto* values = static_cast<const std::uint16_t*>(plane);
+  for (std::size_t b = 0; b < n; ++b) {
+    cuda_check(cudaMemcpy(host.data() + b * block_elems,
+                          values + static_cast<std::size_t>(ids[b]) * block_elems,
+                          block_elems * sizeof(std::uint16_t), cudaMemcpyDeviceToHost),
+               "download_blocks", program);
+  }
+  return host;
+}
+
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];

@@ -356,12 +356,11 @@ struct Device {
 };
 
 // One sequence of a timed shape copied back from the device: its `num_blocks` blocks (physical
-// ids `ids` of the NHD layout `layout` on the device, packed in order) and its q rows, so that
-// exact() attends it on the CPU (reference_paged_decode_attention_f64 through an identity table,
-// one thread per KV head: reference_by_head.hpp)
-// and returns its [num_q_heads, head_dim] outputs. The copies are made on the calling thread;
-// exact() touches only host memory (one thread per KV head), so it may run while the GPU is
-// timed.
+// ids `ids` of the NHD layout `layout` on the device, packed in order) and its q_len x num_q_heads
+// q rows, so that exact() attends it on the CPU (reference_paged_decode_attention_f64 through an
+// identity table) and returns its [q_len, num_q_heads, head_dim] outputs. The copies are made on
+// the calling thread; exact() touches only host memory (one thread per KV head:
+// reference_by_head.hpp), so it may run while the GPU is timed.
 struct SampledSequence {
   SampledSequence(const Device& dev, const KVLayout& device_layout, const void* q, int seq,
                   const std::int32_t* ids, std::int64_t num_blocks, std::int32_t seq_len,
@@ -371,14 +370,9 @@ struct SampledSequence {
         len(seq_len),
         q_len(tokens) {
     const auto block_elems = static_cast<std::size_t>(device_layout.stride_block);  // = layout's
-    k.resize(static_cast<std::size_t>(layout.plane_elements()));
-    v.resize(k.size());
-    for (std::int64_t b = 0; b < num_blocks; ++b) {
-      const std::size_t src = static_cast<std::size_t>(ids[b]) * block_elems * 2;
-      const std::size_t dst = static_cast<std::size_t>(b) * block_elems;
-      CHECK(cudaMemcpy(k.data() + dst, dev.k + src, block_elems * 2, cudaMemcpyDeviceToHost));
-      CHECK(cudaMemcpy(v.data() + dst, dev.v + src, block_elems * 2, cudaMemcpyDeviceToHost));
-    }
+    const auto n = static_cast<std::size_t>(num_blocks);
+    k = bench::download_blocks(dev.k, block_elems, ids, n, kProgram);
+    v = bench::download_blocks(dev.v, block_elems, ids, n, kProgram);
     const std::size_t q_rows_n = std::size_t{kQHeads} * kHeadDim * static_cast<std::size_t>(q_len);
     q_rows.resize(q_rows_n);
     CHECK(cudaMemcpy(q_rows.data(), static_cast<const std::uint16_t*>(q) + seq * q_rows_n,
@@ -510,7 +504,6 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&out, q_bytes));
   bench::fill_random(q, q_bytes, kDtype, 3, kProgram);
 
-  const std::size_t q_row = std::size_t{kQHeads} * kHeadDim;  // one sequence's q or out values
   int after_checks = 0;
   int after_failures = 0;
   std::printf(
@@ -524,9 +517,6 @@ int main(int argc, char** argv) {
   std::vector<double> fused_speedups;  // per split-KV shape: wide-merge time / fused-merge time
   double b1_4k[kNumKernels] = {-1.0, -1.0, -1.0, -1.0};
   int shape_index = 0;
-  // One shape: `lens` (one length per sequence; `context` names it in the tables: the length,
-  // or "mixed"), every variant timed, then checked again. False if the split counters were not
-  // left zero (the caller stops).
   // Single-query times of the shuffled shapes, by (batch, context, block, kernel): the
   // multi-query shapes below report their time against them.
   std::map<std::string, double> single_query_ms;
@@ -534,6 +524,9 @@ int main(int argc, char** argv) {
     return std::to_string(batch) + "/" + context + "/" + std::to_string(block_size) + "/" +
            std::to_string(kv);
   };
+  // One shape: `lens` (one length per sequence; `context` names it in the tables: the length,
+  // or "mixed"), q_len query tokens per sequence, every variant timed, then checked again. False
+  // if the split counters were not left zero (the caller stops).
   const auto run_shape = [&](const std::vector<std::int32_t>& lens, const char* context,
                              int block_size, bool shuffled, int q_len = 1) -> bool {
     const int batch = static_cast<int>(lens.size());
@@ -639,7 +632,8 @@ int main(int argc, char** argv) {
       launch(0);
       CHECK(cudaStreamSynchronize(stream));
       if (sample_future.valid()) sample_ref = sample_future.get();
-      const std::size_t out_rows = q_row * static_cast<std::size_t>(q_len);
+      const std::size_t out_rows =  // one sequence's output values
+          std::size_t{kQHeads} * kHeadDim * static_cast<std::size_t>(q_len);
       std::vector<std::uint16_t> rows(out_rows);
       CHECK(cudaMemcpy(rows.data(), static_cast<const std::uint16_t*>(out) + sample * out_rows,
                        out_rows * 2, cudaMemcpyDeviceToHost));

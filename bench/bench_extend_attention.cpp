@@ -258,15 +258,8 @@ struct SampleInput {
     for (int r = 0; r < first; ++r) sample.rows.push_back(seq * fresh + r);
     for (int r = fresh - last; r < fresh; ++r) sample.rows.push_back(seq * fresh + r);
     const auto block_elems = static_cast<std::size_t>(ws.layout.stride_block);  // = layout's
-    k.resize(static_cast<std::size_t>(layout.plane_elements()));
-    v.resize(k.size());
-    for (std::size_t b = 0; b < ids.size(); ++b) {
-      const std::size_t src = static_cast<std::size_t>(ids[b]) * block_elems;
-      CHECK(cudaMemcpy(k.data() + b * block_elems, static_cast<const std::uint16_t*>(ws.k) + src,
-                       block_elems * 2, cudaMemcpyDeviceToHost));
-      CHECK(cudaMemcpy(v.data() + b * block_elems, static_cast<const std::uint16_t*>(ws.v) + src,
-                       block_elems * 2, cudaMemcpyDeviceToHost));
-    }
+    k = bench::download_blocks(ws.k, block_elems, ids.data(), ids.size(), kProgram);
+    v = bench::download_blocks(ws.v, block_elems, ids.data(), ids.size(), kProgram);
     const std::size_t q_row = std::size_t{kQHeads} * kHeadDim;
     q.resize(sample.rows.size() * q_row);
     for (std::size_t i = 0; i < sample.rows.size(); ++i) {
