@@ -256,9 +256,7 @@ TEST_P(CudaDecodeAttention, LongContextWithPlannedSplits) {
   shape.cache.window_size = window;
   shape.cache.soft_cap = cap;
   const auto pb = testing::make_extend_problem(shape, seed);
-  PagedDecodeParams host = pb.cache.params(nullptr);
-  host.q = pb.q.data();
-  host.q_len = q_len;
+  const PagedDecodeParams host = pb.decode_params();
   const auto ref = reference_paged_decode_attention_f64(host);
   testing::DeviceExtendProblem dev(pb);
   const auto num_seqs = static_cast<std::int32_t>(prefixes.size());

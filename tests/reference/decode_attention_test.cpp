@@ -226,13 +226,6 @@ testing::HostExtendProblem several_tokens_problem(std::int32_t kv_heads, std::in
       seed);
 }
 
-PagedDecodeParams decode_params_of(const testing::HostExtendProblem& pb, std::int32_t q_len) {
-  PagedDecodeParams d = pb.cache.params(nullptr);
-  d.q = pb.q.data();  // [num_seqs x q_len tokens, num_q_heads, head_dim]
-  d.q_len = q_len;
-  return d;
-}
-
 TEST(DecodeAttentionReference, SeveralQueryTokensEqualExtendWithThoseTokensNew) {
   std::uint64_t seed = 300;
   int cases = 0;
@@ -246,7 +239,7 @@ TEST(DecodeAttentionReference, SeveralQueryTokensEqualExtendWithThoseTokensNew) 
             pb.cache.shape.window_size = window;
             pb.shape.cache.soft_cap = cap;
             pb.cache.shape.soft_cap = cap;
-            const PagedDecodeParams d = decode_params_of(pb, q_len);
+            const PagedDecodeParams d = pb.decode_params();
             const auto decode = reference_paged_decode_attention_f64(d);
             const auto extend = reference_paged_extend_attention_f64(pb.params(nullptr)).out;
             ASSERT_EQ(decode.size(), extend.size());
@@ -268,7 +261,7 @@ TEST(DecodeAttentionReference, SeveralQueryTokensAreCausalAmongThemselves) {
   // Token i sees exactly one key more than token i - 1: changing the last key's value changes
   // only the last query token's output.
   auto pb = several_tokens_problem(1, 2, 16, 3, {10}, 7);
-  const PagedDecodeParams d = decode_params_of(pb, 3);
+  const PagedDecodeParams d = pb.decode_params();
   const auto before = reference_paged_decode_attention_f64(d);
   const std::int32_t last = 10 + 3 - 1;  // position of the last query token
   const std::int32_t block = pb.cache.seq_blocks[0][static_cast<std::size_t>(last / 16)];
@@ -278,7 +271,7 @@ TEST(DecodeAttentionReference, SeveralQueryTokensAreCausalAmongThemselves) {
         static_cast<std::size_t>(pb.cache.addressing.offset(true, block, last % 16, 0, dim));
     pb.cache.v_buffer[at] = float_to_dtype_bits(KVDtype::kBFloat16, 0.75f);
   }
-  const auto after = reference_paged_decode_attention_f64(decode_params_of(pb, 3));
+  const auto after = reference_paged_decode_attention_f64(pb.decode_params());
   const std::size_t token = 2 * 64;  // [q_len = 3][heads = 2][64]
   for (std::size_t i = 0; i < before.size(); ++i) {
     if (i < 2 * token) {
@@ -296,7 +289,7 @@ TEST(DecodeAttentionReference, SeveralQueryTokensStridedAndShortSequences) {
   // q and out with gaps between tokens and sequences give the dense result; a sequence shorter
   // than q_len gives zeros for the tokens that have no position.
   auto pb = several_tokens_problem(2, 2, 16, 3, {5, 30}, 11);
-  PagedDecodeParams dense = decode_params_of(pb, 3);
+  PagedDecodeParams dense = pb.decode_params();
   const auto want = reference_paged_decode_attention_f64(dense);
   const std::int64_t row = 4 * 64;  // num_q_heads x head_dim
   std::vector<std::uint16_t> q(2 * 3 * (row + 64) + 2 * 128, 0);

@@ -62,9 +62,7 @@ TEST(ReferenceByHead, DecodeEqualsTheSingleCallReference) {
     const std::vector<std::int32_t> q_lens(3, q_len);
     const auto pb = testing::make_extend_problem(
         testing::make_extend_shape(KVDtype::kBFloat16, 64, 2, 4, 16, {0, 30, 100}, q_lens), seed++);
-    PagedDecodeParams p = pb.cache.params(nullptr);
-    p.q = pb.q.data();
-    p.q_len = q_len;
+    const PagedDecodeParams p = pb.decode_params();
     expect_identical(bench::decode_reference_by_kv_head(p), reference_paged_decode_attention_f64(p),
                      "q_len " + std::to_string(q_len));
   }

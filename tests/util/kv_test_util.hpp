@@ -12,6 +12,7 @@
 #include <random>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -19,11 +20,11 @@
 
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/device/block_table.hpp"
+#include "pagedkv/device/kv_dtype.hpp"
+#include "pagedkv/device/kv_layout.hpp"
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
-#include "pagedkv/device/kv_dtype.hpp"
-#include "pagedkv/device/kv_layout.hpp"
 
 namespace pagedkv::testing {
 
@@ -383,6 +384,19 @@ struct HostExtendProblem {
   std::vector<std::int64_t> slot_mapping;  // [num_q_tokens]
 
   std::int32_t num_q_tokens() const { return q_indptr.back(); }
+  // The same problem as decode with several query tokens per sequence (PagedDecodeParams::q_len,
+  // speculative decoding): every sequence's new tokens are its q_len query tokens, host buffers,
+  // no output. Needs the same q_len for every sequence (throws std::invalid_argument otherwise).
+  PagedDecodeParams decode_params() const {
+    const std::int32_t q_len = shape.q_lens.empty() ? 1 : shape.q_lens.front();
+    for (const std::int32_t n : shape.q_lens) {
+      if (n != q_len) throw std::invalid_argument("decode_params: q_lens differ");
+    }
+    PagedDecodeParams d = cache.params(nullptr);
+    d.q = q.data();  // [num_seqs x q_len tokens, num_q_heads, head_dim]
+    d.q_len = q_len;
+    return d;
+  }
   std::int32_t prefix_len(std::int32_t seq) const {
     const auto s = static_cast<std::size_t>(seq);
     return shape.cache.seq_lens[s] - shape.q_lens[s];
