@@ -42,6 +42,7 @@
 #include "internal/decode_tc_host.hpp"
 #include "internal/decode_tc_layout.hpp"
 #include "internal/decode_wide_merge.cuh"
+#include "internal/fp8_operand.cuh"
 #include "internal/mma_sync.cuh"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/device/fp8.hpp"
@@ -94,49 +95,6 @@ __device__ __forceinline__ detail::TcSplitRange range_of(const TcFp8Params& p, i
                                 p.chunk, split);
 }
 
-// 4-byte copy (zero-filled when !fill).
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool fill) {
-  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  const int src_bytes = fill ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem),
-               "r"(src_bytes)
-               : "memory");
-}
-
-// Two FP8 codes (low byte first) -> two fp16 values (low half first), exact.
-template <bool kE5M2>
-__device__ __forceinline__ unsigned fp8x2_to_half2(unsigned short codes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  unsigned r;
-  if constexpr (kE5M2) {
-    asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(r) : "h"(codes));
-  } else {
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(codes));
-  }
-  return r;
-#else
-  // Before sm_89: fp8.hpp's exact decode (every FP8 value is an fp16 value).
-  constexpr Fp8Format kFormat = kE5M2 ? Fp8Format::kE5M2 : Fp8Format::kE4M3;
-  const __half2 h =
-      __floats2half2_rn(fp8_bits_to_float(kFormat, static_cast<std::uint8_t>(codes & 0xffu)),
-                        fp8_bits_to_float(kFormat, static_cast<std::uint8_t>(codes >> 8)));
-  return *reinterpret_cast<const unsigned*>(&h);
-#endif
-}
-
-// Two FP8 codes -> the MMA's 16-bit pair; bf16 through fp32 (every FP8 value is a bf16 value).
-template <bool kBf16, bool kE5M2>
-__device__ __forceinline__ unsigned fp8x2_to_operand(unsigned short codes) {
-  const unsigned h = fp8x2_to_half2<kE5M2>(codes);
-  if constexpr (kBf16) {
-    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
-    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-    return *reinterpret_cast<const unsigned*>(&b);
-  } else {
-    return h;
-  }
-}
-
 // Converts the lane's own copies of a staged FP8 slice into the swizzled 16-bit slice.
 template <bool kBf16, bool kE5M2, int kHeadDim>
 __device__ __forceinline__ void convert_slice(const std::uint8_t* codes, uint4* half_slice,
@@ -149,14 +107,7 @@ __device__ __forceinline__ void convert_slice(const std::uint8_t* codes, uint4* 
     const uint4 in = *reinterpret_cast<const uint4*>(codes + 16 * (lane + 32 * i));
     uint4 lo;
     uint4 hi;
-    lo.x = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.x & 0xffffu));
-    lo.y = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.x >> 16));
-    lo.z = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.y & 0xffffu));
-    lo.w = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.y >> 16));
-    hi.x = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.z & 0xffffu));
-    hi.y = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.z >> 16));
-    hi.z = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.w & 0xffffu));
-    hi.w = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.w >> 16));
+    fp8x16_to_operands<kBf16, kE5M2>(in, &lo, &hi);
     half_slice[detail::fp8_half_chunk(c.row, c.col, 0, S::kChunks)] = lo;
     half_slice[detail::fp8_half_chunk(c.row, c.col, 1, S::kChunks)] = hi;
   }

@@ -36,6 +36,7 @@
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_fa2_params.cuh"
+#include "internal/extend_fa2_tile.cuh"
 #include "internal/mma_sync.cuh"
 #include "pagedkv/base/error.hpp"
 
@@ -195,40 +196,7 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
 
     // S = Q K^T (unscaled; scaled below, in fp32): each K fragment feeds both m16 blocks.
     float s[kMB][kKeyTiles][4];
-#pragma unroll
-    for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) s[mb][n][c] = 0.0f;
-      }
-    }
-#pragma unroll S::kKStepUnroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-      unsigned a[kMB][4];
-#pragma unroll
-      for (int mb = 0; mb < kMB; ++mb) {
-        if constexpr (S::kQInRegisters) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) a[mb][j] = qf[ks][mb][j];
-        } else {
-          ldmatrix_x4(a[mb], q_addr + 16 * detail::fa2_swizzled(
-                                               detail::fa2_q_row(S::kRowsPerWarp, warp, mb, lane),
-                                               detail::fa2_q_chunk(ks, lane), kC));
-        }
-      }
-#pragma unroll
-      for (int nn = 0; nn < kKeys / 16; ++nn) {
-        unsigned b[4];
-        ldmatrix_x4(b, k_addr + 16 * detail::fa2_swizzled(nn * 16 + detail::qk_b_key(lane),
-                                                          2 * ks + detail::qk_b_chunk(lane), kC));
-#pragma unroll
-        for (int mb = 0; mb < kMB; ++mb) {
-          O::mma(s[mb][2 * nn], a[mb], b[0], b[1]);
-          O::mma(s[mb][2 * nn + 1], a[mb], b[2], b[3]);
-        }
-      }
-    }
+    fa2_tile_scores<kBf16, kHeadDim, kWarps>(s, qf, q_addr, k_addr, warp, lane);
 
     // Scale, soft-cap, masks (masks only on tiles that cross the diagonal, the window edge or
     // the end).
@@ -302,33 +270,9 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
       }
     }
 
-    // O += P V: two adjacent 8-key score tiles are the A operand of one k16 step
-    // (decode_tc_layout.hpp's pv_a_source); each V fragment feeds both m16 blocks.
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk) {
-      unsigned pa[kMB][4];
-#pragma unroll
-      for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const detail::PvASource lo = detail::pv_a_source(2 * j);
-          const detail::PvASource hi = detail::pv_a_source(2 * j + 1);
-          pa[mb][j] = O::pack2(s[mb][2 * kk + lo.tile][lo.elem], s[mb][2 * kk + hi.tile][hi.elem]);
-        }
-      }
-#pragma unroll
-      for (int dd = 0; dd < kHeadDim / 16; ++dd) {
-        unsigned b[4];
-        ldmatrix_x4_trans(
-            b, v_addr + 16 * detail::fa2_swizzled(kk * 16 + detail::pv_b_key(lane),
-                                                  2 * dd + detail::pv_b_chunk(lane), kC));
-#pragma unroll
-        for (int mb = 0; mb < kMB; ++mb) {
-          O::mma(o[mb][2 * dd], pa[mb], b[0], b[1]);
-          O::mma(o[mb][2 * dd + 1], pa[mb], b[2], b[3]);
-        }
-      }
-    }
+    // O += P V: two adjacent 8-key score tiles are the A operand of one k16 step; each V
+    // fragment feeds both m16 blocks.
+    fa2_tile_pv<kBf16, kHeadDim, kWarps>(o, s, v_addr, lane);
   }
   cp_async_wait<0>();  // nothing may be in flight when the CTA exits
 

@@ -13,6 +13,14 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool f
                "r"(src_bytes)
                : "memory");
 }
+// 4-byte copy (a float32 scale; cached in L1), zero-filled when !fill.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, bool fill) {
+  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int src_bytes = fill ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
