@@ -26,6 +26,7 @@
 #include "fp8_kernels.hpp"
 #include "internal/cp_async.cuh"
 #include "internal/extend_attention_tiles.hpp"
+#include "internal/extend_fa2_fp8_layout.hpp"
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_wgmma_launch.hpp"
@@ -439,9 +440,22 @@ bool warp_specialized(ExtendKernel kernel) {
          kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong;
 }
 
-// The variants that take an ExtendSplitPlan: kFa2 and the kWgmma variants.
+// The variants that take an ExtendSplitPlan: kFa2, kFa2Fp8 and the kWgmma variants.
 bool splits_over_keys(ExtendKernel kernel) {
-  return kernel == ExtendKernel::kFa2 || wgmma_variant(kernel);
+  return kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kFa2Fp8 || wgmma_variant(kernel);
+}
+
+// Whether kFa2Fp8's FP8 tensor-core kernel runs for these params (an FP8 cache in a layout of
+// 16-byte strides).
+bool tc_fp8_extend_runs(const PagedExtendParams& params, ExtendKernel kernel) {
+  return kernel == ExtendKernel::kFa2Fp8 && params.quant.fp8() &&
+         kernels::tc_fp8_extend_supported(params.layout);
+}
+
+// Query tiles of kFa2Fp8's FP8 kernel (kFa2's 4-warp tiles).
+std::int64_t fa2_fp8_query_tiles(const PagedExtendParams& params) {
+  const int rows = detail::fa2_tile_rows(params.layout.head_dim, detail::kFa2Fp8Warps);
+  return (static_cast<std::int64_t>(params.max_q_len) * params.group_size() + rows - 1) / rows;
 }
 
 // Query tiles of the kWgmma kernels' launch (128 rows).
@@ -491,6 +505,7 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
     return false;
 #endif
   }
+  if (kernel == ExtendKernel::kFa2Fp8) return tc_fp8_extend_runs(params, kernel);
   return !params.quant.fp8() && (kernel == ExtendKernel::kMma16 || kernel == ExtendKernel::kFa2);
 }
 
@@ -501,8 +516,12 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
   }
   ExtendSplitPlan plan;
   if (!splits_over_keys(kernel) || params.num_seqs == 0 || params.max_q_len == 0) return plan;
-  const std::int64_t tiles =
-      kernel == ExtendKernel::kFa2 ? fa2_query_tiles(params) : wgmma_query_tiles(params);
+  // kFa2Fp8 on a 16-bit cache runs kFa2 (and on an FP8 layout its kernel does not take, the
+  // CUDA-core FP8 kernel, which ignores the plan).
+  const std::int64_t tiles = tc_fp8_extend_runs(params, kernel) ? fa2_fp8_query_tiles(params)
+                             : kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kFa2Fp8
+                                 ? fa2_query_tiles(params)
+                                 : wgmma_query_tiles(params);
   const std::int64_t ctas = tiles * params.num_seqs * params.layout.num_kv_heads;
   // The grid limit as paged_extend_attention checks it, for every variant: kFa2's query tiles
   // (the kWgmma variants' fallback launches those; never fewer than kWgmma's 128-row tiles), so
@@ -523,8 +542,11 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
                                                  ExtendKernel kernel, ExtendSplitPlan* plan) {
   validate_cuda_extend(params);
   *plan = ExtendSplitPlan{};
-  if (!splits_over_keys(kernel) || params.quant.fp8()) return cudaSuccess;
-  // A kWgmma variant where its kernel does not run: the plan of its fallback, kFa2.
+  if (!splits_over_keys(kernel)) return cudaSuccess;
+  // An FP8 cache: no split (the CUDA-core FP8 kernel ignores the plan) but for kFa2Fp8's kernel.
+  if (params.quant.fp8() && !tc_fp8_extend_runs(params, kernel)) return cudaSuccess;
+  // A kWgmma variant where its kernel does not run, or kFa2Fp8 on a 16-bit cache: the plan of the
+  // fallback, kFa2.
   if (kernel != ExtendKernel::kFa2 && !extend_kernel_runs(params, kernel)) {
     kernel = ExtendKernel::kFa2;
   }
@@ -536,8 +558,11 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   }
   int resident = 1;
   if (err == cudaSuccess) {
+    if (kernel == ExtendKernel::kFa2Fp8) {
+      err = kernels::tc_fp8_extend_ctas_per_sm(params.dtype, params.layout.head_dim, &resident);
+    } else
 #ifdef PAGEDKV_HAS_SM90A
-    if (warp_specialized(kernel)) {
+        if (warp_specialized(kernel)) {
       err = kernels::wgmma_ws_extend_ctas_per_sm(&resident);
     } else if (kernel != ExtendKernel::kFa2) {
       err = kernels::wgmma_extend_ctas_per_sm(kernel == ExtendKernel::kWgmmaPipelined, &resident);
@@ -565,8 +590,9 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
   if (!splits_over_keys(kernel)) {
     fail("unknown ExtendKernel " + std::to_string(static_cast<int>(kernel)));
   }
-  // kFa2 and the kWgmma variants (whose fallback is kFa2 with the same plan): the same checks, so
-  // a plan is valid for all (kFa2's query tiles are never fewer than kWgmma's).
+  // kFa2, kFa2Fp8 and the kWgmma variants (whose fallback is kFa2 with the same plan): the same
+  // checks, so a plan is valid for all (kFa2's query tiles are never fewer than kWgmma's or
+  // kFa2Fp8's).
   validate_cuda_extend(params);
   if (plan.num_splits < 1 || plan.num_splits > kCudaExtendMaxSplits) {
     fail("plan.num_splits must be in [1, " + std::to_string(kCudaExtendMaxSplits) + "], got " +
@@ -576,7 +602,11 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
     fail("query tiles x num_splits = " + std::to_string(fa2_query_tiles(params) * plan.num_splits) +
          " exceed " + std::to_string(kMaxGridYZ));
   }
-  const std::size_t needed = params.quant.fp8() ? 0 : extend_workspace_bytes(params, plan);
+  // An FP8 cache needs no workspace (the CUDA-core FP8 kernel ignores the plan) but for kFa2Fp8's
+  // kernel.
+  const bool tc_fp8 = tc_fp8_extend_runs(params, kernel);
+  const std::size_t needed =
+      params.quant.fp8() && !tc_fp8 ? 0 : extend_workspace_bytes(params, plan);
   if (needed > 0) {  // a split of a non-empty batch
     if (workspace == nullptr || workspace_bytes < needed) {
       fail("the split plan needs a workspace of " + std::to_string(needed) + " bytes, got " +
@@ -584,10 +614,11 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
     }
     if (!aligned_to(workspace, 16)) fail("workspace must be 16-byte aligned");
   }
-  if (params.quant.fp8()) return kernels::fp8_paged_extend(params, stream);
+  if (params.quant.fp8() && !tc_fp8) return kernels::fp8_paged_extend(params, stream);
   if (params.num_seqs == 0 || params.max_q_len == 0) return cudaSuccess;
+  if (tc_fp8) return kernels::tc_fp8_paged_extend(params, plan.num_splits, workspace, stream);
 #ifdef PAGEDKV_HAS_SM90A
-  if (kernel != ExtendKernel::kFa2 && kernels::wgmma_extend_runs(params)) {
+  if (wgmma_variant(kernel) && kernels::wgmma_extend_runs(params)) {
     if (warp_specialized(kernel)) {
       return kernels::wgmma_ws_paged_extend(params,
                                             kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong,

@@ -41,6 +41,19 @@ cudaError_t tc_fp8_paged_decode(const PagedDecodeParams& params, const DecodePla
 // head_dim (the soft-cap-free instantiation; the soft-cap one uses the same shared memory).
 cudaError_t tc_fp8_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas);
 
+// ExtendKernel::kFa2Fp8 (kernels/extend_attention_fa2_fp8.cu): whether the tensor-core FP8 extend
+// kernel takes this layout (every stride a multiple of 16 bytes; otherwise paged_extend_attention
+// runs fp8_paged_extend).
+bool tc_fp8_extend_supported(const KVLayout& layout) noexcept;
+// Validated params (validate_cuda_extend and the split plan's checks) with params.quant.fp8() and
+// tc_fp8_extend_supported, num_seqs > 0, num_splits >= 1 and, when > 1, a workspace of
+// extend_workspace_bytes. Enqueues the attention kernel and, with splits, kFa2's merge kernel.
+cudaError_t tc_fp8_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
+                                cudaStream_t stream);
+// CTAs of that attention kernel resident per SM on the current device for this q / out dtype and
+// head_dim.
+cudaError_t tc_fp8_extend_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas);
+
 #if defined(__CUDACC__)
 // Device-side KVLayout addressing (KVLayout's constexpr members are host functions).
 __device__ __forceinline__ std::int64_t fp8_row_offset(const KVLayout& l, std::int64_t block,

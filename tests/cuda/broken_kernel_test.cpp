@@ -3,14 +3,16 @@
 // key position 100 of every sequence is left out (tests/CMakeLists.txt); the decode check runs
 // for the decode variants (kernels/decode_attention.cu, kernels/decode_attention_tc.cu and, over an
 // FP8 cache, kernels/decode_attention_tc_fp8.cu), the
-// extend check for both extend variants (kernels/extend_attention.cu and
-// kernels/extend_attention_fa2.cu, the latter also with a split over keys). It
+// extend check for the extend variants (kernels/extend_attention.cu and
+// kernels/extend_attention_fa2.cu, the latter also with a split over keys, the sm_90a ones, and
+// over an FP8 cache kernels/extend_attention_fa2_fp8.cu). It
 // passes only when the check the real GPU tests use (testing::check_rows, 1e-2 per row for bf16,
 // 2e-3 for fp16) rejects exactly the rows that should see key 100 and accepts the others; the
 // whole-batch Frobenius error the tests used before is printed for comparison (for the bf16 decode
 // batch it stays under 1e-2, i.e. the old check passed this broken kernel).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -26,6 +28,7 @@
 #include "pagedkv/device/kv_quant.hpp"
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
+#include "pagedkv/reference/extend_attention.hpp"
 
 namespace pagedkv {
 namespace {
@@ -144,27 +147,29 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
   }
 }
 
-// DecodeKernel::kTensorCoreFp8 (kernels/decode_attention_tc_fp8.cu) is built broken too: the FP8
-// decode check of tests/cuda/fp8_test.cpp (1e-2 per row against the reference over the same FP8
-// cache) must reject the rows that should see key 100, with and without split-KV. (The FP8
-// CUDA-core kernel, kernels/fp8_attention.cu, has no such switch.)
-TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
-  const std::int32_t num_kv_heads = 2, num_q_heads = 8, head_dim = 128, block_size = 16;
-  const std::vector<std::int32_t> lens = {1, 190, 50};  // only the 190-token sequence has key 100
-  const std::int32_t max_blocks = (190 + block_size - 1) / block_size;
-  const std::int64_t num_blocks = 3 * max_blocks;
-  for (const KVScaleMode mode : {KVScaleMode::kPerTokenHead, KVScaleMode::kPerTensor}) {
-    const KVLayout layout =
-        mode == KVScaleMode::kPerTokenHead
-            ? KVLayout::nhd_scaled(num_blocks, block_size, num_kv_heads, head_dim)
-            : KVLayout::nhd(num_blocks, block_size, num_kv_heads, head_dim);
-    KVQuant quant;
+// An FP8 cache (E4M3, the given scale mode) of three sequences, 1, 190 and 50 tokens (only the
+// 190-token one has key 100), written by the host FP8 append; its host planes and device copies.
+struct Fp8Cache {
+  static constexpr std::int32_t kKvHeads = 2, kQHeads = 8, kHeadDim = 128, kBlockSize = 16;
+  std::vector<std::int32_t> lens = {1, 190, 50};
+  std::int32_t max_blocks = (190 + kBlockSize - 1) / kBlockSize;
+  KVLayout layout;
+  KVQuant quant;
+  std::vector<std::int32_t> table;
+  std::vector<std::uint8_t> k_plane, v_plane;
+  testing::DeviceBuffer dk, dv, dtable, dlens;
+
+  explicit Fp8Cache(KVScaleMode mode) {
+    const std::int64_t num_blocks = 3 * max_blocks;
+    layout = mode == KVScaleMode::kPerTokenHead
+                 ? KVLayout::nhd_scaled(num_blocks, kBlockSize, kKvHeads, kHeadDim)
+                 : KVLayout::nhd(num_blocks, kBlockSize, kKvHeads, kHeadDim);
     quant.mode = mode;
     quant.dtype = KVDtype::kFp8E4M3;
     quant.k_scale = 0.01f;
     quant.v_scale = 0.01f;
     // Sequence s uses blocks s x max_blocks ..; its rows come from the host FP8 append.
-    std::vector<std::int32_t> table(3 * static_cast<std::size_t>(max_blocks));
+    table.assign(3 * static_cast<std::size_t>(max_blocks), 0);
     std::vector<std::int64_t> slots;
     for (std::size_t s = 0; s < lens.size(); ++s) {
       for (std::int32_t b = 0; b < max_blocks; ++b) {
@@ -172,18 +177,19 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
             static_cast<std::int32_t>(s) * max_blocks + b;
       }
       for (std::int32_t t = 0; t < lens[s]; ++t) {
-        slots.push_back((static_cast<std::int64_t>(s) * max_blocks + t / block_size) * block_size +
-                        t % block_size);
+        slots.push_back((static_cast<std::int64_t>(s) * max_blocks + t / kBlockSize) * kBlockSize +
+                        t % kBlockSize);
       }
     }
     std::mt19937_64 rng(7);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
-    const std::size_t values = slots.size() * num_kv_heads * head_dim;
+    const std::size_t values = slots.size() * kKvHeads * kHeadDim;
     std::vector<std::uint16_t> key(values), value(values);
     for (auto& x : key) x = float_to_bf16_bits(unit(rng));
     for (auto& x : value) x = float_to_bf16_bits(unit(rng));
     const auto plane = static_cast<std::size_t>(layout.plane_elements());
-    std::vector<std::uint8_t> k_plane(plane, 0), v_plane(plane, 0);
+    k_plane.assign(plane, 0);
+    v_plane.assign(plane, 0);
     KVAppendParams a;
     a.dtype = KVDtype::kBFloat16;
     a.quant = quant;
@@ -195,37 +201,62 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
     a.v_cache = v_plane.data();
     a.layout = layout;
     reference_kv_append(a);
-    std::vector<std::uint16_t> q(lens.size() * num_q_heads * head_dim);
-    for (auto& x : q) x = float_to_bf16_bits(unit(rng));
+    dk = testing::upload(k_plane);
+    dv = testing::upload(v_plane);
+    dtable = testing::upload(table);
+    dlens = testing::upload(lens);
+  }
 
+  // The host view (host planes, table and lengths), bf16 q / out, sm_scale 1/8.
+  void host_kv(PagedKVParams* kv) const {
+    kv->dtype = KVDtype::kBFloat16;
+    kv->quant = quant;
+    kv->num_seqs = static_cast<std::int32_t>(lens.size());
+    kv->num_q_heads = kQHeads;
+    kv->k_cache = k_plane.data();
+    kv->v_cache = v_plane.data();
+    kv->layout = layout;
+    kv->block_table = table.data();
+    kv->max_blocks_per_seq = max_blocks;
+    kv->seq_lens = lens.data();
+    kv->sm_scale = 0.125f;
+  }
+  // The device view of the same.
+  void device_kv(PagedKVParams* kv) const {
+    host_kv(kv);
+    kv->k_cache = dk.get();
+    kv->v_cache = dv.get();
+    kv->block_table = dtable.get<std::int32_t>();
+    kv->seq_lens = dlens.get<std::int32_t>();
+  }
+};
+
+// DecodeKernel::kTensorCoreFp8 (kernels/decode_attention_tc_fp8.cu) is built broken too: the FP8
+// decode check of tests/cuda/fp8_test.cpp (1e-2 per row against the reference over the same FP8
+// cache) must reject the rows that should see key 100, with and without split-KV. (The FP8
+// CUDA-core kernel, kernels/fp8_attention.cu, has no such switch.)
+TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
+  constexpr std::int32_t head_dim = Fp8Cache::kHeadDim;
+  for (const KVScaleMode mode : {KVScaleMode::kPerTokenHead, KVScaleMode::kPerTensor}) {
+    const Fp8Cache cache(mode);
+    std::mt19937_64 rng(8);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    std::vector<std::uint16_t> q(cache.lens.size() * Fp8Cache::kQHeads * head_dim);
+    for (auto& x : q) x = float_to_bf16_bits(unit(rng));
     PagedDecodeParams hp;
-    hp.dtype = KVDtype::kBFloat16;
-    hp.quant = quant;
-    hp.num_seqs = static_cast<std::int32_t>(lens.size());
-    hp.num_q_heads = num_q_heads;
-    hp.k_cache = k_plane.data();
-    hp.v_cache = v_plane.data();
-    hp.layout = layout;
-    hp.block_table = table.data();
-    hp.max_blocks_per_seq = max_blocks;
-    hp.seq_lens = lens.data();
-    hp.sm_scale = 0.125f;
+    cache.host_kv(&hp);
     hp.q = q.data();
     const std::vector<double> ref = reference_paged_decode_attention_f64(hp);
 
-    const testing::DeviceBuffer dk = testing::upload(k_plane), dv = testing::upload(v_plane),
-                                dtable = testing::upload(table), dlens = testing::upload(lens),
-                                dq = testing::upload(q);
+    const testing::DeviceBuffer dq = testing::upload(q);
     testing::DeviceBuffer dout(q.size() * 2);
     PagedDecodeParams dp = hp;
-    dp.k_cache = dk.get();
-    dp.v_cache = dv.get();
-    dp.block_table = dtable.get<std::int32_t>();
-    dp.seq_lens = dlens.get<std::int32_t>();
+    cache.device_kv(&dp);
     dp.q = dq.get();
     dp.out = dout.get();
     for (const DecodePlan plan : {DecodePlan{}, DecodePlan{5, 37}}) {
-      const std::size_t ws_bytes = decode_workspace_bytes(plan, dp.num_seqs, num_q_heads, head_dim);
+      const std::size_t ws_bytes =
+          decode_workspace_bytes(plan, dp.num_seqs, Fp8Cache::kQHeads, head_dim);
       testing::DeviceBuffer workspace(ws_bytes);
       PAGEDKV_CUDA_CHECK(paged_decode_attention(dp, plan, workspace.get(), ws_bytes, nullptr,
                                                 DecodeKernel::kTensorCoreFp8));
@@ -243,6 +274,61 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
       const testing::RowCheck broken =
           testing::check_rows(o.subspan(1024, 1024), r.subspan(1024, 1024), head_dim, 1e-2);
       EXPECT_GT(broken.bad_rows, 0u) << "the FP8 per-row check missed the dropped key";
+    }
+  }
+}
+
+// ExtendKernel::kFa2Fp8 (kernels/extend_attention_fa2_fp8.cu) likewise, without and with 3 splits
+// over keys: the 190-token sequence's 40 new tokens (positions 150..189) see key 100, the 1 and
+// 20 new tokens of the others do not; the FP8 extend check of tests/cuda/fp8_test.cpp (1e-2 per
+// row) must reject some of the 40 and accept the others.
+TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreExtendWithoutKey100) {
+  constexpr std::int32_t head_dim = Fp8Cache::kHeadDim;
+  const std::vector<std::int32_t> indptr = {0, 1, 41, 61};
+  for (const KVScaleMode mode : {KVScaleMode::kPerTokenHead, KVScaleMode::kPerTensor}) {
+    const Fp8Cache cache(mode);
+    std::mt19937_64 rng(9);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    std::vector<std::uint16_t> q(61 * Fp8Cache::kQHeads * head_dim);
+    for (auto& x : q) x = float_to_bf16_bits(unit(rng));
+    PagedExtendParams hp;
+    cache.host_kv(&hp);
+    hp.q_indptr = indptr.data();
+    hp.max_q_len = 40;
+    hp.q = q.data();
+    const ExtendReference ref = reference_paged_extend_attention_f64(hp);
+
+    const testing::DeviceBuffer dq = testing::upload(q), dindptr = testing::upload(indptr);
+    testing::DeviceBuffer dout(q.size() * 2);
+    PagedExtendParams dp = hp;
+    cache.device_kv(&dp);
+    dp.q_indptr = dindptr.get<std::int32_t>();
+    dp.q = dq.get();
+    dp.out = dout.get();
+    ASSERT_TRUE(extend_kernel_runs(dp, ExtendKernel::kFa2Fp8));
+    for (const std::int32_t splits : {1, 3}) {
+      ExtendSplitPlan plan;
+      plan.num_splits = splits;
+      const std::size_t ws_bytes = extend_workspace_bytes(dp, plan);
+      testing::DeviceBuffer workspace(std::max<std::size_t>(ws_bytes, 16));
+      PAGEDKV_CUDA_CHECK(paged_extend_attention(dp, nullptr, ExtendKernel::kFa2Fp8, plan,
+                                                workspace.get(), ws_bytes));
+      PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto out = testing::to_doubles(KVDtype::kBFloat16,
+                                           testing::download<std::uint16_t>(dout.get(), q.size()));
+      const testing::RowCheck all = testing::check_rows(out, ref.out, head_dim, 1e-2);
+      std::printf("extend tensor-core-fp8 %s splits=%d: worst row %.4g, %zu of %zu rows rejected\n",
+                  std::string(to_string(mode)).c_str(), splits, all.max_row_error, all.bad_rows,
+                  all.rows);
+      const std::size_t row = Fp8Cache::kQHeads * head_dim;  // one token's heads
+      const std::span<const double> o(out);
+      const std::span<const double> r(ref.out);
+      EXPECT_TRUE(testing::rows_match(o.subspan(0, row), r.subspan(0, row), head_dim, 1e-2));
+      EXPECT_TRUE(testing::rows_match(o.subspan(41 * row, 20 * row), r.subspan(41 * row, 20 * row),
+                                      head_dim, 1e-2));
+      const testing::RowCheck broken =
+          testing::check_rows(o.subspan(row, 40 * row), r.subspan(row, 40 * row), head_dim, 1e-2);
+      EXPECT_GT(broken.bad_rows, 0u) << "the FP8 extend per-row check missed the dropped key";
     }
   }
 }

@@ -824,7 +824,7 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
                                      plan, nullptr, 0);
       },
       "workspace");
-  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(6)); },
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(8)); },
                "unknown ExtendKernel");
   // An empty batch needs no workspace, even with a split plan (nothing is launched).
   plan.num_splits = 4;
@@ -837,6 +837,71 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   p.q_stride_token = 1028;  // the shared checks run first for the variant too
   expect_error([&] { (void)paged_extend_attention(p, nullptr, ExtendKernel::kFa2); },
                "multiples of 8");
+}
+
+// ExtendKernel::kFa2Fp8's selection, planning and workspace rules (host only; its kernel runs in
+// tests/cuda/fp8_test.cpp). On a 16-bit cache it is kFa2 (same plan, same workspace checks); on
+// an FP8 cache in a layout of 16-byte strides its own kernel runs, planned over kFa2's 4-warp
+// tiles and needing the workspace of its split; with 8-byte strides the CUDA-core FP8 kernel runs.
+TEST(CudaExtendAttentionArguments, Fa2Fp8SelectionPlanAndWorkspace) {
+  const ExtendShape s =
+      testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50});
+  const auto pb = testing::make_extend_problem(s, 1);
+  alignas(16) static std::uint16_t out[58 * 8 * 128];
+  const PagedExtendParams good = pb.params(out, nullptr);
+  EXPECT_FALSE(extend_kernel_runs(good, ExtendKernel::kFa2Fp8));  // kFa2 runs
+  for (const int sms : {2, 132}) {
+    EXPECT_EQ(plan_extend_split(good, ExtendKernel::kFa2Fp8, sms, 2).num_splits,
+              plan_extend_split(good, ExtendKernel::kFa2, sms, 2).num_splits);
+  }
+  ExtendSplitPlan four;
+  four.num_splits = 4;
+  expect_error(
+      [&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kFa2Fp8, four, nullptr, 0); },
+      "workspace");
+
+  // The same problem over an FP8 cache (per-(token, head) scales; the pointers are only checked).
+  PagedExtendParams fp8 = good;
+  fp8.quant.mode = KVScaleMode::kPerTokenHead;
+  fp8.quant.dtype = KVDtype::kFp8E4M3;
+  fp8.layout = KVLayout::nhd_scaled(good.layout.num_blocks, 16, 2, 128);
+  ASSERT_NO_THROW(validate_cuda_extend(fp8));
+  EXPECT_TRUE(extend_kernel_runs(fp8, ExtendKernel::kFa2Fp8));
+  EXPECT_FALSE(extend_kernel_runs(fp8, ExtendKernel::kFa2));
+  EXPECT_FALSE(extend_kernel_runs(fp8, ExtendKernel::kMma16));
+  EXPECT_EQ(extend_workspace_bytes(fp8, four), extend_workspace_bytes(good, four));
+  expect_error(
+      [&] { (void)paged_extend_attention(fp8, nullptr, ExtendKernel::kFa2Fp8, four, nullptr, 0); },
+      "workspace");
+  alignas(16) static unsigned char small[64];
+  expect_error(
+      [&] { (void)paged_extend_attention(fp8, nullptr, ExtendKernel::kFa2Fp8, four, small, 64); },
+      "workspace");
+  ExtendSplitPlan zero;
+  zero.num_splits = 0;
+  expect_error([&] { (void)paged_extend_attention(fp8, nullptr, ExtendKernel::kFa2Fp8, zero); },
+               "num_splits");
+  // Planned over 4-warp tiles: at head_dim 256, 10 new tokens x group 4 = 40 rows are 2 of kFa2's
+  // 32-row tiles (2 warps for short prompts) but 1 of kFa2Fp8's 64-row tiles. 2 sequences x 2 KV
+  // heads: 8 CTAs for kFa2, 4 for kFa2Fp8; 3 SMs x 2 CTAs x 2 waves = 12 -> 2 and 3 splits.
+  PagedExtendParams short256 = fp8;
+  short256.layout = KVLayout::nhd_scaled(good.layout.num_blocks, 16, 2, 256);
+  short256.max_q_len = 10;
+  EXPECT_EQ(plan_extend_split(short256, ExtendKernel::kFa2Fp8, 3, 2).num_splits, 3);
+  PagedExtendParams short256_16bit = good;
+  short256_16bit.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, 256);
+  short256_16bit.max_q_len = 10;
+  EXPECT_EQ(plan_extend_split(short256_16bit, ExtendKernel::kFa2Fp8, 3, 2).num_splits, 2);
+  EXPECT_EQ(plan_extend_split(short256_16bit, ExtendKernel::kFa2, 3, 2).num_splits, 2);
+  // 8-byte strides (per-tensor codes, rows padded by 8 bytes): the CUDA-core FP8 kernel.
+  PagedExtendParams padded = fp8;
+  padded.quant.mode = KVScaleMode::kPerTensor;
+  padded.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, 128);
+  padded.layout.stride_head = 136;
+  padded.layout.stride_token = 272;
+  padded.layout.stride_block = 16 * 272;
+  ASSERT_NO_THROW(padded.layout.validate());
+  EXPECT_FALSE(extend_kernel_runs(padded, ExtendKernel::kFa2Fp8));
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cuda_test_util.hpp"
+#include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -482,6 +483,227 @@ TEST_F(CudaFp8, TensorCoreDecodeMatchesTheReference) {
       }
     }
   }
+}
+
+// ExtendKernel::kFa2Fp8 (kernels/extend_attention_fa2_fp8.cu) beside the default path (the FP8
+// CUDA-core kernel, which ignores the plan), each without a split over keys, with 3 forced splits
+// and with the planner's plan, over kTcCases (both FP8 types and scale modes, NHD / HND, fp16 /
+// bf16 q and out, head_dim 64 / 128 / 256, GQA groups 1 to 16, block sizes 1 to 256, soft-cap,
+// sliding window, block ids outside the pool). New tokens per sequence: 1 (decode-like), 20 of 33,
+// all 130 (no prefix), 5 of 16 and 300 of 700 (several query tiles, a long prefix). Every output
+// row is compared with the CPU reference over the same FP8 cache (1e-2), and the log-sum-exp too.
+// With a bad last block the FP8 kernels skip its keys: the last sequence's new tokens before that
+// block keep the reference's rows; those in it see exactly the keys before it, i.e. decode
+// attention over the sequence cut at the block's start (these cases have no window or soft-cap).
+// What a broken piece does: a wrong conversion, swizzle or copy map, a dropped K or V scale, a V
+// scale applied to the softmax sum, or a missed R rescale moves whole rows far past 1e-2; a wrong
+// split or merge breaks the split plans only; a key mask not applied breaks the bad-block rows.
+// One case: kFa2 and kFa2Fp8 with 1 and 3 splits and, with `planned`, the planner's plan.
+void check_tc_extend(const TcCase& t, std::uint64_t seed, bool planned_too) {
+  SCOPED_TRACE(name(t));
+  const std::vector<std::int32_t> lens = {1, 33, 130, 16, 700};
+  const std::vector<std::int32_t> q_lens = {1, 20, 130, 5, 300};
+  std::vector<std::int32_t> indptr = {0};
+  for (const std::int32_t n : q_lens) indptr.push_back(indptr.back() + n);
+  const std::int32_t max_q_len = 300;
+  {
+    Pool p = make_pool(t.c, lens, seed++, t.block_size, t.kv_heads * t.group, t.kv_heads);
+    std::vector<std::int32_t> table = p.table;
+    std::int32_t cut = lens.back();  // keys the last sequence's tokens can see at most
+    if (t.bad_last_block) {
+      ASSERT_EQ(t.window, 0);
+      ASSERT_EQ(t.soft_cap, 0.0f);
+      const std::int32_t last = (lens.back() - 1) / t.block_size;
+      ASSERT_GT(last, 0);
+      table[(lens.size() - 1) * static_cast<std::size_t>(p.max_blocks) +
+            static_cast<std::size_t>(last)] =
+          t.bad_id < 0 ? t.bad_id : static_cast<std::int32_t>(p.layout.num_blocks) + t.bad_id - 1;
+      cut = last * t.block_size;
+    }
+    const DeviceBuffer dtable = testing::upload(table), dlens = testing::upload(p.lens),
+                       dindptr = testing::upload(indptr);
+    std::mt19937_64 rng(seed++);
+    std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+    const auto dim = static_cast<std::size_t>(t.c.head_dim);
+    const std::size_t row = static_cast<std::size_t>(p.q_heads) * dim;  // one token's heads
+    std::vector<std::uint16_t> q(static_cast<std::size_t>(indptr.back()) * row);
+    for (auto& x : q) x = float_to_dtype_bits(t.dtype, unit(rng));
+    const DeviceBuffer dq = testing::upload(q);
+
+    PagedExtendParams e;
+    static_cast<PagedKVParams&>(e) =
+        kv_params(p, p.k.get(), p.v.get(), dtable.get<std::int32_t>(), dlens.get<std::int32_t>());
+    e.dtype = t.dtype;
+    e.logits_soft_cap = t.soft_cap;
+    e.window_size = t.window;
+    e.q_indptr = dindptr.get<std::int32_t>();
+    e.max_q_len = max_q_len;
+    e.q = dq.get();
+    PagedExtendParams he = e;
+    static_cast<PagedKVParams&>(he) =
+        kv_params(p, p.host_k.data(), p.host_v.data(), p.table.data(), p.lens.data());
+    he.dtype = t.dtype;
+    he.logits_soft_cap = t.soft_cap;
+    he.window_size = t.window;
+    he.q_indptr = indptr.data();
+    he.q = q.data();
+    ExtendReference ref = reference_paged_extend_attention_f64(he);
+    std::vector<bool> lse_checked(ref.lse.size(), true);
+    if (t.bad_last_block) {
+      // Tokens at positions >= cut: decode over the sequence cut at `cut`, one sequence each.
+      const std::int32_t seq = static_cast<std::int32_t>(lens.size()) - 1;
+      const std::int32_t first = std::max(cut, lens.back() - q_lens.back());
+      const std::int32_t n = lens.back() - first;
+      const std::size_t row0 =
+          static_cast<std::size_t>(indptr[static_cast<std::size_t>(seq) + 1] - n);
+      std::vector<std::int32_t> cut_table, cut_lens(static_cast<std::size_t>(n), cut);
+      for (std::int32_t i = 0; i < n; ++i) {
+        cut_table.insert(cut_table.end(),
+                         p.table.begin() + static_cast<std::ptrdiff_t>(seq) * p.max_blocks,
+                         p.table.begin() + static_cast<std::ptrdiff_t>(seq + 1) * p.max_blocks);
+      }
+      PagedDecodeParams cd;
+      static_cast<PagedKVParams&>(cd) =
+          kv_params(p, p.host_k.data(), p.host_v.data(), cut_table.data(), cut_lens.data());
+      cd.num_seqs = n;
+      cd.dtype = t.dtype;
+      cd.q = q.data() + row0 * row;
+      const std::vector<double> cut_ref = reference_paged_decode_attention_f64(cd);
+      std::copy(cut_ref.begin(), cut_ref.end(),
+                ref.out.begin() + static_cast<std::ptrdiff_t>(row0 * row));
+      for (std::size_t i = row0 * static_cast<std::size_t>(p.q_heads); i < ref.lse.size(); ++i) {
+        lse_checked[i] = false;
+      }
+    }
+
+    ExtendSplitPlan planned;
+    PAGEDKV_CUDA_CHECK(extend_split_plan_for_current_device(e, ExtendKernel::kFa2Fp8, &planned));
+    EXPECT_TRUE(extend_kernel_runs(e, ExtendKernel::kFa2Fp8));
+    EXPECT_FALSE(extend_kernel_runs(e, ExtendKernel::kFa2));
+    std::vector<std::int32_t> split_counts = {1, 3};
+    if (planned_too) split_counts.push_back(planned.num_splits);
+    for (const ExtendKernel kernel : {ExtendKernel::kFa2, ExtendKernel::kFa2Fp8}) {
+      for (const std::int32_t splits : split_counts) {
+        SCOPED_TRACE(std::string(kernel == ExtendKernel::kFa2Fp8 ? "tc-fp8" : "default") +
+                     " splits " + std::to_string(splits));
+        ExtendSplitPlan plan;
+        plan.num_splits = splits;
+        const std::size_t ws_bytes =
+            kernel == ExtendKernel::kFa2Fp8 ? extend_workspace_bytes(e, plan) : 0;
+        DeviceBuffer ws(std::max<std::size_t>(ws_bytes, 16));  // poisoned: NaN partials
+        DeviceBuffer dout(q.size() * 2);                       // poisoned: NaN outputs
+        DeviceBuffer dlse(ref.lse.size() * sizeof(float));
+        e.out = dout.get();
+        e.lse = dlse.get<float>();
+        PAGEDKV_CUDA_CHECK(paged_extend_attention(e, nullptr, kernel, plan,
+                                                  ws_bytes > 0 ? ws.get() : nullptr, ws_bytes));
+        PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = testing::download<std::uint16_t>(dout.get(), q.size());
+        EXPECT_LE(worst_row_error(got, ref.out, dim, t.dtype), 1e-2);
+        const auto lse = testing::download<float>(dlse.get(), ref.lse.size());
+        for (std::size_t i = 0; i < lse.size(); ++i) {
+          if (!lse_checked[i]) continue;
+          ASSERT_NEAR(lse[i], ref.lse[i], 1e-3 * (1 + std::abs(ref.lse[i]))) << i;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaFp8, TensorCoreExtendMatchesTheReference) {
+  std::uint64_t seed = 50;
+  for (const TcCase& t : kTcCases) {
+    check_tc_extend(t, seed, true);
+    seed += 2;
+  }
+}
+
+// Three of those cases, 1 and 3 splits: for the racecheck and synccheck runs of scripts/gpu-check
+// (per-row E4M3 bf16 at head_dim 128, per-tensor E5M2 HND with a window, per-row with a bad block
+// at block size 1 and head_dim 64).
+TEST_F(CudaFp8, TensorCoreExtendFewCases) {
+  check_tc_extend(kTcCases[0], 80, false);
+  check_tc_extend(kTcCases[4], 82, false);
+  check_tc_extend(kTcCases[8], 84, false);
+}
+
+// kFa2Fp8 where its kernel does not run: a 16-bit cache runs kFa2 (same rows as kFa2, and a plan
+// for kFa2's tiles), an FP8 layout with 8-byte strides runs the CUDA-core FP8 kernel (no
+// workspace needed, whatever the plan); and on an FP8 cache the split plan's workspace is checked.
+TEST_F(CudaFp8, TensorCoreExtendFallbacksAndWorkspace) {
+  const Case c{KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 128};
+  Pool p = make_pool(c, {300, 40}, 61, 16, 8, 2);
+  const DeviceBuffer table = testing::upload(p.table), lens = testing::upload(p.lens);
+  const std::vector<std::int32_t> indptr = {0, 100, 140};
+  const DeviceBuffer dindptr = testing::upload(indptr);
+  std::mt19937_64 rng(62);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  std::vector<std::uint16_t> q(140 * 8 * 128);
+  for (auto& x : q) x = float_to_bf16_bits(unit(rng));
+  const DeviceBuffer dq = testing::upload(q);
+  DeviceBuffer dout(q.size() * 2);
+  PagedExtendParams e;
+  static_cast<PagedKVParams&>(e) =
+      kv_params(p, p.k.get(), p.v.get(), table.get<std::int32_t>(), lens.get<std::int32_t>());
+  e.q_indptr = dindptr.get<std::int32_t>();
+  e.max_q_len = 100;
+  e.q = dq.get();
+  e.out = dout.get();
+  ExtendSplitPlan three;
+  three.num_splits = 3;
+  const std::size_t ws_bytes = extend_workspace_bytes(e, three);
+  ASSERT_GT(ws_bytes, 0u);
+  // The FP8 kernel with a split needs its workspace; the default FP8 path does not.
+  EXPECT_THROW((void)paged_extend_attention(e, nullptr, ExtendKernel::kFa2Fp8, three, nullptr, 0),
+               Error);
+  DeviceBuffer ws(ws_bytes);
+  EXPECT_THROW((void)paged_extend_attention(e, nullptr, ExtendKernel::kFa2Fp8, three, ws.get(),
+                                            ws_bytes - 16),
+               Error);
+  PAGEDKV_CUDA_CHECK(paged_extend_attention(e, nullptr, ExtendKernel::kFa2, three, nullptr, 0));
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+
+  // A 16-bit cache with kFa2Fp8: kFa2's rows exactly (the same kernel and plan).
+  std::vector<std::uint16_t> k16(static_cast<std::size_t>(p.layout.plane_elements()));
+  std::vector<std::uint16_t> v16(k16.size());
+  for (auto& x : k16) x = float_to_bf16_bits(unit(rng));
+  for (auto& x : v16) x = float_to_bf16_bits(unit(rng));
+  const KVLayout dense = KVLayout::nhd(p.layout.num_blocks, 16, 2, 128);
+  const DeviceBuffer dk16 = testing::upload(k16), dv16 = testing::upload(v16);
+  PagedExtendParams b = e;
+  b.quant = KVQuant{};
+  b.layout = dense;
+  b.k_cache = dk16.get();
+  b.v_cache = dv16.get();
+  EXPECT_FALSE(extend_kernel_runs(b, ExtendKernel::kFa2Fp8));
+  ExtendSplitPlan fa2_plan, fp8_plan;
+  PAGEDKV_CUDA_CHECK(extend_split_plan_for_current_device(b, ExtendKernel::kFa2, &fa2_plan));
+  PAGEDKV_CUDA_CHECK(extend_split_plan_for_current_device(b, ExtendKernel::kFa2Fp8, &fp8_plan));
+  EXPECT_EQ(fa2_plan.num_splits, fp8_plan.num_splits);
+  DeviceBuffer out_a(q.size() * 2), out_b(q.size() * 2);
+  b.out = out_a.get();
+  PAGEDKV_CUDA_CHECK(paged_extend_attention(b, nullptr, ExtendKernel::kFa2, three, ws.get(),
+                                            extend_workspace_bytes(b, three)));
+  b.out = out_b.get();
+  PAGEDKV_CUDA_CHECK(paged_extend_attention(b, nullptr, ExtendKernel::kFa2Fp8, three, ws.get(),
+                                            extend_workspace_bytes(b, three)));
+  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(testing::download<std::uint16_t>(out_a.get(), q.size()),
+            testing::download<std::uint16_t>(out_b.get(), q.size()));
+
+  // An FP8 layout with 8-byte strides: the CUDA-core FP8 kernel, which ignores the plan.
+  PagedExtendParams padded = e;
+  padded.quant.mode = KVScaleMode::kPerTensor;
+  padded.layout = KVLayout::nhd(p.layout.num_blocks, 16, 2, 128);
+  padded.layout.stride_head = 136;
+  padded.layout.stride_token = 272;
+  padded.layout.stride_block = 16 * 272;
+  ASSERT_NO_THROW(padded.layout.validate());
+  EXPECT_FALSE(extend_kernel_runs(padded, ExtendKernel::kFa2Fp8));
+  ExtendSplitPlan padded_plan;
+  PAGEDKV_CUDA_CHECK(
+      extend_split_plan_for_current_device(padded, ExtendKernel::kFa2Fp8, &padded_plan));
+  EXPECT_EQ(padded_plan.num_splits, 1);
 }
 
 // The plan the bench and an engine would use: plan_paged_decode with the options for

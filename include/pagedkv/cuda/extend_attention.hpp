@@ -20,7 +20,7 @@
 // An FP8 cache (params.quant.fp8(); pagedkv/device/kv_quant.hpp) runs kernels/fp8_attention.cu
 // instead: one CTA per (new token, KV head) on CUDA cores, codes decoded in registers, the row
 // scales applied to the fp32 dot product and softmax weight, fp32 accumulation (correctness
-// first; a tensor-core FP8 path is future work).
+// first), unless the caller chose kFa2Fp8 (below), the tensor-core FP8 path.
 //
 // Kernel variants (ExtendKernel, chosen per call; the default is kFa2):
 //   kMma16  the kernel described above (kernels/extend_attention.cu), the default until the GPU
@@ -60,8 +60,14 @@
 //           other's GEMMs occupy the tensor cores by construction, not by drift
 //           (FlashAttention-3's inter-warpgroup ping-pong). Same shapes, plan, fallback and
 //           status (not yet run on a GPU).
-//           An FP8 cache falls back to the FP8 kernel with every variant; every 16-bit shape runs
-//           kMma16 and kFa2.
+//   kFa2Fp8  kernels/extend_attention_fa2_fp8.cu: for an FP8 cache, kFa2's 4-warp tiles, ring,
+//           split (same plan rules over its own tiles and occupancy, same workspace and merge
+//           kernel) with FP8 codes in the ring, each thread converting the codes it copied
+//           exactly into 16-bit K / V tiles for kFa2's GEMMs; K scales multiply the score columns,
+//           V scales the probability columns. Layouts whose strides are not multiples of 16
+//           bytes run kernels/fp8_attention.cu; a 16-bit cache runs kFa2. NOT YET RUN ON A GPU.
+//           Any other variant over an FP8 cache runs the CUDA-core FP8 kernel; every 16-bit shape
+//           runs kMma16 and kFa2.
 //
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data (max_q_len sizes the grid), so launches can be captured in a CUDA
@@ -108,36 +114,45 @@ enum class ExtendKernel : int {
   kWgmmaPipelined = 3,  // kWgmma with a tile's softmax overlapping the previous tile's PV GEMM
   kWgmmaWarpSpecialized = 4,          // kWgmmaPipelined's consumers fed by a producer warpgroup
   kWgmmaWarpSpecializedPingPong = 5,  // kWgmmaWarpSpecialized, the consumers' GEMMs alternating
+  // FP8 caches on tensor cores (opt-in until a GPU run proves it): kFa2's tiles and split over
+  // K/V codes converted exactly to q's 16-bit type in shared memory, the scales applied to the
+  // score and probability columns (kernels/extend_attention_fa2_fp8.cu). A layout whose strides
+  // are not multiples of 16 bytes runs kernels/fp8_attention.cu; a 16-bit cache runs kFa2.
+  kFa2Fp8 = 6,
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
-// The split over keys of a kFa2 or kWgmma-variant launch (kWgmma, kWgmmaPipelined,
+// The split over keys of a kFa2, kFa2Fp8 or kWgmma-variant launch (kWgmma, kWgmmaPipelined,
 // kWgmmaWarpSpecialized, kWgmmaWarpSpecializedPingPong): each query tile's visible keys are cut
 // into num_splits contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no
-// split, no workspace. kMma16 and FP8 caches ignore it; the kWgmma variants' fallback to kFa2 uses
-// it.
+// split, no workspace. kMma16 and FP8 caches ignore it (but for kFa2Fp8's FP8 kernel); the kWgmma
+// variants' fallback to kFa2 uses it.
 struct ExtendSplitPlan {
   std::int32_t num_splits = 1;
 };
 inline constexpr std::int32_t kCudaExtendMaxSplits = 16;
 
 // Whether `kernel` itself runs for these parameters (for kWgmma: on the current device); false
-// when paged_extend_attention falls back (an FP8 cache always runs kernels/fp8_attention.cu).
+// when paged_extend_attention falls back (an FP8 cache runs kernels/fp8_attention.cu except with
+// kFa2Fp8 on a layout whose strides are multiples of 16 bytes; kFa2Fp8 on a 16-bit cache runs
+// kFa2: false).
 bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) noexcept;
 
 // The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no
 // split when query tiles x sequences x KV heads fill two waves, else enough splits to fill them
-// (at most kCudaExtendMaxSplits). Query tiles are the variant's: kFa2's 64 or 128 rows, the
-// kWgmma variants' 128 (their kernels', whether or not they run here); the splits are capped so
-// that kFa2's query tiles x num_splits stay within the grid limit paged_extend_attention checks,
-// so the plan is valid for the variant whichever kernel runs. Pure, host only; kMma16 always
-// gets 1. Throws pagedkv::Error for num_sms or ctas_per_sm < 1.
+// (at most kCudaExtendMaxSplits). Query tiles are the variant's: kFa2's 64 or 128 rows (kFa2Fp8:
+// kFa2's 4-warp tiles, 128 rows; 64 at head_dim 256), the kWgmma variants' 128 (their kernels',
+// whether or not they run here); the splits are capped so that kFa2's query tiles x num_splits stay
+// within the grid limit paged_extend_attention checks, so the plan is valid for the variant
+// whichever kernel runs. Pure, host only; kMma16 always gets 1. Throws pagedkv::Error for num_sms
+// or ctas_per_sm < 1.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
 // The same with num_sms and the variant's occupancy (dtype, head_dim, CTA size) of the current
 // device; for a kWgmma variant whose kernel does not run here (extend_kernel_runs), kFa2's plan
-// (its fallback's). Returns CUDA errors; throws as validate_cuda_extend for bad params.
+// (its fallback's); for an FP8 cache 1 split, but for kFa2Fp8 where its kernel runs. Returns CUDA
+// errors; throws as validate_cuda_extend for bad params.
 cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params,
                                                  ExtendKernel kernel, ExtendSplitPlan* plan);
 
@@ -145,10 +160,11 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
 // log-sum-exp for num_seqs x max_q_len x num_q_heads x num_splits states.
 std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan);
 
-// Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2
-// and the kWgmma variants: 1 <= plan.num_splits <= kCudaExtendMaxSplits, kFa2's query tiles x
-// num_splits <= 65535, and with a split a 16-byte aligned workspace of at least
-// extend_workspace_bytes. Throws pagedkv::Error.
+// Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2,
+// kFa2Fp8 and the kWgmma variants: 1 <= plan.num_splits <= kCudaExtendMaxSplits, kFa2's query
+// tiles x num_splits <= 65535, and with a split a 16-byte aligned workspace of at least
+// extend_workspace_bytes (not needed for an FP8 cache but by kFa2Fp8's FP8 kernel). Throws
+// pagedkv::Error.
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream,
                                    ExtendKernel kernel, const ExtendSplitPlan& plan = {},
                                    void* workspace = nullptr, std::size_t workspace_bytes = 0);
