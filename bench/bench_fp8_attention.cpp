@@ -17,7 +17,9 @@
 // TARGET decode_fp8_tc_vs_copy, the same for DecodeKernel::kTensorCoreFp8 (opt-in; the same
 // shapes and byte count, its split plan from plan_paged_decode with
 // decode_plan_options_for_current_device(..., kTensorCoreFp8); its rows checked first too);
-// TARGET extend_fp8_vs_bf16 >= 1.0 (median over shapes of time(bf16) / time(FP8)).
+// TARGET extend_fp8_vs_bf16 >= 1.0 (median over shapes of time(bf16) / time(FP8));
+// TARGET extend_fp8_tc_vs_bf16, the same for ExtendKernel::kFa2Fp8 (opt-in; its split from
+// extend_split_plan_for_current_device; its rows checked first, without and with 3 splits).
 // Times are CUDA-event medians over repeats.
 //
 // Usage: bench_fp8_attention [--quick]   (--quick: one small shape per part, for smoke tests)
@@ -306,6 +308,24 @@ bool run_checks() {
         bench::to_doubles(KVDtype::kBFloat16, download(deout, eq.size()));
     ok &= line(("fp8_extend_" + tag).c_str(),
                bench::max_row_error(egot, eref.out, static_cast<std::size_t>(p.dim)), 1e-2);
+    // The same with ExtendKernel::kFa2Fp8, without a split over keys and with 3 splits.
+    for (const std::int32_t splits : {1, 3}) {
+      pagedkv::ExtendSplitPlan tc_plan;
+      tc_plan.num_splits = splits;
+      const std::size_t ws_bytes = pagedkv::extend_workspace_bytes(e, tc_plan);
+      void* ws = nullptr;
+      if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+      check(cudaMemset(deout, 0xff, eq.size() * 2), "memset out");
+      check(pagedkv::paged_extend_attention(e, nullptr, pagedkv::ExtendKernel::kFa2Fp8, tc_plan, ws,
+                                            ws_bytes),
+            "fp8 tc extend");
+      check(cudaDeviceSynchronize(), "fp8 tc extend");
+      if (ws != nullptr) check(cudaFree(ws), "free");
+      const std::vector<double> tc_got =
+          bench::to_doubles(KVDtype::kBFloat16, download(deout, eq.size()));
+      ok &= line(("fp8_extend_tc_" + tag + (splits > 1 ? "_split" : "")).c_str(),
+                 bench::max_row_error(tc_got, eref.out, static_cast<std::size_t>(p.dim)), 1e-2);
+    }
     // copy_blocks: sequence 1's first block onto sequence 0's first.
     const std::vector<pagedkv::BlockPair> copy = {
         {p.table[static_cast<std::size_t>(p.max_blocks)], p.table[0]}};
@@ -453,9 +473,12 @@ int main(int argc, char** argv) {
       quick ? std::vector<std::pair<int, int>>{{2, 256}}
             : std::vector<std::pair<int, int>>{{4, 2048}, {8, 4096}};
   std::vector<double> speedups;
+  std::vector<double> tc_speedups;
   for (const auto& [seqs, len] : eshapes) {
     const std::int32_t q_len = len / 2;  // half the context is a prefix hit
     double ms[2] = {0, 0};
+    double tc_ms = 0;
+    int tc_splits = 1;
     for (int fp8 = 0; fp8 < 2; ++fp8) {
       std::vector<std::int32_t> lens_host(static_cast<std::size_t>(seqs), len);
       Problem p;
@@ -500,6 +523,25 @@ int main(int argc, char** argv) {
       e.out = dout;
       ms[fp8] = time_ms([&] { check(pagedkv::paged_extend_attention(e, nullptr), "extend"); },
                         quick ? 3 : 10);
+      if (fp8 == 1) {
+        // A / B: ExtendKernel::kFa2Fp8 on the same problem, with its planner's split.
+        pagedkv::ExtendSplitPlan tc_plan;
+        check(pagedkv::extend_split_plan_for_current_device(e, pagedkv::ExtendKernel::kFa2Fp8,
+                                                            &tc_plan),
+              "extend plan");
+        tc_splits = tc_plan.num_splits;
+        const std::size_t ws_bytes = pagedkv::extend_workspace_bytes(e, tc_plan);
+        void* ws = nullptr;
+        if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+        tc_ms = time_ms(
+            [&] {
+              check(pagedkv::paged_extend_attention(e, nullptr, pagedkv::ExtendKernel::kFa2Fp8,
+                                                    tc_plan, ws, ws_bytes),
+                    "tc extend");
+            },
+            quick ? 3 : 10);
+        if (ws != nullptr) check(cudaFree(ws), "free");
+      }
       for (void* ptr : std::initializer_list<void*>{table, lens, dindptr, dq, dout}) {
         check(cudaFree(ptr), "free");
       }
@@ -511,13 +553,18 @@ int main(int argc, char** argv) {
       }
     }
     speedups.push_back(ms[0] / ms[1]);
+    tc_speedups.push_back(ms[0] / tc_ms);
     std::printf(
         "RESULT extend seqs=%d context=%d q_len=%d bf16_us=%.1f fp8_us=%.1f "
-        "bf16_over_fp8=%.3f\n",
-        seqs, len, q_len, ms[0] * 1e3, ms[1] * 1e3, ms[0] / ms[1]);
+        "bf16_over_fp8=%.3f fp8_tc_us=%.1f fp8_tc_splits=%d bf16_over_fp8_tc=%.3f\n",
+        seqs, len, q_len, ms[0] * 1e3, ms[1] * 1e3, ms[0] / ms[1], tc_ms * 1e3, tc_splits,
+        ms[0] / tc_ms);
   }
   const double extend_ratio = bench::median(speedups);
   std::printf("TARGET extend_fp8_vs_bf16 value=%.3f target=1.00 met=%s shapes=%zu\n", extend_ratio,
               extend_ratio >= 1.0 ? "yes" : "no", speedups.size());
+  const double tc_extend_ratio = bench::median(tc_speedups);
+  std::printf("TARGET extend_fp8_tc_vs_bf16 value=%.3f target=1.00 met=%s shapes=%zu\n",
+              tc_extend_ratio, tc_extend_ratio >= 1.0 ? "yes" : "no", tc_speedups.size());
   return 0;
 }

@@ -96,8 +96,9 @@ kernels, and reports what prefix caching saved.
                          tensor_core_wide_merge);
                          rejected without --device cuda (the CPU path has one implementation,
                          the references)
-  --extend-kernel NAME   with --device cuda: mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws or
-                         wgmma_ws_pingpong
+  --extend-kernel NAME   with --device cuda: mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws,
+                         wgmma_ws_pingpong or fa2_fp8 (FP8 KV on tensor cores; with 16-bit KV,
+                         fa2)
                          (pagedkv::ExtendKernel; default: the library's default, fa2; the
                          wgmma ones fall back to fa2 off sm_90 or at another head_dim than
                          128); rejected without --device cuda
@@ -288,10 +289,12 @@ Options parse(int argc, char** argv) {
         o.engine.extend_kernel = 4;
       } else if (v == "wgmma_ws_pingpong") {
         o.engine.extend_kernel = 5;
+      } else if (v == "fa2_fp8") {
+        o.engine.extend_kernel = 6;
       } else {
         usage_error(
-            "--extend-kernel: expected mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws or "
-            "wgmma_ws_pingpong, got '" +
+            "--extend-kernel: expected mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws, "
+            "wgmma_ws_pingpong or fa2_fp8, got '" +
             v + "'");
       }
     } else if (a == "--vs-bf16") {

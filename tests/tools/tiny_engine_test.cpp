@@ -243,12 +243,12 @@ TEST(TinyEngineConfig, KernelVariantValues) {
     c.decode_kernel = decode;
     EXPECT_NO_THROW(c.validate()) << "decode_kernel " << decode;
   }
-  for (const int extend : {-1, 0, 1, 2, 3, 4, 5}) {
+  for (const int extend : {-1, 0, 1, 2, 3, 4, 5, 6}) {
     EngineConfig c;
     c.extend_kernel = extend;
     EXPECT_NO_THROW(c.validate()) << "extend_kernel " << extend;
   }
-  for (const int bad : {-2, 4}) {  // decode's first value past its range; extend's is 6
+  for (const int bad : {-2, 4}) {  // decode's first value past its range; extend's is 7
     EngineConfig c;
     c.decode_kernel = bad;
     try {
@@ -258,12 +258,12 @@ TEST(TinyEngineConfig, KernelVariantValues) {
       EXPECT_NE(std::string(e.what()).find("tensor_core_fp8"), std::string::npos) << e.what();
     }
     EngineConfig x;
-    x.extend_kernel = bad == 4 ? 6 : bad;
+    x.extend_kernel = bad == 4 ? 7 : bad;
     try {
       x.validate();
       ADD_FAILURE() << "extend_kernel " << bad << " accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("wgmma_ws_pingpong"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("fa2_fp8"), std::string::npos) << e.what();
     }
   }
 }
