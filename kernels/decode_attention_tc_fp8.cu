@@ -360,26 +360,11 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
     float rescale = 1.0f;
     if (per_row) {
       float vs[2][2];
-      float tile_r = 0.0f;
+      rescale = fp8_v_weights(v_scales, tig, r_run, vs);
 #pragma unroll
       for (int t = 0; t < 2; ++t) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          vs[t][e] = v_scales[t * 8 + tig * 2 + e];
-          tile_r = fmaxf(tile_r, vs[t][e]);
-        }
-      }
-      tile_r = fmaxf(tile_r, __shfl_xor_sync(0xffffffffu, tile_r, 1));
-      tile_r = fmaxf(tile_r, __shfl_xor_sync(0xffffffffu, tile_r, 2));
-      // Every quad saw the same 16 keys, so r_new is uniform over the warp.
-      const float r_new = fmaxf(r_run, tile_r);
-      const float inv_r = r_new > 0.0f ? 1.0f / r_new : 0.0f;
-      if (r_new != r_run) rescale = r_run * inv_r;  // 0 while nothing was accumulated
-      r_run = r_new;
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) prob[t][c] *= vs[t][c & 1] * inv_r;
+        for (int c = 0; c < 4; ++c) prob[t][c] *= vs[t][c & 1];
       }
     }
     if (__any_sync(0xffffffffu, moved) || rescale != 1.0f) {

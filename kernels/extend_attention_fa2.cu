@@ -57,7 +57,6 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
                                   Fa2Shape<kHeadDim, kWarps>::kMinCtasPerSm)
     fa2_extend_kernel(const Fa2Params p) {
   using S = Fa2Shape<kHeadDim, kWarps>;
-  using O = MmaOps<kBf16>;
   constexpr int kC = S::kChunks;
   constexpr int kKeys = S::kKeys;
   constexpr int kStages = S::kStages;
@@ -123,50 +122,15 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) issue(t);
 
-    // Q: 16-byte loads into the swizzled tile, unscaled (overlapping the K/V copies in flight).
-    // Rows past q_len are zero.
-#pragma unroll
-  for (int i = 0; i < S::kQCopies; ++i) {
-    const MmaCoord c = detail::fa2_copy(tid, i, kC, S::kRowsPerPass);
-    const int packed = geo.row0 + c.row;
-    const int token = packed / p.group;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (token < lens.q_len) {
-      const std::int64_t at =
-          (static_cast<std::int64_t>(lens.q_begin) + token) * p.q_stride_token +
-          static_cast<std::int64_t>(kv_head * p.group + packed % p.group) * p.q_stride_head +
-          c.col * 8;
-      v = __ldg(reinterpret_cast<const uint4*>(p.q + at));
-    }
-    q_tile[detail::fa2_swizzled(c.row, c.col, kC)] = v;
-  }
+  // Q (overlapping the K/V copies in flight), unscaled.
+  fa2_load_q_tile<kHeadDim, kWarps>(q_tile, p, lens, geo.row0, kv_head, tid);
   __syncthreads();
-
   [[maybe_unused]] unsigned qf[S::kQInRegisters ? kKSteps : 1][kMB][4];
-  if constexpr (S::kQInRegisters) {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int mb = 0; mb < kMB; ++mb) {
-        ldmatrix_x4(
-            qf[ks][mb],
-            q_addr + 16 * detail::fa2_swizzled(detail::fa2_q_row(S::kRowsPerWarp, warp, mb, lane),
-                                               detail::fa2_q_chunk(ks, lane), kC));
-      }
-    }
-  }
+  if constexpr (S::kQInRegisters) fa2_load_q_fragments<kHeadDim, kWarps>(qf, q_addr, warp, lane);
 
   // ---- per-lane row state: element c of m16 block mb is row fa2_acc_row(warp, mb, lane, c) ----
   int row_pos[kMB][2];  // visible keys are <= row_pos; -1 for padding rows
-#pragma unroll
-  for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int token =
-          (geo.row0 + detail::fa2_acc_row(S::kRowsPerWarp, warp, mb, lane, 2 * h)) / p.group;
-      row_pos[mb][h] = token < lens.q_len ? lens.prefix + token : -1;
-    }
-  }
+  fa2_row_positions<kHeadDim, kWarps>(row_pos, geo.row0, p.group, lens, warp, lane);
   float o[kMB][kNTiles][4];
 #pragma unroll
   for (int mb = 0; mb < kMB; ++mb) {
@@ -223,29 +187,10 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
       }
     }
 
-    // Online softmax: a row's columns live in the 4 lanes of its quad.
+    // Online softmax.
     float m_use[kMB][2];
     float alpha[kMB][2];
-    bool moved = false;
-#pragma unroll
-    for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) {
-          tile_max = fmaxf(tile_max, fmaxf(s[mb][n][2 * h], s[mb][n][2 * h + 1]));
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float m_new = fmaxf(m_run[mb][h], tile_max);
-        // Until a visible key is seen m stays -inf; subtracting 0 keeps exp2f(-inf) = 0.
-        m_use[mb][h] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[mb][h] = exp2f(m_run[mb][h] - m_use[mb][h]);
-        moved = moved || m_new != m_run[mb][h];
-        m_run[mb][h] = m_new;
-      }
-    }
+    const bool moved = fa2_softmax_maxima(s, m_run, m_use, alpha);
     if (__any_sync(0xffffffffu, moved)) {  // else every alpha of the warp is 1
 #pragma unroll
       for (int mb = 0; mb < kMB; ++mb) {
@@ -277,45 +222,8 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
   cp_async_wait<0>();  // nothing may be in flight when the CTA exits
 
   // ---- epilogue: this lane's rows, directly or as a split partial ----
-  const int quad_col = lane & 3;
-#pragma unroll
-  for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = l_run[mb][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int packed = geo.row0 + detail::fa2_acc_row(S::kRowsPerWarp, warp, mb, lane, 2 * h);
-      const int token = packed / p.group;
-      if (token >= lens.q_len) continue;
-      const int head = kv_head * p.group + packed % p.group;
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-      const float lse2 = l > 0.0f ? m_run[mb][h] + log2f(l) : -INFINITY;
-      if (direct) {
-        const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
-        std::uint16_t* dst =
-            p.out + q_row * p.out_stride_token + head * p.out_stride_head + quad_col * 2;
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          *reinterpret_cast<unsigned*>(dst + n * 8) =
-              O::pack2(o[mb][n][2 * h] * inv, o[mb][n][2 * h + 1] * inv);
-        }
-        if (p.lse != nullptr && quad_col == 0) {
-          p.lse[q_row * p.num_q_heads + head] = l > 0.0f ? lse2 * kLn2 : -INFINITY;
-        }
-      } else {
-        const std::int64_t state = detail::fa2_state(seq, token, head, item.split, p.max_q_len,
-                                                     p.num_q_heads, p.num_splits);
-        float* dst = p.partial_out + state * kHeadDim + quad_col * 2;
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          *reinterpret_cast<float2*>(dst + n * 8) =
-              make_float2(o[mb][n][2 * h] * inv, o[mb][n][2 * h + 1] * inv);
-        }
-        if (quad_col == 0) p.partial_lse[state] = lse2;
-      }
-    }
-  }
+  fa2_write_rows<kBf16, kHeadDim, kWarps>(p, o, m_run, l_run, 1.0f, geo.row0, lens, seq, kv_head,
+                                          item.split, direct, warp, lane);
 }
 
 // Combines the split partials of each (sequence, new token, query head) whose query tile used

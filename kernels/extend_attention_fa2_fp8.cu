@@ -32,11 +32,11 @@
 
 #include <cmath>
 #include <cstdint>
-#include <string>
 
 #include "fp8_kernels.hpp"
 #include "internal/cp_async.cuh"
 #include "internal/decode_tc_fp8_layout.hpp"
+#include "internal/decode_tc_host.hpp"
 #include "internal/extend_fa2_fp8_layout.hpp"
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
@@ -55,7 +55,6 @@ using detail::Fa2Fp8Shape;
 using detail::MmaCoord;
 
 using fa2::Fa2Params;
-using fa2::kLn2;
 using fa2::seq_lens_of;
 using fa2::SeqLens;
 
@@ -80,8 +79,12 @@ __device__ __forceinline__ void convert_own(const std::uint8_t* codes, uint4* ha
     uint4 lo;
     uint4 hi;
     fp8x16_to_operands<kBf16, kE5M2>(in, &lo, &hi);
-    half_tile[detail::fa2_fp8_half_chunk(c.row, c.col, 0, S::kChunks)] = lo;
-    half_tile[detail::fa2_fp8_half_chunk(c.row, c.col, 1, S::kChunks)] = hi;
+    // The 8 threads of a store phase hold chunks c8 .. c8 + 7 of a row (4 + 4 rows apart at
+    // head_dim 64): those with bit 2 of c8 set store their odd chunk first, so one phase's 8
+    // chunks fall into 8 different 16-byte bank groups after the swizzle (2-way conflicts else).
+    const int first = (c.col >> 2) & 1;
+    half_tile[detail::fa2_fp8_half_chunk(c.row, c.col, first, S::kChunks)] = first ? hi : lo;
+    half_tile[detail::fa2_fp8_half_chunk(c.row, c.col, 1 - first, S::kChunks)] = first ? lo : hi;
   }
 }
 
@@ -102,7 +105,6 @@ __global__ void __launch_bounds__(Fa2Fp8Shape<kHeadDim>::kThreads,
   using S = Fa2Fp8Shape<kHeadDim>;
   using T = typename S::Tile;
   constexpr int kWarps = detail::kFa2Fp8Warps;
-  constexpr int kC = S::kChunks;
   constexpr int kKeys = S::kKeys;
   constexpr int kStages = S::kStages;
   constexpr int kMB = T::kMBlocks;
@@ -198,50 +200,15 @@ __global__ void __launch_bounds__(Fa2Fp8Shape<kHeadDim>::kThreads,
 #pragma unroll
   for (int t = 0; t < kStages - 1; ++t) issue(t);
 
-    // Q: 16-byte loads into the swizzled tile, unscaled (overlapping the copies in flight). Rows
-    // past q_len are zero.
-#pragma unroll
-  for (int i = 0; i < T::kQCopies; ++i) {
-    const MmaCoord c = detail::fa2_copy(tid, i, kC, T::kRowsPerPass);
-    const int packed = geo.row0 + c.row;
-    const int token = packed / p.group;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (token < lens.q_len) {
-      const std::int64_t at =
-          (static_cast<std::int64_t>(lens.q_begin) + token) * p.q_stride_token +
-          static_cast<std::int64_t>(kv_head * p.group + packed % p.group) * p.q_stride_head +
-          c.col * 8;
-      v = __ldg(reinterpret_cast<const uint4*>(p.q + at));
-    }
-    q_tile[detail::fa2_swizzled(c.row, c.col, kC)] = v;
-  }
+  // Q (overlapping the copies in flight), unscaled.
+  fa2_load_q_tile<kHeadDim, kWarps>(q_tile, p, lens, geo.row0, kv_head, tid);
   __syncthreads();
-
   [[maybe_unused]] unsigned qf[T::kQInRegisters ? kKSteps : 1][kMB][4];
-  if constexpr (T::kQInRegisters) {
-#pragma unroll
-    for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-      for (int mb = 0; mb < kMB; ++mb) {
-        ldmatrix_x4(
-            qf[ks][mb],
-            q_addr + 16 * detail::fa2_swizzled(detail::fa2_q_row(T::kRowsPerWarp, warp, mb, lane),
-                                               detail::fa2_q_chunk(ks, lane), kC));
-      }
-    }
-  }
+  if constexpr (T::kQInRegisters) fa2_load_q_fragments<kHeadDim, kWarps>(qf, q_addr, warp, lane);
 
   // ---- per-lane row state: element c of m16 block mb is row fa2_acc_row(warp, mb, lane, c) ----
   int row_pos[kMB][2];  // visible keys are <= row_pos; -1 for padding rows
-#pragma unroll
-  for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int token =
-          (geo.row0 + detail::fa2_acc_row(T::kRowsPerWarp, warp, mb, lane, 2 * h)) / p.group;
-      row_pos[mb][h] = token < lens.q_len ? lens.prefix + token : -1;
-    }
-  }
+  fa2_row_positions<kHeadDim, kWarps>(row_pos, geo.row0, p.group, lens, warp, lane);
   float o[kMB][kNTiles][4];
 #pragma unroll
   for (int mb = 0; mb < kMB; ++mb) {
@@ -318,55 +285,14 @@ __global__ void __launch_bounds__(Fa2Fp8Shape<kHeadDim>::kThreads,
       }
     }
 
-    // Online softmax: a row's columns live in the 4 lanes of its quad.
+    // Online softmax.
     float m_use[kMB][2];
     float alpha[kMB][2];
-    bool moved = false;
-#pragma unroll
-    for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float tile_max = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) {
-          tile_max = fmaxf(tile_max, fmaxf(s[mb][n][2 * h], s[mb][n][2 * h + 1]));
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-        const float m_new = fmaxf(m_run[mb][h], tile_max);
-        // Until a visible key is seen m stays -inf; subtracting 0 keeps exp2f(-inf) = 0.
-        m_use[mb][h] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[mb][h] = exp2f(m_run[mb][h] - m_use[mb][h]);
-        moved = moved || m_new != m_run[mb][h];
-        m_run[mb][h] = m_new;
-      }
-    }
+    const bool moved = fa2_softmax_maxima(s, m_run, m_use, alpha);
     // The V scales of this lane's columns over R; R_old / R_new when R grew (uniform over the
     // CTA: every quad sees all of the tile's keys).
-    float rescale = 1.0f;
     float v_weight[kKeyTiles][2];
-    if (per_row) {
-      float tile_r = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          v_weight[n][e] = v_scales[n * 8 + quad_col * 2 + e];
-          tile_r = fmaxf(tile_r, v_weight[n][e]);
-        }
-      }
-      tile_r = fmaxf(tile_r, __shfl_xor_sync(0xffffffffu, tile_r, 1));
-      tile_r = fmaxf(tile_r, __shfl_xor_sync(0xffffffffu, tile_r, 2));
-      const float r_new = fmaxf(r_run, tile_r);
-      const float inv_r = r_new > 0.0f ? 1.0f / r_new : 0.0f;
-      if (r_new != r_run) rescale = r_run * inv_r;  // 0 while nothing was accumulated
-      r_run = r_new;
-#pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
-        v_weight[n][0] *= inv_r;
-        v_weight[n][1] *= inv_r;
-      }
-    }
+    const float rescale = per_row ? fp8_v_weights(v_scales, quad_col, r_run, v_weight) : 1.0f;
     if (__any_sync(0xffffffffu, moved) || rescale != 1.0f) {
 #pragma unroll
       for (int mb = 0; mb < kMB; ++mb) {
@@ -398,71 +324,11 @@ __global__ void __launch_bounds__(Fa2Fp8Shape<kHeadDim>::kThreads,
   cp_async_wait<0>();  // nothing may be in flight when the CTA exits
 
   // ---- epilogue: this lane's rows (x R), directly or as a split partial ----
-#pragma unroll
-  for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float l = l_run[mb][h];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int packed = geo.row0 + detail::fa2_acc_row(T::kRowsPerWarp, warp, mb, lane, 2 * h);
-      const int token = packed / p.group;
-      if (token >= lens.q_len) continue;
-      const int head = kv_head * p.group + packed % p.group;
-      const float inv = l > 0.0f ? r_run / l : 0.0f;
-      const float lse2 = l > 0.0f ? m_run[mb][h] + log2f(l) : -INFINITY;
-      if (direct) {
-        const std::int64_t q_row = static_cast<std::int64_t>(lens.q_begin) + token;
-        std::uint16_t* dst =
-            p.out + q_row * p.out_stride_token + head * p.out_stride_head + quad_col * 2;
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          *reinterpret_cast<unsigned*>(dst + n * 8) =
-              MmaOps<kBf16>::pack2(o[mb][n][2 * h] * inv, o[mb][n][2 * h + 1] * inv);
-        }
-        if (p.lse != nullptr && quad_col == 0) {
-          p.lse[q_row * p.num_q_heads + head] = l > 0.0f ? lse2 * kLn2 : -INFINITY;
-        }
-      } else {
-        const std::int64_t state = detail::fa2_state(seq, token, head, item.split, p.max_q_len,
-                                                     p.num_q_heads, p.num_splits);
-        float* dst = p.partial_out + state * kHeadDim + quad_col * 2;
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-          *reinterpret_cast<float2*>(dst + n * 8) =
-              make_float2(o[mb][n][2 * h] * inv, o[mb][n][2 * h + 1] * inv);
-        }
-        if (quad_col == 0) p.partial_lse[state] = lse2;
-      }
-    }
-  }
+  fa2_write_rows<kBf16, kHeadDim, kWarps>(p, o, m_run, l_run, r_run, geo.row0, lens, seq, kv_head,
+                                          item.split, direct, warp, lane);
 }
 
 constexpr const char* kWho = "paged_extend_attention (CUDA, FP8 tensor cores)";
-
-template <typename Fn>
-cudaError_t dispatch(KVDtype dtype, int head_dim, bool soft_cap, Fn&& fn) {
-  const bool bf16 = dtype == KVDtype::kBFloat16;
-  const auto by_cap = [&]<bool kBf16, int kHeadDim>() {
-    return soft_cap ? fn.template operator()<kBf16, kHeadDim, true>()
-                    : fn.template operator()<kBf16, kHeadDim, false>();
-  };
-  const auto by_dtype = [&]<int kHeadDim>() {
-    return bf16 ? by_cap.template operator()<true, kHeadDim>()
-                : by_cap.template operator()<false, kHeadDim>();
-  };
-  switch (head_dim) {
-    case 64:
-      return by_dtype.template operator()<64>();
-    case 128:
-      return by_dtype.template operator()<128>();
-    case 256:
-      return by_dtype.template operator()<256>();
-    default:
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string(kWho) + ": head_dim must be 64, 128 or 256");
-  }
-}
 
 template <bool kBf16, int kHeadDim, bool kSoftCap>
 cudaError_t launch(Fa2Fp8Params fp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
@@ -507,29 +373,21 @@ cudaError_t tc_fp8_paged_extend(const PagedExtendParams& params, int num_splits,
   fp.v_scale = per_row ? 1.0f : params.quant.v_scale;
   fp.e5m2 = params.quant.format() == Fp8Format::kE5M2;
   if (!per_row) fp.base.score_scale *= params.quant.k_scale;
-  return dispatch(params.dtype, layout.head_dim, fp.base.cap_log2 > 0.0f,
-                  [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-                    return launch<kBf16, kHeadDim, kSoftCap>(fp, layout.num_kv_heads,
-                                                             params.num_seqs, stream);
-                  });
+  return dispatch_tc_decode(params.dtype, layout.head_dim, fp.base.cap_log2 > 0.0f, kWho,
+                            [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+                              return launch<kBf16, kHeadDim, kSoftCap>(fp, layout.num_kv_heads,
+                                                                       params.num_seqs, stream);
+                            });
 }
 
 cudaError_t tc_fp8_extend_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
   // The soft-cap instantiation uses the same shared memory and block size.
-  return dispatch(dtype, head_dim, false, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-    using S = Fa2Fp8Shape<kHeadDim>;
-    const auto kernel = fa2_fp8_extend_kernel<kBf16, kHeadDim, kSoftCap>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(S::kSmemBytes));
-    int resident = 0;
-    if (err == cudaSuccess) {
-      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, S::kThreads,
-                                                          S::kSmemBytes);
-    }
-    if (err != cudaSuccess) return err;
-    *ctas = resident > 0 ? resident : 1;
-    return cudaSuccess;
-  });
+  return dispatch_tc_decode(
+      dtype, head_dim, false, kWho, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+        return resident_ctas_per_sm(fa2_fp8_extend_kernel<kBf16, kHeadDim, kSoftCap>,
+                                    Fa2Fp8Shape<kHeadDim>::kThreads,
+                                    Fa2Fp8Shape<kHeadDim>::kSmemBytes, ctas);
+      });
 }
 
 }  // namespace pagedkv::kernels

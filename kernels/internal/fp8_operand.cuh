@@ -1,9 +1,10 @@
 // kernels/internal/fp8_operand.cuh: exact conversion of FP8 KV codes into the 16-bit MMA operand
-// type, shared by the tensor-core kernels over an FP8 cache (kernels/decode_attention_tc_fp8.cu,
-// DecodeKernel::kTensorCoreFp8, and kernels/extend_attention_fa2_fp8.cu, ExtendKernel::kFa2Fp8).
-// Every E4M3 and E5M2 value is an fp16 and a bf16 value, so nothing rounds: sm_89+ converts two
-// codes with one cvt.rn.f16x2.{e4m3,e5m2}x2, older GPUs with fp8.hpp's exact decode; bf16 goes
-// through fp32. Internal to pagedkv::cuda.
+// type, and the V-scale weights of the probability operand, shared by the tensor-core kernels over
+// an FP8 cache (kernels/decode_attention_tc_fp8.cu, DecodeKernel::kTensorCoreFp8, and
+// kernels/extend_attention_fa2_fp8.cu, ExtendKernel::kFa2Fp8). Every E4M3 and E5M2 value is an fp16
+// and a bf16 value, so nothing rounds: sm_89+ converts two codes with one
+// cvt.rn.f16x2.{e4m3,e5m2}x2, older GPUs with fp8.hpp's exact decode; bf16 goes through fp32.
+// Internal to pagedkv::cuda.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -61,6 +62,40 @@ __device__ __forceinline__ void fp8x16_to_operands(const uint4& in, uint4* lo, u
   hi->y = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.z >> 16));
   hi->z = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.w & 0xffffu));
   hi->w = fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(in.w >> 16));
+}
+
+// The V-scale weights of a key tile with per-(token, head) scales (the tensor-core FP8 kernels'
+// PV operand is p x v_scale / R, R the largest V scale seen so far, kept in r_run): R grows to
+// cover this tile's scales; w[n][e] = the V scale of key 8 n + 2 quad_col + e over the new R;
+// returns R_old / R_new when R grew (0 while R_old was 0, nothing accumulated yet), else 1: the
+// factor for the output accumulated so far. v_scales: the tile's kKeyTiles x 8 V scales in shared
+// memory. Every quad of the warp holds columns of all of the tile's keys, so the result is uniform
+// over the warp.
+template <int kKeyTiles>
+__device__ __forceinline__ float fp8_v_weights(const float* v_scales, int quad_col, float& r_run,
+                                               float (&w)[kKeyTiles][2]) {
+  float tile_r = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      w[n][e] = v_scales[n * 8 + quad_col * 2 + e];
+      tile_r = fmaxf(tile_r, w[n][e]);
+    }
+  }
+  tile_r = fmaxf(tile_r, __shfl_xor_sync(0xffffffffu, tile_r, 1));
+  tile_r = fmaxf(tile_r, __shfl_xor_sync(0xffffffffu, tile_r, 2));
+  const float r_new = fmaxf(r_run, tile_r);
+  const float inv_r = r_new > 0.0f ? 1.0f / r_new : 0.0f;
+  float rescale = 1.0f;
+  if (r_new != r_run) rescale = r_run * inv_r;
+  r_run = r_new;
+#pragma unroll
+  for (int n = 0; n < kKeyTiles; ++n) {
+    w[n][0] *= inv_r;
+    w[n][1] *= inv_r;
+  }
+  return rescale;
 }
 
 }  // namespace pagedkv::kernels
