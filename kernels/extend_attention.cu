@@ -516,8 +516,9 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
   }
   ExtendSplitPlan plan;
   if (!splits_over_keys(kernel) || params.num_seqs == 0 || params.max_q_len == 0) return plan;
-  // kFa2Fp8 on a 16-bit cache runs kFa2 (and on an FP8 layout its kernel does not take, the
-  // CUDA-core FP8 kernel, which ignores the plan).
+  // An FP8 cache that only the CUDA-core FP8 kernel takes: it ignores the plan.
+  if (params.quant.fp8() && !tc_fp8_extend_runs(params, kernel)) return plan;
+  // kFa2Fp8 on a 16-bit cache runs kFa2.
   const std::int64_t tiles = tc_fp8_extend_runs(params, kernel) ? fa2_fp8_query_tiles(params)
                              : kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kFa2Fp8
                                  ? fa2_query_tiles(params)

@@ -902,6 +902,11 @@ TEST(CudaExtendAttentionArguments, Fa2Fp8SelectionPlanAndWorkspace) {
   padded.layout.stride_block = 16 * 272;
   ASSERT_NO_THROW(padded.layout.validate());
   EXPECT_FALSE(extend_kernel_runs(padded, ExtendKernel::kFa2Fp8));
+  // The CUDA-core FP8 kernel ignores the plan, so the planner gives it no split (and its launch
+  // needs no workspace); kFa2Fp8's kernel gets one on the same GPU.
+  EXPECT_EQ(plan_extend_split(padded, ExtendKernel::kFa2Fp8, 132, 2).num_splits, 1);
+  EXPECT_EQ(plan_extend_split(fp8, ExtendKernel::kFa2, 132, 2).num_splits, 1);
+  EXPECT_GT(plan_extend_split(fp8, ExtendKernel::kFa2Fp8, 132, 2).num_splits, 1);
 }
 
 }  // namespace

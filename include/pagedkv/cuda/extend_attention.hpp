@@ -144,8 +144,9 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 // kFa2's 4-warp tiles, 128 rows; 64 at head_dim 256), the kWgmma variants' 128 (their kernels',
 // whether or not they run here); the splits are capped so that kFa2's query tiles x num_splits stay
 // within the grid limit paged_extend_attention checks, so the plan is valid for the variant
-// whichever kernel runs. Pure, host only; kMma16 always gets 1. Throws pagedkv::Error for num_sms
-// or ctas_per_sm < 1.
+// whichever kernel runs. Pure, host only; kMma16 always gets 1, and so does an FP8 cache (whose
+// CUDA-core kernel ignores the plan) but where kFa2Fp8's kernel runs. Throws pagedkv::Error for
+// num_sms or ctas_per_sm < 1.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
