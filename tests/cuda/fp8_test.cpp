@@ -518,13 +518,14 @@ constexpr double kTcLseTolerance = 2e-4;
 // The V rows grow along each sequence (make_pool's growing_v), so the R of kFa2Fp8 (the largest
 // V scale seen) grows tile after tile: an accumulator not rescaled when it grows is off by up
 // to 2^10.
-void check_tc_extend(const TcCase& t, std::uint64_t seed, bool planned_too) {
+// q_lens: the new tokens of the five sequences (of 1, 33, 130, 16 and 700 tokens).
+void check_tc_extend(const TcCase& t, std::uint64_t seed, bool planned_too,
+                     const std::vector<std::int32_t>& q_lens = {1, 20, 130, 5, 300}) {
   SCOPED_TRACE(name(t));
   const std::vector<std::int32_t> lens = {1, 33, 130, 16, 700};
-  const std::vector<std::int32_t> q_lens = {1, 20, 130, 5, 300};
   std::vector<std::int32_t> indptr = {0};
   for (const std::int32_t n : q_lens) indptr.push_back(indptr.back() + n);
-  const std::int32_t max_q_len = 300;
+  const std::int32_t max_q_len = *std::max_element(q_lens.begin(), q_lens.end());
   Pool p = make_pool(t.c, lens, seed++, t.block_size, t.kv_heads * t.group, t.kv_heads, true);
   std::vector<std::int32_t> table = p.table;
   std::int32_t cut = lens.back();  // keys the last sequence's tokens can see at most
@@ -645,6 +646,18 @@ TEST_F(CudaFp8, TensorCoreExtendFewCases) {
   check_tc_extend(kTcCases[0], 80, false);
   check_tc_extend(kTcCases[4], 82, false);
   check_tc_extend(kTcCases[8], 84, false);
+}
+
+// Short prompts (a few draft tokens per sequence, as speculative decoding over an FP8 cache sends
+// to extend attention): max_q_len x group <= 64 rows, so kFa2Fp8 runs its 2-warp tiles (kFa2's
+// rule); every case of kTcCases (group up to 16: at most 4 new tokens), 1 and 3 splits.
+TEST_F(CudaFp8, TensorCoreExtendShortPrompts) {
+  std::uint64_t seed = 90;
+  for (const TcCase& t : kTcCases) {
+    const std::int32_t n = std::min(4, 64 / t.group);
+    check_tc_extend(t, seed, false, {1, n, n, 1, n});
+    seed += 2;
+  }
 }
 
 // kFa2Fp8 where its kernel does not run: a 16-bit cache runs kFa2 (same rows as kFa2, and a plan
