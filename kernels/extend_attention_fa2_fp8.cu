@@ -372,7 +372,7 @@ cudaError_t tc_fp8_paged_extend(const PagedExtendParams& params, int num_splits,
   fp.v_scale = per_row ? 1.0f : params.quant.v_scale;
   fp.e5m2 = params.quant.format() == Fp8Format::kE5M2;
   if (!per_row) fp.base.score_scale *= params.quant.k_scale;
-  // kFa2's CTA size rule (2 warps when a sequence's rows fit in one 64-row tile).
+  // kFa2's CTA size rule (2 warps when max_q_len x group <= 64).
   const int warps = detail::fa2_warps(params.max_q_len, params.group_size());
   return dispatch_tc_decode(params.dtype, layout.head_dim, fp.base.cap_log2 > 0.0f, kWho,
                             [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
