@@ -26,6 +26,7 @@
 #include "fp8_kernels.hpp"
 #include "internal/cp_async.cuh"
 #include "internal/extend_attention_tiles.hpp"
+#include "internal/extend_fa2_fp8_layout.hpp"
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_wgmma_launch.hpp"
@@ -451,6 +452,12 @@ bool tc_fp8_extend_runs(const PagedExtendParams& params, ExtendKernel kernel) {
          kernels::tc_fp8_extend_supported(params.layout);
 }
 
+// Query tiles of kFa2Fp8's FP8 kernel (kFa2's 4-warp tiles).
+std::int64_t fa2_fp8_query_tiles(const PagedExtendParams& params) {
+  const int rows = detail::fa2_tile_rows(params.layout.head_dim, detail::kFa2Fp8Warps);
+  return (static_cast<std::int64_t>(params.max_q_len) * params.group_size() + rows - 1) / rows;
+}
+
 // Query tiles of the kWgmma kernels' launch (128 rows).
 std::int64_t wgmma_query_tiles(const PagedExtendParams& params) {
   return (static_cast<std::int64_t>(params.max_q_len) * params.group_size() +
@@ -512,8 +519,8 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
   // An FP8 cache that only the CUDA-core FP8 kernel takes: it ignores the plan.
   if (params.quant.fp8() && !tc_fp8_extend_runs(params, kernel)) return plan;
   // kFa2Fp8 on a 16-bit cache runs kFa2.
-  // kFa2Fp8's FP8 kernel has kFa2's tiles.
-  const std::int64_t tiles = kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kFa2Fp8
+  const std::int64_t tiles = tc_fp8_extend_runs(params, kernel) ? fa2_fp8_query_tiles(params)
+                             : kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kFa2Fp8
                                  ? fa2_query_tiles(params)
                                  : wgmma_query_tiles(params);
   const std::int64_t ctas = tiles * params.num_seqs * params.layout.num_kv_heads;
@@ -553,9 +560,7 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   int resident = 1;
   if (err == cudaSuccess) {
     if (kernel == ExtendKernel::kFa2Fp8) {
-      err = kernels::tc_fp8_extend_ctas_per_sm(
-          params.dtype, params.layout.head_dim,
-          detail::fa2_warps(params.max_q_len, params.group_size()), &resident);
+      err = kernels::tc_fp8_extend_ctas_per_sm(params.dtype, params.layout.head_dim, &resident);
     } else
 #ifdef PAGEDKV_HAS_SM90A
         if (warp_specialized(kernel)) {

@@ -4,10 +4,10 @@
 // tests/device/extend_fa2_fp8_layout_test.cpp).
 //
 // The geometry of the 16-bit FlashAttention-2-style kernel (kernels/extend_attention_fa2.cu,
-// ExtendKernel::kFa2): CTA = 4 warps (2 for short prompts, kFa2's fa2_warps) = one (query tile,
-// sequence, KV head, split); 32 query rows per warp (16 at head_dim 256) packed token-major over
-// the GQA group; the tile's keys streamed through a 3-stage cp.async ring with the page offsets
-// resolved ahead; the same split over keys, partial rows and merge kernel (fa2_merge_splits).
+// ExtendKernel::kFa2) with its 4-warp CTA: one (query tile, sequence, KV head, split); 32 query
+// rows per warp (16 at head_dim 256) packed token-major over the GQA group; the tile's keys
+// streamed through a 3-stage cp.async ring with the page offsets resolved ahead; the same split
+// over keys, partial rows and merge kernel (fa2_merge_splits).
 //
 // What differs: the ring holds FP8 codes (keys x head_dim bytes per K or V tile, 16-byte copies)
 // and, with per-(token, head) scales, the tile's K and V scales (4-byte copies in the same commit
@@ -69,9 +69,9 @@ struct Fa2Fp8Params {
 };
 
 // Converts thread tid's own copies of a code tile (K or V) into the swizzled 16-bit tile.
-template <bool kBf16, bool kE5M2, int kHeadDim, int kWarps>
+template <bool kBf16, bool kE5M2, int kHeadDim>
 __device__ __forceinline__ void convert_own(const std::uint8_t* codes, uint4* half_tile, int tid) {
-  using S = Fa2Fp8Shape<kHeadDim, kWarps>;
+  using S = Fa2Fp8Shape<kHeadDim>;
 #pragma unroll
   for (int i = 0; i < S::kCodeCopies; ++i) {
     const MmaCoord c = detail::fa2_fp8_copy(tid, i, S::kThreads, S::kFp8Chunks);
@@ -88,22 +88,23 @@ __device__ __forceinline__ void convert_own(const std::uint8_t* codes, uint4* ha
   }
 }
 
-template <bool kBf16, int kHeadDim, int kWarps>
+template <bool kBf16, int kHeadDim>
 __device__ __forceinline__ void convert_own(const std::uint8_t* codes, uint4* half_tile, int tid,
                                             bool e5m2) {
   if (e5m2) {
-    convert_own<kBf16, true, kHeadDim, kWarps>(codes, half_tile, tid);
+    convert_own<kBf16, true, kHeadDim>(codes, half_tile, tid);
   } else {
-    convert_own<kBf16, false, kHeadDim, kWarps>(codes, half_tile, tid);
+    convert_own<kBf16, false, kHeadDim>(codes, half_tile, tid);
   }
 }
 
-template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
-__global__ void __launch_bounds__(Fa2Fp8Shape<kHeadDim, kWarps>::kThreads,
-                                  Fa2Fp8Shape<kHeadDim, kWarps>::kMinCtasPerSm)
+template <bool kBf16, int kHeadDim, bool kSoftCap>
+__global__ void __launch_bounds__(Fa2Fp8Shape<kHeadDim>::kThreads,
+                                  Fa2Fp8Shape<kHeadDim>::kMinCtasPerSm)
     fa2_fp8_extend_kernel(const Fa2Fp8Params fp) {
-  using S = Fa2Fp8Shape<kHeadDim, kWarps>;
+  using S = Fa2Fp8Shape<kHeadDim>;
   using T = typename S::Tile;
+  constexpr int kWarps = detail::kFa2Fp8Warps;
   constexpr int kKeys = S::kKeys;
   constexpr int kStages = S::kStages;
   constexpr int kMB = T::kMBlocks;
@@ -236,8 +237,8 @@ __global__ void __launch_bounds__(Fa2Fp8Shape<kHeadDim, kWarps>::kThreads,
     resolve(detail::fa2_resolve_tile(t, kStages));  // slot of tile t: its copies left long ago
     const int stage = detail::fa2_slot(t, kStages);
     const std::uint8_t* k_codes = code_ring + stage * 2 * S::kCodeTileBytes;
-    convert_own<kBf16, kHeadDim, kWarps>(k_codes, k_half, tid, fp.e5m2);
-    convert_own<kBf16, kHeadDim, kWarps>(k_codes + S::kCodeTileBytes, v_half, tid, fp.e5m2);
+    convert_own<kBf16, kHeadDim>(k_codes, k_half, tid, fp.e5m2);
+    convert_own<kBf16, kHeadDim>(k_codes + S::kCodeTileBytes, v_half, tid, fp.e5m2);
     __syncthreads();  // the 16-bit tiles visible to every warp
     const float* k_scales = scale_ring + stage * 2 * kKeys;
     const float* v_scales = k_scales + kKeys;
@@ -329,10 +330,10 @@ __global__ void __launch_bounds__(Fa2Fp8Shape<kHeadDim, kWarps>::kThreads,
 
 constexpr const char* kWho = "paged_extend_attention (CUDA, FP8 tensor cores)";
 
-template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
+template <bool kBf16, int kHeadDim, bool kSoftCap>
 cudaError_t launch(Fa2Fp8Params fp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
-  using S = Fa2Fp8Shape<kHeadDim, kWarps>;
-  const auto kernel = fa2_fp8_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap>;
+  using S = Fa2Fp8Shape<kHeadDim>;
+  const auto kernel = fa2_fp8_extend_kernel<kBf16, kHeadDim, kSoftCap>;
   // Set on every launch: cheap, per device, and allowed while a graph is being captured.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(S::kSmemBytes));
@@ -372,29 +373,20 @@ cudaError_t tc_fp8_paged_extend(const PagedExtendParams& params, int num_splits,
   fp.v_scale = per_row ? 1.0f : params.quant.v_scale;
   fp.e5m2 = params.quant.format() == Fp8Format::kE5M2;
   if (!per_row) fp.base.score_scale *= params.quant.k_scale;
-  // kFa2's CTA size rule (2 warps when max_q_len x group <= 64).
-  const int warps = detail::fa2_warps(params.max_q_len, params.group_size());
   return dispatch_tc_decode(params.dtype, layout.head_dim, fp.base.cap_log2 > 0.0f, kWho,
                             [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-                              return warps == 2
-                                         ? launch<kBf16, kHeadDim, 2, kSoftCap>(
-                                               fp, layout.num_kv_heads, params.num_seqs, stream)
-                                         : launch<kBf16, kHeadDim, 4, kSoftCap>(
-                                               fp, layout.num_kv_heads, params.num_seqs, stream);
+                              return launch<kBf16, kHeadDim, kSoftCap>(fp, layout.num_kv_heads,
+                                                                       params.num_seqs, stream);
                             });
 }
 
-cudaError_t tc_fp8_extend_ctas_per_sm(KVDtype dtype, int head_dim, int warps, int* ctas) {
+cudaError_t tc_fp8_extend_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
   // The soft-cap instantiation uses the same shared memory and block size.
   return dispatch_tc_decode(
       dtype, head_dim, false, kWho, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-        return warps == 2
-                   ? resident_ctas_per_sm(fa2_fp8_extend_kernel<kBf16, kHeadDim, 2, kSoftCap>,
-                                          Fa2Fp8Shape<kHeadDim, 2>::kThreads,
-                                          Fa2Fp8Shape<kHeadDim, 2>::kSmemBytes, ctas)
-                   : resident_ctas_per_sm(fa2_fp8_extend_kernel<kBf16, kHeadDim, 4, kSoftCap>,
-                                          Fa2Fp8Shape<kHeadDim, 4>::kThreads,
-                                          Fa2Fp8Shape<kHeadDim, 4>::kSmemBytes, ctas);
+        return resident_ctas_per_sm(fa2_fp8_extend_kernel<kBf16, kHeadDim, kSoftCap>,
+                                    Fa2Fp8Shape<kHeadDim>::kThreads,
+                                    Fa2Fp8Shape<kHeadDim>::kSmemBytes, ctas);
       });
 }
 

@@ -50,9 +50,9 @@ bool tc_fp8_extend_supported(const KVLayout& layout) noexcept;
 // extend_workspace_bytes. Enqueues the attention kernel and, with splits, kFa2's merge kernel.
 cudaError_t tc_fp8_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
                                 cudaStream_t stream);
-// CTAs of that attention kernel resident per SM on the current device for this q / out dtype,
-// head_dim and CTA size (warps: 2 or 4, kFa2's fa2_warps).
-cudaError_t tc_fp8_extend_ctas_per_sm(KVDtype dtype, int head_dim, int warps, int* ctas);
+// CTAs of that attention kernel resident per SM on the current device for this q / out dtype and
+// head_dim.
+cudaError_t tc_fp8_extend_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas);
 
 #if defined(__CUDACC__)
 // Device-side KVLayout addressing (KVLayout's constexpr members are host functions).

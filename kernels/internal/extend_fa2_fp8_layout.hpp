@@ -2,9 +2,8 @@
 // map of the FP8 tensor-core paged extend kernel (kernels/extend_attention_fa2_fp8.cu,
 // ExtendKernel::kFa2Fp8), as plain host/device functions, so the host test
 // (tests/device/extend_fa2_fp8_layout_test.cpp) checks what the kernel computes with:
-//   - the tile: kFa2's tile at the same head_dim and CTA size (Fa2Shape<kHeadDim, kWarps>, 4 warps
-//     or 2 for short prompts by kFa2's rule, fa2_warps: rows, keys per tile, 3-stage ring,
-//     swizzle, fragment maps, ring schedule and split over keys unchanged);
+//   - the tile: kFa2's 4-warp tile at the same head_dim (Fa2Shape<kHeadDim, 4>: rows, keys per
+//     tile, 3-stage ring, swizzle, fragment maps, ring schedule and split over keys unchanged);
 //   - the staging map: copy i of thread tid moves 16 FP8 codes (key row r, 16-byte chunk c8) to
 //     byte 16 (tid + i x threads) of a plain row-major [keys][head_dim] byte tile; the same thread
 //     later converts exactly those codes into the 16-bit chunks 2 c8 and 2 c8 + 1 of row r of the
@@ -29,9 +28,12 @@
 
 namespace pagedkv::detail {
 
-template <int kHeadDim, int kWarps>
+// The FP8 variant always runs kFa2's 4-warp CTA (no 2-warp tiles for short prompts).
+inline constexpr int kFa2Fp8Warps = 4;
+
+template <int kHeadDim>
 struct Fa2Fp8Shape {
-  using Tile = Fa2Shape<kHeadDim, kWarps>;
+  using Tile = Fa2Shape<kHeadDim, kFa2Fp8Warps>;
   static constexpr int kThreads = Tile::kThreads;
   static constexpr int kRows = Tile::kRows;
   static constexpr int kKeys = Tile::kKeys;
@@ -60,7 +62,6 @@ struct Fa2Fp8Shape {
   static constexpr int kSmemCtasPerSm = static_cast<int>(233472 / (kSmemBytes + 1024));
   static constexpr int kMinCtasPerSm = Tile::kMinCtasPerSm;
   static_assert(kKeys <= 32, "one warp's ballot builds a tile's key mask");
-  static_assert(kKeys <= kThreads, "one thread resolves each key's offsets");
   static_assert(kCodeCopies >= 1 && kKeys * kFp8Chunks == kCodeCopies * kThreads,
                 "a code tile is whole copies of every thread");
   static_assert(kHalfOffset % 16 == 0 && kRingOffset % 16 == 0 && kScaleOffset % 16 == 0 &&

@@ -841,8 +841,8 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
 
 // ExtendKernel::kFa2Fp8's selection, planning and workspace rules (host only; its kernel runs in
 // tests/cuda/fp8_test.cpp). On a 16-bit cache it is kFa2 (same plan, same workspace checks); on
-// an FP8 cache in a layout of 16-byte strides its own kernel runs, planned over kFa2's tiles and
-// needing the workspace of its split; with 8-byte strides the CUDA-core FP8 kernel runs.
+// an FP8 cache in a layout of 16-byte strides its own kernel runs, planned over kFa2's 4-warp
+// tiles and needing the workspace of its split; with 8-byte strides the CUDA-core FP8 kernel runs.
 TEST(CudaExtendAttentionArguments, Fa2Fp8SelectionPlanAndWorkspace) {
   const ExtendShape s =
       testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50});
@@ -881,14 +881,13 @@ TEST(CudaExtendAttentionArguments, Fa2Fp8SelectionPlanAndWorkspace) {
   zero.num_splits = 0;
   expect_error([&] { (void)paged_extend_attention(fp8, nullptr, ExtendKernel::kFa2Fp8, zero); },
                "num_splits");
-  // Planned over kFa2's tiles (2 warps for short prompts): at head_dim 256, 10 new tokens x group
-  // 4 = 40 rows are 2 tiles of 32 rows; 2 sequences x 2 KV heads: 8 CTAs; 3 SMs x 2 CTAs x 2
-  // waves = 12 -> 2 splits, for the FP8 kernel as for kFa2 (4-warp tiles of 64 rows would give 4
-  // CTAs and 3 splits).
+  // Planned over 4-warp tiles: at head_dim 256, 10 new tokens x group 4 = 40 rows are 2 of kFa2's
+  // 32-row tiles (2 warps for short prompts) but 1 of kFa2Fp8's 64-row tiles. 2 sequences x 2 KV
+  // heads: 8 CTAs for kFa2, 4 for kFa2Fp8; 3 SMs x 2 CTAs x 2 waves = 12 -> 2 and 3 splits.
   PagedExtendParams short256 = fp8;
   short256.layout = KVLayout::nhd_scaled(good.layout.num_blocks, 16, 2, 256);
   short256.max_q_len = 10;
-  EXPECT_EQ(plan_extend_split(short256, ExtendKernel::kFa2Fp8, 3, 2).num_splits, 2);
+  EXPECT_EQ(plan_extend_split(short256, ExtendKernel::kFa2Fp8, 3, 2).num_splits, 3);
   PagedExtendParams short256_16bit = good;
   short256_16bit.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, 256);
   short256_16bit.max_q_len = 10;

@@ -648,10 +648,11 @@ TEST_F(CudaFp8, TensorCoreExtendFewCases) {
   check_tc_extend(kTcCases[8], 84, false);
 }
 
-// Short prompts (a few draft tokens per sequence, as speculative decoding over an FP8 cache sends
-// to extend attention): max_q_len x group <= 64 rows, so kFa2Fp8 runs its 2-warp tiles (kFa2's
-// rule); every case of kTcCases (group up to 16: at most 4 new tokens), 1 and 3 splits and the
-// planner's (for such small grids, the cap of 16).
+// Short prompts (a few draft tokens per sequence, as speculative decoding over an FP8 cache leaves
+// to extend attention: the FP8 decode kernels take one query token): at most 64 rows, so one
+// query tile of 128 (64 at head_dim 256) rows mostly padding; every case of kTcCases (group up to
+// 16: at most 4 new tokens), 1 and 3 splits and the planner's (for such small grids, the cap of
+// 16).
 TEST_F(CudaFp8, TensorCoreExtendShortPrompts) {
   std::uint64_t seed = 90;
   for (const TcCase& t : kTcCases) {

@@ -1,7 +1,7 @@
 // The FP8 tensor-core extend kernel's host-checkable pieces (kernels/internal/
 // extend_fa2_fp8_layout.hpp), without a GPU:
-//   - its tile is kFa2's at each head_dim and CTA size, 4 warps or 2 (rows, keys, stages; the
-//     host's tile count and split plan use kFa2's rows);
+//   - its tile is kFa2's 4-warp tile at each head_dim (rows, keys, stages; the host's tile count
+//     and split plan use those rows);
 //   - a host model of one CTA's staging and conversion of a K (or V) tile: every thread copies its
 //     chunks of the tile's code rows (the kernel's copy map) into the row-major staging tile, then
 //     converts exactly the chunks it copied into the swizzled 16-bit tile (the half map); every
@@ -33,26 +33,23 @@ namespace {
 using detail::Fa2Fp8Shape;
 using detail::MmaCoord;
 
-template <int kHeadDim, int kWarps>
+template <int kHeadDim>
 void check_tile() {
-  using S = Fa2Fp8Shape<kHeadDim, kWarps>;
-  using T = detail::Fa2Shape<kHeadDim, kWarps>;
-  SCOPED_TRACE(testing::Message() << kHeadDim << " / " << kWarps << " warps");
-  EXPECT_EQ(S::kThreads, 32 * kWarps);
+  using S = Fa2Fp8Shape<kHeadDim>;
+  using T = detail::Fa2Shape<kHeadDim, 4>;
+  SCOPED_TRACE(kHeadDim);
+  EXPECT_EQ(S::kThreads, 128);
   EXPECT_EQ(S::kRows, T::kRows);
   EXPECT_EQ(S::kKeys, T::kKeys);
   EXPECT_EQ(S::kStages, T::kStages);
-  EXPECT_EQ(S::kRows, detail::fa2_tile_rows(kHeadDim, kWarps));
+  EXPECT_EQ(S::kRows, detail::fa2_tile_rows(kHeadDim, detail::kFa2Fp8Warps));
   EXPECT_LE(S::kKeys, 32);  // warp 0's ballot covers the tile's keys
 }
 
-TEST(ExtendFa2Fp8Layout, TheTileIsKFa2sTile) {
-  check_tile<64, 4>();
-  check_tile<128, 4>();
-  check_tile<256, 4>();
-  check_tile<64, 2>();
-  check_tile<128, 2>();
-  check_tile<256, 2>();
+TEST(ExtendFa2Fp8Layout, TheTileIsKFa2sFourWarpTile) {
+  check_tile<64>();
+  check_tile<128>();
+  check_tile<256>();
 }
 
 using CopyMap = std::function<MmaCoord(int tid, int i, int threads, int fp8_chunks)>;
@@ -62,10 +59,10 @@ using OwnChunk =
 
 // The model of one tile's copy and conversion (see the top). Codes are stored as 16-bit values
 // code + 1 (0 = never written), so a read-back compares which code landed where.
-template <int kHeadDim, int kWarps = 4>
+template <int kHeadDim>
 bool staged_tile_reads_back(const CopyMap& copy, const HalfMap& half_map, const OwnChunk& own,
                             std::uint64_t seed) {
-  using S = Fa2Fp8Shape<kHeadDim, kWarps>;
+  using S = Fa2Fp8Shape<kHeadDim>;
   constexpr std::size_t kRowStride = kHeadDim + 48;  // a token row's stride in the plane (bytes)
   std::mt19937_64 rng(seed);
   std::vector<std::uint8_t> global(static_cast<std::size_t>(S::kKeys) * kRowStride);
@@ -126,9 +123,6 @@ TEST(ExtendFa2Fp8Layout, StagingAndConversionFeedTheLdmatrixLayout) {
   EXPECT_TRUE(staged_tile_reads_back<64>(kCopy, kHalf, kOwn, 1));
   EXPECT_TRUE(staged_tile_reads_back<128>(kCopy, kHalf, kOwn, 2));
   EXPECT_TRUE(staged_tile_reads_back<256>(kCopy, kHalf, kOwn, 3));
-  EXPECT_TRUE((staged_tile_reads_back<64, 2>(kCopy, kHalf, kOwn, 8)));
-  EXPECT_TRUE((staged_tile_reads_back<128, 2>(kCopy, kHalf, kOwn, 9)));
-  EXPECT_TRUE((staged_tile_reads_back<256, 2>(kCopy, kHalf, kOwn, 10)));
 }
 
 TEST(ExtendFa2Fp8Layout, WrongMapsAreCaught) {
@@ -162,10 +156,10 @@ TEST(ExtendFa2Fp8Layout, KeyMasks) {
   }
 }
 
-template <int kHeadDim, int kWarps>
+template <int kHeadDim>
 void check_budget() {
-  using S = Fa2Fp8Shape<kHeadDim, kWarps>;
-  SCOPED_TRACE(testing::Message() << kHeadDim << " / " << kWarps << " warps");
+  using S = Fa2Fp8Shape<kHeadDim>;
+  SCOPED_TRACE(kHeadDim);
   // Regions in order, no overlap: Q, 16-bit K and V tiles, code ring, scales, the two offset
   // tables, masks.
   EXPECT_EQ(S::kHalfOffset, S::kQBytes);
@@ -187,20 +181,13 @@ void check_budget() {
 }
 
 TEST(ExtendFa2Fp8Layout, SharedMemoryBudget) {
-  check_budget<64, 4>();
-  check_budget<128, 4>();
-  check_budget<256, 4>();
-  check_budget<64, 2>();
-  check_budget<128, 2>();
-  check_budget<256, 2>();
-  // CTAs per SM that shared memory allows (registers allow 2 of 4 warps, 4 of 2 warps, at about
-  // 255 per thread).
-  EXPECT_EQ((Fa2Fp8Shape<64, 4>::kSmemCtasPerSm), 5);
-  EXPECT_EQ((Fa2Fp8Shape<128, 4>::kSmemCtasPerSm), 3);
-  EXPECT_EQ((Fa2Fp8Shape<256, 4>::kSmemCtasPerSm), 3);
-  EXPECT_EQ((Fa2Fp8Shape<64, 2>::kSmemCtasPerSm), 7);
-  EXPECT_EQ((Fa2Fp8Shape<128, 2>::kSmemCtasPerSm), 3);
-  EXPECT_EQ((Fa2Fp8Shape<256, 2>::kSmemCtasPerSm), 3);
+  check_budget<64>();
+  check_budget<128>();
+  check_budget<256>();
+  // CTAs per SM that shared memory allows (registers allow 2 at about 255 per thread).
+  EXPECT_EQ(Fa2Fp8Shape<64>::kSmemCtasPerSm, 5);
+  EXPECT_EQ(Fa2Fp8Shape<128>::kSmemCtasPerSm, 3);
+  EXPECT_EQ(Fa2Fp8Shape<256>::kSmemCtasPerSm, 3);
 }
 
 TEST(ExtendFa2Fp8Layout, KernelResourcesScriptKnowsTheSharedMemory) {
@@ -209,12 +196,9 @@ TEST(ExtendFa2Fp8Layout, KernelResourcesScriptKnowsTheSharedMemory) {
   std::stringstream text;
   text << in.rdbuf();
   std::ostringstream want;
-  want << "\"fa2_fp8_extend_kernel\": {(64, 4): " << Fa2Fp8Shape<64, 4>::kSmemBytes
-       << ", (64, 2): " << Fa2Fp8Shape<64, 2>::kSmemBytes
-       << ", (128, 4): " << Fa2Fp8Shape<128, 4>::kSmemBytes
-       << ", (128, 2): " << Fa2Fp8Shape<128, 2>::kSmemBytes
-       << ", (256, 4): " << Fa2Fp8Shape<256, 4>::kSmemBytes
-       << ", (256, 2): " << Fa2Fp8Shape<256, 2>::kSmemBytes << "}";
+  want << "\"fa2_fp8_extend_kernel\": {64: " << Fa2Fp8Shape<64>::kSmemBytes
+       << ", 128: " << Fa2Fp8Shape<128>::kSmemBytes << ", 256: " << Fa2Fp8Shape<256>::kSmemBytes
+       << "}";
   EXPECT_NE(text.str().find(want.str()), std::string::npos) << "missing: " << want.str();
 }
 

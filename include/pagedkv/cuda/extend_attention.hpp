@@ -60,12 +60,12 @@
 //           other's GEMMs occupy the tensor cores by construction, not by drift
 //           (FlashAttention-3's inter-warpgroup ping-pong). Same shapes, plan, fallback and
 //           status (not yet run on a GPU).
-//   kFa2Fp8  kernels/extend_attention_fa2_fp8.cu: for an FP8 cache, kFa2's tiles (2 warps for
-//           short prompts), ring, split (same plan rules over its own occupancy, same workspace
-//           and merge kernel) with FP8 codes in the ring, each thread converting the codes it
-//           copied exactly into 16-bit K / V tiles for kFa2's GEMMs; K scales multiply the score
-//           columns, V scales the probability columns. Layouts whose strides are not multiples of
-//           16 bytes run kernels/fp8_attention.cu; a 16-bit cache runs kFa2. NOT YET RUN ON A GPU.
+//   kFa2Fp8  kernels/extend_attention_fa2_fp8.cu: for an FP8 cache, kFa2's 4-warp tiles, ring,
+//           split (same plan rules over its own tiles and occupancy, same workspace and merge
+//           kernel) with FP8 codes in the ring, each thread converting the codes it copied
+//           exactly into 16-bit K / V tiles for kFa2's GEMMs; K scales multiply the score columns,
+//           V scales the probability columns. Layouts whose strides are not multiples of 16
+//           bytes run kernels/fp8_attention.cu; a 16-bit cache runs kFa2. NOT YET RUN ON A GPU.
 //           Any other variant over an FP8 cache runs the CUDA-core FP8 kernel; every 16-bit shape
 //           runs kMma16 and kFa2.
 //
@@ -141,12 +141,12 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 // The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no
 // split when query tiles x sequences x KV heads fill two waves, else enough splits to fill them
 // (at most kCudaExtendMaxSplits). Query tiles are the variant's: kFa2's 64 or 128 rows (32 or 64
-// at head_dim 256; kFa2Fp8's too), the kWgmma variants' 128 (their kernels',
-// whether or not they run here); the splits are capped so that kFa2's query tiles x num_splits stay
-// within the grid limit paged_extend_attention checks, so the plan is valid for the variant
-// whichever kernel runs. Pure, host only; kMma16 always gets 1, and so does an FP8 cache (whose
-// CUDA-core kernel ignores the plan) but where kFa2Fp8's kernel runs. Throws pagedkv::Error for
-// num_sms or ctas_per_sm < 1.
+// at head_dim 256), kFa2Fp8's 128 (64 at head_dim 256: kFa2's 4-warp tiles), the kWgmma
+// variants' 128 (their kernels', whether or not they run here); the splits are capped so that
+// kFa2's query tiles x num_splits stay within the grid limit paged_extend_attention checks, so
+// the plan is valid for the variant whichever kernel runs. Pure, host only; kMma16 always gets
+// 1, and so does an FP8 cache (whose CUDA-core kernel ignores the plan) but where kFa2Fp8's
+// kernel runs. Throws pagedkv::Error for num_sms or ctas_per_sm < 1.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
