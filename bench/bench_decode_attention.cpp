@@ -136,6 +136,8 @@ const char* kernel_name(DecodeKernel kernel) {
       return "tensor_core_fp8";
     case DecodeKernel::kTensorCoreFusedMerge:
       return "tensor_core_fused_merge";
+    case DecodeKernel::kTensorCoreFp8Direct:
+      return "tensor_core_fp8_direct";
   }
   return "unknown";
 }

@@ -17,6 +17,9 @@
 // TARGET decode_fp8_tc_vs_copy, the same for DecodeKernel::kTensorCoreFp8 (opt-in; the same
 // shapes and byte count, its split plan from plan_paged_decode with
 // decode_plan_options_for_current_device(..., kTensorCoreFp8); its rows checked first too);
+// TARGET decode_fp8_tc_direct_vs_copy, the same for DecodeKernel::kTensorCoreFp8Direct (opt-in,
+// its own planner options; RESULT decode_fp8_tc_direct also gives its speed over kTensorCoreFp8's
+// on the shape; its checks are kept apart as kFa2Fp8's are, below);
 // TARGET extend_fp8_vs_bf16 >= 1.0 (median over shapes of time(bf16) / time(FP8));
 // TARGET extend_fp8_tc_vs_bf16, the same for ExtendKernel::kFa2Fp8 (opt-in; its split from
 // extend_split_plan_for_current_device; its rows checked first, without and with 3 splits; its
@@ -223,12 +226,15 @@ bool line(const char* what, double err, double tol) {
   return ok;
 }
 
-// The correctness checks; false on any failure of the default kernels' checks. *tc_extend_ok:
+// The correctness checks; false on any failure of the default kernels' checks. *direct_ok:
+// whether DecodeKernel::kTensorCoreFp8Direct passed its own (kept apart in the same way).
+// *tc_extend_ok:
 // whether ExtendKernel::kFa2Fp8's passed (kept apart, so that a variant not yet proven on a GPU
 // only loses its own timings, not the others').
-bool run_checks(bool* tc_extend_ok) {
+bool run_checks(bool* tc_extend_ok, bool* direct_ok) {
   bool ok = true;
   *tc_extend_ok = true;
+  *direct_ok = true;
   for (int variant = 0; variant < 2; ++variant) {
     KVQuant quant;
     quant.mode = variant == 0 ? KVScaleMode::kPerTokenHead : KVScaleMode::kPerTensor;
@@ -266,24 +272,37 @@ bool run_checks(bool* tc_extend_ok) {
     const std::vector<double> got = bench::to_doubles(KVDtype::kBFloat16, download(dout, q.size()));
     ok &= line(("fp8_decode_" + tag).c_str(),
                bench::max_row_error(got, ref, static_cast<std::size_t>(p.dim)), 1e-2);
-    // The same with DecodeKernel::kTensorCoreFp8, without split-KV and with a forced plan.
-    for (const pagedkv::DecodePlan tc_plan : {pagedkv::DecodePlan{}, pagedkv::DecodePlan{5, 37}}) {
-      const std::size_t ws_bytes =
-          tc_plan.split_kv()
-              ? pagedkv::decode_workspace_bytes(tc_plan, d.num_seqs, d.num_q_heads, p.dim)
-              : 0;
-      void* ws = nullptr;
-      if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
-      check(cudaMemset(dout, 0xff, q.size() * 2), "memset out");
-      check(pagedkv::paged_decode_attention(d, tc_plan, ws, ws_bytes, nullptr,
-                                            pagedkv::DecodeKernel::kTensorCoreFp8),
-            "fp8 tc decode");
-      check(cudaDeviceSynchronize(), "fp8 tc decode");
-      if (ws != nullptr) check(cudaFree(ws), "free");
-      const std::vector<double> tc_got =
-          bench::to_doubles(KVDtype::kBFloat16, download(dout, q.size()));
-      ok &= line(("fp8_decode_tc_" + tag + (tc_plan.split_kv() ? "_split" : "")).c_str(),
+    // The same with DecodeKernel::kTensorCoreFp8 and kTensorCoreFp8Direct, without split-KV and
+    // with a forced plan.
+    for (const pagedkv::DecodeKernel kernel :
+         {pagedkv::DecodeKernel::kTensorCoreFp8, pagedkv::DecodeKernel::kTensorCoreFp8Direct}) {
+      const bool is_direct = kernel == pagedkv::DecodeKernel::kTensorCoreFp8Direct;
+      for (const pagedkv::DecodePlan tc_plan :
+           {pagedkv::DecodePlan{}, pagedkv::DecodePlan{5, 37}}) {
+        const std::size_t ws_bytes =
+            tc_plan.split_kv()
+                ? pagedkv::decode_workspace_bytes(tc_plan, d.num_seqs, d.num_q_heads, p.dim)
+                : 0;
+        void* ws = nullptr;
+        if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+        check(cudaMemset(dout, 0xff, q.size() * 2), "memset out");
+        check(pagedkv::paged_decode_attention(d, tc_plan, ws, ws_bytes, nullptr, kernel),
+              "fp8 tc decode");
+        check(cudaDeviceSynchronize(), "fp8 tc decode");
+        if (ws != nullptr) check(cudaFree(ws), "free");
+        const std::vector<double> tc_got =
+            bench::to_doubles(KVDtype::kBFloat16, download(dout, q.size()));
+        const bool passed =
+            line(((is_direct ? "fp8_decode_tc_direct_" : "fp8_decode_tc_") + tag +
+                  (tc_plan.split_kv() ? "_split" : ""))
+                     .c_str(),
                  bench::max_row_error(tc_got, ref, static_cast<std::size_t>(p.dim)), 1e-2);
+        if (is_direct) {
+          *direct_ok &= passed;
+        } else {
+          ok &= passed;
+        }
+      }
     }
     // Extend: the last 9, 37, 100 and 1 tokens are new.
     const std::vector<std::int32_t> q_lens = {1, 37, 100, 9};
@@ -384,13 +403,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   bool tc_extend_ok = true;
-  if (!run_checks(&tc_extend_ok)) {
+  bool direct_ok = true;
+  if (!run_checks(&tc_extend_ok, &direct_ok)) {
     std::printf("%s: a check failed; nothing timed\n", kProgram);
     return 1;
   }
   if (!tc_extend_ok) {
     std::printf("%s: ExtendKernel::kFa2Fp8 failed its checks: not timed (exit 1 at the end)\n",
                 kProgram);
+  }
+  if (!direct_ok) {
+    std::printf(
+        "%s: DecodeKernel::kTensorCoreFp8Direct failed its checks: not timed (exit 1 at the end)\n",
+        kProgram);
   }
   // ---- C: device-to-device copy ----
   const std::size_t copy_bytes = quick ? (std::size_t{64} << 20) : (std::size_t{1} << 30);
@@ -415,6 +440,7 @@ int main(int argc, char** argv) {
             : std::vector<std::pair<int, int>>{{64, 4096}, {64, 16384}, {256, 4096}};
   std::vector<double> ratios;
   std::vector<double> tc_ratios;
+  std::vector<double> direct_ratios;
   for (const auto& [batch, context] : shapes) {
     Problem p =
         make_problem(quant, std::vector<std::int32_t>(static_cast<std::size_t>(batch), context), 32,
@@ -468,6 +494,37 @@ int main(int argc, char** argv) {
         batch, context, tc_plan.num_splits, tc_plan.kv_chunk_size, bytes, tc_ms * 1e3, tc_gbs,
         tc_gbs / copy_gbs, ms / tc_ms);
     if (ws != nullptr) check(cudaFree(ws), "free");
+    // A / B: kTensorCoreFp8Direct, its own planner's split (its occupancy differs).
+    if (direct_ok) {
+      pagedkv::DecodePlanOptions direct_options;
+      check(pagedkv::decode_plan_options_for_current_device(
+                d.dtype, p.dim, &direct_options, pagedkv::DecodeKernel::kTensorCoreFp8Direct),
+            "plan options");
+      const pagedkv::DecodePlan direct_plan =
+          pagedkv::plan_paged_decode(p.lens, p.kv_heads, direct_options);
+      const std::size_t direct_ws_bytes =
+          direct_plan.split_kv()
+              ? pagedkv::decode_workspace_bytes(direct_plan, d.num_seqs, d.num_q_heads, p.dim)
+              : 0;
+      void* direct_ws = nullptr;
+      if (direct_ws_bytes > 0) check(cudaMalloc(&direct_ws, direct_ws_bytes), "cudaMalloc");
+      const double direct_ms = time_ms(
+          [&] {
+            check(
+                pagedkv::paged_decode_attention(d, direct_plan, direct_ws, direct_ws_bytes, nullptr,
+                                                pagedkv::DecodeKernel::kTensorCoreFp8Direct),
+                "tc direct decode");
+          },
+          quick ? 3 : 10);
+      const double direct_gbs = bytes / (direct_ms * 1e6);
+      direct_ratios.push_back(direct_gbs / copy_gbs);
+      std::printf(
+          "RESULT decode_fp8_tc_direct batch=%d context=%d splits=%d chunk=%d bytes=%.0f us=%.2f "
+          "gbs=%.1f ratio_copy=%.3f speedup=%.2f over_tc=%.2f\n",
+          batch, context, direct_plan.num_splits, direct_plan.kv_chunk_size, bytes, direct_ms * 1e3,
+          direct_gbs, direct_gbs / copy_gbs, ms / direct_ms, tc_ms / direct_ms);
+      if (direct_ws != nullptr) check(cudaFree(direct_ws), "free");
+    }
     for (void* ptr : std::initializer_list<void*>{table, lens, dq, dout})
       check(cudaFree(ptr), "free");
     free_problem(p);
@@ -478,6 +535,10 @@ int main(int argc, char** argv) {
   const double tc_decode_ratio = bench::median(tc_ratios);
   std::printf("TARGET decode_fp8_tc_vs_copy value=%.3f target=0.85 met=%s shapes=%zu\n",
               tc_decode_ratio, tc_decode_ratio >= 0.85 ? "yes" : "no", tc_ratios.size());
+  const double direct_ratio = direct_ok ? bench::median(direct_ratios) : 0.0;
+  std::printf("TARGET decode_fp8_tc_direct_vs_copy value=%.3f target=0.85 met=%s shapes=%zu%s\n",
+              direct_ratio, direct_ok && direct_ratio >= 0.85 ? "yes" : "no", direct_ratios.size(),
+              direct_ok ? "" : " (its checks failed: not timed)");
 
   // ---- extend: FP8 against bf16 on the same shapes ----
   std::vector<std::pair<int, int>> eshapes =
@@ -581,6 +642,6 @@ int main(int argc, char** argv) {
   std::printf("TARGET extend_fp8_tc_vs_bf16 value=%.3f target=1.00 met=%s shapes=%zu%s\n",
               tc_extend_ratio, tc_extend_ok && tc_extend_ratio >= 1.0 ? "yes" : "no",
               tc_speedups.size(), tc_extend_ok ? "" : " (its checks failed: not timed)");
-  if (!tc_extend_ok) return 1;
+  if (!tc_extend_ok || !direct_ok) return 1;
   return 0;
 }

@@ -580,8 +580,8 @@ namespace {
 
 // Why `kernel` cannot take params' q_len > 1 query tokens per sequence (kNone: it can, or
 // q_len is 1). The tensor-core kernels of a 16-bit cache put the group's heads times the tokens on
-// the MMA's 16 rows (kernels/decode_attention_tc.cu); kTensorCoreFp8 on a 16-bit cache runs
-// kTensorCore.
+// the MMA's 16 rows (kernels/decode_attention_tc.cu); kTensorCoreFp8 and kTensorCoreFp8Direct on a
+// 16-bit cache run kTensorCore.
 enum class MultiQueryRefusal { kNone, kNotTensorCore, kTooManyRows };
 
 MultiQueryRefusal multi_query_refusal(const PagedDecodeParams& params,
@@ -589,7 +589,8 @@ MultiQueryRefusal multi_query_refusal(const PagedDecodeParams& params,
   if (params.q_len <= 1) return MultiQueryRefusal::kNone;
   const bool tensor_core =
       kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
-      kernel == DecodeKernel::kTensorCoreFusedMerge || kernel == DecodeKernel::kTensorCoreFp8;
+      kernel == DecodeKernel::kTensorCoreFusedMerge || kernel == DecodeKernel::kTensorCoreFp8 ||
+      kernel == DecodeKernel::kTensorCoreFp8Direct;
   if (params.quant.fp8() || !tensor_core) return MultiQueryRefusal::kNotTensorCore;
   if (params.group_size() * params.q_len > kCudaDecodeMaxQueryRows) {
     return MultiQueryRefusal::kTooManyRows;
@@ -605,7 +606,8 @@ bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) no
   // multi_query_refusal accepts (paged_decode_attention refuses the rest).
   if (multi_query_refusal(params, kernel) != MultiQueryRefusal::kNone) return false;
   if (params.quant.fp8()) {
-    return kernel == DecodeKernel::kTensorCoreFp8 &&
+    return (kernel == DecodeKernel::kTensorCoreFp8 ||
+            kernel == DecodeKernel::kTensorCoreFp8Direct) &&
            kernels::tc_fp8_decode_supported(params.layout);
   }
   return kernel == DecodeKernel::kSimt || kernel == DecodeKernel::kTensorCore ||
@@ -620,7 +622,8 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
   validate_cuda_decode(params, plan, workspace, workspace_bytes);
   if (kernel != DecodeKernel::kSimt && kernel != DecodeKernel::kTensorCore &&
       kernel != DecodeKernel::kTensorCoreWideMerge && kernel != DecodeKernel::kTensorCoreFp8 &&
-      kernel != DecodeKernel::kTensorCoreFusedMerge) {
+      kernel != DecodeKernel::kTensorCoreFusedMerge &&
+      kernel != DecodeKernel::kTensorCoreFp8Direct) {
     fail("unknown DecodeKernel " + std::to_string(static_cast<int>(kernel)));
   }
   switch (multi_query_refusal(params, kernel)) {
@@ -664,14 +667,19 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
   }
   if (params.num_seqs == 0) return cudaSuccess;
   if (params.quant.fp8()) {
-    // kTensorCoreFp8: kernels/decode_attention_tc_fp8.cu with the plan; otherwise (or for a
-    // layout with 8-byte strides) kernels/fp8_attention.cu (no split-KV; the plan is not used).
-    if (kernel == DecodeKernel::kTensorCoreFp8 && kernels::tc_fp8_decode_supported(params.layout)) {
-      return kernels::tc_fp8_paged_decode(params, plan, workspace, stream);
+    // kTensorCoreFp8 / kTensorCoreFp8Direct: kernels/decode_attention_tc_fp8.cu with the plan;
+    // otherwise (or for a layout with 8-byte strides) kernels/fp8_attention.cu (no split-KV; the
+    // plan is not used).
+    if ((kernel == DecodeKernel::kTensorCoreFp8 || kernel == DecodeKernel::kTensorCoreFp8Direct) &&
+        kernels::tc_fp8_decode_supported(params.layout)) {
+      return kernels::tc_fp8_paged_decode(params, plan, workspace, stream,
+                                          kernel == DecodeKernel::kTensorCoreFp8Direct);
     }
     return kernels::fp8_paged_decode(params, stream);
   }
-  if (kernel == DecodeKernel::kTensorCoreFp8) kernel = DecodeKernel::kTensorCore;
+  if (kernel == DecodeKernel::kTensorCoreFp8 || kernel == DecodeKernel::kTensorCoreFp8Direct) {
+    kernel = DecodeKernel::kTensorCore;
+  }
   if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
       kernel == DecodeKernel::kTensorCoreFusedMerge) {
     const kernels::TcDecodeMerge merge =
@@ -735,7 +743,8 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
                                                    DecodeKernel kernel) {
   if (options == nullptr) fail("options is null");
   if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
-      kernel == DecodeKernel::kTensorCoreFp8 || kernel == DecodeKernel::kTensorCoreFusedMerge) {
+      kernel == DecodeKernel::kTensorCoreFp8 || kernel == DecodeKernel::kTensorCoreFusedMerge ||
+      kernel == DecodeKernel::kTensorCoreFp8Direct) {
     if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
       fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
     }
@@ -746,13 +755,14 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
     if (err == cudaSuccess)
       err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
     if (err == cudaSuccess) {
-      err = kernel == DecodeKernel::kTensorCoreFp8
-                ? kernels::tc_fp8_decode_ctas_per_sm(dtype, head_dim, &resident)
+      err = kernel == DecodeKernel::kTensorCoreFp8 || kernel == DecodeKernel::kTensorCoreFp8Direct
+                ? kernels::tc_fp8_decode_ctas_per_sm(dtype, head_dim, &resident,
+                                                     kernel == DecodeKernel::kTensorCoreFp8Direct)
                 : kernels::tc_decode_ctas_per_sm(dtype, head_dim, &resident);
     }
     if (err != cudaSuccess) return err;
     options->num_sms = sms;
-    // Waves of the kernel (decode_tc_layout.hpp): two for kTensorCore and kTensorCoreFp8, one
+    // Waves of the kernel (decode_tc_layout.hpp): two for kTensorCore and the FP8 variants, one
     // for the wide and the fused merge.
     const bool one_wave = kernel == DecodeKernel::kTensorCoreWideMerge ||
                           kernel == DecodeKernel::kTensorCoreFusedMerge;

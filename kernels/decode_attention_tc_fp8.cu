@@ -56,6 +56,7 @@ using detail::kTcThreads;
 using detail::kTcWarps;
 using detail::kTcWarpTokens;
 using detail::TcFp8DecodeShape;
+using detail::TcFp8DirectShape;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr const char* kWho = "paged_decode_attention (CUDA, FP8 tensor cores)";
@@ -120,6 +121,58 @@ __device__ __forceinline__ void convert_slice(const std::uint8_t* codes, uint4* 
     convert_slice<kBf16, true, kHeadDim>(codes, half_slice, lane);
   } else {
     convert_slice<kBf16, false, kHeadDim>(codes, half_slice, lane);
+  }
+}
+
+// The end of both attention kernels: merges the four warps' states (scratch: [warp][16 rows]
+// [kScratchStride] unnormalized outputs x R; ml: [warp][m x 16, l x 16]) and writes the output
+// (direct) or the split's partial output and log2-sum-exp2. Work item = (query head of the group,
+// 8 columns).
+template <bool kBf16, int kHeadDim, int kScratchStride>
+__device__ __forceinline__ void merge_warps(const TcFp8Params& p, const float* scratch,
+                                            const float* ml, int seq, int kv_head, int split,
+                                            bool direct) {
+  using Ops = MmaOps<kBf16>;
+  constexpr int kChunks = kHeadDim / 8;
+  for (int w_item = static_cast<int>(threadIdx.x); w_item < p.group * kChunks;
+       w_item += kTcThreads) {
+    const int row = w_item / kChunks;
+    const int d0 = (w_item % kChunks) * 8;
+    float m_all = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kTcWarps; ++w) m_all = fmaxf(m_all, ml[w * 32 + row]);
+    const float m_ref = m_all == -INFINITY ? 0.0f : m_all;
+    float l_all = 0.0f;
+    float acc[8] = {};
+#pragma unroll
+    for (int w = 0; w < kTcWarps; ++w) {
+      const float weight = exp2f(ml[w * 32 + row] - m_ref);
+      l_all = fmaf(weight, ml[w * 32 + 16 + row], l_all);
+      const float* src = scratch + (w * kTcRows + row) * kScratchStride + d0;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc[k] = fmaf(weight, src[k], acc[k]);
+    }
+    const int q_head = kv_head * p.group + row;
+    if (direct) {
+      const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+      uint4 packed;
+      packed.x = Ops::pack2(acc[0] * inv, acc[1] * inv);
+      packed.y = Ops::pack2(acc[2] * inv, acc[3] * inv);
+      packed.z = Ops::pack2(acc[4] * inv, acc[5] * inv);
+      packed.w = Ops::pack2(acc[6] * inv, acc[7] * inv);
+      *reinterpret_cast<uint4*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d0) =
+          packed;
+    } else {
+      // l_all = 0 only when every key of the chunk was masked (block ids outside the pool):
+      // the chunk then gets weight 0 in the merge (lse -inf), and a zero output.
+      const std::int64_t state =
+          (static_cast<std::int64_t>(seq) * p.num_q_heads + q_head) * p.num_splits + split;
+      const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
+      float4* dst = reinterpret_cast<float4*>(p.partial_out + state * kHeadDim + d0);
+      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
+      if (d0 == 0) p.partial_lse[state] = l_all > 0.0f ? m_all + log2f(l_all) : -INFINITY;
+    }
   }
 }
 
@@ -422,47 +475,328 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
   }
   __syncthreads();
 
-  // Merge the four warps: work item = (query head of the group, 8 columns).
-  for (int w_item = static_cast<int>(threadIdx.x); w_item < p.group * kChunks;
-       w_item += kTcThreads) {
-    const int row = w_item / kChunks;
-    const int d0 = (w_item % kChunks) * 8;
-    float m_all = -INFINITY;
+  merge_warps<kBf16, kHeadDim, S::kScratchStride>(p, scratch, ml, seq, kv_head, split, direct);
+}
+
+// DecodeKernel::kTensorCoreFp8Direct (opt-in, beside the kernel above): the same CTA, tiles,
+// pipeline, scales, masks, split and merge, but no 16-bit slice. The staged code rows (swizzled for
+// ldmatrix, decode_tc_fp8_layout.hpp's fp8_direct_chunk) are read with ldmatrix as 16-bit units
+// and each lane converts what it receives straight into MMA fragments:
+//   - K: ldmatrix (no .trans) gives a lane four codes of one key; converted they are the B
+//     fragment of the MMA over a 16-dim slice whose k index runs over head_dim permuted
+//     (fp8_direct_qk_dim); q's A fragments are loaded with the same permutation;
+//   - V: ldmatrix.trans gives a lane two dims of two keys; one byte permute
+//     (fp8_direct_split_pairs) gives the B fragments of an MMA over the slice's even dims and one
+//     over its odd dims; the accumulators then hold four contiguous dims per lane
+//     (fp8_direct_pv_dim), written so by the epilogue.
+// Per code: one shared load (ldmatrix, half as many as the slice path's) and a conversion in
+// registers, instead of a shared load, a conversion, a shared store and an ldmatrix; and the 16-bit
+// slice's shared memory goes to a deeper ring.
+// One instantiation per FP8 format (kE5M2; p.e5m2 is ignored): the conversions are compile-time,
+// and one tile loop per kernel leaves the registers to one loop (with both formats' loops in one
+// kernel, head_dim 256 spilled 112 bytes, against 4-12 with one).
+template <bool kBf16, bool kE5M2, int kHeadDim, bool kSoftCap>
+__global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCtasPerSm)
+    tc_fp8_direct_decode_kernel(const TcFp8Params p) {
+  using S = TcFp8DirectShape<kHeadDim>;
+  using Ops = MmaOps<kBf16>;
+  constexpr int kFp8Chunks = S::kFp8Chunks;
+  constexpr int kStages = S::kStages;
+  constexpr int kKSteps = kHeadDim / 16;
+  constexpr int kNTiles = kHeadDim / 8;
+  extern __shared__ uint4 smem[];
+
+  const std::int64_t item = blockIdx.x;
+  const int split = static_cast<int>(item % p.num_splits);
+  const std::int64_t seq_head = item / p.num_splits;
+  const int kv_head = static_cast<int>(seq_head % p.num_kv_heads);
+  const int seq = static_cast<int>(seq_head / p.num_kv_heads);
+  const detail::TcSplitRange range = range_of(p, seq, split);
+  if (split >= range.num_active_splits) return;  // uniform over the CTA
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+  const bool direct = range.num_active_splits == 1;
+  const int range_len = range.end - range.begin;
+  const bool per_row = p.scale_offset > 0;
+
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int tig = lane & 3;
+  auto* const smem_bytes = reinterpret_cast<unsigned char*>(smem);
+  std::uint8_t* ring = smem_bytes + static_cast<std::size_t>(warp) * kStages * 2 * S::kSliceBytes;
+  float* scales = reinterpret_cast<float*>(smem_bytes + S::kScaleOffset) +
+                  warp * kStages * 2 * kTcWarpTokens;  // [stage][K x 16, V x 16]
+  std::int64_t* code_table = reinterpret_cast<std::int64_t*>(smem_bytes + S::kCodeTableOffset) +
+                             warp * kStages * kTcWarpTokens;  // [stage][16]
+  std::int64_t* scale_table = reinterpret_cast<std::int64_t*>(smem_bytes + S::kScaleTableOffset) +
+                              warp * kStages * kTcWarpTokens;
+  std::uint32_t* masks =
+      reinterpret_cast<std::uint32_t*>(smem_bytes + S::kMaskOffset) + warp * kStages;
+  const unsigned ring_addr = static_cast<unsigned>(__cvta_generic_to_shared(ring));
+  // The lane's ldmatrix row within a chunk pair (the same for K and V, every tile and stage).
+  const int ldsm_key = detail::fp8_direct_ldsm_key(lane);
+  const int ldsm_chunk = detail::fp8_direct_ldsm_chunk(lane);
+
+  // q as A fragments, head_dim permuted within each 16-dim slice as the K fragments are (rows
+  // past the group are zero). Elements 2j, 2j + 1 sit at k and k + 1 (k even), which the
+  // permutation keeps adjacent: one 32-bit load each.
+  unsigned qf[kKSteps][4];
+  const std::uint16_t* q_base =
+      p.q + seq * p.q_stride_seq + static_cast<std::int64_t>(kv_head) * p.group * p.q_stride_head;
 #pragma unroll
-    for (int w = 0; w < kTcWarps; ++w) m_all = fmaxf(m_all, ml[w * 32 + row]);
-    const float m_ref = m_all == -INFINITY ? 0.0f : m_all;
-    float l_all = 0.0f;
-    float acc[8] = {};
+  for (int ks = 0; ks < kKSteps; ++ks) {
 #pragma unroll
-    for (int w = 0; w < kTcWarps; ++w) {
-      const float weight = exp2f(ml[w * 32 + row] - m_ref);
-      l_all = fmaf(weight, ml[w * 32 + 16 + row], l_all);
-      const float* src = scratch + (w * kTcRows + row) * S::kScratchStride + d0;
-#pragma unroll
-      for (int k = 0; k < 8; ++k) acc[k] = fmaf(weight, src[k], acc[k]);
-    }
-    const int q_head = kv_head * p.group + row;
-    if (direct) {
-      const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
-      uint4 packed;
-      packed.x = Ops::pack2(acc[0] * inv, acc[1] * inv);
-      packed.y = Ops::pack2(acc[2] * inv, acc[3] * inv);
-      packed.z = Ops::pack2(acc[4] * inv, acc[5] * inv);
-      packed.w = Ops::pack2(acc[6] * inv, acc[7] * inv);
-      *reinterpret_cast<uint4*>(p.out + seq * p.out_stride_seq + q_head * p.out_stride_head + d0) =
-          packed;
-    } else {
-      // l_all = 0 only when every key of the chunk was masked (block ids outside the pool):
-      // the chunk then gets weight 0 in the merge (lse -inf), and a zero output.
-      const std::int64_t state =
-          (static_cast<std::int64_t>(seq) * p.num_q_heads + q_head) * p.num_splits + split;
-      const float inv = l_all > 0.0f ? 1.0f / l_all : 0.0f;
-      float4* dst = reinterpret_cast<float4*>(p.partial_out + state * kHeadDim + d0);
-      dst[0] = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
-      dst[1] = make_float4(acc[4] * inv, acc[5] * inv, acc[6] * inv, acc[7] * inv);
-      if (d0 == 0) p.partial_lse[state] = l_all > 0.0f ? m_all + log2f(l_all) : -INFINITY;
+    for (int j = 0; j < 4; ++j) {
+      const detail::MmaCoord c = detail::mma_a_coord(lane, 2 * j);
+      qf[ks][j] =
+          c.row < p.group
+              ? __ldg(reinterpret_cast<const unsigned*>(q_base + c.row * p.q_stride_head + ks * 16 +
+                                                        detail::fp8_direct_qk_dim(c.col)))
+              : 0u;
     }
   }
+
+  float o[kNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) o[n][c] = 0.0f;
+  }
+  float m_run[2] = {-INFINITY, -INFINITY};   // rows lane / 4 and lane / 4 + 8
+  float l_run[2] = {0.0f, 0.0f};             // this lane's part of the row sums
+  float r_run = per_row ? 0.0f : p.v_scale;  // the V scale reference R
+
+  detail::TcPageGeometry geo = p.page;
+  geo.head_offset = kv_head * p.stride_head;
+  const std::int32_t* table_row =
+      p.block_table + static_cast<std::int64_t>(seq) * p.max_blocks_per_seq;
+  const int tiles = detail::tc_warp_tiles(range_len, warp);
+
+  const auto resolve = [&](int tile, int slot) {
+    if (lane < kTcWarpTokens) {
+      detail::TcFp8TokenOffsets off{-1, -1};
+      if (tile < tiles) {
+        off = detail::tc_fp8_token_offsets(geo, p.scale_offset, p.num_kv_heads, kv_head, table_row,
+                                           range.begin + detail::tc_slice_begin(tile, warp) + lane,
+                                           range.end);
+      }
+      code_table[slot * kTcWarpTokens + lane] = off.code;
+      scale_table[slot * kTcWarpTokens + lane] = off.scale;
+    }
+  };
+  // As the slice kernel's, but each 16-byte chunk lands at its swizzled place.
+  const auto issue_plane = [&](const std::uint8_t* cache, std::uint8_t* slice, float* slice_scales,
+                               const std::int64_t* codes, const std::int64_t* scale_at) {
+#pragma unroll
+    for (int i = 0; i < S::kCopiesPerLane; ++i) {
+      const detail::MmaCoord c = detail::fp8_slice_copy(lane, i, kFp8Chunks);
+      const std::int64_t off = codes[c.row];
+      const bool fill = off >= 0;
+      cp_async_16(slice + 16 * detail::fp8_direct_chunk(c.row, c.col, kFp8Chunks),
+                  fill ? cache + off + c.col * 16 : cache, fill);
+    }
+    if (per_row && lane < kTcWarpTokens) {
+      const std::int64_t off = scale_at[lane];
+      cp_async_4(slice_scales + lane, off >= 0 ? cache + off : cache, off >= 0);
+    }
+  };
+  const auto issue = [&](int tile, int stage) {
+    std::uint8_t* k_slice = ring + stage * 2 * S::kSliceBytes;
+    float* k_scales = scales + stage * 2 * kTcWarpTokens;
+    const std::int64_t* codes = code_table + stage * kTcWarpTokens;
+    const std::int64_t* scale_at = scale_table + stage * kTcWarpTokens;
+    if (tile < tiles) {
+      const unsigned mask = __ballot_sync(0xffffffffu, lane < kTcWarpTokens && codes[lane] >= 0);
+      if (lane == 0) masks[stage] = mask;
+      issue_plane(p.k_cache, k_slice, k_scales, codes, scale_at);
+    }
+    cp_async_commit();
+    if (tile < tiles) {
+      issue_plane(p.v_cache, k_slice + S::kSliceBytes, k_scales + kTcWarpTokens, codes, scale_at);
+    }
+    cp_async_commit();
+  };
+
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) resolve(t, detail::tc_slot(t, kStages));
+  __syncwarp();
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) issue(t, detail::tc_slot(t, kStages));
+  resolve(kStages - 1, detail::tc_slot(kStages - 1, kStages));
+
+  const auto tile_loop = [&]() {
+    for (int tile = 0; tile < tiles; ++tile) {
+      const int stage = detail::tc_slot(tile, kStages);
+      // K of `tile` landed (every lane's copies: the warp reads them all); every lane is done
+      // with the previous tile's stage; the offsets resolved last iteration and this tile's mask
+      // are visible.
+      cp_async_wait<detail::tc_k_wait_groups(kStages)>();
+      __syncwarp();
+      const int next = detail::tc_issue_tile(tile, kStages);
+      issue(next, detail::tc_slot(next, kStages));
+      const int ahead = detail::tc_resolve_tile(tile, kStages);
+      resolve(ahead, detail::tc_slot(ahead, kStages));
+
+      const unsigned k_addr = ring_addr + stage * 2 * S::kSliceBytes;
+      const unsigned v_addr = k_addr + S::kSliceBytes;
+      const float* k_scales = scales + stage * 2 * kTcWarpTokens;
+      const float* v_scales = k_scales + kTcWarpTokens;
+      const unsigned key_mask = masks[stage];
+
+      // S = Q K^T for the slice's 16 keys: two 16 x 8 tiles; one ldmatrix.x4 per 32 dims.
+      float s[2][4];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[t][c] = 0.0f;
+      }
+#pragma unroll
+      for (int pair = 0; pair < kFp8Chunks / 2; ++pair) {
+        unsigned r[4];
+        ldmatrix_x4(
+            r, k_addr + 16 * detail::fp8_direct_chunk(ldsm_key, 2 * pair + ldsm_chunk, kFp8Chunks));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int ks = 2 * pair + h;
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const unsigned codes = r[2 * h + t];
+            Ops::mma(s[t], qf[ks],
+                     fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(codes & 0xffffu)),
+                     fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(codes >> 16)));
+          }
+        }
+      }
+
+      // Scores (x the key's K scale) in the log2 domain, masked; row maxima over the quad.
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int key = t * 8 + detail::mma_c_coord(lane, c).col;
+          const float scale = per_row ? k_scales[key] * p.score_scale : p.score_scale;
+          float v;
+          if constexpr (kSoftCap) {
+            v = p.cap_log2 * tanhf(s[t][c] * scale);
+          } else {
+            v = s[t][c] * scale;
+          }
+#ifdef PAGEDKV_TEST_DROP_KEY
+          const bool dropped =
+              range.begin + detail::tc_slice_begin(tile, warp) + key == PAGEDKV_TEST_DROP_KEY;
+#else
+          constexpr bool dropped = false;
+#endif
+          v = ((key_mask >> key) & 1u) != 0 && !dropped ? v : -INFINITY;
+          s[t][c] = v;
+          tile_max[c >> 1] = fmaxf(tile_max[c >> 1], v);
+        }
+      }
+      float m_use[2];
+      bool moved = false;
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+        const float m_new = fmaxf(m_run[r], tile_max[r]);
+        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[r] = exp2f(m_run[r] - m_use[r]);
+        moved = moved || m_new != m_run[r];
+        m_run[r] = m_new;
+        l_run[r] *= alpha[r];
+      }
+      float prob[2][4];
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          prob[t][c] = exp2f(s[t][c] - m_use[c >> 1]);
+          l_run[c >> 1] += prob[t][c];
+        }
+      }
+
+      // V of `tile` landed (every lane's copies, and its scales).
+      cp_async_wait<detail::tc_v_wait_groups(kStages)>();
+      __syncwarp();
+      float rescale = 1.0f;
+      if (per_row) {
+        float vs[2][2];
+        rescale = fp8_v_weights(v_scales, tig, r_run, vs);
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) prob[t][c] *= vs[t][c & 1];
+        }
+      }
+      if (__any_sync(0xffffffffu, moved) || rescale != 1.0f) {
+#pragma unroll
+        for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) o[n][c] *= alpha[c >> 1] * rescale;
+        }
+      }
+      unsigned pa[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const detail::PvASource lo = detail::pv_a_source(2 * j);
+        const detail::PvASource hi = detail::pv_a_source(2 * j + 1);
+        pa[j] = Ops::pack2(prob[lo.tile][lo.elem], prob[hi.tile][hi.elem]);
+      }
+
+      // O += P V: per chunk, one MMA over its even dims (n-tile 2 c) and one over its odd dims.
+#pragma unroll
+      for (int pair = 0; pair < kFp8Chunks / 2; ++pair) {
+        unsigned r[4];
+        ldmatrix_x4_trans(
+            r, v_addr + 16 * detail::fp8_direct_chunk(ldsm_key, 2 * pair + ldsm_chunk, kFp8Chunks));
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * pair + h;
+          const unsigned lo = detail::fp8_direct_split_pairs(r[2 * h]);      // keys 0-7
+          const unsigned hi = detail::fp8_direct_split_pairs(r[2 * h + 1]);  // keys 8-15
+          Ops::mma(o[2 * c], pa,
+                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(lo & 0xffffu)),
+                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(hi & 0xffffu)));
+          Ops::mma(o[2 * c + 1], pa,
+                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(lo >> 16)),
+                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(hi >> 16)));
+        }
+      }
+    }
+  };
+  tile_loop();
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with the ring: reused as merge scratch below
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+  float* scratch = reinterpret_cast<float*>(smem);               // [warp][16][kScratchStride]
+  float* ml = scratch + kTcWarps * kTcRows * S::kScratchStride;  // [warp][m x 16, l x 16]
+  float* own = scratch + warp * kTcRows * S::kScratchStride;
+#pragma unroll
+  for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int row = detail::mma_c_coord(lane, c).row;
+      own[row * S::kScratchStride + detail::fp8_direct_pv_dim(n >> 1, n & 1, lane, c)] =
+          o[n][c] * r_run;
+    }
+  }
+  if (tig == 0) {
+    const int row = lane >> 2;
+    ml[warp * 32 + row] = m_run[0];
+    ml[warp * 32 + row + 8] = m_run[1];
+    ml[warp * 32 + 16 + row] = l_run[0];
+    ml[warp * 32 + 16 + row + 8] = l_run[1];
+  }
+  __syncthreads();
+  merge_warps<kBf16, kHeadDim, S::kScratchStride>(p, scratch, ml, seq, kv_head, split, direct);
 }
 
 // The split-KV merge: one CTA per (sequence, query head) that used >= 2 splits, parallel over the
@@ -482,19 +816,34 @@ __global__ void __launch_bounds__(kWideMergeThreads) tc_fp8_merge_kernel(const T
   wide_merge_state<kBf16, kHeadDim, true>(p, state, seq, q_head, n);
 }
 
-template <bool kBf16, int kHeadDim, bool kSoftCap>
+// The attention kernel of a path (kDirect: kTensorCoreFp8Direct) and its dynamic shared memory.
+// kE5M2: the direct kernel's format (the slice kernel takes p.e5m2 at run time).
+template <bool kBf16, int kHeadDim, bool kSoftCap, bool kDirect, bool kE5M2>
+constexpr auto attention_kernel() {
+  if constexpr (kDirect) {
+    return tc_fp8_direct_decode_kernel<kBf16, kE5M2, kHeadDim, kSoftCap>;
+  } else {
+    return tc_fp8_decode_kernel<kBf16, kHeadDim, kSoftCap>;
+  }
+}
+template <int kHeadDim, bool kDirect>
+constexpr std::size_t attention_smem() {
+  return kDirect ? TcFp8DirectShape<kHeadDim>::kSmemBytes : TcFp8DecodeShape<kHeadDim>::kSmemBytes;
+}
+
+template <bool kBf16, int kHeadDim, bool kSoftCap, bool kDirect, bool kE5M2>
 cudaError_t launch(const TcFp8Params& kp, std::int64_t num_seqs, cudaStream_t stream) {
-  using S = TcFp8DecodeShape<kHeadDim>;
-  const auto kernel = tc_fp8_decode_kernel<kBf16, kHeadDim, kSoftCap>;
+  constexpr std::size_t kSmem = attention_smem<kHeadDim, kDirect>();
+  const auto kernel = attention_kernel<kBf16, kHeadDim, kSoftCap, kDirect, kE5M2>();
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(S::kSmemBytes));
+                                         static_cast<int>(kSmem));
   if (err != cudaSuccess) return err;
   const std::int64_t ctas = num_seqs * kp.num_kv_heads * kp.num_splits;
   if (ctas == 0) return cudaSuccess;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(ctas));
   config.blockDim = dim3(kTcThreads);
-  config.dynamicSmemBytes = S::kSmemBytes;
+  config.dynamicSmemBytes = kSmem;
   config.stream = stream;
   err = cudaLaunchKernelEx(&config, kernel, kp);
   if (err != cudaSuccess || kp.num_splits == 1) return err;
@@ -519,7 +868,7 @@ bool tc_fp8_decode_supported(const KVLayout& layout) noexcept {
 }
 
 cudaError_t tc_fp8_paged_decode(const PagedDecodeParams& params, const DecodePlan& plan,
-                                void* workspace, cudaStream_t stream) {
+                                void* workspace, cudaStream_t stream, bool direct) {
   const KVLayout& layout = params.layout;
   TcFp8Params kp{};
   kp.q = static_cast<const std::uint16_t*>(params.q);
@@ -566,17 +915,28 @@ cudaError_t tc_fp8_paged_decode(const PagedDecodeParams& params, const DecodePla
     kp.partial_out = reinterpret_cast<float*>(base + ws.partial_out_offset);
     kp.partial_lse = reinterpret_cast<float*>(base + ws.partial_lse_offset);
   }
-  return dispatch_tc_decode(params.dtype, layout.head_dim, soft_cap, kWho,
-                            [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-                              return launch<kBf16, kHeadDim, kSoftCap>(kp, params.num_seqs, stream);
-                            });
+  return dispatch_tc_decode(
+      params.dtype, layout.head_dim, soft_cap, kWho,
+      [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
+        if (!direct) {
+          return launch<kBf16, kHeadDim, kSoftCap, false, false>(kp, params.num_seqs, stream);
+        }
+        return kp.e5m2
+                   ? launch<kBf16, kHeadDim, kSoftCap, true, true>(kp, params.num_seqs, stream)
+                   : launch<kBf16, kHeadDim, kSoftCap, true, false>(kp, params.num_seqs, stream);
+      });
 }
 
-cudaError_t tc_fp8_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas) {
+cudaError_t tc_fp8_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas, bool direct) {
   return dispatch_tc_decode(
       dtype, head_dim, false, kWho, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-        return resident_ctas_per_sm(tc_fp8_decode_kernel<kBf16, kHeadDim, kSoftCap>, kTcThreads,
-                                    TcFp8DecodeShape<kHeadDim>::kSmemBytes, ctas);
+        // The direct kernel's formats share the shared memory and bounds (E4M3's is asked).
+        if (direct) {
+          return resident_ctas_per_sm(attention_kernel<kBf16, kHeadDim, kSoftCap, true, false>(),
+                                      kTcThreads, attention_smem<kHeadDim, true>(), ctas);
+        }
+        return resident_ctas_per_sm(attention_kernel<kBf16, kHeadDim, kSoftCap, false, false>(),
+                                    kTcThreads, attention_smem<kHeadDim, false>(), ctas);
       });
 }
 

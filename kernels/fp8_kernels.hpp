@@ -34,12 +34,15 @@ cudaError_t fp8_paged_extend(const PagedExtendParams& params, cudaStream_t strea
 bool tc_fp8_decode_supported(const KVLayout& layout) noexcept;
 // Validated params (validate_cuda_decode) with params.quant.fp8() and tc_fp8_decode_supported,
 // and plan; the workspace as validate_cuda_decode checked it. Enqueues the attention kernel and,
-// with split-KV, the merge kernel (programmatic dependent launch on sm_90).
+// with split-KV, the merge kernel (programmatic dependent launch on sm_90). direct: the
+// DecodeKernel::kTensorCoreFp8Direct kernel (codes straight into MMA fragments, no 16-bit slice;
+// the same layouts, plans, workspace and results up to rounding of the fp32 sums' order).
 cudaError_t tc_fp8_paged_decode(const PagedDecodeParams& params, const DecodePlan& plan,
-                                void* workspace, cudaStream_t stream);
-// CTAs of that attention kernel resident per SM on the current device for this q / out dtype and
-// head_dim (the soft-cap-free instantiation; the soft-cap one uses the same shared memory).
-cudaError_t tc_fp8_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas);
+                                void* workspace, cudaStream_t stream, bool direct);
+// CTAs of that attention kernel (direct: kTensorCoreFp8Direct's) resident per SM on the current
+// device for this q / out dtype and head_dim (the soft-cap-free instantiation; the soft-cap one
+// uses the same shared memory).
+cudaError_t tc_fp8_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas, bool direct);
 
 // ExtendKernel::kFa2Fp8 (kernels/extend_attention_fa2_fp8.cu): whether the tensor-core FP8 extend
 // kernel takes this layout (every stride a multiple of 16 bytes; otherwise paged_extend_attention

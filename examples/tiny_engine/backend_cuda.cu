@@ -255,6 +255,7 @@ static_assert(static_cast<int>(pagedkv::DecodeKernel::kSimt) == 0 &&
                   static_cast<int>(pagedkv::DecodeKernel::kTensorCore) == 1 &&
                   static_cast<int>(pagedkv::DecodeKernel::kTensorCoreWideMerge) == 2 &&
                   static_cast<int>(pagedkv::DecodeKernel::kTensorCoreFp8) == 3 &&
+                  static_cast<int>(pagedkv::DecodeKernel::kTensorCoreFp8Direct) == 5 &&
                   static_cast<int>(pagedkv::ExtendKernel::kMma16) == 0 &&
                   static_cast<int>(pagedkv::ExtendKernel::kFa2) == 1 &&
                   static_cast<int>(pagedkv::ExtendKernel::kWgmma) == 2 &&

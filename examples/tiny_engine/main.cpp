@@ -90,8 +90,9 @@ kernels, and reports what prefix caching saved.
                          calibration pass (256 seeded random tokens through the model in fp32,
                          each layer's largest |K| and |V| / the FP8 largest finite; values beyond
                          saturate); the blocks then hold codes only
-  --decode-kernel NAME   with --device cuda: tensor_core_wide_merge, tensor_core, simt or
+  --decode-kernel NAME   with --device cuda: tensor_core_wide_merge, tensor_core, simt,
                          tensor_core_fp8 (FP8 KV on tensor cores; with 16-bit KV, tensor_core)
+                         or tensor_core_fp8_direct (the same, codes straight into MMA fragments)
                          (pagedkv::DecodeKernel; default: the library's default,
                          tensor_core_wide_merge);
                          rejected without --device cuda (the CPU path has one implementation,
@@ -269,10 +270,12 @@ Options parse(int argc, char** argv) {
         o.engine.decode_kernel = 2;
       } else if (v == "tensor_core_fp8") {
         o.engine.decode_kernel = 3;
+      } else if (v == "tensor_core_fp8_direct") {
+        o.engine.decode_kernel = 5;
       } else {
         usage_error(
-            "--decode-kernel: expected simt, tensor_core, tensor_core_wide_merge or "
-            "tensor_core_fp8, got '" +
+            "--decode-kernel: expected simt, tensor_core, tensor_core_wide_merge, "
+            "tensor_core_fp8 or tensor_core_fp8_direct, got '" +
             v + "'");
       }
     } else if (a == "--extend-kernel") {

@@ -231,7 +231,8 @@ struct Fp8Cache {
   }
 };
 
-// DecodeKernel::kTensorCoreFp8 (kernels/decode_attention_tc_fp8.cu) is built broken too: the FP8
+// DecodeKernel::kTensorCoreFp8 and kTensorCoreFp8Direct (kernels/decode_attention_tc_fp8.cu) are
+// built broken too: the FP8
 // decode check of tests/cuda/fp8_test.cpp (1e-2 per row against the reference over the same FP8
 // cache) must reject the rows that should see key 100, with and without split-KV. (The FP8
 // CUDA-core kernel, kernels/fp8_attention.cu, has no such switch.)
@@ -254,26 +255,31 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
     cache.device_kv(&dp);
     dp.q = dq.get();
     dp.out = dout.get();
-    for (const DecodePlan plan : {DecodePlan{}, DecodePlan{5, 37}}) {
-      const std::size_t ws_bytes =
-          decode_workspace_bytes(plan, dp.num_seqs, Fp8Cache::kQHeads, head_dim);
-      testing::DeviceBuffer workspace(ws_bytes);
-      PAGEDKV_CUDA_CHECK(paged_decode_attention(dp, plan, workspace.get(), ws_bytes, nullptr,
-                                                DecodeKernel::kTensorCoreFp8));
-      const auto out = testing::to_doubles(KVDtype::kBFloat16,
-                                           testing::download<std::uint16_t>(dout.get(), q.size()));
-      const testing::RowCheck all = testing::check_rows(out, ref, head_dim, 1e-2);
-      std::printf("decode tensor-core-fp8 %s splits=%d: worst row %.4g, %zu of %zu rows rejected\n",
-                  std::string(to_string(mode)).c_str(), plan.num_splits, all.max_row_error,
-                  all.bad_rows, all.rows);
-      const std::span<const double> o(out);
-      const std::span<const double> r(ref);
-      EXPECT_TRUE(testing::rows_match(o.subspan(0, 1024), r.subspan(0, 1024), head_dim, 1e-2));
-      EXPECT_TRUE(
-          testing::rows_match(o.subspan(2048, 1024), r.subspan(2048, 1024), head_dim, 1e-2));
-      const testing::RowCheck broken =
-          testing::check_rows(o.subspan(1024, 1024), r.subspan(1024, 1024), head_dim, 1e-2);
-      EXPECT_GT(broken.bad_rows, 0u) << "the FP8 per-row check missed the dropped key";
+    for (const DecodeKernel kernel :
+         {DecodeKernel::kTensorCoreFp8, DecodeKernel::kTensorCoreFp8Direct}) {
+      for (const DecodePlan plan : {DecodePlan{}, DecodePlan{5, 37}}) {
+        const std::size_t ws_bytes =
+            decode_workspace_bytes(plan, dp.num_seqs, Fp8Cache::kQHeads, head_dim);
+        testing::DeviceBuffer workspace(ws_bytes);
+        PAGEDKV_CUDA_CHECK(
+            paged_decode_attention(dp, plan, workspace.get(), ws_bytes, nullptr, kernel));
+        const auto out = testing::to_doubles(
+            KVDtype::kBFloat16, testing::download<std::uint16_t>(dout.get(), q.size()));
+        const testing::RowCheck all = testing::check_rows(out, ref, head_dim, 1e-2);
+        std::printf(
+            "decode tensor-core-fp8%s %s splits=%d: worst row %.4g, %zu of %zu rows rejected\n",
+            kernel == DecodeKernel::kTensorCoreFp8Direct ? "-direct" : "",
+            std::string(to_string(mode)).c_str(), plan.num_splits, all.max_row_error, all.bad_rows,
+            all.rows);
+        const std::span<const double> o(out);
+        const std::span<const double> r(ref);
+        EXPECT_TRUE(testing::rows_match(o.subspan(0, 1024), r.subspan(0, 1024), head_dim, 1e-2));
+        EXPECT_TRUE(
+            testing::rows_match(o.subspan(2048, 1024), r.subspan(2048, 1024), head_dim, 1e-2));
+        const testing::RowCheck broken =
+            testing::check_rows(o.subspan(1024, 1024), r.subspan(1024, 1024), head_dim, 1e-2);
+        EXPECT_GT(broken.bad_rows, 0u) << "the FP8 per-row check missed the dropped key";
+      }
     }
   }
 }

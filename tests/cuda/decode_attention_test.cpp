@@ -143,6 +143,8 @@ std::string kernel_test_name(const ::testing::TestParamInfo<DecodeKernel>& param
       return "TensorCoreFp8";
     case DecodeKernel::kTensorCoreFusedMerge:
       return "TensorCoreFusedMerge";
+    case DecodeKernel::kTensorCoreFp8Direct:  // FP8 caches only: tests/cuda/fp8_test.cpp
+      return "TensorCoreFp8Direct";
   }
   return "Unknown";
 }
@@ -966,6 +968,7 @@ TEST(CudaDecodeAttentionArguments, VariantCoverage) {
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFusedMerge));
   EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));  // 16-bit: kTensorCore runs
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8Direct));
   // Several query tokens per sequence (group 4 here): the tensor-core variants, up to 16 rows.
   p.q_len = 4;
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kSimt));
@@ -973,6 +976,7 @@ TEST(CudaDecodeAttentionArguments, VariantCoverage) {
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFusedMerge));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8Direct));
   p.q_len = 5;  // 20 rows
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCore));
   p.q_len = 1;
@@ -982,10 +986,16 @@ TEST(CudaDecodeAttentionArguments, VariantCoverage) {
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreWideMerge));
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFusedMerge));
   EXPECT_FALSE(decode_kernel_runs(p, static_cast<DecodeKernel>(7)));
-  // ... except kTensorCoreFp8, on layouts whose strides are multiples of 16 bytes.
+  // ... except kTensorCoreFp8 and kTensorCoreFp8Direct, on layouts whose strides are multiples
+  // of 16 bytes.
   EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));
+  EXPECT_TRUE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8Direct));
+  p.q_len = 2;  // several query tokens: 16-bit caches only
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8Direct));
+  p.q_len = 1;
   p.layout.stride_head = p.layout.head_dim + 8;
   EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8));
+  EXPECT_FALSE(decode_kernel_runs(p, DecodeKernel::kTensorCoreFp8Direct));
 }
 
 }  // namespace

@@ -300,20 +300,24 @@ TEST_F(CudaFp8, DecodeAndExtendMatchTheReference) {
   }
 }
 
-// DecodeKernel::kTensorCoreFp8 (kernels/decode_attention_tc_fp8.cu) beside the default path (the
-// FP8 CUDA-core kernel, which ignores the plan), each without split-KV, with a forced plan of 5
-// chunks of 37 tokens (chunks that start mid-tile and mid-block; long sequences put the rest in
-// the last chunk) and with 40 chunks of 64 tokens (many active splits for the 700-token
-// sequence, few for the short ones, direct writes for 1-chunk sequences), over both FP8 types,
-// both scale modes, NHD / HND, fp16 / bf16 q and out, head_dim 64 / 128 / 256, GQA groups 1 to
-// 16, block sizes 1 to 256 (powers of two and not), soft-cap and sliding window. Every output
-// row is compared with the CPU reference over the same FP8 cache. What a broken piece does:
-// a wrong conversion, swizzle or fragment map, a dropped K or V scale, a V scale applied to the
-// softmax sum, or a missed R rescale (decode_attention_tc_fp8.cu's top) moves whole rows far past
-// 1e-2; a wrong split range or merge breaks the split plans only; rows of the wrong query head
+// DecodeKernel::kTensorCoreFp8 and kTensorCoreFp8Direct (kernels/decode_attention_tc_fp8.cu)
+// beside the default path (the FP8 CUDA-core kernel, which ignores the plan), each without
+// split-KV, with a forced plan of 5 chunks of 37 tokens (chunks that start mid-tile and mid-block;
+// long sequences put the rest in the last chunk) and with 40 chunks of 64 tokens (many active
+// splits for the 700-token sequence, few for the short ones, direct writes for 1-chunk sequences),
+// over both FP8 types, both scale modes, NHD / HND, fp16 / bf16 q and out, head_dim 64 / 128 / 256,
+// GQA groups 1 to 16, block sizes 1 to 256 (powers of two and not), soft-cap and sliding window.
+// Every output row is compared with the CPU reference over the same FP8 cache. What a broken piece
+// does: a wrong conversion, swizzle or fragment map, a dropped K or V scale, a V scale applied to
+// the softmax sum, or a missed R rescale (decode_attention_tc_fp8.cu's top) moves whole rows far
+// past 1e-2; a wrong split range or merge breaks the split plans only; rows of the wrong query head
 // show at group > 1; a wrong page offset shows at the block sizes that are not powers of two
 // (the kernel's division path) or in HND; a key not skipped in a block outside the pool breaks
-// the bad-block rows. (The sanitizer runs of scripts/gpu-check look for races.)
+// the bad-block rows. For kTensorCoreFp8Direct also: q's A fragments not permuted as the K
+// fragments are, a V register not byte-permuted, an accumulator written to the wrong dims or a
+// staging swizzle that the reads do not invert (each caught on the host too:
+// tests/device/decode_tc_fp8_layout_test.cpp). (The sanitizer runs of scripts/gpu-check look for
+// races.)
 struct TcCase {
   Case c;
   KVDtype dtype;  // q / out
@@ -472,10 +476,14 @@ TEST_F(CudaFp8, TensorCoreDecodeMatchesTheReference) {
     const std::vector<double> ref = reference_paged_decode_attention_f64(hd);
 
     EXPECT_TRUE(decode_kernel_runs(d, DecodeKernel::kTensorCoreFp8));
+    EXPECT_TRUE(decode_kernel_runs(d, DecodeKernel::kTensorCoreFp8Direct));
     EXPECT_FALSE(decode_kernel_runs(d, DecodeKernel::kTensorCore));
-    for (const DecodeKernel kernel : {DecodeKernel::kTensorCore, DecodeKernel::kTensorCoreFp8}) {
+    for (const DecodeKernel kernel : {DecodeKernel::kTensorCore, DecodeKernel::kTensorCoreFp8,
+                                      DecodeKernel::kTensorCoreFp8Direct}) {
       for (const DecodePlan& plan : plans) {
-        SCOPED_TRACE(std::string(kernel == DecodeKernel::kTensorCoreFp8 ? "tc-fp8" : "default") +
+        SCOPED_TRACE(std::string(kernel == DecodeKernel::kTensorCoreFp8         ? "tc-fp8"
+                                 : kernel == DecodeKernel::kTensorCoreFp8Direct ? "tc-fp8-direct"
+                                                                                : "default") +
                      " plan " + std::to_string(plan.num_splits) + "x" +
                      std::to_string(plan.kv_chunk_size));
         const std::size_t ws_bytes =
@@ -742,9 +750,9 @@ TEST_F(CudaFp8, TensorCoreExtendFallbacksAndWorkspace) {
 }
 
 // The plan the bench and an engine would use: plan_paged_decode with the options for
-// kTensorCoreFp8 (the FP8 kernel's occupancy), on a batch of long sequences, one per KV-head
-// count; and a layout the kernel does not take (8-byte strides) falls back to the FP8 CUDA-core
-// kernel and still matches.
+// kTensorCoreFp8 and kTensorCoreFp8Direct (each kernel's occupancy), on a batch of long sequences,
+// one per KV-head count; and a layout the kernels do not take (8-byte strides) falls back to the
+// FP8 CUDA-core kernel and still matches (asked of kTensorCoreFp8Direct).
 TEST_F(CudaFp8, TensorCoreDecodeWithThePlannerAndFallback) {
   const Case c{KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 128};
   Pool p = make_pool(c, {3000, 5, 257}, 31, 16, 8, 2);
@@ -765,22 +773,25 @@ TEST_F(CudaFp8, TensorCoreDecodeWithThePlannerAndFallback) {
   hd.q = q.data();
   const std::vector<double> ref = reference_paged_decode_attention_f64(hd);
 
-  DecodePlanOptions options;
-  PAGEDKV_CUDA_CHECK(decode_plan_options_for_current_device(d.dtype, c.head_dim, &options,
-                                                            DecodeKernel::kTensorCoreFp8));
-  EXPECT_GT(options.ctas_per_sm, 0);
-  const DecodePlan plan = plan_paged_decode(p.lens, p.kv_heads, options);
-  EXPECT_TRUE(plan.split_kv()) << "a 3,000-token sequence on " << options.num_sms << " SMs";
-  const std::size_t ws_bytes =
-      plan.split_kv() ? decode_workspace_bytes(plan, d.num_seqs, d.num_q_heads, c.head_dim) : 0;
-  DeviceBuffer ws(std::max<std::size_t>(ws_bytes, 16));
-  DeviceBuffer dout(q.size() * 2);
-  d.out = dout.get();
-  PAGEDKV_CUDA_CHECK(
-      paged_decode_attention(d, plan, ws.get(), ws_bytes, nullptr, DecodeKernel::kTensorCoreFp8));
-  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_LE(worst_row_error(testing::download<std::uint16_t>(dout.get(), q.size()), ref, dim),
-            1e-2);
+  for (const DecodeKernel kernel :
+       {DecodeKernel::kTensorCoreFp8, DecodeKernel::kTensorCoreFp8Direct}) {
+    SCOPED_TRACE(static_cast<int>(kernel));
+    DecodePlanOptions options;
+    PAGEDKV_CUDA_CHECK(
+        decode_plan_options_for_current_device(d.dtype, c.head_dim, &options, kernel));
+    EXPECT_GT(options.ctas_per_sm, 0);
+    const DecodePlan plan = plan_paged_decode(p.lens, p.kv_heads, options);
+    EXPECT_TRUE(plan.split_kv()) << "a 3,000-token sequence on " << options.num_sms << " SMs";
+    const std::size_t ws_bytes =
+        plan.split_kv() ? decode_workspace_bytes(plan, d.num_seqs, d.num_q_heads, c.head_dim) : 0;
+    DeviceBuffer ws(std::max<std::size_t>(ws_bytes, 16));
+    DeviceBuffer dout(q.size() * 2);
+    d.out = dout.get();
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(d, plan, ws.get(), ws_bytes, nullptr, kernel));
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LE(worst_row_error(testing::download<std::uint16_t>(dout.get(), q.size()), ref, dim),
+              1e-2);
+  }
 
   // The same cache seen through a layout with 8-byte-multiple strides: a second pool built in
   // that layout (NHD with each token row padded by 8 bytes is not expressible with scales, so
@@ -818,13 +829,14 @@ TEST_F(CudaFp8, TensorCoreDecodeWithThePlannerAndFallback) {
   pd.layout = padded;
   pd.q = dpq.get();
   EXPECT_FALSE(decode_kernel_runs(pd, DecodeKernel::kTensorCoreFp8));
+  EXPECT_FALSE(decode_kernel_runs(pd, DecodeKernel::kTensorCoreFp8Direct));
   DeviceBuffer pout(pq.size() * 2);
   pd.out = pout.get();
   const DecodePlan split{4, 64};
   const std::size_t pws_bytes = decode_workspace_bytes(split, pd.num_seqs, pd.num_q_heads, 64);
   DeviceBuffer pws(pws_bytes);
   PAGEDKV_CUDA_CHECK(paged_decode_attention(pd, split, pws.get(), pws_bytes, nullptr,
-                                            DecodeKernel::kTensorCoreFp8));
+                                            DecodeKernel::kTensorCoreFp8Direct));
   PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
   PagedDecodeParams phd = pd;
   static_cast<PagedKVParams&>(phd) =

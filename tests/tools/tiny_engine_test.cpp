@@ -238,7 +238,7 @@ TEST(TinyEngineCli, RejectsBadFlagsWithExitCode2) {
 // EngineConfig's kernel variants are pagedkv::DecodeKernel / ExtendKernel values (every one the
 // library has: the CUDA path casts them) or -1; anything else is refused with a message.
 TEST(TinyEngineConfig, KernelVariantValues) {
-  for (const int decode : {-1, 0, 1, 2, 3}) {
+  for (const int decode : {-1, 0, 1, 2, 3, 5}) {
     EngineConfig c;
     c.decode_kernel = decode;
     EXPECT_NO_THROW(c.validate()) << "decode_kernel " << decode;
@@ -248,7 +248,9 @@ TEST(TinyEngineConfig, KernelVariantValues) {
     c.extend_kernel = extend;
     EXPECT_NO_THROW(c.validate()) << "extend_kernel " << extend;
   }
-  for (const int bad : {-2, 4}) {  // decode's first value past its range; extend's is 7
+  // Decode: 4 (kTensorCoreFusedMerge needs split counters the engine does not keep) and 6 (past
+  // the range); extend's first value past its range is 7.
+  for (const int bad : {-2, 4, 6}) {
     EngineConfig c;
     c.decode_kernel = bad;
     try {
@@ -258,7 +260,7 @@ TEST(TinyEngineConfig, KernelVariantValues) {
       EXPECT_NE(std::string(e.what()).find("tensor_core_fp8"), std::string::npos) << e.what();
     }
     EngineConfig x;
-    x.extend_kernel = bad == 4 ? 7 : bad;
+    x.extend_kernel = bad >= 4 ? 7 : bad;
     try {
       x.validate();
       ADD_FAILURE() << "extend_kernel " << bad << " accepted";

@@ -20,7 +20,7 @@
 // An FP8 cache (params.quant.fp8(); pagedkv/device/kv_quant.hpp) runs kernels/fp8_attention.cu
 // instead: one CTA per (sequence, KV head), codes decoded in registers, the row scales applied to
 // the fp32 dot product and softmax weight, fp32 accumulation; no split-KV (the plan is ignored),
-// unless the caller chose kTensorCoreFp8 (below).
+// unless the caller chose kTensorCoreFp8 or kTensorCoreFp8Direct (below).
 //
 // Kernel variants (DecodeKernel, chosen per call; the default is kTensorCoreWideMerge):
 //   kTensorCore  kernels/decode_attention_tc.cu: the GQA group's query heads are the M dimension
@@ -47,6 +47,13 @@
 //                and a merge parallel over the splits. Layouts whose strides are not multiples of
 //                16 bytes run the FP8 kernel above instead (decode_kernel_runs says so). For a
 //                16-bit cache it behaves as kTensorCore.
+//   kTensorCoreFp8Direct  (opt-in; not yet run on a GPU) kTensorCoreFp8 without the 16-bit copy
+//                in shared memory: each lane reads the staged codes with ldmatrix and converts
+//                them straight into the MMA's fragments in registers (q's fragments take the
+//                same permutation of head_dim, so the dot products are the same; docs/fp8.md), and
+//                the freed shared memory deepens the copy ring. Same layouts, fallbacks, plans,
+//                workspace and contract as kTensorCoreFp8; results equal up to the order of fp32
+//                sums. For a 16-bit cache it behaves as kTensorCore.
 //   kTensorCoreFusedMerge  (opt-in until a GPU run proves it) kTensorCoreWideMerge without the
 //                merge kernel: the last CTA of each (sequence, KV head) to finish merges the
 //                group's query heads itself (kernels/internal/decode_fused_merge.cuh), so batch-1
@@ -91,6 +98,7 @@ enum class DecodeKernel : int {
   kTensorCoreWideMerge = 2,   // kTensorCore, one-wave plan, parallel merge (the default)
   kTensorCoreFp8 = 3,         // FP8 caches on tensor cores (opt-in; see above)
   kTensorCoreFusedMerge = 4,  // kTensorCoreWideMerge, merged by each state's last CTA (opt-in)
+  kTensorCoreFp8Direct = 5,   // kTensorCoreFp8, codes straight into MMA fragments (opt-in)
 };
 inline constexpr DecodeKernel kDefaultDecodeKernel = DecodeKernel::kTensorCoreWideMerge;
 
@@ -116,8 +124,9 @@ struct DecodeSplitCounters {
 };
 
 // Whether `kernel` itself runs for these parameters; false when paged_decode_attention falls back
-// (an FP8 cache runs kernels/fp8_attention.cu except with kTensorCoreFp8 on a layout whose
-// strides are multiples of 16 bytes; kTensorCoreFp8 on a 16-bit cache runs kTensorCore: false)
+// (an FP8 cache runs kernels/fp8_attention.cu except with kTensorCoreFp8 or kTensorCoreFp8Direct
+// on a layout whose strides are multiples of 16 bytes; either on a 16-bit cache runs kTensorCore:
+// false)
 // or refuses them (q_len > 1 beyond the tensor-core variants of a 16-bit cache with group x
 // q_len <= 16).
 bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept;
@@ -146,7 +155,8 @@ cudaError_t paged_decode_attention(const PagedDecodeParams& params, const Decode
 // fills two waves of it (its CTAs are short; two waves balance the tail), and min_chunk_tokens
 // is one 64-token tile; kTensorCoreWideMerge and kTensorCoreFusedMerge plan one wave with the
 // same minimum chunk;
-// kTensorCoreFp8 plans like kTensorCore with the FP8 tensor-core kernel's occupancy (dtype is
+// kTensorCoreFp8 and kTensorCoreFp8Direct plan like kTensorCore with their own kernel's occupancy
+// (dtype is
 // q's 16-bit type; use kTensorCore's options for a 16-bit cache). Throws
 // pagedkv::Error for an unsupported head_dim; returns CUDA errors.
 cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
