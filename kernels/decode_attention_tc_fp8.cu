@@ -124,6 +124,170 @@ __device__ __forceinline__ void convert_slice(const std::uint8_t* codes, uint4* 
   }
 }
 
+// ---- the pieces both attention kernels share (the 16-bit-slice path and the direct path) ----
+
+// The offsets of the warp's slice of `tile` (its keys from `slice_first`, relative to the range)
+// into table slot `slot` of code_table / scale_table ([slot][16]): lanes 0-15, one key each; -1
+// past the range, in a block outside the pool, or for a tile past the warp's last (`active` false).
+__device__ __forceinline__ void fp8_resolve_slice(
+    const TcFp8Params& p, const detail::TcPageGeometry& geo, int kv_head,
+    const std::int32_t* table_row, const detail::TcSplitRange& range, bool active, int slice_first,
+    int lane, std::int64_t* code_table, std::int64_t* scale_table, int slot) {
+  if (lane < kTcWarpTokens) {
+    detail::TcFp8TokenOffsets off{-1, -1};
+    if (active) {
+      off = detail::tc_fp8_token_offsets(geo, p.scale_offset, p.num_kv_heads, kv_head, table_row,
+                                         range.begin + slice_first + lane, range.end);
+    }
+    code_table[slot * kTcWarpTokens + lane] = off.code;
+    scale_table[slot * kTcWarpTokens + lane] = off.scale;
+  }
+}
+
+// The direct kernel's copies of one plane (K or V) of the warp's slice into its stage:
+// kCopiesPerLane 16-byte chunks per lane (chunk l + 32 i of the slice, fp8_slice_copy), each
+// landing at its fp8_direct_chunk (the ldmatrix layout); with per-row scales lanes 0-15 copy their
+// key's scale. Keys without an offset (-1) are zero-filled. (The slice kernel keeps its own copy
+// loops, which land row-major: through this function its registers at head_dim 128 went from 186
+// to 184, a different schedule, and it is proven as it compiles.)
+template <int kCopiesPerLane, int kFp8Chunks>
+__device__ __forceinline__ void fp8_issue_plane(const std::uint8_t* cache, std::uint8_t* slice,
+                                                float* slice_scales, const std::int64_t* codes,
+                                                const std::int64_t* scale_at, bool per_row,
+                                                int lane) {
+#pragma unroll
+  for (int i = 0; i < kCopiesPerLane; ++i) {
+    const detail::MmaCoord c = detail::fp8_slice_copy(lane, i, kFp8Chunks);
+    const std::int64_t off = codes[c.row];
+    const bool fill = off >= 0;
+    cp_async_16(slice + 16 * detail::fp8_direct_chunk(c.row, c.col, kFp8Chunks),
+                fill ? cache + off + c.col * 16 : cache, fill);
+  }
+  if (per_row && lane < kTcWarpTokens) {
+    const std::int64_t off = scale_at[lane];
+    cp_async_4(slice_scales + lane, off >= 0 ? cache + off : cache, off >= 0);
+  }
+}
+
+// One slice's online-softmax step: the scores s (two 16 x 8 C fragments) times the score scale
+// (x the key's K scale with per-row scales), soft-capped, masked (key_mask; in the test-only
+// drop-key build also the dropped position), into the log2-domain probabilities `prob`; the row
+// maxima m_run move, l_run is rescaled by alpha and gains the row sums of the unscaled p.
+// Returns whether this lane saw a row maximum move.
+template <bool kSoftCap>
+__device__ __forceinline__ bool fp8_softmax_step(const TcFp8Params& p, bool per_row,
+                                                 const float* k_scales, unsigned key_mask,
+                                                 [[maybe_unused]] int slice_first_key, int lane,
+                                                 float (&s)[2][4], float (&m_run)[2],
+                                                 float (&l_run)[2], float (&alpha)[2],
+                                                 float (&prob)[2][4]) {
+  // Scores (x the key's K scale) in the log2 domain, masked; row maxima over the quad.
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int key = t * 8 + detail::mma_c_coord(lane, c).col;
+      const float scale = per_row ? k_scales[key] * p.score_scale : p.score_scale;
+      float v;
+      if constexpr (kSoftCap) {
+        v = p.cap_log2 * tanhf(s[t][c] * scale);
+      } else {
+        v = s[t][c] * scale;
+      }
+#ifdef PAGEDKV_TEST_DROP_KEY
+      // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
+      const bool dropped = slice_first_key + key == PAGEDKV_TEST_DROP_KEY;
+#else
+      constexpr bool dropped = false;
+#endif
+      v = ((key_mask >> key) & 1u) != 0 && !dropped ? v : -INFINITY;
+      s[t][c] = v;
+      tile_max[c >> 1] = fmaxf(tile_max[c >> 1], v);
+    }
+  }
+  float m_use[2];
+  bool moved = false;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
+    tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+    const float m_new = fmaxf(m_run[r], tile_max[r]);
+    // Until a valid key is seen m stays -inf; subtracting 0 then keeps exp2f(-inf) = 0.
+    m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
+    alpha[r] = exp2f(m_run[r] - m_use[r]);  // 1 when the row maximum did not move
+    moved = moved || m_new != m_run[r];
+    m_run[r] = m_new;
+    l_run[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int t = 0; t < 2; ++t) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      prob[t][c] = exp2f(s[t][c] - m_use[c >> 1]);
+      l_run[c >> 1] += prob[t][c];
+    }
+  }
+  return moved;
+}
+
+// The PV operand of a slice (its V scales landed): with per-row scales p x v_scale[key] / R (R,
+// the largest V scale so far, grows in r_run); the accumulators rescaled when a row maximum moved
+// anywhere in the warp or R grew; then P packed into the A fragment (pv_a_source).
+template <bool kBf16, int kNTiles>
+__device__ __forceinline__ void fp8_pv_operand(bool per_row, const float* v_scales, int tig,
+                                               float& r_run, bool moved, const float (&alpha)[2],
+                                               float (&prob)[2][4], float (&o)[kNTiles][4],
+                                               unsigned (&pa)[4]) {
+  using Ops = MmaOps<kBf16>;
+  // The V scales: the PV operand is p x v_scale[key] / R (R: the largest V scale so far).
+  float rescale = 1.0f;
+  if (per_row) {
+    float vs[2][2];
+    rescale = fp8_v_weights(v_scales, tig, r_run, vs);
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) prob[t][c] *= vs[t][c & 1];
+    }
+  }
+  if (__any_sync(0xffffffffu, moved) || rescale != 1.0f) {
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[n][c] *= alpha[c >> 1] * rescale;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const detail::PvASource lo = detail::pv_a_source(2 * j);
+    const detail::PvASource hi = detail::pv_a_source(2 * j + 1);
+    pa[j] = Ops::pack2(prob[lo.tile][lo.elem], prob[hi.tile][hi.elem]);
+  }
+}
+
+// The row sums over the quad (each lane held its columns' part).
+__device__ __forceinline__ void fp8_reduce_row_sums(float (&l_run)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+}
+
+// The warp's row maxima and sums into ml ([warp][m x 16, l x 16]) for merge_warps (tig: lane % 4).
+__device__ __forceinline__ void fp8_store_warp_state(float* ml, int warp, int lane, int tig,
+                                                     const float (&m_run)[2],
+                                                     const float (&l_run)[2]) {
+  if (tig == 0) {
+    const int row = lane >> 2;
+    ml[warp * 32 + row] = m_run[0];
+    ml[warp * 32 + row + 8] = m_run[1];
+    ml[warp * 32 + 16 + row] = l_run[0];
+    ml[warp * 32 + 16 + row + 8] = l_run[1];
+  }
+}
+
 // The end of both attention kernels: merges the four warps' states (scratch: [warp][16 rows]
 // [kScratchStride] unnormalized outputs x R; ml: [warp][m x 16, l x 16]) and writes the output
 // (direct) or the split's partial output and log2-sum-exp2. Work item = (query head of the group,
@@ -254,16 +418,8 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
 
   // Offsets of the warp's slice of `tile` into table slot `slot`.
   const auto resolve = [&](int tile, int slot) {
-    if (lane < kTcWarpTokens) {
-      detail::TcFp8TokenOffsets off{-1, -1};
-      if (tile < tiles) {
-        off = detail::tc_fp8_token_offsets(geo, p.scale_offset, p.num_kv_heads, kv_head, table_row,
-                                           range.begin + detail::tc_slice_begin(tile, warp) + lane,
-                                           range.end);
-      }
-      code_table[slot * kTcWarpTokens + lane] = off.code;
-      scale_table[slot * kTcWarpTokens + lane] = off.scale;
-    }
+    fp8_resolve_slice(p, geo, kv_head, table_row, range, tile < tiles,
+                      detail::tc_slice_begin(tile, warp), lane, code_table, scale_table, slot);
   };
   // Copies of the warp's slice of `tile` into `stage` (offsets already in slot `stage`), and its
   // key mask; always commits two groups (K, then V) so the group counts stay uniform.
@@ -353,87 +509,19 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
       Ops::mma(s[1], qf[ks], b[2], b[3]);
     }
 
-    // Scores (x the key's K scale) in the log2 domain, masked; row maxima over the quad.
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const int key = t * 8 + detail::mma_c_coord(lane, c).col;
-        const float scale = per_row ? k_scales[key] * p.score_scale : p.score_scale;
-        float v;
-        if constexpr (kSoftCap) {
-          v = p.cap_log2 * tanhf(s[t][c] * scale);
-        } else {
-          v = s[t][c] * scale;
-        }
-#ifdef PAGEDKV_TEST_DROP_KEY
-        // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
-        const bool dropped =
-            range.begin + detail::tc_slice_begin(tile, warp) + key == PAGEDKV_TEST_DROP_KEY;
-#else
-        constexpr bool dropped = false;
-#endif
-        v = ((key_mask >> key) & 1u) != 0 && !dropped ? v : -INFINITY;
-        s[t][c] = v;
-        tile_max[c >> 1] = fmaxf(tile_max[c >> 1], v);
-      }
-    }
-    float m_use[2];
-    bool moved = false;
     float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-      tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-      const float m_new = fmaxf(m_run[r], tile_max[r]);
-      // Until a valid key is seen m stays -inf; subtracting 0 then keeps exp2f(-inf) = 0.
-      m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[r] = exp2f(m_run[r] - m_use[r]);  // 1 when the row maximum did not move
-      moved = moved || m_new != m_run[r];
-      m_run[r] = m_new;
-      l_run[r] *= alpha[r];
-    }
     float prob[2][4];
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        prob[t][c] = exp2f(s[t][c] - m_use[c >> 1]);
-        l_run[c >> 1] += prob[t][c];
-      }
-    }
+    const bool moved = fp8_softmax_step<kSoftCap>(p, per_row, k_scales, key_mask,
+                                                  range.begin + detail::tc_slice_begin(tile, warp),
+                                                  lane, s, m_run, l_run, alpha, prob);
 
     // V of `tile` landed (and its scales); every lane is done reading K from the 16-bit slice.
     cp_async_wait<detail::tc_v_wait_groups(kStages)>();
     __syncwarp();
     convert_slice<kBf16, kHeadDim>(v_codes, half_slice, lane, p.e5m2);
 
-    // The V scales: the PV operand is p x v_scale[key] / R (R: the largest V scale so far).
-    float rescale = 1.0f;
-    if (per_row) {
-      float vs[2][2];
-      rescale = fp8_v_weights(v_scales, tig, r_run, vs);
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) prob[t][c] *= vs[t][c & 1];
-      }
-    }
-    if (__any_sync(0xffffffffu, moved) || rescale != 1.0f) {
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o[n][c] *= alpha[c >> 1] * rescale;
-      }
-    }
     unsigned pa[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const detail::PvASource lo = detail::pv_a_source(2 * j);
-      const detail::PvASource hi = detail::pv_a_source(2 * j + 1);
-      pa[j] = Ops::pack2(prob[lo.tile][lo.elem], prob[hi.tile][hi.elem]);
-    }
+    fp8_pv_operand<kBf16, kNTiles>(per_row, v_scales, tig, r_run, moved, alpha, prob, o, pa);
     __syncwarp();  // the converted V slice visible to every lane
 
     // O += P V.
@@ -450,11 +538,7 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the ring and slices: reused as merge scratch below
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
+  fp8_reduce_row_sums(l_run);
   float* scratch = reinterpret_cast<float*>(smem);               // [warp][16][kScratchStride]
   float* ml = scratch + kTcWarps * kTcRows * S::kScratchStride;  // [warp][m x 16, l x 16]
   float* own = scratch + warp * kTcRows * S::kScratchStride;
@@ -466,13 +550,7 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
       own[at.row * S::kScratchStride + n * 8 + at.col] = o[n][c] * r_run;
     }
   }
-  if (tig == 0) {
-    const int row = lane >> 2;
-    ml[warp * 32 + row] = m_run[0];
-    ml[warp * 32 + row + 8] = m_run[1];
-    ml[warp * 32 + 16 + row] = l_run[0];
-    ml[warp * 32 + 16 + row + 8] = l_run[1];
-  }
+  fp8_store_warp_state(ml, warp, lane, tig, m_run, l_run);
   __syncthreads();
 
   merge_warps<kBf16, kHeadDim, S::kScratchStride>(p, scratch, ml, seq, kv_head, split, direct);
@@ -574,32 +652,8 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
   const int tiles = detail::tc_warp_tiles(range_len, warp);
 
   const auto resolve = [&](int tile, int slot) {
-    if (lane < kTcWarpTokens) {
-      detail::TcFp8TokenOffsets off{-1, -1};
-      if (tile < tiles) {
-        off = detail::tc_fp8_token_offsets(geo, p.scale_offset, p.num_kv_heads, kv_head, table_row,
-                                           range.begin + detail::tc_slice_begin(tile, warp) + lane,
-                                           range.end);
-      }
-      code_table[slot * kTcWarpTokens + lane] = off.code;
-      scale_table[slot * kTcWarpTokens + lane] = off.scale;
-    }
-  };
-  // As the slice kernel's, but each 16-byte chunk lands at its swizzled place.
-  const auto issue_plane = [&](const std::uint8_t* cache, std::uint8_t* slice, float* slice_scales,
-                               const std::int64_t* codes, const std::int64_t* scale_at) {
-#pragma unroll
-    for (int i = 0; i < S::kCopiesPerLane; ++i) {
-      const detail::MmaCoord c = detail::fp8_slice_copy(lane, i, kFp8Chunks);
-      const std::int64_t off = codes[c.row];
-      const bool fill = off >= 0;
-      cp_async_16(slice + 16 * detail::fp8_direct_chunk(c.row, c.col, kFp8Chunks),
-                  fill ? cache + off + c.col * 16 : cache, fill);
-    }
-    if (per_row && lane < kTcWarpTokens) {
-      const std::int64_t off = scale_at[lane];
-      cp_async_4(slice_scales + lane, off >= 0 ? cache + off : cache, off >= 0);
-    }
+    fp8_resolve_slice(p, geo, kv_head, table_row, range, tile < tiles,
+                      detail::tc_slice_begin(tile, warp), lane, code_table, scale_table, slot);
   };
   const auto issue = [&](int tile, int stage) {
     std::uint8_t* k_slice = ring + stage * 2 * S::kSliceBytes;
@@ -609,11 +663,14 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
     if (tile < tiles) {
       const unsigned mask = __ballot_sync(0xffffffffu, lane < kTcWarpTokens && codes[lane] >= 0);
       if (lane == 0) masks[stage] = mask;
-      issue_plane(p.k_cache, k_slice, k_scales, codes, scale_at);
+      fp8_issue_plane<S::kCopiesPerLane, kFp8Chunks>(p.k_cache, k_slice, k_scales, codes, scale_at,
+                                                     per_row, lane);
     }
     cp_async_commit();
     if (tile < tiles) {
-      issue_plane(p.v_cache, k_slice + S::kSliceBytes, k_scales + kTcWarpTokens, codes, scale_at);
+      fp8_issue_plane<S::kCopiesPerLane, kFp8Chunks>(p.v_cache, k_slice + S::kSliceBytes,
+                                                     k_scales + kTcWarpTokens, codes, scale_at,
+                                                     per_row, lane);
     }
     cp_async_commit();
   };
@@ -669,82 +726,17 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
         }
       }
 
-      // Scores (x the key's K scale) in the log2 domain, masked; row maxima over the quad.
-      float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int key = t * 8 + detail::mma_c_coord(lane, c).col;
-          const float scale = per_row ? k_scales[key] * p.score_scale : p.score_scale;
-          float v;
-          if constexpr (kSoftCap) {
-            v = p.cap_log2 * tanhf(s[t][c] * scale);
-          } else {
-            v = s[t][c] * scale;
-          }
-#ifdef PAGEDKV_TEST_DROP_KEY
-          const bool dropped =
-              range.begin + detail::tc_slice_begin(tile, warp) + key == PAGEDKV_TEST_DROP_KEY;
-#else
-          constexpr bool dropped = false;
-#endif
-          v = ((key_mask >> key) & 1u) != 0 && !dropped ? v : -INFINITY;
-          s[t][c] = v;
-          tile_max[c >> 1] = fmaxf(tile_max[c >> 1], v);
-        }
-      }
-      float m_use[2];
-      bool moved = false;
       float alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-        tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
-        const float m_new = fmaxf(m_run[r], tile_max[r]);
-        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[r] = exp2f(m_run[r] - m_use[r]);
-        moved = moved || m_new != m_run[r];
-        m_run[r] = m_new;
-        l_run[r] *= alpha[r];
-      }
       float prob[2][4];
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          prob[t][c] = exp2f(s[t][c] - m_use[c >> 1]);
-          l_run[c >> 1] += prob[t][c];
-        }
-      }
+      const bool moved = fp8_softmax_step<kSoftCap>(
+          p, per_row, k_scales, key_mask, range.begin + detail::tc_slice_begin(tile, warp), lane, s,
+          m_run, l_run, alpha, prob);
 
       // V of `tile` landed (every lane's copies, and its scales).
       cp_async_wait<detail::tc_v_wait_groups(kStages)>();
       __syncwarp();
-      float rescale = 1.0f;
-      if (per_row) {
-        float vs[2][2];
-        rescale = fp8_v_weights(v_scales, tig, r_run, vs);
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) prob[t][c] *= vs[t][c & 1];
-        }
-      }
-      if (__any_sync(0xffffffffu, moved) || rescale != 1.0f) {
-#pragma unroll
-        for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) o[n][c] *= alpha[c >> 1] * rescale;
-        }
-      }
       unsigned pa[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const detail::PvASource lo = detail::pv_a_source(2 * j);
-        const detail::PvASource hi = detail::pv_a_source(2 * j + 1);
-        pa[j] = Ops::pack2(prob[lo.tile][lo.elem], prob[hi.tile][hi.elem]);
-      }
+      fp8_pv_operand<kBf16, kNTiles>(per_row, v_scales, tig, r_run, moved, alpha, prob, o, pa);
 
       // O += P V: per chunk, one MMA over its even dims (n-tile 2 c) and one over its odd dims.
 #pragma unroll
@@ -771,11 +763,7 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the ring: reused as merge scratch below
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-  }
+  fp8_reduce_row_sums(l_run);
   float* scratch = reinterpret_cast<float*>(smem);               // [warp][16][kScratchStride]
   float* ml = scratch + kTcWarps * kTcRows * S::kScratchStride;  // [warp][m x 16, l x 16]
   float* own = scratch + warp * kTcRows * S::kScratchStride;
@@ -788,13 +776,7 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
           o[n][c] * r_run;
     }
   }
-  if (tig == 0) {
-    const int row = lane >> 2;
-    ml[warp * 32 + row] = m_run[0];
-    ml[warp * 32 + row + 8] = m_run[1];
-    ml[warp * 32 + 16 + row] = l_run[0];
-    ml[warp * 32 + 16 + row + 8] = l_run[1];
-  }
+  fp8_store_warp_state(ml, warp, lane, tig, m_run, l_run);
   __syncthreads();
   merge_warps<kBf16, kHeadDim, S::kScratchStride>(p, scratch, ml, seq, kv_head, split, direct);
 }
