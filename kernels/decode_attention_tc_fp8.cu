@@ -912,10 +912,20 @@ cudaError_t tc_fp8_paged_decode(const PagedDecodeParams& params, const DecodePla
 cudaError_t tc_fp8_decode_ctas_per_sm(KVDtype dtype, int head_dim, int* ctas, bool direct) {
   return dispatch_tc_decode(
       dtype, head_dim, false, kWho, [&]<bool kBf16, int kHeadDim, bool kSoftCap>() {
-        // The direct kernel's formats share the shared memory and bounds (E4M3's is asked).
+        // The direct kernel: the fewer of its two formats' instantiations (the same shared
+        // memory and bounds; their registers may differ).
         if (direct) {
-          return resident_ctas_per_sm(attention_kernel<kBf16, kHeadDim, kSoftCap, true, false>(),
-                                      kTcThreads, attention_smem<kHeadDim, true>(), ctas);
+          int e4m3 = 0;
+          int e5m2 = 0;
+          cudaError_t err =
+              resident_ctas_per_sm(attention_kernel<kBf16, kHeadDim, kSoftCap, true, false>(),
+                                   kTcThreads, attention_smem<kHeadDim, true>(), &e4m3);
+          if (err == cudaSuccess) {
+            err = resident_ctas_per_sm(attention_kernel<kBf16, kHeadDim, kSoftCap, true, true>(),
+                                       kTcThreads, attention_smem<kHeadDim, true>(), &e5m2);
+          }
+          if (err == cudaSuccess) *ctas = e4m3 < e5m2 ? e4m3 : e5m2;
+          return err;
         }
         return resident_ctas_per_sm(attention_kernel<kBf16, kHeadDim, kSoftCap, false, false>(),
                                     kTcThreads, attention_smem<kHeadDim, false>(), ctas);

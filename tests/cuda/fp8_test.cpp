@@ -752,7 +752,7 @@ TEST_F(CudaFp8, TensorCoreExtendFallbacksAndWorkspace) {
 // The plan the bench and an engine would use: plan_paged_decode with the options for
 // kTensorCoreFp8 and kTensorCoreFp8Direct (each kernel's occupancy), on a batch of long sequences,
 // one per KV-head count; and a layout the kernels do not take (8-byte strides) falls back to the
-// FP8 CUDA-core kernel and still matches (asked of kTensorCoreFp8Direct).
+// FP8 CUDA-core kernel and still matches (asked of either).
 TEST_F(CudaFp8, TensorCoreDecodeWithThePlannerAndFallback) {
   const Case c{KVDtype::kFp8E4M3, KVScaleMode::kPerTokenHead, false, 128};
   Pool p = make_pool(c, {3000, 5, 257}, 31, 16, 8, 2);
@@ -830,22 +830,25 @@ TEST_F(CudaFp8, TensorCoreDecodeWithThePlannerAndFallback) {
   pd.q = dpq.get();
   EXPECT_FALSE(decode_kernel_runs(pd, DecodeKernel::kTensorCoreFp8));
   EXPECT_FALSE(decode_kernel_runs(pd, DecodeKernel::kTensorCoreFp8Direct));
-  DeviceBuffer pout(pq.size() * 2);
-  pd.out = pout.get();
-  const DecodePlan split{4, 64};
-  const std::size_t pws_bytes = decode_workspace_bytes(split, pd.num_seqs, pd.num_q_heads, 64);
-  DeviceBuffer pws(pws_bytes);
-  PAGEDKV_CUDA_CHECK(paged_decode_attention(pd, split, pws.get(), pws_bytes, nullptr,
-                                            DecodeKernel::kTensorCoreFp8Direct));
-  PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
   PagedDecodeParams phd = pd;
   static_cast<PagedKVParams&>(phd) =
       kv_params(pp, hk.data(), hv.data(), pp.table.data(), pp.lens.data());
   phd.layout = padded;
   phd.q = pq.data();
-  EXPECT_LE(worst_row_error(testing::download<std::uint16_t>(pout.get(), pq.size()),
-                            reference_paged_decode_attention_f64(phd), 64),
-            1e-2);
+  const std::vector<double> pref = reference_paged_decode_attention_f64(phd);
+  for (const DecodeKernel kernel :
+       {DecodeKernel::kTensorCoreFp8, DecodeKernel::kTensorCoreFp8Direct}) {
+    SCOPED_TRACE(static_cast<int>(kernel));
+    DeviceBuffer pout(pq.size() * 2);  // poisoned: NaN outputs
+    pd.out = pout.get();
+    const DecodePlan split{4, 64};
+    const std::size_t pws_bytes = decode_workspace_bytes(split, pd.num_seqs, pd.num_q_heads, 64);
+    DeviceBuffer pws(pws_bytes);
+    PAGEDKV_CUDA_CHECK(paged_decode_attention(pd, split, pws.get(), pws_bytes, nullptr, kernel));
+    PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LE(worst_row_error(testing::download<std::uint16_t>(pout.get(), pq.size()), pref, 64),
+              1e-2);
+  }
 }
 
 }  // namespace
