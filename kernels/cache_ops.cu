@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "fp8_kernels.hpp"
-#include "pagedkv/cuda/cache_ops.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/cuda/cache_ops.hpp"
 
 namespace pagedkv {
 

@@ -29,6 +29,7 @@
 #include "internal/cp_async.cuh"
 #include "internal/decode_tc_launch.hpp"
 #include "internal/decode_tc_layout.hpp"
+#include "internal/test_build.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 
@@ -515,12 +516,16 @@ template <typename Fn>
 auto dispatch(KVDtype dtype, int head_dim, Fn&& fn) {
   const bool bf16 = dtype == KVDtype::kBFloat16;
   switch (head_dim) {
+#if PAGEDKV_ALL_HEAD_DIMS
     case 64:
       return bf16 ? fn.template operator()<Bf16Ops, 64>() : fn.template operator()<Fp16Ops, 64>();
+#endif
     case 128:
       return bf16 ? fn.template operator()<Bf16Ops, 128>() : fn.template operator()<Fp16Ops, 128>();
+#if PAGEDKV_ALL_HEAD_DIMS
     case 256:
       return bf16 ? fn.template operator()<Bf16Ops, 256>() : fn.template operator()<Fp16Ops, 256>();
+#endif
     default:
       fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
   }

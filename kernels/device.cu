@@ -3,8 +3,8 @@
 
 #include <string>
 
-#include "pagedkv/cuda/device.hpp"
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/cuda/device.hpp"
 
 namespace pagedkv {
 

@@ -30,6 +30,7 @@
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_wgmma_launch.hpp"
+#include "internal/test_build.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
 
@@ -408,12 +409,16 @@ KernelChoice choose(KVDtype dtype) {
 
 KernelChoice choose(KVDtype dtype, int head_dim) {
   switch (head_dim) {
+#if PAGEDKV_ALL_HEAD_DIMS
     case 64:
       return choose<64>(dtype);
+#endif
     case 128:
       return choose<128>(dtype);
+#if PAGEDKV_ALL_HEAD_DIMS
     case 256:
       return choose<256>(dtype);
+#endif
     default:
       fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
   }

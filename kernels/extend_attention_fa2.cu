@@ -38,6 +38,7 @@
 #include "internal/extend_fa2_params.cuh"
 #include "internal/extend_fa2_tile.cuh"
 #include "internal/mma_sync.cuh"
+#include "internal/test_build.hpp"
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv::kernels {
@@ -329,12 +330,16 @@ cudaError_t dispatch(KVDtype dtype, int head_dim, int warps, bool soft_cap, Fn&&
                 : by_warps.template operator()<false, kHeadDim>();
   };
   switch (head_dim) {
+#if PAGEDKV_ALL_HEAD_DIMS
     case 64:
       return by_dtype.template operator()<64>();
+#endif
     case 128:
       return by_dtype.template operator()<128>();
+#if PAGEDKV_ALL_HEAD_DIMS
     case 256:
       return by_dtype.template operator()<256>();
+#endif
     default:
       throw Error(ErrorCode::kInvalidArgument,
                   "paged_extend_attention (CUDA, FA2 variant): head_dim must be 64, 128 or 256");
@@ -358,15 +363,19 @@ cudaError_t fa2_merge_splits(const fa2::Fa2Params& kp, bool bf16, int head_dim, 
                              cudaStream_t stream) {
   if (kp.num_splits <= 1 || num_seqs <= 0 || kp.max_q_len <= 0) return cudaSuccess;
   switch (head_dim) {
+#if PAGEDKV_ALL_HEAD_DIMS
     case 64:
       return bf16 ? launch_merge<true, 64>(kp, num_seqs, stream)
                   : launch_merge<false, 64>(kp, num_seqs, stream);
+#endif
     case 128:
       return bf16 ? launch_merge<true, 128>(kp, num_seqs, stream)
                   : launch_merge<false, 128>(kp, num_seqs, stream);
+#if PAGEDKV_ALL_HEAD_DIMS
     case 256:
       return bf16 ? launch_merge<true, 256>(kp, num_seqs, stream)
                   : launch_merge<false, 256>(kp, num_seqs, stream);
+#endif
     default:
       throw Error(ErrorCode::kInvalidArgument, "fa2_merge_splits: head_dim must be 64, 128 or 256");
   }

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "fp8_kernels.hpp"
+#include "internal/test_build.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -228,12 +229,16 @@ cudaError_t dispatch(const char* where, const Fp8AttentionParams& kp, std::int64
   }
   if (rows == 0) return cudaSuccess;
   switch (kp.layout.head_dim) {
+#if PAGEDKV_ALL_HEAD_DIMS
     case 64:
       return launch<64>(kp, rows, kp.layout.num_kv_heads, stream);
+#endif
     case 128:
       return launch<128>(kp, rows, kp.layout.num_kv_heads, stream);
+#if PAGEDKV_ALL_HEAD_DIMS
     case 256:
       return launch<256>(kp, rows, kp.layout.num_kv_heads, stream);
+#endif
     default:
       fail(where, "head_dim must be 64, 128 or 256, got " + std::to_string(kp.layout.head_dim));
   }

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <string>
 
+#include "internal/test_build.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
 
@@ -30,12 +31,16 @@ cudaError_t dispatch_tc_decode(KVDtype dtype, int head_dim, bool soft_cap, const
                 : by_cap.template operator()<false, kHeadDim>();
   };
   switch (head_dim) {
+#if PAGEDKV_ALL_HEAD_DIMS
     case 64:
       return by_dtype.template operator()<64>();
+#endif
     case 128:
       return by_dtype.template operator()<128>();
+#if PAGEDKV_ALL_HEAD_DIMS
     case 256:
       return by_dtype.template operator()<256>();
+#endif
     default:
       throw Error(ErrorCode::kInvalidArgument,
                   std::string(who) + ": head_dim must be 64, 128 or 256");
