@@ -682,84 +682,81 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
   for (int t = 0; t < kStages - 1; ++t) issue(t, detail::tc_slot(t, kStages));
   resolve(kStages - 1, detail::tc_slot(kStages - 1, kStages));
 
-  const auto tile_loop = [&]() {
-    for (int tile = 0; tile < tiles; ++tile) {
-      const int stage = detail::tc_slot(tile, kStages);
-      // K of `tile` landed (every lane's copies: the warp reads them all); every lane is done
-      // with the previous tile's stage; the offsets resolved last iteration and this tile's mask
-      // are visible.
-      cp_async_wait<detail::tc_k_wait_groups(kStages)>();
-      __syncwarp();
-      const int next = detail::tc_issue_tile(tile, kStages);
-      issue(next, detail::tc_slot(next, kStages));
-      const int ahead = detail::tc_resolve_tile(tile, kStages);
-      resolve(ahead, detail::tc_slot(ahead, kStages));
+  for (int tile = 0; tile < tiles; ++tile) {
+    const int stage = detail::tc_slot(tile, kStages);
+    // K of `tile` landed (every lane's copies: the warp reads them all); every lane is done
+    // with the previous tile's stage; the offsets resolved last iteration and this tile's mask
+    // are visible.
+    cp_async_wait<detail::tc_k_wait_groups(kStages)>();
+    __syncwarp();
+    const int next = detail::tc_issue_tile(tile, kStages);
+    issue(next, detail::tc_slot(next, kStages));
+    const int ahead = detail::tc_resolve_tile(tile, kStages);
+    resolve(ahead, detail::tc_slot(ahead, kStages));
 
-      const unsigned k_addr = ring_addr + stage * 2 * S::kSliceBytes;
-      const unsigned v_addr = k_addr + S::kSliceBytes;
-      const float* k_scales = scales + stage * 2 * kTcWarpTokens;
-      const float* v_scales = k_scales + kTcWarpTokens;
-      const unsigned key_mask = masks[stage];
+    const unsigned k_addr = ring_addr + stage * 2 * S::kSliceBytes;
+    const unsigned v_addr = k_addr + S::kSliceBytes;
+    const float* k_scales = scales + stage * 2 * kTcWarpTokens;
+    const float* v_scales = k_scales + kTcWarpTokens;
+    const unsigned key_mask = masks[stage];
 
-      // S = Q K^T for the slice's 16 keys: two 16 x 8 tiles; one ldmatrix.x4 per 32 dims.
-      float s[2][4];
+    // S = Q K^T for the slice's 16 keys: two 16 x 8 tiles; one ldmatrix.x4 per 32 dims.
+    float s[2][4];
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
+    for (int t = 0; t < 2; ++t) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) s[t][c] = 0.0f;
-      }
+      for (int c = 0; c < 4; ++c) s[t][c] = 0.0f;
+    }
 #pragma unroll
-      for (int pair = 0; pair < kFp8Chunks / 2; ++pair) {
-        unsigned r[4];
-        ldmatrix_x4(
-            r, k_addr + 16 * detail::fp8_direct_chunk(ldsm_key, 2 * pair + ldsm_chunk, kFp8Chunks));
+    for (int pair = 0; pair < kFp8Chunks / 2; ++pair) {
+      unsigned r[4];
+      ldmatrix_x4(
+          r, k_addr + 16 * detail::fp8_direct_chunk(ldsm_key, 2 * pair + ldsm_chunk, kFp8Chunks));
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int ks = 2 * pair + h;
+      for (int h = 0; h < 2; ++h) {
+        const int ks = 2 * pair + h;
 #pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            const unsigned codes = r[2 * h + t];
-            Ops::mma(s[t], qf[ks],
-                     fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(codes & 0xffffu)),
-                     fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(codes >> 16)));
-          }
-        }
-      }
-
-      float alpha[2];
-      float prob[2][4];
-      const bool moved = fp8_softmax_step<kSoftCap>(
-          p, per_row, k_scales, key_mask, range.begin + detail::tc_slice_begin(tile, warp), lane, s,
-          m_run, l_run, alpha, prob);
-
-      // V of `tile` landed (every lane's copies, and its scales).
-      cp_async_wait<detail::tc_v_wait_groups(kStages)>();
-      __syncwarp();
-      unsigned pa[4];
-      fp8_pv_operand<kBf16, kNTiles>(per_row, v_scales, tig, r_run, moved, alpha, prob, o, pa);
-
-      // O += P V: per chunk, one MMA over its even dims (n-tile 2 c) and one over its odd dims.
-#pragma unroll
-      for (int pair = 0; pair < kFp8Chunks / 2; ++pair) {
-        unsigned r[4];
-        ldmatrix_x4_trans(
-            r, v_addr + 16 * detail::fp8_direct_chunk(ldsm_key, 2 * pair + ldsm_chunk, kFp8Chunks));
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int c = 2 * pair + h;
-          const unsigned lo = detail::fp8_direct_split_pairs(r[2 * h]);      // keys 0-7
-          const unsigned hi = detail::fp8_direct_split_pairs(r[2 * h + 1]);  // keys 8-15
-          Ops::mma(o[2 * c], pa,
-                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(lo & 0xffffu)),
-                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(hi & 0xffffu)));
-          Ops::mma(o[2 * c + 1], pa,
-                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(lo >> 16)),
-                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(hi >> 16)));
+        for (int t = 0; t < 2; ++t) {
+          const unsigned codes = r[2 * h + t];
+          Ops::mma(s[t], qf[ks],
+                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(codes & 0xffffu)),
+                   fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(codes >> 16)));
         }
       }
     }
-  };
-  tile_loop();
+
+    float alpha[2];
+    float prob[2][4];
+    const bool moved = fp8_softmax_step<kSoftCap>(p, per_row, k_scales, key_mask,
+                                                  range.begin + detail::tc_slice_begin(tile, warp),
+                                                  lane, s, m_run, l_run, alpha, prob);
+
+    // V of `tile` landed (every lane's copies, and its scales).
+    cp_async_wait<detail::tc_v_wait_groups(kStages)>();
+    __syncwarp();
+    unsigned pa[4];
+    fp8_pv_operand<kBf16, kNTiles>(per_row, v_scales, tig, r_run, moved, alpha, prob, o, pa);
+
+    // O += P V: per chunk, one MMA over its even dims (n-tile 2 c) and one over its odd dims.
+#pragma unroll
+    for (int pair = 0; pair < kFp8Chunks / 2; ++pair) {
+      unsigned r[4];
+      ldmatrix_x4_trans(
+          r, v_addr + 16 * detail::fp8_direct_chunk(ldsm_key, 2 * pair + ldsm_chunk, kFp8Chunks));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int c = 2 * pair + h;
+        const unsigned lo = detail::fp8_direct_split_pairs(r[2 * h]);      // keys 0-7
+        const unsigned hi = detail::fp8_direct_split_pairs(r[2 * h + 1]);  // keys 8-15
+        Ops::mma(o[2 * c], pa,
+                 fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(lo & 0xffffu)),
+                 fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(hi & 0xffffu)));
+        Ops::mma(o[2 * c + 1], pa,
+                 fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(lo >> 16)),
+                 fp8x2_to_operand<kBf16, kE5M2>(static_cast<unsigned short>(hi >> 16)));
+      }
+    }
+  }
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with the ring: reused as merge scratch below
 
