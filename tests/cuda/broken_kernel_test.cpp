@@ -10,7 +10,7 @@
 // 2e-3 for fp16) rejects exactly the rows that should see key 100 and accepts the others; the
 // whole-batch Frobenius error the tests used before is printed for comparison (for the bf16 decode
 // batch it stays under 1e-2, i.e. the old check passed this broken kernel). Every case runs
-// head_dim 128: the broken library instantiates no other (kernels/internal/test_build.hpp).
+// head_dim 128: the broken library instantiates no other (tests/CMakeLists.txt).
 #include <gtest/gtest.h>
 
 #include <algorithm>
