@@ -468,24 +468,31 @@ int main(int argc, char** argv) {
     std::printf(
         "RESULT decode_fp8 batch=%d context=%d bytes=%.0f us=%.2f gbs=%.1f ratio_copy=%.3f\n",
         batch, context, bytes, ms * 1e3, gbs, gbs / copy_gbs);
-    // A / B: DecodeKernel::kTensorCoreFp8 on the same shape and bytes, with its planner's split.
-    pagedkv::DecodePlanOptions options;
-    check(pagedkv::decode_plan_options_for_current_device(d.dtype, p.dim, &options,
-                                                          pagedkv::DecodeKernel::kTensorCoreFp8),
-          "plan options");
-    const pagedkv::DecodePlan tc_plan = pagedkv::plan_paged_decode(p.lens, p.kv_heads, options);
-    const std::size_t ws_bytes = tc_plan.split_kv() ? pagedkv::decode_workspace_bytes(
-                                                          tc_plan, d.num_seqs, d.num_q_heads, p.dim)
-                                                    : 0;
-    void* ws = nullptr;
-    if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
-    const double tc_ms = time_ms(
-        [&] {
-          check(pagedkv::paged_decode_attention(d, tc_plan, ws, ws_bytes, nullptr,
-                                                pagedkv::DecodeKernel::kTensorCoreFp8),
-                "tc decode");
-        },
-        quick ? 3 : 10);
+    // A / B: a tensor-core FP8 variant on the same shape and bytes, with the split its own
+    // planner options give (its occupancy); its median time, and the plan in *planned.
+    const auto time_variant = [&](pagedkv::DecodeKernel kernel, pagedkv::DecodePlan* planned) {
+      pagedkv::DecodePlanOptions options;
+      check(pagedkv::decode_plan_options_for_current_device(d.dtype, p.dim, &options, kernel),
+            "plan options");
+      *planned = pagedkv::plan_paged_decode(p.lens, p.kv_heads, options);
+      const pagedkv::DecodePlan run_plan = *planned;
+      const std::size_t ws_bytes =
+          run_plan.split_kv()
+              ? pagedkv::decode_workspace_bytes(run_plan, d.num_seqs, d.num_q_heads, p.dim)
+              : 0;
+      void* ws = nullptr;
+      if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+      const double variant_ms = time_ms(
+          [&] {
+            check(pagedkv::paged_decode_attention(d, run_plan, ws, ws_bytes, nullptr, kernel),
+                  "tc decode");
+          },
+          quick ? 3 : 10);
+      if (ws != nullptr) check(cudaFree(ws), "free");
+      return variant_ms;
+    };
+    pagedkv::DecodePlan tc_plan;
+    const double tc_ms = time_variant(pagedkv::DecodeKernel::kTensorCoreFp8, &tc_plan);
     const double tc_gbs = bytes / (tc_ms * 1e6);
     tc_ratios.push_back(tc_gbs / copy_gbs);
     std::printf(
@@ -493,29 +500,11 @@ int main(int argc, char** argv) {
         "ratio_copy=%.3f speedup=%.2f\n",
         batch, context, tc_plan.num_splits, tc_plan.kv_chunk_size, bytes, tc_ms * 1e3, tc_gbs,
         tc_gbs / copy_gbs, ms / tc_ms);
-    if (ws != nullptr) check(cudaFree(ws), "free");
-    // A / B: kTensorCoreFp8Direct, its own planner's split (its occupancy differs).
+    // kTensorCoreFp8Direct, unless it failed its checks.
     if (direct_ok) {
-      pagedkv::DecodePlanOptions direct_options;
-      check(pagedkv::decode_plan_options_for_current_device(
-                d.dtype, p.dim, &direct_options, pagedkv::DecodeKernel::kTensorCoreFp8Direct),
-            "plan options");
-      const pagedkv::DecodePlan direct_plan =
-          pagedkv::plan_paged_decode(p.lens, p.kv_heads, direct_options);
-      const std::size_t direct_ws_bytes =
-          direct_plan.split_kv()
-              ? pagedkv::decode_workspace_bytes(direct_plan, d.num_seqs, d.num_q_heads, p.dim)
-              : 0;
-      void* direct_ws = nullptr;
-      if (direct_ws_bytes > 0) check(cudaMalloc(&direct_ws, direct_ws_bytes), "cudaMalloc");
-      const double direct_ms = time_ms(
-          [&] {
-            check(
-                pagedkv::paged_decode_attention(d, direct_plan, direct_ws, direct_ws_bytes, nullptr,
-                                                pagedkv::DecodeKernel::kTensorCoreFp8Direct),
-                "tc direct decode");
-          },
-          quick ? 3 : 10);
+      pagedkv::DecodePlan direct_plan;
+      const double direct_ms =
+          time_variant(pagedkv::DecodeKernel::kTensorCoreFp8Direct, &direct_plan);
       const double direct_gbs = bytes / (direct_ms * 1e6);
       direct_ratios.push_back(direct_gbs / copy_gbs);
       std::printf(
@@ -523,7 +512,6 @@ int main(int argc, char** argv) {
           "gbs=%.1f ratio_copy=%.3f speedup=%.2f over_tc=%.2f\n",
           batch, context, direct_plan.num_splits, direct_plan.kv_chunk_size, bytes, direct_ms * 1e3,
           direct_gbs, direct_gbs / copy_gbs, ms / direct_ms, tc_ms / direct_ms);
-      if (direct_ws != nullptr) check(cudaFree(direct_ws), "free");
     }
     for (void* ptr : std::initializer_list<void*>{table, lens, dq, dout})
       check(cudaFree(ptr), "free");
