@@ -29,6 +29,7 @@
 #include "internal/cp_async.cuh"
 #include "internal/decode_tc_launch.hpp"
 #include "internal/decode_tc_layout.hpp"
+#include "internal/head_dims.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 
@@ -515,18 +516,20 @@ template <typename Fn>
 auto dispatch(KVDtype dtype, int head_dim, Fn&& fn) {
   const bool bf16 = dtype == KVDtype::kBFloat16;
   switch (head_dim) {
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#if PAGEDKV_CUDA_HEAD_DIM_64
     case 64:
       return bf16 ? fn.template operator()<Bf16Ops, 64>() : fn.template operator()<Fp16Ops, 64>();
 #endif
+#if PAGEDKV_CUDA_HEAD_DIM_128
     case 128:
       return bf16 ? fn.template operator()<Bf16Ops, 128>() : fn.template operator()<Fp16Ops, 128>();
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#endif
+#if PAGEDKV_CUDA_HEAD_DIM_256
     case 256:
       return bf16 ? fn.template operator()<Bf16Ops, 256>() : fn.template operator()<Fp16Ops, 256>();
 #endif
     default:
-      fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
+      fail(kernels::head_dim_error(head_dim));
   }
 }
 
@@ -537,9 +540,7 @@ void validate_cuda_decode(const PagedDecodeParams& params, const DecodePlan& pla
   validate(params);
   validate(plan);
   const int head_dim = params.layout.head_dim;
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
-    fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
-  }
+  if (!kernels::head_dim_compiled(head_dim)) fail(kernels::head_dim_error(head_dim));
   if (params.group_size() > kCudaDecodeMaxGroupSize) {
     fail("at most " + std::to_string(kCudaDecodeMaxGroupSize) + " query heads per KV head, got " +
          std::to_string(params.group_size()));
@@ -749,9 +750,7 @@ cudaError_t decode_plan_options_for_current_device(KVDtype dtype, int head_dim,
   if (kernel == DecodeKernel::kTensorCore || kernel == DecodeKernel::kTensorCoreWideMerge ||
       kernel == DecodeKernel::kTensorCoreFp8 || kernel == DecodeKernel::kTensorCoreFusedMerge ||
       kernel == DecodeKernel::kTensorCoreFp8Direct) {
-    if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
-      fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
-    }
+    if (!kernels::head_dim_compiled(head_dim)) fail(kernels::head_dim_error(head_dim));
     int device = 0;
     int sms = 0;
     int resident = 0;

@@ -30,6 +30,7 @@
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_wgmma_launch.hpp"
+#include "internal/head_dims.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
 
@@ -408,18 +409,20 @@ KernelChoice choose(KVDtype dtype) {
 
 KernelChoice choose(KVDtype dtype, int head_dim) {
   switch (head_dim) {
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#if PAGEDKV_CUDA_HEAD_DIM_64
     case 64:
       return choose<64>(dtype);
 #endif
+#if PAGEDKV_CUDA_HEAD_DIM_128
     case 128:
       return choose<128>(dtype);
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#endif
+#if PAGEDKV_CUDA_HEAD_DIM_256
     case 256:
       return choose<256>(dtype);
 #endif
     default:
-      fail("head_dim must be 64, 128 or 256, got " + std::to_string(head_dim));
+      fail(kernels::head_dim_error(head_dim));
   }
 }
 

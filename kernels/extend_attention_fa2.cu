@@ -37,6 +37,7 @@
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_fa2_params.cuh"
 #include "internal/extend_fa2_tile.cuh"
+#include "internal/head_dims.hpp"
 #include "internal/mma_sync.cuh"
 #include "pagedkv/base/error.hpp"
 
@@ -329,19 +330,21 @@ cudaError_t dispatch(KVDtype dtype, int head_dim, int warps, bool soft_cap, Fn&&
                 : by_warps.template operator()<false, kHeadDim>();
   };
   switch (head_dim) {
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#if PAGEDKV_CUDA_HEAD_DIM_64
     case 64:
       return by_dtype.template operator()<64>();
 #endif
+#if PAGEDKV_CUDA_HEAD_DIM_128
     case 128:
       return by_dtype.template operator()<128>();
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#endif
+#if PAGEDKV_CUDA_HEAD_DIM_256
     case 256:
       return by_dtype.template operator()<256>();
 #endif
     default:
       throw Error(ErrorCode::kInvalidArgument,
-                  "paged_extend_attention (CUDA, FA2 variant): head_dim must be 64, 128 or 256");
+                  "paged_extend_attention (CUDA, FA2 variant): " + head_dim_error(head_dim));
   }
 }
 
@@ -362,21 +365,23 @@ cudaError_t fa2_merge_splits(const fa2::Fa2Params& kp, bool bf16, int head_dim, 
                              cudaStream_t stream) {
   if (kp.num_splits <= 1 || num_seqs <= 0 || kp.max_q_len <= 0) return cudaSuccess;
   switch (head_dim) {
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#if PAGEDKV_CUDA_HEAD_DIM_64
     case 64:
       return bf16 ? launch_merge<true, 64>(kp, num_seqs, stream)
                   : launch_merge<false, 64>(kp, num_seqs, stream);
 #endif
+#if PAGEDKV_CUDA_HEAD_DIM_128
     case 128:
       return bf16 ? launch_merge<true, 128>(kp, num_seqs, stream)
                   : launch_merge<false, 128>(kp, num_seqs, stream);
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#endif
+#if PAGEDKV_CUDA_HEAD_DIM_256
     case 256:
       return bf16 ? launch_merge<true, 256>(kp, num_seqs, stream)
                   : launch_merge<false, 256>(kp, num_seqs, stream);
 #endif
     default:
-      throw Error(ErrorCode::kInvalidArgument, "fa2_merge_splits: head_dim must be 64, 128 or 256");
+      throw Error(ErrorCode::kInvalidArgument, "fa2_merge_splits: " + head_dim_error(head_dim));
   }
 }
 

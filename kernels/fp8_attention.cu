@@ -27,6 +27,7 @@
 #include <string>
 
 #include "fp8_kernels.hpp"
+#include "internal/head_dims.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -228,18 +229,20 @@ cudaError_t dispatch(const char* where, const Fp8AttentionParams& kp, std::int64
   }
   if (rows == 0) return cudaSuccess;
   switch (kp.layout.head_dim) {
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#if PAGEDKV_CUDA_HEAD_DIM_64
     case 64:
       return launch<64>(kp, rows, kp.layout.num_kv_heads, stream);
 #endif
+#if PAGEDKV_CUDA_HEAD_DIM_128
     case 128:
       return launch<128>(kp, rows, kp.layout.num_kv_heads, stream);
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#endif
+#if PAGEDKV_CUDA_HEAD_DIM_256
     case 256:
       return launch<256>(kp, rows, kp.layout.num_kv_heads, stream);
 #endif
     default:
-      fail(where, "head_dim must be 64, 128 or 256, got " + std::to_string(kp.layout.head_dim));
+      fail(where, head_dim_error(kp.layout.head_dim));
   }
 }
 

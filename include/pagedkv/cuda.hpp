@@ -6,3 +6,4 @@
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
+#include "pagedkv/cuda/head_dims.hpp"

@@ -3,7 +3,8 @@
 // the (dtype, head_dim, soft-cap) dispatch onto template instantiations, the programmatic
 // dependent launch attribute where the device and the kernel's code have it (sm_90+), and a
 // kernel's resident CTAs per SM. No device code; errors as CUDA error codes, except an unsupported
-// head_dim, which throws pagedkv::Error (kInvalidArgument) naming `who`.
+// head_dim or one this build leaves out (internal/head_dims.hpp), which throws pagedkv::Error
+// (kInvalidArgument) naming `who`.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -11,12 +12,13 @@
 #include <cstddef>
 #include <string>
 
+#include "head_dims.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/device/kv_dtype.hpp"
 
 namespace pagedkv::kernels {
 
-// fn.template operator()<kBf16, kHeadDim, kSoftCap>() for head_dim 64, 128 or 256.
+// fn.template operator()<kBf16, kHeadDim, kSoftCap>() for head_dim 64, 128 or 256 (those compiled).
 template <typename Fn>
 cudaError_t dispatch_tc_decode(KVDtype dtype, int head_dim, bool soft_cap, const char* who,
                                Fn&& fn) {
@@ -30,19 +32,20 @@ cudaError_t dispatch_tc_decode(KVDtype dtype, int head_dim, bool soft_cap, const
                 : by_cap.template operator()<false, kHeadDim>();
   };
   switch (head_dim) {
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#if PAGEDKV_CUDA_HEAD_DIM_64
     case 64:
       return by_dtype.template operator()<64>();
 #endif
+#if PAGEDKV_CUDA_HEAD_DIM_128
     case 128:
       return by_dtype.template operator()<128>();
-#ifndef PAGEDKV_TEST_DROP_KEY  // the broken-kernel test library: head_dim 128 only
+#endif
+#if PAGEDKV_CUDA_HEAD_DIM_256
     case 256:
       return by_dtype.template operator()<256>();
 #endif
     default:
-      throw Error(ErrorCode::kInvalidArgument,
-                  std::string(who) + ": head_dim must be 64, 128 or 256");
+      throw Error(ErrorCode::kInvalidArgument, std::string(who) + ": " + head_dim_error(head_dim));
   }
 }
 

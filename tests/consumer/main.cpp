@@ -9,6 +9,9 @@
 
 #if CONSUMER_HAS_CUDA
 #include <pagedkv/cuda/device.hpp>
+#include <pagedkv/cuda/head_dims.hpp>
+
+#include <string>
 #endif
 #if CONSUMER_HAS_EVENTS
 #include <pagedkv/events/publisher.hpp>
@@ -37,6 +40,20 @@ int main() {
 #endif
 #if CONSUMER_HAS_CUDA
   std::printf("cuda devices: %d\n", pagedkv::cuda_device_count());
+  {
+    // The library's kernels cover exactly the head dimensions its build was given.
+    const std::string configured = "," CONSUMER_CUDA_HEAD_DIMS ",";
+    for (const int head_dim : {64, 128, 256}) {
+      const bool listed =
+          configured.find("," + std::to_string(head_dim) + ",") != std::string::npos;
+      if (pagedkv::cuda_head_dim_compiled(head_dim) != listed) {
+        std::printf("cuda head_dim %d: compiled %d, configured %s\n", head_dim,
+                    static_cast<int>(!listed), CONSUMER_CUDA_HEAD_DIMS);
+        return 1;
+      }
+    }
+    std::printf("cuda head dims: %s\n", CONSUMER_CUDA_HEAD_DIMS);
+  }
 #endif
 #if CONSUMER_HAS_REMOTE
   {
@@ -58,5 +75,5 @@ int main() {
   if (!kv.allocate_slots(req, req.num_tokens(), kv.get_computed_blocks(req))) return 1;
   kv.free(req);
   return hash.to_hex() == "dc918a88b139e5afe60b88eda27508d4aee16c10fdc354791efea06206ac0749" ? 0
-                                                                                               : 1;
+                                                                                             : 1;
 }

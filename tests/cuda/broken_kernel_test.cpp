@@ -10,7 +10,8 @@
 // 2e-3 for fp16) rejects exactly the rows that should see key 100 and accepts the others; the
 // whole-batch Frobenius error the tests used before is printed for comparison (for the bf16 decode
 // batch it stays under 1e-2, i.e. the old check passed this broken kernel). Every case runs
-// head_dim 128: the broken library instantiates no other (tests/CMakeLists.txt).
+// head_dim 128: the broken library is built for no other (PAGEDKV_CUDA_HEAD_DIMS' mechanism,
+// tests/CMakeLists.txt), which the host suite below checks (the only suite here that needs no GPU).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,9 +24,11 @@
 
 #include "cuda_attention_test_util.hpp"
 #include "cuda_test_util.hpp"
+#include "expect_error.hpp"
 #include "kv_test_util.hpp"
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
+#include "pagedkv/cuda/head_dims.hpp"
 #include "pagedkv/device/kv_quant.hpp"
 #include "pagedkv/reference/cache_ops.hpp"
 #include "pagedkv/reference/decode_attention.hpp"
@@ -36,6 +39,74 @@ namespace {
 
 double tolerance(KVDtype dtype) {
   return dtype == KVDtype::kBFloat16 ? 1e-2 : 2e-3;
+}
+
+// ---- host side: a build with head dimensions left out (no device needed) ----
+
+// pagedkv_cuda_drop_key compiles its kernels for head_dim 128 alone
+// (kernels/internal/head_dims.hpp with PAGEDKV_CUDA_HEAD_DIM_64=0 and PAGEDKV_CUDA_HEAD_DIM_256=0,
+// what PAGEDKV_CUDA_HEAD_DIMS=128 gives the library): every entry point refuses 64 and 256 before
+// anything is enqueued, saying they are left out of the build rather than unsupported, and
+// accepts 128.
+TEST(CudaBrokenKernelArguments, HeadDimsLeftOutOfTheBuildAreRefusedByName) {
+  EXPECT_TRUE(cuda_head_dim_compiled(128));
+  for (const int head_dim : {0, 32, 64, 96, 192, 256, 512}) {
+    EXPECT_FALSE(cuda_head_dim_compiled(head_dim)) << head_dim;
+  }
+  alignas(16) static std::uint16_t out[58 * 8 * 256];
+  alignas(16) static float lse[58 * 8];
+  alignas(16) static unsigned char workspace[1 << 18];
+  for (const int head_dim : {64, 128, 256, 96}) {
+    SCOPED_TRACE(head_dim);
+    const std::string refusal = head_dim == 96
+                                    ? std::string("head_dim must be 64, 128 or 256, got 96")
+                                    : "head_dim " + std::to_string(head_dim) +
+                                          " is not compiled into this build of pagedkv::cuda "
+                                          "(PAGEDKV_CUDA_HEAD_DIMS: 128)";
+    const auto refused = [&](auto&& call) {
+      if (head_dim == 128) {
+        EXPECT_NO_THROW(call());
+      } else {
+        testing::expect_error(call, ErrorCode::kInvalidArgument, refusal);
+      }
+    };
+    testing::DecodeShape s;
+    s.num_seqs = 2;
+    s.num_kv_heads = 2;
+    s.num_q_heads = 8;
+    s.head_dim = head_dim;
+    s.seq_lens = {40, 50};
+    const auto pb = testing::make_decode_problem(s, 1);
+    const PagedDecodeParams decode = pb.params(out);
+    const DecodePlan split{4, 64};
+    const std::size_t need = decode_workspace_bytes(split, 2, 8, head_dim);
+    ASSERT_LE(need, sizeof(workspace));
+    refused([&] { validate_cuda_decode(decode, DecodePlan{}, nullptr, 0); });
+    refused([&] { validate_cuda_decode(decode, split, workspace, need); });
+    if (head_dim != 128) {
+      // The launch entry points check first (at 128 they would launch: a GPU test's business).
+      for (const DecodeKernel kernel :
+           {DecodeKernel::kSimt, DecodeKernel::kTensorCore, DecodeKernel::kTensorCoreWideMerge}) {
+        refused(
+            [&] { (void)paged_decode_attention(decode, split, workspace, need, nullptr, kernel); });
+      }
+      DecodePlanOptions options;
+      refused([&] {
+        (void)decode_plan_options_for_current_device(KVDtype::kBFloat16, head_dim, &options,
+                                                     DecodeKernel::kTensorCore);
+      });
+    }
+    const testing::ExtendShape es =
+        testing::make_extend_shape(KVDtype::kBFloat16, head_dim, 2, 4, 16, {40, 0}, {8, 50});
+    const auto epb = testing::make_extend_problem(es, 1);
+    const PagedExtendParams extend = epb.params(out, lse);
+    refused([&] { validate_cuda_extend(extend); });
+    if (head_dim != 128) {
+      for (const ExtendKernel kernel : {ExtendKernel::kMma16, ExtendKernel::kFa2}) {
+        refused([&] { (void)paged_extend_attention(extend, nullptr, kernel); });
+      }
+    }
+  }
 }
 
 class CudaBrokenKernel : public testing::GpuTest {};

@@ -35,6 +35,7 @@
 #include "kv_test_util.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
+#include "pagedkv/cuda/head_dims.hpp"
 
 namespace pagedkv {
 namespace {
@@ -817,6 +818,40 @@ TEST_F(CudaDecodeFusedMerge, BackToBackLaunchesAreExactAndBitwiseRepeatable) {
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& fragment) {
   testing::expect_error_containing(fn, fragment);
+}
+
+// The head dimensions this build compiled are those CMake was given (PAGEDKV_CUDA_HEAD_DIMS,
+// passed to this test comma-separated as PAGEDKV_TEST_CUDA_HEAD_DIMS); each compiled one validates,
+// anything else is refused (the broken-kernel library's host suite checks a build with some left
+// out).
+TEST(CudaDecodeAttentionArguments, HeadDimsAreThoseTheBuildWasGiven) {
+  const std::string configured = PAGEDKV_TEST_CUDA_HEAD_DIMS;
+  for (const int head_dim : {0, 32, 64, 96, 128, 192, 256, 512}) {
+    SCOPED_TRACE(head_dim);
+    const std::string name = std::to_string(head_dim);
+    bool listed = false;
+    for (std::size_t at = 0; at <= configured.size();) {
+      const std::size_t end = std::min(configured.find(',', at), configured.size());
+      listed = listed || configured.substr(at, end - at) == name;
+      at = end + 1;
+    }
+    EXPECT_EQ(cuda_head_dim_compiled(head_dim), listed);
+    if (head_dim == 0) continue;
+    DecodeShape s;
+    s.num_seqs = 1;
+    s.num_kv_heads = 1;
+    s.num_q_heads = 4;
+    s.head_dim = head_dim;
+    s.seq_lens = {20};
+    const auto pb = testing::make_decode_problem(s, 1);
+    alignas(16) static std::uint16_t out[4 * 512];
+    const PagedDecodeParams p = pb.params(out);
+    if (listed) {
+      EXPECT_NO_THROW(validate_cuda_decode(p, DecodePlan{}, nullptr, 0));
+    } else {
+      expect_error([&] { validate_cuda_decode(p, DecodePlan{}, nullptr, 0); }, "head_dim");
+    }
+  }
 }
 
 TEST(CudaDecodeAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
