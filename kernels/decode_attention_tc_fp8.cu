@@ -288,6 +288,65 @@ __device__ __forceinline__ void fp8_store_warp_state(float* ml, int warp, int la
   }
 }
 
+// q of the CTA's group (KV head kv_head of sequence seq) as MMA A fragments; rows past the group
+// are zero. kPermuted (the direct kernel): head_dim permuted within each 16-dim slice as its K
+// fragments are (fp8_direct_qk_dim); elements 2j, 2j + 1 sit at k and k + 1 (k even), which the
+// permutation keeps adjacent: one 32-bit load each either way.
+template <int kKSteps, bool kPermuted>
+__device__ __forceinline__ void fp8_load_q(const TcFp8Params& p, int seq, int kv_head, int lane,
+                                           unsigned (&qf)[kKSteps][4]) {
+  const std::uint16_t* q_base =
+      p.q + seq * p.q_stride_seq + static_cast<std::int64_t>(kv_head) * p.group * p.q_stride_head;
+#pragma unroll
+  for (int ks = 0; ks < kKSteps; ++ks) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const detail::MmaCoord c = detail::mma_a_coord(lane, 2 * j);
+      qf[ks][j] = c.row < p.group ? __ldg(reinterpret_cast<const unsigned*>(
+                                        q_base + c.row * p.q_stride_head + ks * 16 +
+                                        (kPermuted ? detail::fp8_direct_qk_dim(c.col) : c.col)))
+                                  : 0u;
+    }
+  }
+}
+
+// Zeroes MMA C fragments (accumulators, scores).
+template <int kTiles>
+__device__ __forceinline__ void fp8_zero(float (&frag)[kTiles][4]) {
+#pragma unroll
+  for (int n = 0; n < kTiles; ++n) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) frag[n][c] = 0.0f;
+  }
+}
+
+// The warp's ring before its first tile: the offsets of tiles 0..kStages-1 resolved, tiles
+// 0..kStages-2 issued (resolve(tile, slot), issue(tile, stage): the kernel's own).
+template <int kStages, typename Resolve, typename Issue>
+__device__ __forceinline__ void fp8_ring_start(Resolve&& resolve, Issue&& issue) {
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) resolve(t, detail::tc_slot(t, kStages));
+  __syncwarp();
+#pragma unroll
+  for (int t = 0; t < kStages - 1; ++t) issue(t, detail::tc_slot(t, kStages));
+  resolve(kStages - 1, detail::tc_slot(kStages - 1, kStages));
+}
+
+// The top of tile `tile`: waits until its K has landed (the slice kernel reads only its lane's
+// own copies, the direct kernel all of them: the __syncwarp after the wait covers both), every
+// lane is done with the previous tile's stage, and the offsets resolved last iteration and this
+// tile's mask are visible; then issues tile + kStages - 1 and resolves tile + kStages into this
+// tile's offset slot (decode_tc_layout.hpp: the tile's copies were issued long ago).
+template <int kStages, typename Resolve, typename Issue>
+__device__ __forceinline__ void fp8_ring_step(int tile, Resolve&& resolve, Issue&& issue) {
+  cp_async_wait<detail::tc_k_wait_groups(kStages)>();
+  __syncwarp();
+  const int next = detail::tc_issue_tile(tile, kStages);
+  issue(next, detail::tc_slot(next, kStages));
+  const int ahead = detail::tc_resolve_tile(tile, kStages);
+  resolve(ahead, detail::tc_slot(ahead, kStages));
+}
+
 // The end of both attention kernels: merges the four warps' states (scratch: [warp][16 rows]
 // [kScratchStride] unnormalized outputs x R; ml: [warp][m x 16, l x 16]) and writes the output
 // (direct) or the split's partial output and log2-sum-exp2. Work item = (query head of the group,
@@ -384,27 +443,10 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
       reinterpret_cast<std::uint32_t*>(smem_bytes + S::kMaskOffset) + warp * kStages;
   const unsigned half_addr = static_cast<unsigned>(__cvta_generic_to_shared(half_slice));
 
-  // q as A fragments (rows past the group are zero).
   unsigned qf[kKSteps][4];
-  const std::uint16_t* q_base =
-      p.q + seq * p.q_stride_seq + static_cast<std::int64_t>(kv_head) * p.group * p.q_stride_head;
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const detail::MmaCoord c = detail::mma_a_coord(lane, 2 * j);
-      qf[ks][j] = c.row < p.group ? __ldg(reinterpret_cast<const unsigned*>(
-                                        q_base + c.row * p.q_stride_head + ks * 16 + c.col))
-                                  : 0u;
-    }
-  }
-
+  fp8_load_q<kKSteps, false>(p, seq, kv_head, lane, qf);
   float o[kNTiles][4];
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) o[n][c] = 0.0f;
-  }
+  fp8_zero(o);
   float m_run[2] = {-INFINITY, -INFINITY};  // rows lane / 4 and lane / 4 + 8
   float l_run[2] = {0.0f, 0.0f};            // this lane's part of the row sums
   // The V scale reference R (see the top): per tensor fixed, per row the warp's running maximum.
@@ -464,24 +506,13 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
     cp_async_commit();
   };
 
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) resolve(t, detail::tc_slot(t, kStages));
-  __syncwarp();
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) issue(t, detail::tc_slot(t, kStages));
-  resolve(kStages - 1, detail::tc_slot(kStages - 1, kStages));
+  fp8_ring_start<kStages>(resolve, issue);
 
   for (int tile = 0; tile < tiles; ++tile) {
     const int stage = detail::tc_slot(tile, kStages);
     // K of `tile` landed (the lane's own copies; its V and later tiles may be in flight); every
-    // lane is done with the previous tile's stage and 16-bit slice; the offsets resolved last
-    // iteration and this tile's mask are visible.
-    cp_async_wait<detail::tc_k_wait_groups(kStages)>();
-    __syncwarp();
-    const int next = detail::tc_issue_tile(tile, kStages);
-    issue(next, detail::tc_slot(next, kStages));
-    const int ahead = detail::tc_resolve_tile(tile, kStages);
-    resolve(ahead, detail::tc_slot(ahead, kStages));  // == stage: tile's copies left long ago
+    // lane is done with the previous tile's stage and 16-bit slice.
+    fp8_ring_step<kStages>(tile, resolve, issue);
 
     const std::uint8_t* k_codes = ring + stage * 2 * S::kSliceBytes;
     const std::uint8_t* v_codes = k_codes + S::kSliceBytes;
@@ -494,11 +525,7 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DecodeShape<kHeadDim>::kMinCt
 
     // S = Q K^T for the slice's 16 keys: two 16 x 8 tiles.
     float s[2][4];
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s[t][c] = 0.0f;
-    }
+    fp8_zero(s);
 #pragma unroll
     for (int ks = 0; ks < kKSteps; ++ks) {
       unsigned b[4];
@@ -616,31 +643,10 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
   const int ldsm_key = detail::fp8_direct_ldsm_key(lane);
   const int ldsm_chunk = detail::fp8_direct_ldsm_chunk(lane);
 
-  // q as A fragments, head_dim permuted within each 16-dim slice as the K fragments are (rows
-  // past the group are zero). Elements 2j, 2j + 1 sit at k and k + 1 (k even), which the
-  // permutation keeps adjacent: one 32-bit load each.
   unsigned qf[kKSteps][4];
-  const std::uint16_t* q_base =
-      p.q + seq * p.q_stride_seq + static_cast<std::int64_t>(kv_head) * p.group * p.q_stride_head;
-#pragma unroll
-  for (int ks = 0; ks < kKSteps; ++ks) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const detail::MmaCoord c = detail::mma_a_coord(lane, 2 * j);
-      qf[ks][j] =
-          c.row < p.group
-              ? __ldg(reinterpret_cast<const unsigned*>(q_base + c.row * p.q_stride_head + ks * 16 +
-                                                        detail::fp8_direct_qk_dim(c.col)))
-              : 0u;
-    }
-  }
-
+  fp8_load_q<kKSteps, true>(p, seq, kv_head, lane, qf);  // head_dim permuted as K's fragments
   float o[kNTiles][4];
-#pragma unroll
-  for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) o[n][c] = 0.0f;
-  }
+  fp8_zero(o);
   float m_run[2] = {-INFINITY, -INFINITY};   // rows lane / 4 and lane / 4 + 8
   float l_run[2] = {0.0f, 0.0f};             // this lane's part of the row sums
   float r_run = per_row ? 0.0f : p.v_scale;  // the V scale reference R
@@ -675,24 +681,12 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
     cp_async_commit();
   };
 
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) resolve(t, detail::tc_slot(t, kStages));
-  __syncwarp();
-#pragma unroll
-  for (int t = 0; t < kStages - 1; ++t) issue(t, detail::tc_slot(t, kStages));
-  resolve(kStages - 1, detail::tc_slot(kStages - 1, kStages));
+  fp8_ring_start<kStages>(resolve, issue);
 
   for (int tile = 0; tile < tiles; ++tile) {
     const int stage = detail::tc_slot(tile, kStages);
-    // K of `tile` landed (every lane's copies: the warp reads them all); every lane is done
-    // with the previous tile's stage; the offsets resolved last iteration and this tile's mask
-    // are visible.
-    cp_async_wait<detail::tc_k_wait_groups(kStages)>();
-    __syncwarp();
-    const int next = detail::tc_issue_tile(tile, kStages);
-    issue(next, detail::tc_slot(next, kStages));
-    const int ahead = detail::tc_resolve_tile(tile, kStages);
-    resolve(ahead, detail::tc_slot(ahead, kStages));
+    // K of `tile` landed (every lane's copies: the warp reads them all).
+    fp8_ring_step<kStages>(tile, resolve, issue);
 
     const unsigned k_addr = ring_addr + stage * 2 * S::kSliceBytes;
     const unsigned v_addr = k_addr + S::kSliceBytes;
@@ -702,11 +696,7 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
 
     // S = Q K^T for the slice's 16 keys: two 16 x 8 tiles; one ldmatrix.x4 per 32 dims.
     float s[2][4];
-#pragma unroll
-    for (int t = 0; t < 2; ++t) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) s[t][c] = 0.0f;
-    }
+    fp8_zero(s);
 #pragma unroll
     for (int pair = 0; pair < kFp8Chunks / 2; ++pair) {
       unsigned r[4];
