@@ -20,6 +20,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_attention_test_util.hpp"
@@ -219,7 +220,7 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
   }
 }
 
-// An FP8 cache (E4M3, the given scale mode) of three sequences, 1, 190 and 50 tokens (only the
+// An FP8 cache (the given scale mode and format) of three sequences, 1, 190 and 50 tokens (only the
 // 190-token one has key 100), written by the host FP8 append; its host planes and device copies.
 struct Fp8Cache {
   static constexpr std::int32_t kKvHeads = 2, kQHeads = 8, kHeadDim = 128, kBlockSize = 16;
@@ -231,13 +232,13 @@ struct Fp8Cache {
   std::vector<std::uint8_t> k_plane, v_plane;
   testing::DeviceBuffer dk, dv, dtable, dlens;
 
-  explicit Fp8Cache(KVScaleMode mode) {
+  Fp8Cache(KVScaleMode mode, KVDtype format) {
     const std::int64_t num_blocks = 3 * max_blocks;
     layout = mode == KVScaleMode::kPerTokenHead
                  ? KVLayout::nhd_scaled(num_blocks, kBlockSize, kKvHeads, kHeadDim)
                  : KVLayout::nhd(num_blocks, kBlockSize, kKvHeads, kHeadDim);
     quant.mode = mode;
-    quant.dtype = KVDtype::kFp8E4M3;
+    quant.dtype = format;
     quant.k_scale = 0.01f;
     quant.v_scale = 0.01f;
     // Sequence s uses blocks s x max_blocks ..; its rows come from the host FP8 append.
@@ -303,6 +304,14 @@ struct Fp8Cache {
   }
 };
 
+// The FP8 caches the two tests below break: both scale modes in both formats (the tensor-core
+// kernels are instantiated per format: kTensorCoreFp8Direct has one kernel per format).
+constexpr std::pair<KVScaleMode, KVDtype> kFp8Cases[] = {
+    {KVScaleMode::kPerTokenHead, KVDtype::kFp8E4M3},
+    {KVScaleMode::kPerTensor, KVDtype::kFp8E4M3},
+    {KVScaleMode::kPerTokenHead, KVDtype::kFp8E5M2},
+    {KVScaleMode::kPerTensor, KVDtype::kFp8E5M2}};
+
 // DecodeKernel::kTensorCoreFp8 and kTensorCoreFp8Direct (kernels/decode_attention_tc_fp8.cu) are
 // built broken too: the FP8
 // decode check of tests/cuda/fp8_test.cpp (1e-2 per row against the reference over the same FP8
@@ -310,8 +319,8 @@ struct Fp8Cache {
 // CUDA-core kernel, kernels/fp8_attention.cu, has no such switch.)
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
   constexpr std::int32_t head_dim = Fp8Cache::kHeadDim;
-  for (const KVScaleMode mode : {KVScaleMode::kPerTokenHead, KVScaleMode::kPerTensor}) {
-    const Fp8Cache cache(mode);
+  for (const auto& [mode, format] : kFp8Cases) {
+    const Fp8Cache cache(mode, format);
     std::mt19937_64 rng(8);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     std::vector<std::uint16_t> q(cache.lens.size() * Fp8Cache::kQHeads * head_dim);
@@ -339,10 +348,10 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
             KVDtype::kBFloat16, testing::download<std::uint16_t>(dout.get(), q.size()));
         const testing::RowCheck all = testing::check_rows(out, ref, head_dim, 1e-2);
         std::printf(
-            "decode tensor-core-fp8%s %s splits=%d: worst row %.4g, %zu of %zu rows rejected\n",
+            "decode tensor-core-fp8%s %s %s splits=%d: worst row %.4g, %zu of %zu rows rejected\n",
             kernel == DecodeKernel::kTensorCoreFp8Direct ? "-direct" : "",
-            std::string(to_string(mode)).c_str(), plan.num_splits, all.max_row_error, all.bad_rows,
-            all.rows);
+            std::string(to_string(format)).c_str(), std::string(to_string(mode)).c_str(),
+            plan.num_splits, all.max_row_error, all.bad_rows, all.rows);
         const std::span<const double> o(out);
         const std::span<const double> r(ref);
         EXPECT_TRUE(testing::rows_match(o.subspan(0, 1024), r.subspan(0, 1024), head_dim, 1e-2));
@@ -363,8 +372,8 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreDecodeWithoutKey100) {
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreExtendWithoutKey100) {
   constexpr std::int32_t head_dim = Fp8Cache::kHeadDim;
   const std::vector<std::int32_t> indptr = {0, 1, 41, 61};
-  for (const KVScaleMode mode : {KVScaleMode::kPerTokenHead, KVScaleMode::kPerTensor}) {
-    const Fp8Cache cache(mode);
+  for (const auto& [mode, format] : kFp8Cases) {
+    const Fp8Cache cache(mode, format);
     std::mt19937_64 rng(9);
     std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
     std::vector<std::uint16_t> q(61 * Fp8Cache::kQHeads * head_dim);
@@ -395,9 +404,10 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsFp8TensorCoreExtendWithoutKey100) {
       const auto out = testing::to_doubles(KVDtype::kBFloat16,
                                            testing::download<std::uint16_t>(dout.get(), q.size()));
       const testing::RowCheck all = testing::check_rows(out, ref.out, head_dim, 1e-2);
-      std::printf("extend tensor-core-fp8 %s splits=%d: worst row %.4g, %zu of %zu rows rejected\n",
-                  std::string(to_string(mode)).c_str(), splits, all.max_row_error, all.bad_rows,
-                  all.rows);
+      std::printf(
+          "extend tensor-core-fp8 %s %s splits=%d: worst row %.4g, %zu of %zu rows rejected\n",
+          std::string(to_string(format)).c_str(), std::string(to_string(mode)).c_str(), splits,
+          all.max_row_error, all.bad_rows, all.rows);
       const std::size_t row = Fp8Cache::kQHeads * head_dim;  // one token's heads
       const std::span<const double> o(out);
       const std::span<const double> r(ref.out);
