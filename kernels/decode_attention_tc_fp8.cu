@@ -754,13 +754,20 @@ __global__ void __launch_bounds__(kTcThreads, TcFp8DirectShape<kHeadDim>::kMinCt
   float* scratch = reinterpret_cast<float*>(smem);               // [warp][16][kScratchStride]
   float* ml = scratch + kTcWarps * kTcRows * S::kScratchStride;  // [warp][m x 16, l x 16]
   float* own = scratch + warp * kTcRows * S::kScratchStride;
+  // Four contiguous dims per lane and row: one 16-byte store each (decode_tc_fp8_layout.hpp).
 #pragma unroll
-  for (int n = 0; n < kNTiles; ++n) {
+  for (int c = 0; c < kFp8Chunks; ++c) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int row = detail::mma_c_coord(lane, c).row;
-      own[row * S::kScratchStride + detail::fp8_direct_pv_dim(n >> 1, n & 1, lane, c)] =
-          o[n][c] * r_run;
+    for (int h = 0; h < 2; ++h) {
+      const auto elem = [&](int k) {
+        return o[2 * c + detail::fp8_direct_epilogue_parity(k)]
+                [detail::fp8_direct_epilogue_elem(h, k)] *
+               r_run;
+      };
+      const int row = detail::mma_c_coord(lane, 2 * h).row;
+      *reinterpret_cast<float4*>(own + row * S::kScratchStride +
+                                 detail::fp8_direct_pv_dim(c, 0, lane, 0)) =
+          make_float4(elem(0), elem(1), elem(2), elem(3));
     }
   }
   fp8_store_warp_state(ml, warp, lane, tig, m_run, l_run);

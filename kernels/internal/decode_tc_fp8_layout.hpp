@@ -127,6 +127,16 @@ PAGEDKV_HOST_DEVICE constexpr int fp8_direct_qk_dim(int k) {
 PAGEDKV_HOST_DEVICE constexpr int fp8_direct_pv_dim(int chunk, int parity, int lane, int e) {
   return 16 * chunk + 4 * (lane & 3) + 2 * (e & 1) + parity;
 }
+// The epilogue writes those four contiguous dims of a row as one 16-byte store: component k
+// (0..3) of the lane's store for chunk c and row half h (rows lane / 4 + 8 h) is accumulator
+// element fp8_direct_epilogue_elem(h, k) of n-tile 2 c + fp8_direct_epilogue_parity(k), at dim
+// fp8_direct_pv_dim(c, 0, lane, 0) + k.
+PAGEDKV_HOST_DEVICE constexpr int fp8_direct_epilogue_parity(int k) {
+  return k & 1;
+}
+PAGEDKV_HOST_DEVICE constexpr int fp8_direct_epilogue_elem(int h, int k) {
+  return 2 * h + (k >> 1);
+}
 // A .trans register (bytes b0 b1 b2 b3, low first) -> b0 b2 b1 b3: the low 16 bits are the even
 // dim's pair of codes (key 2t, key 2t + 1), the high 16 bits the odd dim's.
 PAGEDKV_HOST_DEVICE std::uint32_t fp8_direct_split_pairs(std::uint32_t x) {
@@ -158,8 +168,10 @@ struct TcFp8DirectShape {
   static constexpr std::size_t kMaskOffset = kScaleTableOffset + kOffsetBytes;
   static constexpr std::size_t kPipelineBytes = kMaskOffset + kMaskBytes;
   // End-of-kernel merge scratch (from offset 0, after every copy has landed and every warp is
-  // done): per warp O (16 x (head_dim + 4) floats), m and l (2 x 16 floats).
-  static constexpr int kScratchStride = kHeadDim + 4;
+  // done): per warp O (16 x (head_dim + 16) floats), m and l (2 x 16 floats). Rows 16 floats
+  // apart mod 32 banks: the epilogue's 16-byte stores (two rows x four lanes per phase) are then
+  // free of bank conflicts.
+  static constexpr int kScratchStride = kHeadDim + 16;
   static constexpr std::size_t kScratchBytes =
       sizeof(float) * kTcWarps * (kTcRows * kScratchStride + 2 * kTcRows);
   static constexpr std::size_t kSmemBytes =

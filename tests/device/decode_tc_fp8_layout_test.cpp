@@ -457,6 +457,50 @@ TEST(DecodeTcFp8Layout, DirectReadsAndCopiesAreBankConflictFree) {
   check_direct_banks<256>();
 }
 
+// The direct kernel's epilogue: per chunk c and row half h, each lane stores four contiguous
+// dims of one row as a float4 at row x stride + fp8_direct_pv_dim(c, 0, lane, 0). Its components
+// must be the accumulator elements that hold those dims (fp8_direct_pv_dim), the stores must
+// cover the warp's 16 rows x head_dim once, be 16-byte aligned, and each phase of 8 lanes (a
+// 16-byte store takes four) must hit 8 distinct bank groups. Returns whether `stride` (floats per
+// scratch row) is conflict-free; coverage and alignment are EXPECTed.
+template <int kHeadDim>
+bool direct_epilogue_conflict_free(int stride) {
+  std::vector<int> written(static_cast<std::size_t>(detail::kTcRows) * kHeadDim, 0);
+  bool conflict_free = true;
+  for (int c = 0; c < kHeadDim / 16; ++c) {
+    for (int h = 0; h < 2; ++h) {
+      for (int phase = 0; phase < 4; ++phase) {
+        int groups = 0;
+        for (int lane = 8 * phase; lane < 8 * phase + 8; ++lane) {
+          const int row = detail::mma_c_coord(lane, 2 * h).row;
+          const int base = detail::fp8_direct_pv_dim(c, 0, lane, 0);
+          const int at = row * stride + base;
+          EXPECT_EQ(at % 4, 0) << "16-byte aligned";
+          groups |= 1 << ((at / 4) % 8);
+          for (int k = 0; k < 4; ++k) {
+            const int e = detail::fp8_direct_epilogue_elem(h, k);
+            EXPECT_EQ(detail::mma_c_coord(lane, e).row, row);
+            EXPECT_EQ(detail::fp8_direct_pv_dim(c, detail::fp8_direct_epilogue_parity(k), lane, e),
+                      base + k);
+            ++written[static_cast<std::size_t>(row) * kHeadDim + base + k];
+          }
+        }
+        conflict_free = conflict_free && groups == 0xff;
+      }
+    }
+  }
+  for (const int w : written) EXPECT_EQ(w, 1);
+  return conflict_free;
+}
+
+TEST(DecodeTcFp8Layout, DirectEpilogueStoresAreWholeAndBankConflictFree) {
+  EXPECT_TRUE(direct_epilogue_conflict_free<64>(detail::TcFp8DirectShape<64>::kScratchStride));
+  EXPECT_TRUE(direct_epilogue_conflict_free<128>(detail::TcFp8DirectShape<128>::kScratchStride));
+  EXPECT_TRUE(direct_epilogue_conflict_free<256>(detail::TcFp8DirectShape<256>::kScratchStride));
+  // The slice kernel's stride (head_dim + 4) would put two rows of a phase in the same banks.
+  EXPECT_FALSE(direct_epilogue_conflict_free<128>(128 + 4));
+}
+
 template <int kHeadDim>
 void check_direct_budget() {
   using S = detail::TcFp8DirectShape<kHeadDim>;
