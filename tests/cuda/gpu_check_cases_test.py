@@ -4,17 +4,21 @@
 scripts/gpu-check run lists its compute-sanitizer cases (the CASES block: tool, program, gtest
 filter) and runs the gpu tests of the build's gpu-tests.tsv (name, program, arguments). A gtest
 filter that matches no test makes its program pass having run nothing, so a renamed test would
-silently drop out of the only run that checks the kernels on a device. This test lists each
-program's tests (--gtest_list_tests: no device needed) and fails when a positive pattern of any
-filter matches none, when a named program is not built, or when a case names an unknown tool.
+silently drop out of the only run that checks the kernels on a device, and a device test
+that no gpu-tests.tsv entry selects never runs anywhere. This test lists each program's tests
+(--gtest_list_tests: no device needed) and fails when a positive pattern of any filter matches
+none, a filter selects nothing (after its negative patterns), a device test of a gpu program (one
+not matching HOST_FILTER, the suites its <name>_host entry runs here) is selected by none of the
+program's gpu-tests.tsv entries, a named program is not built, or a case names an unknown tool.
 
-usage: gpu_check_cases_test.py GPU_CHECK_SCRIPT BUILD_TREE
+usage: gpu_check_cases_test.py GPU_CHECK_SCRIPT BUILD_TREE HOST_FILTER
   Checks the script's CASES against BUILD_TREE/tests/<program> and BUILD_TREE/gpu-tests.tsv
   (non-gtest programs, the tiny engine, are checked to exist in BUILD_TREE). Exit 0 = every
-  pattern matches; 1 = something named is missing (each printed); 2 = usage or parse error.
+  pattern matches and every device test runs; 1 = problems (each printed); 2 = usage or parse
+  error.
 
-Self-test: gpu_check_cases_test.py --self-test checks the matcher on made-up names (a pattern
-that matches nothing, negative patterns, '?' and '*').
+Self-test: gpu_check_cases_test.py --self-test checks the filter semantics on made-up names (a
+pattern that matches nothing, negative patterns, '?' and '*').
 """
 import fnmatch
 import pathlib
@@ -41,11 +45,28 @@ def gtest_names(program):
     return names
 
 
+def split_filter(filter_text):
+    """gtest's filter: 'POSITIVE[-NEGATIVE]', each ':'-separated; no positive part means '*'."""
+    positive, _, negative = filter_text.partition("-")
+    return ([p for p in positive.split(":") if p] or ["*"],
+            [p for p in negative.split(":") if p])
+
+
+def matches(name, patterns):
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
 def unmatched(filter_text, names):
-    """Positive patterns of a gtest filter (before any '-') that match none of names."""
-    positive = filter_text.split("-", 1)[0] if not filter_text.startswith("-") else "*"
-    return [p for p in positive.split(":") if p and
-            not any(fnmatch.fnmatchcase(n, p) for n in names)]
+    """Positive patterns of a gtest filter that match none of names."""
+    positive, _ = split_filter(filter_text)
+    return [p for p in positive if not any(fnmatch.fnmatchcase(n, p) for n in names)]
+
+
+def selected(filter_text, names):
+    """The tests a gtest filter runs (DISABLED_ tests never run)."""
+    positive, negative = split_filter(filter_text)
+    return [n for n in names if "DISABLED_" not in n and matches(n, positive) and
+            not matches(n, negative)]
 
 
 def cases_of(script_text):
@@ -57,9 +78,10 @@ def cases_of(script_text):
     return [line.split() for line in block.splitlines() if line.strip()]
 
 
-def check(script, tree):
+def check(script, tree, host_filter):
     problems = []
     listed = {}
+    covered = {}  # gpu program -> the tests its gpu-tests.tsv entries select
 
     def names_of(program):
         if program not in listed:
@@ -72,14 +94,19 @@ def check(script, tree):
             found = list(tree.rglob(program))
             if not found:
                 problems.append(f"{where}: program {program} not found under {tree}")
-            return
+            return []
         names = names_of(program)
         if names is None:
             problems.append(f"{where}: {program} is not built in {tree / 'tests'}")
-            return
+            return []
         filters = [a.split("=", 1)[1] for a in args if a.startswith("--gtest_filter=")]
-        for pattern in unmatched(filters[-1] if filters else "*", names):
+        filter_text = filters[-1] if filters else "*"
+        for pattern in unmatched(filter_text, names):
             problems.append(f"{where}: {program}: '{pattern}' matches no test")
+        runs = selected(filter_text, names)
+        if not runs:
+            problems.append(f"{where}: {program}: the filter '{filter_text}' selects no test")
+        return runs
 
     cases = cases_of(script.read_text())
     for i, words in enumerate(cases, 1):
@@ -90,7 +117,14 @@ def check(script, tree):
     tsv = tree / "gpu-tests.tsv"
     runs = [line.split("\t") for line in tsv.read_text().splitlines() if line.strip()]
     for fields in runs:
-        check_run(f"gpu test {fields[0]}", fields[1], fields[2:])
+        chosen = check_run(f"gpu test {fields[0]}", fields[1], fields[2:])
+        if fields[1].endswith("_test"):
+            covered.setdefault(fields[1], set()).update(chosen)
+    host = split_filter(host_filter)[0]
+    for program, chosen in sorted(covered.items()):
+        for name in names_of(program) or []:
+            if "DISABLED_" not in name and not matches(name, host) and name not in chosen:
+                problems.append(f"{program}: device test {name} is in no gpu-tests.tsv entry")
     return len(cases), len(runs), problems
 
 
@@ -103,6 +137,11 @@ def self_test():
     assert unmatched("-A.x", names) == []
     assert unmatched("A.*-A.y*", names) == []
     assert unmatched("Nope.*-A.y*", names) == ["Nope.*"]
+    assert selected("A.*-A.*", names) == []
+    assert selected("-*/*", names) == ["A.x"]
+    assert selected("*/TensorCore", names) == ["P/B.z/TensorCore"]
+    assert selected("-*/*:A.x", names) == []
+    assert selected("*", names + ["C.DISABLED_w"]) == names
     assert cases_of("x <<'CASES'\nmemcheck a_test --gtest_filter=A.x\n\nCASES\n") == [
         ["memcheck", "a_test", "--gtest_filter=A.x"]]
     print("self-test: ok")
@@ -112,18 +151,18 @@ def self_test():
 def main(argv):
     if argv[1:] == ["--self-test"]:
         return self_test()
-    if len(argv) != 3:
+    if len(argv) != 4:
         print(__doc__, file=sys.stderr)
         return 2
     try:
-        n_cases, n_runs, problems = check(pathlib.Path(argv[1]), pathlib.Path(argv[2]))
+        n_cases, n_runs, problems = check(pathlib.Path(argv[1]), pathlib.Path(argv[2]), argv[3])
     except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
         print(f"gpu_check_cases: {exc}", file=sys.stderr)
         return 2
     for p in problems:
         print(p)
     print(f"{n_cases} sanitizer cases, {n_runs} gpu tests: "
-          f"{'every named test exists' if not problems else f'{len(problems)} problems'}")
+          f"{'every named test exists, every device test runs' if not problems else f'{len(problems)} problems'}")
     return 1 if problems else 0
 
 
