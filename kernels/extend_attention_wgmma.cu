@@ -222,7 +222,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
 }  // namespace
 
 bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
-  if (params.quant.fp8() || params.layout.head_dim != kHeadDim) return false;
+  if (params.quant.fp8() || params.layout.head_dim != kHeadDim || !head_dim_compiled(kHeadDim)) {
+    return false;  // (a build without head_dim 128 refuses it before any launch anyway)
+  }
   try {
     return cuda::detail::wgmma_probe_supported();  // compute capability 9.0: the sm_90a code
   } catch (...) {

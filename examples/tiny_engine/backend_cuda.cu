@@ -23,6 +23,7 @@
 #include "pagedkv/cuda/decode_attention.hpp"
 #include "pagedkv/cuda/device.hpp"
 #include "pagedkv/cuda/extend_attention.hpp"
+#include "pagedkv/cuda/head_dims.hpp"
 #include "pagedkv/device/block_table.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
 
@@ -275,10 +276,10 @@ CudaBackend::CudaBackend(const Model& model, const EngineConfig& config)
                          ? pagedkv::kDefaultExtendKernel
                          : static_cast<pagedkv::ExtendKernel>(config.extend_kernel)) {
   const ModelConfig& m = model.config();
-  if (m.head_dim != 64 && m.head_dim != 128 && m.head_dim != 256) {
+  if (!pagedkv::cuda_head_dim_compiled(m.head_dim)) {
     throw std::invalid_argument(
-        "--device cuda needs a head_dim the kernels support (64, 128 or "
-        "256), got " +
+        "--device cuda needs a head_dim this build of pagedkv::cuda has kernels for (64, 128 or "
+        "256 by default; PAGEDKV_CUDA_HEAD_DIMS), got " +
         std::to_string(m.head_dim));
   }
   if (m.num_q_heads / m.num_kv_heads > pagedkv::kCudaDecodeMaxGroupSize) {

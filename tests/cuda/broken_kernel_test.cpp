@@ -91,11 +91,15 @@ TEST(CudaBrokenKernelArguments, HeadDimsLeftOutOfTheBuildAreRefusedByName) {
         refused(
             [&] { (void)paged_decode_attention(decode, split, workspace, need, nullptr, kernel); });
       }
-      DecodePlanOptions options;
-      refused([&] {
-        (void)decode_plan_options_for_current_device(KVDtype::kBFloat16, head_dim, &options,
-                                                     DecodeKernel::kTensorCore);
-      });
+      // The planners too (each refuses before it asks the device anything).
+      for (const DecodeKernel kernel :
+           {DecodeKernel::kSimt, DecodeKernel::kTensorCore, DecodeKernel::kTensorCoreFp8Direct}) {
+        DecodePlanOptions options;
+        refused([&] {
+          (void)decode_plan_options_for_current_device(KVDtype::kBFloat16, head_dim, &options,
+                                                       kernel);
+        });
+      }
     }
     const testing::ExtendShape es =
         testing::make_extend_shape(KVDtype::kBFloat16, head_dim, 2, 4, 16, {40, 0}, {8, 50});
@@ -106,6 +110,9 @@ TEST(CudaBrokenKernelArguments, HeadDimsLeftOutOfTheBuildAreRefusedByName) {
       for (const ExtendKernel kernel : {ExtendKernel::kMma16, ExtendKernel::kFa2}) {
         refused([&] { (void)paged_extend_attention(extend, nullptr, kernel); });
       }
+      ExtendSplitPlan plan;
+      refused(
+          [&] { (void)extend_split_plan_for_current_device(extend, ExtendKernel::kFa2, &plan); });
     }
   }
 }

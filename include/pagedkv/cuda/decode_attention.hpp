@@ -132,7 +132,8 @@ struct DecodeSplitCounters {
 bool decode_kernel_runs(const PagedDecodeParams& params, DecodeKernel kernel) noexcept;
 
 // The host-side checks paged_decode_attention performs: validate(params) and validate(plan),
-// plus head_dim in {64, 128, 256}, group size <= 16, 16-byte aligned q / k_cache / v_cache / out,
+// plus head_dim in {64, 128, 256} and compiled into this build (pagedkv/cuda/head_dims.hpp),
+// group size <= 16, 16-byte aligned q / k_cache / v_cache / out,
 // q and out strides multiples of 8 elements, a large enough 16-byte aligned workspace when
 // splitting (decode_workspace_bytes with params.q_len), a grid of at most 2^31 - 1 CTAs, and when
 // splitting num_seqs x q_len x num_q_heads <= 2^31 - 1 (the merge grid). The checks of q_len > 1

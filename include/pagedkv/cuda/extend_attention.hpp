@@ -98,9 +98,10 @@ namespace pagedkv {
 inline constexpr int kCudaExtendTileRows = 64;
 
 // The host-side checks paged_extend_attention performs: validate(params), plus head_dim in
-// {64, 128, 256}; 16-byte aligned q / k_cache / v_cache / out, 4-byte aligned lse; q and out
-// strides multiples of 8 elements; num_seqs and the number of query tiles,
-// ceil(max_q_len x group / kCudaExtendTileRows), at most 65535 each. Throws pagedkv::Error.
+// {64, 128, 256} and compiled into this build (pagedkv/cuda/head_dims.hpp); 16-byte aligned q /
+// k_cache / v_cache / out, 4-byte aligned lse; q and out strides multiples of 8 elements; num_seqs
+// and the number of query tiles, ceil(max_q_len x group / kCudaExtendTileRows), at most 65535 each.
+// Throws pagedkv::Error.
 void validate_cuda_extend(const PagedExtendParams& params);
 
 // Enqueues extend attention for one layer with kDefaultExtendKernel and no split over keys (so

@@ -5,9 +5,12 @@
 // setting PAGEDKV_CUDA_HEAD_DIMS (a list, for example "128") compiles only those named, for an
 // engine that serves models of one head dimension (128 alone: a static library of 6.5 MB instead
 // of 15.2 MB, a fifth less compile CPU time, nvcc 13, sm_90). The installed package tells which
-// (pagedkv_CUDA_HEAD_DIMS after find_package). Every entry point refuses a head_dim left out of
-// the build before anything is enqueued, with pagedkv::Error (kInvalidArgument) that names the
-// head dimension and the ones compiled. Constant time, no allocation, thread-safe.
+// (pagedkv_CUDA_HEAD_DIMS after find_package). Decode and extend attention, their validation and
+// their planners refuse a head_dim left out of the build before anything is enqueued, with
+// pagedkv::Error (kInvalidArgument) that names the head dimension and the ones compiled
+// (decode_kernel_runs / extend_kernel_runs answer for parameters that validate). The cache
+// operations (kv_append, copy / swap of blocks) take any head_dim. pagedkv's own test suite
+// expects all three. Constant time, no allocation, thread-safe.
 #pragma once
 
 namespace pagedkv {
