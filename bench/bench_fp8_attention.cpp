@@ -62,6 +62,20 @@ void check(cudaError_t err, const char* what) {
   bench::cuda_check(err, what, kProgram);
 }
 
+// A kernel call's workspace in device memory: none (null) for 0 bytes; freed at scope exit.
+struct DeviceWorkspace {
+  void* ptr = nullptr;
+  std::size_t bytes = 0;
+  explicit DeviceWorkspace(std::size_t n) : bytes(n) {
+    if (n > 0) check(cudaMalloc(&ptr, n), "cudaMalloc workspace");
+  }
+  ~DeviceWorkspace() {
+    if (ptr != nullptr) check(cudaFree(ptr), "free workspace");
+  }
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+};
+
 template <typename T>
 T* device_copy(const std::vector<T>& host) {
   void* p = nullptr;
@@ -279,17 +293,13 @@ bool run_checks(bool* tc_extend_ok, bool* direct_ok) {
       const bool is_direct = kernel == pagedkv::DecodeKernel::kTensorCoreFp8Direct;
       for (const pagedkv::DecodePlan tc_plan :
            {pagedkv::DecodePlan{}, pagedkv::DecodePlan{5, 37}}) {
-        const std::size_t ws_bytes =
-            tc_plan.split_kv()
-                ? pagedkv::decode_workspace_bytes(tc_plan, d.num_seqs, d.num_q_heads, p.dim)
-                : 0;
-        void* ws = nullptr;
-        if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+        // 0 bytes without split-KV.
+        const DeviceWorkspace ws(
+            pagedkv::decode_workspace_bytes(tc_plan, d.num_seqs, d.num_q_heads, p.dim));
         check(cudaMemset(dout, 0xff, q.size() * 2), "memset out");
-        check(pagedkv::paged_decode_attention(d, tc_plan, ws, ws_bytes, nullptr, kernel),
+        check(pagedkv::paged_decode_attention(d, tc_plan, ws.ptr, ws.bytes, nullptr, kernel),
               "fp8 tc decode");
         check(cudaDeviceSynchronize(), "fp8 tc decode");
-        if (ws != nullptr) check(cudaFree(ws), "free");
         const std::vector<double> tc_got =
             bench::to_doubles(KVDtype::kBFloat16, download(dout, q.size()));
         const bool passed =
@@ -336,15 +346,12 @@ bool run_checks(bool* tc_extend_ok, bool* direct_ok) {
     for (const std::int32_t splits : {1, 3}) {
       pagedkv::ExtendSplitPlan tc_plan;
       tc_plan.num_splits = splits;
-      const std::size_t ws_bytes = pagedkv::extend_workspace_bytes(e, tc_plan);
-      void* ws = nullptr;
-      if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+      const DeviceWorkspace ws(pagedkv::extend_workspace_bytes(e, tc_plan));
       check(cudaMemset(deout, 0xff, eq.size() * 2), "memset out");
-      check(pagedkv::paged_extend_attention(e, nullptr, pagedkv::ExtendKernel::kFa2Fp8, tc_plan, ws,
-                                            ws_bytes),
+      check(pagedkv::paged_extend_attention(e, nullptr, pagedkv::ExtendKernel::kFa2Fp8, tc_plan,
+                                            ws.ptr, ws.bytes),
             "fp8 tc extend");
       check(cudaDeviceSynchronize(), "fp8 tc extend");
-      if (ws != nullptr) check(cudaFree(ws), "free");
       const std::vector<double> tc_got =
           bench::to_doubles(KVDtype::kBFloat16, download(deout, eq.size()));
       *tc_extend_ok &=
@@ -476,20 +483,14 @@ int main(int argc, char** argv) {
             "plan options");
       *planned = pagedkv::plan_paged_decode(p.lens, p.kv_heads, options);
       const pagedkv::DecodePlan run_plan = *planned;
-      const std::size_t ws_bytes =
-          run_plan.split_kv()
-              ? pagedkv::decode_workspace_bytes(run_plan, d.num_seqs, d.num_q_heads, p.dim)
-              : 0;
-      void* ws = nullptr;
-      if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
-      const double variant_ms = time_ms(
+      const DeviceWorkspace ws(  // 0 bytes without split-KV
+          pagedkv::decode_workspace_bytes(run_plan, d.num_seqs, d.num_q_heads, p.dim));
+      return time_ms(
           [&] {
-            check(pagedkv::paged_decode_attention(d, run_plan, ws, ws_bytes, nullptr, kernel),
+            check(pagedkv::paged_decode_attention(d, run_plan, ws.ptr, ws.bytes, nullptr, kernel),
                   "tc decode");
           },
           quick ? 3 : 10);
-      if (ws != nullptr) check(cudaFree(ws), "free");
-      return variant_ms;
     };
     pagedkv::DecodePlan tc_plan;
     const double tc_ms = time_variant(pagedkv::DecodeKernel::kTensorCoreFp8, &tc_plan);
@@ -592,17 +593,14 @@ int main(int argc, char** argv) {
               "extend plan");
         tc_splits = tc_plan.num_splits;
         tc_runs = pagedkv::extend_kernel_runs(e, pagedkv::ExtendKernel::kFa2Fp8);
-        const std::size_t ws_bytes = pagedkv::extend_workspace_bytes(e, tc_plan);
-        void* ws = nullptr;
-        if (ws_bytes > 0) check(cudaMalloc(&ws, ws_bytes), "cudaMalloc workspace");
+        const DeviceWorkspace ws(pagedkv::extend_workspace_bytes(e, tc_plan));
         tc_ms = time_ms(
             [&] {
               check(pagedkv::paged_extend_attention(e, nullptr, pagedkv::ExtendKernel::kFa2Fp8,
-                                                    tc_plan, ws, ws_bytes),
+                                                    tc_plan, ws.ptr, ws.bytes),
                     "tc extend");
             },
             quick ? 3 : 10);
-        if (ws != nullptr) check(cudaFree(ws), "free");
       }
       for (void* ptr : std::initializer_list<void*>{table, lens, dindptr, dq, dout}) {
         check(cudaFree(ptr), "free");
