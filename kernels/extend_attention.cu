@@ -29,6 +29,7 @@
 #include "internal/extend_fa2_fp8_layout.hpp"
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
+#include "internal/extend_persistent_schedule.hpp"
 #include "internal/extend_wgmma_launch.hpp"
 #include "internal/head_dims.hpp"
 #include "pagedkv/base/error.hpp"
@@ -438,13 +439,15 @@ std::int64_t fa2_query_tiles(const PagedExtendParams& params) {
 bool wgmma_variant(ExtendKernel kernel) {
   return kernel == ExtendKernel::kWgmma || kernel == ExtendKernel::kWgmmaPipelined ||
          kernel == ExtendKernel::kWgmmaWarpSpecialized ||
-         kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong;
+         kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong ||
+         kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent;
 }
 
 // The warp-specialized ones (kernels/extend_attention_wgmma_ws.cu).
 bool warp_specialized(ExtendKernel kernel) {
   return kernel == ExtendKernel::kWgmmaWarpSpecialized ||
-         kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong;
+         kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong ||
+         kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent;
 }
 
 // The variants that take an ExtendSplitPlan: kFa2, kFa2Fp8 and the kWgmma variants.
@@ -522,6 +525,12 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
     fail("plan_extend_split: num_sms and ctas_per_sm must be >= 1");
   }
   ExtendSplitPlan plan;
+  if (kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent) {
+    // One CTA per resident slot, whatever the batch (and whichever kernel runs).
+    const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm;
+    plan.persistent_ctas = static_cast<std::int32_t>(
+        slots < kCudaExtendMaxPersistentCtas ? slots : kCudaExtendMaxPersistentCtas);
+  }
   if (!splits_over_keys(kernel) || params.num_seqs == 0 || params.max_q_len == 0) return plan;
   // An FP8 cache that only the CUDA-core FP8 kernel takes: it ignores the plan.
   if (params.quant.fp8() && !tc_fp8_extend_runs(params, kernel)) return plan;
@@ -542,8 +551,12 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
 }
 
 std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan) {
-  return detail::fa2_workspace_bytes(params.num_seqs, params.max_q_len, params.num_q_heads,
-                                     params.layout.head_dim, plan.num_splits);
+  const std::size_t split =
+      detail::fa2_workspace_bytes(params.num_seqs, params.max_q_len, params.num_q_heads,
+                                  params.layout.head_dim, plan.num_splits);
+  // The persistent kernel's counter, where there is something to launch (an empty batch: nothing).
+  const bool counter = plan.persistent_ctas > 0 && params.num_seqs > 0 && params.max_q_len > 0;
+  return counter ? split + detail::kPersistentCounterBytes : split;
 }
 
 cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params,
@@ -551,8 +564,14 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   validate_cuda_extend(params);
   *plan = ExtendSplitPlan{};
   if (!splits_over_keys(kernel)) return cudaSuccess;
+  // kWgmmaWarpSpecializedPersistent's plan always names its CTAs (>= 1), so that its launch's
+  // checks pass whichever kernel runs.
+  const bool persistent = kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent;
   // An FP8 cache: no split (the CUDA-core FP8 kernel ignores the plan) but for kFa2Fp8's kernel.
-  if (params.quant.fp8() && !tc_fp8_extend_runs(params, kernel)) return cudaSuccess;
+  if (params.quant.fp8() && !tc_fp8_extend_runs(params, kernel)) {
+    if (persistent) plan->persistent_ctas = 1;  // its kernel does not run: any count does
+    return cudaSuccess;
+  }
   // A kWgmma variant where its kernel does not run, or kFa2Fp8 on a 16-bit cache: the plan of the
   // fallback, kFa2.
   if (kernel != ExtendKernel::kFa2 && !extend_kernel_runs(params, kernel)) {
@@ -571,7 +590,7 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
     } else
 #ifdef PAGEDKV_HAS_SM90A
         if (warp_specialized(kernel)) {
-      err = kernels::wgmma_ws_extend_ctas_per_sm(&resident);
+      err = kernels::wgmma_ws_extend_ctas_per_sm(persistent, &resident);
     } else if (kernel != ExtendKernel::kFa2) {
       err = kernels::wgmma_extend_ctas_per_sm(kernel == ExtendKernel::kWgmmaPipelined, &resident);
     } else
@@ -584,6 +603,12 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   }
   if (err != cudaSuccess) return err;
   *plan = plan_extend_split(params, kernel, sms, resident);
+  if (persistent && plan->persistent_ctas == 0) {
+    // Fallen back to kFa2: its plan, and a count the launch's checks accept.
+    plan->persistent_ctas =
+        plan_extend_split(params, ExtendKernel::kWgmmaWarpSpecializedPersistent, sms, 1)
+            .persistent_ctas;
+  }
   return cudaSuccess;
 }
 
@@ -610,14 +635,25 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
     fail("query tiles x num_splits = " + std::to_string(fa2_query_tiles(params) * plan.num_splits) +
          " exceed " + std::to_string(kMaxGridYZ));
   }
+  const bool persistent = kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent;
+  if (plan.persistent_ctas < 0 || plan.persistent_ctas > kCudaExtendMaxPersistentCtas ||
+      (persistent && plan.persistent_ctas == 0)) {
+    fail("plan.persistent_ctas must be in [" + std::string(persistent ? "1" : "0") + ", " +
+         std::to_string(kCudaExtendMaxPersistentCtas) + "]" +
+         (persistent ? " for kWgmmaWarpSpecializedPersistent (take the plan from "
+                       "plan_extend_split or extend_split_plan_for_current_device)"
+                     : "") +
+         ", got " + std::to_string(plan.persistent_ctas));
+  }
   // An FP8 cache needs no workspace (the CUDA-core FP8 kernel ignores the plan) but for kFa2Fp8's
   // kernel.
   const bool tc_fp8 = tc_fp8_extend_runs(params, kernel);
   const std::size_t needed =
       params.quant.fp8() && !tc_fp8 ? 0 : extend_workspace_bytes(params, plan);
-  if (needed > 0) {  // a split of a non-empty batch
+  if (needed > 0) {  // a split of a non-empty batch, or a persistent plan's counter
     if (workspace == nullptr || workspace_bytes < needed) {
-      fail("the split plan needs a workspace of " + std::to_string(needed) + " bytes, got " +
+      fail(std::string(plan.persistent_ctas > 0 ? "the persistent plan" : "the split plan") +
+           " needs a workspace of " + std::to_string(needed) + " bytes, got " +
            std::to_string(workspace == nullptr ? 0 : workspace_bytes));
     }
     if (!aligned_to(workspace, 16)) fail("workspace must be 16-byte aligned");
@@ -628,9 +664,12 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
 #ifdef PAGEDKV_HAS_SM90A
   if (wgmma_variant(kernel) && kernels::wgmma_extend_runs(params)) {
     if (warp_specialized(kernel)) {
-      return kernels::wgmma_ws_paged_extend(params,
-                                            kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong,
-                                            plan.num_splits, workspace, stream);
+      const kernels::WsSchedule schedule = persistent ? kernels::WsSchedule::kPingPongPersistent
+                                           : kernel == ExtendKernel::kWgmmaWarpSpecializedPingPong
+                                               ? kernels::WsSchedule::kPingPong
+                                               : kernels::WsSchedule::kPlain;
+      return kernels::wgmma_ws_paged_extend(params, schedule, plan.num_splits, workspace,
+                                            plan.persistent_ctas, stream);
     }
     return kernels::wgmma_paged_extend(params, kernel == ExtendKernel::kWgmmaPipelined,
                                        plan.num_splits, workspace, stream);

@@ -14,6 +14,7 @@
 #include "internal/extend_fa2_launch.hpp"
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_fa2_params.cuh"
+#include "internal/extend_persistent_schedule.hpp"
 #include "internal/extend_wgmma_launch.hpp"
 #include "pagedkv/reference/extend_attention.hpp"
 
@@ -36,14 +37,16 @@ struct CtaWork {
   int tiles;      // the split's key tiles (0 for a tile that sees no key)
 };
 
-// Fills w; false when the CTA has nothing to do (past its sequence's query tiles, or a split past
-// the active ones). Uniform over the CTA, so a kernel returns before any barrier.
-__device__ __forceinline__ bool cta_work(const fa2::Fa2Params& p, CtaWork& w) {
-  w.kv_head = static_cast<int>(blockIdx.x);
-  w.seq = static_cast<int>(blockIdx.y);
+// Fills w for grid cell (kv_head, seq, z); false when the cell has nothing to do (past its
+// sequence's query tiles, or a split past the active ones). Uniform over the CTA, so a kernel
+// returns (or a persistent one draws the next cell) before any barrier.
+__device__ __forceinline__ bool cell_work(const fa2::Fa2Params& p, int kv_head, int seq, int z,
+                                          CtaWork& w) {
+  w.kv_head = kv_head;
+  w.seq = seq;
   w.lens = fa2::seq_lens_of(p, w.seq);
   const int num_tiles = detail::extend_num_tiles(w.lens.q_len, p.group, kRows);
-  w.item = detail::fa2_work_item(static_cast<int>(blockIdx.z), num_tiles, p.num_splits);
+  w.item = detail::fa2_work_item(z, num_tiles, p.num_splits);
   if (w.item.tile < 0) return false;
   w.work = detail::fa2_tile_work(w.lens.q_len, w.lens.prefix, p.group, p.window_size, w.item.tile,
                                  kRows, kKeys, p.num_splits);
@@ -55,19 +58,31 @@ __device__ __forceinline__ bool cta_work(const fa2::Fa2Params& p, CtaWork& w) {
   return true;
 }
 
-// Launches `kernel` (threads per CTA, dynamic shared memory) over the grid of kp's batch and,
-// with a split over keys, kFa2's merge of the partial rows. kp.rows / kp.keys are set here.
-template <typename Kernel>
+// The cell of this CTA in the non-persistent grid.
+__device__ __forceinline__ bool cta_work(const fa2::Fa2Params& p, CtaWork& w) {
+  return cell_work(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+                   static_cast<int>(blockIdx.z), w);
+}
+
+// Query tiles of kp's launch (kRows rows each).
+inline std::int64_t grid_query_tiles(const fa2::Fa2Params& kp) {
+  return (static_cast<std::int64_t>(kp.max_q_len) * kp.group + kRows - 1) / kRows;
+}
+
+// Launches `kernel` (threads per CTA, dynamic shared memory; arguments kp, then `extra`) over the
+// grid of kp's batch and, with a split over keys, kFa2's merge of the partial rows. kp.rows /
+// kp.keys are set here.
+template <typename Kernel, typename... Extra>
 cudaError_t launch_grid(Kernel kernel, int threads, std::uint32_t smem_bytes, fa2::Fa2Params kp,
-                        bool bf16, int num_kv_heads, int num_seqs, cudaStream_t stream) {
+                        bool bf16, int num_kv_heads, int num_seqs, cudaStream_t stream,
+                        Extra... extra) {
   // Set on every launch: cheap, per device, and allowed while a graph is being captured.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem_bytes));
   if (err != cudaSuccess) return err;
   kp.rows = kRows;
   kp.keys = kKeys;
-  const std::int64_t tiles =
-      (static_cast<std::int64_t>(kp.max_q_len) * kp.group + kRows - 1) / kRows;
+  const std::int64_t tiles = grid_query_tiles(kp);
   if (tiles == 0) return cudaSuccess;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
@@ -75,7 +90,39 @@ cudaError_t launch_grid(Kernel kernel, int threads, std::uint32_t smem_bytes, fa
   config.blockDim = dim3(static_cast<unsigned>(threads));
   config.dynamicSmemBytes = smem_bytes;
   config.stream = stream;
-  err = cudaLaunchKernelEx(&config, kernel, kp);
+  err = cudaLaunchKernelEx(&config, kernel, kp, extra...);
+  if (err != cudaSuccess || kp.num_splits == 1) return err;
+  return fa2_merge_splits(kp, bf16, kHeadDim, num_seqs, stream);
+}
+
+// The persistent launch of `kernel` (arguments kp and a detail::PersistentSchedule): the grid's
+// cells become the items of extend_persistent_schedule.hpp, drawn by at most planned_ctas CTAs
+// off the counter at `counter` (kPersistentCounterBytes, zeroed here on the stream first); then
+// the merge, as launch_grid.
+template <typename Kernel>
+cudaError_t launch_persistent(Kernel kernel, int threads, std::uint32_t smem_bytes,
+                              fa2::Fa2Params kp, bool bf16, int num_kv_heads, int num_seqs,
+                              std::int64_t planned_ctas, void* counter, cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem_bytes));
+  if (err != cudaSuccess) return err;
+  kp.rows = kRows;
+  kp.keys = kKeys;
+  const std::int64_t tiles = grid_query_tiles(kp);
+  if (tiles == 0) return cudaSuccess;
+  detail::PersistentSchedule sched{};
+  sched.counter = static_cast<unsigned long long*>(counter);
+  sched.grid = {num_kv_heads, num_seqs, static_cast<std::int32_t>(tiles * kp.num_splits)};
+  sched.items = detail::persistent_items(sched.grid);
+  err = cudaMemsetAsync(counter, 0, sizeof(unsigned long long), stream);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t config{};
+  config.gridDim =
+      dim3(static_cast<unsigned>(detail::persistent_grid_ctas(sched.items, planned_ctas)));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  err = cudaLaunchKernelEx(&config, kernel, kp, sched);
   if (err != cudaSuccess || kp.num_splits == 1) return err;
   return fa2_merge_splits(kp, bf16, kHeadDim, num_seqs, stream);
 }

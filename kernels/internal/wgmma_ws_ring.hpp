@@ -22,6 +22,23 @@
 // its GEMMs are issued, arrives on turn[1 - c] (kWsTurnArrivals: its 128 threads). Before anything
 // else, consumer 1 arrives once on turn[0] (ws_turn_primed), so consumer 0 goes first: the issues
 // alternate 0, 1, 0, 1, ...; the last arrival completes a phase of turn[0] that nobody waits for.
+//
+// Persistent (ExtendKernel::kWgmmaWarpSpecializedPersistent): one CTA runs work item after work
+// item (kernels/internal/extend_persistent_schedule.hpp) on one ring, so tile indices above are
+// the CTA's running count of tiles over its items (an item's tile t is ring tile base + t, base
+// the tiles of the items before it), every tile's stage is freed, the last of an item too (after
+// the item's last PV GEMM completes: the producer refills it for a later item), and turn indices
+// run on over the items (an item with tiles > 0 has ws_item_turns(tiles) of them; consumer 1 is
+// primed once, before the first item). The items themselves go from the producer to the consumers
+// through kWsItemSlots shared-memory slots: for its n-th item, the producer's elected thread waits
+// on item_empty[ws_item_slot(n)] with parity ws_item_empty_parity(n) (a fresh barrier passes:
+// round 0), writes the item and what it covers (or "none left"), and arrives on item_full[]
+// (kWsItemFullArrivals); each consumer thread waits on item_full[] with parity
+// ws_item_full_parity(n), reads the slot in place while it works on the item (nothing of it held
+// in registers), and arrives on item_empty[] (kWsItemEmptyArrivals) once the item is done. A slot
+// is rewritten only after both consumers are done with its item (so the producer runs at most one
+// item ahead: it fills item n + 1's tiles while the consumers finish item n), and a consumer reads
+// a slot only once its item was written.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +78,26 @@ PAGEDKV_HOST_DEVICE constexpr int ws_release_iteration(int tile) {
 }
 PAGEDKV_HOST_DEVICE constexpr int ws_offset_slot(int tile) {
   return tile & 1;
+}
+
+// ---- the persistent kernel's item slots ----
+inline constexpr int kWsItemSlots = 2;
+inline constexpr int kWsItemFullArrivals = 1;                         // the producer's writer
+inline constexpr int kWsItemEmptyArrivals = 2 * kWsWarpgroupThreads;  // every consumer thread
+
+PAGEDKV_HOST_DEVICE constexpr int ws_item_slot(int n) {
+  return n % kWsItemSlots;
+}
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_item_full_parity(int n) {
+  return static_cast<std::uint32_t>((n / kWsItemSlots) & 1);
+}
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_item_empty_parity(int n) {
+  return static_cast<std::uint32_t>(((n / kWsItemSlots) & 1) ^ 1);
+}
+// GEMM-issue points (turns) of an item with `tiles` key tiles: tile 0's S GEMM, then tile t's S
+// GEMM with tile t - 1's PV GEMM, then the last PV GEMM; none for an item without keys.
+PAGEDKV_HOST_DEVICE constexpr int ws_item_turns(int tiles) {
+  return tiles > 0 ? tiles + 1 : 0;
 }
 
 }  // namespace pagedkv::detail

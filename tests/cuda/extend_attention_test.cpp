@@ -22,7 +22,12 @@
 // batches 16 ways (1 or 2 key tiles per split) and long ones not at all, so only forced splits
 // give the pipelined kernel partial rows from splits long enough to wrap its 4-stage ring;
 // /WgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecialized with the planner's split;
-// /WgmmaWarpSpecializedPingPong, kWgmmaWarpSpecializedPingPong likewise).
+// /WgmmaWarpSpecializedPingPong, kWgmmaWarpSpecializedPingPong likewise;
+// /WgmmaWarpSpecializedPersistent, kWgmmaWarpSpecializedPersistent with the planner's splits (a
+// test's forced splits replace them) and at most 3 CTAs, so that each CTA runs item after item
+// through one ring (the planner's one CTA per SM would give most CTAs one item of these small
+// problems), and its workspace, whose counter is poisoned before each launch (in a captured graph
+// too): the launch must zero it).
 //
 // Without a GPU every device test skips; the host-side argument checks still run.
 #include "pagedkv/cuda/extend_attention.hpp"
@@ -32,6 +37,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <span>
 #include <string>
@@ -98,7 +104,8 @@ enum class Variant {
   kWgmmaPipelined,
   kWgmmaPipelinedSplit3,
   kWgmmaWarpSpecialized,
-  kWgmmaWarpSpecializedPingPong
+  kWgmmaWarpSpecializedPingPong,
+  kWgmmaWarpSpecializedPersistent
 };
 Variant g_variant = Variant::kMma16;
 DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
@@ -120,16 +127,25 @@ ExtendKernel kernel_of(Variant v) {
       return ExtendKernel::kWgmmaWarpSpecialized;
     case Variant::kWgmmaWarpSpecializedPingPong:
       return ExtendKernel::kWgmmaWarpSpecializedPingPong;
+    case Variant::kWgmmaWarpSpecializedPersistent:
+      return ExtendKernel::kWgmmaWarpSpecializedPersistent;
   }
   return ExtendKernel::kFa2;
 }
 
 // > 0: the plan of every variant that splits over keys (a test's own), else the variant's.
 int g_forced_splits = 0;
+// The most CTAs /WgmmaWarpSpecializedPersistent launches.
+constexpr std::int32_t kPersistentTestCtas = 3;
 
 ExtendSplitPlan plan_of(const PagedExtendParams& p) {
   ExtendSplitPlan plan;
-  if (g_forced_splits > 0) {
+  if (g_variant == Variant::kWgmmaWarpSpecializedPersistent) {
+    testing::cuda_check(extend_split_plan_for_current_device(p, kernel_of(g_variant), &plan),
+                        "extend_split_plan_for_current_device");
+    if (g_forced_splits > 0) plan.num_splits = g_forced_splits;
+    plan.persistent_ctas = std::min(plan.persistent_ctas, kPersistentTestCtas);
+  } else if (g_forced_splits > 0) {
     plan.num_splits = g_forced_splits;
   } else if (g_variant == Variant::kFa2) {
     testing::cuda_check(extend_split_plan_for_current_device(p, ExtendKernel::kFa2, &plan),
@@ -159,6 +175,11 @@ cudaError_t launch_extend(const PagedExtendParams& p, cudaStream_t stream) {
   }
   const ExtendSplitPlan plan = plan_of(p);
   reserve_workspace(p);
+  if (plan.persistent_ctas > 0 && g_workspace.bytes() > 0) {
+    // The counter poisoned: a launch that does not zero it first skips or repeats items.
+    const cudaError_t err = cudaMemsetAsync(g_workspace.get(), 0x5a, 16, stream);
+    if (err != cudaSuccess) return err;
+  }
   return paged_extend_attention(p, stream, kernel_of(g_variant), plan, g_workspace.get(),
                                 g_workspace.bytes());
 }
@@ -210,6 +231,8 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "WgmmaWarpSpecialized";
     case Variant::kWgmmaWarpSpecializedPingPong:
       return "WgmmaWarpSpecializedPingPong";
+    case Variant::kWgmmaWarpSpecializedPersistent:
+      return "WgmmaWarpSpecializedPersistent";
   }
   return "Unknown";
 }
@@ -219,7 +242,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
                                            Variant::kWgmma, Variant::kWgmmaSplit3,
                                            Variant::kWgmmaPipelined, Variant::kWgmmaPipelinedSplit3,
                                            Variant::kWgmmaWarpSpecialized,
-                                           Variant::kWgmmaWarpSpecializedPingPong),
+                                           Variant::kWgmmaWarpSpecializedPingPong,
+                                           Variant::kWgmmaWarpSpecializedPersistent),
                          variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
@@ -713,7 +737,7 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   const PagedExtendParams good = pb.params(out, lse);
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kMma16));
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kFa2));
-  EXPECT_FALSE(extend_kernel_runs(good, static_cast<ExtendKernel>(7)));
+  EXPECT_FALSE(extend_kernel_runs(good, static_cast<ExtendKernel>(8)));
   // kWgmma: its kernel only at head_dim 128 on a device of compute capability 9.0 (in a build
   // with sm_90a code); never for another head_dim.
   bool cc90 = false;
@@ -731,12 +755,15 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
             cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
   EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmmaWarpSpecializedPingPong),
             cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
+  EXPECT_EQ(extend_kernel_runs(good, ExtendKernel::kWgmmaWarpSpecializedPersistent),
+            cc90 && PAGEDKV_TEST_HAS_SM90A != 0);
   PagedExtendParams dim64 = good;
   dim64.layout.head_dim = 64;
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmma));
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaPipelined));
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaWarpSpecialized));
   EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaWarpSpecializedPingPong));
+  EXPECT_FALSE(extend_kernel_runs(dim64, ExtendKernel::kWgmmaWarpSpecializedPersistent));
   // kWgmma splits as kFa2, over its own 128-row query tiles: at head_dim 256 kFa2's tiles are 64
   // rows (16 per warp), so 200 rows are 4 tiles for kFa2 (16 CTAs) and 2 for kWgmma (8 CTAs).
   EXPECT_EQ(plan_extend_split(good, ExtendKernel::kWgmma, 132, 2).num_splits, kCudaExtendMaxSplits);
@@ -749,6 +776,8 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaWarpSpecialized, 3, 2).num_splits, 2);
   EXPECT_EQ(plan_extend_split(dim256, ExtendKernel::kWgmmaWarpSpecializedPingPong, 3, 2).num_splits,
             2);
+  EXPECT_EQ(
+      plan_extend_split(dim256, ExtendKernel::kWgmmaWarpSpecializedPersistent, 3, 2).num_splits, 2);
   // Whatever the planner returns, paged_extend_attention takes it for the same variant: its grid
   // check counts kFa2's query tiles (what the kWgmma variants fall back to), which at head_dim 256
   // are twice kWgmma's. 160,000 tokens x group 4 = 10,000 kFa2 tiles, 5,000 kWgmma tiles; on a
@@ -760,7 +789,8 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
     big.max_q_len = 160000;
     for (const ExtendKernel k :
          {ExtendKernel::kFa2, ExtendKernel::kWgmma, ExtendKernel::kWgmmaPipelined,
-          ExtendKernel::kWgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecializedPingPong}) {
+          ExtendKernel::kWgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecializedPingPong,
+          ExtendKernel::kWgmmaWarpSpecializedPersistent}) {
       const ExtendSplitPlan wide = plan_extend_split(big, k, 100000, 1);
       EXPECT_GT(wide.num_splits, 1) << "head_dim " << head_dim;
       expect_error([&] { (void)paged_extend_attention(big, nullptr, k, wide, nullptr, 0); },
@@ -795,7 +825,7 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   plan.num_splits = kCudaExtendMaxSplits + 1;
   expect_error([&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kFa2, plan); },
                "num_splits");
-  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(7)); },
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(-1)); },
                "unknown ExtendKernel");
   // kWgmma checks the plan and workspace as kFa2 does, whether its kernel or the fallback runs.
   expect_error([&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kWgmma, plan); },
@@ -837,6 +867,152 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   p.q_stride_token = 1028;  // the shared checks run first for the variant too
   expect_error([&] { (void)paged_extend_attention(p, nullptr, ExtendKernel::kFa2); },
                "multiples of 8");
+}
+
+// kWgmmaWarpSpecializedPersistent: an item's rows do not depend on which CTA ran it, nor on how
+// many CTAs shared the items. Unlike sequences (long and short prompts, cached prefixes, one
+// token, an empty one) so the CTAs draw items of very different sizes, run with 1, 2 and 5 CTAs
+// and the planner's count, without and with 3 splits, on one stream without synchronizing: every
+// run within the tolerance of the reference and, per split count, bitwise equal to the run with
+// one CTA (where one CTA runs every item through one ring: its stages, phases and turns carried
+// from item to item). Where the kernel does not run (not compute capability 9.0) this checks the
+// fallback, and says so.
+class CudaExtendPersistent : public testing::GpuTest {};
+
+TEST_F(CudaExtendPersistent, ResultsDoNotDependOnTheCtas) {
+  ExtendShape s = testing::make_extend_shape(KVDtype::kBFloat16, 128, 3, 4, 16,
+                                             {0, 500, 37, 900, 64, 0}, {700, 20, 300, 1, 129, 0});
+  s.extra_max_q_len = 9;
+  const auto pb = testing::make_extend_problem(s, 4242);
+  const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
+  DeviceExtendProblem dev(pb);
+  const PagedExtendParams base = dev.params(pb);
+  constexpr ExtendKernel kKernel = ExtendKernel::kWgmmaWarpSpecializedPersistent;
+  if (!extend_kernel_runs(base, kKernel)) {
+    std::printf("[ NOTE ] the persistent kernel does not run on this device: the fallback ran\n");
+  }
+  ExtendSplitPlan planned;
+  PAGEDKV_CUDA_CHECK(extend_split_plan_for_current_device(base, kKernel, &planned));
+  ASSERT_GE(planned.persistent_ctas, 1);
+  cudaStream_t stream = nullptr;
+  PAGEDKV_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::size_t elems = pb.q.size();
+  for (const std::int32_t splits : {1, 3}) {
+    const std::vector<std::int32_t> ctas = {1, 2, 5, planned.persistent_ctas};
+    ExtendSplitPlan plan;
+    plan.num_splits = splits;
+    plan.persistent_ctas = 1;
+    const std::size_t ws_bytes = extend_workspace_bytes(base, plan);
+    ASSERT_GT(ws_bytes, 0u);
+    std::vector<DeviceBuffer> outs;
+    std::vector<DeviceBuffer> workspaces;
+    for (const std::int32_t n : ctas) {
+      outs.emplace_back(elems * sizeof(std::uint16_t));
+      workspaces.emplace_back(ws_bytes);
+      PAGEDKV_CUDA_CHECK(cudaMemsetAsync(outs.back().get(), 0xff, outs.back().bytes(), stream));
+      PAGEDKV_CUDA_CHECK(cudaMemsetAsync(workspaces.back().get(), 0x5a, ws_bytes, stream));
+      PagedExtendParams p = base;
+      p.out = outs.back().get();
+      plan.persistent_ctas = n;
+      PAGEDKV_CUDA_CHECK(
+          paged_extend_attention(p, stream, kKernel, plan, workspaces.back().get(), ws_bytes));
+    }
+    PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
+    const auto first = testing::download<std::uint16_t>(outs.front().get(), elems);
+    for (std::size_t i = 0; i < ctas.size(); ++i) {
+      const auto got = testing::download<std::uint16_t>(outs[i].get(), elems);
+      const auto rows = testing::rows_match(testing::to_doubles(KVDtype::kBFloat16, got), ref.out,
+                                            128, tolerance(KVDtype::kBFloat16));
+      EXPECT_TRUE(rows) << ctas[i] << " CTAs, " << splits << " splits";
+      EXPECT_TRUE(got == first) << ctas[i] << " CTAs, " << splits
+                                << " splits: not bitwise equal to the one-CTA run";
+    }
+  }
+  PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+// kWgmmaWarpSpecializedPersistent's plan (its CTAs), workspace (the work counter before any split
+// partials) and launch checks (host only).
+TEST(CudaExtendAttentionArguments, PersistentPlanAndWorkspaceChecks) {
+  const ExtendShape s =
+      testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50});
+  const auto pb = testing::make_extend_problem(s, 1);
+  alignas(16) static std::uint16_t out[58 * 8 * 128];
+  alignas(16) static float lse[58 * 8 + 1];
+  const PagedExtendParams good = pb.params(out, lse);
+  constexpr ExtendKernel kPersistent = ExtendKernel::kWgmmaWarpSpecializedPersistent;
+  EXPECT_EQ(static_cast<int>(kPersistent), 7);
+
+  // One CTA per resident slot, capped; the splits are the ping-pong kernel's.
+  for (const auto& [sms, per_sm] : {std::pair{132, 1}, std::pair{4, 1}, std::pair{3, 2}}) {
+    const ExtendSplitPlan plan = plan_extend_split(good, kPersistent, sms, per_sm);
+    EXPECT_EQ(plan.persistent_ctas, sms * per_sm);
+    EXPECT_EQ(plan.num_splits,
+              plan_extend_split(good, ExtendKernel::kWgmmaWarpSpecializedPingPong, sms, per_sm)
+                  .num_splits);
+  }
+  EXPECT_EQ(plan_extend_split(good, kPersistent, 100000, 2).persistent_ctas,
+            kCudaExtendMaxPersistentCtas);
+  // Every other variant's plan has none.
+  for (const ExtendKernel k :
+       {ExtendKernel::kMma16, ExtendKernel::kFa2, ExtendKernel::kWgmma,
+        ExtendKernel::kWgmmaWarpSpecializedPingPong, ExtendKernel::kFa2Fp8}) {
+    EXPECT_EQ(plan_extend_split(good, k, 132, 1).persistent_ctas, 0);
+  }
+  // The empty batch too gets CTAs (the launch checks them), but needs no workspace.
+  PagedExtendParams empty = good;
+  empty.num_seqs = 0;
+  const ExtendSplitPlan empty_plan = plan_extend_split(empty, kPersistent, 132, 1);
+  EXPECT_EQ(empty_plan.persistent_ctas, 132);
+  EXPECT_EQ(extend_workspace_bytes(empty, empty_plan), 0u);
+  EXPECT_EQ(paged_extend_attention(empty, nullptr, kPersistent, empty_plan, nullptr, 0),
+            cudaSuccess);
+
+  // Workspace: 16 bytes of counter, then the split partials.
+  ExtendSplitPlan plan;
+  plan.persistent_ctas = 132;
+  EXPECT_EQ(extend_workspace_bytes(good, plan), 16u);
+  plan.num_splits = 4;
+  ExtendSplitPlan split_only;
+  split_only.num_splits = 4;
+  EXPECT_EQ(extend_workspace_bytes(good, plan), extend_workspace_bytes(good, split_only) + 16);
+  EXPECT_EQ(extend_workspace_bytes(good, plan) % 16, 0u);
+
+  // The launch: a plan with CTAs and its workspace, also without a split.
+  ExtendSplitPlan none;
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, kPersistent, none); },
+               "persistent_ctas must be in [1, 65536] for kWgmmaWarpSpecializedPersistent");
+  ExtendSplitPlan bad;
+  bad.persistent_ctas = kCudaExtendMaxPersistentCtas + 1;
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, kPersistent, bad); }, "got 65537");
+  bad.persistent_ctas = -1;
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, ExtendKernel::kFa2, bad); },
+               "persistent_ctas must be in [0, 65536], got -1");
+  plan.num_splits = 1;
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, kPersistent, plan, nullptr, 0); },
+               "the persistent plan needs a workspace of 16 bytes, got 0");
+  alignas(16) static unsigned char small[32];
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, kPersistent, plan, small, 8); },
+               "needs a workspace of 16 bytes, got 8");
+  expect_error(
+      [&] { (void)paged_extend_attention(good, nullptr, kPersistent, plan, small + 4, 28); },
+      "16-byte aligned");
+  plan.num_splits = 4;
+  expect_error(
+      [&] {
+        (void)paged_extend_attention(good, nullptr, kPersistent, plan, small,
+                                     extend_workspace_bytes(good, split_only));
+      },
+      "the persistent plan needs a workspace of " +
+          std::to_string(extend_workspace_bytes(good, plan)));
+  // The shared checks run first.
+  PagedExtendParams p = good;
+  p.q_stride_token = 1028;
+  expect_error([&] { (void)paged_extend_attention(p, nullptr, kPersistent, plan); },
+               "multiples of 8");
+  PagedExtendParams dim96 = good;
+  dim96.layout.head_dim = 96;
+  expect_error([&] { (void)plan_extend_split(dim96, kPersistent, 0, 1); }, "num_sms");
 }
 
 // ExtendKernel::kFa2Fp8's selection, planning and workspace rules (host only; its kernel runs in

@@ -24,6 +24,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -56,41 +57,73 @@ struct Stage {
   bool landed = false;  // those copies have completed
 };
 
-// One run: returns "" or what went wrong. ping_pong: the consumers take turns issuing GEMMs on
-// the turn barriers (kWgmmaWarpSpecializedPingPong's kernel; kWgmmaWarpSpecialized's without).
-// warps: actors per
-// consumer warpgroup (1: the warpgroup acts as one; 4: each warp is an actor of its own, as on
-// the hardware, where nothing keeps a warpgroup's warps together between barriers, so one warp
-// can lag behind its warpgroup's arrivals: the case in which a parity wait could alias a phase
-// two completions ahead).
-std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong, int warps) {
+// One run: returns "" or what went wrong. items: the key tiles of each work item the CTA runs, in
+// order (the non-persistent kernel: exactly one). persistent: the persistent kernel's protocol
+// (the items handed from the producer to the consumers through the item slots, ring tiles and
+// turns counted over the items, every tile's stage freed); else the single-item kernel's (the
+// last tile's stage never freed). ping_pong: the consumers take turns issuing GEMMs on the turn
+// barriers. warps: actors per consumer warpgroup (1: the warpgroup acts as one; 4: each warp is
+// an actor of its own, as on the hardware, where nothing keeps a warpgroup's warps together
+// between barriers, so one warp can lag behind its warpgroup's arrivals: the case in which a
+// parity wait could alias a phase two completions ahead).
+std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool ping_pong,
+                         int warps, bool persistent) {
   std::mt19937_64 rng(seed);
+  const int num_items = static_cast<int>(items.size());
+  std::vector<int> item_base(items.size() + 1, 0);  // ring tiles before each item
+  for (std::size_t i = 0; i < items.size(); ++i) item_base[i + 1] = item_base[i] + items[i];
+  const int total_tiles = item_base.back();
+  int total_turns = 0;
+  for (const int tiles : items) total_turns += detail::ws_item_turns(tiles);
   // The kernel's init counts in the model's units: the producer's copies land as one event per
   // tile (kWsFullArrivals / 128); a consumer actor's arrival stands for its 128 / warps threads'.
   const int threads_per_actor = detail::kWsWarpgroupThreads / warps;
   std::array<Barrier, kWsStages> full{};
   std::array<Barrier, kWsStages> empty{};
   std::array<Barrier, 2> turn{};
+  std::array<Barrier, detail::kWsItemSlots> item_full{};
+  std::array<Barrier, detail::kWsItemSlots> item_empty{};
   for (auto& b : full) b.expected = detail::kWsFullArrivals / detail::kWsWarpgroupThreads;
   for (auto& b : empty) b.expected = detail::kWsEmptyArrivals / threads_per_actor;
   for (auto& b : turn) b.expected = detail::kWsTurnArrivals / threads_per_actor;
+  for (auto& b : item_full) b.expected = detail::kWsItemFullArrivals;
+  for (auto& b : item_empty) b.expected = detail::kWsItemEmptyArrivals / threads_per_actor;
   std::array<Stage, kWsStages> stages{};
-  std::vector<int> in_flight;  // tiles issued, not landed
+  std::array<int, detail::kWsItemSlots> slot_item{};  // what each item slot holds (-1: none left)
+  slot_item.fill(-2);                                 // never written
+  std::vector<int> in_flight;                         // tiles issued, not landed
 
-  int producer_t = 0;  // the producer's next tile
-  // A consumer actor's position: the GEMM-issue point t it is at (0 .. tiles: tile t's S GEMM and
-  // tile t - 1's PV GEMM; t == tiles only the last PV GEMM, after the loop), and its step there.
+  // The producer: publishes item n (persistent; n == num_items publishes "none left"), then fills
+  // its tiles; the single-item kernel starts at its item's tiles.
+  int producer_item = 0;
+  bool producer_published = !persistent;
+  int producer_t = 0;  // within the item
+  // A consumer actor's position: its item, the GEMM-issue point t it is at within it (0 .. tiles:
+  // tile t's S GEMM and tile t - 1's PV GEMM; t == tiles only the last PV GEMM, after the loop),
+  // and its step there.
   struct Consumer {
     int c = 0;  // its warpgroup: consumer 0 or 1
+    int item = 0;
     int t = 0;
-    int step = 0;  // 0: wait full(t) (t < tiles); 1: wait its turn; 2: issue; 3: done
-    int last_pv_done = -1;
-    std::vector<int> read;  // tiles whose S GEMM it ran
+    // 0: wait full(t) (t < tiles); 1: wait its turn; 2: issue; 3: done; 4: wait for the item
+    // (persistent)
+    int step = 0;
+    int turns_issued = 0;   // over the items
+    int last_pv_done = -1;  // ring tile
+    std::vector<int> read;  // ring tiles whose S GEMM it ran
   };
   std::vector<Consumer> consumers(static_cast<std::size_t>(2 * warps));
+  const auto start_item = [&](Consumer& k) {
+    k.t = 0;
+    k.step = k.item < num_items && items[static_cast<std::size_t>(k.item)] > 0 ? 0 : 2;
+  };
   for (std::size_t i = 0; i < consumers.size(); ++i) {
     consumers[i].c = static_cast<int>(i) / warps;
-    if (tiles == 0) consumers[i].step = 3;  // the kernel's consumers skip the loop
+    if (persistent) {
+      consumers[i].step = 4;
+    } else if (items[0] == 0) {
+      consumers[i].step = 3;  // the kernel's consumers skip the loop
+    }
   }
   std::vector<int> issue_order;  // which consumer issued, at every issue point (warps == 1)
   if (ping_pong) {
@@ -108,51 +141,95 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong, int warp
     }
     return "";
   };
+  const auto release = [&](int tile) {
+    empty[static_cast<std::size_t>(detail::ws_stage(tile))].arrive();
+  };
   const int landing = 1 + 2 * warps;  // the mover id of a landing event
+  const auto producer_can_move = [&] {
+    if (!producer_published) {
+      return producer_item <= num_items &&
+             item_empty[static_cast<std::size_t>(detail::ws_item_slot(producer_item))].passes(
+                 detail::ws_item_empty_parity(producer_item));
+    }
+    if (producer_item >= num_items) return false;
+    if (producer_t >= items[static_cast<std::size_t>(producer_item)]) return true;  // next item
+    const int g = item_base[static_cast<std::size_t>(producer_item)] + producer_t;
+    return empty[static_cast<std::size_t>(detail::ws_stage(g))].passes(detail::ws_empty_parity(g));
+  };
 
-  for (int guard = 0; guard < 1000000; ++guard) {
+  for (int guard = 0; guard < 4000000; ++guard) {
     // What can move now.
     std::vector<int> movers;  // 0: producer, 1 .. 2 warps: consumer actors, then a landing
-    if (producer_t < tiles && empty[static_cast<std::size_t>(detail::ws_stage(producer_t))].passes(
-                                  detail::ws_empty_parity(producer_t))) {
-      movers.push_back(0);
-    }
+    if (producer_can_move()) movers.push_back(0);
     bool all_done = true;
     for (std::size_t i = 0; i < consumers.size(); ++i) {
       const Consumer& k = consumers[i];
       if (k.step == 3) continue;
       all_done = false;
+      if (k.step == 4 && !item_full[static_cast<std::size_t>(detail::ws_item_slot(k.item))].passes(
+                             detail::ws_item_full_parity(k.item))) {
+        continue;
+      }
+      const int tiles = k.item < num_items ? items[static_cast<std::size_t>(k.item)] : 0;
+      const int g = item_base[static_cast<std::size_t>(std::min(k.item, num_items))] + k.t;
       if (k.step == 0 && k.t < tiles &&
-          !full[static_cast<std::size_t>(detail::ws_stage(k.t))].passes(
-              detail::ws_full_parity(k.t))) {
+          !full[static_cast<std::size_t>(detail::ws_stage(g))].passes(detail::ws_full_parity(g))) {
         continue;
       }
       if (k.step == 1 && ping_pong &&
-          !turn[static_cast<std::size_t>(k.c)].passes(detail::ws_turn_parity(k.t))) {
+          !turn[static_cast<std::size_t>(k.c)].passes(detail::ws_turn_parity(k.turns_issued))) {
         continue;
       }
       movers.push_back(1 + static_cast<int>(i));
     }
     if (!in_flight.empty()) movers.push_back(landing);
-    if (producer_t == tiles && in_flight.empty() && all_done) break;
+    const bool producer_done = persistent ? producer_item > num_items : producer_item >= num_items;
+    if (producer_done && in_flight.empty() && all_done) break;
     if (movers.empty()) {
-      return "deadlock: producer at tile " + std::to_string(producer_t) + ", consumer actors at " +
-             std::to_string(consumers.front().t) + " .. " + std::to_string(consumers.back().t);
+      return "deadlock: producer at item " + std::to_string(producer_item) + " tile " +
+             std::to_string(producer_t) + ", consumer actors at item " +
+             std::to_string(consumers.front().item) + " tile " +
+             std::to_string(consumers.front().t) + " .. item " +
+             std::to_string(consumers.back().item) + " tile " + std::to_string(consumers.back().t);
     }
     const int who = movers[std::uniform_int_distribution<std::size_t>(0, movers.size() - 1)(rng)];
-    if (who == 0) {  // refill the stage with tile producer_t (copies in flight)
-      Stage& st = stages[static_cast<std::size_t>(detail::ws_stage(producer_t))];
+    if (who == 0) {
+      if (!producer_published) {  // write item producer_item (or "none left") into its slot
+        const std::size_t slot = static_cast<std::size_t>(detail::ws_item_slot(producer_item));
+        for (const Consumer& k : consumers) {
+          // Every consumer must be done with the item the slot held (read in place until then).
+          if (slot_item[slot] >= 0 && k.item <= slot_item[slot] && k.step != 3) {
+            return "producer rewrote item slot " + std::to_string(slot) + " (item " +
+                   std::to_string(slot_item[slot]) + ") while a consumer still worked on it";
+          }
+        }
+        slot_item[slot] = producer_item < num_items ? producer_item : -1;
+        item_full[slot].arrive();
+        producer_published = true;
+        producer_t = 0;
+        if (producer_item == num_items) ++producer_item;  // done
+        continue;
+      }
+      if (producer_t >= items[static_cast<std::size_t>(producer_item)]) {  // the next item
+        ++producer_item;
+        producer_published = !persistent;
+        producer_t = 0;
+        continue;
+      }
+      // Refill the stage with ring tile g (copies in flight).
+      const int g = item_base[static_cast<std::size_t>(producer_item)] + producer_t;
+      Stage& st = stages[static_cast<std::size_t>(detail::ws_stage(g))];
       for (const Consumer& k : consumers) {
         // A consumer still needs st.tile if it has not finished that tile's PV GEMM.
         if (st.tile >= 0 && k.last_pv_done < st.tile) {
-          return "producer refilled stage " + std::to_string(detail::ws_stage(producer_t)) +
-                 " (tile " + std::to_string(st.tile) + ") with tile " + std::to_string(producer_t) +
+          return "producer refilled stage " + std::to_string(detail::ws_stage(g)) + " (tile " +
+                 std::to_string(st.tile) + ") with tile " + std::to_string(g) +
                  " before a consumer's PV GEMM of it";
         }
       }
-      st.tile = producer_t;
+      st.tile = g;
       st.landed = false;
-      in_flight.push_back(producer_t);
+      in_flight.push_back(g);
       ++producer_t;
     } else if (who == landing) {  // some issued tile's copies land; their completion arrives
       const std::size_t i =
@@ -163,54 +240,89 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong, int warp
       full[static_cast<std::size_t>(detail::ws_stage(tile))].arrive();
     } else {
       Consumer& k = consumers[static_cast<std::size_t>(who - 1)];
+      if (k.step == 4) {  // the item slot passed: read it
+        const int held = slot_item[static_cast<std::size_t>(detail::ws_item_slot(k.item))];
+        const int want = k.item < num_items ? k.item : -1;
+        if (held != want) {
+          return "consumer read item slot " + std::to_string(detail::ws_item_slot(k.item)) +
+                 " for item " + std::to_string(k.item) + " and found " + std::to_string(held);
+        }
+        if (held < 0) {
+          k.step = 3;  // none left
+        } else {
+          start_item(k);
+        }
+        continue;
+      }
+      const int tiles = items[static_cast<std::size_t>(k.item)];
+      const int base = item_base[static_cast<std::size_t>(k.item)];
       if (k.step < 2) {
         ++k.step;  // full(t) passed (or none to wait for, at the last PV GEMM); then its turn
         continue;
       }
-      // Issue: S GEMM of tile t (t < tiles), PV GEMM of tile t - 1, hand the turn over, then free
-      // the stage of the tile whose release iteration this is (the loop's iterations only: the
-      // last tile's stage is never freed).
-      if (k.t < tiles) {
-        if (std::string e = check_holds(k.t, "S GEMM"); !e.empty()) return e;
-        k.read.push_back(k.t);
-      }
-      if (k.t > 0) {
-        if (std::string e = check_holds(k.t - 1, "PV GEMM"); !e.empty()) return e;
-        k.last_pv_done = k.t - 1;
-      }
-      if (ping_pong) {
-        // Strict alternation of the warpgroups, consumer 0 first: at consumer 0's turn t, every
-        // actor of consumer 1 has issued exactly t turns (0 .. t - 1); at consumer 1's turn t,
-        // every actor of consumer 0 exactly t + 1.
-        for (const Consumer& o : consumers) {
-          if (o.c == k.c) continue;
-          const int issued = o.step == 3 ? tiles + 1 : o.t;
-          if (issued != k.t + k.c) {
-            return "consumer " + std::to_string(k.c) + " issued turn " + std::to_string(k.t) +
-                   " while an actor of consumer " + std::to_string(o.c) + " had issued " +
-                   std::to_string(issued) + " turns: the warpgroups do not alternate";
+      if (tiles > 0) {
+        // Issue: S GEMM of tile t (t < tiles), PV GEMM of tile t - 1, hand the turn over, then
+        // free the stage of the tile whose release iteration this is (the loop's iterations; the
+        // persistent kernel frees the item's last tile after its last PV GEMM too).
+        if (k.t < tiles) {
+          if (std::string e = check_holds(base + k.t, "S GEMM"); !e.empty()) return e;
+          k.read.push_back(base + k.t);
+        }
+        if (k.t > 0) {
+          if (std::string e = check_holds(base + k.t - 1, "PV GEMM"); !e.empty()) return e;
+          k.last_pv_done = base + k.t - 1;
+        }
+        if (ping_pong) {
+          // Strict alternation of the warpgroups, consumer 0 first: at consumer 0's turn K (over
+          // the items), every actor of consumer 1 has issued exactly K turns; at consumer 1's
+          // turn K, every actor of consumer 0 exactly K + 1.
+          for (const Consumer& o : consumers) {
+            if (o.c == k.c) continue;
+            if (o.turns_issued != k.turns_issued + k.c) {
+              return "consumer " + std::to_string(k.c) + " issued turn " +
+                     std::to_string(k.turns_issued) + " while an actor of consumer " +
+                     std::to_string(o.c) + " had issued " + std::to_string(o.turns_issued) +
+                     " turns: the warpgroups do not alternate";
+            }
           }
         }
-      }
-      issue_order.push_back(k.c);
-      if (ping_pong) turn[static_cast<std::size_t>(1 - k.c)].arrive();
-      if (k.t < tiles) {
-        for (int u = 0; u <= k.t; ++u) {
-          if (detail::ws_release_iteration(u) == k.t) {
-            empty[static_cast<std::size_t>(detail::ws_stage(u))].arrive();
+        issue_order.push_back(k.c);
+        ++k.turns_issued;
+        if (ping_pong) turn[static_cast<std::size_t>(1 - k.c)].arrive();
+        if (k.t < tiles) {
+          for (int u = 0; u <= k.t; ++u) {
+            if (detail::ws_release_iteration(u) == k.t) release(base + u);
           }
+        } else if (persistent) {
+          release(base + tiles - 1);
+        }
+        if (++k.t <= tiles) {
+          k.step = 0;
+          continue;
         }
       }
-      k.step = ++k.t > tiles ? 3 : 0;
+      // The item is done.
+      if (!persistent) {
+        k.step = 3;
+        continue;
+      }
+      item_empty[static_cast<std::size_t>(detail::ws_item_slot(k.item))].arrive();
+      ++k.item;
+      k.step = 4;
     }
   }
   for (const Consumer& k : consumers) {
-    if (static_cast<int>(k.read.size()) != tiles) return "a consumer did not read every tile";
+    if (static_cast<int>(k.read.size()) != total_tiles) return "a consumer did not read every tile";
+    for (int g = 0; g < total_tiles; ++g) {
+      if (k.read[static_cast<std::size_t>(g)] != g) return "a consumer read the tiles out of order";
+    }
+    if (k.turns_issued != total_turns) return "a consumer issued a wrong number of turns";
   }
   if (ping_pong && warps == 1) {
-    // Strict alternation, consumer 0 first: tiles + 1 issue points each.
-    const std::size_t points = tiles == 0 ? 0 : 2 * static_cast<std::size_t>(tiles + 1);
-    if (issue_order.size() != points) return "wrong number of issue points";
+    // Strict alternation, consumer 0 first.
+    if (issue_order.size() != 2 * static_cast<std::size_t>(total_turns)) {
+      return "wrong number of issue points";
+    }
     for (std::size_t i = 0; i < issue_order.size(); ++i) {
       if (issue_order[i] != static_cast<int>(i % 2)) {
         return "issue " + std::to_string(i) + " by consumer " + std::to_string(issue_order[i]) +
@@ -221,12 +333,21 @@ std::string run_protocol(int tiles, std::uint64_t seed, bool ping_pong, int warp
   return "";
 }
 
+// Random item lists for the persistent kernel: 1-6 items of 0-9 tiles (an item without keys
+// included), so items wrap the ring at every offset.
+std::vector<int> random_items(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int> items(std::uniform_int_distribution<std::size_t>(1, 6)(rng));
+  for (int& t : items) t = std::uniform_int_distribution<int>(0, 9)(rng);
+  return items;
+}
+
 TEST(WgmmaWsRing, EveryInterleavingReadsEachTileFromItsStageAndEnds) {
   for (const bool ping_pong : {true, false}) {
     for (int tiles = 0; tiles <= 13; ++tiles) {
       for (std::uint64_t seed = 1; seed <= 300; ++seed) {
-        const std::string e =
-            run_protocol(tiles, seed * 7919 + static_cast<std::uint64_t>(tiles), ping_pong, 1);
+        const std::string e = run_protocol({tiles}, seed * 7919 + static_cast<std::uint64_t>(tiles),
+                                           ping_pong, 1, false);
         ASSERT_EQ(e, "") << tiles << " tiles, seed " << seed << ", ping-pong " << ping_pong;
       }
     }
@@ -241,12 +362,31 @@ TEST(WgmmaWsRing, EveryInterleavingOfTheConsumerWarpsAlternatesAndEnds) {
   for (const bool ping_pong : {true, false}) {
     for (int tiles = 0; tiles <= 9; ++tiles) {
       for (std::uint64_t seed = 1; seed <= 200; ++seed) {
-        const std::string e = run_protocol(tiles, seed * 104729 + static_cast<std::uint64_t>(tiles),
-                                           ping_pong, kWarps);
+        const std::string e = run_protocol(
+            {tiles}, seed * 104729 + static_cast<std::uint64_t>(tiles), ping_pong, kWarps, false);
         ASSERT_EQ(e, "") << tiles << " tiles, seed " << seed << ", ping-pong " << ping_pong;
       }
     }
   }
+}
+
+// The persistent kernel (ExtendKernel::kWgmmaWarpSpecializedPersistent): items handed over
+// through the item slots, the ring and the turns carried from item to item; with the warpgroups
+// as actors and with every consumer warp one.
+TEST(WgmmaWsRing, PersistentItemsCarryTheRingAndTheTurns) {
+  constexpr int kWarps = detail::kWsWarpgroupThreads / 32;
+  for (const bool ping_pong : {true, false}) {
+    for (const int warps : {1, kWarps}) {
+      for (std::uint64_t seed = 1; seed <= 400; ++seed) {
+        const std::vector<int> items = random_items(seed);
+        const std::string e = run_protocol(items, seed * 31337 + 5, ping_pong, warps, true);
+        ASSERT_EQ(e, "") << items.size() << " items, seed " << seed << ", ping-pong " << ping_pong
+                         << ", warps " << warps;
+      }
+    }
+  }
+  // No item at all: the consumers read "none left" at once.
+  EXPECT_EQ(run_protocol({}, 1, true, 1, true), "");
 }
 
 TEST(WgmmaWsRing, ScheduleFunctions) {

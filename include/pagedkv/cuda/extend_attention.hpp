@@ -60,6 +60,18 @@
 //           other's GEMMs occupy the tensor cores by construction, not by drift
 //           (FlashAttention-3's inter-warpgroup ping-pong). Same shapes, plan, fallback and
 //           status (not yet run on a GPU).
+//   kWgmmaWarpSpecializedPersistent  the ping-pong kernel made persistent: the launch starts at
+//           most ExtendSplitPlan::persistent_ctas CTAs (the planner's: one per resident slot,
+//           SMs x CTAs per SM) and each takes work items (the other variants' CTAs: KV head x
+//           sequence x query tile x split) off a shared counter, in the order the hardware would
+//           have started them, every sequence's heaviest query tile first, so a CTA that finishes
+//           early takes the next (greedy, longest-first when the sequences are alike); the
+//           producer gathers the next item's K/V into the ring while the consumers finish the
+//           current one. The counter lives in the first 16 bytes of the caller's workspace
+//           (extend_workspace_bytes counts them; the split's partials follow) and the launch zeroes
+//           it on the stream before the kernel (a memset node in a captured graph), so the variant
+//           always needs a plan from the planner and its workspace, also without a split. Same
+//           shapes, fallback and status (not yet run on a GPU).
 //   kFa2Fp8  kernels/extend_attention_fa2_fp8.cu: for an FP8 cache, kFa2's 4-warp tiles, ring,
 //           split (same plan rules over its own tiles and occupancy, same workspace and merge
 //           kernel) with FP8 codes in the ring, each thread converting the codes it copied
@@ -75,14 +87,15 @@
 //
 // Errors: argument problems detectable on the host throw pagedkv::Error before anything is
 // enqueued; CUDA errors are returned. The warp-specialized variants (kWgmmaWarpSpecialized,
-// kWgmmaWarpSpecializedPingPong) hand stages over on shared-memory barriers: a barrier wait longer
-// than PAGEDKV_CUDA_WAIT_LIMIT_MS (a build option, 10 s; 0: no limit) traps instead of hanging,
-// and the launch then fails with a sticky error (the context is unusable, as after any device
-// fault); a working kernel never waits that long. Device data is trusted but clamped: seq_lens
-// to the table row, q_len_i to [0, max_q_len]; a block id outside the pool reads zeros instead of
-// faulting; a sequence with q_len_i > seq_lens[i] gets zero rows (lse -inf) for the tokens that
-// would sit before position 0. validate_block_table() and the CPU reference check the host copies.
-// Thread-safety: any number of host threads may launch concurrently.
+// kWgmmaWarpSpecializedPingPong, kWgmmaWarpSpecializedPersistent) hand stages over on shared-memory
+// barriers: a barrier wait longer than PAGEDKV_CUDA_WAIT_LIMIT_MS (a build option, 10 s; 0: no
+// limit) traps instead of hanging, and the launch then fails with a sticky error (the context is
+// unusable, as after any device fault); a working kernel never waits that long. Device data is
+// trusted but clamped: seq_lens to the table row, q_len_i to [0, max_q_len]; a block id outside the
+// pool reads zeros instead of faulting; a sequence with q_len_i > seq_lens[i] gets zero rows (lse
+// -inf) for the tokens that would sit before position 0. validate_block_table() and the CPU
+// reference check the host copies. Thread-safety: any number of host threads may launch
+// concurrently.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -120,18 +133,27 @@ enum class ExtendKernel : int {
   // score and probability columns (kernels/extend_attention_fa2_fp8.cu). A layout whose strides
   // are not multiples of 16 bytes runs kernels/fp8_attention.cu; a 16-bit cache runs kFa2.
   kFa2Fp8 = 6,
+  // kWgmmaWarpSpecializedPingPong, persistent: CTAs that each take work item after work item off
+  // a counter in the workspace, heaviest query tiles first (needs a plan and its workspace).
+  kWgmmaWarpSpecializedPersistent = 7,
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
 // The split over keys of a kFa2, kFa2Fp8 or kWgmma-variant launch (kWgmma, kWgmmaPipelined,
-// kWgmmaWarpSpecialized, kWgmmaWarpSpecializedPingPong): each query tile's visible keys are cut
-// into num_splits contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no
-// split, no workspace. kMma16 and FP8 caches ignore it (but for kFa2Fp8's FP8 kernel); the kWgmma
-// variants' fallback to kFa2 uses it.
+// kWgmmaWarpSpecialized, kWgmmaWarpSpecializedPingPong, kWgmmaWarpSpecializedPersistent): each
+// query tile's visible keys are cut into num_splits contiguous runs of key tiles (fewer where a
+// tile has fewer key tiles). 1 = no split, no workspace (but for a persistent plan's counter).
+// kMma16 and FP8 caches ignore it (but for kFa2Fp8's FP8 kernel); the kWgmma variants' fallback
+// to kFa2 uses it.
 struct ExtendSplitPlan {
   std::int32_t num_splits = 1;
+  // kWgmmaWarpSpecializedPersistent: the most CTAs its launch starts (>= 1; the planner's: SMs x
+  // resident CTAs per SM); a plan with it > 0 has 16 more workspace bytes (the work counter).
+  // 0 for every other variant, which ignore it.
+  std::int32_t persistent_ctas = 0;
 };
 inline constexpr std::int32_t kCudaExtendMaxSplits = 16;
+inline constexpr std::int32_t kCudaExtendMaxPersistentCtas = 65536;
 
 // Whether `kernel` itself runs for these parameters (for kWgmma: on the current device); false
 // when paged_extend_attention falls back (an FP8 cache runs kernels/fp8_attention.cu except with
@@ -147,26 +169,32 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 // kFa2's query tiles x num_splits stay within the grid limit paged_extend_attention checks, so
 // the plan is valid for the variant whichever kernel runs. Pure, host only; kMma16 always gets
 // 1, and so does an FP8 cache (whose CUDA-core kernel ignores the plan) but where kFa2Fp8's
-// kernel runs. Throws pagedkv::Error for num_sms or ctas_per_sm < 1.
+// kernel runs. kWgmmaWarpSpecializedPersistent's plan also has persistent_ctas = num_sms x
+// ctas_per_sm (at most kCudaExtendMaxPersistentCtas), for every batch, the empty one too. Throws
+// pagedkv::Error for num_sms or ctas_per_sm < 1.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
 // The same with num_sms and the variant's occupancy (dtype, head_dim, CTA size) of the current
 // device; for a kWgmma variant whose kernel does not run here (extend_kernel_runs), kFa2's plan
-// (its fallback's); for an FP8 cache 1 split, but for kFa2Fp8 where its kernel runs. Returns CUDA
-// errors; throws as validate_cuda_extend for bad params.
+// (its fallback's); for an FP8 cache 1 split, but for kFa2Fp8 where its kernel runs; for
+// kWgmmaWarpSpecializedPersistent always persistent_ctas >= 1 (where its kernel does not run, a
+// count its launch accepts and ignores). Returns CUDA errors; throws as validate_cuda_extend for
+// bad params.
 cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params,
                                                  ExtendKernel kernel, ExtendSplitPlan* plan);
 
-// Workspace bytes a launch with `plan` needs (0 without a split): float partial rows and their
-// log-sum-exp for num_seqs x max_q_len x num_q_heads x num_splits states.
+// Workspace bytes a launch with `plan` needs: with a split, float partial rows and their
+// log-sum-exp for num_seqs x max_q_len x num_q_heads x num_splits states; with persistent_ctas >
+// 0, 16 bytes more (the persistent kernel's work counter, before the partials); else 0.
 std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan);
 
 // Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2,
 // kFa2Fp8 and the kWgmma variants: 1 <= plan.num_splits <= kCudaExtendMaxSplits, kFa2's query
-// tiles x num_splits <= 65535, and with a split a 16-byte aligned workspace of at least
-// extend_workspace_bytes (not needed for an FP8 cache but by kFa2Fp8's FP8 kernel). Throws
-// pagedkv::Error.
+// tiles x num_splits <= 65535, 0 <= plan.persistent_ctas <= kCudaExtendMaxPersistentCtas (>= 1 for
+// kWgmmaWarpSpecializedPersistent), and where extend_workspace_bytes is not 0 (a split, a
+// persistent plan) a 16-byte aligned workspace of at least that many bytes (not needed for an
+// FP8 cache but by kFa2Fp8's FP8 kernel). Throws pagedkv::Error.
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream,
                                    ExtendKernel kernel, const ExtendSplitPlan& plan = {},
                                    void* workspace = nullptr, std::size_t workspace_bytes = 0);
