@@ -36,9 +36,11 @@
 // extend_mma16_vs_gemm / extend_mma16_cached_vs_gemm kMma16's; RESULT extend_variants gives kFa2's
 // time over kMma16's.
 // RESULT extend / extend_saved lines are kMma16's, RESULT extend_fa2 / extend_fa2_saved kFa2's.
-// ExtendKernel::kWgmma, kWgmmaPipelined, kWgmmaWarpSpecialized and kWgmmaWarpSpecializedPingPong
-// (issue 35 step B, sm_90a, opt-in; names wgmma, wgmma_pipelined, wgmma_ws, wgmma_ws_pingpong)
-// run last, after every figure above is printed,
+// ExtendKernel::kWgmma, kWgmmaPipelined, kWgmmaWarpSpecialized, kWgmmaWarpSpecializedPingPong
+// and kWgmmaWarpSpecializedPersistent (issue 35 step B, sm_90a, opt-in; names wgmma,
+// wgmma_pipelined, wgmma_ws, wgmma_ws_pingpong, wgmma_ws_persistent: the persistent one on the
+// planner's CTAs, its launch's counter memset inside the timed calls) run last, after every
+// figure above is printed,
 // each checked on its own without and with 3 forced splits (CHECK extend_attention_<name>[_split],
 // a failure skips only that variant's timing), then every shape again with the same tables and
 // the planner's split for its kernel, against kFa2's time from the tables: RESULT extend_<name> /
@@ -215,6 +217,8 @@ const char* variant_suffix(pagedkv::ExtendKernel kernel) {
       return "_wgmma_ws";
     case pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong:
       return "_wgmma_ws_pingpong";
+    case pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent:
+      return "_wgmma_ws_persistent";
     default:
       return "";
   }
@@ -460,6 +464,11 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   p.q_indptr = static_cast<const std::int32_t*>(ptrs[5]);
   p.seq_lens = static_cast<const std::int32_t*>(ptrs[6]);
   pagedkv::ExtendSplitPlan plan;
+  if (kernel == pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent) {
+    // Its CTAs from the planner, but at most 3, so that each runs several items.
+    CHECK(pagedkv::extend_split_plan_for_current_device(p, kernel, &plan));
+    plan.persistent_ctas = std::min(plan.persistent_ctas, 3);
+  }
   plan.num_splits = splits;
   void* workspace = nullptr;
   const std::size_t workspace_bytes = pagedkv::extend_workspace_bytes(p, plan);
@@ -705,7 +714,8 @@ int main(int argc, char** argv) {
        {WgmmaRun{pagedkv::ExtendKernel::kWgmma, "wgmma"},
         WgmmaRun{pagedkv::ExtendKernel::kWgmmaPipelined, "wgmma_pipelined"},
         WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecialized, "wgmma_ws"},
-        WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong, "wgmma_ws_pingpong"}}) {
+        WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong, "wgmma_ws_pingpong"},
+        WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent, "wgmma_ws_persistent"}}) {
     const bool plain = check_against_reference(stream, run.kernel, 1);
     if (!(check_against_reference(stream, run.kernel, 3) && plain)) continue;
     Variant wg;

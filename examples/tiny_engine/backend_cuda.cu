@@ -236,8 +236,9 @@ class CudaBackend final : public ForwardBackend {
 
   const Model& model_;
   pagedkv::KVDtype dtype_;  // of q, the new K/V and attention outputs (bf16 with an FP8 cache)
-  pagedkv::DecodeKernel decode_kernel_;  // EngineConfig::decode_kernel
-  pagedkv::ExtendKernel extend_kernel_;  // EngineConfig::extend_kernel (no split over keys)
+  pagedkv::DecodeKernel decode_kernel_;          // EngineConfig::decode_kernel
+  pagedkv::ExtendKernel extend_kernel_;          // EngineConfig::extend_kernel (no split over keys)
+  DeviceArray<std::uint64_t> extend_workspace_;  // kWgmmaWarpSpecializedPersistent's counter
   pagedkv::KVQuant quant_;  // FP8 KV: per-(token, KV head) or per-tensor scales, as the CPU path
   std::vector<float> k_scales_, v_scales_;  // per-tensor: [num_layers]
   pagedkv::KVLayout layout_;
@@ -263,7 +264,8 @@ static_assert(static_cast<int>(pagedkv::DecodeKernel::kSimt) == 0 &&
                   static_cast<int>(pagedkv::ExtendKernel::kWgmmaPipelined) == 3 &&
                   static_cast<int>(pagedkv::ExtendKernel::kWgmmaWarpSpecialized) == 4 &&
                   static_cast<int>(pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong) == 5 &&
-                  static_cast<int>(pagedkv::ExtendKernel::kFa2Fp8) == 6,
+                  static_cast<int>(pagedkv::ExtendKernel::kFa2Fp8) == 6 &&
+                  static_cast<int>(pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent) == 7,
               "EngineConfig::decode_kernel / extend_kernel use these values");
 
 CudaBackend::CudaBackend(const Model& model, const EngineConfig& config)
@@ -477,8 +479,18 @@ void CudaBackend::forward(const ForwardBatch& batch, std::vector<float>& logits)
       attention.seq_lens = seq_lens;
       attention.out = attn_bits;
       attention.sm_scale = sm_scale;
-      // No split over keys either (the same reason).
-      TE_CUDA_CHECK(pagedkv::paged_extend_attention(attention, nullptr, extend_kernel_));
+      // No split over keys either (the same reason). The persistent variant's plan names its CTAs
+      // and its workspace holds the work counter (which CTA runs an item does not change it).
+      pagedkv::ExtendSplitPlan plan;
+      if (extend_kernel_ == pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent) {
+        TE_CUDA_CHECK(
+            pagedkv::extend_split_plan_for_current_device(attention, extend_kernel_, &plan));
+        plan.num_splits = 1;
+      }
+      const std::size_t ws_bytes = pagedkv::extend_workspace_bytes(attention, plan);
+      void* ws = ws_bytes > 0 ? extend_workspace_.reserve((ws_bytes + 7) / 8) : nullptr;
+      TE_CUDA_CHECK(
+          pagedkv::paged_extend_attention(attention, nullptr, extend_kernel_, plan, ws, ws_bytes));
     }
     from_bits_kernel<<<blocks_for(n(rows, qd)), kThreads>>>(
         attn_bits, static_cast<std::int64_t>(n(rows, qd)), bf16, attn);

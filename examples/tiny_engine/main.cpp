@@ -98,8 +98,8 @@ kernels, and reports what prefix caching saved.
                          rejected without --device cuda (the CPU path has one implementation,
                          the references)
   --extend-kernel NAME   with --device cuda: mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws,
-                         wgmma_ws_pingpong or fa2_fp8 (FP8 KV on tensor cores; with 16-bit KV,
-                         fa2)
+                         wgmma_ws_pingpong, wgmma_ws_persistent or fa2_fp8 (FP8 KV on tensor
+                         cores; with 16-bit KV, fa2)
                          (pagedkv::ExtendKernel; default: the library's default, fa2; the
                          wgmma ones fall back to fa2 off sm_90 or at another head_dim than
                          128); rejected without --device cuda
@@ -294,10 +294,12 @@ Options parse(int argc, char** argv) {
         o.engine.extend_kernel = 5;
       } else if (v == "fa2_fp8") {
         o.engine.extend_kernel = 6;
+      } else if (v == "wgmma_ws_persistent") {
+        o.engine.extend_kernel = 7;
       } else {
         usage_error(
             "--extend-kernel: expected mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws, "
-            "wgmma_ws_pingpong or fa2_fp8, got '" +
+            "wgmma_ws_pingpong, wgmma_ws_persistent or fa2_fp8, got '" +
             v + "'");
       }
     } else if (a == "--vs-bf16") {

@@ -249,7 +249,7 @@ TEST(TinyEngineConfig, KernelVariantValues) {
     EXPECT_NO_THROW(c.validate()) << "extend_kernel " << extend;
   }
   // Decode: 4 (kTensorCoreFusedMerge needs split counters the engine does not keep) and 6 (past
-  // the range); extend's first value past its range is 7.
+  // the range); extend's first value past its range is 8.
   for (const int bad : {-2, 4, 6}) {
     EngineConfig c;
     c.decode_kernel = bad;
@@ -260,7 +260,7 @@ TEST(TinyEngineConfig, KernelVariantValues) {
       EXPECT_NE(std::string(e.what()).find("tensor_core_fp8"), std::string::npos) << e.what();
     }
     EngineConfig x;
-    x.extend_kernel = bad >= 4 ? 7 : bad;
+    x.extend_kernel = bad >= 4 ? 8 : bad;
     try {
       x.validate();
       ADD_FAILURE() << "extend_kernel " << bad << " accepted";
