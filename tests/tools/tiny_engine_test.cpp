@@ -243,7 +243,7 @@ TEST(TinyEngineConfig, KernelVariantValues) {
     c.decode_kernel = decode;
     EXPECT_NO_THROW(c.validate()) << "decode_kernel " << decode;
   }
-  for (const int extend : {-1, 0, 1, 2, 3, 4, 5, 6}) {
+  for (const int extend : {-1, 0, 1, 2, 3, 4, 5, 6, 7}) {
     EngineConfig c;
     c.extend_kernel = extend;
     EXPECT_NO_THROW(c.validate()) << "extend_kernel " << extend;
