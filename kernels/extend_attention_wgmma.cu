@@ -153,16 +153,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_extend_kernel(const Fa2Para
     const int chunk = tid + i * kThreads;
     const int row = chunk / kChunks;
     const int c = chunk % kChunks;
-    const int packed = geo.row0 + row;
-    const int token = packed / p.group;
-    uint4 v = make_uint4(0u, 0u, 0u, 0u);
-    if (token < lens.q_len) {
-      const std::int64_t at =
-          (static_cast<std::int64_t>(lens.q_begin) + token) * p.q_stride_token +
-          static_cast<std::int64_t>(kv_head * p.group + packed % p.group) * p.q_stride_head + c * 8;
-      v = __ldg(reinterpret_cast<const uint4*>(p.q + at));
-    }
-    *reinterpret_cast<uint4*>(smem + wgmma_kmajor_chunk_offset(row, c, kRows)) = v;
+    *reinterpret_cast<uint4*>(smem + wgmma_kmajor_chunk_offset(row, c, kRows)) =
+        wgmma_extend::q_chunk(p, lens, geo, kv_head, row, c);
   }
 
   wgmma_extend::Rows<kBf16, kSoftCap> rows(p, lens, geo, wg, wt);

@@ -294,17 +294,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int chunk = wt + i * 128;
       const int row = 64 * c + chunk / kChunks;
       const int col = chunk % kChunks;
-      const int packed = geo.row0 + row;
-      const int token = packed / p.group;
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (token < lens.q_len) {
-        const std::int64_t at =
-            (static_cast<std::int64_t>(lens.q_begin) + token) * p.q_stride_token +
-            static_cast<std::int64_t>(cw.kv_head * p.group + packed % p.group) * p.q_stride_head +
-            col * 8;
-        v = __ldg(reinterpret_cast<const uint4*>(p.q + at));
-      }
-      *reinterpret_cast<uint4*>(smem + wgmma_kmajor_chunk_offset(row, col, kRows)) = v;
+      *reinterpret_cast<uint4*>(smem + wgmma_kmajor_chunk_offset(row, col, kRows)) =
+          wgmma_extend::q_chunk(p, lens, geo, cw.kv_head, row, col);
     }
     wgmma::fence_proxy_async_shared();  // the Q stores before the async proxy reads them
     mbar::named_sync(2 + c, 128);       // the warpgroup's Q rows all written

@@ -58,6 +58,20 @@ __device__ __forceinline__ bool cell_work(const fa2::Fa2Params& p, int kv_head, 
   return true;
 }
 
+// The 16-byte chunk `col` of row `row` of the Q tile at geo (the tile's packed (token, query head
+// of kv_head's group) rows), unscaled; zeros for a row past the sequence's q_len.
+__device__ __forceinline__ uint4 q_chunk(const fa2::Fa2Params& p, const fa2::SeqLens& lens,
+                                         const detail::ExtendTileGeometry& geo, int kv_head,
+                                         int row, int col) {
+  const int packed = geo.row0 + row;
+  const int token = packed / p.group;
+  if (token >= lens.q_len) return make_uint4(0u, 0u, 0u, 0u);
+  const std::int64_t at =
+      (static_cast<std::int64_t>(lens.q_begin) + token) * p.q_stride_token +
+      static_cast<std::int64_t>(kv_head * p.group + packed % p.group) * p.q_stride_head + col * 8;
+  return __ldg(reinterpret_cast<const uint4*>(p.q + at));
+}
+
 // The cell of this CTA in the non-persistent grid.
 __device__ __forceinline__ bool cta_work(const fa2::Fa2Params& p, CtaWork& w) {
   return cell_work(p, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
@@ -69,30 +83,42 @@ inline std::int64_t grid_query_tiles(const fa2::Fa2Params& kp) {
   return (static_cast<std::int64_t>(kp.max_q_len) * kp.group + kRows - 1) / kRows;
 }
 
+// What every launch of a kernel over kp's batch sets: the kernel's dynamic shared memory (set on
+// every launch: cheap, per device, and allowed while a graph is being captured), kp.rows /
+// kp.keys, and config's block, shared memory and stream.
+template <typename Kernel>
+cudaError_t prepare_launch(Kernel kernel, int threads, std::uint32_t smem_bytes, fa2::Fa2Params& kp,
+                           cudaStream_t stream, cudaLaunchConfig_t& config) {
+  kp.rows = kRows;
+  kp.keys = kKeys;
+  config = cudaLaunchConfig_t{};
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  config.stream = stream;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(smem_bytes));
+}
+
+// After the kernel's launch: with a split over keys, kFa2's merge of the partial rows.
+inline cudaError_t merge_after(cudaError_t launched, const fa2::Fa2Params& kp, bool bf16,
+                               int num_seqs, cudaStream_t stream) {
+  if (launched != cudaSuccess || kp.num_splits == 1) return launched;
+  return fa2_merge_splits(kp, bf16, kHeadDim, num_seqs, stream);
+}
+
 // Launches `kernel` (threads per CTA, dynamic shared memory; arguments kp, then `extra`) over the
-// grid of kp's batch and, with a split over keys, kFa2's merge of the partial rows. kp.rows /
-// kp.keys are set here.
+// grid of kp's batch (one CTA per cell) and, with a split over keys, the merge.
 template <typename Kernel, typename... Extra>
 cudaError_t launch_grid(Kernel kernel, int threads, std::uint32_t smem_bytes, fa2::Fa2Params kp,
                         bool bf16, int num_kv_heads, int num_seqs, cudaStream_t stream,
                         Extra... extra) {
-  // Set on every launch: cheap, per device, and allowed while a graph is being captured.
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem_bytes));
-  if (err != cudaSuccess) return err;
-  kp.rows = kRows;
-  kp.keys = kKeys;
+  cudaLaunchConfig_t config;
+  const cudaError_t err = prepare_launch(kernel, threads, smem_bytes, kp, stream, config);
   const std::int64_t tiles = grid_query_tiles(kp);
-  if (tiles == 0) return cudaSuccess;
-  cudaLaunchConfig_t config{};
+  if (err != cudaSuccess || tiles == 0) return err;
   config.gridDim = dim3(static_cast<unsigned>(num_kv_heads), static_cast<unsigned>(num_seqs),
                         static_cast<unsigned>(tiles * kp.num_splits));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  err = cudaLaunchKernelEx(&config, kernel, kp, extra...);
-  if (err != cudaSuccess || kp.num_splits == 1) return err;
-  return fa2_merge_splits(kp, bf16, kHeadDim, num_seqs, stream);
+  return merge_after(cudaLaunchKernelEx(&config, kernel, kp, extra...), kp, bf16, num_seqs, stream);
 }
 
 // The persistent launch of `kernel` (arguments kp and a detail::PersistentSchedule): the grid's
@@ -103,28 +129,19 @@ template <typename Kernel>
 cudaError_t launch_persistent(Kernel kernel, int threads, std::uint32_t smem_bytes,
                               fa2::Fa2Params kp, bool bf16, int num_kv_heads, int num_seqs,
                               std::int64_t planned_ctas, void* counter, cudaStream_t stream) {
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem_bytes));
-  if (err != cudaSuccess) return err;
-  kp.rows = kRows;
-  kp.keys = kKeys;
+  cudaLaunchConfig_t config;
+  cudaError_t err = prepare_launch(kernel, threads, smem_bytes, kp, stream, config);
   const std::int64_t tiles = grid_query_tiles(kp);
-  if (tiles == 0) return cudaSuccess;
+  if (err != cudaSuccess || tiles == 0) return err;
   detail::PersistentSchedule sched{};
   sched.counter = static_cast<unsigned long long*>(counter);
   sched.grid = {num_kv_heads, num_seqs, static_cast<std::int32_t>(tiles * kp.num_splits)};
   sched.items = detail::persistent_items(sched.grid);
   err = cudaMemsetAsync(counter, 0, sizeof(unsigned long long), stream);
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config{};
   config.gridDim =
       dim3(static_cast<unsigned>(detail::persistent_grid_ctas(sched.items, planned_ctas)));
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = stream;
-  err = cudaLaunchKernelEx(&config, kernel, kp, sched);
-  if (err != cudaSuccess || kp.num_splits == 1) return err;
-  return fa2_merge_splits(kp, bf16, kHeadDim, num_seqs, stream);
+  return merge_after(cudaLaunchKernelEx(&config, kernel, kp, sched), kp, bf16, num_seqs, stream);
 }
 
 // Validated params, num_splits >= 1 (a workspace of extend_workspace_bytes when > 1): calls

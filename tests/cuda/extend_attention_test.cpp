@@ -684,23 +684,32 @@ void expect_error(Fn&& fn, const std::string& fragment) {
   testing::expect_error(fn, ErrorCode::kInvalidArgument, fragment);
 }
 
+// The host-side argument tests' batch: 2 sequences (40 cached + 8 new tokens, 50 new), bf16,
+// head_dim 128, 2 KV heads x group 4, block 16; its out / lse are host arrays (nothing launches).
+struct ArgumentsProblem {
+  testing::HostExtendProblem pb = testing::make_extend_problem(
+      testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50}), 1);
+
+  PagedExtendParams params(bool with_lse = true) const {
+    alignas(16) static std::uint16_t out[58 * 8 * 128];
+    alignas(16) static float lse[58 * 8 + 1];
+    return pb.params(out, with_lse ? lse : nullptr);
+  }
+};
+
 TEST(CudaExtendAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
-  const ExtendShape s =
-      testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50});
-  const auto pb = testing::make_extend_problem(s, 1);
-  alignas(16) static std::uint16_t out[58 * 8 * 128];
-  alignas(16) static float lse[58 * 8 + 1];
-  const PagedExtendParams good = pb.params(out, lse);
+  const ArgumentsProblem args;
+  const PagedExtendParams good = args.params();
   EXPECT_NO_THROW(validate_cuda_extend(good));
 
   PagedExtendParams p = good;
   p.q = static_cast<const std::uint16_t*>(good.q) + 1;
   expect_error([&] { validate_cuda_extend(p); }, "16-byte aligned");
   p = good;
-  p.out = out + 4;
+  p.out = static_cast<std::uint16_t*>(good.out) + 4;
   expect_error([&] { validate_cuda_extend(p); }, "16-byte aligned");
   p = good;
-  p.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(lse) + 2);
+  p.lse = reinterpret_cast<float*>(reinterpret_cast<char*>(good.lse) + 2);
   expect_error([&] { validate_cuda_extend(p); }, "lse must be 4-byte aligned");
   p = good;
   p.out_stride_head = 132;  // rows fit (7 x 132 + 128 <= 1200) but are not 16-byte aligned
@@ -729,12 +738,8 @@ TEST(CudaExtendAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
 
 // The variant selector's own checks and the split planner (host only).
 TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
-  const ExtendShape s =
-      testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50});
-  const auto pb = testing::make_extend_problem(s, 1);
-  alignas(16) static std::uint16_t out[58 * 8 * 128];
-  alignas(16) static float lse[58 * 8 + 1];
-  const PagedExtendParams good = pb.params(out, lse);
+  const ArgumentsProblem args;
+  const PagedExtendParams good = args.params();
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kMma16));
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kFa2));
   EXPECT_FALSE(extend_kernel_runs(good, static_cast<ExtendKernel>(8)));
@@ -934,12 +939,8 @@ TEST_F(CudaExtendPersistent, ResultsDoNotDependOnTheCtas) {
 // kWgmmaWarpSpecializedPersistent's plan (its CTAs), workspace (the work counter before any split
 // partials) and launch checks (host only).
 TEST(CudaExtendAttentionArguments, PersistentPlanAndWorkspaceChecks) {
-  const ExtendShape s =
-      testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50});
-  const auto pb = testing::make_extend_problem(s, 1);
-  alignas(16) static std::uint16_t out[58 * 8 * 128];
-  alignas(16) static float lse[58 * 8 + 1];
-  const PagedExtendParams good = pb.params(out, lse);
+  const ArgumentsProblem args;
+  const PagedExtendParams good = args.params();
   constexpr ExtendKernel kPersistent = ExtendKernel::kWgmmaWarpSpecializedPersistent;
   EXPECT_EQ(static_cast<int>(kPersistent), 7);
 
@@ -1020,11 +1021,8 @@ TEST(CudaExtendAttentionArguments, PersistentPlanAndWorkspaceChecks) {
 // an FP8 cache in a layout of 16-byte strides its own kernel runs, planned over kFa2's 4-warp
 // tiles and needing the workspace of its split; with 8-byte strides the CUDA-core FP8 kernel runs.
 TEST(CudaExtendAttentionArguments, Fa2Fp8SelectionPlanAndWorkspace) {
-  const ExtendShape s =
-      testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {40, 0}, {8, 50});
-  const auto pb = testing::make_extend_problem(s, 1);
-  alignas(16) static std::uint16_t out[58 * 8 * 128];
-  const PagedExtendParams good = pb.params(out, nullptr);
+  const ArgumentsProblem args;
+  const PagedExtendParams good = args.params(/*with_lse=*/false);
   EXPECT_FALSE(extend_kernel_runs(good, ExtendKernel::kFa2Fp8));  // kFa2 runs
   for (const int sms : {2, 132}) {
     EXPECT_EQ(plan_extend_split(good, ExtendKernel::kFa2Fp8, sms, 2).num_splits,
