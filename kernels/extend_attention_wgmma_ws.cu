@@ -227,8 +227,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     };
     if constexpr (kPersistent) {
-      int base = 0;
-      for (int n = 0;; ++n) {
+      int base = 0;  // reduced (ws_next_ring_base), as n (ws_next_item)
+      for (int n = 0;; n = ws_next_item(n)) {
         WsItem& slot = slots[ws_item_slot(n)];
         if (wt == 0) {
           // The next item with work off the shared counter (-1: none left), into slot n once
@@ -253,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         mbar::named_sync(1, 128);
         if (slot.item < 0) break;
         produce(slot.work, base);
-        base += slot.work.tiles;
+        base = ws_next_ring_base(base, slot.work.tiles);
       }
     } else {
       produce(cw, 0);
@@ -329,17 +329,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
 
   if constexpr (kPersistent) {
-    int base = 0;
+    int base = 0;  // reduced (ws_next_ring_base), as turn_base and n
     int turn_base = 0;
-    for (int n = 0;; ++n) {
-      mbar::wait_parity(&item_full[ws_item_slot(n)], ws_item_full_parity(n));
+    for (int n = 0;; n = ws_next_item(n)) {
+      // No time limit: the producer may scan many empty cells (a batch of very unlike sequences)
+      // before it finds this item, for longer than any honest wait on the ring; that scan always
+      // ends (the counter passes the cells), and a deadlock anywhere else still traps: the
+      // producer's own waits keep the limit, and a trap ends the whole grid.
+      mbar::wait_parity<0>(&item_full[ws_item_slot(n)], ws_item_full_parity(n));
       const WsItem& slot = slots[ws_item_slot(n)];
       if (slot.item < 0) break;  // none left (nobody waits for this slot's release)
       consume(slot.work, base, turn_base);
       const int tiles = slot.work.tiles;
       mbar::arrive(&item_empty[ws_item_slot(n)]);  // done with the slot: it may be rewritten
-      base += tiles;
-      turn_base += ws_item_turns(tiles);
+      base = ws_next_ring_base(base, tiles);
+      turn_base = ws_next_turn_base(turn_base, tiles);
     }
   } else {
     consume(cw, 0, 0);

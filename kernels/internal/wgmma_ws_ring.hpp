@@ -100,4 +100,20 @@ PAGEDKV_HOST_DEVICE constexpr int ws_item_turns(int tiles) {
   return tiles > 0 ? tiles + 1 : 0;
 }
 
+// The persistent loops keep their counters reduced, so that they stay small however many items a
+// CTA runs (an int counting every tile would overflow past 2^31): a ring tile's stage and
+// parities repeat every 2 x kWsStages tiles, a turn's parity every 2 turns, an item slot and its
+// parities every 2 x kWsItemSlots items. The ring base after an item of `tiles` key tiles:
+PAGEDKV_HOST_DEVICE constexpr int ws_next_ring_base(int base, int tiles) {
+  return (base + tiles) % (2 * kWsStages);
+}
+// The turn base after an item of `tiles` key tiles:
+PAGEDKV_HOST_DEVICE constexpr int ws_next_turn_base(int base, int tiles) {
+  return (base + ws_item_turns(tiles)) % 2;
+}
+// The item number after item n:
+PAGEDKV_HOST_DEVICE constexpr int ws_next_item(int n) {
+  return (n + 1) % (2 * kWsItemSlots);
+}
+
 }  // namespace pagedkv::detail

@@ -38,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <span>
 #include <string>
@@ -880,8 +881,10 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
 // and the planner's count, without and with 3 splits, on one stream without synchronizing: every
 // run within the tolerance of the reference and, per split count, bitwise equal to the run with
 // one CTA (where one CTA runs every item through one ring: its stages, phases and turns carried
-// from item to item). Where the kernel does not run (not compute capability 9.0) this checks the
-// fallback, and says so.
+// from item to item), its log-sum-exp too; and where the kernel ran, the counter it left counts
+// every cell once plus one draw past the end per CTA (no cell skipped or drawn twice, no CTA
+// stopping early, the counter zeroed by the launch over the poison). Where the kernel does not run
+// (not compute capability 9.0) this checks the fallback, and says so.
 class CudaExtendPersistent : public testing::GpuTest {};
 
 TEST_F(CudaExtendPersistent, ResultsDoNotDependOnTheCtas) {
@@ -893,7 +896,8 @@ TEST_F(CudaExtendPersistent, ResultsDoNotDependOnTheCtas) {
   DeviceExtendProblem dev(pb);
   const PagedExtendParams base = dev.params(pb);
   constexpr ExtendKernel kKernel = ExtendKernel::kWgmmaWarpSpecializedPersistent;
-  if (!extend_kernel_runs(base, kKernel)) {
+  const bool runs = extend_kernel_runs(base, kKernel);
+  if (!runs) {
     std::printf("[ NOTE ] the persistent kernel does not run on this device: the fallback ran\n");
   }
   ExtendSplitPlan planned;
@@ -910,27 +914,54 @@ TEST_F(CudaExtendPersistent, ResultsDoNotDependOnTheCtas) {
     const std::size_t ws_bytes = extend_workspace_bytes(base, plan);
     ASSERT_GT(ws_bytes, 0u);
     std::vector<DeviceBuffer> outs;
+    std::vector<DeviceBuffer> lses;
     std::vector<DeviceBuffer> workspaces;
     for (const std::int32_t n : ctas) {
       outs.emplace_back(elems * sizeof(std::uint16_t));
+      lses.emplace_back(ref.lse.size() * sizeof(float));
       workspaces.emplace_back(ws_bytes);
       PAGEDKV_CUDA_CHECK(cudaMemsetAsync(outs.back().get(), 0xff, outs.back().bytes(), stream));
+      PAGEDKV_CUDA_CHECK(cudaMemsetAsync(lses.back().get(), 0xff, lses.back().bytes(), stream));
       PAGEDKV_CUDA_CHECK(cudaMemsetAsync(workspaces.back().get(), 0x5a, ws_bytes, stream));
       PagedExtendParams p = base;
       p.out = outs.back().get();
+      p.lse = lses.back().get<float>();
       plan.persistent_ctas = n;
       PAGEDKV_CUDA_CHECK(
           paged_extend_attention(p, stream, kKernel, plan, workspaces.back().get(), ws_bytes));
     }
     PAGEDKV_CUDA_CHECK(cudaStreamSynchronize(stream));
     const auto first = testing::download<std::uint16_t>(outs.front().get(), elems);
+    const auto first_lse = testing::download<float>(lses.front().get(), ref.lse.size());
+    // The cells of the launch's grid: KV heads x sequences x query tiles of 128 rows x splits.
+    const std::int64_t cells = std::int64_t{s.cache.num_kv_heads} * s.cache.num_seqs *
+                               ((std::int64_t{base.max_q_len} * base.group_size() + 127) / 128) *
+                               splits;
     for (std::size_t i = 0; i < ctas.size(); ++i) {
+      const std::string what =
+          std::to_string(ctas[i]) + " CTAs, " + std::to_string(splits) + " splits";
       const auto got = testing::download<std::uint16_t>(outs[i].get(), elems);
       const auto rows = testing::rows_match(testing::to_doubles(KVDtype::kBFloat16, got), ref.out,
                                             128, tolerance(KVDtype::kBFloat16));
-      EXPECT_TRUE(rows) << ctas[i] << " CTAs, " << splits << " splits";
-      EXPECT_TRUE(got == first) << ctas[i] << " CTAs, " << splits
-                                << " splits: not bitwise equal to the one-CTA run";
+      EXPECT_TRUE(rows) << what;
+      EXPECT_TRUE(got == first) << what << ": not bitwise equal to the one-CTA run";
+      const auto lse = testing::download<float>(lses[i].get(), ref.lse.size());
+      EXPECT_EQ(std::memcmp(lse.data(), first_lse.data(), lse.size() * sizeof(float)), 0)
+          << what << ": log-sum-exp not bitwise equal to the one-CTA run";
+      for (std::size_t r = 0; r < lse.size(); ++r) {
+        const bool both_empty = std::isinf(ref.lse[r]) && ref.lse[r] < 0 && lse[r] == ref.lse[r];
+        if (!both_empty && !(std::abs(lse[r] - ref.lse[r]) <= kLseTolerance)) {
+          ADD_FAILURE() << what << ": lse[" << r << "] = " << lse[r] << ", reference "
+                        << ref.lse[r];
+          break;
+        }
+      }
+      if (runs) {
+        const auto counter = testing::download<std::uint64_t>(workspaces[i].get(), 1);
+        EXPECT_EQ(counter[0],
+                  static_cast<std::uint64_t>(cells + std::min<std::int64_t>(ctas[i], cells)))
+            << what << ": the counter after the launch";
+      }
     }
   }
   PAGEDKV_CUDA_CHECK(cudaStreamDestroy(stream));

@@ -91,13 +91,22 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
   std::array<Stage, kWsStages> stages{};
   std::array<int, detail::kWsItemSlots> slot_item{};  // what each item slot holds (-1: none left)
   slot_item.fill(-2);                                 // never written
-  std::vector<int> in_flight;                         // tiles issued, not landed
+  struct InFlight {
+    int tile;   // ring tile (over the items)
+    int stage;  // where the producer put it
+  };
+  std::vector<InFlight> in_flight;  // tiles issued, not landed
 
   // The producer: publishes item n (persistent; n == num_items publishes "none left"), then fills
   // its tiles; the single-item kernel starts at its item's tiles.
   int producer_item = 0;
   bool producer_published = !persistent;
   int producer_t = 0;  // within the item
+  // The kernel's own counters, reduced as the kernel keeps them (ws_next_ring_base,
+  // ws_next_item): every barrier, stage and slot below is chosen from these, and the model's
+  // global item and tile numbers only check that it is the right one.
+  int producer_ring_base = 0;
+  int producer_n = 0;
   // A consumer actor's position: its item, the GEMM-issue point t it is at within it (0 .. tiles:
   // tile t's S GEMM and tile t - 1's PV GEMM; t == tiles only the last PV GEMM, after the loop),
   // and its step there.
@@ -111,6 +120,9 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
     int turns_issued = 0;   // over the items
     int last_pv_done = -1;  // ring tile
     std::vector<int> read;  // ring tiles whose S GEMM it ran
+    int ring_base = 0;      // the kernel's reduced counters (ws_next_ring_base, ...)
+    int turn_base = 0;
+    int n = 0;
   };
   std::vector<Consumer> consumers(static_cast<std::size_t>(2 * warps));
   const auto start_item = [&](Consumer& k) {
@@ -132,29 +144,32 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
     }
   }
 
-  const auto check_holds = [&](int tile, const char* what) -> std::string {
-    const Stage& st = stages[static_cast<std::size_t>(detail::ws_stage(tile))];
+  // Ring tile `tile` read from the stage the kernel's counters name (position = reduced base + t).
+  const auto check_holds = [&](int tile, int position, const char* what) -> std::string {
+    const int stage = detail::ws_stage(position);
+    const Stage& st = stages[static_cast<std::size_t>(stage)];
     if (st.tile != tile || !st.landed) {
       return std::string(what) + " of tile " + std::to_string(tile) + " found stage " +
-             std::to_string(detail::ws_stage(tile)) + " holding tile " + std::to_string(st.tile) +
+             std::to_string(stage) + " holding tile " + std::to_string(st.tile) +
              (st.landed ? " (landed)" : " (in flight)");
     }
     return "";
   };
-  const auto release = [&](int tile) {
-    empty[static_cast<std::size_t>(detail::ws_stage(tile))].arrive();
+  const auto release = [&](int position) {
+    empty[static_cast<std::size_t>(detail::ws_stage(position))].arrive();
   };
   const int landing = 1 + 2 * warps;  // the mover id of a landing event
   const auto producer_can_move = [&] {
     if (!producer_published) {
       return producer_item <= num_items &&
-             item_empty[static_cast<std::size_t>(detail::ws_item_slot(producer_item))].passes(
-                 detail::ws_item_empty_parity(producer_item));
+             item_empty[static_cast<std::size_t>(detail::ws_item_slot(producer_n))].passes(
+                 detail::ws_item_empty_parity(producer_n));
     }
     if (producer_item >= num_items) return false;
     if (producer_t >= items[static_cast<std::size_t>(producer_item)]) return true;  // next item
-    const int g = item_base[static_cast<std::size_t>(producer_item)] + producer_t;
-    return empty[static_cast<std::size_t>(detail::ws_stage(g))].passes(detail::ws_empty_parity(g));
+    const int position = producer_ring_base + producer_t;
+    return empty[static_cast<std::size_t>(detail::ws_stage(position))].passes(
+        detail::ws_empty_parity(position));
   };
 
   for (int guard = 0; guard < 4000000; ++guard) {
@@ -166,18 +181,19 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
       const Consumer& k = consumers[i];
       if (k.step == 3) continue;
       all_done = false;
-      if (k.step == 4 && !item_full[static_cast<std::size_t>(detail::ws_item_slot(k.item))].passes(
-                             detail::ws_item_full_parity(k.item))) {
+      if (k.step == 4 && !item_full[static_cast<std::size_t>(detail::ws_item_slot(k.n))].passes(
+                             detail::ws_item_full_parity(k.n))) {
         continue;
       }
       const int tiles = k.item < num_items ? items[static_cast<std::size_t>(k.item)] : 0;
-      const int g = item_base[static_cast<std::size_t>(std::min(k.item, num_items))] + k.t;
+      const int position = k.ring_base + k.t;
       if (k.step == 0 && k.t < tiles &&
-          !full[static_cast<std::size_t>(detail::ws_stage(g))].passes(detail::ws_full_parity(g))) {
+          !full[static_cast<std::size_t>(detail::ws_stage(position))].passes(
+              detail::ws_full_parity(position))) {
         continue;
       }
       if (k.step == 1 && ping_pong &&
-          !turn[static_cast<std::size_t>(k.c)].passes(detail::ws_turn_parity(k.turns_issued))) {
+          !turn[static_cast<std::size_t>(k.c)].passes(detail::ws_turn_parity(k.turn_base + k.t))) {
         continue;
       }
       movers.push_back(1 + static_cast<int>(i));
@@ -195,7 +211,7 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
     const int who = movers[std::uniform_int_distribution<std::size_t>(0, movers.size() - 1)(rng)];
     if (who == 0) {
       if (!producer_published) {  // write item producer_item (or "none left") into its slot
-        const std::size_t slot = static_cast<std::size_t>(detail::ws_item_slot(producer_item));
+        const std::size_t slot = static_cast<std::size_t>(detail::ws_item_slot(producer_n));
         for (const Consumer& k : consumers) {
           // Every consumer must be done with the item the slot held (read in place until then).
           if (slot_item[slot] >= 0 && k.item <= slot_item[slot] && k.step != 3) {
@@ -211,6 +227,9 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
         continue;
       }
       if (producer_t >= items[static_cast<std::size_t>(producer_item)]) {  // the next item
+        producer_ring_base = detail::ws_next_ring_base(
+            producer_ring_base, items[static_cast<std::size_t>(producer_item)]);
+        producer_n = detail::ws_next_item(producer_n);
         ++producer_item;
         producer_published = !persistent;
         producer_t = 0;
@@ -218,33 +237,34 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
       }
       // Refill the stage with ring tile g (copies in flight).
       const int g = item_base[static_cast<std::size_t>(producer_item)] + producer_t;
-      Stage& st = stages[static_cast<std::size_t>(detail::ws_stage(g))];
+      const int stage = detail::ws_stage(producer_ring_base + producer_t);
+      Stage& st = stages[static_cast<std::size_t>(stage)];
       for (const Consumer& k : consumers) {
         // A consumer still needs st.tile if it has not finished that tile's PV GEMM.
         if (st.tile >= 0 && k.last_pv_done < st.tile) {
-          return "producer refilled stage " + std::to_string(detail::ws_stage(g)) + " (tile " +
+          return "producer refilled stage " + std::to_string(stage) + " (tile " +
                  std::to_string(st.tile) + ") with tile " + std::to_string(g) +
                  " before a consumer's PV GEMM of it";
         }
       }
       st.tile = g;
       st.landed = false;
-      in_flight.push_back(g);
+      in_flight.push_back({g, stage});
       ++producer_t;
     } else if (who == landing) {  // some issued tile's copies land; their completion arrives
       const std::size_t i =
           std::uniform_int_distribution<std::size_t>(0, in_flight.size() - 1)(rng);
-      const int tile = in_flight[i];
+      const InFlight copy = in_flight[i];
       in_flight.erase(in_flight.begin() + static_cast<std::ptrdiff_t>(i));
-      stages[static_cast<std::size_t>(detail::ws_stage(tile))].landed = true;
-      full[static_cast<std::size_t>(detail::ws_stage(tile))].arrive();
+      stages[static_cast<std::size_t>(copy.stage)].landed = true;
+      full[static_cast<std::size_t>(copy.stage)].arrive();
     } else {
       Consumer& k = consumers[static_cast<std::size_t>(who - 1)];
       if (k.step == 4) {  // the item slot passed: read it
-        const int held = slot_item[static_cast<std::size_t>(detail::ws_item_slot(k.item))];
+        const int held = slot_item[static_cast<std::size_t>(detail::ws_item_slot(k.n))];
         const int want = k.item < num_items ? k.item : -1;
         if (held != want) {
-          return "consumer read item slot " + std::to_string(detail::ws_item_slot(k.item)) +
+          return "consumer read item slot " + std::to_string(detail::ws_item_slot(k.n)) +
                  " for item " + std::to_string(k.item) + " and found " + std::to_string(held);
         }
         if (held < 0) {
@@ -264,12 +284,15 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
         // Issue: S GEMM of tile t (t < tiles), PV GEMM of tile t - 1, hand the turn over, then
         // free the stage of the tile whose release iteration this is (the loop's iterations; the
         // persistent kernel frees the item's last tile after its last PV GEMM too).
+        const int rb = k.ring_base;
         if (k.t < tiles) {
-          if (std::string e = check_holds(base + k.t, "S GEMM"); !e.empty()) return e;
+          if (std::string e = check_holds(base + k.t, rb + k.t, "S GEMM"); !e.empty()) return e;
           k.read.push_back(base + k.t);
         }
         if (k.t > 0) {
-          if (std::string e = check_holds(base + k.t - 1, "PV GEMM"); !e.empty()) return e;
+          if (std::string e = check_holds(base + k.t - 1, rb + k.t - 1, "PV GEMM"); !e.empty()) {
+            return e;
+          }
           k.last_pv_done = base + k.t - 1;
         }
         if (ping_pong) {
@@ -291,10 +314,10 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
         if (ping_pong) turn[static_cast<std::size_t>(1 - k.c)].arrive();
         if (k.t < tiles) {
           for (int u = 0; u <= k.t; ++u) {
-            if (detail::ws_release_iteration(u) == k.t) release(base + u);
+            if (detail::ws_release_iteration(u) == k.t) release(rb + u);
           }
         } else if (persistent) {
-          release(base + tiles - 1);
+          release(rb + tiles - 1);
         }
         if (++k.t <= tiles) {
           k.step = 0;
@@ -306,7 +329,10 @@ std::string run_protocol(const std::vector<int>& items, std::uint64_t seed, bool
         k.step = 3;
         continue;
       }
-      item_empty[static_cast<std::size_t>(detail::ws_item_slot(k.item))].arrive();
+      item_empty[static_cast<std::size_t>(detail::ws_item_slot(k.n))].arrive();
+      k.ring_base = detail::ws_next_ring_base(k.ring_base, tiles);
+      k.turn_base = detail::ws_next_turn_base(k.turn_base, tiles);
+      k.n = detail::ws_next_item(k.n);
       ++k.item;
       k.step = 4;
     }

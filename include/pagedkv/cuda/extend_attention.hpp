@@ -83,7 +83,10 @@
 //
 // Stream semantics: everything is enqueued on `stream`; no allocation, no synchronization, no
 // host reads of device data (max_q_len sizes the grid), so launches can be captured in a CUDA
-// graph. The caller owns the split workspace and must not reuse it until the launch completes.
+// graph. The caller owns the workspace (a split's partial rows, the persistent variant's counter)
+// and must neither reuse it nor hand it to another launch that may run meanwhile (another stream)
+// until the launch completes: two persistent launches sharing a counter would skip each other's
+// items.
 //
 // Errors: argument problems detectable on the host throw pagedkv::Error before anything is
 // enqueued; CUDA errors are returned. The warp-specialized variants (kWgmmaWarpSpecialized,
