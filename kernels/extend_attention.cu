@@ -524,6 +524,8 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
   if (num_sms < 1 || ctas_per_sm < 1) {
     fail("plan_extend_split: num_sms and ctas_per_sm must be >= 1");
   }
+  // The query tiles below depend on head_dim: one the kernels do not take gets no plan.
+  (void)choose(params.dtype, params.layout.head_dim);
   ExtendSplitPlan plan;
   if (kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent) {
     // One CTA per resident slot, whatever the batch (and whichever kernel runs).

@@ -1045,6 +1045,11 @@ TEST(CudaExtendAttentionArguments, PersistentPlanAndWorkspaceChecks) {
   PagedExtendParams dim96 = good;
   dim96.layout.head_dim = 96;
   expect_error([&] { (void)plan_extend_split(dim96, kPersistent, 0, 1); }, "num_sms");
+  // A head_dim the kernels do not take gets no plan (whichever variant).
+  for (const ExtendKernel k : {ExtendKernel::kFa2, ExtendKernel::kWgmma, kPersistent}) {
+    expect_error([&] { (void)plan_extend_split(dim96, k, 132, 1); },
+                 "head_dim must be 64, 128 or 256, got 96");
+  }
 }
 
 // ExtendKernel::kFa2Fp8's selection, planning and workspace rules (host only; its kernel runs in
