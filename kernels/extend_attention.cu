@@ -475,6 +475,14 @@ std::int64_t wgmma_query_tiles(const PagedExtendParams& params) {
          kernels::kWgmmaExtendRows;
 }
 
+// kWgmmaWarpSpecializedPersistent's CTAs: one per resident slot, whatever the batch (and
+// whichever kernel runs), at most kCudaExtendMaxPersistentCtas.
+std::int32_t persistent_ctas_for(int num_sms, int ctas_per_sm) {
+  const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm;
+  return static_cast<std::int32_t>(
+      slots < kCudaExtendMaxPersistentCtas ? slots : kCudaExtendMaxPersistentCtas);
+}
+
 std::int64_t num_query_tiles(const PagedExtendParams& params) {
   return (static_cast<std::int64_t>(params.max_q_len) * params.group_size() + kRows - 1) / kRows;
 }
@@ -528,10 +536,7 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
   (void)choose(params.dtype, params.layout.head_dim);
   ExtendSplitPlan plan;
   if (kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent) {
-    // One CTA per resident slot, whatever the batch (and whichever kernel runs).
-    const std::int64_t slots = static_cast<std::int64_t>(num_sms) * ctas_per_sm;
-    plan.persistent_ctas = static_cast<std::int32_t>(
-        slots < kCudaExtendMaxPersistentCtas ? slots : kCudaExtendMaxPersistentCtas);
+    plan.persistent_ctas = persistent_ctas_for(num_sms, ctas_per_sm);
   }
   if (!splits_over_keys(kernel) || params.num_seqs == 0 || params.max_q_len == 0) return plan;
   // An FP8 cache that only the CUDA-core FP8 kernel takes: it ignores the plan.
@@ -607,9 +612,7 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
   *plan = plan_extend_split(params, kernel, sms, resident);
   if (persistent && plan->persistent_ctas == 0) {
     // Fallen back to kFa2: its plan, and a count the launch's checks accept.
-    plan->persistent_ctas =
-        plan_extend_split(params, ExtendKernel::kWgmmaWarpSpecializedPersistent, sms, 1)
-            .persistent_ctas;
+    plan->persistent_ctas = persistent_ctas_for(sms, 1);
   }
   return cudaSuccess;
 }

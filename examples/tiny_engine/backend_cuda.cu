@@ -236,9 +236,12 @@ class CudaBackend final : public ForwardBackend {
 
   const Model& model_;
   pagedkv::KVDtype dtype_;  // of q, the new K/V and attention outputs (bf16 with an FP8 cache)
-  pagedkv::DecodeKernel decode_kernel_;          // EngineConfig::decode_kernel
-  pagedkv::ExtendKernel extend_kernel_;          // EngineConfig::extend_kernel (no split over keys)
-  DeviceArray<std::uint64_t> extend_workspace_;  // kWgmmaWarpSpecializedPersistent's counter
+  pagedkv::DecodeKernel decode_kernel_;  // EngineConfig::decode_kernel
+  pagedkv::ExtendKernel extend_kernel_;  // EngineConfig::extend_kernel (no split over keys)
+  // kWgmmaWarpSpecializedPersistent: its plan (the device's CTAs, no split; made at the first
+  // extend step, the same for every batch) and its workspace (the counter).
+  pagedkv::ExtendSplitPlan extend_plan_;
+  DeviceArray<std::uint64_t> extend_workspace_;
   pagedkv::KVQuant quant_;  // FP8 KV: per-(token, KV head) or per-tensor scales, as the CPU path
   std::vector<float> k_scales_, v_scales_;  // per-tensor: [num_layers]
   pagedkv::KVLayout layout_;
@@ -481,16 +484,16 @@ void CudaBackend::forward(const ForwardBatch& batch, std::vector<float>& logits)
       attention.sm_scale = sm_scale;
       // No split over keys either (the same reason). The persistent variant's plan names its CTAs
       // and its workspace holds the work counter (which CTA runs an item does not change it).
-      pagedkv::ExtendSplitPlan plan;
-      if (extend_kernel_ == pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent) {
-        TE_CUDA_CHECK(
-            pagedkv::extend_split_plan_for_current_device(attention, extend_kernel_, &plan));
-        plan.num_splits = 1;
+      if (extend_kernel_ == pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent &&
+          extend_plan_.persistent_ctas == 0) {
+        TE_CUDA_CHECK(pagedkv::extend_split_plan_for_current_device(attention, extend_kernel_,
+                                                                    &extend_plan_));
+        extend_plan_.num_splits = 1;
       }
-      const std::size_t ws_bytes = pagedkv::extend_workspace_bytes(attention, plan);
+      const std::size_t ws_bytes = pagedkv::extend_workspace_bytes(attention, extend_plan_);
       void* ws = ws_bytes > 0 ? extend_workspace_.reserve((ws_bytes + 7) / 8) : nullptr;
-      TE_CUDA_CHECK(
-          pagedkv::paged_extend_attention(attention, nullptr, extend_kernel_, plan, ws, ws_bytes));
+      TE_CUDA_CHECK(pagedkv::paged_extend_attention(attention, nullptr, extend_kernel_,
+                                                    extend_plan_, ws, ws_bytes));
     }
     from_bits_kernel<<<blocks_for(n(rows, qd)), kThreads>>>(
         attn_bits, static_cast<std::int64_t>(n(rows, qd)), bf16, attn);

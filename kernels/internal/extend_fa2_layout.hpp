@@ -203,6 +203,26 @@ PAGEDKV_HOST_DEVICE constexpr Fa2WorkItem fa2_work_item(int z, int num_tiles, in
   return {num_tiles - 1 - z / num_splits, z % num_splits};
 }
 
+// What grid cell z of a sequence (q_len new tokens after `prefix` cached ones) covers with query
+// tiles of `rows` rows and key tiles of `keys` keys: its (query tile, split), the tile's work and
+// the split's key tiles. false (out partly set) when the cell has nothing to do: past the
+// sequence's query tiles, or a split past the active ones. (The warpgroup-MMA kernels' cells and
+// the persistent schedule's host test; kFa2's and kFa2Fp8's kernels compose the same steps.)
+struct Fa2CellWork {
+  Fa2WorkItem item;
+  Fa2TileWork work;
+  Fa2SplitTiles split;
+};
+PAGEDKV_HOST_DEVICE bool fa2_cell_work(int q_len, int prefix, int group, int window, int num_splits,
+                                       int z, int rows, int keys, Fa2CellWork& out) {
+  out.item = fa2_work_item(z, extend_num_tiles(q_len, group, rows), num_splits);
+  if (out.item.tile < 0) return false;
+  out.work = fa2_tile_work(q_len, prefix, group, window, out.item.tile, rows, keys, num_splits);
+  if (out.item.split >= out.work.active) return false;
+  out.split = fa2_split_tiles(out.work, out.item.split);
+  return true;
+}
+
 // Merge of split partials for one row: running (m, sum) over the log2-sum-exp2 values lse_s of
 // the splits; weight(lse_s) = 2^(lse_s - m). A split that saw no key has lse -inf, weight 0.
 PAGEDKV_HOST_DEVICE float fa2_merge_max(float m, float lse) {

@@ -45,16 +45,16 @@ __device__ __forceinline__ bool cell_work(const fa2::Fa2Params& p, int kv_head, 
   w.kv_head = kv_head;
   w.seq = seq;
   w.lens = fa2::seq_lens_of(p, w.seq);
-  const int num_tiles = detail::extend_num_tiles(w.lens.q_len, p.group, kRows);
-  w.item = detail::fa2_work_item(z, num_tiles, p.num_splits);
-  if (w.item.tile < 0) return false;
-  w.work = detail::fa2_tile_work(w.lens.q_len, w.lens.prefix, p.group, p.window_size, w.item.tile,
-                                 kRows, kKeys, p.num_splits);
-  if (w.item.split >= w.work.active) return false;
-  const detail::Fa2SplitTiles split = detail::fa2_split_tiles(w.work, w.item.split);
-  w.direct = w.work.active == 1;
-  w.key_first = w.work.geo.kv_begin + split.first * kKeys;
-  w.tiles = split.last - split.first;
+  detail::Fa2CellWork cell;
+  if (!detail::fa2_cell_work(w.lens.q_len, w.lens.prefix, p.group, p.window_size, p.num_splits, z,
+                             kRows, kKeys, cell)) {
+    return false;
+  }
+  w.item = cell.item;
+  w.work = cell.work;
+  w.direct = cell.work.active == 1;
+  w.key_first = cell.work.geo.kv_begin + cell.split.first * kKeys;
+  w.tiles = cell.split.last - cell.split.first;
   return true;
 }
 

@@ -56,20 +56,15 @@ TEST(ExtendPersistentSchedule, ItemsAreTheGridsCellsInLaunchOrder) {
   EXPECT_EQ(c.z, 65534);
 }
 
-// The key tiles a cell covers: the composition the kernel's cell_work makes
-// (kernels/internal/extend_wgmma_grid.cuh) of the same tile functions, 128 rows x 64 keys; -1 for
-// a cell with nothing to do.
+// The key tiles a cell covers, by the function the kernel's cell_work calls
+// (kernels/internal/extend_wgmma_grid.cuh), 128-row query tiles x 64-key tiles; -1 for a cell with
+// nothing to do.
 int cell_key_tiles(int q_len, int prefix, int group, int window, int num_splits, int z) {
-  constexpr int kRows = 128;
-  constexpr int kKeys = 64;
-  const int num_tiles = detail::extend_num_tiles(q_len, group, kRows);
-  const detail::Fa2WorkItem item = detail::fa2_work_item(z, num_tiles, num_splits);
-  if (item.tile < 0) return -1;
-  const detail::Fa2TileWork work =
-      detail::fa2_tile_work(q_len, prefix, group, window, item.tile, kRows, kKeys, num_splits);
-  if (item.split >= work.active) return -1;
-  const detail::Fa2SplitTiles split = detail::fa2_split_tiles(work, item.split);
-  return split.last - split.first;
+  detail::Fa2CellWork cell{};
+  if (!detail::fa2_cell_work(q_len, prefix, group, window, num_splits, z, 128, 64, cell)) {
+    return -1;
+  }
+  return cell.split.last - cell.split.first;
 }
 
 // Alike sequences: the work of the items in order never grows (with splits: the work of each
