@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_fingerprint.hpp"
 #include "cuda_attention_test_util.hpp"
 #include "cuda_test_util.hpp"
 #include "expect_error.hpp"
@@ -123,10 +124,16 @@ DecodePlan plan_for(const testing::HostDecodeProblem& pb, Split split, DecodeKer
   if (::testing::AssertionResult zero = counters.all_zero(); !zero) return zero;
   const auto out = testing::to_doubles(
       shape.dtype, testing::download<std::uint16_t>(dev.out.get(), pb.q.size()));
-  return testing::rows_match(out, ref, static_cast<std::size_t>(shape.head_dim),
-                             tolerance(shape.dtype))
-         << " [" << testing::describe(shape) << " split=" << static_cast<int>(split)
-         << "; rows are sequence x " << shape.num_q_heads << " + query head]";
+  auto rows = testing::rows_match(out, ref, static_cast<std::size_t>(shape.head_dim),
+                                  tolerance(shape.dtype));
+  if (rows) return rows;
+  // Where the wrong rows sit (tests/util/attention_fingerprint.hpp), for study after the GPU run.
+  return rows << " [" << testing::describe(shape) << " split=" << static_cast<int>(split)
+              << " plan " << plan.num_splits << " x " << plan.kv_chunk_size
+              << "; rows are sequence x " << shape.num_q_heads << " + query head]\n"
+              << testing::error_fingerprint(out, ref, static_cast<std::size_t>(shape.head_dim),
+                                            tolerance(shape.dtype), testing::decode_row_sites(pb),
+                                            testing::kFingerprintDecodeTileRows);
 }
 
 class CudaDecodeAttention : public testing::GpuTest,
@@ -319,12 +326,18 @@ TEST_P(CudaDecodeAttention, LongContextWithPlannedSplits) {
       }
     }
   }
-  return testing::rows_match(testing::to_doubles(dtype, dense), ref,
-                             static_cast<std::size_t>(head_dim), tolerance(dtype))
-         << " [q_len " << q_len << " group " << group << " head_dim " << head_dim << " block "
-         << block_size << " window " << window << " cap " << cap << " split "
-         << static_cast<int>(split) << (strided ? " strided" : "")
-         << "; rows are (sequence x q_len + token) x " << num_q_heads << " + query head]";
+  const auto got = testing::to_doubles(dtype, dense);
+  auto rows = testing::rows_match(got, ref, static_cast<std::size_t>(head_dim), tolerance(dtype));
+  if (rows) return rows;
+  return rows << " [q_len " << q_len << " group " << group << " head_dim " << head_dim << " block "
+              << block_size << " window " << window << " cap " << cap << " split "
+              << static_cast<int>(split) << (strided ? " strided" : "") << " plan "
+              << plan.num_splits << " x " << plan.kv_chunk_size
+              << "; rows are (sequence x q_len + token) x " << num_q_heads << " + query head]\n"
+              << testing::error_fingerprint(
+                     got, ref, static_cast<std::size_t>(head_dim), tolerance(dtype),
+                     testing::extend_row_sites(pb, testing::kFingerprintDecodeTileRows),
+                     testing::kFingerprintDecodeTileRows);
 }
 
 TEST_P(CudaDecodeAttention, SeveralQueryTokensMatchTheReference) {

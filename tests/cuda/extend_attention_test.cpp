@@ -44,6 +44,8 @@
 #include <string>
 #include <vector>
 
+#include "attention_dump.hpp"
+#include "attention_fingerprint.hpp"
 #include "cuda_attention_test_util.hpp"
 #include "cuda_test_util.hpp"
 #include "expect_error.hpp"
@@ -78,8 +80,13 @@ using testing::DeviceExtendProblem;
   auto rows = testing::rows_match(out, ref.out, static_cast<std::size_t>(pb.shape.cache.head_dim),
                                   tolerance(dtype));
   if (!rows) {
+    // Where the wrong rows sit (query-tile row, keys seen, head_dim columns, ...): enough to
+    // reason about a failure after the GPU run (tests/util/attention_fingerprint.hpp).
     return rows << " [" << testing::describe(pb.shape) << "; rows are token x "
-                << pb.shape.cache.num_q_heads << " + query head]";
+                << pb.shape.cache.num_q_heads << " + query head]\n"
+                << testing::error_fingerprint(out, ref.out,
+                                              static_cast<std::size_t>(pb.shape.cache.head_dim),
+                                              tolerance(dtype), testing::extend_row_sites(pb));
   }
   if (!check_lse) return ::testing::AssertionSuccess();
   const auto lse = testing::download<float>(dev.lse.get(), ref.lse.size());
@@ -185,14 +192,36 @@ cudaError_t launch_extend(const PagedExtendParams& p, cudaStream_t stream) {
                                 g_workspace.bytes());
 }
 
-// Runs one case and checks it against the CPU reference.
+// The dumps this process has written (PAGEDKV_TEST_DUMP_DIR; tests/util/attention_dump.hpp).
+testing::DumpBudget g_dump_budget;
+
+// Runs one case and checks it against the CPU reference. A failing case is dumped when the
+// environment names a folder (its shape and seed regenerate it: extend_dump_inspect).
 ::testing::AssertionResult run_case(const ExtendShape& shape, std::uint64_t seed) {
   const auto pb = testing::make_extend_problem(shape, seed);
   const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
   DeviceExtendProblem dev(pb);
-  testing::cuda_check(launch_extend(dev.params(pb), nullptr), "paged_extend_attention");
+  const PagedExtendParams params = dev.params(pb);
+  testing::cuda_check(launch_extend(params, nullptr), "paged_extend_attention");
   testing::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  return check_outputs(pb, dev, ref);
+  auto result = check_outputs(pb, dev, ref);
+  if (!result) {
+    testing::ExtendDump d;
+    const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    d.test =
+        info == nullptr ? "unknown" : std::string(info->test_suite_name()) + "." + info->name();
+    const ExtendSplitPlan plan = g_variant == Variant::kMma16 ? ExtendSplitPlan{} : plan_of(params);
+    d.plan = "kernel " + std::to_string(static_cast<int>(kernel_of(g_variant))) + ", splits " +
+             std::to_string(plan.num_splits) + ", persistent CTAs " +
+             std::to_string(plan.persistent_ctas);
+    d.shape = shape;
+    d.seed = seed;
+    d.out = testing::download<std::uint16_t>(dev.out.get(), pb.q.size());
+    d.lse = testing::download<float>(dev.lse.get(), ref.lse.size());
+    const std::string what = testing::maybe_dump_extend(d, g_dump_budget);
+    if (!what.empty()) result << "\n" << what;
+  }
+  return result;
 }
 
 void expect_case(const ExtendShape& shape, std::uint64_t seed) {
