@@ -1,15 +1,21 @@
 #!/usr/bin/env python3
-"""ctest gpu_check_dumps: scripts/gpu-check pack-dumps, which packs the failing GPU cases' dumps
-(*.pkvdump, tests/util/attention_dump.hpp) into the one archive a device call brings back.
+"""ctest gpu_check_run: parts of `scripts/gpu-check run` that need no GPU, on stand-ins.
+
+pack-dumps, which packs the failing GPU cases' dumps (*.pkvdump, tests/util/attention_dump.hpp)
+into the one archive a device call brings back.
 
 Checks, with incompressible made-up dumps and small limits: the smallest dumps are kept, halving
 the count until the archive fits; other files are left out; nothing is written (and any old
 archive is removed) when no dump fits or there is none; a missing folder means none. Then
 `gpu-check run` (tests step only) on a made-up gpu-check folder whose gpu_info and test programs
 are shell scripts: failing tests that wrote dumps into PAGEDKV_TEST_DUMP_DIR give dumps.tgz and
-a summary line; passing tests leave neither the archive nor the dump folder.
+a summary line; passing tests leave neither the archive nor the dump folder. And the
+compute-sanitizer step, with a stand-in compute-sanitizer on PATH that logs when each case starts
+and ends: every case of the script's CASES block is reported once, in the block's order, with its
+exit status and wall time; a failing case fails the step and is named in the summary; at most
+PAGEDKV_GPU_SANITIZER_JOBS cases run at once, and with 3 allowed, several do.
 
-usage: gpu_check_dumps_test.py GPU_CHECK_SCRIPT   (exit 0 = pass)
+usage: gpu_check_run_test.py GPU_CHECK_SCRIPT   (exit 0 = pass)
 """
 import os
 import pathlib
@@ -75,6 +81,70 @@ def run_with_fakes(script, root, expect):
            "a passing run left dumps")
 
 
+def sanitizer_with_fakes(script, root, expect):
+    """gpu-check run's sanitizer step with a stand-in compute-sanitizer."""
+    text = pathlib.Path(script).read_text()
+    cases = [c for c in text.split("<<'CASES'\n", 1)[1].split("\nCASES\n", 1)[0].splitlines()
+             if c.strip()]
+    expect(len(cases) >= 10, f"only {len(cases)} sanitizer cases found in the script")
+    failing = cases[1].split()  # tool, program, gtest filter (unique in the list)
+    expect(len(failing) == 3 and sum(c.split()[2:3] == failing[2:3] for c in cases) == 1,
+           f"the second case is not a unique tool / program / filter line: {cases[1]}")
+    (root / "bin").mkdir(parents=True)
+    (root / "BUILD_INFO").write_text("made-up build\n")
+    gpu_info = root / "bin" / "gpu_info"
+    gpu_info.write_text("#!/bin/sh\necho 'device 0: Made-up GPU, cc 9.0'\n")
+    gpu_info.chmod(0o755)
+    (root / "tests.tsv").write_text("")
+    tools = root / "tools"
+    tools.mkdir()
+    log = root / "starts.log"
+    # --tool T --error-exitcode 3 PROGRAM ARGS...: logs start and end (nanoseconds), sleeps, and
+    # fails the one case whose first argument names the made-up failing filter.
+    fake = tools / "compute-sanitizer"
+    fake.write_text(
+        "#!/bin/bash\n"
+        "[ \"$1\" = --version ] && { echo 'made-up sanitizer'; exit 0; }\n"
+        f"echo \"start $(date +%s%N)\" >> {log}\n"
+        "sleep 0.15\n"
+        f"echo \"end $(date +%s%N)\" >> {log}\n"
+        "echo \"ran $*\"\n"
+        f"[ \"$2\" = '{failing[0]}' ] && [ \"$6\" = '{failing[2]}' ] && exit 3\n"
+        "exit 0\n")
+    fake.chmod(0o755)
+    out = root / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), PAGEDKV_GPU_CHECK_STEPS="sanitizer",
+               PAGEDKV_GPU_SANITIZER_JOBS="3", PATH=f"{tools}:{os.environ.get('PATH', '')}")
+    done = subprocess.run(["bash", script, "run", str(root)], env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    report = (out / "sanitizer.txt").read_text() if (out / "sanitizer.txt").is_file() else ""
+    summary = (out / "summary.txt").read_text() if (out / "summary.txt").is_file() else ""
+    heads = [line[len("===== "):].rstrip() for line in report.splitlines()
+             if line.startswith("===== ") and " exit " not in line]
+    expect(heads == [c.split()[0] + ": " + " ".join(c.split()[1:]) for c in cases],
+           f"reports not in the CASES order: {heads[:3]}...")
+    exits = [line for line in report.splitlines() if line.startswith("===== ") and " exit " in line]
+    expect(len(exits) == len(cases), f"{len(exits)} exit lines for {len(cases)} cases")
+    bad = [e for e in exits if " exit 0 (" not in e]
+    expect(len(bad) == 1 and " exit 3 (" in bad[0] and bad[0] == exits[1],
+           f"failing cases reported: {bad}")
+    expect(done.returncode != 0 and f"1 of {len(cases)} runs reported errors" in summary,
+           f"exit {done.returncode}, summary:\n{summary}")
+    # Concurrency from the start / end log: never more than 3 at once, and more than 1.
+    events = []
+    for line in log.read_text().splitlines():
+        kind, ns = line.split()
+        events.append((int(ns), 1 if kind == "start" else -1))
+    events.sort(key=lambda e: (e[0], e[1]))
+    level = peak = 0
+    for _, d in events:
+        level += d
+        peak = max(peak, level)
+    expect(len(events) == 2 * len(cases), f"{len(events)} start / end events")
+    expect(1 < peak <= 3, f"at most {peak} cases ran at once (3 allowed)")
+
+
 def main():
     if len(sys.argv) != 2:
         print(__doc__)
@@ -133,10 +203,11 @@ def main():
         expect(rc == 0 and out == "dumps: none" and not archive.exists(), f"missing folder: {out}")
 
         run_with_fakes(script, tmp / "fake", expect)
+        sanitizer_with_fakes(script, tmp / "sanitizer", expect)
 
     for f in failures:
         print("FAIL:", f)
-    print("gpu_check_dumps:", "PASS" if not failures else f"{len(failures)} failures")
+    print("gpu_check_run:", "PASS" if not failures else f"{len(failures)} failures")
     return 0 if not failures else 1
 
 
