@@ -41,6 +41,7 @@ def run_with_fakes(script, root, expect):
         # Writes a dump named after its argument, then fails, as a failing extend case does.
         "failing_test": "#!/bin/sh\nhead -c 5000 /dev/urandom "
                         "> \"$PAGEDKV_TEST_DUMP_DIR/Case_$1-seed1-0.pkvdump\"\n"
+                        "echo \"fingerprint: 7 of 9 rows over 0.01 ($1)\"\n"
                         "echo \"[  FAILED  ] Made.Up/$1\"\nexit 1\n",
         "passing_test": "#!/bin/sh\necho '[  PASSED  ] 1 test.'\nexit 0\n",
     }
@@ -64,6 +65,8 @@ def run_with_fakes(script, root, expect):
     summary = (out / "summary.txt").read_text() if (out / "summary.txt").is_file() else ""
     expect(rc != 0 and "VERDICT: FAIL" in summary, f"failing run: exit {rc}, summary:\n{summary}")
     expect("dumps: 2 of 2 failing cases in dumps.tgz" in summary, f"summary:\n{summary}")
+    expect("    fingerprint: 7 of 9 rows over 0.01 (A)" in summary.splitlines(),
+           f"no fingerprint line in the summary:\n{summary}")
     if (out / "dumps.tgz").is_file():
         with tarfile.open(out / "dumps.tgz") as t:
             names = sorted(m.name for m in t.getmembers())
