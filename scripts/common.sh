@@ -65,3 +65,41 @@ pagedkv_configure() {
   mapfile -t gen < <(pagedkv_generator "$dir")
   cmake -S "$PAGEDKV_ROOT" -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release "$@"
 }
+
+# pagedkv_nvdisasm: prints the path of an nvdisasm for scripts/kernel-resources' SASS check, or
+# nothing when none can be had (the check then reports itself as not run). One on PATH or beside
+# nvcc first; else Debian's: the CUDA 13 toolkit here has no disassembler, and bookworm's non-free
+# component has nvidia-cuda-toolkit 11.8, whose nvdisasm reads CUDA 13's sm_90 / sm_90a code once
+# the cubin's ELF header is given the CUDA 11 form (scripts/kernel-resources, old_abi_cubin). The
+# package (84 MB) is downloaded, not installed, with a private package list (the system's sources
+# are not touched), and only usr/bin/nvdisasm is unpacked, once, into build/tools/.
+pagedkv_nvdisasm() {
+  local found
+  found="$(command -v nvdisasm 2>/dev/null || true)"
+  [ -z "$found" ] && [ -x /usr/local/cuda/bin/nvdisasm ] && found=/usr/local/cuda/bin/nvdisasm
+  local cached="$PAGEDKV_ROOT/build/tools/nvdisasm"
+  [ -z "$found" ] && [ -x "$cached" ] && found="$cached"
+  if [ -n "$found" ]; then
+    echo "$found"
+    return 0
+  fi
+  local tmp
+  tmp="$(mktemp -d)"
+  mkdir -p "$tmp/lists/partial" "$tmp/parts"
+  printf '%s\n' "Types: deb" "URIs: http://deb.debian.org/debian" "Suites: bookworm" \
+    "Components: non-free" "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" \
+    >"$tmp/parts/non-free.sources"
+  local apt=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$tmp/parts"
+             -o "Dir::State::Lists=$tmp/lists" -o Debug::NoLocking=1)
+  if (cd "$tmp" && timeout 120 apt-get "${apt[@]}" -qq update >"$tmp/log" 2>&1 &&
+      timeout 300 apt-get "${apt[@]}" -qq download nvidia-cuda-toolkit >>"$tmp/log" 2>&1 &&
+      dpkg-deb --fsys-tarfile nvidia-cuda-toolkit_*.deb | tar -x -C "$tmp" ./usr/bin/nvdisasm &&
+      "$tmp/usr/bin/nvdisasm" --version >/dev/null 2>&1); then
+    mkdir -p "$(dirname "$cached")"
+    mv "$tmp/usr/bin/nvdisasm" "$cached"
+    echo "$cached"
+  else
+    echo "pagedkv: no nvdisasm (Debian's nvidia-cuda-toolkit could not be fetched: $(tail -n 1 "$tmp/log" 2>/dev/null)); the SASS check will not run" >&2
+  fi
+  rm -rf "$tmp"
+}

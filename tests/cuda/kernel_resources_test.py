@@ -12,6 +12,7 @@ import importlib.machinery
 import importlib.util
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -232,6 +233,82 @@ expect(rc == 2 and "_Z6absentv" in out,
 md = kr.markdown(kr.analyse(functions, {}), 128, [])
 expect("wgmma check: FAIL" in md and "insufficient register resources" in md,
        f"the report names the serialized kernels and the reason: {md[-400:]}")
+
+# ---- SASS (nvdisasm) ----
+# Real `nvdisasm -c` output (Debian's nvdisasm 11.8 on CUDA 13.0 cubins read through old_abi_cubin)
+# of fa2_extend_kernel<true, 128, 4, false> (sm_90) and the persistent warp-specialized kernel
+# wgmma_ws_extend_kernel<true, false, true, true> (sm_90a).
+import gzip  # noqa: E402
+
+sass_text = gzip.open(DATA / "nvdisasm-11.8-fa2-and-ws-cuda13.0.sass.gz", "rt").read()
+sass = kr.parse_sass(sass_text)
+fa2_name = next((k for k in sass if "fa2_extend_kernelILb1ELi128ELi4ELb0E" in k), None)
+ws_name = next((k for k in sass if "wgmma_ws_extend_kernelILb1ELb0ELb1ELb1E" in k), None)
+expect(len(sass) == 2 and fa2_name and ws_name, f"two functions parsed: {list(sass)}")
+if fa2_name and ws_name:
+    expect(sass[fa2_name]["counts"] == {"HMMA": 80, "HGMMA": 0, "LDSM": 24, "LDGSTS": 24,
+                                        "LDL": 0, "STL": 0},
+           f"fa2 counts: {sass[fa2_name]['counts']}")
+    expect(sass[ws_name]["counts"] == {"HMMA": 0, "HGMMA": 24, "LDSM": 0, "LDGSTS": 8,
+                                       "LDL": 0, "STL": 0},
+           f"ws counts: {sass[ws_name]['counts']}")
+    expect(sass[fa2_name]["instructions"] > 1000 and sass[ws_name]["instructions"] > 1000,
+           "instruction counts")
+
+    def sass_rows(text, head_dim=128):
+        rows = []
+        for name, counts in kr.parse_sass(text).items():
+            base = "fa2_extend_kernel" if "fa2_extend" in name else "wgmma_ws_extend_kernel"
+            rows.append({"kernel": base + "<...>", "demangled": name, "source": "x.cu",
+                         "entry": True, "sass": counts,
+                         "head_dim": head_dim if base == "fa2_extend_kernel" else None})
+        return rows
+
+    expect(kr.sass_offenders(sass_rows(sass_text), 128) == [], "the real kernels pass the rules")
+    # Each rule broken on a copy: no ldmatrix in fa2 (LDSM turned into LDS), no warpgroup MMA in
+    # the ws kernel, a local store in each.
+    no_ldsm = re.sub(r"\bLDSM\b", "LDS", sass_text)
+    bad = kr.sass_offenders(sass_rows(no_ldsm), 128)
+    expect(len(bad) == 1 and "fa2_extend" in bad[0][0]["demangled"] and bad[0][1] == "no LDSM",
+           f"fa2 without LDSM fails: {[(r['kernel'], w) for r, w in bad]}")
+    no_hgmma = re.sub(r"\bHGMMA\b", "HMMA", sass_text)
+    bad = kr.sass_offenders(sass_rows(no_hgmma), 128)
+    expect(len(bad) == 1 and "wgmma_ws" in bad[0][0]["demangled"] and bad[0][1] == "no HGMMA",
+           f"the ws kernel without HGMMA fails: {[(r['kernel'], w) for r, w in bad]}")
+    local = re.sub(r"(/\*[0-9a-f]+\*/\s+)STS\.128\b", r"\1STL.128", sass_text, count=0)
+    bad = kr.sass_offenders(sass_rows(local), 128)
+    expect(len(bad) == 2 and all("local-memory instructions" in w for _, w in bad),
+           f"local stores fail both kernels: {[(r['kernel'], w) for r, w in bad]}")
+    expect([w for r, w in kr.sass_offenders(sass_rows(local, head_dim=256), 128)
+            if "fa2_extend" in r["demangled"]] == [],
+           "local memory at head_dim 256 is allowed (as spills are)")
+    md = kr.markdown([dict(r, head_dim=128, arch="sm_90", registers=1, spill_stores=0,
+                           spill_loads=0, stack_frame=0, smem_static=0, occupancy=None)
+                      for r in sass_rows(no_ldsm)], 128, [], sass_checked=True)
+    expect("SASS check (" in md and "FAIL: `fa2_extend_kernel<...>` no LDSM" in md
+           and "| 80 / 0 / 0 / 24 / 0 |" in md,
+           f"the report's SASS column and check line: {md[-700:]}")
+    md = kr.markdown([], 128, [], sass_checked=False)
+    expect("SASS check: not run (no nvdisasm)." in md, "a report without nvdisasm says so")
+
+# The CUDA 13 ELF header rewritten for nvdisasm 11.8: OS/ABI 0x41 -> 0x33, ABI version 8 -> 7,
+# e_flags 0x06005a04 (SM 90 in bits 8-15) -> 0x005a055a (SM | virtual SM << 16 | 64-bit).
+header = bytearray(64)
+header[:4] = b"\x7fELF"
+header[4] = 2
+header[7], header[8] = 0x41, 8
+header[0x30:0x34] = (0x06005A04).to_bytes(4, "little")
+old = kr.old_abi_cubin(bytes(header) + b"code")
+expect(old is not None and old[7] == 0x33 and old[8] == 7
+       and int.from_bytes(old[0x30:0x34], "little") == 0x005A055A and old[64:] == b"code",
+       f"old_abi_cubin: {old[:64].hex() if old else None}")
+expect(kr.old_abi_cubin(b"not an ELF file at all, no header here, " * 2) is None,
+       "old_abi_cubin refuses a non-ELF file")
+try:
+    kr.find_nvdisasm(str(DATA / "ptxas-sm90-cuda13.0.log"), None)
+    expect(False, "a --nvdisasm that is not executable is refused")
+except kr.Error as e:
+    expect("not an executable file" in str(e), f"--nvdisasm refusal names the problem: {e}")
 
 if failures:
     print(f"{len(failures)} check(s) failed")
