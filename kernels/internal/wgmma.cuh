@@ -55,6 +55,23 @@ __device__ __forceinline__ void wait() {
   static_assert(kPending >= 0, "a count of pending groups");
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
+// Keeps the computation of `x` (and all it depends on) before the next wgmma.wait_group in the
+// SASS. ptxas moves register-only work freely across WARPGROUP.DEPBAR (the wait), and 13.0 puts
+// the softmax's exponentials of the pipelined loop after the wait for the PV GEMM they were meant
+// to overlap (every pipelined sm_90a extend kernel: all 34 MUFU.EX2 of a tile after the wait,
+// about 100 instructions before it; scripts/kernel-resources checks the order). A shared-memory
+// store stays on its side of the wait, so `x` is made the operand of one: a store to
+// smem_addr predicated on x < 0, which never holds for what it is given (a softmax row sum:
+// a sum of exponentials, >= 0, or NaN, for which the comparison is false), so nothing is ever
+// stored; only the dependence remains.
+__device__ __forceinline__ void compute_before_wait(float x, std::uint32_t smem_addr) {
+  asm volatile(
+      "{\n\t.reg .pred p;\n\t"
+      "setp.lt.f32 p, %0, 0f00000000;\n\t"
+      "@p st.shared.f32 [%1], %0;\n\t}\n" ::"f"(x),
+      "r"(smem_addr)
+      : "memory");
+}
 // Generic-proxy writes to shared memory (stores, cp.async) made visible to the async proxy that
 // wgmma reads shared memory through; each writing thread runs it before the barrier.
 __device__ __forceinline__ void fence_proxy_async_shared() {

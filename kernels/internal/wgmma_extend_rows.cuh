@@ -214,6 +214,8 @@ struct Rows {
       wgmma::wait<1>();  // S of tile t done; the PV GEMM may still run
       wgmma::reg_fence(s);
       const bool any_moved = softmax<false>(s, key_first + t * kKeys, alpha);
+      // The exponentials under the PV GEMM, not after its wait (ptxas would sink them).
+      wgmma::compute_before_wait(l_run[0] + l_run[1], q_addr);
       wgmma::wait<0>();
       wgmma::reg_fence(o);
       fence_p(pa);

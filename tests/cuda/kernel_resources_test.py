@@ -254,6 +254,20 @@ if fa2_name and ws_name:
            f"ws counts: {sass[ws_name]['counts']}")
     expect(sass[fa2_name]["instructions"] > 1000 and sass[ws_name]["instructions"] > 1000,
            "instruction counts")
+    expect(sass[fa2_name]["ex2_after_pv_wait"] is None and sass[ws_name]["ex2_after_pv_wait"] == 0,
+           f"the ws kernel's exponentials before its PV wait, fa2 has no wgmma loop: "
+           f"{sass[fa2_name]['ex2_after_pv_wait']}, {sass[ws_name]['ex2_after_pv_wait']}")
+    # The same kernel before wgmma::compute_before_wait: ptxas had put all 34 exponentials of a
+    # tile (32 scores, 2 rescale factors) after the wait for the PV GEMM.
+    before = kr.parse_sass(gzip.open(DATA / "nvdisasm-11.8-ws-exp-after-wait-cuda13.0.sass.gz",
+                                     "rt").read())
+    expect([v["ex2_after_pv_wait"] for v in before.values()] == [34],
+           f"the old schedule is seen: {[v['ex2_after_pv_wait'] for v in before.values()]}")
+    old_rows = [{"kernel": "wgmma_ws_extend_kernel<...>", "demangled": k, "source": "x.cu",
+                 "entry": True, "sass": v, "head_dim": None} for k, v in before.items()]
+    bad = kr.sass_offenders(old_rows, 128)
+    expect(len(bad) == 1 and "34 exponentials (MUFU.EX2) after the wait for the PV GEMM" in bad[0][1],
+           f"the old schedule fails the rule: {[w for _, w in bad]}")
 
     def sass_rows(text, head_dim=128):
         rows = []
