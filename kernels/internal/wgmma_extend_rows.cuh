@@ -131,7 +131,7 @@ struct Rows {
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
       const float m_new = fmaxf(m_run[h], tile_max);
       m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[h] = exp2f(m_run[h] - m_use[h]);
+      alpha[h] = wgmma::exp2_ftz(m_run[h] - m_use[h]);
       moved = moved || m_new != m_run[h];
       m_run[h] = m_new;
     }
@@ -143,7 +143,7 @@ struct Rows {
     }
 #pragma unroll
     for (int j = 0; j < kScores; ++j) {
-      s[j] = exp2f(s[j] - m_use[(j >> 1) & 1]);
+      s[j] = wgmma::exp2_ftz(s[j] - m_use[(j >> 1) & 1]);
       l_run[(j >> 1) & 1] += s[j];
     }
     return any_moved;
