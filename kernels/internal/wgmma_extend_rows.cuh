@@ -95,19 +95,24 @@ struct Rows {
     }
   }
 
-  // The online softmax of one tile's scores (keys key0 ..): scale (soft-cap), mask, the new row
+  // The online softmax of one tile's scores (keys key0 ..): soft-cap, mask, the new row
   // maxima, the rescale factor alpha of what came before, l rescaled (and O too with kRescaleO;
   // a pipelined caller whose O is still being written by the previous tile's PV GEMM rescales
-  // it after the wait, rescale_o), s turned into exp2(s - m) and added to l. Returns whether any
-  // row maximum of the warp moved (O needs the rescale only then).
+  // it after the wait, rescale_o), s turned into exp2(scale s - m) and added to l. Returns
+  // whether any row maximum of the warp moved (O needs the rescale only then). Without soft-cap
+  // the scores stay unscaled until the exponential, which takes scale s - m as one FFMA: the row
+  // maximum of the raw scores times the scale (> 0) is the maximum of the scaled ones (rounding
+  // is monotonic), so m, alpha and l are those of the scaled scores, one multiply per score
+  // fewer. With soft-cap the scale goes in before the tanh, as the reference has it.
   template <bool kRescaleO>
   __device__ __forceinline__ bool softmax(float (&s)[kScores], int key0, float (&alpha)[2]) {
     const bool need_mask = detail::extend_tile_needs_mask(geo, key0, kKeys, p.window_size) ||
                            key0 + kKeys > geo.kv_end;
+    const float scale = kSoftCap ? 1.0f : p.score_scale;  // what the exponential still applies
 #pragma unroll
     for (int j = 0; j < kScores; ++j) {
-      float x = s[j] * p.score_scale;
-      if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x);
+      float x = s[j];
+      if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x * p.score_scale);
       const int key = key0 + detail::wgmma_d_coord(wt, j).col;
       if (need_mask && !detail::extend_key_visible(row_pos[(j >> 1) & 1], key, p.window_size)) {
         x = -INFINITY;
@@ -129,7 +134,7 @@ struct Rows {
       }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float m_new = fmaxf(m_run[h], tile_max);
+      const float m_new = fmaxf(m_run[h], tile_max * scale);
       m_use[h] = m_new == -INFINITY ? 0.0f : m_new;
       alpha[h] = wgmma::exp2_ftz(m_run[h] - m_use[h]);
       moved = moved || m_new != m_run[h];
@@ -143,7 +148,7 @@ struct Rows {
     }
 #pragma unroll
     for (int j = 0; j < kScores; ++j) {
-      s[j] = wgmma::exp2_ftz(s[j] - m_use[(j >> 1) & 1]);
+      s[j] = wgmma::exp2_ftz(fmaf(s[j], scale, -m_use[(j >> 1) & 1]));
       l_run[(j >> 1) & 1] += s[j];
     }
     return any_moved;
