@@ -109,19 +109,27 @@ struct Rows {
     const bool need_mask = detail::extend_tile_needs_mask(geo, key0, kKeys, p.window_size) ||
                            key0 + kKeys > geo.kv_end;
     const float scale = kSoftCap ? 1.0f : p.score_scale;  // what the exponential still applies
+    if constexpr (kSoftCap) {
+#pragma unroll
+      for (int j = 0; j < kScores; ++j) s[j] = p.cap_log2 * tanhf(s[j] * p.score_scale);
+    }
+    // The mask on its own branch (uniform over the warpgroup): a tile with every key visible to
+    // every row, most tiles of a long prompt, runs none of its per-score tests.
+    if (need_mask) {
+#pragma unroll
+      for (int j = 0; j < kScores; ++j) {
+        const int key = key0 + detail::wgmma_d_coord(wt, j).col;
+        if (!detail::extend_key_visible(row_pos[(j >> 1) & 1], key, p.window_size)) {
+          s[j] = -INFINITY;
+        }
+      }
+    }
+#ifdef PAGEDKV_TEST_DROP_KEY
 #pragma unroll
     for (int j = 0; j < kScores; ++j) {
-      float x = s[j];
-      if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x * p.score_scale);
-      const int key = key0 + detail::wgmma_d_coord(wt, j).col;
-      if (need_mask && !detail::extend_key_visible(row_pos[(j >> 1) & 1], key, p.window_size)) {
-        x = -INFINITY;
-      }
-#ifdef PAGEDKV_TEST_DROP_KEY
-      if (key == PAGEDKV_TEST_DROP_KEY) x = -INFINITY;
-#endif
-      s[j] = x;
+      if (key0 + detail::wgmma_d_coord(wt, j).col == PAGEDKV_TEST_DROP_KEY) s[j] = -INFINITY;
     }
+#endif
 
     float m_use[2];
     bool moved = false;
