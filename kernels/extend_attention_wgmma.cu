@@ -217,6 +217,11 @@ bool wgmma_extend_runs(const PagedExtendParams& params) noexcept {
   if (params.quant.fp8() || params.layout.head_dim != kHeadDim || !head_dim_compiled(kHeadDim)) {
     return false;  // (a build without head_dim 128 refuses it before any launch anyway)
   }
+  // Without soft-cap the kernels' softmax takes the row maximum of the unscaled scores and
+  // applies the scale in the exponential (Rows::softmax): right only for a positive scale. A zero
+  // or negative sm_scale (finite, so valid, and of no use in a model) runs kFa2, which scales
+  // each score first.
+  if (!(params.logits_soft_cap > 0.0f) && !(params.sm_scale > 0.0f)) return false;
   try {
     return cuda::detail::wgmma_probe_supported();  // compute capability 9.0: the sm_90a code
   } catch (...) {

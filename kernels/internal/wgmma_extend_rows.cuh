@@ -101,9 +101,11 @@ struct Rows {
   // it after the wait, rescale_o), s turned into exp2(scale s - m) and added to l. Returns
   // whether any row maximum of the warp moved (O needs the rescale only then). Without soft-cap
   // the scores stay unscaled until the exponential, which takes scale s - m as one FFMA: the row
-  // maximum of the raw scores times the scale (> 0) is the maximum of the scaled ones (rounding
-  // is monotonic), so m, alpha and l are those of the scaled scores, one multiply per score
-  // fewer. With soft-cap the scale goes in before the tanh, as the reference has it.
+  // maximum of the raw scores times the scale is the maximum of the scaled ones (rounding is
+  // monotonic), so m, alpha and l are those of the scaled scores, one multiply per score fewer.
+  // That needs a positive scale (a masked -inf score times 0 is NaN, a negative scale turns the
+  // maximum into the minimum): wgmma_extend_runs sends sm_scale <= 0 without soft-cap to kFa2.
+  // With soft-cap the scale goes in before the tanh, as the reference has it.
   template <bool kRescaleO>
   __device__ __forceinline__ bool softmax(float (&s)[kScores], int key0, float (&alpha)[2]) {
     const bool need_mask = detail::extend_tile_needs_mask(geo, key0, kKeys, p.window_size) ||

@@ -345,6 +345,44 @@ TEST_P(CudaExtendAttention, SlidingWindowAndSoftCap) {
   }
 }
 
+// A zero or negative sm_scale (finite, so valid): uniform attention over the visible keys, or
+// the keys weighed the other way round. The sm_90a kernels take the row maximum of unscaled
+// scores and scale in the exponential, right only for a positive scale, so without soft-cap they
+// fall back to kFa2 there (extend_kernel_runs false) and with soft-cap they run; every variant
+// must match the reference either way, masked keys (causal, window) included.
+TEST_P(CudaExtendAttention, ZeroAndNegativeScale) {
+  std::uint64_t seed = 810;
+  for (const float scale : {0.0f, -0.0f, -0.09f}) {
+    for (const float cap : {0.0f, 20.0f}) {
+      for (const std::int32_t window : {0, 40}) {
+        ExtendShape s = testing::make_extend_shape(KVDtype::kBFloat16, 128, 2, 4, 16, {0, 70, 130},
+                                                   {150, 9, 64});
+        s.cache.soft_cap = cap;
+        s.cache.window_size = window;
+        auto pb = testing::make_extend_problem(s, seed++);
+        pb.cache.sm_scale = scale;
+        const auto ref = reference_paged_extend_attention_f64(pb.params(nullptr));
+        DeviceExtendProblem dev(pb);
+        const PagedExtendParams params = dev.params(pb);
+        ASSERT_EQ(params.sm_scale, scale);
+        // On a device where the sm_90a kernels run (at a positive scale), they run here only
+        // with soft-cap.
+        PagedExtendParams positive = params;
+        positive.sm_scale = 0.09f;
+        if (g_variant != Variant::kMma16 && kernel_of(g_variant) != ExtendKernel::kFa2 &&
+            extend_kernel_runs(positive, kernel_of(g_variant))) {
+          EXPECT_EQ(extend_kernel_runs(params, kernel_of(g_variant)), cap > 0.0f)
+              << "scale " << scale << ", cap " << cap;
+        }
+        testing::cuda_check(launch_extend(params, nullptr), "paged_extend_attention");
+        testing::cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+        EXPECT_TRUE(check_outputs(pb, dev, ref))
+            << "scale " << scale << ", cap " << cap << ", window " << window;
+      }
+    }
+  }
+}
+
 // Long prompts: many query tiles per sequence (scheduled heaviest first), GQA 8, 0-50% cached.
 TEST_P(CudaExtendAttention, LongPromptsWithCachedPrefixes) {
   for (const KVDtype dtype : {KVDtype::kFloat16, KVDtype::kBFloat16}) {
