@@ -49,6 +49,7 @@
 #include "cuda_attention_test_util.hpp"
 #include "cuda_test_util.hpp"
 #include "expect_error.hpp"
+#include "internal/extend_fa2_layout.hpp"
 #include "kv_test_util.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/cuda/cache_ops.hpp"
@@ -69,6 +70,15 @@ constexpr double kLseTolerance = 1e-3;
 
 using testing::DeviceExtendProblem;
 
+// The query-tile rows and key-tile length of the kernel the last launch ran (set by
+// launch_extend), for the failure fingerprint: the sm_90a kernels 128 x 64, kFa2 its
+// fa2_tile_rows x 32 (16 at head_dim 256), kMma16 64 x 64 (32 at head_dim 256).
+struct TileGeometry {
+  std::int32_t rows = testing::kFingerprintTileRows;
+  std::int32_t keys = testing::kFingerprintKeyTile;
+};
+TileGeometry g_tiles;
+
 // Every output row within the tolerance, and every log-sum-exp within kLseTolerance (both -inf
 // for a row that sees no key).
 ::testing::AssertionResult check_outputs(const testing::HostExtendProblem& pb,
@@ -84,9 +94,10 @@ using testing::DeviceExtendProblem;
     // reason about a failure after the GPU run (tests/util/attention_fingerprint.hpp).
     return rows << " [" << testing::describe(pb.shape) << "; rows are token x "
                 << pb.shape.cache.num_q_heads << " + query head]\n"
-                << testing::error_fingerprint(out, ref.out,
-                                              static_cast<std::size_t>(pb.shape.cache.head_dim),
-                                              tolerance(dtype), testing::extend_row_sites(pb));
+                << testing::error_fingerprint(
+                       out, ref.out, static_cast<std::size_t>(pb.shape.cache.head_dim),
+                       tolerance(dtype), testing::extend_row_sites(pb, g_tiles.rows), g_tiles.rows,
+                       g_tiles.keys);
   }
   if (!check_lse) return ::testing::AssertionSuccess();
   const auto lse = testing::download<float>(dev.lse.get(), ref.lse.size());
@@ -176,8 +187,20 @@ void reserve_workspace(const PagedExtendParams& p) {
   if (bytes > g_workspace.bytes()) g_workspace = DeviceBuffer(bytes);
 }
 
+// The tiles of the kernel that runs `p` for `kernel` (TileGeometry).
+TileGeometry tiles_of(const PagedExtendParams& p, ExtendKernel kernel) {
+  const bool wide = p.layout.head_dim == 256;
+  if (kernel == ExtendKernel::kMma16) return {kCudaExtendTileRows, wide ? 32 : 64};
+  if (kernel != ExtendKernel::kFa2 && extend_kernel_runs(p, kernel)) {
+    return {testing::kFingerprintTileRows, testing::kFingerprintKeyTile};
+  }
+  return {detail::fa2_tile_rows(p.layout.head_dim, detail::fa2_warps(p.max_q_len, p.group_size())),
+          wide ? 16 : 32};
+}
+
 // paged_extend_attention with the variant under test.
 cudaError_t launch_extend(const PagedExtendParams& p, cudaStream_t stream) {
+  g_tiles = tiles_of(p, kernel_of(g_variant));
   if (g_variant == Variant::kMma16) {
     return paged_extend_attention(p, stream, ExtendKernel::kMma16);
   }
