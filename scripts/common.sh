@@ -84,22 +84,31 @@ pagedkv_nvdisasm() {
     return 0
   fi
   local tmp
-  tmp="$(mktemp -d)"
-  mkdir -p "$tmp/lists/partial" "$tmp/parts"
+  tmp="$(mktemp -d)" || return 0
+  mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/parts"
   printf '%s\n' "Types: deb" "URIs: http://deb.debian.org/debian" "Suites: bookworm" \
     "Components: non-free" "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg" \
     >"$tmp/parts/non-free.sources"
-  local apt=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$tmp/parts"
-             -o "Dir::State::Lists=$tmp/lists" -o Debug::NoLocking=1)
-  if (cd "$tmp" && timeout 120 apt-get "${apt[@]}" -qq update >"$tmp/log" 2>&1 &&
-      timeout 300 apt-get "${apt[@]}" -qq download nvidia-cuda-toolkit >>"$tmp/log" 2>&1 &&
-      dpkg-deb --fsys-tarfile nvidia-cuda-toolkit_*.deb | tar -x -C "$tmp" ./usr/bin/nvdisasm &&
-      "$tmp/usr/bin/nvdisasm" --version >/dev/null 2>&1); then
+  # Read after the system's configuration (apt-get -c): its own sources, lists and caches, and
+  # none of the system's update hooks (APT::Update::Post-Invoke* would run as root otherwise).
+  printf '%s\n' "#clear APT::Update::Pre-Invoke;" "#clear APT::Update::Post-Invoke;" \
+    "#clear APT::Update::Post-Invoke-Success;" "Dir::Etc::SourceList \"/dev/null\";" \
+    "Dir::Etc::SourceParts \"$tmp/parts\";" "Dir::State::Lists \"$tmp/lists\";" \
+    "Dir::Cache \"$tmp/cache\";" "Dir::Cache::pkgcache \"\";" "Dir::Cache::srcpkgcache \"\";" \
+    "Acquire::http::Timeout \"30\";" >"$tmp/apt.conf"
+  local step=update
+  if (cd "$tmp" && timeout 120 apt-get -c "$tmp/apt.conf" -qq update >"$tmp/log" 2>&1 &&
+      step=download && timeout 300 apt-get -c "$tmp/apt.conf" -qq download \
+        nvidia-cuda-toolkit >>"$tmp/log" 2>&1 &&
+      step=unpack && dpkg-deb --fsys-tarfile nvidia-cuda-toolkit_*.deb |
+        tar -x -C "$tmp" ./usr/bin/nvdisasm >>"$tmp/log" 2>&1 &&
+      step=check && "$tmp/usr/bin/nvdisasm" --version >>"$tmp/log" 2>&1 ||
+      { echo "$step" >"$tmp/step"; false; }); then
+    # Copied beside its final name, then renamed: a concurrent build never runs half a file.
     mkdir -p "$(dirname "$cached")"
-    mv "$tmp/usr/bin/nvdisasm" "$cached"
-    echo "$cached"
+    cp "$tmp/usr/bin/nvdisasm" "$cached.$$" && mv -f "$cached.$$" "$cached" && echo "$cached"
   else
-    echo "pagedkv: no nvdisasm (Debian's nvidia-cuda-toolkit could not be fetched: $(tail -n 1 "$tmp/log" 2>/dev/null)); the SASS check will not run" >&2
+    echo "pagedkv: no nvdisasm (Debian's nvidia-cuda-toolkit: $(cat "$tmp/step" 2>/dev/null) failed: $(tail -n 1 "$tmp/log" 2>/dev/null)); the SASS check will not run" >&2
   fi
   rm -rf "$tmp"
 }
