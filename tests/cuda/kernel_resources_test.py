@@ -288,6 +288,19 @@ if fa2_name and ws_name:
         return rows
 
     expect(kr.sass_offenders(sass_rows(sass_text), 128) == [], "the real kernels pass the rules")
+    missing = [dict(r, sass=None) for r in sass_rows(sass_text)]
+    bad = kr.sass_offenders(missing, 128)
+    expect(len(bad) == 2 and all(w == "not found in the disassembly" for _, w in bad),
+           f"rule kernels missing from the disassembly fail: {[w for _, w in bad]}")
+    # A second wait pair in one function with exponentials after its PV wait is seen too.
+    doubled = "\n".join(
+        [l for l in sass_text.splitlines()] + [
+            "        /*ff00*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;",
+            "        /*ff10*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+            "        /*ff20*/                   MUFU.EX2 R1, R2 ;",
+            "        /*ff30*/                   WARPGROUP.ARRIVE ;"])
+    expect(kr.parse_sass(doubled)[ws_name]["ex2_after_pv_wait"] == 1,
+           f"the worst wait pair counts: {kr.parse_sass(doubled)[ws_name]['ex2_after_pv_wait']}")
     # Each rule broken on a copy: no ldmatrix in fa2 (LDSM turned into LDS), no warpgroup MMA in
     # the ws kernel, a local store in each.
     no_ldsm = re.sub(r"\bLDSM\b", "LDS", sass_text)
