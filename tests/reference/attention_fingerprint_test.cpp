@@ -330,6 +330,23 @@ TEST_F(ExtendDumpFiles, MalformedDumpsAreRefusedByName) {
   expect_refused(replaced("q_lens 48\n", "q_lens 149\n"), "q_lens[0] exceeds seq_lens");
   expect_refused(replaced("soft_cap 0x0p+0\n", "soft_cap nan\n"), "soft_cap must be a finite");
   expect_refused(replaced("out 12288\n", "out 12289\n"), "out holds 12289 values");
+  expect_refused(replaced("seed 7\n", "seed +7\n"), "seed must be an unsigned integer");
+  expect_refused(replaced("head_dim 64\n", "head_dim  64\n"), "head_dim must be an integer");
+  expect_refused(replaced("num_q_heads 4\n", "num_q_heads 4096\n"), "out holds 12288 values");
+  {
+    // 4 KV heads over 2^20 positions: a pool of over 2^28 values to fill.
+    std::string big = replaced("num_kv_heads 1\n", "num_kv_heads 4\n");
+    big.replace(big.find("seq_lens 148\n"), 13, "seq_lens 1048576\n");
+    expect_refused(big, "the shape's KV pool is over 2^28 values");
+  }
+  {
+    // 4,096 query heads against 3,000 keys: a small pool, over 2^36 multiply-adds to check.
+    std::string big = replaced("num_q_heads 4\n", "num_q_heads 4096\n");
+    big.replace(big.find("seq_lens 148\n"), 13, "seq_lens 3000\n");
+    expect_refused(big, "the shape's reference is over 2^36 multiply-adds");
+  }
+  expect_refused("pagedkv-extend-dump 1\ntest " + std::string(5000, 'x') + "\ndata\n",
+                 "a header line is over 4096 characters");
   expect_refused(good.substr(0, good.size() - 1), "shorter than its header says");
   expect_refused(good + "x", "longer than its header says");
   // And the file itself was fine.

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
       std::cout << (pass ? "verdict: the dumped output passes the check\n"
                          : "verdict: the dumped output fails the check\n");
     } catch (const std::exception& e) {
-      std::cerr << e.what() << "\n";
+      std::cerr << argv[i] << ": " << e.what() << "\n";
       status = 2;
     }
   }

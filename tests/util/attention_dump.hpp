@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <istream>
 #include <limits>
 #include <ostream>
 #include <sstream>
@@ -57,6 +59,23 @@ struct ExtendDump {
 
 namespace detail {
 
+// One line of at most kMaxDumpLine characters (false at the end of the file or past the limit,
+// which `too_long` then says).
+inline constexpr std::size_t kMaxDumpLine = 4096;
+inline bool read_line(std::istream& f, std::string& line, bool& too_long) {
+  line.clear();
+  too_long = false;
+  for (int c = f.get(); c != std::char_traits<char>::eof(); c = f.get()) {
+    if (c == '\n') return true;
+    if (line.size() == kMaxDumpLine) {
+      too_long = true;
+      return false;
+    }
+    line.push_back(static_cast<char>(c));
+  }
+  return !line.empty();
+}
+
 inline std::string hex_float(float x) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%a", static_cast<double>(x));
@@ -79,8 +98,10 @@ inline std::int64_t parse_int(const std::string& path, const std::string& key,
                               const std::string& text, std::int64_t lo, std::int64_t hi) {
   errno = 0;
   char* end = nullptr;
+  const bool digits_first = !text.empty() && (std::isdigit(static_cast<unsigned char>(text[0])) ||
+                                              (text[0] == '-' && text.size() > 1));
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || end != text.c_str() + text.size() || errno != 0 || v < lo || v > hi) {
+  if (!digits_first || end != text.c_str() + text.size() || errno != 0 || v < lo || v > hi) {
     dump_error(path, key + " must be an integer in [" + std::to_string(lo) + ", " +
                          std::to_string(hi) + "], got '" + text + "'");
   }
@@ -178,12 +199,13 @@ inline ExtendDump read_extend_dump(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) detail::dump_error(path, "cannot be opened");
   std::string line;
-  if (!std::getline(f, line) || line != "pagedkv-extend-dump 1") {
+  bool too_long = false;
+  if (!detail::read_line(f, line, too_long) || line != "pagedkv-extend-dump 1") {
     detail::dump_error(path, "not an extend dump (first line '" + line.substr(0, 40) + "')");
   }
   std::vector<std::pair<std::string, std::string>> fields;
   bool data = false;
-  while (std::getline(f, line)) {
+  while (detail::read_line(f, line, too_long)) {
     if (line == "data") {
       data = true;
       break;
@@ -193,6 +215,7 @@ inline ExtendDump read_extend_dump(const std::string& path) {
                         space == std::string::npos ? std::string() : line.substr(space + 1));
     if (fields.size() > 64) detail::dump_error(path, "too many header lines");
   }
+  if (too_long) detail::dump_error(path, "a header line is over 4096 characters");
   if (!data) detail::dump_error(path, "no 'data' line");
   const auto get = [&](const std::string& key) -> std::string {
     const std::string* found = nullptr;
@@ -212,7 +235,8 @@ inline ExtendDump read_extend_dump(const std::string& path) {
   errno = 0;
   char* end = nullptr;
   d.seed = std::strtoull(seed.c_str(), &end, 10);
-  if (seed.empty() || seed[0] == '-' || end != seed.c_str() + seed.size() || errno != 0) {
+  if (seed.empty() || !std::isdigit(static_cast<unsigned char>(seed[0])) ||
+      end != seed.c_str() + seed.size() || errno != 0) {
     detail::dump_error(path, "seed must be an unsigned integer, got '" + seed + "'");
   }
   DecodeShape& c = d.shape.cache;
@@ -256,6 +280,23 @@ inline ExtendDump read_extend_dump(const std::string& path) {
   if (out_values * sizeof(std::uint16_t) > (std::size_t{1} << 30)) {
     detail::dump_error(path, "the shape's output is over 1 GiB");
   }
+  // What regenerating the case would cost: the pool it fills (both planes, padded rows) and the
+  // reference's multiply-adds (every query head against every key it sees, K and V), bounded so
+  // that a hostile header cannot make the inspect tool allocate or compute without end.
+  double pool = 0;
+  double work = 0;
+  for (std::size_t i = 0; i < seqs; ++i) {
+    pool += (std::ceil(static_cast<double>(c.seq_lens[i]) / c.block_size) + 3) * c.block_size;
+    work += static_cast<double>(d.shape.q_lens[i]) * c.seq_lens[i];
+  }
+  pool *= 2.0 * c.num_kv_heads * (c.head_dim + 8);
+  work *= 2.0 * c.num_q_heads * c.head_dim;
+  if (pool > static_cast<double>(std::size_t{1} << 28)) {
+    detail::dump_error(path, "the shape's KV pool is over 2^28 values");
+  }
+  if (work > static_cast<double>(std::size_t{1} << 36)) {
+    detail::dump_error(path, "the shape's reference is over 2^36 multiply-adds");
+  }
   const auto out_count = static_cast<std::size_t>(
       parse_int(path, "out", get("out"), 0, std::numeric_limits<std::int32_t>::max()));
   const auto lse_count = static_cast<std::size_t>(
@@ -268,6 +309,14 @@ inline ExtendDump read_extend_dump(const std::string& path) {
     detail::dump_error(path, "lse holds " + std::to_string(lse_count) + " values, the shape has " +
                                  std::to_string(lse_values));
   }
+  const std::streampos here = f.tellg();
+  f.seekg(0, std::ios::end);
+  const std::streamoff left = f.tellg() - here;
+  f.seekg(here);
+  const auto expected =
+      static_cast<std::streamoff>(out_count * sizeof(std::uint16_t) + lse_count * sizeof(float));
+  if (left < expected) detail::dump_error(path, "shorter than its header says");
+  if (left > expected) detail::dump_error(path, "longer than its header says");
   d.out.resize(out_count);
   d.lse.resize(lse_count);
   f.read(reinterpret_cast<char*>(d.out.data()),
