@@ -43,8 +43,9 @@
 //           tiles of 128 rows and its own occupancy), no warp specialization yet. It runs for
 //           16-bit caches at head_dim 128 on a device of compute capability 9.0 in a build with
 //           sm_90a code (CUDA 12+), with soft-cap or a positive sm_scale; anything else falls
-//           back to kFa2 with the given plan (extend_kernel_runs says which). NOT YET RUN ON A GPU: opt-in only, never the default
-//           until a GPU run of scripts/gpu-check proves it correct and faster.
+//           back to kFa2 with the given plan (extend_kernel_runs says which). NOT YET RUN ON A
+//           GPU: opt-in only, never the default until a GPU run of scripts/gpu-check proves it
+//           correct and faster.
 //   kWgmmaPipelined  kWgmma's kernel with FlashAttention-3's intra-warpgroup overlap: iteration t
 //           issues tile t's S GEMM, then tile t - 1's PV GEMM, and runs tile t's softmax while the
 //           PV GEMM is in flight (a 4-stage K/V ring, 166,912 B = 163 KiB of shared memory). Same
