@@ -69,6 +69,14 @@ std::vector<double> column_errors(const std::string& text) {
   return v;
 }
 
+std::string site_text(const testing::RowSite& s) {
+  std::ostringstream text;
+  text << "seq " << s.seq << " token " << s.token << " q_head " << s.q_head << " kv_head "
+       << s.kv_head << " row " << s.tile_row << " keys " << s.visible_keys << " last "
+       << s.last_key;
+  return text.str();
+}
+
 TEST(ExtendRowSites, PlaceRowsAsTheKernelsPackThem) {
   ExtendShape s = testing::make_extend_shape(KVDtype::kBFloat16, 64, 2, 4, 16, {10, 200}, {40, 3});
   const auto pb = testing::make_extend_problem(s, 1);
@@ -76,22 +84,11 @@ TEST(ExtendRowSites, PlaceRowsAsTheKernelsPackThem) {
   ASSERT_EQ(sites.size(), 43u * 8u);
   // Sequence 0, new token 33, query head 5: KV head 1, packed row 33 x 4 + 1 = 133, tile row 5;
   // it sees 10 + 33 + 1 keys, the last at position 43.
-  const testing::RowSite& a = sites[33 * 8 + 5];
-  EXPECT_EQ(a.seq, 0);
-  EXPECT_EQ(a.token, 33);
-  EXPECT_EQ(a.q_head, 5);
-  EXPECT_EQ(a.kv_head, 1);
-  EXPECT_EQ(a.tile_row, 5);
-  EXPECT_EQ(a.visible_keys, 44);
-  EXPECT_EQ(a.last_key, 43);
+  EXPECT_EQ(site_text(sites[33 * 8 + 5]),
+            "seq 0 token 33 q_head 5 kv_head 1 row 5 keys 44 last 43");
   // Sequence 1, new token 2 (output token 42), query head 7: packed row 2 x 4 + 3 = 11.
-  const testing::RowSite& b = sites[42 * 8 + 7];
-  EXPECT_EQ(b.seq, 1);
-  EXPECT_EQ(b.token, 2);
-  EXPECT_EQ(b.kv_head, 1);
-  EXPECT_EQ(b.tile_row, 11);
-  EXPECT_EQ(b.visible_keys, 203);
-  EXPECT_EQ(b.last_key, 202);
+  EXPECT_EQ(site_text(sites[42 * 8 + 7]),
+            "seq 1 token 2 q_head 7 kv_head 1 row 11 keys 203 last 202");
   // A window caps the keys seen, not the last one.
   s.cache.window_size = 17;
   const auto windowed = testing::extend_row_sites(testing::make_extend_problem(s, 1));

@@ -124,6 +124,16 @@ struct BucketCounts {
   }
 };
 
+// Labels "0-15", "16-31", ... of the buckets of `step` values covering 0 .. total - 1.
+inline std::vector<std::string> range_labels(std::int32_t total, std::int32_t step) {
+  std::vector<std::string> labels;
+  for (std::int32_t b = 0; b * step < total; ++b) {
+    labels.push_back(std::to_string(b * step) + "-" +
+                     std::to_string(std::min(total, (b + 1) * step) - 1));
+  }
+  return labels;
+}
+
 // Buckets of visible keys, counted in key tiles of `key_tile`: none, 1 tile, 2, 3-4, 5-8, 9-16,
 // 17 or more.
 inline std::size_t visible_bucket(std::int32_t visible, std::int32_t key_tile) {
@@ -154,25 +164,13 @@ inline std::string error_fingerprint(std::span<const double> out, std::span<cons
     return text.str();
   }
   constexpr std::int32_t kRowBucket = 16;
-  const std::int32_t row_buckets = (tile_rows + kRowBucket - 1) / kRowBucket;
-  std::vector<std::string> row_labels;
-  for (std::int32_t b = 0; b < row_buckets; ++b) {
-    row_labels.push_back(std::to_string(b * kRowBucket) + "-" +
-                         std::to_string(std::min(tile_rows, (b + 1) * kRowBucket) - 1));
-  }
-  detail::BucketCounts by_row(row_labels);
+  detail::BucketCounts by_row(detail::range_labels(tile_rows, kRowBucket));
   detail::BucketCounts by_half({"0-63", "64-127"});
   const std::string tile_word = std::to_string(key_tile);
   detail::BucketCounts by_visible(
       {"none", "1 tile", "2 tiles", "3-4 tiles", "5-8 tiles", "9-16 tiles", ">16 tiles"});
   constexpr std::int32_t kKeyBucket = 8;
-  const std::int32_t key_buckets = (key_tile + kKeyBucket - 1) / kKeyBucket;
-  std::vector<std::string> key_labels;
-  for (std::int32_t b = 0; b < key_buckets; ++b) {
-    key_labels.push_back(std::to_string(b * kKeyBucket) + "-" +
-                         std::to_string(std::min(key_tile, (b + 1) * kKeyBucket) - 1));
-  }
-  detail::BucketCounts by_last_key(key_labels);
+  detail::BucketCounts by_last_key(detail::range_labels(key_tile, kKeyBucket));
   std::int32_t kv_heads = 0;
   std::int32_t seqs = 0;
   for (const RowSite& s : sites) {
