@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -317,19 +318,23 @@ TEST_F(ExtendDumpFiles, MalformedDumpsAreRefusedByName) {
   };
   expect_refused("not a dump\n", "not an extend dump");
   expect_refused(good.substr(0, good.find("\ndata\n") + 1), "no 'data' line");
-  expect_refused(replaced("seed 7\n", ""), "no seed line");
-  expect_refused(replaced("seed 7\n", "seed 7\nseed 8\n"), "seed given twice");
-  expect_refused(replaced("seed 7\n", "seed -7\n"), "seed must be an unsigned integer");
-  expect_refused(replaced("head_dim 64\n", "head_dim 6x4\n"), "head_dim must be an integer");
-  expect_refused(replaced("num_kv_heads 1\n", "num_kv_heads 3\n"), "multiple of num_kv_heads");
-  expect_refused(replaced("dtype 1\n", "dtype 2\n"), "dtype must be fp16 or bf16");
-  expect_refused(replaced("q_lens 48\n", "q_lens 48,1\n"), "q_lens must list 1 values, got 2");
-  expect_refused(replaced("q_lens 48\n", "q_lens 149\n"), "q_lens[0] exceeds seq_lens");
-  expect_refused(replaced("soft_cap 0x0p+0\n", "soft_cap nan\n"), "soft_cap must be a finite");
-  expect_refused(replaced("out 12288\n", "out 12289\n"), "out holds 12289 values");
-  expect_refused(replaced("seed 7\n", "seed +7\n"), "seed must be an unsigned integer");
-  expect_refused(replaced("head_dim 64\n", "head_dim  64\n"), "head_dim must be an integer");
-  expect_refused(replaced("num_q_heads 4\n", "num_q_heads 4096\n"), "out holds 12288 values");
+  // One header line replaced: {from, to, what the error must say}.
+  const std::vector<std::array<std::string, 3>> edits = {
+      {"seed 7\n", "", "no seed line"},
+      {"seed 7\n", "seed 7\nseed 8\n", "seed given twice"},
+      {"seed 7\n", "seed -7\n", "seed must be an unsigned integer"},
+      {"seed 7\n", "seed +7\n", "seed must be an unsigned integer"},
+      {"head_dim 64\n", "head_dim 6x4\n", "head_dim must be an integer"},
+      {"head_dim 64\n", "head_dim  64\n", "head_dim must be an integer"},
+      {"num_kv_heads 1\n", "num_kv_heads 3\n", "multiple of num_kv_heads"},
+      {"dtype 1\n", "dtype 2\n", "dtype must be fp16 or bf16"},
+      {"q_lens 48\n", "q_lens 48,1\n", "q_lens must list 1 values, got 2"},
+      {"q_lens 48\n", "q_lens 149\n", "q_lens[0] exceeds seq_lens"},
+      {"soft_cap 0x0p+0\n", "soft_cap nan\n", "soft_cap must be a finite"},
+      {"out 12288\n", "out 12289\n", "out holds 12289 values"},
+      {"num_q_heads 4\n", "num_q_heads 4096\n", "out holds 12288 values"},
+  };
+  for (const auto& [from, to, fragment] : edits) expect_refused(replaced(from, to), fragment);
   {
     // 4 KV heads over 2^20 positions: a pool of over 2^28 values to fill.
     std::string big = replaced("num_kv_heads 1\n", "num_kv_heads 4\n");
