@@ -96,8 +96,8 @@ pagedkv_nvdisasm() {
     "Dir::Etc::SourceParts \"$tmp/parts\";" "Dir::State::Lists \"$tmp/lists\";" \
     "Dir::Cache \"$tmp/cache\";" "Dir::Cache::pkgcache \"\";" "Dir::Cache::srcpkgcache \"\";" \
     "Acquire::http::Timeout \"30\";" >"$tmp/apt.conf"
-  local step=update
-  if (cd "$tmp" && timeout 120 apt-get -c "$tmp/apt.conf" -qq update >"$tmp/log" 2>&1 &&
+  # (The subshell records the step that failed in $tmp/step for the message below.)
+  if (step=update && cd "$tmp" && timeout 120 apt-get -c "$tmp/apt.conf" -qq update >"$tmp/log" 2>&1 &&
       step=download && timeout 300 apt-get -c "$tmp/apt.conf" -qq download \
         nvidia-cuda-toolkit >>"$tmp/log" 2>&1 &&
       step=unpack && dpkg-deb --fsys-tarfile nvidia-cuda-toolkit_*.deb |

@@ -62,8 +62,9 @@ using testing::DeviceBuffer;
 using testing::ExtendShape;
 using testing::LayoutKind;
 
+// The per-row tolerance: 1e-2 (bf16), 2e-3 (fp16); the dump inspector checks with the same.
 double tolerance(KVDtype dtype) {
-  return dtype == KVDtype::kBFloat16 ? 1e-2 : 2e-3;
+  return testing::extend_row_tolerance(dtype);
 }
 // Absolute, on natural-log values of order 1..10: fp32 softmax sums of exactly the same inputs.
 constexpr double kLseTolerance = 1e-3;

@@ -138,17 +138,15 @@ inline std::vector<std::int32_t> parse_list(const std::string& path, const std::
 
 }  // namespace detail
 
-// The number of output values and log-sum-exp values of `shape`'s problem.
-inline std::size_t extend_output_values(const ExtendShape& shape) {
-  std::size_t tokens = 0;
-  for (const std::int32_t n : shape.q_lens) tokens += static_cast<std::size_t>(n);
-  return tokens * static_cast<std::size_t>(shape.cache.num_q_heads) *
-         static_cast<std::size_t>(shape.cache.head_dim);
-}
+// The number of log-sum-exp values (one per new token and query head) and output values of
+// `shape`'s problem.
 inline std::size_t extend_lse_values(const ExtendShape& shape) {
   std::size_t tokens = 0;
   for (const std::int32_t n : shape.q_lens) tokens += static_cast<std::size_t>(n);
   return tokens * static_cast<std::size_t>(shape.cache.num_q_heads);
+}
+inline std::size_t extend_output_values(const ExtendShape& shape) {
+  return extend_lse_values(shape) * static_cast<std::size_t>(shape.cache.head_dim);
 }
 
 // Writes `d` to `path` (overwritten); throws std::runtime_error when it cannot.
@@ -372,7 +370,8 @@ inline std::string maybe_dump_extend(const ExtendDump& d, DumpBudget& budget) {
   return "dumped to " + path;
 }
 
-// The GPU tests' per-row tolerance for a dtype (tests/cuda/extend_attention_test.cpp).
+// The extend GPU tests' per-row tolerance for a dtype (tests/cuda/extend_attention_test.cpp uses
+// it), so that a dump is inspected as its test checked it.
 inline double extend_row_tolerance(KVDtype dtype) {
   return dtype == KVDtype::kBFloat16 ? 1e-2 : 2e-3;
 }
