@@ -4,13 +4,17 @@
 head_dim <= 128 or in a kernel without head_dim, the wgmma check failing on real output in which
 ptxas serialized a kernel's wgmma, the head_dim rule, the device-only compile
 command, the sm_90 occupancy formula on known cases, and the dynamic shared memory of the
-tensor-core decode variant (DYNAMIC_SMEM) entering its occupancy. Needs python3 and c++filt, no nvcc.
+tensor-core decode variant (DYNAMIC_SMEM) entering its occupancy, and the build's kept device code
+(cmake/nvcc_keep_device_code.sh around a stand-in nvcc: what it keeps and prints, a failed compile;
+the report reading the kept code, and compiling instead wherever it cannot be trusted). Needs
+python3 and c++filt, no nvcc.
 
   kernel_resources_test.py SCRIPT DATA_DIR
 """
 import importlib.machinery
 import importlib.util
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -345,6 +349,147 @@ try:
     expect(False, "a --nvdisasm that is not executable is refused")
 except kr.Error as e:
     expect("not an executable file" in str(e), f"--nvdisasm refusal names the problem: {e}")
+
+# ---- the build's kept device code (PAGEDKV_CUDA_KEEP_DEVICE_CODE) ----
+# cmake/nvcc_keep_device_code.sh around a stand-in nvcc (a shell script: it writes the object, the
+# PTX, a cubin and host intermediates into --keep-dir, prints ptxas's resource lines and a warning),
+# then kernel-resources' report reading what it kept, with a stand-in nvcc that fails any compile:
+# a report that passes read the kept code, compiled nothing.
+LAUNCHER = SCRIPT.resolve().parent.parent / "cmake" / "nvcc_keep_device_code.sh"
+FAKE_NVCC = """#!/usr/bin/env bash
+if [ "${1:-}" = --version ]; then echo "Cuda compilation tools, release 99.9, V99.9.0"; exit 0; fi
+out=""; keep=""; prev=""; src=""
+for a in "$@"; do
+  [ "$prev" = -o ] && out="$a"; [ "$prev" = --keep-dir ] && keep="$a"
+  case "$a" in *.cu) src="$a" ;; esac
+  prev="$a"
+done
+[ -n "${FAKE_NVCC_FAIL:-}" ] && { echo "fake.cu(1): error: broken on purpose" >&2; exit 3; }
+case " $* " in *" -cubin "*) echo "stand-in nvcc: asked to compile again" >&2; exit 4 ;; esac
+stem="$(basename "$src" .cu)"
+if [ -n "$keep" ]; then
+  cp "$FAKE_PTX" "$keep/$stem.ptx"
+  printf 'cubin' >"$keep/$stem.sm_90.cubin"
+  printf 'host' >"$keep/$stem.cpp1.ii"
+  cat "$FAKE_LOG"
+fi
+echo "fake.cu(7): warning #177-D: variable x was declared but never referenced"
+printf 'object' >"$out"
+"""
+
+
+def kept_tree(d, sample_log):
+    """A build tree of one kernel source compiled through the launcher: (tree, source, args)."""
+    d = pathlib.Path(d)
+    nvcc = d / "nvcc"
+    nvcc.write_text(FAKE_NVCC)
+    nvcc.chmod(0o755)
+    src = d / "src" / "fake_attention.cu"
+    src.parent.mkdir()
+    src.write_text("// stand-in source\n")
+    tree = d / "tree"
+    (tree / "CMakeFiles/pagedkv_cuda.dir/kernels").mkdir(parents=True)
+    obj = "CMakeFiles/pagedkv_cuda.dir/kernels/fake_attention.cu.o"
+    args = [str(nvcc), "-O3", "--generate-code=arch=compute_90,code=[compute_90,sm_90]",
+            "-std=c++20", "-x", "cu", "-c", str(src), "-o", obj]
+    (tree / "compile_commands.json").write_text(json.dumps(
+        [{"directory": str(tree), "file": str(src), "command": " ".join(args)}]))
+    log = d / "sample.log"
+    log.write_text(sample_log)
+    env = dict(os.environ, FAKE_PTX=str(PTX.resolve()), FAKE_LOG=str(log.resolve()))
+    p = subprocess.run([str(LAUNCHER), *args[:-2], "-MD", "-MT", obj, "-MF", obj + ".d",
+                        "-o", obj], cwd=tree, capture_output=True, text=True, env=env)
+    return tree, src, args, p, env
+
+
+with tempfile.TemporaryDirectory() as d:
+    tree, src, args, p, env = kept_tree(d, sample)
+    kept = tree / "CMakeFiles/pagedkv_cuda.dir/kernels/fake_attention.cu.o.device"
+    expect(p.returncode == 0, f"launcher: the compile passes: {p.returncode} {p.stderr}")
+    expect("warning #177-D" in p.stderr and "ptxas info" not in p.stderr
+           and "bytes stack frame" not in p.stderr,
+           f"launcher: the warning printed, ptxas's resource lines not: {p.stderr[:400]}")
+    expect(sorted(f.name for f in kept.iterdir()) ==
+           ["command", "fake_attention.ptx", "fake_attention.sm_90.cubin", "ptxas.log"],
+           f"launcher: kept PTX, cubin, command and log, not the host intermediates: "
+           f"{sorted(f.name for f in kept.iterdir())}")
+    expect((kept / "ptxas.log").read_text().startswith(sample[:40]),
+           "launcher: ptxas.log holds nvcc's whole output")
+    expect((kept / "command").read_bytes().split(b"\0")[0] == args[0].encode(),
+           "launcher: the command file starts with the compiler, without the launcher")
+    got, why = kr.kept_device_code(str(src), str(tree), args, args[0])
+    expect(got is not None and got[0].startswith(sample[:40])
+           and list(got[2]) == ["sm_90"] and kr.parse_ptx_block_sizes(got[1]),
+           f"kept_device_code reads a complete, current folder: {why}")
+    # The report reads it: the stand-in nvcc fails any compile, so a pass compiled nothing.
+    out = pathlib.Path(d) / "out"
+    q = subprocess.run([sys.executable, str(SCRIPT), "report", str(tree), str(out), "--jobs", "1"],
+                       capture_output=True, text=True, env=env)
+    md = (out / "kernel-resources.md").read_text() if (out / "kernel-resources.md").exists() else ""
+    expect(q.returncode == 0 and "1 sources as the build compiled them" in md
+           and "paged_extend_kernel<Fp16Mma, 256>" in md,
+           f"report from kept code: exit {q.returncode}: {q.stdout + q.stderr}")
+    q = subprocess.run([sys.executable, str(SCRIPT), "report", str(tree), str(out), "--jobs", "1",
+                        "--compile"], capture_output=True, text=True, env=env)
+    expect(q.returncode == 2 and "asked to compile again" in q.stdout + q.stderr,
+           f"report --compile compiles (the stand-in refuses): {q.returncode} {q.stderr[-300:]}")
+
+    # Each way the folder cannot be trusted makes the report compile instead, and says why.
+    def refused(expect_why, what):
+        got, why = kr.kept_device_code(str(src), str(tree), args, args[0])
+        expect(got is None and why is not None and expect_why in why, f"{what}: {why}")
+
+    objp = tree / "CMakeFiles/pagedkv_cuda.dir/kernels/fake_attention.cu.o"
+    t = (kept / "ptxas.log").stat().st_mtime
+    os.utime(objp, (t + 10, t + 10))
+    refused("older than its object", "an object rebuilt without the launcher")
+    os.utime(objp, (t, t))
+    os.utime(src, (t + 10, t + 10))
+    refused("older than its source", "a source changed since the build")
+    os.utime(src, (t - 10, t - 10))
+    got, why = kr.kept_device_code(str(src), str(tree), args[:1] + ["-O2"] + args[2:], args[0])
+    expect(got is None and "other flags" in why, f"other flags than the tree lists: {why}")
+    got, why = kr.kept_device_code(str(src), str(tree), args, sys.executable)
+    expect(got is None and "compiled by" in why, f"another compiler: {why}")
+    (kept / "fake_attention.sm_90.cubin").rename(kept / "moved")
+    refused("no sm_90 cubin", "a missing cubin")
+    (kept / "moved").rename(kept / "fake_attention.sm_90.cubin")
+    cmd_bytes = (kept / "command").read_bytes()
+    (kept / "command").write_bytes(cmd_bytes[:-1])
+    refused("malformed", "a command file cut short")
+    (kept / "command").write_bytes(cmd_bytes)
+    (kept / "ptxas.log").unlink()
+    refused("not kept", "no ptxas.log (an interrupted compile)")
+    # The report then compiles, and names the reason in its header.
+    q = subprocess.run([sys.executable, str(SCRIPT), "report", str(tree), str(out), "--jobs", "1"],
+                       capture_output=True, text=True, env=env)
+    expect(q.returncode == 2 and "asked to compile again" in q.stdout + q.stderr,
+           f"report without a complete folder compiles: {q.returncode} {q.stderr[-300:]}")
+
+    # A failing compile: its exit status and its errors come through, and no folder is left.
+    env_fail = dict(env, FAKE_NVCC_FAIL="1")
+    p = subprocess.run([str(LAUNCHER), *args], cwd=tree, capture_output=True, text=True,
+                       env=env_fail)
+    expect(p.returncode == 3 and "broken on purpose" in p.stderr and not kept.exists(),
+           f"launcher: a failed compile exits 3, prints its error, leaves no folder: "
+           f"{p.returncode} {p.stderr} {kept.exists()}")
+    # A command without -o runs as it is (nothing kept).
+    p = subprocess.run([str(LAUNCHER), args[0], "--version"], capture_output=True, text=True)
+    expect(p.returncode == 0 and "release 99.9" in p.stdout, f"launcher without -o: {p.stdout}")
+
+# One architecture alone: nvcc names the cubin STEM.cubin.
+with tempfile.TemporaryDirectory() as d:
+    tree, src, args, p, env = kept_tree(d, sample)
+    kept = tree / "CMakeFiles/pagedkv_cuda.dir/kernels/fake_attention.cu.o.device"
+    (kept / "fake_attention.sm_90.cubin").rename(kept / "fake_attention.cubin")
+    one = [a.replace("code=[compute_90,sm_90]", "code=sm_90") for a in args]
+    cmd = [a.replace("code=[compute_90,sm_90]", "code=sm_90")
+           for a in (kept / "command").read_bytes().decode().split("\0")[:-1]]
+    (kept / "command").write_bytes(b"".join(a.encode() + b"\0" for a in cmd))
+    os.utime(kept / "ptxas.log")
+    got, why = kr.kept_device_code(str(src), str(tree), one, args[0])
+    expect(got is not None and got[2]["sm_90"].name == "fake_attention.cubin",
+           f"one architecture: STEM.cubin is its cubin: {why}")
 
 if failures:
     print(f"{len(failures)} check(s) failed")
