@@ -252,7 +252,7 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
   std::string payload;
   std::uint32_t rr = 0;
   const auto wall = std::chrono::steady_clock::now();
-  using Clock [[maybe_unused]] = std::chrono::steady_clock;  // the remote tier's waits
+  using WaitClock [[maybe_unused]] = std::chrono::steady_clock;  // the remote tier's waits
 
   for (std::size_t i = 0; i < trace.requests.size(); ++i) {
     synthesize_prompt(trace, i, tokens);
@@ -314,16 +314,17 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
       // The request's remote prefix: probed and loaded into host slots before it is looked
       // up (kWaitComplete; every op completes within the store's op timeout).
       if (eng.remote) {
-        const auto t0 = Clock::now();
+        const auto t0 = WaitClock::now();
         eng.remote->add_request(request, t0);
         for (;;) {
-          const auto now = Clock::now();
+          const auto now = WaitClock::now();
           eng.remote->poll(now);
           if (eng.remote->ready(request.id(), now)) break;
           std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
         eng.remote->remove_request(request.id());
-        res.remote_stats.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        res.remote_stats.wait_seconds +=
+            std::chrono::duration<double>(WaitClock::now() - t0).count();
       }
 #endif
       const TieredCacheHit hit = t.get_computed_blocks(request);
@@ -371,13 +372,14 @@ ClusterResult run_cluster(const Trace& trace, const ReplayOptions& o, std::int32
 #if PAGEDKV_REPLAY_REMOTE
       // Every op of this engine (its puts included) completes before the next request.
       if (eng.remote) {
-        const auto t0 = Clock::now();
+        const auto t0 = WaitClock::now();
         for (;;) {
-          eng.remote->poll(Clock::now());
+          eng.remote->poll(WaitClock::now());
           if (eng.remote->in_flight() == 0 && eng.remote->pinned_for_puts() == 0) break;
           std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
-        res.remote_stats.wait_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+        res.remote_stats.wait_seconds +=
+            std::chrono::duration<double>(WaitClock::now() - t0).count();
       }
 #endif
     }
