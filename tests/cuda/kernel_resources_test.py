@@ -387,10 +387,13 @@ def kept_tree(d, sample_log):
     src = d / "src" / "fake_attention.cu"
     src.parent.mkdir()
     src.write_text("// stand-in source\n")
+    (d / "src" / "inc").mkdir()
+    (d / "src" / "inc" / "tiles.cuh").write_text("// stand-in header\n")
     tree = d / "tree"
     (tree / "CMakeFiles/pagedkv_cuda.dir/kernels").mkdir(parents=True)
     obj = "CMakeFiles/pagedkv_cuda.dir/kernels/fake_attention.cu.o"
-    args = [str(nvcc), "-O3", "--generate-code=arch=compute_90,code=[compute_90,sm_90]",
+    args = [str(nvcc), "-O3", f"-I{d / 'src' / 'inc'}",
+            "--generate-code=arch=compute_90,code=[compute_90,sm_90]",
             "-std=c++20", "-x", "cu", "-c", str(src), "-o", obj]
     (tree / "compile_commands.json").write_text(json.dumps(
         [{"directory": str(tree), "file": str(src), "command": " ".join(args)}]))
@@ -447,6 +450,14 @@ with tempfile.TemporaryDirectory() as d:
     os.utime(src, (t + 10, t + 10))
     refused("older than its source", "a source changed since the build")
     os.utime(src, (t - 10, t - 10))
+    header = src.parent / "inc" / "tiles.cuh"
+    os.utime(header, (t + 10, t + 10))
+    kr._newest_header.cache_clear()
+    refused("older than a header under its include directories", "a header changed since")
+    os.utime(header, (t - 10, t - 10))
+    kr._newest_header.cache_clear()
+    got, why = kr.kept_device_code(str(src), str(tree), args, args[0])
+    expect(got is not None, f"current again once the header is older: {why}")
     got, why = kr.kept_device_code(str(src), str(tree), args[:1] + ["-O2"] + args[2:], args[0])
     expect(got is None and "other flags" in why, f"other flags than the tree lists: {why}")
     got, why = kr.kept_device_code(str(src), str(tree), args, sys.executable)
