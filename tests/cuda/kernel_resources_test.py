@@ -358,9 +358,9 @@ except kr.Error as e:
 LAUNCHER = SCRIPT.resolve().parent.parent / "cmake" / "nvcc_keep_device_code.sh"
 FAKE_NVCC = """#!/usr/bin/env bash
 if [ "${1:-}" = --version ]; then echo "Cuda compilation tools, release 99.9, V99.9.0"; exit 0; fi
-out=""; keep=""; prev=""; src=""
+out=""; keep=""; prev=""; src=""; mf=""
 for a in "$@"; do
-  [ "$prev" = -o ] && out="$a"; [ "$prev" = --keep-dir ] && keep="$a"
+  [ "$prev" = -o ] && out="$a"; [ "$prev" = --keep-dir ] && keep="$a"; [ "$prev" = -MF ] && mf="$a"
   case "$a" in *.cu) src="$a" ;; esac
   prev="$a"
 done
@@ -375,6 +375,8 @@ if [ -n "$keep" ]; then
 fi
 echo "fake.cu(7): warning #177-D: variable x was declared but never referenced"
 printf 'object' >"$out"
+[ -n "$mf" ] && printf '%s : %s \\\n    %s\n' "$out" "$src" "$FAKE_HEADER" >"$mf"
+exit 0
 """
 
 
@@ -399,7 +401,8 @@ def kept_tree(d, sample_log):
         [{"directory": str(tree), "file": str(src), "command": " ".join(args)}]))
     log = d / "sample.log"
     log.write_text(sample_log)
-    env = dict(os.environ, FAKE_PTX=str(PTX.resolve()), FAKE_LOG=str(log.resolve()))
+    env = dict(os.environ, FAKE_PTX=str(PTX.resolve()), FAKE_LOG=str(log.resolve()),
+               FAKE_HEADER=str((d / "src" / "inc" / "tiles.cuh").resolve()))
     p = subprocess.run([str(LAUNCHER), *args[:-2], "-MD", "-MT", obj, "-MF", obj + ".d",
                         "-o", obj], cwd=tree, capture_output=True, text=True, env=env)
     return tree, src, args, p, env
@@ -413,7 +416,8 @@ with tempfile.TemporaryDirectory() as d:
            and "bytes stack frame" not in p.stderr,
            f"launcher: the warning printed, ptxas's resource lines not: {p.stderr[:400]}")
     expect(sorted(f.name for f in kept.iterdir()) ==
-           ["command", "fake_attention.ptx", "fake_attention.sm_90.cubin", "ptxas.log"],
+           ["command", "deps", "fake_attention.ptx", "fake_attention.sm_90.cubin", "nvcc-version",
+            "ptxas.log"],
            f"launcher: kept PTX, cubin, command and log, not the host intermediates: "
            f"{sorted(f.name for f in kept.iterdir())}")
     expect((kept / "ptxas.log").read_text().startswith(sample[:40]),
@@ -450,14 +454,35 @@ with tempfile.TemporaryDirectory() as d:
     os.utime(src, (t + 10, t + 10))
     refused("older than its source", "a source changed since the build")
     os.utime(src, (t - 10, t - 10))
+    expect(kr.depfile_paths((kept / "deps").read_text())[-1].endswith("tiles.cuh"),
+           f"launcher: the dependency list kept: {(kept / 'deps').read_text()!r}")
     header = src.parent / "inc" / "tiles.cuh"
     os.utime(header, (t + 10, t + 10))
+    refused("older than a file it was compiled from", "a header in its dependency list changed")
+    # Without a dependency list: any header under its -I directories.
+    deps_text = (kept / "deps").read_text()
+    (kept / "deps").unlink()
     kr._newest_header.cache_clear()
-    refused("older than a header under its include directories", "a header changed since")
+    refused("older than a header under its include directories", "no deps, a header changed")
     os.utime(header, (t - 10, t - 10))
     kr._newest_header.cache_clear()
     got, why = kr.kept_device_code(str(src), str(tree), args, args[0])
-    expect(got is not None, f"current again once the header is older: {why}")
+    expect(got is not None, f"no deps, current once the header is older: {why}")
+    (kept / "deps").write_text(deps_text.replace("tiles.cuh", "gone.cuh"))
+    os.utime(kept / "ptxas.log", (t, t))
+    refused("older than a file it was compiled from", "a dependency that no longer exists")
+    (kept / "deps").write_text(deps_text)
+    os.utime(kept / "ptxas.log", (t, t))
+    got, why = kr.kept_device_code(str(src), str(tree), args, args[0])
+    expect(got is not None, f"current again with its dependency list: {why}")
+    version = (kept / "nvcc-version").read_text()
+    (kept / "nvcc-version").write_text(version.replace("99.9", "99.8"))
+    refused("another version", "kept by another version of the compiler")
+    (kept / "nvcc-version").write_text(version)
+    os.utime(kept / "ptxas.log", (t, t))
+    two = [a.replace("code=[compute_90,sm_90]", "code=[sm_90,sm_90a]") for a in args]
+    got, why = kr.kept_device_code(str(src), str(tree), two, args[0])
+    expect(got is None and "more than one real architecture" in why, f"two architectures: {why}")
     got, why = kr.kept_device_code(str(src), str(tree), args[:1] + ["-O2"] + args[2:], args[0])
     expect(got is None and "other flags" in why, f"other flags than the tree lists: {why}")
     got, why = kr.kept_device_code(str(src), str(tree), args, sys.executable)
