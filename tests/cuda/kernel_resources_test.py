@@ -436,6 +436,34 @@ with tempfile.TemporaryDirectory() as d:
     expect(q.returncode == 0 and "1 sources as the build compiled them" in md
            and "paged_extend_kernel<Fp16Mma, 256>" in md,
            f"report from kept code: exit {q.returncode}: {q.stdout + q.stderr}")
+    # With a disassembler (a stand-in that records which cubin it was given and prints one
+    # function's SASS): the kept cubin is disassembled and its counts reach that kernel's row.
+    copy_blocks = next(f["mangled"] for f in kr.parse_ptxas(sample)
+                       if "copy_blocks_kernel" in f["mangled"])
+    fake_nvdisasm = pathlib.Path(d) / "nvdisasm"
+    fake_nvdisasm.write_text(f"""#!/usr/bin/env bash
+if [ "$1" = --version ]; then echo "Cuda compilation tools, release 11.8, V11.8.0"; exit 0; fi
+printf '%s\\n' "${{@: -1}}" >>"{d}/nvdisasm-args"
+echo "//--------------------- .text.{copy_blocks} --------------------------"
+for i in 1 2 3; do echo "        /*00${{i}}0*/                   HMMA.16816.F32 R0, R2, R4, R0 ;"; done
+echo "        /*0040*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;"
+""")
+    fake_nvdisasm.chmod(0o755)
+    q = subprocess.run([sys.executable, str(SCRIPT), "report", str(tree), str(out), "--jobs", "1",
+                        "--nvdisasm", str(fake_nvdisasm)], capture_output=True, text=True, env=env)
+    report = json.loads((out / "kernel-resources.json").read_text()) if q.returncode in (0, 1) \
+        else {}
+    rows = {r["mangled"]: r for r in report.get("kernels", [])}
+    sass = (rows.get(copy_blocks) or {}).get("sass") or {}
+    disassembled = (pathlib.Path(d) / "nvdisasm-args").read_text().split() \
+        if (pathlib.Path(d) / "nvdisasm-args").exists() else []
+    # (The SASS rules then fail the sample's tensor-core kernels, absent from this disassembly.)
+    expect(q.returncode == 1 and "not found in the disassembly" in q.stdout + q.stderr
+           and disassembled == [str(kept / "fake_attention.sm_90.cubin")]
+           and sass.get("counts", {}).get("HMMA") == 3 and sass["counts"].get("LDGSTS") == 1
+           and "cubins read as compiled" in (out / "kernel-resources.md").read_text(),
+           f"kept cubin disassembled, its counts on the kernel's row: exit {q.returncode}, "
+           f"{disassembled}, {sass}, {q.stderr[-300:]}")
     q = subprocess.run([sys.executable, str(SCRIPT), "report", str(tree), str(out), "--jobs", "1",
                         "--compile"], capture_output=True, text=True, env=env)
     expect(q.returncode == 2 and "asked to compile again" in q.stdout + q.stderr,
