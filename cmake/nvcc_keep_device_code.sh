@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CUDA compiler launcher of PAGEDKV_CUDA_KEEP_DEVICE_CODE (CMakeLists.txt): runs the compile
-# command it is given (nvcc ... -o OBJECT, possibly behind another launcher such as ccache) with
+# command it is given (nvcc ... -o OBJECT, possibly behind another launcher such as ccache, whose
+# cache hits keep nothing: nvcc does not run) with
 # nvcc's --resource-usage and --keep, and leaves beside the object a folder OBJECT.device/ that
 # holds what scripts/kernel-resources needs, so that it reads the build's own device code instead
 # of compiling every kernel source a second time:
@@ -24,15 +25,15 @@ prev=""
 for arg in "$@"; do
   [ "$prev" = "-o" ] && obj="$arg"
   [ "$prev" = "-MF" ] && depfile="$arg"
+  # The compiler: the first argument named nvcc* (another launcher may come before it).
   if [ -z "$compiler" ]; then
     case "$(basename -- "$arg")" in
-      ccache | sccache) ;;
-      *) compiler="$arg" ;;
+      nvcc*) compiler="$arg" ;;
     esac
   fi
   prev="$arg"
 done
-if [ -z "$obj" ]; then
+if [ -z "$obj" ] || [ -z "$compiler" ]; then
   exec "$@"
 fi
 
@@ -57,8 +58,11 @@ find "$dir" -maxdepth 1 -type f ! -name '*.ptx' ! -name '*.cubin' ! -name comman
 # The dependency list (the build tool reads, then may delete, the original after this returns),
 # the compiler's version, and last the log. The object is good whatever happens here: a folder
 # that cannot be completed is removed (the report then compiles that source), never a failed build.
-if { [ -z "$depfile" ] || [ ! -f "$depfile" ] || cp -- "$depfile" "$dir/deps"; } &&
-   "$compiler" --version >"$dir/nvcc-version" 2>&1 &&
+# No cubin (a launcher in front, such as ccache, answered from its cache and nvcc did not run):
+# nothing to keep.
+if compgen -G "$dir/*.cubin" >/dev/null &&
+   { [ -z "$depfile" ] || [ ! -f "$depfile" ] || cp -- "$depfile" "$dir/deps"; } &&
+   "$compiler" --version >"$dir/nvcc-version" 2>/dev/null &&
    printf '%s\n' "$output" >"$dir/ptxas.log.tmp" && mv "$dir/ptxas.log.tmp" "$dir/ptxas.log"; then
   exit 0
 fi

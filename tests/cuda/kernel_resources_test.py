@@ -367,7 +367,7 @@ done
 [ -n "${FAKE_NVCC_FAIL:-}" ] && { echo "fake.cu(1): error: broken on purpose" >&2; exit 3; }
 case " $* " in *" -cubin "*) echo "stand-in nvcc: asked to compile again" >&2; exit 4 ;; esac
 stem="$(basename "$src" .cu)"
-if [ -n "$keep" ]; then
+if [ -n "$keep" ] && [ -z "${FAKE_CACHE_HIT:-}" ]; then
   cp "$FAKE_PTX" "$keep/$stem.ptx"
   printf 'cubin' >"$keep/$stem.sm_90.cubin"
   printf 'host' >"$keep/$stem.cpp1.ii"
@@ -537,6 +537,18 @@ echo "        /*0040*/                   LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.
     expect(p.returncode == 3 and "broken on purpose" in p.stderr and not kept.exists(),
            f"launcher: a failed compile exits 3, prints its error, leaves no folder: "
            f"{p.returncode} {p.stderr} {kept.exists()}")
+    # A launcher in front answering from its cache (nvcc did not run: no cubin): nothing kept, the
+    # compile still passes.
+    p = subprocess.run([str(LAUNCHER), *args], cwd=tree, capture_output=True, text=True,
+                       env=dict(env, FAKE_CACHE_HIT="1"))
+    expect(p.returncode == 0 and not kept.exists(),
+           f"launcher: a cache hit keeps nothing and passes: {p.returncode} {kept.exists()}")
+    # Another launcher in front of nvcc (env here): the kept command still reads as nvcc's.
+    p = subprocess.run([str(LAUNCHER), "env", "X=1", *args], cwd=tree, capture_output=True,
+                       text=True, env=env)
+    got, why = kr.kept_device_code(str(src), str(tree), args, args[0])
+    expect(p.returncode == 0 and got is not None,
+           f"launcher behind env: kept and read as nvcc's compile: {p.returncode} {why}")
     # A command without -o runs as it is (nothing kept).
     p = subprocess.run([str(LAUNCHER), args[0], "--version"], capture_output=True, text=True)
     expect(p.returncode == 0 and "release 99.9" in p.stdout, f"launcher without -o: {p.stdout}")
