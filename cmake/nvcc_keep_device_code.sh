@@ -7,7 +7,8 @@
 # of compiling every kernel source a second time:
 #   command       the compile command, one argument per NUL-terminated field (without this launcher)
 #   nvcc-version  `nvcc --version` of the compiler that ran
-#   deps          the compile's dependency list (its -MF file, every header it read), when it has one
+#   deps          the compile's dependency list (its -MF file: every header it read); without one
+#                 kernel-resources compiles that source again
 #   *.ptx         the PTX (the kernels' block sizes)
 #   *.cubin       the real architecture's code (STEM.cubin or STEM.sm_XX.cubin; the SASS check)
 #   ptxas.log     nvcc's whole output (ptxas's resource usage), written last: the folder is
