@@ -239,37 +239,133 @@ expect("wgmma check: FAIL" in md and "insufficient register resources" in md,
        f"the report names the serialized kernels and the reason: {md[-400:]}")
 
 # ---- SASS (nvdisasm) ----
-# Real `nvdisasm -c` output (Debian's nvdisasm 11.8 on CUDA 13.0 cubins read through old_abi_cubin)
-# of fa2_extend_kernel<true, 128, 4, false> (sm_90) and the persistent warp-specialized kernel
-# wgmma_ws_extend_kernel<true, false, true, true> (sm_90a).
+# Real `nvdisasm -c -hex` output (Debian's nvdisasm 11.8 on CUDA 13.0 cubins read through
+# old_abi_cubin) of fa2_extend_kernel<true, 128, 4, false> (sm_90), the persistent warp-specialized
+# kernel wgmma_ws_extend_kernel<true, false, true, true> (sm_90a) and
+# tc_decode_kernel<false, 128, false, (TcDecodeMerge)2, false> (sm_90). nvdisasm 11.8 leaves some
+# of CUDA 13's instructions unprinted (blank lines) and with them the labels on them, the tc
+# kernel's tile-loop head among them: its back edge is placed from the branch's encoding.
 import gzip  # noqa: E402
 
-sass_text = gzip.open(DATA / "nvdisasm-11.8-fa2-and-ws-cuda13.0.sass.gz", "rt").read()
+sass_text = gzip.open(DATA / "nvdisasm-11.8-hex-fa2-ws-tc-cuda13.0.sass.gz", "rt").read()
 sass = kr.parse_sass(sass_text)
 fa2_name = next((k for k in sass if "fa2_extend_kernelILb1ELi128ELi4ELb0E" in k), None)
 ws_name = next((k for k in sass if "wgmma_ws_extend_kernelILb1ELb0ELb1ELb1E" in k), None)
-expect(len(sass) == 2 and fa2_name and ws_name, f"two functions parsed: {list(sass)}")
-if fa2_name and ws_name:
+tc_name = next((k for k in sass if "tc_decode_kernelILb0ELi128ELb0ELNS0_13TcDecodeMergeE2E" in k),
+               None)
+expect(len(sass) == 3 and fa2_name and ws_name and tc_name, f"three functions parsed: {list(sass)}")
+if fa2_name and ws_name and tc_name:
     expect(sass[fa2_name]["counts"] == {"HMMA": 80, "HGMMA": 0, "LDSM": 24, "LDGSTS": 24,
                                         "LDL": 0, "STL": 0},
            f"fa2 counts: {sass[fa2_name]['counts']}")
     expect(sass[ws_name]["counts"] == {"HMMA": 0, "HGMMA": 24, "LDSM": 0, "LDGSTS": 8,
                                        "LDL": 0, "STL": 0},
            f"ws counts: {sass[ws_name]['counts']}")
-    expect(sass[fa2_name]["instructions"] > 1000 and sass[ws_name]["instructions"] > 1000,
+    expect(sass[tc_name]["counts"] == {"HMMA": 32, "HGMMA": 0, "LDSM": 16, "LDGSTS": 48,
+                                       "LDL": 0, "STL": 0},
+           f"tc counts: {sass[tc_name]['counts']}")
+    expect(all(sass[n]["instructions"] > 1000 for n in (fa2_name, ws_name, tc_name)),
            "instruction counts")
     expect(sass[fa2_name]["ex2_after_pv_wait"] is None and sass[ws_name]["ex2_after_pv_wait"] == 0,
            f"the ws kernel's exponentials before its PV wait, fa2 has no wgmma loop: "
            f"{sass[fa2_name]['ex2_after_pv_wait']}, {sass[ws_name]['ex2_after_pv_wait']}")
-    # The same kernel before wgmma::compute_before_wait: ptxas had put all 34 exponentials of a
-    # tile (32 scores, 2 rescale factors) after the wait for the PV GEMM.
+
+    # Loops. Each kernel's tile loop: fa2's holds all its MMA and ldmatrix and the next tile's
+    # cp.async; the ws kernel's consumers run their 12 warpgroup MMAs a tile in one loop and its
+    # producer the 8 cp.async of a tile in another, no loop holding both; the tc decode kernel's
+    # tile loop is found although its head has no label.
+    def loop_counts(name, group):
+        loop = kr.loop_holding(sass[name], group)
+        return None if loop is None else {k: v for k, v in loop["counts"].items() if v}
+
+    expect(all(sass[n]["loops_unplaced"] is None for n in (fa2_name, ws_name, tc_name)),
+           "every loop placed: "
+           f"{[sass[n]['loops_unplaced'] for n in (fa2_name, ws_name, tc_name)]}")
+    expect(loop_counts(fa2_name, ("HMMA", "LDSM", "LDGSTS")) == {"HMMA": 80, "LDSM": 24,
+                                                                "LDGSTS": 8},
+           f"fa2's tile loop: {loop_counts(fa2_name, ('HMMA', 'LDSM', 'LDGSTS'))}")
+    expect(loop_counts(ws_name, ("HGMMA",)) == {"HGMMA": 12}
+           and loop_counts(ws_name, ("LDGSTS",)) == {"LDGSTS": 8}
+           and loop_counts(ws_name, ("HGMMA", "LDGSTS")) is None,
+           f"the ws kernel's consumer and producer loops: {loop_counts(ws_name, ('HGMMA',))}, "
+           f"{loop_counts(ws_name, ('LDGSTS',))}, {loop_counts(ws_name, ('HGMMA', 'LDGSTS'))}")
+    tc_loop = kr.loop_holding(sass[tc_name], ("HMMA", "LDSM", "LDGSTS"))
+    expect(loop_counts(tc_name, ("HMMA", "LDSM", "LDGSTS")) == {"HMMA": 32, "LDSM": 16,
+                                                               "LDGSTS": 16},
+           f"the tc decode kernel's tile loop: {loop_counts(tc_name, ('HMMA', 'LDSM', 'LDGSTS'))}")
+
+    def tc_lines():
+        """The tc kernel's lines: (index in sass_text's lines, line)."""
+        lines = sass_text.splitlines()
+        first = next(i for i, l in enumerate(lines) if tc_name in l and l.startswith("//"))
+        return lines, range(first, len(lines))
+
+    def branch_target(lines, i):
+        m = re.match(r"^\s*/\*([0-9a-f]+)\*/.*\bBRA\b.*/\* 0x([0-9a-f]{16}) \*/", lines[i])
+        if not m:
+            return None
+        high = re.search(r"0x([0-9a-f]{16})", lines[i + 1]).group(1)
+        return int(m.group(1), 16) + 16 + kr.bra_offset(int(m.group(2), 16) | int(high, 16) << 64)
+
+    if tc_loop is not None:
+        lines, tc_range = tc_lines()
+        # The header is the first printed instruction at or after a branch's target.
+        printed = sorted(int(m.group(1), 16) for m in (
+            re.match(r"^\s*/\*([0-9a-f]+)\*/", lines[i]) for i in tc_range) if m)
+
+        def lands_on(target):
+            return None if target is None else next((pc for pc in printed if pc >= target), None)
+
+        back = [i for i in tc_range if lands_on(branch_target(lines, i)) == tc_loop["header"]]
+        label = re.search(r"`\((\.L\w+)\)", lines[back[0]]).group(1) if back else None
+        expect(len(back) == 1 and label and f"{label}:" not in sass_text,
+               f"the tc tile loop's back edge branches to an unprinted label: {back}, {label}")
+        # Without its back edge (the branch turned into a NOP) the tile loop is gone: the kernel
+        # fails its rule, naming what no loop holds.
+        no_loop = list(lines)
+        for i in back:
+            no_loop[i] = no_loop[i].replace("BRA", "NOP", 1)
+        rows = [{"kernel": "tc_decode_kernel<...>", "demangled": tc_name, "source": "x.cu",
+                 "entry": True, "sass": kr.parse_sass("\n".join(no_loop))[tc_name],
+                 "head_dim": 128}]
+        bad = kr.sass_offenders(rows, 128)
+        expect([w for _, w in bad] == ["no loop holds HMMA + LDSM + LDGSTS (at most 0 of 32 HMMA, "
+                                       "0 of 16 LDSM, 0 of 48 LDGSTS in one loop)"],
+               f"the tc kernel without its tile loop fails: {[w for _, w in bad]}")
+        # A branch whose printed label and encoding disagree: the encoding is not understood,
+        # an error rather than a guess.
+        labelled = next(i for i in tc_range if branch_target(lines, i) is not None
+                        and re.search(r"`\((\.L\w+)\)", lines[i]).group(1) + ":" in sass_text)
+        wrong = list(lines)
+        wrong[labelled] = re.sub(r"/\* 0x([0-9a-f]{16}) \*/",
+                                 lambda m: "/* 0x%016x */" % (int(m.group(1), 16) ^ (1 << 20)),
+                                 wrong[labelled])
+        try:
+            kr.parse_sass("\n".join(wrong))
+            expect(False, "a label and an encoding that disagree are an error")
+        except kr.Error as e:
+            expect("bra_offset does not know this encoding" in str(e), f"the error says so: {e}")
+    # Without -hex the labels nvdisasm 11.8 leaves out cannot be replaced: the loops are not
+    # placed and the rule kernels fail, never a silent pass.
+    no_hex = re.sub(r"\s*/\* 0x[0-9a-f]{16} \*/", "", sass_text)
+    unplaced = kr.parse_sass(no_hex)
+    expect(all(v["loops"] is None and "no encoding (nvdisasm -hex)" in v["loops_unplaced"]
+               for v in unplaced.values()),
+           f"no hex, no loops: {[v['loops_unplaced'] for v in unplaced.values()]}")
+    expect(kr.bra_offset(0x000fea0003800000 << 64 | 0x00000000002c8947) == 176
+           and kr.bra_offset(0x010fec0003800000 << 64 | 0x0000000400301947) == 1216
+           and kr.bra_offset(0xfea000383fffffffffff000a4b947) == -3440,
+           "bra_offset on three branches of the build (forward, across bit 10, backward)")
+
+    # The same kernel before wgmma::compute_before_wait (nvdisasm -c, no -hex): ptxas had put all
+    # 34 exponentials of a tile (32 scores, 2 rescale factors) after the wait for the PV GEMM.
     before = kr.parse_sass(gzip.open(DATA / "nvdisasm-11.8-ws-exp-after-wait-cuda13.0.sass.gz",
                                      "rt").read())
     expect([v["ex2_after_pv_wait"] for v in before.values()] == [34],
            f"the old schedule is seen: {[v['ex2_after_pv_wait'] for v in before.values()]}")
     # ... and used exp2f, whose denormal path puts a range test against -126 beside each of the
-    # 34 exponentials of the first tile and of the loop; the current kernel uses wgmma::exp2_ftz (none), and fa2 (not in
-    # SASS_FTZ_EXP2) still uses exp2f.
+    # 34 exponentials of the first tile and of the loop; the current kernel uses wgmma::exp2_ftz
+    # (none), and fa2 (not in SASS_FTZ_EXP2) still uses exp2f.
     expect([v["exp2_denormal_tests"] for v in before.values()] == [68]
            and sass[ws_name]["exp2_denormal_tests"] == 0
            and sass[fa2_name]["exp2_denormal_tests"] > 0,
@@ -278,58 +374,130 @@ if fa2_name and ws_name:
     old_rows = [{"kernel": "wgmma_ws_extend_kernel<...>", "demangled": k, "source": "x.cu",
                  "entry": True, "sass": v, "head_dim": None} for k, v in before.items()]
     bad = kr.sass_offenders(old_rows, 128)
-    expect(len(bad) == 2 and "68 denormal range tests of exp2f" in bad[0][1]
-           and "34 exponentials (MUFU.EX2) after the wait for the PV GEMM" in bad[1][1],
-           f"the old kernel fails both rules: {[w for _, w in bad]}")
+    expect(len(bad) == 3 and "its loops cannot be placed" in bad[0][1]
+           and "68 denormal range tests of exp2f" in bad[1][1]
+           and "34 exponentials (MUFU.EX2) after the wait for the PV GEMM" in bad[2][1],
+           f"the old kernel fails every rule: {[w for _, w in bad]}")
 
     def sass_rows(text, head_dim=128):
         rows = []
         for name, counts in kr.parse_sass(text).items():
-            base = "fa2_extend_kernel" if "fa2_extend" in name else "wgmma_ws_extend_kernel"
+            base = ("fa2_extend_kernel" if "fa2_extend" in name else
+                    "tc_decode_kernel" if "tc_decode" in name else "wgmma_ws_extend_kernel")
             rows.append({"kernel": base + "<...>", "demangled": name, "source": "x.cu",
                          "entry": True, "sass": counts,
-                         "head_dim": head_dim if base == "fa2_extend_kernel" else None})
+                         "head_dim": None if base == "wgmma_ws_extend_kernel" else head_dim})
         return rows
 
     expect(kr.sass_offenders(sass_rows(sass_text), 128) == [], "the real kernels pass the rules")
     missing = [dict(r, sass=None) for r in sass_rows(sass_text)]
     bad = kr.sass_offenders(missing, 128)
-    expect(len(bad) == 2 and all(w == "not found in the disassembly" for _, w in bad),
+    expect(len(bad) == 3 and all(w == "not found in the disassembly" for _, w in bad),
            f"rule kernels missing from the disassembly fail: {[w for _, w in bad]}")
     # A second wait pair in one function with exponentials after its PV wait is seen too.
-    doubled = "\n".join(
-        [l for l in sass_text.splitlines()] + [
-            "        /*ff00*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;",
-            "        /*ff10*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
-            "        /*ff20*/                   MUFU.EX2 R1, R2 ;",
-            "        /*ff30*/                   WARPGROUP.ARRIVE ;"])
+    ws_end = sass_text.index("//--------------------- .text." + tc_name)
+    doubled = sass_text[:ws_end] + "\n".join([
+        "        /*ff00*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;",
+        "        /*ff10*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+        "        /*ff20*/                   MUFU.EX2 R1, R2 ;",
+        "        /*ff30*/                   WARPGROUP.ARRIVE ;", ""]) + sass_text[ws_end:]
     expect(kr.parse_sass(doubled)[ws_name]["ex2_after_pv_wait"] == 1,
            f"the worst wait pair counts: {kr.parse_sass(doubled)[ws_name]['ex2_after_pv_wait']}")
-    # Each rule broken on a copy: no ldmatrix in fa2 (LDSM turned into LDS), no warpgroup MMA in
-    # the ws kernel, a local store in each.
+    # Each rule broken on a copy: no ldmatrix in fa2 and tc (LDSM turned into LDS), no warpgroup
+    # MMA in the ws kernel, a local store in each.
     no_ldsm = re.sub(r"\bLDSM\b", "LDS", sass_text)
     bad = kr.sass_offenders(sass_rows(no_ldsm), 128)
-    expect(len(bad) == 1 and "fa2_extend" in bad[0][0]["demangled"] and bad[0][1] == "no LDSM",
-           f"fa2 without LDSM fails: {[(r['kernel'], w) for r, w in bad]}")
+    expect(sorted((r["kernel"], w) for r, w in bad)
+           == [("fa2_extend_kernel<...>", "no LDSM"), ("tc_decode_kernel<...>", "no LDSM")],
+           f"fa2 and tc without LDSM fail: {[(r['kernel'], w) for r, w in bad]}")
     no_hgmma = re.sub(r"\bHGMMA\b", "HMMA", sass_text)
     bad = kr.sass_offenders(sass_rows(no_hgmma), 128)
     expect(len(bad) == 1 and "wgmma_ws" in bad[0][0]["demangled"] and bad[0][1] == "no HGMMA",
            f"the ws kernel without HGMMA fails: {[(r['kernel'], w) for r, w in bad]}")
-    local = re.sub(r"(/\*[0-9a-f]+\*/\s+)STS\.128\b", r"\1STL.128", sass_text, count=0)
+    local = re.sub(r"(/\*[0-9a-f]+\*/\s+)(STS|LDS)\.128\b", r"\1STL.128", sass_text, count=0)
     bad = kr.sass_offenders(sass_rows(local), 128)
-    expect(len(bad) == 2 and all("local-memory instructions" in w for _, w in bad),
-           f"local stores fail both kernels: {[(r['kernel'], w) for r, w in bad]}")
+    expect(len(bad) == 3 and all("local-memory instructions" in w for _, w in bad),
+           f"local stores fail every kernel: {[(r['kernel'], w) for r, w in bad]}")
     expect([w for r, w in kr.sass_offenders(sass_rows(local, head_dim=256), 128)
-            if "fa2_extend" in r["demangled"]] == [],
+            if "fa2_extend" in r["demangled"] or "tc_decode" in r["demangled"]] == [],
            "local memory at head_dim 256 is allowed (as spills are)")
     md = kr.markdown([dict(r, head_dim=128, arch="sm_90", registers=1, spill_stores=0,
                            spill_loads=0, stack_frame=0, smem_static=0, occupancy=None)
                       for r in sass_rows(no_ldsm)], 128, [], sass_checked=True)
     expect("SASS check (" in md and "FAIL: `fa2_extend_kernel<...>` no LDSM" in md
-           and "| 80 / 0 / 0 / 24 / 0 |" in md,
-           f"the report's SASS column and check line: {md[-700:]}")
+           and "| 80 / 0 / 0 / 24 / 0 |" in md
+           and "| 0 / 24 / 0 / 8 / 0; EX2 after the PV wait: 0; HGMMA loop: " in md
+           and "; LDGSTS loop: " in md,
+           f"the report's SASS column and check line: {md[-900:]}")
+    md = kr.markdown([dict(r, head_dim=128, arch="sm_90", registers=1, spill_stores=0,
+                           spill_loads=0, stack_frame=0, smem_static=0, occupancy=None)
+                      for r in sass_rows(sass_text)], 128, [], sass_checked=True)
+    fa2_loop = kr.loop_holding(sass[fa2_name], ("HMMA", "LDSM", "LDGSTS"))["instructions"]
+    expect(f"| 80 / 0 / 24 / 24 / 0; HMMA+LDSM+LDGSTS loop: {fa2_loop} instructions, "
+           "80 / 0 / 24 / 8 / 0 |" in md
+           and "(HGMMA) in one loop and (LDGSTS) in one loop" in md and "PASS." in md,
+           f"the report's loop cells: {md[-900:]}")
     md = kr.markdown([], 128, [], sass_checked=False)
     expect("SASS check: not run (no nvdisasm)." in md, "a report without nvdisasm says so")
+
+
+# Natural loops on small control-flow graphs: (pc, opcode, modifiers, guarded, target).
+def loops_of(insns):
+    return [(l["header"], l["instructions"], {k: v for k, v in l["counts"].items() if v})
+            for l in kr.natural_loops(insns)]
+
+
+simple = [(0x00, "MOV", "", False, None), (0x10, "HMMA", "", False, None),
+          (0x20, "BRA", "", True, 0x10), (0x30, "EXIT", "", False, None)]
+expect(loops_of(simple) == [(0x10, 2, {"HMMA": 1})], f"a simple loop: {loops_of(simple)}")
+nested = [(0x00, "MOV", "", False, None), (0x10, "LDGSTS", "", False, None),
+          (0x20, "HMMA", "", False, None), (0x30, "BRA", "", True, 0x20),
+          (0x40, "BRA", "", True, 0x10), (0x50, "EXIT", "", False, None)]
+expect(loops_of(nested) == [(0x20, 2, {"HMMA": 1}), (0x10, 4, {"HMMA": 1, "LDGSTS": 1})],
+       f"nested loops, the inner first: {loops_of(nested)}")
+# A cycle entered at two blocks (irreducible) is no natural loop: what only it holds is in no loop.
+irreducible = [(0x00, "BRA", "", True, 0x30), (0x10, "HMMA", "", False, None),
+               (0x20, "EXIT", "", True, None), (0x30, "NOP", "", False, None),
+               (0x40, "BRA", "", True, 0x10), (0x50, "EXIT", "", False, None)]
+expect(loops_of(irreducible) == [], f"an irreducible cycle: {loops_of(irreducible)}")
+# A subroutine called in a loop is not part of the loop; its own loop is.
+called = [(0x00, "NOP", "", False, None), (0x10, "CALL", ".REL.NOINC", False, 0x40),
+          (0x20, "BRA", "", True, 0x00), (0x30, "EXIT", "", False, None),
+          (0x40, "LDGSTS", "", False, None), (0x50, "BRA", "", True, 0x40),
+          (0x60, "RET", ".REL.NODEC", False, None)]
+expect(loops_of(called) == [(0x40, 2, {"LDGSTS": 1}), (0x00, 3, {})],
+       f"a call in a loop: {loops_of(called)}")
+# A branch to an instruction the disassembler did not print (0x20) lands on the next printed one.
+gap = [(0x00, "MOV", "", False, None), (0x10, "MOV", "", False, None),
+       (0x30, "HMMA", "", False, None), (0x40, "BRA", "", True, 0x20),
+       (0x50, "EXIT", "", False, None)]
+expect(loops_of(gap) == [(0x30, 2, {"HMMA": 1})],
+       f"a target on an unprinted instruction: {loops_of(gap)}")
+# A branch conditional on a predicate operand rather than a guard keeps its fall-through edge:
+# the loop after it is reached (taken for unconditional, the loop would be dead code).
+operand = [(0x00, "BRA", "", True, 0x30), (0x10, "HMMA", "", False, None),
+           (0x20, "BRA", "", True, 0x10), (0x30, "EXIT", "", False, None)]
+expect(loops_of(operand) == [(0x10, 2, {"HMMA": 1})], f"a conditional skip: {loops_of(operand)}")
+parsed = kr.parse_sass("\n".join([
+    "//--------------------- .text.k --------------------------",
+    "        /*0000*/                   BRA P1, `(.L_x_1) ;",
+    ".L_x_2:",
+    "        /*0010*/                   HMMA.16816.F32 R4, R8, R12, R4 ;",
+    "        /*0020*/              @P0 BRA `(.L_x_2) ;",
+    ".L_x_1:",
+    "        /*0030*/                   EXIT ;"]))["k"]
+expect(parsed["loops_unplaced"] is None
+       and [(l["header"], l["instructions"]) for l in parsed["loops"]] == [(0x10, 2)],
+       f"parse_sass: a predicate operand makes a branch conditional, labels place the loop: "
+       f"{parsed}")
+for insns, why in ((simple[:2] + [(0x20, "BRX", "", False, None)], "an indirect branch"),
+                   (simple[:2] + [(0x20, "BRA", "", False, None)], "without a target"),
+                   (simple[:2] + [(0x20, "BRA", "", True, 0x400)], "outside the function")):
+    try:
+        kr.natural_loops(insns)
+        expect(False, f"{why}: loops cannot be placed")
+    except kr.LoopsUnplaced as e:
+        expect(why in str(e), f"{why}: {e}")
 
 # The CUDA 13 ELF header rewritten for nvdisasm 11.8: OS/ABI 0x41 -> 0x33, ABI version 8 -> 7,
 # e_flags 0x06005a04 (SM 90 in bits 8-15) -> 0x005a055a (SM | virtual SM << 16 | 64-bit).
