@@ -490,6 +490,54 @@ expect(parsed["loops_unplaced"] is None
        and [(l["header"], l["instructions"]) for l in parsed["loops"]] == [(0x10, 2)],
        f"parse_sass: a predicate operand makes a branch conditional, labels place the loop: "
        f"{parsed}")
+
+
+# The cubin's own code beside the disassembly: a minimal ELF64 with .shstrtab and .text.k.
+def tiny_cubin(code):
+    names = b"\0.shstrtab\0.text.k\0"
+    header = bytearray(0x40)
+    header[:5] = b"\x7fELF\x02"
+    shoff = 0x40 + len(names) + len(code)
+    header[0x28:0x30] = shoff.to_bytes(8, "little")
+    header[0x3a:0x3c] = (0x40).to_bytes(2, "little")
+    header[0x3c:0x3e] = (3).to_bytes(2, "little")
+    header[0x3e:0x40] = (1).to_bytes(2, "little")
+
+    def sh(name, off, size):
+        e = bytearray(0x40)
+        e[0:4] = name.to_bytes(4, "little")
+        e[0x18:0x20] = off.to_bytes(8, "little")
+        e[0x20:0x28] = size.to_bytes(8, "little")
+        return bytes(e)
+
+    return (bytes(header) + names + code + sh(0, 0, 0) + sh(1, 0x40, len(names))
+            + sh(11, 0x40 + len(names), len(code)))
+
+
+def word(opcode):
+    return opcode.to_bytes(16, "little")
+
+
+expect(kr.cubin_functions(tiny_cubin(word(0x7918) * 3)) == {"k": word(0x7918) * 3},
+       f"the code of each .text section: {kr.cubin_functions(tiny_cubin(word(0x7918) * 3))}")
+expect(kr.cubin_functions(b"not an elf") == {} and kr.cubin_functions(tiny_cubin(b"")[:0x50]) == {},
+       "no ELF, or a section table cut short: no code")
+gap_text = "\n".join([
+    "//--------------------- .text.k --------------------------",
+    ".L_x_0:",
+    "        /*0000*/                   HMMA.16816.F32 R4, R8, R12, R4 ;",
+    "        /*0010*/              @P0 BRA `(.L_x_0) ;",
+    "",
+    "        /*0030*/                   EXIT ;"])
+# 0x20 left unprinted: an unknown non-control instruction (opcode 0x836) is passed over and
+# counted; a BRA there (0x947) might be a back edge nobody sees, so the loops are not placed.
+for opcode, placed in ((0x836, True), (0x947, False)):
+    code = kr.cubin_functions(tiny_cubin(word(0x7918) + word(0x7947) + word(opcode)
+                                         + word(0x794d)))
+    k = kr.parse_sass(gap_text, code)["k"]
+    expect(k.get("unprinted") == 1 and (k["loops"] is not None) == placed
+           and (placed or "leaves out a control instruction at 0x20" in k["loops_unplaced"]),
+           f"an unprinted instruction of opcode {opcode:#x}: {k}")
 for insns, why in ((simple[:2] + [(0x20, "BRX", "", False, None)], "an indirect branch"),
                    (simple[:2] + [(0x20, "BRA", "", False, None)], "without a target"),
                    (simple[:2] + [(0x20, "BRA", "", True, 0x400)], "outside the function")):
