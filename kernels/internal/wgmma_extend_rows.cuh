@@ -78,19 +78,21 @@ struct Rows {
   // q_addr: the Q tile (q_rows rows); k_addr: the K stage.
   __device__ __forceinline__ void issue_qk(float (&s)[kScores], std::uint32_t q_addr, int q_rows,
                                            std::uint32_t k_addr) const {
+    const std::uint64_t q0 = detail::wgmma_kmajor_step_desc(q_addr, q_rows, wg, 0);
+    const std::uint64_t k0 = detail::wgmma_kmajor_step_desc(k_addr, kKeys, 0, 0);
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
-      const std::uint64_t qd = detail::wgmma_kmajor_step_desc(q_addr, q_rows, wg, ks);
-      const std::uint64_t kd = detail::wgmma_kmajor_step_desc(k_addr, kKeys, 0, ks);
-      wgmma::ss_m64n64<kBf16>(s, qd, kd, ks > 0 ? 1 : 0);
+      wgmma::ss_m64n64<kBf16>(s, detail::wgmma_kmajor_step_desc_from(q0, q_rows, ks),
+                              detail::wgmma_kmajor_step_desc_from(k0, kKeys, ks), ks > 0 ? 1 : 0);
     }
   }
 
   // O += P V over 4 k steps of 16 keys, issued. v_addr: the V stage.
   __device__ __forceinline__ void issue_pv(const PFragments& pa, std::uint32_t v_addr) {
+    const std::uint64_t v0 = detail::wgmma_v_step_desc(v_addr, kKeys, 0);
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) {
-      const std::uint64_t vd = detail::wgmma_v_step_desc(v_addr, kKeys, kk);
+      const std::uint64_t vd = detail::wgmma_v_step_desc_from(v0, kk);
       wgmma::rs_m64n128_trans_b<kBf16>(o, pa[kk], vd, 1);
     }
   }

@@ -172,10 +172,42 @@ PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_kmajor_step_desc(std::uint32_t
                          ks % 4),
       16, kKMajorSbo, WgmmaSwizzle::k128B);
 }
+// Step ks's start relative to step 0's in such a tile.
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t wgmma_kmajor_step_offset(int rows, int ks) {
+  return static_cast<std::uint32_t>(ks / 4) * static_cast<std::uint32_t>(rows) * kSw128RowBytes +
+         static_cast<std::uint32_t>(ks % 4) * 32u;
+}
 // Descriptor of k step kk (keys 16 kk .. 16 kk + 15) of the V tile.
 PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_v_step_desc(std::uint32_t tile, int keys,
                                                               int kk) {
   return mn_major_descriptor(mn_major_step_start(tile, kk), keys, kMnMajorKGroupsInLbo);
+}
+
+// Step kk's start relative to step 0's in the V tile.
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t wgmma_v_step_offset(int kk) {
+  return mn_major_step_start(0, kk);
+}
+
+// A descriptor `bytes` (a multiple of 16) further in shared memory: only the start-address field
+// (address bits 4-17) changes, and while the new address stays below 2^18 (every shared address
+// does: 228 KiB per SM) the 32-bit sum of the low word cannot carry out of that field. One
+// 32-bit add per step from step 0's descriptor, where building each step's descriptor takes an
+// add, a mask, a shift and an OR, and a move for its high word (the wgmma kernels' loops issue
+// 20 of them per tile). Equal to building it for every tile address and step the kernels use
+// (tests/device/wgmma_layout_test.cpp).
+PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_descriptor_advance(std::uint64_t desc,
+                                                                     std::uint32_t bytes) {
+  return (desc & 0xffffffff00000000ull) |
+         static_cast<std::uint32_t>(static_cast<std::uint32_t>(desc) + (bytes >> 4));
+}
+
+// Step ks's (kk's) descriptor from step 0's, as the kernels' loops issue them.
+PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_kmajor_step_desc_from(std::uint64_t step0,
+                                                                        int rows, int ks) {
+  return wgmma_descriptor_advance(step0, wgmma_kmajor_step_offset(rows, ks));
+}
+PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_v_step_desc_from(std::uint64_t step0, int kk) {
+  return wgmma_descriptor_advance(step0, wgmma_v_step_offset(kk));
 }
 
 // Accumulator D of wgmma.m64nNk16 with fp32 accumulators: thread t (0..127) element j

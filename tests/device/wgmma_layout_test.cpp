@@ -237,6 +237,46 @@ struct Tile {
   int at(std::uint32_t off) const { return bytes[off / 2]; }
 };
 
+// Each step's descriptor advanced from step 0's (one 32-bit add, what the kernels issue) is the
+// one built for the step, for every 1,024-byte-aligned tile in shared memory (228 KiB) whose
+// steps stay in it, tiles of 64 to 256 rows (keys) and either warpgroup's rows; and the advance
+// never touches the high word. Past 2^18 bytes it would differ (the start field wraps in the
+// built one), which no shared address reaches.
+TEST(WgmmaLayout, AdvancedDescriptorsEqualBuiltOnes) {
+  constexpr std::uint32_t kSmem = 228u * 1024u;
+  long checked = 0;
+  for (std::uint32_t tile = 0; tile < kSmem; tile += 1024u) {
+    for (int rows : {64, 128, 192, 256}) {
+      for (int g = 0; g < rows / 64; ++g) {
+        const std::uint64_t step0 = wgmma_kmajor_step_desc(tile, rows, g, 0);
+        for (int ks = 0; ks < 16; ++ks) {
+          if (k_major_step_start(tile + g * 64u * kSw128RowBytes, 0) +
+                  wgmma_kmajor_step_offset(rows, ks) + 32u >
+              kSmem) {
+            continue;
+          }
+          ASSERT_EQ(wgmma_kmajor_step_desc_from(step0, rows, ks),
+                    wgmma_kmajor_step_desc(tile, rows, g, ks))
+              << "tile " << tile << " rows " << rows << " g " << g << " ks " << ks;
+          ++checked;
+        }
+      }
+      const std::uint64_t v0 = wgmma_v_step_desc(tile, rows, 0);
+      for (int kk = 0; kk < rows / 16; ++kk) {
+        if (mn_major_step_start(tile, kk) + 2u * kSw128AtomBytes > kSmem) continue;
+        ASSERT_EQ(wgmma_v_step_desc_from(v0, kk), wgmma_v_step_desc(tile, rows, kk))
+            << "V tile " << tile << " keys " << rows << " kk " << kk;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GT(checked, 5000);
+  // The last 16-byte step below 2^18: the start field full, LBO, SBO and swizzle untouched.
+  EXPECT_EQ(
+      wgmma_descriptor_advance(wgmma_descriptor(0x3fc00u, 16, 1024, WgmmaSwizzle::k128B), 0x300u),
+      wgmma_descriptor(0x3ff00u, 16, 1024, WgmmaSwizzle::k128B));
+}
+
 TEST(WgmmaLayout, ExtendKernelTilesGiveQKAndPV) {
   constexpr int kD = 128, kRows = 128, kKeys = 64;
   std::mt19937 rng(7);
@@ -272,9 +312,12 @@ TEST(WgmmaLayout, ExtendKernelTilesGiveQKAndPV) {
     for (int m = 0; m < 64; ++m) {
       for (int n = 0; n < kKeys; ++n) {
         long got = 0, want = 0;
+        // From step 0's descriptors, as the kernels' issue_qk builds them.
+        const std::uint64_t q0 = wgmma_kmajor_step_desc(q_base, kRows, g, 0);
+        const std::uint64_t k0 = wgmma_kmajor_step_desc(k_base, kKeys, 0, 0);
         for (int ks = 0; ks < kD / 16; ++ks) {
-          const std::uint64_t qd = wgmma_kmajor_step_desc(q_base, kRows, g, ks);
-          const std::uint64_t kd = wgmma_kmajor_step_desc(k_base, kKeys, 0, ks);
+          const std::uint64_t qd = wgmma_kmajor_step_desc_from(q0, kRows, ks);
+          const std::uint64_t kd = wgmma_kmajor_step_desc_from(k0, kKeys, ks);
           for (int kk = 0; kk < 16; ++kk) {
             got += static_cast<long>(smem.at(model_k_major_address(qd, m, kk))) *
                    smem.at(model_k_major_address(kd, n, kk));
@@ -289,8 +332,9 @@ TEST(WgmmaLayout, ExtendKernelTilesGiveQKAndPV) {
     for (int m = 0; m < 64; ++m) {
       for (int d = 0; d < kD; ++d) {
         long got = 0, want = 0;
+        const std::uint64_t v0 = wgmma_v_step_desc(v_base, kKeys, 0);
         for (int kk = 0; kk < kKeys / 16; ++kk) {
-          const std::uint64_t vd = wgmma_v_step_desc(v_base, kKeys, kk);
+          const std::uint64_t vd = wgmma_v_step_desc_from(v0, kk);
           for (int key = 0; key < 16; ++key) {
             got += static_cast<long>(p[(64 * g + m) * kKeys + 16 * kk + key]) *
                    smem.at(model_mn_major_address(vd, key, d));
