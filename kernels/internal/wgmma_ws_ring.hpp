@@ -64,14 +64,19 @@ PAGEDKV_HOST_DEVICE constexpr bool ws_turn_primed(int consumer) {
   return consumer == 1;
 }
 
+// Tile and item indices are never negative: the stage and round are taken unsigned, a mask and a
+// shift (signed % and / cost the kernel a sign fix-up each, in the consumer loop on every tile).
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_round(int index, int slots) {
+  return static_cast<std::uint32_t>(index) / static_cast<std::uint32_t>(slots);
+}
 PAGEDKV_HOST_DEVICE constexpr int ws_stage(int tile) {
-  return tile % kWsStages;
+  return static_cast<int>(static_cast<std::uint32_t>(tile) % static_cast<std::uint32_t>(kWsStages));
 }
 PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_full_parity(int tile) {
-  return static_cast<std::uint32_t>((tile / kWsStages) & 1);
+  return ws_round(tile, kWsStages) & 1u;
 }
 PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_empty_parity(int tile) {
-  return static_cast<std::uint32_t>(((tile / kWsStages) & 1) ^ 1);
+  return (ws_round(tile, kWsStages) & 1u) ^ 1u;
 }
 PAGEDKV_HOST_DEVICE constexpr int ws_release_iteration(int tile) {
   return tile + 1;
@@ -86,13 +91,13 @@ inline constexpr int kWsItemFullArrivals = 1;                         // the pro
 inline constexpr int kWsItemEmptyArrivals = 2 * kWsWarpgroupThreads;  // every consumer thread
 
 PAGEDKV_HOST_DEVICE constexpr int ws_item_slot(int n) {
-  return n % kWsItemSlots;
+  return static_cast<int>(static_cast<std::uint32_t>(n) % static_cast<std::uint32_t>(kWsItemSlots));
 }
 PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_item_full_parity(int n) {
-  return static_cast<std::uint32_t>((n / kWsItemSlots) & 1);
+  return ws_round(n, kWsItemSlots) & 1u;
 }
 PAGEDKV_HOST_DEVICE constexpr std::uint32_t ws_item_empty_parity(int n) {
-  return static_cast<std::uint32_t>(((n / kWsItemSlots) & 1) ^ 1);
+  return (ws_round(n, kWsItemSlots) & 1u) ^ 1u;
 }
 // GEMM-issue points (turns) of an item with `tiles` key tiles: tile 0's S GEMM, then tile t's S
 // GEMM with tile t - 1's PV GEMM, then the last PV GEMM; none for an item without keys.

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -366,6 +367,31 @@ std::vector<int> random_items(std::uint64_t seed) {
   std::vector<int> items(std::uniform_int_distribution<std::size_t>(1, 6)(rng));
   for (int& t : items) t = std::uniform_int_distribution<int>(0, 9)(rng);
   return items;
+}
+
+// The unsigned stage, slot and parity arithmetic is the signed one on every index the kernels
+// use (non-negative), up to the largest int.
+TEST(WgmmaWsRing, StagesAndParitiesOfEveryIndex) {
+  const auto check = [](int i) {
+    ASSERT_EQ(detail::ws_stage(i), i % detail::kWsStages) << i;
+    ASSERT_EQ(detail::ws_full_parity(i), static_cast<std::uint32_t>((i / detail::kWsStages) & 1))
+        << i;
+    ASSERT_EQ(detail::ws_empty_parity(i),
+              static_cast<std::uint32_t>(((i / detail::kWsStages) & 1) ^ 1))
+        << i;
+    ASSERT_EQ(detail::ws_item_slot(i), i % detail::kWsItemSlots) << i;
+    ASSERT_EQ(detail::ws_item_full_parity(i),
+              static_cast<std::uint32_t>((i / detail::kWsItemSlots) & 1))
+        << i;
+    ASSERT_EQ(detail::ws_item_empty_parity(i),
+              static_cast<std::uint32_t>(((i / detail::kWsItemSlots) & 1) ^ 1))
+        << i;
+  };
+  for (int i = 0; i < 100000; ++i) check(i);
+  for (int i = std::numeric_limits<int>::max() - 1000;; ++i) {
+    check(i);
+    if (i == std::numeric_limits<int>::max()) break;
+  }
 }
 
 TEST(WgmmaWsRing, EveryInterleavingReadsEachTileFromItsStageAndEnds) {
