@@ -47,6 +47,9 @@
 // extend_<name>_saved (time_vs_fa2), TARGET extend_<name>_vs_gemm / extend_<name>_cached_vs_gemm
 // (without the name if it is the default) and RESULT extend_variants
 // <name>_time_vs_fa2; RESULT extend_<name>_runs says whether its sm_90a kernel ran here.
+// ExtendKernel::kFa2LeanSoftmax (kFa2's kernel with the kWgmma kernels' softmax, opt-in; name
+// fa2_lean) runs last the same way: its RESULT extend_variants fa2_lean_time_vs_fa2 is kFa2's
+// own kernel with and without the leaner softmax, on the same tables.
 //
 // Usage: bench_extend_attention [--quick]   (--quick: a 1k prompt, for smoke tests)
 #include <cublas_v2.h>
@@ -219,6 +222,8 @@ const char* variant_suffix(pagedkv::ExtendKernel kernel) {
       return "_wgmma_ws_pingpong";
     case pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent:
       return "_wgmma_ws_persistent";
+    case pagedkv::ExtendKernel::kFa2LeanSoftmax:
+      return "_fa2_lean";
     default:
       return "";
   }
@@ -476,9 +481,9 @@ bool check_against_reference(cudaStream_t stream, pagedkv::ExtendKernel kernel, 
   CHECK(pagedkv::paged_extend_attention(p, stream, kernel, plan, workspace, workspace_bytes));
   CHECK(cudaStreamSynchronize(stream));
   const char* name = variant_suffix(kernel);
-  const bool sm90a =
+  const bool opt_in =
       kernel != pagedkv::ExtendKernel::kMma16 && kernel != pagedkv::ExtendKernel::kFa2;
-  if (sm90a && splits == 1) {
+  if (opt_in && splits == 1) {
     std::printf("RESULT extend%s_runs kernel=%s (no: its kFa2 fallback ran and is timed)\n", name,
                 pagedkv::extend_kernel_runs(p, kernel) ? "yes" : "no");
   }
@@ -715,7 +720,8 @@ int main(int argc, char** argv) {
         WgmmaRun{pagedkv::ExtendKernel::kWgmmaPipelined, "wgmma_pipelined"},
         WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecialized, "wgmma_ws"},
         WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong, "wgmma_ws_pingpong"},
-        WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent, "wgmma_ws_persistent"}}) {
+        WgmmaRun{pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent, "wgmma_ws_persistent"},
+        WgmmaRun{pagedkv::ExtendKernel::kFa2LeanSoftmax, "fa2_lean"}}) {
     const bool plain = check_against_reference(stream, run.kernel, 1);
     if (!(check_against_reference(stream, run.kernel, 3) && plain)) continue;
     Variant wg;
@@ -741,7 +747,9 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
     target_lines(run.kernel, run.name, wgmma_ratios, wgmma_cached_ratios,
-                 "an sm_90a variant; whether its kernel ran here: RESULT extend_<name>_runs");
+                 run.kernel == pagedkv::ExtendKernel::kFa2LeanSoftmax
+                     ? "kFa2 with the lean softmax, opt-in"
+                     : "an sm_90a variant; whether its kernel ran here: RESULT extend_<name>_runs");
     std::printf(
         "RESULT extend_variants %s_time_vs_fa2 median=%.3f worst=%.3f best=%.3f shapes=%zu "
         "(kFa2's times from the tables above; < 1 = faster)\n",

@@ -450,9 +450,22 @@ bool warp_specialized(ExtendKernel kernel) {
          kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent;
 }
 
-// The variants that take an ExtendSplitPlan: kFa2, kFa2Fp8 and the kWgmma variants.
+// kFa2's kernel: kFa2 itself and kFa2LeanSoftmax (the same tiles, plan and workspace).
+bool fa2_kernel(ExtendKernel kernel) {
+  return kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kFa2LeanSoftmax;
+}
+
+// The variants that take an ExtendSplitPlan: kFa2, kFa2LeanSoftmax, kFa2Fp8 and the kWgmma
+// variants.
 bool splits_over_keys(ExtendKernel kernel) {
-  return kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kFa2Fp8 || wgmma_variant(kernel);
+  return fa2_kernel(kernel) || kernel == ExtendKernel::kFa2Fp8 || wgmma_variant(kernel);
+}
+
+// Whether kFa2LeanSoftmax's softmax runs: a 16-bit cache and a soft-cap or a positive sm_scale
+// (its row maximum is taken on the unscaled scores; a zero or negative scale, finite and so
+// valid, runs kFa2's softmax, which scales each score first).
+bool lean_softmax_runs(const PagedExtendParams& params) noexcept {
+  return !params.quant.fp8() && (params.logits_soft_cap > 0.0f || params.sm_scale > 0.0f);
 }
 
 // Whether kFa2Fp8's FP8 tensor-core kernel runs for these params (an FP8 cache in a layout of
@@ -524,6 +537,7 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 #endif
   }
   if (kernel == ExtendKernel::kFa2Fp8) return tc_fp8_extend_runs(params, kernel);
+  if (kernel == ExtendKernel::kFa2LeanSoftmax) return lean_softmax_runs(params);
   return !params.quant.fp8() && (kernel == ExtendKernel::kMma16 || kernel == ExtendKernel::kFa2);
 }
 
@@ -543,7 +557,7 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
   if (params.quant.fp8() && !tc_fp8_extend_runs(params, kernel)) return plan;
   // kFa2Fp8 on a 16-bit cache runs kFa2.
   const std::int64_t tiles = tc_fp8_extend_runs(params, kernel) ? fa2_fp8_query_tiles(params)
-                             : kernel == ExtendKernel::kFa2 || kernel == ExtendKernel::kFa2Fp8
+                             : fa2_kernel(kernel) || kernel == ExtendKernel::kFa2Fp8
                                  ? fa2_query_tiles(params)
                                  : wgmma_query_tiles(params);
   const std::int64_t ctas = tiles * params.num_seqs * params.layout.num_kv_heads;
@@ -579,8 +593,8 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
     if (persistent) plan->persistent_ctas = 1;  // its kernel does not run: any count does
     return cudaSuccess;
   }
-  // A kWgmma variant where its kernel does not run, or kFa2Fp8 on a 16-bit cache: the plan of the
-  // fallback, kFa2.
+  // A kWgmma variant where its kernel does not run, kFa2Fp8 on a 16-bit cache or kFa2LeanSoftmax
+  // where its softmax does not: the plan of the fallback, kFa2.
   if (kernel != ExtendKernel::kFa2 && !extend_kernel_runs(params, kernel)) {
     kernel = ExtendKernel::kFa2;
   }
@@ -598,14 +612,15 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
 #ifdef PAGEDKV_HAS_SM90A
         if (warp_specialized(kernel)) {
       err = kernels::wgmma_ws_extend_ctas_per_sm(persistent, &resident);
-    } else if (kernel != ExtendKernel::kFa2) {
+    } else if (!fa2_kernel(kernel)) {
       err = kernels::wgmma_extend_ctas_per_sm(kernel == ExtendKernel::kWgmmaPipelined, &resident);
     } else
 #endif
     {
-      err = kernels::fa2_extend_ctas_per_sm(
-          params.dtype, params.layout.head_dim,
-          detail::fa2_warps(params.max_q_len, params.group_size()), &resident);
+      err =
+          kernels::fa2_extend_ctas_per_sm(params.dtype, params.layout.head_dim,
+                                          detail::fa2_warps(params.max_q_len, params.group_size()),
+                                          kernel == ExtendKernel::kFa2LeanSoftmax, &resident);
     }
   }
   if (err != cudaSuccess) return err;
@@ -628,7 +643,8 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
   if (!splits_over_keys(kernel)) {
     fail("unknown ExtendKernel " + std::to_string(static_cast<int>(kernel)));
   }
-  // kFa2, kFa2Fp8 and the kWgmma variants (whose fallback is kFa2 with the same plan): the same
+  // kFa2, kFa2LeanSoftmax, kFa2Fp8 and the kWgmma variants (whose fallback is kFa2 with the same
+  // plan): the same
   // checks, so a plan is valid for all (kFa2's query tiles are never fewer than kWgmma's or
   // kFa2Fp8's).
   validate_cuda_extend(params);
@@ -680,7 +696,9 @@ cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t
                                        plan.num_splits, workspace, stream);
   }
 #endif
-  return kernels::fa2_paged_extend(params, plan.num_splits, workspace, stream);
+  return kernels::fa2_paged_extend(
+      params, plan.num_splits, workspace, stream,
+      kernel == ExtendKernel::kFa2LeanSoftmax && lean_softmax_runs(params));
 }
 
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream) {

@@ -37,6 +37,7 @@
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_fa2_params.cuh"
 #include "internal/extend_fa2_tile.cuh"
+#include "internal/fast_exp2.cuh"
 #include "internal/head_dims.hpp"
 #include "internal/mma_sync.cuh"
 #include "pagedkv/base/error.hpp"
@@ -53,7 +54,13 @@ using fa2::kLn2;
 using fa2::seq_lens_of;
 using fa2::SeqLens;
 
-template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
+// kLean (ExtendKernel::kFa2LeanSoftmax, opt-in until a GPU run proves it): the wgmma kernels'
+// softmax (kernels/internal/wgmma_extend_rows.cuh) on kFa2's tiles. Without soft-cap the scores
+// stay unscaled until the exponential, which takes scale x score - m as one FFMA (needs
+// score_scale > 0: extend_kernel_runs sends the rest to kFa2); the mask runs on its own branch,
+// only on tiles that need it, not as a select on every score of every tile; exponentials flush
+// denormal results (exp2_ftz: one MUFU.EX2 where exp2f takes a range test and two multiplies).
+template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap, bool kLean>
 __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
                                   Fa2Shape<kHeadDim, kWarps>::kMinCtasPerSm)
     fa2_extend_kernel(const Fa2Params p) {
@@ -167,23 +174,59 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
     // the end).
     const bool need_mask = detail::extend_tile_needs_mask(geo, key0, kKeys, p.window_size) ||
                            key0 + kKeys > geo.kv_end;
+    // What the exponential still multiplies by: the score scale for kLean without soft-cap.
+    const float exp_scale = kLean && !kSoftCap ? p.score_scale : 1.0f;
+    if constexpr (kLean) {
 #pragma unroll
-    for (int mb = 0; mb < kMB; ++mb) {
+      for (int mb = 0; mb < kMB; ++mb) {
 #pragma unroll
-      for (int n = 0; n < kKeyTiles; ++n) {
+        for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          float x = s[mb][n][c] * p.score_scale;  // into the log2 domain
-          if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x);
-          const int key = key0 + n * 8 + detail::mma_c_coord(lane, c).col;
-          if (need_mask && !detail::extend_key_visible(row_pos[mb][c >> 1], key, p.window_size)) {
-            x = -INFINITY;
-          }
+          for (int c = 0; c < 4; ++c) {
+            if constexpr (kSoftCap) s[mb][n][c] = p.cap_log2 * tanhf(s[mb][n][c] * p.score_scale);
 #ifdef PAGEDKV_TEST_DROP_KEY
-          // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
-          if (key == PAGEDKV_TEST_DROP_KEY) x = -INFINITY;
+            // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
+            if (key0 + n * 8 + detail::mma_c_coord(lane, c).col == PAGEDKV_TEST_DROP_KEY) {
+              s[mb][n][c] = -INFINITY;
+            }
 #endif
-          s[mb][n][c] = x;
+          }
+        }
+      }
+      if (need_mask) {  // uniform over the CTA: most tiles of a long prompt skip every test
+#pragma unroll
+        for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+          for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int key = key0 + n * 8 + detail::mma_c_coord(lane, c).col;
+              if (!detail::extend_key_visible(row_pos[mb][c >> 1], key, p.window_size)) {
+                s[mb][n][c] = -INFINITY;
+              }
+            }
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+        for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            float x = s[mb][n][c] * p.score_scale;  // into the log2 domain
+            if constexpr (kSoftCap) x = p.cap_log2 * tanhf(x);
+            const int key = key0 + n * 8 + detail::mma_c_coord(lane, c).col;
+            if (need_mask && !detail::extend_key_visible(row_pos[mb][c >> 1], key, p.window_size)) {
+              x = -INFINITY;
+            }
+#ifdef PAGEDKV_TEST_DROP_KEY
+            // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
+            if (key == PAGEDKV_TEST_DROP_KEY) x = -INFINITY;
+#endif
+            s[mb][n][c] = x;
+          }
         }
       }
     }
@@ -191,7 +234,7 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
     // Online softmax.
     float m_use[kMB][2];
     float alpha[kMB][2];
-    const bool moved = fa2_softmax_maxima(s, m_run, m_use, alpha);
+    const bool moved = fa2_softmax_maxima<kLean>(s, m_run, m_use, alpha, exp_scale);
     if (__any_sync(0xffffffffu, moved)) {  // else every alpha of the warp is 1
 #pragma unroll
       for (int mb = 0; mb < kMB; ++mb) {
@@ -210,7 +253,8 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
       for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
         for (int c = 0; c < 4; ++c) {
-          s[mb][n][c] = exp2f(s[mb][n][c] - m_use[mb][c >> 1]);
+          s[mb][n][c] = kLean ? exp2_ftz(fmaf(s[mb][n][c], exp_scale, -m_use[mb][c >> 1]))
+                              : exp2f(s[mb][n][c] - m_use[mb][c >> 1]);
           l_run[mb][c >> 1] += s[mb][n][c];
         }
       }
@@ -290,10 +334,10 @@ cudaError_t launch_merge(const Fa2Params& kp, int num_seqs, cudaStream_t stream)
   return cudaLaunchKernelEx(&merge, fa2_merge_kernel<kBf16, kHeadDim>, kp, rows);
 }
 
-template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>
+template <bool kBf16, int kHeadDim, int kWarps, bool kSoftCap, bool kLean>
 cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t stream) {
   using S = Fa2Shape<kHeadDim, kWarps>;
-  const auto kernel = fa2_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap>;
+  const auto kernel = fa2_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap, kLean>;
   // Set on every launch: cheap, per device, and allowed while a graph is being captured.
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(S::kSmemBytes));
@@ -315,11 +359,15 @@ cudaError_t launch(Fa2Params kp, int num_kv_heads, int num_seqs, cudaStream_t st
 }
 
 template <typename Fn>
-cudaError_t dispatch(KVDtype dtype, int head_dim, int warps, bool soft_cap, Fn&& fn) {
+cudaError_t dispatch(KVDtype dtype, int head_dim, int warps, bool soft_cap, bool lean, Fn&& fn) {
   const bool bf16 = dtype == KVDtype::kBFloat16;
+  const auto by_lean = [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>() {
+    return lean ? fn.template operator()<kBf16, kHeadDim, kWarps, kSoftCap, true>()
+                : fn.template operator()<kBf16, kHeadDim, kWarps, kSoftCap, false>();
+  };
   const auto by_cap = [&]<bool kBf16, int kHeadDim, int kWarps>() {
-    return soft_cap ? fn.template operator()<kBf16, kHeadDim, kWarps, true>()
-                    : fn.template operator()<kBf16, kHeadDim, kWarps, false>();
+    return soft_cap ? by_lean.template operator()<kBf16, kHeadDim, kWarps, true>()
+                    : by_lean.template operator()<kBf16, kHeadDim, kWarps, false>();
   };
   const auto by_warps = [&]<bool kBf16, int kHeadDim>() {
     return warps == 2 ? by_cap.template operator()<kBf16, kHeadDim, 2>()
@@ -351,13 +399,14 @@ cudaError_t dispatch(KVDtype dtype, int head_dim, int warps, bool soft_cap, Fn&&
 }  // namespace
 
 cudaError_t fa2_paged_extend(const PagedExtendParams& params, int num_splits, void* workspace,
-                             cudaStream_t stream) {
+                             cudaStream_t stream, bool lean_softmax) {
   const KVLayout& layout = params.layout;
   const Fa2Params kp = fa2::make_fa2_params(params, num_splits, workspace);
   return dispatch(params.dtype, layout.head_dim, detail::fa2_warps(params.max_q_len, kp.group),
-                  kp.cap_log2 > 0.0f, [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>() {
-                    return launch<kBf16, kHeadDim, kWarps, kSoftCap>(kp, layout.num_kv_heads,
-                                                                     params.num_seqs, stream);
+                  kp.cap_log2 > 0.0f, lean_softmax,
+                  [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap, bool kLean>() {
+                    return launch<kBf16, kHeadDim, kWarps, kSoftCap, kLean>(
+                        kp, layout.num_kv_heads, params.num_seqs, stream);
                   });
 }
 
@@ -385,23 +434,25 @@ cudaError_t fa2_merge_splits(const fa2::Fa2Params& kp, bool bf16, int head_dim, 
   }
 }
 
-cudaError_t fa2_extend_ctas_per_sm(KVDtype dtype, int head_dim, int warps, int* ctas) {
+cudaError_t fa2_extend_ctas_per_sm(KVDtype dtype, int head_dim, int warps, bool lean_softmax,
+                                   int* ctas) {
   // The soft-cap instantiation uses the same shared memory and block size.
-  return dispatch(
-      dtype, head_dim, warps, false, [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap>() {
-        using S = Fa2Shape<kHeadDim, kWarps>;
-        const auto kernel = fa2_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap>;
-        cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(S::kSmemBytes));
-        int resident = 0;
-        if (err == cudaSuccess) {
-          err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, S::kThreads,
-                                                              S::kSmemBytes);
-        }
-        if (err != cudaSuccess) return err;
-        *ctas = resident > 0 ? resident : 1;
-        return cudaSuccess;
-      });
+  return dispatch(dtype, head_dim, warps, false, lean_softmax,
+                  [&]<bool kBf16, int kHeadDim, int kWarps, bool kSoftCap, bool kLean>() {
+                    using S = Fa2Shape<kHeadDim, kWarps>;
+                    const auto kernel = fa2_extend_kernel<kBf16, kHeadDim, kWarps, kSoftCap, kLean>;
+                    cudaError_t err =
+                        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(S::kSmemBytes));
+                    int resident = 0;
+                    if (err == cudaSuccess) {
+                      err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &resident, kernel, S::kThreads, S::kSmemBytes);
+                    }
+                    if (err != cudaSuccess) return err;
+                    *ctas = resident > 0 ? resident : 1;
+                    return cudaSuccess;
+                  });
 }
 
 }  // namespace pagedkv::kernels

@@ -268,7 +268,8 @@ static_assert(static_cast<int>(pagedkv::DecodeKernel::kSimt) == 0 &&
                   static_cast<int>(pagedkv::ExtendKernel::kWgmmaWarpSpecialized) == 4 &&
                   static_cast<int>(pagedkv::ExtendKernel::kWgmmaWarpSpecializedPingPong) == 5 &&
                   static_cast<int>(pagedkv::ExtendKernel::kFa2Fp8) == 6 &&
-                  static_cast<int>(pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent) == 7,
+                  static_cast<int>(pagedkv::ExtendKernel::kWgmmaWarpSpecializedPersistent) == 7 &&
+                  static_cast<int>(pagedkv::ExtendKernel::kFa2LeanSoftmax) == 8,
               "EngineConfig::decode_kernel / extend_kernel use these values");
 
 CudaBackend::CudaBackend(const Model& model, const EngineConfig& config)

@@ -56,10 +56,10 @@ void EngineConfig::validate() const {
   require((decode_kernel >= -1 && decode_kernel <= 3) || decode_kernel == 5,
           "decode_kernel must be -1 (default), 0 (simt), 1 (tensor_core), 2 "
           "(tensor_core_wide_merge), 3 (tensor_core_fp8) or 5 (tensor_core_fp8_direct)");
-  require(extend_kernel >= -1 && extend_kernel <= 7,
+  require(extend_kernel >= -1 && extend_kernel <= 8,
           "extend_kernel must be -1 (default), 0 (mma16), 1 (fa2), 2 (wgmma), 3 "
-          "(wgmma_pipelined), 4 (wgmma_ws), 5 (wgmma_ws_pingpong), 6 (fa2_fp8) or 7 "
-          "(wgmma_ws_persistent)");
+          "(wgmma_pipelined), 4 (wgmma_ws), 5 (wgmma_ws_pingpong), 6 (fa2_fp8), 7 "
+          "(wgmma_ws_persistent) or 8 (fa2_lean)");
 }
 
 // A request in flight: pagedkv's view (tokens, hashes, computed tokens) plus the engine's.

@@ -97,9 +97,10 @@ kernels, and reports what prefix caching saved.
                          tensor_core_wide_merge);
                          rejected without --device cuda (the CPU path has one implementation,
                          the references)
-  --extend-kernel NAME   with --device cuda: mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws,
-                         wgmma_ws_pingpong, wgmma_ws_persistent or fa2_fp8 (FP8 KV on tensor
-                         cores; with 16-bit KV, fa2)
+  --extend-kernel NAME   with --device cuda: mma16, fa2, fa2_lean (fa2 with a leaner softmax),
+                         wgmma, wgmma_pipelined, wgmma_ws, wgmma_ws_pingpong,
+                         wgmma_ws_persistent or fa2_fp8 (FP8 KV on tensor cores; with 16-bit
+                         KV, fa2)
                          (pagedkv::ExtendKernel; default: the library's default, fa2; the
                          wgmma ones fall back to fa2 off sm_90 or at another head_dim than
                          128); rejected without --device cuda
@@ -296,9 +297,11 @@ Options parse(int argc, char** argv) {
         o.engine.extend_kernel = 6;
       } else if (v == "wgmma_ws_persistent") {
         o.engine.extend_kernel = 7;
+      } else if (v == "fa2_lean") {
+        o.engine.extend_kernel = 8;
       } else {
         usage_error(
-            "--extend-kernel: expected mma16, fa2, wgmma, wgmma_pipelined, wgmma_ws, "
+            "--extend-kernel: expected mma16, fa2, fa2_lean, wgmma, wgmma_pipelined, wgmma_ws, "
             "wgmma_ws_pingpong, wgmma_ws_persistent or fa2_fp8, got '" +
             v + "'");
       }

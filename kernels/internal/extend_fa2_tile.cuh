@@ -24,6 +24,7 @@
 #include "internal/decode_tc_layout.hpp"
 #include "internal/extend_fa2_layout.hpp"
 #include "internal/extend_fa2_params.cuh"
+#include "internal/fast_exp2.cuh"
 #include "internal/mma_sync.cuh"
 
 namespace pagedkv::kernels {
@@ -139,10 +140,13 @@ __device__ __forceinline__ void fa2_tile_scores(
 // the 4 lanes of its quad. Updates m_run, sets m_use (the maximum to subtract: 0 while a row has
 // seen no visible key, so exp2f(-inf) stays 0) and alpha (2^(m_old - m_new), the factor for what
 // was accumulated); returns whether any of this lane's row maxima moved.
-template <int kMB, int kKeyTiles>
+// kLean (ExtendKernel::kFa2LeanSoftmax): the scores are not yet multiplied by `scale` (> 0, or 1
+// where they are), so the tile maximum is scaled once per row here (the maximum of the scaled
+// scores: rounding is monotonic), and alpha is exp2_ftz's.
+template <bool kLean = false, int kMB, int kKeyTiles>
 __device__ __forceinline__ bool fa2_softmax_maxima(const float (&s)[kMB][kKeyTiles][4],
                                                    float (&m_run)[kMB][2], float (&m_use)[kMB][2],
-                                                   float (&alpha)[kMB][2]) {
+                                                   float (&alpha)[kMB][2], float scale = 1.0f) {
   bool moved = false;
 #pragma unroll
   for (int mb = 0; mb < kMB; ++mb) {
@@ -155,9 +159,10 @@ __device__ __forceinline__ bool fa2_softmax_maxima(const float (&s)[kMB][kKeyTil
       }
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float m_new = fmaxf(m_run[mb][h], tile_max);
+      const float m_new = fmaxf(m_run[mb][h], kLean ? tile_max * scale : tile_max);
       m_use[mb][h] = m_new == -INFINITY ? 0.0f : m_new;
-      alpha[mb][h] = exp2f(m_run[mb][h] - m_use[mb][h]);
+      alpha[mb][h] =
+          kLean ? exp2_ftz(m_run[mb][h] - m_use[mb][h]) : exp2f(m_run[mb][h] - m_use[mb][h]);
       moved = moved || m_new != m_run[mb][h];
       m_run[mb][h] = m_new;
     }

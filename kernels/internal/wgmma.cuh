@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "internal/fast_exp2.cuh"
+
 // The accumulator operand lists of the asm statements below (N = 64: 32 registers; N = 128: 64).
 #define PAGEDKV_WGMMA_D32                                                             \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
@@ -55,16 +57,8 @@ __device__ __forceinline__ void wait() {
   static_assert(kPending >= 0, "a count of pending groups");
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// 2^x with a denormal result flushed to zero (ex2.approx.ftz.f32): one MUFU.EX2. exp2f compiles to
-// ex2.approx.f32, the same approximation without the flush, which ptxas surrounds with a range
-// test and two multiplies (FSETP, FMUL, MUFU.EX2, FMUL) to produce denormal results. In a
-// softmax the flushed values are below 2^-126 of the row's largest term (1): they change no sum
-// at float precision. 2^-inf = +0, as exp2f.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// 2^x with a denormal result flushed to zero: one MUFU.EX2 (internal/fast_exp2.cuh).
+using kernels::exp2_ftz;
 // Keeps the computation of `x` (and all it depends on) before the next wgmma.wait_group in the
 // SASS. ptxas moves register-only work freely across WARPGROUP.DEPBAR (the wait), and 13.0 puts
 // the softmax's exponentials of the pipelined loop after the wait for the PV GEMM they were meant

@@ -175,9 +175,10 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsDecodeWithoutKey100) {
 // (variants 4 and 5; its sm_90a kernel on compute capability 9.0, else its kFa2 fallback) and
 // kWgmmaPipelined, kWgmmaWarpSpecialized, kWgmmaWarpSpecializedPingPong and
 // kWgmmaWarpSpecializedPersistent (on 2 CTAs, so each runs several items) without and with 3
-// splits (variants 6-7, 8-9, 10-11 and 12-13).
+// splits (variants 6-7, 8-9, 10-11 and 12-13), and kFa2LeanSoftmax without and with 3 splits
+// (14-15).
 TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
-  for (const int variant : {0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}) {
+  for (const int variant : {0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}) {
     for (const KVDtype dtype : {KVDtype::kBFloat16, KVDtype::kFloat16}) {
       // Sequence 1's new tokens sit at positions 150..189 and see key 100; the others do not.
       const testing::ExtendShape s =
@@ -187,11 +188,12 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
       testing::DeviceExtendProblem dev(pb);
       ExtendSplitPlan plan;
       plan.num_splits = variant >= 3 && variant % 2 == 1 ? 3 : 1;
-      plan.persistent_ctas = variant >= 12 ? 2 : 0;
+      plan.persistent_ctas = variant == 12 || variant == 13 ? 2 : 0;
       const testing::DeviceBuffer workspace(extend_workspace_bytes(dev.params(pb), plan));
       PAGEDKV_CUDA_CHECK(
           paged_extend_attention(dev.params(pb), nullptr,
                                  variant == 0    ? ExtendKernel::kMma16
+                                 : variant >= 14 ? ExtendKernel::kFa2LeanSoftmax
                                  : variant >= 12 ? ExtendKernel::kWgmmaWarpSpecializedPersistent
                                  : variant >= 10 ? ExtendKernel::kWgmmaWarpSpecializedPingPong
                                  : variant >= 8  ? ExtendKernel::kWgmmaWarpSpecialized
@@ -209,6 +211,7 @@ TEST_F(CudaBrokenKernel, PerRowCheckRejectsExtendWithoutKey100) {
           "rows "
           "rejected\n",
           variant == 0    ? "mma16"
+          : variant >= 14 ? "fa2-lean-softmax"
           : variant >= 12 ? "wgmma-warp-specialized-persistent"
           : variant >= 10 ? "wgmma-warp-specialized-ping-pong"
           : variant >= 8  ? "wgmma-warp-specialized"

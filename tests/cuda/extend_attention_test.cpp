@@ -21,6 +21,8 @@
 // /WgmmaPipelinedSplit3, kWgmmaPipelined forced to 3 splits: on a GPU the planner splits small
 // batches 16 ways (1 or 2 key tiles per split) and long ones not at all, so only forced splits
 // give the pipelined kernel partial rows from splits long enough to wrap its 4-stage ring;
+// /Fa2LeanSoftmax, ExtendKernel::kFa2LeanSoftmax (kFa2's kernel with the kWgmma kernels'
+// softmax) with the planner's split;
 // /WgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecialized with the planner's split;
 // /WgmmaWarpSpecializedPingPong, kWgmmaWarpSpecializedPingPong likewise;
 // /WgmmaWarpSpecializedPersistent, kWgmmaWarpSpecializedPersistent with the planner's splits (a
@@ -125,7 +127,8 @@ enum class Variant {
   kWgmmaPipelinedSplit3,
   kWgmmaWarpSpecialized,
   kWgmmaWarpSpecializedPingPong,
-  kWgmmaWarpSpecializedPersistent
+  kWgmmaWarpSpecializedPersistent,
+  kFa2LeanSoftmax
 };
 Variant g_variant = Variant::kMma16;
 DeviceBuffer g_workspace;  // grown on demand; freed by the fixture
@@ -149,6 +152,8 @@ ExtendKernel kernel_of(Variant v) {
       return ExtendKernel::kWgmmaWarpSpecializedPingPong;
     case Variant::kWgmmaWarpSpecializedPersistent:
       return ExtendKernel::kWgmmaWarpSpecializedPersistent;
+    case Variant::kFa2LeanSoftmax:
+      return ExtendKernel::kFa2LeanSoftmax;
   }
   return ExtendKernel::kFa2;
 }
@@ -172,7 +177,8 @@ ExtendSplitPlan plan_of(const PagedExtendParams& p) {
                         "extend_split_plan_for_current_device");
   } else if (g_variant == Variant::kWgmma || g_variant == Variant::kWgmmaPipelined ||
              g_variant == Variant::kWgmmaWarpSpecialized ||
-             g_variant == Variant::kWgmmaWarpSpecializedPingPong) {
+             g_variant == Variant::kWgmmaWarpSpecializedPingPong ||
+             g_variant == Variant::kFa2LeanSoftmax) {
     testing::cuda_check(extend_split_plan_for_current_device(p, kernel_of(g_variant), &plan),
                         "extend_split_plan_for_current_device");
   } else if (g_variant == Variant::kFa2Split3 || g_variant == Variant::kWgmmaSplit3 ||
@@ -192,7 +198,8 @@ void reserve_workspace(const PagedExtendParams& p) {
 TileGeometry tiles_of(const PagedExtendParams& p, ExtendKernel kernel) {
   const bool wide = p.layout.head_dim == 256;
   if (kernel == ExtendKernel::kMma16) return {kCudaExtendTileRows, wide ? 32 : 64};
-  if (kernel != ExtendKernel::kFa2 && extend_kernel_runs(p, kernel)) {
+  if (kernel != ExtendKernel::kFa2 && kernel != ExtendKernel::kFa2LeanSoftmax &&
+      extend_kernel_runs(p, kernel)) {
     return {testing::kFingerprintTileRows, testing::kFingerprintKeyTile};
   }
   return {detail::fa2_tile_rows(p.layout.head_dim, detail::fa2_warps(p.max_q_len, p.group_size())),
@@ -287,6 +294,8 @@ std::string variant_name(const ::testing::TestParamInfo<Variant>& info) {
       return "WgmmaWarpSpecializedPingPong";
     case Variant::kWgmmaWarpSpecializedPersistent:
       return "WgmmaWarpSpecializedPersistent";
+    case Variant::kFa2LeanSoftmax:
+      return "Fa2LeanSoftmax";
   }
   return "Unknown";
 }
@@ -297,7 +306,8 @@ INSTANTIATE_TEST_SUITE_P(Kernels, CudaExtendAttention,
                                            Variant::kWgmmaPipelined, Variant::kWgmmaPipelinedSplit3,
                                            Variant::kWgmmaWarpSpecialized,
                                            Variant::kWgmmaWarpSpecializedPingPong,
-                                           Variant::kWgmmaWarpSpecializedPersistent),
+                                           Variant::kWgmmaWarpSpecializedPersistent,
+                                           Variant::kFa2LeanSoftmax),
                          variant_name);
 
 // Per case: a plain causal prefill, a prefix ending mid-block, new tokens spanning several blocks
@@ -834,7 +844,24 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   const PagedExtendParams good = args.params();
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kMma16));
   EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kFa2));
-  EXPECT_FALSE(extend_kernel_runs(good, static_cast<ExtendKernel>(8)));
+  EXPECT_FALSE(extend_kernel_runs(good, static_cast<ExtendKernel>(9)));
+  // kFa2LeanSoftmax: its softmax for a 16-bit cache with a positive sm_scale or a soft-cap; with
+  // neither (sm_scale 0 or negative, no cap) kFa2's runs.
+  EXPECT_EQ(static_cast<int>(ExtendKernel::kFa2LeanSoftmax), 8);
+  EXPECT_TRUE(extend_kernel_runs(good, ExtendKernel::kFa2LeanSoftmax));
+  for (const float scale : {0.0f, -0.5f}) {
+    PagedExtendParams flat = good;
+    flat.sm_scale = scale;
+    flat.logits_soft_cap = 0.0f;
+    EXPECT_FALSE(extend_kernel_runs(flat, ExtendKernel::kFa2LeanSoftmax)) << scale;
+    flat.logits_soft_cap = 30.0f;
+    EXPECT_TRUE(extend_kernel_runs(flat, ExtendKernel::kFa2LeanSoftmax)) << scale;
+  }
+  // Its plan is kFa2's (the same kernel, tiles and workspace), for every batch and GPU size.
+  for (const auto& [sms, per_sm] : {std::pair{132, 2}, std::pair{4, 1}, std::pair{3, 2}}) {
+    EXPECT_EQ(plan_extend_split(good, ExtendKernel::kFa2LeanSoftmax, sms, per_sm).num_splits,
+              plan_extend_split(good, ExtendKernel::kFa2, sms, per_sm).num_splits);
+  }
   // kWgmma: its kernel only at head_dim 128 on a device of compute capability 9.0 (in a build
   // with sm_90a code); never for another head_dim.
   bool cc90 = false;
@@ -885,8 +912,9 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
     big.layout = KVLayout::nhd(good.layout.num_blocks, 16, 2, head_dim);
     big.max_q_len = 160000;
     for (const ExtendKernel k :
-         {ExtendKernel::kFa2, ExtendKernel::kWgmma, ExtendKernel::kWgmmaPipelined,
-          ExtendKernel::kWgmmaWarpSpecialized, ExtendKernel::kWgmmaWarpSpecializedPingPong,
+         {ExtendKernel::kFa2, ExtendKernel::kFa2LeanSoftmax, ExtendKernel::kWgmma,
+          ExtendKernel::kWgmmaPipelined, ExtendKernel::kWgmmaWarpSpecialized,
+          ExtendKernel::kWgmmaWarpSpecializedPingPong,
           ExtendKernel::kWgmmaWarpSpecializedPersistent}) {
       const ExtendSplitPlan wide = plan_extend_split(big, k, 100000, 1);
       EXPECT_GT(wide.num_splits, 1) << "head_dim " << head_dim;
@@ -951,7 +979,7 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
                                      plan, nullptr, 0);
       },
       "workspace");
-  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(8)); },
+  expect_error([&] { (void)paged_extend_attention(good, nullptr, static_cast<ExtendKernel>(9)); },
                "unknown ExtendKernel");
   // An empty batch needs no workspace, even with a split plan (nothing is launched).
   plan.num_splits = 4;

@@ -243,13 +243,13 @@ TEST(TinyEngineConfig, KernelVariantValues) {
     c.decode_kernel = decode;
     EXPECT_NO_THROW(c.validate()) << "decode_kernel " << decode;
   }
-  for (const int extend : {-1, 0, 1, 2, 3, 4, 5, 6, 7}) {
+  for (const int extend : {-1, 0, 1, 2, 3, 4, 5, 6, 7, 8}) {
     EngineConfig c;
     c.extend_kernel = extend;
     EXPECT_NO_THROW(c.validate()) << "extend_kernel " << extend;
   }
   // Decode: 4 (kTensorCoreFusedMerge needs split counters the engine does not keep) and 6 (past
-  // the range); extend's first value past its range is 8.
+  // the range); extend's first value past its range is 9.
   for (const int bad : {-2, 4, 6}) {
     EngineConfig c;
     c.decode_kernel = bad;
@@ -260,12 +260,12 @@ TEST(TinyEngineConfig, KernelVariantValues) {
       EXPECT_NE(std::string(e.what()).find("tensor_core_fp8"), std::string::npos) << e.what();
     }
     EngineConfig x;
-    x.extend_kernel = bad >= 4 ? 8 : bad;
+    x.extend_kernel = bad >= 4 ? 9 : bad;
     try {
       x.validate();
       ADD_FAILURE() << "extend_kernel " << bad << " accepted";
     } catch (const std::invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("fa2_fp8"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("fa2_lean"), std::string::npos) << e.what();
     }
   }
 }

@@ -73,6 +73,16 @@
 //           it on the stream before the kernel (a memset node in a captured graph), so the variant
 //           always needs a plan from the planner and its workspace, also without a split. Same
 //           shapes, fallback and status (not yet run on a GPU).
+//   kFa2LeanSoftmax  kFa2's kernel, tiles, ring, split, plan, workspace and merge with the
+//           kWgmma kernels' softmax: without soft-cap the scores stay unscaled until the
+//           exponential, which applies the scale and subtracts the row maximum in one FFMA (the
+//           row maximum of the raw scores times the scale: needs sm_scale > 0); the mask runs on
+//           its own branch, only on the tiles that need one, instead of a select on every score
+//           of every tile; the exponentials flush denormal results (ex2.approx.ftz: values below
+//           2^-126 of a row's largest term). 1,177 -> 870 instructions in the tile loop at
+//           head_dim 128 (bf16, 4 warps, no soft-cap; scripts/kernel-resources). A zero or
+//           negative sm_scale without soft-cap, or an FP8 cache, runs kFa2's path
+//           (extend_kernel_runs false). NOT YET RUN ON A GPU.
 //   kFa2Fp8  kernels/extend_attention_fa2_fp8.cu: for an FP8 cache, kFa2's 4-warp tiles, ring,
 //           split (same plan rules over its own tiles and occupancy, same workspace and merge
 //           kernel) with FP8 codes in the ring, each thread converting the codes it copied
@@ -140,15 +150,18 @@ enum class ExtendKernel : int {
   // kWgmmaWarpSpecializedPingPong, persistent: CTAs that each take work item after work item off
   // a counter in the workspace, heaviest query tiles first (needs a plan and its workspace).
   kWgmmaWarpSpecializedPersistent = 7,
+  // kFa2 with the kWgmma kernels' softmax (fewer instructions per key tile; opt-in until a GPU
+  // run proves it): scale in the exponential's FFMA, mask on its own branch, flushing exp2.
+  kFa2LeanSoftmax = 8,
 };
 inline constexpr ExtendKernel kDefaultExtendKernel = ExtendKernel::kFa2;
 
-// The split over keys of a kFa2, kFa2Fp8 or kWgmma-variant launch (kWgmma, kWgmmaPipelined,
-// kWgmmaWarpSpecialized, kWgmmaWarpSpecializedPingPong, kWgmmaWarpSpecializedPersistent): each
-// query tile's visible keys are cut into num_splits contiguous runs of key tiles (fewer where a
-// tile has fewer key tiles). 1 = no split, no workspace (but for a persistent plan's counter).
-// kMma16 and FP8 caches ignore it (but for kFa2Fp8's FP8 kernel); the kWgmma variants' fallback
-// to kFa2 uses it.
+// The split over keys of a kFa2, kFa2LeanSoftmax, kFa2Fp8 or kWgmma-variant launch (kWgmma,
+// kWgmmaPipelined, kWgmmaWarpSpecialized, kWgmmaWarpSpecializedPingPong,
+// kWgmmaWarpSpecializedPersistent): each query tile's visible keys are cut into num_splits
+// contiguous runs of key tiles (fewer where a tile has fewer key tiles). 1 = no split, no workspace
+// (but for a persistent plan's counter). kMma16 and FP8 caches ignore it (but for kFa2Fp8's FP8
+// kernel); the kWgmma variants' fallback to kFa2 uses it.
 struct ExtendSplitPlan {
   std::int32_t num_splits = 1;
   // kWgmmaWarpSpecializedPersistent: the most CTAs its launch starts (>= 1; the planner's: SMs x
@@ -162,7 +175,7 @@ inline constexpr std::int32_t kCudaExtendMaxPersistentCtas = 65536;
 // Whether `kernel` itself runs for these parameters (for kWgmma: on the current device); false
 // when paged_extend_attention falls back (an FP8 cache runs kernels/fp8_attention.cu except with
 // kFa2Fp8 on a layout whose strides are multiples of 16 bytes; kFa2Fp8 on a 16-bit cache runs
-// kFa2: false).
+// kFa2: false; kFa2LeanSoftmax without soft-cap and with sm_scale <= 0 runs kFa2: false).
 bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) noexcept;
 
 // The plan for a GPU with num_sms SMs of which each holds ctas_per_sm CTAs of the variant: no
