@@ -364,8 +364,8 @@ if fa2_name and ws_name and tc_name:
     expect([v["ex2_after_pv_wait"] for v in before.values()] == [34],
            f"the old schedule is seen: {[v['ex2_after_pv_wait'] for v in before.values()]}")
     # ... and used exp2f, whose denormal path puts a range test against -126 beside each of the
-    # 34 exponentials of the first tile and of the loop; the current kernel uses wgmma::exp2_ftz
-    # (none), and fa2 (not in SASS_FTZ_EXP2) still uses exp2f.
+    # 34 exponentials of the first tile and of the loop; the current kernel uses exp2_ftz
+    # (none), and fa2 (kFa2's instantiations are not in SASS_FTZ_EXP2) still uses exp2f.
     expect([v["exp2_denormal_tests"] for v in before.values()] == [68]
            and sass[ws_name]["exp2_denormal_tests"] == 0
            and sass[fa2_name]["exp2_denormal_tests"] > 0,
@@ -439,6 +439,22 @@ if fa2_name and ws_name and tc_name:
            f"the report's loop cells: {md[-900:]}")
     md = kr.markdown([], 128, [], sass_checked=False)
     expect("SASS check: not run (no nvdisasm)." in md, "a report without nvdisasm says so")
+
+
+# Which kernels must use the flushing exponential: the wgmma ones, and kFa2LeanSoftmax's
+# instantiations of fa2_extend_kernel (last template argument true), not kFa2's.
+expect([kr.ftz_softmax(k) for k in (
+    "wgmma_extend_kernel<true, false, true>", "wgmma_ws_extend_kernel<false, false, true, true>",
+    "fa2_extend_kernel<true, 128, 4, false, true>", "fa2_extend_kernel<true, 128, 4, true, false>",
+    "fa2_extend_kernel<...>", "tc_decode_kernel<false, 128, false, (TcDecodeMerge)2, true>")]
+       == [True, True, True, False, False, False], "ftz_softmax")
+lean_row = {"kernel": "fa2_extend_kernel<true, 128, 4, false, true>", "demangled": "x",
+            "source": "x.cu", "entry": True, "head_dim": 128,
+            "sass": dict(sass[fa2_name]) if fa2_name else None}
+bad = kr.sass_offenders([lean_row], 128)
+expect([w for _, w in bad] == [f"{sass[fa2_name]['exp2_denormal_tests']} denormal range tests of "
+                               "exp2f (FSETP against -126): its softmax should use exp2_ftz"],
+       f"a lean instantiation with exp2f's denormal path fails: {[w for _, w in bad]}")
 
 
 # Natural loops on small control-flow graphs: (pc, opcode, modifiers, guarded, target).
