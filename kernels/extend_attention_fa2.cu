@@ -177,36 +177,19 @@ __global__ void __launch_bounds__(Fa2Shape<kHeadDim, kWarps>::kThreads,
     // What the exponential still multiplies by: the score scale for kLean without soft-cap.
     const float exp_scale = kLean && !kSoftCap ? p.score_scale : 1.0f;
     if constexpr (kLean) {
-#pragma unroll
-      for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-        for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            if constexpr (kSoftCap) s[mb][n][c] = p.cap_log2 * tanhf(s[mb][n][c] * p.score_scale);
+      fa2_for_each_score<kMB, kKeyTiles>(lane, [&](int mb, int n, int c, int col) {
+        if constexpr (kSoftCap) s[mb][n][c] = p.cap_log2 * tanhf(s[mb][n][c] * p.score_scale);
 #ifdef PAGEDKV_TEST_DROP_KEY
-            // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
-            if (key0 + n * 8 + detail::mma_c_coord(lane, c).col == PAGEDKV_TEST_DROP_KEY) {
-              s[mb][n][c] = -INFINITY;
-            }
+        // Test-only build (tests/cuda/broken_kernel_test.cpp): one key position left out.
+        if (key0 + col == PAGEDKV_TEST_DROP_KEY) s[mb][n][c] = -INFINITY;
 #endif
-          }
-        }
-      }
+      });
       if (need_mask) {  // uniform over the CTA: most tiles of a long prompt skip every test
-#pragma unroll
-        for (int mb = 0; mb < kMB; ++mb) {
-#pragma unroll
-          for (int n = 0; n < kKeyTiles; ++n) {
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              const int key = key0 + n * 8 + detail::mma_c_coord(lane, c).col;
-              if (!detail::extend_key_visible(row_pos[mb][c >> 1], key, p.window_size)) {
-                s[mb][n][c] = -INFINITY;
-              }
-            }
+        fa2_for_each_score<kMB, kKeyTiles>(lane, [&](int mb, int n, int c, int col) {
+          if (!detail::extend_key_visible(row_pos[mb][c >> 1], key0 + col, p.window_size)) {
+            s[mb][n][c] = -INFINITY;
           }
-        }
+        });
       }
     } else {
 #pragma unroll

@@ -140,6 +140,20 @@ __device__ __forceinline__ void fa2_tile_scores(
 // the 4 lanes of its quad. Updates m_run, sets m_use (the maximum to subtract: 0 while a row has
 // seen no visible key, so exp2f(-inf) stays 0) and alpha (2^(m_old - m_new), the factor for what
 // was accumulated); returns whether any of this lane's row maxima moved.
+// Calls fn(mb, n, c, col) for each score element s[mb][n][c] a lane holds, col its key's column
+// in the tile (n * 8 + the element's C-fragment column).
+template <int kMB, int kKeyTiles, typename Fn>
+__device__ __forceinline__ void fa2_for_each_score(int lane, Fn&& fn) {
+#pragma unroll
+  for (int mb = 0; mb < kMB; ++mb) {
+#pragma unroll
+    for (int n = 0; n < kKeyTiles; ++n) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) fn(mb, n, c, n * 8 + detail::mma_c_coord(lane, c).col);
+    }
+  }
+}
+
 // kLean (ExtendKernel::kFa2LeanSoftmax): the scores are not yet multiplied by `scale` (> 0, or 1
 // where they are), so the tile maximum is scaled once per row here (the maximum of the scaled
 // scores: rounding is monotonic), and alpha is exp2_ftz's.
