@@ -136,10 +136,6 @@ __device__ __forceinline__ void fa2_tile_scores(
   }
 }
 
-// The online softmax's maxima for a tile of masked log2-domain scores s: a row's columns live in
-// the 4 lanes of its quad. Updates m_run, sets m_use (the maximum to subtract: 0 while a row has
-// seen no visible key, so exp2f(-inf) stays 0) and alpha (2^(m_old - m_new), the factor for what
-// was accumulated); returns whether any of this lane's row maxima moved.
 // Calls fn(mb, n, c, col) for each score element s[mb][n][c] a lane holds, col its key's column
 // in the tile (n * 8 + the element's C-fragment column).
 template <int kMB, int kKeyTiles, typename Fn>
@@ -154,6 +150,10 @@ __device__ __forceinline__ void fa2_for_each_score(int lane, Fn&& fn) {
   }
 }
 
+// The online softmax's maxima for a tile of masked log2-domain scores s: a row's columns live in
+// the 4 lanes of its quad. Updates m_run, sets m_use (the maximum to subtract: 0 while a row has
+// seen no visible key, so exp2f(-inf) stays 0) and alpha (2^(m_old - m_new), the factor for what
+// was accumulated); returns whether any of this lane's row maxima moved.
 // kLean (ExtendKernel::kFa2LeanSoftmax): the scores are not yet multiplied by `scale` (> 0, or 1
 // where they are), so the tile maximum is scaled once per row here (the maximum of the scaled
 // scores: rounding is monotonic), and alpha is exp2_ftz's.

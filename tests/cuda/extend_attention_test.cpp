@@ -1198,6 +1198,9 @@ TEST(CudaExtendAttentionArguments, Fa2Fp8SelectionPlanAndWorkspace) {
   EXPECT_TRUE(extend_kernel_runs(fp8, ExtendKernel::kFa2Fp8));
   EXPECT_FALSE(extend_kernel_runs(fp8, ExtendKernel::kFa2));
   EXPECT_FALSE(extend_kernel_runs(fp8, ExtendKernel::kMma16));
+  // kFa2LeanSoftmax over an FP8 cache: the CUDA-core FP8 kernel, as kFa2 (no split planned).
+  EXPECT_FALSE(extend_kernel_runs(fp8, ExtendKernel::kFa2LeanSoftmax));
+  EXPECT_EQ(plan_extend_split(fp8, ExtendKernel::kFa2LeanSoftmax, 132, 2).num_splits, 1);
   EXPECT_EQ(extend_workspace_bytes(fp8, four), extend_workspace_bytes(good, four));
   expect_error(
       [&] { (void)paged_extend_attention(fp8, nullptr, ExtendKernel::kFa2Fp8, four, nullptr, 0); },

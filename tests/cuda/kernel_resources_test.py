@@ -243,7 +243,7 @@ expect("wgmma check: FAIL" in md and "insufficient register resources" in md,
 # old_abi_cubin) of fa2_extend_kernel<true, 128, 4, false> (sm_90), the persistent warp-specialized
 # kernel wgmma_ws_extend_kernel<true, false, true, true> (sm_90a) and
 # tc_decode_kernel<false, 128, false, (TcDecodeMerge)2, false> (sm_90). nvdisasm 11.8 leaves some
-# of CUDA 13's instructions unprinted (blank lines) and with them the labels on them, the tc
+# of CUDA 13's instructions unprinted (blank lines) and leaves out some labels, the tc
 # kernel's tile-loop head among them: its back edge is placed from the branch's encoding.
 import gzip  # noqa: E402
 
@@ -441,6 +441,39 @@ if fa2_name and ws_name and tc_name:
     expect("SASS check: not run (no nvdisasm)." in md, "a report without nvdisasm says so")
 
 
+# A label printed on the instruction after an unprinted one the branch's encoding names (0x20):
+# accepted, the label is where the branch lands; an encoding past the label's is an error.
+def bra_words(pc, target):
+    off = target - pc - 16
+    low = 0x947 | ((off >> 2) & 0xFF) << 16 | ((off >> 10) & ((1 << 48) - 1)) << 34
+    return (f"/* 0x{low & ((1 << 64) - 1):016x} */",
+            f"/* 0x{(low >> 64) | 0x000fea0003800000:016x} */")
+
+
+for target, ok in ((0x20, True), (0x40, False)):
+    lo, hi = bra_words(0x0, target)
+    text = "\n".join([
+        "//--------------------- .text.k --------------------------",
+        f"        /*0000*/              @P0 BRA `(.L_x_1) ;   {lo}",
+        f"                                                   {hi}",
+        "        /*0010*/                   NOP ;   /* 0x0000000000007918 */",
+        "                                           /* 0x000fc00000000000 */",
+        "",
+        "",
+        ".L_x_1:",
+        "        /*0030*/                   EXIT ;   /* 0x000000000000794d */",
+        "                                            /* 0x000fea0003800000 */"])
+    try:
+        k = kr.parse_sass(text)["k"]
+        expect(ok and k["loops"] == [], f"a label after an unprinted target: {k}")
+    except kr.Error as e:
+        expect(not ok and "bra_offset does not know this encoding" in str(e),
+               f"an encoding past its label: {e}")
+expect(kr.bra_offset(int(bra_words(0x100, 0x40)[0][5:21], 16)
+                     | int(bra_words(0x100, 0x40)[1][5:21], 16) << 64) == 0x40 - 0x110,
+       "bra_words encodes what bra_offset reads (backward)")
+
+
 # Which kernels must use the flushing exponential: the wgmma ones, and kFa2LeanSoftmax's
 # instantiations of fa2_extend_kernel (last template argument true), not kFa2's.
 expect([kr.ftz_softmax(k) for k in (
@@ -455,6 +488,14 @@ bad = kr.sass_offenders([lean_row], 128)
 expect([w for _, w in bad] == [f"{sass[fa2_name]['exp2_denormal_tests']} denormal range tests of "
                                "exp2f (FSETP against -126): its softmax should use exp2_ftz"],
        f"a lean instantiation with exp2f's denormal path fails: {[w for _, w in bad]}")
+# ... at every head_dim (the other rules stop at --max-head-dim; this one is not about spills).
+bad = kr.sass_offenders([dict(lean_row, head_dim=256,
+                              kernel="fa2_extend_kernel<true, 256, 4, false, true>")], 128)
+expect(len(bad) == 1 and "denormal range tests" in bad[0][1],
+       f"head_dim 256 too: {[w for _, w in bad]}")
+bad = kr.sass_offenders([dict(lean_row, head_dim=256,
+                              kernel="fa2_extend_kernel<true, 256, 4, false, false>")], 128)
+expect(bad == [], f"kFa2's instantiations keep exp2f: {[w for _, w in bad]}")
 
 
 # Natural loops on small control-flow graphs: (pc, opcode, modifiers, guarded, target).

@@ -81,8 +81,8 @@
 //           of every tile; the exponentials flush denormal results (ex2.approx.ftz: values below
 //           2^-126 of a row's largest term). 1,177 -> 870 instructions in the tile loop at
 //           head_dim 128 (bf16, 4 warps, no soft-cap; scripts/kernel-resources). A zero or
-//           negative sm_scale without soft-cap, or an FP8 cache, runs kFa2's path
-//           (extend_kernel_runs false). NOT YET RUN ON A GPU.
+//           negative sm_scale without soft-cap runs kFa2 (extend_kernel_runs false), an FP8
+//           cache the CUDA-core FP8 kernel, as with kFa2. NOT YET RUN ON A GPU.
 //   kFa2Fp8  kernels/extend_attention_fa2_fp8.cu: for an FP8 cache, kFa2's 4-warp tiles, ring,
 //           split (same plan rules over its own tiles and occupancy, same workspace and merge
 //           kernel) with FP8 codes in the ring, each thread converting the codes it copied
@@ -194,11 +194,11 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
                                   int ctas_per_sm);
 
 // The same with num_sms and the variant's occupancy (dtype, head_dim, CTA size) of the current
-// device; for a kWgmma variant whose kernel does not run here (extend_kernel_runs), kFa2's plan
-// (its fallback's); for an FP8 cache 1 split, but for kFa2Fp8 where its kernel runs; for
-// kWgmmaWarpSpecializedPersistent always persistent_ctas >= 1 (where its kernel does not run, a
-// count its launch accepts and ignores). Returns CUDA errors; throws as validate_cuda_extend for
-// bad params.
+// device; for a kWgmma variant whose kernel does not run here (extend_kernel_runs), and for
+// kFa2LeanSoftmax where its softmax does not, kFa2's plan (the fallback's); for an FP8 cache 1
+// split, but for kFa2Fp8 where its kernel runs; for kWgmmaWarpSpecializedPersistent always
+// persistent_ctas >= 1 (where its kernel does not run, a count its launch accepts and ignores).
+// Returns CUDA errors; throws as validate_cuda_extend for bad params.
 cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params,
                                                  ExtendKernel kernel, ExtendSplitPlan* plan);
 
@@ -208,11 +208,12 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
 std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan);
 
 // Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2,
-// kFa2Fp8 and the kWgmma variants: 1 <= plan.num_splits <= kCudaExtendMaxSplits, kFa2's query
-// tiles x num_splits <= 65535, 0 <= plan.persistent_ctas <= kCudaExtendMaxPersistentCtas (>= 1 for
-// kWgmmaWarpSpecializedPersistent), and where extend_workspace_bytes is not 0 (a split, a
-// persistent plan) a 16-byte aligned workspace of at least that many bytes (not needed for an
-// FP8 cache but by kFa2Fp8's FP8 kernel). Throws pagedkv::Error.
+// kFa2LeanSoftmax, kFa2Fp8 and the kWgmma variants: 1 <= plan.num_splits <= kCudaExtendMaxSplits,
+// kFa2's query tiles x num_splits <= 65535, 0 <= plan.persistent_ctas <=
+// kCudaExtendMaxPersistentCtas (>= 1 for kWgmmaWarpSpecializedPersistent), and where
+// extend_workspace_bytes is not 0 (a split, a persistent plan) a 16-byte aligned workspace of at
+// least that many bytes (not needed for an FP8 cache but by kFa2Fp8's FP8 kernel). Throws
+// pagedkv::Error.
 cudaError_t paged_extend_attention(const PagedExtendParams& params, cudaStream_t stream,
                                    ExtendKernel kernel, const ExtendSplitPlan& plan = {},
                                    void* workspace = nullptr, std::size_t workspace_bytes = 0);
