@@ -161,21 +161,21 @@ PAGEDKV_HOST_DEVICE constexpr std::uint32_t wgmma_kmajor_chunk_offset(int r, int
 PAGEDKV_HOST_DEVICE constexpr std::uint32_t wgmma_v_chunk_offset(int key, int c, int keys) {
   return sw128_mn_major_offset(key, c * 8, keys);
 }
-// Descriptors of k step ks (16 columns of head_dim) for rows 64 g .. 64 g + 63 of a K-major tile
-// of `rows` rows (Q: g = the warpgroup; K: g = 0, rows = keys).
+// Start of k step ks (16 columns of head_dim) relative to step 0's in a K-major tile of `rows`
+// rows: the 64-column block ks / 4, then k_major_step_start's 32 bytes per step within its
+// 128-byte rows.
+PAGEDKV_HOST_DEVICE constexpr std::uint32_t wgmma_kmajor_step_offset(int rows, int ks) {
+  return k_major_step_start(
+      static_cast<std::uint32_t>(ks / 4) * static_cast<std::uint32_t>(rows) * kSw128RowBytes,
+      ks % 4);
+}
+// Descriptors of k step ks for rows 64 g .. 64 g + 63 of such a tile (Q: g = the warpgroup; K:
+// g = 0, rows = keys).
 PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_kmajor_step_desc(std::uint32_t tile, int rows,
                                                                    int g, int ks) {
-  const std::uint32_t block =
-      static_cast<std::uint32_t>(ks / 4) * static_cast<std::uint32_t>(rows) * kSw128RowBytes;
-  return wgmma_descriptor(
-      k_major_step_start(tile + block + static_cast<std::uint32_t>(g) * 64u * kSw128RowBytes,
-                         ks % 4),
-      16, kKMajorSbo, WgmmaSwizzle::k128B);
-}
-// Step ks's start relative to step 0's in such a tile.
-PAGEDKV_HOST_DEVICE constexpr std::uint32_t wgmma_kmajor_step_offset(int rows, int ks) {
-  return static_cast<std::uint32_t>(ks / 4) * static_cast<std::uint32_t>(rows) * kSw128RowBytes +
-         static_cast<std::uint32_t>(ks % 4) * 32u;
+  return wgmma_descriptor(tile + static_cast<std::uint32_t>(g) * 64u * kSw128RowBytes +
+                              wgmma_kmajor_step_offset(rows, ks),
+                          16, kKMajorSbo, WgmmaSwizzle::k128B);
 }
 // Descriptor of k step kk (keys 16 kk .. 16 kk + 15) of the V tile.
 PAGEDKV_HOST_DEVICE constexpr std::uint64_t wgmma_v_step_desc(std::uint32_t tile, int keys,
