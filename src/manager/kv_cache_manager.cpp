@@ -481,10 +481,13 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     prepare_runs(request, g, cached_before, full, coarse(g), block_at);
   }
   if (max_skip > 0) free_scratch_.reserve(max_skip);
-  if (pool_.config().enable_kv_events) {
+  {
+    // Every group's allocation may evict: room for the events and, under guarded chain hashes,
+    // the records evictions leave behind, before the commit (get_new_blocks reserves only its own
+    // call's, after earlier groups have changed state).
     std::size_t total_allocations = 0;
     for (const std::size_t n : to_allocate) total_allocations += n;
-    pool_.reserve_events(total_allocations, runs.size());
+    pool_.reserve_evictions(total_allocations, runs.size());
   }
   prepare_retention(request, "allocate_slots");  // last: nothing after it throws
 

@@ -25,6 +25,11 @@ void BlockPool::reserve_events(std::size_t removals, std::size_t others) {
   if (events_.capacity() < need) events_.reserve(std::max(need, 2 * events_.capacity()));
 }
 
+void BlockPool::reserve_evictions(std::size_t evictions, std::size_t other_events) {
+  reserve_events(evictions, other_events);
+  if (guarded_) orphans_->reserve(evictions);  // an eviction leaves at most one record
+}
+
 void BlockPool::record(KVEvent::Data&& data) noexcept {
   // Capacity was reserved before the change began (reserve_events), so this never allocates.
   events_.push_back(KVEvent{next_event_seq_++, std::move(data)});

@@ -275,6 +275,61 @@ TEST(StrongGuarantee, EveryAllocationFailureLeavesTheManagerUnchanged) {
   }
 }
 
+// Guarded chain hashes (xxh3_128): an allocation that evicts cached blocks leaves their records
+// behind, so the pool's record table must grow before the commit. Found by review: the manager
+// touched the request's hits and only then let each group's get_new_blocks grow the table, so a
+// bad_alloc there left the hits pinned with no holder. A request whose hits are followed by more
+// new blocks than the table has room for, failed at every allocation; one and two full-attention
+// groups, events on and off.
+TEST(StrongGuarantee, EvictionsThatGrowTheRecordTableFailBeforeTheCommit) {
+  for (const int groups : {1, 2}) {
+    for (const bool events : {false, true}) {
+      KVCacheManagerConfig c;
+      c.num_blocks = 64;
+      c.hash_scheme = HashScheme::kXxh3_128;
+      c.enable_kv_events = events;
+      if (groups == 1) {
+        c.block_size = 4;
+      } else {
+        c.groups = {AttentionSpec::full(4), AttentionSpec::full(4)};
+      }
+      Subject s(c);
+      Counts counts;
+      std::vector<TokenId> a(40);
+      for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<TokenId>(i);
+      // Fill the pool with cached blocks of distinct prefixes, then free them all: later
+      // allocations evict them and leave records.
+      for (TokenId fill = 0; fill < 3; ++fill) {
+        std::vector<TokenId> t = a;
+        t[0] = 1000 + fill;
+        Request r = s.m.make_request(100 + static_cast<RequestId>(fill), t);
+        ASSERT_TRUE(s.m.allocate_slots(r, t.size(), s.m.get_computed_blocks(r)).has_value());
+        r.set_num_computed_tokens(t.size());
+        s.m.free(r);
+      }
+      Request ra = s.m.make_request(1, a);
+      ASSERT_TRUE(s.m.allocate_slots(ra, a.size(), s.m.get_computed_blocks(ra)).has_value());
+      ra.set_num_computed_tokens(a.size());
+      s.m.free(ra);
+      std::vector<TokenId> b = a;
+      for (TokenId i = 0; i < 48; ++i) b.push_back(2000 + i);
+      Request rb = s.m.make_request(2, b);
+      const CacheHit hit = s.m.get_computed_blocks(rb);
+      ASSERT_EQ(hit.num_tokens, a.size());
+      std::optional<std::span<const BlockId>> got;
+      with_failures(s, counts,
+                    [&] { got = s.m.allocate_slots(rb, b.size() - hit.num_tokens, hit); });
+      if (::testing::Test::HasFatalFailure()) {
+        ADD_FAILURE() << groups << " group(s), events " << events;
+        return;
+      }
+      ASSERT_TRUE(got.has_value());
+      EXPECT_GT(counts.injected, 0u) << "nothing was injected: the test is vacuous";
+      s.m.check_invariants();
+    }
+  }
+}
+
 // One-block stores (a host tier caches each stored slot on its own) allocate nothing once warm:
 // any allocation in the measured loop fails with bad_alloc here. All three identity kinds.
 TEST(StrongGuarantee, SteadyStateOneBlockStoresAllocateNothing) {

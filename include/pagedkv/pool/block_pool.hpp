@@ -314,6 +314,12 @@ class BlockPool {
   // allocating (managers call it before composing several pool calls). May throw bad_alloc;
   // changes nothing observable.
   void reserve_events(std::size_t removals, std::size_t others);
+  // Ensures the next `evictions` evictions (through get_new_blocks, in one or several calls) and
+  // `other_events` other events need no allocation: room for their events when events are on,
+  // and for the records an eviction leaves behind under guarded chain hashes (a manager calls it
+  // in its prepare phase before composing several get_new_blocks calls). May throw bad_alloc;
+  // changes nothing observable.
+  void reserve_evictions(std::size_t evictions, std::size_t other_events);
 
   // While a hold is alive, events are buffered and not delivered to the sink; its destruction
   // delivers them (a manager holds delivery until its own state is consistent).
