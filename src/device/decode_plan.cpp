@@ -114,12 +114,19 @@ DecodeWorkspaceLayout decode_workspace_layout(const DecodePlan& plan, std::int32
   }
   DecodeWorkspaceLayout layout;
   if (!plan.split_kv()) return layout;
-  const auto states = static_cast<std::size_t>(num_seqs) * static_cast<std::size_t>(q_len) *
-                      static_cast<std::size_t>(num_q_heads) *
-                      static_cast<std::size_t>(plan.num_splits);
-  if (states > std::numeric_limits<std::size_t>::max() / sizeof(float) /
-                   (static_cast<std::size_t>(head_dim) + 1)) {
-    fail("decode_workspace_layout: the workspace size overflows");
+  // Four 31-bit factors can exceed 64 bits: every product is checked, and the byte sizes below
+  // keep room for the two 256-byte round-ups.
+  std::size_t states = static_cast<std::size_t>(num_seqs);
+  bool overflow = false;
+  for (const std::int32_t factor : {q_len, num_q_heads, plan.num_splits}) {
+    overflow |= __builtin_mul_overflow(states, static_cast<std::size_t>(factor), &states);
+  }
+  if (overflow || states > (std::numeric_limits<std::size_t>::max() - 512) / sizeof(float) /
+                               (static_cast<std::size_t>(head_dim) + 1)) {
+    fail("decode_workspace_layout: the workspace size overflows (num_seqs " +
+         std::to_string(num_seqs) + " x q_len " + std::to_string(q_len) + " x num_q_heads " +
+         std::to_string(num_q_heads) + " x num_splits " + std::to_string(plan.num_splits) +
+         " states of head_dim " + std::to_string(head_dim) + " floats)");
   }
   layout.partial_out_offset = 0;
   layout.partial_lse_offset =

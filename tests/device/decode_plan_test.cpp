@@ -196,6 +196,26 @@ TEST(DecodePlan, RejectsBadInput) {
   expect_error([] { (void)decode_workspace_bytes(DecodePlan{4, 0}, 1, 1, 64); }, "kv_chunk_size");
   expect_error([] { (void)decode_workspace_bytes(DecodePlan{4, 64}, 1, 0, 64); }, "bad shape");
   expect_error([] { (void)decode_workspace_bytes(DecodePlan{4, 64}, 1, 1, 64, 0); }, "q_len 0");
+  // Products past 64 bits (2^64 states: the size wrapped to 0 before the checked products) and
+  // sizes just past what the round-ups leave.
+  expect_error(
+      [] {
+        (void)decode_workspace_bytes(DecodePlan{65536, 256}, 65536, 65536, 128, 65536);
+      },
+      "overflows");
+  expect_error(
+      [] {
+        (void)decode_workspace_bytes(DecodePlan{1 << 30, 256}, 1 << 30, 1 << 30, 1 << 30, 1 << 30);
+      },
+      "overflows");
+  expect_error(
+      [] {
+        (void)decode_workspace_bytes(DecodePlan{1 << 30, 256}, 1 << 30, 1 << 20, 128);
+      },
+      "overflows");
+  // The largest accepted sizes are exact.
+  EXPECT_EQ(decode_workspace_bytes(DecodePlan{1 << 20, 256}, 1 << 10, 1 << 10, 128),
+            (std::size_t{1} << 40) * 129 * 4);
 }
 
 }  // namespace
