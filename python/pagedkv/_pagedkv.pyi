@@ -371,6 +371,8 @@ class TierStats:
     store_failures: int
     stores_skipped_full: int
     stores_skipped_priority: int
+    stores_skipped_no_memory: int
+    events_dropped_no_memory: int
     window_stores_skipped: int
     loaded_bytes: int
     stored_bytes: int

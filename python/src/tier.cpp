@@ -111,6 +111,8 @@ void bind_tier(py::module_& m) {
       .def_readonly("store_failures", &TierStats::store_failures)
       .def_readonly("stores_skipped_full", &TierStats::stores_skipped_full)
       .def_readonly("stores_skipped_priority", &TierStats::stores_skipped_priority)
+      .def_readonly("stores_skipped_no_memory", &TierStats::stores_skipped_no_memory)
+      .def_readonly("events_dropped_no_memory", &TierStats::events_dropped_no_memory)
       .def_readonly("loaded_bytes", &TierStats::loaded_bytes)
       .def_readonly("stored_bytes", &TierStats::stored_bytes)
       .def_readonly("host_evictions", &TierStats::host_evictions)
@@ -130,7 +132,7 @@ void bind_tier(py::module_& m) {
       });
 
   py::enum_<WindowStoreRule>(m, "WindowStoreRule",
-                            "Hybrid models: which sliding-window blocks the host tier stores.")
+                             "Hybrid models: which sliding-window blocks the host tier stores.")
       .value("ALL", WindowStoreRule::kAll)
       .value("REQUEST_TAIL", WindowStoreRule::kRequestTail);
 
@@ -463,12 +465,13 @@ void bind_tier(py::module_& m) {
           },
           py::arg("request"), py::arg("group") = 0,
           "The request's GPU block table row of a group (a new int32 array).")
-      .def("group_stats",
-           [](Tier& s) {
-             BusyGuard gm(s.busy, "TieredKVCacheManager");
-             return s.tier.group_stats();
-           },
-           "Per KV-cache group: blocks and bytes loaded and stored (a list, one per group).")
+      .def(
+          "group_stats",
+          [](Tier& s) {
+            BusyGuard gm(s.busy, "TieredKVCacheManager");
+            return s.tier.group_stats();
+          },
+          "Per KV-cache group: blocks and bytes loaded and stored (a list, one per group).")
       .def("gpu_stats", [](Tier& s) {
         BusyGuard gm(s.busy, "TieredKVCacheManager");
         return s.tier.gpu().stats();

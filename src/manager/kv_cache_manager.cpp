@@ -230,6 +230,17 @@ void KVCacheManager::check_hashing(const Request& request) const {
 }
 
 CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
+  CacheHit hit = find_computed_blocks(request);
+  record_lookup(request, hit);
+  return hit;
+}
+
+void KVCacheManager::record_lookup(const Request& request, const CacheHit& hit) noexcept {
+  if (!pool_.config().enable_caching || request.skip_reading_prefix_cache) return;
+  stats_.record(request.num_tokens(), hit.num_tokens);
+}
+
+CacheHit KVCacheManager::find_computed_blocks(const Request& request) {
   check_owner(request, "get_computed_blocks");
   if (request.is_finished()) {
     throw Error(ErrorCode::kInvalidState,
@@ -265,7 +276,6 @@ CacheHit KVCacheManager::get_computed_blocks(const Request& request) {
   for (std::size_t g = 1; g < num_groups(); ++g) {
     hit.other_groups[g - 1].assign(per_group[g].begin(), per_group[g].end());
   }
-  stats_.record(request.num_tokens(), hit.num_tokens);
   return hit;
 }
 

@@ -11,7 +11,7 @@ PrefixCacheStatsRecorder::PrefixCacheStatsRecorder(std::size_t window) {
   ring_.assign(window, {0, 0});
 }
 
-void PrefixCacheStatsRecorder::record(std::uint64_t num_tokens, std::uint64_t num_hits) {
+void PrefixCacheStatsRecorder::record(std::uint64_t num_tokens, std::uint64_t num_hits) noexcept {
   ++requests_;
   queries_ += num_tokens;
   hits_ += num_hits;

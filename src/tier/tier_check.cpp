@@ -116,8 +116,17 @@ void TieredKVCacheManager::check_invariants() const {
       fail("cached GPU block " + std::to_string(b) + " has no prefix identity");
     }
   }
-  for (const auto& [b, keys] : gpu_extra_) {
-    if (!pool.block(b).is_cached()) fail("extra keys of a GPU block not cached");
+  std::size_t with_extra = 0;
+  for (std::size_t b = 0; b < gpu_extra_.size(); ++b) {
+    if (gpu_extra_[b] == nullptr) continue;
+    ++with_extra;
+    if (!pool.block(static_cast<BlockId>(b)).is_cached()) {
+      fail("extra keys of GPU block " + std::to_string(b) + ", which is not cached");
+    }
+  }
+  if (with_extra != num_gpu_extra_) {
+    fail("GPU blocks with extra keys: " + std::to_string(with_extra) + " but the count says " +
+         std::to_string(num_gpu_extra_));
   }
   // A remembered host slot (host_has and on_evict trust it without a lookup) must be the one a
   // verified lookup of the GPU block's content finds.
@@ -140,8 +149,7 @@ void TieredKVCacheManager::check_invariants() const {
       hashes[1] = pool.block(b).block_hash;
       first = hashes[0].empty();
     }
-    const auto ex = gpu_extra_.find(b);
-    const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+    const ContentSource extra(gpu_extra_[k].get(), first ? 0 : 1);
     const BlockSequence seq = content_sequence(tokens, hashes, first, &extra, gbs);
     if (!host_verified(seq, first ? 0 : 1, slot, host_chain_ ? nullptr : &gpu_identity_[k],
                        pool.block(b).group_id)) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -153,9 +154,8 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
   // A store, eviction or fill: the slot receives a block.
   bool became_cached = false;
   if (ok) {
-    const auto ex = transfer_extra_.find(static_cast<std::uint32_t>(idx));
     const bool first = transfer_first_[idx] != 0;
-    const ContentSource extra(ex == transfer_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+    const ContentSource extra(transfer_extra_[idx].get(), first ? 0 : 1);
     const std::uint32_t gbs = group_bs_[t.group];
     copy_block_tokens(content_tokens_.data() + gbs, transfer_tokens_.data() + idx * stride_, gbs);
     content_hashes_[0] = transfer_parent_[idx];
@@ -163,19 +163,28 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
     const BlockSequence seq =
         content_sequence(content_tokens_, content_hashes_, first, &extra, gbs);
     const std::size_t index = first ? 0 : 1;
-    // (With prefix identities a twin of another prefix, a collision, keeps its slot: this
-    // block is not cached, a miss later, never a wrong hit.)
-    const BlockId twin = host_.match_cached_block_unanchored(seq, index, t.group);
-    const auto s = static_cast<std::size_t>(t.host);
-    if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
-      const BlockId blocks[2] = {kNullBlockId, t.host};
-      host_.cache_full_blocks(seq,
-                              std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2),
-                              index, index + 1, t.group);
+    // The lookup and the caching may allocate (extra keys, events), each throwing before it
+    // changes anything: a block that cannot be cached for memory is dropped (counted), so a
+    // batch commit never stops half-way (the transfers before it are committed already).
+    try {
+      // (With prefix identities a twin of another prefix, a collision, keeps its slot: this
+      // block is not cached, a miss later, never a wrong hit.)
+      const BlockId twin = host_.match_cached_block_unanchored(seq, index, t.group);
+      if (twin == BlockPool::kNoBlock) {  // a concurrent store of the same block may have won
+        const BlockId blocks[2] = {kNullBlockId, t.host};
+        host_.cache_full_blocks(seq,
+                                std::span<const BlockId>(blocks + (first ? 1 : 0), first ? 1 : 2),
+                                index, index + 1, t.group);
+        became_cached = true;
+      }
+    } catch (const std::bad_alloc&) {
+      ++stats_.stores_skipped_no_memory;
+    }
+    if (became_cached) {
       // (The host pool stored the parent hash: the view's block 0.)
+      const auto s = static_cast<std::size_t>(t.host);
       if (!host_chain_) host_identity_[s] = transfer_identity_[idx];
       ++host_cached_ever_;
-      became_cached = true;
       if (t.kind != Kind::kFill) {
         ++stats_.stored_blocks;
         stats_.stored_bytes += group_bytes_[t.group];
@@ -188,7 +197,7 @@ bool TieredKVCacheManager::commit_receive(std::size_t idx, Transfer& t, bool ok)
   }
   host_.free_block(t.host);  // cached: LRU tail; else reused first
   --host_storing_;
-  if (!transfer_extra_.empty()) transfer_extra_.erase(static_cast<std::uint32_t>(idx));
+  transfer_extra_[idx].reset();
   if (t.state != nullptr) --t.state->transfers_in_flight;
   close_transfer(t, idx);
   return became_cached;

@@ -151,7 +151,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& re
                                  std::to_string(gbs) + ")"
                            : std::string()));
   }
-  std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, index, mm_scratch_);
+  SharedExtraKeys extra = shared_extra_keys(seq, index, mm_scratch_);
   // The prefix identity of the fine block the group's block ends with (as the tier stores it).
   BlockHash identity;
   if (!host_chain_ && known_identity != nullptr) {
@@ -178,7 +178,7 @@ std::optional<HostFill> TieredKVCacheManager::begin_fill_known(const Request& re
   transfer_parent_[idx] = index == 0 ? BlockHash() : seq.block_hashes[index - 1];
   transfer_first_[idx] = index == 0 ? 1 : 0;
   if (!host_chain_) transfer_identity_[idx] = identity;
-  if (owned) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(*owned);
+  transfer_extra_[idx] = std::move(extra);  // (the slab entry's room: no allocation)
   ++host_storing_;
   if (evicted && hooks_.on_evicted) hooks_.on_evicted(slot);
   return HostFill{id, slot};

@@ -20,6 +20,7 @@
 // (cache_blocks' first_to_cache) and the manager releases them as the request advances past its
 // window.
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -55,6 +56,34 @@ void TieredKVCacheManager::hybrid_identities(const BlockSequence& seq, RequestSt
     const std::size_t i = st.identities.size();
     BlockHash id = identity_after(i == 0 ? nullptr : &st.identities.back(), seq, i, mm_scratch_);
     st.identities.push_back(id);
+  }
+}
+
+void TieredKVCacheManager::hybrid_prepare_records(const Request& request, RequestState& st,
+                                                  std::size_t upto,
+                                                  std::span<const std::size_t> from) {
+  const BlockSequence fine = request.hashed_tokens().sequence();
+  const std::size_t ng = window_blocks_.size();
+  upto = std::min(upto, request.num_tokens());
+  if (own_records_ && !host_chain_) hybrid_identities(fine, st, upto / bs_);
+  group_ahead_from_.resize(ng);
+  group_extra_ahead_.resize(ng);
+  for (std::size_t g = 0; g < ng; ++g) {
+    std::vector<SharedExtraKeys>& ahead = group_extra_ahead_[g];
+    ahead.clear();
+    const std::size_t begin = from.empty() ? st.scanned_groups[g] : from[g];
+    group_ahead_from_[g] = begin;
+    if (fine.extra_keys == nullptr) continue;
+    const BlockSequence seq = group_seq(fine, g, st.coarse);  // (extended: no allocation)
+    const std::size_t end = std::min(upto / group_bs_[g], seq.block_hashes.size());
+    if (end <= begin) continue;
+    ahead.reserve(end - begin);
+    SharedExtraKeys previous;
+    for (std::size_t i = begin; i < end; ++i) {
+      SharedExtraKeys keys = shared_extra_keys(seq, i, mm_scratch_, previous);
+      if (keys != nullptr) previous = keys;
+      ahead.push_back(std::move(keys));
+    }
   }
 }
 
@@ -303,6 +332,23 @@ std::optional<TierAllocation> TieredKVCacheManager::hybrid_allocate_slots(
                                      (request.num_tokens() + num_lookahead_tokens) / bs_ + 1));
     }
     hybrid_coarse(fine, st);  // the coarser groups' keys of every full block
+    if (H == 0) {
+      // hybrid_record_new_blocks' records of the blocks this call caches (at most its known
+      // tokens'); a new request's groups start after the GPU hit.
+      const std::size_t known = request.num_computed_tokens() + hit.gpu.num_tokens;
+      const std::size_t upto =
+          known > request.num_tokens() || num_new_tokens > request.num_tokens() - known
+              ? request.num_tokens()
+              : known + num_new_tokens;
+      std::size_t* from = nullptr;
+      if (inserted) {
+        group_from_scratch_.resize(ng);
+        for (std::size_t g = 0; g < ng; ++g) group_from_scratch_[g] = G / factor_[g];
+        from = group_from_scratch_.data();
+      }
+      hybrid_prepare_records(request, st, upto,
+                             std::span<const std::size_t>(from, from == nullptr ? 0 : ng));
+    }
   } catch (...) {
     if (inserted)
       release_state(it);
@@ -425,6 +471,7 @@ LoadResult TieredKVCacheManager::hybrid_finish_loads(Request& request, RequestSt
       first_to_cache[g] = std::min(first_to_cache[g], valid_blocks / factor_[g]);
     }
   }
+  hybrid_prepare_records(request, st, upto, {});
   manager_.cache_blocks(request, upto, first_to_cache);
   st.loading = false;
   if (result.rolled_back) {
@@ -479,13 +526,21 @@ void TieredKVCacheManager::hybrid_record_new_blocks(Request& request, RequestSta
         gpu_parent_[k] = i == 0 ? BlockHash() : seq.block_hashes[i - 1];
         copy_block_tokens(gpu_tokens_.data() + k * stride_, seq.tokens.data() + i * gbs, gbs);
         if (!host_chain_) {
-          // The identity of the fine block this block ends with.
+          // The identity of the fine block this block ends with (computed ahead by
+          // hybrid_prepare_records: then no allocation here).
+          assert(st.identities.size() >= (i + 1) * f);
           hybrid_identities(fine, st, (i + 1) * f);
           gpu_identity_[k] = st.identities[(i + 1) * f - 1];
         }
       }
-      if (std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, i, mm_scratch_)) {
-        gpu_extra_[b] = std::move(*owned);
+      if (fine.extra_keys != nullptr) {
+        // Computed ahead by hybrid_prepare_records (a block it did not reach, never by its
+        // bounds, is computed here).
+        const std::size_t a = i - group_ahead_from_[g];  // wraps when not prepared
+        const std::vector<SharedExtraKeys>& ahead = group_extra_ahead_[g];
+        assert(a < ahead.size());
+        SharedExtraKeys keys = a < ahead.size() ? ahead[a] : shared_extra_keys(seq, i, mm_scratch_);
+        if (keys != nullptr) set_gpu_extra(b, std::move(keys));
       }
       if (!write_through) continue;
       if (is_window(g) && !window_store_allowed(g, i, request.num_tokens())) {
@@ -496,6 +551,7 @@ void TieredKVCacheManager::hybrid_record_new_blocks(Request& request, RequestSta
       schedule_store(b, seq, i, st, out, static_cast<GroupId>(g));
     }
     st.scanned_groups[g] = i;
+    group_extra_ahead_[g].clear();  // (keeps the capacity)
   }
 }
 

@@ -1,6 +1,7 @@
 // TieredKVCacheManager: the transfer plans of allocate_slots (host slots taken and refreshed,
 // stores of new and evicted blocks, loads of a host hit). Contract: tiered_kv_cache_manager.hpp.
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cstring>
 #include <string>
@@ -50,6 +51,7 @@ void TieredKVCacheManager::reserve_transfers(std::size_t more) {
   reserve_room(transfer_parent_, want);
   reserve_room(transfer_first_, want);
   if (!host_chain_) reserve_room(transfer_identity_, want);
+  reserve_room(transfer_extra_, want);
 }
 
 std::uint32_t TieredKVCacheManager::grow_transfers() {
@@ -60,6 +62,7 @@ std::uint32_t TieredKVCacheManager::grow_transfers() {
   transfer_parent_.emplace_back();
   transfer_first_.push_back(0);
   if (!host_chain_) transfer_identity_.emplace_back();
+  transfer_extra_.emplace_back();
   return idx;
 }
 
@@ -118,8 +121,14 @@ inline bool TieredKVCacheManager::host_has(BlockId gpu_block, const BlockSequenc
 inline void TieredKVCacheManager::schedule_store(BlockId gpu_block, const BlockSequence& seq,
                                                  std::size_t index, RequestState& state,
                                                  TierPlan& out, GroupId group) {
-  if (!host_has(gpu_block, seq, index, group))
-    store_block(gpu_block, seq, index, state, Kind::kStore, out, group);
+  // Runs after the GPU manager changed state: a lookup or a host slot that cannot be had for
+  // memory (both throw before changing anything) skips this store, as a full host does.
+  try {
+    if (!host_has(gpu_block, seq, index, group))
+      store_block(gpu_block, seq, index, state, Kind::kStore, out, group);
+  } catch (const std::bad_alloc&) {
+    ++stats_.stores_skipped_no_memory;
+  }
 }
 
 void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& view,
@@ -133,8 +142,10 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
     ++stats_.stores_skipped_priority;
     return;
   }
-  // Everything that may allocate first (the plan's vectors and the slab have room).
-  std::optional<OwnedExtraKeys> owned = owned_extra_keys(view, index, mm_scratch_);
+  // Nothing below allocates but the host slot's take (which then changes nothing): the plan's
+  // vectors and the slab have room, and the block's extra keys are the GPU record's (view's
+  // block `index` is the content cached in gpu_block), shared.
+  SharedExtraKeys extra = gpu_extra_[static_cast<std::size_t>(gpu_block)];
   bool evicted = false;  // the slot held a cached block, evicted now
   const std::optional<BlockId> taken = take_host_slot(evicted);
   if (!taken) {
@@ -151,7 +162,7 @@ void TieredKVCacheManager::store_block(BlockId gpu_block, const BlockSequence& v
   transfer_parent_[idx] = index == 0 ? BlockHash() : view.block_hashes[index - 1];
   transfer_first_[idx] = index == 0 ? 1 : 0;
   if (!host_chain_) transfer_identity_[idx] = gpu_identity_[static_cast<std::size_t>(gpu_block)];
-  if (owned) transfer_extra_[static_cast<std::uint32_t>(idx)] = std::move(*owned);
+  transfer_extra_[idx] = std::move(extra);
   ++host_storing_;
   if (kind == Kind::kEviction) {
     out.plan.evictions.push_back({gpu_block, slot, group});
@@ -192,7 +203,7 @@ void TieredKVCacheManager::on_evict(const BlockPool& pool, BlockId id) noexcept 
     // The host holds the block: its LRU refresh is the whole write-back (a pinned slot stays as
     // it is: requeue leaves it).
     refresh(slot);
-    if (own_records_ || !gpu_extra_.empty()) forget_evicted(pool, id, /*keep=*/false);
+    if (own_records_ || num_gpu_extra_ != 0) forget_evicted(pool, id, /*keep=*/false);
     return;
   }
   bool keep = host_config_.policy == HostPolicy::kWriteBack;
@@ -221,7 +232,7 @@ void TieredKVCacheManager::forget_evicted(const BlockPool& pool, BlockId id, boo
     return;
   }
   if (own_records_) gpu_hash_[k] = BlockHash();
-  if (!gpu_extra_.empty()) gpu_extra_.erase(id);
+  if (num_gpu_extra_ != 0) set_gpu_extra(id, nullptr);
 }
 
 void TieredKVCacheManager::store_evicted(RequestState& state, TierPlan& out) {
@@ -237,19 +248,25 @@ void TieredKVCacheManager::store_evicted(RequestState& state, TierPlan& out) {
         gbs);
     content_hashes_[0] = own_records_ ? gpu_parent_[k] : evicted_parent_[e];
     content_hashes_[1] = own_records_ ? gpu_hash_[k] : evicted_hash_[e];
-    const auto ex = gpu_extra_.find(b);
-    const ContentSource extra(ex == gpu_extra_.end() ? nullptr : &ex->second, first ? 0 : 1);
+    const ContentSource extra(gpu_extra_[k].get(), first ? 0 : 1);
     const BlockSequence view =
         content_sequence(content_tokens_, content_hashes_, first, &extra, gbs);
     const std::size_t index = first ? 0 : 1;
-    const BlockId slot = host_match(view, index, host_chain_ ? nullptr : &gpu_identity_[k], group);
-    if (slot == BlockPool::kNoBlock) {
-      store_block(b, view, index, state, Kind::kEviction, out, group);
-    } else if (host_.block(slot).ref_cnt == 0) {
-      refresh(slot);
+    // After the GPU manager changed state: a lookup or host slot that cannot be had for memory
+    // (both throw before changing anything) skips the store, as a full host does.
+    try {
+      const BlockId slot =
+          host_match(view, index, host_chain_ ? nullptr : &gpu_identity_[k], group);
+      if (slot == BlockPool::kNoBlock) {
+        store_block(b, view, index, state, Kind::kEviction, out, group);
+      } else if (host_.block(slot).ref_cnt == 0) {
+        refresh(slot);
+      }
+    } catch (const std::bad_alloc&) {
+      ++stats_.stores_skipped_no_memory;
     }
     if (own_records_) gpu_hash_[k] = BlockHash();
-    if (ex != gpu_extra_.end()) gpu_extra_.erase(ex);
+    set_gpu_extra(b, nullptr);
   }
   evicted_.clear();
   evicted_hash_.clear();
@@ -281,6 +298,9 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
       host_.prefetch_cached_block(seq.block_hashes[i + kHostAhead]);
     }
     const auto k = static_cast<std::size_t>(b);
+    // What prepare_records computed before the GPU manager changed state (nothing below
+    // allocates); a block it did not reach (never, by its bounds) is computed here.
+    const std::size_t a = i - ahead_from_;  // wraps when i < ahead_from_: not prepared
     if (own_records_) {
       gpu_hash_[k] = seq.block_hashes[i];
       gpu_first_[k] = i == 0 ? 1 : 0;
@@ -289,17 +309,57 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
       if (!host_chain_) {
         // The block holds exactly the request's prefix up to it (computed or verified), and its
         // predecessor in the request's table is cached and recorded (recorded first).
+        assert(a < identity_ahead_.size());
         gpu_identity_[k] =
-            identity_after(i == 0 ? nullptr : &gpu_identity_[static_cast<std::size_t>(ids[i - 1])],
-                           seq, i, mm_scratch_);
+            a < identity_ahead_.size()
+                ? identity_ahead_[a]
+                : identity_after(
+                      i == 0 ? nullptr : &gpu_identity_[static_cast<std::size_t>(ids[i - 1])], seq,
+                      i, mm_scratch_);
       }
     }
-    if (std::optional<OwnedExtraKeys> owned = owned_extra_keys(seq, i, mm_scratch_)) {
-      gpu_extra_[b] = std::move(*owned);
+    if (seq.extra_keys != nullptr) {
+      assert(a < extra_ahead_.size());
+      SharedExtraKeys keys =
+          a < extra_ahead_.size() ? extra_ahead_[a] : shared_extra_keys(seq, i, mm_scratch_);
+      if (keys != nullptr) set_gpu_extra(b, std::move(keys));
     }
     if (write_through) schedule_store(b, seq, i, state, out);
   }
   state.scanned = i;
+  extra_ahead_.clear();  // (keeps the capacity)
+  identity_ahead_.clear();
+}
+
+void TieredKVCacheManager::prepare_records(const Request& request, std::size_t from, std::size_t to,
+                                           BlockId before) {
+  extra_ahead_.clear();
+  identity_ahead_.clear();
+  ahead_from_ = from;
+  const BlockSequence seq = request.hashed_tokens().sequence();
+  to = std::min(to, seq.block_hashes.size());
+  if (to <= from) return;
+  if (own_records_ && !host_chain_) {
+    // The chain's parent: the recorded identity of the block before (an invalid id, which the
+    // GPU manager will refuse, prepares nothing).
+    if (from > 0 && (before <= 0 || before >= manager_.block_pool().num_blocks())) return;
+    identity_ahead_.reserve(to - from);
+    for (std::size_t i = from; i < to; ++i) {
+      const BlockHash* parent = i > from    ? &identity_ahead_.back()
+                                : from == 0 ? nullptr
+                                            : &gpu_identity_[static_cast<std::size_t>(before)];
+      identity_ahead_.push_back(identity_after(parent, seq, i, mm_scratch_));
+    }
+  }
+  if (seq.extra_keys != nullptr) {
+    extra_ahead_.reserve(to - from);
+    SharedExtraKeys previous;
+    for (std::size_t i = from; i < to; ++i) {
+      SharedExtraKeys keys = shared_extra_keys(seq, i, mm_scratch_, previous);
+      if (keys != nullptr) previous = keys;
+      extra_ahead_.push_back(std::move(keys));
+    }
+  }
 }
 
 void TieredKVCacheManager::forget_loaded_slots(const Request& request, const RequestState& state,
@@ -410,6 +470,23 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
       reserve_room(evicted_parent_, bound);
       reserve_room(evicted_tokens_, bound * stride_);
     }
+  }
+  if (h == 0) {
+    // record_new_blocks' records of the blocks this call caches (at most its known tokens').
+    const std::size_t from = found == requests_.end() ? g : found->second.scanned;
+    const std::size_t known = request.num_computed_tokens() + hit.gpu.num_tokens;
+    const std::size_t upto =
+        known > request.num_tokens() || num_new_tokens > request.num_tokens() - known
+            ? request.num_tokens()
+            : known + num_new_tokens;
+    BlockId before = kNullBlockId;  // the block at from - 1 (a hit's, or the request's)
+    if (from > 0 && found == requests_.end()) {
+      before = hit.gpu.blocks[from - 1];  // from == g
+    } else if (from > 0) {
+      const std::span<const BlockId> ids = manager_.block_ids(request.id());
+      if (from <= ids.size()) before = ids[from - 1];
+    }
+    prepare_records(request, from, upto / bs_, before);
   }
   auto it = found;  // requests_ has not changed since
   const bool inserted = it == requests_.end();

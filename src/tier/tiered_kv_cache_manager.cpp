@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -35,6 +37,7 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
     gpu_tokens_.assign(n * stride_, 0);
   }
   gpu_hits_.assign(n, 0);
+  gpu_extra_.resize(n);
   gpu_host_slot_.assign(n, 0);
   gpu_host_epoch_.assign(n, 0);
   const auto m = static_cast<std::size_t>(host_.num_blocks());
@@ -61,7 +64,11 @@ TieredKVCacheManager::TieredKVCacheManager(const KVCacheManagerConfig& gpu,
   coarse_scratch_.resize(num_groups);
   // Several groups, or one sliding-window group: the per-group path (tier_hybrid.cpp).
   hybrid_ = num_groups > 1 || window_blocks_[0] != kFullGroup;
-  if (hybrid_) gpu_tail_.assign(n, 0);
+  if (hybrid_) {
+    gpu_tail_.assign(n, 0);
+    group_ahead_from_.assign(num_groups, 0);
+    group_extra_ahead_.resize(num_groups);
+  }
   if (gpu.enable_kv_events) {
     manager_.set_event_sink([this](const KVEvent& e) { forward_event(e, "GPU"); });
     host_.set_event_sink([this](const KVEvent& e) { forward_event(e, "CPU"); });
@@ -73,14 +80,25 @@ TieredKVCacheManager::~TieredKVCacheManager() {
   manager_.set_eviction_observer(nullptr);
 }
 
-void TieredKVCacheManager::forward_event(const KVEvent& event, const char* medium) {
-  KVEvent e{next_event_seq_++, event.data};
-  if (auto* s = std::get_if<BlockStored>(&e.data)) s->medium = medium;
-  if (auto* r = std::get_if<BlockRemoved>(&e.data)) r->medium = medium;
+void TieredKVCacheManager::forward_event(const KVEvent& event, const char* medium) noexcept {
+  // Called from a pool's event delivery, once the call's state is complete: a copy that cannot
+  // be made is dropped and counted (its sequence number skipped: a consumer sees the gap), never
+  // thrown out of a call that can no longer be undone. The sink must not throw (noexcept).
+  const std::uint64_t seq = next_event_seq_++;
+  std::optional<KVEvent> e;
+  try {
+    e.emplace(KVEvent{seq, event.data});
+    if (!sink_ && events_.size() == events_.capacity()) events_.reserve(2 * events_.size() + 8);
+  } catch (const std::bad_alloc&) {
+    ++stats_.events_dropped_no_memory;
+    return;
+  }
+  if (auto* s = std::get_if<BlockStored>(&e->data)) s->medium = medium;
+  if (auto* r = std::get_if<BlockRemoved>(&e->data)) r->medium = medium;
   if (sink_) {
-    sink_(e);
+    sink_(*e);
   } else {
-    events_.push_back(std::move(e));
+    events_.push_back(std::move(*e));  // room reserved above
   }
 }
 
@@ -94,9 +112,12 @@ void TieredKVCacheManager::set_event_sink(KVEventSink sink) {
 
 TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request) {
   TieredCacheHit hit;
-  hit.gpu = manager_.get_computed_blocks(request);  // validates the request
+  // Validates the request. The GPU manager counts the lookup once the host's is done too (it
+  // may throw: then nothing is counted anywhere).
+  hit.gpu = manager_.find_computed_blocks(request);
   if (hybrid_) [[unlikely]] {
     hybrid_host_hit(request, hit);
+    manager_.record_lookup(request, hit.gpu);
     ++stats_.requests;
     stats_.queried_tokens += request.num_tokens();
     stats_.gpu_hit_tokens += hit.gpu.num_tokens;
@@ -104,6 +125,7 @@ TieredCacheHit TieredKVCacheManager::get_computed_blocks(const Request& request)
     return hit;
   }
   const auto count = [this, &request](const TieredCacheHit& found) noexcept {
+    manager_.record_lookup(request, found.gpu);
     ++stats_.requests;
     stats_.queried_tokens += request.num_tokens();
     stats_.gpu_hit_tokens += found.gpu.num_tokens;
@@ -229,7 +251,15 @@ LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   reserve_transfers(bound);
   // record_new_blocks stores (write-through), into copies_.
   reserve_copies(0, host_config_.policy == HostPolicy::kWriteThrough ? bound : 0);
-  manager_.cache_blocks(request, result.rolled_back ? result.num_computed_tokens : st.cache_upto);
+  const std::size_t cache_to = result.rolled_back ? result.num_computed_tokens : st.cache_upto;
+  {
+    // record_new_blocks' records of the blocks cached below (building them allocates).
+    const std::span<const BlockId> ids = manager_.block_ids(request.id());
+    prepare_records(
+        request, st.scanned, cache_to / bs_,
+        st.scanned > 0 && st.scanned <= ids.size() ? ids[st.scanned - 1] : kNullBlockId);
+  }
+  manager_.cache_blocks(request, cache_to);
   st.loading = false;
   if (result.rolled_back) {
     ++stats_.rollbacks;
@@ -295,7 +325,8 @@ bool TieredKVCacheManager::reset_prefix_cache() {
   std::fill(gpu_hits_.begin(), gpu_hits_.end(), 0u);
   std::fill(gpu_host_slot_.begin(), gpu_host_slot_.end(), 0);
   std::fill(gpu_tail_.begin(), gpu_tail_.end(), std::uint8_t{0});
-  gpu_extra_.clear();
+  std::fill(gpu_extra_.begin(), gpu_extra_.end(), nullptr);
+  num_gpu_extra_ = 0;
   ++host_epoch_;  // every host slot lost its content
   host_cached_ever_ = host_.num_evictions();
   return true;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -176,7 +177,51 @@ inline void reserve_room(Vector& v, std::size_t n) {
   return owned;
 }
 
+// Whether `owned` holds exactly the keys `extra`.
+[[maybe_unused]] bool same_extra_keys(const OwnedExtraKeys& owned, const BlockExtraKeys& extra) {
+  const auto same = [](const std::optional<std::string>& a,
+                       const std::optional<std::string_view>& b) {
+    return a.has_value() == b.has_value() && (!a || std::string_view(*a) == *b);
+  };
+  if (!same(owned.lora_name, extra.lora_name) || !same(owned.cache_salt, extra.cache_salt) ||
+      owned.mm_items.size() != extra.mm_items.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < extra.mm_items.size(); ++i) {
+    if (owned.mm_items[i].first != extra.mm_items[i].identifier ||
+        owned.mm_items[i].second != extra.mm_items[i].offset) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// owned_extra_keys() as one shared copy; `previous` is handed back when it holds the same keys
+// (a run of blocks of one LoRA adapter shares one copy).
+[[maybe_unused]] std::shared_ptr<const OwnedExtraKeys> shared_extra_keys(
+    const BlockSequence& seq, std::size_t index, std::vector<MultiModalKey>& scratch,
+    const std::shared_ptr<const OwnedExtraKeys>& previous = nullptr) {
+  if (!seq.has_extra_keys(index)) return nullptr;
+  const BlockExtraKeys extra = seq.block_extra_keys(index, scratch);
+  if (extra.empty()) return nullptr;
+  if (previous != nullptr && same_extra_keys(*previous, extra)) return previous;
+  auto owned = std::make_shared<OwnedExtraKeys>();
+  if (extra.lora_name) owned->lora_name = std::string(*extra.lora_name);
+  for (const MultiModalKey& mm : extra.mm_items) {
+    owned->mm_items.emplace_back(std::string(mm.identifier), mm.offset);
+  }
+  if (extra.cache_salt) owned->cache_salt = std::string(*extra.cache_salt);
+  return owned;
+}
+
 }  // namespace
+
+inline void TieredKVCacheManager::set_gpu_extra(BlockId b, SharedExtraKeys keys) noexcept {
+  SharedExtraKeys& slot = gpu_extra_[static_cast<std::size_t>(b)];
+  num_gpu_extra_ +=
+      static_cast<std::size_t>(keys != nullptr) - static_cast<std::size_t>(slot != nullptr);
+  slot = std::move(keys);
+}
 
 inline BlockId TieredKVCacheManager::host_match(const BlockSequence& seq, std::size_t index,
                                                 const BlockHash* identity, GroupId group) const {

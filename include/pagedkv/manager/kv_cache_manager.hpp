@@ -158,6 +158,12 @@ class KVCacheManager {
   // Longest cached prefix, capped at num_tokens - 1 tokens; records prefix-cache stats. Changes
   // no reference counts: pass the result to allocate_slots() before any other allocation.
   CacheHit get_computed_blocks(const Request& request);
+  // get_computed_blocks() in two parts: the lookup, which counts nothing in stats(), and the
+  // count (nothing when caching is off or the request skips reading the cache, as there). A
+  // caller whose own work after the lookup may throw (a tiered manager's host lookup) counts it
+  // once that work is done, so a call that fails leaves the stats as they were.
+  CacheHit find_computed_blocks(const Request& request);
+  void record_lookup(const Request& request, const CacheHit& hit) noexcept;
 
   // Allocates slots for num_new_tokens tokens after the request's computed tokens and the hit,
   // plus num_lookahead_tokens draft slots (never cached). Sliding-window groups first release the

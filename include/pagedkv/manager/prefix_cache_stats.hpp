@@ -33,7 +33,7 @@ class PrefixCacheStatsRecorder {
   // `window` >= 1 recent queries enter recent_hit_rate. Throws pagedkv::Error for 0.
   explicit PrefixCacheStatsRecorder(std::size_t window = 1000);
 
-  void record(std::uint64_t num_tokens, std::uint64_t num_hits);
+  void record(std::uint64_t num_tokens, std::uint64_t num_hits) noexcept;  // (no allocation)
   // `evictions` is the pool's cumulative eviction count, copied into the result.
   PrefixCacheStats stats(std::uint64_t evictions) const noexcept;
   // Empties the recent window; the cumulative totals stay.

@@ -82,13 +82,19 @@ struct TierStats {
   std::uint64_t stores_skipped_full = 0;  // no free host slot (every slot pinned): normal
   // GPU blocks not stored: their retention priority was below secondary_offload_min_priority.
   std::uint64_t stores_skipped_priority = 0;
-  std::uint64_t loaded_bytes = 0;         // loaded_blocks x bytes_per_block
-  std::uint64_t stored_bytes = 0;         // stored_blocks x bytes_per_block
-  std::uint64_t host_evictions = 0;       // host entries evicted (LRU) for newer ones
-  std::int32_t host_slots = 0;            // the configured host blocks
-  std::int32_t host_slots_pinned = 0;     // slots with transfers in flight (loading or storing)
-  std::int32_t host_slots_storing = 0;    // of those, slots being written (not hit-able yet)
-  std::uint64_t host_cached_blocks = 0;   // slots holding a hit-able block
+  // Stores, evictions and fills dropped because an allocation failed (std::bad_alloc) once the
+  // call that planned or committed them could no longer be undone: the block is simply not
+  // cached in the host, as when it is full. KV events dropped the same way (their sequence
+  // numbers are skipped, so a consumer sees the gap).
+  std::uint64_t stores_skipped_no_memory = 0;
+  std::uint64_t events_dropped_no_memory = 0;
+  std::uint64_t loaded_bytes = 0;        // loaded_blocks x bytes_per_block
+  std::uint64_t stored_bytes = 0;        // stored_blocks x bytes_per_block
+  std::uint64_t host_evictions = 0;      // host entries evicted (LRU) for newer ones
+  std::int32_t host_slots = 0;           // the configured host blocks
+  std::int32_t host_slots_pinned = 0;    // slots with transfers in flight (loading or storing)
+  std::int32_t host_slots_storing = 0;   // of those, slots being written (not hit-able yet)
+  std::uint64_t host_cached_blocks = 0;  // slots holding a hit-able block
   // Hybrid models: window-group blocks not stored by WindowStoreRule::kRequestTail.
   std::uint64_t window_stores_skipped = 0;
 

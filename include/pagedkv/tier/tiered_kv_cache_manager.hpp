@@ -78,7 +78,11 @@
 // request checks it before anything else, the tier's own state included); a stale host hit;
 // allocating for a request whose loads are not finished; committing an unknown or already
 // committed transfer; finish_loads with loads in flight; freeing or preempting a request with
-// transfers in flight. A full host tier is normal: stores are skipped and counted.
+// transfers in flight. A full host tier is normal: stores are skipped and counted. Strong
+// guarantee, std::bad_alloc included: a call that throws changed nothing. Once the GPU manager
+// has committed a call's change, what cannot be undone is best effort instead: a store or fill
+// that cannot be planned or cached for memory, and an event that cannot be copied, are dropped
+// and counted (TierStats::stores_skipped_no_memory, events_dropped_no_memory).
 // Complexity: O(1) per block for lookups, plans and commits (plus O(block_size) per verified
 // host hit; with prefix identities one SHA-256 of a block per cached GPU block and per block a
 // host run tries; hybrid models with groups of a larger block size: the request's keys at that
@@ -90,6 +94,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -216,14 +221,15 @@ class TieredKVCacheManager {
                                                const TieredCacheHit& hit = {},
                                                std::size_t num_lookahead_tokens = 0);
 
-  // Commits one copy as done (ok) or failed. A done store makes its host slot hit-able; a failed
+  // Commits one copy as done (ok) or failed. A done store makes its host slot hit-able (unless
+  // caching it fails for memory: then it is freed, counted in stores_skipped_no_memory); a failed
   // one frees it. Errors: an unknown or already committed id (kNotFound).
   void commit(TransferId id, bool ok);
   // commit(id, ok) for each of `ids` in order, in one call (an engine's batch of copies that ran
   // on one stream, e.g. a plan's load_ids): every id is checked before anything changes, and the
   // host hooks (on_loaded, on_cached) run once every copy is committed, in the order of `ids`.
   // Errors (nothing changed): an unknown or already committed id, or an id given twice
-  // (kNotFound); bad_alloc.
+  // (kNotFound); bad_alloc (before any commit: a commit never stops half-way).
   void commit(std::span<const TransferId> ids, bool ok);
 
   // Once every load of the request is committed: caches the blocks whose K/V is in place (the
@@ -290,7 +296,9 @@ class TieredKVCacheManager {
   // Per KV-cache group: loaded and stored blocks and bytes (HostTierConfig's per-group bytes).
   std::vector<TierGroupStats> group_stats() const { return group_stats_; }
   // KV events of both tiers in one gap-free sequence, BlockStored/BlockRemoved carrying medium
-  // "GPU" or "CPU". Enabled by KVCacheManagerConfig::enable_kv_events.
+  // "GPU" or "CPU". Enabled by KVCacheManagerConfig::enable_kv_events. (An event whose copy
+  // fails for memory once its call has committed is dropped, its sequence number skipped: the
+  // gap shows the loss; TierStats::events_dropped_no_memory counts it.)
   std::vector<KVEvent> take_events();
   void set_event_sink(KVEventSink sink);
 
@@ -344,8 +352,16 @@ class TieredKVCacheManager {
     std::vector<std::vector<BlockHash>> coarse;
   };
   class ContentSource;
+  using SharedExtraKeys = std::shared_ptr<const OwnedExtraKeys>;
 
-  void forward_event(const KVEvent& event, const char* medium);
+  // gpu_extra_[b] = keys (null: none), num_gpu_extra_ kept. No allocation.
+  void set_gpu_extra(BlockId b, SharedExtraKeys keys) noexcept;
+  // Computes what record_new_blocks will record for the request's blocks from .. to (capped at
+  // its hashed blocks) into extra_ahead_ / identity_ahead_: called before the GPU manager changes
+  // state, since it allocates. `before`: the GPU block at from - 1 (its identity is the chain's
+  // parent; ignored when from is 0).
+  void prepare_records(const Request& request, std::size_t from, std::size_t to, BlockId before);
+  void forward_event(const KVEvent& event, const char* medium) noexcept;
   // The GPU pool evicts a block (inside manager_.allocate_slots): forgets what the tier knew of
   // its content; write-back refreshes the host copy it knows, or keeps the content (evicted_)
   // for allocate_slots to look up and store once the hit is pinned.
@@ -378,6 +394,10 @@ class TieredKVCacheManager {
                             std::size_t num_tokens) const noexcept;
   // st.identities extended to the request's first `end` blocks (capped at its full blocks).
   void hybrid_identities(const BlockSequence& seq, RequestState& st, std::size_t end);
+  // prepare_records() for hybrid_record_new_blocks: each group's blocks from `from[g]` (or
+  // st.scanned_groups[g] when from is empty) up to `upto` tokens; st.coarse already extended.
+  void hybrid_prepare_records(const Request& request, RequestState& st, std::size_t upto,
+                              std::span<const std::size_t> from);
   // Group g's view of the request's key material `fine` (hashed at bs_): `fine` itself, or for a
   // coarser group the same tokens keyed at its block size (coarse[g] extended in place; coarse is
   // only indexed for a coarser group).
@@ -495,7 +515,22 @@ class TieredKVCacheManager {
   std::vector<std::uint8_t> gpu_first_;  // 1: block 0 of its chain
   std::vector<TokenId> gpu_tokens_;      // block_size tokens per GPU block
   std::vector<std::uint32_t> gpu_hits_;  // hits since cached (kWriteThroughSelective)
-  std::unordered_map<BlockId, OwnedExtraKeys> gpu_extra_;  // cached blocks with extra keys
+  // Per GPU block: the extra keys of a cached block that has some (shared: runs of blocks with
+  // equal keys, a LoRA adapter's, hold one copy, and a store takes it without allocating);
+  // num_gpu_extra_ counts the set ones.
+  std::vector<SharedExtraKeys> gpu_extra_;
+  std::size_t num_gpu_extra_ = 0;
+  // What record_new_blocks (non-hybrid) records for the request's blocks ahead_from_ .. : each
+  // block's extra keys and, with prefix identities, its identity, computed by prepare_records
+  // before the GPU manager changes state (building them allocates).
+  std::size_t ahead_from_ = 0;
+  std::vector<SharedExtraKeys> extra_ahead_;
+  std::vector<BlockHash> identity_ahead_;
+  // Hybrid models: per group, the extra keys of its blocks group_ahead_from_[g] .. (the
+  // identities go to RequestState::identities ahead).
+  std::vector<std::size_t> group_ahead_from_;
+  std::vector<std::vector<SharedExtraKeys>> group_extra_ahead_;
+  std::vector<std::size_t> group_from_scratch_;
   // Per GPU block: a host slot verified to hold the block's content, trusted only while the
   // slot's epoch is the one noted and the slot is cached; 0 when none is known. Spares the second
   // verified lookup when the block is later stored or evicted (host_has, on_evict). Noted when a
@@ -525,7 +560,7 @@ class TieredKVCacheManager {
   std::vector<TokenId> transfer_tokens_;  // block_size per slab entry
   std::vector<BlockHash> transfer_hash_, transfer_parent_;
   std::vector<std::uint8_t> transfer_first_;
-  std::unordered_map<std::uint32_t, OwnedExtraKeys> transfer_extra_;
+  std::vector<SharedExtraKeys> transfer_extra_;  // per slab entry; null: none
   std::size_t num_live_ = 0;
   std::int32_t host_storing_ = 0;
 
