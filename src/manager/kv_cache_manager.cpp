@@ -427,7 +427,10 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     const std::size_t required = cdiv(need_slots, groups()[g].spec.block_size);
     to_allocate[g] = required > held + hb.size() ? required - held - hb.size() : 0;
     needed = saturating_add(needed, to_allocate[g]);
-    for (const BlockId b : hb) needed += (b != kNullBlockId && pool_.block(b).ref_cnt == 0) ? 1 : 0;
+    std::size_t free_hits = 0;  // (at most the pool's blocks)
+    for (const BlockId b : hb)
+      free_hits += (b != kNullBlockId && pool_.block(b).ref_cnt == 0) ? 1 : 0;
+    needed = saturating_add(needed, free_hits);  // a saturated count must not wrap back
     if (known && groups()[g].spec.kind == AttentionKind::kSlidingWindow) {
       releasable += num_out_of_window_blocks(pool_, groups()[g].spec, it->second.groups[g].blocks,
                                              request.num_computed_tokens(),

@@ -422,6 +422,31 @@ TEST(KVCacheManager, AppendingARequestsOwnTokensWorks) {
             std::vector<BlockHash>(b.block_hashes().begin(), b.block_hashes().end()));
 }
 
+// Two groups of block size 1 and a lookahead up to SIZE_MAX slots: the blocks needed saturate,
+// and the hit blocks waiting in the free queue added after that must not wrap the count back to
+// a small number (found by review: the capacity check passed and a reserve threw
+// std::length_error). It simply does not fit.
+TEST(KVCacheManager, SaturatedBlockCountPlusFreeHitsDoesNotFit) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 32;
+  c.groups = {AttentionSpec::full(1), AttentionSpec::full(1)};
+  KVCacheManager m(c);
+  Request a = m.make_request(1, iota_tokens(0, 5));
+  ASSERT_TRUE(m.allocate_slots(a, 5, m.get_computed_blocks(a)).has_value());
+  a.set_num_computed_tokens(5);
+  m.free(a);
+  Request b = m.make_request(2, iota_tokens(0, 8));
+  const CacheHit hit = m.get_computed_blocks(b);
+  ASSERT_EQ(hit.num_tokens, 5u);  // its blocks wait in the free queue (ref count 0)
+  const KVCacheManagerSnapshot before = m.snapshot();
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
+  std::optional<std::span<const BlockId>> got;
+  EXPECT_NO_THROW(got = m.allocate_slots(b, 3, hit, kMax - 8));
+  EXPECT_FALSE(got.has_value());
+  EXPECT_EQ(m.snapshot(), before);
+  m.check_invariants();
+}
+
 TEST(KVCacheManager, MultimodalItemWhoseEndOverflowsIsRejected) {
   KVCacheManager m(config(16));
   RequestHashKeys keys;
