@@ -53,7 +53,11 @@ struct KVIndexer::Impl {
   };
 
   // What a replay brought, decoded, and how it ended.
-  enum class ReplayEnd : std::uint8_t { kComplete, kSilent, kDeadline, kSize, kBadBatch };
+  // kStopped: stop() was called meanwhile (what came is kept; the rest is a loss).
+  enum class ReplayEnd : std::uint8_t { kComplete, kSilent, kDeadline, kSize, kBadBatch, kStopped };
+  // How long the receiver waits at a time for a replay or probe answer before it looks at the
+  // stop flag again.
+  static constexpr std::chrono::milliseconds kStopCheck{50};
   struct Replay {
     std::vector<std::pair<std::uint64_t, WireBatch>> batches;
     ReplayEnd end = ReplayEnd::kSilent;
@@ -249,6 +253,7 @@ struct KVIndexer::Impl {
     if (!en.dealer) return r;
     using Clock = std::chrono::steady_clock;
     const auto deadline = Clock::now() + config.replay_deadline;
+    auto silent_at = Clock::now() + config.replay_timeout;  // moved on by every frame
     std::size_t frames_seen = 0;
     std::size_t ids = 0;
     std::optional<std::uint64_t> last;
@@ -258,18 +263,26 @@ struct KVIndexer::Impl {
       en.dealer->send(zmq::message_t(), zmq::send_flags::sndmore);
       en.dealer->send(zmq::buffer(seq, 8), zmq::send_flags::none);
       while (true) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        if (left.count() <= 0) {
+        if (stop.load(std::memory_order_relaxed)) {
+          r.end = ReplayEnd::kStopped;
+          break;
+        }
+        const auto now = Clock::now();
+        if (now >= deadline) {
           r.end = ReplayEnd::kDeadline;
           break;
         }
-        std::size_t count = 0;
-        auto frames = recv_multipart(*en.dealer, std::min(config.replay_timeout, left), &count);
-        if (count == 0) {  // silence, or the deadline came first
-          r.end = left < config.replay_timeout ? ReplayEnd::kDeadline : ReplayEnd::kSilent;
+        if (now >= silent_at) {
+          r.end = ReplayEnd::kSilent;
           break;
         }
+        const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::min(deadline, silent_at) - now);
+        std::size_t count = 0;
+        auto frames = recv_multipart(
+            *en.dealer, std::clamp(wait, std::chrono::milliseconds(1), kStopCheck), &count);
+        if (count == 0) continue;  // silence so far: the checks above end it
+        silent_at = Clock::now() + config.replay_timeout;
         if (++frames_seen > config.max_replay_frames) {
           r.end = ReplayEnd::kSize;
           break;
@@ -357,10 +370,19 @@ struct KVIndexer::Impl {
     ++en.st.gaps_lost;
   }
 
-  // A replay ended by its bounds: the engine's entries go (the events that follow rebuild
-  // them), and it is neither replayed nor probed, nor in sync, for replay_backoff.
+  // Whether a replay that ended so is abandoned (abandon_replay): its bounds, or silence.
+  static bool abandoned(ReplayEnd end) {
+    return end == ReplayEnd::kDeadline || end == ReplayEnd::kSize || end == ReplayEnd::kSilent;
+  }
+
+  // A replay ended by its bounds or by silence (no reply within replay_timeout, or a peer that
+  // cannot be sent to): the engine's entries go (the events that follow rebuild them), and it is
+  // neither replayed nor probed, nor in sync, for replay_backoff. So a replay socket that never
+  // answers costs the receiver thread one replay_timeout per replay_backoff, not one per gap.
   void abandon_replay(Writer& w, EngineId e, Engine& en, ReplayEnd end) {
-    ++(end == ReplayEnd::kDeadline ? en.st.replays_aborted_deadline : en.st.replays_aborted_size);
+    ++(end == ReplayEnd::kDeadline ? en.st.replays_aborted_deadline
+       : end == ReplayEnd::kSilent ? en.st.replays_aborted_silent
+                                   : en.st.replays_aborted_size);
     en.suspended_until = std::chrono::steady_clock::now() + config.replay_backoff;
     en.st.in_sync = false;
     clear_engine(w, e);
@@ -413,7 +435,7 @@ struct KVIndexer::Impl {
     }
     const Replay replay = fetch_replay(en, *from, seq);
     Writer w(*this);
-    if (replay.end == ReplayEnd::kDeadline || replay.end == ReplayEnd::kSize) {
+    if (abandoned(replay.end)) {
       abandon_replay(w, e, en, replay.end);
     } else {
       const std::uint64_t expected = apply_replayed(w, e, en, *from, replay.batches);
@@ -487,7 +509,7 @@ struct KVIndexer::Impl {
     if (!en.dealer) return;  // no replay: rebuilt from the events that follow
     const Replay replay = fetch_replay(en, from, std::numeric_limits<std::uint64_t>::max());
     Writer w(*this);
-    if (replay.end == ReplayEnd::kDeadline || replay.end == ReplayEnd::kSize) {
+    if (abandoned(replay.end)) {
       abandon_replay(w, e, en, replay.end);
       en.st.next_seq.reset();  // the events that follow rebuild it as a late join
       return;
@@ -575,7 +597,7 @@ struct KVIndexer::Impl {
       } catch (const zmq::error_t&) {
         continue;
       }
-      for (EngineId e = 0; e < count; ++e) {
+      for (EngineId e = 0; e < count && !stop.load(std::memory_order_relaxed); ++e) {
         Engine& en = *engines[e];
         if (!en.sub) {
           items_dirty = items_dirty || en.endpoints.has_value();
@@ -584,7 +606,7 @@ struct KVIndexer::Impl {
         // Connection events first: data never reads as the old connection's after a loss.
         if (poll_monitor(e, en)) continue;
         // Drain what is there, so one busy engine does not starve the others' polls for long.
-        for (int n = 0; n < 64; ++n) {
+        for (int n = 0; n < 64 && !stop.load(std::memory_order_relaxed); ++n) {
           std::size_t nframes = 0;
           auto frames = recv_multipart(*en.sub, std::chrono::milliseconds(0), &nframes);
           if (nframes == 0) break;
@@ -618,12 +640,12 @@ struct KVIndexer::Impl {
       en.dealer->send(zmq::buffer(kProbeTag), zmq::send_flags::sndmore);
       en.dealer->send(zmq::buffer(req.data(), req.size()), zmq::send_flags::none);
       const auto deadline = std::chrono::steady_clock::now() + config.probe_timeout;
-      while (true) {
+      while (!stop.load(std::memory_order_relaxed)) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
             deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0) break;
         std::size_t count = 0;
-        auto frames = recv_multipart(*en.dealer, left, &count);
+        auto frames = recv_multipart(*en.dealer, std::min(left, kStopCheck), &count);
         if (count != 3 || frames[1].to_string_view() != kProbeTag) continue;
         a.answered = true;
         std::string scheme = "?";

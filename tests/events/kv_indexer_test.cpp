@@ -726,8 +726,9 @@ struct HostileEngine {
   std::atomic<int> requests{0};
   std::thread server;
 
-  // mode: "junk" (frames of a wrong count, every 2 ms) or "valid" (batches of 20,000 ids with
-  // increasing sequence numbers, every 2 ms). Stops by itself after `for_how_long`.
+  // mode: "junk" (frames of a wrong count, every 2 ms), "valid" (batches of 20,000 ids with
+  // increasing sequence numbers, every 2 ms) or "silent" (requests counted, never answered). Stops
+  // by itself after `for_how_long`.
   HostileEngine(std::string mode, std::chrono::milliseconds for_how_long) {
     pub.set(zmq::sockopt::linger, 0);
     router.set(zmq::sockopt::linger, 0);
@@ -753,6 +754,7 @@ struct HostileEngine {
           }
           peer.emplace(std::move(id));
           ++requests;
+          if (mode == "silent") peer.reset();  // never answers
         }
         if (!peer) continue;
         zmq::message_t to(peer->data(), peer->size());
@@ -859,6 +861,84 @@ TEST(KVIndexerHostile, EndlessJunkReplayDoesNotStallAnHonestEngine) {
 
 TEST(KVIndexerHostile, EndlessValidReplayIsBoundedBySize) {
   endless_replay_beside_an_honest_engine("valid");
+}
+
+// A replay socket that takes requests and never answers. Before, every gapped batch asked it
+// again and waited replay_timeout (1 s by default): a hostile engine skipping one number per
+// batch held the receiver thread nearly all the time (an honest engine beside it had 1 of 298
+// batches applied in 6 s). Now silence abandons the replay as its bounds do: one request, then
+// replay_backoff, gaps meanwhile are losses (replays_skipped).
+TEST(KVIndexerHostile, SilentReplaySocketStartsTheBackoff) {
+  Engine honest(83, loopback());
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();  // no probes: replays only
+  ic.replay_timeout = 200ms;
+  KVIndexer indexer(ic);
+  const EngineId h = indexer.connect_engine(endpoints_of("honest", honest));
+  HostileEngine hostile("silent", 60s);
+  const EngineId x =
+      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  honest.steps(5, 1);
+  expect_follows(indexer, h, honest, 100);
+  const auto p = stored_batch(std::vector<std::uint64_t>{3, 5});
+  const std::string payload(p.begin(), p.end());
+  // A late join at 1,000,000: the indexer asks the replay socket for 0 on, and hears nothing.
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
+        return hostile.requests.load() > 0;
+      },
+      10s));
+  // Every further batch skips a number: each is a gap, none is asked for (before: each was, and
+  // replays_skipped stayed 0).
+  std::uint64_t seq = 2'000'000;
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(seq), payload});
+        seq += 2;
+        return indexer.status(x).replays_skipped >= 5;
+      },
+      10s));
+  const EngineStatus st = indexer.status(x);
+  EXPECT_EQ(st.replays_aborted_silent, 1u);
+  EXPECT_EQ(hostile.requests.load(), 1);
+  EXPECT_FALSE(st.in_sync);  // not trusted until its backoff ends
+  EXPECT_LE(st.gpu_blocks, 2u);
+  for (RequestId r = 1000; r < 1020; ++r) honest.step(r);
+  expect_follows(indexer, h, honest, 5000);
+}
+
+// stop() while the receiver waits for a replay that does not come: before, neither the replay
+// nor the drain loop looked at the stop flag, so stop() waited out replay_timeout (here 60 s)
+// for every gapped batch queued; now it returns within ~50 ms (bound: 5 s).
+TEST(KVIndexerHostile, StopReturnsDuringASilentReplay) {
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  ic.replay_timeout = 60s;
+  ic.replay_deadline = 120s;
+  KVIndexer indexer(ic);
+  HostileEngine hostile("silent", 60s);
+  const EngineId x =
+      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  const auto p = stored_batch(std::vector<std::uint64_t>{3});
+  const std::string payload(p.begin(), p.end());
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
+        return hostile.requests.load() > 0;
+      },
+      10s));
+  // More gapped batches queued behind the one waiting for its replay.
+  for (std::uint64_t s = 1'000'002; s < 1'000'010; s += 2) {
+    hostile.send_raw({"", HostileEngine::seq_frame(s), payload});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  indexer.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
 }
 
 // Frames dropped on the SUB socket, each counted with its reason (before: dropped silently).

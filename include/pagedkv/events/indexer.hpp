@@ -70,7 +70,9 @@
 // it a bad payload; every dropped frame is counted with its reason (EngineStatus::dropped). A
 // replay has a total deadline and bounds on its frames and ids: past them the engine's entries
 // are dropped, it is marked not in sync and neither replayed nor probed for replay_backoff
-// (gaps meanwhile are losses). A probe exchange is bounded by probe_timeout as a whole. The
+// (gaps meanwhile are losses); so is a replay that falls silent for replay_timeout. A probe
+// exchange is bounded by probe_timeout as a whole. stop() is seen within ~50 ms, also in the
+// middle of a replay or a probe. The
 // table's memory is returned as entries go (block_index.hpp: shrink under load 0.125).
 //
 // Threads: start() runs one receiver thread for the connected engines (replays and resync probes
@@ -110,9 +112,12 @@ struct KVIndexerConfig {
   std::string topic;  // subscription prefix ("" = everything)
   // The cluster's hasher (scheme and seed). When set, engines are probed on connect.
   std::optional<BlockHasher> hasher;
-  std::uint32_t probe_block_size = 16;  // tokens in the probe block (0, 1, 2, ...)
-  std::chrono::milliseconds probe_timeout{500};    // a whole probe exchange
-  std::chrono::milliseconds replay_timeout{1000};  // silence between two replay replies
+  std::uint32_t probe_block_size = 16;           // tokens in the probe block (0, 1, 2, ...)
+  std::chrono::milliseconds probe_timeout{500};  // a whole probe exchange
+  // Silence between two replay replies. A replay that falls silent this long is abandoned as
+  // one past its bounds is (EngineStatus::replays_aborted_silent, then replay_backoff), so a
+  // replay socket that never answers costs one replay_timeout per replay_backoff, not per gap.
+  std::chrono::milliseconds replay_timeout{1000};
   // A whole replay, and what it may bring (frames of any kind; block ids in the batches): past
   // either the replay is abandoned (EngineStatus::replays_aborted_*), the engine's entries are
   // dropped and rebuilt from the events that follow, and it is not in sync and neither replayed
@@ -164,6 +169,7 @@ struct EngineStatus {
   std::uint64_t ids_over_cap = 0;        // stores ignored past max_entries_per_engine
   std::uint64_t replays_aborted_deadline = 0;  // replays past replay_deadline
   std::uint64_t replays_aborted_size = 0;      // past max_replay_frames or max_replay_ids
+  std::uint64_t replays_aborted_silent = 0;    // no reply within replay_timeout (or unsendable)
   std::uint64_t replays_skipped = 0;           // not asked: within replay_backoff of an abort
   // Frames dropped, by reason (from the SUB socket, the replay socket, or apply()).
   struct Dropped {
@@ -179,7 +185,7 @@ struct EngineStatus {
              trailing_bytes + malformed;
     }
   } dropped;
-  std::uint64_t gpu_blocks = 0;          // ids indexed for this engine on GPU / CPU
+  std::uint64_t gpu_blocks = 0;  // ids indexed for this engine on GPU / CPU
   std::uint64_t cpu_blocks = 0;
 };
 
