@@ -995,6 +995,51 @@ TEST(KVIndexerHostile, OversizedFrameClosesTheConnection) {
   EXPECT_EQ(indexer.status(x).bad_batches, 0u);  // never decoded
 }
 
+// A BlockStored with an empty (default) BlockHash: before, publish() queued it and the sender
+// thread's encode_event_batch threw with no handler (std::terminate). Now publish() refuses it,
+// numbering and queuing nothing.
+TEST(KVEventPublisher, PublishRefusesAnEmptyBlockHash) {
+  KVEventPublisherConfig pc = loopback();
+  pc.replay_endpoint.reset();
+  KVEventPublisher publisher(pc);
+  auto stored = [](std::optional<BlockHash> parent, BlockHash h) {
+    BlockStored s;
+    s.block_hashes = {BlockHash(digest_of(7)), h};
+    s.parent_block_hash = parent;
+    s.token_ids.assign(2, 1);
+    s.block_size = 1;
+    std::vector<KVEvent> ev(1);
+    ev[0].data = std::move(s);
+    return ev;
+  };
+  std::vector<std::vector<KVEvent>> bad;
+  bad.push_back(stored(std::nullopt, BlockHash{}));
+  bad.push_back(stored(BlockHash{}, BlockHash(digest_of(8))));
+  {
+    BlockRemoved r;
+    r.block_hashes = {BlockHash{}};
+    std::vector<KVEvent> ev(2);
+    ev[0].data = AllBlocksCleared{};
+    ev[1].data = std::move(r);
+    bad.push_back(std::move(ev));
+  }
+  for (auto& ev : bad) {
+    try {
+      (void)publisher.publish(std::move(ev));
+      ADD_FAILURE() << "accepted a batch with an empty block hash";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("empty"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(publisher.stats().published_batches, 0u);
+  EXPECT_EQ(publisher.stats().queued, 0u);
+  EXPECT_EQ(publisher.publish(stored(BlockHash(digest_of(6)), BlockHash(digest_of(8)))), 0u);
+  ASSERT_TRUE(publisher.flush(10s));
+  EXPECT_EQ(publisher.stats().sent_batches, 1u);
+  EXPECT_EQ(publisher.stats().encode_failures, 0u);
+}
+
 TEST(KVEventPublisher, FullQueueDropsOldestAndCountsIt) {
   KVEventPublisherConfig pc = loopback();
   pc.max_queue_size = 1;
