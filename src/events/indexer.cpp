@@ -256,6 +256,7 @@ struct KVIndexer::Impl {
     auto silent_at = Clock::now() + config.replay_timeout;  // moved on by every frame
     std::size_t frames_seen = 0;
     std::size_t ids = 0;
+    std::size_t events = 0;
     std::optional<std::uint64_t> last;
     char seq[8];
     put_seq(from, seq);
@@ -307,7 +308,8 @@ struct KVIndexer::Impl {
           break;
         }
         for (const WireEvent& ev : b.events) ids += ev.block_ids.size();
-        if (ids > config.max_replay_ids) {
+        events += b.events.size();
+        if (ids > config.max_replay_ids || events > config.max_replay_events) {
           r.end = ReplayEnd::kSize;
           break;
         }
@@ -581,16 +583,21 @@ struct KVIndexer::Impl {
     std::vector<zmq::pollitem_t> items;
     while (!stop.load(std::memory_order_relaxed)) {
       if (items_dirty) {
-        items.clear();
-        for (std::size_t i = 0; i < count; ++i) {
-          Engine* en = engines[i].get();
-          if (!en->endpoints) continue;
-          if (!en->sub) reopen(*en);  // a reopen that failed earlier
-          if (!en->sub) continue;
-          items.push_back({en->monitor->handle(), 0, ZMQ_POLLIN, 0});
-          items.push_back({en->sub->handle(), 0, ZMQ_POLLIN, 0});
+        try {
+          items.clear();
+          for (std::size_t i = 0; i < count; ++i) {
+            Engine* en = engines[i].get();
+            if (!en->endpoints) continue;
+            if (!en->sub) reopen(*en);  // a reopen that failed earlier
+            if (!en->sub) continue;
+            items.push_back({en->monitor->handle(), 0, ZMQ_POLLIN, 0});
+            items.push_back({en->sub->handle(), 0, ZMQ_POLLIN, 0});
+          }
+          items_dirty = false;
+        } catch (const std::exception&) {  // bad_alloc: tried again after a pause
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          continue;
         }
-        items_dirty = false;
       }
       try {
         zmq::poll(items.data(), items.size(), std::chrono::milliseconds(50));
@@ -603,27 +610,51 @@ struct KVIndexer::Impl {
           items_dirty = items_dirty || en.endpoints.has_value();
           continue;
         }
-        // Connection events first: data never reads as the old connection's after a loss.
-        if (poll_monitor(e, en)) continue;
-        // Drain what is there, so one busy engine does not starve the others' polls for long.
-        for (int n = 0; n < 64 && !stop.load(std::memory_order_relaxed); ++n) {
-          std::size_t nframes = 0;
-          auto frames = recv_multipart(*en.sub, std::chrono::milliseconds(0), &nframes);
-          if (nframes == 0) break;
-          // The connection's handshake event is queued before its first message, so a loss
-          // that happened before this message was received shows now: the message may be the
-          // new peer's, and the socket is replaced and resynchronised instead.
-          if (poll_monitor(e, en)) break;
-          if (en.resync_pending) resync(e, en);  // data before its handshake event (lost event)
-          const auto seq = check_frames(en, frames, nframes);  // not a KV event message: counted
-          if (!seq) continue;
-          if (*seq < 0) {  // a replay's end marker on the SUB socket
-            count_drop(en, &EngineStatus::Dropped::negative_seq);
-            continue;
-          }
-          ingest(e, static_cast<std::uint64_t>(*seq), bytes_of(frames[2]));
+        try {
+          serve(e, en);
+        } catch (const std::exception&) {  // e.g. bad_alloc: the thread must not die
+          fail_engine(e, en);
         }
       }
+    }
+  }
+
+  // An exception on the receiver thread while it handled engine e (an allocation failed): what
+  // it was applying may be half applied, so the engine's entries go and are rebuilt from what
+  // follows (as a late join), and it is counted (EngineStatus::receiver_errors).
+  void fail_engine(EngineId e, Engine& en) noexcept {
+    try {
+      en.dup_below.reset();
+      Writer w(*this);
+      clear_engine(w, e);
+      en.st.next_seq.reset();
+      ++en.st.receiver_errors;
+    } catch (const std::exception&) {
+      // clear_engine allocates nothing; only the locks could throw (system_error).
+    }
+  }
+
+  // One poll's work for a connected engine: its connection events, then up to 64 messages.
+  void serve(EngineId e, Engine& en) {
+    // Connection events first: data never reads as the old connection's after a loss.
+    if (poll_monitor(e, en)) return;
+    // Drain what is there, so one busy engine does not starve the others' polls for long.
+    for (int n = 0; n < 64 && !stop.load(std::memory_order_relaxed); ++n) {
+      std::size_t nframes = 0;
+      auto frames = recv_multipart(*en.sub, std::chrono::milliseconds(0), &nframes);
+      if (nframes == 0) break;
+      // The connection's handshake event is queued before its first message, so a loss
+      // that happened before this message was received shows now: the message may be the
+      // new peer's, and the socket is replaced and resynchronised instead.
+      if (poll_monitor(e, en)) break;
+      if (en.resync_pending) resync(e, en);  // data before its handshake event (lost event)
+      const auto seq = check_frames(en, frames, nframes);  // not a KV event message: counted
+      if (!seq) continue;
+      if (*seq < 0) {  // a replay's end marker on the SUB socket
+        count_drop(en, &EngineStatus::Dropped::negative_seq);
+        continue;
+      }
+      ingest(e, static_cast<std::uint64_t>(*seq), bytes_of(frames[2]));
     }
   }
 
@@ -712,6 +743,9 @@ struct KVIndexer::Impl {
 KVIndexer::KVIndexer(KVIndexerConfig config) : impl_(std::make_unique<Impl>()) {
   if (config.probe_block_size == 0) {
     throw Error(ErrorCode::kInvalidArgument, "KVIndexer: probe_block_size must be >= 1");
+  }
+  if (config.max_replay_events == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "KVIndexer: max_replay_events must be >= 1");
   }
   impl_->config = std::move(config);
   impl_->engines.reserve(BlockIndex::kMaxEngines);

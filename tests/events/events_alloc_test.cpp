@@ -3,15 +3,20 @@
 // Nth of the armed thread, or any one of at least a given size on any thread.
 #include <gtest/gtest.h>
 
+#include <zmq.hpp>
+
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <limits>
 #include <new>
 #include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/events/indexer.hpp"
 #include "pagedkv/events/publisher.hpp"
 
 namespace {
@@ -149,6 +154,59 @@ TEST(KVEventPublisherAlloc, FailedPublishTakesNoNumberAndDropsNothing) {
   const KVEventPublisherStats st = publisher.stats();
   EXPECT_EQ(st.published_batches, expected);
   EXPECT_EQ(st.sent_batches + st.dropped_batches + st.send_failures, st.published_batches);
+}
+
+std::string payload_of(const std::vector<KVEvent>& ev) {
+  std::string out;
+  encode_event_batch(ev, 0, WireOptions{}, out);
+  return out;
+}
+
+// An allocation that fails on the indexer's receiver thread (here: decoding a batch of 100,000
+// ids). Before, nothing caught it there: std::terminate. Now the engine's entries are dropped
+// and counted (receiver_errors), and the thread goes on with the batches that follow.
+TEST(KVIndexerAlloc, ReceiverThreadSurvivesAFailedAllocation) {
+  zmq::context_t ctx{1};
+  zmq::socket_t pub(ctx, zmq::socket_type::pub);
+  pub.set(zmq::sockopt::linger, 0);
+  pub.bind("tcp://127.0.0.1:*");
+  KVIndexer indexer;  // no hasher: no probe
+  const EngineId x =
+      indexer.connect_engine({"engine", pub.get(zmq::sockopt::last_endpoint), std::nullopt});
+  indexer.start();
+  const auto until = [](auto pred) {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(5ms);
+    }
+    return true;
+  };
+  ASSERT_TRUE(until([&] { return indexer.status(x).connected; }));
+  const std::string big = payload_of(stored(100'000, 1));
+  const std::string small = payload_of(stored(2, 1'000'000));
+  auto send = [&](std::uint64_t seq, const std::string& payload) {
+    char s[8];
+    put_seq(seq, s);
+    pub.send(zmq::message_t(), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(s, 8), zmq::send_flags::sndmore);
+    pub.send(zmq::buffer(payload), zmq::send_flags::none);
+  };
+  g_fail_from_size = 512 * 1024;  // the decoded ids (800 KB) fail; nothing else is as large
+  const bool failed = until([&] {
+    send(0, big);
+    return indexer.status(x).receiver_errors > 0;
+  });
+  g_fail_from_size = std::numeric_limits<std::size_t>::max();
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(indexer.status(x).gpu_blocks, 0u);
+  // The thread still indexes: the next batch is a late join (no replay socket: applied as is).
+  ASSERT_TRUE(until([&] {
+    send(5, small);
+    return indexer.status(x).gpu_blocks == 2;
+  }));
+  EXPECT_EQ(indexer.engine_ids(x, Tier::kGpu), (std::vector<std::uint64_t>{1'000'000, 1'000'001}));
+  indexer.stop();
 }
 
 }  // namespace

@@ -724,10 +724,12 @@ struct HostileEngine {
   std::string pub_endpoint, replay_endpoint;
   std::atomic<bool> stop{false};
   std::atomic<int> requests{0};
+  std::string clears;  // "clears" mode's frame: 500 AllBlocksCleared events
   std::thread server;
 
   // mode: "junk" (frames of a wrong count, every 2 ms), "valid" (batches of 20,000 ids with
-  // increasing sequence numbers, every 2 ms) or "silent" (requests counted, never answered). Stops
+  // increasing sequence numbers, every 2 ms), "clears" (batches of 500 AllBlocksCleared, no
+  // block id, every 2 ms) or "silent" (requests counted, never answered). Stops
   // by itself after `for_how_long`.
   HostileEngine(std::string mode, std::chrono::milliseconds for_how_long) {
     pub.set(zmq::sockopt::linger, 0);
@@ -736,6 +738,8 @@ struct HostileEngine {
     router.bind("tcp://127.0.0.1:*");
     pub_endpoint = pub.get(zmq::sockopt::last_endpoint);
     replay_endpoint = router.get(zmq::sockopt::last_endpoint);
+    const auto c = clears_batch(500);
+    clears.assign(c.begin(), c.end());
     server = std::thread([this, mode, for_how_long] {
       std::mt19937_64 rng(17);
       const auto end = std::chrono::steady_clock::now() + for_how_long;
@@ -757,6 +761,17 @@ struct HostileEngine {
           if (mode == "silent") peer.reset();  // never answers
         }
         if (!peer) continue;
+        if (mode == "clears") {
+          if (next > 20'000) continue;  // never the end marker
+          zmq::message_t to_peer(peer->data(), peer->size());
+          router.send(to_peer, zmq::send_flags::sndmore);
+          router.send(zmq::message_t(), zmq::send_flags::sndmore);
+          char seq[8];
+          put_seq(next++, seq);
+          router.send(zmq::buffer(seq, 8), zmq::send_flags::sndmore);
+          router.send(zmq::buffer(clears), zmq::send_flags::none);
+          continue;
+        }
         zmq::message_t to(peer->data(), peer->size());
         router.send(to, zmq::send_flags::sndmore);
         router.send(zmq::message_t(), zmq::send_flags::sndmore);
@@ -939,6 +954,50 @@ TEST(KVIndexerHostile, StopReturnsDuringASilentReplay) {
   const auto t0 = std::chrono::steady_clock::now();
   indexer.stop();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+// A replay of events that carry no block id (AllBlocksCleared): max_replay_ids never tripped, so
+// a replay could keep up to max_replay_frames (20,000) frames decoded (one 16 MiB frame holds
+// 2^19 such events, ~9x its size once decoded), until replay_deadline. Now max_replay_events
+// bounds what a replay holds.
+TEST(KVIndexerHostile, ReplayOfEventsWithoutIdsIsBoundedByEvents) {
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  ic.replay_deadline = 3000ms;
+  ic.max_replay_events = 2000;  // the 5th frame of 500 passes it
+  KVIndexer indexer(ic);
+  HostileEngine hostile("clears", 60s);
+  const EngineId x =
+      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  const auto p = stored_batch(std::vector<std::uint64_t>{3});
+  const std::string payload(p.begin(), p.end());
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
+        return hostile.requests.load() > 0;
+      },
+      10s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        const EngineStatus st = indexer.status(x);
+        return st.replays_aborted_deadline + st.replays_aborted_size > 0;
+      },
+      10s));
+  const EngineStatus st = indexer.status(x);
+  EXPECT_EQ(st.replays_aborted_size, 1u);
+  EXPECT_EQ(st.replays_aborted_deadline, 0u);
+  EXPECT_EQ(st.clears, 0u);  // nothing of the abandoned replay was applied
+  KVIndexerConfig bad = indexer_config();
+  bad.max_replay_events = 0;
+  try {
+    KVIndexer refused(bad);
+    ADD_FAILURE() << "max_replay_events 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("max_replay_events"), std::string::npos);
+  }
 }
 
 // Frames dropped on the SUB socket, each counted with its reason (before: dropped silently).

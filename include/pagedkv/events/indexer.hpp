@@ -128,6 +128,10 @@ struct KVIndexerConfig {
   std::chrono::milliseconds replay_deadline{2000};
   std::size_t max_replay_frames = 20'000;
   std::size_t max_replay_ids = std::size_t{1} << 22;
+  // Decoded events a replay may bring (>= 1), whatever they hold: the replay's batches are kept
+  // decoded until it ends (~150 B per event), and events without block ids (AllBlocksCleared)
+  // escape max_replay_ids (one 16 MiB frame can hold 2^19 of them).
+  std::size_t max_replay_events = std::size_t{1} << 20;
   std::chrono::milliseconds replay_backoff{30'000};
   // Entries ((id, medium) pairs) one engine may hold; stores past it are ignored and counted
   // (EngineStatus::ids_over_cap): the entries stay a subset of the engine's cache. ~50 B each at
@@ -168,9 +172,12 @@ struct EngineStatus {
                                          // payload reasons in `dropped`
   std::uint64_t ids_over_cap = 0;        // stores ignored past max_entries_per_engine
   std::uint64_t replays_aborted_deadline = 0;  // replays past replay_deadline
-  std::uint64_t replays_aborted_size = 0;      // past max_replay_frames or max_replay_ids
+  std::uint64_t replays_aborted_size = 0;      // past max_replay_frames, _ids or _events
   std::uint64_t replays_aborted_silent = 0;    // no reply within replay_timeout (or unsendable)
   std::uint64_t replays_skipped = 0;           // not asked: within replay_backoff of an abort
+  // Exceptions on the receiver thread while handling this engine (an allocation that failed):
+  // its entries were dropped and are rebuilt from what follows.
+  std::uint64_t receiver_errors = 0;
   // Frames dropped, by reason (from the SUB socket, the replay socket, or apply()).
   struct Dropped {
     std::uint64_t wrong_frame_count = 0;  // a message of other than 3 frames
