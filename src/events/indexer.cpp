@@ -14,6 +14,8 @@
 #include <new>
 #include <numeric>
 #include <shared_mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -682,7 +684,14 @@ struct KVIndexer::Impl {
         std::string scheme = "?";
         std::vector<std::uint8_t> theirs;
         try {
-          auto oh = msgpack::unpack(static_cast<const char*>(frames[2].data()), frames[2].size());
+          if (frames[2].size() > kMaxProbeBytes) {
+            throw std::length_error("over " + std::to_string(kMaxProbeBytes) + " bytes");
+          }
+          bool referenced = false;
+          // A map of a few short fields: limits keep a crafted header from allocating.
+          auto oh = msgpack::unpack(static_cast<const char*>(frames[2].data()), frames[2].size(),
+                                    referenced, nullptr, nullptr,
+                                    msgpack::unpack_limit(0, 16, 4096, 256, 0, 2));
           std::map<std::string, msgpack::object> m;
           oh.get().convert(m);
           if (auto it = m.find("error"); it != m.end()) a.error = it->second.as<std::string>();

@@ -55,6 +55,7 @@ struct KVEventPublisher::Impl {
   std::deque<Pending> queue;
   std::uint64_t next_seq = 0;
   bool stopping = false;
+  std::atomic<bool> stop_serving{false};  // `stopping`, read by serve_replay without the lock
   bool in_flight = false;
   KVEventPublisherStats stats;
 
@@ -139,11 +140,16 @@ struct KVEventPublisher::Impl {
     }
   }
 
-  // Serves every waiting request (replay or probe), polling up to `wait` for the first.
+  // Serves up to kRequestsPerTurn waiting requests (replay or probe), polling up to `wait` for
+  // the first. Bounded, so that a client sending requests nonstop (each replay copies the whole
+  // buffer) neither starves the queue nor holds shutdown() up: the sender thread sends a queued
+  // batch, or sees `stopping`, between turns.
+  static constexpr int kRequestsPerTurn = 8;
   void serve_replay(std::chrono::milliseconds wait) {
     zmq::pollitem_t item{replay->handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, wait) <= 0) return;
-    while (true) {
+    for (int served = 0; served < kRequestsPerTurn; ++served) {
+      if (stop_serving.load(std::memory_order_relaxed)) return;
       std::vector<zmq::message_t> frames;
       zmq::message_t part;
       bool more = true;
@@ -194,7 +200,14 @@ struct KVEventPublisher::Impl {
         if (!config.probe_hasher) {
           throw Error(ErrorCode::kInvalidState, "this publisher has no probe hasher");
         }
-        auto oh = msgpack::unpack(static_cast<const char*>(frames[3].data()), frames[3].size());
+        if (frames[3].size() > kMaxProbeBytes) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "probe request over " + std::to_string(kMaxProbeBytes) + " bytes");
+        }
+        bool referenced = false;
+        auto oh = msgpack::unpack(static_cast<const char*>(frames[3].data()), frames[3].size(),
+                                  referenced, nullptr, nullptr,
+                                  msgpack::unpack_limit(kMaxProbeTokens, 0, 0, 0, 0, 2));
         std::vector<TokenId> tokens;
         oh.get().convert(tokens);
         const BlockHash h =
@@ -247,6 +260,9 @@ KVEventPublisher::KVEventPublisher(KVEventPublisherConfig config)
     if (s.config.replay_endpoint) {
       s.replay.emplace(s.ctx, zmq::socket_type::router);
       s.replay->set(zmq::sockopt::linger, 0);
+      // Requests are 8 bytes (a replay) or a probe: a peer sending more is disconnected.
+      s.replay->set(zmq::sockopt::maxmsgsize,
+                    static_cast<std::int64_t>(kMaxProbeBytes + kProbeTag.size() + 64));
       s.replay->bind(*s.config.replay_endpoint);
       s.bound_replay_endpoint = s.replay->get(zmq::sockopt::last_endpoint);
     }
@@ -323,6 +339,7 @@ void KVEventPublisher::shutdown() {
     std::lock_guard g(s.mu);
     if (s.stopped) return;
     s.stopping = true;
+    s.stop_serving = true;
     s.stopped = true;
   }
   s.cv.notify_all();

@@ -1,13 +1,17 @@
 // KVIndexer over real loopback sockets: several engines (each a KVCacheManager publishing
 // through its own KVEventPublisher on tcp://127.0.0.1:*) and one indexer. After each scenario
 // the index must equal every engine's own pool contents.
+#define MSGPACK_NO_BOOST
 #include <gtest/gtest.h>
 
+#include <msgpack.hpp>
 #include <zmq.hpp>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <future>
+#include <map>
 #include <memory>
 #include <random>
 #include <thread>
@@ -1097,6 +1101,106 @@ TEST(KVEventPublisher, PublishRefusesAnEmptyBlockHash) {
   ASSERT_TRUE(publisher.flush(10s));
   EXPECT_EQ(publisher.stats().sent_batches, 1u);
   EXPECT_EQ(publisher.stats().encode_failures, 0u);
+}
+
+// A client sending replay requests nonstop, each answered with the whole replay buffer: before,
+// the sender thread served requests as long as any were waiting, so published batches were never
+// sent (flush() timed out) and shutdown() did not return while the client went on. Now it serves
+// at most a few per turn and stops serving once shutdown() begins.
+TEST(KVEventPublisher, RequestFloodStarvesNeitherTheQueueNorShutdown) {
+  KVEventPublisherConfig pc = loopback();
+  pc.buffer_steps = 5000;
+  auto publisher = std::make_unique<KVEventPublisher>(pc);
+  auto batch = [](std::uint64_t id) {  // 64 blocks: a replay copies ~5 MB
+    BlockStored s;
+    for (std::uint64_t b = 0; b < 64; ++b) s.block_hashes.emplace_back(digest_of(id * 64 + b));
+    s.token_ids.assign(64, 1);
+    s.block_size = 1;
+    std::vector<KVEvent> ev(1);
+    ev[0].data = std::move(s);
+    return ev;
+  };
+  for (std::uint64_t i = 0; i < 5000; ++i) (void)publisher->publish(batch(i + 1));
+  ASSERT_TRUE(publisher->flush(10s));
+  zmq::context_t ctx{1};
+  zmq::socket_t client(ctx, zmq::socket_type::dealer);
+  client.set(zmq::sockopt::linger, 0);
+  client.set(zmq::sockopt::sndhwm, 0);  // no bound: requests pile up at the publisher
+  client.connect(*publisher->replay_endpoint());
+  std::atomic<bool> flooding{true};
+  std::thread flood([&] {
+    char seq[8];
+    put_seq(0, seq);
+    // Replies are never read (the ROUTER drops them past its HWM). At most 300,000 requests:
+    // more than the publisher serves in 10 s.
+    for (int sent = 0; flooding && sent < 300'000; ++sent) {
+      try {
+        if (client.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+          client.send(zmq::buffer(seq, 8), zmq::send_flags::none);
+        }
+      } catch (const zmq::error_t&) {
+      }
+      std::this_thread::yield();
+    }
+  });
+  const bool flooded = eventually([&] { return publisher->stats().replays_served >= 5; }, 10s);
+  (void)publisher->publish(batch(50'000));
+  const bool flushed = publisher->flush(10s);
+  auto down = std::async(std::launch::async, [&] { publisher->shutdown(); });
+  const bool shut = down.wait_for(10s) == std::future_status::ready;
+  flooding = false;  // lets the unbounded server of before finish, to report rather than hang
+  flood.join();
+  down.wait();
+  EXPECT_TRUE(flooded);
+  EXPECT_TRUE(flushed) << "a published batch was not sent while requests kept coming";
+  EXPECT_TRUE(shut) << "shutdown() did not return within 10 s while requests kept coming";
+}
+
+// A probe request over kMaxProbeBytes: the replay socket (ZMQ_MAXMSGSIZE) drops the connection
+// instead of unpacking it (before: any size was received, unpacked and hashed). The client's next
+// probe, on the reconnected socket, is the first one answered.
+TEST(KVEventPublisher, OversizedProbeRequestIsNotServed) {
+  KVEventPublisherConfig pc = loopback();
+  pc.probe_hasher = BlockHasher(HashScheme::kSha256CborVllm);
+  KVEventPublisher publisher(pc);
+  zmq::context_t ctx{1};
+  zmq::socket_t client(ctx, zmq::socket_type::dealer);
+  client.set(zmq::sockopt::linger, 0);
+  client.connect(*publisher.replay_endpoint());
+  auto probe = [&](const std::vector<TokenId>& tokens) {
+    msgpack::sbuffer req;
+    msgpack::pack(req, tokens);
+    client.send(zmq::message_t(), zmq::send_flags::sndmore);
+    client.send(zmq::buffer(kProbeTag), zmq::send_flags::sndmore);
+    client.send(zmq::buffer(req.data(), req.size()), zmq::send_flags::none);
+  };
+  probe(std::vector<TokenId>(100'000, 0));  // ~100 KB
+  const std::vector<TokenId> small{0, 1, 2, 3};
+  std::vector<std::string> reply;
+  ASSERT_TRUE(eventually(
+      [&] {
+        probe(small);
+        zmq::pollitem_t item{client.handle(), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, std::chrono::milliseconds(200)) <= 0) return false;
+        for (bool more = true; more;) {
+          zmq::message_t m;
+          (void)client.recv(m);
+          more = m.more();
+          reply.push_back(m.to_string());
+        }
+        return true;
+      },
+      10s));
+  ASSERT_EQ(reply.size(), 3u);
+  auto oh = msgpack::unpack(reply[2].data(), reply[2].size());
+  std::map<std::string, msgpack::object> m;
+  oh.get().convert(m);
+  ASSERT_TRUE(m.count("hash"));
+  const auto& bin = m.at("hash").via.bin;
+  const BlockHash want = pc.probe_hasher->hash_block(pc.probe_hasher->none_hash(), small);
+  EXPECT_EQ(std::vector<std::uint8_t>(bin.ptr, bin.ptr + bin.size),
+            std::vector<std::uint8_t>(want.bytes().begin(), want.bytes().end()))
+      << "the first answer was not the small probe's";
 }
 
 TEST(KVEventPublisher, FullQueueDropsOldestAndCountsIt) {
