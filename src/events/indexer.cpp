@@ -815,8 +815,24 @@ void KVIndexer::stop() {
 }
 
 void KVIndexer::apply(EngineId e, std::uint64_t seq, std::span<const std::uint8_t> payload) {
-  if (e >= num_engines()) {
-    throw Error(ErrorCode::kOutOfRange, "KVIndexer::apply: unknown engine " + std::to_string(e));
+  {
+    std::shared_lock lock(impl_->mu);
+    if (e >= impl_->engines.size()) {
+      throw Error(ErrorCode::kOutOfRange, "KVIndexer::apply: unknown engine " + std::to_string(e));
+    }
+    if (impl_->engines[e]->endpoints) {
+      // Its state belongs to the receiver thread.
+      throw Error(ErrorCode::kInvalidArgument,
+                  "KVIndexer::apply: engine " + std::to_string(e) + " ('" +
+                      impl_->engines[e]->st.name +
+                      "') is followed over ZeroMQ (connect_engine); apply() feeds only engines "
+                      "added with add_engine()");
+    }
+  }
+  if (seq >= (std::uint64_t{1} << 63)) {
+    // vLLM's sequence numbers are int64 (the wire drops these as negative); next_seq would wrap.
+    throw Error(ErrorCode::kInvalidArgument,
+                "KVIndexer::apply: sequence number " + std::to_string(seq) + " is >= 2^63");
   }
   impl_->ingest(e, seq, payload);
 }
@@ -869,6 +885,10 @@ EngineStatus KVIndexer::status(EngineId e) const {
 
 std::vector<std::uint64_t> KVIndexer::engine_ids(EngineId e, Tier tier) const {
   std::shared_lock lock(impl_->mu);
+  if (e >= impl_->engines.size()) {
+    throw Error(ErrorCode::kOutOfRange,
+                "KVIndexer::engine_ids: unknown engine " + std::to_string(e));
+  }
   return impl_->index.engine_ids(e, tier);
 }
 
@@ -888,7 +908,11 @@ bool KVIndexer::wait_for(EngineId e, std::uint64_t next_seq,
   while (true) {
     {
       std::shared_lock lock(impl_->mu);
-      const auto& st = impl_->engines.at(e)->st;
+      if (e >= impl_->engines.size()) {
+        throw Error(ErrorCode::kOutOfRange,
+                    "KVIndexer::wait_for: unknown engine " + std::to_string(e));
+      }
+      const auto& st = impl_->engines[e]->st;
       if (st.next_seq && *st.next_seq >= next_seq) return true;
     }
     if (std::chrono::steady_clock::now() >= deadline) return false;

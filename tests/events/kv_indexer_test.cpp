@@ -605,6 +605,42 @@ std::vector<std::uint64_t> feed_honest(KVIndexer& indexer, EngineId h, std::uint
   return all;
 }
 
+// Caller errors of apply() and engine_ids(): before, apply() fed a connect_engine() engine (two
+// threads on its state), took seq 2^64-1 (next_seq wrapped to 0) and engine_ids() of an unknown
+// engine returned an empty list.
+TEST(KVIndexer, ApplyAndEngineIdsRefuseCallerErrors) {
+  KVEventPublisherConfig pc = loopback();
+  pc.replay_endpoint.reset();
+  KVEventPublisher publisher(pc);
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  KVIndexer indexer(ic);
+  const EngineId c = indexer.connect_engine({"connected", publisher.endpoint(), std::nullopt});
+  const EngineId e = indexer.add_engine("in-process");
+  const auto batch = stored_batch(std::vector<std::uint64_t>{3});
+  auto code_of = [&](auto&& call) {
+    try {
+      call();
+    } catch (const Error& err) {
+      return std::optional<ErrorCode>(err.code());
+    }
+    return std::optional<ErrorCode>();
+  };
+  EXPECT_EQ(code_of([&] { indexer.apply(c, 0, batch); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { indexer.apply(e, ~std::uint64_t{0}, batch); }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { indexer.apply(e, std::uint64_t{1} << 63, batch); }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { indexer.apply(e + 1, 0, batch); }), ErrorCode::kOutOfRange);
+  EXPECT_EQ(code_of([&] { (void)indexer.engine_ids(e + 1, Tier::kGpu); }), ErrorCode::kOutOfRange);
+  // Nothing changed.
+  EXPECT_FALSE(indexer.status(c).next_seq.has_value());
+  EXPECT_FALSE(indexer.status(e).next_seq.has_value());
+  EXPECT_EQ(indexer.num_entries(), 0u);
+  indexer.apply(e, (std::uint64_t{1} << 63) - 1, batch);  // the largest accepted
+  EXPECT_EQ(indexer.engine_ids(e, Tier::kGpu), std::vector<std::uint64_t>{3});
+}
+
 // Before: every AllBlocksCleared and every undecodable payload rebuilt the whole shared table
 // under the exclusive lock (20 clears with 1M honest blocks: 2.2 s). Now they cost the hostile
 // engine's own entries. 1,000 clears and 200 bad payloads beside 300,000 honest blocks took

@@ -213,7 +213,9 @@ class KVIndexer {
   void start();  // the receiver thread (no-op without connected engines)
   void stop();   // idempotent
 
-  // One batch of engine `e` (in-process feed). Never throws for a bad payload (counted).
+  // One batch of engine `e` (in-process feed). Never throws for a bad payload (counted). Throws
+  // pagedkv::Error, changing nothing: kOutOfRange for an unknown engine, kInvalidArgument for an
+  // engine added with connect_engine() (the receiver thread owns its state) or seq >= 2^63.
   void apply(EngineId e, std::uint64_t seq, std::span<const std::uint8_t> payload);
 
   // Per engine (index = EngineId): the longest prefix of `block_ids` it caches.
@@ -228,7 +230,8 @@ class KVIndexer {
   // connected false: lost, or not yet made); engines fed through apply() have no connection to
   // lose and are always reachable. Throws kOutOfRange for an unknown engine.
   bool reachable(EngineId e) const;
-  std::vector<std::uint64_t> engine_ids(EngineId e, Tier tier) const;  // sorted
+  // Sorted. Throws kOutOfRange for an unknown engine.
+  std::vector<std::uint64_t> engine_ids(EngineId e, Tier tier) const;
   std::size_t memory_bytes() const;
   std::size_t num_entries() const;
 
