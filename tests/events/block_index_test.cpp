@@ -1,7 +1,10 @@
 // BlockIndex against a brute-force model under random operations, and the router's score.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -211,6 +214,30 @@ TEST(KVRouter, ScorePrefersLongerGpuPrefixThenLoadThenRotates) {
   // No cache, unequal loads: the least loaded.
   EXPECT_EQ(router.pick(none, 10, std::vector<double>{3, 1, 2}), 1u);
   EXPECT_THROW(router.pick(m, 10, std::vector<double>{0}), Error);
+}
+
+// Before: a match with gpu_prefix_blocks > prefix_blocks wrapped the 32-bit difference (the engine
+// scored ~2^31 blocks of CPU credit and won), and NaN or infinite loads were accepted.
+TEST(KVRouter, PickRefusesInconsistentMatchesAndNonFiniteLoads) {
+  KVIndexer indexer;
+  KVRouter router(indexer);
+  const std::vector<double> idle{0, 0};
+  auto code_of = [&](std::span<const PrefixMatch> m, std::span<const double> loads) {
+    try {
+      (void)router.pick(m, 10, loads);
+    } catch (const Error& e) {
+      return std::optional<ErrorCode>(e.code());
+    }
+    return std::optional<ErrorCode>();
+  };
+  const std::vector<PrefixMatch> bad{{2, 5}, {3, 3}};  // engine 0: 5 on GPU, 2 on any medium
+  EXPECT_EQ(code_of(bad, idle), ErrorCode::kInvalidArgument);
+  const std::vector<PrefixMatch> ok{{2, 2}, {3, 3}};
+  for (const double load : {std::nan(""), std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity(), -1.0}) {
+    EXPECT_EQ(code_of(ok, std::vector<double>{0, load}), ErrorCode::kInvalidArgument) << load;
+  }
+  EXPECT_EQ(router.pick(ok, 10, idle), 1u);
 }
 
 }  // namespace
