@@ -126,6 +126,27 @@ struct KVIndexer::Impl {
       x_.lock();
     }
 
+    // Makes room for `adds` more ids of engine e like fit(), but throws std::bad_alloc (having
+    // changed nothing) when the tables cannot be built: after it, adding up to `adds` ids
+    // grows no table (as long as nothing shrinks them: clears pass give_back = false).
+    void reserve(EngineId e, std::size_t adds) {
+      if (adds == 0 || !s_.index.resize_needed(e, adds)) return;
+      x_.unlock();
+      std::optional<BlockIndex::Resize> plan;
+      try {
+        plan.emplace(s_.index.plan_resize(e, adds));
+      } catch (...) {
+        x_.lock();
+        throw;
+      }
+      x_.lock();
+      ops_ = 0;
+      s_.index.adopt(std::move(*plan));
+      x_.unlock();
+      plan.reset();
+      x_.lock();
+    }
+
    private:
     Impl& s_;
     std::unique_lock<std::mutex> w_;
@@ -326,10 +347,20 @@ struct KVIndexer::Impl {
   }
 
   // Removes every entry of the engine, in spans (lookups get in between), and gives back the
-  // room when the table has become sparse.
-  void clear_engine(Writer& w, EngineId e) {
+  // room when the table has become sparse (unless !give_back: a batch that follows may use the
+  // room reserved for it; apply_batch gives it back at its end).
+  void clear_engine(Writer& w, EngineId e, bool give_back = true) {
     while (!index.clear_engine_some(e, kOpsPerHold)) w.yield();
-    w.fit(e, 0);
+    if (give_back) w.fit(e, 0);
+  }
+
+  // Stores a batch may add (group 0 ids, at most the cap): reserved before it changes anything.
+  std::size_t stores_in(const WireBatch& b) const {
+    std::size_t n = 0;
+    for (const WireEvent& ev : b.events) {
+      if (ev.type == WireEventType::kBlockStored && ev.group_idx == 0) n += ev.block_ids.size();
+    }
+    return std::min(n, config.max_entries_per_engine);
   }
 
   // Applies one decoded batch to the index (writer held). Stores past max_entries_per_engine
@@ -346,7 +377,7 @@ struct KVIndexer::Impl {
         w.fit(e, std::min(ev.block_ids.size(), cap - std::min(cap, held())));
       }
       if (ev.type == WireEventType::kAllBlocksCleared) {
-        clear_engine(w, e);
+        clear_engine(w, e, false);
         ++en.st.clears;
         continue;
       }
@@ -358,7 +389,14 @@ struct KVIndexer::Impl {
             ++en.st.ids_over_cap;
             continue;
           }
-          index.add(id, e, t);
+          try {
+            index.add(id, e, t);  // strong: on failure the id is as it was
+          } catch (const std::bad_alloc&) {
+            // Only an extra copy's count (the id is held already) or a table the reservation
+            // did not cover can fail here: the store is skipped, so the entries stay a subset
+            // of the engine's cache, and the batch is applied whole (counted).
+            ++en.st.stores_no_memory;
+          }
         } else {
           index.remove(id, e, t);
         }
@@ -369,8 +407,8 @@ struct KVIndexer::Impl {
     w.fit(e, 0);
   }
 
-  void lose(Writer& w, EngineId e, Engine& en) {
-    clear_engine(w, e);
+  void lose(Writer& w, EngineId e, Engine& en, bool give_back = true) {
+    clear_engine(w, e, give_back);
     ++en.st.gaps_lost;
   }
 
@@ -405,6 +443,10 @@ struct KVIndexer::Impl {
     {
       Writer w(*this);
       EngineStatus& st = en.st;
+      // Room for the batch's stores first: a bad_alloc here leaves everything as it was, and
+      // with the room made no store below allocates a table (in-process apply() is all or
+      // nothing).
+      if (failure == DecodeFailure::kNone) w.reserve(e, stores_in(current));
       if (en.suspended_until && !suspended(en)) {  // the backoff is over
         en.suspended_until.reset();
         st.in_sync = en.endpoints ? st.connected : true;
@@ -419,7 +461,7 @@ struct KVIndexer::Impl {
       if (!st.next_seq) {
         if (seq > 0) from = 0;  // joined late
       } else if (seq < *st.next_seq) {
-        clear_engine(w, e);  // a new publisher: the engine restarted
+        clear_engine(w, e, false);  // a new publisher: the engine restarted
         ++st.restarts;
         if (seq > 0) from = 0;
       } else if (seq > *st.next_seq) {
@@ -428,7 +470,7 @@ struct KVIndexer::Impl {
       }
       if (from && (!en.dealer || suspended(en))) {
         if (en.dealer) ++st.replays_skipped;
-        if (seq > *from) lose(w, e, en);  // nothing can fill the gap
+        if (seq > *from) lose(w, e, en, false);  // nothing can fill the gap
         from.reset();
       }
       if (!from) {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,11 +22,16 @@
 
 namespace {
 
-thread_local long t_fail_at = -1;  // this thread's allocations until a failure; -1: none
+thread_local long t_fail_at = -1;    // this thread's allocations until a failure; -1: none
+thread_local long t_fail_from = -1;  // this thread's allocations until all fail; -1: none
 std::atomic<std::size_t> g_fail_from_size{std::numeric_limits<std::size_t>::max()};
 std::atomic<std::uint64_t> g_big_failures{0};
 
 void* counted_alloc(std::size_t n) {
+  if (t_fail_from >= 0) {
+    if (t_fail_from == 0) throw std::bad_alloc();
+    --t_fail_from;
+  }
   if (t_fail_at >= 0) {
     if (t_fail_at == 0) {
       t_fail_at = -1;
@@ -160,6 +166,62 @@ std::string payload_of(const std::vector<KVEvent>& ev) {
   std::string out;
   encode_event_batch(ev, 0, WireOptions{}, out);
   return out;
+}
+
+std::span<const std::uint8_t> bytes_of(const std::string& s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+// apply() with every allocation from the Nth on failing, N = 0, 1, 2, ... until it completes.
+// Before: the tables grew in place as stores went (a failed growth or extra-copy count threw
+// half-way through the batch, leaving some of its stores and removals applied). Now a failed
+// apply() leaves the engine exactly as it was, and a completed one holds the whole batch.
+TEST(KVIndexerAlloc, InProcessApplyIsAllOrNothing) {
+  KVIndexer indexer;
+  const EngineId e = indexer.add_engine("engine");
+  indexer.apply(e, 0, bytes_of(payload_of(stored(100, 1))));  // ids 1..100
+  // 4,000 new ids (the tables must grow), 11 removed, then 50 extra copies of held ids.
+  std::vector<KVEvent> evs = stored(4000, 1000);
+  {
+    BlockRemoved r;
+    for (std::uint64_t id = 60; id <= 70; ++id) r.block_hashes.push_back(hash_of(id));
+    evs.emplace_back().data = std::move(r);
+  }
+  evs.push_back(stored(50, 1)[0]);
+  const std::string batch = payload_of(evs);
+  std::vector<std::uint64_t> want;
+  for (std::uint64_t id = 1; id <= 100; ++id) {
+    if (id < 60 || id > 70) want.push_back(id);
+  }
+  for (std::uint64_t id = 1000; id < 5000; ++id) want.push_back(id);
+  const std::vector<std::uint64_t> before = indexer.engine_ids(e, Tier::kGpu);
+  const std::size_t entries_before = indexer.num_entries();
+  bool done = false;
+  int failures = 0;
+  for (long n = 0; n < 100'000 && !done; ++n) {
+    t_fail_from = n;
+    try {
+      indexer.apply(e, 1, bytes_of(batch));
+      done = true;
+    } catch (const std::bad_alloc&) {
+    }
+    t_fail_from = -1;
+    const EngineStatus st = indexer.status(e);
+    if (!done) {
+      ++failures;
+      ASSERT_EQ(indexer.engine_ids(e, Tier::kGpu), before)
+          << "a failed apply() at allocation " << n;
+      ASSERT_EQ(indexer.num_entries(), entries_before) << n;
+      ASSERT_EQ(st.next_seq, 1u) << n;
+      ASSERT_EQ(st.batches_applied, 1u) << n;
+    } else {
+      EXPECT_EQ(indexer.engine_ids(e, Tier::kGpu), want) << "completed at allocation " << n;
+      EXPECT_EQ(st.next_seq, 2u);
+      EXPECT_EQ(st.batches_applied, 2u);
+    }
+  }
+  EXPECT_TRUE(done);
+  EXPECT_GT(failures, 0);
 }
 
 // An allocation that fails on the indexer's receiver thread (here: decoding a batch of 100,000

@@ -171,6 +171,7 @@ struct EngineStatus {
   std::uint64_t bad_batches = 0;         // undecodable payloads (skipped): the sum of the
                                          // payload reasons in `dropped`
   std::uint64_t ids_over_cap = 0;        // stores ignored past max_entries_per_engine
+  std::uint64_t stores_no_memory = 0;    // stores skipped for a failed allocation (bad_alloc)
   std::uint64_t replays_aborted_deadline = 0;  // replays past replay_deadline
   std::uint64_t replays_aborted_size = 0;      // past max_replay_frames, _ids or _events
   std::uint64_t replays_aborted_silent = 0;    // no reply within replay_timeout (or unsendable)
@@ -216,6 +217,10 @@ class KVIndexer {
   // One batch of engine `e` (in-process feed). Never throws for a bad payload (counted). Throws
   // pagedkv::Error, changing nothing: kOutOfRange for an unknown engine, kInvalidArgument for an
   // engine added with connect_engine() (the receiver thread owns its state) or seq >= 2^63.
+  // Under std::bad_alloc it is all or nothing: room for the batch's stores is made before
+  // anything changes (a failure there throws, changing nothing), after which the batch is applied
+  // whole; a store that still cannot allocate (an extra copy's count) is skipped and counted
+  // (EngineStatus::stores_no_memory), leaving the entries a subset of the engine's cache.
   void apply(EngineId e, std::uint64_t seq, std::span<const std::uint8_t> payload);
 
   // Per engine (index = EngineId): the longest prefix of `block_ids` it caches.
