@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <limits>
+#include <random>
 #include <string>
 #include <utility>
 
@@ -19,8 +20,8 @@ constexpr std::size_t kInitialIdSlots = 16;  // an engine set's smallest size (w
 void check_engine(std::size_t engine) {
   if (engine >= BlockIndex::kMaxEngines) {
     throw Error(ErrorCode::kOutOfRange, "BlockIndex: engine " + std::to_string(engine) +
-                                            " (at most " +
-                                            std::to_string(BlockIndex::kMaxEngines) + ")");
+                                            " (at most " + std::to_string(BlockIndex::kMaxEngines) +
+                                            ")");
   }
 }
 
@@ -69,7 +70,7 @@ void BlockIndex::IdSet::insert(std::uint64_t id) {
     const unsigned s = shift_of(n);
     for (const std::uint64_t x : slots) {
       if (x == 0) continue;
-      std::size_t i = static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> s);
+      std::size_t i = static_cast<std::size_t>(mix(x, key) >> s);
       while (grown[i] != 0) i = (i + 1) & (n - 1);
       grown[i] = x;
     }
@@ -106,8 +107,26 @@ void BlockIndex::IdSet::erase(std::uint64_t id) noexcept {
 
 // --- the shared table ---
 
-BlockIndex::BlockIndex() : slots_(kInitialSlots, Slot{0, 0, 0}) {
+namespace {
+std::uint64_t random_key() {
+  std::random_device rd;
+  return (std::uint64_t{rd()} << 32) ^ rd();
+}
+}  // namespace
+
+BlockIndex::BlockIndex() : BlockIndex(random_key()) {}
+
+BlockIndex::BlockIndex(std::uint64_t key) : slots_(kInitialSlots, Slot{0, 0, 0}), key_(key) {
   shift_ = shift_of(kInitialSlots);
+  for (EngineIds& en : engines_) reset_engine_state(en);
+}
+
+void BlockIndex::reset_engine_state(EngineIds& en) const {
+  IdSet set;
+  set.key = key_;
+  DupMap copies(0, DupHash{key_});
+  en.ids = std::move(set);
+  en.extra_copies = std::move(copies);
 }
 
 std::size_t BlockIndex::probe(std::uint64_t id) const noexcept {
@@ -241,10 +260,9 @@ bool BlockIndex::clear_engine_some(std::size_t engine, std::size_t budget) {
   }
   if (en.clear_pos > 0) return false;
   if (en.ids.has_zero) drop_from_table(0, engine);
-  en.ids = IdSet{};  // frees its slots
+  reset_engine_state(en);  // frees its slots and copies
   en.gpu = 0;
   en.cpu = 0;
-  en.extra_copies = decltype(en.extra_copies){};
   en.clearing = false;
   return true;
 }
@@ -285,7 +303,7 @@ BlockIndex::Resize BlockIndex::plan_resize(std::size_t engine, std::size_t adds)
     plan.shift = shift_of(n);
     for (const Slot& s : slots_) {
       if ((s.gpu | s.cpu) == 0) continue;
-      std::size_t i = static_cast<std::size_t>((s.id * 0x9E3779B97F4A7C15ull) >> plan.shift);
+      std::size_t i = static_cast<std::size_t>(mix(s.id, key_) >> plan.shift);
       while ((plan.slots[i].gpu | plan.slots[i].cpu) != 0) i = (i + 1) & (n - 1);
       plan.slots[i] = s;
     }
@@ -304,7 +322,7 @@ BlockIndex::Resize BlockIndex::plan_resize(std::size_t engine, std::size_t adds)
       plan.ids_shift = shift_of(n);
       for (const std::uint64_t x : en.ids.slots) {
         if (x == 0) continue;
-        std::size_t i = static_cast<std::size_t>((x * 0x9E3779B97F4A7C15ull) >> plan.ids_shift);
+        std::size_t i = static_cast<std::size_t>(mix(x, key_) >> plan.ids_shift);
         while (plan.ids[i] != 0) i = (i + 1) & (n - 1);
         plan.ids[i] = x;
       }
@@ -381,6 +399,17 @@ std::size_t BlockIndex::engine_entries(std::size_t engine, Tier tier) const {
   const EngineIds& en = engines_[engine];
   if (!en.clearing) return tier == Tier::kGpu ? en.gpu : en.cpu;
   return engine_ids(engine, tier).size();  // counted as the clear goes
+}
+
+std::size_t BlockIndex::max_probe_length() const noexcept {
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t longest = 0;
+  for (std::size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& s = slots_[i];
+    if ((s.gpu | s.cpu) == 0) continue;
+    longest = std::max(longest, ((i - home(s.id)) & mask) + 1);
+  }
+  return longest;
 }
 
 std::size_t BlockIndex::memory_bytes() const noexcept {

@@ -14,6 +14,8 @@
 #include <new>
 #include <numeric>
 #include <shared_mutex>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -53,7 +55,11 @@ struct KVIndexer::Impl {
   };
 
   // What a replay brought, decoded, and how it ended.
-  enum class ReplayEnd : std::uint8_t { kComplete, kSilent, kDeadline, kSize, kBadBatch };
+  // kStopped: stop() was called meanwhile (what came is kept; the rest is a loss).
+  enum class ReplayEnd : std::uint8_t { kComplete, kSilent, kDeadline, kSize, kBadBatch, kStopped };
+  // How long the receiver waits at a time for a replay or probe answer before it looks at the
+  // stop flag again.
+  static constexpr std::chrono::milliseconds kStopCheck{50};
   struct Replay {
     std::vector<std::pair<std::uint64_t, WireBatch>> batches;
     ReplayEnd end = ReplayEnd::kSilent;
@@ -117,6 +123,27 @@ struct KVIndexer::Impl {
       s_.index.adopt(std::move(*plan));  // the plan now holds the old tables
       x_.unlock();
       plan.reset();  // freed outside the exclusive lock
+      x_.lock();
+    }
+
+    // Makes room for `adds` more ids of engine e like fit(), but throws std::bad_alloc (having
+    // changed nothing) when the tables cannot be built: after it, adding up to `adds` ids
+    // grows no table (as long as nothing shrinks them: clears pass give_back = false).
+    void reserve(EngineId e, std::size_t adds) {
+      if (adds == 0 || !s_.index.resize_needed(e, adds)) return;
+      x_.unlock();
+      std::optional<BlockIndex::Resize> plan;
+      try {
+        plan.emplace(s_.index.plan_resize(e, adds));
+      } catch (...) {
+        x_.lock();
+        throw;
+      }
+      x_.lock();
+      ops_ = 0;
+      s_.index.adopt(std::move(*plan));
+      x_.unlock();
+      plan.reset();
       x_.lock();
     }
 
@@ -249,8 +276,10 @@ struct KVIndexer::Impl {
     if (!en.dealer) return r;
     using Clock = std::chrono::steady_clock;
     const auto deadline = Clock::now() + config.replay_deadline;
+    auto silent_at = Clock::now() + config.replay_timeout;  // moved on by every frame
     std::size_t frames_seen = 0;
     std::size_t ids = 0;
+    std::size_t events = 0;
     std::optional<std::uint64_t> last;
     char seq[8];
     put_seq(from, seq);
@@ -258,18 +287,26 @@ struct KVIndexer::Impl {
       en.dealer->send(zmq::message_t(), zmq::send_flags::sndmore);
       en.dealer->send(zmq::buffer(seq, 8), zmq::send_flags::none);
       while (true) {
-        const auto left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        if (left.count() <= 0) {
+        if (stop.load(std::memory_order_relaxed)) {
+          r.end = ReplayEnd::kStopped;
+          break;
+        }
+        const auto now = Clock::now();
+        if (now >= deadline) {
           r.end = ReplayEnd::kDeadline;
           break;
         }
-        std::size_t count = 0;
-        auto frames = recv_multipart(*en.dealer, std::min(config.replay_timeout, left), &count);
-        if (count == 0) {  // silence, or the deadline came first
-          r.end = left < config.replay_timeout ? ReplayEnd::kDeadline : ReplayEnd::kSilent;
+        if (now >= silent_at) {
+          r.end = ReplayEnd::kSilent;
           break;
         }
+        const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::min(deadline, silent_at) - now);
+        std::size_t count = 0;
+        auto frames = recv_multipart(
+            *en.dealer, std::clamp(wait, std::chrono::milliseconds(1), kStopCheck), &count);
+        if (count == 0) continue;  // silence so far: the checks above end it
+        silent_at = Clock::now() + config.replay_timeout;
         if (++frames_seen > config.max_replay_frames) {
           r.end = ReplayEnd::kSize;
           break;
@@ -294,7 +331,8 @@ struct KVIndexer::Impl {
           break;
         }
         for (const WireEvent& ev : b.events) ids += ev.block_ids.size();
-        if (ids > config.max_replay_ids) {
+        events += b.events.size();
+        if (ids > config.max_replay_ids || events > config.max_replay_events) {
           r.end = ReplayEnd::kSize;
           break;
         }
@@ -309,10 +347,20 @@ struct KVIndexer::Impl {
   }
 
   // Removes every entry of the engine, in spans (lookups get in between), and gives back the
-  // room when the table has become sparse.
-  void clear_engine(Writer& w, EngineId e) {
+  // room when the table has become sparse (unless !give_back: a batch that follows may use the
+  // room reserved for it; apply_batch gives it back at its end).
+  void clear_engine(Writer& w, EngineId e, bool give_back = true) {
     while (!index.clear_engine_some(e, kOpsPerHold)) w.yield();
-    w.fit(e, 0);
+    if (give_back) w.fit(e, 0);
+  }
+
+  // Stores a batch may add (group 0 ids, at most the cap): reserved before it changes anything.
+  std::size_t stores_in(const WireBatch& b) const {
+    std::size_t n = 0;
+    for (const WireEvent& ev : b.events) {
+      if (ev.type == WireEventType::kBlockStored && ev.group_idx == 0) n += ev.block_ids.size();
+    }
+    return std::min(n, config.max_entries_per_engine);
   }
 
   // Applies one decoded batch to the index (writer held). Stores past max_entries_per_engine
@@ -329,7 +377,7 @@ struct KVIndexer::Impl {
         w.fit(e, std::min(ev.block_ids.size(), cap - std::min(cap, held())));
       }
       if (ev.type == WireEventType::kAllBlocksCleared) {
-        clear_engine(w, e);
+        clear_engine(w, e, false);
         ++en.st.clears;
         continue;
       }
@@ -341,7 +389,14 @@ struct KVIndexer::Impl {
             ++en.st.ids_over_cap;
             continue;
           }
-          index.add(id, e, t);
+          try {
+            index.add(id, e, t);  // strong: on failure the id is as it was
+          } catch (const std::bad_alloc&) {
+            // Only an extra copy's count (the id is held already) or a table the reservation
+            // did not cover can fail here: the store is skipped, so the entries stay a subset
+            // of the engine's cache, and the batch is applied whole (counted).
+            ++en.st.stores_no_memory;
+          }
         } else {
           index.remove(id, e, t);
         }
@@ -352,15 +407,24 @@ struct KVIndexer::Impl {
     w.fit(e, 0);
   }
 
-  void lose(Writer& w, EngineId e, Engine& en) {
-    clear_engine(w, e);
+  void lose(Writer& w, EngineId e, Engine& en, bool give_back = true) {
+    clear_engine(w, e, give_back);
     ++en.st.gaps_lost;
   }
 
-  // A replay ended by its bounds: the engine's entries go (the events that follow rebuild
-  // them), and it is neither replayed nor probed, nor in sync, for replay_backoff.
+  // Whether a replay that ended so is abandoned (abandon_replay): its bounds, or silence.
+  static bool abandoned(ReplayEnd end) {
+    return end == ReplayEnd::kDeadline || end == ReplayEnd::kSize || end == ReplayEnd::kSilent;
+  }
+
+  // A replay ended by its bounds or by silence (no reply within replay_timeout, or a peer that
+  // cannot be sent to): the engine's entries go (the events that follow rebuild them), and it is
+  // neither replayed nor probed, nor in sync, for replay_backoff. So a replay socket that never
+  // answers costs the receiver thread one replay_timeout per replay_backoff, not one per gap.
   void abandon_replay(Writer& w, EngineId e, Engine& en, ReplayEnd end) {
-    ++(end == ReplayEnd::kDeadline ? en.st.replays_aborted_deadline : en.st.replays_aborted_size);
+    ++(end == ReplayEnd::kDeadline ? en.st.replays_aborted_deadline
+       : end == ReplayEnd::kSilent ? en.st.replays_aborted_silent
+                                   : en.st.replays_aborted_size);
     en.suspended_until = std::chrono::steady_clock::now() + config.replay_backoff;
     en.st.in_sync = false;
     clear_engine(w, e);
@@ -379,6 +443,10 @@ struct KVIndexer::Impl {
     {
       Writer w(*this);
       EngineStatus& st = en.st;
+      // Room for the batch's stores first: a bad_alloc here leaves everything as it was, and
+      // with the room made no store below allocates a table (in-process apply() is all or
+      // nothing).
+      if (failure == DecodeFailure::kNone) w.reserve(e, stores_in(current));
       if (en.suspended_until && !suspended(en)) {  // the backoff is over
         en.suspended_until.reset();
         st.in_sync = en.endpoints ? st.connected : true;
@@ -393,7 +461,7 @@ struct KVIndexer::Impl {
       if (!st.next_seq) {
         if (seq > 0) from = 0;  // joined late
       } else if (seq < *st.next_seq) {
-        clear_engine(w, e);  // a new publisher: the engine restarted
+        clear_engine(w, e, false);  // a new publisher: the engine restarted
         ++st.restarts;
         if (seq > 0) from = 0;
       } else if (seq > *st.next_seq) {
@@ -402,7 +470,7 @@ struct KVIndexer::Impl {
       }
       if (from && (!en.dealer || suspended(en))) {
         if (en.dealer) ++st.replays_skipped;
-        if (seq > *from) lose(w, e, en);  // nothing can fill the gap
+        if (seq > *from) lose(w, e, en, false);  // nothing can fill the gap
         from.reset();
       }
       if (!from) {
@@ -413,7 +481,7 @@ struct KVIndexer::Impl {
     }
     const Replay replay = fetch_replay(en, *from, seq);
     Writer w(*this);
-    if (replay.end == ReplayEnd::kDeadline || replay.end == ReplayEnd::kSize) {
+    if (abandoned(replay.end)) {
       abandon_replay(w, e, en, replay.end);
     } else {
       const std::uint64_t expected = apply_replayed(w, e, en, *from, replay.batches);
@@ -487,7 +555,7 @@ struct KVIndexer::Impl {
     if (!en.dealer) return;  // no replay: rebuilt from the events that follow
     const Replay replay = fetch_replay(en, from, std::numeric_limits<std::uint64_t>::max());
     Writer w(*this);
-    if (replay.end == ReplayEnd::kDeadline || replay.end == ReplayEnd::kSize) {
+    if (abandoned(replay.end)) {
       abandon_replay(w, e, en, replay.end);
       en.st.next_seq.reset();  // the events that follow rebuild it as a late join
       return;
@@ -559,49 +627,78 @@ struct KVIndexer::Impl {
     std::vector<zmq::pollitem_t> items;
     while (!stop.load(std::memory_order_relaxed)) {
       if (items_dirty) {
-        items.clear();
-        for (std::size_t i = 0; i < count; ++i) {
-          Engine* en = engines[i].get();
-          if (!en->endpoints) continue;
-          if (!en->sub) reopen(*en);  // a reopen that failed earlier
-          if (!en->sub) continue;
-          items.push_back({en->monitor->handle(), 0, ZMQ_POLLIN, 0});
-          items.push_back({en->sub->handle(), 0, ZMQ_POLLIN, 0});
+        try {
+          items.clear();
+          for (std::size_t i = 0; i < count; ++i) {
+            Engine* en = engines[i].get();
+            if (!en->endpoints) continue;
+            if (!en->sub) reopen(*en);  // a reopen that failed earlier
+            if (!en->sub) continue;
+            items.push_back({en->monitor->handle(), 0, ZMQ_POLLIN, 0});
+            items.push_back({en->sub->handle(), 0, ZMQ_POLLIN, 0});
+          }
+          items_dirty = false;
+        } catch (const std::exception&) {  // bad_alloc: tried again after a pause
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          continue;
         }
-        items_dirty = false;
       }
       try {
         zmq::poll(items.data(), items.size(), std::chrono::milliseconds(50));
       } catch (const zmq::error_t&) {
         continue;
       }
-      for (EngineId e = 0; e < count; ++e) {
+      for (EngineId e = 0; e < count && !stop.load(std::memory_order_relaxed); ++e) {
         Engine& en = *engines[e];
         if (!en.sub) {
           items_dirty = items_dirty || en.endpoints.has_value();
           continue;
         }
-        // Connection events first: data never reads as the old connection's after a loss.
-        if (poll_monitor(e, en)) continue;
-        // Drain what is there, so one busy engine does not starve the others' polls for long.
-        for (int n = 0; n < 64; ++n) {
-          std::size_t nframes = 0;
-          auto frames = recv_multipart(*en.sub, std::chrono::milliseconds(0), &nframes);
-          if (nframes == 0) break;
-          // The connection's handshake event is queued before its first message, so a loss
-          // that happened before this message was received shows now: the message may be the
-          // new peer's, and the socket is replaced and resynchronised instead.
-          if (poll_monitor(e, en)) break;
-          if (en.resync_pending) resync(e, en);  // data before its handshake event (lost event)
-          const auto seq = check_frames(en, frames, nframes);  // not a KV event message: counted
-          if (!seq) continue;
-          if (*seq < 0) {  // a replay's end marker on the SUB socket
-            count_drop(en, &EngineStatus::Dropped::negative_seq);
-            continue;
-          }
-          ingest(e, static_cast<std::uint64_t>(*seq), bytes_of(frames[2]));
+        try {
+          serve(e, en);
+        } catch (const std::exception&) {  // e.g. bad_alloc: the thread must not die
+          fail_engine(e, en);
         }
       }
+    }
+  }
+
+  // An exception on the receiver thread while it handled engine e (an allocation failed): what
+  // it was applying may be half applied, so the engine's entries go and are rebuilt from what
+  // follows (as a late join), and it is counted (EngineStatus::receiver_errors).
+  void fail_engine(EngineId e, Engine& en) noexcept {
+    try {
+      en.dup_below.reset();
+      Writer w(*this);
+      clear_engine(w, e);
+      en.st.next_seq.reset();
+      ++en.st.receiver_errors;
+    } catch (const std::exception&) {
+      // clear_engine allocates nothing; only the locks could throw (system_error).
+    }
+  }
+
+  // One poll's work for a connected engine: its connection events, then up to 64 messages.
+  void serve(EngineId e, Engine& en) {
+    // Connection events first: data never reads as the old connection's after a loss.
+    if (poll_monitor(e, en)) return;
+    // Drain what is there, so one busy engine does not starve the others' polls for long.
+    for (int n = 0; n < 64 && !stop.load(std::memory_order_relaxed); ++n) {
+      std::size_t nframes = 0;
+      auto frames = recv_multipart(*en.sub, std::chrono::milliseconds(0), &nframes);
+      if (nframes == 0) break;
+      // The connection's handshake event is queued before its first message, so a loss
+      // that happened before this message was received shows now: the message may be the
+      // new peer's, and the socket is replaced and resynchronised instead.
+      if (poll_monitor(e, en)) break;
+      if (en.resync_pending) resync(e, en);  // data before its handshake event (lost event)
+      const auto seq = check_frames(en, frames, nframes);  // not a KV event message: counted
+      if (!seq) continue;
+      if (*seq < 0) {  // a replay's end marker on the SUB socket
+        count_drop(en, &EngineStatus::Dropped::negative_seq);
+        continue;
+      }
+      ingest(e, static_cast<std::uint64_t>(*seq), bytes_of(frames[2]));
     }
   }
 
@@ -618,18 +715,25 @@ struct KVIndexer::Impl {
       en.dealer->send(zmq::buffer(kProbeTag), zmq::send_flags::sndmore);
       en.dealer->send(zmq::buffer(req.data(), req.size()), zmq::send_flags::none);
       const auto deadline = std::chrono::steady_clock::now() + config.probe_timeout;
-      while (true) {
+      while (!stop.load(std::memory_order_relaxed)) {
         const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
             deadline - std::chrono::steady_clock::now());
         if (left.count() <= 0) break;
         std::size_t count = 0;
-        auto frames = recv_multipart(*en.dealer, left, &count);
+        auto frames = recv_multipart(*en.dealer, std::min(left, kStopCheck), &count);
         if (count != 3 || frames[1].to_string_view() != kProbeTag) continue;
         a.answered = true;
         std::string scheme = "?";
         std::vector<std::uint8_t> theirs;
         try {
-          auto oh = msgpack::unpack(static_cast<const char*>(frames[2].data()), frames[2].size());
+          if (frames[2].size() > kMaxProbeBytes) {
+            throw std::length_error("over " + std::to_string(kMaxProbeBytes) + " bytes");
+          }
+          bool referenced = false;
+          // A map of a few short fields: limits keep a crafted header from allocating.
+          auto oh = msgpack::unpack(static_cast<const char*>(frames[2].data()), frames[2].size(),
+                                    referenced, nullptr, nullptr,
+                                    msgpack::unpack_limit(0, 16, 4096, 256, 0, 2));
           std::map<std::string, msgpack::object> m;
           oh.get().convert(m);
           if (auto it = m.find("error"); it != m.end()) a.error = it->second.as<std::string>();
@@ -691,6 +795,9 @@ KVIndexer::KVIndexer(KVIndexerConfig config) : impl_(std::make_unique<Impl>()) {
   if (config.probe_block_size == 0) {
     throw Error(ErrorCode::kInvalidArgument, "KVIndexer: probe_block_size must be >= 1");
   }
+  if (config.max_replay_events == 0) {
+    throw Error(ErrorCode::kInvalidArgument, "KVIndexer: max_replay_events must be >= 1");
+  }
   impl_->config = std::move(config);
   impl_->engines.reserve(BlockIndex::kMaxEngines);
 }
@@ -750,8 +857,24 @@ void KVIndexer::stop() {
 }
 
 void KVIndexer::apply(EngineId e, std::uint64_t seq, std::span<const std::uint8_t> payload) {
-  if (e >= num_engines()) {
-    throw Error(ErrorCode::kOutOfRange, "KVIndexer::apply: unknown engine " + std::to_string(e));
+  {
+    std::shared_lock lock(impl_->mu);
+    if (e >= impl_->engines.size()) {
+      throw Error(ErrorCode::kOutOfRange, "KVIndexer::apply: unknown engine " + std::to_string(e));
+    }
+    if (impl_->engines[e]->endpoints) {
+      // Its state belongs to the receiver thread.
+      throw Error(ErrorCode::kInvalidArgument,
+                  "KVIndexer::apply: engine " + std::to_string(e) + " ('" +
+                      impl_->engines[e]->st.name +
+                      "') is followed over ZeroMQ (connect_engine); apply() feeds only engines "
+                      "added with add_engine()");
+    }
+  }
+  if (seq >= (std::uint64_t{1} << 63)) {
+    // vLLM's sequence numbers are int64 (the wire drops these as negative); next_seq would wrap.
+    throw Error(ErrorCode::kInvalidArgument,
+                "KVIndexer::apply: sequence number " + std::to_string(seq) + " is >= 2^63");
   }
   impl_->ingest(e, seq, payload);
 }
@@ -804,6 +927,10 @@ EngineStatus KVIndexer::status(EngineId e) const {
 
 std::vector<std::uint64_t> KVIndexer::engine_ids(EngineId e, Tier tier) const {
   std::shared_lock lock(impl_->mu);
+  if (e >= impl_->engines.size()) {
+    throw Error(ErrorCode::kOutOfRange,
+                "KVIndexer::engine_ids: unknown engine " + std::to_string(e));
+  }
   return impl_->index.engine_ids(e, tier);
 }
 
@@ -823,7 +950,11 @@ bool KVIndexer::wait_for(EngineId e, std::uint64_t next_seq,
   while (true) {
     {
       std::shared_lock lock(impl_->mu);
-      const auto& st = impl_->engines.at(e)->st;
+      if (e >= impl_->engines.size()) {
+        throw Error(ErrorCode::kOutOfRange,
+                    "KVIndexer::wait_for: unknown engine " + std::to_string(e));
+      }
+      const auto& st = impl_->engines[e]->st;
       if (st.next_seq && *st.next_seq >= next_seq) return true;
     }
     if (std::chrono::steady_clock::now() >= deadline) return false;

@@ -10,8 +10,10 @@
 #include <deque>
 #include <mutex>
 #include <random>
+#include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 
 #include "pagedkv/base/error.hpp"
 
@@ -53,6 +55,7 @@ struct KVEventPublisher::Impl {
   std::deque<Pending> queue;
   std::uint64_t next_seq = 0;
   bool stopping = false;
+  std::atomic<bool> stop_serving{false};  // `stopping`, read by serve_replay without the lock
   bool in_flight = false;
   KVEventPublisherStats stats;
 
@@ -69,7 +72,7 @@ struct KVEventPublisher::Impl {
         if (stopping) break;
         if (replay) {
           lock.unlock();
-          serve_replay(std::chrono::milliseconds(5));
+          serve_replay_noexcept(std::chrono::milliseconds(5));
           lock.lock();
         } else {
           cv.wait_for(lock, std::chrono::milliseconds(50));
@@ -81,7 +84,7 @@ struct KVEventPublisher::Impl {
       in_flight = true;
       lock.unlock();
       send(p);
-      if (replay) serve_replay(std::chrono::milliseconds(0));
+      if (replay) serve_replay_noexcept(std::chrono::milliseconds(0));
       lock.lock();
       in_flight = false;
       if (queue.empty()) drained.notify_all();
@@ -89,9 +92,18 @@ struct KVEventPublisher::Impl {
     drained.notify_all();
   }
 
-  void send(const Pending& p) {
-    payload.clear();
-    encode_event_batch(p.events, p.ts, config.wire, payload);
+  // Never throws (the sender thread must not die): a batch that cannot be encoded (publish()
+  // validates what it can; bad_alloc remains) is dropped and counted, never sent nor buffered.
+  void send(const Pending& p) noexcept {
+    try {
+      payload.clear();
+      encode_event_batch(p.events, p.ts, config.wire, payload);
+    } catch (const std::exception&) {
+      std::lock_guard g(mu);
+      ++stats.dropped_batches;
+      ++stats.encode_failures;
+      return;
+    }
     char seq[8];
     put_seq(p.seq, seq);
     bool ok = true;
@@ -105,7 +117,11 @@ struct KVEventPublisher::Impl {
     } catch (const zmq::error_t&) {
       ok = false;
     }
-    buffer.emplace_back(p.seq, payload);
+    try {
+      buffer.emplace_back(p.seq, payload);
+    } catch (const std::bad_alloc&) {
+      // Not kept for replay: a replay asked for it ends before it, and the indexer sees the hole.
+    }
     while (buffer.size() > config.buffer_steps) buffer.pop_front();
     std::lock_guard g(mu);
     if (ok) {
@@ -115,11 +131,25 @@ struct KVEventPublisher::Impl {
     }
   }
 
-  // Serves every waiting request (replay or probe), polling up to `wait` for the first.
+  // serve_replay on the sender thread: an allocation that fails while serving (or a socket error)
+  // costs that request, never the thread.
+  void serve_replay_noexcept(std::chrono::milliseconds wait) noexcept {
+    try {
+      serve_replay(wait);
+    } catch (const std::exception&) {
+    }
+  }
+
+  // Serves up to kRequestsPerTurn waiting requests (replay or probe), polling up to `wait` for
+  // the first. Bounded, so that a client sending requests nonstop (each replay copies the whole
+  // buffer) neither starves the queue nor holds shutdown() up: the sender thread sends a queued
+  // batch, or sees `stopping`, between turns.
+  static constexpr int kRequestsPerTurn = 8;
   void serve_replay(std::chrono::milliseconds wait) {
     zmq::pollitem_t item{replay->handle(), 0, ZMQ_POLLIN, 0};
     if (zmq::poll(&item, 1, wait) <= 0) return;
-    while (true) {
+    for (int served = 0; served < kRequestsPerTurn; ++served) {
+      if (stop_serving.load(std::memory_order_relaxed)) return;
       std::vector<zmq::message_t> frames;
       zmq::message_t part;
       bool more = true;
@@ -148,8 +178,7 @@ struct KVEventPublisher::Impl {
 
   void handle_request(std::vector<zmq::message_t>& frames) {
     if (frames.size() == 3 && frames[2].size() == 8) {  // vLLM replay: [id, "", start seq]
-      const std::int64_t start =
-          get_seq({static_cast<const std::uint8_t*>(frames[2].data()), 8});
+      const std::int64_t start = get_seq({static_cast<const std::uint8_t*>(frames[2].data()), 8});
       char seq[8];
       for (const auto& [s, buf] : buffer) {
         if (static_cast<std::int64_t>(s) < start) continue;
@@ -171,10 +200,18 @@ struct KVEventPublisher::Impl {
         if (!config.probe_hasher) {
           throw Error(ErrorCode::kInvalidState, "this publisher has no probe hasher");
         }
-        auto oh = msgpack::unpack(static_cast<const char*>(frames[3].data()), frames[3].size());
+        if (frames[3].size() > kMaxProbeBytes) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "probe request over " + std::to_string(kMaxProbeBytes) + " bytes");
+        }
+        bool referenced = false;
+        auto oh = msgpack::unpack(static_cast<const char*>(frames[3].data()), frames[3].size(),
+                                  referenced, nullptr, nullptr,
+                                  msgpack::unpack_limit(kMaxProbeTokens, 0, 0, 0, 0, 2));
         std::vector<TokenId> tokens;
         oh.get().convert(tokens);
-        const BlockHash h = config.probe_hasher->hash_block(config.probe_hasher->none_hash(), tokens);
+        const BlockHash h =
+            config.probe_hasher->hash_block(config.probe_hasher->none_hash(), tokens);
         p.pack_map(3);
         p.pack(std::string("incarnation"));
         p.pack(incarnation);
@@ -200,7 +237,8 @@ struct KVEventPublisher::Impl {
   }
 };
 
-KVEventPublisher::KVEventPublisher(KVEventPublisherConfig config) : impl_(std::make_unique<Impl>()) {
+KVEventPublisher::KVEventPublisher(KVEventPublisherConfig config)
+    : impl_(std::make_unique<Impl>()) {
   if (config.buffer_steps == 0 || config.max_queue_size == 0 || config.hwm < 0) {
     throw Error(ErrorCode::kInvalidArgument,
                 "KVEventPublisher: buffer_steps and max_queue_size must be >= 1, hwm >= 0");
@@ -222,6 +260,9 @@ KVEventPublisher::KVEventPublisher(KVEventPublisherConfig config) : impl_(std::m
     if (s.config.replay_endpoint) {
       s.replay.emplace(s.ctx, zmq::socket_type::router);
       s.replay->set(zmq::sockopt::linger, 0);
+      // Requests are 8 bytes (a replay) or a probe: a peer sending more is disconnected.
+      s.replay->set(zmq::sockopt::maxmsgsize,
+                    static_cast<std::int64_t>(kMaxProbeBytes + kProbeTag.size() + 64));
       s.replay->bind(*s.config.replay_endpoint);
       s.bound_replay_endpoint = s.replay->get(zmq::sockopt::last_endpoint);
     }
@@ -234,23 +275,53 @@ KVEventPublisher::KVEventPublisher(KVEventPublisherConfig config) : impl_(std::m
   s.thread = std::thread([&s] { s.run(); });
 }
 
-KVEventPublisher::~KVEventPublisher() { shutdown(); }
+KVEventPublisher::~KVEventPublisher() {
+  shutdown();
+}
+
+namespace {
+
+// What encode_event_batch would refuse on the sender thread, refused here instead.
+void check_events(const std::vector<KVEvent>& events) {
+  auto check = [](const BlockHash& h, std::size_t event, const char* what) {
+    if (h.empty()) {
+      throw Error(ErrorCode::kInvalidArgument, "KVEventPublisher::publish: event " +
+                                                   std::to_string(event) + " has an empty " + what +
+                                                   " (nothing was queued)");
+    }
+  };
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    if (const auto* st = std::get_if<BlockStored>(&events[i].data)) {
+      for (const BlockHash& h : st->block_hashes) check(h, i, "block hash");
+      if (st->parent_block_hash) check(*st->parent_block_hash, i, "parent block hash");
+    } else if (const auto* r = std::get_if<BlockRemoved>(&events[i].data)) {
+      for (const BlockHash& h : r->block_hashes) check(h, i, "block hash");
+    }
+  }
+}
+
+}  // namespace
 
 std::optional<std::uint64_t> KVEventPublisher::publish(std::vector<KVEvent> events) {
   if (events.empty()) return std::nullopt;
+  check_events(events);
   const double ts = now_seconds();
   Impl& s = *impl_;
   std::uint64_t seq = 0;
   {
     std::lock_guard g(s.mu);
-    if (s.stopping) throw Error(ErrorCode::kInvalidState, "KVEventPublisher: publish after shutdown");
-    if (s.queue.size() >= s.config.max_queue_size) {
+    if (s.stopping)
+      throw Error(ErrorCode::kInvalidState, "KVEventPublisher: publish after shutdown");
+    // Queued first (push_back may throw bad_alloc: then nothing changed, no number is taken and
+    // no batch dropped), then the oldest dropped when the queue is over its bound.
+    seq = s.next_seq;
+    s.queue.push_back({seq, ts, std::move(events)});
+    ++s.next_seq;
+    ++s.stats.published_batches;
+    if (s.queue.size() > s.config.max_queue_size) {
       s.queue.pop_front();
       ++s.stats.dropped_batches;
     }
-    seq = s.next_seq++;
-    s.queue.push_back({seq, ts, std::move(events)});
-    ++s.stats.published_batches;
   }
   s.cv.notify_one();
   return seq;
@@ -268,6 +339,7 @@ void KVEventPublisher::shutdown() {
     std::lock_guard g(s.mu);
     if (s.stopped) return;
     s.stopping = true;
+    s.stop_serving = true;
     s.stopped = true;
   }
   s.cv.notify_all();
@@ -276,8 +348,12 @@ void KVEventPublisher::shutdown() {
   if (s.replay) s.replay->close();
 }
 
-std::string KVEventPublisher::endpoint() const { return impl_->pub_endpoint; }
-std::uint64_t KVEventPublisher::incarnation() const { return impl_->incarnation; }
+std::string KVEventPublisher::endpoint() const {
+  return impl_->pub_endpoint;
+}
+std::uint64_t KVEventPublisher::incarnation() const {
+  return impl_->incarnation;
+}
 std::optional<std::string> KVEventPublisher::replay_endpoint() const {
   return impl_->bound_replay_endpoint;
 }

@@ -2,6 +2,7 @@
 #include "pagedkv/events/router.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "pagedkv/base/error.hpp"
@@ -39,6 +40,20 @@ EngineId KVRouter::pick(std::span<const PrefixMatch> matches, std::size_t num_bl
     throw Error(ErrorCode::kInvalidArgument, "KVRouter: " + std::to_string(skip.size()) +
                                                  " skip flags for " + std::to_string(k) +
                                                  " engines");
+  }
+  for (std::size_t e = 0; e < k; ++e) {
+    if (!std::isfinite(loads[e]) || loads[e] < 0) {
+      throw Error(ErrorCode::kInvalidArgument, "KVRouter: load " + std::to_string(loads[e]) +
+                                                   " of engine " + std::to_string(e) +
+                                                   " (must be finite and >= 0)");
+    }
+    if (matches[e].gpu_prefix_blocks > matches[e].prefix_blocks) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "KVRouter: engine " + std::to_string(e) + " matches " +
+                      std::to_string(matches[e].gpu_prefix_blocks) + " blocks on its GPU but " +
+                      std::to_string(matches[e].prefix_blocks) +
+                      " on any medium (gpu_prefix_blocks must be <= prefix_blocks)");
+    }
   }
   // Every engine skipped: choose among all of them.
   const bool skipping = !skip.empty() && std::find(skip.begin(), skip.end(), false) != skip.end();

@@ -172,7 +172,10 @@ void AdmissionScheduler::fill_proposal(std::span<const WaitingRequest> waiting,
     while (j < max_blocks && in_step_.contains(hashes[j])) ++j;
     const std::size_t start = j * bs;
     const std::size_t local_end = c.cached.gpu_tokens + c.cached.host_tokens;
-    const std::size_t remote_end = std::min(cap, local_end + w.remote_tokens);
+    // min(cap, local_end + remote_tokens), saturating: a huge remote count (the caller's) once
+    // wrapped the sum and silently loaded nothing.
+    const std::size_t remote_end =
+        local_end >= cap || w.remote_tokens >= cap - local_end ? cap : local_end + w.remote_tokens;
     const std::size_t host = local_end > start ? local_end - start : 0;
     const std::size_t from = std::max(start, local_end);
     const std::size_t remote = remote_end > from ? remote_end - from : 0;
@@ -256,7 +259,11 @@ void AdmissionScheduler::record_step(std::span<WaitingRequest> waiting, std::siz
     latest = std::max(latest, waiting[i].arrival);
   }
   for (std::size_t i = 0; i < waiting.size(); ++i) {
-    if (admitted_[i] == 0 && waiting[i].arrival < latest) ++waiting[i].passed_over;
+    // Saturating: a wrap to 0 would take an urgent request's urgency away.
+    if (admitted_[i] == 0 && waiting[i].arrival < latest &&
+        waiting[i].passed_over < std::numeric_limits<std::uint32_t>::max()) {
+      ++waiting[i].passed_over;
+    }
   }
 }
 

@@ -1,7 +1,10 @@
 // BlockIndex against a brute-force model under random operations, and the router's score.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
@@ -81,7 +84,7 @@ TEST(BlockIndex, LongestPrefixesPerEngineAndMedium) {
   index.add(12, 0, Tier::kGpu);
   index.add(13, 0, Tier::kCpu);  // engine 0: 2 on GPU, then a third block on CPU
   index.add(11, 1, Tier::kGpu);
-  index.add(13, 1, Tier::kGpu);  // engine 1: hole at 12 -> prefix 1
+  index.add(13, 1, Tier::kGpu);                               // engine 1: hole at 12 -> prefix 1
   for (std::uint64_t id : ids) index.add(id, 2, Tier::kGpu);  // engine 2: everything
   index.add(12, 3, Tier::kGpu);                               // engine 3: not block 0 -> 0
   std::vector<PrefixMatch> out(5);
@@ -156,6 +159,41 @@ TEST(BlockIndex, MemoryShrinksWhenEntriesGo) {
   EXPECT_EQ(index.find(5).gpu, 1u);
 }
 
+// Ids chosen so that id * 0x9E3779B97F4A7C15 (the unkeyed slot hash this table once used) are
+// consecutive numbers: they all had one home slot, one probe run as long as the table held them
+// (an honest engine's lookup waited for the run). With the keyed mix they spread like random ids.
+std::vector<std::uint64_t> ids_colliding_under_the_unkeyed_hash(std::size_t n) {
+  const std::uint64_t c = 0x9E3779B97F4A7C15ull;
+  std::uint64_t inv = c;  // c^-1 mod 2^64 (Newton's iteration)
+  for (int i = 0; i < 6; ++i) inv *= 2 - c * inv;
+  std::vector<std::uint64_t> ids(n);
+  for (std::size_t i = 0; i < n; ++i) ids[i] = inv * (0x4000000000000000ull + i);
+  return ids;
+}
+
+TEST(BlockIndex, CraftedIdsDoNotShareOneProbeRun) {
+  const auto ids = ids_colliding_under_the_unkeyed_hash(20000);
+  for (const std::uint64_t key : {std::uint64_t{0}, std::uint64_t{12345}, ~std::uint64_t{0}}) {
+    BlockIndex index(key);
+    for (const std::uint64_t id : ids) index.add(id, 1, Tier::kGpu);
+    // Random ids at a load of at most 0.7 give runs of tens of slots; the unkeyed hash gave 20000.
+    EXPECT_LT(index.max_probe_length(), 200u) << "key " << key;
+    EXPECT_EQ(index.engine_entries(1, Tier::kGpu), ids.size());
+    for (const std::uint64_t id : ids) index.remove(id, 1, Tier::kGpu);
+    EXPECT_EQ(index.num_ids(), 0u);
+  }
+  BlockIndex random_key;  // the default: a key from std::random_device
+  for (const std::uint64_t id : ids) random_key.add(id, 0, Tier::kGpu);
+  EXPECT_LT(random_key.max_probe_length(), 200u);
+}
+
+TEST(BlockIndex, MaxProbeLengthCountsARun) {
+  BlockIndex index(7);
+  EXPECT_EQ(index.max_probe_length(), 0u);
+  index.add(42, 0, Tier::kGpu);
+  EXPECT_EQ(index.max_probe_length(), 1u);
+}
+
 TEST(KVRouter, ScorePrefersLongerGpuPrefixThenLoadThenRotates) {
   KVIndexer indexer;
   KVRouter router(indexer, {.prefix_weight = 1.0, .cpu_weight = 0.5, .load_weight = 0.5});
@@ -176,6 +214,30 @@ TEST(KVRouter, ScorePrefersLongerGpuPrefixThenLoadThenRotates) {
   // No cache, unequal loads: the least loaded.
   EXPECT_EQ(router.pick(none, 10, std::vector<double>{3, 1, 2}), 1u);
   EXPECT_THROW(router.pick(m, 10, std::vector<double>{0}), Error);
+}
+
+// Before: a match with gpu_prefix_blocks > prefix_blocks wrapped the 32-bit difference (the engine
+// scored ~2^31 blocks of CPU credit and won), and NaN or infinite loads were accepted.
+TEST(KVRouter, PickRefusesInconsistentMatchesAndNonFiniteLoads) {
+  KVIndexer indexer;
+  KVRouter router(indexer);
+  const std::vector<double> idle{0, 0};
+  auto code_of = [&](std::span<const PrefixMatch> m, std::span<const double> loads) {
+    try {
+      (void)router.pick(m, 10, loads);
+    } catch (const Error& e) {
+      return std::optional<ErrorCode>(e.code());
+    }
+    return std::optional<ErrorCode>();
+  };
+  const std::vector<PrefixMatch> bad{{2, 5}, {3, 3}};  // engine 0: 5 on GPU, 2 on any medium
+  EXPECT_EQ(code_of(bad, idle), ErrorCode::kInvalidArgument);
+  const std::vector<PrefixMatch> ok{{2, 2}, {3, 3}};
+  for (const double load : {std::nan(""), std::numeric_limits<double>::infinity(),
+                            -std::numeric_limits<double>::infinity(), -1.0}) {
+    EXPECT_EQ(code_of(ok, std::vector<double>{0, load}), ErrorCode::kInvalidArgument) << load;
+  }
+  EXPECT_EQ(router.pick(ok, 10, idle), 1u);
 }
 
 }  // namespace

@@ -1,13 +1,17 @@
 // KVIndexer over real loopback sockets: several engines (each a KVCacheManager publishing
 // through its own KVEventPublisher on tcp://127.0.0.1:*) and one indexer. After each scenario
 // the index must equal every engine's own pool contents.
+#define MSGPACK_NO_BOOST
 #include <gtest/gtest.h>
 
+#include <msgpack.hpp>
 #include <zmq.hpp>
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <future>
+#include <map>
 #include <memory>
 #include <random>
 #include <thread>
@@ -601,6 +605,42 @@ std::vector<std::uint64_t> feed_honest(KVIndexer& indexer, EngineId h, std::uint
   return all;
 }
 
+// Caller errors of apply() and engine_ids(): before, apply() fed a connect_engine() engine (two
+// threads on its state), took seq 2^64-1 (next_seq wrapped to 0) and engine_ids() of an unknown
+// engine returned an empty list.
+TEST(KVIndexer, ApplyAndEngineIdsRefuseCallerErrors) {
+  KVEventPublisherConfig pc = loopback();
+  pc.replay_endpoint.reset();
+  KVEventPublisher publisher(pc);
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  KVIndexer indexer(ic);
+  const EngineId c = indexer.connect_engine({"connected", publisher.endpoint(), std::nullopt});
+  const EngineId e = indexer.add_engine("in-process");
+  const auto batch = stored_batch(std::vector<std::uint64_t>{3});
+  auto code_of = [&](auto&& call) {
+    try {
+      call();
+    } catch (const Error& err) {
+      return std::optional<ErrorCode>(err.code());
+    }
+    return std::optional<ErrorCode>();
+  };
+  EXPECT_EQ(code_of([&] { indexer.apply(c, 0, batch); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { indexer.apply(e, ~std::uint64_t{0}, batch); }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { indexer.apply(e, std::uint64_t{1} << 63, batch); }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { indexer.apply(e + 1, 0, batch); }), ErrorCode::kOutOfRange);
+  EXPECT_EQ(code_of([&] { (void)indexer.engine_ids(e + 1, Tier::kGpu); }), ErrorCode::kOutOfRange);
+  // Nothing changed.
+  EXPECT_FALSE(indexer.status(c).next_seq.has_value());
+  EXPECT_FALSE(indexer.status(e).next_seq.has_value());
+  EXPECT_EQ(indexer.num_entries(), 0u);
+  indexer.apply(e, (std::uint64_t{1} << 63) - 1, batch);  // the largest accepted
+  EXPECT_EQ(indexer.engine_ids(e, Tier::kGpu), std::vector<std::uint64_t>{3});
+}
+
 // Before: every AllBlocksCleared and every undecodable payload rebuilt the whole shared table
 // under the exclusive lock (20 clears with 1M honest blocks: 2.2 s). Now they cost the hostile
 // engine's own entries. 1,000 clears and 200 bad payloads beside 300,000 honest blocks took
@@ -724,10 +764,13 @@ struct HostileEngine {
   std::string pub_endpoint, replay_endpoint;
   std::atomic<bool> stop{false};
   std::atomic<int> requests{0};
+  std::string clears;  // "clears" mode's frame: 500 AllBlocksCleared events
   std::thread server;
 
-  // mode: "junk" (frames of a wrong count, every 2 ms) or "valid" (batches of 20,000 ids with
-  // increasing sequence numbers, every 2 ms). Stops by itself after `for_how_long`.
+  // mode: "junk" (frames of a wrong count, every 2 ms), "valid" (batches of 20,000 ids with
+  // increasing sequence numbers, every 2 ms), "clears" (batches of 500 AllBlocksCleared, no
+  // block id, every 2 ms) or "silent" (requests counted, never answered). Stops
+  // by itself after `for_how_long`.
   HostileEngine(std::string mode, std::chrono::milliseconds for_how_long) {
     pub.set(zmq::sockopt::linger, 0);
     router.set(zmq::sockopt::linger, 0);
@@ -735,6 +778,8 @@ struct HostileEngine {
     router.bind("tcp://127.0.0.1:*");
     pub_endpoint = pub.get(zmq::sockopt::last_endpoint);
     replay_endpoint = router.get(zmq::sockopt::last_endpoint);
+    const auto c = clears_batch(500);
+    clears.assign(c.begin(), c.end());
     server = std::thread([this, mode, for_how_long] {
       std::mt19937_64 rng(17);
       const auto end = std::chrono::steady_clock::now() + for_how_long;
@@ -753,8 +798,20 @@ struct HostileEngine {
           }
           peer.emplace(std::move(id));
           ++requests;
+          if (mode == "silent") peer.reset();  // never answers
         }
         if (!peer) continue;
+        if (mode == "clears") {
+          if (next > 20'000) continue;  // never the end marker
+          zmq::message_t to_peer(peer->data(), peer->size());
+          router.send(to_peer, zmq::send_flags::sndmore);
+          router.send(zmq::message_t(), zmq::send_flags::sndmore);
+          char seq[8];
+          put_seq(next++, seq);
+          router.send(zmq::buffer(seq, 8), zmq::send_flags::sndmore);
+          router.send(zmq::buffer(clears), zmq::send_flags::none);
+          continue;
+        }
         zmq::message_t to(peer->data(), peer->size());
         router.send(to, zmq::send_flags::sndmore);
         router.send(zmq::message_t(), zmq::send_flags::sndmore);
@@ -861,6 +918,128 @@ TEST(KVIndexerHostile, EndlessValidReplayIsBoundedBySize) {
   endless_replay_beside_an_honest_engine("valid");
 }
 
+// A replay socket that takes requests and never answers. Before, every gapped batch asked it
+// again and waited replay_timeout (1 s by default): a hostile engine skipping one number per
+// batch held the receiver thread nearly all the time (an honest engine beside it had 1 of 298
+// batches applied in 6 s). Now silence abandons the replay as its bounds do: one request, then
+// replay_backoff, gaps meanwhile are losses (replays_skipped).
+TEST(KVIndexerHostile, SilentReplaySocketStartsTheBackoff) {
+  Engine honest(83, loopback());
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();  // no probes: replays only
+  ic.replay_timeout = 200ms;
+  KVIndexer indexer(ic);
+  const EngineId h = indexer.connect_engine(endpoints_of("honest", honest));
+  HostileEngine hostile("silent", 60s);
+  const EngineId x =
+      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  honest.steps(5, 1);
+  expect_follows(indexer, h, honest, 100);
+  const auto p = stored_batch(std::vector<std::uint64_t>{3, 5});
+  const std::string payload(p.begin(), p.end());
+  // A late join at 1,000,000: the indexer asks the replay socket for 0 on, and hears nothing.
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
+        return hostile.requests.load() > 0;
+      },
+      10s));
+  // Every further batch skips a number: each is a gap, none is asked for (before: each was, and
+  // replays_skipped stayed 0).
+  std::uint64_t seq = 2'000'000;
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(seq), payload});
+        seq += 2;
+        return indexer.status(x).replays_skipped >= 5;
+      },
+      10s));
+  const EngineStatus st = indexer.status(x);
+  EXPECT_EQ(st.replays_aborted_silent, 1u);
+  EXPECT_EQ(hostile.requests.load(), 1);
+  EXPECT_FALSE(st.in_sync);  // not trusted until its backoff ends
+  EXPECT_LE(st.gpu_blocks, 2u);
+  for (RequestId r = 1000; r < 1020; ++r) honest.step(r);
+  expect_follows(indexer, h, honest, 5000);
+}
+
+// stop() while the receiver waits for a replay that does not come: before, neither the replay
+// nor the drain loop looked at the stop flag, so stop() waited out replay_timeout (here 60 s)
+// for every gapped batch queued; now it returns within ~50 ms (bound: 5 s).
+TEST(KVIndexerHostile, StopReturnsDuringASilentReplay) {
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  ic.replay_timeout = 60s;
+  ic.replay_deadline = 120s;
+  KVIndexer indexer(ic);
+  HostileEngine hostile("silent", 60s);
+  const EngineId x =
+      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  const auto p = stored_batch(std::vector<std::uint64_t>{3});
+  const std::string payload(p.begin(), p.end());
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
+        return hostile.requests.load() > 0;
+      },
+      10s));
+  // More gapped batches queued behind the one waiting for its replay.
+  for (std::uint64_t s = 1'000'002; s < 1'000'010; s += 2) {
+    hostile.send_raw({"", HostileEngine::seq_frame(s), payload});
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  indexer.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+// A replay of events that carry no block id (AllBlocksCleared): max_replay_ids never tripped, so
+// a replay could keep up to max_replay_frames (20,000) frames decoded (one 16 MiB frame holds
+// 2^19 such events, ~9x its size once decoded), until replay_deadline. Now max_replay_events
+// bounds what a replay holds.
+TEST(KVIndexerHostile, ReplayOfEventsWithoutIdsIsBoundedByEvents) {
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();
+  ic.replay_deadline = 3000ms;
+  ic.max_replay_events = 2000;  // the 5th frame of 500 passes it
+  KVIndexer indexer(ic);
+  HostileEngine hostile("clears", 60s);
+  const EngineId x =
+      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  const auto p = stored_batch(std::vector<std::uint64_t>{3});
+  const std::string payload(p.begin(), p.end());
+  ASSERT_TRUE(eventually(
+      [&] {
+        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
+        return hostile.requests.load() > 0;
+      },
+      10s));
+  ASSERT_TRUE(eventually(
+      [&] {
+        const EngineStatus st = indexer.status(x);
+        return st.replays_aborted_deadline + st.replays_aborted_size > 0;
+      },
+      10s));
+  const EngineStatus st = indexer.status(x);
+  EXPECT_EQ(st.replays_aborted_size, 1u);
+  EXPECT_EQ(st.replays_aborted_deadline, 0u);
+  EXPECT_EQ(st.clears, 0u);  // nothing of the abandoned replay was applied
+  KVIndexerConfig bad = indexer_config();
+  bad.max_replay_events = 0;
+  try {
+    KVIndexer refused(bad);
+    ADD_FAILURE() << "max_replay_events 0 accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("max_replay_events"), std::string::npos);
+  }
+}
+
 // Frames dropped on the SUB socket, each counted with its reason (before: dropped silently).
 TEST(KVIndexerHostile, MalformedFramesAreCountedByReason) {
   KVIndexerConfig ic = indexer_config();
@@ -913,6 +1092,151 @@ TEST(KVIndexerHostile, OversizedFrameClosesTheConnection) {
       },
       10s));
   EXPECT_EQ(indexer.status(x).bad_batches, 0u);  // never decoded
+}
+
+// A BlockStored with an empty (default) BlockHash: before, publish() queued it and the sender
+// thread's encode_event_batch threw with no handler (std::terminate). Now publish() refuses it,
+// numbering and queuing nothing.
+TEST(KVEventPublisher, PublishRefusesAnEmptyBlockHash) {
+  KVEventPublisherConfig pc = loopback();
+  pc.replay_endpoint.reset();
+  KVEventPublisher publisher(pc);
+  auto stored = [](std::optional<BlockHash> parent, BlockHash h) {
+    BlockStored s;
+    s.block_hashes = {BlockHash(digest_of(7)), h};
+    s.parent_block_hash = parent;
+    s.token_ids.assign(2, 1);
+    s.block_size = 1;
+    std::vector<KVEvent> ev(1);
+    ev[0].data = std::move(s);
+    return ev;
+  };
+  std::vector<std::vector<KVEvent>> bad;
+  bad.push_back(stored(std::nullopt, BlockHash{}));
+  bad.push_back(stored(BlockHash{}, BlockHash(digest_of(8))));
+  {
+    BlockRemoved r;
+    r.block_hashes = {BlockHash{}};
+    std::vector<KVEvent> ev(2);
+    ev[0].data = AllBlocksCleared{};
+    ev[1].data = std::move(r);
+    bad.push_back(std::move(ev));
+  }
+  for (auto& ev : bad) {
+    try {
+      (void)publisher.publish(std::move(ev));
+      ADD_FAILURE() << "accepted a batch with an empty block hash";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("empty"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(publisher.stats().published_batches, 0u);
+  EXPECT_EQ(publisher.stats().queued, 0u);
+  EXPECT_EQ(publisher.publish(stored(BlockHash(digest_of(6)), BlockHash(digest_of(8)))), 0u);
+  ASSERT_TRUE(publisher.flush(10s));
+  EXPECT_EQ(publisher.stats().sent_batches, 1u);
+  EXPECT_EQ(publisher.stats().encode_failures, 0u);
+}
+
+// A client sending replay requests nonstop, each answered with the whole replay buffer: before,
+// the sender thread served requests as long as any were waiting, so published batches were never
+// sent (flush() timed out) and shutdown() did not return while the client went on. Now it serves
+// at most a few per turn and stops serving once shutdown() begins.
+TEST(KVEventPublisher, RequestFloodStarvesNeitherTheQueueNorShutdown) {
+  KVEventPublisherConfig pc = loopback();
+  pc.buffer_steps = 5000;
+  auto publisher = std::make_unique<KVEventPublisher>(pc);
+  auto batch = [](std::uint64_t id) {  // 64 blocks: a replay copies ~5 MB
+    BlockStored s;
+    for (std::uint64_t b = 0; b < 64; ++b) s.block_hashes.emplace_back(digest_of(id * 64 + b));
+    s.token_ids.assign(64, 1);
+    s.block_size = 1;
+    std::vector<KVEvent> ev(1);
+    ev[0].data = std::move(s);
+    return ev;
+  };
+  for (std::uint64_t i = 0; i < 5000; ++i) (void)publisher->publish(batch(i + 1));
+  ASSERT_TRUE(publisher->flush(10s));
+  zmq::context_t ctx{1};
+  zmq::socket_t client(ctx, zmq::socket_type::dealer);
+  client.set(zmq::sockopt::linger, 0);
+  client.set(zmq::sockopt::sndhwm, 0);  // no bound: requests pile up at the publisher
+  client.connect(*publisher->replay_endpoint());
+  std::atomic<bool> flooding{true};
+  std::thread flood([&] {
+    char seq[8];
+    put_seq(0, seq);
+    // Replies are never read (the ROUTER drops them past its HWM). At most 300,000 requests:
+    // more than the publisher serves in 10 s.
+    for (int sent = 0; flooding && sent < 300'000; ++sent) {
+      try {
+        if (client.send(zmq::message_t(), zmq::send_flags::sndmore | zmq::send_flags::dontwait)) {
+          client.send(zmq::buffer(seq, 8), zmq::send_flags::none);
+        }
+      } catch (const zmq::error_t&) {
+      }
+      std::this_thread::yield();
+    }
+  });
+  const bool flooded = eventually([&] { return publisher->stats().replays_served >= 5; }, 10s);
+  (void)publisher->publish(batch(50'000));
+  const bool flushed = publisher->flush(10s);
+  auto down = std::async(std::launch::async, [&] { publisher->shutdown(); });
+  const bool shut = down.wait_for(10s) == std::future_status::ready;
+  flooding = false;  // lets the unbounded server of before finish, to report rather than hang
+  flood.join();
+  down.wait();
+  EXPECT_TRUE(flooded);
+  EXPECT_TRUE(flushed) << "a published batch was not sent while requests kept coming";
+  EXPECT_TRUE(shut) << "shutdown() did not return within 10 s while requests kept coming";
+}
+
+// A probe request over kMaxProbeBytes: the replay socket (ZMQ_MAXMSGSIZE) drops the connection
+// instead of unpacking it (before: any size was received, unpacked and hashed). The client's next
+// probe, on the reconnected socket, is the first one answered.
+TEST(KVEventPublisher, OversizedProbeRequestIsNotServed) {
+  KVEventPublisherConfig pc = loopback();
+  pc.probe_hasher = BlockHasher(HashScheme::kSha256CborVllm);
+  KVEventPublisher publisher(pc);
+  zmq::context_t ctx{1};
+  zmq::socket_t client(ctx, zmq::socket_type::dealer);
+  client.set(zmq::sockopt::linger, 0);
+  client.connect(*publisher.replay_endpoint());
+  auto probe = [&](const std::vector<TokenId>& tokens) {
+    msgpack::sbuffer req;
+    msgpack::pack(req, tokens);
+    client.send(zmq::message_t(), zmq::send_flags::sndmore);
+    client.send(zmq::buffer(kProbeTag), zmq::send_flags::sndmore);
+    client.send(zmq::buffer(req.data(), req.size()), zmq::send_flags::none);
+  };
+  probe(std::vector<TokenId>(100'000, 0));  // ~100 KB
+  const std::vector<TokenId> small{0, 1, 2, 3};
+  std::vector<std::string> reply;
+  ASSERT_TRUE(eventually(
+      [&] {
+        probe(small);
+        zmq::pollitem_t item{client.handle(), 0, ZMQ_POLLIN, 0};
+        if (zmq::poll(&item, 1, std::chrono::milliseconds(200)) <= 0) return false;
+        for (bool more = true; more;) {
+          zmq::message_t m;
+          (void)client.recv(m);
+          more = m.more();
+          reply.push_back(m.to_string());
+        }
+        return true;
+      },
+      10s));
+  ASSERT_EQ(reply.size(), 3u);
+  auto oh = msgpack::unpack(reply[2].data(), reply[2].size());
+  std::map<std::string, msgpack::object> m;
+  oh.get().convert(m);
+  ASSERT_TRUE(m.count("hash"));
+  const auto& bin = m.at("hash").via.bin;
+  const BlockHash want = pc.probe_hasher->hash_block(pc.probe_hasher->none_hash(), small);
+  EXPECT_EQ(std::vector<std::uint8_t>(bin.ptr, bin.ptr + bin.size),
+            std::vector<std::uint8_t>(want.bytes().begin(), want.bytes().end()))
+      << "the first answer was not the small probe's";
 }
 
 TEST(KVEventPublisher, FullQueueDropsOldestAndCountsIt) {

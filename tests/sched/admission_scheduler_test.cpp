@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -161,6 +162,43 @@ TEST(AdmissionScheduler, RecordStepCountsPassedOverOnlyForEarlierArrivals) {
   std::vector<WaitingRequest> shorter(w.begin(), w.begin() + 2);
   EXPECT_THROW(s.record_step(shorter, 1), Error);
   EXPECT_EQ(w[0].passed_over, 1u);
+}
+
+// Before: passed_over wrapped from UINT32_MAX to 0 (an urgent request lost its urgency), and
+// local_end + remote_tokens wrapped for a huge remote count, which then loaded nothing.
+TEST(AdmissionScheduler, PassedOverAndRemoteTokensSaturate) {
+  KVCacheManager m(config(400));
+  warm(m, 1, concat(iota_tokens(1, 80), iota_tokens(900, 2)));
+  Request a = m.make_request(10, iota_tokens(5000, 40));
+  Request hot = m.make_request(11, concat(iota_tokens(1, 80), iota_tokens(7000, 4)));
+  PrefixProbe probe(m);
+  AdmissionSchedulerConfig lax;
+  lax.max_passed_over = std::numeric_limits<std::uint32_t>::max();
+  AdmissionScheduler s(probe, lax);
+  std::vector<WaitingRequest> w = {{&a, 0}, {&hot, 1}};
+  w[0].passed_over = std::numeric_limits<std::uint32_t>::max() - 1;  // not yet urgent
+  const Proposal& p = s.propose(w, {4, 399, 10});  // budget: hot's 4 uncached tokens only
+  ASSERT_EQ(p.admissions.size(), 1u);
+  ASSERT_EQ(p.admissions[0].index, 1u);
+  s.record_step(w, 1);
+  EXPECT_EQ(w[0].passed_over, std::numeric_limits<std::uint32_t>::max());
+  s.record_step(w, 1);
+  EXPECT_EQ(w[0].passed_over, std::numeric_limits<std::uint32_t>::max());
+  // Remote tokens: hot has 80 tokens cached on the GPU of 84; cap 83 (the last token is
+  // computed), so whatever the remote count past 3, 3 tokens are loaded and 1 computed.
+  AdmissionSchedulerConfig fcfs;
+  fcfs.policy = SchedulePolicy::kFcfs;
+  for (const std::size_t remote : {std::size_t{1} << 40, std::numeric_limits<std::size_t>::max(),
+                                   std::numeric_limits<std::size_t>::max() - 70}) {
+    std::vector<WaitingRequest> one = {{&hot, 0}};
+    one[0].remote_tokens = remote;
+    AdmissionScheduler u(probe, fcfs);
+    const Proposal& r = u.propose(one, {1000, 399, 10});
+    ASSERT_EQ(r.admissions.size(), 1u);
+    EXPECT_EQ(r.admissions[0].cached.gpu_tokens, 80u);
+    EXPECT_EQ(r.admissions[0].remote_tokens, 3u) << remote;
+    EXPECT_EQ(r.admissions[0].chunk_tokens, 1u) << remote;
+  }
 }
 
 TEST(AdmissionScheduler, RejectsBadInput) {

@@ -21,6 +21,12 @@
 // (hysteresis: it cannot grow and shrink back without about as many operations as it holds
 // ids); an engine that holds nothing frees its set.
 //
+// Hostile ids: a slot is taken from the id mixed with a per-index random key (drawn from
+// std::random_device at construction; a fixed one may be given for tests) by a murmur3-style
+// finalizer, so ids chosen to share a probe run in one index (or in the unkeyed multiplicative
+// hash this table once used) are spread like random ones in any other. max_probe_length() reports
+// the longest run (tests).
+//
 // Thread-compatible (KVIndexer adds the locking). Complexity: add/remove/find O(1) expected;
 // clear_engine / clear_engine_some O(the engine's entries); engine_ids O(n log n) in the
 // engine's entries; engine_entries O(1); plan_resize O(ids of the tables it rebuilds).
@@ -57,7 +63,8 @@ class BlockIndex {
  public:
   static constexpr std::size_t kMaxEngines = 32;
 
-  BlockIndex();
+  BlockIndex();                            // a random key
+  explicit BlockIndex(std::uint64_t key);  // a fixed key (tests: reproducible slots)
 
   void add(std::uint64_t id, std::size_t engine, Tier tier);
   void remove(std::uint64_t id, std::size_t engine, Tier tier);
@@ -84,6 +91,19 @@ class BlockIndex {
   std::size_t num_ids() const noexcept { return size_; }
   std::size_t num_entries() const noexcept { return entries_; }  // (id, engine, medium) triples
   std::size_t memory_bytes() const noexcept;                     // tables + duplicate counts
+  // The most slots a lookup of a present id visits in the shared table (O(table size); tests).
+  std::size_t max_probe_length() const noexcept;
+
+  // The slot hash: the id plus the key, through murmur3's 64-bit finalizer.
+  static std::uint64_t mix(std::uint64_t id, std::uint64_t key) noexcept {
+    std::uint64_t x = id + key;
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    x *= 0xC4CEB9FE1A85EC53ull;
+    x ^= x >> 33;
+    return x;
+  }
 
   // Resizing in two steps. resize_needed(): whether the shared table or the engine's set must
   // grow for `adds` more ids, or may shrink (O(1)). plan_resize(): the resized tables, built
@@ -112,9 +132,10 @@ class BlockIndex {
     unsigned shift = 64;
     std::size_t size = 0;  // ids in slots (id 0 not counted)
     bool has_zero = false;
+    std::uint64_t key = 0;  // the index's key
 
     std::size_t home(std::uint64_t id) const noexcept {
-      return static_cast<std::size_t>((id * 0x9E3779B97F4A7C15ull) >> shift);
+      return static_cast<std::size_t>(mix(id, key) >> shift);
     }
     std::size_t probe(std::uint64_t id) const noexcept;
     void insert(std::uint64_t id);  // absent ids only
@@ -127,11 +148,14 @@ class BlockIndex {
     bool operator==(const DupKey&) const = default;
   };
   struct DupHash {
+    DupHash() noexcept : key(0) {}
+    explicit DupHash(std::uint64_t k) noexcept : key(k) {}
+    std::uint64_t key;  // the index's key
     std::size_t operator()(const DupKey& k) const noexcept {
-      return static_cast<std::size_t>((k.id ^ (std::uint64_t(k.tier) << 63)) *
-                                      0x9E3779B97F4A7C15ull);
+      return static_cast<std::size_t>(mix(k.id ^ (std::uint64_t(k.tier) << 63), key));
     }
   };
+  using DupMap = std::unordered_map<DupKey, std::uint32_t, DupHash>;
   struct EngineIds {
     IdSet ids;
     std::size_t gpu = 0;  // entries per medium
@@ -139,12 +163,13 @@ class BlockIndex {
     std::size_t clear_pos = 0;  // a clear in progress: slots at and above it are done
     bool clearing = false;
     // Extra copies beyond the first: rare (two blocks cached with one hash).
-    std::unordered_map<DupKey, std::uint32_t, DupHash> extra_copies;
+    DupMap extra_copies;
   };
 
   std::size_t home(std::uint64_t id) const noexcept {
-    return static_cast<std::size_t>((id * 0x9E3779B97F4A7C15ull) >> shift_);
+    return static_cast<std::size_t>(mix(id, key_) >> shift_);
   }
+  void reset_engine_state(EngineIds& en) const;        // an empty set and map, keyed
   std::size_t probe(std::uint64_t id) const noexcept;  // its slot, or the empty slot ending the run
   void erase_slot(std::size_t i) noexcept;
   void grow();
@@ -157,6 +182,7 @@ class BlockIndex {
   std::size_t size_ = 0;     // occupied slots
   std::size_t entries_ = 0;
   std::uint64_t version_ = 0;  // counts changes (a stale Resize is not adopted)
+  std::uint64_t key_ = 0;      // the slot hash's secret (mix())
   std::array<EngineIds, kMaxEngines> engines_;
 };
 

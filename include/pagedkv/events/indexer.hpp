@@ -70,7 +70,9 @@
 // it a bad payload; every dropped frame is counted with its reason (EngineStatus::dropped). A
 // replay has a total deadline and bounds on its frames and ids: past them the engine's entries
 // are dropped, it is marked not in sync and neither replayed nor probed for replay_backoff
-// (gaps meanwhile are losses). A probe exchange is bounded by probe_timeout as a whole. The
+// (gaps meanwhile are losses); so is a replay that falls silent for replay_timeout. A probe
+// exchange is bounded by probe_timeout as a whole. stop() is seen within ~50 ms, also in the
+// middle of a replay or a probe. The
 // table's memory is returned as entries go (block_index.hpp: shrink under load 0.125).
 //
 // Threads: start() runs one receiver thread for the connected engines (replays and resync probes
@@ -110,9 +112,12 @@ struct KVIndexerConfig {
   std::string topic;  // subscription prefix ("" = everything)
   // The cluster's hasher (scheme and seed). When set, engines are probed on connect.
   std::optional<BlockHasher> hasher;
-  std::uint32_t probe_block_size = 16;  // tokens in the probe block (0, 1, 2, ...)
-  std::chrono::milliseconds probe_timeout{500};    // a whole probe exchange
-  std::chrono::milliseconds replay_timeout{1000};  // silence between two replay replies
+  std::uint32_t probe_block_size = 16;           // tokens in the probe block (0, 1, 2, ...)
+  std::chrono::milliseconds probe_timeout{500};  // a whole probe exchange
+  // Silence between two replay replies. A replay that falls silent this long is abandoned as
+  // one past its bounds is (EngineStatus::replays_aborted_silent, then replay_backoff), so a
+  // replay socket that never answers costs one replay_timeout per replay_backoff, not per gap.
+  std::chrono::milliseconds replay_timeout{1000};
   // A whole replay, and what it may bring (frames of any kind; block ids in the batches): past
   // either the replay is abandoned (EngineStatus::replays_aborted_*), the engine's entries are
   // dropped and rebuilt from the events that follow, and it is not in sync and neither replayed
@@ -123,6 +128,10 @@ struct KVIndexerConfig {
   std::chrono::milliseconds replay_deadline{2000};
   std::size_t max_replay_frames = 20'000;
   std::size_t max_replay_ids = std::size_t{1} << 22;
+  // Decoded events a replay may bring (>= 1), whatever they hold: the replay's batches are kept
+  // decoded until it ends (~150 B per event), and events without block ids (AllBlocksCleared)
+  // escape max_replay_ids (one 16 MiB frame can hold 2^19 of them).
+  std::size_t max_replay_events = std::size_t{1} << 20;
   std::chrono::milliseconds replay_backoff{30'000};
   // Entries ((id, medium) pairs) one engine may hold; stores past it are ignored and counted
   // (EngineStatus::ids_over_cap): the entries stay a subset of the engine's cache. ~50 B each at
@@ -162,9 +171,14 @@ struct EngineStatus {
   std::uint64_t bad_batches = 0;         // undecodable payloads (skipped): the sum of the
                                          // payload reasons in `dropped`
   std::uint64_t ids_over_cap = 0;        // stores ignored past max_entries_per_engine
+  std::uint64_t stores_no_memory = 0;    // stores skipped for a failed allocation (bad_alloc)
   std::uint64_t replays_aborted_deadline = 0;  // replays past replay_deadline
-  std::uint64_t replays_aborted_size = 0;      // past max_replay_frames or max_replay_ids
+  std::uint64_t replays_aborted_size = 0;      // past max_replay_frames, _ids or _events
+  std::uint64_t replays_aborted_silent = 0;    // no reply within replay_timeout (or unsendable)
   std::uint64_t replays_skipped = 0;           // not asked: within replay_backoff of an abort
+  // Exceptions on the receiver thread while handling this engine (an allocation that failed):
+  // its entries were dropped and are rebuilt from what follows.
+  std::uint64_t receiver_errors = 0;
   // Frames dropped, by reason (from the SUB socket, the replay socket, or apply()).
   struct Dropped {
     std::uint64_t wrong_frame_count = 0;  // a message of other than 3 frames
@@ -179,7 +193,7 @@ struct EngineStatus {
              trailing_bytes + malformed;
     }
   } dropped;
-  std::uint64_t gpu_blocks = 0;          // ids indexed for this engine on GPU / CPU
+  std::uint64_t gpu_blocks = 0;  // ids indexed for this engine on GPU / CPU
   std::uint64_t cpu_blocks = 0;
 };
 
@@ -200,7 +214,13 @@ class KVIndexer {
   void start();  // the receiver thread (no-op without connected engines)
   void stop();   // idempotent
 
-  // One batch of engine `e` (in-process feed). Never throws for a bad payload (counted).
+  // One batch of engine `e` (in-process feed). Never throws for a bad payload (counted). Throws
+  // pagedkv::Error, changing nothing: kOutOfRange for an unknown engine, kInvalidArgument for an
+  // engine added with connect_engine() (the receiver thread owns its state) or seq >= 2^63.
+  // Under std::bad_alloc it is all or nothing: room for the batch's stores is made before
+  // anything changes (a failure there throws, changing nothing), after which the batch is applied
+  // whole; a store that still cannot allocate (an extra copy's count) is skipped and counted
+  // (EngineStatus::stores_no_memory), leaving the entries a subset of the engine's cache.
   void apply(EngineId e, std::uint64_t seq, std::span<const std::uint8_t> payload);
 
   // Per engine (index = EngineId): the longest prefix of `block_ids` it caches.
@@ -215,7 +235,8 @@ class KVIndexer {
   // connected false: lost, or not yet made); engines fed through apply() have no connection to
   // lose and are always reachable. Throws kOutOfRange for an unknown engine.
   bool reachable(EngineId e) const;
-  std::vector<std::uint64_t> engine_ids(EngineId e, Tier tier) const;  // sorted
+  // Sorted. Throws kOutOfRange for an unknown engine.
+  std::vector<std::uint64_t> engine_ids(EngineId e, Tier tier) const;
   std::size_t memory_bytes() const;
   std::size_t num_entries() const;
 

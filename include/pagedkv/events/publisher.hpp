@@ -18,12 +18,15 @@
 // a restarted engine's first batches cannot tell it from the numbers, hence the incarnation.
 //
 // Endpoints follow vLLM's heuristic: bind when the endpoint contains '*' or "::" or is ipc:// or
-// inproc://, else connect (KVEventPublisherConfig::bind overrides it). endpoint() and replay_endpoint() give the bound addresses (e.g. the
-// port chosen for tcp://127.0.0.1:*).
+// inproc://, else connect (KVEventPublisherConfig::bind overrides it). endpoint() and
+// replay_endpoint() give the bound addresses (e.g. the port chosen for tcp://127.0.0.1:*).
 //
 // Thread safety: publish(), stats() and flush() may be called from any thread. Errors: the
 // constructor throws pagedkv::Error (kInvalidArgument) for a bad option or an endpoint that cannot
-// be bound/connected; nothing else throws except publish() after shutdown() (kInvalidState).
+// be bound/connected; publish() throws kInvalidState after shutdown() and kInvalidArgument for a
+// batch the wire cannot carry (an empty BlockHash in a BlockStored or BlockRemoved), queuing and
+// numbering nothing. The sender thread never dies from an exception: a batch it cannot encode
+// (bad_alloc) is dropped and counted (dropped_batches, encode_failures).
 #pragma once
 
 #include <chrono>
@@ -58,11 +61,12 @@ struct KVEventPublisherConfig {
 struct KVEventPublisherStats {
   std::uint64_t published_batches = 0;  // numbered by publish()
   std::uint64_t sent_batches = 0;       // handed to the PUB socket
-  std::uint64_t dropped_batches = 0;    // dropped from a full queue (never sent)
+  std::uint64_t dropped_batches = 0;    // dropped from a full queue or not encodable (never sent)
+  std::uint64_t encode_failures = 0;    // of which could not be encoded (e.g. bad_alloc)
   std::uint64_t send_failures = 0;      // the PUB socket refused a message (kept for replay)
   std::uint64_t replays_served = 0;
   std::uint64_t probes_served = 0;
-  std::uint64_t queued = 0;             // waiting now
+  std::uint64_t queued = 0;  // waiting now
 };
 
 class KVEventPublisher {

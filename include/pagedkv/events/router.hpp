@@ -19,8 +19,9 @@
 // request somewhere; RouteDecision::down says which were down).
 //
 // Thread-compatible: route() updates the round-robin cursor; use one router per thread or lock.
-// Errors: loads.size() != number of engines, or no engines, throw pagedkv::Error
-// (kInvalidArgument).
+// Errors: loads.size() != number of engines, no engines, a load that is not finite or is
+// negative, or a match with gpu_prefix_blocks > prefix_blocks throw pagedkv::Error
+// (kInvalidArgument), changing nothing (the round-robin cursor included).
 #pragma once
 
 #include <cstddef>

@@ -51,7 +51,7 @@ inline constexpr std::string_view kMediumCpu = "CPU";
 
 // How one KV-cache group is described in BlockStored (kv_cache_spec_kind and _sliding_window).
 struct GroupWireSpec {
-  std::string kind = "full_attention";       // vLLM's KVCacheSpecKind value
+  std::string kind = "full_attention";         // vLLM's KVCacheSpecKind value
   std::optional<std::int64_t> sliding_window;  // set for sliding-window groups only
 
   static GroupWireSpec from(const AttentionSpec& spec);
@@ -89,6 +89,12 @@ std::int64_t get_seq(std::span<const std::uint8_t> frame);  // throws kParseErro
 // hasher. "incarnation" is random per publisher instance (a restarted engine has a new one); a
 // reply without it (an older pagedkv) reads as unknown.
 inline constexpr std::string_view kProbeTag = "pagedkv-probe";
+// The largest probe request or reply payload (bytes), and the most token ids a request may hold:
+// both ends refuse bigger ones, and unpack them with msgpack size limits (a 5-byte array header
+// can claim 2^32 elements). The publisher's replay socket also takes no frame over
+// kMaxProbeBytes (ZMQ_MAXMSGSIZE): no request is larger.
+inline constexpr std::size_t kMaxProbeBytes = 64 * 1024;
+inline constexpr std::size_t kMaxProbeTokens = 8 * 1024;
 
 // --- decoding ---
 enum class WireEventType : std::uint8_t { kBlockStored, kBlockRemoved, kAllBlocksCleared };

@@ -88,7 +88,7 @@ struct AdmissionSchedulerConfig {
 struct WaitingRequest {
   const Request* request = nullptr;  // hashed; not running
   std::uint64_t arrival = 0;         // FCFS rank: smaller arrived first; unique in a call
-  std::uint32_t passed_over = 0;     // steps passed over so far; record_step() maintains it
+  std::uint32_t passed_over = 0;     // steps passed over so far (saturates); record_step() keeps it
   // Tokens after the local (GPU + host) prefix that a store below the host holds (e.g. counted
   // with RemotePrefixProbe); loaded, not computed. 0 when there is no remote tier.
   std::size_t remote_tokens = 0;
