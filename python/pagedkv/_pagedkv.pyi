@@ -518,6 +518,7 @@ class KVEventPublisherStats:
     published_batches: int
     sent_batches: int
     dropped_batches: int
+    encode_failures: int
     send_failures: int
     replays_served: int
     probes_served: int

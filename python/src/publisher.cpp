@@ -58,6 +58,7 @@ void bind_publisher(py::module_& m) {
       .def_readonly("published_batches", &KVEventPublisherStats::published_batches)
       .def_readonly("sent_batches", &KVEventPublisherStats::sent_batches)
       .def_readonly("dropped_batches", &KVEventPublisherStats::dropped_batches)
+      .def_readonly("encode_failures", &KVEventPublisherStats::encode_failures)
       .def_readonly("send_failures", &KVEventPublisherStats::send_failures)
       .def_readonly("replays_served", &KVEventPublisherStats::replays_served)
       .def_readonly("probes_served", &KVEventPublisherStats::probes_served)

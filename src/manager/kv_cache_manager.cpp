@@ -250,6 +250,7 @@ CacheHit KVCacheManager::find_computed_blocks(const Request& request) {
   check_identity(request, "get_computed_blocks");
   CacheHit hit;
   hit.other_groups.resize(num_groups() - 1);
+  hit.lookup_evictions = pool_.num_evictions();
   if (!pool_.config().enable_caching || request.skip_reading_prefix_cache) return hit;
 
   // The last token is always recomputed: the model needs it to produce logits.
@@ -396,6 +397,24 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
       throw Error(ErrorCode::kInvalidArgument, where() + "the hit lists block " +
                                                    std::to_string(twice) + " twice in group " +
                                                    std::to_string(g));
+    }
+  }
+  // A hash that can collide (xxh3_128, weak test hashers): equal hashes do not show that a hit
+  // block still holds what the lookup verified once the pool has evicted anything since (the
+  // block may have been evicted and cached again with other content under a colliding hash).
+  // Then the lookup runs again and must find these very blocks. (SHA-256 chain hashes prove it;
+  // an engine that allocates right after its lookup evicts nothing in between.)
+  if (has_hit && !hasher_.collision_resistant() && hit.lookup_evictions != pool_.num_evictions()) {
+    std::vector<std::vector<BlockId>>& again = hit_rows_;
+    const std::size_t found = coordinator_.find_longest_cache_hit(
+        pool_, request.hashed_tokens().sequence(), hit.num_tokens, again);
+    for (std::size_t g = 0; g < num_groups(); ++g) {
+      if (found == hit.num_tokens && again[g] == *hits[g]) continue;
+      throw Error(ErrorCode::kInvalidArgument,
+                  where() + "stale cache hit: the pool evicted blocks since the lookup and group " +
+                      std::to_string(g) +
+                      "'s hit blocks no longer hold the request's prefix (call allocate_slots "
+                      "right after get_computed_blocks)");
     }
   }
   // Checked arithmetic on the caller's counts: a sum that would wrap is an error.

@@ -447,6 +447,46 @@ TEST(KVCacheManager, SaturatedBlockCountPlusFreeHitsDoesNotFit) {
   m.check_invariants();
 }
 
+// A hash that collides (a 1-bit test hasher; xxh3_128 for an adversary): request B looks up A's
+// cached block X, then request C's allocation evicts X and caches in it a first block whose hash
+// collides with A's. B's hit still names a block with the right hash, but X no longer holds B's
+// prefix: allocate_slots must refuse it as stale (found by review: it checked the hash alone and
+// B would have shared C's K/V), and change nothing.
+TEST(KVCacheManager, HitBlockEvictedAndReCachedUnderACollidingHashIsStale) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 2;  // one usable block: X
+  c.block_size = kB;
+  c.hasher = BlockHasher::weak_for_testing(HashScheme::kXxh3_128, "stale-collision", 1);
+  KVCacheManager m(c);
+  const std::vector<TokenId> a = iota_tokens(0, kB);
+  // C's first block: other tokens, the same (1-bit) hash.
+  std::vector<TokenId> other;
+  for (TokenId base = 1000;; base += 100) {
+    other = iota_tokens(base, kB);
+    if (c.hasher->hash_block(c.hasher->none_hash(), other) ==
+        c.hasher->hash_block(c.hasher->none_hash(), a)) {
+      break;
+    }
+  }
+  Request ra = m.make_request(1, a);
+  ASSERT_TRUE(admit(m, ra).has_value());
+  m.free(ra);  // X cached, in the free queue
+  std::vector<TokenId> b = a;
+  b.push_back(7);
+  Request rb = m.make_request(2, b);
+  const CacheHit hit = m.get_computed_blocks(rb);
+  ASSERT_EQ(hit.num_tokens, kB);
+  Request rc = m.make_request(3, other);
+  ASSERT_TRUE(admit(m, rc).has_value());  // evicts X and caches C's block in it
+  ASSERT_EQ(hit.blocks, std::vector<BlockId>(m.block_ids(3).begin(), m.block_ids(3).end()));
+  expect_rejected(
+      m, [&] { (void)m.allocate_slots(rb, 1, hit); }, "stale cache hit");
+  m.free(rc);
+  // A fresh lookup finds nothing of B's now.
+  EXPECT_EQ(m.get_computed_blocks(rb).num_tokens, 0u);
+  m.check_invariants();
+}
+
 TEST(KVCacheManager, MultimodalItemWhoseEndOverflowsIsRejected) {
   KVCacheManager m(config(16));
   RequestHashKeys keys;

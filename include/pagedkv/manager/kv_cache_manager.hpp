@@ -120,6 +120,11 @@ struct CacheHit {
   // Groups 1.. of a hybrid model, each covering the same num_tokens; sliding-window groups hold
   // the null block before their window.
   std::vector<std::vector<BlockId>> other_groups;
+  // The pool's eviction count when the lookup ran (a hit built by hand: unknown). With a hash
+  // that can collide, allocate_slots looks the hit up again if the pool evicted since: an evicted
+  // hit block may hold other content with a colliding hash by then.
+  std::uint64_t lookup_evictions = kUnknownEvictions;
+  static constexpr std::uint64_t kUnknownEvictions = ~std::uint64_t{0};
 
   const std::vector<BlockId>& group(std::size_t g) const {
     return g == 0 ? blocks : other_groups[g - 1];
