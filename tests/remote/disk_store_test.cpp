@@ -719,6 +719,118 @@ TEST(DiskStore, AWriterKilledMidRunLosesNothingItAcknowledged) {
   }
 }
 
+// remote_store.hpp: every op completes by submission + op_timeout, after which the caller may
+// reuse its buffer (RemoteTier frees host slots after its drain_timeout). The I/O thread takes up
+// to 64 ops at a time; one taken before its deadline but reached after it (the reads or writes of
+// the ops before it took longer) completes kTimeout without its I/O: a timed-out get never wrote
+// into its destination, a timed-out put was never stored. 64 values of 1 MiB per batch take far
+// longer than a 5 ms op_timeout to read or write (~100 ms on the 2-core CI VM), so a batch taken
+// before its deadline ends with both hits (or stores) and timeouts; a batch the thread took late (a
+// loaded machine) times out whole, so each part retries a few times until one batch is mixed.
+TEST(DiskStore, TakenOpsPastTheirDeadlineTimeOutWithoutTouchingTheirBuffers) {
+  constexpr std::size_t kBig = std::size_t{1} << 20;
+  constexpr std::size_t kOps = 64;
+  constexpr auto kSentinel = std::byte{0xee};
+  constexpr auto kTimeout = 5ms;
+  for (const int threads : {1, 2}) {
+    SCOPED_TRACE("io_threads " + std::to_string(threads));
+    std::vector<std::byte> src(kOps * kBig);
+    for (std::size_t i = 0; i < kOps; ++i) {
+      const auto v = bytes_of(4096, i + 1);
+      for (std::size_t at = 0; at < kBig; at += v.size()) {
+        std::memcpy(src.data() + i * kBig + at, v.data(), v.size());
+      }
+    }
+    const auto value = [&](std::size_t i) {
+      return std::span<const std::byte>(src).subspan(i * kBig, kBig);
+    };
+    const auto config = [&](const fs::path& dir, std::chrono::milliseconds timeout) {
+      auto c = config_for(dir, kOps);
+      c.value_bytes = kBig;
+      c.capacity_bytes = kOps * DiskStore::slot_bytes_for(kBig);
+      c.preallocate = false;
+      c.io_threads = threads;
+      c.op_timeout = timeout;
+      return c;
+    };
+    std::vector<RemotePut> puts(kOps);
+    for (std::size_t i = 0; i < kOps; ++i) puts[i] = RemotePut{key_of(i), value(i), {}, 0};
+
+    // Puts: a timed-out put is not stored; a stored one reads back.
+    bool mixed_puts = false;
+    for (int attempt = 0; attempt < 10 && !mixed_puts; ++attempt) {
+      TempDir dir;
+      std::vector<RemoteCompletion> done;
+      {
+        DiskStore s(config(dir.path(), kTimeout));
+        ASSERT_TRUE(s.put(puts).has_value());
+        done = collect(s, kOps);
+        ASSERT_EQ(done.size(), kOps);
+        std::uint64_t timeouts = 0;
+        for (const auto& c : done) timeouts += c.result == RemoteResult::kTimeout;
+        EXPECT_EQ(s.stats().timeouts, timeouts);
+        mixed_puts = timeouts > 0 && timeouts < kOps;
+      }
+      DiskStore s(config(dir.path(), 10000ms));
+      std::vector<std::byte> dest(kBig);
+      for (const auto& c : done) {
+        ASSERT_TRUE(c.result == RemoteResult::kStored || c.result == RemoteResult::kTimeout)
+            << to_string(c.result);
+        const RemoteGet g{key_of(c.index), dest, {}, 0};
+        ASSERT_TRUE(s.get(std::span(&g, 1)).has_value());
+        const auto r = collect(s, 1);
+        ASSERT_EQ(r.size(), 1u);
+        if (c.result == RemoteResult::kTimeout) {
+          EXPECT_EQ(r[0].result, RemoteResult::kMiss) << "put " << c.index;
+        } else {
+          ASSERT_EQ(r[0].result, RemoteResult::kHit) << "put " << c.index;
+          EXPECT_TRUE(std::equal(dest.begin(), dest.end(), value(c.index).begin()));
+        }
+      }
+    }
+    EXPECT_TRUE(mixed_puts) << "no batch of puts both stored and timed out";
+
+    // Gets: a timed-out get's destination keeps the sentinel; a hit holds the value.
+    TempDir dir;
+    {
+      DiskStore s(config(dir.path(), 10000ms));
+      ASSERT_TRUE(s.put(puts).has_value());
+      for (const auto& c : collect(s, kOps)) ASSERT_EQ(c.result, RemoteResult::kStored);
+    }
+    DiskStore s(config(dir.path(), kTimeout));
+    std::vector<std::byte> dst(kOps * kBig);
+    std::vector<RemoteGet> gets(kOps);
+    for (std::size_t i = 0; i < kOps; ++i) {
+      gets[i] = RemoteGet{key_of(i), std::span(dst).subspan(i * kBig, kBig), {}, 0};
+    }
+    bool mixed_gets = false;
+    std::uint64_t timeouts = 0;
+    for (int attempt = 0; attempt < 10 && !mixed_gets; ++attempt) {
+      std::fill(dst.begin(), dst.end(), kSentinel);
+      ASSERT_TRUE(s.get(gets).has_value());
+      const auto done = collect(s, kOps);
+      ASSERT_EQ(done.size(), kOps);
+      std::size_t hits = 0, round_timeouts = 0;
+      for (const auto& c : done) {
+        const auto d = std::span<const std::byte>(dst).subspan(c.index * kBig, kBig);
+        if (c.result == RemoteResult::kHit) {
+          ++hits;
+          EXPECT_TRUE(std::equal(d.begin(), d.end(), value(c.index).begin())) << c.index;
+        } else {
+          ASSERT_EQ(c.result, RemoteResult::kTimeout) << to_string(c.result);
+          ++round_timeouts;
+          EXPECT_TRUE(std::all_of(d.begin(), d.end(), [&](std::byte b) { return b == kSentinel; }))
+              << "get " << c.index << " timed out after writing into its destination";
+        }
+      }
+      timeouts += round_timeouts;
+      mixed_gets = hits > 0 && round_timeouts > 0;
+    }
+    EXPECT_TRUE(mixed_gets) << "no batch of gets both hit and timed out";
+    EXPECT_EQ(s.stats().timeouts, timeouts);
+  }
+}
+
 TEST(DiskStore, RefusesMisuseAndCountsQueueDrops) {
   TempDir dir;
   auto c = config_for(dir.path(), 8);

@@ -65,8 +65,11 @@
 // cost about 3 us each on the VM of bench/results/disk.md). Submissions and poll() only touch a
 // bounded queue under a mutex, never the disk. The queue holds at most `queue_depth` ops
 // submitted and not yet polled; a batch that does not fit is refused whole (nullopt) and counted
-// in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout
-// (a pread/pwrite already running is not interrupted). I/O errors complete kError; ENOSPC/EDQUOT
+// in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout,
+// and so does one taken by the I/O thread whose deadline has passed when its read or write is
+// about to start (the thread takes up to 64 ops at a time; each op's deadline is checked again
+// just before its own I/O, so a timed-out get never wrote into its destination and a timed-out
+// put never read its source nor was stored; a pread/pwrite already running is not interrupted). I/O errors complete kError; ENOSPC/EDQUOT
 // on a put completes kSkippedFull. A slot that fails its value check at a get is dropped from the
 // index (its record zeroed): a bad header or checksum, or a value of another block; a value of the
 // same block asked for under another parent or group stays (a miss for that get only).
