@@ -27,6 +27,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The deepest pipeline accepted: each connection keeps buffers for this many ops (a value
+// header, iovecs), and one round trip of more ops gains nothing.
+constexpr std::size_t kMaxPipelineDepth = std::size_t{1} << 16;
+
 [[noreturn]] void bad_config(const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, "RedisStore: " + what);
 }
@@ -86,7 +90,16 @@ struct RedisStore::Impl : remote_detail::OpQueue {
     return ticket;
   }
 
-  void io_thread();
+  // The most ops one pipeline carries: a batch never holds more than the queue does.
+  std::size_t batch_limit() const noexcept {
+    return std::min(config.pipeline_depth, config.queue_depth);
+  }
+
+  // Runs io_loop; an exception escaping it (bad_alloc setting up the connection's buffers: the
+  // ops of a batch taken are failed inside io_loop) is counted as a failed connection attempt,
+  // and the thread starts over after reconnect_backoff_min: an I/O thread never dies of one.
+  void io_thread() noexcept;
+  void io_loop();
 };
 
 namespace {
@@ -94,11 +107,13 @@ namespace {
 // One I/O thread's connection and scratch buffers.
 class Connection {
  public:
-  Connection(const RedisStoreConfig& config, Counters& counters, std::atomic<unsigned>& live)
+  // `depth`: the most ops a pipeline carries (Impl::batch_limit).
+  Connection(const RedisStoreConfig& config, std::size_t depth, Counters& counters,
+             std::atomic<unsigned>& live)
       : config_(config), counters_(counters), live_(live), in_(kInitialRead) {
-    segments_.reserve(3 * config.pipeline_depth + 1);
-    iov_.reserve(3 * config.pipeline_depth + 1);
-    headers_.resize(config.pipeline_depth);
+    segments_.reserve(3 * depth + 1);
+    iov_.reserve(3 * depth + 1);
+    headers_.resize(depth);
   }
   ~Connection() { drop(); }
   Connection(const Connection&) = delete;
@@ -473,12 +488,27 @@ class Connection {
 
 }  // namespace
 
-void RedisStore::Impl::io_thread() {
-  Connection conn(config, counters, connected);
+void RedisStore::Impl::io_thread() noexcept {
+  while (true) {
+    try {
+      io_loop();
+      return;
+    } catch (...) {
+      bump(counters.connect_failures);
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    work_cv.wait_for(lock, config.reconnect_backoff_min, [&] { return stop; });
+    if (stop) return;
+  }
+}
+
+void RedisStore::Impl::io_loop() {
+  const std::size_t depth = batch_limit();
+  Connection conn(config, depth, counters, connected);
   std::vector<std::uint32_t> batch;
-  batch.reserve(config.pipeline_depth);
+  batch.reserve(depth);
   std::vector<RemoteResult> results;
-  results.reserve(config.pipeline_depth);
+  results.reserve(depth);
   std::chrono::milliseconds backoff{0};
   Clock::time_point next_attempt{};
 
@@ -520,20 +550,25 @@ void RedisStore::Impl::io_thread() {
       std::lock_guard<std::mutex> lock(mu);
       const auto now = Clock::now();
       if (expire_locked(now)) done_cv.notify_all();
-      while (!pending.empty() && batch.size() < config.pipeline_depth)
-        batch.push_back(pending.pop());
+      while (!pending.empty() && batch.size() < depth) batch.push_back(pending.pop());
     }
     if (batch.empty()) continue;
-    if (conn.connected()) {
-      // A connection that went stale while idle (the server restarted) fails before any reply:
-      // rerun the batch once on a fresh connection instead of failing ops a live server would
-      // answer.
-      if (conn.run(batch, ops, results) && try_connect()) conn.run(batch, ops, results);
-      if (!conn.connected() && backoff.count() == 0) {
-        next_attempt = Clock::now();  // dropped: retry at once next time
+    try {
+      if (conn.connected()) {
+        // A connection that went stale while idle (the server restarted) fails before any reply:
+        // rerun the batch once on a fresh connection instead of failing ops a live server would
+        // answer.
+        if (conn.run(batch, ops, results) && try_connect()) conn.run(batch, ops, results);
+        if (!conn.connected() && backoff.count() == 0) {
+          next_attempt = Clock::now();  // dropped: retry at once next time
+        }
+      } else {
+        results.assign(batch.size(), RemoteResult::kError);  // no connection up: fail at once
       }
-    } else {
-      results.assign(batch.size(), RemoteResult::kError);  // no connection up: fail at once
+    } catch (...) {  // bad_alloc building a pipeline or growing the read buffer: fail the batch
+      conn.drop();   // its reply stream is out of step
+      results.resize(batch.size());  // within the capacity reserved: no allocation
+      std::fill(results.begin(), results.end(), RemoteResult::kError);
     }
     const auto now = Clock::now();
     for (std::size_t k = 0; k < batch.size(); ++k) account(ops[batch[k]], results[k], now);
@@ -600,7 +635,10 @@ RedisStore::RedisStore(RedisStoreConfig config) {
   if (config.queue_depth == 0 || config.queue_depth > (std::size_t{1} << 31)) {
     bad_config("queue_depth must be in [1, 2^31]");
   }
-  if (config.pipeline_depth == 0) bad_config("pipeline_depth is 0");
+  if (config.pipeline_depth == 0 || config.pipeline_depth > kMaxPipelineDepth) {
+    bad_config("pipeline_depth " + std::to_string(config.pipeline_depth) + " must be in [1, " +
+               std::to_string(kMaxPipelineDepth) + "]");
+  }
   if (config.connect_timeout.count() <= 0 || config.op_timeout.count() <= 0) {
     bad_config("timeouts must be positive");
   }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "expect_error.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/remote/remote_prefix_probe.hpp"
 #include "pagedkv/remote/remote_value.hpp"
@@ -658,6 +659,29 @@ TEST_F(RedisStoreTest, MisuseThrowsBeforeSubmitting) {
   EXPECT_THROW(store.exists(std::span(&none, 1)), Error);
   EXPECT_EQ(store.in_flight(), 0u);
   EXPECT_TRUE(store.exists({}));  // an empty batch is accepted
+}
+
+// Config values the store cannot work with are refused by name in the constructor, on the
+// caller's thread (no redis-server needed: nothing connects). A pipeline_depth of SIZE_MAX ("no
+// limit") used to be accepted and made each I/O thread's buffer reserve throw length_error:
+// std::terminate.
+TEST(RedisStoreConfigCheck, RefusesPipelineDepthsItCannotHold) {
+  RedisStoreConfig c;
+  c.name_space = "ns";
+  c.port = test::free_port();
+  for (const std::size_t depth : {SIZE_MAX, SIZE_MAX / 3, (std::size_t{1} << 16) + 1}) {
+    c.pipeline_depth = depth;
+    testing::expect_error([&] { RedisStore s(c); }, ErrorCode::kInvalidArgument, "pipeline_depth");
+  }
+  c.pipeline_depth = std::size_t{1} << 16;  // the largest accepted; deeper than the queue
+  c.queue_depth = 64;
+  RedisStore s(c);
+  std::this_thread::sleep_for(50ms);  // the I/O threads have set up their buffers by now
+  const BlockHash k = test::block_key(1);
+  ASSERT_TRUE(s.exists(std::span(&k, 1)).has_value());  // nothing listens: fails promptly
+  const auto done = test::collect(s, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_NE(done[0].result, RemoteResult::kHit);
 }
 
 TEST(RedisStoreConfigUrl, ParsesAndRejects) {

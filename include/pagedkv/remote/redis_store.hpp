@@ -24,6 +24,9 @@
 //
 // Threads: `num_connections` I/O threads, each with its own connection. They take batches of up to
 // `pipeline_depth` ops from one bounded FIFO, write them as one pipeline, and read the replies.
+// An I/O thread never dies of an exception: one while a batch is in hand (bad_alloc) fails that
+// batch kError and drops the connection; one setting up the thread's buffers is counted in
+// stats().connect_failures and retried after reconnect_backoff_min.
 // The queue holds at most `queue_depth` ops submitted and not yet polled: a batch that does not fit
 // is refused whole (nullopt) and counted, never waited for.
 //
@@ -44,9 +47,10 @@
 // ops not yet completed; after the destructor returns no buffer is touched.
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty host or
-// namespace, port 0, zero connections, queue depth or pipeline depth, non-positive timeouts,
-// backoff min > max) and never connects on the caller's thread (an unreachable server is not an
-// error). Submissions throw as RemoteStore says. std::system_error if a thread cannot be started.
+// namespace, port 0, zero connections, queue depth or pipeline depth, a pipeline depth above
+// 65536, non-positive timeouts, backoff min > max) and never connects on the caller's thread (an
+// unreachable server is not an error). Submissions throw as RemoteStore says. std::system_error if
+// a thread cannot be started.
 #pragma once
 
 #include <chrono>
