@@ -41,6 +41,10 @@ constexpr std::uint64_t kRecordMagic = 0x31544f4c53564b50ull;  // "PKVSLOT1"
 constexpr std::uint32_t kNoSlot = 0xffffffffu;
 constexpr std::size_t kScanBytes = DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize;
 
+// The longest op_timeout accepted: a deadline (submission + op_timeout) must not overflow the
+// clock, and no disk op is worth waiting a day for.
+constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24);
+
 [[noreturn]] void bad_config(const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, "DiskStore: " + what);
 }
@@ -1099,7 +1103,10 @@ DiskStore::DiskStore(DiskStoreConfig config) {
   if (config.queue_depth == 0 || config.queue_depth > (std::size_t{1} << 31)) {
     bad_config("queue_depth must be in [1, 2^31]");
   }
-  if (config.op_timeout.count() <= 0) bad_config("op_timeout must be positive");
+  if (config.op_timeout.count() <= 0 || config.op_timeout > kMaxTimeout) {
+    bad_config("op_timeout of " + std::to_string(config.op_timeout.count()) +
+               " ms must be in [1 ms, 1 day]");
+  }
   if (config.io_threads != 1 && config.io_threads != 2) bad_config("io_threads must be 1 or 2");
   const std::size_t slot = slot_bytes_for(config.value_bytes);
   const std::uint64_t slots = config.capacity_bytes / slot;

@@ -31,6 +31,10 @@ using Clock = std::chrono::steady_clock;
 // header, iovecs), and one round trip of more ops gains nothing.
 constexpr std::size_t kMaxPipelineDepth = std::size_t{1} << 16;
 
+// The longest timeout or backoff accepted: a deadline (now + it) must not overflow the clock,
+// and no round trip is worth waiting a day for.
+constexpr std::chrono::milliseconds kMaxDuration = std::chrono::hours(24);
+
 [[noreturn]] void bad_config(const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, "RedisStore: " + what);
 }
@@ -639,11 +643,17 @@ RedisStore::RedisStore(RedisStoreConfig config) {
     bad_config("pipeline_depth " + std::to_string(config.pipeline_depth) + " must be in [1, " +
                std::to_string(kMaxPipelineDepth) + "]");
   }
-  if (config.connect_timeout.count() <= 0 || config.op_timeout.count() <= 0) {
-    bad_config("timeouts must be positive");
-  }
-  if (config.reconnect_backoff_min.count() <= 0 ||
-      config.reconnect_backoff_min > config.reconnect_backoff_max) {
+  const auto check_duration = [](std::chrono::milliseconds d, const char* name) {
+    if (d.count() <= 0 || d > kMaxDuration) {
+      bad_config(std::string(name) + " of " + std::to_string(d.count()) +
+                 " ms must be in [1 ms, 1 day]");
+    }
+  };
+  check_duration(config.connect_timeout, "connect_timeout");
+  check_duration(config.op_timeout, "op_timeout");
+  check_duration(config.reconnect_backoff_min, "reconnect_backoff_min");
+  check_duration(config.reconnect_backoff_max, "reconnect_backoff_max");
+  if (config.reconnect_backoff_min > config.reconnect_backoff_max) {
     bad_config("reconnect backoff must satisfy 0 < min <= max");
   }
   if (config.max_value_bytes == 0) bad_config("max_value_bytes is 0");

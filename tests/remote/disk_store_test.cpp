@@ -17,6 +17,7 @@
 #include <random>
 #include <thread>
 
+#include "expect_error.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/remote/remote_value.hpp"
 
@@ -829,6 +830,34 @@ TEST(DiskStore, TakenOpsPastTheirDeadlineTimeOutWithoutTouchingTheirBuffers) {
     EXPECT_TRUE(mixed_gets) << "no batch of gets both hit and timed out";
     EXPECT_EQ(s.stats().timeouts, timeouts);
   }
+}
+
+// An op_timeout meant as "never" (milliseconds::max()) overflowed submission + op_timeout (every
+// op timed out at once): timeouts above a day are refused by name. A wait() of
+// microseconds::max() overflowed its end the same way and returned at once; it waits until a
+// completion arrives.
+TEST(DiskStore, HugeTimeoutsAreRefusedAndAnEndlessWaitWaitsForACompletion) {
+  TempDir dir;
+  for (const auto t : {std::chrono::milliseconds::max(), std::chrono::milliseconds(86400001)}) {
+    auto c = config_for(dir.path(), 8);
+    c.op_timeout = t;
+    testing::expect_error([&] { DiskStore s(c); }, ErrorCode::kInvalidArgument, "op_timeout");
+  }
+  auto c = config_for(dir.path(), 8);
+  c.op_timeout = std::chrono::hours(24);  // the longest accepted
+  DiskStore s(c);
+  const auto v = bytes_of(kValue, 7);
+  EXPECT_EQ(put1(s, 1, v), RemoteResult::kStored);
+
+  std::size_t got = 0;
+  std::vector<RemoteCompletion> out;
+  std::thread waiter([&] { got = s.wait(out, std::chrono::microseconds::max()); });
+  std::this_thread::sleep_for(50ms);  // the waiter is waiting on an idle store
+  const BlockHash k = key_of(1);
+  ASSERT_TRUE(s.exists(std::span(&k, 1)).has_value());
+  waiter.join();
+  ASSERT_EQ(got, 1u);
+  EXPECT_EQ(out[0].result, RemoteResult::kHit);
 }
 
 TEST(DiskStore, RefusesMisuseAndCountsQueueDrops) {

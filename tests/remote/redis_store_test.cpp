@@ -664,8 +664,8 @@ TEST_F(RedisStoreTest, MisuseThrowsBeforeSubmitting) {
 // Config values the store cannot work with are refused by name in the constructor, on the
 // caller's thread (no redis-server needed: nothing connects). A pipeline_depth of SIZE_MAX ("no
 // limit") used to be accepted and made each I/O thread's buffer reserve throw length_error:
-// std::terminate.
-TEST(RedisStoreConfigCheck, RefusesPipelineDepthsItCannotHold) {
+// std::terminate. Timeouts above a day overflowed deadlines.
+TEST(RedisStoreConfigCheck, RefusesPipelineDepthsAndTimeoutsItCannotHold) {
   RedisStoreConfig c;
   c.name_space = "ns";
   c.port = test::free_port();
@@ -673,7 +673,29 @@ TEST(RedisStoreConfigCheck, RefusesPipelineDepthsItCannotHold) {
     c.pipeline_depth = depth;
     testing::expect_error([&] { RedisStore s(c); }, ErrorCode::kInvalidArgument, "pipeline_depth");
   }
+  c.pipeline_depth = 32;
+  // Timeouts and backoffs meant as "never" overflowed now + timeout: above a day is refused.
+  const auto refused = [&](auto mutate, const char* name) {
+    auto bad = c;
+    mutate(bad, std::chrono::milliseconds::max());
+    testing::expect_error([&] { RedisStore s(bad); }, ErrorCode::kInvalidArgument, name);
+    bad = c;
+    mutate(bad, std::chrono::milliseconds(86400001));
+    testing::expect_error([&] { RedisStore s(bad); }, ErrorCode::kInvalidArgument, name);
+  };
+  refused([](RedisStoreConfig& x, auto t) { x.op_timeout = t; }, "op_timeout");
+  refused([](RedisStoreConfig& x, auto t) { x.connect_timeout = t; }, "connect_timeout");
+  refused([](RedisStoreConfig& x, auto t) { x.reconnect_backoff_max = t; },
+          "reconnect_backoff_max");
+  refused(
+      [](RedisStoreConfig& x, auto t) {
+        x.reconnect_backoff_min = t;
+        x.reconnect_backoff_max = t;
+      },
+      "reconnect_backoff_min");
+
   c.pipeline_depth = std::size_t{1} << 16;  // the largest accepted; deeper than the queue
+  c.op_timeout = std::chrono::hours(24);    // the longest accepted
   c.queue_depth = 64;
   RedisStore s(c);
   std::this_thread::sleep_for(50ms);  // the I/O threads have set up their buffers by now

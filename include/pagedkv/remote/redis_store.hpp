@@ -48,9 +48,9 @@
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty host or
 // namespace, port 0, zero connections, queue depth or pipeline depth, a pipeline depth above
-// 65536, non-positive timeouts, backoff min > max) and never connects on the caller's thread (an
-// unreachable server is not an error). Submissions throw as RemoteStore says. std::system_error if
-// a thread cannot be started.
+// 65536, a timeout or backoff outside [1 ms, 1 day], backoff min > max) and never connects on the
+// caller's thread (an unreachable server is not an error). Submissions throw as RemoteStore says.
+// std::system_error if a thread cannot be started.
 #pragma once
 
 #include <chrono>
@@ -104,7 +104,8 @@ class RedisStore final : public RemoteStore {
   std::string_view name_space() const noexcept override;
 
   // Like poll(), but blocks up to max_wait until at least one completion is available. For
-  // background threads, tools and tests; a scheduler thread should call poll().
+  // background threads, tools and tests; a scheduler thread should call poll(). A max_wait too
+  // large to add to the clock (microseconds::max()) blocks until a completion is available.
   std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait);
 
   // The Redis key of a block under this store's namespace.
