@@ -548,7 +548,10 @@ void RedisStore::Impl::io_loop() {
         work_cv.wait(lock);
       }
     }
-    if (!conn.connected() && Clock::now() >= next_attempt) try_connect();
+    if (!conn.connected() && Clock::now() >= next_attempt && !try_connect() &&
+        connected.load(std::memory_order_acquire) > 0) {
+      continue;  // the reconnect failed but another connection is up: leave the ops to it
+    }
     batch.clear();
     {
       std::lock_guard<std::mutex> lock(mu);

@@ -477,6 +477,45 @@ TEST_F(RedisStoreTest, AThreadInBackoffLeavesOpsToAConnectedThread) {
   EXPECT_EQ(store.stats().errors, before.errors);
 }
 
+// A thread whose reconnect attempt fails while another connection is up goes back to waiting
+// and leaves the queued ops to the live one (it used to take a pipeline's worth and fail them
+// kError). A server taking one client (maxclients 1) and requiring AUTH: the first thread to
+// connect holds the only slot, the other's AUTH gets "max number of clients reached" at every
+// attempt (a short backoff: it tries often).
+TEST_F(RedisStoreTest, AFailedReconnectLeavesOpsToALiveConnection) {
+  test::RedisServer server({"--maxclients", "1"}, "secret");
+  ASSERT_TRUE(server.start());
+  auto cfg = config_for(server.port());
+  cfg.password = "secret";
+  cfg.num_connections = 2;
+  cfg.pipeline_depth = 4;
+  cfg.reconnect_backoff_min = 1ms;
+  cfg.reconnect_backoff_max = 2ms;
+  RedisStore store(cfg);
+  // Until one thread holds the connection (before that, ops fail at once: none is up).
+  std::vector<BlockHash> keys;
+  for (std::uint64_t i = 0; i < 16; ++i) keys.push_back(block_key(i));
+  const auto end = Clock::now() + 10s;
+  bool up = false;
+  while (!up && Clock::now() < end) {
+    ASSERT_TRUE(store.exists(keys));
+    up = count_result(collect(store, keys.size()), RemoteResult::kMiss) == keys.size();
+  }
+  ASSERT_TRUE(up);
+  ASSERT_EQ(store.stats().connects, 1u);
+  const auto before = store.stats();
+  std::size_t misses = 0;
+  for (int round = 0; round < 200; ++round) {
+    for (int b = 0; b < 8; ++b) ASSERT_TRUE(store.exists(keys));
+    misses += count_result(collect(store, 8 * keys.size()), RemoteResult::kMiss);
+  }
+  const auto after = store.stats();
+  EXPECT_GT(after.connect_failures, before.connect_failures) << "the second thread kept trying";
+  EXPECT_EQ(after.connects, 1u);
+  EXPECT_EQ(after.errors, before.errors);
+  EXPECT_EQ(misses, 200u * 8 * keys.size());
+}
+
 TEST_F(RedisStoreTest, SlowServerGivesTimeoutsWithinTheOpTimeout) {
   test::RedisServer server;
   ASSERT_TRUE(server.start());
