@@ -38,6 +38,10 @@ constexpr std::uint32_t kFileVersionSplit = 2;
 constexpr std::size_t kMetaStride = 256;  // a slot's record + value header in the split layout
 constexpr std::size_t kMaxPayloadAlign = std::size_t{2} << 20;
 constexpr std::uint64_t kRecordMagic = 0x31544f4c53564b50ull;  // "PKVSLOT1"
+// Sequence numbers of a record read back are below this (2^62 puts: centuries at a billion a
+// second); a record claiming more is forged or damaged and ignored: the put counter (next_seq,
+// one above the highest found) must never wrap, or newer puts would lose to older slots.
+constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
 constexpr std::uint32_t kNoSlot = 0xffffffffu;
 constexpr std::size_t kScanBytes = DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize;
 
@@ -196,6 +200,7 @@ RecordState decode_record(const std::byte* r, BlockHash& key, std::uint64_t& seq
   std::memcpy(kb.data(), r + 24, size);
   key = BlockHash(std::span<const std::uint8_t>(kb.data(), size));
   seq = get_le(r + 8, 8);
+  if (seq >= kMaxSeq) return RecordState::kInvalid;
   return RecordState::kValid;
 }
 

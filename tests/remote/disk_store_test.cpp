@@ -395,6 +395,42 @@ TEST(DiskStore, FlippedOrTruncatedSlotsBetweenRunsAreCountedMisses) {
   EXPECT_TRUE(exists1(s, 1));
 }
 
+// A slot record is hostile input: one forged with a valid checksum but a sequence number of
+// UINT64_MAX used to be recovered and make the put counter (one above the highest found) wrap to
+// 0, so later puts of the key ranked below it. Sequence numbers from 2^62 on are refused (the slot
+// counted invalid, its value not recovered); the store goes on with the others.
+TEST(DiskStore, ARecordWithAnImpossibleSequenceNumberIsInvalid) {
+  TempDir dir;
+  fs::path slab;
+  std::uint64_t off1 = 0;
+  {
+    DiskStore s(config_for(dir.path(), 4));
+    ASSERT_EQ(put1(s, 1, bytes_of(kValue, 1)), RemoteResult::kStored);
+    ASSERT_EQ(put1(s, 2, bytes_of(kValue, 2)), RemoteResult::kStored);
+    slab = s.slab_path();
+    off1 = *s.slot_offset_of(key_of(1));
+  }
+  // The record: magic (8), sequence number (8), key size and key, checksum of the first 56 bytes.
+  auto record = read_file(slab, off1, DiskStore::kSlotRecordBytes);
+  for (int k = 0; k < 8; ++k) record[8 + k] = std::byte{0xff};
+  const std::uint64_t sum = remote_checksum(std::span<const std::byte>(record.data(), 56));
+  for (int k = 0; k < 8; ++k) record[56 + k] = static_cast<std::byte>(sum >> (8 * k));
+  patch_file(slab, off1, record);
+  {
+    DiskStore s(config_for(dir.path(), 4));
+    EXPECT_EQ(s.open_stats().invalid, 1u);
+    EXPECT_EQ(s.open_stats().recovered, 1u);
+    EXPECT_FALSE(exists1(s, 1));
+    EXPECT_TRUE(exists1(s, 2));
+    ASSERT_EQ(put1(s, 1, bytes_of(kValue, 11)), RemoteResult::kStored);
+  }
+  DiskStore s(config_for(dir.path(), 4));  // the new value of 1 is the one recovered
+  EXPECT_EQ(s.open_stats().recovered, 2u);
+  std::vector<std::byte> out(kValue);
+  ASSERT_EQ(get1(s, 1, out), RemoteResult::kHit);
+  EXPECT_EQ(out, bytes_of(kValue, 11));
+}
+
 // Values above a 4 KiB slot lie apart from their records and headers, each payload at a multiple
 // of its (power-of-two) size: the page cache then holds it in large folios. Damage to a payload,
 // a header or the file's tail is still a counted miss, and what is intact reloads.

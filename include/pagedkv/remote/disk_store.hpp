@@ -42,7 +42,8 @@
 // it is a counted miss, never loaded.
 //
 // Start. The constructor reads every slot's record and value header (one 176-byte pread per slot:
-// O(num_slots)); a slot whose record checks and whose value header has this store's magic,
+// O(num_slots)); a slot whose record checks (its sequence number below 2^62: a higher one is
+// forged or damaged and would wrap the put counter) and whose value header has this store's magic,
 // version, fingerprint and length enters the index; of two slots with the same key the higher
 // sequence number wins; LRU order is rebuilt from the sequence numbers (put order: promotions by
 // gets are not persisted). Payload checksums are verified at each get, not at start. What the
