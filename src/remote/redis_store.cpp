@@ -516,6 +516,16 @@ void RedisStore::Impl::io_loop() {
   std::chrono::milliseconds backoff{0};
   Clock::time_point next_attempt{};
 
+  // A reconnect (connect, then AUTH when a password is set: each bounded by connect_timeout) ends
+  // before the batch's earliest deadline: only then is a batch rerun on a fresh connection.
+  const auto connect_bound =
+      config.password.empty() ? config.connect_timeout : 2 * config.connect_timeout;
+  const auto reconnect_fits = [&] {
+    Clock::time_point earliest = Clock::time_point::max();
+    for (std::uint32_t i : batch) earliest = std::min(earliest, ops[i].deadline);
+    return earliest - Clock::now() > connect_bound;
+  };
+
   const auto try_connect = [&] {
     if (conn.connect()) {
       bump(counters.connects);
@@ -564,8 +574,11 @@ void RedisStore::Impl::io_loop() {
       if (conn.connected()) {
         // A connection that went stale while idle (the server restarted) fails before any reply:
         // rerun the batch once on a fresh connection instead of failing ops a live server would
-        // answer.
-        if (conn.run(batch, ops, results) && try_connect()) conn.run(batch, ops, results);
+        // answer - when the reconnect fits before the ops' deadline (a slow one would complete
+        // them up to two connect timeouts late; they fail kError now, the next batch reconnects).
+        if (conn.run(batch, ops, results) && reconnect_fits() && try_connect()) {
+          conn.run(batch, ops, results);
+        }
         if (!conn.connected() && backoff.count() == 0) {
           next_attempt = Clock::now();  // dropped: retry at once next time
         }

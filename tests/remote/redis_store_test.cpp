@@ -4,7 +4,13 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <memory>
 #include <thread>
 
 #include "expect_error.hpp"
@@ -514,6 +520,50 @@ TEST_F(RedisStoreTest, AFailedReconnectLeavesOpsToALiveConnection) {
   EXPECT_EQ(after.connects, 1u);
   EXPECT_EQ(after.errors, before.errors);
   EXPECT_EQ(misses, 200u * 8 * keys.size());
+}
+
+// A batch that meets a stale connection is rerun on a fresh one only when the reconnect fits
+// before its deadline: here the server is gone and its port answers TCP but never AUTH (a
+// listening socket that never accepts), so a reconnect takes connect_timeout (2 s) - far past the
+// ops' 300 ms op_timeout. The op fails at once instead of ~2 s late.
+TEST_F(RedisStoreTest, AStaleConnectionIsNotRetriedPastTheOpsDeadline) {
+  test::RedisServer server({}, "secret");
+  ASSERT_TRUE(server.start());
+  const std::uint16_t port = server.port();
+  auto cfg = config_for(port);
+  cfg.password = "secret";
+  cfg.num_connections = 1;
+  cfg.op_timeout = 300ms;
+  cfg.connect_timeout = 2000ms;
+  auto store = std::make_unique<RedisStore>(cfg);
+  std::vector<std::vector<std::byte>> keep;
+  keep.reserve(4);
+  ASSERT_EQ(count_result(put_blocks(*store, 0, 1, 256, keep), RemoteResult::kStored), 1u);
+
+  server.kill();
+  const int hole = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(hole, 0);
+  const int on = 1;
+  ::setsockopt(hole, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(hole, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(hole, 16), 0);
+
+  const std::vector<BlockHash> key = {block_key(0)};
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(store->exists(key));
+  const auto done = collect(*store, 1, 10000ms);
+  const auto took = Clock::now() - t0;
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_NE(done[0].result, RemoteResult::kHit);
+  EXPECT_LT(took, 1500ms) << "completed "
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                          << " ms after submission (op_timeout 300 ms)";
+  store.reset();  // (waits for a reconnect attempt in flight: at most connect + AUTH)
+  ::close(hole);
 }
 
 TEST_F(RedisStoreTest, SlowServerGivesTimeoutsWithinTheOpTimeout) {

@@ -36,12 +36,14 @@
 // complete as kTimeout and the connection is dropped (its reply stream is no longer in step).
 // A connection error fails the ops in flight as kError and drops the connection, except that a
 // connection that fails before any reply (gone stale while idle, e.g. the server restarted) is
-// replaced at once and the batch rerun on the new one (GET, EXISTS and SET are idempotent). A
-// thread without a connection reconnects (connect_timeout, then AUTH); after a failed attempt it
-// waits reconnect_backoff_min, doubling up to reconnect_backoff_max. Meanwhile (and right after a
-// failed attempt) it leaves queued ops to the threads that are connected, or, when none is, fails
-// the ops it takes as kError at once, so callers see prompt misses while a server is down. Redis'
-// OOM reply to SET (maxmemory with noeviction) is kSkippedFull.
+// replaced at once and the batch rerun on the new one (GET, EXISTS and SET are idempotent) when
+// that reconnect (connect_timeout, twice that with AUTH) fits before the batch's earliest deadline;
+// otherwise the batch fails kError at once and the next batch reconnects. A thread without a
+// connection reconnects (connect_timeout, then AUTH); after a failed attempt it waits
+// reconnect_backoff_min, doubling up to reconnect_backoff_max. Meanwhile (and right after a failed
+// attempt) it leaves queued ops to the threads that are connected, or, when none is, fails the ops
+// it takes as kError at once, so callers see prompt misses while a server is down. Redis' OOM
+// reply to SET (maxmemory with noeviction) is kSkippedFull.
 //
 // Destruction stops the I/O threads (waiting for at most one connect or one op timeout) and drops
 // ops not yet completed; after the destructor returns no buffer is touched.
