@@ -53,6 +53,15 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
   if (config_.bytes_per_block == 0) {
     throw Error(ErrorCode::kInvalidArgument, "RemoteTier: bytes_per_block must be > 0");
   }
+  // now + timeout (a request's deadline) and now + drain_timeout must not overflow the clock.
+  for (const auto& [value, name] :
+       {std::pair{config_.timeout, "timeout"}, std::pair{config_.drain_timeout, "drain_timeout"}}) {
+    if (value.count() < 0 || value > std::chrono::hours(24)) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("RemoteTier: ") + name + " of " +
+                                                   std::to_string(value.count()) +
+                                                   " ms must be in [0, 1 day]");
+    }
+  }
   const auto slots = static_cast<std::size_t>(tier_.host_pool().num_blocks());  // incl. slot 0
   if (host_.size() / config_.bytes_per_block < slots) {
     throw Error(ErrorCode::kInvalidArgument,

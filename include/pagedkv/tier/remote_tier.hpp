@@ -111,16 +111,16 @@
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a group block size that is
 // not a multiple of the tier's (the GPU manager refuses those first), a buffer smaller than
-// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
-// eviction_staging_blocks; add_request for a request already added (kInvalidState). Everything else
-// (a store that is down, slow, full or returns corrupt values) is a normal outcome counted in
-// stats(), never an exception from poll(). std::bad_alloc from poll() leaves nothing half-done: no
-// fill begun without its batch, no batch the store accepted without its entry (reserved before
-// submitting), and the completions it had not handled yet are handled by the next poll
-// (tests/tier/remote_tier_alloc_test.cpp). The host-tier hooks it installs never throw (a
-// failure skips that block's put, counted in puts_skipped). Complexity: poll is
-// O(completions + requests waiting for a probe); add_request O(blocks). Thread-compatible: the
-// scheduler thread calls everything.
+// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, a timeout or drain_timeout
+// outside [0, 1 day], or kOnHostEviction with zero eviction_staging_blocks; add_request for a
+// request already added (kInvalidState). Everything else (a store that is down, slow, full or
+// returns corrupt values) is a normal outcome counted in stats(), never an exception from poll().
+// std::bad_alloc from poll() leaves nothing half-done: no fill begun without its batch, no batch
+// the store accepted without its entry (reserved before submitting), and the completions it had not
+// handled yet are handled by the next poll (tests/tier/remote_tier_alloc_test.cpp). The host-tier
+// hooks it installs never throw (a failure skips that block's put, counted in puts_skipped).
+// Complexity: poll is O(completions + requests waiting for a probe); add_request O(blocks).
+// Thread-compatible: the scheduler thread calls everything.
 #pragma once
 
 #include <chrono>
