@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "fault_store.hpp"
+#include "hybrid_episode.hpp"
 #include "pagedkv/tier/remote_tier.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
@@ -107,7 +108,9 @@ class NoFailStore final : public RemoteStore {
 };
 
 struct Engine {
-  Engine(remote_test::FaultBackend& backend, Rng& rng, RemoteStorePolicy policy)
+  // hybrid: a full-attention group and a sliding window of 8 tokens (start_hybrid_fills).
+  Engine(remote_test::FaultBackend& backend, Rng& rng, RemoteStorePolicy policy,
+         bool hybrid = false)
       : fault(backend, rng, fault_config()), store(fault) {
     KVCacheManagerConfig c;
     c.num_blocks = kGpuBlocks;
@@ -117,6 +120,11 @@ struct Engine {
     h.num_host_blocks = kHostBlocks;
     h.policy = HostPolicy::kWriteThrough;
     h.bytes_per_block = kBytes;
+    if (hybrid) {
+      c = hybrid_test::hybrid_config(kGpuBlocks, 8, 0);
+      h = hybrid_test::host_config(kHostBlocks, HostPolicy::kWriteThrough, WindowStoreRule::kAll);
+      h.bytes_per_block = kBytes;
+    }
     tier = std::make_unique<TieredKVCacheManager>(c, h);
     host.assign(static_cast<std::size_t>(kHostBlocks + 1) * kBytes, std::byte{0});
     RemoteTierConfig rc;
@@ -207,33 +215,40 @@ const std::vector<TokenId> kPrompt = prompt_of(1, 42);  // 10 full blocks to sha
 // Engine B loads what engine A stored; its polls that start the fills and handle their
 // completions fail at their 1st, 2nd, ... allocation.
 TEST(RemoteTierAlloc, FillsSurviveAFailedAllocationAnywhereInPoll) {
-  long k = 0;
-  for (bool threw = true; threw; ++k) {
-    Rng rng(1);
-    remote_test::FaultBackend backend;
-    Engine a(backend, rng, RemoteStorePolicy::kWriteThrough);
-    run(a, 1, kPrompt);
-    ASSERT_TRUE(drain(a));
-    ASSERT_GE(a.remote->stats().stored_blocks, 10u);
+  for (const bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "hybrid" : "one group");
+    long k = 0;
+    for (bool threw = true; threw; ++k) {
+      Rng rng(1);
+      remote_test::FaultBackend backend;
+      backend.capacity = 1024;
+      Engine a(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
+      run(a, 1, kPrompt);
+      ASSERT_TRUE(drain(a));
+      ASSERT_GE(a.remote->stats().stored_blocks, 10u);
 
-    Engine b(backend, rng, RemoteStorePolicy::kWriteThrough);
-    Request req = b.tier->make_request(7, kPrompt);
-    b.remote->add_request(req, b.now);
-    threw = false;
-    g_fail_at = k;
-    try {
-      for (int i = 0; i < 3; ++i) {  // the probe's completions, the fills, their completions
-        b.now += 1ms;
-        b.remote->poll(b.now);
+      Engine b(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
+      Request req = b.tier->make_request(7, kPrompt);
+      b.remote->add_request(req, b.now);
+      threw = false;
+      g_fail_at = k;
+      try {
+        for (int i = 0; i < 3; ++i) {  // the probe's completions, the fills, their completions
+          b.now += 1ms;
+          b.remote->poll(b.now);
+        }
+      } catch (const std::bad_alloc&) {
+        threw = true;
       }
-    } catch (const std::bad_alloc&) {
-      threw = true;
+      g_fail_at = -1;
+      if (!threw) {
+        EXPECT_GE(b.remote->stats().loaded_blocks, 2u);  // the fills did load
+      }
+      finish(b, k);
+      ASSERT_FALSE(HasFailure()) << "failure injected at allocation " << k;
     }
-    g_fail_at = -1;
-    finish(b, k);
-    ASSERT_FALSE(HasFailure()) << "failure injected at allocation " << k;
+    EXPECT_GT(k, 3);  // the loop did inject failures
   }
-  EXPECT_GT(k, 3);  // the loop did inject failures
 }
 
 // Engine A's polls that submit its puts (write-through, and staged copies of evicted blocks) and
