@@ -38,8 +38,16 @@ constexpr std::uint32_t kFileVersionSplit = 2;
 constexpr std::size_t kMetaStride = 256;  // a slot's record + value header in the split layout
 constexpr std::size_t kMaxPayloadAlign = std::size_t{2} << 20;
 constexpr std::uint64_t kRecordMagic = 0x31544f4c53564b50ull;  // "PKVSLOT1"
+// Sequence numbers of a record read back are below this (2^62 puts: centuries at a billion a
+// second); a record claiming more is forged or damaged and ignored: the put counter (next_seq,
+// one above the highest found) must never wrap, or newer puts would lose to older slots.
+constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
 constexpr std::uint32_t kNoSlot = 0xffffffffu;
 constexpr std::size_t kScanBytes = DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize;
+
+// The longest op_timeout accepted: a deadline (submission + op_timeout) must not overflow the
+// clock, and no disk op is worth waiting a day for.
+constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24);
 
 [[noreturn]] void bad_config(const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, "DiskStore: " + what);
@@ -192,6 +200,7 @@ RecordState decode_record(const std::byte* r, BlockHash& key, std::uint64_t& seq
   std::memcpy(kb.data(), r + 24, size);
   key = BlockHash(std::span<const std::uint8_t>(kb.data(), size));
   seq = get_le(r + 8, 8);
+  if (seq >= kMaxSeq) return RecordState::kInvalid;
   return RecordState::kValid;
 }
 
@@ -319,7 +328,10 @@ class SlotIndex {
 
 struct DiskStore::Impl : remote_detail::OpQueue {
   // A get's result before the index sees it.
-  enum class GetOutcome : std::uint8_t { kMiss, kError, kHit, kKeep, kDrop };
+  // kTimeout: its deadline passed before its read; the destination was never touched.
+  enum class GetOutcome : std::uint8_t { kMiss, kError, kHit, kKeep, kDrop, kTimeout };
+  // Split::err of a put whose deadline passed before its write (its source was never read).
+  static constexpr int kErrTimedOut = -1;
   static constexpr std::size_t kTake = 64;  // ops taken from the queue at a time
   // The layout apart reads (writes) the payloads of up to this many bytes of adjacent slots with
   // one preadv (pwritev), each value checksummed just after (before) it: fewer system calls
@@ -468,6 +480,12 @@ struct DiskStore::Impl : remote_detail::OpQueue {
     if (helper.joinable()) helper.join();
   }
   void retire(std::uint32_t slot) noexcept;
+  // An op taken by an I/O thread whose deadline has passed: it completes kTimeout without its
+  // I/O (remote_store.hpp: every op completes by submission + op_timeout, and the caller may
+  // reuse its buffer then), so each op's deadline is checked again just before its read/write.
+  static bool overdue(const Op& op) noexcept {
+    return op.deadline <= Clock::now();
+  }
 
   template <class Fill>
   std::optional<RemoteTicket> submit(RemoteOpKind kind, std::size_t n, Fill&& fill) {
@@ -693,6 +711,8 @@ RemoteResult DiskStore::Impl::finish_get(const Op& op, std::uint32_t slot, GetOu
       return RemoteResult::kMiss;
     case GetOutcome::kError:
       return RemoteResult::kError;
+    case GetOutcome::kTimeout:
+      return RemoteResult::kTimeout;
     case GetOutcome::kKeep:
       return RemoteResult::kInvalidValue;
     case GetOutcome::kHit: {
@@ -751,6 +771,10 @@ int DiskStore::Impl::write_put(const Op& op, std::uint32_t slot, std::uint64_t s
 // only now: a failed or torn put never destroys the previous value.
 RemoteResult DiskStore::Impl::commit_put(const Op& op, std::uint32_t slot, std::uint64_t seq,
                                          int err) {
+  if (err == kErrTimedOut) {  // never written: free the slot taken for it
+    retire(slot);
+    return RemoteResult::kTimeout;
+  }
   if (err != 0) {  // the slot's bytes are unknown now: retire it; the previous value stays
     retire(slot);
     return (err == ENOSPC || err == EDQUOT) ? RemoteResult::kSkippedFull : RemoteResult::kError;
@@ -847,9 +871,9 @@ void DiskStore::Impl::split_io(const std::uint32_t* group, std::size_t begin, st
     Split& x = split[k];
     const Op& op = ops[group[k]];
     if (op.kind == RemoteOpKind::kGet) {
-      x.outcome = read_get(op, x.slot, header);
+      x.outcome = overdue(op) ? GetOutcome::kTimeout : read_get(op, x.slot, header);
     } else {
-      x.err = write_put(op, x.slot, x.seq);
+      x.err = overdue(op) ? kErrTimedOut : write_put(op, x.slot, x.seq);
     }
   }
 }
@@ -861,6 +885,10 @@ void DiskStore::Impl::split_io(const std::uint32_t* group, std::size_t begin, st
 void DiskStore::Impl::gets_apart(const std::uint32_t* group, std::size_t begin, std::size_t end,
                                  std::vector<std::byte>& meta) noexcept {
   for (std::size_t k = begin; k < end;) {
+    if (overdue(ops[group[k]])) {
+      split[k++].outcome = GetOutcome::kTimeout;
+      continue;
+    }
     if (split[k].slot == kNoSlot) {
       split[k++].outcome = GetOutcome::kMiss;
       continue;
@@ -883,6 +911,10 @@ void DiskStore::Impl::gets_apart(const std::uint32_t* group, std::size_t begin, 
     };
     for (std::size_t m = k; m < e;) {
       const Op& op = ops[group[m]];
+      if (overdue(op)) {  // checked again before each payload read: never read past it
+        split[m++].outcome = GetOutcome::kTimeout;
+        continue;
+      }
       if (header_got(m) < kRemoteValueHeaderSize) {  // the file ends before its payload
         split[m].outcome = check_get(op, meta.data() + header_at(m), header_got(m), 0);
         ++m;
@@ -890,7 +922,10 @@ void DiskStore::Impl::gets_apart(const std::uint32_t* group, std::size_t begin, 
       }
       // Ops [m, g): one read of their adjacent payloads.
       std::size_t g = m + 1;
-      while (g < e && g - m < group_values && header_got(g) == kRemoteValueHeaderSize) ++g;
+      while (g < e && g - m < group_values && header_got(g) == kRemoteValueHeaderSize &&
+             !overdue(ops[group[g]])) {
+        ++g;
+      }
       // The payloads, and the gaps between them (payload_stride - value_bytes, below a page)
       // into the thread's scratch bytes after its metadata buffer.
       std::array<iovec, 2 * kTake> iov{};
@@ -938,9 +973,18 @@ void DiskStore::Impl::puts_apart(const std::uint32_t* group, std::size_t begin, 
       flush(k);
       first = k;
     }
+    if (overdue(ops[group[k]])) {  // never written: end the metadata run before it
+      flush(k);
+      split[k].err = kErrTimedOut;
+      first = ++k;
+      continue;
+    }
     // Ops [k, g): adjacent slots, written with one call.
     std::size_t g = k + 1;
-    while (g < end && g - k < group_values && split[g].slot == split[g - 1].slot + 1) ++g;
+    while (g < end && g - k < group_values && split[g].slot == split[g - 1].slot + 1 &&
+           !overdue(ops[group[g]])) {
+      ++g;
+    }
     for (std::size_t q = k; q < g; ++q) {
       const Op& op = ops[group[q]];
       std::byte* m = meta.data() + (q - first) * kMetaStride;
@@ -1001,11 +1045,20 @@ void DiskStore::Impl::io_thread() {
     lock.unlock();  // the taken ops are owned by this thread until pushed to `completed`
     for (std::size_t k = 0; k < n;) {
       Op& op = ops[taken[k]];
+      if (overdue(op)) {  // expired while earlier taken ops ran: no I/O, its buffer untouched
+        account(op, RemoteResult::kTimeout, Clock::now());
+        ++k;
+        continue;
+      }
       // A run of gets or puts of large values: split across the two threads (at most
-      // split_limit ops at a time, so the slots taken up front never exceed the store).
+      // split_limit ops at a time, so the slots taken up front never exceed the store). Each
+      // op's deadline is checked again before its own read or write.
       std::size_t e = k + 1;
       if (runs && op.kind != RemoteOpKind::kExists) {
-        while (e < n && e - k < split_limit && ops[taken[e]].kind == op.kind) ++e;
+        while (e < n && e - k < split_limit && ops[taken[e]].kind == op.kind &&
+               !overdue(ops[taken[e]])) {
+          ++e;
+        }
       }
       if (e - k >= 2 && run_split(taken.data() + k, e - k)) {
         k = e;
@@ -1055,7 +1108,10 @@ DiskStore::DiskStore(DiskStoreConfig config) {
   if (config.queue_depth == 0 || config.queue_depth > (std::size_t{1} << 31)) {
     bad_config("queue_depth must be in [1, 2^31]");
   }
-  if (config.op_timeout.count() <= 0) bad_config("op_timeout must be positive");
+  if (config.op_timeout.count() <= 0 || config.op_timeout > kMaxTimeout) {
+    bad_config("op_timeout of " + std::to_string(config.op_timeout.count()) +
+               " ms must be in [1 ms, 1 day]");
+  }
   if (config.io_threads != 1 && config.io_threads != 2) bad_config("io_threads must be 1 or 2");
   const std::size_t slot = slot_bytes_for(config.value_bytes);
   const std::uint64_t slots = config.capacity_bytes / slot;

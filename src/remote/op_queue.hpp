@@ -166,8 +166,9 @@ class OpQueue {
     expire_locked(OpClock::now());
     return drain_locked(out);
   }
+  // A max_wait too large to add to the clock (microseconds::max()) waits until a completion.
   std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait) {
-    const auto end = OpClock::now() + max_wait;
+    const auto end = saturating_add(OpClock::now(), max_wait);
     std::unique_lock<std::mutex> lock(mu);
     while (true) {
       const auto now = OpClock::now();
@@ -175,8 +176,20 @@ class OpQueue {
       if (!completed.empty() || now >= end) return drain_locked(out);
       auto until = end;
       if (!pending.empty()) until = std::min(until, ops[pending.front()].deadline);
-      done_cv.wait_until(lock, until);
+      if (until == OpClock::time_point::max()) {
+        done_cv.wait(lock);
+      } else {
+        done_cv.wait_until(lock, until);
+      }
     }
+  }
+  // t + d, or time_point::max() where that would overflow (d is compared in its own unit:
+  // converting microseconds::max() to the clock's nanoseconds overflows too).
+  static OpClock::time_point saturating_add(OpClock::time_point t,
+                                            std::chrono::microseconds d) noexcept {
+    const auto room =
+        std::chrono::duration_cast<std::chrono::microseconds>(OpClock::time_point::max() - t);
+    return d >= room ? OpClock::time_point::max() : t + d;
   }
   std::size_t in_flight() const {
     std::lock_guard<std::mutex> lock(mu);

@@ -27,6 +27,14 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The deepest pipeline accepted: each connection keeps buffers for this many ops (a value
+// header, iovecs), and one round trip of more ops gains nothing.
+constexpr std::size_t kMaxPipelineDepth = std::size_t{1} << 16;
+
+// The longest timeout or backoff accepted: a deadline (now + it) must not overflow the clock,
+// and no round trip is worth waiting a day for.
+constexpr std::chrono::milliseconds kMaxDuration = std::chrono::hours(24);
+
 [[noreturn]] void bad_config(const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, "RedisStore: " + what);
 }
@@ -86,7 +94,16 @@ struct RedisStore::Impl : remote_detail::OpQueue {
     return ticket;
   }
 
-  void io_thread();
+  // The most ops one pipeline carries: a batch never holds more than the queue does.
+  std::size_t batch_limit() const noexcept {
+    return std::min(config.pipeline_depth, config.queue_depth);
+  }
+
+  // Runs io_loop; an exception escaping it (bad_alloc setting up the connection's buffers: the
+  // ops of a batch taken are failed inside io_loop) is counted as a failed connection attempt,
+  // and the thread starts over after reconnect_backoff_min: an I/O thread never dies of one.
+  void io_thread() noexcept;
+  void io_loop();
 };
 
 namespace {
@@ -94,11 +111,13 @@ namespace {
 // One I/O thread's connection and scratch buffers.
 class Connection {
  public:
-  Connection(const RedisStoreConfig& config, Counters& counters, std::atomic<unsigned>& live)
+  // `depth`: the most ops a pipeline carries (Impl::batch_limit).
+  Connection(const RedisStoreConfig& config, std::size_t depth, Counters& counters,
+             std::atomic<unsigned>& live)
       : config_(config), counters_(counters), live_(live), in_(kInitialRead) {
-    segments_.reserve(3 * config.pipeline_depth + 1);
-    iov_.reserve(3 * config.pipeline_depth + 1);
-    headers_.resize(config.pipeline_depth);
+    segments_.reserve(3 * depth + 1);
+    iov_.reserve(3 * depth + 1);
+    headers_.resize(depth);
   }
   ~Connection() { drop(); }
   Connection(const Connection&) = delete;
@@ -473,14 +492,39 @@ class Connection {
 
 }  // namespace
 
-void RedisStore::Impl::io_thread() {
-  Connection conn(config, counters, connected);
+void RedisStore::Impl::io_thread() noexcept {
+  while (true) {
+    try {
+      io_loop();
+      return;
+    } catch (...) {
+      bump(counters.connect_failures);
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    work_cv.wait_for(lock, config.reconnect_backoff_min, [&] { return stop; });
+    if (stop) return;
+  }
+}
+
+void RedisStore::Impl::io_loop() {
+  const std::size_t depth = batch_limit();
+  Connection conn(config, depth, counters, connected);
   std::vector<std::uint32_t> batch;
-  batch.reserve(config.pipeline_depth);
+  batch.reserve(depth);
   std::vector<RemoteResult> results;
-  results.reserve(config.pipeline_depth);
+  results.reserve(depth);
   std::chrono::milliseconds backoff{0};
   Clock::time_point next_attempt{};
+
+  // A reconnect (connect, then AUTH when a password is set: each bounded by connect_timeout) ends
+  // before the batch's earliest deadline: only then is a batch rerun on a fresh connection.
+  const auto connect_bound =
+      config.password.empty() ? config.connect_timeout : 2 * config.connect_timeout;
+  const auto reconnect_fits = [&] {
+    Clock::time_point earliest = Clock::time_point::max();
+    for (std::uint32_t i : batch) earliest = std::min(earliest, ops[i].deadline);
+    return earliest - Clock::now() > connect_bound;
+  };
 
   const auto try_connect = [&] {
     if (conn.connect()) {
@@ -514,26 +558,37 @@ void RedisStore::Impl::io_thread() {
         work_cv.wait(lock);
       }
     }
-    if (!conn.connected() && Clock::now() >= next_attempt) try_connect();
+    if (!conn.connected() && Clock::now() >= next_attempt && !try_connect() &&
+        connected.load(std::memory_order_acquire) > 0) {
+      continue;  // the reconnect failed but another connection is up: leave the ops to it
+    }
     batch.clear();
     {
       std::lock_guard<std::mutex> lock(mu);
       const auto now = Clock::now();
       if (expire_locked(now)) done_cv.notify_all();
-      while (!pending.empty() && batch.size() < config.pipeline_depth)
-        batch.push_back(pending.pop());
+      while (!pending.empty() && batch.size() < depth) batch.push_back(pending.pop());
     }
     if (batch.empty()) continue;
-    if (conn.connected()) {
-      // A connection that went stale while idle (the server restarted) fails before any reply:
-      // rerun the batch once on a fresh connection instead of failing ops a live server would
-      // answer.
-      if (conn.run(batch, ops, results) && try_connect()) conn.run(batch, ops, results);
-      if (!conn.connected() && backoff.count() == 0) {
-        next_attempt = Clock::now();  // dropped: retry at once next time
+    try {
+      if (conn.connected()) {
+        // A connection that went stale while idle (the server restarted) fails before any reply:
+        // rerun the batch once on a fresh connection instead of failing ops a live server would
+        // answer - when the reconnect fits before the ops' deadline (a slow one would complete
+        // them up to two connect timeouts late; they fail kError now, the next batch reconnects).
+        if (conn.run(batch, ops, results) && reconnect_fits() && try_connect()) {
+          conn.run(batch, ops, results);
+        }
+        if (!conn.connected() && backoff.count() == 0) {
+          next_attempt = Clock::now();  // dropped: retry at once next time
+        }
+      } else {
+        results.assign(batch.size(), RemoteResult::kError);  // no connection up: fail at once
       }
-    } else {
-      results.assign(batch.size(), RemoteResult::kError);  // no connection up: fail at once
+    } catch (...) {  // bad_alloc building a pipeline or growing the read buffer: fail the batch
+      conn.drop();   // its reply stream is out of step
+      results.resize(batch.size());  // within the capacity reserved: no allocation
+      std::fill(results.begin(), results.end(), RemoteResult::kError);
     }
     const auto now = Clock::now();
     for (std::size_t k = 0; k < batch.size(); ++k) account(ops[batch[k]], results[k], now);
@@ -600,12 +655,21 @@ RedisStore::RedisStore(RedisStoreConfig config) {
   if (config.queue_depth == 0 || config.queue_depth > (std::size_t{1} << 31)) {
     bad_config("queue_depth must be in [1, 2^31]");
   }
-  if (config.pipeline_depth == 0) bad_config("pipeline_depth is 0");
-  if (config.connect_timeout.count() <= 0 || config.op_timeout.count() <= 0) {
-    bad_config("timeouts must be positive");
+  if (config.pipeline_depth == 0 || config.pipeline_depth > kMaxPipelineDepth) {
+    bad_config("pipeline_depth " + std::to_string(config.pipeline_depth) + " must be in [1, " +
+               std::to_string(kMaxPipelineDepth) + "]");
   }
-  if (config.reconnect_backoff_min.count() <= 0 ||
-      config.reconnect_backoff_min > config.reconnect_backoff_max) {
+  const auto check_duration = [](std::chrono::milliseconds d, const char* name) {
+    if (d.count() <= 0 || d > kMaxDuration) {
+      bad_config(std::string(name) + " of " + std::to_string(d.count()) +
+                 " ms must be in [1 ms, 1 day]");
+    }
+  };
+  check_duration(config.connect_timeout, "connect_timeout");
+  check_duration(config.op_timeout, "op_timeout");
+  check_duration(config.reconnect_backoff_min, "reconnect_backoff_min");
+  check_duration(config.reconnect_backoff_max, "reconnect_backoff_max");
+  if (config.reconnect_backoff_min > config.reconnect_backoff_max) {
     bad_config("reconnect backoff must satisfy 0 < min <= max");
   }
   if (config.max_value_bytes == 0) bad_config("max_value_bytes is 0");

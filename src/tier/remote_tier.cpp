@@ -53,6 +53,15 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
   if (config_.bytes_per_block == 0) {
     throw Error(ErrorCode::kInvalidArgument, "RemoteTier: bytes_per_block must be > 0");
   }
+  // now + timeout (a request's deadline) and now + drain_timeout must not overflow the clock.
+  for (const auto& [value, name] :
+       {std::pair{config_.timeout, "timeout"}, std::pair{config_.drain_timeout, "drain_timeout"}}) {
+    if (value.count() < 0 || value > std::chrono::hours(24)) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("RemoteTier: ") + name + " of " +
+                                                   std::to_string(value.count()) +
+                                                   " ms must be in [0, 1 day]");
+    }
+  }
   const auto slots = static_cast<std::size_t>(tier_.host_pool().num_blocks());  // incl. slot 0
   if (host_.size() / config_.bytes_per_block < slots) {
     throw Error(ErrorCode::kInvalidArgument,
@@ -82,8 +91,22 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
   }
   put_queue_.reserve(config_.max_puts_in_flight + staging);
   HostTierHooks hooks;
-  hooks.on_cached = [this](BlockId slot, bool from_fill) { on_cached(slot, from_fill); };
-  hooks.on_loaded = [this](BlockId slot) { on_loaded(slot); };
+  // The hooks never throw (a commit that throws then changed nothing: handle() relies on it): a
+  // failure (pinning the slot, hashing its group key) skips the block's put, counted.
+  hooks.on_cached = [this](BlockId slot, bool from_fill) {
+    try {
+      on_cached(slot, from_fill);
+    } catch (...) {
+      skip_put(slot);
+    }
+  };
+  hooks.on_loaded = [this](BlockId slot) {
+    try {
+      on_loaded(slot);
+    } catch (...) {
+      skip_put(slot);
+    }
+  };
   if (on_eviction && config_.store) {
     hooks.on_evicted = [this](BlockId slot) { on_evicted(slot); };
   }
@@ -98,12 +121,26 @@ RemoteTier::~RemoteTier() {
   // Staged puts read this object's buffers: wait for them whatever drain_timeout says (the
   // store completes each op within its op timeout).
   while (in_flight_ > 0 && (Clock::now() < end || staged_in_flight_ > 0)) {
-    completions_.clear();
-    if (store_.poll(completions_) == 0) {
+    // First what a poll that threw left unhandled, then the store's new completions.
+    if (next_completion_ == completions_.size()) {
+      completions_.clear();
+      next_completion_ = 0;
+    }
+    try {
+      store_.poll(completions_);
+    } catch (...) {  // bad_alloc growing completions_: try again
+    }
+    if (next_completion_ == completions_.size()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
       continue;
     }
-    for (const RemoteCompletion& c : completions_) handle(c);
+    while (next_completion_ < completions_.size()) {
+      const RemoteCompletion c = completions_[next_completion_++];
+      try {
+        handle(c);
+      } catch (...) {  // its fill stays uncommitted: committed failed below
+      }
+    }
   }
   // Whatever did not complete in time: fills fail, put slots are released.
   for (auto& [ticket, batch] : gets_) {
@@ -194,17 +231,21 @@ void RemoteTier::add_request(const Request& request, Clock::time_point now) {
 
 void RemoteTier::start_fills(RequestId id, Pending& p) {
   const std::size_t run = p.probe.hit_blocks();
-  stats_.probe_hit_blocks += run;
-  p.phase = Phase::kDone;
-  if (run == 0 || !config_.load) return;
+  if (run == 0 || !config_.load) {
+    stats_.probe_hit_blocks += run;
+    p.phase = Phase::kDone;
+    return;
+  }
+  // What may throw comes first (the request then stays probing and is started again at the next
+  // poll): no allocation between a fill's begin and its record in the batch.
   GetBatch batch;
   batch.request = id;
-  get_ops_.clear();
-  shared_.clear();
+  reserve_fills(batch, run);
   const std::span<const BlockHash> hashes = p.request->block_hashes();
   // Prefix identities (a hasher that is not collision resistant): each get is bound to its
   // block's, so a value another prefix stored under a colliding key is rejected.
   tier_.prefix_identities(*p.request, p.start + run, identities_);
+  FillGuard guard(tier_, batch);  // begin_fill_known throwing: the fills begun are committed failed
   for (std::size_t i = p.start; i < p.start + run; ++i) {
     if (tier_.host_holds(*p.request, i)) continue;  // e.g. stored meanwhile by another request
     // (An entry always names a batch in gets_: it is erased when its fill commits.)
@@ -226,38 +267,83 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
                         kGroup, identities_.empty() ? BlockHash() : identities_[i],
                         config_.kv_dtype, config_.kv_scale_mode});
   }
-  submit_fills(id, p, std::move(batch));
+  stats_.probe_hit_blocks += run;
+  submit_fills(id, p, std::move(batch), guard);
 }
 
-void RemoteTier::submit_fills(RequestId id, Pending& p, GetBatch&& batch) {
+void RemoteTier::reserve_fills(GetBatch& batch, std::size_t n) {
+  get_ops_.clear();
+  shared_.clear();
+  batch.fills.reserve(n);
+  batch.keys.reserve(n);
+  batch.groups.reserve(n);
+  get_ops_.reserve(n);
+  shared_.reserve(n);
+}
+
+RemoteTier::FillGuard::~FillGuard() {
+  if (!armed) return;
+  for (const HostFill& f : batch.fills) {
+    try {
+      tier.commit(f.id, false);
+    } catch (...) {  // (a failed fill's commit runs no hook and allocates nothing)
+    }
+  }
+}
+
+void RemoteTier::submit_fills(RequestId id, Pending& p, GetBatch&& batch, FillGuard& guard) {
+  // Everything that allocates before anything changes: the waiters' room, and the batch's entry
+  // of gets_ (a node made now, keyed by the ticket once the store accepts the batch: nothing
+  // allocates after the store holds the batch's buffers). Throwing, the guard commits the fills
+  // begun failed.
+  for (const auto& [ticket, index] : shared_) {
+    std::vector<Waiter>& waiters = gets_.find(ticket)->second.waiters;
+    waiters.reserve(waiters.size() + shared_.size());
+  }
+  GetMap::node_type node;
+  if (!batch.fills.empty()) {
+    gets_.reserve(gets_.size() + 1);
+    GetMap made;
+    made.emplace(RemoteTicket{0}, GetBatch{});  // batch moved in only once nothing can throw
+    node = made.extract(made.begin());
+  }
+  guard.armed = false;
+  if (!node.empty()) node.mapped() = std::move(batch);
+  p.phase = Phase::kDone;
+  p.hybrid_ticket = 0;
   for (const auto& [ticket, index] : shared_) {
     gets_.find(ticket)->second.waiters.push_back(Waiter{index, id, p.serial});
   }
   stats_.fills_shared += shared_.size();
   p.shared_waits = shared_.size();
   if (p.shared_waits > 0) p.phase = Phase::kLoading;
-  if (batch.fills.empty()) return;
+  if (node.empty()) return;
+  GetBatch& own = node.mapped();
   RemoteTicket ticket = 0;  // tickets start at 1
   try {
     ticket = store_.get(get_ops_).value_or(0);
   } catch (const Error&) {  // a value size the store does not accept: as a refusal
     ticket = 0;
+  } catch (...) {  // bad_alloc in the store: nothing submitted
+    for (const HostFill& f : own.fills) tier_.commit(f.id, false);
+    throw;
   }
   if (ticket == 0) {
-    stats_.fills_refused += batch.fills.size();
-    for (const HostFill& f : batch.fills) tier_.commit(f.id, false);
+    stats_.fills_refused += own.fills.size();
+    for (const HostFill& f : own.fills) tier_.commit(f.id, false);
     return;
   }
-  stats_.fills += batch.fills.size();
-  for (const GroupId g : batch.groups) ++group_stats_[g].fills;
-  batch.outstanding = batch.fills.size();
-  in_flight_ += batch.fills.size();
+  stats_.fills += own.fills.size();
+  for (const GroupId g : own.groups) ++group_stats_[g].fills;
+  own.outstanding = own.fills.size();
+  in_flight_ += own.fills.size();
   p.phase = Phase::kLoading;
   p.get_ticket = ticket;
-  for (std::size_t k = 0; k < batch.keys.size(); ++k) {
-    fetch_insert(batch.keys[k], ticket, static_cast<std::uint32_t>(k));
+  for (std::size_t k = 0; k < own.keys.size(); ++k) {
+    fetch_insert(own.keys[k], ticket, static_cast<std::uint32_t>(k));
   }
-  gets_.emplace(ticket, std::move(batch));
+  node.key() = ticket;
+  gets_.insert(std::move(node));  // room reserved: no rehash, no allocation
 }
 
 void RemoteTier::group_views(const Request& request) {
@@ -349,9 +435,13 @@ void RemoteTier::add_hybrid(const Request& request, Pending& p) {
 }
 
 void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
-  p.phase = Phase::kDone;
-  p.hybrid_ticket = 0;
-  if (!config_.load) return;
+  if (!config_.load) {
+    p.phase = Phase::kDone;
+    p.hybrid_ticket = 0;
+    return;
+  }
+  // As start_fills: what may throw first (the request then stays probing, started again at the
+  // next poll), no allocation between a fill's begin and its record in the batch.
   const Request& request = *p.request;
   const std::size_t ng = window_.size();
   // Positions in blocks of the smallest block size (see add_hybrid); G and end multiples of
@@ -420,8 +510,7 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
   };
   GetBatch batch;
   batch.request = id;
-  get_ops_.clear();
-  shared_.clear();
+  reserve_fills(batch, key_offset_[ng]);  // at most one fill per key
   std::size_t run_blocks = 0;
   for (std::size_t g = 0; g < ng; ++g) {
     if (window_[g] == kFullGroup) continue;
@@ -436,6 +525,7 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
   }
   // Fills in position order, each group's block at the position it starts (a missing slot ends
   // the run there for every group).
+  FillGuard guard(tier_, batch);  // begin_fill_known throwing: the fills begun are committed failed
   for (std::size_t i = G; i < L; ++i) {
     bool stop = false;
     for (std::size_t g = 0; g < ng && !stop; ++g) {
@@ -472,7 +562,7 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
     if (stop) break;
   }
   stats_.probe_hit_blocks += run_blocks;
-  submit_fills(id, p, std::move(batch));
+  submit_fills(id, p, std::move(batch), guard);
 }
 
 RemoteTier::FetchEntry* RemoteTier::fetch_find(const BlockHash& key) noexcept {
@@ -533,10 +623,11 @@ void RemoteTier::handle(const RemoteCompletion& c) {
     return;
   }
   if (const auto it = gets_.find(c.ticket); it != gets_.end()) {
-    --in_flight_;
     GetBatch& batch = it->second;
     if (c.index < batch.fills.size() && batch.fills[c.index].slot != kNullBlockId) {
       const bool ok = c.result == RemoteResult::kHit;
+      // First: throwing (bad_alloc; the hooks never throw), it changed nothing and poll() hands
+      // this completion to handle() again.
       tier_.commit(batch.fills[c.index].id, ok);
       batch.fills[c.index].slot = kNullBlockId;  // committed
       fetch_erase(batch.keys[c.index]);
@@ -555,6 +646,7 @@ void RemoteTier::handle(const RemoteCompletion& c) {
         if (c.result == RemoteResult::kInvalidValue) ++stats_.rejected_values;
       }
     }
+    --in_flight_;
     if (--batch.outstanding == 0) {
       if (!batch.request_gone) {
         const auto p = pending_.find(batch.request);
@@ -590,9 +682,19 @@ void RemoteTier::handle(const RemoteCompletion& c) {
 }
 
 void RemoteTier::poll(Clock::time_point now) {
-  completions_.clear();
+  // A completion whose handling threw (its commit, e.g. bad_alloc, changed nothing) stays, with
+  // those after it, for the next poll: one throw never loses the others.
+  if (next_completion_ == completions_.size()) {
+    completions_.clear();
+    next_completion_ = 0;
+  }
   store_.poll(completions_);
-  for (const RemoteCompletion& c : completions_) handle(c);
+  while (next_completion_ < completions_.size()) {
+    handle(completions_[next_completion_]);
+    ++next_completion_;
+  }
+  completions_.clear();
+  next_completion_ = 0;
   for (auto& [id, p] : pending_) {
     if (p.phase == Phase::kProbing) {
       if (hybrid_) {
@@ -646,6 +748,14 @@ void RemoteTier::on_cached(BlockId slot, bool from_fill) {
     return;
   }
   if (!from_fill && config_.store_min_hits == 0) queue_put(slot);
+}
+
+void RemoteTier::skip_put(BlockId slot) noexcept {
+  const auto s = static_cast<std::size_t>(slot);
+  if (slot_put_[s] != 0) return;  // queued already (or from the store)
+  slot_put_[s] = 1;
+  if (!slot_block_.empty()) slot_block_[s].block = BlockHash();
+  ++stats_.puts_skipped;
 }
 
 void RemoteTier::on_loaded(BlockId slot) {
@@ -710,6 +820,13 @@ void RemoteTier::submit_puts() {
                           b.kv_scale_mode});
     }
   }
+  // The batch's entry of puts_ before the store holds the buffers (a copy: put_queue_ keeps its
+  // reserved room for on_evicted, which must not allocate). Throwing, nothing changed: the queue
+  // is submitted at the next poll.
+  puts_.reserve(puts_.size() + 1);
+  PutMap made;
+  made.emplace(RemoteTicket{0}, PutBatch{put_queue_, put_queue_.size()});
+  PutMap::node_type node = made.extract(made.begin());
   RemoteTicket ticket = 0;  // tickets start at 1
   try {
     ticket = store_.put(put_ops_).value_or(0);
@@ -726,7 +843,8 @@ void RemoteTier::submit_puts() {
   stats_.eviction_puts += staged;
   staged_in_flight_ += staged;
   in_flight_ += put_queue_.size();
-  puts_.emplace(ticket, PutBatch{put_queue_, put_queue_.size()});
+  node.key() = ticket;
+  puts_.insert(std::move(node));  // room reserved: no rehash, no allocation
   put_queue_.clear();
 }
 

@@ -17,6 +17,7 @@
 #include <random>
 #include <thread>
 
+#include "expect_error.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/remote/remote_value.hpp"
 
@@ -394,6 +395,42 @@ TEST(DiskStore, FlippedOrTruncatedSlotsBetweenRunsAreCountedMisses) {
   EXPECT_TRUE(exists1(s, 1));
 }
 
+// A slot record is hostile input: one forged with a valid checksum but a sequence number of
+// UINT64_MAX used to be recovered and make the put counter (one above the highest found) wrap to
+// 0, so later puts of the key ranked below it. Sequence numbers from 2^62 on are refused (the slot
+// counted invalid, its value not recovered); the store goes on with the others.
+TEST(DiskStore, ARecordWithAnImpossibleSequenceNumberIsInvalid) {
+  TempDir dir;
+  fs::path slab;
+  std::uint64_t off1 = 0;
+  {
+    DiskStore s(config_for(dir.path(), 4));
+    ASSERT_EQ(put1(s, 1, bytes_of(kValue, 1)), RemoteResult::kStored);
+    ASSERT_EQ(put1(s, 2, bytes_of(kValue, 2)), RemoteResult::kStored);
+    slab = s.slab_path();
+    off1 = *s.slot_offset_of(key_of(1));
+  }
+  // The record: magic (8), sequence number (8), key size and key, checksum of the first 56 bytes.
+  auto record = read_file(slab, off1, DiskStore::kSlotRecordBytes);
+  for (int k = 0; k < 8; ++k) record[8 + k] = std::byte{0xff};
+  const std::uint64_t sum = remote_checksum(std::span<const std::byte>(record.data(), 56));
+  for (int k = 0; k < 8; ++k) record[56 + k] = static_cast<std::byte>(sum >> (8 * k));
+  patch_file(slab, off1, record);
+  {
+    DiskStore s(config_for(dir.path(), 4));
+    EXPECT_EQ(s.open_stats().invalid, 1u);
+    EXPECT_EQ(s.open_stats().recovered, 1u);
+    EXPECT_FALSE(exists1(s, 1));
+    EXPECT_TRUE(exists1(s, 2));
+    ASSERT_EQ(put1(s, 1, bytes_of(kValue, 11)), RemoteResult::kStored);
+  }
+  DiskStore s(config_for(dir.path(), 4));  // the new value of 1 is the one recovered
+  EXPECT_EQ(s.open_stats().recovered, 2u);
+  std::vector<std::byte> out(kValue);
+  ASSERT_EQ(get1(s, 1, out), RemoteResult::kHit);
+  EXPECT_EQ(out, bytes_of(kValue, 11));
+}
+
 // Values above a 4 KiB slot lie apart from their records and headers, each payload at a multiple
 // of its (power-of-two) size: the page cache then holds it in large folios. Damage to a payload,
 // a header or the file's tail is still a counted miss, and what is intact reloads.
@@ -717,6 +754,146 @@ TEST(DiskStore, AWriterKilledMidRunLosesNothingItAcknowledged) {
     }
     EXPECT_GE(hits, acked.size());
   }
+}
+
+// remote_store.hpp: every op completes by submission + op_timeout, after which the caller may
+// reuse its buffer (RemoteTier frees host slots after its drain_timeout). The I/O thread takes up
+// to 64 ops at a time; one taken before its deadline but reached after it (the reads or writes of
+// the ops before it took longer) completes kTimeout without its I/O: a timed-out get never wrote
+// into its destination, a timed-out put was never stored. 64 values of 1 MiB per batch take far
+// longer than a 5 ms op_timeout to read or write (~100 ms on the 2-core CI VM), so a batch taken
+// before its deadline ends with both hits (or stores) and timeouts; a batch the thread took late (a
+// loaded machine) times out whole, so each part retries a few times until one batch is mixed.
+TEST(DiskStore, TakenOpsPastTheirDeadlineTimeOutWithoutTouchingTheirBuffers) {
+  constexpr std::size_t kBig = std::size_t{1} << 20;
+  constexpr std::size_t kOps = 64;
+  constexpr auto kSentinel = std::byte{0xee};
+  constexpr auto kTimeout = 5ms;
+  for (const int threads : {1, 2}) {
+    SCOPED_TRACE("io_threads " + std::to_string(threads));
+    std::vector<std::byte> src(kOps * kBig);
+    for (std::size_t i = 0; i < kOps; ++i) {
+      const auto v = bytes_of(4096, i + 1);
+      for (std::size_t at = 0; at < kBig; at += v.size()) {
+        std::memcpy(src.data() + i * kBig + at, v.data(), v.size());
+      }
+    }
+    const auto value = [&](std::size_t i) {
+      return std::span<const std::byte>(src).subspan(i * kBig, kBig);
+    };
+    const auto config = [&](const fs::path& dir, std::chrono::milliseconds timeout) {
+      auto c = config_for(dir, kOps);
+      c.value_bytes = kBig;
+      c.capacity_bytes = kOps * DiskStore::slot_bytes_for(kBig);
+      c.preallocate = false;
+      c.io_threads = threads;
+      c.op_timeout = timeout;
+      return c;
+    };
+    std::vector<RemotePut> puts(kOps);
+    for (std::size_t i = 0; i < kOps; ++i) puts[i] = RemotePut{key_of(i), value(i), {}, 0};
+
+    // Puts: a timed-out put is not stored; a stored one reads back.
+    bool mixed_puts = false;
+    for (int attempt = 0; attempt < 10 && !mixed_puts; ++attempt) {
+      TempDir dir;
+      std::vector<RemoteCompletion> done;
+      {
+        DiskStore s(config(dir.path(), kTimeout));
+        ASSERT_TRUE(s.put(puts).has_value());
+        done = collect(s, kOps);
+        ASSERT_EQ(done.size(), kOps);
+        std::uint64_t timeouts = 0;
+        for (const auto& c : done) timeouts += c.result == RemoteResult::kTimeout;
+        EXPECT_EQ(s.stats().timeouts, timeouts);
+        mixed_puts = timeouts > 0 && timeouts < kOps;
+      }
+      DiskStore s(config(dir.path(), 10000ms));
+      std::vector<std::byte> dest(kBig);
+      for (const auto& c : done) {
+        ASSERT_TRUE(c.result == RemoteResult::kStored || c.result == RemoteResult::kTimeout)
+            << to_string(c.result);
+        const RemoteGet g{key_of(c.index), dest, {}, 0};
+        ASSERT_TRUE(s.get(std::span(&g, 1)).has_value());
+        const auto r = collect(s, 1);
+        ASSERT_EQ(r.size(), 1u);
+        if (c.result == RemoteResult::kTimeout) {
+          EXPECT_EQ(r[0].result, RemoteResult::kMiss) << "put " << c.index;
+        } else {
+          ASSERT_EQ(r[0].result, RemoteResult::kHit) << "put " << c.index;
+          EXPECT_TRUE(std::equal(dest.begin(), dest.end(), value(c.index).begin()));
+        }
+      }
+    }
+    EXPECT_TRUE(mixed_puts) << "no batch of puts both stored and timed out";
+
+    // Gets: a timed-out get's destination keeps the sentinel; a hit holds the value.
+    TempDir dir;
+    {
+      DiskStore s(config(dir.path(), 10000ms));
+      ASSERT_TRUE(s.put(puts).has_value());
+      for (const auto& c : collect(s, kOps)) ASSERT_EQ(c.result, RemoteResult::kStored);
+    }
+    DiskStore s(config(dir.path(), kTimeout));
+    std::vector<std::byte> dst(kOps * kBig);
+    std::vector<RemoteGet> gets(kOps);
+    for (std::size_t i = 0; i < kOps; ++i) {
+      gets[i] = RemoteGet{key_of(i), std::span(dst).subspan(i * kBig, kBig), {}, 0};
+    }
+    bool mixed_gets = false;
+    std::uint64_t timeouts = 0;
+    for (int attempt = 0; attempt < 10 && !mixed_gets; ++attempt) {
+      std::fill(dst.begin(), dst.end(), kSentinel);
+      ASSERT_TRUE(s.get(gets).has_value());
+      const auto done = collect(s, kOps);
+      ASSERT_EQ(done.size(), kOps);
+      std::size_t hits = 0, round_timeouts = 0;
+      for (const auto& c : done) {
+        const auto d = std::span<const std::byte>(dst).subspan(c.index * kBig, kBig);
+        if (c.result == RemoteResult::kHit) {
+          ++hits;
+          EXPECT_TRUE(std::equal(d.begin(), d.end(), value(c.index).begin())) << c.index;
+        } else {
+          ASSERT_EQ(c.result, RemoteResult::kTimeout) << to_string(c.result);
+          ++round_timeouts;
+          EXPECT_TRUE(std::all_of(d.begin(), d.end(), [&](std::byte b) { return b == kSentinel; }))
+              << "get " << c.index << " timed out after writing into its destination";
+        }
+      }
+      timeouts += round_timeouts;
+      mixed_gets = hits > 0 && round_timeouts > 0;
+    }
+    EXPECT_TRUE(mixed_gets) << "no batch of gets both hit and timed out";
+    EXPECT_EQ(s.stats().timeouts, timeouts);
+  }
+}
+
+// An op_timeout meant as "never" (milliseconds::max()) overflowed submission + op_timeout (every
+// op timed out at once): timeouts above a day are refused by name. A wait() of
+// microseconds::max() overflowed its end the same way and returned at once; it waits until a
+// completion arrives.
+TEST(DiskStore, HugeTimeoutsAreRefusedAndAnEndlessWaitWaitsForACompletion) {
+  TempDir dir;
+  for (const auto t : {std::chrono::milliseconds::max(), std::chrono::milliseconds(86400001)}) {
+    auto c = config_for(dir.path(), 8);
+    c.op_timeout = t;
+    testing::expect_error([&] { DiskStore s(c); }, ErrorCode::kInvalidArgument, "op_timeout");
+  }
+  auto c = config_for(dir.path(), 8);
+  c.op_timeout = std::chrono::hours(24);  // the longest accepted
+  DiskStore s(c);
+  const auto v = bytes_of(kValue, 7);
+  EXPECT_EQ(put1(s, 1, v), RemoteResult::kStored);
+
+  std::size_t got = 0;
+  std::vector<RemoteCompletion> out;
+  std::thread waiter([&] { got = s.wait(out, std::chrono::microseconds::max()); });
+  std::this_thread::sleep_for(50ms);  // the waiter is waiting on an idle store
+  const BlockHash k = key_of(1);
+  ASSERT_TRUE(s.exists(std::span(&k, 1)).has_value());
+  waiter.join();
+  ASSERT_EQ(got, 1u);
+  EXPECT_EQ(out[0].result, RemoteResult::kHit);
 }
 
 TEST(DiskStore, RefusesMisuseAndCountsQueueDrops) {

@@ -4,9 +4,16 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <memory>
 #include <thread>
 
+#include "expect_error.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/remote/remote_prefix_probe.hpp"
 #include "pagedkv/remote/remote_value.hpp"
@@ -476,6 +483,89 @@ TEST_F(RedisStoreTest, AThreadInBackoffLeavesOpsToAConnectedThread) {
   EXPECT_EQ(store.stats().errors, before.errors);
 }
 
+// A thread whose reconnect attempt fails while another connection is up goes back to waiting
+// and leaves the queued ops to the live one (it used to take a pipeline's worth and fail them
+// kError). A server taking one client (maxclients 1) and requiring AUTH: the first thread to
+// connect holds the only slot, the other's AUTH gets "max number of clients reached" at every
+// attempt (a short backoff: it tries often).
+TEST_F(RedisStoreTest, AFailedReconnectLeavesOpsToALiveConnection) {
+  test::RedisServer server({"--maxclients", "1"}, "secret");
+  ASSERT_TRUE(server.start());
+  auto cfg = config_for(server.port());
+  cfg.password = "secret";
+  cfg.num_connections = 2;
+  cfg.pipeline_depth = 4;
+  cfg.reconnect_backoff_min = 1ms;
+  cfg.reconnect_backoff_max = 2ms;
+  RedisStore store(cfg);
+  // Until one thread holds the connection (before that, ops fail at once: none is up).
+  std::vector<BlockHash> keys;
+  for (std::uint64_t i = 0; i < 16; ++i) keys.push_back(block_key(i));
+  const auto end = Clock::now() + 10s;
+  bool up = false;
+  while (!up && Clock::now() < end) {
+    ASSERT_TRUE(store.exists(keys));
+    up = count_result(collect(store, keys.size()), RemoteResult::kMiss) == keys.size();
+  }
+  ASSERT_TRUE(up);
+  ASSERT_EQ(store.stats().connects, 1u);
+  const auto before = store.stats();
+  std::size_t misses = 0;
+  for (int round = 0; round < 200; ++round) {
+    for (int b = 0; b < 8; ++b) ASSERT_TRUE(store.exists(keys));
+    misses += count_result(collect(store, 8 * keys.size()), RemoteResult::kMiss);
+  }
+  const auto after = store.stats();
+  EXPECT_GT(after.connect_failures, before.connect_failures) << "the second thread kept trying";
+  EXPECT_EQ(after.connects, 1u);
+  EXPECT_EQ(after.errors, before.errors);
+  EXPECT_EQ(misses, 200u * 8 * keys.size());
+}
+
+// A batch that meets a stale connection is rerun on a fresh one only when the reconnect fits
+// before its deadline: here the server is gone and its port answers TCP but never AUTH (a
+// listening socket that never accepts), so a reconnect takes connect_timeout (2 s) - far past the
+// ops' 300 ms op_timeout. The op fails at once instead of ~2 s late.
+TEST_F(RedisStoreTest, AStaleConnectionIsNotRetriedPastTheOpsDeadline) {
+  test::RedisServer server({}, "secret");
+  ASSERT_TRUE(server.start());
+  const std::uint16_t port = server.port();
+  auto cfg = config_for(port);
+  cfg.password = "secret";
+  cfg.num_connections = 1;
+  cfg.op_timeout = 300ms;
+  cfg.connect_timeout = 2000ms;
+  auto store = std::make_unique<RedisStore>(cfg);
+  std::vector<std::vector<std::byte>> keep;
+  keep.reserve(4);
+  ASSERT_EQ(count_result(put_blocks(*store, 0, 1, 256, keep), RemoteResult::kStored), 1u);
+
+  server.kill();
+  const int hole = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(hole, 0);
+  const int on = 1;
+  ::setsockopt(hole, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(hole, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(hole, 16), 0);
+
+  const std::vector<BlockHash> key = {block_key(0)};
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(store->exists(key));
+  const auto done = collect(*store, 1, 10000ms);
+  const auto took = Clock::now() - t0;
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_NE(done[0].result, RemoteResult::kHit);
+  EXPECT_LT(took, 1500ms) << "completed "
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                          << " ms after submission (op_timeout 300 ms)";
+  store.reset();  // (waits for a reconnect attempt in flight: at most connect + AUTH)
+  ::close(hole);
+}
+
 TEST_F(RedisStoreTest, SlowServerGivesTimeoutsWithinTheOpTimeout) {
   test::RedisServer server;
   ASSERT_TRUE(server.start());
@@ -658,6 +748,51 @@ TEST_F(RedisStoreTest, MisuseThrowsBeforeSubmitting) {
   EXPECT_THROW(store.exists(std::span(&none, 1)), Error);
   EXPECT_EQ(store.in_flight(), 0u);
   EXPECT_TRUE(store.exists({}));  // an empty batch is accepted
+}
+
+// Config values the store cannot work with are refused by name in the constructor, on the
+// caller's thread (no redis-server needed: nothing connects). A pipeline_depth of SIZE_MAX ("no
+// limit") used to be accepted and made each I/O thread's buffer reserve throw length_error:
+// std::terminate. Timeouts above a day overflowed deadlines.
+TEST(RedisStoreConfigCheck, RefusesPipelineDepthsAndTimeoutsItCannotHold) {
+  RedisStoreConfig c;
+  c.name_space = "ns";
+  c.port = test::free_port();
+  for (const std::size_t depth : {SIZE_MAX, SIZE_MAX / 3, (std::size_t{1} << 16) + 1}) {
+    c.pipeline_depth = depth;
+    testing::expect_error([&] { RedisStore s(c); }, ErrorCode::kInvalidArgument, "pipeline_depth");
+  }
+  c.pipeline_depth = 32;
+  // Timeouts and backoffs meant as "never" overflowed now + timeout: above a day is refused.
+  const auto refused = [&](auto mutate, const char* name) {
+    auto bad = c;
+    mutate(bad, std::chrono::milliseconds::max());
+    testing::expect_error([&] { RedisStore s(bad); }, ErrorCode::kInvalidArgument, name);
+    bad = c;
+    mutate(bad, std::chrono::milliseconds(86400001));
+    testing::expect_error([&] { RedisStore s(bad); }, ErrorCode::kInvalidArgument, name);
+  };
+  refused([](RedisStoreConfig& x, auto t) { x.op_timeout = t; }, "op_timeout");
+  refused([](RedisStoreConfig& x, auto t) { x.connect_timeout = t; }, "connect_timeout");
+  refused([](RedisStoreConfig& x, auto t) { x.reconnect_backoff_max = t; },
+          "reconnect_backoff_max");
+  refused(
+      [](RedisStoreConfig& x, auto t) {
+        x.reconnect_backoff_min = t;
+        x.reconnect_backoff_max = t;
+      },
+      "reconnect_backoff_min");
+
+  c.pipeline_depth = std::size_t{1} << 16;  // the largest accepted; deeper than the queue
+  c.op_timeout = std::chrono::hours(24);    // the longest accepted
+  c.queue_depth = 64;
+  RedisStore s(c);
+  std::this_thread::sleep_for(50ms);  // the I/O threads have set up their buffers by now
+  const BlockHash k = test::block_key(1);
+  ASSERT_TRUE(s.exists(std::span(&k, 1)).has_value());  // nothing listens: fails promptly
+  const auto done = test::collect(s, 1);
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_NE(done[0].result, RemoteResult::kHit);
 }
 
 TEST(RedisStoreConfigUrl, ParsesAndRejects) {

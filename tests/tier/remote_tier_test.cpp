@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "pagedkv/reference/transfer.hpp"
 #include "pagedkv/remote/redis_store.hpp"
 #include "pagedkv/remote/remote_value.hpp"
@@ -567,6 +568,37 @@ TEST(RemoteTierConfigTest, HostEvictionWithoutStagingIsRejected) {
   rc.store_policy = RemoteStorePolicy::kOnHostEviction;
   rc.eviction_staging_blocks = 0;
   EXPECT_THROW(RemoteTier(tier, store, host, rc), Error);
+}
+
+// A timeout meant as "never" (milliseconds::max()) overflowed a request's deadline (now +
+// timeout) or the destructor's (now + drain_timeout): above a day is refused by name.
+TEST(RemoteTierConfigTest, HugeTimeoutsAreRejectedByName) {
+  KVCacheManagerConfig c;
+  c.num_blocks = 8;
+  c.block_size = kBs;
+  HostTierConfig h;
+  h.num_host_blocks = 4;
+  TieredKVCacheManager tier(c, h);
+  RedisStoreConfig sc;  // never contacted
+  sc.port = test::free_port();
+  sc.name_space = "ns";
+  RedisStore store(sc);
+  std::vector<std::byte> host(5 * 64);
+  for (const bool drain : {false, true}) {
+    for (const auto t : {std::chrono::milliseconds::max(), std::chrono::milliseconds(86400001),
+                         std::chrono::milliseconds(-1)}) {
+      RemoteTierConfig rc;
+      rc.bytes_per_block = 64;
+      (drain ? rc.drain_timeout : rc.timeout) = t;
+      testing::expect_error([&] { RemoteTier r(tier, store, host, rc); },
+                            ErrorCode::kInvalidArgument, drain ? "drain_timeout" : "timeout");
+    }
+  }
+  RemoteTierConfig rc;
+  rc.bytes_per_block = 64;
+  rc.timeout = std::chrono::hours(24);
+  rc.drain_timeout = std::chrono::milliseconds(0);
+  RemoteTier r(tier, store, host, rc);  // the bounds are accepted
 }
 
 // A hasher that is not collision resistant is served: values are bound to prefix identities.

@@ -42,7 +42,8 @@
 // it is a counted miss, never loaded.
 //
 // Start. The constructor reads every slot's record and value header (one 176-byte pread per slot:
-// O(num_slots)); a slot whose record checks and whose value header has this store's magic,
+// O(num_slots)); a slot whose record checks (its sequence number below 2^62: a higher one is
+// forged or damaged and would wrap the put counter) and whose value header has this store's magic,
 // version, fingerprint and length enters the index; of two slots with the same key the higher
 // sequence number wins; LRU order is rebuilt from the sequence numbers (put order: promotions by
 // gets are not persisted). Payload checksums are verified at each get, not at start. What the
@@ -65,11 +66,15 @@
 // cost about 3 us each on the VM of bench/results/disk.md). Submissions and poll() only touch a
 // bounded queue under a mutex, never the disk. The queue holds at most `queue_depth` ops
 // submitted and not yet polled; a batch that does not fit is refused whole (nullopt) and counted
-// in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout
-// (a pread/pwrite already running is not interrupted). I/O errors complete kError; ENOSPC/EDQUOT
-// on a put completes kSkippedFull. A slot that fails its value check at a get is dropped from the
-// index (its record zeroed): a bad header or checksum, or a value of another block; a value of the
-// same block asked for under another parent or group stays (a miss for that get only).
+// in stats().queue_full_drops. An op still queued at submission + op_timeout completes kTimeout,
+// and so does one taken by the I/O thread whose deadline has passed when its read or write is
+// about to start (the thread takes up to 64 ops at a time; each op's deadline is checked again
+// just before its own I/O, so a timed-out get never wrote into its destination and a timed-out
+// put never read its source nor was stored; a pread/pwrite already running is not interrupted). I/O
+// errors complete kError; ENOSPC/EDQUOT on a put completes kSkippedFull. A slot that fails its
+// value check at a get is dropped from the index (its record zeroed): a bad header or checksum, or
+// a value of another block; a value of the same block asked for under another parent or group stays
+// (a miss for that get only).
 //
 // Complexity: exists O(1); get/put O(value) (a get: the value header read into the store's buffer
 // and the payload straight into the destination, one preadv or, apart, a share of one pread
@@ -81,8 +86,8 @@
 // Thread safety: every member may be called from any thread.
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty
 // directory or namespace, value_bytes 0, capacity below one slot or above 2^32 - 2 slots, zero
-// queue depth, non-positive op_timeout, io_threads other than 1 or 2) or a directory it cannot
-// create/open/size, and kInvalidState when the directory is locked. Submissions throw
+// queue depth, an op_timeout outside [1 ms, 1 day], io_threads other than 1 or 2) or a directory it
+// cannot create/open/size, and kInvalidState when the directory is locked. Submissions throw
 // (kInvalidArgument) on an empty key or a buffer whose size is not value_bytes, before anything is
 // submitted. std::system_error if the thread cannot be started.
 #pragma once
@@ -149,7 +154,8 @@ class DiskStore final : public RemoteStore {
   RemoteStoreStats stats() const override;
   std::string_view name_space() const noexcept override;
 
-  // Like poll(), but blocks up to max_wait until at least one completion is available.
+  // Like poll(), but blocks up to max_wait until at least one completion is available (a max_wait
+  // too large to add to the clock, e.g. microseconds::max(), blocks until one is).
   std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait);
 
   // Bytes per slot: record + value header + value_bytes rounded up to the next power of two from

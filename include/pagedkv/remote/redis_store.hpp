@@ -24,6 +24,9 @@
 //
 // Threads: `num_connections` I/O threads, each with its own connection. They take batches of up to
 // `pipeline_depth` ops from one bounded FIFO, write them as one pipeline, and read the replies.
+// An I/O thread never dies of an exception: one while a batch is in hand (bad_alloc) fails that
+// batch kError and drops the connection; one setting up the thread's buffers is counted in
+// stats().connect_failures and retried after reconnect_backoff_min.
 // The queue holds at most `queue_depth` ops submitted and not yet polled: a batch that does not fit
 // is refused whole (nullopt) and counted, never waited for.
 //
@@ -33,20 +36,23 @@
 // complete as kTimeout and the connection is dropped (its reply stream is no longer in step).
 // A connection error fails the ops in flight as kError and drops the connection, except that a
 // connection that fails before any reply (gone stale while idle, e.g. the server restarted) is
-// replaced at once and the batch rerun on the new one (GET, EXISTS and SET are idempotent). A
-// thread without a connection reconnects (connect_timeout, then AUTH); after a failed attempt it
-// waits reconnect_backoff_min, doubling up to reconnect_backoff_max. Meanwhile it leaves queued ops
-// to the threads that are connected, or, when none is, fails the ops it takes as kError at once, so
-// callers see prompt misses while a server is down. Redis' OOM reply to SET (maxmemory with
-// noeviction) is kSkippedFull.
+// replaced at once and the batch rerun on the new one (GET, EXISTS and SET are idempotent) when
+// that reconnect (connect_timeout, twice that with AUTH) fits before the batch's earliest deadline;
+// otherwise the batch fails kError at once and the next batch reconnects. A thread without a
+// connection reconnects (connect_timeout, then AUTH); after a failed attempt it waits
+// reconnect_backoff_min, doubling up to reconnect_backoff_max. Meanwhile (and right after a failed
+// attempt) it leaves queued ops to the threads that are connected, or, when none is, fails the ops
+// it takes as kError at once, so callers see prompt misses while a server is down. Redis' OOM
+// reply to SET (maxmemory with noeviction) is kSkippedFull.
 //
 // Destruction stops the I/O threads (waiting for at most one connect or one op timeout) and drops
 // ops not yet completed; after the destructor returns no buffer is touched.
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) on a bad config (empty host or
-// namespace, port 0, zero connections, queue depth or pipeline depth, non-positive timeouts,
-// backoff min > max) and never connects on the caller's thread (an unreachable server is not an
-// error). Submissions throw as RemoteStore says. std::system_error if a thread cannot be started.
+// namespace, port 0, zero connections, queue depth or pipeline depth, a pipeline depth above
+// 65536, a timeout or backoff outside [1 ms, 1 day], backoff min > max) and never connects on the
+// caller's thread (an unreachable server is not an error). Submissions throw as RemoteStore says.
+// std::system_error if a thread cannot be started.
 #pragma once
 
 #include <chrono>
@@ -100,7 +106,8 @@ class RedisStore final : public RemoteStore {
   std::string_view name_space() const noexcept override;
 
   // Like poll(), but blocks up to max_wait until at least one completion is available. For
-  // background threads, tools and tests; a scheduler thread should call poll().
+  // background threads, tools and tests; a scheduler thread should call poll(). A max_wait too
+  // large to add to the clock (microseconds::max()) blocks until a completion is available.
   std::size_t wait(std::vector<RemoteCompletion>& out, std::chrono::microseconds max_wait);
 
   // The Redis key of a block under this store's namespace.

@@ -111,11 +111,16 @@
 //
 // Errors: the constructor throws pagedkv::Error (kInvalidArgument) for a group block size that is
 // not a multiple of the tier's (the GPU manager refuses those first), a buffer smaller than
-// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, or kOnHostEviction with zero
-// eviction_staging_blocks; add_request for a request already added (kInvalidState). Everything else
-// (a store that is down, slow, full or returns corrupt values) is a normal outcome counted in
-// stats(), never an exception from poll(). Complexity: poll is O(completions + requests waiting for
-// a probe); add_request O(blocks). Thread-compatible: the scheduler thread calls everything.
+// (num_host_blocks + 1) * bytes_per_block, a zero bytes_per_block, a timeout or drain_timeout
+// outside [0, 1 day], or kOnHostEviction with zero eviction_staging_blocks; add_request for a
+// request already added (kInvalidState). Everything else (a store that is down, slow, full or
+// returns corrupt values) is a normal outcome counted in stats(), never an exception from poll().
+// std::bad_alloc from poll() leaves nothing half-done: no fill begun without its batch, no batch
+// the store accepted without its entry (reserved before submitting), and the completions it had not
+// handled yet are handled by the next poll (tests/tier/remote_tier_alloc_test.cpp). The host-tier
+// hooks it installs never throw (a failure skips that block's put, counted in puts_skipped).
+// Complexity: poll is O(completions + requests waiting for a probe); add_request O(blocks).
+// Thread-compatible: the scheduler thread calls everything.
 #pragma once
 
 #include <chrono>
@@ -276,10 +281,27 @@ class RemoteTier {
   void group_views(const Request& request);              // views_ of the request
   void key_offsets(std::size_t start, std::size_t end);  // key_offset_ of a Pending's keys
   void start_hybrid_fills(RequestId id, Pending& p);
-  // Submits `batch` (gets in get_ops_) and the waits in shared_ for request `id`.
-  void submit_fills(RequestId id, Pending& p, GetBatch&& batch);
+  // Commits the fills of `batch` failed when destroyed armed: a start_fills that throws leaves no
+  // fill begun (submit_fills disarms it once nothing can throw before the store takes them).
+  struct FillGuard {
+    FillGuard(TieredKVCacheManager& t, GetBatch& b) noexcept : tier(t), batch(b) {}
+    FillGuard(const FillGuard&) = delete;
+    FillGuard& operator=(const FillGuard&) = delete;
+    ~FillGuard();
+    TieredKVCacheManager& tier;
+    GetBatch& batch;
+    bool armed = true;
+  };
+  // Room for n fills in `batch`, get_ops_ and shared_ (cleared): recording a fill allocates
+  // nothing.
+  void reserve_fills(GetBatch& batch, std::size_t n);
+  // Submits `batch` (gets in get_ops_) and the waits in shared_ for request `id`; marks the
+  // request's probe done. Throwing (bad_alloc before the store saw the batch), nothing of the
+  // request changed and `guard` commits the batch's fills failed.
+  void submit_fills(RequestId id, Pending& p, GetBatch&& batch, FillGuard& guard);
   void on_cached(BlockId slot, bool from_fill);
   void on_loaded(BlockId slot);
+  void skip_put(BlockId slot) noexcept;  // a hook failed: the slot's block is never put
   void on_evicted(BlockId slot) noexcept;
   void queue_put(BlockId slot);
   void submit_puts();
@@ -329,8 +351,12 @@ class RemoteTier {
   void release(PutItem& item) noexcept;
   std::span<std::byte> staging_bytes(std::uint32_t index);
   std::unordered_map<RemoteTicket, std::pair<RequestId, std::size_t>> probes_;  // id, outstanding
-  std::unordered_map<RemoteTicket, GetBatch> gets_;
-  std::unordered_map<RemoteTicket, PutBatch> puts_;
+  // A batch's entry is made (a node, buckets reserved) before the store is given the batch and
+  // inserted, allocating nothing, once it accepts it.
+  using GetMap = std::unordered_map<RemoteTicket, GetBatch>;
+  using PutMap = std::unordered_map<RemoteTicket, PutBatch>;
+  GetMap gets_;
+  PutMap puts_;
   std::size_t in_flight_ = 0;  // ops submitted, completion not yet handled
   std::size_t put_pins_ = 0;   // slots pinned for puts (queued or in flight)
 
@@ -344,8 +370,11 @@ class RemoteTier {
   std::vector<std::uint32_t> staging_free_;
   std::vector<RemoteValueBinding> staging_block_;
   std::size_t staged_in_flight_ = 0;  // staged puts submitted, not yet completed
-  // Scratch.
+  // The store's completions being handled: [next_completion_, size) are not handled yet (left by
+  // a handle() that threw: the next poll handles them first).
   std::vector<RemoteCompletion> completions_;
+  std::size_t next_completion_ = 0;
+  // Scratch.
   std::vector<BlockHash> keys_;
   std::vector<BlockHash> identities_;  // start_fills: the request's prefix identities
   std::vector<std::uint8_t> held_;     // start_hybrid_fills: per key, the host holds it

@@ -1,0 +1,292 @@
+// RemoteTier under std::bad_alloc at every allocation point of a poll() that submits fills or
+// puts, or handles their completions: nothing begun is left behind. A fill begun
+// (begin_fill_known: a pinned host slot) is always committed, a batch the store accepted always
+// has its entry (its completions are handled, its slots unpinned), a completion that could not
+// be handled is handled at the next poll, and the tier drains and destroys cleanly.
+//
+// This binary replaces the global operator new with one that can be told to fail its Nth
+// allocation (as strong_guarantee_test does). The store (fault_store.hpp, no faults, no delay)
+// never fails: its calls run with injection suspended, so every injected failure is one of the
+// remote tier's or the host tier's.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <new>
+#include <random>
+#include <vector>
+
+#include "fault_store.hpp"
+#include "hybrid_episode.hpp"
+#include "pagedkv/tier/remote_tier.hpp"
+#include "pagedkv/tier/tiered_kv_cache_manager.hpp"
+
+namespace {
+
+long g_fail_at = -1;  // allocations until the injected failure; -1: none
+bool g_suspended = false;
+
+void* counted_alloc(std::size_t n) {
+  if (g_fail_at >= 0 && !g_suspended) {
+    if (g_fail_at == 0) {
+      g_fail_at = -1;
+      throw std::bad_alloc();
+    }
+    --g_fail_at;
+  }
+  void* p = std::malloc(n == 0 ? 1 : n);
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+
+struct Suspend {
+  bool was = g_suspended;
+  Suspend() { g_suspended = true; }
+  ~Suspend() { g_suspended = was; }
+};
+
+}  // namespace
+
+void* operator new(std::size_t n) {
+  return counted_alloc(n);
+}
+void* operator new[](std::size_t n) {
+  return counted_alloc(n);
+}
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, std::size_t) noexcept {
+  std::free(p);
+}
+
+namespace pagedkv {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = RemoteTier::Clock;
+using Rng = std::mt19937_64;
+
+constexpr std::uint32_t kBs = 4;
+constexpr std::int32_t kGpuBlocks = 64;
+constexpr std::int32_t kHostBlocks = 48;
+constexpr std::size_t kBytes = 64;  // per block: the payloads' bytes do not matter here
+
+// Forwards to a store with allocation failures suspended.
+class NoFailStore final : public RemoteStore {
+ public:
+  explicit NoFailStore(RemoteStore& s) : s_(s) {}
+  std::optional<RemoteTicket> exists(std::span<const BlockHash> keys) override {
+    Suspend s;
+    return s_.exists(keys);
+  }
+  std::optional<RemoteTicket> get(std::span<const RemoteGet> ops) override {
+    Suspend s;
+    return s_.get(ops);
+  }
+  std::optional<RemoteTicket> put(std::span<const RemotePut> ops) override {
+    Suspend s;
+    return s_.put(ops);
+  }
+  std::size_t poll(std::vector<RemoteCompletion>& out) override {
+    Suspend s;
+    return s_.poll(out);
+  }
+  std::size_t in_flight() const override { return s_.in_flight(); }
+  RemoteStoreStats stats() const override { return s_.stats(); }
+  std::string_view name_space() const noexcept override { return s_.name_space(); }
+
+ private:
+  RemoteStore& s_;
+};
+
+struct Engine {
+  // hybrid: a full-attention group and a sliding window of 8 tokens (start_hybrid_fills).
+  Engine(remote_test::FaultBackend& backend, Rng& rng, RemoteStorePolicy policy,
+         bool hybrid = false)
+      : fault(backend, rng, fault_config()), store(fault) {
+    KVCacheManagerConfig c;
+    c.num_blocks = kGpuBlocks;
+    c.block_size = kBs;
+    c.hash_seed = "remote-tier-alloc-test";
+    HostTierConfig h;
+    h.num_host_blocks = kHostBlocks;
+    h.policy = HostPolicy::kWriteThrough;
+    h.bytes_per_block = kBytes;
+    if (hybrid) {
+      c = hybrid_test::hybrid_config(kGpuBlocks, 8, 0);
+      h = hybrid_test::host_config(kHostBlocks, HostPolicy::kWriteThrough, WindowStoreRule::kAll);
+      h.bytes_per_block = kBytes;
+    }
+    tier = std::make_unique<TieredKVCacheManager>(c, h);
+    host.assign(static_cast<std::size_t>(kHostBlocks + 1) * kBytes, std::byte{0});
+    RemoteTierConfig rc;
+    rc.bytes_per_block = kBytes;
+    rc.policy = PrefetchPolicy::kWaitComplete;
+    rc.store_policy = policy;
+    rc.eviction_staging_blocks = 64;
+    rc.drain_timeout = 100ms;
+    remote = std::make_unique<RemoteTier>(*tier, store, host, rc);
+  }
+  static remote_test::FaultConfig fault_config() {
+    remote_test::FaultConfig f;
+    f.max_value_bytes = kBytes;
+    f.queue_capacity = 4096;
+    return f;
+  }
+
+  remote_test::FaultStore<Rng> fault;
+  NoFailStore store;
+  std::unique_ptr<TieredKVCacheManager> tier;
+  std::vector<std::byte> host;
+  std::unique_ptr<RemoteTier> remote;  // destroyed first (declared last)
+  Clock::time_point now{};
+};
+
+std::vector<TokenId> prompt_of(std::uint32_t seed, std::size_t n) {
+  std::vector<TokenId> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<TokenId>((seed * 7919 + i * 31) % 1000);
+  return t;
+}
+
+// Runs a request's prefill (no bytes moved: the payloads do not matter) and frees it: its blocks
+// are cached in the host tier (and queued for puts, write-through).
+void run(Engine& e, RequestId id, const std::vector<TokenId>& prompt) {
+  Request req = e.tier->make_request(id, prompt);
+  e.remote->add_request(req, e.now);
+  for (int i = 0; i < 100 && !e.remote->ready(id, e.now); ++i) {
+    e.now += 1ms;
+    e.remote->poll(e.now);
+  }
+  ASSERT_TRUE(e.remote->ready(id, e.now));
+  e.remote->remove_request(id);
+  const TieredCacheHit hit = e.tier->get_computed_blocks(req);
+  auto a = e.tier->allocate_slots(req, prompt.size() - hit.num_tokens(), hit);
+  ASSERT_TRUE(a.has_value());
+  TierPlan plan = std::move(a->transfers);
+  for (TransferId t : plan.eviction_ids) e.tier->commit(t, true);
+  for (TransferId t : plan.load_ids) e.tier->commit(t, true);
+  std::vector<TierPlan> after;
+  if (!plan.load_ids.empty()) after.push_back(e.tier->finish_loads(req).transfers);
+  for (TransferId t : plan.store_ids) e.tier->commit(t, true);
+  for (TierPlan& p : after) {
+    for (TransferId t : p.store_ids) e.tier->commit(t, true);
+  }
+  e.tier->free(req);
+}
+
+// Polls until every op completed and no slot is pinned for a put; false if that never happens.
+bool drain(Engine& e) {
+  for (int i = 0; i < 200; ++i) {
+    if (e.remote->in_flight() == 0 && e.remote->pinned_for_puts() == 0) return true;
+    e.now += 1ms;
+    e.remote->poll(e.now);
+  }
+  return false;
+}
+
+// After an injected failure (or none): the tier drains, no transfer is left live, and the remote
+// tier is destroyed (not when it never drained: its destructor would wait for ever on a staged
+// put whose batch it lost).
+void finish(Engine& e, long k) {
+  const bool drained = drain(e);
+  EXPECT_TRUE(drained) << "failure at allocation " << k << ": ops never completed (in flight "
+                       << e.remote->in_flight() << ", pinned " << e.remote->pinned_for_puts()
+                       << ")";
+  e.tier->check_invariants();
+  EXPECT_EQ(e.tier->num_in_flight(), 0u)
+      << "failure at allocation " << k << ": a fill begun was never committed";
+  if (drained) {
+    e.remote.reset();
+  } else {
+    (void)e.remote.release();  // leaked on purpose: see above
+  }
+}
+
+const std::vector<TokenId> kPrompt = prompt_of(1, 42);  // 10 full blocks to share
+
+// Engine B loads what engine A stored; its polls that start the fills and handle their
+// completions fail at their 1st, 2nd, ... allocation.
+TEST(RemoteTierAlloc, FillsSurviveAFailedAllocationAnywhereInPoll) {
+  for (const bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "hybrid" : "one group");
+    long k = 0;
+    for (bool threw = true; threw; ++k) {
+      Rng rng(1);
+      remote_test::FaultBackend backend;
+      backend.capacity = 1024;
+      Engine a(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
+      run(a, 1, kPrompt);
+      ASSERT_TRUE(drain(a));
+      ASSERT_GE(a.remote->stats().stored_blocks, 10u);
+
+      Engine b(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
+      Request req = b.tier->make_request(7, kPrompt);
+      b.remote->add_request(req, b.now);
+      threw = false;
+      g_fail_at = k;
+      try {
+        for (int i = 0; i < 3; ++i) {  // the probe's completions, the fills, their completions
+          b.now += 1ms;
+          b.remote->poll(b.now);
+        }
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      g_fail_at = -1;
+      if (!threw) {
+        EXPECT_GE(b.remote->stats().loaded_blocks, 2u);  // the fills did load
+      }
+      finish(b, k);
+      ASSERT_FALSE(HasFailure()) << "failure injected at allocation " << k;
+    }
+    EXPECT_GT(k, 3);  // the loop did inject failures
+  }
+}
+
+// Engine A's polls that submit its puts (write-through, and staged copies of evicted blocks) and
+// handle their completions fail at their 1st, 2nd, ... allocation.
+TEST(RemoteTierAlloc, PutsSurviveAFailedAllocationAnywhereInPoll) {
+  for (const RemoteStorePolicy policy :
+       {RemoteStorePolicy::kWriteThrough, RemoteStorePolicy::kOnHostEviction}) {
+    long k = 0;
+    for (bool threw = true; threw; ++k) {
+      Rng rng(2);
+      remote_test::FaultBackend backend;
+      backend.capacity = 1024;
+      Engine a(backend, rng, policy);
+      // Enough prompts to evict host blocks (kOnHostEviction puts only evicted ones).
+      for (RequestId id = 1; id <= 8; ++id) {
+        run(a, id, prompt_of(static_cast<std::uint32_t>(id), 42));
+        if (id < 8) {
+          ASSERT_TRUE(drain(a));
+        }
+      }
+      threw = false;
+      g_fail_at = k;
+      try {
+        for (int i = 0; i < 3; ++i) {  // submit the puts, handle their completions
+          a.now += 1ms;
+          a.remote->poll(a.now);
+        }
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      g_fail_at = -1;
+      finish(a, k);
+      ASSERT_FALSE(HasFailure()) << "policy " << static_cast<int>(policy)
+                                 << ", failure injected at allocation " << k;
+    }
+    EXPECT_GT(k, 1);
+  }
+}
+
+}  // namespace
+}  // namespace pagedkv
