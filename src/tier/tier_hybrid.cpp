@@ -75,15 +75,8 @@ void TieredKVCacheManager::hybrid_prepare_records(const Request& request, Reques
     group_ahead_from_[g] = begin;
     if (fine.extra_keys == nullptr) continue;
     const BlockSequence seq = group_seq(fine, g, st.coarse);  // (extended: no allocation)
-    const std::size_t end = std::min(upto / group_bs_[g], seq.block_hashes.size());
-    if (end <= begin) continue;
-    ahead.reserve(end - begin);
-    SharedExtraKeys previous;
-    for (std::size_t i = begin; i < end; ++i) {
-      SharedExtraKeys keys = shared_extra_keys(seq, i, mm_scratch_, previous);
-      if (keys != nullptr) previous = keys;
-      ahead.push_back(std::move(keys));
-    }
+    shared_extra_keys_of(seq, begin, std::min(upto / group_bs_[g], seq.block_hashes.size()), ahead,
+                         mm_scratch_);
   }
 }
 

@@ -339,15 +339,7 @@ void TieredKVCacheManager::prepare_records(const Request& request, std::size_t f
   const BlockSequence seq = request.hashed_tokens().sequence();
   to = std::min(to, seq.block_hashes.size());
   if (to <= from) return;
-  if (seq.extra_keys != nullptr) {
-    extra_ahead_.reserve(to - from);
-    SharedExtraKeys previous;
-    for (std::size_t i = from; i < to; ++i) {
-      SharedExtraKeys keys = shared_extra_keys(seq, i, mm_scratch_, previous);
-      if (keys != nullptr) previous = keys;
-      extra_ahead_.push_back(std::move(keys));
-    }
-  }
+  if (seq.extra_keys != nullptr) shared_extra_keys_of(seq, from, to, extra_ahead_, mm_scratch_);
   if (own_records_ && !host_chain_) {
     // The chain's parent: the recorded identity of the block before (an invalid id, which the
     // GPU manager will refuse, prepares nothing).

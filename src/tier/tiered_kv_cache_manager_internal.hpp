@@ -214,6 +214,23 @@ inline void reserve_room(Vector& v, std::size_t n) {
   return owned;
 }
 
+// out = the extra keys of seq's blocks from .. to - 1 (reserved first), equal neighbours sharing
+// one copy.
+[[maybe_unused]] void shared_extra_keys_of(const BlockSequence& seq, std::size_t from,
+                                           std::size_t to,
+                                           std::vector<std::shared_ptr<const OwnedExtraKeys>>& out,
+                                           std::vector<MultiModalKey>& scratch) {
+  out.clear();
+  if (to <= from) return;
+  out.reserve(to - from);
+  std::shared_ptr<const OwnedExtraKeys> previous;
+  for (std::size_t i = from; i < to; ++i) {
+    std::shared_ptr<const OwnedExtraKeys> keys = shared_extra_keys(seq, i, scratch, previous);
+    if (keys != nullptr) previous = keys;
+    out.push_back(std::move(keys));
+  }
+}
+
 }  // namespace
 
 inline void TieredKVCacheManager::set_gpu_extra(BlockId b, SharedExtraKeys keys) noexcept {

@@ -19,6 +19,7 @@
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/events/indexer.hpp"
 #include "pagedkv/events/publisher.hpp"
+#include "replace_operator_new.hpp"
 
 namespace {
 
@@ -50,23 +51,8 @@ void* counted_alloc(std::size_t n) {
 
 }  // namespace
 
-void* operator new(std::size_t n) {
+void* pagedkv_test_alloc(std::size_t n) {
   return counted_alloc(n);
-}
-void* operator new[](std::size_t n) {
-  return counted_alloc(n);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
 }
 
 namespace pagedkv::events {

@@ -844,6 +844,19 @@ struct HostileEngine {
     put_seq(s, f);
     return std::string(f, 8);
   }
+  EngineId connect_to(KVIndexer& indexer) {
+    return indexer.connect_engine({"hostile", pub_endpoint, replay_endpoint});
+  }
+  // Joins late: publishes `payload` at seq 1,000,000 (a gap: the indexer asks the replay socket
+  // for 0 on) until the replay request arrives; false if none came within 10 s.
+  bool join_late(const std::string& payload) {
+    return eventually(
+        [&] {
+          send_raw({"", seq_frame(1'000'000), payload});
+          return requests.load() > 0;
+        },
+        std::chrono::seconds(10));
+  }
 };
 
 void endless_replay_beside_an_honest_engine(const std::string& mode) {
@@ -856,7 +869,7 @@ void endless_replay_beside_an_honest_engine(const std::string& mode) {
   const EngineId h = indexer.connect_engine(endpoints_of("honest", honest));
   HostileEngine hostile(mode, 30s);
   const EngineId x =
-      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+      hostile.connect_to(indexer);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
   honest.steps(5, 1);
@@ -866,12 +879,7 @@ void endless_replay_beside_an_honest_engine(const std::string& mode) {
     const auto p = stored_batch(std::vector<std::uint64_t>{3, 5});
     return std::string(p.begin(), p.end());
   }();
-  ASSERT_TRUE(eventually(
-      [&] {
-        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
-        return hostile.requests.load() > 0;
-      },
-      10s));
+  ASSERT_TRUE(hostile.join_late(payload));
   // Meanwhile the honest engine keeps publishing: it must keep being indexed.
   const auto t0 = std::chrono::steady_clock::now();
   for (RequestId r = 1000; r < 1040; ++r) {
@@ -932,7 +940,7 @@ TEST(KVIndexerHostile, SilentReplaySocketStartsTheBackoff) {
   const EngineId h = indexer.connect_engine(endpoints_of("honest", honest));
   HostileEngine hostile("silent", 60s);
   const EngineId x =
-      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+      hostile.connect_to(indexer);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
   honest.steps(5, 1);
@@ -940,12 +948,7 @@ TEST(KVIndexerHostile, SilentReplaySocketStartsTheBackoff) {
   const auto p = stored_batch(std::vector<std::uint64_t>{3, 5});
   const std::string payload(p.begin(), p.end());
   // A late join at 1,000,000: the indexer asks the replay socket for 0 on, and hears nothing.
-  ASSERT_TRUE(eventually(
-      [&] {
-        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
-        return hostile.requests.load() > 0;
-      },
-      10s));
+  ASSERT_TRUE(hostile.join_late(payload));
   // Every further batch skips a number: each is a gap, none is asked for (before: each was, and
   // replays_skipped stayed 0).
   std::uint64_t seq = 2'000'000;
@@ -976,17 +979,12 @@ TEST(KVIndexerHostile, StopReturnsDuringASilentReplay) {
   KVIndexer indexer(ic);
   HostileEngine hostile("silent", 60s);
   const EngineId x =
-      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+      hostile.connect_to(indexer);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
   const auto p = stored_batch(std::vector<std::uint64_t>{3});
   const std::string payload(p.begin(), p.end());
-  ASSERT_TRUE(eventually(
-      [&] {
-        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
-        return hostile.requests.load() > 0;
-      },
-      10s));
+  ASSERT_TRUE(hostile.join_late(payload));
   // More gapped batches queued behind the one waiting for its replay.
   for (std::uint64_t s = 1'000'002; s < 1'000'010; s += 2) {
     hostile.send_raw({"", HostileEngine::seq_frame(s), payload});
@@ -1008,17 +1006,12 @@ TEST(KVIndexerHostile, ReplayOfEventsWithoutIdsIsBoundedByEvents) {
   KVIndexer indexer(ic);
   HostileEngine hostile("clears", 60s);
   const EngineId x =
-      indexer.connect_engine({"hostile", hostile.pub_endpoint, hostile.replay_endpoint});
+      hostile.connect_to(indexer);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
   const auto p = stored_batch(std::vector<std::uint64_t>{3});
   const std::string payload(p.begin(), p.end());
-  ASSERT_TRUE(eventually(
-      [&] {
-        hostile.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
-        return hostile.requests.load() > 0;
-      },
-      10s));
+  ASSERT_TRUE(hostile.join_late(payload));
   ASSERT_TRUE(eventually(
       [&] {
         const EngineStatus st = indexer.status(x);

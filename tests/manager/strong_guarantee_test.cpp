@@ -2,13 +2,13 @@
 // std::bad_alloc at every allocation point.
 //
 // This binary replaces the global operator new with one that can be told to fail its Nth
-// allocation. A random operation stream (new requests with hits, chunked prefill, decode steps
-// with lookahead, frees, preemptions, explicit evictions, resets; salts and LoRA adapters;
-// single-group and hybrid layouts; verified SHA-256 and xxh3_128) runs on two managers in
-// lockstep: a clean one, and one where each call is first made to fail at its 1st, 2nd, 3rd, ...
-// allocation until it completes. After every failed attempt the manager's snapshot must equal
-// the one taken before the call and check_invariants() must pass; after every completed call
-// both managers must have equal snapshots and must have delivered equal events. Each manager's
+// allocation (tests/util/nth_alloc_failure.hpp). A random operation stream (new requests with hits,
+// chunked prefill, decode steps with lookahead, frees, preemptions, explicit evictions, resets;
+// salts and LoRA adapters; single-group and hybrid layouts; verified SHA-256 and xxh3_128) runs on
+// two managers in lockstep: a clean one, and one where each call is first made to fail at its 1st,
+// 2nd, 3rd, ... allocation until it completes. After every failed attempt the manager's snapshot
+// must equal the one taken before the call and check_invariants() must pass; after every completed
+// call both managers must have equal snapshots and must have delivered equal events. Each manager's
 // event sink checks the manager's invariants at every event: events are delivered only once a
 // call's state is complete. (The sink itself must not throw: that is enforced with
 // std::terminate, see block_pool_test's death test.)
@@ -24,56 +24,11 @@
 #include <string>
 #include <vector>
 
+#include "nth_alloc_failure.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/hash/request_hasher.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/pool/block_pool.hpp"
-
-namespace {
-
-long g_fail_at = -1;  // allocations until the injected failure; -1: none
-bool g_suspended = false;
-
-void* counted_alloc(std::size_t n) {
-  if (g_fail_at >= 0 && !g_suspended) {
-    if (g_fail_at == 0) {
-      g_fail_at = -1;
-      throw std::bad_alloc();
-    }
-    --g_fail_at;
-  }
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
-// No injected failure while alive (the test's own bookkeeping).
-struct Suspend {
-  bool was = g_suspended;
-  Suspend() { g_suspended = true; }
-  ~Suspend() { g_suspended = was; }
-};
-
-}  // namespace
-
-void* operator new(std::size_t n) {
-  return counted_alloc(n);
-}
-void* operator new[](std::size_t n) {
-  return counted_alloc(n);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
 
 namespace pagedkv {
 namespace {
@@ -92,7 +47,7 @@ struct Subject {
 
   explicit Subject(const KVCacheManagerConfig& c) : m(c) {
     m.set_event_sink([this](const KVEvent& e) {
-      Suspend s;
+      alloc_failure::Suspend s;
       m.check_invariants();
       delivered.push_back(e);
     });
@@ -107,11 +62,11 @@ void with_failures(Subject& s, Counts& counts, Call call) {
     std::optional<KVCacheManagerSnapshot> before;
     std::size_t delivered_before = 0;
     {
-      Suspend sus;
+      alloc_failure::Suspend sus;
       before = s.m.snapshot();
       delivered_before = s.delivered.size();
     }
-    g_fail_at = n;
+    alloc_failure::fail_at = n;
     bool failed = false;
     try {
       call();
@@ -119,9 +74,9 @@ void with_failures(Subject& s, Counts& counts, Call call) {
       failed = true;
     }
     const bool fired = failed;
-    g_fail_at = -1;
+    alloc_failure::fail_at = -1;
     if (!fired) return;
-    Suspend sus;
+    alloc_failure::Suspend sus;
     ++counts.injected;
     ASSERT_EQ(s.m.snapshot(), *before) << "state changed by a call that failed at allocation " << n;
     ASSERT_EQ(s.delivered.size(), delivered_before) << "a failed call delivered events";
@@ -160,7 +115,7 @@ Counts run_stream(int layout, std::uint32_t seed, int num_ops) {
   Counts counts;
 
   auto compare = [&] {
-    Suspend s;
+    alloc_failure::Suspend s;
     ASSERT_EQ(inj.m.snapshot(), clean.m.snapshot());
     ASSERT_EQ(inj.delivered, clean.delivered);
     inj.m.check_invariants();
@@ -357,13 +312,13 @@ TEST(StrongGuarantee, SteadyStateOneBlockStoresAllocateNothing) {
       pool.free_blocks(out);
     };
     for (int i = 0; i < 16; ++i) round();  // warm up: every buffer at its size
-    g_fail_at = 0;                         // the next allocation throws
+    alloc_failure::fail_at = 0;            // the next allocation throws
     try {
       for (int i = 0; i < 200; ++i) round();
     } catch (const std::bad_alloc&) {
       ADD_FAILURE() << "a steady-state one-block store allocated (kind " << kind << ")";
     }
-    g_fail_at = -1;
+    alloc_failure::fail_at = -1;
     pool.check_invariants();
   }
 }
@@ -390,14 +345,14 @@ TEST(StrongGuarantee, RunLookupFailureAppendsNothing) {
   long failures = 0;
   for (long n = 0;; ++n) {
     std::vector<BlockId> out = {-1};
-    g_fail_at = n;
+    alloc_failure::fail_at = n;
     bool failed = false;
     try {
       EXPECT_EQ(pool.match_cached_run_after(seq.sequence(), 0, 8, out), 8u);
     } catch (const std::bad_alloc&) {
       failed = true;
     }
-    g_fail_at = -1;
+    alloc_failure::fail_at = -1;
     if (!failed) {
       EXPECT_EQ(out, want);
       break;

@@ -19,53 +19,9 @@
 
 #include "fault_store.hpp"
 #include "hybrid_episode.hpp"
+#include "nth_alloc_failure.hpp"
 #include "pagedkv/tier/remote_tier.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
-
-namespace {
-
-long g_fail_at = -1;  // allocations until the injected failure; -1: none
-bool g_suspended = false;
-
-void* counted_alloc(std::size_t n) {
-  if (g_fail_at >= 0 && !g_suspended) {
-    if (g_fail_at == 0) {
-      g_fail_at = -1;
-      throw std::bad_alloc();
-    }
-    --g_fail_at;
-  }
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
-struct Suspend {
-  bool was = g_suspended;
-  Suspend() { g_suspended = true; }
-  ~Suspend() { g_suspended = was; }
-};
-
-}  // namespace
-
-void* operator new(std::size_t n) {
-  return counted_alloc(n);
-}
-void* operator new[](std::size_t n) {
-  return counted_alloc(n);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
 
 namespace pagedkv {
 namespace {
@@ -84,19 +40,19 @@ class NoFailStore final : public RemoteStore {
  public:
   explicit NoFailStore(RemoteStore& s) : s_(s) {}
   std::optional<RemoteTicket> exists(std::span<const BlockHash> keys) override {
-    Suspend s;
+    alloc_failure::Suspend s;
     return s_.exists(keys);
   }
   std::optional<RemoteTicket> get(std::span<const RemoteGet> ops) override {
-    Suspend s;
+    alloc_failure::Suspend s;
     return s_.get(ops);
   }
   std::optional<RemoteTicket> put(std::span<const RemotePut> ops) override {
-    Suspend s;
+    alloc_failure::Suspend s;
     return s_.put(ops);
   }
   std::size_t poll(std::vector<RemoteCompletion>& out) override {
-    Suspend s;
+    alloc_failure::Suspend s;
     return s_.poll(out);
   }
   std::size_t in_flight() const override { return s_.in_flight(); }
@@ -231,7 +187,7 @@ TEST(RemoteTierAlloc, FillsSurviveAFailedAllocationAnywhereInPoll) {
       Request req = b.tier->make_request(7, kPrompt);
       b.remote->add_request(req, b.now);
       threw = false;
-      g_fail_at = k;
+      alloc_failure::fail_at = k;
       try {
         for (int i = 0; i < 3; ++i) {  // the probe's completions, the fills, their completions
           b.now += 1ms;
@@ -240,7 +196,7 @@ TEST(RemoteTierAlloc, FillsSurviveAFailedAllocationAnywhereInPoll) {
       } catch (const std::bad_alloc&) {
         threw = true;
       }
-      g_fail_at = -1;
+      alloc_failure::fail_at = -1;
       if (!threw) {
         EXPECT_GE(b.remote->stats().loaded_blocks, 2u);  // the fills did load
       }
@@ -270,7 +226,7 @@ TEST(RemoteTierAlloc, PutsSurviveAFailedAllocationAnywhereInPoll) {
         }
       }
       threw = false;
-      g_fail_at = k;
+      alloc_failure::fail_at = k;
       try {
         for (int i = 0; i < 3; ++i) {  // submit the puts, handle their completions
           a.now += 1ms;
@@ -279,7 +235,7 @@ TEST(RemoteTierAlloc, PutsSurviveAFailedAllocationAnywhereInPoll) {
       } catch (const std::bad_alloc&) {
         threw = true;
       }
-      g_fail_at = -1;
+      alloc_failure::fail_at = -1;
       finish(a, k);
       ASSERT_FALSE(HasFailure()) << "policy " << static_cast<int>(policy)
                                  << ", failure injected at allocation " << k;

@@ -23,48 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "nth_alloc_failure.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
-
-namespace {
-
-long g_fail_at = -1;  // allocations until the injected failure; -1: none
-bool g_fired = false;
-
-void* counted_alloc(std::size_t n) {
-  if (g_fail_at >= 0) {
-    if (g_fail_at == 0) {
-      g_fail_at = -1;
-      g_fired = true;
-      throw std::bad_alloc();
-    }
-    --g_fail_at;
-  }
-  void* p = std::malloc(n == 0 ? 1 : n);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
-}  // namespace
-
-void* operator new(std::size_t n) {
-  return counted_alloc(n);
-}
-void* operator new[](std::size_t n) {
-  return counted_alloc(n);
-}
-void operator delete(void* p) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p) noexcept {
-  std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-  std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-  std::free(p);
-}
 
 namespace pagedkv {
 namespace {
@@ -93,17 +54,17 @@ struct Ctx {
     }
     injected_call = false;
     before = tier.snapshot();
-    g_fired = false;
-    g_fail_at = fail_at;
+    alloc_failure::fired = false;
+    alloc_failure::fail_at = fail_at;
     try {
       f();
     } catch (const std::bad_alloc&) {
-      g_fail_at = -1;
+      alloc_failure::fail_at = -1;
       threw = true;
       throw Aborted{};
     }
-    g_fail_at = -1;
-    absorbed = g_fired;
+    alloc_failure::fail_at = -1;
+    absorbed = alloc_failure::fired;
   }
   void take(const TierPlan& p) {
     pending.insert(pending.end(), p.load_ids.begin(), p.load_ids.end());
