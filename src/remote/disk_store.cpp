@@ -45,10 +45,6 @@ constexpr std::uint64_t kMaxSeq = std::uint64_t{1} << 62;
 constexpr std::uint32_t kNoSlot = 0xffffffffu;
 constexpr std::size_t kScanBytes = DiskStore::kSlotRecordBytes + kRemoteValueHeaderSize;
 
-// The longest op_timeout accepted: a deadline (submission + op_timeout) must not overflow the
-// clock, and no disk op is worth waiting a day for.
-constexpr std::chrono::milliseconds kMaxTimeout = std::chrono::hours(24);
-
 [[noreturn]] void bad_config(const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, "DiskStore: " + what);
 }
@@ -1108,7 +1104,7 @@ DiskStore::DiskStore(DiskStoreConfig config) {
   if (config.queue_depth == 0 || config.queue_depth > (std::size_t{1} << 31)) {
     bad_config("queue_depth must be in [1, 2^31]");
   }
-  if (config.op_timeout.count() <= 0 || config.op_timeout > kMaxTimeout) {
+  if (config.op_timeout.count() <= 0 || config.op_timeout > kMaxRemoteTimeout) {
     bad_config("op_timeout of " + std::to_string(config.op_timeout.count()) +
                " ms must be in [1 ms, 1 day]");
   }

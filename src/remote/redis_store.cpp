@@ -31,10 +31,6 @@ using Clock = std::chrono::steady_clock;
 // header, iovecs), and one round trip of more ops gains nothing.
 constexpr std::size_t kMaxPipelineDepth = std::size_t{1} << 16;
 
-// The longest timeout or backoff accepted: a deadline (now + it) must not overflow the clock,
-// and no round trip is worth waiting a day for.
-constexpr std::chrono::milliseconds kMaxDuration = std::chrono::hours(24);
-
 [[noreturn]] void bad_config(const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, "RedisStore: " + what);
 }
@@ -660,7 +656,7 @@ RedisStore::RedisStore(RedisStoreConfig config) {
                std::to_string(kMaxPipelineDepth) + "]");
   }
   const auto check_duration = [](std::chrono::milliseconds d, const char* name) {
-    if (d.count() <= 0 || d > kMaxDuration) {
+    if (d.count() <= 0 || d > kMaxRemoteTimeout) {
       bad_config(std::string(name) + " of " + std::to_string(d.count()) +
                  " ms must be in [1 ms, 1 day]");
     }

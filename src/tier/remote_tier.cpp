@@ -56,7 +56,7 @@ RemoteTier::RemoteTier(TieredKVCacheManager& tier, RemoteStore& store,
   // now + timeout (a request's deadline) and now + drain_timeout must not overflow the clock.
   for (const auto& [value, name] :
        {std::pair{config_.timeout, "timeout"}, std::pair{config_.drain_timeout, "drain_timeout"}}) {
-    if (value.count() < 0 || value > std::chrono::hours(24)) {
+    if (value.count() < 0 || value > kMaxRemoteTimeout) {
       throw Error(ErrorCode::kInvalidArgument, std::string("RemoteTier: ") + name + " of " +
                                                    std::to_string(value.count()) +
                                                    " ms must be in [0, 1 day]");

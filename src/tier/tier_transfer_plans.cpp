@@ -332,7 +332,7 @@ void TieredKVCacheManager::record_new_blocks(Request& request, RequestState& sta
 }
 
 void TieredKVCacheManager::prepare_records(const Request& request, std::size_t from, std::size_t to,
-                                           BlockId before) {
+                                           std::span<const BlockId> row) {
   extra_ahead_.clear();
   identity_ahead_.clear();
   ahead_from_ = from;
@@ -341,8 +341,9 @@ void TieredKVCacheManager::prepare_records(const Request& request, std::size_t f
   if (to <= from) return;
   if (seq.extra_keys != nullptr) shared_extra_keys_of(seq, from, to, extra_ahead_, mm_scratch_);
   if (own_records_ && !host_chain_) {
-    // The chain's parent: the recorded identity of the block before (an invalid id, which the
-    // GPU manager will refuse, prepares nothing).
+    // The chain's parent: the recorded identity of the block before (missing, or an invalid id,
+    // which the GPU manager will refuse: nothing is prepared).
+    const BlockId before = from > 0 && from <= row.size() ? row[from - 1] : kNullBlockId;
     if (from > 0 && (before <= 0 || before >= manager_.block_pool().num_blocks())) return;
     identity_ahead_.reserve(to - from);
     for (std::size_t i = from; i < to; ++i) {
@@ -471,14 +472,10 @@ std::optional<TierAllocation> TieredKVCacheManager::allocate_slots(
         known > request.num_tokens() || num_new_tokens > request.num_tokens() - known
             ? request.num_tokens()
             : known + num_new_tokens;
-    BlockId before = kNullBlockId;  // the block at from - 1 (a hit's, or the request's)
-    if (from > 0 && found == requests_.end()) {
-      before = hit.gpu.blocks[from - 1];  // from == g
-    } else if (from > 0) {
-      const std::span<const BlockId> ids = manager_.block_ids(request.id());
-      if (from <= ids.size()) before = ids[from - 1];
-    }
-    prepare_records(request, from, upto / bs_, before);
+    // The blocks before `from`: a new request's GPU hit, or the request's row.
+    prepare_records(request, from, upto / bs_,
+                    found == requests_.end() ? std::span<const BlockId>(hit.gpu.blocks)
+                                             : manager_.block_ids(request.id()));
   }
   auto it = found;  // requests_ has not changed since
   const bool inserted = it == requests_.end();

@@ -252,13 +252,8 @@ LoadResult TieredKVCacheManager::finish_loads(Request& request) {
   // record_new_blocks stores (write-through), into copies_.
   reserve_copies(0, host_config_.policy == HostPolicy::kWriteThrough ? bound : 0);
   const std::size_t cache_to = result.rolled_back ? result.num_computed_tokens : st.cache_upto;
-  {
-    // record_new_blocks' records of the blocks cached below (building them allocates).
-    const std::span<const BlockId> ids = manager_.block_ids(request.id());
-    prepare_records(
-        request, st.scanned, cache_to / bs_,
-        st.scanned > 0 && st.scanned <= ids.size() ? ids[st.scanned - 1] : kNullBlockId);
-  }
+  // record_new_blocks' records of the blocks cached below (building them allocates).
+  prepare_records(request, st.scanned, cache_to / bs_, manager_.block_ids(request.id()));
   manager_.cache_blocks(request, cache_to);
   st.loading = false;
   if (result.rolled_back) {

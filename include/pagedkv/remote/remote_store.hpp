@@ -34,6 +34,7 @@
 // thread typically submits and polls, and the store's own I/O threads do the network work.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -46,6 +47,11 @@
 #include "pagedkv/remote/remote_value.hpp"
 
 namespace pagedkv {
+
+// The longest timeout or backoff a store or the remote tier accepts (their configs refuse more by
+// name): deadlines are computed as now + timeout on the steady clock, which a longer one (say
+// milliseconds::max(), meant as "never") would overflow.
+inline constexpr std::chrono::milliseconds kMaxRemoteTimeout = std::chrono::hours(24);
 
 // Names one accepted batch; unique per store, increasing from 1.
 using RemoteTicket = std::uint64_t;

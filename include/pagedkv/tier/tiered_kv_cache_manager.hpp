@@ -358,9 +358,10 @@ class TieredKVCacheManager {
   void set_gpu_extra(BlockId b, SharedExtraKeys keys) noexcept;
   // Computes what record_new_blocks will record for the request's blocks from .. to (capped at
   // its hashed blocks) into extra_ahead_ / identity_ahead_: called before the GPU manager changes
-  // state, since it allocates. `before`: the GPU block at from - 1 (its identity is the chain's
-  // parent; ignored when from is 0).
-  void prepare_records(const Request& request, std::size_t from, std::size_t to, BlockId before);
+  // state, since it allocates. `row`: GPU blocks of the request's first positions, at least up to
+  // from - 1 (that block's identity is the chain's parent; unused when from is 0).
+  void prepare_records(const Request& request, std::size_t from, std::size_t to,
+                       std::span<const BlockId> row);
   void forward_event(const KVEvent& event, const char* medium) noexcept;
   // The GPU pool evicts a block (inside manager_.allocate_slots): forgets what the tier knew of
   // its content; write-back refreshes the host copy it knows, or keeps the content (evicted_)
