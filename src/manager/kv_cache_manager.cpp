@@ -11,13 +11,18 @@ namespace pagedkv {
 
 namespace {
 
+// xxh3_128 is not collision resistant: verification stays on with it, whether it comes from
+// hash_scheme or from a hasher the caller built. Only a weak_for_testing hasher may run without
+// (tests that want wrong hits).
 BlockHasher make_hasher(const KVCacheManagerConfig& config) {
-  if (config.hasher) return *config.hasher;
-  if (config.hash_scheme == HashScheme::kXxh3_128 && !config.verify_cache_hits) {
+  const HashScheme scheme = config.hasher ? config.hasher->scheme() : config.hash_scheme;
+  const bool weak = config.hasher && config.hasher->weak();
+  if (scheme == HashScheme::kXxh3_128 && !weak && !config.verify_cache_hits) {
     throw Error(ErrorCode::kInvalidArgument,
                 "KVCacheManager: xxh3_128 is not collision resistant, so verify_cache_hits "
                 "cannot be turned off with it");
   }
+  if (config.hasher) return *config.hasher;
   return config.hash_seed ? BlockHasher(config.hash_scheme, *config.hash_seed)
                           : BlockHasher(config.hash_scheme);
 }

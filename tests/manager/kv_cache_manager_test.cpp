@@ -230,6 +230,17 @@ TEST(KVCacheManager, BadInputIsRejectedWithStateUnchanged) {
   xxh.hash_scheme = HashScheme::kXxh3_128;
   xxh.verify_cache_hits = false;
   EXPECT_THROW(KVCacheManager{xxh}, Error);
+  // The same through a hasher the caller built (hasher overrides hash_scheme): refused too.
+  KVCacheManagerConfig custom = config(8);
+  custom.hasher = BlockHasher(HashScheme::kXxh3_128, "seed");
+  custom.verify_cache_hits = false;
+  EXPECT_THROW(KVCacheManager{custom}, Error);
+  custom.verify_cache_hits = true;
+  EXPECT_NO_THROW(KVCacheManager{custom});
+  // A weak test hasher may run without verification (wrong hits on purpose).
+  custom.hasher = BlockHasher::weak_for_testing(HashScheme::kXxh3_128, "seed", 8);
+  custom.verify_cache_hits = false;
+  EXPECT_NO_THROW(KVCacheManager{custom});
 }
 
 // xxh3_128 pools guard their chain hashes (no content-id table) when every group is full

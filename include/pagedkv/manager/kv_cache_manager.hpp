@@ -91,7 +91,9 @@ struct KVCacheManagerConfig {
   std::optional<std::string> hash_seed;  // see BlockHasher; set it to agree across processes
   // Overrides hash_scheme/hash_seed when set (e.g. BlockHasher::weak_for_testing in tests).
   std::optional<BlockHasher> hasher;
-  bool verify_cache_hits = true;  // must stay true for xxh3_128 (not collision resistant)
+  // Must stay true for xxh3_128 (not collision resistant), from hash_scheme or from `hasher`
+  // (kInvalidArgument otherwise); only a weak_for_testing hasher may turn it off with it.
+  bool verify_cache_hits = true;
   bool enable_kv_events = false;
   std::size_t stats_window = 1000;           // queries in PrefixCacheStats::recent_hit_rate
   std::optional<std::size_t> max_model_len;  // caps slots allocated for lookahead tokens
