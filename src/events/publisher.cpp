@@ -5,7 +5,9 @@
 #include <msgpack.hpp>
 #include <zmq.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -328,6 +330,9 @@ std::optional<std::uint64_t> KVEventPublisher::publish(std::vector<KVEvent> even
 }
 
 bool KVEventPublisher::flush(std::chrono::milliseconds timeout) {
+  // now() + timeout must not overflow the clock (milliseconds::max() would wrap to the past):
+  // a year is "wait until drained".
+  timeout = std::min(timeout, std::chrono::milliseconds(std::chrono::hours(24 * 366)));
   Impl& s = *impl_;
   std::unique_lock lock(s.mu);
   return s.drained.wait_for(lock, timeout, [&] { return s.queue.empty() && !s.in_flight; });

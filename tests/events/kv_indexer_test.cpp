@@ -868,8 +868,7 @@ void endless_replay_beside_an_honest_engine(const std::string& mode) {
   KVIndexer indexer(ic);
   const EngineId h = indexer.connect_engine(endpoints_of("honest", honest));
   HostileEngine hostile(mode, 30s);
-  const EngineId x =
-      hostile.connect_to(indexer);
+  const EngineId x = hostile.connect_to(indexer);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
   honest.steps(5, 1);
@@ -939,8 +938,7 @@ TEST(KVIndexerHostile, SilentReplaySocketStartsTheBackoff) {
   KVIndexer indexer(ic);
   const EngineId h = indexer.connect_engine(endpoints_of("honest", honest));
   HostileEngine hostile("silent", 60s);
-  const EngineId x =
-      hostile.connect_to(indexer);
+  const EngineId x = hostile.connect_to(indexer);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
   honest.steps(5, 1);
@@ -978,8 +976,7 @@ TEST(KVIndexerHostile, StopReturnsDuringASilentReplay) {
   ic.replay_deadline = 120s;
   KVIndexer indexer(ic);
   HostileEngine hostile("silent", 60s);
-  const EngineId x =
-      hostile.connect_to(indexer);
+  const EngineId x = hostile.connect_to(indexer);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
   const auto p = stored_batch(std::vector<std::uint64_t>{3});
@@ -1005,8 +1002,7 @@ TEST(KVIndexerHostile, ReplayOfEventsWithoutIdsIsBoundedByEvents) {
   ic.max_replay_events = 2000;  // the 5th frame of 500 passes it
   KVIndexer indexer(ic);
   HostileEngine hostile("clears", 60s);
-  const EngineId x =
-      hostile.connect_to(indexer);
+  const EngineId x = hostile.connect_to(indexer);
   indexer.start();
   ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
   const auto p = stored_batch(std::vector<std::uint64_t>{3});
@@ -1245,6 +1241,29 @@ TEST(KVEventPublisher, FullQueueDropsOldestAndCountsIt) {
   KVEventPublisherConfig bad = loopback();
   bad.buffer_steps = 0;
   EXPECT_THROW(KVEventPublisher{bad}, Error);
+}
+
+// flush(milliseconds::max()) means "until drained". Before, now() + timeout overflowed the clock
+// (signed overflow: UBSan stops here), the deadline fell in the past and a queue that was not yet
+// empty returned false at once.
+TEST(KVEventPublisher, FlushWithTheLargestTimeoutWaitsUntilDrained) {
+  KVEventPublisherConfig pc = loopback();
+  pc.replay_endpoint.reset();
+  KVEventPublisher publisher(pc);
+  for (std::uint64_t i = 0; i < 2000; ++i) {
+    BlockStored s;
+    for (std::uint64_t j = 0; j < 64; ++j)
+      s.block_hashes.push_back(BlockHash(digest_of(i * 64 + j + 1)));
+    s.token_ids.assign(64, 1);
+    s.block_size = 1;
+    std::vector<KVEvent> ev(1);
+    ev[0].data = std::move(s);
+    ASSERT_EQ(publisher.publish(std::move(ev)), i);
+  }
+  EXPECT_TRUE(publisher.flush(std::chrono::milliseconds::max()));
+  const KVEventPublisherStats st = publisher.stats();
+  EXPECT_EQ(st.queued, 0u);
+  EXPECT_EQ(st.sent_batches + st.dropped_batches + st.send_failures, st.published_batches);
 }
 
 }  // namespace

@@ -80,7 +80,8 @@ class KVEventPublisher {
   // the batch's sequence number, or std::nullopt for an empty batch.
   std::optional<std::uint64_t> publish(std::vector<KVEvent> events);
 
-  // Waits up to `timeout` for the queue to drain into the PUB socket. True when it did.
+  // Waits up to `timeout` for the queue to drain into the PUB socket. True when it did. A timeout
+  // above a year (milliseconds::max()) waits a year: "until drained".
   bool flush(std::chrono::milliseconds timeout);
 
   // Sends what is queued (up to linger_ms), stops the thread and closes the sockets. Idempotent.
