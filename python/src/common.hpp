@@ -29,8 +29,10 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "pagedkv/base/error.hpp"
@@ -83,8 +85,30 @@ std::vector<std::uint64_t> to_uint64_vector(py::handle obj, const char* what);
 std::int64_t to_int64(py::handle obj, const char* what,
                       std::int64_t lo = std::numeric_limits<std::int64_t>::min(),
                       std::int64_t hi = std::numeric_limits<std::int64_t>::max());
-// One unsigned id (request id, transfer id): negative values refused.
-std::uint64_t to_uint64(py::handle obj, const char* what);
+// One unsigned id (request id, transfer id) or count, at most `hi`: negative values refused.
+std::uint64_t to_uint64(py::handle obj, const char* what,
+                        std::uint64_t hi = std::numeric_limits<std::uint64_t>::max());
+
+// One integer argument of type T (a count, size, id or flag value of a constructor or call):
+// a Python int or numpy integer in T's range; bools, floats and values out of range are refused.
+template <class T>
+T to_integer(py::handle obj, const char* what) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  if constexpr (std::is_signed_v<T>) {
+    return static_cast<T>(
+        to_int64(obj, what, std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+  } else {
+    const std::uint64_t v = to_uint64(obj, what, std::numeric_limits<T>::max());
+    return static_cast<T>(v);
+  }
+}
+
+// The same for an optional argument: None is std::nullopt.
+template <class T>
+std::optional<T> to_optional_integer(py::handle obj, const char* what) {
+  if (obj.is_none()) return std::nullopt;
+  return to_integer<T>(obj, what);
+}
 
 // Digests: Python bytes of 16 or 32 bytes.
 BlockHash hash_from_bytes(py::handle obj, const char* what);

@@ -315,37 +315,49 @@ void bind_device(py::module_& m) {
   m.attr("SKIP_SLOT") = kSkipSlot;
   m.def(
       "make_block_table",
-      [](py::object seq_block_ids, std::int32_t max_blocks_per_seq, std::int32_t pad_block_id) {
+      [](py::object seq_block_ids, py::handle max_blocks_per_seq, py::handle pad_block_id) {
         std::vector<std::vector<std::int32_t>> rows;
         for (py::handle r : seq_block_ids) rows.push_back(int32_vector(r, "make_block_table"));
-        BlockTable t = make_block_table(rows, max_blocks_per_seq, pad_block_id);
+        BlockTable t = make_block_table(
+            rows,
+            to_integer<std::int32_t>(max_blocks_per_seq, "make_block_table: max_blocks_per_seq"),
+            to_integer<std::int32_t>(pad_block_id, "make_block_table: pad_block_id"));
         return array_owning(std::move(t.block_ids), {t.num_seqs, t.max_blocks_per_seq});
       },
       py::arg("seq_block_ids"), py::arg("max_blocks_per_seq") = 0, py::arg("pad_block_id") = 0,
       "Dense int32 [num_seqs, max_blocks_per_seq] block table from each sequence's block ids.");
   m.def(
       "slot_of",
-      [](py::object block_ids, std::int32_t block_size, std::int64_t position) {
-        return slot_of(int32_vector(block_ids, "slot_of"), block_size, position);
+      [](py::object block_ids, py::handle block_size, py::handle position) {
+        const auto ids = int32_vector(block_ids, "slot_of");
+        return slot_of(ids, to_integer<std::int32_t>(block_size, "slot_of: block_size"),
+                       to_integer<std::int64_t>(position, "slot_of: position"));
       },
       py::arg("block_ids"), py::arg("block_size"), py::arg("position"),
       "The slot (block_id * block_size + offset) of one token of a sequence.");
   m.def(
       "slot_mapping",
-      [](py::object block_ids, std::int32_t block_size, std::int64_t first_position,
-         std::int64_t num_tokens) {
+      [](py::object block_ids, py::handle block_size, py::handle first_position,
+         py::handle num_tokens) {
+        const auto ids = int32_vector(block_ids, "slot_mapping");
+        const auto bs = to_integer<std::int32_t>(block_size, "slot_mapping: block_size");
+        const auto first = to_integer<std::int64_t>(first_position, "slot_mapping: first_position");
+        const auto n = to_integer<std::int64_t>(num_tokens, "slot_mapping: num_tokens");
         std::vector<std::int64_t> slots;
-        append_slot_mapping(slots, int32_vector(block_ids, "slot_mapping"), block_size,
-                            first_position, num_tokens);
-        const auto n = static_cast<py::ssize_t>(slots.size());
-        return array_owning(std::move(slots), {n});
+        append_slot_mapping(slots, ids, bs, first, n);
+        const auto len = static_cast<py::ssize_t>(slots.size());
+        return array_owning(std::move(slots), {len});
       },
       py::arg("block_ids"), py::arg("block_size"), py::arg("first_position"), py::arg("num_tokens"),
       "int64 slots of tokens [first_position, first_position + num_tokens).");
   m.def(
       "validate_block_table",
-      [](py::object table_obj, py::object seq_lens, std::int32_t block_size,
-         std::int64_t num_blocks) {
+      [](py::object table_obj, py::object seq_lens, py::handle block_size_obj,
+         py::handle num_blocks_obj) {
+        const auto block_size =
+            to_integer<std::int32_t>(block_size_obj, "validate_block_table: block_size");
+        const auto num_blocks =
+            to_integer<std::int64_t>(num_blocks_obj, "validate_block_table: num_blocks");
         // 2-D: a C-contiguous int32 array is read in place; any other integer table is checked
         // row-major through the 1-D conversion (no float, bool or out-of-range entry).
         py::array table = py::array::ensure(table_obj);

@@ -154,9 +154,11 @@ void bind_hashing(py::module_& m) {
           "The exact bytes hash_block() digests.")
       .def(
           "hash_blocks",
-          [](const BlockHasher& h, py::object tokens, std::uint32_t block_size,
+          [](const BlockHasher& h, py::object tokens, py::handle block_size_obj,
              std::optional<std::string> cache_salt, std::optional<std::string> lora_name,
              py::object mm_items) {
+            const auto block_size =
+                to_integer<std::uint32_t>(block_size_obj, "hash_blocks: block_size");
             const TokenView t(tokens, "hash_blocks: tokens");
             const RequestHashKeys keys = hash_keys_from(cache_salt, lora_name, mm_items);
             std::vector<BlockHash> hashes;

@@ -102,25 +102,34 @@ std::unique_ptr<PyRequest> build_request(RequestId id, const BlockHasher& hasher
   return std::make_unique<PyRequest>(std::move(*r));
 }
 
-KVCacheManagerConfig manager_config(std::int32_t num_blocks, std::uint32_t block_size,
+KVCacheManagerConfig manager_config(py::handle num_blocks, py::handle block_size,
                                     py::handle hash_scheme,
                                     const std::optional<std::string>& hash_seed,
                                     bool verify_cache_hits, bool enable_kv_events,
-                                    std::size_t stats_window,
-                                    const std::optional<std::size_t>& max_model_len) {
+                                    py::handle stats_window, py::handle max_model_len) {
   KVCacheManagerConfig c;
-  c.num_blocks = num_blocks;
-  c.block_size = block_size;
+  c.num_blocks = to_integer<std::int32_t>(num_blocks, "num_blocks");
+  c.block_size = to_integer<std::uint32_t>(block_size, "block_size");
   c.hash_scheme = scheme_from(hash_scheme);
   c.hash_seed = hash_seed;
   c.verify_cache_hits = verify_cache_hits;
   c.enable_kv_events = enable_kv_events;
-  c.stats_window = stats_window;
-  c.max_model_len = max_model_len;
+  c.stats_window = to_integer<std::size_t>(stats_window, "stats_window");
+  c.max_model_len = to_optional_integer<std::size_t>(max_model_len, "max_model_len");
   return c;
 }
 
 namespace {
+
+// AttentionSpec's constructors with checked integers (common.hpp to_integer).
+AttentionSpec full_spec(py::handle block_size) {
+  return AttentionSpec::full(to_integer<std::uint32_t>(block_size, "AttentionSpec: block_size"));
+}
+AttentionSpec sliding_spec(py::handle block_size, py::handle sliding_window) {
+  return AttentionSpec::sliding(
+      to_integer<std::uint32_t>(block_size, "AttentionSpec: block_size"),
+      to_integer<std::uint32_t>(sliding_window, "AttentionSpec: sliding_window"));
+}
 
 // One block id (the pool checks its range).
 BlockId block_id_of(py::handle obj, const char* what) {
@@ -151,9 +160,8 @@ void bind_manager(py::module_& m) {
       .value("FULL", AttentionKind::kFull)
       .value("SLIDING_WINDOW", AttentionKind::kSlidingWindow);
   py::class_<AttentionSpec>(m, "AttentionSpec", "The attention kind of one KV-cache group.")
-      .def_static("full", &AttentionSpec::full, py::arg("block_size"))
-      .def_static("sliding", &AttentionSpec::sliding, py::arg("block_size"),
-                  py::arg("sliding_window"))
+      .def_static("full", &full_spec, py::arg("block_size"))
+      .def_static("sliding", &sliding_spec, py::arg("block_size"), py::arg("sliding_window"))
       .def_readonly("kind", &AttentionSpec::kind)
       .def_readonly("block_size", &AttentionSpec::block_size)
       .def_readonly("sliding_window", &AttentionSpec::sliding_window)
@@ -166,18 +174,19 @@ void bind_manager(py::module_& m) {
       .def("__repr__",
            [](const AttentionSpec& s) { return "AttentionSpec(" + s.describe() + ")"; });
   // vLLM's spec names (only the fields the cache manager uses).
-  m.def("FullAttentionSpec", &AttentionSpec::full, py::arg("block_size"));
-  m.def("SlidingWindowSpec", &AttentionSpec::sliding, py::arg("block_size"),
-        py::arg("sliding_window"));
+  m.def("FullAttentionSpec", &full_spec, py::arg("block_size"));
+  m.def("SlidingWindowSpec", &sliding_spec, py::arg("block_size"), py::arg("sliding_window"));
 
   // ---- requests ----
   py::class_<PyRequest>(m, "Request",
                         "A request's tokens and block hashes, hashed incrementally. Create it "
                         "with KVCacheManager.make_request() so it is hashed like the cache.")
-      .def(py::init([](RequestId id, py::object prompt, const BlockHasher& hasher,
-                       std::uint32_t block_size, std::optional<std::string> cache_salt,
+      .def(py::init([](py::handle id, py::object prompt, const BlockHasher& hasher,
+                       py::handle block_size, std::optional<std::string> cache_salt,
                        std::optional<std::string> lora_name, py::object mm_items) {
-             return build_request(id, hasher, block_size, prompt, cache_salt, lora_name, mm_items);
+             return build_request(to_uint64(id, "Request: request_id"), hasher,
+                                  to_integer<std::uint32_t>(block_size, "Request: block_size"),
+                                  prompt, cache_salt, lora_name, mm_items);
            }),
            py::arg("request_id"), py::arg("prompt_token_ids"), py::arg("hasher"),
            py::arg("block_size") = 16, py::kw_only(), py::arg("cache_salt") = py::none(),
@@ -442,13 +451,13 @@ void bind_manager(py::module_& m) {
       m, "KVCacheManager",
       "The scheduler's view of the KV cache (vLLM v1 names). One scheduler thread per manager.");
   manager
-      .def(py::init([](std::int32_t num_blocks, std::uint32_t block_size,
+      .def(py::init([](py::handle num_blocks, py::handle block_size,
                        std::optional<std::vector<AttentionSpec>> groups, bool enable_caching,
                        py::object hash_scheme, std::optional<std::string> hash_seed,
-                       bool verify_cache_hits, bool enable_kv_events, std::size_t stats_window,
-                       std::optional<std::size_t> max_model_len, std::string eviction_policy,
-                       double max_retained_fraction, std::size_t lineage_key_depth,
-                       bool lineage_adaptive_depth, int adaptive_ghost_sample_shift) {
+                       bool verify_cache_hits, bool enable_kv_events, py::handle stats_window,
+                       py::handle max_model_len, std::string eviction_policy,
+                       double max_retained_fraction, py::handle lineage_key_depth,
+                       bool lineage_adaptive_depth, py::handle adaptive_ghost_sample_shift) {
              KVCacheManagerConfig c =
                  manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
                                 enable_kv_events, stats_window, max_model_len);
@@ -456,9 +465,10 @@ void bind_manager(py::module_& m) {
              c.enable_caching = enable_caching;
              c.eviction_policy = parse_eviction_policy(eviction_policy);
              c.max_retained_fraction = max_retained_fraction;
-             c.lineage_key_depth = lineage_key_depth;
+             c.lineage_key_depth = to_integer<std::size_t>(lineage_key_depth, "lineage_key_depth");
              c.lineage_adaptive_depth = lineage_adaptive_depth;
-             c.adaptive_ghost_sample_shift = adaptive_ghost_sample_shift;
+             c.adaptive_ghost_sample_shift =
+                 to_integer<int>(adaptive_ghost_sample_shift, "adaptive_ghost_sample_shift");
              return std::make_unique<PyKVCacheManager>(c);
            }),
            py::arg("num_blocks"), py::kw_only(), py::arg("block_size") = 16,
@@ -547,9 +557,13 @@ void bind_manager(py::module_& m) {
       .def(
           "block_table",
           [](PyKVCacheManager& s, py::object requests, py::handle group_obj,
-             std::int32_t max_blocks_per_seq, std::int32_t pad_block_id,
+             py::handle max_blocks_per_seq_obj, py::handle pad_block_id_obj,
              py::object out_obj) -> py::object {
             const auto group = static_cast<std::size_t>(to_uint64(group_obj, "block_table: group"));
+            const auto max_blocks_per_seq =
+                to_integer<std::int32_t>(max_blocks_per_seq_obj, "block_table: max_blocks_per_seq");
+            const auto pad_block_id =
+                to_integer<std::int32_t>(pad_block_id_obj, "block_table: pad_block_id");
             BusyGuard gm(s.busy, "KVCacheManager");
             const auto rows = rows_of(s.kv, requests, group);
             if (pad_block_id < 0) {
@@ -602,7 +616,8 @@ void bind_manager(py::module_& m) {
           "slot_mapping",
           [](PyKVCacheManager& s, py::object requests, py::object first_positions,
              py::object num_tokens, py::handle group_obj) {
-            const auto group = static_cast<std::size_t>(to_uint64(group_obj, "slot_mapping: group"));
+            const auto group =
+                static_cast<std::size_t>(to_uint64(group_obj, "slot_mapping: group"));
             BusyGuard gm(s.busy, "KVCacheManager");
             const auto rows = rows_of(s.kv, requests, group);
             const auto first = to_int64_vector(first_positions, "slot_mapping: first_positions", 0);

@@ -218,8 +218,8 @@ std::int64_t to_int64(py::handle obj, const char* what, std::int64_t lo, std::in
   return checked_integer<std::int64_t>(obj, what, lo, hi);
 }
 
-std::uint64_t to_uint64(py::handle obj, const char* what) {
-  return checked_integer<std::uint64_t>(obj, what, 0, std::numeric_limits<std::uint64_t>::max());
+std::uint64_t to_uint64(py::handle obj, const char* what, std::uint64_t hi) {
+  return checked_integer<std::uint64_t>(obj, what, 0, hi);
 }
 
 BlockHash hash_from_bytes(py::handle obj, const char* what) {

@@ -59,12 +59,12 @@ struct PyTieredKVCacheManager {
 };
 
 // The manager settings both constructors take (the Python keywords of the same names).
-KVCacheManagerConfig manager_config(std::int32_t num_blocks, std::uint32_t block_size,
+// Integers are checked (common.hpp to_integer); None is no max_model_len.
+KVCacheManagerConfig manager_config(py::handle num_blocks, py::handle block_size,
                                     py::handle hash_scheme,
                                     const std::optional<std::string>& hash_seed,
                                     bool verify_cache_hits, bool enable_kv_events,
-                                    std::size_t stats_window,
-                                    const std::optional<std::size_t>& max_model_len);
+                                    py::handle stats_window, py::handle max_model_len);
 
 // Events: the library's event with its sequence number, exposed under vLLM's field names.
 struct PyBlockStored {

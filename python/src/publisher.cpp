@@ -74,46 +74,47 @@ void bind_publisher(py::module_& m) {
       "vLLM's ZmqEventPublisher: a PUB socket sends (topic, 8-byte big-endian seq, msgpack "
       "KVEventBatch) per published batch; an optional ROUTER socket serves replays. publish() "
       "never blocks on I/O (a bounded queue; overflow drops the oldest batch and counts it).")
-      .def(
-          py::init([](std::string endpoint, std::optional<bool> bind,
-                      std::optional<std::string> replay_endpoint, std::size_t buffer_steps, int hwm,
-                      std::size_t max_queue_size, std::string topic, std::string hash_format,
-                      std::string encoding, std::string medium, std::int64_t data_parallel_rank,
-                      std::optional<std::vector<AttentionSpec>> groups,
-                      std::optional<BlockHasher> probe_hasher, int linger_ms) {
-            KVEventPublisherConfig c;
-            c.endpoint = std::move(endpoint);
-            c.bind = bind;
-            c.replay_endpoint = std::move(replay_endpoint);
-            c.buffer_steps = buffer_steps;
-            c.hwm = hwm;
-            c.max_queue_size = max_queue_size;
-            c.topic = std::move(topic);
-            c.wire.hash_format = hash_format_from(hash_format);
-            c.wire.encoding = encoding_from(encoding);
-            c.wire.medium = std::move(medium);
-            c.wire.data_parallel_rank = data_parallel_rank;
-            if (groups) {
-              for (const AttentionSpec& g : *groups)
-                c.wire.groups.push_back(events::GroupWireSpec::from(g));
-            }
-            c.probe_hasher = std::move(probe_hasher);
-            c.linger_ms = linger_ms;
-            auto p = std::make_unique<PyPublisher>();
-            p->pub = std::make_unique<KVEventPublisher>(std::move(c));
-            return p;
-          }),
-          py::arg("endpoint") = "tcp://*:5557", py::kw_only(), py::arg("bind") = py::none(),
-          py::arg("replay_endpoint") = py::none(), py::arg("buffer_steps") = 10'000,
-          py::arg("hwm") = 100'000, py::arg("max_queue_size") = 100'000, py::arg("topic") = "",
-          py::arg("hash_format") = "int64", py::arg("encoding") = "array_like",
-          py::arg("medium") = "GPU", py::arg("data_parallel_rank") = 0,
-          py::arg("groups") = py::none(), py::arg("probe_hasher") = py::none(),
-          py::arg("linger_ms") = 200,
-          "endpoint: bound when it contains '*' or '::' or is ipc:// / inproc://, else "
-          "connected (bind= overrides). hash_format: 'int64' (vLLM's default) or 'bytes'; "
-          "encoding: 'array_like' or 'map'; medium: sent for events without one; groups: the "
-          "AttentionSpecs describing each group; probe_hasher: answers hash-agreement probes.")
+      .def(py::init([](std::string endpoint, std::optional<bool> bind,
+                       std::optional<std::string> replay_endpoint, py::handle buffer_steps,
+                       py::handle hwm, py::handle max_queue_size, std::string topic,
+                       std::string hash_format, std::string encoding, std::string medium,
+                       py::handle data_parallel_rank,
+                       std::optional<std::vector<AttentionSpec>> groups,
+                       std::optional<BlockHasher> probe_hasher, py::handle linger_ms) {
+             KVEventPublisherConfig c;
+             c.endpoint = std::move(endpoint);
+             c.bind = bind;
+             c.replay_endpoint = std::move(replay_endpoint);
+             c.buffer_steps = to_integer<std::size_t>(buffer_steps, "buffer_steps");
+             c.hwm = to_integer<int>(hwm, "hwm");
+             c.max_queue_size = to_integer<std::size_t>(max_queue_size, "max_queue_size");
+             c.topic = std::move(topic);
+             c.wire.hash_format = hash_format_from(hash_format);
+             c.wire.encoding = encoding_from(encoding);
+             c.wire.medium = std::move(medium);
+             c.wire.data_parallel_rank =
+                 to_integer<std::int64_t>(data_parallel_rank, "data_parallel_rank");
+             if (groups) {
+               for (const AttentionSpec& g : *groups)
+                 c.wire.groups.push_back(events::GroupWireSpec::from(g));
+             }
+             c.probe_hasher = std::move(probe_hasher);
+             c.linger_ms = to_integer<int>(linger_ms, "linger_ms");
+             auto p = std::make_unique<PyPublisher>();
+             p->pub = std::make_unique<KVEventPublisher>(std::move(c));
+             return p;
+           }),
+           py::arg("endpoint") = "tcp://*:5557", py::kw_only(), py::arg("bind") = py::none(),
+           py::arg("replay_endpoint") = py::none(), py::arg("buffer_steps") = 10'000,
+           py::arg("hwm") = 100'000, py::arg("max_queue_size") = 100'000, py::arg("topic") = "",
+           py::arg("hash_format") = "int64", py::arg("encoding") = "array_like",
+           py::arg("medium") = "GPU", py::arg("data_parallel_rank") = 0,
+           py::arg("groups") = py::none(), py::arg("probe_hasher") = py::none(),
+           py::arg("linger_ms") = 200,
+           "endpoint: bound when it contains '*' or '::' or is ipc:// / inproc://, else "
+           "connected (bind= overrides). hash_format: 'int64' (vLLM's default) or 'bytes'; "
+           "encoding: 'array_like' or 'map'; medium: sent for events without one; groups: the "
+           "AttentionSpecs describing each group; probe_hasher: answers hash-agreement probes.")
       .def(
           "publish",
           [](PyPublisher& s, py::iterable events) {
@@ -149,6 +150,14 @@ void bind_publisher(py::module_& m) {
       .def(
           "flush",
           [](PyPublisher& s, double timeout_s) {
+            // Checked before the conversion: NaN, a negative or a huge float would be undefined
+            // behaviour as an integer count of milliseconds.
+            constexpr double kMaxFlushSeconds = 86'400.0;
+            if (!(timeout_s >= 0.0 && timeout_s <= kMaxFlushSeconds)) {
+              throw Error(ErrorCode::kInvalidArgument,
+                          "KVEventPublisher.flush: timeout_s must be in [0, 86400] seconds, got " +
+                              py::repr(py::float_(timeout_s)).cast<std::string>());
+            }
             KVEventPublisher& pub = s.get();
             py::gil_scoped_release nogil;
             return pub.flush(std::chrono::milliseconds(static_cast<std::int64_t>(timeout_s * 1e3)));

@@ -53,20 +53,23 @@ struct PyProposal {
   std::size_t tokens_charged = 0, blocks_taken = 0, blocks_reserved = 0;
 };
 
-AdmissionSchedulerConfig config_of(const std::string& policy, std::uint32_t max_passed_over,
-                                   bool defer_shared_prefix, std::size_t max_candidates,
-                                   bool reserve_whole_prompt, std::size_t max_chunk_tokens,
-                                   std::size_t host_load_tokens_per_step,
-                                   std::size_t remote_load_tokens_per_step) {
+// Integers are checked (common.hpp to_integer): no float, bool or negative count.
+AdmissionSchedulerConfig config_of(const std::string& policy, py::handle max_passed_over,
+                                   bool defer_shared_prefix, py::handle max_candidates,
+                                   bool reserve_whole_prompt, py::handle max_chunk_tokens,
+                                   py::handle host_load_tokens_per_step,
+                                   py::handle remote_load_tokens_per_step) {
   AdmissionSchedulerConfig c;
   c.policy = policy_of(policy);
-  c.max_passed_over = max_passed_over;
+  c.max_passed_over = to_integer<std::uint32_t>(max_passed_over, "max_passed_over");
   c.defer_shared_prefix = defer_shared_prefix;
-  c.max_candidates = max_candidates;
+  c.max_candidates = to_integer<std::size_t>(max_candidates, "max_candidates");
   c.reserve_whole_prompt = reserve_whole_prompt;
-  c.max_chunk_tokens = max_chunk_tokens;
-  c.host_load_tokens_per_step = host_load_tokens_per_step;
-  c.remote_load_tokens_per_step = remote_load_tokens_per_step;
+  c.max_chunk_tokens = to_integer<std::size_t>(max_chunk_tokens, "max_chunk_tokens");
+  c.host_load_tokens_per_step =
+      to_integer<std::size_t>(host_load_tokens_per_step, "host_load_tokens_per_step");
+  c.remote_load_tokens_per_step =
+      to_integer<std::size_t>(remote_load_tokens_per_step, "remote_load_tokens_per_step");
   return c;
 }
 
@@ -110,25 +113,24 @@ void bind_sched(py::module_& m) {
       "Cache-aware admission of waiting requests (C++ pagedkv::AdmissionScheduler): longest "
       "cached prefix first, same-step shared-prefix deferral, aging (no request passed over more "
       "than max_passed_over steps). Reads the manager through a read-only probe.")
-      .def(py::init(
-               [](PyKVCacheManager& kv, const std::string& policy, std::uint32_t max_passed_over,
-                  bool defer_shared_prefix, std::size_t max_candidates, bool reserve_whole_prompt,
-                  std::size_t max_chunk_tokens, std::size_t host_load, std::size_t remote_load) {
-                 return std::make_unique<PyAdmissionScheduler>(
-                     kv.kv, kv.busy,
-                     config_of(policy, max_passed_over, defer_shared_prefix, max_candidates,
-                               reserve_whole_prompt, max_chunk_tokens, host_load, remote_load));
-               }),
+      .def(py::init([](PyKVCacheManager& kv, const std::string& policy, py::handle max_passed_over,
+                       bool defer_shared_prefix, py::handle max_candidates,
+                       bool reserve_whole_prompt, py::handle max_chunk_tokens, py::handle host_load,
+                       py::handle remote_load) {
+             return std::make_unique<PyAdmissionScheduler>(
+                 kv.kv, kv.busy,
+                 config_of(policy, max_passed_over, defer_shared_prefix, max_candidates,
+                           reserve_whole_prompt, max_chunk_tokens, host_load, remote_load));
+           }),
            py::arg("manager"), py::kw_only(), py::arg("policy") = "prefix",
            py::arg("max_passed_over") = 256, py::arg("defer_shared_prefix") = true,
            py::arg("max_candidates") = 128, py::arg("reserve_whole_prompt") = true,
            py::arg("max_chunk_tokens") = 0, py::arg("host_load_tokens_per_step") = 0,
            py::arg("remote_load_tokens_per_step") = 0, py::keep_alive<1, 2>())
       .def(py::init([](PyTieredKVCacheManager& t, const std::string& policy,
-                       std::uint32_t max_passed_over, bool defer_shared_prefix,
-                       std::size_t max_candidates, bool reserve_whole_prompt,
-                       std::size_t max_chunk_tokens, std::size_t host_load,
-                       std::size_t remote_load) {
+                       py::handle max_passed_over, bool defer_shared_prefix,
+                       py::handle max_candidates, bool reserve_whole_prompt,
+                       py::handle max_chunk_tokens, py::handle host_load, py::handle remote_load) {
              return std::make_unique<PyAdmissionScheduler>(
                  t.tier, t.busy,
                  config_of(policy, max_passed_over, defer_shared_prefix, max_candidates,
@@ -152,9 +154,21 @@ void bind_sched(py::module_& m) {
       .def(
           "propose",
           [](PyAdmissionScheduler& s, const std::vector<PyRequest*>& requests,
-             const std::vector<std::uint64_t>& arrivals, std::size_t token_budget,
-             std::size_t free_blocks, std::size_t max_admissions,
-             std::optional<std::vector<std::size_t>> remote_tokens) {
+             py::handle arrivals_obj, py::handle token_budget_obj, py::handle free_blocks_obj,
+             py::handle max_admissions_obj, py::handle remote_tokens_obj) {
+            const std::vector<std::uint64_t> arrivals =
+                to_uint64_vector(arrivals_obj, "AdmissionScheduler.propose: arrivals");
+            const auto token_budget = to_integer<std::size_t>(
+                token_budget_obj, "AdmissionScheduler.propose: token_budget");
+            const auto free_blocks =
+                to_integer<std::size_t>(free_blocks_obj, "AdmissionScheduler.propose: free_blocks");
+            const auto max_admissions = to_integer<std::size_t>(
+                max_admissions_obj, "AdmissionScheduler.propose: max_admissions");
+            std::optional<std::vector<std::uint64_t>> remote_tokens;
+            if (!remote_tokens_obj.is_none()) {
+              remote_tokens =
+                  to_uint64_vector(remote_tokens_obj, "AdmissionScheduler.propose: remote_tokens");
+            }
             if (arrivals.size() != requests.size() ||
                 (remote_tokens && remote_tokens->size() != requests.size())) {
               throw Error(ErrorCode::kInvalidArgument,
@@ -188,7 +202,9 @@ void bind_sched(py::module_& m) {
           "first). Admit proposal.admissions in order, then call record_step().")
       .def(
           "record_step",
-          [](PyAdmissionScheduler& s, std::size_t num_admitted) {
+          [](PyAdmissionScheduler& s, py::handle num_admitted_obj) {
+            const auto num_admitted = to_integer<std::size_t>(
+                num_admitted_obj, "AdmissionScheduler.record_step: num_admitted");
             BusyGuard g(s.busy, "AdmissionScheduler");
             s.sched.record_step(s.last, num_admitted);
             std::unordered_map<std::uint64_t, std::uint32_t> kept;
@@ -201,8 +217,9 @@ void bind_sched(py::module_& m) {
           "requests it passed over.")
       .def(
           "passed_over",
-          [](PyAdmissionScheduler& s, std::uint64_t arrival) {
-            const auto it = s.passed_over.find(arrival);
+          [](PyAdmissionScheduler& s, py::handle arrival_obj) {
+            const auto it = s.passed_over.find(
+                to_uint64(arrival_obj, "AdmissionScheduler.passed_over: arrival"));
             return it == s.passed_over.end() ? 0u : it->second;
           },
           py::arg("arrival"), "Steps the waiting request of this arrival rank was passed over.");

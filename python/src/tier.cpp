@@ -292,16 +292,15 @@ void bind_tier(py::module_& m) {
       "finish_loads if it had loads, the forward pass, the stores, commit them; free once nothing "
       "is in flight.");
   tiered
-      .def(py::init([](std::int32_t num_blocks, std::int32_t num_host_blocks,
-                       std::uint32_t block_size, py::object policy, std::uint32_t selective_hits,
-                       std::uint64_t bytes_per_block, py::object hash_scheme,
-                       std::optional<std::string> hash_seed, bool verify_cache_hits,
-                       bool enable_kv_events, std::size_t stats_window,
-                       std::optional<std::size_t> max_model_len, std::string eviction_policy,
+      .def(py::init([](py::handle num_blocks, py::handle num_host_blocks, py::handle block_size,
+                       py::object policy, py::handle selective_hits, py::handle bytes_per_block,
+                       py::object hash_scheme, std::optional<std::string> hash_seed,
+                       bool verify_cache_hits, bool enable_kv_events, py::handle stats_window,
+                       py::handle max_model_len, std::string eviction_policy,
                        double max_retained_fraction, py::object secondary_offload_min_priority,
                        std::string host_eviction_policy,
                        std::optional<std::vector<AttentionSpec>> groups, py::object window_store,
-                       std::optional<std::vector<std::uint64_t>> group_bytes_per_block) {
+                       py::handle group_bytes_per_block) {
              KVCacheManagerConfig c =
                  manager_config(num_blocks, block_size, hash_scheme, hash_seed, verify_cache_hits,
                                 enable_kv_events, stats_window, max_model_len);
@@ -309,15 +308,18 @@ void bind_tier(py::module_& m) {
              c.eviction_policy = parse_eviction_policy(eviction_policy);
              c.max_retained_fraction = max_retained_fraction;
              HostTierConfig h;
-             h.num_host_blocks = num_host_blocks;
+             h.num_host_blocks = to_integer<std::int32_t>(num_host_blocks, "num_host_blocks");
              h.policy = policy_from(policy);
-             h.selective_hits = selective_hits;
-             h.bytes_per_block = bytes_per_block;
+             h.selective_hits = to_integer<std::uint32_t>(selective_hits, "selective_hits");
+             h.bytes_per_block = to_uint64(bytes_per_block, "bytes_per_block");
              h.secondary_offload_min_priority = static_cast<RetentionPriority>(to_int64(
                  secondary_offload_min_priority, "secondary_offload_min_priority", 0, 255));
              h.eviction_policy = parse_eviction_policy(host_eviction_policy);
              h.window_store = window_store_from(window_store);
-             if (group_bytes_per_block) h.group_bytes_per_block = *group_bytes_per_block;
+             if (!group_bytes_per_block.is_none()) {
+               h.group_bytes_per_block =
+                   to_uint64_vector(group_bytes_per_block, "group_bytes_per_block");
+             }
              return std::make_unique<Tier>(c, h);
            }),
            py::arg("num_blocks"), py::arg("num_host_blocks"), py::kw_only(),

@@ -398,6 +398,123 @@ def test_integer_arguments_refuse_floats_bools_and_negatives(kv, name, call, wha
     assert r.num_computed_tokens == computed_before
 
 
+# The same for the constructors and the module-level calls, which pybind11's own converter used
+# to read: a float raised TypeError instead of pagedkv.Error, and True/False passed as 1/0.
+def _scheduler(kv, **kw):
+    return pagedkv.AdmissionScheduler(kv, **kw)
+
+
+ENTRY_POINT_BAD_CALLS = [
+    ("Request id float", lambda kv, h: pagedkv.Request(1.0, tokens(1, 2), h), "request_id"),
+    ("Request id bool", lambda kv, h: pagedkv.Request(True, tokens(1, 2), h), "request_id"),
+    ("Request id negative", lambda kv, h: pagedkv.Request(-1, tokens(1, 2), h), "request_id"),
+    ("Request block_size bool",
+     lambda kv, h: pagedkv.Request(1, tokens(1, 2), h, True), "block_size"),
+    ("Request block_size float",
+     lambda kv, h: pagedkv.Request(1, tokens(1, 2), h, 4.0), "block_size"),
+    ("manager num_blocks float", lambda kv, h: pagedkv.KVCacheManager(10.0), "num_blocks"),
+    ("manager num_blocks bool", lambda kv, h: pagedkv.KVCacheManager(True), "num_blocks"),
+    ("manager num_blocks too large", lambda kv, h: pagedkv.KVCacheManager(2**31), "num_blocks"),
+    ("manager block_size bool",
+     lambda kv, h: pagedkv.KVCacheManager(10, block_size=True), "block_size"),
+    ("manager block_size negative",
+     lambda kv, h: pagedkv.KVCacheManager(10, block_size=-4), "block_size"),
+    ("manager stats_window float",
+     lambda kv, h: pagedkv.KVCacheManager(10, stats_window=10.5), "stats_window"),
+    ("manager max_model_len bool",
+     lambda kv, h: pagedkv.KVCacheManager(10, max_model_len=True), "max_model_len"),
+    ("manager lineage_key_depth float",
+     lambda kv, h: pagedkv.KVCacheManager(10, lineage_key_depth=2.0), "lineage_key_depth"),
+    ("manager ghost shift bool",
+     lambda kv, h: pagedkv.KVCacheManager(10, adaptive_ghost_sample_shift=False),
+     "adaptive_ghost_sample_shift"),
+    ("tier num_host_blocks float",
+     lambda kv, h: pagedkv.TieredKVCacheManager(5, 8.0, block_size=4), "num_host_blocks"),
+    ("tier selective_hits bool",
+     lambda kv, h: pagedkv.TieredKVCacheManager(5, 8, block_size=4, selective_hits=True),
+     "selective_hits"),
+    ("tier bytes_per_block negative",
+     lambda kv, h: pagedkv.TieredKVCacheManager(5, 8, block_size=4, bytes_per_block=-1),
+     "bytes_per_block"),
+    ("tier group_bytes_per_block float",
+     lambda kv, h: pagedkv.TieredKVCacheManager(5, 8, block_size=4, group_bytes_per_block=[1.5]),
+     "group_bytes_per_block"),
+    ("FullAttentionSpec bool", lambda kv, h: pagedkv.FullAttentionSpec(True), "block_size"),
+    ("AttentionSpec.sliding float window",
+     lambda kv, h: pagedkv.AttentionSpec.sliding(4, 8.0), "sliding_window"),
+    ("hash_blocks block_size bool",
+     lambda kv, h: h.hash_blocks(tokens(1, 2, 3, 4), True), "block_size"),
+    ("hash_blocks block_size negative",
+     lambda kv, h: h.hash_blocks(tokens(1, 2, 3, 4), -4), "block_size"),
+    ("make_block_table width float",
+     lambda kv, h: pagedkv.make_block_table([[1, 2]], 4.0), "max_blocks_per_seq"),
+    ("make_block_table pad bool",
+     lambda kv, h: pagedkv.make_block_table([[1, 2]], 4, True), "pad_block_id"),
+    ("slot_of block_size bool", lambda kv, h: pagedkv.slot_of([1], True, 0), "block_size"),
+    ("slot_of position float", lambda kv, h: pagedkv.slot_of([1], 4, 1.0), "position"),
+    ("slot_mapping first_position float",
+     lambda kv, h: pagedkv.slot_mapping([1], 4, 0.0, 1), "first_position"),
+    ("slot_mapping num_tokens bool",
+     lambda kv, h: pagedkv.slot_mapping([1], 4, 0, True), "num_tokens"),
+    ("validate_block_table num_blocks float",
+     lambda kv, h: pagedkv.validate_block_table(np.zeros((1, 1), np.int32), [1], 4, 10.0),
+     "num_blocks"),
+    ("manager.block_table width bool",
+     lambda kv, h: kv.block_table([1], max_blocks_per_seq=True), "max_blocks_per_seq"),
+    ("manager.block_table pad float",
+     lambda kv, h: kv.block_table([1], pad_block_id=0.0), "pad_block_id"),
+    ("scheduler max_passed_over float",
+     lambda kv, h: _scheduler(kv, max_passed_over=1.0), "max_passed_over"),
+    ("scheduler max_candidates negative",
+     lambda kv, h: _scheduler(kv, max_candidates=-1), "max_candidates"),
+    ("scheduler host load bool",
+     lambda kv, h: _scheduler(kv, host_load_tokens_per_step=True), "host_load_tokens_per_step"),
+    ("propose token_budget float",
+     lambda kv, h: _scheduler(kv).propose([], [], token_budget=1.0, free_blocks=1,
+                                          max_admissions=1), "token_budget"),
+    ("propose arrivals bool",
+     lambda kv, h: _scheduler(kv).propose([kv.make_request(9, tokens(1))], [True],
+                                          token_budget=1, free_blocks=1, max_admissions=1),
+     "arrivals"),
+    ("propose remote_tokens negative",
+     lambda kv, h: _scheduler(kv).propose([kv.make_request(9, tokens(1))], [0],
+                                          token_budget=1, free_blocks=1, max_admissions=1,
+                                          remote_tokens=[-1]), "remote_tokens"),
+    ("record_step bool", lambda kv, h: _scheduler(kv).record_step(True), "num_admitted"),
+    ("passed_over negative", lambda kv, h: _scheduler(kv).passed_over(-1), "arrival"),
+]
+
+
+@pytest.mark.parametrize("name,call,what", ENTRY_POINT_BAD_CALLS,
+                         ids=[c[0] for c in ENTRY_POINT_BAD_CALLS])
+def test_constructors_and_module_calls_refuse_floats_bools_and_negatives(kv, name, call, what):
+    r, _, _ = run_prompt(kv, 1, range(6))
+    hasher = pagedkv.BlockHasher(pagedkv.HashScheme.SHA256, "test")
+    refused(call, kv, hasher, what=what, state=(kv,))
+    assert kv.block_ids(r).tolist() == kv.block_ids(1).tolist()
+
+
+def test_constructors_and_module_calls_take_every_integer_form(kv):
+    """numpy integers work wherever a Python int does (and bools nowhere)."""
+    h = pagedkv.BlockHasher(pagedkv.HashScheme.SHA256, "test")
+    r = pagedkv.Request(np.uint64(3), tokens(1, 2, 3, 4), h, np.int32(4))
+    assert r.request_id == 3 and len(r.block_hashes) == 1
+    m = pagedkv.KVCacheManager(np.int64(10), block_size=np.uint8(4), stats_window=np.int16(5),
+                               max_model_len=np.int64(64))
+    assert m.num_blocks == 10
+    assert pagedkv.FullAttentionSpec(np.int32(4)).block_size == 4
+    assert pagedkv.slot_of([2], np.int64(4), np.int8(1)) == 9
+    assert pagedkv.slot_mapping([2], 4, np.int64(0), np.uint16(2)).tolist() == [8, 9]
+    assert pagedkv.make_block_table([[1]], np.int32(2)).tolist() == [[1, 0]]
+    assert len(h.hash_blocks(tokens(1, 2, 3, 4), np.uint32(4))) == 1
+    s = pagedkv.AdmissionScheduler(m, max_passed_over=np.uint32(3))
+    p = s.propose([], np.array([], dtype=np.uint64), token_budget=np.int64(8),
+                  free_blocks=np.int32(4), max_admissions=np.int8(1))
+    assert len(p.admissions) == 0
+    s.record_step(np.int64(0))
+    assert s.passed_over(np.uint64(7)) == 0
+
+
 def test_integer_arguments_still_take_every_integer_form(kv):
     """Python ints, numpy integer scalars and arrays of any integer dtype, ranges, tuples."""
     r = kv.make_request(np.uint64(1), tokens(*range(6)))

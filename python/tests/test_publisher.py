@@ -155,3 +155,24 @@ def test_bad_arguments():
             pub.publish_from(object())
         assert pub.publish([]) is None
         assert pub.stats().published_batches == 0
+        # flush's timeout: NaN, negative and huge floats were undefined behaviour as a count of
+        # milliseconds; they are refused now, naming the argument.
+        for bad in (float("nan"), -1.0, float("inf"), 1e300):
+            with pytest.raises(pagedkv.Error) as e:
+                pub.flush(bad)
+            assert e.value.code == pagedkv.ErrorCode.INVALID_ARGUMENT
+            assert "timeout_s" in str(e.value)
+        assert pub.flush(0.0) and pub.flush(86400.0)
+
+
+# Integer settings go through the checked conversion, as every other entry point's do.
+@pytest.mark.parametrize("kw,what", [
+    (dict(buffer_steps=1.0), "buffer_steps"), (dict(hwm=True), "hwm"),
+    (dict(max_queue_size=-1), "max_queue_size"), (dict(data_parallel_rank=0.0),
+                                                   "data_parallel_rank"),
+    (dict(linger_ms=False), "linger_ms"), (dict(hwm=2**31), "hwm")])
+def test_integer_settings_refuse_floats_bools_and_out_of_range(kw, what):
+    with pytest.raises(pagedkv.Error) as e:
+        pagedkv.KVEventPublisher("tcp://127.0.0.1:*", **kw)
+    assert e.value.code == pagedkv.ErrorCode.INVALID_ARGUMENT
+    assert what in str(e.value)
