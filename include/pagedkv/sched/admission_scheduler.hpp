@@ -43,8 +43,9 @@
 // once its buffers have grown. Thread-compatible: one scheduler thread; the manager behind the
 // probe must not change during propose(). Errors (pagedkv::Error kInvalidArgument, nothing
 // changed): a null request, two waiting entries with the same arrival rank, a request with no
-// tokens, a proposal index out of range in record_step(). A bad_alloc in propose() leaves an empty
-// proposal.
+// tokens, a proposal index out of range in record_step(). A bad_alloc in propose() propagates and
+// leaves no partial proposal: the previous one when it came while probing the candidates, an
+// empty one when it came while filling the new proposal.
 #pragma once
 
 #include <cstddef>
