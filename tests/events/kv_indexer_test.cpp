@@ -1029,6 +1029,75 @@ TEST(KVIndexerHostile, ReplayOfEventsWithoutIdsIsBoundedByEvents) {
   }
 }
 
+// A replay peer that cannot be reached: its replay endpoint is a listener on 127.0.0.1 that
+// never accepts, so no ZeroMQ connection to it ever completes. The replay socket's send must
+// not wait for one: its sndtimeo is replay_timeout (here 30 s), and the receiver thread that
+// would wait in it serves every engine. The send queues the request (ZMQ_IMMEDIATE is 0, and
+// the socket is fresh for each replay, so its high-water mark is never reached), and the replay
+// then costs what a silent one does: up to replay_deadline (here 1 s). A send that waited for a
+// connection (ZMQ_IMMEDIATE 1) held the healthy engine's batches 60 s (two frames, 30 s each);
+// the bound here is 10 s.
+TEST(KVIndexerHostile, UnreachableReplayPeerDoesNotStallTheOthers) {
+  Engine healthy(85, loopback());
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), len), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);  // never accept()ed
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{listener};
+  const std::string unreachable = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+
+  KVIndexerConfig ic = indexer_config();
+  ic.hasher.reset();  // no probes: replays only
+  ic.replay_timeout = 30s;
+  ic.replay_deadline = 1s;
+  KVIndexer indexer(ic);
+  const EngineId h = indexer.connect_engine(endpoints_of("healthy", healthy));
+  HostileEngine peer("junk", 0ms);  // its PUB socket only
+  const EngineId x = indexer.connect_engine({"unreachable", peer.pub_endpoint, unreachable});
+  indexer.start();
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).connected; }, 10s));
+  healthy.steps(5, 1);
+  expect_follows(indexer, h, healthy, 100);
+  const auto p = stored_batch(std::vector<std::uint64_t>{3, 5});
+  const std::string payload(p.begin(), p.end());
+  // Its first batch (once its subscription is through), then a gap: a replay is asked.
+  ASSERT_TRUE(eventually(
+      [&] {
+        peer.send_raw({"", HostileEngine::seq_frame(0), payload});
+        return indexer.status(x).next_seq.has_value();
+      },
+      10s));
+  peer.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).gaps == 1; }, 10s));
+  // The receiver thread is in that replay now; the healthy engine keeps publishing.
+  const auto t0 = std::chrono::steady_clock::now();
+  for (RequestId r = 1000; r < 1040; ++r) {
+    healthy.step(r);
+    std::this_thread::sleep_for(5ms);
+  }
+  ASSERT_TRUE(healthy.publisher->flush(10s));
+  EXPECT_TRUE(indexer.wait_for(h, healthy.published(), 10s))
+      << "healthy engine stuck at " << indexer.status(h).next_seq.value_or(0) << " of "
+      << healthy.published() << " while the unreachable peer's replay runs";
+  std::printf("healthy engine caught up %.2f s after the unreachable peer's replay began\n",
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  ASSERT_TRUE(eventually([&] { return indexer.status(x).replays_aborted_deadline > 0; }, 10s));
+  const EngineStatus st = indexer.status(x);
+  EXPECT_EQ(st.replays_aborted_deadline, 1u);
+  EXPECT_EQ(st.replays_aborted_silent, 0u);
+  EXPECT_FALSE(st.in_sync);  // not trusted until its backoff ends
+  EXPECT_EQ(st.next_seq, 1'000'001u);
+  expect_follows(indexer, h, healthy, 5000);
+}
+
 // Frames dropped on the SUB socket, each counted with its reason (before: dropped silently).
 TEST(KVIndexerHostile, MalformedFramesAreCountedByReason) {
   KVIndexerConfig ic = indexer_config();
