@@ -798,6 +798,18 @@ KVIndexer::KVIndexer(KVIndexerConfig config) : impl_(std::make_unique<Impl>()) {
   if (config.max_replay_events == 0) {
     throw Error(ErrorCode::kInvalidArgument, "KVIndexer: max_replay_events must be >= 1");
   }
+  // Each is added to now() and replay_timeout becomes ZeroMQ's int send timeout (where -1 is
+  // "block forever"): a negative or huge value would wrap. A day is far above any sane setting.
+  for (const auto& [value, name] : {std::pair{config.probe_timeout, "probe_timeout"},
+                                    std::pair{config.replay_timeout, "replay_timeout"},
+                                    std::pair{config.replay_deadline, "replay_deadline"},
+                                    std::pair{config.replay_backoff, "replay_backoff"}}) {
+    if (value < std::chrono::milliseconds::zero() || value > kMaxIndexerWait) {
+      throw Error(ErrorCode::kInvalidArgument, std::string("KVIndexer: ") + name +
+                                                   " must be within 0 ms .. 1 day, got " +
+                                                   std::to_string(value.count()) + " ms");
+    }
+  }
   impl_->config = std::move(config);
   impl_->engines.reserve(BlockIndex::kMaxEngines);
 }
@@ -946,6 +958,8 @@ std::size_t KVIndexer::num_entries() const {
 
 bool KVIndexer::wait_for(EngineId e, std::uint64_t next_seq,
                          std::chrono::milliseconds timeout) const {
+  // now() + milliseconds::max() would overflow the clock: a year is "until it is there".
+  timeout = std::min(timeout, std::chrono::milliseconds(std::chrono::hours(24 * 366)));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     {

@@ -245,6 +245,12 @@ KVEventPublisher::KVEventPublisher(KVEventPublisherConfig config)
     throw Error(ErrorCode::kInvalidArgument,
                 "KVEventPublisher: buffer_steps and max_queue_size must be >= 1, hwm >= 0");
   }
+  // ZeroMQ reads a negative linger as "wait forever": a subscriber that stops reading would hang
+  // shutdown().
+  if (config.linger_ms < 0) {
+    throw Error(ErrorCode::kInvalidArgument, "KVEventPublisher: linger_ms must be >= 0, got " +
+                                                 std::to_string(config.linger_ms));
+  }
   Impl& s = *impl_;
   s.config = std::move(config);
   std::random_device rd;

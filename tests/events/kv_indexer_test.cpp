@@ -641,6 +641,63 @@ TEST(KVIndexer, ApplyAndEngineIdsRefuseCallerErrors) {
   EXPECT_EQ(indexer.engine_ids(e, Tier::kGpu), std::vector<std::uint64_t>{3});
 }
 
+// Durations outside 0 ms .. 1 day are refused, naming the setting. Before, replay_timeout went
+// to ZeroMQ's int send timeout unchecked (a negative one blocks forever; above 2^31 ms it wrapped)
+// and now() + a huge replay_deadline or backoff overflowed the clock.
+TEST(KVIndexer, ConfigDurationsAreBounded) {
+  using std::chrono::milliseconds;
+  for (const milliseconds bad : {milliseconds(-1), milliseconds::max(),
+                                 milliseconds(std::chrono::hours(24)) + milliseconds(1)}) {
+    for (int field = 0; field < 4; ++field) {
+      KVIndexerConfig c;
+      const char* name = "";
+      switch (field) {
+        case 0:
+          c.probe_timeout = bad, name = "probe_timeout";
+          break;
+        case 1:
+          c.replay_timeout = bad, name = "replay_timeout";
+          break;
+        case 2:
+          c.replay_deadline = bad, name = "replay_deadline";
+          break;
+        default:
+          c.replay_backoff = bad, name = "replay_backoff";
+          break;
+      }
+      try {
+        KVIndexer indexer(c);
+        ADD_FAILURE() << name << " = " << bad.count() << " ms accepted";
+      } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      }
+    }
+  }
+  KVIndexerConfig edge;
+  edge.probe_timeout = edge.replay_timeout = edge.replay_deadline = edge.replay_backoff =
+      kMaxIndexerWait;
+  EXPECT_NO_THROW(KVIndexer{edge});
+  edge.replay_timeout = edge.replay_backoff = milliseconds(0);
+  EXPECT_NO_THROW(KVIndexer{edge});
+}
+
+// wait_for(milliseconds::max()) waits until the engine is there. Before, now() + timeout
+// overflowed the clock (UBSan stops here), the deadline fell in the past and it returned false
+// at its first look.
+TEST(KVIndexer, WaitForWithTheLargestTimeoutWaits) {
+  KVIndexer indexer;
+  const EngineId e = indexer.add_engine("late");
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    indexer.apply(e, 0, stored_batch(std::vector<std::uint64_t>{5}));
+  });
+  const bool reached = indexer.wait_for(e, 1, std::chrono::milliseconds::max());
+  later.join();
+  EXPECT_TRUE(reached);
+  EXPECT_EQ(indexer.engine_ids(e, Tier::kGpu), std::vector<std::uint64_t>{5});
+}
+
 // Before: every AllBlocksCleared and every undecodable payload rebuilt the whole shared table
 // under the exclusive lock (20 clears with 1M honest blocks: 2.2 s). Now they cost the hostile
 // engine's own entries. 1,000 clears and 200 bad payloads beside 300,000 honest blocks took
@@ -1310,6 +1367,16 @@ TEST(KVEventPublisher, FullQueueDropsOldestAndCountsIt) {
   KVEventPublisherConfig bad = loopback();
   bad.buffer_steps = 0;
   EXPECT_THROW(KVEventPublisher{bad}, Error);
+  // ZeroMQ's "linger forever": a subscriber that stops reading would hang shutdown().
+  bad = loopback();
+  bad.linger_ms = -1;
+  try {
+    KVEventPublisher p(bad);
+    ADD_FAILURE() << "linger_ms -1 accepted";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(err.what()).find("linger_ms"), std::string::npos) << err.what();
+  }
 }
 
 // flush(milliseconds::max()) means "until drained". Before, now() + timeout overflowed the clock

@@ -108,6 +108,11 @@ struct EngineEndpoints {
   std::optional<std::string> replay_endpoint;  // its ROUTER socket, e.g. tcp://10.0.0.2:5558
 };
 
+// The bound on KVIndexerConfig's durations (probe_timeout, replay_timeout, replay_deadline,
+// replay_backoff): each within 0 ms .. kMaxIndexerWait, else the constructor throws
+// pagedkv::Error (kInvalidArgument) naming it.
+inline constexpr std::chrono::milliseconds kMaxIndexerWait = std::chrono::hours(24);
+
 struct KVIndexerConfig {
   std::string topic;  // subscription prefix ("" = everything)
   // The cluster's hasher (scheme and seed). When set, engines are probed on connect.

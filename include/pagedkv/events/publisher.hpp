@@ -55,7 +55,7 @@ struct KVEventPublisherConfig {
   WireOptions wire;
   // Answers hash-agreement probes with this hasher (use the manager's: manager.hasher()).
   std::optional<BlockHasher> probe_hasher;
-  int linger_ms = 200;  // how long close waits for unsent messages at shutdown
+  int linger_ms = 200;  // how long close waits for unsent messages at shutdown (>= 0)
 };
 
 struct KVEventPublisherStats {
