@@ -757,6 +757,21 @@ TEST(KVIndexerHostile, MemoryComesBackWhenAnEnginesEntriesGo) {
   EXPECT_EQ(indexer.engine_ids(h, Tier::kGpu).size(), 1000u);
 }
 
+// While another engine's replay holds the receiver thread, `e` takes 40 steps (5 ms apart) and
+// must be indexed within 10 s of its last; returns the seconds from its first step until then.
+double keep_publishing(KVIndexer& indexer, EngineId id, Engine& e, const char* during) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (RequestId r = 1000; r < 1040; ++r) {
+    e.step(r);
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(e.publisher->flush(10s));
+  EXPECT_TRUE(indexer.wait_for(id, e.published(), 10s))
+      << "engine stuck at " << indexer.status(id).next_seq.value_or(0) << " of " << e.published()
+      << " during " << during;
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // The entry cap, every payload reason counted, and the honest engine untouched throughout.
 TEST(KVIndexerHostile, CapAndDroppedPayloadReasonsLeaveTheHonestEngineAlone) {
   KVIndexerConfig ic;
@@ -937,17 +952,7 @@ void endless_replay_beside_an_honest_engine(const std::string& mode) {
   }();
   ASSERT_TRUE(hostile.join_late(payload));
   // Meanwhile the honest engine keeps publishing: it must keep being indexed.
-  const auto t0 = std::chrono::steady_clock::now();
-  for (RequestId r = 1000; r < 1040; ++r) {
-    honest.step(r);
-    std::this_thread::sleep_for(5ms);
-  }
-  ASSERT_TRUE(honest.publisher->flush(10s));
-  EXPECT_TRUE(indexer.wait_for(h, honest.published(), 10s))
-      << "honest engine stuck at " << indexer.status(h).next_seq.value_or(0) << " of "
-      << honest.published() << " while the hostile replay runs";
-  const double waited =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double waited = keep_publishing(indexer, h, honest, "the hostile replay");
   std::printf("honest engine caught up %.2f s after the hostile replay began (%s)\n", waited,
               mode.c_str());
   EXPECT_EQ(indexer.engine_ids(h, Tier::kGpu), honest.cached_ids());
@@ -1135,17 +1140,9 @@ TEST(KVIndexerHostile, UnreachableReplayPeerDoesNotStallTheOthers) {
   peer.send_raw({"", HostileEngine::seq_frame(1'000'000), payload});
   ASSERT_TRUE(eventually([&] { return indexer.status(x).gaps == 1; }, 10s));
   // The receiver thread is in that replay now; the healthy engine keeps publishing.
-  const auto t0 = std::chrono::steady_clock::now();
-  for (RequestId r = 1000; r < 1040; ++r) {
-    healthy.step(r);
-    std::this_thread::sleep_for(5ms);
-  }
-  ASSERT_TRUE(healthy.publisher->flush(10s));
-  EXPECT_TRUE(indexer.wait_for(h, healthy.published(), 10s))
-      << "healthy engine stuck at " << indexer.status(h).next_seq.value_or(0) << " of "
-      << healthy.published() << " while the unreachable peer's replay runs";
+  const double waited = keep_publishing(indexer, h, healthy, "the unreachable peer's replay");
   std::printf("healthy engine caught up %.2f s after the unreachable peer's replay began\n",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+              waited);
   ASSERT_TRUE(eventually([&] { return indexer.status(x).replays_aborted_deadline > 0; }, 10s));
   const EngineStatus st = indexer.status(x);
   EXPECT_EQ(st.replays_aborted_deadline, 1u);
