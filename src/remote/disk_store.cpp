@@ -1039,6 +1039,12 @@ void DiskStore::Impl::io_thread() {
     while (n < kTake && !pending.empty()) taken[n++] = pending.pop();
     if (n == 0) continue;
     lock.unlock();  // the taken ops are owned by this thread until pushed to `completed`
+    if (config.on_ops_taken) {
+      try {
+        config.on_ops_taken(n);
+      } catch (...) {  // (documented: ignored; the ops run)
+      }
+    }
     for (std::size_t k = 0; k < n;) {
       Op& op = ops[taken[k]];
       if (overdue(op)) {  // expired while earlier taken ops ran: no I/O, its buffer untouched

@@ -245,6 +245,9 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
   // Prefix identities (a hasher that is not collision resistant): each get is bound to its
   // block's, so a value another prefix stored under a colliding key is rejected.
   tier_.prefix_identities(*p.request, p.start + run, identities_);
+  window_skipped_.clear();  // (one group: no window)
+  FillCounts counts;
+  counts.hit_blocks = run;
   FillGuard guard(tier_, batch);  // begin_fill_known throwing: the fills begun are committed failed
   for (std::size_t i = p.start; i < p.start + run; ++i) {
     if (tier_.host_holds(*p.request, i)) continue;  // e.g. stored meanwhile by another request
@@ -256,7 +259,7 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
     const std::optional<HostFill> fill =
         tier_.begin_fill_known(*p.request, i, identities_.empty() ? nullptr : &identities_[i]);
     if (!fill) {
-      stats_.fills_no_slot += p.start + run - i;
+      counts.no_slot = p.start + run - i;
       break;
     }
     batch.fills.push_back(*fill);
@@ -267,8 +270,7 @@ void RemoteTier::start_fills(RequestId id, Pending& p) {
                         kGroup, identities_.empty() ? BlockHash() : identities_[i],
                         config_.kv_dtype, config_.kv_scale_mode});
   }
-  stats_.probe_hit_blocks += run;
-  submit_fills(id, p, std::move(batch), guard);
+  submit_fills(id, p, std::move(batch), guard, counts);
 }
 
 void RemoteTier::reserve_fills(GetBatch& batch, std::size_t n) {
@@ -291,7 +293,8 @@ RemoteTier::FillGuard::~FillGuard() {
   }
 }
 
-void RemoteTier::submit_fills(RequestId id, Pending& p, GetBatch&& batch, FillGuard& guard) {
+void RemoteTier::submit_fills(RequestId id, Pending& p, GetBatch&& batch, FillGuard& guard,
+                              const FillCounts& counts) {
   // Everything that allocates before anything changes: the waiters' room, and the batch's entry
   // of gets_ (a node made now, keyed by the ticket once the store accepts the batch: nothing
   // allocates after the store holds the batch's buffers). Throwing, the guard commits the fills
@@ -308,6 +311,12 @@ void RemoteTier::submit_fills(RequestId id, Pending& p, GetBatch&& batch, FillGu
     node = made.extract(made.begin());
   }
   guard.armed = false;
+  stats_.probe_hit_blocks += counts.hit_blocks;
+  stats_.fills_no_slot += counts.no_slot;
+  for (std::size_t g = 0; g < window_skipped_.size(); ++g) {
+    stats_.window_blocks_not_loaded += window_skipped_[g];
+    group_stats_[g].window_blocks_not_loaded += window_skipped_[g];
+  }
   if (!node.empty()) node.mapped() = std::move(batch);
   p.phase = Phase::kDone;
   p.hybrid_ticket = 0;
@@ -511,17 +520,15 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
   GetBatch batch;
   batch.request = id;
   reserve_fills(batch, key_offset_[ng]);  // at most one fill per key
-  std::size_t run_blocks = 0;
+  FillCounts counts;
+  window_skipped_.assign(ng, 0);
   for (std::size_t g = 0; g < ng; ++g) {
     if (window_[g] == kFullGroup) continue;
     const std::size_t from = first_needed(g);
-    std::uint64_t skipped = 0;
     for (std::size_t q = G / factor_[g]; q < from; ++q) {
       const std::size_t k = key_index(g, q);
-      if (held_[k] == 0 && p.present[k] == 1) ++skipped;
+      if (held_[k] == 0 && p.present[k] == 1) ++window_skipped_[g];
     }
-    stats_.window_blocks_not_loaded += skipped;
-    group_stats_[g].window_blocks_not_loaded += skipped;
   }
   // Fills in position order, each group's block at the position it starts (a missing slot ends
   // the run there for every group).
@@ -534,7 +541,7 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
       const std::size_t q = i / f;
       const std::size_t k = key_index(g, q);
       if (q < first_needed(g) || held_[k] != 0) continue;
-      ++run_blocks;
+      ++counts.hit_blocks;
       const auto group = static_cast<GroupId>(g);
       const BlockHash& key = p.keys[k];
       if (const FetchEntry* e = fetch_find(key); e != nullptr && gets_.count(e->ticket) != 0) {
@@ -545,7 +552,7 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
       const std::optional<HostFill> fill =
           tier_.begin_fill_known(request, q, identity(g, q), group, &views_[g]);
       if (!fill) {
-        ++stats_.fills_no_slot;
+        counts.no_slot = 1;
         stop = true;
         break;
       }
@@ -561,8 +568,7 @@ void RemoteTier::start_hybrid_fills(RequestId id, Pending& p) {
     }
     if (stop) break;
   }
-  stats_.probe_hit_blocks += run_blocks;
-  submit_fills(id, p, std::move(batch), guard);
+  submit_fills(id, p, std::move(batch), guard, counts);
 }
 
 RemoteTier::FetchEntry* RemoteTier::fetch_find(const BlockHash& key) noexcept {

@@ -11,10 +11,16 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "expect_error.hpp"
@@ -866,6 +872,155 @@ TEST(DiskStore, TakenOpsPastTheirDeadlineTimeOutWithoutTouchingTheirBuffers) {
     EXPECT_TRUE(mixed_gets) << "no batch of gets both hit and timed out";
     EXPECT_EQ(s.stats().timeouts, timeouts);
   }
+}
+
+// The same for small values (one slot of 4096 bytes: reading or writing one takes microseconds,
+// too little to push an op past a deadline of 1 ms or more reliably), made deterministic with
+// DiskStoreConfig::on_ops_taken: the I/O thread is held in it first with a blocker op in hand,
+// while a batch of gets and a batch of puts are queued behind it; then, once it has taken those
+// (in one take: both were queued), until every deadline of theirs has passed. Each then completes
+// kTimeout without its I/O: the gets' destinations keep their sentinel, the puts are not stored
+// (the key put before keeps its value, the new key is a miss). A take that came only after the
+// ops' deadlines (a loaded machine: the queue expires them, another path) is tried again.
+TEST(DiskStore, SmallValuesTakenPastTheirDeadlineTimeOutWithoutTouchingTheirBuffers) {
+  constexpr auto kSentinel = std::byte{0xee};
+  constexpr auto kTimeout = 200ms;
+  constexpr std::size_t kGets = 3;
+  using SteadyClock = std::chrono::steady_clock;
+  struct Hold {
+    std::mutex mu;
+    std::condition_variable cv;
+    int calls = 0;                                 // on_ops_taken calls while armed
+    bool release = false;                          // the first call may return
+    std::optional<SteadyClock::time_point> until;  // the second call returns after
+    std::size_t taken = 0;                         // ops of the second call
+  };
+  bool checked = false;
+  for (int attempt = 0; attempt < 5 && !checked; ++attempt) {
+    SCOPED_TRACE("attempt " + std::to_string(attempt));
+    TempDir dir;
+    auto hold = std::make_shared<Hold>();
+    std::atomic<bool> armed{false};
+    auto c = config_for(dir.path());
+    c.op_timeout = kTimeout;
+    c.on_ops_taken = [hold, &armed](std::size_t n) {
+      if (!armed.load()) return;
+      std::unique_lock<std::mutex> lock(hold->mu);
+      const int call = ++hold->calls;
+      hold->cv.notify_all();
+      if (call == 1) {
+        hold->cv.wait(lock, [&] { return hold->release; });
+      } else if (call == 2) {
+        hold->taken = n;
+        hold->cv.wait(lock, [&] { return hold->until.has_value(); });
+        const SteadyClock::time_point until = *hold->until;
+        lock.unlock();
+        std::this_thread::sleep_until(until);
+      }
+    };
+    DiskStore s(c);
+    // Lets the I/O thread go before the store is destroyed (it joins the thread), whatever
+    // assertion returns early.
+    struct Release {
+      std::shared_ptr<Hold> hold;
+      ~Release() {
+        {
+          std::lock_guard<std::mutex> lock(hold->mu);
+          hold->release = true;
+          if (!hold->until) hold->until = SteadyClock::now();
+        }
+        hold->cv.notify_all();
+      }
+    } release{hold};
+    std::vector<std::vector<std::byte>> old(kGets);
+    for (std::size_t i = 0; i < kGets; ++i) {
+      old[i] = bytes_of(kValue, 100 + i);
+      ASSERT_EQ(put1(s, i, old[i]), RemoteResult::kStored);
+    }
+    const std::uint64_t timeouts_before = s.stats().timeouts;
+
+    armed = true;
+    const BlockHash blocker = key_of(0);
+    ASSERT_TRUE(s.exists(std::span(&blocker, 1)).has_value());
+    {
+      std::unique_lock<std::mutex> lock(hold->mu);
+      ASSERT_TRUE(hold->cv.wait_for(lock, 20s, [&] { return hold->calls >= 1; }));
+    }
+    // The I/O thread waits in on_ops_taken: these stay queued.
+    std::vector<std::byte> dst(kGets * kValue, kSentinel);
+    std::vector<RemoteGet> gets(kGets);
+    for (std::size_t i = 0; i < kGets; ++i) {
+      gets[i] = RemoteGet{key_of(i), std::span(dst).subspan(i * kValue, kValue), {}, 0};
+    }
+    const auto fresh = bytes_of(kValue, 7);
+    const std::array<RemotePut, 2> puts{RemotePut{key_of(0), fresh, {}, 0},
+                                        RemotePut{key_of(kGets), fresh, {}, 0}};
+    const auto get_ticket = s.get(gets);
+    const auto put_ticket = s.put(puts);
+    const SteadyClock::time_point submitted = SteadyClock::now();  // after every deadline's start
+    ASSERT_TRUE(get_ticket.has_value());
+    ASSERT_TRUE(put_ticket.has_value());
+    {
+      std::lock_guard<std::mutex> lock(hold->mu);
+      hold->release = true;
+    }
+    hold->cv.notify_all();
+    {
+      std::unique_lock<std::mutex> lock(hold->mu);
+      // The second take (or none: the queue expired them first and completes them itself).
+      (void)hold->cv.wait_for(lock, kTimeout + 5s, [&] { return hold->calls >= 2; });
+      hold->until = submitted + kTimeout + 1ms;  // past each op's deadline
+    }
+    hold->cv.notify_all();
+    const auto done = collect(s, 1 + kGets + puts.size());
+    ASSERT_EQ(done.size(), 1 + kGets + puts.size());
+    armed = false;
+    std::size_t taken = 0;
+    {
+      std::lock_guard<std::mutex> lock(hold->mu);
+      taken = hold->calls >= 2 ? hold->taken : 0;
+    }
+    if (taken != kGets + puts.size()) continue;  // not taken in one take before the deadlines
+    checked = true;
+    for (const auto& d : done) {
+      if (d.ticket != *get_ticket && d.ticket != *put_ticket) {
+        EXPECT_EQ(d.result, RemoteResult::kHit);  // the blocker
+        continue;
+      }
+      EXPECT_EQ(d.result, RemoteResult::kTimeout)
+          << (d.ticket == *get_ticket ? "get " : "put ") << d.index << ": " << to_string(d.result);
+    }
+    EXPECT_EQ(s.stats().timeouts - timeouts_before, kGets + puts.size());
+    EXPECT_TRUE(std::all_of(dst.begin(), dst.end(), [&](std::byte b) { return b == kSentinel; }))
+        << "a get timed out after writing into its destination";
+    // The puts were not stored: key 0 keeps its value, the new key is not there.
+    std::vector<std::byte> back(kValue);
+    ASSERT_EQ(get1(s, 0, back), RemoteResult::kHit);
+    EXPECT_EQ(back, old[0]);
+    EXPECT_EQ(get1(s, kGets, back), RemoteResult::kMiss);
+    EXPECT_FALSE(exists1(s, kGets));
+  }
+  EXPECT_TRUE(checked) << "the I/O thread never took the ops before their deadlines";
+}
+
+// An on_ops_taken that throws is ignored (DiskStoreConfig): the I/O thread lives on and the ops
+// it had taken run as if the hook had returned (an exception escaping the thread terminated the
+// process).
+TEST(DiskStore, AnOnOpsTakenThatThrowsIsIgnored) {
+  TempDir dir;
+  std::atomic<int> calls{0};
+  auto c = config_for(dir.path());
+  c.on_ops_taken = [&calls](std::size_t) {
+    ++calls;
+    throw std::runtime_error("on_ops_taken");
+  };
+  DiskStore s(c);
+  const auto v = bytes_of(kValue, 9);
+  EXPECT_EQ(put1(s, 1, v), RemoteResult::kStored);
+  std::vector<std::byte> back(kValue);
+  EXPECT_EQ(get1(s, 1, back), RemoteResult::kHit);
+  EXPECT_EQ(back, v);
+  EXPECT_GE(calls.load(), 2);
 }
 
 // An op_timeout meant as "never" (milliseconds::max()) overflowed submission + op_timeout (every

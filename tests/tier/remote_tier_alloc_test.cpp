@@ -14,7 +14,10 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <optional>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "fault_store.hpp"
@@ -65,24 +68,25 @@ class NoFailStore final : public RemoteStore {
 
 struct Engine {
   // hybrid: a full-attention group and a sliding window of 8 tokens (start_hybrid_fills).
+  // host_blocks: the host tier's slots (fewer than a prompt's blocks: fills find no slot).
   Engine(remote_test::FaultBackend& backend, Rng& rng, RemoteStorePolicy policy,
-         bool hybrid = false)
+         bool hybrid = false, std::int32_t host_blocks = kHostBlocks)
       : fault(backend, rng, fault_config()), store(fault) {
     KVCacheManagerConfig c;
     c.num_blocks = kGpuBlocks;
     c.block_size = kBs;
     c.hash_seed = "remote-tier-alloc-test";
     HostTierConfig h;
-    h.num_host_blocks = kHostBlocks;
+    h.num_host_blocks = host_blocks;
     h.policy = HostPolicy::kWriteThrough;
     h.bytes_per_block = kBytes;
     if (hybrid) {
       c = hybrid_test::hybrid_config(kGpuBlocks, 8, 0);
-      h = hybrid_test::host_config(kHostBlocks, HostPolicy::kWriteThrough, WindowStoreRule::kAll);
+      h = hybrid_test::host_config(host_blocks, HostPolicy::kWriteThrough, WindowStoreRule::kAll);
       h.bytes_per_block = kBytes;
     }
     tier = std::make_unique<TieredKVCacheManager>(c, h);
-    host.assign(static_cast<std::size_t>(kHostBlocks + 1) * kBytes, std::byte{0});
+    host.assign(static_cast<std::size_t>(host_blocks + 1) * kBytes, std::byte{0});
     RemoteTierConfig rc;
     rc.bytes_per_block = kBytes;
     rc.policy = PrefetchPolicy::kWaitComplete;
@@ -200,6 +204,97 @@ TEST(RemoteTierAlloc, FillsSurviveAFailedAllocationAnywhereInPoll) {
       if (!threw) {
         EXPECT_GE(b.remote->stats().loaded_blocks, 2u);  // the fills did load
       }
+      finish(b, k);
+      ASSERT_FALSE(HasFailure()) << "failure injected at allocation " << k;
+    }
+    EXPECT_GT(k, 3);  // the loop did inject failures
+  }
+}
+
+// The fill counters of a request whose fills start after a failed try (the request stays probing
+// and its fills are started again at the next poll) equal those of a run without the failure:
+// blocks skipped (a window group's blocks outside its window at the hit, hybrid), hits dropped for
+// want of a host slot (engine B's host tier holds fewer blocks than the hit) and the hit run are
+// each counted once. They used to be counted when computed, before what may throw, and so again
+// at the retry.
+TEST(RemoteTierAlloc, FillCountersCountOnceWhenStartingFillsIsRetried) {
+  constexpr std::int32_t kFewHostBlocks = 6;
+  struct Counts {
+    std::uint64_t probe_hit_blocks, fills_no_slot, window_blocks_not_loaded, fills, loaded;
+    std::vector<std::uint64_t> group_window;
+    bool operator==(const Counts&) const = default;
+  };
+  const auto counts_of = [](const RemoteTier& r) {
+    const RemoteTierStats s = r.stats();
+    Counts c{s.probe_hit_blocks,
+             s.fills_no_slot,
+             s.window_blocks_not_loaded,
+             s.fills,
+             s.loaded_blocks,
+             {}};
+    for (const RemoteTierGroupStats& g : r.group_stats()) {
+      c.group_window.push_back(g.window_blocks_not_loaded);
+    }
+    return c;
+  };
+  const auto print = [](const Counts& c) {
+    std::ostringstream s;
+    s << "probe_hit_blocks " << c.probe_hit_blocks << ", fills_no_slot " << c.fills_no_slot
+      << ", window_blocks_not_loaded " << c.window_blocks_not_loaded << ", fills " << c.fills
+      << ", loaded " << c.loaded << ", per group window_blocks_not_loaded";
+    for (const std::uint64_t w : c.group_window) s << ' ' << w;
+    return s.str();
+  };
+  for (const bool hybrid : {false, true}) {
+    SCOPED_TRACE(hybrid ? "hybrid" : "one group");
+    std::optional<Counts> reference;  // of the run without a failure (fail_at -1 first)
+    long k = -1;
+    for (bool threw = true; threw; ++k) {
+      Rng rng(3);
+      remote_test::FaultBackend backend;
+      backend.capacity = 1024;
+      Engine a(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
+      run(a, 1, kPrompt);
+      ASSERT_TRUE(drain(a));
+      ASSERT_GE(a.remote->stats().stored_blocks, 10u);
+
+      Engine b(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid, kFewHostBlocks);
+      Request req = b.tier->make_request(7, kPrompt);
+      b.remote->add_request(req, b.now);
+      threw = false;
+      alloc_failure::fail_at = k;
+      try {
+        for (int i = 0; i < 3; ++i) {  // the probe's completions, the fills, their completions
+          b.now += 1ms;
+          b.remote->poll(b.now);
+        }
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      alloc_failure::fail_at = -1;
+      // The failed step again (and the rest): the request's fills start and complete.
+      for (int i = 0; i < 100 && !b.remote->ready(7, b.now); ++i) {
+        b.now += 1ms;
+        b.remote->poll(b.now);
+      }
+      ASSERT_TRUE(b.remote->ready(7, b.now)) << "failure at allocation " << k;
+      ASSERT_TRUE(drain(b)) << "failure at allocation " << k;
+      const Counts c = counts_of(*b.remote);
+      if (!reference) {
+        ASSERT_FALSE(threw);
+        reference = c;
+        // The case the test is about: hits dropped for want of a slot, and (hybrid) window
+        // blocks not loaded.
+        EXPECT_GT(c.fills_no_slot, 0u) << print(c);
+        if (hybrid) {
+          EXPECT_GT(c.window_blocks_not_loaded, 0u) << print(c);
+        }
+        threw = true;  // go on with fail_at 0
+      } else {
+        EXPECT_EQ(c, *reference) << "failure at allocation " << k << ": " << print(c)
+                                 << "; without a failure: " << print(*reference);
+      }
+      b.remote->remove_request(7);
       finish(b, k);
       ASSERT_FALSE(HasFailure()) << "failure injected at allocation " << k;
     }

@@ -96,6 +96,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -122,6 +123,13 @@ struct DiskStoreConfig {
   int io_threads = 1;
   bool preallocate = true;    // posix_fallocate the slab (falls back to a sparse file)
   bool sync_on_close = true;  // fdatasync in the destructor
+  // Called (when set) on the I/O thread each time it has taken ops from the queue, with their
+  // number, before the first of them is checked against its deadline and run: for tracing, and
+  // for tests that hold the thread there (say, past the ops' deadlines: each then completes
+  // kTimeout without its read or write). The thread waits for it; it must not call this store
+  // (a poll or submission from it may deadlock, the destructor surely does). An exception it
+  // throws is caught and ignored: the ops run as if it had returned.
+  std::function<void(std::size_t ops_taken)> on_ops_taken;
 };
 
 // What the start-up scan found.

@@ -295,10 +295,19 @@ class RemoteTier {
   // Room for n fills in `batch`, get_ops_ and shared_ (cleared): recording a fill allocates
   // nothing.
   void reserve_fills(GetBatch& batch, std::size_t n);
+  // What starting a request's fills counts (with window_skipped_): added to the stats by
+  // submit_fills once nothing can throw, so a start that throws and is retried at the next poll
+  // counts its blocks once.
+  struct FillCounts {
+    std::uint64_t hit_blocks = 0;  // stats_.probe_hit_blocks
+    std::uint64_t no_slot = 0;     // stats_.fills_no_slot
+  };
   // Submits `batch` (gets in get_ops_) and the waits in shared_ for request `id`; marks the
-  // request's probe done. Throwing (bad_alloc before the store saw the batch), nothing of the
-  // request changed and `guard` commits the batch's fills failed.
-  void submit_fills(RequestId id, Pending& p, GetBatch&& batch, FillGuard& guard);
+  // request's probe done and adds `counts` and window_skipped_ to the stats. Throwing (bad_alloc
+  // before the store saw the batch), nothing of the request or the stats changed and `guard`
+  // commits the batch's fills failed.
+  void submit_fills(RequestId id, Pending& p, GetBatch&& batch, FillGuard& guard,
+                    const FillCounts& counts);
   void on_cached(BlockId slot, bool from_fill);
   void on_loaded(BlockId slot);
   void skip_put(BlockId slot) noexcept;  // a hook failed: the slot's block is never put
@@ -379,6 +388,9 @@ class RemoteTier {
   std::vector<BlockHash> identities_;  // start_fills: the request's prefix identities
   std::vector<std::uint8_t> held_;     // start_hybrid_fills: per key, the host holds it
   std::vector<std::size_t> last_gap_;  // start_hybrid_fills: per window group
+  // start_hybrid_fills: per group, its blocks in the store not loaded (outside the window at the
+  // hit); empty for start_fills. Counted by submit_fills.
+  std::vector<std::uint64_t> window_skipped_;
   std::vector<RemoteGet> get_ops_;
   std::vector<RemotePut> put_ops_;
 };
