@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "../base/vector_growth.hpp"
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
@@ -100,7 +101,7 @@ void append_slot_mapping(std::vector<std::int64_t>& slots, std::span<const std::
                                                    std::to_string(b));
     }
   }
-  slots.reserve(slots.size() + static_cast<std::size_t>(num_tokens));
+  detail::reserve_more(slots, static_cast<std::size_t>(num_tokens));
   for (std::int64_t p = first_position; p < first_position + num_tokens; ++p) {
     slots.push_back(static_cast<std::int64_t>(block_ids[static_cast<std::size_t>(p / block_size)]) *
                         block_size +

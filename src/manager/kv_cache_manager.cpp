@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "../base/vector_growth.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/manager/sliding_window.hpp"
 
@@ -496,7 +497,7 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     const std::size_t old_size = gs.blocks.size();
     retain_from_[g] = old_size;  // sized at construction: no allocation
     retain_new_from_[g] = old_size + hb.size();
-    gs.blocks.reserve(old_size + hb.size() + to_allocate[g]);
+    detail::reserve_more(gs.blocks, hb.size() + to_allocate[g]);  // geometric: no copy per block
     max_skip = std::max(max_skip, skips[g]);
     if (!pool_.config().enable_caching || delay_cache_blocks) continue;
     const std::size_t skip_end =

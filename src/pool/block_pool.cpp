@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "../base/vector_growth.hpp"
 #include "block_pool_internal.hpp"
 #include "pagedkv/base/error.hpp"
 
@@ -300,7 +301,7 @@ bool BlockPool::get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   if (n > free_queue_.size()) return false;
   if (n == 0) return true;  // a decode step that needs no new block
   // Everything that may allocate, before any change.
-  out.reserve(out.size() + static_cast<std::size_t>(n));
+  detail::reserve_more(out, static_cast<std::size_t>(n));
   if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
   if (guarded_) orphans_->reserve(static_cast<std::size_t>(n));  // an eviction makes <= 1
   // The blocks to pop are the queue's first n. For more than a few, two walkers run ahead of the
@@ -918,7 +919,7 @@ std::size_t BlockPool::match_cached_run_after(const BlockSequence& seq, std::siz
   }
   check_sequence(seq, end, "BlockPool::match_cached_run_after");
   if (!config_.enable_caching) return 0;
-  out.reserve(out.size() + (end - begin));  // out grows here only, before any change
+  detail::reserve_more(out, end - begin);  // out grows here only, before any change
   if (chain_identity_ && seq.extra_keys == nullptr)
     return match_chain_run(seq, begin, end, out, group);
   constexpr std::size_t kAhead = 4;  // overlap the table's misses of the blocks ahead

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../base/vector_growth.hpp"
 #include "block_pool_internal.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/pool/block_pool.hpp"
@@ -951,7 +952,7 @@ bool BlockPool::ret_get_new_blocks(std::int32_t n, std::vector<BlockId>& out) {
   if (n > r.free_count) return false;
   if (n == 0) return true;
   // Everything that may throw, before any change (the clock must not).
-  out.reserve(out.size() + static_cast<std::size_t>(n));
+  detail::reserve_more(out, static_cast<std::size_t>(n));
   if (config_.enable_kv_events) reserve_events(static_cast<std::size_t>(n), 0);
   if (guarded_) orphans_->reserve(static_cast<std::size_t>(n));
   if (r.timed > 0) {

@@ -69,6 +69,23 @@ TEST(SlotMapping, SlotIsBlockTimesSizePlusOffset) {
   EXPECT_EQ(slots.size(), 22u);
 }
 
+// One token per call (a decode step's slot mapping built sequence by sequence) grows the vector
+// geometrically. Before, each call reserved exactly size + num_tokens: a reallocation and a copy
+// of everything appended so far at every call.
+TEST(SlotMapping, AppendingOneTokenAtATimeGrowsGeometrically) {
+  const std::vector<std::int32_t> blocks = {3};
+  std::vector<std::int64_t> slots;
+  int reallocations = 0;
+  for (int i = 0; i < 4096; ++i) {
+    const std::size_t before = slots.capacity();
+    append_slot_mapping(slots, blocks, 16, i % 16, 1);
+    if (slots.capacity() != before) ++reallocations;
+  }
+  EXPECT_EQ(slots.size(), 4096u);
+  EXPECT_LT(reallocations, 32);
+  EXPECT_EQ(slots[17], 3 * 16 + 1);
+}
+
 TEST(SlotMapping, RejectsPositionsOutsideTheBlocks) {
   const std::vector<std::int32_t> blocks = {5, 2};
   expect_error([&] { (void)slot_of(blocks, 16, 32); }, ErrorCode::kOutOfRange, "position 32");

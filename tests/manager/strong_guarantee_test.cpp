@@ -323,6 +323,61 @@ TEST(StrongGuarantee, SteadyStateOneBlockStoresAllocateNothing) {
   }
 }
 
+// Allocations made by `body`, counted (none fails: the budget is far above what it makes).
+template <typename Body>
+long allocations_in(Body body) {
+  constexpr long kBudget = 1L << 40;
+  alloc_failure::fail_at = kBudget;
+  body();
+  const long made = kBudget - alloc_failure::fail_at;
+  alloc_failure::fail_at = -1;
+  return made;
+}
+
+// A long decode grows each row geometrically. Before, allocate_slots reserved the request's row
+// exactly (old size + new blocks) and get_new_blocks and append_slot_mapping their output the
+// same way: a heap allocation and a copy of the whole row at every new block, quadratic over the
+// decode (a 50 M-token output took minutes in pagedkv-replay --memory-table).
+TEST(StrongGuarantee, LongDecodeDoesNotAllocatePerBlock) {
+  constexpr int kSteps = 4096;
+  for (const bool caching : {true, false}) {
+    KVCacheManagerConfig c;
+    c.num_blocks = kSteps + 64;
+    c.block_size = 1;  // a new block at every step
+    c.enable_caching = caching;
+    c.hash_scheme = HashScheme::kXxh3_128;
+    c.hash_seed = "decode";
+    KVCacheManager m(c);
+    Request r = m.make_request(1, std::vector<TokenId>{1, 2, 3, 4});
+    ASSERT_TRUE(m.allocate_slots(r, r.num_tokens()));
+    r.set_num_computed_tokens(r.num_tokens());
+    const long made = allocations_in([&] {
+      for (int i = 0; i < kSteps; ++i) {
+        r.append_token(static_cast<TokenId>(i % 1000 + 5));
+        ASSERT_TRUE(m.allocate_slots(r, 1));
+        r.set_num_computed_tokens(r.num_tokens());
+      }
+    });
+    // Geometric growth: a few dozen reallocations over 4,096 blocks (the row, the request's
+    // tokens and hashes, the pool's tables). Per block it was 4,096 and more.
+    EXPECT_LT(made, kSteps / 16) << "caching " << caching << ": " << made << " allocations";
+    EXPECT_EQ(m.block_ids(1).size(), static_cast<std::size_t>(kSteps + 4));
+    m.free(r);
+    m.check_invariants();
+  }
+  // The pool's own output row, grown one block at a time.
+  BlockPoolConfig pc;
+  pc.num_blocks = kSteps + 1;
+  pc.block_size = 1;
+  BlockPool pool(pc);
+  std::vector<BlockId> row;
+  const long pool_made = allocations_in([&] {
+    for (int i = 0; i < kSteps; ++i) ASSERT_TRUE(pool.get_new_blocks(1, row));
+  });
+  EXPECT_LT(pool_made, kSteps / 16) << pool_made << " allocations";
+  EXPECT_EQ(row.size(), static_cast<std::size_t>(kSteps));
+}
+
 // A run lookup whose blocks carry extra keys builds each block's encoding (allocating without a
 // scratch): a failure at any of those allocations, mid-run, appends nothing.
 TEST(StrongGuarantee, RunLookupFailureAppendsNothing) {
