@@ -2,6 +2,7 @@
 #include "cluster.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -54,7 +55,15 @@ std::string offset_endpoint(const std::string& endpoint, std::uint32_t k) {
   if (endpoint.starts_with("tcp://") && colon != std::string::npos) {
     const std::string port = endpoint.substr(colon + 1);
     if (!port.empty() && std::all_of(port.begin(), port.end(), ::isdigit)) {
-      return endpoint.substr(0, colon + 1) + std::to_string(std::stoi(port) + static_cast<int>(k));
+      // Engine k publishes on port + k, which must be a port.
+      unsigned long p = 0;
+      const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+      if (ec != std::errc() || end != port.data() + port.size() || p + k > 65535) {
+        throw Error(ErrorCode::kInvalidArgument, "--kv-events: port " + port + " + engine " +
+                                                     std::to_string(k) +
+                                                     " is not a TCP port (at most 65535)");
+      }
+      return endpoint.substr(0, colon + 1) + std::to_string(p + k);
     }
   }
   return endpoint + "_dp" + std::to_string(k);
@@ -495,32 +504,31 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
     per += std::to_string(r.requests[k]);
   }
   per += "]";
-  char buf[2048];
-  std::snprintf(
-      buf, sizeof(buf),
-      "{\"trace\":\"%s\",\"engines\":%u,\"router\":\"%s\",\"num_blocks_per_engine\":%d,"
+  std::string buf;
+  buf = format(
+      "{\"trace\":%s,\"engines\":%u,\"router\":\"%s\",\"num_blocks_per_engine\":%d,"
       "\"block_size\":%u,\"hash\":\"%s\",\"requests\":%llu,\"rejected\":%llu,"
       "\"hit_rate\":%.6f,\"prefill_saved\":%.6f,\"hit_tokens\":%llu,\"prefill_tokens_computed\":%"
       "llu,"
       "\"requests_per_engine\":%s,\"load_imbalance_max_over_mean\":%.4f,"
       "\"event_batches\":%llu,\"index_entries\":%llu,\"index_bytes_per_entry\":%.2f,"
       "\"published_dropped\":%llu,\"wall_seconds\":%.3f}",
-      trace.name.c_str(), c.engines, to_string(c.router), r.total.num_blocks, o.block_size,
-      std::string(pagedkv::to_string(o.hash)).c_str(), (unsigned long long)r.total.requests,
-      (unsigned long long)r.total.rejected, r.total.hit_rate(), r.total.prefill_saved_ratio(),
-      (unsigned long long)r.total.hit_tokens, (unsigned long long)r.total.prefill_tokens_computed,
-      per.c_str(), r.load_imbalance, (unsigned long long)r.events_batches,
-      (unsigned long long)r.index_entries, r.index_bytes_per_entry,
-      (unsigned long long)r.published_dropped, r.total.wall_seconds);
+      json_string(trace.name).c_str(), c.engines, to_string(c.router), r.total.num_blocks,
+      o.block_size, std::string(pagedkv::to_string(o.hash)).c_str(),
+      (unsigned long long)r.total.requests, (unsigned long long)r.total.rejected,
+      r.total.hit_rate(), r.total.prefill_saved_ratio(), (unsigned long long)r.total.hit_tokens,
+      (unsigned long long)r.total.prefill_tokens_computed, per.c_str(), r.load_imbalance,
+      (unsigned long long)r.events_batches, (unsigned long long)r.index_entries,
+      r.index_bytes_per_entry, (unsigned long long)r.published_dropped, r.total.wall_seconds);
   std::string out = buf;
   if (r.host_blocks > 0) {
     out.pop_back();  // the closing brace
-    std::snprintf(buf, sizeof(buf),
-                  ",\"host_blocks_per_engine\":%d,\"host_policy\":\"%s\",\"gpu_hit_tokens\":%llu,"
-                  "\"host_hit_tokens\":%llu,\"host_evictions\":%llu,\"payload_mismatches\":%llu}",
-                  r.host_blocks, r.host_policy.c_str(), (unsigned long long)r.gpu_hit_tokens,
-                  (unsigned long long)r.host_hit_tokens, (unsigned long long)r.host_evictions,
-                  (unsigned long long)r.payload_mismatches);
+    buf = format(
+        ",\"host_blocks_per_engine\":%d,\"host_policy\":\"%s\",\"gpu_hit_tokens\":%llu,"
+        "\"host_hit_tokens\":%llu,\"host_evictions\":%llu,\"payload_mismatches\":%llu}",
+        r.host_blocks, r.host_policy.c_str(), (unsigned long long)r.gpu_hit_tokens,
+        (unsigned long long)r.host_hit_tokens, (unsigned long long)r.host_evictions,
+        (unsigned long long)r.payload_mismatches);
     out += buf;
     if (o.sliding_window > 0) {  // per KV-cache group (0 full attention, 1 the window)
       const auto list = [](const auto& v, auto field) {
@@ -560,9 +568,8 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
   if (r.remote) {
     const RemoteReplayStats& x = r.remote_stats;
     out.pop_back();
-    std::snprintf(
-        buf, sizeof(buf),
-        ",\"remote\":\"%s\",\"remote_payload_bytes\":%u,"
+    buf = format(
+        ",\"remote\":%s,\"remote_payload_bytes\":%u,"
         "\"remote_note\":\"block payloads are placeholders of remote_payload_bytes bytes (plus "
         "the value header), not real K/V; probes and gets are waited for per request and every op "
         "completes before the next request (deterministic)\",\"remote_store\":\"%s\","
@@ -577,7 +584,7 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
         "\"remote_header_mismatches\":%llu,\"remote_binding_mismatches\":%llu,"
         "\"remote_rejected_values\":%llu,\"remote_queue_full_drops\":%llu,"
         "\"remote_wait_seconds\":%.3f}",
-        c.remote->c_str(), c.remote_payload_bytes,
+        json_string(redact_url(*c.remote)).c_str(), c.remote_payload_bytes,
         c.remote_store_on_host_eviction
             ? "host_eviction"
             : (c.remote_store_min_hits == 0 ? "write_through" : "after_hits"),
@@ -597,16 +604,15 @@ std::string to_json(const ClusterResult& r, const ReplayOptions& o, const Cluste
   }
   if (without != nullptr) {
     out.pop_back();
-    std::snprintf(buf, sizeof(buf),
-                  ",\"without_remote\":{\"hit_rate\":%.6f,\"hit_tokens\":%llu,"
-                  "\"gpu_hit_tokens\":%llu,\"host_hit_tokens\":%llu,"
-                  "\"prefill_tokens_computed\":%llu,\"payload_mismatches\":%llu,"
-                  "\"wall_seconds\":%.3f}}",
-                  without->total.hit_rate(), (unsigned long long)without->total.hit_tokens,
-                  (unsigned long long)without->gpu_hit_tokens,
-                  (unsigned long long)without->host_hit_tokens,
-                  (unsigned long long)without->total.prefill_tokens_computed,
-                  (unsigned long long)without->payload_mismatches, without->total.wall_seconds);
+    buf = format(
+        ",\"without_remote\":{\"hit_rate\":%.6f,\"hit_tokens\":%llu,"
+        "\"gpu_hit_tokens\":%llu,\"host_hit_tokens\":%llu,"
+        "\"prefill_tokens_computed\":%llu,\"payload_mismatches\":%llu,"
+        "\"wall_seconds\":%.3f}}",
+        without->total.hit_rate(), (unsigned long long)without->total.hit_tokens,
+        (unsigned long long)without->gpu_hit_tokens, (unsigned long long)without->host_hit_tokens,
+        (unsigned long long)without->total.prefill_tokens_computed,
+        (unsigned long long)without->payload_mismatches, without->total.wall_seconds);
     out += buf;
   }
   return out;

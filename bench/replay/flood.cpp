@@ -122,9 +122,8 @@ std::vector<FloodResult> run_flood(const ReplayOptions& o, const FloodOptions& f
 
 std::string to_json(const FloodResult& r, const ReplayOptions& o, const FloodOptions& f) {
   const ReplayResult& b = r.base;
-  char buf[2048];
-  std::snprintf(
-      buf, sizeof buf,
+  std::string buf;
+  buf = format(
       "{\"trace\":\"flood\",\"mode\":\"sequential\",\"hash\":\"%s\",\"block_size\":%u,"
       "\"num_blocks\":%d,\"cache_tokens\":%lld,\"eviction\":\"%s\",\"retention\":%s,"
       "\"prefix_tokens\":%u,\"prefix_priority\":%u,\"prefix_duration\":%lld,"

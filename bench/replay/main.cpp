@@ -1,11 +1,16 @@
 // pagedkv-replay: replays a request trace through the real library (hashing included) and
 // reports, per cache size, the prefix-cache hit rate, the prefill saved and the throughput.
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -167,7 +172,9 @@ long long parse_number(const std::string& text, const std::string& flag, long lo
   char* end = nullptr;
   errno = 0;
   const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || v < min || v > max) {
+  // strtoll skips leading spaces and takes a '+': a whole number here is digits and a '-'.
+  const bool plain = !text.empty() && (text[0] == '-' || (text[0] >= '0' && text[0] <= '9'));
+  if (!plain || *end != '\0' || errno != 0 || v < min || v > max) {
     usage_error(flag + ": '" + text + "' is not a whole number in [" + std::to_string(min) + ", " +
                 std::to_string(max) + "]");
   }
@@ -222,22 +229,60 @@ void write_csv(const std::string& path, const std::vector<ReplayResult>& results
   }
 }
 
-int plot(const std::string& png, const std::string& csv, const std::string& title) {
-  const std::string script = png + ".gp";
-  std::ofstream gp(script);
-  gp << "set terminal pngcairo size 900,560 noenhanced\n"
-     << "set output '" << png << "'\n"
-     << "set datafile separator ','\n"
-     << "set title '" << title << "'\n"
-     << "set xlabel 'cache size (tokens)'\nset ylabel 'prefix-cache hit rate (%)'\n"
-     << "set logscale x\nset key bottom right\nset grid\n"
-     << "plot '" << csv << "' using 2:($3*100) with linespoints lw 2 pt 7 title 'LRU (pagedkv)', "
-     << "'' using 2:($6*100) with lines dt 2 lw 2 title 'unbounded cache (ideal)'\n";
-  gp.close();
-  const std::string cmd = "gnuplot '" + script + "'";
-  const int rc = std::system(cmd.c_str());
+// A gnuplot single-quoted string: a quote inside is written twice, and a control character (a
+// newline would end the script line) becomes '?'. Names come from outside (a trace file's name,
+// --plot, --csv): quoted this way they stay data, never gnuplot commands.
+std::string gnuplot_quoted(std::string_view s) {
+  std::string out = "'";
+  for (const char c : s) {
+    if (c == '\'') {
+      out += "''";
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      out += '?';
+    } else {
+      out += c;
+    }
+  }
+  return out + "'";
+}
+
+// Runs gnuplot on `script` without a shell (its path is an argument, never a command line).
+// 0 when gnuplot ran and succeeded.
+int run_gnuplot(const std::string& script) {
+  pid_t pid = 0;
+  std::string program = "gnuplot";
+  char* const args[] = {program.data(), const_cast<char*>(script.c_str()), nullptr};
+  const int err = posix_spawnp(&pid, "gnuplot", nullptr, nullptr, args, environ);
+  int status = 0;
+  const int rc = err != 0                          ? 127
+                 : waitpid(pid, &status, 0) != pid ? 1
+                 : WIFEXITED(status)               ? WEXITSTATUS(status)
+                                                   : 1;
   if (rc != 0) std::cerr << "pagedkv-replay: gnuplot failed (" << rc << "); is it installed?\n";
   return rc;
+}
+
+// Writes a gnuplot script; false (and a message) when it cannot be written.
+bool write_script(const std::string& script, const std::string& text) {
+  std::ofstream gp(script);
+  gp << text;
+  gp.close();
+  if (!gp) std::cerr << "pagedkv-replay: --plot: cannot write '" << script << "'\n";
+  return static_cast<bool>(gp);
+}
+
+int plot(const std::string& png, const std::string& csv, const std::string& title) {
+  const std::string script = png + ".gp";
+  const std::string text =
+      "set terminal pngcairo size 900,560 noenhanced\nset output " + gnuplot_quoted(png) +
+      "\nset datafile separator ','\nset title " + gnuplot_quoted(title) +
+      "\nset xlabel 'cache size (tokens)'\nset ylabel 'prefix-cache hit rate (%)'\n"
+      "set logscale x\nset key bottom right\nset grid\nplot " +
+      gnuplot_quoted(csv) +
+      " using 2:($3*100) with linespoints lw 2 pt 7 title 'LRU (pagedkv)', "
+      "'' using 2:($6*100) with lines dt 2 lw 2 title 'unbounded cache (ideal)'\n";
+  if (!write_script(script, text)) return 1;
+  return run_gnuplot(script);
 }
 
 // The host-tier sweep: JSON lines, and hit rate against host size.
@@ -260,29 +305,36 @@ int run_with_host_tier(const Trace& trace, const ReplayOptions& opt, const TierR
   }
   if (png) {
     const std::string script = *png + ".gp";
-    std::ofstream gp(script);
-    gp << "set terminal pngcairo size 900,560 noenhanced\n"
-       << "set output '" << *png << "'\n"
-       << "set datafile separator ','\n"
-       << "set title '" << trace.name << ": hit rate vs host tier size ("
-       << std::string(pagedkv::to_string(tier.policy)) << ", " << opt.num_blocks.front()
-       << " GPU blocks)'\n"
-       << "set xlabel 'host tier (tokens)'\nset ylabel 'prefix-cache hit rate (%)'\n"
-       << "set logscale x\nset key top left\nset grid\n"
-       << "plot '" << data << "' using 3:($4*100) with linespoints lw 2 pt 7 title 'GPU + host', "
-       << "'' using 3:($6*100) with linespoints lw 2 pt 5 title 'host hits', "
-       << "'' using 3:($5*100) with linespoints lw 2 pt 9 title 'GPU hits'\n";
-    gp.close();
-    const int rc = std::system(("gnuplot '" + script + "'").c_str());
-    if (rc != 0) {
-      std::cerr << "pagedkv-replay: gnuplot failed (" << rc << "); is it installed?\n";
-      return 1;
-    }
+    const std::string title = trace.name + ": hit rate vs host tier size (" +
+                              std::string(pagedkv::to_string(tier.policy)) + ", " +
+                              std::to_string(opt.num_blocks.front()) + " GPU blocks)";
+    const std::string text =
+        "set terminal pngcairo size 900,560 noenhanced\nset output " + gnuplot_quoted(*png) +
+        "\nset datafile separator ','\nset title " + gnuplot_quoted(title) +
+        "\nset xlabel 'host tier (tokens)'\nset ylabel 'prefix-cache hit rate (%)'\n"
+        "set logscale x\nset key top left\nset grid\nplot " +
+        gnuplot_quoted(data) +
+        " using 3:($4*100) with linespoints lw 2 pt 7 title 'GPU + host', "
+        "'' using 3:($6*100) with linespoints lw 2 pt 5 title 'host hits', "
+        "'' using 3:($5*100) with linespoints lw 2 pt 9 title 'GPU hits'\n";
+    if (!write_script(script, text) || run_gnuplot(script) != 0) return 1;
   }
   return 0;
 }
 
 }  // namespace
+
+// Anything but a pagedkv::Error (out of memory for a pool or trace this large, a system error):
+// a message and exit 1, never an abort.
+static int failed(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    std::cerr << "pagedkv-replay: out of memory (the trace, --num-blocks, --host-blocks or "
+                 "--requests is larger than this machine holds)\n";
+  } else {
+    std::cerr << "pagedkv-replay: " << e.what() << "\n";
+  }
+  return 1;
+}
 
 int main(int argc, char** argv) {
   std::optional<std::string> trace_path, format, generate, csv, png;
@@ -307,6 +359,10 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) usage_error(arg + " needs a value");
+      // "--trace --num-blocks 10": the next flag is not this one's value.
+      if (std::string_view(argv[i + 1]).starts_with("--")) {
+        usage_error(arg + " needs a value (got the flag '" + argv[i + 1] + "')");
+      }
       return argv[++i];
     };
     if (arg == "--help" || arg == "-h") {
@@ -410,7 +466,8 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--kv-bytes-per-token") {
       // Sizes the pool with --kv-memory-gib, and the host tier's loaded/stored bytes.
-      kv_bytes_per_token = parse_number(value(), arg, 0, 1ll << 40);
+      // 16 MiB a token is 30x a 405B-parameter model's; larger would wrap the byte counters.
+      kv_bytes_per_token = parse_number(value(), arg, 0, 1ll << 24);
       tier.kv_bytes_per_token = static_cast<std::uint64_t>(kv_bytes_per_token);
     } else if (arg == "--block-size") {
       opt.block_size = static_cast<std::uint32_t>(parse_number(value(), arg, 1, 4096));
@@ -460,8 +517,8 @@ int main(int argc, char** argv) {
       const std::string v = value();
       char* end = nullptr;
       const double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || end != v.c_str() + v.size() || !(x > 0) || x > 1e6) {
-        usage_error("--arrival-rate-scale: a positive number, not '" + v + "'");
+      if (v.empty() || end != v.c_str() + v.size() || !(x >= 1e-6) || x > 1e6) {
+        usage_error("--arrival-rate-scale: a number in [1e-6, 1e6], not '" + v + "'");
       }
       arrival_rate_scale = x;
     } else if (arg == "--eviction") {
@@ -588,6 +645,8 @@ int main(int argc, char** argv) {
     } catch (const pagedkv::Error& e) {
       std::cerr << "pagedkv-replay: " << e.what() << "\n";
       return 1;
+    } catch (const std::exception& e) {
+      return failed(e);
     }
   }
   try {
@@ -608,6 +667,11 @@ int main(int argc, char** argv) {
     }
     if (trace.skipped_lines != 0) {
       std::cerr << "pagedkv-replay: skipped " << trace.skipped_lines << " malformed lines\n";
+    }
+    if (trace.requests.empty()) {  // an empty file, or one whose every line was skipped
+      std::cerr << "pagedkv-replay: " << (generate ? std::string("the generator") : *trace_path)
+                << ": no requests to replay\n";
+      return 1;
     }
     if (memory_table) std::cout << memory_utilization_table(trace, opt.block_size);
     if (opt.num_blocks.empty()) return 0;
@@ -663,5 +727,7 @@ int main(int argc, char** argv) {
   } catch (const pagedkv::Error& e) {
     std::cerr << "pagedkv-replay: " << e.what() << "\n";
     return 1;
+  } catch (const std::exception& e) {
+    return failed(e);
   }
 }

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -23,6 +24,48 @@
 #include "pagedkv/tier/tiered_kv_cache_manager.hpp"
 
 namespace pagedkv::replay {
+
+std::string format(const char* fmt, ...) {
+  std::va_list args;
+  va_start(args, fmt);
+  std::va_list again;
+  va_copy(again, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, args);
+  va_end(args);
+  std::string out(n > 0 ? static_cast<std::size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, fmt, again);
+  va_end(again);
+  return out;
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20 || u == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04x", u);
+      out += esc;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+std::string redact_url(std::string_view url) {
+  const auto scheme = url.find("://");
+  const auto at = url.rfind('@');
+  if (scheme == std::string_view::npos || at == std::string_view::npos || at < scheme) {
+    return std::string(url);
+  }
+  const auto colon = url.find(':', scheme + 3);
+  if (colon == std::string_view::npos || colon > at) return std::string(url);  // no password
+  return std::string(url.substr(0, colon + 1)) + "***" + std::string(url.substr(at));
+}
 
 namespace {
 
@@ -686,10 +729,9 @@ std::vector<ReplayResult> run_replay(const Trace& trace, const ReplayOptions& op
 }
 
 std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& trace) {
-  char buf[3072];
-  std::snprintf(
-      buf, sizeof buf,
-      "{\"trace\":\"%s\",\"mode\":\"%s\",\"hash\":\"%s\",\"block_size\":%u,\"caching\":%s,"
+  std::string buf;
+  buf = format(
+      "{\"trace\":%s,\"mode\":\"%s\",\"hash\":\"%s\",\"block_size\":%u,\"caching\":%s,"
       "\"num_blocks\":%d,\"requests\":%llu,\"rejected\":%llu,\"prompt_tokens\":%llu,"
       "\"queried_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,"
       "\"prefill_tokens_computed\":%llu,\"prefill_saved_ratio\":%.6f,\"evicted_blocks\":%llu,"
@@ -702,7 +744,7 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
       "\"sim_ttft_p50_ms\":%.1f,"
       "\"sliding_window\":%u,\"out_of_window_blocks_freed\":%llu,"
       "\"window_memory_saved_ratio\":%.6f,\"skipped_lines\":%llu}",
-      trace.name.c_str(), o.mode == Mode::kSequential ? "sequential" : "engine",
+      json_string(trace.name).c_str(), o.mode == Mode::kSequential ? "sequential" : "engine",
       std::string(to_string(o.hash)).c_str(), o.block_size, o.caching ? "true" : "false",
       r.num_blocks, (unsigned long long)r.requests, (unsigned long long)r.rejected,
       (unsigned long long)r.prompt_tokens, (unsigned long long)r.queried_tokens,
@@ -720,31 +762,30 @@ std::string to_json(const ReplayResult& r, const ReplayOptions& o, const Trace& 
   if (o.mode == Mode::kEngine) {
     // Admission (--schedule) and the simulated queue: appended, the fields above unchanged.
     out.pop_back();  // the closing brace
-    std::snprintf(buf, sizeof buf,
-                  ",\"schedule\":\"%s\",\"max_passed_over_bound\":%u,\"sim_ttft_p99_ms\":%.1f,"
-                  "\"queue_delay_p50_ms\":%.1f,\"queue_delay_p99_ms\":%.1f,"
-                  "\"waiting_nonempty_steps\":%llu,\"waiting_nonempty_ratio\":%.6f,"
-                  "\"deferred\":%llu,\"max_passed_over\":%u,\"arrival_span_ms\":%.1f}",
-                  o.schedule == Schedule::kFcfs ? "fcfs" : "prefix", o.max_passed_over,
-                  r.sim_ttft_p99_ms, r.queue_delay_p50_ms, r.queue_delay_p99_ms,
-                  (unsigned long long)r.waiting_nonempty_steps,
-                  r.steps ? double(r.waiting_nonempty_steps) / double(r.steps) : 0.0,
-                  (unsigned long long)r.deferred, r.max_passed_over,
-                  trace.requests.empty()
-                      ? 0.0
-                      : trace.requests.back().timestamp_ms - trace.requests.front().timestamp_ms);
+    buf = format(
+        ",\"schedule\":\"%s\",\"max_passed_over_bound\":%u,\"sim_ttft_p99_ms\":%.1f,"
+        "\"queue_delay_p50_ms\":%.1f,\"queue_delay_p99_ms\":%.1f,"
+        "\"waiting_nonempty_steps\":%llu,\"waiting_nonempty_ratio\":%.6f,"
+        "\"deferred\":%llu,\"max_passed_over\":%u,\"arrival_span_ms\":%.1f}",
+        o.schedule == Schedule::kFcfs ? "fcfs" : "prefix", o.max_passed_over, r.sim_ttft_p99_ms,
+        r.queue_delay_p50_ms, r.queue_delay_p99_ms, (unsigned long long)r.waiting_nonempty_steps,
+        r.steps ? double(r.waiting_nonempty_steps) / double(r.steps) : 0.0,
+        (unsigned long long)r.deferred, r.max_passed_over,
+        trace.requests.empty()
+            ? 0.0
+            : trace.requests.back().timestamp_ms - trace.requests.front().timestamp_ms);
     out += buf;
   }
   // The eviction policy (--eviction): appended, the fields above unchanged.
   out.pop_back();
   out += ",\"eviction\":\"" + eviction_name(o) + "\"";
   if (o.eviction != Eviction::kLru) {
-    std::snprintf(buf, sizeof buf,
-                  ",\"sim_lru_hit_tokens\":%llu,\"sim_lru_hit_rate\":%.6f,"
-                  "\"sim_lru_evicted_blocks\":%llu",
-                  (unsigned long long)r.sim_lru_hit_tokens,
-                  r.queried_tokens ? double(r.sim_lru_hit_tokens) / double(r.queried_tokens) : 0.0,
-                  (unsigned long long)r.sim_lru_evicted_blocks);
+    buf = format(
+        ",\"sim_lru_hit_tokens\":%llu,\"sim_lru_hit_rate\":%.6f,"
+        "\"sim_lru_evicted_blocks\":%llu",
+        (unsigned long long)r.sim_lru_hit_tokens,
+        r.queried_tokens ? double(r.sim_lru_hit_tokens) / double(r.queried_tokens) : 0.0,
+        (unsigned long long)r.sim_lru_evicted_blocks);
     out += buf;
   }
   // --adaptive-ghost-sample-shift (only when given: the fields above unchanged).
@@ -965,19 +1006,19 @@ std::string to_json(const TierReplayResult& r, const ReplayOptions& o,
                     const TierReplayOptions& tier, const Trace& trace) {
   std::string base = to_json(r.base, o, trace);
   base.pop_back();  // the closing brace
-  char buf[1024];
-  std::snprintf(buf, sizeof buf,
-                ",\"host_blocks\":%d,\"host_policy\":\"%s\",\"gpu_hit_tokens\":%llu,"
-                "\"host_hit_tokens\":%llu,\"host_loaded_blocks\":%llu,"
-                "\"host_stored_blocks\":%llu,\"host_stores_skipped_full\":%llu,"
-                "\"host_evictions\":%llu,\"kv_bytes_per_token\":%llu,\"loaded_bytes\":%llu,"
-                "\"stored_bytes\":%llu",
-                r.host_blocks, std::string(to_string(tier.policy)).c_str(),
-                (unsigned long long)r.gpu_hit_tokens, (unsigned long long)r.host_hit_tokens,
-                (unsigned long long)r.host_loaded_blocks, (unsigned long long)r.host_stored_blocks,
-                (unsigned long long)r.host_stores_skipped_full,
-                (unsigned long long)r.host_evictions, (unsigned long long)tier.kv_bytes_per_token,
-                (unsigned long long)r.loaded_bytes, (unsigned long long)r.stored_bytes);
+  std::string buf;
+  buf = format(
+      ",\"host_blocks\":%d,\"host_policy\":\"%s\",\"gpu_hit_tokens\":%llu,"
+      "\"host_hit_tokens\":%llu,\"host_loaded_blocks\":%llu,"
+      "\"host_stored_blocks\":%llu,\"host_stores_skipped_full\":%llu,"
+      "\"host_evictions\":%llu,\"kv_bytes_per_token\":%llu,\"loaded_bytes\":%llu,"
+      "\"stored_bytes\":%llu",
+      r.host_blocks, std::string(to_string(tier.policy)).c_str(),
+      (unsigned long long)r.gpu_hit_tokens, (unsigned long long)r.host_hit_tokens,
+      (unsigned long long)r.host_loaded_blocks, (unsigned long long)r.host_stored_blocks,
+      (unsigned long long)r.host_stores_skipped_full, (unsigned long long)r.host_evictions,
+      (unsigned long long)tier.kv_bytes_per_token, (unsigned long long)r.loaded_bytes,
+      (unsigned long long)r.stored_bytes);
   base += buf;
   if (!r.groups.empty()) {
     // Per KV-cache group (0: full attention, 1: the sliding window), each block half a token's
@@ -1004,8 +1045,8 @@ std::string to_json(const TierReplayResult& r, const ReplayOptions& o,
   if (o.mode == Mode::kEngine) {
     // Simulated: the step's copies at --host-gbps, added to its --step-ms (sim_makespan_ms and
     // sim_ttft_p50_ms include them).
-    std::snprintf(buf, sizeof buf, ",\"sim_host_gbps\":%.3f,\"sim_transfer_ms\":%.1f",
-                  tier.host_gbps, r.sim_transfer_ms);
+    buf = format(",\"sim_host_gbps\":%.3f,\"sim_transfer_ms\":%.1f", tier.host_gbps,
+                 r.sim_transfer_ms);
     base += buf;
   }
   return base + "}";

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "pagedkv/hash/block_hasher.hpp"
@@ -194,6 +195,14 @@ std::vector<ReplayResult> run_replay(const Trace& trace, const ReplayOptions& op
 // One line of JSON with every field (and the derived rates); parse_seconds is the trace's
 // loading (Trace::load_seconds), synthesis_seconds the tokens' synthesis, neither in hash_seconds.
 std::string to_json(const ReplayResult& r, const ReplayOptions& options, const Trace& trace);
+
+// The JSON lines' text helpers. format: printf into a string of any length (a line is never cut
+// at a fixed buffer). json_string: a JSON string of `s` with its quotes (quotes, backslashes and
+// control characters escaped: names come from outside).
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string json_string(std::string_view s);
+// A store URL as it may be printed: redis://user:secret@host:port/ns -> redis://user:***@host...
+std::string redact_url(std::string_view url);
 
 // Paged allocation measured by running the library: each request (caching off, one at a time)
 // allocates its prompt, then appends and allocates its output tokens one by one as an engine

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""pagedkv-replay against hostile command lines and file names (a reviewer's findings, each of
+which this test failed on before its fix):
+
+- a name that reaches the gnuplot script (--plot's file, a trace file's name) stays data: before,
+  the script was run through a shell and the names were pasted into it unquoted, so
+  `--plot "x';touch F;'.png"` ran `touch F`, and so did a trace file named
+  `t'; system("touch F"); x='.jsonl` through gnuplot's own system();
+- the JSON line escapes the trace's name (a quote in it made the line invalid JSON) and hides a
+  store URL's password;
+- bad flags exit 2 naming the flag, and what is not a pagedkv::Error (out of memory for a pool
+  this large, a port past 65535) exits 1 with a message, not an abort (rc 134);
+- a trace with no requests is an error, not a run over nothing.
+
+Usage: replay_hostile_cli_test.py PAGEDKV_REPLAY
+"""
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+
+LINE = '{"timestamp":%d,"input_length":1024,"output_length":4,"hash_ids":[1,2]}\n'
+
+
+def run(binary, args, cwd, limit_memory=False):
+    def cap():  # 4 GB of address space: a pool past it fails inside the process
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    return subprocess.run([binary] + args, cwd=cwd, capture_output=True, text=True, timeout=120,
+                          preexec_fn=cap if limit_memory else None)
+
+
+def expect_error(binary, args, cwd, rc, message, limit_memory=False):
+    p = run(binary, args, cwd, limit_memory)
+    assert p.returncode == rc, f"{args}: rc {p.returncode}, expected {rc}\n{p.stderr[-2000:]}"
+    assert message in p.stderr, f"{args}: {message!r} not in stderr:\n{p.stderr[-2000:]}"
+
+
+def main():
+    binary = os.path.abspath(sys.argv[1])
+    with tempfile.TemporaryDirectory() as d:
+        ok = os.path.join(d, "ok.jsonl")
+        with open(ok, "w") as f:
+            for t in range(8):
+                f.write(LINE % t)
+
+        # --plot's own name, quoted into the script: no shell runs it.
+        if shutil.which("gnuplot"):
+            png = "x';touch marker1;'.png"
+            p = run(binary, ["--trace", ok, "--num-blocks", "10", "20", "--plot", png], d)
+            assert p.returncode == 0, p.stderr
+            assert not os.path.exists(os.path.join(d, "marker1")), "--plot's name ran a command"
+            assert os.path.exists(os.path.join(d, png)), os.listdir(d)
+            # A trace file's name in the plot's title: gnuplot's system() is not reached.
+            evil = os.path.join(d, "t'; system(\"touch marker2\"); x='.jsonl")
+            shutil.copy(ok, evil)
+            p = run(binary, ["--trace", evil, "--num-blocks", "10", "20", "--plot", "p.png"], d)
+            assert p.returncode == 0, p.stderr
+            assert not os.path.exists(os.path.join(d, "marker2")), "a trace name ran a command"
+        else:
+            print("gnuplot not installed: the --plot cases did not run")
+
+        # The JSON line: a quote and a backslash in the trace's name, escaped.
+        odd = os.path.join(d, 'we"ird\\name.jsonl')
+        shutil.copy(ok, odd)
+        p = run(binary, ["--trace", odd, "--num-blocks", "10"], d)
+        assert p.returncode == 0, p.stderr
+        row = json.loads(p.stdout.strip().splitlines()[-1])
+        assert row["trace"].endswith('we"ird\\name.jsonl'), row["trace"]
+
+        # Flags: exit 2 naming the flag.
+        expect_error(binary, ["--trace", "--num-blocks", "10"], d, 2,
+                     "--trace needs a value (got the flag '--num-blocks')")
+        expect_error(binary, ["--trace", ok, "--block-size", " +16", "--num-blocks", "10"], d, 2,
+                     "--block-size: ' +16' is not a whole number")
+        expect_error(binary, ["--trace", ok, "--num-blocks", "10", "--kv-bytes-per-token",
+                              str(1 << 40)], d, 2, "--kv-bytes-per-token")
+        expect_error(binary, ["--trace", ok, "--num-blocks", "10", "--arrival-rate-scale",
+                              "1e-320"], d, 2, "--arrival-rate-scale")
+
+        # Not a pagedkv::Error: a message and exit 1, never an abort.
+        expect_error(binary, ["--trace", ok, "--num-blocks", "1900000000"], d, 1,
+                     "out of memory", limit_memory=True)
+
+        # Engine k publishes on port + k (built with pagedkv::events only).
+        if "--engines" in run(binary, ["--help"], d).stdout:
+            expect_error(binary, ["--trace", ok, "--num-blocks", "10", "--engines", "2",
+                                  "--kv-events", "tcp://127.0.0.1:65535"], d, 1,
+                         "is not a TCP port")
+
+        # No requests.
+        empty = os.path.join(d, "empty.jsonl")
+        open(empty, "w").close()
+        expect_error(binary, ["--trace", empty, "--num-blocks", "10"], d, 1, "no requests")
+    print("replay_hostile_cli: every case as expected")
+
+
+if __name__ == "__main__":
+    main()
