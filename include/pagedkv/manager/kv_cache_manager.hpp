@@ -46,10 +46,11 @@
 // has completed, so a sink sees a consistent manager (it may call const queries).
 //
 // Complexity: get_computed_blocks is O(hit blocks) (plus O(block_size) per verified hit);
-// allocate_slots and free are O(blocks touched). Thread safety: one manager per scheduler
-// thread for mutating calls. Const calls only read, so several threads may make const calls at
-// once while no mutating call runs; a metrics thread that runs beside the scheduler should read
-// stats() copies the scheduler thread publishes. make_request() may run on any thread at any
+// allocate_slots and free are O(blocks touched), amortized (a request's block row grows
+// geometrically: a decode step's new block does not copy the row). Thread safety: one manager per
+// scheduler thread for mutating calls. Const calls only read, so several threads may make const
+// calls at once while no mutating call runs; a metrics thread that runs beside the scheduler should
+// read stats() copies the scheduler thread publishes. make_request() may run on any thread at any
 // time (hashing is pure).
 #pragma once
 
