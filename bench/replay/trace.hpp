@@ -2,6 +2,7 @@
 // seeded workload generators. Part of the tools layer: uses only the public pagedkv API.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -19,6 +20,21 @@ constexpr std::uint64_t splitmix64_mix(std::uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
 }
+
+// Limits on what a trace file may ask for (docs/tools.md, "Trace files: limits"). A line beyond
+// one of them is malformed (skipped under --skip-bad), except an over-long line, which ends the
+// load: the reader cannot find where the next line starts without reading the rest of this one.
+//  - a prompt (input_length, ContextTokens) and an output (output_length, GeneratedTokens) have at
+//    most kMaxTraceTokens tokens each (16 M: far above any model's context; synthesizing a prompt
+//    allocates 4 bytes a token);
+//  - a line has at most kMaxTraceLineBytes bytes (64 MiB), after decompression;
+//  - an ignored JSON value nests at most kMaxTraceJsonDepth arrays and objects;
+//  - a JSONL timestamp lies in [-kMaxTraceTimestampMs, kMaxTraceTimestampMs] (about 31,700 years
+//    of milliseconds: epoch milliseconds fit; a double still resolves 0.125 ms there).
+inline constexpr std::uint32_t kMaxTraceTokens = 1u << 24;
+inline constexpr std::size_t kMaxTraceLineBytes = std::size_t{64} << 20;
+inline constexpr int kMaxTraceJsonDepth = 64;
+inline constexpr double kMaxTraceTimestampMs = 1e15;
 
 struct TraceRequest {
   double timestamp_ms = 0;
