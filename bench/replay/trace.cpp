@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <queue>
 #include <random>
 #include <string_view>
 
@@ -426,6 +428,18 @@ void synthesize_prompt(const Trace& trace, std::size_t index, std::vector<TokenI
     out = r.tokens;
     return;
   }
+  if (r.runs != nullptr) {
+    out.resize(r.input_length);
+    std::size_t pos = 0;
+    for (std::size_t k = 0; k < r.runs->size() && pos < out.size(); ++k) {
+      const TokenRun& run = (*r.runs)[k];
+      for (std::uint32_t i = 0; i < run.count && pos < out.size(); ++i) {
+        out[pos++] = run.first + static_cast<TokenId>(i);
+      }
+    }
+    out.resize(pos);  // runs shorter than input_length (never, as generated)
+    return;
+  }
   out.resize(r.input_length);
   std::size_t pos = 0;
   const std::uint64_t s = trace.source_block_size;
@@ -460,62 +474,72 @@ Trace generate(const GeneratorOptions& options) {
   auto uniform = [&](std::uint32_t lo, std::uint32_t hi) {
     return static_cast<std::uint32_t>(lo + rng() % (hi - lo + 1));
   };
-  TokenId next_token = 1;  // fresh content: every generated token id is new
+  // Fresh content: every generated token id is new, so n fresh tokens are one run of ids. A
+  // request's prompt is a prefix of its session's runs (shared, not copied: memory grows with the
+  // number of requests, not with their prompt tokens).
+  TokenId next_token = 1;
   auto fresh = [&](std::uint32_t n) {
-    std::vector<TokenId> v(n);
-    for (auto& t : v) t = next_token++;
-    return v;
+    const TokenRun run{next_token, n};
+    next_token += static_cast<TokenId>(n);
+    return run;
   };
+  using Runs = std::vector<TokenRun>;
   Trace trace;
   trace.name = options.workload == Workload::kAgents ? "agents"
                : options.workload == Workload::kChat ? "chat"
                                                      : "tenants";
   if (options.workload == Workload::kAgents) {
-    const auto system = fresh(2000);  // system prompt
-    const auto tools = fresh(3000);   // tool definitions
+    const TokenRun system = fresh(2000);  // system prompt
+    const TokenRun tools = fresh(3000);   // tool definitions
     struct Session {
-      std::vector<TokenId> context;
+      std::shared_ptr<Runs> context;  // read by the requests only up to their input_length
+      std::uint64_t tokens = 0;
       double time_ms = 0;
+      void start(TokenRun system, TokenRun tools) {
+        context = std::make_shared<Runs>(Runs{system, tools});
+        tokens = std::uint64_t{system.count} + tools.count;
+      }
+      void append(TokenRun run) {
+        context->push_back(run);
+        tokens += run.count;
+      }
     };
     std::vector<Session> sessions(std::max<std::uint32_t>(1, options.requests / 12));
     for (std::size_t i = 0; i < sessions.size(); ++i) {
-      sessions[i].context = system;
-      sessions[i].context.insert(sessions[i].context.end(), tools.begin(), tools.end());
+      sessions[i].start(system, tools);
       sessions[i].time_ms = static_cast<double>(i) * 2000.0;
     }
+    // The session whose next turn comes first (the lowest index among equal times): turns
+    // interleave across sessions in time. A heap, not a scan of every session per request.
+    using Next = std::pair<double, std::size_t>;
+    std::priority_queue<Next, std::vector<Next>, std::greater<>> next;
+    for (std::size_t i = 0; i < sessions.size(); ++i) next.emplace(sessions[i].time_ms, i);
     while (trace.requests.size() < options.requests) {
-      // The session whose next turn comes first: turns interleave across sessions in time.
-      auto it = std::min_element(
-          sessions.begin(), sessions.end(),
-          [](const Session& a, const Session& b) { return a.time_ms < b.time_ms; });
-      const auto message = fresh(uniform(50, 800));  // the user's message or tool results
-      it->context.insert(it->context.end(), message.begin(), message.end());
+      Session* it = &sessions[next.top().second];
+      next.pop();
+      it->append(fresh(uniform(50, 800)));  // the user's message or tool results
       TraceRequest r;
       r.timestamp_ms = it->time_ms;
-      r.tokens = it->context;
-      r.input_length = static_cast<std::uint32_t>(r.tokens.size());
+      r.runs = it->context;
+      r.input_length = static_cast<std::uint32_t>(it->tokens);
       r.output_length = uniform(20, 600);
-      const auto answer = fresh(r.output_length);  // the next turn's context includes it
-      it->context.insert(it->context.end(), answer.begin(), answer.end());
+      it->append(fresh(r.output_length));  // the answer: the next turn's context includes it
       it->time_ms += uniform(3000, 30000);
-      if (it->context.size() > 60000) {  // the session ends; a new one starts
-        it->context.assign(system.begin(), system.end());
-        it->context.insert(it->context.end(), tools.begin(), tools.end());
-      }
+      if (it->tokens > 60000) it->start(system, tools);  // the session ends; a new one starts
+      next.emplace(it->time_ms, static_cast<std::size_t>(it - sessions.data()));
       trace.requests.push_back(std::move(r));
     }
   } else {
-    const auto system = fresh(600);
+    const TokenRun system = fresh(600);
     const std::uint32_t tenants =
         options.workload == Workload::kTenants ? std::max(1u, options.tenants) : 1;
     const std::uint32_t per_tenant = std::max<std::uint32_t>(1, options.requests / tenants);
     std::vector<TraceRequest> base;
     for (std::uint32_t i = 0; i < per_tenant; ++i) {
       TraceRequest r;
-      r.tokens = system;
-      const auto message = fresh(uniform(20, 1200));
-      r.tokens.insert(r.tokens.end(), message.begin(), message.end());
-      r.input_length = static_cast<std::uint32_t>(r.tokens.size());
+      const TokenRun message = fresh(uniform(20, 1200));
+      r.runs = std::make_shared<const Runs>(Runs{system, message});
+      r.input_length = system.count + message.count;
       r.output_length = uniform(20, 500);
       r.timestamp_ms = static_cast<double>(i) * 250.0;
       base.push_back(std::move(r));

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,14 +37,24 @@ inline constexpr std::size_t kMaxTraceLineBytes = std::size_t{64} << 20;
 inline constexpr int kMaxTraceJsonDepth = 64;
 inline constexpr double kMaxTraceTimestampMs = 1e15;
 
+// A run of consecutive token ids: first, first + 1, ..., first + count - 1.
+struct TokenRun {
+  TokenId first = 0;
+  std::uint32_t count = 0;
+};
+
 struct TraceRequest {
   double timestamp_ms = 0;
   std::uint32_t input_length = 0;   // prompt tokens
   std::uint32_t output_length = 0;  // tokens to decode (engine mode)
   // Hash-id traces: one id per source block of `source_block_size` tokens (DESIGN.md 7).
   std::vector<std::uint32_t> hash_ids;
-  // Generated workloads carry their prompt tokens directly (hash_ids empty).
+  // Or the prompt tokens directly (hash_ids empty).
   std::vector<TokenId> tokens;
+  // Generated workloads: the prompt is the first input_length tokens of these runs, shared by the
+  // requests of a session (each turn extends the previous one's) so that a trace costs memory per
+  // request, not per prompt token (hash_ids and tokens empty).
+  std::shared_ptr<const std::vector<TokenRun>> runs;
   std::optional<std::string> cache_salt;
 };
 
