@@ -370,10 +370,15 @@ bool is_azure_timestamp(std::string_view v) {
 Trace load_azure_csv(const std::string& path, const LoadOptions& options) {
   auto header = [&](const std::string& line) {
     if (!is_azure_header(line)) {
+      // Quoted in the message: its first 80 bytes, anything but printable ASCII as '?'.
+      std::string found = line.substr(0, 80);
+      for (char& c : found) {
+        if (c < 0x20 || c > 0x7e) c = '?';
+      }
       parse_error(path, 1,
                   "expected the header 'TIMESTAMP,ContextTokens,GeneratedTokens' (an Azure LLM "
                   "inference trace), found '" +
-                      line.substr(0, 80) + "'");
+                      found + "'");
     }
     return true;
   };

@@ -546,8 +546,8 @@ TEST(Replay, AzureCsvErrorsNameFileAndLine) {
   EXPECT_EQ(t.requests[0].input_length, kMaxTraceTokens);
   EXPECT_EQ(t.requests[0].output_length, kMaxTraceTokens);
   // Line 1 must be the header (it used to be dropped unread): a whole-file error, not skipped.
-  for (const std::string& first :
-       {std::string("0,100,10"), std::string("TIMESTAMP,ContextTokens"), std::string("")}) {
+  for (const std::string& first : {std::string("0,100,10"), std::string("TIMESTAMP,ContextTokens"),
+                                   std::string(""), std::string("\x1b]0;title\x07\xff,1,2")}) {
     const std::string path = write_temp("nohdr.csv", first + "\n1,200,10\n2,300,10\n");
     for (const bool skip_bad : {false, true}) {
       LoadOptions o;
@@ -556,10 +556,15 @@ TEST(Replay, AzureCsvErrorsNameFileAndLine) {
         load_azure_csv(path, o);
         ADD_FAILURE() << "accepted a CSV starting with '" << first << "'";
       } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(
-                      path + ":1: expected the header 'TIMESTAMP,ContextTokens,GeneratedTokens'"),
+        const std::string what = e.what();
+        EXPECT_NE(what.find(path + ":1: expected the header 'TIMESTAMP,ContextTokens,"
+                                   "GeneratedTokens'"),
                   std::string::npos)
-            << e.what();
+            << what;
+        // The line is quoted with control bytes (a terminal escape here) and non-ASCII as '?'.
+        EXPECT_TRUE(std::all_of(what.begin(), what.end(), [](char c) {
+          return c >= 0x20 && c <= 0x7e;
+        })) << what;
       }
     }
   }
