@@ -6,8 +6,11 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <queue>
 #include <random>
 #include <string_view>
 
@@ -71,14 +74,29 @@ class JsonLine {
     }
     return static_cast<std::uint64_t>(v);
   }
-  // Skips any JSON value (for fields the replay does not use).
-  void skip_value() {
+  // A token count: an integer in [1 or 0, kMaxTraceTokens].
+  std::uint32_t length(const std::string& field) {
+    const double v = number(field);
+    if (v < 0 || v != std::floor(v)) fail("field '" + field + "': expected a non-negative integer");
+    if (v > kMaxTraceTokens) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.0f", v);
+      fail("field '" + field + "': " + text + " tokens is more than the limit of " +
+           std::to_string(kMaxTraceTokens) + " (kMaxTraceTokens)");
+    }
+    return static_cast<std::uint32_t>(v);
+  }
+  // Skips any JSON value (for fields the replay does not use), `depth` arrays and objects deep.
+  void skip_value(int depth = 0) {
     ws();
     if (p_ >= s_.size()) fail("missing value");
     const char c = s_[p_];
     if (c == '"') {
       string();
     } else if (c == '[' || c == '{') {
+      if (depth >= kMaxTraceJsonDepth) {
+        fail("nesting deeper than " + std::to_string(kMaxTraceJsonDepth) + " levels");
+      }
       const char close = c == '[' ? ']' : '}';
       ++p_;
       if (eat(close)) return;
@@ -87,7 +105,7 @@ class JsonLine {
           string();
           expect(':', "after an object key");
         }
-        skip_value();
+        skip_value(depth + 1);
       } while (eat(','));
       expect(close, "to close a nested value");
     } else if (s_.substr(p_, 4) == "true" || s_.substr(p_, 4) == "null") {
@@ -115,30 +133,54 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   JsonLine j(text, path, line);
   TraceRequest r;
   bool has_ts = false, has_in = false, has_out = false, has_ids = false;
+  std::vector<std::string_view> other_keys;  // the ignored ones, to refuse one given twice
+  auto once = [&](bool& seen, const std::string& key) {
+    if (seen) j.fail("field '" + key + "' appears twice");
+    seen = true;
+  };
+  // The ids cover min(input_length, ids * S) tokens; more ids than the prompt needs is malformed
+  // (checked as the array is read, against the longest prompt while input_length is unknown).
+  auto ids_needed = [&](std::uint64_t tokens) {
+    return (tokens + source_block_size - 1) / source_block_size;
+  };
+  auto too_many_ids = [&] {
+    j.fail("field 'hash_ids': " + std::to_string(r.hash_ids.size()) + " ids for " +
+           (has_in ? std::to_string(r.input_length) + " tokens"
+                   : "at most " + std::to_string(kMaxTraceTokens) + " tokens (kMaxTraceTokens)") +
+           " at source block size " + std::to_string(source_block_size));
+  };
   j.expect('{', "at the start of the line");
   if (!j.eat('}')) {
     do {
-      const std::string key(j.string());
+      const std::string_view raw_key = j.string();
+      const std::string key(raw_key);
       j.expect(':', "after key '" + key + "'");
       if (key == "timestamp") {
+        once(has_ts, key);
         r.timestamp_ms = j.number(key);
-        has_ts = true;
+        if (std::fabs(r.timestamp_ms) > kMaxTraceTimestampMs) {
+          j.fail("field 'timestamp': outside [-1e15, 1e15] ms (kMaxTraceTimestampMs)");
+        }
       } else if (key == "input_length") {
-        r.input_length = static_cast<std::uint32_t>(j.integer(key, 1u << 30));
-        has_in = true;
+        once(has_in, key);
+        r.input_length = j.length(key);
+        if (r.hash_ids.size() > ids_needed(r.input_length)) too_many_ids();
       } else if (key == "output_length") {
-        r.output_length = static_cast<std::uint32_t>(j.integer(key, 1u << 30));
-        has_out = true;
+        once(has_out, key);
+        r.output_length = j.length(key);
       } else if (key == "hash_ids") {
+        once(has_ids, key);
+        const std::uint64_t max_ids = ids_needed(has_in ? r.input_length : kMaxTraceTokens);
         j.expect('[', "field 'hash_ids': expected an array");
         if (!j.eat(']')) {
           do {
             r.hash_ids.push_back(static_cast<std::uint32_t>(j.integer("hash_ids", 0xffffffffu)));
+            if (r.hash_ids.size() > max_ids) too_many_ids();
           } while (j.eat(','));
           j.expect(']', "field 'hash_ids': expected ',' or ']'");
         }
-        has_ids = true;
       } else {
+        other_keys.push_back(raw_key);
         j.skip_value();
       }
     } while (j.eat(','));
@@ -150,13 +192,10 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   if (!has_out) j.fail("field 'output_length' is missing");
   if (!has_ids) j.fail("field 'hash_ids' is missing");
   if (r.input_length == 0) j.fail("field 'input_length': a prompt has at least one token");
-  // The ids cover min(input_length, ids * S) tokens; more ids than the prompt needs is malformed.
-  const std::uint64_t needed =
-      (std::uint64_t{r.input_length} + source_block_size - 1) / source_block_size;
-  if (r.hash_ids.size() > needed) {
-    j.fail("field 'hash_ids': " + std::to_string(r.hash_ids.size()) + " ids for " +
-           std::to_string(r.input_length) + " tokens at source block size " +
-           std::to_string(source_block_size));
+  if (other_keys.size() > 1) {
+    std::sort(other_keys.begin(), other_keys.end());
+    const auto twice = std::adjacent_find(other_keys.begin(), other_keys.end());
+    if (twice != other_keys.end()) j.fail("field '" + std::string(*twice) + "' appears twice");
   }
   return r;
 }
@@ -171,9 +210,19 @@ class LineReader {
     }
     gzbuffer(file_.get(), 1 << 17);
   }
-  // The next line without its '\n' (a '\r' is kept); false at the end of the file.
-  bool next(std::string& line) {
+  // The next line, line `number` of the file, without its '\n' (a '\r' is kept); false at the
+  // end of the file. A line longer than kMaxTraceLineBytes throws: the load stops there.
+  bool next(std::string& line, std::uint64_t number) {
     line.clear();
+    auto append = [&](const char* begin, std::size_t n) {
+      if (n > kMaxTraceLineBytes - line.size()) {
+        parse_error(path_, number,
+                    "line " + std::to_string(number) + " is longer than " +
+                        std::to_string(kMaxTraceLineBytes) +
+                        " bytes (kMaxTraceLineBytes); the rest of the file is not read");
+      }
+      line.append(begin, n);
+    };
     while (true) {
       if (pos_ == end_) {
         if (eof_) return !line.empty();
@@ -184,11 +233,11 @@ class LineReader {
       const void* nl = std::memchr(begin, '\n', end_ - pos_);
       if (nl != nullptr) {
         const std::size_t n = static_cast<std::size_t>(static_cast<const char*>(nl) - begin);
-        line.append(begin, n);
+        append(begin, n);
         pos_ += n + 1;
         return true;
       }
-      line.append(begin, end_ - pos_);
+      append(begin, end_ - pos_);
       pos_ = end_;
     }
   }
@@ -206,6 +255,19 @@ class LineReader {
       throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot read (" +
                                               std::string(what ? what : "zlib error") + ")");
     }
+    if (n == 0) {
+      // The end of the data: of the file, or of a gzip stream cut short (zlib then reports
+      // Z_BUF_ERROR, "unexpected end of file", and gzread returns what it could decompress).
+      int code = Z_OK;
+      const char* what = gzerror(file_.get(), &code);
+      if (code == Z_BUF_ERROR) {
+        throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': truncated gzip stream");
+      }
+      if (code != Z_OK) {
+        throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot read (" +
+                                                std::string(what ? what : "zlib error") + ")");
+      }
+    }
     pos_ = 0;
     end_ = static_cast<std::size_t>(n);
     if (n == 0) eof_ = true;
@@ -219,8 +281,11 @@ class LineReader {
   bool eof_ = false;
 };
 
-template <typename ParseLine>
-Trace read_lines(const std::string& path, const LoadOptions& options, bool has_header,
+// Reads the lines of a trace through parse_line (which throws pagedkv::Error for a malformed
+// line: skipped and counted under skip_bad). `header`, if given, checks line 1 (a whole-file
+// error, never skipped).
+template <typename CheckHeader, typename ParseLine>
+Trace read_lines(const std::string& path, const LoadOptions& options, CheckHeader header,
                  ParseLine parse_line) {
   const auto start = std::chrono::steady_clock::now();
   LineReader in(path);
@@ -228,9 +293,9 @@ Trace read_lines(const std::string& path, const LoadOptions& options, bool has_h
   trace.name = path.substr(path.find_last_of('/') + 1);
   std::string line;
   std::uint64_t number = 0;
-  while (in.next(line)) {
+  while (in.next(line, number + 1)) {
     ++number;
-    if (has_header && number == 1) continue;
+    if (number == 1 && header(line)) continue;
     if (line.empty() || line == "\r") continue;
     try {
       trace.requests.push_back(parse_line(line, number));
@@ -257,30 +322,101 @@ Trace load_hashid_jsonl(const std::string& path, const LoadOptions& options) {
   if (options.source_block_size == 0) {
     throw Error(ErrorCode::kInvalidArgument, "source block size must be at least 1");
   }
-  Trace t = read_lines(path, options, false, [&](const std::string& line, std::uint64_t number) {
-    return parse_hashid_line(line, path, number, options.source_block_size);
-  });
+  Trace t = read_lines(
+      path, options, [](const std::string&) { return false; },
+      [&](const std::string& line, std::uint64_t number) {
+        return parse_hashid_line(line, path, number, options.source_block_size);
+      });
   t.source_block_size = options.source_block_size;
   return t;
 }
 
+namespace {
+
+// The Azure CSV header, compared case-insensitively with spaces (and a '\r') left out.
+bool is_azure_header(std::string_view line) {
+  constexpr std::string_view kHeader = "timestamp,contexttokens,generatedtokens";
+  std::size_t k = 0;
+  for (const char c : line) {
+    if (c == ' ' || c == '\t' || c == '\r') continue;
+    if (k == kHeader.size() || (c | 0x20) != kHeader[k]) return false;
+    ++k;
+  }
+  return k == kHeader.size();
+}
+
+// An Azure TIMESTAMP: a date and time, "YYYY-MM-DD HH:MM:SS" with optional fractional seconds
+// (the published traces), or a finite number.
+bool is_azure_timestamp(std::string_view v) {
+  double x = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+  if (!v.empty() && ec == std::errc() && end == v.data() + v.size()) return std::isfinite(x);
+  constexpr std::string_view kPattern = "0000-00-00 00:00:00";
+  if (v.size() < kPattern.size()) return false;
+  for (std::size_t i = 0; i < kPattern.size(); ++i) {
+    const bool digit = v[i] >= '0' && v[i] <= '9';
+    if (kPattern[i] == '0' ? !digit : (v[i] != kPattern[i] && !(i == 10 && v[i] == 'T'))) {
+      return false;
+    }
+  }
+  v.remove_prefix(kPattern.size());
+  if (v.empty()) return true;
+  if (v.size() < 2 || v[0] != '.') return false;
+  return std::all_of(v.begin() + 1, v.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+}  // namespace
+
 Trace load_azure_csv(const std::string& path, const LoadOptions& options) {
-  return read_lines(path, options, true, [&](const std::string& line, std::uint64_t number) {
+  auto header = [&](const std::string& line) {
+    if (!is_azure_header(line)) {
+      // Quoted in the message: its first 80 bytes, anything but printable ASCII as '?'.
+      std::string found = line.substr(0, 80);
+      for (char& c : found) {
+        if (c < 0x20 || c > 0x7e) c = '?';
+      }
+      parse_error(path, 1,
+                  "expected the header 'TIMESTAMP,ContextTokens,GeneratedTokens' (an Azure LLM "
+                  "inference trace), found '" +
+                      found + "'");
+    }
+    return true;
+  };
+  return read_lines(path, options, header, [&](const std::string& line, std::uint64_t number) {
     // TIMESTAMP,ContextTokens,GeneratedTokens
     const std::size_t a = line.find(',');
     const std::size_t b = a == std::string::npos ? a : line.find(',', a + 1);
     if (b == std::string::npos || line.find(',', b + 1) != std::string::npos) {
       parse_error(path, number, "expected 3 comma-separated fields");
     }
+    auto trim = [](std::string_view v) {
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == '\r' || v.back() == ' ' || v.back() == '\t')) {
+        v.remove_suffix(1);
+      }
+      return v;
+    };
+    const std::string_view ts = trim(std::string_view(line.data(), a));
+    if (ts.empty()) parse_error(path, number, "field 'TIMESTAMP' is empty");
+    if (!is_azure_timestamp(ts)) {
+      parse_error(path, number,
+                  "field 'TIMESTAMP': expected a date and time (YYYY-MM-DD HH:MM:SS[.fff]) or a "
+                  "finite number");
+    }
     auto field = [&](std::size_t from, std::size_t to, const char* name) {
-      std::string_view v(line.data() + from, to - from);
-      while (!v.empty() && (v.back() == '\r' || v.back() == ' ')) v.remove_suffix(1);
-      std::uint32_t x = 0;
+      const std::string_view v = trim(std::string_view(line.data() + from, to - from));
+      std::uint64_t x = 0;
       const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
       if (ec != std::errc() || end != v.data() + v.size()) {
         parse_error(path, number, std::string("field '") + name + "': expected a count");
       }
-      return x;
+      if (x > kMaxTraceTokens) {
+        parse_error(path, number,
+                    std::string("field '") + name + "': " + std::to_string(x) +
+                        " tokens is more than the limit of " + std::to_string(kMaxTraceTokens) +
+                        " (kMaxTraceTokens)");
+      }
+      return static_cast<std::uint32_t>(x);
     };
     TraceRequest r;
     r.input_length = field(a + 1, b, "ContextTokens");
@@ -295,6 +431,18 @@ void synthesize_prompt(const Trace& trace, std::size_t index, std::vector<TokenI
   const TraceRequest& r = trace.requests[index];
   if (!r.tokens.empty()) {
     out = r.tokens;
+    return;
+  }
+  if (r.runs != nullptr) {
+    out.resize(r.input_length);
+    std::size_t pos = 0;
+    for (std::size_t k = 0; k < r.runs->size() && pos < out.size(); ++k) {
+      const TokenRun& run = (*r.runs)[k];
+      for (std::uint32_t i = 0; i < run.count && pos < out.size(); ++i) {
+        out[pos++] = run.first + static_cast<TokenId>(i);
+      }
+    }
+    out.resize(pos);  // runs shorter than input_length (never, as generated)
     return;
   }
   out.resize(r.input_length);
@@ -331,62 +479,72 @@ Trace generate(const GeneratorOptions& options) {
   auto uniform = [&](std::uint32_t lo, std::uint32_t hi) {
     return static_cast<std::uint32_t>(lo + rng() % (hi - lo + 1));
   };
-  TokenId next_token = 1;  // fresh content: every generated token id is new
+  // Fresh content: every generated token id is new, so n fresh tokens are one run of ids. A
+  // request's prompt is a prefix of its session's runs (shared, not copied: memory grows with the
+  // number of requests, not with their prompt tokens).
+  TokenId next_token = 1;
   auto fresh = [&](std::uint32_t n) {
-    std::vector<TokenId> v(n);
-    for (auto& t : v) t = next_token++;
-    return v;
+    const TokenRun run{next_token, n};
+    next_token += static_cast<TokenId>(n);
+    return run;
   };
+  using Runs = std::vector<TokenRun>;
   Trace trace;
   trace.name = options.workload == Workload::kAgents ? "agents"
                : options.workload == Workload::kChat ? "chat"
                                                      : "tenants";
   if (options.workload == Workload::kAgents) {
-    const auto system = fresh(2000);  // system prompt
-    const auto tools = fresh(3000);   // tool definitions
+    const TokenRun system = fresh(2000);  // system prompt
+    const TokenRun tools = fresh(3000);   // tool definitions
     struct Session {
-      std::vector<TokenId> context;
+      std::shared_ptr<Runs> context;  // read by the requests only up to their input_length
+      std::uint64_t tokens = 0;
       double time_ms = 0;
+      void start(TokenRun system, TokenRun tools) {
+        context = std::make_shared<Runs>(Runs{system, tools});
+        tokens = std::uint64_t{system.count} + tools.count;
+      }
+      void append(TokenRun run) {
+        context->push_back(run);
+        tokens += run.count;
+      }
     };
     std::vector<Session> sessions(std::max<std::uint32_t>(1, options.requests / 12));
     for (std::size_t i = 0; i < sessions.size(); ++i) {
-      sessions[i].context = system;
-      sessions[i].context.insert(sessions[i].context.end(), tools.begin(), tools.end());
+      sessions[i].start(system, tools);
       sessions[i].time_ms = static_cast<double>(i) * 2000.0;
     }
+    // The session whose next turn comes first (the lowest index among equal times): turns
+    // interleave across sessions in time. A heap, not a scan of every session per request.
+    using Next = std::pair<double, std::size_t>;
+    std::priority_queue<Next, std::vector<Next>, std::greater<>> next;
+    for (std::size_t i = 0; i < sessions.size(); ++i) next.emplace(sessions[i].time_ms, i);
     while (trace.requests.size() < options.requests) {
-      // The session whose next turn comes first: turns interleave across sessions in time.
-      auto it = std::min_element(
-          sessions.begin(), sessions.end(),
-          [](const Session& a, const Session& b) { return a.time_ms < b.time_ms; });
-      const auto message = fresh(uniform(50, 800));  // the user's message or tool results
-      it->context.insert(it->context.end(), message.begin(), message.end());
+      Session* it = &sessions[next.top().second];
+      next.pop();
+      it->append(fresh(uniform(50, 800)));  // the user's message or tool results
       TraceRequest r;
       r.timestamp_ms = it->time_ms;
-      r.tokens = it->context;
-      r.input_length = static_cast<std::uint32_t>(r.tokens.size());
+      r.runs = it->context;
+      r.input_length = static_cast<std::uint32_t>(it->tokens);
       r.output_length = uniform(20, 600);
-      const auto answer = fresh(r.output_length);  // the next turn's context includes it
-      it->context.insert(it->context.end(), answer.begin(), answer.end());
+      it->append(fresh(r.output_length));  // the answer: the next turn's context includes it
       it->time_ms += uniform(3000, 30000);
-      if (it->context.size() > 60000) {  // the session ends; a new one starts
-        it->context.assign(system.begin(), system.end());
-        it->context.insert(it->context.end(), tools.begin(), tools.end());
-      }
+      if (it->tokens > 60000) it->start(system, tools);  // the session ends; a new one starts
+      next.emplace(it->time_ms, static_cast<std::size_t>(it - sessions.data()));
       trace.requests.push_back(std::move(r));
     }
   } else {
-    const auto system = fresh(600);
+    const TokenRun system = fresh(600);
     const std::uint32_t tenants =
         options.workload == Workload::kTenants ? std::max(1u, options.tenants) : 1;
     const std::uint32_t per_tenant = std::max<std::uint32_t>(1, options.requests / tenants);
     std::vector<TraceRequest> base;
     for (std::uint32_t i = 0; i < per_tenant; ++i) {
       TraceRequest r;
-      r.tokens = system;
-      const auto message = fresh(uniform(20, 1200));
-      r.tokens.insert(r.tokens.end(), message.begin(), message.end());
-      r.input_length = static_cast<std::uint32_t>(r.tokens.size());
+      const TokenRun message = fresh(uniform(20, 1200));
+      r.runs = std::make_shared<const Runs>(Runs{system, message});
+      r.input_length = system.count + message.count;
       r.output_length = uniform(20, 500);
       r.timestamp_ms = static_cast<double>(i) * 250.0;
       base.push_back(std::move(r));

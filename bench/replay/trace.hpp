@@ -2,7 +2,9 @@
 // seeded workload generators. Part of the tools layer: uses only the public pagedkv API.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,14 +22,39 @@ constexpr std::uint64_t splitmix64_mix(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Limits on what a trace file may ask for (docs/tools.md, "Trace files: limits"). A line beyond
+// one of them is malformed (skipped under --skip-bad), except an over-long line, which ends the
+// load: the reader cannot find where the next line starts without reading the rest of this one.
+//  - a prompt (input_length, ContextTokens) and an output (output_length, GeneratedTokens) have at
+//    most kMaxTraceTokens tokens each (16 M: far above any model's context; synthesizing a prompt
+//    allocates 4 bytes a token);
+//  - a line has at most kMaxTraceLineBytes bytes (64 MiB), after decompression;
+//  - an ignored JSON value nests at most kMaxTraceJsonDepth arrays and objects;
+//  - a JSONL timestamp lies in [-kMaxTraceTimestampMs, kMaxTraceTimestampMs] (about 31,700 years
+//    of milliseconds: epoch milliseconds fit; a double still resolves 0.125 ms there).
+inline constexpr std::uint32_t kMaxTraceTokens = 1u << 24;
+inline constexpr std::size_t kMaxTraceLineBytes = std::size_t{64} << 20;
+inline constexpr int kMaxTraceJsonDepth = 64;
+inline constexpr double kMaxTraceTimestampMs = 1e15;
+
+// A run of consecutive token ids: first, first + 1, ..., first + count - 1.
+struct TokenRun {
+  TokenId first = 0;
+  std::uint32_t count = 0;
+};
+
 struct TraceRequest {
   double timestamp_ms = 0;
   std::uint32_t input_length = 0;   // prompt tokens
   std::uint32_t output_length = 0;  // tokens to decode (engine mode)
   // Hash-id traces: one id per source block of `source_block_size` tokens (DESIGN.md 7).
   std::vector<std::uint32_t> hash_ids;
-  // Generated workloads carry their prompt tokens directly (hash_ids empty).
+  // Or the prompt tokens directly (hash_ids empty).
   std::vector<TokenId> tokens;
+  // Generated workloads: the prompt is the first input_length tokens of these runs, shared by the
+  // requests of a session (each turn extends the previous one's) so that a trace costs memory per
+  // request, not per prompt token (hash_ids and tokens empty).
+  std::shared_ptr<const std::vector<TokenRun>> runs;
   std::optional<std::string> cache_salt;
 };
 

@@ -35,6 +35,13 @@ std::string write_temp(const std::string& name, const std::string& text) {
   return path.string();
 }
 
+// "1, 2, ..., n"
+std::string many_ids(int n) {
+  std::string s;
+  for (int i = 1; i <= n; ++i) s += (i > 1 ? ", " : "") + std::to_string(i);
+  return s;
+}
+
 // data/traces/README.md, "Reference figures for the default replay": first 1,000 requests.
 TEST(ReplayTraces, ReproducesTheReferenceFiguresOnTheFirstThousandMooncakeRequests) {
   const std::string& path = kMooncakeTrace;
@@ -98,6 +105,46 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
        "'timestamp'"},
       {R"({"timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": [1]} x)", "trailing"},
       {R"(not json)", "expected '{'"},
+      // An ignored value nested 50,000 deep: refused at 64 levels (it crashed the recursion).
+      {R"({"x": )" + std::string(50000, '[') + std::string(50000, ']') +
+           R"(, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
+       "nesting deeper than 64"},
+      {R"({"x": )" + std::string(65, '[') + std::string(65, ']') +
+           R"(, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
+       "nesting deeper than 64"},
+      // Lengths above kMaxTraceTokens (a prompt is synthesized at 4 bytes a token).
+      {R"({"timestamp": 0, "input_length": 1073741824, "output_length": 0, "hash_ids": []})",
+       "field 'input_length': 1073741824 tokens is more than the limit of 16777216"},
+      {R"({"timestamp": 0, "input_length": 16777217, "output_length": 0, "hash_ids": []})",
+       "field 'input_length': 16777217 tokens is more than the limit of 16777216"},
+      {R"({"timestamp": 0, "input_length": 16, "output_length": 1073741824, "hash_ids": []})",
+       "field 'output_length': 1073741824 tokens is more than the limit of 16777216"},
+      // Too many ids is caught while the array is read, before input_length is known: at most
+      // 2^24 / 512 = 32,768 ids, so the 32,769th stops the line (before the "x").
+      {R"({"timestamp": 0, "hash_ids": [)" + many_ids(32769) +
+           R"(, "x"], "input_length": 600, "output_length": 5})",
+       "'hash_ids': 32769 ids for at most 16777216 tokens (kMaxTraceTokens)"},
+      {R"({"timestamp": 0, "hash_ids": [1, 2, 3], "input_length": 600, "output_length": 5})",
+       "'hash_ids': 3 ids for 600 tokens"},
+      // A key given twice (the ids would concatenate, a length would silently take the last).
+      {R"({"timestamp": 0, "input_length": 32, "output_length": 4, "hash_ids": [1], )"
+       R"("hash_ids": [2, 3]})",
+       "field 'hash_ids' appears twice"},
+      {R"({"timestamp": 0, "input_length": 64, "output_length": 4, "hash_ids": [1], )"
+       R"("input_length": 48})",
+       "field 'input_length' appears twice"},
+      {R"({"timestamp": 0, "timestamp": 1, "input_length": 6, "output_length": 5, "hash_ids": []})",
+       "field 'timestamp' appears twice"},
+      {R"({"x": 1, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": [], )"
+       R"("y": 2, "x": [3]})",
+       "field 'x' appears twice"},
+      // Timestamps: finite and within kMaxTraceTimestampMs.
+      {R"({"timestamp": 1e400, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
+       "field 'timestamp'"},
+      {R"({"timestamp": 1.7e308, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
+       "field 'timestamp': outside [-1e15, 1e15] ms"},
+      {R"({"timestamp": -1.7e308, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
+       "field 'timestamp': outside [-1e15, 1e15] ms"},
   };
   for (const Case& c : cases) {
     const std::string path = write_temp("bad.jsonl", good + "\n" + c.line + "\n" + good + "\n");
@@ -121,6 +168,16 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
       "extra.jsonl", R"({"session": {"id": "a", "t": [1, {"x": null}]}, "timestamp": 1.5, )"
                      R"("input_length": 10, "output_length": 1, "hash_ids": [7], "ok": true})");
   EXPECT_EQ(load_hashid_jsonl(extra, LoadOptions{}).requests.size(), 1u);
+  // The limits themselves are accepted: 64 levels of nesting, kMaxTraceTokens-token lengths, a
+  // timestamp of 1e15 ms.
+  const std::string edge =
+      write_temp("edge.jsonl", R"({"x": )" + std::string(64, '[') + std::string(64, ']') +
+                                   R"(, "timestamp": -1e15, "input_length": 16777216, )"
+                                   R"("output_length": 16777216, "hash_ids": [1]})");
+  const Trace e = load_hashid_jsonl(edge, LoadOptions{});
+  ASSERT_EQ(e.requests.size(), 1u);
+  EXPECT_EQ(e.requests[0].input_length, kMaxTraceTokens);
+  EXPECT_EQ(e.requests[0].output_length, kMaxTraceTokens);
 }
 
 // A pool too small for every request rejects them all: the rates are 0, never NaN (the JSON
@@ -202,9 +259,28 @@ TEST(Replay, ReadsGzipCompressedTraces) {
   }
   const std::string cut = write_temp("cut.jsonl.gz", bytes.substr(0, bytes.size() / 2));
   EXPECT_THROW(load_hashid_jsonl(cut, options), Error);
+  // Cut anywhere, even just before the 8-byte trailer (every line complete), a truncated stream
+  // is named as such, also under --skip-bad (a whole-file error).
+  LoadOptions skip = options;
+  skip.skip_bad = true;
+  for (const std::size_t keep : {bytes.size() - 8, bytes.size() - 1, bytes.size() / 3}) {
+    const std::string t = write_temp("trunc.jsonl.gz", bytes.substr(0, keep));
+    for (const LoadOptions& o : {options, skip}) {
+      try {
+        load_hashid_jsonl(t, o);
+        ADD_FAILURE() << "accepted a gzip stream cut at " << keep << " of " << bytes.size();
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("trace file '" + t + "': truncated gzip stream"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
   // Azure CSV, compressed.
   const std::string csv =
-      write_temp_gz("azure.csv.gz", "TIMESTAMP,ContextTokens,GeneratedTokens\nx,17,4\ny,3,9\n");
+      write_temp_gz("azure.csv.gz",
+                    "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.6805900,17,4\n2023-11-16 18:15:50,3,9\n");
   const Trace c = load_azure_csv(csv, LoadOptions{});
   ASSERT_EQ(c.requests.size(), 2u);
   EXPECT_EQ(c.requests[1].input_length, 3u);
@@ -246,7 +322,13 @@ TEST(Replay, GeneratorsAreDeterministicAndTenantsShareNothing) {
   g.requests = 60;
   const Trace a1 = generate(g), a2 = generate(g);
   ASSERT_EQ(a1.requests.size(), 60u);
-  for (std::size_t i = 0; i < 60; ++i) EXPECT_EQ(a1.requests[i].tokens, a2.requests[i].tokens);
+  for (std::size_t i = 0; i < 60; ++i) {
+    std::vector<TokenId> t1, t2;
+    synthesize_prompt(a1, i, t1);
+    synthesize_prompt(a2, i, t2);
+    EXPECT_EQ(t1, t2);
+    EXPECT_EQ(t1.size(), a1.requests[i].input_length);
+  }
   // Agents: a session's later turn extends an earlier turn's whole context, so hits are high.
   ReplayOptions o;
   o.num_blocks = {200001};
@@ -272,6 +354,55 @@ TEST(Replay, GeneratorsAreDeterministicAndTenantsShareNothing) {
   Trace unsalted = all;
   for (auto& r : unsalted.requests) r.cache_salt.reset();
   EXPECT_GT(run_replay(unsalted, o)[0].hit_tokens, hits_all);
+}
+
+// The generators keep a request's prompt as a prefix of its session's runs of fresh token ids,
+// shared across the session's turns and the tenants' copies: memory per request, not per prompt
+// token (20,000 agents requests took 1.85 GB when every request copied its whole context). The
+// prompts are those the generators always gave (FNV-1a of every prompt, length, timestamp and
+// salt, recorded before the change).
+TEST(Replay, GeneratedTracesShareTheirPromptStorage) {
+  struct Case {
+    Workload workload;
+    std::uint64_t fnv;
+  };
+  for (const Case c : {Case{Workload::kAgents, 0x6133ffe37d589b25ull},
+                       Case{Workload::kChat, 0xb343c1d73c2a06b9ull},
+                       Case{Workload::kTenants, 0x92bc617cd5f8cf6bull}}) {
+    GeneratorOptions g;
+    g.workload = c.workload;
+    g.requests = 2000;
+    g.seed = 7;
+    const Trace t = generate(g);
+    ASSERT_EQ(t.requests.size(), 2000u);
+    std::uint64_t h = 1469598103934665603ull, prompt_tokens = 0, stored_words = 0;
+    auto mix = [&](std::uint64_t x) {
+      h ^= x;
+      h *= 1099511628211ull;
+    };
+    std::vector<const std::vector<TokenRun>*> runs;
+    std::vector<TokenId> out;
+    for (std::size_t i = 0; i < t.requests.size(); ++i) {
+      const TraceRequest& r = t.requests[i];
+      synthesize_prompt(t, i, out);
+      ASSERT_EQ(out.size(), r.input_length);
+      for (const TokenId x : out) mix(static_cast<std::uint32_t>(x));
+      mix(r.input_length);
+      mix(r.output_length);
+      mix(static_cast<std::uint64_t>(r.timestamp_ms));
+      if (r.cache_salt) {
+        for (const char ch : *r.cache_salt) mix(static_cast<unsigned char>(ch));
+      }
+      prompt_tokens += r.input_length;
+      stored_words += r.tokens.size();
+      runs.push_back(r.runs.get());
+    }
+    EXPECT_EQ(h, c.fnv);
+    std::sort(runs.begin(), runs.end());
+    runs.erase(std::unique(runs.begin(), runs.end()), runs.end());
+    for (const auto* v : runs) stored_words += v == nullptr ? 0 : 2 * v->size();
+    EXPECT_LT(stored_words * 100, prompt_tokens) << "prompt tokens stored per request";
+  }
 }
 
 TEST(Replay, EngineModeDecodesAndPreempts) {
@@ -370,6 +501,105 @@ TEST(Replay, AzureCsvErrorsNameFileAndLine) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(bad + ":2:"), std::string::npos) << e.what();
   }
+  // Line-level problems: named by line and field, skipped under --skip-bad.
+  const std::string good = "2023-11-16 18:15:46.6805900,374,44";
+  struct Case {
+    std::string line, fragment;
+  };
+  const Case cases[] = {
+      {"0,4294967295,0",
+       "field 'ContextTokens': 4294967295 tokens is more than the limit of "
+       "16777216"},
+      {"0,16777217,0", "field 'ContextTokens': 16777217 tokens is more than the limit"},
+      {"0,100,4294967295", "field 'GeneratedTokens': 4294967295 tokens is more than the limit"},
+      {"0,99999999999999999999999,10", "field 'ContextTokens': expected a count"},
+      {",100,10", "field 'TIMESTAMP' is empty"},
+      {"not-a-time,100,10", "field 'TIMESTAMP': expected a date and time"},
+      {"inf,100,10", "field 'TIMESTAMP'"},
+      {"1e999,100,10", "field 'TIMESTAMP'"},
+      {"2023-11-16,100,10", "field 'TIMESTAMP'"},
+      {"2023-11-16 18:15:46.,100,10", "field 'TIMESTAMP'"},
+  };
+  for (const Case& c : cases) {
+    const std::string path =
+        write_temp("bad_line.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + good + "\n" +
+                                       c.line + "\n" + good + "\n");
+    try {
+      load_azure_csv(path, LoadOptions{});
+      ADD_FAILURE() << "accepted: " << c.line;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ":3: " + c.fragment), std::string::npos)
+          << e.what();
+    }
+    LoadOptions skip;
+    skip.skip_bad = true;
+    const Trace t = load_azure_csv(path, skip);
+    EXPECT_EQ(t.requests.size(), 2u) << c.line;
+    EXPECT_EQ(t.skipped_lines, 1u) << c.line;
+  }
+  // The limits and other timestamp forms are accepted.
+  const std::string ok = write_temp("ok.csv",
+                                    " timestamp , contexttokens,GENERATEDTOKENS\r\n"
+                                    "12.5,16777216,16777216\r\n2023-11-16T18:15:46,1,0\n");
+  const Trace t = load_azure_csv(ok, LoadOptions{});
+  ASSERT_EQ(t.requests.size(), 2u);
+  EXPECT_EQ(t.requests[0].input_length, kMaxTraceTokens);
+  EXPECT_EQ(t.requests[0].output_length, kMaxTraceTokens);
+  // Line 1 must be the header (it used to be dropped unread): a whole-file error, not skipped.
+  for (const std::string& first : {std::string("0,100,10"), std::string("TIMESTAMP,ContextTokens"),
+                                   std::string(""), std::string("\x1b]0;title\x07\xff,1,2")}) {
+    const std::string path = write_temp("nohdr.csv", first + "\n1,200,10\n2,300,10\n");
+    for (const bool skip_bad : {false, true}) {
+      LoadOptions o;
+      o.skip_bad = skip_bad;
+      try {
+        load_azure_csv(path, o);
+        ADD_FAILURE() << "accepted a CSV starting with '" << first << "'";
+      } catch (const Error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(path + ":1: expected the header 'TIMESTAMP,ContextTokens,"
+                                   "GeneratedTokens'"),
+                  std::string::npos)
+            << what;
+        // The line is quoted with control bytes (a terminal escape here) and non-ASCII as '?'.
+        EXPECT_TRUE(std::all_of(what.begin(), what.end(), [](char c) {
+          return c >= 0x20 && c <= 0x7e;
+        })) << what;
+      }
+    }
+  }
+}
+
+// A line longer than kMaxTraceLineBytes (here 64 MiB of spaces without a newline, sent
+// compressed as a decompression bomb would be) stops the load, also under --skip-bad: it is not
+// read into memory whole.
+TEST(Replay, OverlongLineStopsTheLoad) {
+  const std::string good =
+      R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})";
+  const std::string path = write_temp_gz(
+      "long.jsonl.gz", good + "\n" + std::string(kMaxTraceLineBytes + 1, ' ') + "\n" + good + "\n");
+  ASSERT_LT(std::filesystem::file_size(path), 1u << 20);
+  for (const bool skip_bad : {false, true}) {
+    LoadOptions o;
+    o.skip_bad = skip_bad;
+    try {
+      load_hashid_jsonl(path, o);
+      ADD_FAILURE() << "accepted a line of " << kMaxTraceLineBytes + 1 << " bytes";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(path + ":2: line 2 is longer than 67108864 bytes"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  // A line of exactly the limit is read (and here refused as malformed, then skipped).
+  const std::string edge = write_temp_gz(
+      "edge_long.jsonl.gz", good + "\n" + std::string(kMaxTraceLineBytes - 1, ' ') + "x\n" + good);
+  LoadOptions skip;
+  skip.skip_bad = true;
+  const Trace t = load_hashid_jsonl(edge, skip);
+  EXPECT_EQ(t.requests.size(), 2u);
+  EXPECT_EQ(t.skipped_lines, 1u);
+  EXPECT_THROW(load_hashid_jsonl(edge, LoadOptions{}), Error);
 }
 
 // A host tier adds hits beyond a small GPU pool: GPU + host never falls below the GPU alone,
