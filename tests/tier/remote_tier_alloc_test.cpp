@@ -170,6 +170,23 @@ void finish(Engine& e, long k) {
   }
 }
 
+// Three polls (the probe's completions, the fills, their completions) with the (k + 1)th
+// allocation failing; whether it did fail (the poll threw std::bad_alloc).
+bool poll_failing_at(Engine& b, long k) {
+  bool threw = false;
+  alloc_failure::fail_at = k;
+  try {
+    for (int i = 0; i < 3; ++i) {
+      b.now += 1ms;
+      b.remote->poll(b.now);
+    }
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  alloc_failure::fail_at = -1;
+  return threw;
+}
+
 const std::vector<TokenId> kPrompt = prompt_of(1, 42);  // 10 full blocks to share
 
 // Engine B loads what engine A stored; its polls that start the fills and handle their
@@ -190,17 +207,7 @@ TEST(RemoteTierAlloc, FillsSurviveAFailedAllocationAnywhereInPoll) {
       Engine b(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
       Request req = b.tier->make_request(7, kPrompt);
       b.remote->add_request(req, b.now);
-      threw = false;
-      alloc_failure::fail_at = k;
-      try {
-        for (int i = 0; i < 3; ++i) {  // the probe's completions, the fills, their completions
-          b.now += 1ms;
-          b.remote->poll(b.now);
-        }
-      } catch (const std::bad_alloc&) {
-        threw = true;
-      }
-      alloc_failure::fail_at = -1;
+      threw = poll_failing_at(b, k);
       if (!threw) {
         EXPECT_GE(b.remote->stats().loaded_blocks, 2u);  // the fills did load
       }
@@ -261,17 +268,7 @@ TEST(RemoteTierAlloc, FillCountersCountOnceWhenStartingFillsIsRetried) {
       Engine b(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid, kFewHostBlocks);
       Request req = b.tier->make_request(7, kPrompt);
       b.remote->add_request(req, b.now);
-      threw = false;
-      alloc_failure::fail_at = k;
-      try {
-        for (int i = 0; i < 3; ++i) {  // the probe's completions, the fills, their completions
-          b.now += 1ms;
-          b.remote->poll(b.now);
-        }
-      } catch (const std::bad_alloc&) {
-        threw = true;
-      }
-      alloc_failure::fail_at = -1;
+      threw = poll_failing_at(b, k);
       // The failed step again (and the rest): the request's fills start and complete.
       for (int i = 0; i < 100 && !b.remote->ready(7, b.now); ++i) {
         b.now += 1ms;
