@@ -13,12 +13,19 @@
 
 namespace pagedkv::detail {
 
+// The growth, out of line: inlined into a caller's hot loop it costs registers (the tier measured
+// 3 ns per block for its own reserve_room); the check that usually finds room stays inline.
 template <class Vector>
-void reserve_more(Vector& v, std::size_t extra) {
-  const std::size_t need = v.size() + extra;
-  if (need <= v.capacity()) return;
+[[gnu::noinline]] void grow_to(Vector& v, std::size_t need) {
   const std::size_t doubled = v.capacity() <= v.max_size() / 2 ? 2 * v.capacity() : need;
   v.reserve(std::max(need, doubled));
+}
+
+template <class Vector>
+inline void reserve_more(Vector& v, std::size_t extra) {
+  const std::size_t need = v.size() + extra;
+  if (need > v.capacity()) [[unlikely]]
+    grow_to(v, need);
 }
 
 }  // namespace pagedkv::detail

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "../base/vector_growth.hpp"
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
@@ -111,11 +112,9 @@ void RequestBlockHasher::append(std::span<const TokenId> tokens) {
   try {
     tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
     const std::size_t full_blocks = tokens_.size() / block_size_;
-    if (block_hashes_.capacity() < full_blocks) {
-      // Geometric growth: a decode loop appending one token at a time must not reallocate at
-      // every new block.
-      block_hashes_.reserve(std::max(full_blocks, 2 * block_hashes_.capacity()));
-    }
+    // Geometric growth: a decode loop appending one token at a time must not reallocate at
+    // every new block.
+    detail::reserve_more(block_hashes_, full_blocks - old_blocks);
     // Without a LoRA name and multimodal items, only block 0 can have extra keys (the salt):
     // the other blocks skip building them.
     const bool plain = !keys_.lora_name && keys_.mm_items.empty();

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "../base/vector_growth.hpp"
 #include "block_pool_internal.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/pool/block_pool.hpp"
@@ -21,8 +22,7 @@ void BlockPool::reserve_events(std::size_t removals, std::size_t others) {
     shell.data = BlockRemoved{std::vector<BlockHash>(1), 0};
     removed_shells_.push_back(std::move(shell));
   }
-  const std::size_t need = events_.size() + removals + others;
-  if (events_.capacity() < need) events_.reserve(std::max(need, 2 * events_.capacity()));
+  detail::reserve_more(events_, removals + others);
 }
 
 void BlockPool::reserve_evictions(std::size_t evictions, std::size_t other_events) {
