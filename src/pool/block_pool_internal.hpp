@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "../base/vector_growth.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/pool/block_pool.hpp"
 
@@ -143,9 +144,9 @@ struct BlockPool::ExtraKeyTable {
                                                 " distinct extra keys cached at once");
       }
       // Everything that may allocate comes first; from the emplace on nothing throws.
-      refs.reserve(refs.size() + 1);
-      keys.reserve(keys.size() + 1);
-      free_ids.reserve(refs.size() + 1);
+      detail::reserve_more(refs, 1);
+      detail::reserve_more(keys, 1);
+      if (free_ids.capacity() < refs.size() + 1) detail::grow_to(free_ids, refs.size() + 1);
       it = ids.emplace(encoding, 0).first;
       if (free_ids.empty()) {
         it->second = static_cast<std::uint32_t>(refs.size());

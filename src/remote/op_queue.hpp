@@ -22,6 +22,7 @@
 #include <optional>
 #include <vector>
 
+#include "../base/vector_growth.hpp"
 #include "pagedkv/remote/latency_histogram.hpp"
 #include "pagedkv/remote/remote_store.hpp"
 #include "pagedkv/remote/remote_value.hpp"
@@ -122,7 +123,7 @@ class OpQueue {
 
   // Moves every completed op into `out` and frees its record. Requires the backend's mutex.
   std::size_t drain_locked(std::vector<RemoteCompletion>& out) {
-    out.reserve(out.size() + completed.size());  // may throw: nothing taken yet
+    detail::reserve_more(out, completed.size());  // may throw: nothing taken yet
     const std::size_t n = completed.size();
     for (std::size_t k = 0; k < n; ++k) {
       const std::uint32_t i = completed.pop();

@@ -6,6 +6,8 @@
 #include <thread>
 #include <utility>
 
+#include "../base/map_growth.hpp"
+#include "../base/vector_growth.hpp"
 #include "pagedkv/base/error.hpp"
 #include "tiered_kv_cache_manager_internal.hpp"  // host_match (RemoteTier is a friend)
 
@@ -301,11 +303,11 @@ void RemoteTier::submit_fills(RequestId id, Pending& p, GetBatch&& batch, FillGu
   // begun failed.
   for (const auto& [ticket, index] : shared_) {
     std::vector<Waiter>& waiters = gets_.find(ticket)->second.waiters;
-    waiters.reserve(waiters.size() + shared_.size());
+    detail::reserve_more(waiters, shared_.size());
   }
   GetMap::node_type node;
   if (!batch.fills.empty()) {
-    gets_.reserve(gets_.size() + 1);
+    detail::reserve_more_keys(gets_, 1);
     GetMap made;
     made.emplace(RemoteTicket{0}, GetBatch{});  // batch moved in only once nothing can throw
     node = made.extract(made.begin());
@@ -829,7 +831,7 @@ void RemoteTier::submit_puts() {
   // The batch's entry of puts_ before the store holds the buffers (a copy: put_queue_ keeps its
   // reserved room for on_evicted, which must not allocate). Throwing, nothing changed: the queue
   // is submitted at the next poll.
-  puts_.reserve(puts_.size() + 1);
+  detail::reserve_more_keys(puts_, 1);
   PutMap made;
   made.emplace(RemoteTicket{0}, PutBatch{put_queue_, put_queue_.size()});
   PutMap::node_type node = made.extract(made.begin());
