@@ -456,6 +456,57 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// `s` as a JSON string, quotes included: '"' and '\\' escaped, control characters (and DEL) as
+// \u00XX, and a byte that does not start a valid UTF-8 sequence as \ufffd (JSON text is Unicode;
+// --remote's namespace is whatever the user typed).
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  const auto byte = [&s](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  const auto continuation = [&](std::size_t i) { return i < s.size() && (byte(i) & 0xC0) == 0x80; };
+  for (std::size_t i = 0; i < s.size();) {
+    const unsigned char c = byte(i);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+      ++i;
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+    } else {
+      // A well-formed sequence (no overlong forms, no surrogates, at most U+10FFFF) is copied.
+      std::size_t n = 0;
+      unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+      if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+      } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+      } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+      }
+      bool ok = n > 0 && i + 1 < s.size() && byte(i + 1) >= lo && byte(i + 1) <= hi;
+      for (std::size_t k = 2; ok && k < n; ++k) ok = continuation(i + k);
+      if (ok) {
+        out.append(s, i, n);
+        i += n;
+      } else {
+        out += "\\ufffd";
+        ++i;
+      }
+    }
+  }
+  out += '"';
+  return out;
+}
+
 std::string num(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.6g", v);
@@ -514,15 +565,15 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
   }
   if (s.remote) {
     const tiny_engine::RemoteRunStats& m = *s.remote;
-    j << ",\"remote_namespace" << sfx << "\":\"" << m.name_space << "\",\"remote_probed_blocks"
-      << sfx << "\":" << m.probed_blocks << ",\"remote_hit_blocks" << sfx
-      << "\":" << m.loaded_blocks << ",\"remote_hit_tokens" << sfx << "\":" << m.remote_hit_tokens
-      << ",\"remote_loaded_bytes" << sfx << "\":" << m.loaded_bytes << ",\"remote_load_misses"
-      << sfx << "\":" << m.load_misses << ",\"remote_stored_blocks" << sfx
-      << "\":" << m.stored_blocks << ",\"remote_stored_bytes" << sfx << "\":" << m.stored_bytes
-      << ",\"remote_puts_skipped" << sfx << "\":" << m.puts_skipped << ",\"remote_puts_failed"
-      << sfx << "\":" << m.puts_failed << ",\"remote_store_errors" << sfx << "\":" << m.store_errors
-      << ",\"remote_store_timeouts" << sfx << "\":" << m.store_timeouts
+    j << ",\"remote_namespace" << sfx << "\":" << json_string(m.name_space)
+      << ",\"remote_probed_blocks" << sfx << "\":" << m.probed_blocks << ",\"remote_hit_blocks"
+      << sfx << "\":" << m.loaded_blocks << ",\"remote_hit_tokens" << sfx
+      << "\":" << m.remote_hit_tokens << ",\"remote_loaded_bytes" << sfx << "\":" << m.loaded_bytes
+      << ",\"remote_load_misses" << sfx << "\":" << m.load_misses << ",\"remote_stored_blocks"
+      << sfx << "\":" << m.stored_blocks << ",\"remote_stored_bytes" << sfx
+      << "\":" << m.stored_bytes << ",\"remote_puts_skipped" << sfx << "\":" << m.puts_skipped
+      << ",\"remote_puts_failed" << sfx << "\":" << m.puts_failed << ",\"remote_store_errors" << sfx
+      << "\":" << m.store_errors << ",\"remote_store_timeouts" << sfx << "\":" << m.store_timeouts
       << ",\"remote_rejected_values" << sfx << "\":" << m.rejected_values
       << ",\"remote_binding_mismatches" << sfx << "\":" << m.binding_mismatches
       << ",\"remote_ready_by_timeout" << sfx << "\":" << m.ready_by_timeout << ",\"remote_drained"
@@ -533,7 +584,7 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
         << sfx << "\":" << m.disk_truncated;
     }
   }
-  j << ",\"results_digest" << sfx << "\":\"" << results_digest(r) << "\"";
+  j << ",\"results_digest" << sfx << "\":" << json_string(results_digest(r));
 }
 
 void print_run_text(const char* title, const tiny_engine::RunResult& r) {
@@ -604,20 +655,24 @@ int main(int argc, char** argv) {
     tiny_engine::Engine primary_engine(model, config);
 
     std::ostringstream j;
-    j << "{\"workload\":\"" << workload.name << "\",\"requests\":" << workload.num_requests()
-      << ",\"model\":\"" << model.describe() << "\",\"device\":\"" << to_string(config.device)
-      << "\",\"kv_dtype\":\"" << pagedkv::to_string(config.kv_dtype)
-      << (pagedkv::is_fp8(config.kv_dtype)
-              ? "\",\"kv_scale_mode\":\"" + std::string(pagedkv::to_string(config.kv_scale_mode))
-              : std::string())
-      << "\",\"num_blocks\":" << config.num_blocks << ",\"block_size\":" << config.block_size
+    j << "{\"workload\":" << json_string(workload.name)
+      << ",\"requests\":" << workload.num_requests()
+      << ",\"model\":" << json_string(model.describe())
+      << ",\"device\":" << json_string(to_string(config.device))
+      << ",\"kv_dtype\":" << json_string(pagedkv::to_string(config.kv_dtype));
+    if (pagedkv::is_fp8(config.kv_dtype)) {
+      j << ",\"kv_scale_mode\":" << json_string(pagedkv::to_string(config.kv_scale_mode));
+    }
+    j << ",\"num_blocks\":" << config.num_blocks << ",\"block_size\":" << config.block_size
       << ",\"token_budget\":" << config.max_num_batched_tokens
-      << ",\"host_blocks\":" << config.num_host_blocks << ",\"host_policy\":\""
-      << pagedkv::to_string(config.host_policy) << "\",\"attention\":\""
-      << (cuda ? "pagedkv::cuda kernels: kv_append, paged extend attention (prefill), paged decode "
-                 "attention (decode)"
-               : "pagedkv CPU references: extend attention (prefill), decode attention (decode)")
-      << "\"";
+      << ",\"host_blocks\":" << config.num_host_blocks
+      << ",\"host_policy\":" << json_string(pagedkv::to_string(config.host_policy))
+      << ",\"attention\":"
+      << json_string(
+             cuda
+                 ? "pagedkv::cuda kernels: kv_append, paged extend attention (prefill), paged "
+                   "decode attention (decode)"
+                 : "pagedkv CPU references: extend attention (prefill), decode attention (decode)");
     if (!o.json) {
       std::cout << "model: " << model.describe() << "\ndevice: " << to_string(config.device)
                 << ", KV " << pagedkv::to_string(config.kv_dtype);
@@ -673,9 +728,10 @@ int main(int argc, char** argv) {
         j << ",\"identical_tokens\":" << (c.identical_tokens ? "true" : "false")
           << ",\"bitwise_identical_logits\":" << (c.bitwise_identical_logits ? "true" : "false")
           << ",\"max_rel_logit_diff\":" << num(c.max_rel_logit_diff)
-          << ",\"logit_tolerance\":" << num(tolerance) << ",\"caching_rule\":\"" << to_string(rule)
-          << "\",\"caching_decided_by\":\"" << to_string(verdict.decided_by)
-          << "\",\"caching_pass\":" << (ok ? "true" : "false")
+          << ",\"logit_tolerance\":" << num(tolerance)
+          << ",\"caching_rule\":" << json_string(to_string(rule))
+          << ",\"caching_decided_by\":" << json_string(to_string(verdict.decided_by))
+          << ",\"caching_pass\":" << (ok ? "true" : "false")
           << ",\"caching_forced_run\":" << (forced ? "true" : "false");
         if (forced) {
           j << ",\"caching_forced_same_streams\":" << (forced->same_streams ? "true" : "false")
