@@ -9,17 +9,30 @@ extends (what an engine knows when a request ends: could either predict the next
 the gaps between uses of a hash id, in requests (log2 bins).
 
   python3 bench/trace_turns.py data/traces/mooncake/conversation_trace.jsonl.gz
+
+The trace is read by python/bench/mooncake.py's read_trace: every line is checked (a JSON object
+with timestamp, input_length, output_length and hash_ids, each in trace.cpp's ranges), and a
+malformed one stops the script with an error naming the file and line (exit 1).
 """
 import collections
-import gzip
-import json
+import os
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python",
+                                "bench"))
+import mooncake  # noqa: E402
+
+
+def read(path):
+    """The trace's checked records (mooncake.read_trace, all four fields required)."""
+    reqs = mooncake.read_trace(path, required=mooncake.FIELDS)
+    if not reqs:
+        raise mooncake.TraceError(f"{path}: no requests")
+    return reqs
 
 
 def main(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        reqs = [json.loads(line) for line in f if line.strip()]
+    reqs = read(path)
     owner = {}  # hash id -> the request that first had it
     turn = [1] * len(reqs)
     has_next = [False] * len(reqs)
@@ -49,7 +62,7 @@ def main(path):
         keys = [(by_turn, min(turn[i], 8)), (by_len, min(r["input_length"] // 4000, 8)),
                 (by_output, min(r["output_length"] // 256, 4))]
         if parent[i] >= 0:
-            seconds = max(0, r["timestamp"] - reqs[parent[i]]["timestamp"]) // 1000
+            seconds = int(max(0, r["timestamp"] - reqs[parent[i]]["timestamp"]) // 1000)
             keys.append((by_wait, min(seconds.bit_length(), 10)))
         for table, key in keys:
             table[key][0] += 1
@@ -81,4 +94,7 @@ def main(path):
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: trace_turns.py TRACE.jsonl[.gz]")
-    main(sys.argv[1])
+    try:
+        main(sys.argv[1])
+    except (mooncake.TraceError, OSError) as e:
+        sys.exit(f"trace_turns.py: {e}")

@@ -1,12 +1,18 @@
 // pagedkv-tiny-engine: a small real transformer served with pagedkv's paged KV cache and
 // automatic prefix caching; --compare proves that caching changes nothing but the work done
 // (exactly on the CPU; on CUDA within the kernels' rounding, near-tie aware: caching_verdict.hpp).
+#include <sys/sysinfo.h>
+
 #include <algorithm>
 #include <charconv>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <iostream>
+#include <limits>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -54,7 +60,10 @@ kernels, and reports what prefix caching saved.
   --sessions N           sessions (default 6)
   --turns N              turns per agent session (default 3)
   --system-tokens N      shared system prompt + tools, in tokens (default 160)
-  --num-blocks N         KV pool blocks including the null block (default 1024)
+  --num-blocks N         KV pool blocks including the null block (default 1024). The pool and
+                         the host tier (--host-blocks) must fit in the machine's memory and swap
+                         together, else a usage error (exit 2) names the flags and the bytes; an
+                         allocation failing anyway exits 1 with "out of memory" and the same figures
   --block-size N         tokens per block (default 16)
   --hash SCHEME          the cache's hash scheme: sha256 (default), sha256_cbor_vllm (vLLM's
                          hashes, so a vLLM router can index them) or xxh3_128
@@ -148,6 +157,108 @@ std::uint64_t parse_count(std::string_view flag, std::string_view text, std::uin
                 std::to_string(max) + "], got '" + std::string(text) + "'");
   }
   return v;
+}
+
+// The host memory the flags ask for, computed up front in checked 64-bit arithmetic: the CPU
+// path's KV pool (--num-blocks blocks, each K and V of every layer: --block-size tokens x KV heads
+// x --head-dim values of --kv-dtype, FP8 scales included) and the host tier (--host-blocks + 1
+// slots of one block). A run fills both (every byte written), so more than the machine's memory
+// and swap together cannot be served; past that, an allocation can still fail (std::bad_alloc:
+// other processes, an address-space limit, --compare's second engine), which main reports with
+// these figures.
+struct Footprint {
+  std::uint64_t block_bytes = 0;      // one block of every plane
+  std::uint64_t kv_pool_bytes = 0;    // 0 when the pool lives on the GPU (--device cuda)
+  std::uint64_t host_tier_bytes = 0;  // 0 without --host-blocks
+  bool overflow = false;              // a product past 64 bits
+  std::string kv_pool;                // the figures with the flags that set them
+  std::string host_tier;
+};
+
+// a * b, or nullopt past 64 bits.
+std::optional<std::uint64_t> checked_mul(std::uint64_t a, std::uint64_t b) {
+  if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) return std::nullopt;
+  return a * b;
+}
+
+std::string gib(std::uint64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.4g GiB", static_cast<double>(bytes) / double(1ull << 30));
+  return buf;
+}
+
+Footprint footprint(const Options& o) {
+  Footprint f;
+  const tiny_engine::ModelConfig& m = o.model;
+  const tiny_engine::EngineConfig& e = o.engine;
+  const bool scaled =
+      pagedkv::is_fp8(e.kv_dtype) && e.kv_scale_mode == pagedkv::KVScaleMode::kPerTokenHead;
+  // One block of one plane, as the engine lays it out (KVLayout::nhd / nhd_scaled).
+  const pagedkv::KVLayout layout =
+      scaled ? pagedkv::KVLayout::nhd_scaled(1, static_cast<std::int32_t>(e.block_size),
+                                             m.num_kv_heads, m.head_dim)
+             : pagedkv::KVLayout::nhd(1, static_cast<std::int32_t>(e.block_size), m.num_kv_heads,
+                                      m.head_dim);
+  const auto planes = 2 * static_cast<std::uint64_t>(m.num_layers);
+  std::optional<std::uint64_t> block = checked_mul(static_cast<std::uint64_t>(layout.stride_block),
+                                                   pagedkv::bytes_per_value(e.kv_dtype));
+  if (block) block = checked_mul(*block, planes);
+  std::optional<std::uint64_t> pool, host;
+  if (block) {
+    pool = checked_mul(static_cast<std::uint64_t>(e.num_blocks), *block);
+    host = checked_mul(static_cast<std::uint64_t>(e.num_host_blocks) + 1, *block);
+  }
+  f.overflow = !pool || !host;
+  f.block_bytes = block.value_or(0);
+  const bool host_pool = e.device == tiny_engine::Device::kCpu || o.check_against_cpu;
+  f.kv_pool_bytes = host_pool ? pool.value_or(0) : 0;
+  f.host_tier_bytes = e.num_host_blocks > 0 ? host.value_or(0) : 0;
+  const std::string per_block = f.overflow
+                                    ? std::string("blocks of more than 2^64 bytes in all")
+                                    : "blocks of " + std::to_string(f.block_bytes) + " bytes";
+  f.kv_pool = "the KV pool " +
+              (f.overflow ? std::string("needs more than 2^64 bytes")
+                          : "needs " + std::to_string(pool.value_or(0)) + " bytes (" +
+                                gib(pool.value_or(0)) + ")") +
+              ": --num-blocks " + std::to_string(e.num_blocks) + " " + per_block +
+              " (--block-size " + std::to_string(e.block_size) + ", --head-dim " +
+              std::to_string(m.head_dim) + ", --kv-dtype " +
+              std::string(pagedkv::to_string(e.kv_dtype)) + "; " + std::to_string(m.num_layers) +
+              " layers of K and V, " + std::to_string(m.num_kv_heads) + " KV heads)";
+  if (e.num_host_blocks > 0) {
+    f.host_tier = "the host tier " +
+                  (f.overflow ? std::string("needs more than 2^64 bytes")
+                              : "needs " + std::to_string(f.host_tier_bytes) + " bytes (" +
+                                    gib(f.host_tier_bytes) + ")") +
+                  ": --host-blocks " + std::to_string(e.num_host_blocks) +
+                  " + 1 slots of one block";
+  }
+  return f;
+}
+
+std::string describe(const Footprint& f) {
+  return f.host_tier.empty() ? f.kv_pool : f.kv_pool + "; " + f.host_tier;
+}
+
+// Sizes that cannot be served on this machine, whatever else runs: a usage error (exit 2)
+// naming the flags, before anything is allocated.
+void check_footprint(const Options& o) {
+  const Footprint f = footprint(o);
+  if (f.overflow) usage_error(describe(f));
+  const auto addressable = static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max());
+  if (f.kv_pool_bytes > addressable || f.host_tier_bytes > addressable ||
+      f.kv_pool_bytes + f.host_tier_bytes > addressable) {  // each below 2^63: the sum fits
+    usage_error(describe(f) + ": more than one process can address");
+  }
+  const std::uint64_t needed = f.kv_pool_bytes + f.host_tier_bytes;
+  struct sysinfo info {};
+  if (sysinfo(&info) != 0) return;
+  const auto memory =
+      checked_mul(static_cast<std::uint64_t>(info.totalram) + info.totalswap, info.mem_unit);
+  if (memory && needed > *memory) {
+    usage_error(describe(f) + ": more than this machine's " + std::to_string(*memory) + " bytes (" +
+                gib(*memory) + ") of memory and swap");
+  }
 }
 
 Options parse(int argc, char** argv) {
@@ -345,6 +456,57 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// `s` as a JSON string, quotes included: '"' and '\\' escaped, control characters (and DEL) as
+// \u00XX, and a byte that does not start a valid UTF-8 sequence as \ufffd (JSON text is Unicode;
+// --remote's namespace is whatever the user typed).
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  const auto byte = [&s](std::size_t i) { return static_cast<unsigned char>(s[i]); };
+  const auto continuation = [&](std::size_t i) { return i < s.size() && (byte(i) & 0xC0) == 0x80; };
+  for (std::size_t i = 0; i < s.size();) {
+    const unsigned char c = byte(i);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+      ++i;
+    } else if (c < 0x20 || c == 0x7F) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+      ++i;
+    } else if (c < 0x80) {
+      out += static_cast<char>(c);
+      ++i;
+    } else {
+      // A well-formed sequence (no overlong forms, no surrogates, at most U+10FFFF) is copied.
+      std::size_t n = 0;
+      unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+      if (c >= 0xC2 && c <= 0xDF) {
+        n = 2;
+      } else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+      } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+      }
+      bool ok = n > 0 && i + 1 < s.size() && byte(i + 1) >= lo && byte(i + 1) <= hi;
+      for (std::size_t k = 2; ok && k < n; ++k) ok = continuation(i + k);
+      if (ok) {
+        out.append(s, i, n);
+        i += n;
+      } else {
+        out += "\\ufffd";
+        ++i;
+      }
+    }
+  }
+  out += '"';
+  return out;
+}
+
 std::string num(double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.6g", v);
@@ -403,15 +565,15 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
   }
   if (s.remote) {
     const tiny_engine::RemoteRunStats& m = *s.remote;
-    j << ",\"remote_namespace" << sfx << "\":\"" << m.name_space << "\",\"remote_probed_blocks"
-      << sfx << "\":" << m.probed_blocks << ",\"remote_hit_blocks" << sfx
-      << "\":" << m.loaded_blocks << ",\"remote_hit_tokens" << sfx << "\":" << m.remote_hit_tokens
-      << ",\"remote_loaded_bytes" << sfx << "\":" << m.loaded_bytes << ",\"remote_load_misses"
-      << sfx << "\":" << m.load_misses << ",\"remote_stored_blocks" << sfx
-      << "\":" << m.stored_blocks << ",\"remote_stored_bytes" << sfx << "\":" << m.stored_bytes
-      << ",\"remote_puts_skipped" << sfx << "\":" << m.puts_skipped << ",\"remote_puts_failed"
-      << sfx << "\":" << m.puts_failed << ",\"remote_store_errors" << sfx << "\":" << m.store_errors
-      << ",\"remote_store_timeouts" << sfx << "\":" << m.store_timeouts
+    j << ",\"remote_namespace" << sfx << "\":" << json_string(m.name_space)
+      << ",\"remote_probed_blocks" << sfx << "\":" << m.probed_blocks << ",\"remote_hit_blocks"
+      << sfx << "\":" << m.loaded_blocks << ",\"remote_hit_tokens" << sfx
+      << "\":" << m.remote_hit_tokens << ",\"remote_loaded_bytes" << sfx << "\":" << m.loaded_bytes
+      << ",\"remote_load_misses" << sfx << "\":" << m.load_misses << ",\"remote_stored_blocks"
+      << sfx << "\":" << m.stored_blocks << ",\"remote_stored_bytes" << sfx
+      << "\":" << m.stored_bytes << ",\"remote_puts_skipped" << sfx << "\":" << m.puts_skipped
+      << ",\"remote_puts_failed" << sfx << "\":" << m.puts_failed << ",\"remote_store_errors" << sfx
+      << "\":" << m.store_errors << ",\"remote_store_timeouts" << sfx << "\":" << m.store_timeouts
       << ",\"remote_rejected_values" << sfx << "\":" << m.rejected_values
       << ",\"remote_binding_mismatches" << sfx << "\":" << m.binding_mismatches
       << ",\"remote_ready_by_timeout" << sfx << "\":" << m.ready_by_timeout << ",\"remote_drained"
@@ -422,7 +584,7 @@ void run_fields(std::ostringstream& j, const tiny_engine::RunResult& r, const st
         << sfx << "\":" << m.disk_truncated;
     }
   }
-  j << ",\"results_digest" << sfx << "\":\"" << results_digest(r) << "\"";
+  j << ",\"results_digest" << sfx << "\":" << json_string(results_digest(r));
 }
 
 void print_run_text(const char* title, const tiny_engine::RunResult& r) {
@@ -481,6 +643,7 @@ void print_comparison(const char* what, const tiny_engine::Comparison& c, double
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+  check_footprint(o);
   try {
     const tiny_engine::Model model(o.model);
     const tiny_engine::Workload workload = tiny_engine::make_workload(o.workload);
@@ -492,20 +655,24 @@ int main(int argc, char** argv) {
     tiny_engine::Engine primary_engine(model, config);
 
     std::ostringstream j;
-    j << "{\"workload\":\"" << workload.name << "\",\"requests\":" << workload.num_requests()
-      << ",\"model\":\"" << model.describe() << "\",\"device\":\"" << to_string(config.device)
-      << "\",\"kv_dtype\":\"" << pagedkv::to_string(config.kv_dtype)
-      << (pagedkv::is_fp8(config.kv_dtype)
-              ? "\",\"kv_scale_mode\":\"" + std::string(pagedkv::to_string(config.kv_scale_mode))
-              : std::string())
-      << "\",\"num_blocks\":" << config.num_blocks << ",\"block_size\":" << config.block_size
+    j << "{\"workload\":" << json_string(workload.name)
+      << ",\"requests\":" << workload.num_requests()
+      << ",\"model\":" << json_string(model.describe())
+      << ",\"device\":" << json_string(to_string(config.device))
+      << ",\"kv_dtype\":" << json_string(pagedkv::to_string(config.kv_dtype));
+    if (pagedkv::is_fp8(config.kv_dtype)) {
+      j << ",\"kv_scale_mode\":" << json_string(pagedkv::to_string(config.kv_scale_mode));
+    }
+    j << ",\"num_blocks\":" << config.num_blocks << ",\"block_size\":" << config.block_size
       << ",\"token_budget\":" << config.max_num_batched_tokens
-      << ",\"host_blocks\":" << config.num_host_blocks << ",\"host_policy\":\""
-      << pagedkv::to_string(config.host_policy) << "\",\"attention\":\""
-      << (cuda ? "pagedkv::cuda kernels: kv_append, paged extend attention (prefill), paged decode "
-                 "attention (decode)"
-               : "pagedkv CPU references: extend attention (prefill), decode attention (decode)")
-      << "\"";
+      << ",\"host_blocks\":" << config.num_host_blocks
+      << ",\"host_policy\":" << json_string(pagedkv::to_string(config.host_policy))
+      << ",\"attention\":"
+      << json_string(
+             cuda
+                 ? "pagedkv::cuda kernels: kv_append, paged extend attention (prefill), paged "
+                   "decode attention (decode)"
+                 : "pagedkv CPU references: extend attention (prefill), decode attention (decode)");
     if (!o.json) {
       std::cout << "model: " << model.describe() << "\ndevice: " << to_string(config.device)
                 << ", KV " << pagedkv::to_string(config.kv_dtype);
@@ -561,9 +728,10 @@ int main(int argc, char** argv) {
         j << ",\"identical_tokens\":" << (c.identical_tokens ? "true" : "false")
           << ",\"bitwise_identical_logits\":" << (c.bitwise_identical_logits ? "true" : "false")
           << ",\"max_rel_logit_diff\":" << num(c.max_rel_logit_diff)
-          << ",\"logit_tolerance\":" << num(tolerance) << ",\"caching_rule\":\"" << to_string(rule)
-          << "\",\"caching_decided_by\":\"" << to_string(verdict.decided_by)
-          << "\",\"caching_pass\":" << (ok ? "true" : "false")
+          << ",\"logit_tolerance\":" << num(tolerance)
+          << ",\"caching_rule\":" << json_string(to_string(rule))
+          << ",\"caching_decided_by\":" << json_string(to_string(verdict.decided_by))
+          << ",\"caching_pass\":" << (ok ? "true" : "false")
           << ",\"caching_forced_run\":" << (forced ? "true" : "false");
         if (forced) {
           j << ",\"caching_forced_same_streams\":" << (forced->same_streams ? "true" : "false")
@@ -686,6 +854,14 @@ int main(int argc, char** argv) {
       std::cout << (pass ? "PASS" : "FAIL") << "\n";
     }
     return pass ? 0 : 1;
+  } catch (const std::bad_alloc&) {
+    // In range and below the machine's memory (check_footprint), yet not allocatable now.
+    std::cerr << "pagedkv-tiny-engine: out of memory (std::bad_alloc): " << describe(footprint(o))
+              << (o.compare || o.check_against_cpu || o.vs_bf16
+                      ? "; --compare, --check-against-cpu and --vs-bf16 build further engines"
+                      : "")
+              << "; lower --num-blocks or --host-blocks\n";
+    return 1;
   } catch (const tiny_engine::NoCudaDevice& e) {
     std::cerr << "pagedkv-tiny-engine: " << e.what() << "\n";
     return 1;

@@ -130,7 +130,11 @@ def main():
     if not os.path.exists(a.trace):
         print(f"replay.py: trace not found: {a.trace}: skipped")
         return 77
-    trace = mooncake.load(a.trace, a.limit)
+    try:
+        trace = mooncake.load(a.trace, a.limit)
+    except mooncake.TraceError as e:
+        print(f"replay.py: {e}", file=sys.stderr)
+        return 1
     med = statistics.median
     for n in a.num_blocks:
         py_runs, cpp_runs = [], []
