@@ -65,8 +65,11 @@ __device__ __forceinline__ void fp8x16_to_operands(const uint4& in, uint4* lo, u
 }
 
 // The V-scale weights of a key tile with per-(token, head) scales (the tensor-core FP8 kernels'
-// PV operand is p x v_scale / R, R the largest V scale seen so far, kept in r_run): R grows to
-// cover this tile's scales; w[n][e] = the V scale of key 8 n + 2 quad_col + e over the new R;
+// PV operand is p x v_scale / R, R the largest V scale magnitude seen so far, kept in r_run): R
+// grows to cover this tile's scales; w[n][e] = the V scale of key 8 n + 2 quad_col + e over the
+// new R, in [-1, 1] (kv_append writes no negative scale, but a cache filled elsewhere may hold
+// one: as the reference, decode(code) x s keeps its sign; with R the largest signed scale, a
+// sequence whose first scales were all negative kept R = 0 and lost their values);
 // returns R_old / R_new when R grew (0 while R_old was 0, nothing accumulated yet), else 1: the
 // factor for the output accumulated so far. v_scales: the tile's kKeyTiles x 8 V scales in shared
 // memory. Every quad of the warp holds columns of all of the tile's keys, so the result is uniform
@@ -80,7 +83,7 @@ __device__ __forceinline__ float fp8_v_weights(const float* v_scales, int quad_c
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       w[n][e] = v_scales[n * 8 + quad_col * 2 + e];
-      tile_r = fmaxf(tile_r, w[n][e]);
+      tile_r = fmaxf(tile_r, fabsf(w[n][e]));
     }
   }
   tile_r = fmaxf(tile_r, __shfl_xor_sync(0xffffffffu, tile_r, 1));

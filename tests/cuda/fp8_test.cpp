@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -66,9 +67,12 @@ struct Pool {
 // growing_v: each V row's magnitude is 2^(-6 + 10 t / len) at token t of a sequence of len
 // tokens (instead of a random octave in [-5, 3]), so the largest V scale a kernel has seen grows
 // along every sequence, tile after tile.
+// negative_scales (per-row scales only): every V scale and the K scales of odd slots negated
+// after kv_append (which writes none below zero; a cache filled elsewhere may hold them), in the
+// host and the device planes alike: a value is decode(code) x s, the sign included.
 Pool make_pool(const Case& c, std::vector<std::int32_t> lens, std::uint64_t seed,
                std::int32_t block_size = 16, std::int32_t q_heads = 8, std::int32_t kv_heads = 2,
-               bool growing_v = false) {
+               bool growing_v = false, bool negative_scales = false) {
   Pool p;
   p.c = c;
   p.block_size = block_size;
@@ -153,6 +157,26 @@ Pool make_pool(const Case& c, std::vector<std::int32_t> lens, std::uint64_t seed
   a.v_cache = p.v.get();
   PAGEDKV_CUDA_CHECK(kv_append(a, nullptr));
   PAGEDKV_CUDA_CHECK(cudaDeviceSynchronize());
+  if (negative_scales) {
+    EXPECT_EQ(c.mode, KVScaleMode::kPerTokenHead);
+    const auto negate = [](std::vector<std::uint8_t>& bytes, std::int64_t at) {
+      float s;
+      std::memcpy(&s, bytes.data() + at, sizeof s);
+      s = -s;
+      std::memcpy(bytes.data() + at, &s, sizeof s);
+    };
+    for (std::size_t i = 0; i < slots.size(); ++i) {
+      for (std::int32_t h = 0; h < p.kv_heads; ++h) {
+        const std::int64_t at =
+            p.layout.scale_byte_offset(slots[i] / p.block_size, slots[i] % p.block_size, h);
+        negate(p.host_v, at);
+        if (i % 2 == 1) negate(p.host_k, at);
+      }
+    }
+    // kv_append wrote the host planes' bytes (KvAppendWritesTheReferenceBytes): the same again.
+    PAGEDKV_CUDA_CHECK(cudaMemcpy(p.k.get(), p.host_k.data(), plane, cudaMemcpyHostToDevice));
+    PAGEDKV_CUDA_CHECK(cudaMemcpy(p.v.get(), p.host_v.data(), plane, cudaMemcpyHostToDevice));
+  }
   return p;
 }
 
@@ -432,13 +456,14 @@ const TcCase kTcCases[] = {
      .bad_id = 0},
 };
 
-TEST_F(CudaFp8, TensorCoreDecodeMatchesTheReference) {
+// One case of TensorCoreDecodeMatchesTheReference (pool seed `seed`, queries seed + 1).
+void check_tc_decode(const TcCase& t, std::uint64_t seed, bool negative_scales = false) {
   const std::vector<std::int32_t> lens = {1, 33, 130, 16, 700};
   const DecodePlan plans[] = {DecodePlan{}, DecodePlan{5, 37}, DecodePlan{40, 64}};
-  std::uint64_t seed = 10;
-  for (const TcCase& t : kTcCases) {
-    SCOPED_TRACE(name(t));
-    Pool p = make_pool(t.c, lens, seed++, t.block_size, t.kv_heads * t.group, t.kv_heads);
+  {
+    SCOPED_TRACE(name(t) + (negative_scales ? "/negative-scales" : ""));
+    Pool p = make_pool(t.c, lens, seed++, t.block_size, t.kv_heads * t.group, t.kv_heads, false,
+                       negative_scales);
     // The reference's view: with a bad last block, the last sequence ends where that block starts.
     std::vector<std::int32_t> ref_lens = p.lens;
     std::vector<std::int32_t> table = p.table;
@@ -502,6 +527,26 @@ TEST_F(CudaFp8, TensorCoreDecodeMatchesTheReference) {
   }
 }
 
+TEST_F(CudaFp8, TensorCoreDecodeMatchesTheReference) {
+  std::uint64_t seed = 10;
+  for (const TcCase& t : kTcCases) {
+    check_tc_decode(t, seed);
+    seed += 2;
+  }
+}
+
+// Negative per-row scales (every V scale, the K scales of odd slots): the tensor-core kernels
+// divide the V scales by R, the largest seen so far; taken as the largest signed scale, R stayed
+// 0 while every V scale was negative and the rows came out 0 (or lost those keys' values).
+TEST_F(CudaFp8, TensorCoreDecodeNegativeScales) {
+  std::uint64_t seed = 90;
+  for (const TcCase& t : kTcCases) {
+    if (t.c.mode != KVScaleMode::kPerTokenHead) continue;
+    check_tc_decode(t, seed, true);
+    seed += 2;
+  }
+}
+
 // ExtendKernel::kFa2Fp8 (kernels/extend_attention_fa2_fp8.cu) beside the default path (the FP8
 // CUDA-core kernel, which ignores the plan), each without a split over keys, with 3 forced splits
 // and with the planner's plan, over kTcCases (both FP8 types and scale modes, NHD / HND, fp16 /
@@ -528,13 +573,15 @@ constexpr double kTcLseTolerance = 2e-4;
 // to 2^10.
 // q_lens: the new tokens of the five sequences (of 1, 33, 130, 16 and 700 tokens).
 void check_tc_extend(const TcCase& t, std::uint64_t seed, bool planned_too,
-                     const std::vector<std::int32_t>& q_lens = {1, 20, 130, 5, 300}) {
-  SCOPED_TRACE(name(t));
+                     const std::vector<std::int32_t>& q_lens = {1, 20, 130, 5, 300},
+                     bool negative_scales = false) {
+  SCOPED_TRACE(name(t) + (negative_scales ? "/negative-scales" : ""));
   const std::vector<std::int32_t> lens = {1, 33, 130, 16, 700};
   std::vector<std::int32_t> indptr = {0};
   for (const std::int32_t n : q_lens) indptr.push_back(indptr.back() + n);
   const std::int32_t max_q_len = *std::max_element(q_lens.begin(), q_lens.end());
-  Pool p = make_pool(t.c, lens, seed++, t.block_size, t.kv_heads * t.group, t.kv_heads, true);
+  Pool p = make_pool(t.c, lens, seed++, t.block_size, t.kv_heads * t.group, t.kv_heads, true,
+                     negative_scales);
   std::vector<std::int32_t> table = p.table;
   std::int32_t cut = lens.back();  // keys the last sequence's tokens can see at most
   if (t.bad_last_block) {
@@ -643,6 +690,16 @@ TEST_F(CudaFp8, TensorCoreExtendMatchesTheReference) {
   std::uint64_t seed = 50;
   for (const TcCase& t : kTcCases) {
     check_tc_extend(t, seed, true);
+    seed += 2;
+  }
+}
+
+// kFa2Fp8 over negative per-row scales (TensorCoreDecodeNegativeScales' cache), 1 and 3 splits.
+TEST_F(CudaFp8, TensorCoreExtendNegativeScales) {
+  std::uint64_t seed = 120;
+  for (const TcCase& t : kTcCases) {
+    if (t.c.mode != KVScaleMode::kPerTokenHead) continue;
+    check_tc_extend(t, seed, false, {1, 20, 130, 5, 300}, true);
     seed += 2;
   }
 }
