@@ -21,10 +21,7 @@ namespace pagedkv {
 namespace {
 
 using namespace std::chrono_literals;
-using test::block_bytes;
-using test::block_key;
-using test::collect;
-using test::count_result;
+using namespace test;  // remote_test_util.hpp: block_bytes, block_key, collect, count_result
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kBlock = 4096;

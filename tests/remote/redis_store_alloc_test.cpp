@@ -52,10 +52,7 @@ namespace pagedkv {
 namespace {
 
 using namespace std::chrono_literals;
-using test::block_bytes;
-using test::block_key;
-using test::collect;
-using test::count_result;
+using namespace test;  // remote_test_util.hpp: block_bytes, block_key, collect, count_result
 
 // Puts and gets of values larger than the I/O thread's first read buffer (256 KiB), so that
 // sending, reading and growing the read buffer all allocate on it.
