@@ -189,6 +189,18 @@ bool poll_failing_at(Engine& b, long k) {
 
 const std::vector<TokenId> kPrompt = prompt_of(1, 42);  // 10 full blocks to share
 
+// Engine A, which ran kPrompt and stored its blocks in `backend` (write-through); null (with a
+// failure recorded) when they were not all stored. Kept alive beside engine B, as the store's.
+std::unique_ptr<Engine> store_prompt(remote_test::FaultBackend& backend, Rng& rng, bool hybrid) {
+  auto a = std::make_unique<Engine>(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
+  run(*a, 1, kPrompt);
+  if (::testing::Test::HasFailure() || !drain(*a) || a->remote->stats().stored_blocks < 10) {
+    ADD_FAILURE() << "engine A did not store the prompt's blocks";
+    return nullptr;
+  }
+  return a;
+}
+
 // Engine B loads what engine A stored; its polls that start the fills and handle their
 // completions fail at their 1st, 2nd, ... allocation.
 TEST(RemoteTierAlloc, FillsSurviveAFailedAllocationAnywhereInPoll) {
@@ -199,10 +211,8 @@ TEST(RemoteTierAlloc, FillsSurviveAFailedAllocationAnywhereInPoll) {
       Rng rng(1);
       remote_test::FaultBackend backend;
       backend.capacity = 1024;
-      Engine a(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
-      run(a, 1, kPrompt);
-      ASSERT_TRUE(drain(a));
-      ASSERT_GE(a.remote->stats().stored_blocks, 10u);
+      const std::unique_ptr<Engine> a = store_prompt(backend, rng, hybrid);
+      ASSERT_TRUE(a);
 
       Engine b(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
       Request req = b.tier->make_request(7, kPrompt);
@@ -260,10 +270,8 @@ TEST(RemoteTierAlloc, FillCountersCountOnceWhenStartingFillsIsRetried) {
       Rng rng(3);
       remote_test::FaultBackend backend;
       backend.capacity = 1024;
-      Engine a(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid);
-      run(a, 1, kPrompt);
-      ASSERT_TRUE(drain(a));
-      ASSERT_GE(a.remote->stats().stored_blocks, 10u);
+      const std::unique_ptr<Engine> a = store_prompt(backend, rng, hybrid);
+      ASSERT_TRUE(a);
 
       Engine b(backend, rng, RemoteStorePolicy::kWriteThrough, hybrid, kFewHostBlocks);
       Request req = b.tier->make_request(7, kPrompt);
