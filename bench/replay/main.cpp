@@ -653,8 +653,8 @@ int main(int argc, char** argv) {
     Trace trace;
     if (generate) {
       gen.workload = parse_workload(*generate);
+      gen.limit = load.limit;  // only the first K are generated
       trace = pagedkv::replay::generate(gen);
-      if (load.limit != 0 && trace.requests.size() > load.limit) trace.requests.resize(load.limit);
     } else {
       std::string_view name = *trace_path;  // FILE.csv.gz is a compressed CSV
       if (name.size() >= 3 && name.substr(name.size() - 3) == ".gz") name.remove_suffix(3);

@@ -489,6 +489,12 @@ Trace generate(const GeneratorOptions& options) {
     return run;
   };
   using Runs = std::vector<TokenRun>;
+  // --limit K: the first K requests only. Each workload draws its requests in output order (the
+  // tenants' copies follow the base requests they copy), so stopping early leaves the first K
+  // exactly as the whole trace has them.
+  const std::uint32_t count = options.limit != 0 && options.limit < options.requests
+                                  ? static_cast<std::uint32_t>(options.limit)
+                                  : options.requests;
   Trace trace;
   trace.name = options.workload == Workload::kAgents ? "agents"
                : options.workload == Workload::kChat ? "chat"
@@ -519,7 +525,7 @@ Trace generate(const GeneratorOptions& options) {
     using Next = std::pair<double, std::size_t>;
     std::priority_queue<Next, std::vector<Next>, std::greater<>> next;
     for (std::size_t i = 0; i < sessions.size(); ++i) next.emplace(sessions[i].time_ms, i);
-    while (trace.requests.size() < options.requests) {
+    while (trace.requests.size() < count) {
       Session* it = &sessions[next.top().second];
       next.pop();
       it->append(fresh(uniform(50, 800)));  // the user's message or tool results
@@ -539,8 +545,12 @@ Trace generate(const GeneratorOptions& options) {
     const std::uint32_t tenants =
         options.workload == Workload::kTenants ? std::max(1u, options.tenants) : 1;
     const std::uint32_t per_tenant = std::max<std::uint32_t>(1, options.requests / tenants);
+    // Request k is base request k / tenants: the first `count` need only the first
+    // ceil(count / tenants) base requests (drawn first, so the same as in the whole trace).
+    const std::uint32_t base_needed = std::min<std::uint32_t>(
+        per_tenant, static_cast<std::uint32_t>((std::uint64_t{count} + tenants - 1) / tenants));
     std::vector<TraceRequest> base;
-    for (std::uint32_t i = 0; i < per_tenant; ++i) {
+    for (std::uint32_t i = 0; i < base_needed; ++i) {
       TraceRequest r;
       const TokenRun message = fresh(uniform(20, 1200));
       r.runs = std::make_shared<const Runs>(Runs{system, message});
@@ -549,8 +559,8 @@ Trace generate(const GeneratorOptions& options) {
       r.timestamp_ms = static_cast<double>(i) * 250.0;
       base.push_back(std::move(r));
     }
-    for (std::uint32_t i = 0; i < per_tenant && trace.requests.size() < options.requests; ++i) {
-      for (std::uint32_t t = 0; t < tenants && trace.requests.size() < options.requests; ++t) {
+    for (std::uint32_t i = 0; i < base_needed && trace.requests.size() < count; ++i) {
+      for (std::uint32_t t = 0; t < tenants && trace.requests.size() < count; ++t) {
         TraceRequest r = base[i];
         if (options.workload == Workload::kTenants) r.cache_salt = "tenant-" + std::to_string(t);
         trace.requests.push_back(std::move(r));

@@ -97,6 +97,9 @@ struct GeneratorOptions {
   std::uint32_t requests = 1000;
   std::uint32_t seed = 1;
   std::uint32_t tenants = 4;  // kTenants
+  // 0: every request; K: only the first K of the `requests` (--limit), the same K requests the
+  // whole trace starts with, generated without generating the rest.
+  std::uint64_t limit = 0;
 };
 
 // Deterministic for equal options:

@@ -356,6 +356,39 @@ TEST(Replay, GeneratorsAreDeterministicAndTenantsShareNothing) {
   EXPECT_GT(run_replay(unsalted, o)[0].hit_tokens, hits_all);
 }
 
+// --generate W --limit K generates only the first K requests (it used to generate them all and
+// then drop the rest): the same K requests as the whole trace's first K, prompts included.
+TEST(Replay, GeneratorLimitGeneratesOnlyTheFirstRequests) {
+  for (const Workload w : {Workload::kAgents, Workload::kChat, Workload::kTenants}) {
+    GeneratorOptions g;
+    g.workload = w;
+    g.requests = 500;
+    g.tenants = 3;
+    g.seed = 11;
+    const Trace whole = generate(g);
+    ASSERT_EQ(whole.requests.size(), w == Workload::kTenants ? 498u : 500u);
+    for (const std::uint64_t k :
+         {1ull, 2ull, 7ull, 250ull, 497ull, 498ull, 499ull, 500ull, 9000ull}) {
+      SCOPED_TRACE(whole.name + " --limit " + std::to_string(k));
+      g.limit = k;
+      const Trace first = generate(g);
+      ASSERT_EQ(first.requests.size(), std::min<std::size_t>(k, whole.requests.size()));
+      std::vector<TokenId> a, b;
+      for (std::size_t i = 0; i < first.requests.size(); ++i) {
+        const TraceRequest& x = first.requests[i];
+        const TraceRequest& y = whole.requests[i];
+        EXPECT_EQ(x.timestamp_ms, y.timestamp_ms);
+        EXPECT_EQ(x.input_length, y.input_length);
+        EXPECT_EQ(x.output_length, y.output_length);
+        EXPECT_EQ(x.cache_salt, y.cache_salt);
+        synthesize_prompt(first, i, a);
+        synthesize_prompt(whole, i, b);
+        ASSERT_EQ(a, b) << "request " << i;
+      }
+    }
+  }
+}
+
 // The generators keep a request's prompt as a prefix of its session's runs of fresh token ids,
 // shared across the session's turns and the tenants' copies: memory per request, not per prompt
 // token (20,000 agents requests took 1.85 GB when every request copied its whole context). The
