@@ -25,6 +25,16 @@ namespace {
   throw Error(ErrorCode::kParseError, path + ":" + std::to_string(line) + ": " + what);
 }
 
+// A key as quoted in a message: its first 80 bytes, anything but printable ASCII as '?' (a
+// decoded "\u001b" must not reach a terminal as an escape).
+std::string shown(std::string_view key) {
+  std::string out(key.substr(0, 80));
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return out;
+}
+
 // A strict reader for one flat JSON object per line.
 class JsonLine {
  public:
@@ -47,16 +57,70 @@ class JsonLine {
   void expect(char c, const std::string& where) {
     if (!eat(c)) fail(std::string("expected '") + c + "' " + where);
   }
+  // A JSON string (a key or an ignored value) with its escapes decoded: \" \\ \/ \b \f \n \r
+  // \t, and \uXXXX (a surrogate pair as one code point) as UTF-8, so that "hash\u005fids" is
+  // the key hash_ids; any other escape, or a lone surrogate, is malformed. Without escapes the
+  // view is into the line; with them, into a buffer the next call reuses.
   std::string_view string() {
     ws();
     if (p_ >= s_.size() || s_[p_] != '"') fail("expected a string");
     const std::size_t start = ++p_;
+    while (p_ < s_.size() && s_[p_] != '"' && s_[p_] != '\\') ++p_;
+    if (p_ < s_.size() && s_[p_] == '"') return s_.substr(start, p_++ - start);
+    decoded_.assign(s_.substr(start, p_ - start));
     while (p_ < s_.size() && s_[p_] != '"') {
-      if (s_[p_] == '\\') ++p_;
-      ++p_;
+      if (s_[p_] != '\\') {
+        decoded_ += s_[p_++];
+        continue;
+      }
+      if (++p_ >= s_.size()) break;
+      switch (const char e = s_[p_++]) {
+        case '"':
+        case '\\':
+        case '/':
+          decoded_ += e;
+          break;
+        case 'b':
+          decoded_ += '\b';
+          break;
+        case 'f':
+          decoded_ += '\f';
+          break;
+        case 'n':
+          decoded_ += '\n';
+          break;
+        case 'r':
+          decoded_ += '\r';
+          break;
+        case 't':
+          decoded_ += '\t';
+          break;
+        case 'u': {
+          std::uint32_t cp = hex4();
+          if (cp >= 0xDC00 && cp <= 0xDFFF) fail("a string has a lone low surrogate \\u escape");
+          if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (s_.substr(p_, 2) != "\\u") fail("a string has a lone high surrogate \\u escape");
+            p_ += 2;
+            const std::uint32_t low = hex4();
+            if (low < 0xDC00 || low > 0xDFFF) {
+              fail("a string has a lone high surrogate \\u escape");
+            }
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          }
+          append_utf8(cp);
+          break;
+        }
+        default: {
+          char shown[8];
+          std::snprintf(shown, sizeof shown, e > 0x20 && e < 0x7f ? "%c" : "0x%02X",
+                        static_cast<unsigned char>(e));
+          fail(std::string("a string has an invalid escape: backslash then '") + shown + "'");
+        }
+      }
     }
     if (p_ >= s_.size()) fail("unterminated string");
-    return s_.substr(start, p_++ - start);
+    ++p_;
+    return decoded_;
   }
   double number(const std::string& field) {
     ws();
@@ -122,6 +186,39 @@ class JsonLine {
   }
 
  private:
+  // The 4 hex digits of a \uXXXX escape.
+  std::uint32_t hex4() {
+    std::uint32_t v = 0;
+    for (int k = 0; k < 4; ++k, ++p_) {
+      const char c = p_ < s_.size() ? s_[p_] : '\0';
+      const int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+      if (d < 0) fail("a string has a \\u escape without 4 hex digits");
+      v = v << 4 | static_cast<std::uint32_t>(d);
+    }
+    return v;
+  }
+  void append_utf8(std::uint32_t cp) {
+    if (cp < 0x80) {
+      decoded_ += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      decoded_ += static_cast<char>(0xC0 | cp >> 6);
+      decoded_ += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      decoded_ += static_cast<char>(0xE0 | cp >> 12);
+      decoded_ += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+      decoded_ += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      decoded_ += static_cast<char>(0xF0 | cp >> 18);
+      decoded_ += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
+      decoded_ += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+      decoded_ += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  std::string decoded_;  // string()'s escapes decoded
   std::string_view s_;
   std::size_t p_ = 0;
   const std::string& path_;
@@ -133,7 +230,7 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   JsonLine j(text, path, line);
   TraceRequest r;
   bool has_ts = false, has_in = false, has_out = false, has_ids = false;
-  std::vector<std::string_view> other_keys;  // the ignored ones, to refuse one given twice
+  std::vector<std::string> other_keys;  // the ignored ones (decoded), to refuse one given twice
   auto once = [&](bool& seen, const std::string& key) {
     if (seen) j.fail("field '" + key + "' appears twice");
     seen = true;
@@ -152,9 +249,8 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   j.expect('{', "at the start of the line");
   if (!j.eat('}')) {
     do {
-      const std::string_view raw_key = j.string();
-      const std::string key(raw_key);
-      j.expect(':', "after key '" + key + "'");
+      const std::string key(j.string());  // escapes decoded: "hash\u005fids" is hash_ids
+      j.expect(':', "after key '" + shown(key) + "'");
       if (key == "timestamp") {
         once(has_ts, key);
         r.timestamp_ms = j.number(key);
@@ -180,7 +276,7 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
           j.expect(']', "field 'hash_ids': expected ',' or ']'");
         }
       } else {
-        other_keys.push_back(raw_key);
+        other_keys.push_back(key);
         j.skip_value();
       }
     } while (j.eat(','));
@@ -195,7 +291,7 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   if (other_keys.size() > 1) {
     std::sort(other_keys.begin(), other_keys.end());
     const auto twice = std::adjacent_find(other_keys.begin(), other_keys.end());
-    if (twice != other_keys.end()) j.fail("field '" + std::string(*twice) + "' appears twice");
+    if (twice != other_keys.end()) j.fail("field '" + shown(*twice) + "' appears twice");
   }
   return r;
 }

@@ -138,6 +138,26 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
       {R"({"x": 1, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": [], )"
        R"("y": 2, "x": [3]})",
        "field 'x' appears twice"},
+      // Escaped keys are decoded: "hash\u005fids" is hash_ids (it was an unknown key, ignored),
+      // so giving both is a key given twice; a bad escape is malformed, in a key or a value.
+      {R"({"timestamp": 0, "input_length": 32, "output_length": 4, "hash_ids": [1], )"
+       R"("hash\u005fids": [2, 3]})",
+       "field 'hash_ids' appears twice"},
+      {R"({"timestamp": 0, "input\u005Flength": 32, "output_length": 4, "hash_ids": [1], )"
+       R"("input_length": 16})",
+       "field 'input_length' appears twice"},
+      {R"({"x\u00e9": 1, "x\u00E9": 2, "timestamp": 0, "input_length": 6, "output_length": 5, )"
+       R"("hash_ids": []})",
+       "field 'x?"
+       "?' appears twice"},
+      {R"({"hash\qids": [1], "timestamp": 0, "input_length": 6, "output_length": 5})",
+       "invalid escape: backslash then 'q'"},
+      {R"({"x": "a\u00g1", "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": []})",
+       "\\u escape without 4 hex digits"},
+      {R"({"x\ud800": 1, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": []})",
+       "lone high surrogate"},
+      {R"({"\udc00": 1, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": []})",
+       "lone low surrogate"},
       // Timestamps: finite and within kMaxTraceTimestampMs.
       {R"({"timestamp": 1e400, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
        "field 'timestamp'"},
@@ -168,6 +188,17 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
       "extra.jsonl", R"({"session": {"id": "a", "t": [1, {"x": null}]}, "timestamp": 1.5, )"
                      R"("input_length": 10, "output_length": 1, "hash_ids": [7], "ok": true})");
   EXPECT_EQ(load_hashid_jsonl(extra, LoadOptions{}).requests.size(), 1u);
+  // Every key escaped (and escapes in ignored values): read as the plain keys.
+  const std::string escaped =
+      write_temp("escaped.jsonl",
+                 R"({"\u0074imestamp": 2, "input\u005flength": 600, "output\u005Flength": 3, )"
+                 R"("hash\u005fids": [7, 8], "note": "tab\t quote\" \\ \/ \ud83d\ude00 \u00e9"})");
+  const Trace esc = load_hashid_jsonl(escaped, LoadOptions{});
+  ASSERT_EQ(esc.requests.size(), 1u);
+  EXPECT_EQ(esc.requests[0].timestamp_ms, 2.0);
+  EXPECT_EQ(esc.requests[0].input_length, 600u);
+  EXPECT_EQ(esc.requests[0].output_length, 3u);
+  EXPECT_EQ(esc.requests[0].hash_ids, (std::vector<std::uint32_t>{7, 8}));
   // The limits themselves are accepted: 64 levels of nesting, kMaxTraceTokens-token lengths, a
   // timestamp of 1e15 ms.
   const std::string edge =
