@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -296,16 +297,30 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   return r;
 }
 
-// Reads a file line by line through zlib: a gzip stream (.gz, by its magic bytes) is
-// decompressed as it is read, in memory, without a temporary file; any other file is read as is.
+// Reads a file line by line: a gzip stream (by its magic bytes, whatever the name) is decompressed
+// through zlib's inflate as it is read, in memory, without a temporary file; any other file is read
+// as is. Concatenated gzip members are one stream (as gzip -d reads them); bytes after the last
+// member that do not start another are an error (zlib's gzread ignored them silently), as is a
+// stream cut short.
 class LineReader {
  public:
-  explicit LineReader(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
+  explicit LineReader(const std::string& path)
+      : path_(path), file_(std::fopen(path.c_str(), "rb")) {
     if (file_ == nullptr) {
       throw Error(ErrorCode::kNotFound, "cannot open trace file '" + path + "'");
     }
-    gzbuffer(file_.get(), 1 << 17);
+    fill_input(2);
+    gzip_ = starts_member();
+    if (gzip_ && inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK) {  // 16: a gzip wrapper
+      throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot start zlib");
+    }
   }
+  ~LineReader() {
+    if (gzip_) inflateEnd(&z_);
+  }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+
   // The next line, line `number` of the file, without its '\n' (a '\r' is kept); false at the
   // end of the file. A line longer than kMaxTraceLineBytes throws: the load stops there.
   bool next(std::string& line, std::uint64_t number) {
@@ -339,39 +354,91 @@ class LineReader {
   }
 
  private:
-  static constexpr unsigned kChunk = 1u << 17;
+  static constexpr std::size_t kChunk = std::size_t{1} << 17;
   struct Close {
-    void operator()(gzFile f) const { gzclose(f); }
+    void operator()(std::FILE* f) const { std::fclose(f); }
   };
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': " + what);
+  }
+  // Reads more of the file until at least `want` unread bytes are buffered (fewer at its end).
+  void fill_input(std::size_t want) {
+    if (in_end_ - in_pos_ >= want || file_eof_) return;
+    std::memmove(in_.get(), in_.get() + in_pos_, in_end_ - in_pos_);
+    in_offset_ += in_pos_;
+    in_end_ -= in_pos_;
+    in_pos_ = 0;
+    while (in_end_ < want && !file_eof_) {
+      const std::size_t n = std::fread(in_.get() + in_end_, 1, kChunk - in_end_, file_.get());
+      in_end_ += n;
+      if (n == 0) {
+        if (std::ferror(file_.get()))
+          fail(std::string("cannot read (") + std::strerror(errno) + ")");
+        file_eof_ = true;
+      }
+    }
+  }
+  // The unread input starts a gzip member (its magic bytes 1f 8b).
+  bool starts_member() const {
+    return in_end_ - in_pos_ >= 2 && static_cast<unsigned char>(in_[in_pos_]) == 0x1f &&
+           static_cast<unsigned char>(in_[in_pos_ + 1]) == 0x8b;
+  }
+  // Puts the next chunk of the file's text in buffer_ (none: eof_).
   void refill() {
-    const int n = gzread(file_.get(), buffer_.get(), kChunk);
-    if (n < 0) {
-      int code = 0;
-      const char* what = gzerror(file_.get(), &code);
-      throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot read (" +
-                                              std::string(what ? what : "zlib error") + ")");
-    }
-    if (n == 0) {
-      // The end of the data: of the file, or of a gzip stream cut short (zlib then reports
-      // Z_BUF_ERROR, "unexpected end of file", and gzread returns what it could decompress).
-      int code = Z_OK;
-      const char* what = gzerror(file_.get(), &code);
-      if (code == Z_BUF_ERROR) {
-        throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': truncated gzip stream");
-      }
-      if (code != Z_OK) {
-        throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot read (" +
-                                                std::string(what ? what : "zlib error") + ")");
-      }
-    }
     pos_ = 0;
-    end_ = static_cast<std::size_t>(n);
-    if (n == 0) eof_ = true;
+    end_ = 0;
+    if (!gzip_) {
+      fill_input(1);
+      end_ = in_end_ - in_pos_;
+      std::memcpy(buffer_.get(), in_.get() + in_pos_, end_);
+      in_pos_ = in_end_;
+      eof_ = end_ == 0;
+      return;
+    }
+    while (end_ == 0) {
+      if (member_done_) {  // the end of a member: another one, or the end of the file
+        fill_input(2);
+        if (in_pos_ == in_end_) {
+          eof_ = true;
+          return;
+        }
+        if (!starts_member()) {
+          fail("the bytes after the gzip stream's end at byte " +
+               std::to_string(in_offset_ + in_pos_) +
+               " are not gzip data (trailing garbage, or a damaged file)");
+        }
+        if (inflateReset(&z_) != Z_OK) fail("cannot restart zlib");
+        member_done_ = false;
+      }
+      fill_input(1);
+      z_.next_in = reinterpret_cast<Bytef*>(in_.get() + in_pos_);
+      z_.avail_in = static_cast<uInt>(in_end_ - in_pos_);
+      z_.next_out = reinterpret_cast<Bytef*>(buffer_.get());
+      z_.avail_out = static_cast<uInt>(kChunk);
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      in_pos_ = in_end_ - z_.avail_in;
+      end_ = kChunk - z_.avail_out;
+      if (rc == Z_STREAM_END) {
+        member_done_ = true;
+      } else if (rc == Z_BUF_ERROR || (rc == Z_OK && end_ == 0 && z_.avail_in == 0)) {
+        // No progress without more input: at the end of the file, a stream cut short.
+        if (file_eof_ && in_pos_ == in_end_) fail("truncated gzip stream");
+      } else if (rc != Z_OK) {
+        fail(std::string("cannot read (") + (z_.msg != nullptr ? z_.msg : "zlib error") + ")");
+      }
+    }
   }
 
   const std::string& path_;
-  std::unique_ptr<gzFile_s, Close> file_;
-  std::unique_ptr<char[]> buffer_{new char[kChunk]};
+  std::unique_ptr<std::FILE, Close> file_;
+  bool gzip_ = false;
+  z_stream z_{};
+  bool member_done_ = false;                      // inflate reached a member's end
+  std::unique_ptr<char[]> in_{new char[kChunk]};  // the file's bytes, read ahead
+  std::size_t in_pos_ = 0, in_end_ = 0;
+  std::uint64_t in_offset_ = 0;  // the file offset of in_[0]
+  bool file_eof_ = false;
+  std::unique_ptr<char[]> buffer_{new char[kChunk]};  // the text
   std::size_t pos_ = 0;
   std::size_t end_ = 0;
   bool eof_ = false;

@@ -10,7 +10,9 @@ which this test failed on before its fix):
   store URL's password;
 - bad flags exit 2 naming the flag, and what is not a pagedkv::Error (out of memory for a pool
   this large, a port past 65535) exits 1 with a message, not an abort (rc 134; --out-of-memory);
-- a trace with no requests is an error, not a run over nothing.
+- a trace with no requests is an error, not a run over nothing;
+- a gzip trace followed by bytes that are not gzip is an error naming the file (gzread ignored
+  them), while concatenated gzip members are read as one trace.
 
 Usage: replay_hostile_cli_test.py PAGEDKV_REPLAY
        replay_hostile_cli_test.py --out-of-memory PAGEDKV_REPLAY
@@ -19,6 +21,7 @@ address space must exit 1 with "out of memory". It exits 77 (ctest: skipped) for
 with AddressSanitizer, whose allocator aborts on a failed allocation instead of throwing
 std::bad_alloc and cannot run under an address-space limit.
 """
+import gzip
 import json
 import os
 import resource
@@ -110,6 +113,25 @@ def main():
             expect_error(binary, ["--trace", ok, "--num-blocks", "10", "--engines", "2",
                                   "--kv-events", "tcp://127.0.0.1:65535"], d, 1,
                          "is not a TCP port")
+
+        # gzip: concatenated members are one trace (as gzip -d reads them); bytes after the last
+        # member that are not gzip are an error naming the file (zlib's gzread ignored them).
+        with open(ok, "rb") as f:
+            member = gzip.compress(f.read())
+        two = os.path.join(d, "two.jsonl.gz")
+        with open(two, "wb") as f:
+            f.write(member + member)
+        p = run(binary, ["--trace", two, "--num-blocks", "10"], d)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout.strip().splitlines()[-1])["requests"] == 16, p.stdout
+        junk = os.path.join(d, "junk.jsonl.gz")
+        with open(junk, "wb") as f:
+            f.write(member + b"garbage\n")
+        expect_error(binary, ["--trace", junk, "--num-blocks", "10"], d, 1,
+                     f"trace file '{junk}': the bytes after the gzip stream's end at byte "
+                     f"{len(member)} are not gzip data")
+        expect_error(binary, ["--trace", junk, "--num-blocks", "10", "--skip-bad"], d, 1,
+                     "are not gzip data")
 
         # No requests.
         empty = os.path.join(d, "empty.jsonl")

@@ -307,6 +307,42 @@ TEST(Replay, ReadsGzipCompressedTraces) {
       }
     }
   }
+  // Bytes after the last member that do not start another one are an error naming the file
+  // (zlib's gzread ignored them silently), also under --skip-bad; more members are read on.
+  const std::string member =
+      write_temp_gz("member.jsonl.gz", text.substr(0, text.find("\n", 2000) + 1));
+  std::string member_bytes;
+  {
+    std::ifstream in(member, std::ios::binary);
+    member_bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string two = write_temp("two.jsonl.gz", bytes + member_bytes);
+  EXPECT_GT(load_hashid_jsonl(two, options).requests.size(), a.requests.size() + 10);
+  const std::string end = "the bytes after the gzip stream's end at byte ";
+  const std::string after_first = end + std::to_string(bytes.size()) + " are not gzip data";
+  const std::pair<std::string, std::string> junk_cases[] = {
+      {bytes + "junk\n", after_first},
+      {bytes + std::string(1, '\x1f'), after_first},
+      {bytes + std::string(3, '\0'), after_first},
+      {bytes + std::string(300000, 'x'), after_first},
+      {bytes + member_bytes + "{\"timestamp\": 1}\n",
+       end + std::to_string(bytes.size() + member_bytes.size()) + " are not gzip data"},
+      // Another member's magic bytes, then junk: that member is damaged.
+      {bytes + "\x1f\x8bjunk", "cannot read ("},
+  };
+  for (const auto& [content, fragment] : junk_cases) {
+    const std::string t = write_temp("junk.jsonl.gz", content);
+    for (const LoadOptions& o : {options, skip}) {
+      try {
+        load_hashid_jsonl(t, o);
+        ADD_FAILURE() << "accepted a gzip stream with trailing bytes: " << fragment;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("trace file '" + t + "': " + fragment),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
   // Azure CSV, compressed.
   const std::string csv =
       write_temp_gz("azure.csv.gz",
