@@ -12,6 +12,7 @@
 #include <iostream>
 #include <new>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,8 @@ constexpr const char* kUsage =
     "                      [options]\n"
     "\n"
     "Prints one JSON object per cache size on stdout (or a table with --table).\n"
+    "Each flag is given once (--num-blocks, --kv-memory-gib and --host-blocks take several values\n"
+    "and may be repeated).\n"
     "\n"
     "input:\n"
     "  --trace FILE              a hash-id JSONL trace or an Azure CSV (by extension, or "
@@ -355,8 +358,17 @@ int main(int argc, char** argv) {
   };
 #endif
 
+  // The flags given, each once: a single-value flag given twice is refused (it used to keep the
+  // last value silently); the list flags (--num-blocks, --kv-memory-gib, --host-blocks) append.
+  std::set<std::string, std::less<>> given;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg.starts_with("--") && !given.insert(arg).second && arg != "--num-blocks" &&
+        arg != "--kv-memory-gib" && arg != "--host-blocks") {
+      usage_error(arg +
+                  " given twice (give a flag once; only --num-blocks, --kv-memory-gib and "
+                  "--host-blocks take several values)");
+    }
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) usage_error(arg + " needs a value");
       // "--trace --num-blocks 10": the next flag is not this one's value.

@@ -11,6 +11,7 @@ which this test failed on before its fix):
 - bad flags exit 2 naming the flag, and what is not a pagedkv::Error (out of memory for a pool
   this large, a port past 65535) exits 1 with a message, not an abort (rc 134; --out-of-memory);
 - a trace with no requests is an error, not a run over nothing;
+- a single-value flag given twice exits 2 naming the flag (the last value was kept silently);
 - a gzip trace followed by bytes that are not gzip is an error naming the file (gzread ignored
   them), while concatenated gzip members are read as one trace.
 
@@ -107,6 +108,18 @@ def main():
                               str(1 << 40)], d, 2, "--kv-bytes-per-token")
         expect_error(binary, ["--trace", ok, "--num-blocks", "10", "--arrival-rate-scale",
                               "1e-320"], d, 2, "--arrival-rate-scale")
+
+        # A single-value flag given twice exits 2 naming it (the last value used to win
+        # silently); the list flags (--num-blocks, --kv-memory-gib, --host-blocks) append.
+        for flag, args in [("--block-size", ["--block-size", "16", "--block-size", "32"]),
+                           ("--trace", ["--trace", ok]),
+                           ("--hash", ["--hash", "sha256", "--hash", "xxh3_128"]),
+                           ("--table", ["--table", "--table"])]:
+            expect_error(binary, ["--trace", ok, "--num-blocks", "10"] + args, d, 2,
+                         f"{flag} given twice")
+        p = run(binary, ["--trace", ok, "--num-blocks", "10", "--num-blocks", "20"], d)
+        assert p.returncode == 0, p.stderr
+        assert len(p.stdout.strip().splitlines()) == 2, p.stdout
 
         # Engine k publishes on port + k (built with pagedkv::events only).
         if "--engines" in run(binary, ["--help"], d).stdout:
