@@ -11,7 +11,9 @@ which this test failed on before its fix):
 - bad flags exit 2 naming the flag, and what is not a pagedkv::Error (out of memory for a pool
   this large, a port past 65535) exits 1 with a message, not an abort (rc 134; --out-of-memory);
 - a trace with no requests is an error, not a run over nothing;
-- a single-value flag given twice exits 2 naming the flag (the last value was kept silently);
+- a single-value flag given twice, and a flag that does not apply to the run's input (--trace,
+  --generate W) or mode (--mode, --schedule), exit 2 naming the flag (they were ignored, or the
+  last value kept, silently);
 - a gzip trace followed by bytes that are not gzip is an error naming the file (gzread ignored
   them), while concatenated gzip members are read as one trace.
 
@@ -120,6 +122,60 @@ def main():
         p = run(binary, ["--trace", ok, "--num-blocks", "10", "--num-blocks", "20"], d)
         assert p.returncode == 0, p.stderr
         assert len(p.stdout.strip().splitlines()) == 2, p.stdout
+
+        # A flag that does not apply to the run's input or mode exits 2 naming the flag and the
+        # mode (each was ignored silently).
+        trace = ["--trace", ok, "--num-blocks", "10"]
+        engine = trace + ["--mode", "engine"]
+        chat = ["--generate", "chat", "--requests", "20", "--num-blocks", "10"]
+        flood = ["--generate", "flood", "--num-blocks", "101"]
+        seq = "engine mode only (--mode engine), not --mode sequential"
+        for args, message in [
+                (trace + ["--max-running", "4"], "--max-running: " + seq),
+                (trace + ["--max-batched-tokens", "512"], "--max-batched-tokens: " + seq),
+                (trace + ["--step-ms", "5"], "--step-ms: " + seq),
+                (trace + ["--schedule", "fcfs"], "--schedule: " + seq),
+                (trace + ["--host-blocks", "10", "--host-gbps", "5"], "--host-gbps: " + seq),
+                (trace + ["--arrival-rate-scale", "2"], "--arrival-rate-scale: " + seq),
+                (trace + ["--mode", "sequential", "--step-ms", "5"], "--step-ms: " + seq),
+                (engine + ["--threads", "1"], "--threads: sequential mode only, not --mode engine"),
+                (engine + ["--max-candidates", "8"],
+                 "--max-candidates: only with --schedule prefix (--mode engine), not --schedule "
+                 "fcfs"),
+                (engine + ["--schedule", "fcfs", "--max-passed-over", "8"],
+                 "--max-passed-over: only with --schedule prefix"),
+                (chat + ["--no-retention"],
+                 "--no-retention: applies to --generate flood only, not to --generate chat"),
+                (trace + ["--retention-priority", "50"],
+                 "--retention-priority: applies to --generate flood only, not to --trace"),
+                (chat + ["--retention-duration", "5"],
+                 "--retention-duration: applies to --generate flood only"),
+                (trace + ["--requests", "5"],
+                 "--requests: applies to --generate only, not to --trace"),
+                (trace + ["--seed", "3"], "--seed: applies to --generate only, not to --trace"),
+                (trace + ["--tenants", "3"],
+                 "--tenants: applies to --generate only, not to --trace"),
+                (chat + ["--tenants", "3"],
+                 "--tenants: applies to --generate tenants only, not to --generate chat"),
+                (flood + ["--requests", "5"], "--requests: does not apply to --generate flood"),
+                (flood + ["--limit", "5"], "--limit: does not apply to --generate flood"),
+                (chat + ["--format", "azure"],
+                 "--format: applies to --trace only, not to --generate chat"),
+                (chat + ["--source-block-size", "64"],
+                 "--source-block-size: applies to --trace only, not to --generate chat"),
+                (flood + ["--skip-bad"],
+                 "--skip-bad: applies to --trace only, not to --generate flood")]:
+            expect_error(binary, args, d, 2, message)
+        # Where they apply, they run.
+        for args in [engine + ["--max-running", "4", "--step-ms", "5", "--arrival-rate-scale", "2"],
+                     engine + ["--schedule", "prefix", "--max-candidates", "8"],
+                     trace + ["--threads", "1", "--skip-bad", "--source-block-size", "64",
+                              "--format", "hashids", "--limit", "3"],
+                     ["--generate", "tenants", "--tenants", "3", "--requests", "30", "--seed", "4",
+                      "--limit", "7", "--num-blocks", "10"],
+                     flood + ["--seed", "2", "--no-retention"]]:
+            p = run(binary, args, d)
+            assert p.returncode == 0, f"{args}: rc {p.returncode}\n{p.stderr[-2000:]}"
 
         # Engine k publishes on port + k (built with pagedkv::events only).
         if "--engines" in run(binary, ["--help"], d).stdout:
