@@ -42,6 +42,34 @@ std::string many_ids(int n) {
   return s;
 }
 
+// A malformed trace line and a fragment of the error it must give.
+struct BadLine {
+  std::string line, fragment;
+};
+
+// Writes `head` (the lines before, each ending in '\n'), `good`, `bad.line` and `good` again to the
+// file `name`: loading it fails naming the file, the bad line's number and `bad.fragment`; with
+// skip_bad the bad line is skipped and counted and both good lines are read.
+void expect_bad_line(Trace (*load)(const std::string&, const LoadOptions&), const std::string& name,
+                     const std::string& head, const std::string& good, const BadLine& bad) {
+  SCOPED_TRACE(bad.line.substr(0, 200));
+  const std::string path = write_temp(name, head + good + "\n" + bad.line + "\n" + good + "\n");
+  const auto number = 2 + std::count(head.begin(), head.end(), '\n');
+  try {
+    load(path, LoadOptions{});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path + ":" + std::to_string(number) + ": "), std::string::npos) << what;
+    EXPECT_NE(what.find(bad.fragment), std::string::npos) << what;
+  }
+  LoadOptions skip;
+  skip.skip_bad = true;
+  const Trace t = load(path, skip);
+  EXPECT_EQ(t.requests.size(), 2u);
+  EXPECT_EQ(t.skipped_lines, 1u);
+}
+
 // data/traces/README.md, "Reference figures for the default replay": first 1,000 requests.
 TEST(ReplayTraces, ReproducesTheReferenceFiguresOnTheFirstThousandMooncakeRequests) {
   const std::string& path = kMooncakeTrace;
@@ -89,10 +117,7 @@ TEST(Replay, SingleThreadedAndPipelinedHashingAgree) {
 TEST(Replay, MalformedLinesNameFileLineAndField) {
   const std::string good =
       R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})";
-  struct Case {
-    std::string line, fragment;
-  };
-  const Case cases[] = {
+  const BadLine cases[] = {
       {R"({"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]})",
        "'output_length' is missing"},
       {R"({"timestamp": 0, "input_length": -3, "output_length": 5, "hash_ids": [1]})",
@@ -166,22 +191,7 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
       {R"({"timestamp": -1.7e308, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
        "field 'timestamp': outside [-1e15, 1e15] ms"},
   };
-  for (const Case& c : cases) {
-    const std::string path = write_temp("bad.jsonl", good + "\n" + c.line + "\n" + good + "\n");
-    try {
-      load_hashid_jsonl(path, LoadOptions{});
-      ADD_FAILURE() << "accepted: " << c.line;
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(path + ":2:"), std::string::npos) << what;
-      EXPECT_NE(what.find(c.fragment), std::string::npos) << what;
-    }
-    LoadOptions skip;
-    skip.skip_bad = true;
-    const Trace t = load_hashid_jsonl(path, skip);
-    EXPECT_EQ(t.requests.size(), 2u);
-    EXPECT_EQ(t.skipped_lines, 1u);
-  }
+  for (const BadLine& c : cases) expect_bad_line(load_hashid_jsonl, "bad.jsonl", "", good, c);
   EXPECT_THROW(load_hashid_jsonl("/nonexistent/trace.jsonl", LoadOptions{}), Error);
   // Unknown fields of any JSON type are ignored.
   const std::string extra = write_temp(
@@ -603,10 +613,7 @@ TEST(Replay, AzureCsvErrorsNameFileAndLine) {
   }
   // Line-level problems: named by line and field, skipped under --skip-bad.
   const std::string good = "2023-11-16 18:15:46.6805900,374,44";
-  struct Case {
-    std::string line, fragment;
-  };
-  const Case cases[] = {
+  const BadLine cases[] = {
       {"0,4294967295,0",
        "field 'ContextTokens': 4294967295 tokens is more than the limit of "
        "16777216"},
@@ -620,22 +627,9 @@ TEST(Replay, AzureCsvErrorsNameFileAndLine) {
       {"2023-11-16,100,10", "field 'TIMESTAMP'"},
       {"2023-11-16 18:15:46.,100,10", "field 'TIMESTAMP'"},
   };
-  for (const Case& c : cases) {
-    const std::string path =
-        write_temp("bad_line.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + good + "\n" +
-                                       c.line + "\n" + good + "\n");
-    try {
-      load_azure_csv(path, LoadOptions{});
-      ADD_FAILURE() << "accepted: " << c.line;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(path + ":3: " + c.fragment), std::string::npos)
-          << e.what();
-    }
-    LoadOptions skip;
-    skip.skip_bad = true;
-    const Trace t = load_azure_csv(path, skip);
-    EXPECT_EQ(t.requests.size(), 2u) << c.line;
-    EXPECT_EQ(t.skipped_lines, 1u) << c.line;
+  for (const BadLine& c : cases) {
+    expect_bad_line(load_azure_csv, "bad_line.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n",
+                    good, c);
   }
   // The limits and other timestamp forms are accepted.
   const std::string ok = write_temp("ok.csv",
