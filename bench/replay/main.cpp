@@ -12,6 +12,7 @@
 #include <iostream>
 #include <new>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,15 +36,21 @@ constexpr const char* kUsage =
     "                      [options]\n"
     "\n"
     "Prints one JSON object per cache size on stdout (or a table with --table).\n"
+    "Each flag is given once (--num-blocks, --kv-memory-gib and --host-blocks take several values\n"
+    "and may be repeated); a flag that does not apply to the input or the mode is an error.\n"
     "\n"
     "input:\n"
     "  --trace FILE              a hash-id JSONL trace or an Azure CSV (by extension, or "
     "--format);\n"
-    "                            either may be gzip-compressed (FILE.gz, read as it decompresses)\n"
-    "  --format hashids|azure    the trace's format\n"
-    "  --source-block-size S     tokens per hash id (Mooncake: 512, the default; others: 64)\n"
+    "                            either may be gzip-compressed (FILE.gz, read as it decompresses;\n"
+    "                            concatenated members are one stream, other bytes after the\n"
+    "                            last member an error)\n"
+    "  --format hashids|azure    --trace: the trace's format\n"
+    "  --source-block-size S     --trace: tokens per hash id (Mooncake: 512, the default; others:\n"
+    "                            64)\n"
     "  --generate W              a built-in workload: agents, chat or tenants\n"
-    "  --requests N, --seed S, --tenants T   generator size, seed and tenant count\n"
+    "  --requests N, --seed S, --tenants T   generator size, seed (flood too) and tenant count\n"
+    "                            (--generate tenants only)\n"
     "  --generate flood          a retained system prompt against a flood (flood.hpp):\n"
     "                            a warm-up request with a 10,800-token shared prefix retained at\n"
     "                            priority 90, 5,770 unrelated requests (1,024-3,072 tokens), and\n"
@@ -53,8 +60,9 @@ constexpr const char* kUsage =
     "  --no-retention            flood: the same requests without a retention config (plain LRU)\n"
     "  --retention-priority P    flood: the prefix's priority (90)\n"
     "  --retention-duration T    flood: the priority's duration in requests (none)\n"
-    "  --limit K                 only the first K requests\n"
-    "  --skip-bad                skip (and count) malformed lines instead of stopping\n"
+    "  --limit K                 only the first K requests (a generator makes only those; not\n"
+    "                            with flood)\n"
+    "  --skip-bad                --trace: skip (and count) malformed lines instead of stopping\n"
     "replay:\n"
     "  --num-blocks N [N ...]    total pool blocks including the null block; several sweep\n"
     "  --block-size B            tokens per block (default 16)\n"
@@ -83,7 +91,8 @@ constexpr const char* kUsage =
     "  --max-passed-over K       --schedule prefix: the aging bound in steps (256)\n"
     "  --max-candidates C        --schedule prefix: the C earliest waiting requests are\n"
     "                            considered each step (128; 0: all)\n"
-    "  --arrival-rate-scale X    arrivals X times as fast (timestamps divided by X; 1)\n"
+    "  --arrival-rate-scale X    engine mode: arrivals X times as fast (timestamps divided by X;\n"
+    "                            1)\n"
     "  --eviction lru|slru|s3fifo|lineage|adaptive|belady|reuse-oracle|reuse-oracle-mru|\n"
     "             belady-noisy:S\n"
     "                            lru (default): the library's pool;\n"
@@ -355,8 +364,17 @@ int main(int argc, char** argv) {
   };
 #endif
 
+  // The flags given, each once: a single-value flag given twice is refused (it used to keep the
+  // last value silently); the list flags (--num-blocks, --kv-memory-gib, --host-blocks) append.
+  std::set<std::string, std::less<>> given;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg.starts_with("--") && !given.insert(arg).second && arg != "--num-blocks" &&
+        arg != "--kv-memory-gib" && arg != "--host-blocks") {
+      usage_error(arg +
+                  " given twice (give a flag once; only --num-blocks, --kv-memory-gib and "
+                  "--host-blocks take several values)");
+    }
     auto value = [&]() -> std::string {
       if (i + 1 >= argc) usage_error(arg + " needs a value");
       // "--trace --num-blocks 10": the next flag is not this one's value.
@@ -580,6 +598,42 @@ int main(int argc, char** argv) {
   }
   if (trace_path.has_value() == generate.has_value())
     usage_error("give exactly one of --trace and --generate");
+  // A flag that does not apply to this run's input or mode is refused, naming both (it used to
+  // be ignored silently).
+  auto refuse = [&](std::initializer_list<std::string_view> flags, const std::string& why) {
+    for (const std::string_view f : flags) {
+      if (given.contains(f)) usage_error(std::string(f) + ": " + why);
+    }
+  };
+  const bool flood_run = generate && *generate == "flood";
+  const std::string input = trace_path ? "--trace" : "--generate " + *generate;
+  if (generate) {
+    refuse({"--format", "--source-block-size", "--skip-bad"},
+           "applies to --trace only, not to " + input);
+  } else {
+    refuse({"--requests", "--seed", "--tenants"}, "applies to --generate only, not to --trace");
+  }
+  if (generate && *generate != "tenants") {
+    refuse({"--tenants"}, "applies to --generate tenants only, not to " + input);
+  }
+  if (flood_run) {
+    refuse({"--requests", "--limit"},
+           "does not apply to --generate flood (its requests are fixed: flood.hpp)");
+  } else {
+    refuse({"--no-retention", "--retention-priority", "--retention-duration"},
+           "applies to --generate flood only, not to " + input);
+  }
+  if (opt.mode != Mode::kEngine) {
+    refuse({"--max-running", "--max-batched-tokens", "--step-ms", "--schedule", "--host-gbps",
+            "--arrival-rate-scale"},
+           "engine mode only (--mode engine), not --mode sequential");
+  } else {
+    refuse({"--threads"}, "sequential mode only, not --mode engine");
+  }
+  if (opt.schedule != Schedule::kPrefix) {
+    refuse({"--max-passed-over", "--max-candidates"},
+           "only with --schedule prefix (--mode engine), not --schedule fcfs");
+  }
   if (!kv_memory_gib.empty()) {
     // The pool as memory (issue 36: bf16 vs FP8 at the same GPU memory).
     if (kv_bytes_per_token == 0) usage_error("--kv-memory-gib needs --kv-bytes-per-token");
@@ -653,8 +707,8 @@ int main(int argc, char** argv) {
     Trace trace;
     if (generate) {
       gen.workload = parse_workload(*generate);
+      gen.limit = load.limit;  // only the first K are generated
       trace = pagedkv::replay::generate(gen);
-      if (load.limit != 0 && trace.requests.size() > load.limit) trace.requests.resize(load.limit);
     } else {
       std::string_view name = *trace_path;  // FILE.csv.gz is a compressed CSV
       if (name.size() >= 3 && name.substr(name.size() - 3) == ".gz") name.remove_suffix(3);

@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -23,6 +24,16 @@ namespace {
 [[noreturn]] void parse_error(const std::string& path, std::uint64_t line,
                               const std::string& what) {
   throw Error(ErrorCode::kParseError, path + ":" + std::to_string(line) + ": " + what);
+}
+
+// A key as quoted in a message: its first 80 bytes, anything but printable ASCII as '?' (a
+// decoded "\u001b" must not reach a terminal as an escape).
+std::string shown(std::string_view key) {
+  std::string out(key.substr(0, 80));
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  return out;
 }
 
 // A strict reader for one flat JSON object per line.
@@ -47,16 +58,70 @@ class JsonLine {
   void expect(char c, const std::string& where) {
     if (!eat(c)) fail(std::string("expected '") + c + "' " + where);
   }
+  // A JSON string (a key or an ignored value) with its escapes decoded: \" \\ \/ \b \f \n \r
+  // \t, and \uXXXX (a surrogate pair as one code point) as UTF-8, so that "hash\u005fids" is
+  // the key hash_ids; any other escape, or a lone surrogate, is malformed. Without escapes the
+  // view is into the line; with them, into a buffer the next call reuses.
   std::string_view string() {
     ws();
     if (p_ >= s_.size() || s_[p_] != '"') fail("expected a string");
     const std::size_t start = ++p_;
+    while (p_ < s_.size() && s_[p_] != '"' && s_[p_] != '\\') ++p_;
+    if (p_ < s_.size() && s_[p_] == '"') return s_.substr(start, p_++ - start);
+    decoded_.assign(s_.substr(start, p_ - start));
     while (p_ < s_.size() && s_[p_] != '"') {
-      if (s_[p_] == '\\') ++p_;
-      ++p_;
+      if (s_[p_] != '\\') {
+        decoded_ += s_[p_++];
+        continue;
+      }
+      if (++p_ >= s_.size()) break;
+      switch (const char e = s_[p_++]) {
+        case '"':
+        case '\\':
+        case '/':
+          decoded_ += e;
+          break;
+        case 'b':
+          decoded_ += '\b';
+          break;
+        case 'f':
+          decoded_ += '\f';
+          break;
+        case 'n':
+          decoded_ += '\n';
+          break;
+        case 'r':
+          decoded_ += '\r';
+          break;
+        case 't':
+          decoded_ += '\t';
+          break;
+        case 'u': {
+          std::uint32_t cp = hex4();
+          if (cp >= 0xDC00 && cp <= 0xDFFF) fail("a string has a lone low surrogate \\u escape");
+          if (cp >= 0xD800 && cp <= 0xDBFF) {
+            if (s_.substr(p_, 2) != "\\u") fail("a string has a lone high surrogate \\u escape");
+            p_ += 2;
+            const std::uint32_t low = hex4();
+            if (low < 0xDC00 || low > 0xDFFF) {
+              fail("a string has a lone high surrogate \\u escape");
+            }
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+          }
+          append_utf8(cp);
+          break;
+        }
+        default: {
+          char shown[8];
+          std::snprintf(shown, sizeof shown, e > 0x20 && e < 0x7f ? "%c" : "0x%02X",
+                        static_cast<unsigned char>(e));
+          fail(std::string("a string has an invalid escape: backslash then '") + shown + "'");
+        }
+      }
     }
     if (p_ >= s_.size()) fail("unterminated string");
-    return s_.substr(start, p_++ - start);
+    ++p_;
+    return decoded_;
   }
   double number(const std::string& field) {
     ws();
@@ -122,6 +187,39 @@ class JsonLine {
   }
 
  private:
+  // The 4 hex digits of a \uXXXX escape.
+  std::uint32_t hex4() {
+    std::uint32_t v = 0;
+    for (int k = 0; k < 4; ++k, ++p_) {
+      const char c = p_ < s_.size() ? s_[p_] : '\0';
+      const int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+      if (d < 0) fail("a string has a \\u escape without 4 hex digits");
+      v = v << 4 | static_cast<std::uint32_t>(d);
+    }
+    return v;
+  }
+  void append_utf8(std::uint32_t cp) {
+    if (cp < 0x80) {
+      decoded_ += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      decoded_ += static_cast<char>(0xC0 | cp >> 6);
+      decoded_ += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      decoded_ += static_cast<char>(0xE0 | cp >> 12);
+      decoded_ += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+      decoded_ += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+      decoded_ += static_cast<char>(0xF0 | cp >> 18);
+      decoded_ += static_cast<char>(0x80 | (cp >> 12 & 0x3F));
+      decoded_ += static_cast<char>(0x80 | (cp >> 6 & 0x3F));
+      decoded_ += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+  }
+
+  std::string decoded_;  // string()'s escapes decoded
   std::string_view s_;
   std::size_t p_ = 0;
   const std::string& path_;
@@ -133,7 +231,7 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   JsonLine j(text, path, line);
   TraceRequest r;
   bool has_ts = false, has_in = false, has_out = false, has_ids = false;
-  std::vector<std::string_view> other_keys;  // the ignored ones, to refuse one given twice
+  std::vector<std::string> other_keys;  // the ignored ones (decoded), to refuse one given twice
   auto once = [&](bool& seen, const std::string& key) {
     if (seen) j.fail("field '" + key + "' appears twice");
     seen = true;
@@ -152,9 +250,8 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   j.expect('{', "at the start of the line");
   if (!j.eat('}')) {
     do {
-      const std::string_view raw_key = j.string();
-      const std::string key(raw_key);
-      j.expect(':', "after key '" + key + "'");
+      const std::string key(j.string());  // escapes decoded: "hash\u005fids" is hash_ids
+      j.expect(':', "after key '" + shown(key) + "'");
       if (key == "timestamp") {
         once(has_ts, key);
         r.timestamp_ms = j.number(key);
@@ -180,7 +277,7 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
           j.expect(']', "field 'hash_ids': expected ',' or ']'");
         }
       } else {
-        other_keys.push_back(raw_key);
+        other_keys.push_back(key);
         j.skip_value();
       }
     } while (j.eat(','));
@@ -195,21 +292,35 @@ TraceRequest parse_hashid_line(std::string_view text, const std::string& path, s
   if (other_keys.size() > 1) {
     std::sort(other_keys.begin(), other_keys.end());
     const auto twice = std::adjacent_find(other_keys.begin(), other_keys.end());
-    if (twice != other_keys.end()) j.fail("field '" + std::string(*twice) + "' appears twice");
+    if (twice != other_keys.end()) j.fail("field '" + shown(*twice) + "' appears twice");
   }
   return r;
 }
 
-// Reads a file line by line through zlib: a gzip stream (.gz, by its magic bytes) is
-// decompressed as it is read, in memory, without a temporary file; any other file is read as is.
+// Reads a file line by line: a gzip stream (by its magic bytes, whatever the name) is decompressed
+// through zlib's inflate as it is read, in memory, without a temporary file; any other file is read
+// as is. Concatenated gzip members are one stream (as gzip -d reads them); bytes after the last
+// member that do not start another are an error (zlib's gzread ignored them silently), as is a
+// stream cut short.
 class LineReader {
  public:
-  explicit LineReader(const std::string& path) : path_(path), file_(gzopen(path.c_str(), "rb")) {
+  explicit LineReader(const std::string& path)
+      : path_(path), file_(std::fopen(path.c_str(), "rb")) {
     if (file_ == nullptr) {
       throw Error(ErrorCode::kNotFound, "cannot open trace file '" + path + "'");
     }
-    gzbuffer(file_.get(), 1 << 17);
+    fill_input(2);
+    gzip_ = starts_member();
+    if (gzip_ && inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK) {  // 16: a gzip wrapper
+      throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot start zlib");
+    }
   }
+  ~LineReader() {
+    if (gzip_) inflateEnd(&z_);
+  }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+
   // The next line, line `number` of the file, without its '\n' (a '\r' is kept); false at the
   // end of the file. A line longer than kMaxTraceLineBytes throws: the load stops there.
   bool next(std::string& line, std::uint64_t number) {
@@ -243,39 +354,91 @@ class LineReader {
   }
 
  private:
-  static constexpr unsigned kChunk = 1u << 17;
+  static constexpr std::size_t kChunk = std::size_t{1} << 17;
   struct Close {
-    void operator()(gzFile f) const { gzclose(f); }
+    void operator()(std::FILE* f) const { std::fclose(f); }
   };
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': " + what);
+  }
+  // Reads more of the file until at least `want` unread bytes are buffered (fewer at its end).
+  void fill_input(std::size_t want) {
+    if (in_end_ - in_pos_ >= want || file_eof_) return;
+    std::memmove(in_.get(), in_.get() + in_pos_, in_end_ - in_pos_);
+    in_offset_ += in_pos_;
+    in_end_ -= in_pos_;
+    in_pos_ = 0;
+    while (in_end_ < want && !file_eof_) {
+      const std::size_t n = std::fread(in_.get() + in_end_, 1, kChunk - in_end_, file_.get());
+      in_end_ += n;
+      if (n == 0) {
+        if (std::ferror(file_.get()))
+          fail(std::string("cannot read (") + std::strerror(errno) + ")");
+        file_eof_ = true;
+      }
+    }
+  }
+  // The unread input starts a gzip member (its magic bytes 1f 8b).
+  bool starts_member() const {
+    return in_end_ - in_pos_ >= 2 && static_cast<unsigned char>(in_[in_pos_]) == 0x1f &&
+           static_cast<unsigned char>(in_[in_pos_ + 1]) == 0x8b;
+  }
+  // Puts the next chunk of the file's text in buffer_ (none: eof_).
   void refill() {
-    const int n = gzread(file_.get(), buffer_.get(), kChunk);
-    if (n < 0) {
-      int code = 0;
-      const char* what = gzerror(file_.get(), &code);
-      throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot read (" +
-                                              std::string(what ? what : "zlib error") + ")");
-    }
-    if (n == 0) {
-      // The end of the data: of the file, or of a gzip stream cut short (zlib then reports
-      // Z_BUF_ERROR, "unexpected end of file", and gzread returns what it could decompress).
-      int code = Z_OK;
-      const char* what = gzerror(file_.get(), &code);
-      if (code == Z_BUF_ERROR) {
-        throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': truncated gzip stream");
-      }
-      if (code != Z_OK) {
-        throw Error(ErrorCode::kParseError, "trace file '" + path_ + "': cannot read (" +
-                                                std::string(what ? what : "zlib error") + ")");
-      }
-    }
     pos_ = 0;
-    end_ = static_cast<std::size_t>(n);
-    if (n == 0) eof_ = true;
+    end_ = 0;
+    if (!gzip_) {
+      fill_input(1);
+      end_ = in_end_ - in_pos_;
+      std::memcpy(buffer_.get(), in_.get() + in_pos_, end_);
+      in_pos_ = in_end_;
+      eof_ = end_ == 0;
+      return;
+    }
+    while (end_ == 0) {
+      if (member_done_) {  // the end of a member: another one, or the end of the file
+        fill_input(2);
+        if (in_pos_ == in_end_) {
+          eof_ = true;
+          return;
+        }
+        if (!starts_member()) {
+          fail("the bytes after the gzip stream's end at byte " +
+               std::to_string(in_offset_ + in_pos_) +
+               " are not gzip data (trailing garbage, or a damaged file)");
+        }
+        if (inflateReset(&z_) != Z_OK) fail("cannot restart zlib");
+        member_done_ = false;
+      }
+      fill_input(1);
+      z_.next_in = reinterpret_cast<Bytef*>(in_.get() + in_pos_);
+      z_.avail_in = static_cast<uInt>(in_end_ - in_pos_);
+      z_.next_out = reinterpret_cast<Bytef*>(buffer_.get());
+      z_.avail_out = static_cast<uInt>(kChunk);
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      in_pos_ = in_end_ - z_.avail_in;
+      end_ = kChunk - z_.avail_out;
+      if (rc == Z_STREAM_END) {
+        member_done_ = true;
+      } else if (rc == Z_BUF_ERROR || (rc == Z_OK && end_ == 0 && z_.avail_in == 0)) {
+        // No progress without more input: at the end of the file, a stream cut short.
+        if (file_eof_ && in_pos_ == in_end_) fail("truncated gzip stream");
+      } else if (rc != Z_OK) {
+        fail(std::string("cannot read (") + (z_.msg != nullptr ? z_.msg : "zlib error") + ")");
+      }
+    }
   }
 
   const std::string& path_;
-  std::unique_ptr<gzFile_s, Close> file_;
-  std::unique_ptr<char[]> buffer_{new char[kChunk]};
+  std::unique_ptr<std::FILE, Close> file_;
+  bool gzip_ = false;
+  z_stream z_{};
+  bool member_done_ = false;                      // inflate reached a member's end
+  std::unique_ptr<char[]> in_{new char[kChunk]};  // the file's bytes, read ahead
+  std::size_t in_pos_ = 0, in_end_ = 0;
+  std::uint64_t in_offset_ = 0;  // the file offset of in_[0]
+  bool file_eof_ = false;
+  std::unique_ptr<char[]> buffer_{new char[kChunk]};  // the text
   std::size_t pos_ = 0;
   std::size_t end_ = 0;
   bool eof_ = false;
@@ -489,6 +652,12 @@ Trace generate(const GeneratorOptions& options) {
     return run;
   };
   using Runs = std::vector<TokenRun>;
+  // --limit K: the first K requests only. Each workload draws its requests in output order (the
+  // tenants' copies follow the base requests they copy), so stopping early leaves the first K
+  // exactly as the whole trace has them.
+  const std::uint32_t count = options.limit != 0 && options.limit < options.requests
+                                  ? static_cast<std::uint32_t>(options.limit)
+                                  : options.requests;
   Trace trace;
   trace.name = options.workload == Workload::kAgents ? "agents"
                : options.workload == Workload::kChat ? "chat"
@@ -519,7 +688,7 @@ Trace generate(const GeneratorOptions& options) {
     using Next = std::pair<double, std::size_t>;
     std::priority_queue<Next, std::vector<Next>, std::greater<>> next;
     for (std::size_t i = 0; i < sessions.size(); ++i) next.emplace(sessions[i].time_ms, i);
-    while (trace.requests.size() < options.requests) {
+    while (trace.requests.size() < count) {
       Session* it = &sessions[next.top().second];
       next.pop();
       it->append(fresh(uniform(50, 800)));  // the user's message or tool results
@@ -539,8 +708,12 @@ Trace generate(const GeneratorOptions& options) {
     const std::uint32_t tenants =
         options.workload == Workload::kTenants ? std::max(1u, options.tenants) : 1;
     const std::uint32_t per_tenant = std::max<std::uint32_t>(1, options.requests / tenants);
+    // Request k is base request k / tenants: the first `count` need only the first
+    // ceil(count / tenants) base requests (drawn first, so the same as in the whole trace).
+    const std::uint32_t base_needed = std::min<std::uint32_t>(
+        per_tenant, static_cast<std::uint32_t>((std::uint64_t{count} + tenants - 1) / tenants));
     std::vector<TraceRequest> base;
-    for (std::uint32_t i = 0; i < per_tenant; ++i) {
+    for (std::uint32_t i = 0; i < base_needed; ++i) {
       TraceRequest r;
       const TokenRun message = fresh(uniform(20, 1200));
       r.runs = std::make_shared<const Runs>(Runs{system, message});
@@ -549,8 +722,8 @@ Trace generate(const GeneratorOptions& options) {
       r.timestamp_ms = static_cast<double>(i) * 250.0;
       base.push_back(std::move(r));
     }
-    for (std::uint32_t i = 0; i < per_tenant && trace.requests.size() < options.requests; ++i) {
-      for (std::uint32_t t = 0; t < tenants && trace.requests.size() < options.requests; ++t) {
+    for (std::uint32_t i = 0; i < base_needed && trace.requests.size() < count; ++i) {
+      for (std::uint32_t t = 0; t < tenants && trace.requests.size() < count; ++t) {
         TraceRequest r = base[i];
         if (options.workload == Workload::kTenants) r.cache_salt = "tenant-" + std::to_string(t);
         trace.requests.push_back(std::move(r));

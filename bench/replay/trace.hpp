@@ -75,7 +75,9 @@ struct LoadOptions {
 
 // Hash-id JSONL: one object per line with timestamp, input_length, output_length, hash_ids
 // (other fields are ignored). Either reader takes the file gzip-compressed as well (FILE.gz,
-// recognised by its magic bytes), decompressing it as it reads. A malformed line throws
+// recognised by its magic bytes), decompressing it as it reads: concatenated gzip members are one
+// stream; a truncated stream, or bytes after the last member that are not gzip, throw
+// pagedkv::Error naming the file (a whole-file error, even with skip_bad). A malformed line throws
 // pagedkv::Error naming file, line and field, unless skip_bad.
 Trace load_hashid_jsonl(const std::string& path, const LoadOptions& options);
 // Azure LLM inference CSV: TIMESTAMP, ContextTokens, GeneratedTokens (lengths only).
@@ -97,6 +99,9 @@ struct GeneratorOptions {
   std::uint32_t requests = 1000;
   std::uint32_t seed = 1;
   std::uint32_t tenants = 4;  // kTenants
+  // 0: every request; K: only the first K of the `requests` (--limit), the same K requests the
+  // whole trace starts with, generated without generating the rest.
+  std::uint64_t limit = 0;
 };
 
 // Deterministic for equal options:

@@ -10,7 +10,12 @@ which this test failed on before its fix):
   store URL's password;
 - bad flags exit 2 naming the flag, and what is not a pagedkv::Error (out of memory for a pool
   this large, a port past 65535) exits 1 with a message, not an abort (rc 134; --out-of-memory);
-- a trace with no requests is an error, not a run over nothing.
+- a trace with no requests is an error, not a run over nothing;
+- a single-value flag given twice, and a flag that does not apply to the run's input (--trace,
+  --generate W) or mode (--mode, --schedule), exit 2 naming the flag (they were ignored, or the
+  last value kept, silently);
+- a gzip trace followed by bytes that are not gzip is an error naming the file (gzread ignored
+  them), while concatenated gzip members are read as one trace.
 
 Usage: replay_hostile_cli_test.py PAGEDKV_REPLAY
        replay_hostile_cli_test.py --out-of-memory PAGEDKV_REPLAY
@@ -19,6 +24,7 @@ address space must exit 1 with "out of memory". It exits 77 (ctest: skipped) for
 with AddressSanitizer, whose allocator aborts on a failed allocation instead of throwing
 std::bad_alloc and cannot run under an address-space limit.
 """
+import gzip
 import json
 import os
 import resource
@@ -105,11 +111,96 @@ def main():
         expect_error(binary, ["--trace", ok, "--num-blocks", "10", "--arrival-rate-scale",
                               "1e-320"], d, 2, "--arrival-rate-scale")
 
+        # A single-value flag given twice exits 2 naming it (the last value used to win
+        # silently); the list flags (--num-blocks, --kv-memory-gib, --host-blocks) append.
+        for flag, args in [("--block-size", ["--block-size", "16", "--block-size", "32"]),
+                           ("--trace", ["--trace", ok]),
+                           ("--hash", ["--hash", "sha256", "--hash", "xxh3_128"]),
+                           ("--table", ["--table", "--table"])]:
+            expect_error(binary, ["--trace", ok, "--num-blocks", "10"] + args, d, 2,
+                         f"{flag} given twice")
+        p = run(binary, ["--trace", ok, "--num-blocks", "10", "--num-blocks", "20"], d)
+        assert p.returncode == 0, p.stderr
+        assert len(p.stdout.strip().splitlines()) == 2, p.stdout
+
+        # A flag that does not apply to the run's input or mode exits 2 naming the flag and the
+        # mode (each was ignored silently).
+        trace = ["--trace", ok, "--num-blocks", "10"]
+        engine = trace + ["--mode", "engine"]
+        chat = ["--generate", "chat", "--requests", "20", "--num-blocks", "10"]
+        flood = ["--generate", "flood", "--num-blocks", "101"]
+        seq = "engine mode only (--mode engine), not --mode sequential"
+        for args, message in [
+                (trace + ["--max-running", "4"], "--max-running: " + seq),
+                (trace + ["--max-batched-tokens", "512"], "--max-batched-tokens: " + seq),
+                (trace + ["--step-ms", "5"], "--step-ms: " + seq),
+                (trace + ["--schedule", "fcfs"], "--schedule: " + seq),
+                (trace + ["--host-blocks", "10", "--host-gbps", "5"], "--host-gbps: " + seq),
+                (trace + ["--arrival-rate-scale", "2"], "--arrival-rate-scale: " + seq),
+                (trace + ["--mode", "sequential", "--step-ms", "5"], "--step-ms: " + seq),
+                (engine + ["--threads", "1"], "--threads: sequential mode only, not --mode engine"),
+                (engine + ["--max-candidates", "8"],
+                 "--max-candidates: only with --schedule prefix (--mode engine), not --schedule "
+                 "fcfs"),
+                (engine + ["--schedule", "fcfs", "--max-passed-over", "8"],
+                 "--max-passed-over: only with --schedule prefix"),
+                (chat + ["--no-retention"],
+                 "--no-retention: applies to --generate flood only, not to --generate chat"),
+                (trace + ["--retention-priority", "50"],
+                 "--retention-priority: applies to --generate flood only, not to --trace"),
+                (chat + ["--retention-duration", "5"],
+                 "--retention-duration: applies to --generate flood only"),
+                (trace + ["--requests", "5"],
+                 "--requests: applies to --generate only, not to --trace"),
+                (trace + ["--seed", "3"], "--seed: applies to --generate only, not to --trace"),
+                (trace + ["--tenants", "3"],
+                 "--tenants: applies to --generate only, not to --trace"),
+                (chat + ["--tenants", "3"],
+                 "--tenants: applies to --generate tenants only, not to --generate chat"),
+                (flood + ["--requests", "5"], "--requests: does not apply to --generate flood"),
+                (flood + ["--limit", "5"], "--limit: does not apply to --generate flood"),
+                (chat + ["--format", "azure"],
+                 "--format: applies to --trace only, not to --generate chat"),
+                (chat + ["--source-block-size", "64"],
+                 "--source-block-size: applies to --trace only, not to --generate chat"),
+                (flood + ["--skip-bad"],
+                 "--skip-bad: applies to --trace only, not to --generate flood")]:
+            expect_error(binary, args, d, 2, message)
+        # Where they apply, they run.
+        for args in [engine + ["--max-running", "4", "--step-ms", "5", "--arrival-rate-scale", "2"],
+                     engine + ["--schedule", "prefix", "--max-candidates", "8"],
+                     trace + ["--threads", "1", "--skip-bad", "--source-block-size", "64",
+                              "--format", "hashids", "--limit", "3"],
+                     ["--generate", "tenants", "--tenants", "3", "--requests", "30", "--seed", "4",
+                      "--limit", "7", "--num-blocks", "10"],
+                     flood + ["--seed", "2", "--no-retention"]]:
+            p = run(binary, args, d)
+            assert p.returncode == 0, f"{args}: rc {p.returncode}\n{p.stderr[-2000:]}"
+
         # Engine k publishes on port + k (built with pagedkv::events only).
         if "--engines" in run(binary, ["--help"], d).stdout:
             expect_error(binary, ["--trace", ok, "--num-blocks", "10", "--engines", "2",
                                   "--kv-events", "tcp://127.0.0.1:65535"], d, 1,
                          "is not a TCP port")
+
+        # gzip: concatenated members are one trace (as gzip -d reads them); bytes after the last
+        # member that are not gzip are an error naming the file (zlib's gzread ignored them).
+        with open(ok, "rb") as f:
+            member = gzip.compress(f.read())
+        two = os.path.join(d, "two.jsonl.gz")
+        with open(two, "wb") as f:
+            f.write(member + member)
+        p = run(binary, ["--trace", two, "--num-blocks", "10"], d)
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout.strip().splitlines()[-1])["requests"] == 16, p.stdout
+        junk = os.path.join(d, "junk.jsonl.gz")
+        with open(junk, "wb") as f:
+            f.write(member + b"garbage\n")
+        expect_error(binary, ["--trace", junk, "--num-blocks", "10"], d, 1,
+                     f"trace file '{junk}': the bytes after the gzip stream's end at byte "
+                     f"{len(member)} are not gzip data")
+        expect_error(binary, ["--trace", junk, "--num-blocks", "10", "--skip-bad"], d, 1,
+                     "are not gzip data")
 
         # No requests.
         empty = os.path.join(d, "empty.jsonl")

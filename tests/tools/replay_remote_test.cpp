@@ -40,11 +40,13 @@ double without(const std::string& json, const std::string& name) {
   return at == std::string::npos ? std::nan("") : number(json, name, at);
 }
 
-std::string remote_args(std::uint16_t port, const std::string& ns, int host_blocks = 1000) {
-  // A generous op timeout: a loaded CI machine must not turn a slow reply into a miss.
+// By default a generous op timeout: a loaded CI machine must not turn a slow reply into a miss.
+// (Each flag once: pagedkv-replay refuses a single-value flag given twice.)
+std::string remote_args(std::uint16_t port, const std::string& ns, int host_blocks = 1000,
+                        int timeout_ms = 5000) {
   return std::string(kCluster) + " --host-blocks " + std::to_string(host_blocks) +
          " --remote redis://127.0.0.1:" + std::to_string(port) + "/" + ns +
-         " --remote-timeout-ms 5000";
+         " --remote-timeout-ms " + std::to_string(timeout_ms);
 }
 
 class ReplayRemote : public ::testing::Test {
@@ -114,7 +116,7 @@ TEST_F(ReplayRemote, StoreOnHostEvictionSharesEvictedBlocks) {
 
 TEST_F(ReplayRemote, RedisDownCompletesWithNoRemoteHitsAndCountedErrors) {
   const std::uint16_t port = pagedkv::test::free_port();  // nobody listens there
-  const Cli a = run_replay(remote_args(port, "replay-down") + " --remote-timeout-ms 200");
+  const Cli a = run_replay(remote_args(port, "replay-down", 1000, 200));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   const std::string& j = a.output;
   EXPECT_EQ(number(j, "remote_hit_blocks"), 0) << j;

@@ -42,6 +42,34 @@ std::string many_ids(int n) {
   return s;
 }
 
+// A malformed trace line and a fragment of the error it must give.
+struct BadLine {
+  std::string line, fragment;
+};
+
+// Writes `head` (the lines before, each ending in '\n'), `good`, `bad.line` and `good` again to the
+// file `name`: loading it fails naming the file, the bad line's number and `bad.fragment`; with
+// skip_bad the bad line is skipped and counted and both good lines are read.
+void expect_bad_line(Trace (*load)(const std::string&, const LoadOptions&), const std::string& name,
+                     const std::string& head, const std::string& good, const BadLine& bad) {
+  SCOPED_TRACE(bad.line.substr(0, 200));
+  const std::string path = write_temp(name, head + good + "\n" + bad.line + "\n" + good + "\n");
+  const auto number = 2 + std::count(head.begin(), head.end(), '\n');
+  try {
+    load(path, LoadOptions{});
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(path + ":" + std::to_string(number) + ": "), std::string::npos) << what;
+    EXPECT_NE(what.find(bad.fragment), std::string::npos) << what;
+  }
+  LoadOptions skip;
+  skip.skip_bad = true;
+  const Trace t = load(path, skip);
+  EXPECT_EQ(t.requests.size(), 2u);
+  EXPECT_EQ(t.skipped_lines, 1u);
+}
+
 // data/traces/README.md, "Reference figures for the default replay": first 1,000 requests.
 TEST(ReplayTraces, ReproducesTheReferenceFiguresOnTheFirstThousandMooncakeRequests) {
   const std::string& path = kMooncakeTrace;
@@ -89,10 +117,7 @@ TEST(Replay, SingleThreadedAndPipelinedHashingAgree) {
 TEST(Replay, MalformedLinesNameFileLineAndField) {
   const std::string good =
       R"({"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]})";
-  struct Case {
-    std::string line, fragment;
-  };
-  const Case cases[] = {
+  const BadLine cases[] = {
       {R"({"timestamp": 0, "input_length": 600, "hash_ids": [1, 2]})",
        "'output_length' is missing"},
       {R"({"timestamp": 0, "input_length": -3, "output_length": 5, "hash_ids": [1]})",
@@ -138,6 +163,26 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
       {R"({"x": 1, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": [], )"
        R"("y": 2, "x": [3]})",
        "field 'x' appears twice"},
+      // Escaped keys are decoded: "hash\u005fids" is hash_ids (it was an unknown key, ignored),
+      // so giving both is a key given twice; a bad escape is malformed, in a key or a value.
+      {R"({"timestamp": 0, "input_length": 32, "output_length": 4, "hash_ids": [1], )"
+       R"("hash\u005fids": [2, 3]})",
+       "field 'hash_ids' appears twice"},
+      {R"({"timestamp": 0, "input\u005Flength": 32, "output_length": 4, "hash_ids": [1], )"
+       R"("input_length": 16})",
+       "field 'input_length' appears twice"},
+      {R"({"x\u00e9": 1, "x\u00E9": 2, "timestamp": 0, "input_length": 6, "output_length": 5, )"
+       R"("hash_ids": []})",
+       "field 'x?"
+       "?' appears twice"},
+      {R"({"hash\qids": [1], "timestamp": 0, "input_length": 6, "output_length": 5})",
+       "invalid escape: backslash then 'q'"},
+      {R"({"x": "a\u00g1", "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": []})",
+       "\\u escape without 4 hex digits"},
+      {R"({"x\ud800": 1, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": []})",
+       "lone high surrogate"},
+      {R"({"\udc00": 1, "timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": []})",
+       "lone low surrogate"},
       // Timestamps: finite and within kMaxTraceTimestampMs.
       {R"({"timestamp": 1e400, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
        "field 'timestamp'"},
@@ -146,28 +191,24 @@ TEST(Replay, MalformedLinesNameFileLineAndField) {
       {R"({"timestamp": -1.7e308, "input_length": 6, "output_length": 5, "hash_ids": [1]})",
        "field 'timestamp': outside [-1e15, 1e15] ms"},
   };
-  for (const Case& c : cases) {
-    const std::string path = write_temp("bad.jsonl", good + "\n" + c.line + "\n" + good + "\n");
-    try {
-      load_hashid_jsonl(path, LoadOptions{});
-      ADD_FAILURE() << "accepted: " << c.line;
-    } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(path + ":2:"), std::string::npos) << what;
-      EXPECT_NE(what.find(c.fragment), std::string::npos) << what;
-    }
-    LoadOptions skip;
-    skip.skip_bad = true;
-    const Trace t = load_hashid_jsonl(path, skip);
-    EXPECT_EQ(t.requests.size(), 2u);
-    EXPECT_EQ(t.skipped_lines, 1u);
-  }
+  for (const BadLine& c : cases) expect_bad_line(load_hashid_jsonl, "bad.jsonl", "", good, c);
   EXPECT_THROW(load_hashid_jsonl("/nonexistent/trace.jsonl", LoadOptions{}), Error);
   // Unknown fields of any JSON type are ignored.
   const std::string extra = write_temp(
       "extra.jsonl", R"({"session": {"id": "a", "t": [1, {"x": null}]}, "timestamp": 1.5, )"
                      R"("input_length": 10, "output_length": 1, "hash_ids": [7], "ok": true})");
   EXPECT_EQ(load_hashid_jsonl(extra, LoadOptions{}).requests.size(), 1u);
+  // Every key escaped (and escapes in ignored values): read as the plain keys.
+  const std::string escaped =
+      write_temp("escaped.jsonl",
+                 R"({"\u0074imestamp": 2, "input\u005flength": 600, "output\u005Flength": 3, )"
+                 R"("hash\u005fids": [7, 8], "note": "tab\t quote\" \\ \/ \ud83d\ude00 \u00e9"})");
+  const Trace esc = load_hashid_jsonl(escaped, LoadOptions{});
+  ASSERT_EQ(esc.requests.size(), 1u);
+  EXPECT_EQ(esc.requests[0].timestamp_ms, 2.0);
+  EXPECT_EQ(esc.requests[0].input_length, 600u);
+  EXPECT_EQ(esc.requests[0].output_length, 3u);
+  EXPECT_EQ(esc.requests[0].hash_ids, (std::vector<std::uint32_t>{7, 8}));
   // The limits themselves are accepted: 64 levels of nesting, kMaxTraceTokens-token lengths, a
   // timestamp of 1e15 ms.
   const std::string edge =
@@ -276,6 +317,42 @@ TEST(Replay, ReadsGzipCompressedTraces) {
       }
     }
   }
+  // Bytes after the last member that do not start another one are an error naming the file
+  // (zlib's gzread ignored them silently), also under --skip-bad; more members are read on.
+  const std::string member =
+      write_temp_gz("member.jsonl.gz", text.substr(0, text.find("\n", 2000) + 1));
+  std::string member_bytes;
+  {
+    std::ifstream in(member, std::ios::binary);
+    member_bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string two = write_temp("two.jsonl.gz", bytes + member_bytes);
+  EXPECT_GT(load_hashid_jsonl(two, options).requests.size(), a.requests.size() + 10);
+  const std::string end = "the bytes after the gzip stream's end at byte ";
+  const std::string after_first = end + std::to_string(bytes.size()) + " are not gzip data";
+  const std::pair<std::string, std::string> junk_cases[] = {
+      {bytes + "junk\n", after_first},
+      {bytes + std::string(1, '\x1f'), after_first},
+      {bytes + std::string(3, '\0'), after_first},
+      {bytes + std::string(300000, 'x'), after_first},
+      {bytes + member_bytes + "{\"timestamp\": 1}\n",
+       end + std::to_string(bytes.size() + member_bytes.size()) + " are not gzip data"},
+      // Another member's magic bytes, then junk: that member is damaged.
+      {bytes + "\x1f\x8bjunk", "cannot read ("},
+  };
+  for (const auto& [content, fragment] : junk_cases) {
+    const std::string t = write_temp("junk.jsonl.gz", content);
+    for (const LoadOptions& o : {options, skip}) {
+      try {
+        load_hashid_jsonl(t, o);
+        ADD_FAILURE() << "accepted a gzip stream with trailing bytes: " << fragment;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("trace file '" + t + "': " + fragment),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
   // Azure CSV, compressed.
   const std::string csv =
       write_temp_gz("azure.csv.gz",
@@ -354,6 +431,39 @@ TEST(Replay, GeneratorsAreDeterministicAndTenantsShareNothing) {
   Trace unsalted = all;
   for (auto& r : unsalted.requests) r.cache_salt.reset();
   EXPECT_GT(run_replay(unsalted, o)[0].hit_tokens, hits_all);
+}
+
+// --generate W --limit K generates only the first K requests (it used to generate them all and
+// then drop the rest): the same K requests as the whole trace's first K, prompts included.
+TEST(Replay, GeneratorLimitGeneratesOnlyTheFirstRequests) {
+  for (const Workload w : {Workload::kAgents, Workload::kChat, Workload::kTenants}) {
+    GeneratorOptions g;
+    g.workload = w;
+    g.requests = 500;
+    g.tenants = 3;
+    g.seed = 11;
+    const Trace whole = generate(g);
+    ASSERT_EQ(whole.requests.size(), w == Workload::kTenants ? 498u : 500u);
+    for (const std::uint64_t k :
+         {1ull, 2ull, 7ull, 250ull, 497ull, 498ull, 499ull, 500ull, 9000ull}) {
+      SCOPED_TRACE(whole.name + " --limit " + std::to_string(k));
+      g.limit = k;
+      const Trace first = generate(g);
+      ASSERT_EQ(first.requests.size(), std::min<std::size_t>(k, whole.requests.size()));
+      std::vector<TokenId> a, b;
+      for (std::size_t i = 0; i < first.requests.size(); ++i) {
+        const TraceRequest& x = first.requests[i];
+        const TraceRequest& y = whole.requests[i];
+        EXPECT_EQ(x.timestamp_ms, y.timestamp_ms);
+        EXPECT_EQ(x.input_length, y.input_length);
+        EXPECT_EQ(x.output_length, y.output_length);
+        EXPECT_EQ(x.cache_salt, y.cache_salt);
+        synthesize_prompt(first, i, a);
+        synthesize_prompt(whole, i, b);
+        ASSERT_EQ(a, b) << "request " << i;
+      }
+    }
+  }
 }
 
 // The generators keep a request's prompt as a prefix of its session's runs of fresh token ids,
@@ -503,10 +613,7 @@ TEST(Replay, AzureCsvErrorsNameFileAndLine) {
   }
   // Line-level problems: named by line and field, skipped under --skip-bad.
   const std::string good = "2023-11-16 18:15:46.6805900,374,44";
-  struct Case {
-    std::string line, fragment;
-  };
-  const Case cases[] = {
+  const BadLine cases[] = {
       {"0,4294967295,0",
        "field 'ContextTokens': 4294967295 tokens is more than the limit of "
        "16777216"},
@@ -520,22 +627,9 @@ TEST(Replay, AzureCsvErrorsNameFileAndLine) {
       {"2023-11-16,100,10", "field 'TIMESTAMP'"},
       {"2023-11-16 18:15:46.,100,10", "field 'TIMESTAMP'"},
   };
-  for (const Case& c : cases) {
-    const std::string path =
-        write_temp("bad_line.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n" + good + "\n" +
-                                       c.line + "\n" + good + "\n");
-    try {
-      load_azure_csv(path, LoadOptions{});
-      ADD_FAILURE() << "accepted: " << c.line;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(path + ":3: " + c.fragment), std::string::npos)
-          << e.what();
-    }
-    LoadOptions skip;
-    skip.skip_bad = true;
-    const Trace t = load_azure_csv(path, skip);
-    EXPECT_EQ(t.requests.size(), 2u) << c.line;
-    EXPECT_EQ(t.skipped_lines, 1u) << c.line;
+  for (const BadLine& c : cases) {
+    expect_bad_line(load_azure_csv, "bad_line.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n",
+                    good, c);
   }
   // The limits and other timestamp forms are accepted.
   const std::string ok = write_temp("ok.csv",
