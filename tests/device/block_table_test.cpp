@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -96,6 +98,11 @@ TEST(SlotMapping, RejectsPositionsOutsideTheBlocks) {
                "position 32");
   expect_error([&] { append_slot_mapping(slots, blocks, 16, 0, -1); }, ErrorCode::kInvalidArgument,
                "num_tokens");
+  // The last position first_position + num_tokens - 1 once overflowed (signed, UB) and the
+  // error named a negative position the caller never gave.
+  expect_error(
+      [&] { append_slot_mapping(slots, blocks, 16, 2, std::numeric_limits<std::int64_t>::max()); },
+      ErrorCode::kOutOfRange, "9223372036854775807 tokens from position 2");
   const std::vector<std::int32_t> bad = {5, -1, 3};
   expect_error([&] { append_slot_mapping(slots, bad, 4, 2, 8); }, ErrorCode::kInvalidArgument,
                "negative block id");
