@@ -9,6 +9,19 @@
 
 namespace pagedkv {
 
+std::span<const std::int32_t> BlockTable::row(std::int32_t seq) const {
+  const auto width = static_cast<std::size_t>(std::max(max_blocks_per_seq, 0));
+  if (seq < 0 || seq >= num_seqs ||
+      (static_cast<std::size_t>(seq) + 1) * width > block_ids.size()) {
+    throw Error(ErrorCode::kOutOfRange, "BlockTable::row: row " + std::to_string(seq) +
+                                            " is outside the table of " + std::to_string(num_seqs) +
+                                            " rows of " + std::to_string(max_blocks_per_seq) +
+                                            " (" + std::to_string(block_ids.size()) + " entries)");
+  }
+  return std::span<const std::int32_t>(block_ids).subspan(static_cast<std::size_t>(seq) * width,
+                                                          width);
+}
+
 BlockTable make_block_table(std::span<const std::vector<std::int32_t>> seq_block_ids,
                             std::int32_t max_blocks_per_seq, std::int32_t pad_block_id) {
   if (seq_block_ids.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {

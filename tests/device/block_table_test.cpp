@@ -34,6 +34,19 @@ TEST(BlockTable, DenseRowsWithPadding) {
   EXPECT_TRUE(empty.block_ids.empty());
 }
 
+TEST(BlockTable, RowOutsideTheTableIsAnError) {
+  // row() once built a span past block_ids (undefined behaviour) for a row it did not hold.
+  const std::vector<std::vector<std::int32_t>> seqs = {{1, 2}, {3}, {}};
+  BlockTable table = make_block_table(seqs, 2);
+  EXPECT_EQ(table.row(1).size(), 2u);
+  for (const std::int32_t seq : {3, -1, 1 << 30}) {
+    expect_error([&] { (void)table.row(seq); }, ErrorCode::kOutOfRange, "outside the table");
+  }
+  table.block_ids.resize(5);  // edited by hand: the last row is short
+  EXPECT_EQ(table.row(1)[0], 3);
+  expect_error([&] { (void)table.row(2); }, ErrorCode::kOutOfRange, "(5 entries)");
+}
+
 TEST(BlockTable, RejectsBadInput) {
   const std::vector<std::vector<std::int32_t>> ids = {{1, 2, 3}};
   expect_error([&] { (void)make_block_table(ids, 2); }, ErrorCode::kOutOfRange,
