@@ -9,6 +9,19 @@
 
 namespace pagedkv {
 
+std::span<const std::int32_t> BlockTable::row(std::int32_t seq) const {
+  const auto width = static_cast<std::size_t>(std::max(max_blocks_per_seq, 0));
+  if (seq < 0 || seq >= num_seqs ||
+      (static_cast<std::size_t>(seq) + 1) * width > block_ids.size()) {
+    throw Error(ErrorCode::kOutOfRange, "BlockTable::row: row " + std::to_string(seq) +
+                                            " is outside the table of " + std::to_string(num_seqs) +
+                                            " rows of " + std::to_string(max_blocks_per_seq) +
+                                            " (" + std::to_string(block_ids.size()) + " entries)");
+  }
+  return std::span<const std::int32_t>(block_ids).subspan(static_cast<std::size_t>(seq) * width,
+                                                          width);
+}
+
 BlockTable make_block_table(std::span<const std::vector<std::int32_t>> seq_block_ids,
                             std::int32_t max_blocks_per_seq, std::int32_t pad_block_id) {
   if (seq_block_ids.size() > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) {
@@ -91,9 +104,15 @@ void append_slot_mapping(std::vector<std::int64_t>& slots, std::span<const std::
   if (num_tokens == 0) return;
   // Check both ends (and every block id in between) before appending anything.
   (void)slot_of(block_ids, block_size, first_position);
-  (void)slot_of(block_ids, block_size, first_position + num_tokens - 1);
+  std::int64_t last_position = 0;
+  if (__builtin_add_overflow(first_position, num_tokens - 1, &last_position)) {
+    throw Error(ErrorCode::kOutOfRange,
+                "append_slot_mapping: " + std::to_string(num_tokens) + " tokens from position " +
+                    std::to_string(first_position) + " run past the largest position");
+  }
+  (void)slot_of(block_ids, block_size, last_position);
   const auto first_block = static_cast<std::size_t>(first_position / block_size);
-  const auto last_block = static_cast<std::size_t>((first_position + num_tokens - 1) / block_size);
+  const auto last_block = static_cast<std::size_t>(last_position / block_size);
   for (std::size_t b = first_block; b <= last_block; ++b) {
     if (block_ids[b] < 0) {
       throw Error(ErrorCode::kInvalidArgument, "append_slot_mapping: negative block id " +

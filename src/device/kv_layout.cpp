@@ -21,6 +21,31 @@ void require_positive(const char* where, const char* name, std::int64_t value) {
   }
 }
 
+// a x b, or an error naming the plane size (the factories' strides come from caller counts).
+std::int64_t checked_mul(std::int64_t a, std::int64_t b) {
+  std::int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) fail("KVLayout: the plane size overflows 64 bits");
+  return product;
+}
+
+// The counts validate() checks first: positive, block_size <= kMaxBlockSize, head_dim a multiple
+// of 8.
+void validate_shape(const KVLayout& layout) {
+  constexpr const char* kWhere = "KVLayout";
+  require_positive(kWhere, "num_blocks", layout.num_blocks);
+  require_positive(kWhere, "block_size", layout.block_size);
+  require_positive(kWhere, "num_kv_heads", layout.num_kv_heads);
+  require_positive(kWhere, "head_dim", layout.head_dim);
+  if (layout.block_size > KVLayout::kMaxBlockSize) {
+    fail("KVLayout: block_size must be at most " + std::to_string(KVLayout::kMaxBlockSize) +
+         ", got " + std::to_string(layout.block_size));
+  }
+  if (layout.head_dim % 8 != 0) {
+    fail("KVLayout: head_dim must be a multiple of 8 (16-byte vectors), got " +
+         std::to_string(layout.head_dim));
+  }
+}
+
 }  // namespace
 
 void KVCacheSpec::validate() const {
@@ -78,9 +103,10 @@ std::int64_t num_blocks_for_budget(const KVCacheSpec& spec, std::int32_t block_s
 KVLayout KVLayout::nhd(std::int64_t num_blocks, std::int32_t block_size, std::int32_t num_kv_heads,
                        std::int32_t head_dim) {
   KVLayout layout{num_blocks, block_size, num_kv_heads, head_dim, 0, 0, 0, 0};
+  validate_shape(layout);
   layout.stride_head = head_dim;
   layout.stride_token = static_cast<std::int64_t>(num_kv_heads) * head_dim;
-  layout.stride_block = layout.stride_token * block_size;
+  layout.stride_block = checked_mul(layout.stride_token, block_size);
   layout.validate();
   return layout;
 }
@@ -89,9 +115,13 @@ namespace {
 
 KVLayout with_scales(KVLayout layout) {
   layout.scale_offset = layout.block_elements();
-  const std::int64_t end =
-      layout.scale_offset + 4 * std::int64_t{layout.block_size} * layout.num_kv_heads;
-  layout.stride_block = (end + 15) / 16 * 16;
+  std::int64_t end = 0;
+  if (__builtin_add_overflow(layout.scale_offset,
+                             4 * std::int64_t{layout.block_size} * layout.num_kv_heads + 15,
+                             &end)) {
+    fail("KVLayout: the plane size overflows 64 bits");
+  }
+  layout.stride_block = end / 16 * 16;
   layout.validate();
   return layout;
 }
@@ -111,9 +141,10 @@ KVLayout KVLayout::hnd_scaled(std::int64_t num_blocks, std::int32_t block_size,
 KVLayout KVLayout::hnd(std::int64_t num_blocks, std::int32_t block_size, std::int32_t num_kv_heads,
                        std::int32_t head_dim) {
   KVLayout layout{num_blocks, block_size, num_kv_heads, head_dim, 0, 0, 0, 0};
+  validate_shape(layout);
   layout.stride_token = head_dim;
   layout.stride_head = static_cast<std::int64_t>(block_size) * head_dim;
-  layout.stride_block = layout.stride_head * num_kv_heads;
+  layout.stride_block = checked_mul(layout.stride_head, num_kv_heads);
   layout.validate();
   return layout;
 }
@@ -136,18 +167,7 @@ bool KVLayout::block_is_contiguous() const noexcept {
 
 void KVLayout::validate() const {
   constexpr const char* kWhere = "KVLayout";
-  require_positive(kWhere, "num_blocks", num_blocks);
-  require_positive(kWhere, "block_size", block_size);
-  require_positive(kWhere, "num_kv_heads", num_kv_heads);
-  require_positive(kWhere, "head_dim", head_dim);
-  if (block_size > kMaxBlockSize) {
-    fail("KVLayout: block_size must be at most " + std::to_string(kMaxBlockSize) + ", got " +
-         std::to_string(block_size));
-  }
-  if (head_dim % 8 != 0) {
-    fail("KVLayout: head_dim must be a multiple of 8 (16-byte vectors), got " +
-         std::to_string(head_dim));
-  }
+  validate_shape(*this);
   const std::array<std::pair<const char*, std::int64_t>, 3> strides = {
       {{"stride_block", stride_block},
        {"stride_token", stride_token},
@@ -190,6 +210,10 @@ void KVLayout::validate() const {
     if (scale_offset % 8 != 0 || scale_offset < rows) {
       fail("KVLayout: scale_offset must be a multiple of 8 at or past the block's rows (" +
            std::to_string(rows) + " elements), got " + std::to_string(scale_offset));
+    }
+    if (scale_offset > std::numeric_limits<std::int64_t>::max() - block_scale_bytes()) {
+      fail("KVLayout: scale_offset " + std::to_string(scale_offset) +
+           " + the block's scales overflows 64 bits");
     }
     if (num_blocks > 1 && stride_block < scale_offset + block_scale_bytes()) {
       fail("KVLayout: stride_block " + std::to_string(stride_block) +

@@ -70,7 +70,18 @@ void validate(const KVAppendParams& p) {
     }
     const std::int64_t hs = head_stride != 0 ? head_stride : head_dim;
     const std::int64_t ts = token_stride != 0 ? token_stride : p.layout.num_kv_heads * head_dim;
-    if (hs < head_dim || (p.num_tokens > 1 && ts < hs * (p.layout.num_kv_heads - 1) + head_dim)) {
+    // The spans are checked for 64-bit overflow first (a wrapped one passed the overlap check),
+    // up to the last token's last row.
+    std::int64_t token_span = 0;
+    std::int64_t extent = 0;
+    if (__builtin_mul_overflow(hs, p.layout.num_kv_heads - 1, &token_span) ||
+        __builtin_add_overflow(token_span, head_dim, &token_span) ||
+        __builtin_mul_overflow(ts, std::max<std::int64_t>(p.num_tokens - 1, 0), &extent) ||
+        __builtin_add_overflow(extent, token_span, &extent)) {
+      fail(kWhere, std::string(name) + " strides (token " + std::to_string(ts) + ", head " +
+                       std::to_string(hs) + ") overflow 64-bit offsets");
+    }
+    if (hs < head_dim || (p.num_tokens > 1 && ts < token_span)) {
       fail(kWhere, std::string(name) + " strides (token " + std::to_string(ts) + ", head " +
                        std::to_string(hs) + ") make rows overlap");
     }

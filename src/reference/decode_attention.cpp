@@ -33,13 +33,25 @@ void validate(const PagedDecodeParams& p) {
       fail(std::string(name) + " strides must not be negative");
     }
     // Rows of one token must not overlap, nor run into the next token's rows, nor a sequence's
-    // tokens into the next sequence's.
+    // tokens into the next sequence's. Every span is checked for 64-bit overflow first (a
+    // wrapped span passed the overlap checks), up to the last sequence's last row.
     const std::int64_t hs = head_stride != 0 ? head_stride : head_dim;
     const std::int64_t ts = token_stride != 0 ? token_stride : p.num_q_heads * head_dim;
-    const std::int64_t ss = seq_stride != 0 ? seq_stride : p.q_len * ts;
-    const std::int64_t token_span = hs * (p.num_q_heads - 1) + head_dim;
-    if (hs < head_dim || (p.q_len > 1 && ts < token_span) ||
-        (p.num_seqs > 1 && ss < ts * (p.q_len - 1) + token_span)) {
+    std::int64_t ss = seq_stride;
+    std::int64_t token_span = 0;  // one token's heads
+    std::int64_t seq_span = 0;    // one sequence's tokens
+    std::int64_t extent = 0;      // every sequence's
+    if (__builtin_mul_overflow(hs, p.num_q_heads - 1, &token_span) ||
+        __builtin_add_overflow(token_span, head_dim, &token_span) ||
+        __builtin_mul_overflow(ts, p.q_len - 1, &seq_span) ||
+        __builtin_add_overflow(seq_span, token_span, &seq_span) ||
+        (ss == 0 && __builtin_mul_overflow(std::int64_t{p.q_len}, ts, &ss)) ||
+        __builtin_mul_overflow(ss, std::max(p.num_seqs - 1, 0), &extent) ||
+        __builtin_add_overflow(extent, seq_span, &extent)) {
+      fail(std::string(name) + " strides (seq " + std::to_string(seq_stride) + ", token " +
+           std::to_string(ts) + ", head " + std::to_string(hs) + ") overflow 64-bit offsets");
+    }
+    if (hs < head_dim || (p.q_len > 1 && ts < token_span) || (p.num_seqs > 1 && ss < seq_span)) {
       fail(std::string(name) + " strides (seq " + std::to_string(ss) + ", token " +
            std::to_string(ts) + ", head " + std::to_string(hs) + ") make rows overlap");
     }

@@ -23,11 +23,23 @@ namespace {
 }
 
 // Rows of one token (num_q_heads heads of head_dim values, head_stride apart) must not overlap
-// each other nor the next token's rows.
+// each other nor the next token's rows. The spans are checked for 64-bit overflow first (a
+// wrapped one passed the overlap check), up to the last row of the most tokens the batch can have
+// (num_seqs x max_q_len, and q_indptr is int32).
 void check_row_strides(const char* name, const PagedExtendParams& p, std::int64_t token_stride,
                        std::int64_t head_stride) {
   const std::int64_t head_dim = p.layout.head_dim;
-  const std::int64_t token_span = head_stride * (p.num_q_heads - 1) + head_dim;
+  const std::int64_t max_tokens = std::min<std::int64_t>(std::int64_t{p.num_seqs} * p.max_q_len,
+                                                         std::numeric_limits<std::int32_t>::max());
+  std::int64_t token_span = 0;
+  std::int64_t extent = 0;
+  if (__builtin_mul_overflow(head_stride, p.num_q_heads - 1, &token_span) ||
+      __builtin_add_overflow(token_span, head_dim, &token_span) ||
+      __builtin_mul_overflow(token_stride, std::max<std::int64_t>(max_tokens - 1, 0), &extent) ||
+      __builtin_add_overflow(extent, token_span, &extent)) {
+    fail(std::string(name) + " strides (token " + std::to_string(token_stride) + ", head " +
+         std::to_string(head_stride) + ") overflow 64-bit offsets");
+  }
   if (head_stride < head_dim || token_stride < token_span) {
     fail(std::string(name) + " strides (token " + std::to_string(token_stride) + ", head " +
          std::to_string(head_stride) + ") make rows overlap");

@@ -14,8 +14,8 @@ void check_copies(const std::vector<BlockCopy>& copies, std::size_t num_src, std
   for (const BlockCopy& c : copies) {
     if (c.src < 0 || static_cast<std::size_t>(c.src) >= num_src || c.dst < 0 ||
         static_cast<std::size_t>(c.dst) >= num_dst) {
-      throw Error(ErrorCode::kOutOfRange, std::string("execute_transfer_plan: ") + what +
-                                              " copy " + std::to_string(c.src) + " -> " +
+      throw Error(ErrorCode::kOutOfRange, std::string("execute_transfer_plan: ") + what + " copy " +
+                                              std::to_string(c.src) + " -> " +
                                               std::to_string(c.dst) + " is out of range");
     }
   }
@@ -26,6 +26,10 @@ void check_copies(const std::vector<BlockCopy>& copies, std::size_t num_src, std
 void execute_transfer_plan(TransferPlan& plan, TransferStage stage, const TransferLayout& layout,
                            std::span<std::byte> device, std::size_t num_device_blocks,
                            std::span<std::byte> host, std::size_t num_host_slots) {
+  if (stage != TransferStage::kBeforeForward && stage != TransferStage::kAfterForward) {
+    throw Error(ErrorCode::kInvalidArgument, "execute_transfer_plan: unknown stage " +
+                                                 std::to_string(static_cast<unsigned>(stage)));
+  }
   const auto bit = static_cast<std::uint8_t>(stage);
   if ((plan.executed_stages & bit) != 0) {
     throw Error(ErrorCode::kInvalidState,
@@ -34,16 +38,32 @@ void execute_transfer_plan(TransferPlan& plan, TransferStage stage, const Transf
   if (layout.chunk_bytes == 0 || layout.num_layers == 0) {
     throw Error(ErrorCode::kInvalidArgument, "execute_transfer_plan: empty layout");
   }
+  // The caller's counts and strides: a product that wraps would pass the size checks below and
+  // send the copies outside the buffers.
+  std::size_t block_bytes = 0;
+  std::size_t host_bytes = 0;
+  std::size_t device_bytes = 0;
+  bool overflow = __builtin_mul_overflow(layout.num_layers, layout.chunk_bytes, &block_bytes) ||
+                  __builtin_mul_overflow(num_host_slots, block_bytes, &host_bytes);
   if (num_device_blocks > 0) {
-    const std::size_t last = (num_device_blocks - 1) * layout.device_block_stride +
-                             (layout.num_layers - 1) * layout.device_layer_stride +
-                             layout.chunk_bytes;
-    if (device.size() < last) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "execute_transfer_plan: the device buffer is smaller than its blocks need");
-    }
+    std::size_t blocks = 0;
+    std::size_t layers = 0;
+    overflow = overflow ||
+               __builtin_mul_overflow(num_device_blocks - 1, layout.device_block_stride, &blocks) ||
+               __builtin_mul_overflow(layout.num_layers - 1, layout.device_layer_stride, &layers) ||
+               __builtin_add_overflow(blocks, layers, &device_bytes) ||
+               __builtin_add_overflow(device_bytes, layout.chunk_bytes, &device_bytes);
   }
-  if (host.size() < num_host_slots * layout.block_bytes()) {
+  if (overflow) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "execute_transfer_plan: the buffer sizes the layout and counts need overflow "
+                "size_t");
+  }
+  if (device.size() < device_bytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "execute_transfer_plan: the device buffer is smaller than its blocks need");
+  }
+  if (host.size() < host_bytes) {
     throw Error(ErrorCode::kInvalidArgument,
                 "execute_transfer_plan: the host buffer is smaller than its slots need");
   }

@@ -69,6 +69,10 @@ bool AdmissionScheduler::HashSet::contains(const BlockHash& h) const noexcept {
 
 AdmissionScheduler::AdmissionScheduler(PrefixProbe& probe, AdmissionSchedulerConfig config)
     : probe_(probe), config_(config) {
+  if (config_.policy != SchedulePolicy::kFcfs && config_.policy != SchedulePolicy::kPrefix) {
+    throw Error(ErrorCode::kInvalidArgument, "AdmissionScheduler: unknown policy " +
+                                                 std::to_string(static_cast<int>(config_.policy)));
+  }
   for (const double w : {config_.host_token_weight, config_.remote_token_weight}) {
     if (!(w >= 0.0 && w <= 1.0)) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -89,8 +93,18 @@ const Proposal& AdmissionScheduler::propose(std::span<const WaitingRequest> wait
                   "AdmissionScheduler::propose: waiting entry " + std::to_string(i) +
                       (w.request == nullptr ? " has no request" : " has no tokens"));
     }
-    arrivals_.push_back(w.arrival);
+    arrivals_.push_back(w.request->id());
   }
+  // One request waiting twice would be admitted twice in one proposal. (The scratch holds the
+  // request ids here, the arrival ranks from below on.)
+  std::sort(arrivals_.begin(), arrivals_.end());
+  if (const auto twice = std::adjacent_find(arrivals_.begin(), arrivals_.end());
+      twice != arrivals_.end()) {
+    throw Error(ErrorCode::kInvalidArgument, "AdmissionScheduler::propose: request " +
+                                                 std::to_string(*twice) + " is waiting twice");
+  }
+  arrivals_.clear();
+  for (const WaitingRequest& w : waiting) arrivals_.push_back(w.arrival);
   std::sort(arrivals_.begin(), arrivals_.end());
   if (const auto twice = std::adjacent_find(arrivals_.begin(), arrivals_.end());
       twice != arrivals_.end()) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,19 @@ TEST(BlockTable, DenseRowsWithPadding) {
   const BlockTable empty = make_block_table({});
   EXPECT_EQ(empty.num_seqs, 0);
   EXPECT_TRUE(empty.block_ids.empty());
+}
+
+TEST(BlockTable, RowOutsideTheTableIsAnError) {
+  // row() once built a span past block_ids (undefined behaviour) for a row it did not hold.
+  const std::vector<std::vector<std::int32_t>> seqs = {{1, 2}, {3}, {}};
+  BlockTable table = make_block_table(seqs, 2);
+  EXPECT_EQ(table.row(1).size(), 2u);
+  for (const std::int32_t seq : {3, -1, 1 << 30}) {
+    expect_error([&] { (void)table.row(seq); }, ErrorCode::kOutOfRange, "outside the table");
+  }
+  table.block_ids.resize(5);  // edited by hand: the last row is short
+  EXPECT_EQ(table.row(1)[0], 3);
+  expect_error([&] { (void)table.row(2); }, ErrorCode::kOutOfRange, "(5 entries)");
 }
 
 TEST(BlockTable, RejectsBadInput) {
@@ -96,6 +111,11 @@ TEST(SlotMapping, RejectsPositionsOutsideTheBlocks) {
                "position 32");
   expect_error([&] { append_slot_mapping(slots, blocks, 16, 0, -1); }, ErrorCode::kInvalidArgument,
                "num_tokens");
+  // The last position first_position + num_tokens - 1 once overflowed (signed, UB) and the
+  // error named a negative position the caller never gave.
+  expect_error(
+      [&] { append_slot_mapping(slots, blocks, 16, 2, std::numeric_limits<std::int64_t>::max()); },
+      ErrorCode::kOutOfRange, "9223372036854775807 tokens from position 2");
   const std::vector<std::int32_t> bad = {5, -1, 3};
   expect_error([&] { append_slot_mapping(slots, bad, 4, 2, 8); }, ErrorCode::kInvalidArgument,
                "negative block id");

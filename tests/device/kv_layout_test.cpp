@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -111,6 +113,28 @@ TEST(KVLayout, RejectsBadLayouts) {
   layout.stride_token = 0;
   expect_error([&] { layout.validate(); }, "stride_token must be positive");
   EXPECT_NO_THROW(KVLayout::nhd(1, 256, 1, 8));
+}
+
+TEST(KVLayout, RejectsSizesThatOverflow) {
+  // The factories' stride products once wrapped (signed overflow) before validate() saw them:
+  // stride_block came out 0 and the error blamed it instead of the sizes.
+  expect_error([] { (void)KVLayout::nhd(1, 256, 1 << 30, 1 << 30); }, "overflows 64 bits");
+  expect_error([] { (void)KVLayout::hnd(1, 256, 1 << 30, 1 << 30); }, "overflows 64 bits");
+  expect_error([] { (void)KVLayout::nhd_scaled(1, 256, 1 << 30, 1 << 30); }, "overflows 64 bits");
+  // A scale_offset whose scales end past INT64_MAX: scale_offset + block_scale_bytes() wrapped,
+  // so the room check passed and plane_elements() overflowed.
+  const std::int64_t huge = std::numeric_limits<std::int64_t>::max() - 7;
+  for (const std::int64_t blocks : {1, 2}) {
+    KVLayout layout = KVLayout::nhd(blocks, 16, 1, 8);
+    layout.scale_offset = huge;
+    expect_error([&] { layout.validate(); }, "overflows 64 bits");
+  }
+  // The largest scale_offset that fits is accepted.
+  KVLayout fits = KVLayout::nhd(1, 16, 1, 8);
+  fits.scale_offset = (std::numeric_limits<std::int64_t>::max() - 16 * 4) / 8 * 8;
+  EXPECT_NO_THROW(fits.validate());
+  EXPECT_LE(fits.plane_elements(), std::numeric_limits<std::int64_t>::max());
+  EXPECT_GT(fits.plane_elements(), 0);
 }
 
 TEST(KVSizing, Fp8CountsCodesAndScales) {

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -140,6 +141,31 @@ TEST(KVAppendReference, RejectsBadSlotsWithoutWriting) {
   p.num_tokens = 0;
   p.key = nullptr;
   EXPECT_NO_THROW(reference_kv_append(p));  // nothing to do, nothing read
+}
+
+TEST(KVAppendReference, RejectsStridesThatOverflow) {
+  // Strides whose spans wrap past INT64_MAX once passed the overlap check (2 heads 2^63 - 8
+  // apart made a token's span negative) and the copies read far outside key / value.
+  HostPool pool(LayoutKind::kNhd, 4, 16, 2, 8);
+  std::vector<std::uint16_t> rows(3 * 2 * 8, 0x3c00);
+  std::vector<std::int64_t> slots = {0, 1, 2};
+  KVAppendParams p;
+  p.dtype = KVDtype::kFloat16;
+  p.num_tokens = 3;
+  p.key = rows.data();
+  p.value = rows.data();
+  p.slot_mapping = slots.data();
+  p.k_cache = pool.k_plane();
+  p.v_cache = pool.v_plane();
+  p.layout = pool.layout;
+  p.key_stride_head = std::numeric_limits<std::int64_t>::max() - 7;
+  expect_error([&] { validate(p); }, ErrorCode::kInvalidArgument, "overflow");
+  p.key_stride_head = 0;
+  p.value_stride_token = std::int64_t{1} << 62;  // 2 x 2^62 to the third token
+  expect_error([&] { validate(p); }, ErrorCode::kInvalidArgument, "overflow");
+  p.num_tokens = 2;  // 2^62 to the second token fits
+  EXPECT_NO_THROW(validate(p));
+  for (const auto x : pool.k) ASSERT_EQ(x, kSentinel);
 }
 
 TEST(BlockRuns, CoalesceConsecutivePairs) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -368,6 +369,30 @@ TEST(DecodeAttentionReference, RejectsBadParameters) {
   p.out_stride_seq = 4 * 64;  // one token's worth per sequence: the second token overlaps
   expect_error(p, ErrorCode::kInvalidArgument, "overlap");
   // Nothing was written by any failed call.
+  for (const auto x : f.out) EXPECT_EQ(x, 0x1234);
+}
+
+TEST(DecodeAttentionReference, RejectsStridesThatOverflow) {
+  // Strides whose spans wrap past INT64_MAX once passed the overlap checks (4 heads 2^62 apart
+  // made a token's span negative) and the reference and the kernels indexed far outside q.
+  BadInputFixture f;
+  const PagedDecodeParams good = f.pb.params(f.out.data());
+  const auto expect_overflow = [](const PagedDecodeParams& p) {
+    testing::expect_error([&] { validate(p); }, ErrorCode::kInvalidArgument, "overflow");
+  };
+  PagedDecodeParams p = good;
+  p.q_len = 2;
+  p.q_stride_head = std::int64_t{1} << 62;
+  expect_overflow(p);
+  p = good;
+  p.out_stride_token = std::int64_t{1} << 62;  // 3 tokens x 2^62
+  p.q_len = 4;
+  expect_overflow(p);
+  p = good;
+  p.q_stride_seq = std::numeric_limits<std::int64_t>::max() / 2 + 8;  // the 2nd seq's rows fit
+  EXPECT_NO_THROW(validate(p));
+  p.q_stride_seq = std::numeric_limits<std::int64_t>::max() - 8;  // they end past INT64_MAX
+  expect_overflow(p);
   for (const auto x : f.out) EXPECT_EQ(x, 0x1234);
 }
 

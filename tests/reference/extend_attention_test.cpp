@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -351,6 +352,24 @@ TEST(ExtendAttentionReference, RejectsBadParameters) {
   p.q_stride_token = -256;
   expect_error(p, ErrorCode::kInvalidArgument, "negative");
   for (const auto x : f.out) EXPECT_EQ(x, 0x1234);  // nothing written by any failed call
+}
+
+TEST(ExtendAttentionReference, RejectsStridesThatOverflow) {
+  // Strides whose spans wrap past INT64_MAX once passed the overlap check (4 heads 2^62 apart
+  // made a token's span negative) and the reference and the kernels indexed far outside q.
+  BadInputFixture f;
+  const PagedExtendParams good = f.pb.params(f.out.data());
+  const auto expect_overflow = [](const PagedExtendParams& p) {
+    testing::expect_error([&] { validate(p); }, ErrorCode::kInvalidArgument, "overflow");
+  };
+  PagedExtendParams p = good;
+  p.q_stride_head = std::int64_t{1} << 62;
+  expect_overflow(p);
+  p = good;
+  // One token's rows fit, but the batch's 2 x max_q_len tokens 2^60 apart do not.
+  p.out_stride_token = std::int64_t{1} << 60;
+  expect_overflow(p);
+  for (const auto x : f.out) EXPECT_EQ(x, 0x1234);
 }
 
 TEST(ExtendAttentionReference, RejectsBadDeviceData) {

@@ -8,8 +8,10 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "expect_error.hpp"
 #include "pagedkv/base/error.hpp"
 #include "pagedkv/manager/kv_cache_manager.hpp"
 #include "pagedkv/sched/prefix_probe.hpp"
@@ -213,6 +215,42 @@ TEST(AdmissionScheduler, RejectsBadInput) {
   AdmissionSchedulerConfig bad;
   bad.host_token_weight = 1.5;
   EXPECT_THROW(AdmissionScheduler(probe, bad), Error);
+}
+
+TEST(AdmissionScheduler, RejectsARequestWaitingTwice) {
+  // One request under two arrival ranks (or two requests with one id) was admitted twice in one
+  // proposal, its blocks and tokens counted twice.
+  KVCacheManager m(config(100));
+  Request a = m.make_request(1, iota_tokens(1, 10));
+  Request b = m.make_request(2, iota_tokens(100, 10));
+  Request a_again = m.make_request(1, iota_tokens(200, 10));
+  PrefixProbe probe(m);
+  AdmissionScheduler s(probe, {});
+  const std::vector<WaitingRequest> ok = {{&a, 3}, {&b, 4}};
+  ASSERT_EQ(s.propose(ok, {100, 100, 10}).admissions.size(), 2u);
+  for (const Request* twice : {&a, &a_again}) {
+    const std::vector<WaitingRequest> dup = {{&a, 3}, {&b, 4}, {twice, 5}};
+    testing::expect_error(
+        [&] {
+          (void)s.propose(dup, {100, 100, 10});
+        },
+        ErrorCode::kInvalidArgument, "request 1 is waiting twice");
+  }
+  // Nothing changed: the last proposal stands and record_step() still takes its waiting span.
+  std::vector<WaitingRequest> kept = ok;
+  EXPECT_NO_THROW(s.record_step(kept, 2));
+}
+
+TEST(AdmissionScheduler, RejectsAnUnknownPolicy) {
+  // An out-of-range policy value once ran as kFcfs.
+  KVCacheManager m(config(100));
+  PrefixProbe probe(m);
+  for (const int value : {2, -1, 255}) {
+    AdmissionSchedulerConfig bad;
+    bad.policy = static_cast<SchedulePolicy>(value);
+    testing::expect_error([&] { AdmissionScheduler(probe, bad); }, ErrorCode::kInvalidArgument,
+                          "unknown policy " + std::to_string(value));
+  }
 }
 
 // A random engine: sessions of shared prefixes arrive, the proposal is admitted through the

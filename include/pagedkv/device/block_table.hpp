@@ -27,12 +27,9 @@ struct BlockTable {
   std::int32_t max_blocks_per_seq = 0;  // row length (columns)
   std::vector<std::int32_t> block_ids;  // [num_seqs, max_blocks_per_seq], row-major
 
-  // Row i (no bounds check beyond the span's).
-  std::span<const std::int32_t> row(std::int32_t seq) const noexcept {
-    return std::span<const std::int32_t>(block_ids).subspan(
-        static_cast<std::size_t>(seq) * static_cast<std::size_t>(max_blocks_per_seq),
-        static_cast<std::size_t>(max_blocks_per_seq));
-  }
+  // Row i. Throws pagedkv::Error (kOutOfRange) unless 0 <= seq < num_seqs and block_ids holds
+  // that row (the fields are public: a table edited by hand may not).
+  std::span<const std::int32_t> row(std::int32_t seq) const;
 };
 
 // Builds the dense table from each sequence's block ids (e.g. KVCacheManager::block_ids()).

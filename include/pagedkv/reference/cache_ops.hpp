@@ -73,7 +73,8 @@ struct KVAppendParams {
   }
 };
 
-// Shapes, layout, strides (rows of one token must not overlap) and pointers. Throws.
+// Shapes, layout, strides (rows of one token must not overlap, nor a token's rows the next
+// token's; the last token's rows end within 64-bit offsets) and pointers. Throws.
 void validate(const KVAppendParams& params);
 
 // CPU reference. Also throws (kOutOfRange) for a slot >= layout.num_slots(), and

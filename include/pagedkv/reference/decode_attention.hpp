@@ -85,7 +85,8 @@ inline constexpr std::int32_t kMaxDecodeQueryLen = 64;
 
 // Checks everything that does not need to read the buffers: shapes, q_len in [1,
 // kMaxDecodeQueryLen], the layout, strides (not negative; a head's row fits before the next, a
-// token's heads before the next token, a sequence's tokens before the next sequence), pointers
+// token's heads before the next token, a sequence's tokens before the next sequence; the last
+// sequence's last row ends within 64-bit offsets), pointers
 // present, scale and cap finite, window not negative. Throws pagedkv::Error naming the field.
 void validate(const PagedDecodeParams& params);
 

@@ -84,7 +84,8 @@ struct PagedExtendParams : PagedKVParams {
 };
 
 // Checks everything that does not need to read the buffers: shapes, the layout, strides (not
-// negative; a head's row fits before the next token's), pointers present, max_q_len not
+// negative; a head's row fits before the next token's; the rows of min(num_seqs x max_q_len,
+// INT32_MAX) tokens end within 64-bit offsets), pointers present, max_q_len not
 // negative, scale and cap finite, window not negative. Throws pagedkv::Error naming the field.
 void validate(const PagedExtendParams& params);
 

@@ -3,8 +3,9 @@
 // block-first host buffer. Tests and CPU engines use it; the CUDA executor must match it.
 //
 // Errors (pagedkv::Error, nothing copied): the stage already executed (kInvalidState), a block
-// index outside the buffers (kOutOfRange), buffers smaller than the layout needs or a zero chunk
-// (kInvalidArgument). Complexity: linear in the bytes moved. Thread-compatible.
+// index outside the buffers (kOutOfRange), a stage that is not kBeforeForward or kAfterForward,
+// buffers smaller than the layout needs, sizes (counts x strides) that overflow size_t or a zero
+// chunk (kInvalidArgument). Complexity: linear in the bytes moved. Thread-compatible.
 #pragma once
 
 #include <cstddef>

@@ -42,10 +42,10 @@
 // per admission, records its uncached blocks in a flat hash set (O(prompt blocks)). No allocation
 // once its buffers have grown. Thread-compatible: one scheduler thread; the manager behind the
 // probe must not change during propose(). Errors (pagedkv::Error kInvalidArgument, nothing
-// changed): a null request, two waiting entries with the same arrival rank, a request with no
-// tokens, a proposal index out of range in record_step(). A bad_alloc in propose() propagates and
-// leaves no partial proposal: the previous one when it came while probing the candidates, an
-// empty one when it came while filling the new proposal.
+// changed): a null request, two waiting entries with the same arrival rank, one request (id)
+// waiting twice, a request with no tokens, a proposal index out of range in record_step(). A
+// bad_alloc in propose() propagates and leaves no partial proposal: the previous one when it came
+// while probing the candidates, an empty one when it came while filling the new proposal.
 #pragma once
 
 #include <cstddef>
@@ -126,7 +126,7 @@ struct Proposal {
 
 class AdmissionScheduler {
  public:
-  // Errors: a weight outside [0, 1] (kInvalidArgument).
+  // Errors: a weight outside [0, 1], a policy that is not kFcfs or kPrefix (kInvalidArgument).
   AdmissionScheduler(PrefixProbe& probe, AdmissionSchedulerConfig config);
 
   const AdmissionSchedulerConfig& config() const noexcept { return config_; }
@@ -168,7 +168,8 @@ class AdmissionScheduler {
   Proposal proposal_;
   std::size_t proposed_for_ = 0;         // waiting.size() of the last propose()
   std::vector<Candidate> candidates_;    // propose(): the waiting requests in proposal order
-  std::vector<std::uint64_t> arrivals_;  // propose(): sorted arrival ranks (uniqueness check)
+  std::vector<std::uint64_t> arrivals_;  // propose(): sorted request ids, then arrival ranks
+                                         // (uniqueness checks)
   std::vector<unsigned char> admitted_;  // record_step(): 1 for each admitted waiting index
   HashSet in_step_;  // blocks this step's admissions compute within their chunks
   HashSet pending_;  // blocks they compute in later steps
