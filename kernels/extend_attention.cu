@@ -21,6 +21,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "fp8_kernels.hpp"
@@ -572,6 +573,33 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
 }
 
 std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan) {
+  if (plan.num_splits > 1) {
+    // num_seqs x max_q_len x num_q_heads x num_splits states of head_dim + 1 floats: four 31-bit
+    // factors (the grid limits bound num_seqs and max_q_len, not num_q_heads) can exceed 64 bits,
+    // and a size that wrapped would pass the launch's workspace check.
+    const std::int32_t head_dim = params.layout.head_dim;
+    if (params.num_seqs < 0 || params.max_q_len < 0 || params.num_q_heads < 0 || head_dim < 0) {
+      fail("extend_workspace_bytes: bad shape (num_seqs " + std::to_string(params.num_seqs) +
+           ", max_q_len " + std::to_string(params.max_q_len) + ", num_q_heads " +
+           std::to_string(params.num_q_heads) + ", head_dim " + std::to_string(head_dim) + ")");
+    }
+    std::size_t states = static_cast<std::size_t>(params.num_seqs);
+    bool overflow = false;
+    for (const std::int32_t factor : {params.max_q_len, params.num_q_heads, plan.num_splits}) {
+      overflow |= __builtin_mul_overflow(states, static_cast<std::size_t>(factor), &states);
+    }
+    // fa2_workspace_bytes sums in int64: room for that, the lse's 16-byte round-up and the
+    // persistent counter.
+    constexpr auto kMaxBytes = static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max());
+    if (overflow ||
+        states > (kMaxBytes - 64) / sizeof(float) / (static_cast<std::size_t>(head_dim) + 1)) {
+      fail("extend_workspace_bytes: the workspace size overflows (num_seqs " +
+           std::to_string(params.num_seqs) + " x max_q_len " + std::to_string(params.max_q_len) +
+           " x num_q_heads " + std::to_string(params.num_q_heads) + " x num_splits " +
+           std::to_string(plan.num_splits) + " states of head_dim " + std::to_string(head_dim) +
+           " + 1 floats)");
+    }
+  }
   const std::size_t split =
       detail::fa2_workspace_bytes(params.num_seqs, params.max_q_len, params.num_q_heads,
                                   params.layout.head_dim, plan.num_splits);

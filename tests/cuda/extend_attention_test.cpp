@@ -838,6 +838,29 @@ TEST(CudaExtendAttentionArguments, RejectedOnTheHostBeforeAnyLaunch) {
   expect_error([&] { (void)paged_extend_attention(p, nullptr); }, "multiples of 8");
 }
 
+// extend_workspace_bytes with a split over keys (host only): num_seqs x max_q_len x num_q_heads x
+// num_splits states whose four factors can pass 64 bits (the grid limits bound num_seqs and
+// max_q_len, not num_q_heads). A size that wrapped to a small number would pass the launch's
+// workspace check and the kernel would write past the workspace.
+TEST(CudaExtendAttentionArguments, WorkspaceSizeOverflowIsAnError) {
+  const ArgumentsProblem args;
+  PagedExtendParams p = args.params();
+  ExtendSplitPlan plan;
+  plan.num_splits = 16;
+  const std::size_t states = std::size_t{2} * 50 * 8 * 16;  // the problem's 2 x 50 x 8 heads
+  EXPECT_EQ(extend_workspace_bytes(p, plan), states * 128 * 4 + (states * 4 + 15) / 16 * 16);
+  p.num_seqs = 65535;
+  p.max_q_len = 1 << 20;
+  p.num_q_heads = 1 << 24;  // 2^64 states
+  expect_error([&] { (void)extend_workspace_bytes(p, plan); }, "workspace size overflows");
+  p.num_q_heads = 1 << 20;  // 2^60 states: 2^69 bytes
+  expect_error([&] { (void)extend_workspace_bytes(p, plan); }, "workspace size overflows");
+  p.num_q_heads = -8;
+  expect_error([&] { (void)extend_workspace_bytes(p, plan); }, "bad shape");
+  plan.num_splits = 1;  // no split: no workspace, whatever the shape
+  EXPECT_EQ(extend_workspace_bytes(p, plan), 0u);
+}
+
 // The variant selector's own checks and the split planner (host only).
 TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   const ArgumentsProblem args;
