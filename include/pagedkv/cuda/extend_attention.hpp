@@ -204,7 +204,8 @@ cudaError_t extend_split_plan_for_current_device(const PagedExtendParams& params
 
 // Workspace bytes a launch with `plan` needs: with a split, float partial rows and their
 // log-sum-exp for num_seqs x max_q_len x num_q_heads x num_splits states; with persistent_ctas >
-// 0, 16 bytes more (the persistent kernel's work counter, before the partials); else 0.
+// 0, 16 bytes more (the persistent kernel's work counter, before the partials); else 0. With a
+// split, throws pagedkv::Error for a negative shape or a size past 2^63 bytes.
 std::size_t extend_workspace_bytes(const PagedExtendParams& params, const ExtendSplitPlan& plan);
 
 // Enqueues extend attention with the chosen variant. validate_cuda_extend's checks, plus for kFa2,
