@@ -501,11 +501,9 @@ std::int64_t num_query_tiles(const PagedExtendParams& params) {
   return (static_cast<std::int64_t>(params.max_q_len) * params.group_size() + kRows - 1) / kRows;
 }
 
-}  // namespace
-
-void validate_cuda_extend(const PagedExtendParams& params) {
-  validate(params);
-  (void)choose(params.dtype, params.layout.head_dim);  // throws for other head_dims
+// The grid limits: at most kMaxGridYZ sequences and query tiles (so that query tiles x sequences
+// x KV heads stays within 64 bits). Requires a positive group size.
+void check_grid(const PagedExtendParams& params) {
   if (params.num_seqs > kMaxGridYZ) {
     fail("at most " + std::to_string(kMaxGridYZ) + " sequences per launch, got " +
          std::to_string(params.num_seqs));
@@ -515,6 +513,14 @@ void validate_cuda_extend(const PagedExtendParams& params) {
          std::to_string(static_cast<std::int64_t>(params.max_q_len) * params.group_size()) +
          " query rows exceed " + std::to_string(kMaxGridYZ) + " tiles of " + std::to_string(kRows));
   }
+}
+
+}  // namespace
+
+void validate_cuda_extend(const PagedExtendParams& params) {
+  validate(params);
+  (void)choose(params.dtype, params.layout.head_dim);  // throws for other head_dims
+  check_grid(params);
   if (params.num_seqs == 0) return;
   if (params.out == nullptr) fail("out is null");
   if (!aligned_to(params.q, 16) || !aligned_to(params.k_cache, 16) ||
@@ -549,6 +555,17 @@ ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel 
   }
   // The query tiles below depend on head_dim: one the kernels do not take gets no plan.
   (void)choose(params.dtype, params.layout.head_dim);
+  // The shape the plan reads, as the launch checks it (the rest of the params is the launch's):
+  // a group size to divide by, and the grid limits, which keep tiles x sequences x KV heads
+  // within 64 bits.
+  if (params.num_seqs < 0 || params.max_q_len < 0 || params.layout.num_kv_heads <= 0 ||
+      params.num_q_heads <= 0 || params.num_q_heads % params.layout.num_kv_heads != 0) {
+    fail("plan_extend_split: bad shape (num_seqs " + std::to_string(params.num_seqs) +
+         ", max_q_len " + std::to_string(params.max_q_len) + ", num_q_heads " +
+         std::to_string(params.num_q_heads) + ", num_kv_heads " +
+         std::to_string(params.layout.num_kv_heads) + ")");
+  }
+  check_grid(params);
   ExtendSplitPlan plan;
   if (kernel == ExtendKernel::kWgmmaWarpSpecializedPersistent) {
     plan.persistent_ctas = persistent_ctas_for(num_sms, ctas_per_sm);

@@ -954,6 +954,22 @@ TEST(CudaExtendAttentionArguments, VariantSplitPlanAndWorkspaceChecks) {
   EXPECT_EQ(plan_extend_split(good, ExtendKernel::kFa2, 132, 2).num_splits, kCudaExtendMaxSplits);
   EXPECT_EQ(plan_extend_split(good, ExtendKernel::kFa2, 2, 1).num_splits, 1);  // 8 CTAs fill 4
   expect_error([&] { (void)plan_extend_split(good, ExtendKernel::kFa2, 0, 1); }, "num_sms");
+  // The shape it reads is checked as the launch checks it: query tiles x sequences x KV heads
+  // then fit 64 bits.
+  PagedExtendParams hostile = good;
+  hostile.num_seqs = 70000;
+  expect_error([&] { (void)plan_extend_split(hostile, ExtendKernel::kFa2, 132, 2); },
+               "sequences per launch");
+  hostile = good;
+  hostile.max_q_len = 1 << 20;
+  expect_error([&] { (void)plan_extend_split(hostile, ExtendKernel::kFa2, 132, 2); },
+               "query rows exceed");
+  hostile = good;
+  hostile.num_q_heads = 7;  // not a multiple of the 2 KV heads
+  expect_error([&] { (void)plan_extend_split(hostile, ExtendKernel::kFa2, 132, 2); }, "bad shape");
+  hostile = good;
+  hostile.max_q_len = -1;
+  expect_error([&] { (void)plan_extend_split(hostile, ExtendKernel::kFa2, 132, 2); }, "bad shape");
 
   ExtendSplitPlan plan;
   plan.num_splits = 4;

@@ -188,8 +188,10 @@ bool extend_kernel_runs(const PagedExtendParams& params, ExtendKernel kernel) no
 // 1, and so does an FP8 cache (whose CUDA-core kernel ignores the plan) but where kFa2Fp8's
 // kernel runs. kWgmmaWarpSpecializedPersistent's plan also has persistent_ctas = num_sms x
 // ctas_per_sm (at most kCudaExtendMaxPersistentCtas), for every batch, the empty one too. Throws
-// pagedkv::Error for num_sms or ctas_per_sm < 1 and for a head_dim validate_cuda_extend refuses
-// (not 64, 128 or 256, or not compiled into this build).
+// pagedkv::Error for num_sms or ctas_per_sm < 1, for a head_dim validate_cuda_extend refuses
+// (not 64, 128 or 256, or not compiled into this build), and for the shape it reads as the
+// launch checks it: negative counts, num_q_heads not a positive multiple of num_kv_heads, more
+// than 65535 sequences or query tiles.
 ExtendSplitPlan plan_extend_split(const PagedExtendParams& params, ExtendKernel kernel, int num_sms,
                                   int ctas_per_sm);
 
