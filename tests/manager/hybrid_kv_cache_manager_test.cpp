@@ -2,6 +2,7 @@
 // hybrid fixed point, mixed block sizes, and a randomized invariant/safety run.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -364,6 +365,27 @@ TEST(Hybrid, CachingIsClampedToTheCommonBlockSize) {
   m.free(r);
   EXPECT_EQ(m.block_pool().free_queue().front(), rows[1][6]);
   m.check_invariants();
+}
+
+// A window near 2^32 tokens needs every block a request has: window_blocks() used to compute
+// ceil((window - 1) / block_size) in 32 bits, where window - 1 + block_size - 1 wrapped to a
+// small number, so a hit kept only its last block and put the null block where the window still
+// needs the KV.
+TEST(SlidingWindow, AHugeWindowNeedsEveryBlock) {
+  constexpr std::uint32_t kWindow = std::numeric_limits<std::uint32_t>::max();
+  EXPECT_EQ(AttentionSpec::sliding(4, kWindow).window_blocks(), 1073741824u);  // ceil((2^32-2)/4)
+  EXPECT_EQ(AttentionSpec::sliding(1, kWindow).window_blocks(), kWindow - 1);
+  EXPECT_EQ(AttentionSpec::sliding(4, 5).window_blocks(), 1u);
+  EXPECT_EQ(AttentionSpec::sliding(4, 6).window_blocks(), 2u);
+  KVCacheManager m(config({AttentionSpec::sliding(4, kWindow)}));
+  Request a = m.make_request(1, iota_tokens(0, 13));
+  const auto rows = admit(m, a);
+  m.free(a);
+  Request b = m.make_request(2, iota_tokens(0, 13));
+  const CacheHit hit = m.get_computed_blocks(b);
+  ASSERT_EQ(hit.num_tokens, 12u);
+  ASSERT_EQ(hit.blocks.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(hit.blocks[i], rows[0][i]) << "position " << i;
 }
 
 }  // namespace
