@@ -737,8 +737,18 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
         unmark(k);
         throw Error(code, where() + id_text(id) + problem);
       }
+      // The caller's hashes (KVCacheManager's, unchecked, come from its hasher): an empty one
+      // would enter the map on a block that reads as uncached (is_cached() tests the hash),
+      // which would then be reused without leaving the map.
+      if (storing && hashes[st.first_ + k].empty()) [[unlikely]] {
+        unmark(k);
+        throw Error(ErrorCode::kInvalidArgument,
+                    where() + "block " + std::to_string(st.first_ + k) +
+                        " of the sequence has no hash (an empty BlockHash cannot be cached)");
+      }
       b.ref_cnt = -b.ref_cnt;
     } else {
+      assert(!storing || !hashes[st.first_ + k].empty());
       assert(blocks[k] > 0 && blocks[k] < config_.num_blocks);
       assert(blocks_[static_cast<std::size_t>(blocks[k])].ref_cnt > 0);
       assert(!blocks_[static_cast<std::size_t>(blocks[k])].is_cached());

@@ -1221,5 +1221,39 @@ TEST(BlockPool, ParentMatchesPrefixChecksTheWholePrefixContent) {
   EXPECT_THROW((void)pool.cached_after_prefix(99, a.sequence(), 1), Error);
 }
 
+// A caller's BlockSequence is hostile input too: a block hash that is empty (a default
+// BlockHash, the "no hash" value) would be inserted into the map while the block reads as
+// uncached, so the block would be reused without leaving the map (a dangling entry). Refused,
+// by commit_store() and cache_full_blocks(), with nothing changed.
+TEST(BlockPool, EmptyBlockHashInASequenceIsRejected) {
+  for (const bool chain : {false, true}) {
+    BlockPoolConfig c = config(8);
+    c.chain_hashes_identify_prefix = chain;
+    BlockPool pool(c);
+    const auto seq = sequence(iota_tokens(0, 12));
+    std::vector<BlockHash> hashes(seq.block_hashes().begin(), seq.block_hashes().end());
+    hashes[1] = BlockHash();
+    BlockSequence bad = seq.sequence();
+    bad.block_hashes = hashes;
+    const auto blocks = take(pool, 3);
+    expect_rejected(
+        pool, [&] { pool.cache_full_blocks(bad, blocks, 0, 3); },
+        "block 1 of the sequence has no hash");
+    expect_rejected(
+        pool,
+        [&] {
+          pool.commit_store(pool.prepare_store(bad, 1, 2, std::vector<BlockId>{}),
+                            std::vector<BlockId>{blocks[1]});
+        },
+        "block 1 of the sequence has no hash");
+    // The blocks before the empty hash are fine.
+    pool.cache_full_blocks(bad, blocks, 0, 1);
+    pool.free_blocks(blocks);
+    pool.check_invariants();
+    (void)take(pool, 7);  // every block reallocated: block 0's cached one is evicted
+    pool.check_invariants();
+  }
+}
+
 }  // namespace
 }  // namespace pagedkv
