@@ -16,15 +16,26 @@
 
 namespace pagedkv {
 
-bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept {
+bool BlockPool::same_content_chain(BlockId parent, BlockId child) const {
+  const KVCacheBlock& p = block(parent);  // block() throws kOutOfRange
+  if (!p.is_cached() || !block(child).is_cached()) [[unlikely]] {
+    throw Error(ErrorCode::kInvalidArgument,
+                "BlockPool::same_content_chain: " + id_text(p.is_cached() ? child : parent) +
+                    " is not cached");
+  }
   if (!verifying()) return true;
-  const KVCacheBlock& p = blocks_[static_cast<std::size_t>(parent)];
   if (chain_identity_) {
     const auto c = static_cast<std::size_t>(child);
     return same_parent(stored_[c].parent.data(), blocks_[c].content_id, p.block_hash);
   }
   const std::uint32_t c = blocks_[static_cast<std::size_t>(child)].content_id;
   return contents_->entry(c)[ContentTable::kParent] == p.content_id;
+}
+
+void BlockPool::throw_no_chain_material() {
+  throw Error(ErrorCode::kInvalidState,
+              "BlockPool: this pool stores no chain material (stores_chain_material() is false: "
+              "verify_cache_hits with chain_hashes_identify_prefix or guard_chain_hashes)");
 }
 
 std::uint32_t BlockPool::find_content(std::uint32_t parent, const BlockSequence& seq, std::size_t p,

@@ -1255,5 +1255,58 @@ TEST(BlockPool, EmptyBlockHashInASequenceIsRejected) {
   }
 }
 
+// Queries that take a caller's block ids check them: same_content_chain() read the records of
+// ids out of range (and answered true for two uncached blocks of a content-id pool),
+// stored_parent_hash() / stored_tokens() read past their tables, or an empty token table in a
+// pool that stores no chain material.
+TEST(BlockPool, ChainQueriesCheckTheirIds) {
+  const auto expect_error = [](ErrorCode code, auto call, const std::string& fragment) {
+    try {
+      (void)call();
+      ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  for (const bool chain : {false, true}) {
+    SCOPED_TRACE(chain ? "chain hashes" : "content ids");
+    BlockPoolConfig c = config(8);
+    c.chain_hashes_identify_prefix = chain;
+    BlockPool pool(c);
+    const auto seq = sequence(iota_tokens(0, 8));
+    const auto blocks = take(pool, 4);
+    pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
+    EXPECT_TRUE(pool.same_content_chain(blocks[0], blocks[1]));
+    expect_error(
+        ErrorCode::kOutOfRange, [&] { return pool.same_content_chain(blocks[0], 99); },
+        "out of range");
+    expect_error(
+        ErrorCode::kOutOfRange, [&] { return pool.same_content_chain(-5, blocks[1]); },
+        "out of range");
+    expect_error(
+        ErrorCode::kInvalidArgument,
+        [&] { return pool.same_content_chain(blocks[2], blocks[3]); }, "is not cached");
+    expect_error(
+        ErrorCode::kInvalidArgument,
+        [&] { return pool.same_content_chain(blocks[1], blocks[2]); }, "is not cached");
+    if (chain) {
+      EXPECT_EQ(pool.stored_parent_hash(blocks[1]), seq.block_hashes()[0]);
+      EXPECT_EQ(pool.stored_tokens(blocks[1])[0], 4);
+      expect_error(
+          ErrorCode::kOutOfRange, [&] { return pool.stored_parent_hash(8); }, "out of range");
+      expect_error(
+          ErrorCode::kOutOfRange, [&] { return pool.stored_tokens(-1); }, "out of range");
+    } else {
+      expect_error(
+          ErrorCode::kInvalidState, [&] { return pool.stored_tokens(blocks[1]); },
+          "no chain material");
+      expect_error(
+          ErrorCode::kInvalidState, [&] { return pool.stored_parent_hash(blocks[1]); },
+          "no chain material");
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pagedkv

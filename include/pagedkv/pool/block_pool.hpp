@@ -379,8 +379,9 @@ class BlockPool {
                                      std::vector<BlockId>& out, GroupId group = 0,
                                      LookupScratch* scratch = nullptr) const;
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
-  // verify_cache_hits). Both must be cached.
-  bool same_content_chain(BlockId parent, BlockId child) const noexcept;
+  // verify_cache_hits). Errors: an id out of range (kOutOfRange), a block not cached
+  // (kInvalidArgument).
+  bool same_content_chain(BlockId parent, BlockId child) const;
   // Whether cached block `child` was cached right after exactly seq's blocks [0, index): its
   // stored parent identity equals the identity of that prefix (the root for index 0), so a
   // window run starting with `child` at `index` is anchored to the request's own prefix. True
@@ -418,12 +419,15 @@ class BlockPool {
   // identities: chain_hashes_identify_prefix or guard_chain_hashes).
   bool stores_chain_material() const noexcept { return chain_identity_; }
   // A cached block's stored material, when stores_chain_material(): the parent's chained hash
-  // (empty for a chain's block 0) and block_size() tokens. Undefined for a block not cached
-  // (except inside on_evict for the evicted one).
-  BlockHash stored_parent_hash(BlockId id) const noexcept {
+  // (empty for a chain's block 0) and block_size() tokens. Unspecified (stale) for a block not
+  // cached (except inside on_evict for the evicted one). Errors: an id out of range
+  // (kOutOfRange), a pool that does not store chain material (kInvalidState).
+  BlockHash stored_parent_hash(BlockId id) const {
+    check_material_read(id);
     return stored_parent(static_cast<std::size_t>(id));
   }
-  const TokenId* stored_tokens(BlockId id) const noexcept {
+  const TokenId* stored_tokens(BlockId id) const {
+    check_material_read(id);
     return &block_tokens_[static_cast<std::size_t>(id) * config_.block_size];
   }
 
@@ -510,6 +514,13 @@ class BlockPool {
   static constexpr BlockId kOrphanLink = -2;
 
   [[noreturn]] void throw_out_of_range(BlockId id) const;
+  // stored_parent_hash() / stored_tokens()'s checks: the id in range, chain material stored.
+  void check_material_read(BlockId id) const {
+    (void)block(id);  // throws kOutOfRange
+    if (!chain_identity_) [[unlikely]]
+      throw_no_chain_material();
+  }
+  [[noreturn]] static void throw_no_chain_material();
   [[noreturn]] static void throw_double_free(BlockId id);
   bool verifying() const noexcept { return verifying_; }
   // The parent check of a lookup: none, the root (block 0), or the prefix a cached block holds.
