@@ -388,5 +388,35 @@ TEST(SlidingWindow, AHugeWindowNeedsEveryBlock) {
   for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(hit.blocks[i], rows[0][i]) << "position " << i;
 }
 
+// A hit's null blocks in a sliding-window group may stand only where the window no longer looks
+// (positions before the hit's last window_blocks() blocks): a hit with the null block inside the
+// window used to be taken, and the request's window then read the null block's KV.
+TEST(Hybrid, HitWithTheNullBlockInsideTheWindowIsRejected) {
+  KVCacheManager m(config({AttentionSpec::full(2), AttentionSpec::sliding(2, 4)}));
+  Request a = m.make_request(1, iota_tokens(0, 9));
+  admit(m, a);
+  Request b = m.make_request(2, iota_tokens(0, 9));
+  const CacheHit hit = m.get_computed_blocks(b);
+  ASSERT_EQ(hit.num_tokens, 8u);
+  ASSERT_EQ(hit.other_groups[0],
+            (std::vector<BlockId>{kNullBlockId, kNullBlockId, hit.other_groups[0][2],
+                                  hit.other_groups[0][3]}));
+  const auto before = m.snapshot();
+  for (const std::size_t p : {2, 3}) {
+    CacheHit bad = hit;
+    bad.other_groups[0][p] = kNullBlockId;
+    try {
+      (void)m.allocate_slots(b, 1, bad);
+      ADD_FAILURE() << "a null block at window position " << p << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("inside its sliding window"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(m.snapshot(), before);
+  }
+  ASSERT_TRUE(m.allocate_slots(b, 1, hit).has_value());
+  m.check_invariants();
+}
+
 }  // namespace
 }  // namespace pagedkv
