@@ -557,14 +557,18 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
   } else if (verifying()) {
     // The nearest cached block of the prefix names its prefix's content id. Usually that is the
     // parent itself; otherwise (evicted, or skipped by a window) the blocks after it are chained
-    // from seq's own material through the table.
+    // from seq's own material through the table. A block caching other content than seq's
+    // block there (its hash and group, as a guarded pool checks) is no parent: unknown.
     std::uint32_t parent = 0;  // the root: chain from seq's block 0
     std::size_t start = 0;
     for (std::size_t j = prefix_row.size(); j-- > 0;) {
       const BlockId b = prefix_row[j];
-      if (b > 0 && b < config_.num_blocks && blocks_[static_cast<std::size_t>(b)].is_cached()) {
-        parent = blocks_[static_cast<std::size_t>(b)].content_id;
-        start = first - prefix_row.size() + j + 1;
+      if (b <= 0 || b >= config_.num_blocks) continue;
+      const KVCacheBlock& pb = blocks_[static_cast<std::size_t>(b)];
+      const std::size_t level = first - prefix_row.size() + j;
+      if (pb.is_cached() && pb.group_id == group && pb.block_hash == hashes[level]) {
+        parent = pb.content_id;
+        start = level + 1;
         break;
       }
     }

@@ -1285,11 +1285,11 @@ TEST(BlockPool, ChainQueriesCheckTheirIds) {
         ErrorCode::kOutOfRange, [&] { return pool.same_content_chain(-5, blocks[1]); },
         "out of range");
     expect_error(
-        ErrorCode::kInvalidArgument,
-        [&] { return pool.same_content_chain(blocks[2], blocks[3]); }, "is not cached");
+        ErrorCode::kInvalidArgument, [&] { return pool.same_content_chain(blocks[2], blocks[3]); },
+        "is not cached");
     expect_error(
-        ErrorCode::kInvalidArgument,
-        [&] { return pool.same_content_chain(blocks[1], blocks[2]); }, "is not cached");
+        ErrorCode::kInvalidArgument, [&] { return pool.same_content_chain(blocks[1], blocks[2]); },
+        "is not cached");
     if (chain) {
       EXPECT_EQ(pool.stored_parent_hash(blocks[1]), seq.block_hashes()[0]);
       EXPECT_EQ(pool.stored_tokens(blocks[1])[0], 4);
@@ -1306,6 +1306,27 @@ TEST(BlockPool, ChainQueriesCheckTheirIds) {
           "no chain material");
     }
   }
+}
+
+// The parent identity of a store comes from the nearest cached block of prefix_row only when
+// that block holds seq's block there (its hash and group, as guarded pools check): a caller's
+// cached block of other content used to give the new block another prefix's content id, so the
+// request's own chain missed it and a colliding chain through that other prefix could hit it.
+TEST(BlockPool, PrefixRowBlockOfOtherContentIsNotTheParent) {
+  BlockPool pool(config(8));  // content ids
+  const auto a = sequence(iota_tokens(0, 8));
+  const auto b = sequence(iota_tokens(100, 8));
+  const auto rows_a = take(pool, 2);
+  const auto rows_b = take(pool, 1);
+  pool.cache_full_blocks(a.sequence(), rows_a, 0, 1);
+  pool.cache_full_blocks(b.sequence(), rows_b, 0, 1);
+  // rows_b[0] holds b's block 0, not a's: it is no parent of a's block 1.
+  pool.cache_full_blocks(a.sequence(), std::vector<BlockId>{rows_b[0], rows_a[1]}, 1, 2);
+  pool.check_invariants();
+  EXPECT_EQ(pool.match_cached_block(a.sequence(), 1, rows_a[0]), rows_a[1]);
+  auto b_then_a = sequence(iota_tokens(100, 4));
+  b_then_a.append(iota_tokens(4, 4));
+  EXPECT_EQ(pool.match_cached_block(b_then_a.sequence(), 1, rows_b[0]), BlockPool::kNoBlock);
 }
 
 }  // namespace
