@@ -114,6 +114,7 @@ constexpr std::int32_t kEvictAhead = 8;
 
 BlockPool::PendingStore::PendingStore(PendingStore&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
+      resets_(other.resets_),
       seq_(other.seq_),
       first_(other.first_),
       last_(other.last_),
@@ -129,6 +130,7 @@ BlockPool::PendingStore& BlockPool::PendingStore::operator=(PendingStore&& other
   if (this != &other) {
     release();
     pool_ = std::exchange(other.pool_, nullptr);
+    resets_ = other.resets_;
     seq_ = other.seq_;
     first_ = other.first_;
     last_ = other.last_;
@@ -148,6 +150,10 @@ BlockPool::PendingStore::~PendingStore() {
 }
 
 void BlockPool::PendingStore::release() noexcept {
+  if (pool_ != nullptr && pool_->resets_ != resets_) {
+    pool_ = nullptr;  // stale: the reset dropped every reference this store held
+    parent_held_ = false;
+  }
   if (pool_ != nullptr && parent_held_) {
     pool_->release_parent(parent_link_, parent_gen_, seq_.block_hashes[first_ - 1], group_);
   }
@@ -524,6 +530,7 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
                     " prefix blocks before block " + std::to_string(first));
   }
   PendingStore st;
+  st.resets_ = resets_;
   st.seq_ = seq;
   st.first_ = first;
   st.last_ = last;
@@ -684,6 +691,10 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
   };
   if (st.pool_ != nullptr && st.pool_ != this) {
     throw Error(ErrorCode::kInvalidArgument, where() + "the store was prepared by another pool");
+  }
+  if (st.pool_ != nullptr && st.resets_ != resets_) {
+    throw Error(ErrorCode::kInvalidState,
+                where() + "the store was prepared before reset_prefix_cache() (stale)");
   }
   const bool storing = st.pool_ != nullptr;  // false: caching off or an empty range
   const auto hashes = st.seq_.block_hashes;
@@ -1098,6 +1109,7 @@ bool BlockPool::reset_prefix_cache() {
     extra_keys_->clear();
   }
   if (ret_ != nullptr) ret_reset();
+  ++resets_;  // pending stores prepared before now are stale
   if (config_.enable_kv_events) record(AllBlocksCleared{});
   deliver_events();
   return true;

@@ -1329,5 +1329,41 @@ TEST(BlockPool, PrefixRowBlockOfOtherContentIsNotTheParent) {
   EXPECT_EQ(pool.match_cached_block(b_then_a.sequence(), 1, rows_b[0]), BlockPool::kNoBlock);
 }
 
+// A PendingStore prepared before reset_prefix_cache() holds references into tables the reset
+// cleared: committing it used to cache blocks under dangling content ids, and destroying it
+// released ids that no longer existed. Its commit is now refused and its release is a no-op.
+TEST(BlockPool, StorePreparedBeforeAResetIsStale) {
+  for (const bool chain : {false, true}) {
+    SCOPED_TRACE(chain ? "chain hashes" : "content ids");
+    BlockPoolConfig c = config(8);
+    c.chain_hashes_identify_prefix = chain;
+    BlockPool pool(c);
+    RequestHashKeys keys;
+    keys.lora_name = "adapter";  // extra keys: interned ids too
+    const auto seq = sequence(iota_tokens(0, 8), keys);
+    {
+      auto stale = pool.prepare_store(seq.sequence(), 0, 2, std::vector<BlockId>{});
+      ASSERT_TRUE(pool.reset_prefix_cache());
+      pool.check_invariants();
+      (void)pool.take_events();
+      const auto blocks = take(pool, 2);
+      expect_rejected(
+          pool, [&] { pool.commit_store(std::move(stale), blocks); }, "reset_prefix_cache");
+      pool.free_blocks(blocks);
+    }
+    {
+      auto dropped = pool.prepare_store(seq.sequence(), 0, 2, std::vector<BlockId>{});
+      ASSERT_TRUE(pool.reset_prefix_cache());
+    }  // destroyed after the reset: releases nothing
+    pool.check_invariants();
+    // The pool works on: a fresh store caches, and a lookup hits it.
+    const auto blocks = take(pool, 2);
+    pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
+    pool.check_invariants();
+    EXPECT_EQ(pool.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock), blocks[0]);
+    EXPECT_EQ(pool.match_cached_block(seq.sequence(), 1, blocks[0]), blocks[1]);
+  }
+}
+
 }  // namespace
 }  // namespace pagedkv

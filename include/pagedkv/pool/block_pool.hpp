@@ -273,12 +273,13 @@ class BlockPool {
   // of `seq` and the range, identities, interned extra keys, the BlockStored event) and changes
   // nothing observable. `prefix_row` holds the physical blocks of seq's blocks
   // [first - prefix_row.size(), first) as far as known (any id that is not a cached block, e.g.
-  // kNoBlock or the null block, means unknown); the parent prefix's identity comes from the
-  // nearest cached one, or is computed from seq's material. commit_store() then caches
-  // `blocks` (one per block of the range; validated first, before any change) and cannot fail
-  // for valid blocks. A PendingStore that is never committed releases what it holds. Use it
-  // within one step: no PendingStore may outlive its pool or be alive across
-  // reset_prefix_cache().
+  // kNoBlock or the null block, or a block caching other content, means unknown); the parent
+  // prefix's identity comes from the nearest cached one, or is computed from seq's material.
+  // commit_store() then caches `blocks` (one per block of the range; validated first, before any
+  // change) and cannot fail for valid blocks. A PendingStore that is never committed releases
+  // what it holds. Use it within one step: no PendingStore may outlive its pool. One prepared
+  // before a successful reset_prefix_cache() is stale: its commit throws kInvalidState, and
+  // dropping it releases nothing (the reset dropped every reference).
   class PendingStore {
    public:
     PendingStore() = default;
@@ -291,6 +292,7 @@ class BlockPool {
     friend class BlockPool;
     void release() noexcept;
     BlockPool* pool_ = nullptr;  // null: empty or committed
+    std::uint64_t resets_ = 0;   // pool_'s resets_ when prepared (stale once they differ)
     BlockSequence seq_;
     std::size_t first_ = 0, last_ = 0;
     GroupId group_ = 0;
@@ -645,6 +647,7 @@ class BlockPool {
   FreeBlockQueue free_queue_;
   BlockHashMap hash_map_;
   std::uint64_t num_evictions_ = 0;
+  std::uint64_t resets_ = 0;  // successful reset_prefix_cache() calls (PendingStore staleness)
   EvictionObserver* observer_ = nullptr;
   struct RetentionDeleter {
     void operator()(Retention* r) const noexcept;
