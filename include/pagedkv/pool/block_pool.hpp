@@ -381,8 +381,9 @@ class BlockPool {
                                      std::vector<BlockId>& out, GroupId group = 0,
                                      LookupScratch* scratch = nullptr) const;
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
-  // verify_cache_hits). Errors: an id out of range (kOutOfRange), a block not cached
-  // (kInvalidArgument).
+  // verify_cache_hits). Both must be cached (else the answer is unspecified: the sliding-window
+  // search calls it per block, so only what memory safety needs is checked). Errors: an id out
+  // of range (kOutOfRange).
   bool same_content_chain(BlockId parent, BlockId child) const;
   // Whether cached block `child` was cached right after exactly seq's blocks [0, index): its
   // stored parent identity equals the identity of that prefix (the root for index 0), so a
