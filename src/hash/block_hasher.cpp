@@ -317,6 +317,15 @@ BlockHash weaken(const BlockHash& h, std::uint8_t bits) {
   return BlockHash(std::span<const std::uint8_t>(bytes.data(), h.size()));
 }
 
+// A scheme cast from an int outside the enum: refused, never hashed as some default.
+void check_scheme(HashScheme scheme, const char* where) {
+  if (scheme != HashScheme::kSha256 && scheme != HashScheme::kSha256CborVllm &&
+      scheme != HashScheme::kXxh3_128) [[unlikely]] {
+    throw Error(ErrorCode::kInvalidArgument, std::string(where) + ": unknown hash scheme value " +
+                                                 std::to_string(static_cast<int>(scheme)));
+  }
+}
+
 std::string random_seed() {
   std::random_device device;
   std::string seed;
@@ -336,11 +345,7 @@ BlockHasher::BlockHasher(HashScheme scheme, std::optional<std::string_view> seed
   if (seed && seed->empty()) {
     throw Error(ErrorCode::kInvalidArgument, "BlockHasher: the seed is present but empty");
   }
-  if (scheme != HashScheme::kSha256 && scheme != HashScheme::kSha256CborVllm &&
-      scheme != HashScheme::kXxh3_128) {
-    throw Error(ErrorCode::kInvalidArgument, "BlockHasher: unknown hash scheme value " +
-                                                 std::to_string(static_cast<int>(scheme)));
-  }
+  check_scheme(scheme, "BlockHasher");
   std::vector<std::uint8_t> buf;
   if (scheme == HashScheme::kSha256CborVllm) {
     // vLLM: NONE_HASH = sha256_cbor(seed string) when PYTHONHASHSEED is set to the seed.
@@ -440,6 +445,7 @@ BlockHash hash_block_tokens(const BlockHasher& hasher, const BlockHash* parent,
 }
 
 BlockHash raw_digest(HashScheme scheme, std::span<const std::uint8_t> bytes) {
+  check_scheme(scheme, "raw_digest");
   return digest(scheme, bytes.data(), bytes.size());
 }
 

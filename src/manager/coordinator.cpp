@@ -19,13 +19,23 @@ std::vector<KVCacheGroup> make_groups(const std::vector<AttentionSpec>& specs) {
   if (specs.size() > 255) {
     throw Error(ErrorCode::kInvalidArgument, "KVCacheManager: at most 255 KV-cache groups");
   }
+  // Each spec's own fields first: the smallest block size below divides every other one.
+  for (std::size_t g = 0; g < specs.size(); ++g) {
+    const AttentionSpec& s = specs[g];
+    const std::string where = "KVCacheManager: group " + std::to_string(g) + ": ";
+    if (s.kind != AttentionKind::kFull && s.kind != AttentionKind::kSlidingWindow) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  where + "attention kind " + std::to_string(static_cast<int>(s.kind)) +
+                      " is neither full attention nor a sliding window");
+    }
+    if (s.block_size == 0) throw Error(ErrorCode::kInvalidArgument, where + "block size 0");
+  }
   std::uint32_t smallest = specs.front().block_size;
   for (const AttentionSpec& s : specs) smallest = std::min(smallest, s.block_size);
   std::vector<KVCacheGroup> groups;
   for (std::size_t g = 0; g < specs.size(); ++g) {
     const AttentionSpec& s = specs[g];
     const std::string where = "KVCacheManager: group " + std::to_string(g) + ": ";
-    if (s.block_size == 0) throw Error(ErrorCode::kInvalidArgument, where + "block size 0");
     if (s.block_size % smallest != 0) {
       throw Error(ErrorCode::kInvalidArgument,
                   where + "block size " + std::to_string(s.block_size) +
@@ -40,6 +50,23 @@ std::vector<KVCacheGroup> make_groups(const std::vector<AttentionSpec>& specs) {
   return groups;
 }
 
+// The least common multiple of the group block sizes (the hybrid hit alignment). Throws when it
+// does not fit a size_t (std::lcm's result would be undefined).
+std::size_t block_size_lcm(const std::vector<KVCacheGroup>& groups) {
+  std::size_t lcm = 1;
+  for (const KVCacheGroup& g : groups) {
+    const std::size_t bs = g.spec.block_size;
+    std::size_t next = 0;
+    if (__builtin_mul_overflow(lcm / std::gcd(lcm, bs), bs, &next)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "KVCacheManager: the least common multiple of the group block sizes overflows "
+                  "a 64-bit token count");
+    }
+    lcm = next;
+  }
+  return lcm;
+}
+
 // Coarse keys are plain digests of fine hashes: SHA-256 for both SHA-256 schemes.
 HashScheme digest_scheme(HashScheme scheme) {
   return scheme == HashScheme::kXxh3_128 ? HashScheme::kXxh3_128 : HashScheme::kSha256;
@@ -51,10 +78,7 @@ KVCacheCoordinator::KVCacheCoordinator(std::vector<AttentionSpec> specs, HashSch
     : groups_(make_groups(specs)),
       digest_scheme_(digest_scheme(scheme)),
       hash_block_size_(groups_.front().spec.block_size / groups_.front().factor),
-      alignment_(std::accumulate(groups_.begin(), groups_.end(), std::size_t{1},
-                                 [](std::size_t lcm, const KVCacheGroup& g) {
-                                   return std::lcm(lcm, std::size_t{g.spec.block_size});
-                                 })),
+      alignment_(block_size_lcm(groups_)),
       looked_up_(groups_.size(), false) {}
 
 std::uint32_t KVCacheCoordinator::max_block_size() const noexcept {

@@ -382,9 +382,19 @@ std::optional<std::span<const BlockId>> KVCacheManager::allocate_slots(
     }
     if (blocks.empty()) continue;
     const BlockSequence seq = group_sequence(request, g, coarse(g));
+    // A window group's hit holds the null block only where the window no longer looks.
+    const std::size_t null_end =
+        groups()[g].spec.kind == AttentionKind::kSlidingWindow
+            ? static_cast<std::size_t>(groups()[g].spec.num_skipped_tokens(hit.num_tokens)) / bs
+            : 0;
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       const KVCacheBlock& b = pool_.block(blocks[i]);  // throws when out of range
-      if (b.is_null && groups()[g].spec.kind == AttentionKind::kSlidingWindow) continue;
+      if (b.is_null && i < null_end) continue;
+      if (b.is_null && groups()[g].spec.kind == AttentionKind::kSlidingWindow) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    where() + "the hit holds the null block at block " + std::to_string(i) +
+                        " of group " + std::to_string(g) + ", inside its sliding window");
+      }
       if (i >= seq.block_hashes.size() || b.block_hash != seq.block_hashes[i] ||
           b.group_id != groups()[g].id) {
         throw Error(ErrorCode::kInvalidArgument,

@@ -1,5 +1,7 @@
 #include "pagedkv/manager/prefix_cache_stats.hpp"
 
+#include <string>
+
 #include "pagedkv/base/error.hpp"
 
 namespace pagedkv {
@@ -7,6 +9,12 @@ namespace pagedkv {
 PrefixCacheStatsRecorder::PrefixCacheStatsRecorder(std::size_t window) {
   if (window == 0) {
     throw Error(ErrorCode::kInvalidArgument, "PrefixCacheStatsRecorder: window must be >= 1");
+  }
+  if (window > ring_.max_size()) {  // a length_error from assign() would name nothing
+    throw Error(ErrorCode::kInvalidArgument, "PrefixCacheStatsRecorder: window " +
+                                                 std::to_string(window) +
+                                                 " exceeds the largest ring buffer of " +
+                                                 std::to_string(ring_.max_size()) + " entries");
   }
   ring_.assign(window, {0, 0});
 }

@@ -114,6 +114,7 @@ constexpr std::int32_t kEvictAhead = 8;
 
 BlockPool::PendingStore::PendingStore(PendingStore&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
+      resets_(other.resets_),
       seq_(other.seq_),
       first_(other.first_),
       last_(other.last_),
@@ -129,6 +130,7 @@ BlockPool::PendingStore& BlockPool::PendingStore::operator=(PendingStore&& other
   if (this != &other) {
     release();
     pool_ = std::exchange(other.pool_, nullptr);
+    resets_ = other.resets_;
     seq_ = other.seq_;
     first_ = other.first_;
     last_ = other.last_;
@@ -148,6 +150,10 @@ BlockPool::PendingStore::~PendingStore() {
 }
 
 void BlockPool::PendingStore::release() noexcept {
+  if (pool_ != nullptr && pool_->resets_ != resets_) {
+    pool_ = nullptr;  // stale: the reset dropped every reference this store held
+    parent_held_ = false;
+  }
   if (pool_ != nullptr && parent_held_) {
     pool_->release_parent(parent_link_, parent_gen_, seq_.block_hashes[first_ - 1], group_);
   }
@@ -524,6 +530,7 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
                     " prefix blocks before block " + std::to_string(first));
   }
   PendingStore st;
+  st.resets_ = resets_;
   st.seq_ = seq;
   st.first_ = first;
   st.last_ = last;
@@ -557,14 +564,18 @@ BlockPool::PendingStore BlockPool::prepare_store(const BlockSequence& seq, std::
   } else if (verifying()) {
     // The nearest cached block of the prefix names its prefix's content id. Usually that is the
     // parent itself; otherwise (evicted, or skipped by a window) the blocks after it are chained
-    // from seq's own material through the table.
+    // from seq's own material through the table. A block caching other content than seq's
+    // block there (its hash and group, as a guarded pool checks) is no parent: unknown.
     std::uint32_t parent = 0;  // the root: chain from seq's block 0
     std::size_t start = 0;
     for (std::size_t j = prefix_row.size(); j-- > 0;) {
       const BlockId b = prefix_row[j];
-      if (b > 0 && b < config_.num_blocks && blocks_[static_cast<std::size_t>(b)].is_cached()) {
-        parent = blocks_[static_cast<std::size_t>(b)].content_id;
-        start = first - prefix_row.size() + j + 1;
+      if (b <= 0 || b >= config_.num_blocks) continue;
+      const KVCacheBlock& pb = blocks_[static_cast<std::size_t>(b)];
+      const std::size_t level = first - prefix_row.size() + j;
+      if (pb.is_cached() && pb.group_id == group && pb.block_hash == hashes[level]) {
+        parent = pb.content_id;
+        start = level + 1;
         break;
       }
     }
@@ -681,6 +692,10 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
   if (st.pool_ != nullptr && st.pool_ != this) {
     throw Error(ErrorCode::kInvalidArgument, where() + "the store was prepared by another pool");
   }
+  if (st.pool_ != nullptr && st.resets_ != resets_) {
+    throw Error(ErrorCode::kInvalidState,
+                where() + "the store was prepared before reset_prefix_cache() (stale)");
+  }
   const bool storing = st.pool_ != nullptr;  // false: caching off or an empty range
   const auto hashes = st.seq_.block_hashes;
   const std::size_t bs = config_.block_size;
@@ -737,8 +752,18 @@ void BlockPool::commit_store_in(PendingStore&& store, std::span<const BlockId> b
         unmark(k);
         throw Error(code, where() + id_text(id) + problem);
       }
+      // The caller's hashes (KVCacheManager's, unchecked, come from its hasher): an empty one
+      // would enter the map on a block that reads as uncached (is_cached() tests the hash),
+      // which would then be reused without leaving the map.
+      if (storing && hashes[st.first_ + k].empty()) [[unlikely]] {
+        unmark(k);
+        throw Error(ErrorCode::kInvalidArgument,
+                    where() + "block " + std::to_string(st.first_ + k) +
+                        " of the sequence has no hash (an empty BlockHash cannot be cached)");
+      }
       b.ref_cnt = -b.ref_cnt;
     } else {
+      assert(!storing || !hashes[st.first_ + k].empty());
       assert(blocks[k] > 0 && blocks[k] < config_.num_blocks);
       assert(blocks_[static_cast<std::size_t>(blocks[k])].ref_cnt > 0);
       assert(!blocks_[static_cast<std::size_t>(blocks[k])].is_cached());
@@ -1084,6 +1109,7 @@ bool BlockPool::reset_prefix_cache() {
     extra_keys_->clear();
   }
   if (ret_ != nullptr) ret_reset();
+  ++resets_;  // pending stores prepared before now are stale
   if (config_.enable_kv_events) record(AllBlocksCleared{});
   deliver_events();
   return true;

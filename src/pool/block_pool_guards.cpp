@@ -16,15 +16,28 @@
 
 namespace pagedkv {
 
-bool BlockPool::same_content_chain(BlockId parent, BlockId child) const noexcept {
-  if (!verifying()) return true;
+bool BlockPool::same_content_chain(BlockId parent, BlockId child) const {
+  // Ids in range only: the sliding-window search calls this per run block, and a test of the
+  // blocks' hashes too cost 4% of its lookup (bench_block_pool, BM_GetComputedBlocksWindow32k/0).
+  const auto n = static_cast<std::uint32_t>(config_.num_blocks);
+  if (static_cast<std::uint32_t>(parent) >= n || static_cast<std::uint32_t>(child) >= n)
+      [[unlikely]] {
+    throw_out_of_range(static_cast<std::uint32_t>(parent) >= n ? parent : child);
+  }
   const KVCacheBlock& p = blocks_[static_cast<std::size_t>(parent)];
+  if (!verifying()) return true;
   if (chain_identity_) {
     const auto c = static_cast<std::size_t>(child);
     return same_parent(stored_[c].parent.data(), blocks_[c].content_id, p.block_hash);
   }
   const std::uint32_t c = blocks_[static_cast<std::size_t>(child)].content_id;
   return contents_->entry(c)[ContentTable::kParent] == p.content_id;
+}
+
+void BlockPool::throw_no_chain_material() {
+  throw Error(ErrorCode::kInvalidState,
+              "BlockPool: this pool stores no chain material (stores_chain_material() is false: "
+              "verify_cache_hits with chain_hashes_identify_prefix or guard_chain_hashes)");
 }
 
 std::uint32_t BlockPool::find_content(std::uint32_t parent, const BlockSequence& seq, std::size_t p,

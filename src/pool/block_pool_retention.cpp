@@ -1175,10 +1175,13 @@ void BlockPool::set_retention(std::span<const BlockId> ids, RetentionPriority pr
                 "BlockPool::set_retention: a duration needs BlockPoolConfig::retention_clock");
   }
   if (priority == kDefaultRetentionPriority) return;  // changes nothing (see the header)
+  // The clock (a caller's callback) is read before the first change: ret_enable() moves an LRU
+  // pool's free queue into the retention lists.
+  const RetentionTick now = duration != kNoExpiry || (ret_ != nullptr && ret_->timed > 0)
+                                ? read_clock(config_.retention_clock)
+                                : 0;
   ret_enable();  // may throw bad_alloc; nothing has changed yet
   Retention& r = *ret_;
-  const RetentionTick now =
-      duration != kNoExpiry || r.timed > 0 ? read_clock(config_.retention_clock) : 0;
   const RetentionTick exp = duration == kNoExpiry        ? kNoExpiry
                             : now > kNoExpiry - duration ? kNoExpiry - 1
                                                          : now + duration;

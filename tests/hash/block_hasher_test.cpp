@@ -261,5 +261,23 @@ TEST(BlockHasher, SchemeNames) {
   EXPECT_EQ(digest_size(HashScheme::kSha256), 32u);
 }
 
+// A scheme cast from an int outside the enum is refused by every call that takes one: raw_digest
+// used to hash it silently as SHA-256.
+TEST(BlockHasher, SchemeOutsideTheEnumIsRejected) {
+  const auto bad = static_cast<HashScheme>(9);
+  const std::uint8_t byte = 0;
+  try {
+    (void)raw_digest(bad, std::span<const std::uint8_t>(&byte, 1));
+    ADD_FAILURE() << "raw_digest accepted hash scheme 9";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("unknown hash scheme value 9"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(BlockHasher(bad, "seed"), Error);
+  EXPECT_THROW((void)BlockHasher::weak_for_testing(bad, "seed", 4), Error);
+  EXPECT_EQ(to_string(bad), "unknown");
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -2,6 +2,7 @@
 // hybrid fixed point, mixed block sizes, and a randomized invariant/safety run.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -363,6 +364,57 @@ TEST(Hybrid, CachingIsClampedToTheCommonBlockSize) {
   EXPECT_FALSE(m.block_pool().block(rows[1][6]).is_cached());
   m.free(r);
   EXPECT_EQ(m.block_pool().free_queue().front(), rows[1][6]);
+  m.check_invariants();
+}
+
+// A window near 2^32 tokens needs every block a request has: window_blocks() used to compute
+// ceil((window - 1) / block_size) in 32 bits, where window - 1 + block_size - 1 wrapped to a
+// small number, so a hit kept only its last block and put the null block where the window still
+// needs the KV.
+TEST(SlidingWindow, AHugeWindowNeedsEveryBlock) {
+  constexpr std::uint32_t kWindow = std::numeric_limits<std::uint32_t>::max();
+  EXPECT_EQ(AttentionSpec::sliding(4, kWindow).window_blocks(), 1073741824u);  // ceil((2^32-2)/4)
+  EXPECT_EQ(AttentionSpec::sliding(1, kWindow).window_blocks(), kWindow - 1);
+  EXPECT_EQ(AttentionSpec::sliding(4, 5).window_blocks(), 1u);
+  EXPECT_EQ(AttentionSpec::sliding(4, 6).window_blocks(), 2u);
+  KVCacheManager m(config({AttentionSpec::sliding(4, kWindow)}));
+  Request a = m.make_request(1, iota_tokens(0, 13));
+  const auto rows = admit(m, a);
+  m.free(a);
+  Request b = m.make_request(2, iota_tokens(0, 13));
+  const CacheHit hit = m.get_computed_blocks(b);
+  ASSERT_EQ(hit.num_tokens, 12u);
+  ASSERT_EQ(hit.blocks.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(hit.blocks[i], rows[0][i]) << "position " << i;
+}
+
+// A hit's null blocks in a sliding-window group may stand only where the window no longer looks
+// (positions before the hit's last window_blocks() blocks): a hit with the null block inside the
+// window used to be taken, and the request's window then read the null block's KV.
+TEST(Hybrid, HitWithTheNullBlockInsideTheWindowIsRejected) {
+  KVCacheManager m(config({AttentionSpec::full(2), AttentionSpec::sliding(2, 4)}));
+  Request a = m.make_request(1, iota_tokens(0, 9));
+  admit(m, a);
+  Request b = m.make_request(2, iota_tokens(0, 9));
+  const CacheHit hit = m.get_computed_blocks(b);
+  ASSERT_EQ(hit.num_tokens, 8u);
+  ASSERT_EQ(hit.other_groups[0],
+            (std::vector<BlockId>{kNullBlockId, kNullBlockId, hit.other_groups[0][2],
+                                  hit.other_groups[0][3]}));
+  const auto before = m.snapshot();
+  for (const std::size_t p : {2, 3}) {
+    CacheHit bad = hit;
+    bad.other_groups[0][p] = kNullBlockId;
+    try {
+      (void)m.allocate_slots(b, 1, bad);
+      ADD_FAILURE() << "a null block at window position " << p << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("inside its sliding window"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(m.snapshot(), before);
+  }
+  ASSERT_TRUE(m.allocate_slots(b, 1, hit).has_value());
   m.check_invariants();
 }
 

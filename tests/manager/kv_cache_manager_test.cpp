@@ -647,5 +647,39 @@ TEST(KVCacheManager, ARequestThatDoesNotFitBelongsToNoManager) {
   big.check_invariants();
 }
 
+// Every group spec is checked before any arithmetic on it: a zero block size in a later group
+// (the smallest size then is 0: it used to divide by it), an attention kind cast from an int
+// outside the enum (it used to run as a sliding window of 0 tokens), and block sizes whose least
+// common multiple overflows 64 bits (std::lcm's result was then undefined).
+TEST(KVCacheManager, MalformedGroupSpecsAreRejected) {
+  const auto expect_invalid = [](std::vector<AttentionSpec> groups, const std::string& what) {
+    KVCacheManagerConfig c = config(16);
+    c.groups = std::move(groups);
+    try {
+      KVCacheManager m(c);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << what;
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  expect_invalid({AttentionSpec::full(16), AttentionSpec::full(0)}, "block size 0");
+  expect_invalid({AttentionSpec::full(16), AttentionSpec::sliding(0, 8)}, "block size 0");
+  AttentionSpec bad_kind = AttentionSpec::full(16);
+  bad_kind.kind = static_cast<AttentionKind>(7);
+  expect_invalid({bad_kind}, "attention kind 7");
+  expect_invalid({AttentionSpec::full(16), bad_kind}, "attention kind 7");
+  // Block sizes 1 and the primes up to 53: each is small, their product has 65 bits.
+  std::vector<AttentionSpec> primes = {AttentionSpec::full(1)};
+  for (const std::uint32_t p : {2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53}) {
+    primes.push_back(AttentionSpec::full(p));
+  }
+  expect_invalid(primes, "least common multiple");
+  primes.pop_back();  // up to 47: 61 bits, fine
+  KVCacheManagerConfig fits = config(16);
+  fits.groups = primes;
+  EXPECT_EQ(KVCacheManager(fits).block_size(), 1u);
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <string>
+
 #include "pagedkv/base/error.hpp"
+#include "pagedkv/manager/kv_cache_manager.hpp"
 
 namespace pagedkv {
 namespace {
@@ -26,6 +30,22 @@ TEST(PrefixCacheStats, TotalsAndWindow) {
   EXPECT_EQ(r.stats(0).requests, 0u);
   EXPECT_EQ(r.stats(0).recent_requests, 0u);
   EXPECT_THROW(PrefixCacheStatsRecorder(0), Error);
+}
+
+// A window too large for any ring buffer (a KVCacheManagerConfig::stats_window from outside) is a
+// pagedkv::Error naming it, not std::vector's length_error.
+TEST(PrefixCacheStats, HugeWindowIsAnError) {
+  try {
+    PrefixCacheStatsRecorder r(SIZE_MAX);
+    ADD_FAILURE() << "no error for a window of SIZE_MAX";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("window"), std::string::npos) << e.what();
+  }
+  KVCacheManagerConfig c;
+  c.num_blocks = 8;
+  c.stats_window = SIZE_MAX;
+  EXPECT_THROW(KVCacheManager{c}, Error);
 }
 
 }  // namespace

@@ -1221,5 +1221,142 @@ TEST(BlockPool, ParentMatchesPrefixChecksTheWholePrefixContent) {
   EXPECT_THROW((void)pool.cached_after_prefix(99, a.sequence(), 1), Error);
 }
 
+// A caller's BlockSequence is hostile input too: a block hash that is empty (a default
+// BlockHash, the "no hash" value) would be inserted into the map while the block reads as
+// uncached, so the block would be reused without leaving the map (a dangling entry). Refused,
+// by commit_store() and cache_full_blocks(), with nothing changed.
+TEST(BlockPool, EmptyBlockHashInASequenceIsRejected) {
+  for (const bool chain : {false, true}) {
+    BlockPoolConfig c = config(8);
+    c.chain_hashes_identify_prefix = chain;
+    BlockPool pool(c);
+    const auto seq = sequence(iota_tokens(0, 12));
+    std::vector<BlockHash> hashes(seq.block_hashes().begin(), seq.block_hashes().end());
+    hashes[1] = BlockHash();
+    BlockSequence bad = seq.sequence();
+    bad.block_hashes = hashes;
+    const auto blocks = take(pool, 3);
+    expect_rejected(
+        pool, [&] { pool.cache_full_blocks(bad, blocks, 0, 3); },
+        "block 1 of the sequence has no hash");
+    expect_rejected(
+        pool,
+        [&] {
+          pool.commit_store(pool.prepare_store(bad, 1, 2, std::vector<BlockId>{}),
+                            std::vector<BlockId>{blocks[1]});
+        },
+        "block 1 of the sequence has no hash");
+    // The blocks before the empty hash are fine.
+    pool.cache_full_blocks(bad, blocks, 0, 1);
+    pool.free_blocks(blocks);
+    pool.check_invariants();
+    (void)take(pool, 7);  // every block reallocated: block 0's cached one is evicted
+    pool.check_invariants();
+  }
+}
+
+// Queries that take a caller's block ids check them: same_content_chain() read the records of
+// ids out of range, stored_parent_hash() / stored_tokens() read past their tables, or an empty
+// token table in a pool that stores no chain material.
+TEST(BlockPool, ChainQueriesCheckTheirIds) {
+  const auto expect_error = [](ErrorCode code, auto call, const std::string& fragment) {
+    try {
+      (void)call();
+      ADD_FAILURE() << "no error; expected one mentioning '" << fragment << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+    }
+  };
+  for (const bool chain : {false, true}) {
+    SCOPED_TRACE(chain ? "chain hashes" : "content ids");
+    BlockPoolConfig c = config(8);
+    c.chain_hashes_identify_prefix = chain;
+    BlockPool pool(c);
+    const auto seq = sequence(iota_tokens(0, 8));
+    const auto blocks = take(pool, 4);
+    pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
+    EXPECT_TRUE(pool.same_content_chain(blocks[0], blocks[1]));
+    expect_error(
+        ErrorCode::kOutOfRange, [&] { return pool.same_content_chain(blocks[0], 99); },
+        "out of range");
+    expect_error(
+        ErrorCode::kOutOfRange, [&] { return pool.same_content_chain(-5, blocks[1]); },
+        "out of range");
+    if (chain) {
+      EXPECT_EQ(pool.stored_parent_hash(blocks[1]), seq.block_hashes()[0]);
+      EXPECT_EQ(pool.stored_tokens(blocks[1])[0], 4);
+      expect_error(
+          ErrorCode::kOutOfRange, [&] { return pool.stored_parent_hash(8); }, "out of range");
+      expect_error(
+          ErrorCode::kOutOfRange, [&] { return pool.stored_tokens(-1); }, "out of range");
+    } else {
+      expect_error(
+          ErrorCode::kInvalidState, [&] { return pool.stored_tokens(blocks[1]); },
+          "no chain material");
+      expect_error(
+          ErrorCode::kInvalidState, [&] { return pool.stored_parent_hash(blocks[1]); },
+          "no chain material");
+    }
+  }
+}
+
+// The parent identity of a store comes from the nearest cached block of prefix_row only when
+// that block holds seq's block there (its hash and group, as guarded pools check): a caller's
+// cached block of other content used to give the new block another prefix's content id, so the
+// request's own chain missed it and a colliding chain through that other prefix could hit it.
+TEST(BlockPool, PrefixRowBlockOfOtherContentIsNotTheParent) {
+  BlockPool pool(config(8));  // content ids
+  const auto a = sequence(iota_tokens(0, 8));
+  const auto b = sequence(iota_tokens(100, 8));
+  const auto rows_a = take(pool, 2);
+  const auto rows_b = take(pool, 1);
+  pool.cache_full_blocks(a.sequence(), rows_a, 0, 1);
+  pool.cache_full_blocks(b.sequence(), rows_b, 0, 1);
+  // rows_b[0] holds b's block 0, not a's: it is no parent of a's block 1.
+  pool.cache_full_blocks(a.sequence(), std::vector<BlockId>{rows_b[0], rows_a[1]}, 1, 2);
+  pool.check_invariants();
+  EXPECT_EQ(pool.match_cached_block(a.sequence(), 1, rows_a[0]), rows_a[1]);
+  auto b_then_a = sequence(iota_tokens(100, 4));
+  b_then_a.append(iota_tokens(4, 4));
+  EXPECT_EQ(pool.match_cached_block(b_then_a.sequence(), 1, rows_b[0]), BlockPool::kNoBlock);
+}
+
+// A PendingStore prepared before reset_prefix_cache() holds references into tables the reset
+// cleared: committing it used to cache blocks under dangling content ids, and destroying it
+// released ids that no longer existed. Its commit is now refused and its release is a no-op.
+TEST(BlockPool, StorePreparedBeforeAResetIsStale) {
+  for (const bool chain : {false, true}) {
+    SCOPED_TRACE(chain ? "chain hashes" : "content ids");
+    BlockPoolConfig c = config(8);
+    c.chain_hashes_identify_prefix = chain;
+    BlockPool pool(c);
+    RequestHashKeys keys;
+    keys.lora_name = "adapter";  // extra keys: interned ids too
+    const auto seq = sequence(iota_tokens(0, 8), keys);
+    {
+      auto stale = pool.prepare_store(seq.sequence(), 0, 2, std::vector<BlockId>{});
+      ASSERT_TRUE(pool.reset_prefix_cache());
+      pool.check_invariants();
+      (void)pool.take_events();
+      const auto blocks = take(pool, 2);
+      expect_rejected(
+          pool, [&] { pool.commit_store(std::move(stale), blocks); }, "reset_prefix_cache");
+      pool.free_blocks(blocks);
+    }
+    {
+      auto dropped = pool.prepare_store(seq.sequence(), 0, 2, std::vector<BlockId>{});
+      ASSERT_TRUE(pool.reset_prefix_cache());
+    }  // destroyed after the reset: releases nothing
+    pool.check_invariants();
+    // The pool works on: a fresh store caches, and a lookup hits it.
+    const auto blocks = take(pool, 2);
+    pool.cache_full_blocks(seq.sequence(), blocks, 0, 2);
+    pool.check_invariants();
+    EXPECT_EQ(pool.match_cached_block(seq.sequence(), 0, BlockPool::kNoBlock), blocks[0]);
+    EXPECT_EQ(pool.match_cached_block(seq.sequence(), 1, blocks[0]), blocks[1]);
+  }
+}
+
 }  // namespace
 }  // namespace pagedkv

@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,30 @@ TEST(Retention, ErrorsChangeNothing) {
       no_clock, [&] { no_clock.set_retention(std::vector<BlockId>{b}, 90, 10); },
       "retention_clock");
   EXPECT_THROW((void)pool.retention(-1), Error);
+}
+
+// The clock is a caller's callback: one that throws in set_retention() (the first ask of an LRU
+// pool, with a duration) leaves the pool as it was. The pool used to move its free queue into
+// the retention lists first and read the clock after, so a throw left it keeping retention
+// state.
+TEST(Retention, ThrowingClockInTheFirstAskChangesNothing) {
+  auto fail = std::make_shared<bool>(false);
+  BlockPool pool(config(8, EvictionPolicy::kLru, 1.0, [fail]() -> RetentionTick {
+    if (*fail) throw std::runtime_error("clock failed");
+    return 5;
+  }));
+  const BlockId a = store(pool, 1);
+  pool.free_blocks(std::vector<BlockId>{a});
+  const BlockPoolSnapshot before = pool.snapshot();
+  *fail = true;
+  EXPECT_THROW(pool.set_retention(std::vector<BlockId>{a}, 90, 10), std::runtime_error);
+  EXPECT_FALSE(pool.retention_active());
+  EXPECT_EQ(pool.snapshot(), before) << "state changed by a call whose clock threw";
+  pool.check_invariants();
+  *fail = false;
+  pool.set_retention(std::vector<BlockId>{a}, 90, 10);
+  EXPECT_EQ(pool.retention(a), (BlockRetention{90, 10, 15}));
+  pool.check_invariants();
 }
 
 class EachPolicy : public ::testing::TestWithParam<EvictionPolicy> {};

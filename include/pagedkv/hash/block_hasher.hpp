@@ -129,6 +129,7 @@ BlockHash hash_block_tokens(const BlockHasher& hasher, const BlockHash* parent,
                             std::span<const TokenId> tokens, const BlockExtraKeys& extra = {});
 
 // The raw digest of `bytes` under `scheme` (SHA-256 or XXH3-128, canonical big-endian form).
+// Throws pagedkv::Error (kInvalidArgument) for a scheme outside the enum.
 BlockHash raw_digest(HashScheme scheme, std::span<const std::uint8_t> bytes);
 
 }  // namespace pagedkv

@@ -39,9 +39,12 @@ struct AttentionSpec {
     return {AttentionKind::kSlidingWindow, block_size, window};
   }
 
-  // Contiguous cached blocks a sliding-window hit needs: ceil((window - 1) / block_size).
+  // Contiguous cached blocks a sliding-window hit needs: ceil((window - 1) / block_size), without
+  // overflow for any window (0 for block size 0, which KVCacheManager refuses).
   std::uint32_t window_blocks() const noexcept {
-    return sliding_window <= 1 ? 0 : (sliding_window - 1 + block_size - 1) / block_size;
+    if (sliding_window <= 1 || block_size == 0) return 0;
+    const std::uint32_t seen = sliding_window - 1;
+    return seen / block_size + (seen % block_size != 0 ? 1 : 0);
   }
   // Tokens at the start of a sequence that a query at position num_computed_tokens no longer
   // sees: max(0, num_computed_tokens - window + 1). Always 0 for full attention.

@@ -8,7 +8,8 @@
 // common multiple of the group block sizes; full attention is looked up once, then trimmed.
 //
 // Errors: the constructor throws pagedkv::Error for an invalid group list (no or too many groups,
-// block size 0, a block size that is not a multiple of the smallest, a window of 0 tokens).
+// an attention kind outside the enum, block size 0, a block size that is not a multiple of the
+// smallest, a window of 0 tokens, block sizes whose least common multiple overflows 64 bits).
 // Thread-compatible; find_longest_cache_hit uses scratch buffers of this object.
 #pragma once
 

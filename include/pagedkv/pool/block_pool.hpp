@@ -273,12 +273,13 @@ class BlockPool {
   // of `seq` and the range, identities, interned extra keys, the BlockStored event) and changes
   // nothing observable. `prefix_row` holds the physical blocks of seq's blocks
   // [first - prefix_row.size(), first) as far as known (any id that is not a cached block, e.g.
-  // kNoBlock or the null block, means unknown); the parent prefix's identity comes from the
-  // nearest cached one, or is computed from seq's material. commit_store() then caches
-  // `blocks` (one per block of the range; validated first, before any change) and cannot fail
-  // for valid blocks. A PendingStore that is never committed releases what it holds. Use it
-  // within one step: no PendingStore may outlive its pool or be alive across
-  // reset_prefix_cache().
+  // kNoBlock or the null block, or a block caching other content, means unknown); the parent
+  // prefix's identity comes from the nearest cached one, or is computed from seq's material.
+  // commit_store() then caches `blocks` (one per block of the range; validated first, before any
+  // change) and cannot fail for valid blocks. A PendingStore that is never committed releases
+  // what it holds. Use it within one step: no PendingStore may outlive its pool. One prepared
+  // before a successful reset_prefix_cache() is stale: its commit throws kInvalidState, and
+  // dropping it releases nothing (the reset dropped every reference).
   class PendingStore {
    public:
     PendingStore() = default;
@@ -291,6 +292,7 @@ class BlockPool {
     friend class BlockPool;
     void release() noexcept;
     BlockPool* pool_ = nullptr;  // null: empty or committed
+    std::uint64_t resets_ = 0;   // pool_'s resets_ when prepared (stale once they differ)
     BlockSequence seq_;
     std::size_t first_ = 0, last_ = 0;
     GroupId group_ = 0;
@@ -379,8 +381,10 @@ class BlockPool {
                                      std::vector<BlockId>& out, GroupId group = 0,
                                      LookupScratch* scratch = nullptr) const;
   // Whether `child` was cached as the successor of the prefix `parent` holds (true without
-  // verify_cache_hits). Both must be cached.
-  bool same_content_chain(BlockId parent, BlockId child) const noexcept;
+  // verify_cache_hits). Both must be cached (else the answer is unspecified: the sliding-window
+  // search calls it per block, so only what memory safety needs is checked). Errors: an id out
+  // of range (kOutOfRange).
+  bool same_content_chain(BlockId parent, BlockId child) const;
   // Whether cached block `child` was cached right after exactly seq's blocks [0, index): its
   // stored parent identity equals the identity of that prefix (the root for index 0), so a
   // window run starting with `child` at `index` is anchored to the request's own prefix. True
@@ -418,12 +422,15 @@ class BlockPool {
   // identities: chain_hashes_identify_prefix or guard_chain_hashes).
   bool stores_chain_material() const noexcept { return chain_identity_; }
   // A cached block's stored material, when stores_chain_material(): the parent's chained hash
-  // (empty for a chain's block 0) and block_size() tokens. Undefined for a block not cached
-  // (except inside on_evict for the evicted one).
-  BlockHash stored_parent_hash(BlockId id) const noexcept {
+  // (empty for a chain's block 0) and block_size() tokens. Unspecified (stale) for a block not
+  // cached (except inside on_evict for the evicted one). Errors: an id out of range
+  // (kOutOfRange), a pool that does not store chain material (kInvalidState).
+  BlockHash stored_parent_hash(BlockId id) const {
+    check_material_read(id);
     return stored_parent(static_cast<std::size_t>(id));
   }
-  const TokenId* stored_tokens(BlockId id) const noexcept {
+  const TokenId* stored_tokens(BlockId id) const {
+    check_material_read(id);
     return &block_tokens_[static_cast<std::size_t>(id) * config_.block_size];
   }
 
@@ -510,6 +517,13 @@ class BlockPool {
   static constexpr BlockId kOrphanLink = -2;
 
   [[noreturn]] void throw_out_of_range(BlockId id) const;
+  // stored_parent_hash() / stored_tokens()'s checks: the id in range, chain material stored.
+  void check_material_read(BlockId id) const {
+    (void)block(id);  // throws kOutOfRange
+    if (!chain_identity_) [[unlikely]]
+      throw_no_chain_material();
+  }
+  [[noreturn]] static void throw_no_chain_material();
   [[noreturn]] static void throw_double_free(BlockId id);
   bool verifying() const noexcept { return verifying_; }
   // The parent check of a lookup: none, the root (block 0), or the prefix a cached block holds.
@@ -634,6 +648,7 @@ class BlockPool {
   FreeBlockQueue free_queue_;
   BlockHashMap hash_map_;
   std::uint64_t num_evictions_ = 0;
+  std::uint64_t resets_ = 0;  // successful reset_prefix_cache() calls (PendingStore staleness)
   EvictionObserver* observer_ = nullptr;
   struct RetentionDeleter {
     void operator()(Retention* r) const noexcept;

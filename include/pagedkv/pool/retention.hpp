@@ -25,9 +25,11 @@ inline constexpr RetentionPriority kMaxRetentionPriority = 100;
 // pool's config names. kNoExpiry: a priority that never runs out.
 using RetentionTick = std::int64_t;
 inline constexpr RetentionTick kNoExpiry = std::numeric_limits<RetentionTick>::max();
-// Returns the current tick; must be monotonic (never decrease) and must not throw. The const
-// BlockPool::retention() calls it too, so a clock shared by threads that read a pool at once must
-// allow concurrent calls (a steady clock does).
+// Returns the current tick; must be monotonic (never decrease) and must not throw (the pool reads
+// it inside noexcept changes, touch() and the frees, where a throw ends the program;
+// set_retention() and get_new_blocks() read it before any change, so a throw there changes
+// nothing). The const BlockPool::retention() calls it too, so a clock shared by threads that
+// read a pool at once must allow concurrent calls (a steady clock does).
 using RetentionClock = std::function<RetentionTick()>;
 
 // A block's retention as the pool holds it.
