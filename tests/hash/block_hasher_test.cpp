@@ -95,20 +95,19 @@ TEST(BlockHasher, CborOfEdgeIntegersAndNegativeOffsets) {
   std::vector<std::uint8_t> expected = {0x83, 0x58, 0x20};
   const auto parent = hasher.none_hash().bytes();
   expected.insert(expected.end(), parent.begin(), parent.end());
-  const std::vector<std::uint8_t> rest = {
-      0x87,                                // array(7)
-      0x17,                                // 23
-      0x18, 0x18,                          // 24
-      0x18, 0xff,                          // 255
-      0x19, 0x01, 0x00,                    // 256
-      0x19, 0xff, 0xff,                    // 65535
-      0x1a, 0x00, 0x01, 0x00, 0x00,        // 65536
-      0x1a, 0x7f, 0xff, 0xff, 0xff,        // 2^31 - 1
-      0x84,                                // extra keys: array(4)
-      0x82, 0x61, 'i', 0x20,               // ["i", -1]
-      0x82, 0x61, 'j', 0x37,               // ["j", -24]
-      0x82, 0x61, 'k', 0x38, 0x18,         // ["k", -25]
-      0x82, 0x61, 'l', 0x39, 0x01, 0x00};  // ["l", -257]
+  const std::vector<std::uint8_t> rest = {0x87,                          // array(7)
+                                          0x17,                          // 23
+                                          0x18, 0x18,                    // 24
+                                          0x18, 0xff,                    // 255
+                                          0x19, 0x01, 0x00,              // 256
+                                          0x19, 0xff, 0xff,              // 65535
+                                          0x1a, 0x00, 0x01, 0x00, 0x00,  // 65536
+                                          0x1a, 0x7f, 0xff, 0xff, 0xff,  // 2^31 - 1
+                                          0x84,                          // extra keys: array(4)
+                                          0x82, 0x61, 'i',  0x20,        // ["i", -1]
+                                          0x82, 0x61, 'j',  0x37,        // ["j", -24]
+                                          0x82, 0x61, 'k',  0x38, 0x18,  // ["k", -25]
+                                          0x82, 0x61, 'l',  0x39, 0x01, 0x00};  // ["l", -257]
   expected.insert(expected.end(), rest.begin(), rest.end());
   EXPECT_EQ(bytes, expected);
   // No extra keys: CBOR null.
@@ -191,9 +190,8 @@ TEST_P(EveryScheme, RejectsBadInputWithClearErrors) {
   EXPECT_THROW(hasher.hash_block(hasher.none_hash(), iota_tokens(0, 4), bad_mm), Error);
   EXPECT_THROW(hasher.hash_block(hasher.none_hash(), std::span<const TokenId>()), Error);
   EXPECT_THROW(hasher.hash_block(BlockHash(), iota_tokens(0, 4)), Error);
-  const BlockHasher other(GetParam() == HashScheme::kXxh3_128 ? HashScheme::kSha256
-                                                               : HashScheme::kXxh3_128,
-                          "seed");
+  const BlockHasher other(
+      GetParam() == HashScheme::kXxh3_128 ? HashScheme::kSha256 : HashScheme::kXxh3_128, "seed");
   EXPECT_THROW(hasher.hash_block(other.none_hash(), iota_tokens(0, 4)), Error);
   EXPECT_THROW(BlockHasher(GetParam(), ""), Error);
 }
