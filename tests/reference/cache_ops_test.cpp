@@ -111,10 +111,9 @@ TEST(KVAppendReference, ScattersRowsToTheirSlots) {
   }
 }
 
-TEST(KVAppendReference, RejectsBadSlotsWithoutWriting) {
-  HostPool pool(LayoutKind::kNhd, 4, 16, 2, 8);
-  std::vector<std::uint16_t> rows(3 * 2 * 8, 0x3c00);
-  std::vector<std::int64_t> slots = {0, 64, 5};  // 64 = 4 x 16 is one past the pool
+// Three fp16 tokens of `rows` (as key and value) into `pool` at `slots`.
+KVAppendParams append_params(HostPool& pool, const std::vector<std::uint16_t>& rows,
+                             const std::vector<std::int64_t>& slots) {
   KVAppendParams p;
   p.dtype = KVDtype::kFloat16;
   p.num_tokens = 3;
@@ -124,6 +123,14 @@ TEST(KVAppendReference, RejectsBadSlotsWithoutWriting) {
   p.k_cache = pool.k_plane();
   p.v_cache = pool.v_plane();
   p.layout = pool.layout;
+  return p;
+}
+
+TEST(KVAppendReference, RejectsBadSlotsWithoutWriting) {
+  HostPool pool(LayoutKind::kNhd, 4, 16, 2, 8);
+  std::vector<std::uint16_t> rows(3 * 2 * 8, 0x3c00);
+  std::vector<std::int64_t> slots = {0, 64, 5};  // 64 = 4 x 16 is one past the pool
+  KVAppendParams p = append_params(pool, rows, slots);
   expect_error([&] { reference_kv_append(p); }, ErrorCode::kOutOfRange, "token 1 has slot 64");
   slots = {7, 3, 7};
   expect_error([&] { reference_kv_append(p); }, ErrorCode::kInvalidArgument,
@@ -149,15 +156,7 @@ TEST(KVAppendReference, RejectsStridesThatOverflow) {
   HostPool pool(LayoutKind::kNhd, 4, 16, 2, 8);
   std::vector<std::uint16_t> rows(3 * 2 * 8, 0x3c00);
   std::vector<std::int64_t> slots = {0, 1, 2};
-  KVAppendParams p;
-  p.dtype = KVDtype::kFloat16;
-  p.num_tokens = 3;
-  p.key = rows.data();
-  p.value = rows.data();
-  p.slot_mapping = slots.data();
-  p.k_cache = pool.k_plane();
-  p.v_cache = pool.v_plane();
-  p.layout = pool.layout;
+  KVAppendParams p = append_params(pool, rows, slots);
   p.key_stride_head = std::numeric_limits<std::int64_t>::max() - 7;
   expect_error([&] { validate(p); }, ErrorCode::kInvalidArgument, "overflow");
   p.key_stride_head = 0;
