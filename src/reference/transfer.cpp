@@ -1,5 +1,6 @@
 #include "pagedkv/reference/transfer.hpp"
 
+#include <cstdint>
 #include <cstring>
 #include <string>
 
@@ -66,6 +67,16 @@ void execute_transfer_plan(TransferPlan& plan, TransferStage stage, const Transf
   if (host.size() < host_bytes) {
     throw Error(ErrorCode::kInvalidArgument,
                 "execute_transfer_plan: the host buffer is smaller than its slots need");
+  }
+  // memcpy between overlapping ranges is undefined: the parts of the buffers the copies may touch
+  // must be disjoint.
+  const auto begin = [](std::span<std::byte> b) {
+    return reinterpret_cast<std::uintptr_t>(b.data());
+  };
+  if (device_bytes > 0 && host_bytes > 0 && begin(device) < begin(host) + host_bytes &&
+      begin(host) < begin(device) + device_bytes) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "execute_transfer_plan: the device and host buffers overlap");
   }
   const auto dev = [&](std::int32_t b, std::size_t l) {
     return device.data() + static_cast<std::size_t>(b) * layout.device_block_stride +

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include "expect_error.hpp"
@@ -50,6 +51,37 @@ TEST(ReferenceTransfer, RejectsUnknownStage) {
     EXPECT_EQ(plan.executed_stages, 0);
     EXPECT_EQ(host[0], std::byte{0});
   }
+}
+
+// Device and host ranges in one buffer: memcpy between overlapping ranges is undefined, so the
+// call is refused before anything is copied; disjoint parts of one buffer are fine.
+TEST(ReferenceTransfer, RejectsOverlappingBuffers) {
+  const TransferLayout layout = TransferLayout::block_first(2, 4);  // 8-byte blocks
+  std::vector<std::byte> one(64);
+  for (std::size_t i = 0; i < one.size(); ++i) one[i] = static_cast<std::byte>(i);
+  const std::span<std::byte> all(one);
+  TransferPlan plan;
+  plan.evictions.push_back({0, 0});
+  // Device blocks 0-2 at bytes 0-23, host slots 0-1 at bytes 16-31: they share bytes 16-23.
+  testing::expect_error(
+      [&] {
+        reference::execute_transfer_plan(plan, TransferStage::kBeforeForward, layout,
+                                         all.subspan(0, 24), 3, all.subspan(16, 16), 2);
+      },
+      ErrorCode::kInvalidArgument, "overlap");
+  EXPECT_EQ(plan.executed_stages, 0);
+  for (std::size_t i = 0; i < one.size(); ++i) ASSERT_EQ(one[i], static_cast<std::byte>(i));
+  // Host first, device after it, sharing one byte.
+  testing::expect_error(
+      [&] {
+        reference::execute_transfer_plan(plan, TransferStage::kBeforeForward, layout,
+                                         all.subspan(31, 24), 3, all.subspan(16, 16), 2);
+      },
+      ErrorCode::kInvalidArgument, "overlap");
+  // Disjoint parts of one buffer: copied.
+  reference::execute_transfer_plan(plan, TransferStage::kBeforeForward, layout, all.subspan(0, 24),
+                                   3, all.subspan(32, 16), 2);
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(one[32 + i], static_cast<std::byte>(i));
 }
 
 TEST(ReferenceTransfer, RejectsSizesThatOverflow) {

@@ -4,8 +4,9 @@
 //
 // Errors (pagedkv::Error, nothing copied): the stage already executed (kInvalidState), a block
 // index outside the buffers (kOutOfRange), a stage that is not kBeforeForward or kAfterForward,
-// buffers smaller than the layout needs, sizes (counts x strides) that overflow size_t or a zero
-// chunk (kInvalidArgument). Complexity: linear in the bytes moved. Thread-compatible.
+// buffers smaller than the layout needs, device and host ranges (the bytes the copies may touch)
+// that overlap, sizes (counts x strides) that overflow size_t or a zero chunk (kInvalidArgument).
+// Complexity: linear in the bytes moved. Thread-compatible.
 #pragma once
 
 #include <cstddef>
